@@ -1,0 +1,1 @@
+# Apps and tools: each links libcolossal-core and stays short.

@@ -1,0 +1,150 @@
+/* The cluster layer: a Cartesian mesh over the parallel axes, collectives that
+ * name an axis, and a watchdog that turns a stalled collective into an error
+ * naming the stuck rank instead of a silent hang.
+ *
+ * Grid dimensions, outermost first by default: pp, dp, ep, sp, tp. Expert
+ * parallelism factors data parallelism, so the grid's "dp" dimension has size
+ * dp/ep (the expert-data-parallel factor, edp) and the DP axis group spans the
+ * edp and ep dimensions together. TP is innermost so TP peers are neighbouring
+ * ranks (same node, NVLink). world = pp * dp * sp * tp. */
+#ifndef COLOSSAL_CLUSTER_H
+#define COLOSSAL_CLUSTER_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "colossal/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CAI_AXIS_PP = 0,
+    CAI_AXIS_DP,    /* edp x ep: all data-parallel replicas of dense weights */
+    CAI_AXIS_EP,
+    CAI_AXIS_SP,
+    CAI_AXIS_TP,
+    CAI_AXIS_EDP,   /* replicas of one expert shard: dp / ep */
+    CAI_AXIS_DP_SP, /* dp x sp: ZeRO shards over this when sequence parallel is on */
+    CAI_AXIS_WORLD,
+    CAI_AXIS_COUNT
+} cai_axis;
+
+const char *cai_axis_name(cai_axis axis);
+cai_status cai_axis_parse(const char *name, cai_axis *out);
+
+#define CAI_MESH_GRID_DIMS 5 /* pp, edp, ep, sp, tp */
+
+/* A proposed layout. Pure data: validating it and computing any rank's
+ * coordinates or groups needs no MPI, which is what colossal-check --layout
+ * uses to print a mesh for a world it is not running in. */
+typedef struct {
+    int pp, dp, ep, sp, tp;
+    /* Outermost-first order of the five grid dimensions as names, e.g.
+     * "pp,dp,ep,sp,tp" (the default when NULL or ""). Here "dp" means the edp factor. */
+    const char *order;
+} cai_layout;
+
+/* Model-shape facts the layout must respect; zero fields are not checked. */
+typedef struct {
+    int n_heads, n_kv_heads, n_layers, n_experts, vocab_size;
+    int pp_chunks; /* virtual stages per pipeline rank (interleaved schedules); 0 = 1 */
+} cai_layout_model;
+
+/* Checks world == pp*dp*sp*tp, ep | dp, every size >= 1, the order string, and
+ * (if model != NULL) heads % tp, kv-heads vs tp, layers vs pp*chunks,
+ * experts % ep. On failure the error message names the disagreeing numbers and
+ * lists layouts that would fit `world_size`. */
+cai_status cai_layout_validate(int world_size, const cai_layout *layout, const cai_layout_model *model);
+/* Up to `max` valid (pp, dp, sp, tp) factorizations of world_size that keep
+ * the given model constraints; returns the count found. */
+int cai_layout_suggest(int world_size, const cai_layout *hint, const cai_layout_model *model,
+                       cai_layout *out, int max);
+/* Coordinates of world rank r along each axis (index in its axis group). */
+cai_status cai_layout_coords(const cai_layout *layout, int world_rank, int coords[CAI_AXIS_COUNT]);
+int cai_layout_axis_size(const cai_layout *layout, cai_axis axis);
+/* World ranks of the `axis` group containing world_rank, ordered by axis rank. */
+cai_status cai_layout_group(const cai_layout *layout, cai_axis axis, int world_rank, int *ranks_out);
+/* Print each axis' groups ("tp groups: [0 1] [2 3] ..."). */
+void cai_layout_print(const cai_layout *layout, FILE *out);
+
+typedef struct cai_mesh cai_mesh_t;
+
+typedef struct {
+    cai_layout layout;
+    double watchdog_timeout_s;  /* 0 disables the watchdog */
+    int watchdog_abort;         /* 1: abort all ranks on timeout (default); 0: return CAI_ERR_TIMEOUT */
+} cai_mesh_config;
+
+/* Collective over `world`: validates, then MPI_Cart_create + one MPI_Cart_sub
+ * per axis (and NCCL communicators lazily on first CUDA use). */
+cai_status cai_mesh_init(cai_mesh_t **out, MPI_Comm world, const cai_mesh_config *cfg);
+void cai_mesh_free(cai_mesh_t *mesh);
+const cai_layout *cai_mesh_layout(const cai_mesh_t *mesh);
+int cai_mesh_size(const cai_mesh_t *mesh, cai_axis axis);
+int cai_mesh_rank(const cai_mesh_t *mesh, cai_axis axis);
+MPI_Comm cai_mesh_comm(const cai_mesh_t *mesh, cai_axis axis);
+/* World ranks of this rank's group along `axis`, length cai_mesh_size(axis). */
+const int *cai_mesh_group(const cai_mesh_t *mesh, cai_axis axis);
+
+/* Whether the MPI library can take CUDA device pointers (decided at run time). */
+int cai_mpi_cuda_aware(void);
+
+typedef enum { CAI_RED_SUM = 0, CAI_RED_AVG, CAI_RED_MAX, CAI_RED_MIN } cai_reduce_op;
+
+/* Collectives over the group of `axis`. Buffers may be host memory or CUDA
+ * device memory (detected per call): host buffers go through MPI; device
+ * buffers through NCCL, or CUDA-aware MPI, or staged through host memory.
+ * All are collective over the axis group; all honour the watchdog.
+ * bf16/f16 reductions accumulate in fp32. sendbuf == recvbuf means in place. */
+cai_status cai_allreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                         cai_dtype dtype, cai_reduce_op op);
+/* sendbuf holds size*recv_count elements; rank i receives block i reduced. */
+cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
+                              size_t recv_count, cai_dtype dtype, cai_reduce_op op);
+/* recvbuf holds size*send_count elements, block i from axis rank i. */
+cai_status cai_all_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
+                          size_t send_count, cai_dtype dtype);
+/* Block i of sendbuf (count elements) goes to axis rank i. */
+cai_status cai_all_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                          cai_dtype dtype);
+/* Counts and displacements in elements, one per axis rank. */
+cai_status cai_all_to_allv(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, const size_t *send_counts,
+                           const size_t *send_displs, void *recvbuf, const size_t *recv_counts,
+                           const size_t *recv_displs, cai_dtype dtype);
+cai_status cai_broadcast(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int root);
+/* Point to point along an axis; `peer` is an axis rank. Not collective. */
+cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer,
+                    int tag);
+cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag);
+cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
+
+/* Non-blocking all-reduce for gradient buckets that overlap backward.
+ * cai_wait applies the watchdog. */
+typedef struct cai_request cai_request_t;
+cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                          cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
+cai_status cai_wait(cai_request_t *req);
+
+/* Bandwidth measurement as nccl-tests does it: algorithm bandwidth
+ * bytes/time and bus bandwidth scaled by the collective's traffic factor. */
+typedef enum { CAI_BENCH_ALLREDUCE = 0, CAI_BENCH_ALLGATHER, CAI_BENCH_REDUCE_SCATTER, CAI_BENCH_ALLTOALL, CAI_BENCH_COUNT } cai_bench_op;
+typedef struct {
+    cai_bench_op op;
+    cai_axis axis;
+    size_t bytes;      /* total message size in bytes (nccl-tests' "size") */
+    double time_us;    /* mean over iterations, max over ranks */
+    double algbw_gbs;
+    double busbw_gbs;
+} cai_bench_result;
+const char *cai_bench_op_name(cai_bench_op op);
+/* Collective over the whole mesh (every rank takes part in each axis' run). */
+cai_status cai_mesh_bench(cai_mesh_t *mesh, cai_axis axis, cai_bench_op op, size_t bytes, int warmup, int iters,
+                          int on_device, cai_bench_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
