@@ -1,0 +1,1 @@
+# ckpt module: sources added by its owner

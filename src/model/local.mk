@@ -1,0 +1,1 @@
+# model module: sources added by its owner

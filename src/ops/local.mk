@@ -1,0 +1,1 @@
+# ops module: sources added by its owner

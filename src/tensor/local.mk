@@ -1,0 +1,1 @@
+# tensor module: sources added by its owner
