@@ -1,1 +1,2 @@
-# ops module: sources added by its owner
+# ops module: the op table and the CPU backend
+colossalinclude_HEADERS += src/include/colossal/ops.h

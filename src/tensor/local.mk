@@ -1,1 +1,2 @@
-# tensor module: sources added by its owner
+# tensor module: dtypes and conversions, devices, tensor views
+colossalinclude_HEADERS += src/include/colossal/tensor.h

@@ -1,0 +1,263 @@
+/* The op table: every numeric kernel a transformer needs for training and
+ * inference, behind one struct of function pointers per backend (DESIGN
+ * decision 4). Model code calls dev->ops->layernorm_fwd(dev, ...) and never
+ * knows which backend runs it; the CPU backend (OpenBLAS sgemm + OpenMP) and
+ * the later CUDA backend implement the same table. See docs/ops.md.
+ *
+ * Conventions shared by every op (details in docs/ops.md):
+ *  - Activations are row-major [B, T, C] (or [N, C] with N = B*T); any leading
+ *    dimensions are flattened into rows. Attention tensors are [B, T, H, D]
+ *    (head-major inside a token), so [B, T, H*D] = [B, T, C] needs no permute,
+ *    and q/k/v may be strided views into one fused QKV buffer.
+ *  - Linear weights are [out, in] (torch.nn.Linear layout): y = x W^T + b.
+ *    Every linear forward and backward then maps onto one sgemm, no copies.
+ *  - Tensors must have a contiguous last dimension; an op that accepts other
+ *    row strides says so ("strided rows"). Outputs must not overlap inputs
+ *    unless the op says "may alias".
+ *  - Gradients of parameters (dweight, dbias, dwte, ...) are ACCUMULATED (+=),
+ *    so microbatches accumulate for free; zero them at the start of a step.
+ *    Gradients of activations are OVERWRITTEN, except where an op takes
+ *    `accum_dinp` (norms and linear, whose input gradients usually land on the
+ *    residual stream). Any gradient output may be NULL to skip it.
+ *  - dtypes: the table is dtype-generic (each tensor carries its dtype). The
+ *    CPU backend computes in f32 and requires F32 tensors everywhere except
+ *    copy/convert (F32/BF16/F16), token ids and targets (I32) and AdamW's
+ *    optional low-precision parameter copy. Other dtypes give
+ *    CAI_ERR_UNSUPPORTED naming the op and argument.
+ *  - No op allocates. Scratch comes from a caller-provided workspace whose
+ *    size a *_workspace_bytes query returns (attention is the only user).
+ *  - Results are deterministic and independent of the thread count, except
+ *    sum/sumsq whose per-thread partial sums are combined in double.
+ *  - Every op validates shapes and dtypes and fails with CAI_ERR_INVALID_ARG
+ *    (op and argument named, what would fit) before touching memory.
+ *  - No op is collective: tensor/sequence-parallel callers combine partial
+ *    results (vocab-parallel cross-entropy statistics, grad-norm partial sums,
+ *    row-parallel matmul outputs) with colossal/cluster.h collectives.
+ */
+#ifndef COLOSSAL_OPS_H
+#define COLOSSAL_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colossal/base.h"
+#include "colossal/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Attention masking and scaling. Query row i (0-based in q) may see key row j
+ * (0-based in k) iff !causal or j <= i + causal_offset, and, with a window,
+ * i + causal_offset - j < window. causal_offset = (position of q row 0) -
+ * (position of k row 0): 0 for training self-attention, Tk - Tq for decoding
+ * against a KV cache, a multiple of the block length for ring attention. A row
+ * that sees no key gets output 0 and lse = -inf. */
+typedef struct {
+    float scale;           /* softmax scale; 0 means 1/sqrt(head_dim) */
+    int causal;            /* 1 for decoder self-attention */
+    int64_t causal_offset;
+    int64_t window;        /* sliding window length in keys; 0 = unlimited */
+} cai_attn_params;
+
+/* AdamW (Loshchilov & Hutter; same arithmetic as torch.optim.AdamW):
+ *   g  = grad * grad_scale
+ *   p -= lr * weight_decay * p            (only when apply_decay)
+ *   m  = beta1 m + (1 - beta1) g
+ *   v  = beta2 v + (1 - beta2) g^2
+ *   p -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps) */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    int64_t step;     /* 1 for the first update (bias correction) */
+    float grad_scale; /* clip coefficient times 1/loss-scale; 1 = none */
+} cai_adamw_params;
+
+typedef struct cai_ops {
+    const char *backend; /* "cpu", "cuda" */
+
+    /* ---- device memory (used by cai_device_alloc & co., rarely called directly) */
+    cai_status (*alloc)(cai_device_t *dev, size_t bytes, const char *what, void **out);
+    void (*dealloc)(cai_device_t *dev, void *ptr);
+    cai_status (*alloc_staging)(cai_device_t *dev, size_t bytes, const char *what, void **out);
+    void (*dealloc_staging)(cai_device_t *dev, void *ptr);
+    cai_status (*memcpy)(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
+    cai_status (*sync)(cai_device_t *dev);
+
+    /* ---- elementwise and data movement. All take any shape; strided rows ok. */
+
+    /* x[:] = value (any float dtype; I32 gets (int32_t)value). */
+    cai_status (*fill)(cai_device_t *dev, cai_tensor *x, float value);
+    /* dst = src elementwise for equal shapes, any strides, converting between
+     * F32/BF16/F16 with round-to-nearest-even. */
+    cai_status (*copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
+    /* dst = round_stochastic(src): src F32, dst BF16/F16 (F32: plain copy).
+     * Element i (row-major index) uses Philox(seed, stream, index_offset + i). */
+    cai_status (*copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed,
+                          uint64_t stream, uint64_t index_offset);
+    /* x *= alpha. */
+    cai_status (*scale)(cai_device_t *dev, cai_tensor *x, float alpha);
+    /* y += alpha * x. */
+    cai_status (*axpy)(cai_device_t *dev, cai_tensor *y, float alpha, const cai_tensor *x);
+    /* out = a + b (residual add). out may alias a or b. */
+    cai_status (*add)(cai_device_t *dev, cai_tensor *out, const cai_tensor *a, const cai_tensor *b);
+    /* out[0] += sum(x) and out[0] += sum(x^2); out is a 1-element F32 or F64
+     * tensor on the device. sumsq is the global-norm building block: each
+     * rank accumulates its shards, the caller all-reduces, then takes sqrt.
+     * A non-finite result flags overflow (loss scaling). */
+    cai_status (*sum)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
+    cai_status (*sumsq)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
+
+    /* ---- matrix multiply */
+
+    /* c = alpha * op(a) @ op(b) + beta * c, op(x) = x or x^T (last two dims).
+     * 2-D: a [M,K] (or [K,M] with trans_a), b [K,N] (or [N,K]), c [M,N].
+     * Batched: leading dims of a, b, c are a batch; b (or a) with no batch
+     * dims is shared by every batch entry; with b 2-D and !trans_a the batch
+     * is folded into M (one gemm). Strided rows ok; beta = 0 ignores c's
+     * old contents (NaN-safe). */
+    cai_status (*matmul)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
+                         int trans_b, float alpha, float beta);
+    /* out [N,OC] = inp [N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be NULL).
+     * N is all leading dims of inp/out (e.g. [B,T,C]). */
+    cai_status (*linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                             const cai_tensor *bias);
+    /* dinp [N,IC] (=, or += with accum_dinp) dout @ weight;
+     * dweight [OC,IC] += dout^T @ inp; dbias [OC] += sum over rows of dout.
+     * Any of dinp, dweight, dbias may be NULL. */
+    cai_status (*linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                             const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                             int accum_dinp);
+    /* x [N,C] += bias [C] (in place). */
+    cai_status (*bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
+    /* dbias [C] += sum over rows of dout [N,C]. */
+    cai_status (*bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
+
+    /* ---- normalisation (statistics in f32, saved for backward) */
+
+    /* out = (inp - mean) * rstd * weight + bias over the last dim C;
+     * mean, rstd [N] (may be NULL for inference); bias may be NULL. */
+    cai_status (*layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd,
+                                const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias, float eps);
+    /* dinp (= or +=), dweight +=, dbias += (dbias may be NULL when there is no bias). */
+    cai_status (*layernorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                                const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                                const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp);
+    /* RMSNorm (Llama): out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps). */
+    cai_status (*rmsnorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp,
+                              const cai_tensor *weight, float eps);
+    cai_status (*rmsnorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
+                              const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *rstd,
+                              int accum_dinp);
+
+    /* ---- activations (any shape; strided rows ok) */
+
+    /* GELU, tanh approximation (GPT-2 "gelu_new"). out may alias inp (then
+     * backward cannot run). */
+    cai_status (*gelu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp);
+    /* dinp = gelu'(inp) * dout; dinp may alias dout. */
+    cai_status (*gelu_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *inp, const cai_tensor *dout);
+    /* SwiGLU (Llama MLP): out = silu(gate) * up, silu(x) = x / (1 + e^-x).
+     * gate and up may be two halves of one fused [N, 2F] buffer (narrowed views). */
+    cai_status (*swiglu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *gate, const cai_tensor *up);
+    /* dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
+    cai_status (*swiglu_bwd)(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
+                             const cai_tensor *gate, const cai_tensor *up);
+
+    /* ---- rotary position embedding (Hugging Face "rotate_half" pairing) */
+
+    /* cos, sin [max_pos, R/2] for rotary dim R: angle(p, i) = p * theta^(-2i/R),
+     * computed in double then rounded. Call once at model build. */
+    cai_status (*rope_tables)(cai_device_t *dev, cai_tensor *cos, cai_tensor *sin, double theta);
+    /* x [B,T,H,D] (strided rows ok, e.g. a view into fused QKV): for each
+     * head, dims (i, i + R/2), i < R/2, rotate by angle(pos, i); dims >= R
+     * pass through. pos = positions[b,t] (I32 [B,T] or [T]) when positions is
+     * non-NULL, else pos_offset + t. out may alias inp (in place). */
+    cai_status (*rope_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *cos,
+                           const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
+    /* Inverse rotation of the gradient; dinp may alias dout. */
+    cai_status (*rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos,
+                           const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
+
+    /* ---- causal self-attention, multi-head and grouped-query */
+
+    /* Scratch bytes attention_fwd/bwd need for these sizes (the max of both),
+     * for this device's thread count. */
+    size_t (*attention_workspace_bytes)(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                        int64_t Hkv, int64_t D);
+    /* q [B,Tq,Hq,D], k and v [B,Tk,Hkv,D] (strided rows ok: views into fused
+     * QKV), Hkv divides Hq, query head h uses kv head h / (Hq/Hkv).
+     * out [B,Tq,Hq,D] = softmax(scale q k^T + mask) v; lse [B,Hq,Tq] F32 is
+     * the log-sum-exp of each score row, saved for backward (NULL when
+     * inference only). */
+    cai_status (*attention_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q,
+                                const cai_tensor *k, const cai_tensor *v, const cai_attn_params *params,
+                                void *workspace, size_t workspace_bytes);
+    /* Recomputes the probabilities from q, k and lse (nothing T x T is kept
+     * between fwd and bwd). dq, dk, dv are overwritten (strided rows ok). */
+    cai_status (*attention_bwd)(cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv,
+                                const cai_tensor *dout, const cai_tensor *q, const cai_tensor *k, const cai_tensor *v,
+                                const cai_tensor *out, const cai_tensor *lse, const cai_attn_params *params,
+                                void *workspace, size_t workspace_bytes);
+
+    /* ---- embeddings (vocab-parallel ready) */
+
+    /* out [B,T,C] = wte[tokens[b,t] - vocab_offset] (+ wpe[pos_offset + t]).
+     * tokens I32 [B,T]; wte [V_local,C] holds global ids [vocab_offset,
+     * vocab_offset + V_local): tokens outside it give zero rows (a TP caller
+     * all-reduces). wpe [max_pos,C] may be NULL (Llama); under TP pass it on
+     * one rank only. Tokens < 0 or >= vocab_total (when vocab_total > 0) are
+     * an error naming the position. */
+    cai_status (*embedding_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
+                                const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset);
+    /* dwte += scatter of dout rows by token (own shard only); dwpe += dout
+     * summed over the batch. Deterministic (no atomics). */
+    cai_status (*embedding_bwd)(cai_device_t *dev, cai_tensor *dwte, cai_tensor *dwpe, const cai_tensor *dout,
+                                const cai_tensor *tokens, int64_t vocab_offset, int64_t pos_offset);
+
+    /* ---- fused softmax + cross-entropy (vocab-parallel ready)
+     * logits [N,Vl] (strided rows ok) hold global vocab ids [vocab_offset,
+     * vocab_offset + Vl); columns with id >= valid_vocab are padding and are
+     * excluded from the softmax. targets I32 [N]; rows whose target equals
+     * ignore_index get loss 0 and zero gradient. */
+
+    /* losses [N] = lse - logit[target]; lse [N] saved for backward (may be NULL). */
+    cai_status (*xent_fwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, const cai_tensor *logits,
+                           const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+    /* Vocab-parallel first half: per row the local max, sum(exp(logit - max))
+     * and the target logit (0 when the target is not in this shard). The
+     * caller all-reduces max, rescales sumexp, all-reduces sums; then
+     * lse = max + log(sumexp) and loss = lse - target_logit. */
+    cai_status (*xent_stats)(cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai_tensor *target_logit,
+                             const cai_tensor *logits, const cai_tensor *targets, int64_t vocab_offset,
+                             int64_t valid_vocab, int ignore_index);
+    /* dlogits = dloss_n * (softmax(logits) - onehot(target)), padding columns
+     * 0, ignored rows 0; dloss_n = dlosses[n] when dlosses [N] is non-NULL,
+     * else dloss_scale (e.g. 1 / number of valid tokens). dlogits may alias
+     * logits (in place). */
+    cai_status (*xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse,
+                           const cai_tensor *targets, const cai_tensor *dlosses, float dloss_scale,
+                           int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+
+    /* ---- optimizer */
+
+    /* One AdamW update of param (F32 master weights) from grad, with moments
+     * m, v (F32, same shape). param_lowp (BF16/F16, may be NULL) receives the
+     * updated parameters rounded to nearest even, for mixed precision.
+     * apply_decay = 0 for norms, biases and (usually) embeddings. Works on any
+     * contiguous shard, e.g. a ZeRO partition. */
+    cai_status (*adamw)(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v,
+                        cai_tensor *param_lowp, const cai_adamw_params *p, int apply_decay);
+} cai_ops;
+
+/* The CPU backend's table (always built). */
+const cai_ops *cai_ops_cpu(void);
+
+/* Clip coefficient for a global gradient norm: min(1, max_norm / (norm + 1e-6)),
+ * 1 when max_norm <= 0 (clipping off). Pass it as adamw's grad_scale or to
+ * ops->scale. Pure. */
+float cai_clip_coef(double grad_norm, double max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
