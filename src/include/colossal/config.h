@@ -1,7 +1,9 @@
 /* Typed, table-driven configuration: one struct per app plus one table of
  * fields describing it. The same table parses YAML files, parses CLI
  * overrides (--train.lr=3e-4), prints --help and dumps the effective config,
- * so documentation and parsing can never disagree. Not collective. */
+ * so documentation and parsing can never disagree. Nothing here is
+ * collective: every rank parses the same argv and file and reaches the same
+ * result, and errors are decided identically everywhere. See docs/config.md. */
 #ifndef COLOSSAL_CONFIG_H
 #define COLOSSAL_CONFIG_H
 
@@ -15,21 +17,25 @@ extern "C" {
 #endif
 
 typedef enum {
-    CAI_CFG_BOOL,   /* int field, 0/1; YAML true/false, CLI --key alone means true */
-    CAI_CFG_INT,    /* int */
-    CAI_CFG_INT64,  /* int64_t */
-    CAI_CFG_DOUBLE, /* double */
-    CAI_CFG_STRING, /* char * owned by the struct (cai_config_free releases it) */
-    CAI_CFG_ENUM    /* int index into `choices` */
+    CAI_CFG_BOOL,   /* int field, 0/1; true/false yes/no on/off 1/0; CLI --key alone means true,
+                       --no-key false */
+    CAI_CFG_INT,    /* int, decimal only: "1.5", "1e3", "12abc" and overflow are errors */
+    CAI_CFG_INT64,  /* int64_t, same rules */
+    CAI_CFG_DOUBLE, /* double, finite */
+    CAI_CFG_STRING, /* char * owned by the struct, never NULL after cai_config_defaults
+                       (empty string for a NULL default); cai_config_free releases it */
+    CAI_CFG_ENUM    /* int index into `choices`; matched case-insensitively */
 } cai_config_type;
 
 typedef struct {
-    const char *key;           /* dotted path, e.g. "train.lr" <-> YAML train: {lr: ...} */
+    const char *key;           /* dotted path, e.g. "train.lr" <-> YAML train: {lr: ...}; parts are
+                                  [A-Za-z0-9_-]+, '-' and '_' are interchangeable when matching */
     cai_config_type type;
     size_t offset;             /* offsetof(app struct, field) */
     const char *default_value; /* text, parsed by the same code as user input; NULL = empty string / 0 */
-    const char *doc;           /* one line for --help */
-    double min, max;           /* inclusive range for numbers; not checked when min > max */
+    const char *doc;           /* one line for --help (required, no newlines) */
+    double min, max;           /* inclusive range for INT/INT64/DOUBLE; checked only when min < max,
+                                  so a zero-initialised pair or CAI_CFG_NO_RANGE means no range */
     const char *const *choices;/* NULL-terminated list for CAI_CFG_ENUM */
     const char *alias;         /* optional short CLI name, e.g. "tp" for "mesh.tp" */
 } cai_config_field;
@@ -42,32 +48,69 @@ typedef struct {
 } cai_config_schema;
 
 #define CAI_CFG_NO_RANGE 1.0, 0.0
+/* Number of entries of a field array, for cai_config_schema.nfields. */
+#define CAI_CFG_NFIELDS(fields) (sizeof(fields) / sizeof((fields)[0]))
 
-/* Set every field to its default. Strings are allocated. */
+/* Validate the table (keys well formed and unique, no key both a leaf and a
+ * section, aliases unique, reserved names "config"/"help"/"h" unused, docs
+ * present, enum choices present) and set every field to its default. `cfg`
+ * is treated as uninitialised; strings are allocated, so call
+ * cai_config_free afterwards even when this fails. A bad table is
+ * CAI_ERR_INVALID_ARG (a bug in the app), a default that does not parse or
+ * is out of range CAI_ERR_CONFIG. */
 cai_status cai_config_defaults(const cai_config_schema *schema, void *cfg);
-/* Apply a YAML file (nested mappings; keys are the dotted path's parts).
- * Errors name the file, line and key: unknown key, wrong type, out of range. */
+/* Apply a YAML file: a mapping whose nested mappings spell the dotted path
+ * (`train: {lr: 3e-4}` and `train.lr: 3e-4` both set train.lr). Errors name
+ * the file, line and key: unknown key (with the closest known key), wrong
+ * type, out of range, bad enum value (with the choices), duplicate key,
+ * malformed YAML. All or nothing: on error `cfg` is unchanged. An empty file
+ * changes nothing. */
 cai_status cai_config_load_yaml(const cai_config_schema *schema, void *cfg, const char *path);
 /* Same, from a string; `name` stands in for the file name in errors. */
 cai_status cai_config_load_yaml_string(const cai_config_schema *schema, void *cfg, const char *text,
                                        const char *name);
-/* Set one key from text; `source` ("command line", "file.yaml:12") goes into errors. */
+/* Set one key (or alias) from text; `source` ("command line", "file.yaml:12")
+ * leads every error message. On error the field is unchanged. */
 cai_status cai_config_set(const cai_config_schema *schema, void *cfg, const char *key, const char *value,
                           const char *source);
 
-/* Parse argv: defaults, then --config FILE (YAML), then every --key=value /
- * --key value / --bool-key override in order. `--help` sets *help_requested
- * and stops. Positional arguments are errors. */
+/* Parse argv: defaults, then every --config FILE (YAML, in argv order), then
+ * every --key=value / --key value / --bool-key / --no-bool-key override in
+ * argv order, wherever --config stands (defaults < YAML < command line).
+ * argv[0] is the program and is skipped. `--help` or `-h` anywhere sets
+ * *help_requested, leaves `cfg` at its defaults and returns CAI_OK without
+ * looking at the other arguments (with help_requested NULL it is an unknown
+ * option). Positional arguments are errors. `cfg` is treated as
+ * uninitialised; call cai_config_free afterwards whatever this returns. */
 cai_status cai_config_parse_args(const cai_config_schema *schema, void *cfg, int argc, char **argv,
                                  int *help_requested);
 
-/* --help text: usage, then each key with type, default and doc. */
+/* --help text: usage, then each key (grouped by its first dotted part) with
+ * alias, type, default, range or choices, and doc. */
 void cai_config_print_help(const cai_config_schema *schema, FILE *out);
-/* Effective config as YAML that cai_config_load_yaml accepts back. */
+/* Effective config as YAML that cai_config_load_yaml accepts back: nested by
+ * the dotted prefixes in table order, strings double-quoted, each key
+ * followed by its doc as a comment. CAI_ERR_IO when writing fails,
+ * CAI_ERR_CONFIG for a string that is not valid UTF-8 (YAML cannot hold it). */
 cai_status cai_config_write(const cai_config_schema *schema, const void *cfg, FILE *out);
-/* Write `dir`/config.yaml, creating `dir` if needed. */
+/* The same text in a malloc'd string (*out, free() it), e.g. to store the
+ * config inside a checkpoint. */
+cai_status cai_config_write_string(const cai_config_schema *schema, const void *cfg, char **out);
+/* Write `dir`/config.yaml, creating `dir` and its parents if needed (mkdir -p).
+ * The file is written under a temporary name and renamed, so a reader never
+ * sees half of it. Not collective: call it from one rank. */
 cai_status cai_config_write_file(const cai_config_schema *schema, const void *cfg, const char *dir);
+
+/* The field for a key or an alias ('-' and '_' interchangeable), or NULL. */
 const cai_config_field *cai_config_find(const cai_config_schema *schema, const char *key);
+/* One field's value as text, as written into YAML but unquoted (strings
+ * raw, enums by name, doubles shortest round-trip), truncated to `cap`.
+ * Returns `buf`. */
+const char *cai_config_format(const cai_config_field *field, const void *cfg, char *buf, size_t cap);
+/* The first field (in table order) whose value differs between `a` and `b`,
+ * or NULL when they are equal; e.g. to tell a resumed run what changed. */
+const cai_config_field *cai_config_compare(const cai_config_schema *schema, const void *a, const void *b);
+/* Free the strings and set them to NULL; safe to call twice. */
 void cai_config_free(const cai_config_schema *schema, void *cfg);
 
 #ifdef __cplusplus
