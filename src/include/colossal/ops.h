@@ -91,7 +91,7 @@ typedef struct cai_ops {
      * F32/BF16/F16 with round-to-nearest-even. */
     cai_status (*copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
     /* dst = round_stochastic(src): src F32, dst BF16/F16 (F32: plain copy).
-     * Element i (row-major index) uses Philox(seed, stream, index_offset + i). */
+     * Element i (row-major index) uses cai_sr_bits(seed, stream, index_offset + i). */
     cai_status (*copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed,
                           uint64_t stream, uint64_t index_offset);
     /* x *= alpha. */

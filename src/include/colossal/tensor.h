@@ -131,9 +131,11 @@ static inline cai_f16 cai_f32_to_f16_sr(float f, uint32_t rnd) { return cai_f32_
  * and by the CPU backend's copy op. Buffers must not overlap. */
 cai_status cai_convert_host(void *dst, cai_dtype dst_dtype, const void *src, cai_dtype src_dtype, size_t n);
 /* Stochastic rounding of f32 host data to BF16 or F16 (F32 -> F32 copies).
- * Element i draws its random bits from Philox(seed, stream, index_offset + i),
- * so the result does not depend on how a buffer is split across ranks or
- * threads: pass the element's global index offset. */
+ * The random bits of element i depend only on (seed, stream, index_offset + i)
+ * (word g % 4 of Philox-4x32 block g / 4, g = index_offset + i), so the result
+ * does not depend on how a buffer is split across ranks or threads: pass the
+ * global index of the first element. */
+uint32_t cai_sr_bits(uint64_t seed, uint64_t stream, uint64_t g);
 cai_status cai_convert_host_sr(void *dst, cai_dtype dst_dtype, const float *src, size_t n, uint64_t seed,
                                uint64_t stream, uint64_t index_offset);
 

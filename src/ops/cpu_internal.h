@@ -1,0 +1,113 @@
+/* CPU backend internals: the op implementations the table in cpu_table.c
+ * points to, and small helpers for the OpenMP loops. */
+#ifndef CAI_OPS_CPU_INTERNAL_H
+#define CAI_OPS_CPU_INTERNAL_H
+
+#include "ops_internal.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define CAI_THREAD_ID() omp_get_thread_num()
+#else
+#define CAI_THREAD_ID() 0
+#endif
+
+#define CAI_HOST CAI_DEVICE_HOST
+#define CAI_F32 ((int)CAI_DTYPE_F32)
+#define CAI_I32 ((int)CAI_DTYPE_I32)
+#define CAI_ANYF (-1)
+
+/* Threads for this call: the device's, but never more than there is work. */
+static inline int cai_cpu_threads(const cai_device_t *dev, int64_t work) {
+    int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
+    if (work < nt) nt = work < 1 ? 1 : (int)work;
+    return nt;
+}
+
+static inline float *cai_row_f32(const cai_rows *r, int64_t i) { return (float *)r->data + i * r->ld; }
+
+#define CPU_OP(name) cai_status cai_cpu_##name
+
+/* memory, elementwise (cpu_basic.c) */
+CPU_OP(alloc)(cai_device_t *dev, size_t bytes, const char *what, void **out);
+void cai_cpu_dealloc(cai_device_t *dev, void *ptr);
+CPU_OP(memcpy)(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
+CPU_OP(sync)(cai_device_t *dev);
+CPU_OP(fill)(cai_device_t *dev, cai_tensor *x, float value);
+CPU_OP(copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
+CPU_OP(copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream,
+                uint64_t index_offset);
+CPU_OP(scale)(cai_device_t *dev, cai_tensor *x, float alpha);
+CPU_OP(axpy)(cai_device_t *dev, cai_tensor *y, float alpha, const cai_tensor *x);
+CPU_OP(add)(cai_device_t *dev, cai_tensor *out, const cai_tensor *a, const cai_tensor *b);
+CPU_OP(sum)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
+CPU_OP(sumsq)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
+
+/* matmul family (cpu_matmul.c) */
+CPU_OP(matmul)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
+               int trans_b, float alpha, float beta);
+CPU_OP(linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                   const cai_tensor *bias);
+CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                   const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
+CPU_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
+CPU_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
+
+/* norms (cpu_norm.c) */
+CPU_OP(layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd,
+                      const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias, float eps);
+CPU_OP(layernorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                      const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                      const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp);
+CPU_OP(rmsnorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp,
+                    const cai_tensor *weight, float eps);
+CPU_OP(rmsnorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
+                    const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *rstd, int accum_dinp);
+
+/* activations and RoPE (cpu_pointwise.c) */
+CPU_OP(gelu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp);
+CPU_OP(gelu_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *inp, const cai_tensor *dout);
+CPU_OP(swiglu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *gate, const cai_tensor *up);
+CPU_OP(swiglu_bwd)(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
+                   const cai_tensor *gate, const cai_tensor *up);
+CPU_OP(rope_tables)(cai_device_t *dev, cai_tensor *cos, cai_tensor *sin, double theta);
+CPU_OP(rope_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *cos,
+                 const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
+CPU_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos,
+                 const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
+
+/* attention (cpu_attention.c) */
+size_t cai_cpu_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
+                                         int64_t Hkv, int64_t D);
+CPU_OP(attention_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q,
+                      const cai_tensor *k, const cai_tensor *v, const cai_attn_params *params, void *workspace,
+                      size_t workspace_bytes);
+CPU_OP(attention_bwd)(cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout,
+                      const cai_tensor *q, const cai_tensor *k, const cai_tensor *v, const cai_tensor *out,
+                      const cai_tensor *lse, const cai_attn_params *params, void *workspace,
+                      size_t workspace_bytes);
+
+/* embeddings and cross-entropy (cpu_embed.c) */
+CPU_OP(embedding_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
+                      const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset);
+CPU_OP(embedding_bwd)(cai_device_t *dev, cai_tensor *dwte, cai_tensor *dwpe, const cai_tensor *dout,
+                      const cai_tensor *tokens, int64_t vocab_offset, int64_t pos_offset);
+CPU_OP(xent_fwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, const cai_tensor *logits,
+                 const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+CPU_OP(xent_stats)(cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai_tensor *target_logit,
+                   const cai_tensor *logits, const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab,
+                   int ignore_index);
+CPU_OP(xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse,
+                 const cai_tensor *targets, const cai_tensor *dlosses, float dloss_scale, int64_t vocab_offset,
+                 int64_t valid_vocab, int ignore_index);
+
+/* optimizer (cpu_optim.c) */
+CPU_OP(adamw)(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v,
+              cai_tensor *param_lowp, const cai_adamw_params *p, int apply_decay);
+
+/* Column-block reduction used by bias_grad and the norm backward passes:
+ * acc[c] += sum over rows of src[r, c] (both F32), parallel over column
+ * blocks so each column is summed by one thread in row order. */
+void cai_cpu_colsum(const cai_device_t *dev, float *acc, const cai_rows *src);
+
+#endif

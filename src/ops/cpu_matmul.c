@@ -1,0 +1,170 @@
+/* CPU backend: matrix products through OpenBLAS sgemm. Weights are [out,in]
+ * row-major, so forward is x W^T, the input gradient dy W and the weight
+ * gradient dy^T x: three sgemm calls with transposes, no copies. BLAS runs
+ * its own threads (the device's count), outside any OpenMP region. */
+#include "cai_config.h"
+#include "cpu_internal.h"
+
+#include <cblas.h>
+#include <string.h>
+
+/* A (possibly batched) row-major matrix: batch x [rows, cols], leading
+ * dimension ld, batch stride bs (elements). */
+typedef struct {
+    float *data;
+    int64_t batch, rows, cols, ld, bs;
+} bmat;
+
+static cai_status as_bmat(const char *op, const char *arg, const cai_tensor *t, bmat *m) {
+    CAI_CALL(cai_ops_check(op, arg, t, CAI_HOST, CAI_F32));
+    if (t->ndim < 2)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected at least 2 dimensions", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    int nd = t->ndim;
+    bmat r = {.data = t->data, .batch = 1, .rows = t->shape[nd - 2], .cols = t->shape[nd - 1]};
+    if (r.cols > 1 && t->stride[nd - 1] != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous last dimension (transpose through "
+                         "trans_a/trans_b instead)", op, arg, CAI_OPS_DESCRIBE(t));
+    r.ld = r.rows > 1 ? t->stride[nd - 2] : (r.cols > 0 ? r.cols : 1);
+    if (r.ld < r.cols)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg, CAI_OPS_DESCRIBE(t));
+    int64_t expect = -1;
+    r.bs = 0;
+    for (int i = nd - 3; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (expect < 0) r.bs = t->stride[i];
+        else if (t->stride[i] != expect)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one",
+                             op, arg, CAI_OPS_DESCRIBE(t));
+        expect = t->stride[i] * t->shape[i];
+        r.batch *= t->shape[i];
+    }
+    for (int i = nd - 3; i >= 0; i--)
+        if (t->shape[i] == 0) r.batch = 0;
+    *m = r;
+    return CAI_OK;
+}
+
+/* c (rows x cols, ld) = beta * c: BLAS does this itself except when K = 0. */
+static void scale_matrix(float *c, int64_t rows, int64_t cols, int64_t ld, float beta) {
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++) c[i * ld + j] = beta == 0.0f ? 0.0f : beta * c[i * ld + j];
+}
+
+static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        scale_matrix(C, M, N, ldc, beta);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
+                (blasint)N, (blasint)K, alpha, A, (blasint)(lda > 0 ? lda : 1), B, (blasint)(ldb > 0 ? ldb : 1),
+                beta, C, (blasint)(ldc > 0 ? ldc : 1));
+}
+
+cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
+                          int trans_b, float alpha, float beta) {
+    static const char *op = "matmul";
+    bmat A, B, C;
+    CAI_CALL(as_bmat(op, "a", a, &A));
+    CAI_CALL(as_bmat(op, "b", b, &B));
+    CAI_CALL(as_bmat(op, "c", c, &C));
+    int64_t M = trans_a ? A.cols : A.rows, K = trans_a ? A.rows : A.cols;
+    int64_t Kb = trans_b ? B.cols : B.rows, N = trans_b ? B.rows : B.cols;
+    if (K != Kb || C.rows != M || C.cols != N)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64
+                         "], c [%" PRId64 ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit", op,
+                         M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "",
+                         CAI_OPS_DESCRIBE(b), trans_b ? "^T" : "");
+    if ((A.batch != 1 && A.batch != C.batch) || (B.batch != 1 && B.batch != C.batch) ||
+        (C.batch != (A.batch > B.batch ? A.batch : B.batch)))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
+                         " do not match (a or b may be unbatched)", op, A.batch, B.batch, C.batch);
+    /* A shared b with a plain a: the batch is just more rows of one gemm. */
+    if (C.batch > 1 && B.batch == 1 && !trans_a && A.bs == A.rows * A.ld && C.bs == C.rows * C.ld) {
+        gemm(0, trans_b, M * C.batch, N, K, alpha, A.data, A.ld, B.data, B.ld, beta, C.data, C.ld);
+        return CAI_OK;
+    }
+    for (int64_t i = 0; i < C.batch; i++)
+        gemm(trans_a, trans_b, M, N, K, alpha, A.data + (A.batch > 1 ? i * A.bs : 0), A.ld,
+             B.data + (B.batch > 1 ? i * B.bs : 0), B.ld, beta, C.data + i * C.bs, C.ld);
+    return CAI_OK;
+}
+
+cai_status cai_cpu_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                              const cai_tensor *bias) {
+    static const char *op = "linear_fwd";
+    cai_rows x, w, y;
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, &w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w.cols, &x));
+    CAI_CALL(cai_ops_rows(op, "out", out, CAI_HOST, CAI_F32, w.rows, &y));
+    if (y.rows != x.rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but out %" PRId64, op, x.rows, y.rows);
+    char *bd = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_HOST, CAI_F32, w.rows, &bd));
+    if (bd) {
+        const float *pb = (const float *)bd;
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, y.rows)) schedule(static)
+        for (int64_t i = 0; i < y.rows; i++) memcpy(cai_row_f32(&y, i), pb, (size_t)y.cols * sizeof(float));
+    }
+    gemm(0, 1, x.rows, w.rows, w.cols, 1.0f, (const float *)x.data, x.ld, (const float *)w.data, w.ld,
+         bd ? 1.0f : 0.0f, (float *)y.data, y.ld);
+    return CAI_OK;
+}
+
+cai_status cai_cpu_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                              const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                              int accum_dinp) {
+    static const char *op = "linear_bwd";
+    cai_rows dy, w;
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, &w));
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, w.rows, &dy));
+    if (dinp) {
+        cai_rows dx;
+        CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_HOST, CAI_F32, w.cols, &dx));
+        if (dx.rows != dy.rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dinp has %" PRId64 " rows but dout %" PRId64, op, dx.rows,
+                             dy.rows);
+        gemm(0, 0, dy.rows, w.cols, w.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)w.data, w.ld,
+             accum_dinp ? 1.0f : 0.0f, (float *)dx.data, dx.ld);
+    }
+    if (dweight) {
+        cai_rows x, dw;
+        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w.cols, &x));
+        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_HOST, CAI_F32, w.cols, &dw));
+        if (x.rows != dy.rows || dw.rows != w.rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %"
+                             PRId64 " (weight %" PRId64 ")", op, x.rows, dy.rows, dw.rows, w.rows);
+        gemm(1, 0, w.rows, w.cols, dy.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)x.data, x.ld, 1.0f,
+             (float *)dw.data, dw.ld);
+    }
+    if (dbias) CAI_CALL(cai_cpu_bias_grad(dev, dbias, dout));
+    return CAI_OK;
+}
+
+cai_status cai_cpu_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {
+    static const char *op = "bias_add";
+    cai_rows r;
+    char *bd;
+    CAI_CALL(cai_ops_rows(op, "x", x, CAI_HOST, CAI_F32, -1, &r));
+    CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_HOST, CAI_F32, r.cols, &bd));
+    const float *pb = (const float *)bd;
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, r.rows)) schedule(static)
+    for (int64_t i = 0; i < r.rows; i++) {
+        float *p = cai_row_f32(&r, i);
+#pragma omp simd
+        for (int64_t j = 0; j < r.cols; j++) p[j] += pb[j];
+    }
+    return CAI_OK;
+}
+
+cai_status cai_cpu_bias_grad(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout) {
+    static const char *op = "bias_grad";
+    cai_rows r;
+    char *bd;
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, -1, &r));
+    CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_HOST, CAI_F32, r.cols, &bd));
+    cai_cpu_colsum(dev, (float *)bd, &r);
+    return CAI_OK;
+}

@@ -1,0 +1,107 @@
+/* Argument validation shared by every backend, so shape errors read the same
+ * on CPU and GPU: "<op>: <arg> is <what it is>, expected <what fits>". */
+#include "cai_config.h"
+#include "ops_internal.h"
+
+float cai_clip_coef(double grad_norm, double max_norm) {
+    if (max_norm <= 0 || !(grad_norm == grad_norm)) return 1.0f;
+    double c = max_norm / (grad_norm + 1e-6);
+    return c < 1.0 ? (float)c : 1.0f;
+}
+
+cai_status cai_ops_check(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want) {
+    if (!t) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is NULL", op, arg);
+    cai_device_kind have = t->device ? t->device->kind : CAI_DEVICE_HOST;
+    if (have != kind)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s lives on a %s device but the op runs on %s", op, arg,
+                         cai_device_kind_name(have), cai_device_kind_name(kind));
+    if (want >= 0 && t->dtype != (cai_dtype)want) {
+        if (want == CAI_DTYPE_F32 && (t->dtype == CAI_DTYPE_BF16 || t->dtype == CAI_DTYPE_F16))
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s is %s; this backend computes in f32 (convert with "
+                             "ops->copy at the boundary, see docs/ops.md)", op, arg, CAI_OPS_DESCRIBE(t));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected dtype %s", op, arg, CAI_OPS_DESCRIBE(t),
+                         cai_dtype_name((cai_dtype)want));
+    }
+    if (want < 0 && t->dtype != CAI_DTYPE_F32 && t->dtype != CAI_DTYPE_BF16 && t->dtype != CAI_DTYPE_F16)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s is %s, expected a float dtype (f32, bf16, f16)", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    if (!t->data && cai_tensor_numel(t) > 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has no data", op, arg, CAI_OPS_DESCRIBE(t));
+    return CAI_OK;
+}
+
+cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                        int64_t cols, cai_rows *out) {
+    CAI_CALL(cai_ops_check(op, arg, t, kind, want));
+    cai_rows r = {.data = t->data, .rows = 1, .cols = 1, .ld = 1, .dtype = t->dtype};
+    if (t->ndim >= 1) {
+        int last = t->ndim - 1;
+        r.cols = t->shape[last];
+        if (r.cols > 1 && t->stride[last] != 1)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous last dimension", op, arg,
+                             CAI_OPS_DESCRIBE(t));
+        r.ld = r.cols;
+        /* Collapse the leading dimensions, innermost first; size-1 dims have
+         * no say in the layout. */
+        int64_t rows = 1, ld = -1, expect = -1;
+        for (int i = last - 1; i >= 0; i--) {
+            if (t->shape[i] == 1) continue;
+            if (ld < 0) {
+                ld = t->stride[i];
+            } else if (t->stride[i] != expect) {
+                return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) cannot be viewed as rows: its leading "
+                                 "dimensions are not contiguous with each other", op, arg, CAI_OPS_DESCRIBE(t));
+            }
+            expect = t->stride[i] * t->shape[i];
+            rows *= t->shape[i];
+        }
+        for (int i = last - 1; i >= 0; i--)
+            if (t->shape[i] == 0) rows = 0;
+        r.rows = rows;
+        if (ld >= 0) r.ld = ld;
+        if (r.rows > 1 && r.ld < r.cols)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg,
+                             CAI_OPS_DESCRIBE(t));
+    }
+    if (cols >= 0 && r.cols != cols)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a last dimension of %" PRId64, op, arg,
+                         CAI_OPS_DESCRIBE(t), cols);
+    *out = r;
+    return CAI_OK;
+}
+
+cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                       int64_t n, char **data) {
+    CAI_CALL(cai_ops_check(op, arg, t, kind, want));
+    if (!cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous", op, arg, CAI_OPS_DESCRIBE(t));
+    if (n >= 0 && cai_tensor_numel(t) != n)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected %" PRId64 " elements", op, arg,
+                         CAI_OPS_DESCRIBE(t), n);
+    *data = t->data;
+    return CAI_OK;
+}
+
+cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                        cai_bthd *out) {
+    CAI_CALL(cai_ops_check(op, arg, t, kind, want));
+    if (t->ndim != 4)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected 4 dimensions [B,T,heads,head_dim]", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    if (t->shape[3] > 1 && t->stride[3] != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous head_dim", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    cai_bthd r = {.data = t->data, .B = t->shape[0], .T = t->shape[1], .H = t->shape[2], .D = t->shape[3],
+                  .sb = t->stride[0], .st = t->stride[1], .sh = t->stride[2], .dtype = t->dtype};
+    *out = r;
+    return CAI_OK;
+}
+
+cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
+                             const cai_rows *ref) {
+    if (r->rows != ref->rows || r->cols != ref->cols)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s has %" PRId64 " rows of %" PRId64 " but %s has %" PRId64
+                         " rows of %" PRId64 "; they must match", op, arg, r->rows, r->cols, ref_arg, ref->rows,
+                         ref->cols);
+    return CAI_OK;
+}

@@ -1,0 +1,43 @@
+/* Shared by the backends: argument validation with op-and-argument-named
+ * errors, and the few layouts ops accept (row matrices, [B,T,H,D] views). */
+#ifndef CAI_OPS_INTERNAL_H
+#define CAI_OPS_INTERNAL_H
+
+#include "colossal/ops.h"
+
+#include <inttypes.h>
+
+/* A tensor seen as `rows` rows of `cols` contiguous elements, row i at
+ * data + i * ld elements: every dimension but the last collapses into rows. */
+typedef struct {
+    char *data;
+    int64_t rows, cols, ld;
+    cai_dtype dtype;
+} cai_rows;
+
+/* A 4-D [B,T,H,D] tensor with arbitrary strides on B, T, H and contiguous D. */
+typedef struct {
+    char *data;
+    int64_t B, T, H, D;
+    int64_t sb, st, sh; /* strides in elements */
+    cai_dtype dtype;
+} cai_bthd;
+
+/* Fail unless t is non-NULL, lives on a device of this backend's kind and has
+ * the wanted dtype (want < 0: any of F32/BF16/F16). */
+cai_status cai_ops_check(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want);
+/* cai_ops_check plus the row view; `cols` >= 0 also checks the last dim. */
+cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                        int64_t cols, cai_rows *out);
+/* cai_ops_check plus a 1-D contiguous view of `n` elements (n < 0: any). */
+cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                       int64_t n, char **data);
+cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                        cai_bthd *out);
+/* Same shape (and rows) as `ref`. */
+cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
+                             const cai_rows *ref);
+
+#define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
+
+#endif

@@ -1,0 +1,103 @@
+/* Devices: which op table runs, and where memory comes from. */
+#include "cai_config.h"
+#include "colossal/ops.h"
+#include "colossal/tensor.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <cblas.h>
+
+const char *cai_device_kind_name(cai_device_kind kind) {
+    switch (kind) {
+    case CAI_DEVICE_HOST: return "host";
+    case CAI_DEVICE_CUDA: return "cuda";
+    }
+    return "unknown";
+}
+
+cai_status cai_device_init(cai_device_t **out, cai_device_kind kind, int ordinal, int num_threads) {
+    CAI_CHECK_ARG(out, "cai_device_init: NULL output");
+    *out = NULL;
+    if (kind == CAI_DEVICE_CUDA)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but this build has no CUDA backend "
+                         "(configure --with-cuda on a machine with the CUDA toolkit)", ordinal);
+    CAI_CHECK_ARG(kind == CAI_DEVICE_HOST, "cai_device_init: unknown device kind %d", (int)kind);
+    cai_device_t *dev = NULL;
+    CAI_CALL(cai_calloc((void **)&dev, 1, sizeof *dev, "host device"));
+    int nt = num_threads;
+#ifdef _OPENMP
+    if (nt <= 0) nt = omp_get_max_threads();
+#endif
+    if (nt <= 0) nt = 1;
+    dev->kind = kind;
+    dev->ordinal = 0;
+    dev->num_threads = nt;
+    dev->ops = cai_ops_cpu();
+#ifdef OPENBLAS_VERSION
+    /* Ops run BLAS outside parallel regions only, so BLAS gets the same
+     * threads as the OpenMP loops rather than competing with them. */
+    openblas_set_num_threads(nt);
+    snprintf(dev->name, sizeof dev->name, "host (%d thread%s,%s)", nt, nt == 1 ? "" : "s", OPENBLAS_VERSION);
+#else
+    snprintf(dev->name, sizeof dev->name, "host (%d thread%s)", nt, nt == 1 ? "" : "s");
+#endif
+    *out = dev;
+    return CAI_OK;
+}
+
+void cai_device_free(cai_device_t *dev) { cai_free(dev); }
+
+cai_status cai_device_alloc(cai_device_t *dev, size_t bytes, const char *what, void **out) {
+    CAI_CHECK_ARG(dev && out, "cai_device_alloc: NULL device or output (%s)", what ? what : "?");
+    CAI_CALL(dev->ops->alloc(dev, bytes, what, out));
+    return CAI_OK;
+}
+
+void cai_device_dealloc(cai_device_t *dev, void *ptr) {
+    if (dev && ptr) dev->ops->dealloc(dev, ptr);
+}
+
+cai_status cai_device_alloc_staging(cai_device_t *dev, size_t bytes, const char *what, void **out) {
+    CAI_CHECK_ARG(dev && out, "cai_device_alloc_staging: NULL device or output (%s)", what ? what : "?");
+    CAI_CALL(dev->ops->alloc_staging(dev, bytes, what, out));
+    return CAI_OK;
+}
+
+void cai_device_dealloc_staging(cai_device_t *dev, void *ptr) {
+    if (dev && ptr) dev->ops->dealloc_staging(dev, ptr);
+}
+
+cai_status cai_device_copy(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind) {
+    CAI_CHECK_ARG(dev, "cai_device_copy: NULL device");
+    if (bytes == 0) return CAI_OK;
+    CAI_CHECK_ARG(dst && src, "cai_device_copy: NULL pointer for %zu bytes", bytes);
+    CAI_CALL(dev->ops->memcpy(dev, dst, src, bytes, kind));
+    return CAI_OK;
+}
+
+cai_status cai_device_sync(cai_device_t *dev) {
+    CAI_CHECK_ARG(dev, "cai_device_sync: NULL device");
+    CAI_CALL(dev->ops->sync(dev));
+    return CAI_OK;
+}
+
+cai_status cai_device_arena_init(cai_device_t *dev, cai_arena_t *arena, size_t capacity, const char *name) {
+    CAI_CHECK_ARG(dev && arena, "cai_device_arena_init: NULL device or arena");
+    memset(arena, 0, sizeof *arena);
+    arena->name = name ? name : "device arena";
+    void *p = NULL;
+    CAI_CALL(cai_device_alloc(dev, capacity, arena->name, &p));
+    arena->base = p;
+    arena->capacity = capacity;
+    return CAI_OK;
+}
+
+void cai_device_arena_free(cai_device_t *dev, cai_arena_t *arena) {
+    if (!arena) return;
+    cai_device_dealloc(dev, arena->base);
+    memset(arena, 0, sizeof *arena);
+}
