@@ -1,1 +1,12 @@
-# ckpt module: sources added by its owner
+# ckpt module: safetensors (parallel HDF5 checkpoints are appended by their owner)
+src_libcolossal_core_la_SOURCES += %reldir%/safetensors.c
+colossalinclude_HEADERS += src/include/colossal/ckpt.h
+EXTRA_DIST += tests/data/safetensors/reference.py tests/data/safetensors/torch_written.safetensors
+
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_safetensors
+tests_unit_test_safetensors_SOURCES = tests/unit/test_safetensors.c
+tests_unit_test_safetensors_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_safetensors_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+TESTS += tests/unit/test_safetensors
+endif
