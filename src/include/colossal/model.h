@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "colossal/base.h"
+#include "colossal/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -192,6 +193,269 @@ float cai_registry_init_std(const cai_registry_t *reg, int index);
 const char *cai_init_kind_name(cai_init_kind kind);
 
 /* ====================================================== end of registry */
+
+/* ======================================================================
+ * Layers and model families (src/model/layers.c, src/model/model.c)
+ * GPT-2 and Llama from one layer set; explicit forward and backward over
+ * preallocated buffers (llm.c style, sized once for (B, T) at create: the
+ * step allocates nothing). See docs/model.md.
+ *
+ * Tensor parallelism is designed in but not implemented: every layer takes
+ * LOCAL head / hidden / vocabulary sizes, QKV and MLP up/gate are
+ * column-parallel and the output projections row-parallel, so tp = 1 is the
+ * degenerate case; the places where a TP all-reduce or an SP all-gather /
+ * reduce-scatter goes are marked in the code. Creating a model with
+ * tp_size > 1 fails with CAI_ERR_UNSUPPORTED. A pipeline stage is a range of
+ * layers [layer_begin, layer_end): the embedding runs on the first stage,
+ * the final norm, LM head and loss on the last.
+ * ====================================================================== */
+
+typedef enum {
+    CAI_MODEL_GPT2 = 0, /* LayerNorm, learned positions, GELU MLP, biases, tied embeddings */
+    CAI_MODEL_LLAMA,    /* RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head, no biases */
+    CAI_MODEL_FAMILY_COUNT
+} cai_model_family;
+
+const char *cai_model_family_name(cai_model_family f);
+cai_status cai_model_family_parse(const char *name, cai_model_family *out); /* "gpt2", "llama" */
+
+/* Loss targets equal to this are skipped (PyTorch's default ignore_index). */
+#define CAI_IGNORE_INDEX (-100)
+
+typedef struct {
+    cai_model_family family;
+    int vocab_size;       /* real vocabulary: token ids are < vocab_size */
+    int vocab_multiple;   /* embedding/head rows padded to a multiple of this; 0 means 128 */
+    int n_layers;
+    int d_model;
+    int n_heads;
+    int n_kv_heads;       /* grouped-query attention; 0 means n_heads; must divide n_heads */
+    int ffn_hidden;       /* MLP hidden size; 0: GPT-2 4*d_model, Llama 256-multiple of 8*d_model/3 */
+    int max_seq_len;      /* learned positions (GPT-2) / RoPE tables (Llama) */
+    float rope_theta;     /* Llama; 0 means 10000 */
+    float norm_eps;       /* 0 means 1e-5 */
+    int tie_embeddings;   /* LM head shares the token embedding */
+    float init_std;       /* N(0, std^2) init; residual projections get std/sqrt(2 n_layers); 0 means 0.02 */
+    uint64_t seed;        /* parameter init (layout invariant, see the registry) */
+    /* Mixed precision (docs/model.md). Master weights, gradients and
+     * optimizer state are always F32. param_dtype: the working copy of the
+     * weights the layers read (F32, BF16, F16; BF16/F16 are refreshed from
+     * the masters by the optimizer with round-to-nearest-even). act_dtype:
+     * activations and the dtype the ops compute in; when it differs from
+     * param_dtype the working weights are converted once per update (the CPU
+     * backend computes in F32 only, so BF16 params run as F32 compute over
+     * bf16-rounded weights there). */
+    cai_dtype param_dtype;
+    cai_dtype act_dtype;
+    int activation_checkpointing; /* keep only each layer's input; re-run its fwd inside bwd */
+} cai_model_config;
+
+/* The family's defaults (GPT-2: the 124M model with vocabulary 50257;
+ * Llama: a 12-layer d=768 model with 4 KV heads, vocabulary 32000). F32
+ * everywhere, no checkpointing, seed 1234. */
+cai_model_config cai_model_config_default(cai_model_family family);
+/* Fill in the "0 means" defaults and validate; errors name the field and
+ * what would fit (heads vs d_model, kv heads vs heads, dtypes, ...). */
+cai_status cai_model_config_resolve(const cai_model_config *in, cai_model_config *out);
+/* vocab_size rounded up to vocab_multiple (after resolve). */
+int64_t cai_model_config_padded_vocab(const cai_model_config *cfg);
+
+/* Register every parameter of the family exactly once, in order: embeddings,
+ * then per layer, then final norm and head (canonical names in
+ * docs/model.md). `reg` must have been created with n_layers = cfg->n_layers. */
+cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config *cfg);
+
+/* ---------------------------------------------------------------- layers
+ * The building blocks the model runs. Each sublayer is residual:
+ * fwd: out = inp + f(norm(inp)); bwd: d_stream holds d(out) on entry and
+ * d(inp) on exit. Parameter gradients are ACCUMULATED (+=). All tensors are
+ * on `dev`; activations [B, T, C] in act dtype. None is collective (with
+ * tp > 1 the row-parallel outputs would be all-reduced over TP). */
+
+typedef struct {
+    cai_model_family family;
+    int64_t B, T;         /* T: local sequence length */
+    int64_t pos_offset;   /* position of local token 0 (sequence parallel, decoding) */
+    int64_t C;            /* d_model */
+    int64_t n_heads;      /* local query heads (n_heads / tp) */
+    int64_t n_kv_heads;   /* local KV heads */
+    int64_t head_dim;
+    int64_t ffn;          /* local MLP hidden size (ffn_hidden / tp) */
+    int64_t vocab_local;  /* padded vocabulary rows held here (head/embedding) */
+    int64_t vocab_offset; /* global id of local row 0 */
+    int64_t vocab_valid;  /* real vocabulary size (logit columns >= this are padding) */
+    float norm_eps;
+    cai_dtype act_dtype;
+} cai_layer_dims;
+
+/* Weights of one transformer block (views into the model's flat buffer).
+ * Absent ones (biases for Llama, up_w for GPT-2) have data == NULL. grads
+ * uses the same struct for the gradients. */
+typedef struct {
+    cai_tensor ln1_w, ln1_b;   /* [C] */
+    cai_tensor qkv_w, qkv_b;   /* [(Hq + 2 Hkv) D, C], [(Hq + 2 Hkv) D]: fused q|k|v rows */
+    cai_tensor proj_w, proj_b; /* [C, Hq D], [C] */
+    cai_tensor ln2_w, ln2_b;   /* [C] */
+    cai_tensor fc_w, fc_b;     /* GPT-2 fc [F, C], [F]; Llama gate [F, C] */
+    cai_tensor up_w;           /* Llama up [F, C] */
+    cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
+} cai_block_params;
+
+/* What one block's forward saves for its backward. */
+typedef struct {
+    cai_tensor ln1, ln1_mean, ln1_rstd; /* [B,T,C], [B*T], [B*T] (mean unused by RMSNorm) */
+    cai_tensor qkv;                     /* [B,T,(Hq+2Hkv)D], q and k after RoPE */
+    cai_tensor att, att_lse;            /* [B,T,Hq D], [B,Hq,T] */
+    cai_tensor res_mid;                 /* [B,T,C] residual after attention */
+    cai_tensor ln2, ln2_mean, ln2_rstd;
+    cai_tensor fc;                      /* [B,T,F] GPT-2 pre-GELU / Llama gate */
+    cai_tensor up;                      /* [B,T,F] Llama up */
+    cai_tensor act;                     /* [B,T,F] GELU / SwiGLU output */
+} cai_block_acts;
+
+/* Buffers shared by every block (not kept between fwd and bwd). */
+typedef struct {
+    cai_tensor tmp;         /* [B,T,C] projection output before the residual add */
+    cai_tensor dln;         /* [B,T,C] */
+    cai_tensor datt;        /* [B,T,Hq D] */
+    cai_tensor dqkv;        /* [B,T,(Hq+2Hkv)D] */
+    cai_tensor dact, dfc, dup; /* [B,T,F] (dup Llama only) */
+    cai_tensor rope_cos, rope_sin; /* [max_pos, D/2] F32 (Llama) */
+    void *attn_ws;
+    size_t attn_ws_bytes;
+} cai_block_scratch;
+
+/* Allocate acts / scratch for `dims` from a device arena (max_pos sizes the
+ * RoPE tables, which this computes). */
+size_t cai_block_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
+cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d,
+                                cai_block_acts *acts);
+size_t cai_block_scratch_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos);
+cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, int64_t max_pos,
+                                   double rope_theta, cai_block_scratch *s);
+
+/* Attention sublayer: out = inp + proj(attention(rope(qkv(norm1(inp))))). */
+cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+                        cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
+cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
+/* MLP sublayer: out = inp + mlp(norm2(inp)); reads inp = a->res_mid when called from a block. */
+cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+                       cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
+cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+                       const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
+/* A transformer block: attention then MLP (a->res_mid holds the middle). */
+cai_status cai_block_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+                         cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
+cai_status cai_block_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+                         const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
+
+/* Embedding: out [B,T,C] = wte[tokens] (+ wpe[pos_offset + t]); tokens I32
+ * [B,T] on the device. wpe data NULL for Llama. Vocab-parallel ready (rows
+ * outside this shard give zeros; a TP caller would all-reduce). */
+cai_status cai_embed_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
+                         const cai_tensor *tokens, cai_tensor *out);
+cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
+                         const cai_tensor *tokens, const cai_tensor *dout);
+
+/* Head: final norm, LM head (no bias) and the fused cross-entropy. */
+typedef struct {
+    cai_tensor lnf, lnf_mean, lnf_rstd; /* [B,T,C], [B*T], [B*T] */
+    cai_tensor logits;                  /* [B,T,Vl]; overwritten by dlogits in backward */
+    cai_tensor losses, lse;             /* [B*T] F32 per-token loss (0 where ignored), log-sum-exp */
+    cai_tensor loss_sum;                /* [1] F32 */
+} cai_head_acts;
+
+size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
+cai_status cai_head_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_head_acts *h);
+/* Logits for inp [B,T,C]; with targets (I32 [B,T] on the device, NULL for
+ * logits only) also the per-token losses and their sum in h->loss_sum.
+ * lnf_b and head_w are the final-norm bias (data NULL for RMSNorm) and the
+ * LM head [Vl, C]. */
+cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
+                        const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets);
+/* Gradients of dloss_scale * sum of per-token losses (dloss_scale = 1/valid
+ * tokens for the mean): d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_*
+ * and dhead_w accumulate. dln is a [B,T,C] scratch. */
+cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *head_w,
+                        cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w, cai_head_acts *h,
+                        const cai_tensor *inp, const cai_tensor *targets, float dloss_scale, cai_tensor *dln,
+                        cai_tensor *d_stream);
+
+/* ----------------------------------------------------------------- model */
+
+typedef struct cai_model cai_model_t;
+
+typedef struct {
+    int batch;           /* B: sequences per forward */
+    int seq_len;         /* T: local tokens per sequence (<= max_seq_len) */
+    cai_rank_view view;  /* TP must be 1; PP selects the stage's layer range */
+    size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
+} cai_model_options;
+
+/* B = 1, T = max_seq_len, the single-rank view. */
+cai_model_options cai_model_options_default(const cai_model_config *cfg);
+
+/* Resolve the config, register the parameters, allocate params (F32
+ * masters), grads, working copies and every activation buffer for (B, T),
+ * and initialise the parameters from cfg->seed. Not collective. */
+cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_model_config *cfg,
+                            const cai_model_options *opt);
+void cai_model_free(cai_model_t *m);
+
+const cai_model_config *cai_model_config_of(const cai_model_t *m); /* resolved */
+const cai_registry_t *cai_model_registry(const cai_model_t *m);
+const cai_rank_view *cai_model_view(const cai_model_t *m);
+cai_device_t *cai_model_device(const cai_model_t *m);
+int64_t cai_model_padded_vocab(const cai_model_t *m);
+size_t cai_model_align_elems(const cai_model_t *m);
+/* This stage's layers [begin, end) and whether it holds the embedding / head. */
+void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int *is_first, int *is_last);
+/* Bytes of parameters+grads+working copies and of activations (for logs). */
+void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
+
+/* The flat buffers (laid out by cai_registry_local_layout with this model's
+ * view and align_elems): F32 master weights, F32 gradients, and the
+ * param_dtype working copy (data NULL when param_dtype is F32: the layers
+ * read the masters). */
+void cai_model_flat(cai_model_t *m, cai_tensor *params, cai_tensor *grads, cai_tensor *params_lowp);
+
+/* Views of one parameter's local shard by canonical name: the F32 master and
+ * its gradient (either output may be NULL). Writes into the master take
+ * effect after cai_model_params_updated. With tied embeddings held on one
+ * stage the head uses wte.weight, so lm_head.weight's gradient stays zero and
+ * wte.weight's holds both contributions (as in PyTorch). */
+cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master, cai_tensor *grad);
+/* After editing master weights (loading a checkpoint, a parity test): copy
+ * tie primaries to their local copies and refresh the working copies. */
+cai_status cai_model_params_updated(cai_model_t *m);
+
+cai_status cai_model_zero_grad(cai_model_t *m);
+
+/* Forward over this stage. tokens: host [B,T] I32 (first stage; others may
+ * pass NULL and must have written the stage input, cai_model_stage_io).
+ * targets: host [B,T] I32, CAI_IGNORE_INDEX to skip (last stage; NULL for
+ * logits only). *loss (may be NULL) receives the mean cross-entropy over
+ * non-ignored targets (0 when every target is ignored). Token ids must be in
+ * [0, vocab_size) and targets in [0, vocab_size) or ignored; the error names
+ * the position. */
+cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss);
+/* The last forward's logits [B, T, padded vocab] in act dtype (last stage);
+ * columns >= vocab_size are padding. Valid until the next backward, which
+ * overwrites them with their gradient. */
+cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits);
+/* Backward of grad_scale * (mean loss of the last forward) over this stage:
+ * parameter gradients ACCUMULATE (microbatches add up; pass 1/n for a mean
+ * over n of them). Requires a forward with targets on the last stage. */
+cai_status cai_model_backward(cai_model_t *m, float grad_scale);
+
+/* Pipeline stage boundary, [B,T,C] in act dtype: `input` (non-first stages
+ * write it before forward), `output` (non-last stages read it after
+ * forward), `d_stream` (non-last stages write d(output) there before
+ * backward; non-first stages read d(input) there after it). */
+cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *output, cai_tensor *d_stream);
+
+/* ====================================================== end of model */
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,105 @@
+/* Optimizer: AdamW over a model's flat parameter buffer, learning-rate
+ * schedules, global gradient norm and clipping, and the single-process
+ * training step. See docs/model.md ("Optimizer").
+ *
+ * The optimizer works on the flat local layout the registry defines
+ * (cai_registry_local_layout), one segment per held parameter, so a ZeRO
+ * partition or a pipeline stage is just a different view. It owns the F32
+ * moments m and v (same layout as the parameters). */
+#ifndef COLOSSAL_OPTIM_H
+#define COLOSSAL_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colossal/base.h"
+#include "colossal/model.h"
+#include "colossal/ops.h"
+#include "colossal/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    CAI_LR_CONSTANT = 0, /* lr after warmup */
+    CAI_LR_COSINE,       /* cosine from lr to min_lr over [warmup_steps, decay_steps], min_lr after */
+    CAI_LR_KIND_COUNT
+} cai_lr_kind;
+
+typedef struct {
+    cai_lr_kind kind;
+    float lr;             /* peak learning rate */
+    float min_lr;         /* cosine floor */
+    int64_t warmup_steps; /* linear warmup: step s (1-based) gets lr * s / warmup_steps */
+    int64_t decay_steps;  /* step at which the cosine reaches min_lr (>= warmup_steps) */
+} cai_lr_schedule;
+
+/* Learning rate of update `step` (1 for the first). Pure. */
+float cai_lr_at(const cai_lr_schedule *s, int64_t step);
+const char *cai_lr_kind_name(cai_lr_kind k);
+cai_status cai_lr_kind_parse(const char *name, cai_lr_kind *out); /* "constant", "cosine" */
+
+typedef struct {
+    cai_lr_schedule schedule;
+    float beta1, beta2, eps;
+    float weight_decay; /* decoupled; applied to parameters whose registry flag says so */
+    float grad_clip;    /* max global gradient norm; <= 0 turns clipping off */
+} cai_adamw_config;
+
+/* lr 3e-4 constant, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0. */
+cai_adamw_config cai_adamw_config_default(void);
+
+typedef struct cai_optim cai_optim_t;
+
+/* One optimizer for the parameters `view` holds, in the flat layout
+ * cai_registry_local_layout(reg, view, align_elems) gives; m and v start at
+ * zero, the step counter at 0. A tie copy whose primary is held on this
+ * rank is not updated (the model keeps it equal to the primary). Not
+ * collective. */
+cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_registry_t *reg,
+                            const cai_rank_view *view, size_t align_elems, const cai_adamw_config *cfg);
+/* The same for a model's registry, view and alignment. */
+cai_status cai_optim_create_for_model(cai_optim_t **out, cai_model_t *model, const cai_adamw_config *cfg);
+void cai_optim_free(cai_optim_t *o);
+
+const cai_adamw_config *cai_optim_config(const cai_optim_t *o);
+/* Updates taken so far (the next step uses step + 1). Set it when resuming. */
+int64_t cai_optim_step_count(const cai_optim_t *o);
+void cai_optim_set_step_count(cai_optim_t *o, int64_t step);
+/* The moments, F32 flat buffers in the parameter layout (checkpointing). */
+void cai_optim_state(cai_optim_t *o, cai_tensor *m, cai_tensor *v);
+
+/* This rank's partial sum of squared gradients, counting each parameter
+ * element once in the whole job: TP replicas only on replica 0, tie copies
+ * only at the tie primary. Not collective: a parallel caller all-reduces the
+ * sum (over TP, PP and the ZeRO dp shards), then takes the square root. */
+cai_status cai_optim_grad_sumsq(cai_optim_t *o, const cai_tensor *grads, double *sumsq);
+
+/* One AdamW update of every local parameter: step count + 1, lr from the
+ * schedule, g = grad * grad_scale (the clip coefficient, see cai_clip_coef),
+ * decoupled weight decay where the registry says so, bias correction.
+ * params (F32 masters) and grads share the flat layout; params_lowp (BF16 /
+ * F16 working copy, may be NULL) receives the updated weights rounded to
+ * nearest even. *lr_used may be NULL. Not collective. */
+cai_status cai_optim_step(cai_optim_t *o, cai_tensor *params, const cai_tensor *grads, cai_tensor *params_lowp,
+                          float grad_scale, float *lr_used);
+
+typedef struct {
+    float loss;      /* mean cross-entropy over the step's non-ignored targets */
+    float grad_norm; /* global gradient norm before clipping */
+    float lr;        /* learning rate used */
+} cai_step_stats;
+
+/* One training step on a single-stage model (pp = 1, single process, not
+ * collective): zero grads, forward and backward over n_micro microbatches
+ * (tokens and targets are host [n_micro, B, T]; each microbatch's mean loss
+ * weighted 1/n_micro), global grad norm, clip, AdamW, refresh the working
+ * weights. stats may be NULL. */
+cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets, int n_micro,
+                          cai_step_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
