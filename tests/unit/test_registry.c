@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static cai_rank_view view_of(int tp, int tp_rank, int pp, int pp_rank, int ep, int ep_rank) {
     cai_rank_view v = cai_rank_view_single();
@@ -705,6 +708,37 @@ START_TEST(shards_reassemble_the_single_rank_init) {
 }
 END_TEST
 
+/* Large shards are initialised by several OpenMP threads; the values must
+ * still be exactly the formula's (a column slab: many short runs). */
+START_TEST(threaded_init_matches_the_formula) {
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
+    cai_registry_t *reg = new_registry(1);
+    cai_param_spec s = cai_param_spec_default();
+    s.layer = 0;
+    s.tp_split_dim = 1;
+    s.init = (cai_init_spec){CAI_INIT_NORMAL, 0.5f};
+    int w = add2(reg, "h.0.mlp.proj.weight", 256, 520, &s);
+    cai_rank_view v = view_of(2, 1, 1, 0, 1, 0);
+    cai_param_shard sh = shard(reg, w, v);
+    float *local = malloc(sizeof(float) * sh.local_numel);
+    ck_assert_int_eq(cai_registry_init_local(reg, w, &v, 77, local, sh.local_numel), CAI_OK);
+    uint64_t stream = cai_hash64("h.0.mlp.proj.weight");
+    for (uint64_t r = 0; r < 256; r++)
+        for (uint64_t c = 0; c < 260; c++) {
+            float want = 0.5f * cai_rng_normal(77, stream, r * 520 + 260 + c);
+            ck_assert_msg(memcmp(&local[r * 260 + c], &want, sizeof want) == 0, "element (%llu,%llu)",
+                          (unsigned long long)r, (unsigned long long)c);
+        }
+    free(local);
+    cai_registry_free(reg);
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+}
+END_TEST
+
 START_TEST(insert_is_the_inverse_of_extract) {
     cai_registry_t *reg = build_model();
     int qkv = cai_registry_find(reg, "h.2.attn.qkv.weight");
@@ -740,6 +774,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, flat_layout_follows_registration_order);
     tcase_add_test(tc, init_values_follow_the_formula);
     tcase_add_test(tc, shards_reassemble_the_single_rank_init);
+    tcase_add_test(tc, threaded_init_matches_the_formula);
     tcase_add_test(tc, insert_is_the_inverse_of_extract);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
