@@ -342,10 +342,8 @@ static cai_status check_view_basic(const cai_registry_t *reg, const cai_rank_vie
     return CAI_OK;
 }
 
-cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
-    CAI_CHECK_ARG(reg && view && stage, "cai_registry_layer_stage: NULL argument");
-    CAI_CHECK_ARG(layer >= 0 && layer < reg->n_layers, "layer %d out of range (model has %d layers)", layer,
-                  reg->n_layers);
+/* The view is already validated. */
+static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
     if (view->layer_stage) {
         *stage = view->layer_stage[layer];
         return CAI_OK;
@@ -366,6 +364,15 @@ cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_vi
     return CAI_OK;
 }
 
+cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
+    CAI_CHECK_ARG(reg && view && stage, "cai_registry_layer_stage: NULL argument");
+    CAI_CHECK_ARG(layer >= 0 && layer < reg->n_layers, "layer %d out of range (model has %d layers)", layer,
+                  reg->n_layers);
+    CAI_CALL(check_view_basic(reg, view));
+    CAI_CALL(layer_stage_of(reg, view, layer, stage));
+    return CAI_OK;
+}
+
 static cai_status param_stage(const cai_registry_t *reg, const cai_param_info *p, const cai_rank_view *v, int *stage) {
     if (v->pp_size == 1 && !v->layer_stage) {
         *stage = 0;
@@ -378,7 +385,7 @@ static cai_status param_stage(const cai_registry_t *reg, const cai_param_info *p
         *stage = p->spec.pp_place == CAI_PP_LAST ? v->pp_size - 1 : 0;
         return CAI_OK;
     }
-    cai_status st = cai_registry_layer_stage(reg, v, layer, stage);
+    cai_status st = layer_stage_of(reg, v, layer, stage);
     if (st != CAI_OK) {
         cai_error_push(__FILE__, __LINE__, __func__, p->name);
         return st;
@@ -515,7 +522,7 @@ cai_status cai_registry_check_view(const cai_registry_t *reg, const cai_rank_vie
     CAI_CALL(check_view_basic(reg, view));
     if (view->pp_size > 1 && !view->layer_stage && reg->n_layers > 0) {
         int stage;
-        CAI_CALL(cai_registry_layer_stage(reg, view, 0, &stage));
+        CAI_CALL(layer_stage_of(reg, view, 0, &stage));
     }
     cai_param_shard sh;
     for (int i = 0; i < reg->count; i++) CAI_CALL(shard_of(reg, &reg->params[i], view, &sh));

@@ -293,7 +293,12 @@ START_TEST(pipeline_stage_ownership) {
 
     v.pp_chunks = 2; /* interleaved: chunk c of rank r holds layer c*pp + r */
     const int interleaved[4] = {0, 1, 0, 1};
-    for (int l = 0; l < 4; l++) ck_assert_int_eq(stage_of(reg, v, layer_idx[l]), interleaved[l]);
+    for (int l = 0; l < 4; l++) {
+        ck_assert_int_eq(stage_of(reg, v, layer_idx[l]), interleaved[l]);
+        int st = -1;
+        ck_assert_int_eq(cai_registry_layer_stage(reg, &v, l, &st), CAI_OK);
+        ck_assert_int_eq(st, interleaved[l]);
+    }
     ck_assert_int_eq(stage_of(reg, v, last), 1);
 
     /* A partitioner's own map (V schedule: the last layer comes back to rank 0). */
