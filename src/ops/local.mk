@@ -12,3 +12,14 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_optim.c \
 	%reldir%/cpu_table.c
 colossalinclude_HEADERS += src/include/colossal/ops.h
+
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_ops tests/unit/test_ops_attention
+tests_unit_test_ops_SOURCES = tests/unit/test_ops.c tests/unit/test_ops_util.h
+tests_unit_test_ops_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_ops_LDADD = $(TEST_LIBS)
+tests_unit_test_ops_attention_SOURCES = tests/unit/test_ops_attention.c tests/unit/test_ops_util.h
+tests_unit_test_ops_attention_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_ops_attention_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_ops tests/unit/test_ops_attention
+endif
