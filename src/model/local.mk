@@ -1,7 +1,9 @@
-# model module: parameter registry (layers and families are appended by their owners)
+# model module: parameter registry, layers, GPT-2 / Llama families
 src_libcolossal_core_la_SOURCES += \
 	%reldir%/registry.c \
-	%reldir%/registry_init.c
+	%reldir%/registry_init.c \
+	%reldir%/layers.c \
+	%reldir%/model.c
 colossalinclude_HEADERS += src/include/colossal/model.h
 
 if HAVE_CHECK
@@ -10,4 +12,16 @@ tests_unit_test_registry_SOURCES = tests/unit/test_registry.c
 tests_unit_test_registry_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_registry_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_registry
+
+check_PROGRAMS += tests/unit/test_layers tests/unit/test_model tests/unit/test_model_optim
+tests_unit_test_layers_SOURCES = tests/unit/test_layers.c
+tests_unit_test_layers_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_layers_LDADD = $(TEST_LIBS)
+tests_unit_test_model_SOURCES = tests/unit/test_model.c
+tests_unit_test_model_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_model_LDADD = $(TEST_LIBS)
+tests_unit_test_model_optim_SOURCES = tests/unit/test_model_optim.c
+tests_unit_test_model_optim_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_model_optim_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_layers tests/unit/test_model tests/unit/test_model_optim
 endif

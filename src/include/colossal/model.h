@@ -408,6 +408,8 @@ const cai_registry_t *cai_model_registry(const cai_model_t *m);
 const cai_rank_view *cai_model_view(const cai_model_t *m);
 cai_device_t *cai_model_device(const cai_model_t *m);
 int64_t cai_model_padded_vocab(const cai_model_t *m);
+/* The (B, T) the activation buffers were sized for. */
+void cai_model_shape(const cai_model_t *m, int *batch, int *seq_len);
 size_t cai_model_align_elems(const cai_model_t *m);
 /* This stage's layers [begin, end) and whether it holds the embedding / head. */
 void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int *is_first, int *is_last);

@@ -1,0 +1,720 @@
+/* GPT-2 and Llama: configuration, parameter registration, and the model
+ * object that owns the flat parameter/gradient buffers and the activation
+ * arena and runs forward/backward over a pipeline stage's layer range. */
+#include "cai_config.h"
+#include "colossal/model.h"
+#include "colossal/ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ config */
+
+static const char *const k_family_names[CAI_MODEL_FAMILY_COUNT] = {
+    [CAI_MODEL_GPT2] = "gpt2",
+    [CAI_MODEL_LLAMA] = "llama",
+};
+
+const char *cai_model_family_name(cai_model_family f) {
+    if ((int)f < 0 || f >= CAI_MODEL_FAMILY_COUNT) return "?";
+    return k_family_names[f];
+}
+
+cai_status cai_model_family_parse(const char *name, cai_model_family *out) {
+    CAI_CHECK_ARG(name && out, "cai_model_family_parse: NULL argument");
+    for (int f = 0; f < CAI_MODEL_FAMILY_COUNT; f++)
+        if (strcmp(name, k_family_names[f]) == 0) {
+            *out = (cai_model_family)f;
+            return CAI_OK;
+        }
+    return CAI_ERROR(CAI_ERR_CONFIG, "unknown model family '%s' (known: gpt2, llama)", name);
+}
+
+cai_model_config cai_model_config_default(cai_model_family family) {
+    cai_model_config c;
+    memset(&c, 0, sizeof c);
+    c.family = family;
+    c.vocab_multiple = 128;
+    c.n_layers = 12;
+    c.d_model = 768;
+    c.n_heads = 12;
+    c.rope_theta = 10000.0f;
+    c.norm_eps = 1e-5f;
+    c.init_std = 0.02f;
+    c.seed = 1234;
+    c.param_dtype = CAI_DTYPE_F32;
+    c.act_dtype = CAI_DTYPE_F32;
+    if (family == CAI_MODEL_LLAMA) {
+        c.vocab_size = 32000;
+        c.n_kv_heads = 4;
+        c.ffn_hidden = 2048;
+        c.max_seq_len = 2048;
+        c.tie_embeddings = 0;
+    } else {
+        c.vocab_size = 50257;
+        c.n_kv_heads = 12;
+        c.ffn_hidden = 3072;
+        c.max_seq_len = 1024;
+        c.tie_embeddings = 1;
+    }
+    return c;
+}
+
+static int is_float_dtype(cai_dtype dt) {
+    return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16;
+}
+
+cai_status cai_model_config_resolve(const cai_model_config *in, cai_model_config *out) {
+    CAI_CHECK_ARG(in && out, "cai_model_config_resolve: NULL argument");
+    cai_model_config c = *in;
+    if ((int)c.family < 0 || c.family >= CAI_MODEL_FAMILY_COUNT)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.family=%d is not a model family (gpt2, llama)", (int)c.family);
+    if (c.vocab_multiple == 0) c.vocab_multiple = 128;
+    if (c.n_kv_heads == 0) c.n_kv_heads = c.n_heads;
+    if (c.rope_theta == 0) c.rope_theta = 10000.0f;
+    if (c.norm_eps == 0) c.norm_eps = 1e-5f;
+    if (c.init_std == 0) c.init_std = 0.02f;
+    if (c.ffn_hidden == 0 && c.d_model > 0) {
+        if (c.family == CAI_MODEL_GPT2) {
+            c.ffn_hidden = 4 * c.d_model;
+        } else {
+            long h = 8L * c.d_model / 3;
+            c.ffn_hidden = (int)((h + 255) / 256 * 256);
+        }
+    }
+    if (c.vocab_size < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.vocab_size=%d must be >= 1", c.vocab_size);
+    if (c.vocab_multiple < 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.vocab_multiple=%d must be >= 1 (0 means 128)", c.vocab_multiple);
+    if (c.n_layers < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.n_layers=%d must be >= 1", c.n_layers);
+    if (c.d_model < 1 || c.n_heads < 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.d_model=%d and model.n_heads=%d must be >= 1", c.d_model, c.n_heads);
+    if (c.d_model % c.n_heads != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.d_model=%d is not a multiple of model.n_heads=%d (head_dim would not "
+                         "be whole; e.g. n_heads=%d fits)", c.d_model, c.n_heads,
+                         c.d_model % 64 == 0 ? c.d_model / 64 : 1);
+    if (c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.n_kv_heads=%d must divide model.n_heads=%d", c.n_kv_heads, c.n_heads);
+    if (c.family == CAI_MODEL_GPT2 && c.n_kv_heads != c.n_heads)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.n_kv_heads=%d: GPT-2 has no grouped-query attention (use %d or 0)",
+                         c.n_kv_heads, c.n_heads);
+    if (c.family == CAI_MODEL_LLAMA && (c.d_model / c.n_heads) % 2 != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model: RoPE needs an even head_dim, d_model/n_heads = %d/%d = %d",
+                         c.d_model, c.n_heads, c.d_model / c.n_heads);
+    if (c.ffn_hidden < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.ffn_hidden=%d must be >= 1", c.ffn_hidden);
+    if (c.max_seq_len < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.max_seq_len=%d must be >= 1", c.max_seq_len);
+    if (!(c.rope_theta > 0) || !isfinite(c.rope_theta))
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.rope_theta=%g must be finite and > 0", (double)c.rope_theta);
+    if (!(c.norm_eps > 0) || !isfinite(c.norm_eps))
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.norm_eps=%g must be finite and > 0", (double)c.norm_eps);
+    if (!(c.init_std > 0) || !isfinite(c.init_std))
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.init_std=%g must be finite and > 0", (double)c.init_std);
+    if (c.tie_embeddings != 0 && c.tie_embeddings != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.tie_embeddings=%d must be 0 or 1", c.tie_embeddings);
+    if (c.activation_checkpointing != 0 && c.activation_checkpointing != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.activation_checkpointing=%d must be 0 or 1",
+                         c.activation_checkpointing);
+    if (!is_float_dtype(c.param_dtype))
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.param_dtype=%s: working weights are f32, bf16 or f16",
+                         cai_dtype_name(c.param_dtype));
+    if (!is_float_dtype(c.act_dtype))
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.act_dtype=%s: activations are f32, bf16 or f16",
+                         cai_dtype_name(c.act_dtype));
+    *out = c;
+    return CAI_OK;
+}
+
+int64_t cai_model_config_padded_vocab(const cai_model_config *cfg) {
+    int64_t m = cfg->vocab_multiple > 0 ? cfg->vocab_multiple : 128;
+    return ((int64_t)cfg->vocab_size + m - 1) / m * m;
+}
+
+/* ------------------------------------------------------------ registration */
+
+typedef struct {
+    cai_registry_t *reg;
+    const cai_model_config *cfg;
+} reg_ctx;
+
+static cai_status add_param(reg_ctx *r, const char *name, int ndim, uint64_t d0, uint64_t d1,
+                            const cai_param_spec *s) {
+    uint64_t shape[2] = {d0, d1};
+    CAI_CALL(cai_registry_add(r->reg, name, ndim, shape, CAI_DTYPE_F32, s, NULL));
+    return CAI_OK;
+}
+
+static cai_param_spec spec_at(cai_pp_place place, int layer, cai_init_kind init, float std, int split) {
+    cai_param_spec s = cai_param_spec_default();
+    s.pp_place = place;
+    s.layer = layer;
+    s.init.kind = init;
+    s.init.std = (init == CAI_INIT_NORMAL || init == CAI_INIT_NORMAL_RESIDUAL) ? std : 0.0f;
+    s.tp_split_dim = split;
+    return s;
+}
+
+/* A norm: weight ones; GPT-2 also a zero bias. */
+static cai_status add_norm(reg_ctx *r, const char *prefix, cai_pp_place place, int layer) {
+    char name[CAI_PARAM_NAME_MAX];
+    uint64_t C = (uint64_t)r->cfg->d_model;
+    cai_param_spec s = spec_at(place, layer, CAI_INIT_ONES, 0, -1);
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    CAI_CALL(add_param(r, name, 1, C, 1, &s));
+    if (r->cfg->family == CAI_MODEL_GPT2) {
+        s.init.kind = CAI_INIT_ZEROS;
+        snprintf(name, sizeof name, "%s.bias", prefix);
+        CAI_CALL(add_param(r, name, 1, C, 1, &s));
+    }
+    return CAI_OK;
+}
+
+/* A linear [out, in] split along `split` (0 column-parallel, 1 row-parallel);
+ * GPT-2 biases split like the output (column) or replicated (row). */
+static cai_status add_linear(reg_ctx *r, const char *prefix, int layer, uint64_t out, uint64_t in, int split,
+                             cai_init_kind init, const cai_qkv_groups *qkv) {
+    char name[CAI_PARAM_NAME_MAX];
+    cai_param_spec s = spec_at(CAI_PP_LAYER, layer, init, r->cfg->init_std, split);
+    if (qkv) s.qkv = *qkv;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    CAI_CALL(add_param(r, name, 2, out, in, &s));
+    if (r->cfg->family == CAI_MODEL_GPT2) {
+        cai_param_spec b = spec_at(CAI_PP_LAYER, layer, CAI_INIT_ZEROS, 0, split == 0 ? 0 : -1);
+        if (qkv) b.qkv = *qkv;
+        snprintf(name, sizeof name, "%s.bias", prefix);
+        CAI_CALL(add_param(r, name, 1, out, 1, &b));
+    }
+    return CAI_OK;
+}
+
+cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config *cfg_in) {
+    CAI_CHECK_ARG(reg && cfg_in, "cai_model_register_params: NULL argument");
+    cai_model_config cfg;
+    CAI_CALL(cai_model_config_resolve(cfg_in, &cfg));
+    if (cai_registry_n_layers(reg) != cfg.n_layers)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "model registration: the registry was created for %d layers but the "
+                         "model has n_layers=%d", cai_registry_n_layers(reg), cfg.n_layers);
+    reg_ctx r = {reg, &cfg};
+    const uint64_t V = (uint64_t)cai_model_config_padded_vocab(&cfg), C = (uint64_t)cfg.d_model;
+    const uint64_t D = C / (uint64_t)cfg.n_heads, F = (uint64_t)cfg.ffn_hidden;
+    const int gpt2 = cfg.family == CAI_MODEL_GPT2;
+
+    cai_param_spec emb = spec_at(CAI_PP_FIRST, -1, CAI_INIT_NORMAL, cfg.init_std, 0);
+    emb.vocab_parallel = 1;
+    emb.tie_group = cfg.tie_embeddings ? 1 : 0;
+    CAI_CALL(add_param(&r, "wte.weight", 2, V, C, &emb));
+    if (gpt2) {
+        cai_param_spec pos = spec_at(CAI_PP_FIRST, -1, CAI_INIT_NORMAL, cfg.init_std, -1);
+        CAI_CALL(add_param(&r, "wpe.weight", 2, (uint64_t)cfg.max_seq_len, C, &pos));
+    }
+    cai_qkv_groups qkv = {cfg.n_heads, cfg.n_kv_heads, (int)D};
+    const uint64_t W = (uint64_t)(cfg.n_heads + 2 * cfg.n_kv_heads) * D;
+    char p[CAI_PARAM_NAME_MAX];
+    for (int l = 0; l < cfg.n_layers; l++) {
+        snprintf(p, sizeof p, "h.%d.ln_1", l);
+        CAI_CALL(add_norm(&r, p, CAI_PP_LAYER, l));
+        snprintf(p, sizeof p, "h.%d.attn.qkv", l);
+        CAI_CALL(add_linear(&r, p, l, W, C, 0, CAI_INIT_NORMAL, &qkv));
+        snprintf(p, sizeof p, "h.%d.attn.proj", l);
+        CAI_CALL(add_linear(&r, p, l, C, (uint64_t)cfg.n_heads * D, 1, CAI_INIT_NORMAL_RESIDUAL, NULL));
+        snprintf(p, sizeof p, "h.%d.ln_2", l);
+        CAI_CALL(add_norm(&r, p, CAI_PP_LAYER, l));
+        if (gpt2) {
+            snprintf(p, sizeof p, "h.%d.mlp.fc", l);
+            CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
+        } else {
+            snprintf(p, sizeof p, "h.%d.mlp.gate", l);
+            CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
+            snprintf(p, sizeof p, "h.%d.mlp.up", l);
+            CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
+        }
+        snprintf(p, sizeof p, "h.%d.mlp.proj", l);
+        CAI_CALL(add_linear(&r, p, l, C, F, 1, CAI_INIT_NORMAL_RESIDUAL, NULL));
+    }
+    CAI_CALL(add_norm(&r, "ln_f", CAI_PP_LAST, -1));
+    cai_param_spec head = emb;
+    head.pp_place = CAI_PP_LAST;
+    CAI_CALL(add_param(&r, "lm_head.weight", 2, V, C, &head));
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ model */
+
+struct cai_model {
+    cai_model_config cfg;
+    cai_device_t *dev;
+    cai_registry_t *reg;
+    cai_rank_view view;
+    size_t align;
+    int B, T;
+    int64_t Vp;
+    int layer_begin, layer_end, first, last;
+    int n_local; /* layer_end - layer_begin */
+
+    /* Flat parameter buffers in the registry's local layout. */
+    int n_params;
+    size_t *offsets;        /* per registry index; SIZE_MAX when not held */
+    cai_param_shard *shards;
+    size_t n_flat;
+    float *master, *grads;  /* F32 */
+    void *lowp;             /* param_dtype working copy (NULL when F32) */
+    void *work;             /* act_dtype compute copy when act_dtype differs from the working dtype */
+    void *compute;          /* what the layers read: master, lowp or work */
+
+    cai_layer_dims dims;
+    cai_block_params *wp, *gp; /* per local layer: compute-weight and gradient views */
+    cai_tensor wte, wpe, lnf_w, lnf_b, head_w;
+    cai_tensor g_wte, g_wpe, g_lnf_w, g_lnf_b, g_head_w;
+
+    cai_arena_t arena;
+    cai_tensor *resid;      /* n_local + 1: resid[i] is local layer i's input */
+    cai_tensor d_stream;
+    cai_block_acts *acts;   /* n_local sets, or 1 with activation checkpointing */
+    int n_acts;
+    cai_block_scratch scratch;
+    cai_head_acts head;
+    cai_tensor tokens, targets; /* I32 [B,T] on the device */
+    size_t act_bytes;
+
+    int64_t n_valid;        /* non-ignored targets of the last forward */
+    int pending_backward;   /* a forward with targets ran and its backward has not */
+};
+
+const cai_model_config *cai_model_config_of(const cai_model_t *m) { return &m->cfg; }
+const cai_registry_t *cai_model_registry(const cai_model_t *m) { return m->reg; }
+const cai_rank_view *cai_model_view(const cai_model_t *m) { return &m->view; }
+cai_device_t *cai_model_device(const cai_model_t *m) { return m->dev; }
+int64_t cai_model_padded_vocab(const cai_model_t *m) { return m->Vp; }
+size_t cai_model_align_elems(const cai_model_t *m) { return m->align; }
+
+void cai_model_shape(const cai_model_t *m, int *batch, int *seq_len) {
+    if (batch) *batch = m->B;
+    if (seq_len) *seq_len = m->T;
+}
+
+void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int *is_first, int *is_last) {
+    if (layer_begin) *layer_begin = m->layer_begin;
+    if (layer_end) *layer_end = m->layer_end;
+    if (is_first) *is_first = m->first;
+    if (is_last) *is_last = m->last;
+}
+
+void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes) {
+    size_t per = 2 * sizeof(float); /* masters and grads */
+    if (m->lowp) per += cai_dtype_size(m->cfg.param_dtype);
+    if (m->work) per += cai_dtype_size(m->cfg.act_dtype);
+    if (param_bytes) *param_bytes = m->n_flat * per;
+    if (act_bytes) *act_bytes = m->act_bytes;
+}
+
+cai_model_options cai_model_options_default(const cai_model_config *cfg) {
+    cai_model_options o;
+    memset(&o, 0, sizeof o);
+    o.batch = 1;
+    o.seq_len = cfg ? cfg->max_seq_len : 1;
+    o.view = cai_rank_view_single();
+    o.align_elems = 16;
+    return o;
+}
+
+static cai_tensor flat_view(cai_device_t *dev, void *base, cai_dtype dt, size_t offset, size_t n) {
+    return cai_tensor_1d(dev, (char *)base + offset * cai_dtype_size(dt), dt, (int64_t)n);
+}
+
+/* View of parameter `index`'s local shard inside a flat buffer of dtype dt. */
+static cai_status param_view(const cai_model_t *m, int index, void *base, cai_dtype dt, cai_tensor *out) {
+    const cai_param_shard *sh = &m->shards[index];
+    int64_t shape[CAI_PARAM_MAX_DIMS];
+    for (int d = 0; d < sh->ndim; d++) shape[d] = (int64_t)sh->local_shape[d];
+    CAI_CALL(cai_tensor_init(out, m->dev, (char *)base + m->offsets[index] * cai_dtype_size(dt), dt, sh->ndim,
+                             shape));
+    return CAI_OK;
+}
+
+/* Compute-weight and gradient views of a parameter held here; both stay
+ * zeroed (data NULL: "absent") when the family has no such parameter. */
+static cai_status bind(cai_model_t *m, const char *name, cai_tensor *w, cai_tensor *g) {
+    memset(w, 0, sizeof *w);
+    memset(g, 0, sizeof *g);
+    int idx = cai_registry_find(m->reg, name);
+    if (idx < 0) return CAI_OK;
+    if (m->offsets[idx] == SIZE_MAX)
+        return CAI_ERROR(CAI_ERR_INTERNAL, "parameter '%s' is needed by pipeline rank %d but not held there", name,
+                         m->view.pp_rank);
+    CAI_CALL(param_view(m, idx, m->compute, m->cfg.act_dtype, w));
+    CAI_CALL(param_view(m, idx, m->grads, CAI_DTYPE_F32, g));
+    return CAI_OK;
+}
+
+static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_block_params *g) {
+    static const struct {
+        const char *suffix;
+        size_t off;
+    } fields[] = {
+        {"ln_1.weight", offsetof(cai_block_params, ln1_w)},
+        {"ln_1.bias", offsetof(cai_block_params, ln1_b)},
+        {"attn.qkv.weight", offsetof(cai_block_params, qkv_w)},
+        {"attn.qkv.bias", offsetof(cai_block_params, qkv_b)},
+        {"attn.proj.weight", offsetof(cai_block_params, proj_w)},
+        {"attn.proj.bias", offsetof(cai_block_params, proj_b)},
+        {"ln_2.weight", offsetof(cai_block_params, ln2_w)},
+        {"ln_2.bias", offsetof(cai_block_params, ln2_b)},
+        {"mlp.fc.weight", offsetof(cai_block_params, fc_w)},
+        {"mlp.fc.bias", offsetof(cai_block_params, fc_b)},
+        {"mlp.gate.weight", offsetof(cai_block_params, fc_w)},
+        {"mlp.up.weight", offsetof(cai_block_params, up_w)},
+        {"mlp.proj.weight", offsetof(cai_block_params, mlp_proj_w)},
+        {"mlp.proj.bias", offsetof(cai_block_params, mlp_proj_b)},
+    };
+    char name[CAI_PARAM_NAME_MAX];
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        snprintf(name, sizeof name, "h.%d.%s", l, fields[i].suffix);
+        if (cai_registry_find(m->reg, name) < 0) continue; /* other family's name */
+        CAI_CALL(bind(m, name, (cai_tensor *)((char *)w + fields[i].off), (cai_tensor *)((char *)g + fields[i].off)));
+    }
+    return CAI_OK;
+}
+
+/* Index of the tie primary of `index` if it differs and is held here, else -1. */
+static int local_tie_primary(const cai_model_t *m, int index) {
+    const cai_param_info *info = cai_registry_param(m->reg, index);
+    if (!info || info->tie_primary == index) return -1;
+    return m->offsets[info->tie_primary] != SIZE_MAX ? info->tie_primary : -1;
+}
+
+static cai_status resolve_stage(cai_model_t *m) {
+    int L = m->cfg.n_layers, begin = -1, end = -1;
+    for (int l = 0; l < L; l++) {
+        int stage = 0;
+        CAI_CALL(cai_registry_layer_stage(m->reg, &m->view, l, &stage));
+        if (stage != m->view.pp_rank) continue;
+        if (begin < 0) begin = l;
+        else if (end != l)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline rank %d owns layers that are not one contiguous range "
+                             "(layer %d after %d): interleaved stages are not supported by the model yet",
+                             m->view.pp_rank, l, end - 1);
+        end = l + 1;
+    }
+    if (begin < 0)
+        return CAI_ERROR(CAI_ERR_LAYOUT, "pipeline rank %d of %d owns no layer of %d", m->view.pp_rank,
+                         m->view.pp_size, L);
+    m->layer_begin = begin;
+    m->layer_end = end;
+    m->n_local = end - begin;
+    m->first = begin == 0;
+    m->last = end == L;
+    return CAI_OK;
+}
+
+static cai_status alloc_params(cai_model_t *m) {
+    cai_device_t *dev = m->dev;
+    m->n_params = cai_registry_count(m->reg);
+    CAI_CALL(cai_calloc((void **)&m->offsets, (size_t)m->n_params, sizeof *m->offsets, "model param offsets"));
+    CAI_CALL(cai_calloc((void **)&m->shards, (size_t)m->n_params, sizeof *m->shards, "model param shards"));
+    CAI_CALL(cai_registry_local_layout(m->reg, &m->view, m->align, m->offsets, &m->n_flat));
+    for (int i = 0; i < m->n_params; i++) CAI_CALL(cai_registry_shard(m->reg, i, &m->view, &m->shards[i]));
+    size_t n = m->n_flat;
+    CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model master weights", (void **)&m->master));
+    CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model gradients", (void **)&m->grads));
+    cai_dtype pd = m->cfg.param_dtype, ad = m->cfg.act_dtype;
+    if (pd != CAI_DTYPE_F32) {
+        CAI_CALL(cai_device_alloc(dev, n * cai_dtype_size(pd), "model working weights", &m->lowp));
+        cai_tensor t = flat_view(dev, m->lowp, pd, 0, n);
+        CAI_CALL(dev->ops->fill(dev, &t, 0.0f)); /* alignment gaps stay defined */
+    }
+    if (ad != pd) {
+        CAI_CALL(cai_device_alloc(dev, n * cai_dtype_size(ad), "model compute weights", &m->work));
+        cai_tensor t = flat_view(dev, m->work, ad, 0, n);
+        CAI_CALL(dev->ops->fill(dev, &t, 0.0f));
+    }
+    m->compute = m->work ? m->work : m->lowp ? m->lowp : (void *)m->master;
+    /* Initialise on the host, then move (a copy on the host device). */
+    float *stage = NULL;
+    cai_status st = CAI_OK;
+    CAI_CALL(cai_device_alloc_staging(dev, n * sizeof(float), "model init staging", (void **)&stage));
+    CAI_CALL_GOTO(cai_registry_init_flat(m->reg, &m->view, m->cfg.seed, m->align, stage, n), st, done);
+    CAI_CALL_GOTO(cai_device_copy(dev, m->master, stage, n * sizeof(float),
+                                  dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D),
+                  st, done);
+done:
+    cai_device_dealloc_staging(dev, stage);
+    if (st != CAI_OK) return st;
+    CAI_CALL(cai_model_zero_grad(m));
+    return CAI_OK;
+}
+
+static cai_status bind_params(cai_model_t *m) {
+    CAI_CALL(cai_calloc((void **)&m->wp, (size_t)m->n_local, sizeof *m->wp, "model layer weights"));
+    CAI_CALL(cai_calloc((void **)&m->gp, (size_t)m->n_local, sizeof *m->gp, "model layer grads"));
+    for (int i = 0; i < m->n_local; i++) CAI_CALL(bind_layer(m, m->layer_begin + i, &m->wp[i], &m->gp[i]));
+    if (m->first) {
+        CAI_CALL(bind(m, "wte.weight", &m->wte, &m->g_wte));
+        CAI_CALL(bind(m, "wpe.weight", &m->wpe, &m->g_wpe));
+    }
+    if (m->last) {
+        CAI_CALL(bind(m, "ln_f.weight", &m->lnf_w, &m->g_lnf_w));
+        CAI_CALL(bind(m, "ln_f.bias", &m->lnf_b, &m->g_lnf_b));
+        int head = cai_registry_find(m->reg, "lm_head.weight");
+        /* Tied and the embedding is here too: the head reads and accumulates
+         * into wte itself, so gradient accumulation needs no extra pass and
+         * the lm_head copy is only kept equal for checkpoints and export. */
+        CAI_CALL(bind(m, local_tie_primary(m, head) >= 0 ? "wte.weight" : "lm_head.weight", &m->head_w,
+                      &m->g_head_w));
+    }
+    return CAI_OK;
+}
+
+static cai_status carve_all(cai_model_t *m, cai_arena_t *arena, size_t *bytes_out) {
+    cai_device_t *dev = m->dev;
+    const cai_layer_dims *d = &m->dims;
+    size_t resid_bytes = ((size_t)m->B * m->T * d->C * cai_dtype_size(d->act_dtype) + 63) / 64 * 64;
+    size_t io_bytes = ((size_t)m->B * m->T * sizeof(int32_t) + 63) / 64 * 64;
+    if (!arena) {
+        size_t total = (size_t)(m->n_local + 2) * resid_bytes;
+        total += (size_t)m->n_acts * cai_block_acts_bytes(dev, d);
+        total += cai_block_scratch_bytes(dev, d, m->cfg.max_seq_len);
+        if (m->last) total += cai_head_acts_bytes(dev, d);
+        total += 2 * io_bytes;
+        *bytes_out = total + 64;
+        return CAI_OK;
+    }
+    for (int i = 0; i <= m->n_local; i++)
+        CAI_CALL(cai_tensor_arena(&m->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){m->B, m->T, d->C}));
+    CAI_CALL(cai_tensor_arena(&m->d_stream, arena, dev, d->act_dtype, 3, (int64_t[]){m->B, m->T, d->C}));
+    for (int i = 0; i < m->n_acts; i++) CAI_CALL(cai_block_acts_carve(dev, arena, d, &m->acts[i]));
+    CAI_CALL(cai_block_scratch_carve(dev, arena, d, m->cfg.max_seq_len, (double)m->cfg.rope_theta, &m->scratch));
+    if (m->last) CAI_CALL(cai_head_acts_carve(dev, arena, d, &m->head));
+    CAI_CALL(cai_tensor_arena(&m->tokens, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
+    CAI_CALL(cai_tensor_arena(&m->targets, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
+    return CAI_OK;
+}
+
+static cai_status alloc_acts(cai_model_t *m) {
+    m->n_acts = m->cfg.activation_checkpointing ? 1 : m->n_local;
+    CAI_CALL(cai_calloc((void **)&m->resid, (size_t)m->n_local + 1, sizeof *m->resid, "model residual views"));
+    CAI_CALL(cai_calloc((void **)&m->acts, (size_t)m->n_acts, sizeof *m->acts, "model activation views"));
+    size_t bytes = 0;
+    CAI_CALL(carve_all(m, NULL, &bytes));
+    CAI_CALL(cai_device_arena_init(m->dev, &m->arena, bytes, "model activations"));
+    CAI_CALL(carve_all(m, &m->arena, NULL));
+    m->act_bytes = bytes;
+    return CAI_OK;
+}
+
+cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_model_config *cfg,
+                            const cai_model_options *opt_in) {
+    CAI_CHECK_ARG(out && dev && cfg, "cai_model_create: NULL argument");
+    *out = NULL;
+    cai_model_options opt = opt_in ? *opt_in : cai_model_options_default(cfg);
+    cai_model_t *m = NULL;
+    CAI_CALL(cai_calloc((void **)&m, 1, sizeof *m, "model"));
+    cai_status st = CAI_OK;
+    m->dev = dev;
+    CAI_CALL_GOTO(cai_model_config_resolve(cfg, &m->cfg), st, fail);
+    if (opt.batch < 1 || opt.seq_len < 1 || opt.seq_len > m->cfg.max_seq_len) {
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "model: batch=%d seq_len=%d (need batch >= 1 and 1 <= seq_len <= "
+                       "max_seq_len=%d)", opt.batch, opt.seq_len, m->cfg.max_seq_len);
+        goto fail;
+    }
+    if (opt.view.tp_size > 1 || opt.view.ep_size > 1) {
+        st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "model: tensor parallel (tp=%d) and expert parallel (ep=%d) layers are "
+                       "not implemented yet; run with tp=1 and ep=1", opt.view.tp_size, opt.view.ep_size);
+        goto fail;
+    }
+    m->view = opt.view;
+    m->align = opt.align_elems ? opt.align_elems : 16;
+    m->B = opt.batch;
+    m->T = opt.seq_len;
+    m->Vp = cai_model_config_padded_vocab(&m->cfg);
+    cai_registry_options ropt = {.n_layers = m->cfg.n_layers};
+    CAI_CALL_GOTO(cai_registry_init(&m->reg, &ropt), st, fail);
+    CAI_CALL_GOTO(cai_model_register_params(m->reg, &m->cfg), st, fail);
+    CAI_CALL_GOTO(cai_registry_check_view(m->reg, &m->view), st, fail);
+    CAI_CALL_GOTO(resolve_stage(m), st, fail);
+
+    cai_layer_dims *d = &m->dims;
+    d->family = m->cfg.family;
+    d->B = m->B;
+    d->T = m->T;
+    d->pos_offset = 0;
+    d->C = m->cfg.d_model;
+    d->n_heads = m->cfg.n_heads / m->view.tp_size;
+    d->n_kv_heads = m->cfg.n_kv_heads / m->view.tp_size;
+    d->head_dim = m->cfg.d_model / m->cfg.n_heads;
+    d->ffn = m->cfg.ffn_hidden / m->view.tp_size;
+    d->vocab_local = m->Vp;
+    d->vocab_offset = 0;
+    d->vocab_valid = m->cfg.vocab_size;
+    d->norm_eps = m->cfg.norm_eps;
+    d->act_dtype = m->cfg.act_dtype;
+
+    CAI_CALL_GOTO(alloc_params(m), st, fail);
+    CAI_CALL_GOTO(bind_params(m), st, fail);
+    CAI_CALL_GOTO(alloc_acts(m), st, fail);
+    CAI_CALL_GOTO(cai_model_params_updated(m), st, fail);
+    *out = m;
+    return CAI_OK;
+fail:
+    cai_model_free(m);
+    return st;
+}
+
+void cai_model_free(cai_model_t *m) {
+    if (!m) return;
+    if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
+    cai_device_dealloc(m->dev, m->master);
+    cai_device_dealloc(m->dev, m->grads);
+    cai_device_dealloc(m->dev, m->lowp);
+    cai_device_dealloc(m->dev, m->work);
+    cai_free(m->offsets);
+    cai_free(m->shards);
+    cai_free(m->wp);
+    cai_free(m->gp);
+    cai_free(m->resid);
+    cai_free(m->acts);
+    cai_registry_free(m->reg);
+    cai_free(m);
+}
+
+void cai_model_flat(cai_model_t *m, cai_tensor *params, cai_tensor *grads, cai_tensor *params_lowp) {
+    if (params) *params = flat_view(m->dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
+    if (grads) *grads = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
+    if (params_lowp) {
+        if (m->lowp)
+            *params_lowp = flat_view(m->dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
+        else
+            memset(params_lowp, 0, sizeof *params_lowp);
+    }
+}
+
+cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master, cai_tensor *grad) {
+    CAI_CHECK_ARG(m && name, "cai_model_param: NULL argument");
+    int idx = 0;
+    CAI_CALL(cai_registry_lookup(m->reg, name, &idx));
+    if (m->offsets[idx] == SIZE_MAX)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' is not held by this rank (pipeline rank %d of %d)", name,
+                         m->view.pp_rank, m->view.pp_size);
+    if (master) CAI_CALL(param_view(m, idx, m->master, CAI_DTYPE_F32, master));
+    if (grad) CAI_CALL(param_view(m, idx, m->grads, CAI_DTYPE_F32, grad));
+    return CAI_OK;
+}
+
+/* The compute copy follows the working weights (or the masters when the
+ * working weights are F32): one conversion at the boundary per update. */
+static cai_status refresh_compute(cai_model_t *m) {
+    if (!m->work) return CAI_OK;
+    cai_device_t *dev = m->dev;
+    cai_tensor work = flat_view(dev, m->work, m->cfg.act_dtype, 0, m->n_flat);
+    cai_tensor src = m->lowp ? flat_view(dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat)
+                             : flat_view(dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
+    CAI_CALL(dev->ops->copy(dev, &work, &src));
+    return CAI_OK;
+}
+
+cai_status cai_model_params_updated(cai_model_t *m) {
+    CAI_CHECK_ARG(m, "cai_model_params_updated: NULL model");
+    cai_device_t *dev = m->dev;
+    for (int i = 0; i < m->n_params; i++) {
+        int p = m->offsets[i] == SIZE_MAX ? -1 : local_tie_primary(m, i);
+        if (p < 0) continue;
+        cai_tensor dst = flat_view(dev, m->master, CAI_DTYPE_F32, m->offsets[i], m->shards[i].local_numel);
+        cai_tensor src = flat_view(dev, m->master, CAI_DTYPE_F32, m->offsets[p], m->shards[p].local_numel);
+        CAI_CALL(dev->ops->copy(dev, &dst, &src));
+    }
+    if (m->lowp) {
+        cai_tensor master = flat_view(dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
+        cai_tensor lowp = flat_view(dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
+        CAI_CALL(dev->ops->copy(dev, &lowp, &master));
+    }
+    CAI_CALL(refresh_compute(m));
+    return CAI_OK;
+}
+
+cai_status cai_model_zero_grad(cai_model_t *m) {
+    CAI_CHECK_ARG(m, "cai_model_zero_grad: NULL model");
+    cai_tensor g = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
+    CAI_CALL(m->dev->ops->fill(m->dev, &g, 0.0f));
+    return CAI_OK;
+}
+
+cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *output, cai_tensor *d_stream) {
+    CAI_CHECK_ARG(m, "cai_model_stage_io: NULL model");
+    if (input) *input = m->resid[0];
+    if (output) *output = m->resid[m->n_local];
+    if (d_stream) *d_stream = m->d_stream;
+    return CAI_OK;
+}
+
+static cai_status upload_i32(cai_model_t *m, cai_tensor *dst, const int32_t *src) {
+    size_t bytes = (size_t)m->B * m->T * sizeof(int32_t);
+    return cai_device_copy(m->dev, dst->data, src, bytes,
+                           m->dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D);
+}
+
+static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
+
+cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss) {
+    CAI_CHECK_ARG(m, "cai_model_forward: NULL model");
+    cai_device_t *dev = m->dev;
+    m->pending_backward = 0;
+    if (m->first) {
+        CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
+        CAI_CALL(upload_i32(m, &m->tokens, tokens));
+        CAI_CALL(cai_embed_fwd(dev, &m->dims, &m->wte, &m->wpe, &m->tokens, &m->resid[0]));
+    }
+    for (int i = 0; i < m->n_local; i++)
+        CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i],
+                               &m->resid[i + 1]));
+    if (!m->last) return CAI_OK;
+    if (targets) {
+        int64_t n = (int64_t)m->B * m->T, valid = 0;
+        for (int64_t i = 0; i < n; i++) valid += targets[i] != CAI_IGNORE_INDEX;
+        m->n_valid = valid;
+        CAI_CALL(upload_i32(m, &m->targets, targets));
+    }
+    CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
+                          targets ? &m->targets : NULL));
+    if (!targets) return CAI_OK;
+    m->pending_backward = 1;
+    if (loss) {
+        float sum = 0.0f;
+        CAI_CALL(cai_device_copy(dev, &sum, m->head.loss_sum.data, sizeof sum,
+                                 dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+        *loss = m->n_valid > 0 ? sum / (float)m->n_valid : 0.0f;
+    }
+    return CAI_OK;
+}
+
+cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
+    CAI_CHECK_ARG(m && logits, "cai_model_logits: NULL argument");
+    if (!m->last)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "logits live on the last pipeline stage; this is rank %d of %d",
+                         m->view.pp_rank, m->view.pp_size);
+    *logits = m->head.logits;
+    return CAI_OK;
+}
+
+cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
+    CAI_CHECK_ARG(m, "cai_model_backward: NULL model");
+    cai_device_t *dev = m->dev;
+    if (m->last) {
+        if (!m->pending_backward)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: needs a forward with targets first (and runs "
+                             "once per forward: it overwrites the logits with their gradient)");
+        float scale = m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
+        CAI_CALL(cai_head_bwd(dev, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
+                              &m->resid[m->n_local], &m->targets, scale, &m->scratch.dln, &m->d_stream));
+        m->pending_backward = 0;
+    }
+    for (int i = m->n_local - 1; i >= 0; i--) {
+        cai_block_acts *a = layer_acts(m, i);
+        /* Checkpointed: the layer's input survived, everything else is
+         * re-derived by the same deterministic forward (so the gradients are
+         * bitwise those of the uncheckpointed run). The last layer's
+         * activations are still in the shared set from the forward. */
+        if (m->cfg.activation_checkpointing && i != m->n_local - 1)
+            CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], a, &m->scratch, &m->resid[i], &m->resid[i + 1]));
+        CAI_CALL(cai_block_bwd(dev, &m->dims, &m->wp[i], &m->gp[i], a, &m->scratch, &m->resid[i], &m->d_stream));
+    }
+    if (m->first) CAI_CALL(cai_embed_bwd(dev, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
+    return CAI_OK;
+}
