@@ -67,21 +67,51 @@ cai_status cai_layout_coords(const cai_layout *layout, int world_rank, int coord
 int cai_layout_axis_size(const cai_layout *layout, cai_axis axis);
 /* World ranks of the `axis` group containing world_rank, ordered by axis rank. */
 cai_status cai_layout_group(const cai_layout *layout, cai_axis axis, int world_rank, int *ranks_out);
-/* Print each axis' groups ("tp groups: [0 1] [2 3] ..."). */
+/* Print the grid and each axis' groups ("tp groups: [0 1] [2 3] ..."). */
 void cai_layout_print(const cai_layout *layout, FILE *out);
+/* "tp=2 pp=1 dp=3" (+ " sp=S", " ep=E" when not 1) into buf; returns the
+ * length it wanted, like snprintf. */
+size_t cai_layout_str(const cai_layout *layout, char *buf, size_t cap);
 
 typedef struct cai_mesh cai_mesh_t;
+
+/* How collectives on CUDA device buffers travel. AUTO: NCCL when built
+ * with it, else CUDA-aware MPI when the library says so at run time, else
+ * staged through host memory. The others force one path (benchmarks, tests). */
+typedef enum {
+    CAI_DEVICE_COMM_AUTO = 0,
+    CAI_DEVICE_COMM_NCCL,
+    CAI_DEVICE_COMM_MPI,
+    CAI_DEVICE_COMM_STAGE
+} cai_device_comm;
 
 typedef struct {
     cai_layout layout;
     double watchdog_timeout_s;  /* 0 disables the watchdog */
     int watchdog_abort;         /* 1: abort all ranks on timeout (default); 0: return CAI_ERR_TIMEOUT */
+    cai_device_comm device_comm;
 } cai_mesh_config;
 
+/* Defaults: every axis 1, default order, watchdog 300 s in abort mode, AUTO
+ * device path. Not collective. */
+void cai_mesh_config_init(cai_mesh_config *cfg);
+
 /* Collective over `world`: validates, then MPI_Cart_create + one MPI_Cart_sub
- * per axis (and NCCL communicators lazily on first CUDA use). */
+ * per axis (and NCCL communicators lazily on first CUDA use). A layout that
+ * does not fit fails on every rank alike, before anything is allocated.
+ * "World rank" everywhere below means the rank in `world`. */
 cai_status cai_mesh_init(cai_mesh_t **out, MPI_Comm world, const cai_mesh_config *cfg);
+/* Collective over the mesh (frees its RMA window and communicators). */
 void cai_mesh_free(cai_mesh_t *mesh);
+/* After CAI_ERR_TIMEOUT in return mode the timed-out operations stay in
+ * flight (MPI cannot cancel a collective) and may still write their receive
+ * buffers once the late ranks arrive. This waits up to timeout_s for them;
+ * CAI_OK means all completed and their buffers hold the results. Not
+ * collective, but completion needs the late peers to reach the operation. */
+cai_status cai_mesh_drain(cai_mesh_t *mesh, double timeout_s);
+/* The CUDA stream (cudaStream_t) whose work device-buffer collectives must
+ * follow; NULL (default) is the legacy default stream. Not collective. */
+void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream);
 const cai_layout *cai_mesh_layout(const cai_mesh_t *mesh);
 int cai_mesh_size(const cai_mesh_t *mesh, cai_axis axis);
 int cai_mesh_rank(const cai_mesh_t *mesh, cai_axis axis);
@@ -95,22 +125,30 @@ int cai_mpi_cuda_aware(void);
 typedef enum { CAI_RED_SUM = 0, CAI_RED_AVG, CAI_RED_MAX, CAI_RED_MIN } cai_reduce_op;
 
 /* Collectives over the group of `axis`. Buffers may be host memory or CUDA
- * device memory (detected per call): host buffers go through MPI; device
- * buffers through NCCL, or CUDA-aware MPI, or staged through host memory.
- * All are collective over the axis group; all honour the watchdog.
- * bf16/f16 reductions accumulate in fp32. sendbuf == recvbuf means in place. */
+ * device memory (detected per call; send and receive must agree): host
+ * buffers go through MPI; device buffers through NCCL, or CUDA-aware MPI, or
+ * staged through host memory. All are collective over the axis group, return
+ * only when the local buffers are complete, and honour the watchdog.
+ * bf16/f16 reductions combine pairs in fp32 and round to nearest even; AVG is
+ * the sum divided by the group size (truncating for integer types).
+ * sendbuf == recvbuf means in place. Counts above INT_MAX elements are split
+ * (allreduce, broadcast, send, recv) or rejected (the others, on MPI). */
 cai_status cai_allreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                          cai_dtype dtype, cai_reduce_op op);
-/* sendbuf holds size*recv_count elements; rank i receives block i reduced. */
+/* sendbuf holds size*recv_count elements; rank i receives block i reduced.
+ * In place (sendbuf == recvbuf): the buffer holds all blocks and the result
+ * lands at its start, as MPI_IN_PLACE does. */
 cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
                               size_t recv_count, cai_dtype dtype, cai_reduce_op op);
-/* recvbuf holds size*send_count elements, block i from axis rank i. */
+/* recvbuf holds size*send_count elements, block i from axis rank i.
+ * In place: sendbuf == recvbuf, or sendbuf == the rank's own block of recvbuf;
+ * either way the contribution is read from that own block. */
 cai_status cai_all_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
                           size_t send_count, cai_dtype dtype);
-/* Block i of sendbuf (count elements) goes to axis rank i. */
+/* Block i of sendbuf (count elements) goes to axis rank i; in place allowed. */
 cai_status cai_all_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype);
-/* Counts and displacements in elements, one per axis rank. */
+/* Counts and displacements in elements, one per axis rank. Not in place. */
 cai_status cai_all_to_allv(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, const size_t *send_counts,
                            const size_t *send_displs, void *recvbuf, const size_t *recv_counts,
                            const size_t *recv_displs, cai_dtype dtype);
@@ -122,7 +160,10 @@ cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, ca
 cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
 
 /* Non-blocking all-reduce for gradient buckets that overlap backward.
- * cai_wait applies the watchdog. */
+ * Collective over the axis group (every rank issues them in the same order).
+ * cai_wait applies the watchdog from the moment it starts waiting and frees
+ * the request whatever it returns (after a timeout the mesh keeps the
+ * operation, see cai_mesh_drain). */
 typedef struct cai_request cai_request_t;
 cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
@@ -135,12 +176,15 @@ typedef struct {
     cai_bench_op op;
     cai_axis axis;
     size_t bytes;      /* total message size in bytes (nccl-tests' "size") */
-    double time_us;    /* mean over iterations, max over ranks */
+    double time_us;    /* mean over iterations, max over the axis group */
     double algbw_gbs;
     double busbw_gbs;
 } cai_bench_result;
 const char *cai_bench_op_name(cai_bench_op op);
-/* Collective over the whole mesh (every rank takes part in each axis' run). */
+/* Collective over the whole mesh (every rank takes part in each axis' run):
+ * f32 buffers, `warmup` untimed then `iters` timed calls of the public
+ * collective. bytes is rounded down to what the operation can split evenly
+ * (out->bytes says what was used). on_device needs a CUDA build and device. */
 cai_status cai_mesh_bench(cai_mesh_t *mesh, cai_axis axis, cai_bench_op op, size_t bytes, int warmup, int iters,
                           int on_device, cai_bench_result *out);
 

@@ -1,0 +1,313 @@
+/* Device-buffer collectives through NCCL, plus the CUDA helpers the staging
+ * path and the benchmark need. One NCCL communicator per mesh axis, created
+ * on first use from an ncclUniqueId broadcast over the axis' MPI communicator.
+ * Operations run on one non-blocking stream per mesh that first waits for the
+ * caller's stream; the host polls an event (and NCCL's async error) under the
+ * watchdog and aborts the communicator when it fires. Compiled always; the
+ * body needs CAI_HAVE_CUDA. */
+#include "cai_config.h"
+
+#include <string.h>
+
+#include "cluster_internal.h"
+
+void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream) {
+    if (mesh) mesh->cuda_stream = stream;
+}
+
+#if CAI_HAVE_CUDA
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+struct cai_nccl_state {
+    ncclComm_t comm[CAI_AXIS_COUNT];
+    cudaStream_t stream;
+    cudaEvent_t ready;
+};
+
+#define CUDA_OK(expr)                                                                                          \
+    do {                                                                                                       \
+        cudaError_t cai_cu_ = (expr);                                                                          \
+        if (cai_cu_ != cudaSuccess)                                                                            \
+            return CAI_ERROR(CAI_ERR_CUDA, "%s failed: %s (%s)", #expr, cudaGetErrorString(cai_cu_),         \
+                             cudaGetErrorName(cai_cu_));                                                       \
+    } while (0)
+
+#define NCCL_OK(expr, what)                                                                                    \
+    do {                                                                                                       \
+        ncclResult_t cai_nc_ = (expr);                                                                         \
+        if (cai_nc_ != ncclSuccess)                                                                            \
+            return CAI_ERROR(CAI_ERR_NCCL, "%s on axis %s: %s failed: %s", (what), cai_axis_name(axis), #expr, \
+                             ncclGetErrorString(cai_nc_));                                                     \
+    } while (0)
+
+int cai_cl_cuda_usable(void) {
+    static int usable = -1;
+    if (usable < 0) {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) cudaGetLastError(); /* no driver or no device: host only */
+        usable = e == cudaSuccess && n > 0;
+    }
+    return usable;
+}
+
+int cai_cl_is_device_ptr(const void *p) {
+    if (!p || !cai_cl_cuda_usable()) return 0;
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+cai_status cai_cl_copy_to_host(void *dst, const void *src, size_t bytes) {
+    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return CAI_OK;
+}
+
+cai_status cai_cl_copy_to_device(void *dst, const void *src, size_t bytes) {
+    CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return CAI_OK;
+}
+
+cai_status cai_cl_device_alloc(void **out, size_t bytes) {
+    *out = NULL;
+    CUDA_OK(cudaMalloc(out, bytes ? bytes : 1));
+    return CAI_OK;
+}
+
+void cai_cl_device_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+cai_status cai_cl_device_fill(void *dst, const void *host_src, size_t bytes) {
+    return cai_cl_copy_to_device(dst, host_src, bytes);
+}
+
+static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
+    if (!m->nccl) {
+        struct cai_nccl_state *s = NULL;
+        CAI_CALL(cai_calloc((void **)&s, 1, sizeof *s, "NCCL state"));
+        cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            if (s->stream) cudaStreamDestroy(s->stream);
+            cai_free(s);
+            return CAI_ERROR(CAI_ERR_CUDA, "creating the collective stream failed: %s", cudaGetErrorString(e));
+        }
+        m->nccl = s;
+    }
+    *out = m->nccl;
+    return CAI_OK;
+}
+
+cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) {
+    struct cai_nccl_state *s = NULL;
+    CAI_CALL(state_get(m, &s));
+    if (s->comm[axis]) return CAI_OK;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (m->rank[axis] == 0) NCCL_OK(ncclGetUniqueId(&id), "creating the NCCL communicator");
+    CAI_CALL(cai_host_bcast_bytes(m, axis, &id, sizeof id, CAI_OP_NCCL_INIT));
+    NCCL_OK(ncclCommInitRank(&s->comm[axis], m->size[axis], id, m->rank[axis]), "creating the NCCL communicator");
+    return CAI_OK;
+}
+
+static int nccl_type(cai_dtype dt, ncclDataType_t *t) {
+    switch (dt) {
+    case CAI_DTYPE_F32: *t = ncclFloat32; return 1;
+    case CAI_DTYPE_BF16: *t = ncclBfloat16; return 1;
+    case CAI_DTYPE_F16: *t = ncclFloat16; return 1;
+    case CAI_DTYPE_F64: *t = ncclFloat64; return 1;
+    case CAI_DTYPE_I32: *t = ncclInt32; return 1;
+    case CAI_DTYPE_I64: *t = ncclInt64; return 1;
+    case CAI_DTYPE_U8: *t = ncclUint8; return 1;
+    default: return 0; /* u16: moved as bytes, never reduced here */
+    }
+}
+
+static ncclRedOp_t nccl_op(cai_reduce_op op) {
+    switch (op) {
+    case CAI_RED_AVG: return ncclAvg;
+    case CAI_RED_MAX: return ncclMax;
+    case CAI_RED_MIN: return ncclMin;
+    default: return ncclSum;
+    }
+}
+
+/* Enqueues the operation on the collective stream. */
+static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, void **scratch) {
+    struct cai_nccl_state *s = m->nccl;
+    cai_axis axis = c->axis;
+    ncclComm_t comm = s->comm[axis];
+    cudaStream_t st = s->stream;
+    int n = m->size[axis], me = m->rank[axis];
+    size_t es = cai_dtype_size(c->dtype);
+    ncclDataType_t t;
+    size_t unit = 1;
+    if (!nccl_type(c->dtype, &t)) {
+        t = ncclUint8;
+        unit = es;
+    }
+    const char *what = cai_op_kind_name(c->kind);
+    CUDA_OK(cudaEventRecord(s->ready, (cudaStream_t)m->cuda_stream));
+    CUDA_OK(cudaStreamWaitEvent(st, s->ready, 0));
+    const char *sb = c->send;
+    char *rb = c->recv;
+    switch (c->kind) {
+    case CAI_OP_ALLREDUCE:
+    case CAI_OP_IALLREDUCE:
+        NCCL_OK(ncclAllReduce(sb, rb, c->count, t, nccl_op(c->op), comm, st), what);
+        break;
+    case CAI_OP_REDUCE_SCATTER:
+        if (sb == rb) {
+            /* NCCL's in place writes the rank's own block; the API's lands at the start. */
+            char *own = rb + (size_t)me * c->count * es;
+            NCCL_OK(ncclReduceScatter(sb, own, c->count, t, nccl_op(c->op), comm, st), what);
+            if (me != 0) CUDA_OK(cudaMemcpyAsync(rb, own, c->count * es, cudaMemcpyDeviceToDevice, st));
+        } else {
+            NCCL_OK(ncclReduceScatter(sb, rb, c->count, t, nccl_op(c->op), comm, st), what);
+        }
+        break;
+    case CAI_OP_ALLGATHER:
+        if (cai_coll_in_place(c, me, n)) sb = rb + (size_t)me * c->count * es;
+        NCCL_OK(ncclAllGather(sb, rb, c->count * unit, t, comm, st), what);
+        break;
+    case CAI_OP_ALLTOALL:
+        if (sb == rb && c->count) {
+            CUDA_OK(cudaMallocAsync(scratch, (size_t)n * c->count * es, st));
+            CUDA_OK(cudaMemcpyAsync(*scratch, sb, (size_t)n * c->count * es, cudaMemcpyDeviceToDevice, st));
+            sb = *scratch;
+        }
+        NCCL_OK(ncclGroupStart(), what);
+        for (int i = 0; i < n; i++) {
+            size_t off = (size_t)i * c->count * es;
+            NCCL_OK(ncclSend(sb + off, c->count * unit, t, i, comm, st), what);
+            NCCL_OK(ncclRecv(rb + off, c->count * unit, t, i, comm, st), what);
+        }
+        NCCL_OK(ncclGroupEnd(), what);
+        break;
+    case CAI_OP_ALLTOALLV:
+        NCCL_OK(ncclGroupStart(), what);
+        for (int i = 0; i < n; i++) {
+            if (c->scounts[i]) NCCL_OK(ncclSend(sb + c->sdispls[i] * es, c->scounts[i] * unit, t, i, comm, st), what);
+            if (c->rcounts[i]) NCCL_OK(ncclRecv(rb + c->rdispls[i] * es, c->rcounts[i] * unit, t, i, comm, st), what);
+        }
+        NCCL_OK(ncclGroupEnd(), what);
+        break;
+    case CAI_OP_BCAST: NCCL_OK(ncclBroadcast(rb, rb, c->count * unit, t, c->peer, comm, st), what); break;
+    case CAI_OP_SEND: NCCL_OK(ncclSend(sb, c->count * unit, t, c->peer, comm, st), what); break;
+    case CAI_OP_RECV: NCCL_OK(ncclRecv(rb, c->count * unit, t, c->peer, comm, st), what); break;
+    default: return CAI_ERROR(CAI_ERR_INTERNAL, "%s has no NCCL path", what);
+    }
+    if (*scratch) CUDA_OK(cudaFreeAsync(*scratch, st));
+    return CAI_OK;
+}
+
+typedef struct {
+    cai_mesh_t *m;
+    cai_axis axis;
+    cudaEvent_t done;
+} nccl_wait_ctx;
+
+static int poll_event(void *vctx) {
+    nccl_wait_ctx *w = vctx;
+    cudaError_t e = cudaEventQuery(w->done);
+    if (e == cudaSuccess) return 1;
+    if (e != cudaErrorNotReady) {
+        CAI_ERROR(CAI_ERR_CUDA, "collective on axis %s: %s", cai_axis_name(w->axis), cudaGetErrorString(e));
+        return -1;
+    }
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(w->m->nccl->comm[w->axis], &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+        CAI_ERROR(CAI_ERR_NCCL, "NCCL communicator of axis %s failed: %s", cai_axis_name(w->axis),
+                  ncclGetErrorString(async));
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits for `done` under the watchdog; on failure aborts the axis'
+ * communicator, which cannot be trusted afterwards (the next device
+ * collective on the axis creates a fresh one). */
+static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done) {
+    nccl_wait_ctx w = {m, c->axis, done};
+    cai_status st = cai_wd_wait(m, c, seq, poll_event, &w);
+    if (st != CAI_OK) {
+        ncclCommAbort(m->nccl->comm[c->axis]);
+        m->nccl->comm[c->axis] = NULL;
+    }
+    cudaEventDestroy(done);
+    return st;
+}
+
+static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, cudaEvent_t *done) {
+    void *scratch = NULL;
+    CUDA_OK(cudaEventCreateWithFlags(done, cudaEventDisableTiming));
+    cai_status st = enqueue(m, c, &scratch);
+    if (st == CAI_OK) {
+        cudaError_t e = cudaEventRecord(*done, m->nccl->stream);
+        if (e != cudaSuccess) st = CAI_ERROR(CAI_ERR_CUDA, "cudaEventRecord failed: %s", cudaGetErrorString(e));
+    }
+    if (st != CAI_OK) cudaEventDestroy(*done);
+    return st;
+}
+
+cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq) {
+    cudaEvent_t done;
+    CAI_CALL(enqueue_with_event(m, c, &done));
+    CAI_CALL(wait_done(m, c, seq, done));
+    return CAI_OK;
+}
+
+cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) {
+    cudaEvent_t done;
+    CAI_CALL(enqueue_with_event(m, &p->c, &done));
+    p->dev_event = done;
+    return CAI_OK;
+}
+
+cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p) {
+    CAI_CALL(wait_done(m, &p->c, p->seq, (cudaEvent_t)p->dev_event));
+    return CAI_OK;
+}
+
+void cai_cl_nccl_free(cai_mesh_t *m) {
+    struct cai_nccl_state *s = m->nccl;
+    if (!s) return;
+    cudaStreamSynchronize(s->stream);
+    for (int a = 0; a < CAI_AXIS_COUNT; a++)
+        if (s->comm[a]) ncclCommDestroy(s->comm[a]);
+    cudaEventDestroy(s->ready);
+    cudaStreamDestroy(s->stream);
+    cai_free(s);
+    m->nccl = NULL;
+}
+
+#else /* !CAI_HAVE_CUDA */
+
+static cai_status no_cuda(const char *what) {
+    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s needs CUDA, and this build has none (configure --with-cuda)", what);
+}
+
+int cai_cl_cuda_usable(void) { return 0; }
+int cai_cl_is_device_ptr(const void *p) { return 0; }
+cai_status cai_cl_copy_to_host(void *dst, const void *src, size_t bytes) { return no_cuda("device staging"); }
+cai_status cai_cl_copy_to_device(void *dst, const void *src, size_t bytes) { return no_cuda("device staging"); }
+cai_status cai_cl_device_alloc(void **out, size_t bytes) {
+    *out = NULL;
+    return no_cuda("device buffers");
+}
+void cai_cl_device_free(void *p) {}
+cai_status cai_cl_device_fill(void *dst, const void *host_src, size_t bytes) { return no_cuda("device buffers"); }
+cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) { return no_cuda("NCCL"); }
+cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq) { return no_cuda("NCCL"); }
+cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) { return no_cuda("NCCL"); }
+cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p) { return no_cuda("NCCL"); }
+void cai_cl_nccl_free(cai_mesh_t *m) {}
+
+#endif

@@ -1,0 +1,70 @@
+/* Shared scaffolding of the cluster MPI tests: run a Check suite on every
+ * rank (CK_FORK=no: MPI cannot communicate from a fork child) and make the
+ * exit status agree across ranks. */
+#ifndef TEST_MESH_UTIL_H
+#define TEST_MESH_UTIL_H
+
+#include <check.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colossal/cluster.h"
+
+static int g_world_rank, g_world_size;
+
+/* Fails the test with the error trace when a colossal call does not succeed. */
+#define CK_CAI(expr)                                                                                   \
+    do {                                                                                               \
+        cai_status ck_st_ = (expr);                                                                    \
+        if (ck_st_ != CAI_OK) {                                                                        \
+            cai_error_print(stderr);                                                                   \
+            ck_abort_msg("%s -> %s: %s", #expr, cai_status_str(ck_st_), cai_error_message());          \
+        }                                                                                              \
+    } while (0)
+
+/* A mesh config for tests: a watchdog that aborts instead of letting a
+ * broken test hang the suite. */
+static inline cai_mesh_config test_mesh_config(int pp, int dp, int ep, int sp, int tp, const char *order) {
+    cai_mesh_config cfg;
+    cai_mesh_config_init(&cfg);
+    cfg.layout = (cai_layout){pp, dp, ep, sp, tp, order};
+    cfg.watchdog_timeout_s = 20.0;
+    cfg.watchdog_abort = 1;
+    return cfg;
+}
+
+/* MPI_Init, one suite of `n` tests, failures agreed over all ranks, MPI_Finalize. */
+static inline int test_mpi_main(int argc, char **argv, const char *name, const TTest *const *tests, int n) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world_size);
+    cai_log_set_rank(g_world_rank, g_world_size);
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(name);
+    for (int i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    double t0 = MPI_Wtime();
+    srunner_run_all(sr, g_world_rank == 0 ? CK_NORMAL : CK_SILENT);
+    int failed = srunner_ntests_failed(sr), any = 0;
+    if (failed && g_world_rank != 0) {
+        /* Rank 0 prints its own results; other ranks report only failures. */
+        TestResult **tr = srunner_failures(sr);
+        for (int i = 0; i < failed; i++)
+            fprintf(stderr, "[rank %d] %s:%d: %s: %s\n", g_world_rank, tr_lfile(tr[i]), tr_lno(tr[i]), tr_tcname(tr[i]),
+                    tr_msg(tr[i]));
+        free(tr);
+    }
+    srunner_free(sr);
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (g_world_rank == 0) fprintf(stderr, "%s on %d ranks: %.2f s\n", name, g_world_size, MPI_Wtime() - t0);
+    MPI_Finalize();
+    return any ? 1 : 0;
+}
+
+#define TEST_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+#endif
