@@ -218,12 +218,10 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
         CAI_CALL(add_linear(&r, p, l, C, (uint64_t)cfg.n_heads * D, 1, CAI_INIT_NORMAL_RESIDUAL, NULL));
         snprintf(p, sizeof p, "h.%d.ln_2", l);
         CAI_CALL(add_norm(&r, p, CAI_PP_LAYER, l));
-        if (gpt2) {
-            snprintf(p, sizeof p, "h.%d.mlp.fc", l);
-            CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
-        } else {
-            snprintf(p, sizeof p, "h.%d.mlp.gate", l);
-            CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
+        /* GPT-2's fc is Llama's gate (docs/registry.md): one name, one role in the layer. */
+        snprintf(p, sizeof p, "h.%d.mlp.fc", l);
+        CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
+        if (!gpt2) {
             snprintf(p, sizeof p, "h.%d.mlp.up", l);
             CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
         }
@@ -360,7 +358,6 @@ static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_blo
         {"ln_2.bias", offsetof(cai_block_params, ln2_b)},
         {"mlp.fc.weight", offsetof(cai_block_params, fc_w)},
         {"mlp.fc.bias", offsetof(cai_block_params, fc_b)},
-        {"mlp.gate.weight", offsetof(cai_block_params, fc_w)},
         {"mlp.up.weight", offsetof(cai_block_params, up_w)},
         {"mlp.proj.weight", offsetof(cai_block_params, mlp_proj_w)},
         {"mlp.proj.bias", offsetof(cai_block_params, mlp_proj_b)},

@@ -228,7 +228,9 @@ cai_status cai_optim_grad_sumsq(cai_optim_t *o, const cai_tensor *grads, double 
     CAI_CALL(check_flat(o, "grads", grads, 1));
     cai_device_t *dev = o->dev;
     cai_tensor acc = cai_tensor_1d(dev, o->acc, CAI_DTYPE_F64, 1);
-    CAI_CALL(dev->ops->fill(dev, &acc, 0.0f));
+    const double zero = 0.0; /* fill takes float dtypes only; the accumulator is f64 */
+    CAI_CALL(cai_device_copy(dev, o->acc, &zero, sizeof zero,
+                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     for (int i = 0; i < o->n_norm; i++) {
         cai_tensor g = sub(o, grads, o->norm[i].off, o->norm[i].n);
         CAI_CALL(dev->ops->sumsq(dev, &acc, &g));

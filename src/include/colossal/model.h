@@ -296,7 +296,7 @@ typedef struct {
     cai_tensor qkv_w, qkv_b;   /* [(Hq + 2 Hkv) D, C], [(Hq + 2 Hkv) D]: fused q|k|v rows */
     cai_tensor proj_w, proj_b; /* [C, Hq D], [C] */
     cai_tensor ln2_w, ln2_b;   /* [C] */
-    cai_tensor fc_w, fc_b;     /* GPT-2 fc [F, C], [F]; Llama gate [F, C] */
+    cai_tensor fc_w, fc_b;     /* mlp.fc: GPT-2 fc [F, C], [F]; Llama gate [F, C] */
     cai_tensor up_w;           /* Llama up [F, C] */
     cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
 } cai_block_params;
