@@ -1,0 +1,7 @@
+# Benchmarks: built by `make`, never run by `make check` (they take minutes).
+# (bench/ is distributed whole: see EXTRA_DIST in Makefile.am.)
+# bench/cpu_train.sh runs the colossal and PyTorch CPU training benchmarks
+# side by side; results go to bench/RESULTS.md.
+noinst_PROGRAMS = bench/cpu_train
+bench_cpu_train_SOURCES = bench/cpu_train.c
+bench_cpu_train_LDADD = src/libcolossal-core.la

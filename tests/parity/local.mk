@@ -1,0 +1,11 @@
+# PyTorch parity: a C driver writes a tiny model's parameters, logits, loss,
+# gradients and post-AdamW parameters to safetensors; an independent PyTorch
+# reference (float64) recomputes them and compares. See docs/parity.md.
+check_PROGRAMS += tests/parity/parity_driver
+tests_parity_parity_driver_SOURCES = tests/parity/parity_driver.c
+tests_parity_parity_driver_LDADD = src/libcolossal-core.la
+
+TESTS += tests/parity/gpt2.sh tests/parity/llama.sh
+EXTRA_DIST += tests/parity/gpt2.sh tests/parity/llama.sh tests/parity/run-parity.sh \
+	tests/parity/torch_reference.py
+CLEANFILES += tests/parity/gpt2.safetensors tests/parity/llama.safetensors

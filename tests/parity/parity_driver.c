@@ -1,0 +1,347 @@
+/* PyTorch parity driver: builds a tiny GPT-2 or Llama with colossal, runs
+ * one forward/backward and three AdamW training steps, and writes everything
+ * a reference implementation needs to check it into one safetensors file:
+ *
+ *   <name>            every parameter (canonical registry name) before training
+ *   tokens, targets   I32 [B,T] (some targets CAI_IGNORE_INDEX)
+ *   logits            F32 [B,T,padded vocab] of the forward
+ *   loss              F32 scalar: mean cross-entropy over non-ignored targets
+ *   grad.<name>       d(loss)/d(parameter) from one backward
+ *   train.tokens, train.targets   I32 [steps, n_micro, B, T]
+ *   train.loss, train.grad_norm, train.lr   F32 [steps] from cai_train_step
+ *   step3.<name>      every parameter after the training steps
+ *
+ * and the hyperparameters as __metadata__ strings. Floats are printed with
+ * %.9g so the reader recovers the exact float32 values.
+ *
+ * Usage: parity_driver gpt2|llama OUT.safetensors
+ *
+ * The parameters are perturbed away from their initialisation (norm weights
+ * off one, biases off zero, larger matrices) so that every parameter
+ * influences the logits: with the default init a wrongly applied bias or norm
+ * weight would go unnoticed. Single process, not collective. */
+#include "cai_config.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colossal/base.h"
+#include "colossal/ckpt.h"
+#include "colossal/model.h"
+#include "colossal/optim.h"
+#include "colossal/tensor.h"
+
+enum { BATCH = 2, SEQ = 16, STEPS = 3, N_MICRO = 2, MAX_META = 40 };
+
+/* Stream ids for this driver's own random numbers (not the model's). */
+#define STREAM_TOKENS 0x7061726974790001ull
+#define STREAM_PERTURB 0x7061726974790002ull
+
+typedef struct {
+    cai_st_tensor *t;
+    int n, cap;
+    void **owned; /* buffers to free */
+    int n_owned;
+    cai_st_meta meta[MAX_META];
+    char meta_buf[MAX_META][2][64];
+    int n_meta;
+} out_file;
+
+static cai_status out_add(out_file *f, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
+                          const void *src, size_t bytes) {
+    if (f->n == f->cap) {
+        int cap = f->cap ? 2 * f->cap : 64;
+        void *p = realloc(f->t, (size_t)cap * sizeof *f->t);
+        void *q = realloc(f->owned, (size_t)cap * 2 * sizeof *f->owned);
+        if (!p || !q) {
+            free(p == f->t ? NULL : p);
+            return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: growing the tensor list to %d", cap);
+        }
+        f->t = p;
+        f->owned = q;
+        f->cap = cap;
+    }
+    char *nm = strdup(name);
+    void *data = malloc(bytes ? bytes : 1);
+    if (!nm || !data) {
+        free(nm);
+        free(data);
+        return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: copy of '%s' (%zu bytes)", name, bytes);
+    }
+    memcpy(data, src, bytes);
+    f->owned[f->n_owned++] = nm;
+    f->owned[f->n_owned++] = data;
+    cai_st_tensor *t = &f->t[f->n++];
+    memset(t, 0, sizeof *t);
+    t->name = nm;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->data = data;
+    return CAI_OK;
+}
+
+static void out_meta(out_file *f, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void out_meta(out_file *f, const char *key, const char *fmt, ...) {
+    if (f->n_meta >= MAX_META) return; /* caught by the reader: a missing key is an error there */
+    va_list ap;
+    va_start(ap, fmt);
+    snprintf(f->meta_buf[f->n_meta][0], sizeof f->meta_buf[0][0], "%s", key);
+    vsnprintf(f->meta_buf[f->n_meta][1], sizeof f->meta_buf[0][1], fmt, ap);
+    va_end(ap);
+    f->meta[f->n_meta].key = f->meta_buf[f->n_meta][0];
+    f->meta[f->n_meta].value = f->meta_buf[f->n_meta][1];
+    f->n_meta++;
+}
+
+static void out_free(out_file *f) {
+    for (int i = 0; i < f->n_owned; i++) free(f->owned[i]);
+    free(f->owned);
+    free(f->t);
+}
+
+/* A tensor view's elements (F32, contiguous) copied to the host. */
+static cai_status fetch_f32(cai_device_t *dev, const cai_tensor *t, float *dst) {
+    size_t n = (size_t)cai_tensor_numel(t);
+    if (t->dtype != CAI_DTYPE_F32)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parity driver: expected an F32 tensor, got %s",
+                         cai_dtype_name(t->dtype));
+    CAI_CALL(cai_device_copy(dev, dst, t->data, n * sizeof(float), CAI_COPY_D2H));
+    return CAI_OK;
+}
+
+/* Every parameter (or its gradient) under `prefix`, in registration order. */
+static cai_status dump_params(out_file *f, cai_model_t *m, const char *prefix, int grads) {
+    const cai_registry_t *reg = cai_model_registry(m);
+    cai_device_t *dev = cai_model_device(m);
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        const cai_param_info *pi = cai_registry_param(reg, i);
+        cai_tensor master, grad;
+        CAI_CALL(cai_model_param(m, pi->name, &master, &grad));
+        const cai_tensor *t = grads ? &grad : &master;
+        size_t n = (size_t)pi->numel;
+        float *buf = malloc(n * sizeof *buf);
+        if (!buf) return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: %zu floats for '%s'", n, pi->name);
+        cai_status st = fetch_f32(dev, t, buf);
+        char name[CAI_PARAM_NAME_MAX + 16];
+        snprintf(name, sizeof name, "%s%s", prefix, pi->name);
+        if (st == CAI_OK) st = out_add(f, name, CAI_DTYPE_F32, pi->ndim, pi->shape, buf, n * sizeof *buf);
+        free(buf);
+        CAI_CALL(st);
+    }
+    return CAI_OK;
+}
+
+/* Moves every parameter off its initialisation: norm weights 1 + 0.2 z,
+ * biases 0.1 z, matrices 0.08 z (z standard normal), with this driver's own
+ * stream so the values do not depend on the model's init. Tie copies are
+ * left alone: cai_model_params_updated copies the primary into them. */
+static cai_status perturb_params(cai_model_t *m, uint64_t seed) {
+    const cai_registry_t *reg = cai_model_registry(m);
+    cai_device_t *dev = cai_model_device(m);
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        const cai_param_info *pi = cai_registry_param(reg, i);
+        if (pi->tie_primary != i) continue;
+        cai_tensor master;
+        CAI_CALL(cai_model_param(m, pi->name, &master, NULL));
+        size_t n = (size_t)pi->numel;
+        float *buf = malloc(n * sizeof *buf);
+        if (!buf) return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: %zu floats for '%s'", n, pi->name);
+        const int is_bias = strstr(pi->name, ".bias") != NULL;
+        const int is_norm_w = !is_bias && pi->ndim == 1;
+        uint64_t stream = STREAM_PERTURB ^ cai_hash64(pi->name);
+        for (size_t k = 0; k < n; k++) {
+            float z = cai_rng_normal(seed, stream, k);
+            buf[k] = is_norm_w ? 1.0f + 0.2f * z : is_bias ? 0.1f * z : 0.08f * z;
+        }
+        cai_status st = cai_device_copy(dev, master.data, buf, n * sizeof *buf, CAI_COPY_H2D);
+        free(buf);
+        CAI_CALL(st);
+    }
+    CAI_CALL(cai_model_params_updated(m));
+    return CAI_OK;
+}
+
+/* Tokens uniform in [0, vocab); targets the next token (a random one at the
+ * end), with about one in six positions set to CAI_IGNORE_INDEX. */
+static void make_batch(uint64_t seed, uint64_t batch_id, int vocab, int32_t *tokens, int32_t *targets) {
+    const int n = BATCH * SEQ;
+    for (int i = 0; i < n; i++) {
+        cai_philox_block r = cai_philox4x32(seed, STREAM_TOKENS + batch_id, (uint64_t)i);
+        tokens[i] = (int32_t)(r.v[0] % (uint32_t)vocab);
+    }
+    for (int i = 0; i < n; i++) {
+        int t = i % SEQ;
+        if (t + 1 < SEQ) {
+            targets[i] = tokens[i + 1];
+        } else {
+            cai_philox_block r = cai_philox4x32(seed, STREAM_TOKENS + batch_id, (uint64_t)(n + i));
+            targets[i] = (int32_t)(r.v[0] % (uint32_t)vocab);
+        }
+        cai_philox_block r = cai_philox4x32(seed, STREAM_TOKENS + batch_id, (uint64_t)(2 * n + i));
+        if (r.v[1] % 6u == 0u) targets[i] = CAI_IGNORE_INDEX;
+    }
+}
+
+static cai_status run(cai_model_family family, const char *path) {
+    const uint64_t seed = 20240611;
+    cai_model_config cfg = cai_model_config_default(family);
+    cfg.vocab_size = 97;
+    cfg.vocab_multiple = 128;
+    cfg.n_layers = 2;
+    cfg.d_model = 64;
+    cfg.n_heads = 4;
+    cfg.max_seq_len = 24; /* > SEQ: unused learned positions must get zero gradient but still decay */
+    cfg.norm_eps = 1e-5f;
+    cfg.init_std = 0.02f;
+    cfg.seed = seed;
+    if (family == CAI_MODEL_LLAMA) {
+        cfg.n_kv_heads = 2;
+        cfg.ffn_hidden = 176;
+        cfg.rope_theta = 10000.0f;
+        cfg.tie_embeddings = 0;
+    } else {
+        cfg.n_kv_heads = 4;
+        cfg.ffn_hidden = 256;
+        cfg.tie_embeddings = 1;
+    }
+    cai_adamw_config oc = cai_adamw_config_default();
+    oc.schedule.kind = CAI_LR_CONSTANT;
+    oc.schedule.lr = 2e-3f;
+    oc.schedule.min_lr = 0.0f;
+    oc.schedule.warmup_steps = 2; /* step lrs 1e-3, 2e-3, 2e-3: the schedule feeds the update */
+    oc.schedule.decay_steps = 2;
+    oc.beta1 = 0.9f;
+    oc.beta2 = 0.95f;
+    oc.eps = 1e-8f;
+    oc.weight_decay = 0.1f;
+    /* Below the gradient norms these models have (~1-3): every step clips,
+     * so the clip coefficient is part of what is compared. */
+    oc.grad_clip = 0.5f;
+
+    cai_status st = CAI_OK;
+    cai_device_t *dev = NULL;
+    cai_model_t *m = NULL;
+    cai_optim_t *o = NULL;
+    out_file f;
+    memset(&f, 0, sizeof f);
+    float *logits = NULL;
+
+    CAI_CALL(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    cai_model_options mo = cai_model_options_default(&cfg);
+    mo.batch = BATCH;
+    mo.seq_len = SEQ;
+    CAI_CALL_GOTO(cai_model_create(&m, dev, &cfg, &mo), st, done);
+    const cai_model_config *rc = cai_model_config_of(m);
+    const int64_t Vp = cai_model_padded_vocab(m);
+    CAI_CALL_GOTO(perturb_params(m, seed), st, done);
+    CAI_CALL_GOTO(dump_params(&f, m, "", 0), st, done);
+
+    int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
+    make_batch(seed, 0, rc->vocab_size, tokens, targets);
+    const uint64_t bt[2] = {BATCH, SEQ};
+    CAI_CALL_GOTO(out_add(&f, "tokens", CAI_DTYPE_I32, 2, bt, tokens, sizeof tokens), st, done);
+    CAI_CALL_GOTO(out_add(&f, "targets", CAI_DTYPE_I32, 2, bt, targets, sizeof targets), st, done);
+
+    /* One forward and backward: logits, loss, gradients. */
+    float loss = 0;
+    CAI_CALL_GOTO(cai_model_zero_grad(m), st, done);
+    CAI_CALL_GOTO(cai_model_forward(m, tokens, targets, &loss), st, done);
+    cai_tensor lt;
+    CAI_CALL_GOTO(cai_model_logits(m, &lt), st, done);
+    const size_t n_logits = (size_t)BATCH * SEQ * (size_t)Vp;
+    if ((size_t)cai_tensor_numel(&lt) != n_logits) {
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "parity driver: logits have %" PRId64 " elements, expected B*T*Vpad = %zu",
+                       cai_tensor_numel(&lt), n_logits);
+        goto done;
+    }
+    logits = malloc(n_logits * sizeof *logits);
+    if (!logits) {
+        st = CAI_ERROR(CAI_ERR_NOMEM, "parity driver: logits buffer");
+        goto done;
+    }
+    CAI_CALL_GOTO(fetch_f32(dev, &lt, logits), st, done);
+    const uint64_t ls[3] = {BATCH, SEQ, (uint64_t)Vp};
+    CAI_CALL_GOTO(out_add(&f, "logits", CAI_DTYPE_F32, 3, ls, logits, n_logits * sizeof *logits), st, done);
+    CAI_CALL_GOTO(out_add(&f, "loss", CAI_DTYPE_F32, 0, NULL, &loss, sizeof loss), st, done);
+    CAI_CALL_GOTO(cai_model_backward(m, 1.0f), st, done);
+    CAI_CALL_GOTO(dump_params(&f, m, "grad.", 1), st, done);
+
+    /* Training steps, each over N_MICRO microbatches. The first microbatch of
+     * step 1 is the batch above, so step 1 starts from the same gradients. */
+    static int32_t ttok[STEPS][N_MICRO][BATCH * SEQ], ttgt[STEPS][N_MICRO][BATCH * SEQ];
+    float s_loss[STEPS], s_norm[STEPS], s_lr[STEPS];
+    for (int s = 0; s < STEPS; s++)
+        for (int k = 0; k < N_MICRO; k++) make_batch(seed, (uint64_t)(s * N_MICRO + k), rc->vocab_size, ttok[s][k],
+                                                     ttgt[s][k]);
+    CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    for (int s = 0; s < STEPS; s++) {
+        cai_step_stats ss;
+        CAI_CALL_GOTO(cai_train_step(m, o, &ttok[s][0][0], &ttgt[s][0][0], N_MICRO, &ss), st, done);
+        s_loss[s] = ss.loss;
+        s_norm[s] = ss.grad_norm;
+        s_lr[s] = ss.lr;
+    }
+    const uint64_t ts[4] = {STEPS, N_MICRO, BATCH, SEQ}, sn[1] = {STEPS};
+    CAI_CALL_GOTO(out_add(&f, "train.tokens", CAI_DTYPE_I32, 4, ts, ttok, sizeof ttok), st, done);
+    CAI_CALL_GOTO(out_add(&f, "train.targets", CAI_DTYPE_I32, 4, ts, ttgt, sizeof ttgt), st, done);
+    CAI_CALL_GOTO(out_add(&f, "train.loss", CAI_DTYPE_F32, 1, sn, s_loss, sizeof s_loss), st, done);
+    CAI_CALL_GOTO(out_add(&f, "train.grad_norm", CAI_DTYPE_F32, 1, sn, s_norm, sizeof s_norm), st, done);
+    CAI_CALL_GOTO(out_add(&f, "train.lr", CAI_DTYPE_F32, 1, sn, s_lr, sizeof s_lr), st, done);
+    CAI_CALL_GOTO(dump_params(&f, m, "step3.", 0), st, done);
+
+    out_meta(&f, "family", "%s", cai_model_family_name(rc->family));
+    out_meta(&f, "vocab_size", "%d", rc->vocab_size);
+    out_meta(&f, "padded_vocab", "%" PRId64, Vp);
+    out_meta(&f, "n_layers", "%d", rc->n_layers);
+    out_meta(&f, "d_model", "%d", rc->d_model);
+    out_meta(&f, "n_heads", "%d", rc->n_heads);
+    out_meta(&f, "n_kv_heads", "%d", rc->n_kv_heads);
+    out_meta(&f, "ffn_hidden", "%d", rc->ffn_hidden);
+    out_meta(&f, "max_seq_len", "%d", rc->max_seq_len);
+    out_meta(&f, "rope_theta", "%.9g", (double)rc->rope_theta);
+    out_meta(&f, "norm_eps", "%.9g", (double)rc->norm_eps);
+    out_meta(&f, "tie_embeddings", "%d", rc->tie_embeddings);
+    out_meta(&f, "batch", "%d", BATCH);
+    out_meta(&f, "seq_len", "%d", SEQ);
+    out_meta(&f, "steps", "%d", STEPS);
+    out_meta(&f, "n_micro", "%d", N_MICRO);
+    out_meta(&f, "lr", "%.9g", (double)oc.schedule.lr);
+    out_meta(&f, "warmup_steps", "%" PRId64, oc.schedule.warmup_steps);
+    out_meta(&f, "lr_schedule", "%s", cai_lr_kind_name(oc.schedule.kind));
+    out_meta(&f, "beta1", "%.9g", (double)oc.beta1);
+    out_meta(&f, "beta2", "%.9g", (double)oc.beta2);
+    out_meta(&f, "eps", "%.9g", (double)oc.eps);
+    out_meta(&f, "weight_decay", "%.9g", (double)oc.weight_decay);
+    out_meta(&f, "grad_clip", "%.9g", (double)oc.grad_clip);
+    CAI_CALL_GOTO(cai_safetensors_write(path, f.t, f.n, f.meta, f.n_meta), st, done);
+    printf("parity_driver: %s: %d tensors written to %s (loss %.7f, step losses %.7f %.7f %.7f)\n",
+           cai_model_family_name(rc->family), f.n, path, (double)loss, (double)s_loss[0], (double)s_loss[1],
+           (double)s_loss[2]);
+
+done:
+    free(logits);
+    out_free(&f);
+    cai_optim_free(o);
+    cai_model_free(m);
+    cai_device_free(dev);
+    return st;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors\n", argv[0]);
+        return 2;
+    }
+    cai_model_family family;
+    cai_status st = cai_model_family_parse(argv[1], &family);
+    if (st == CAI_OK) st = run(family, argv[2]);
+    if (st != CAI_OK) {
+        cai_error_print(stderr);
+        return 1;
+    }
+    return 0;
+}
