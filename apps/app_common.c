@@ -1,0 +1,100 @@
+/* Shared start-up and failure handling for the colossal executables. */
+#include "cai_config.h"
+
+#include "app_common.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Same order as cai_log_level so the enum index is the level. */
+const char *const cai_app_log_level_choices[] = {"error", "warn", "info", "debug", "trace", NULL};
+
+/* The parsed config, so every exit path releases its strings (LeakSanitizer
+ * runs at exit under --enable-sanitizers). */
+static const cai_config_schema *g_schema;
+static void *g_cfg;
+
+static void finalize_and_exit(int code) {
+    if (g_schema) cai_config_free(g_schema, g_cfg);
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Finalize();
+    exit(code);
+}
+
+void cai_app_check(cai_status st) {
+    if (st == CAI_OK) return;
+    fflush(stdout);
+    cai_abort(st); /* prints this rank's trace, then MPI_Abort */
+}
+
+void cai_app_check_all(cai_status st, int exit_code) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int mine = st == CAI_OK ? size : rank, first = size;
+    /* If the reduction itself fails, MPI's default handler aborts the job. */
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first == size) return;
+    if (rank == first) {
+        fflush(stdout);
+        cai_error_print(stderr);
+    }
+    finalize_and_exit(exit_code);
+}
+
+static void count_nodes(cai_app *app) {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, app->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &app->local_rank);
+    MPI_Comm_size(node, &app->local_size);
+    MPI_Comm_free(&node);
+    int leader = app->local_rank == 0;
+    MPI_Allreduce(&leader, &app->n_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+}
+
+void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
+                  size_t common_offset) {
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "%s: MPI_Init_thread failed\n", schema->program);
+        exit(1);
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &app->rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &app->size);
+    cai_log_set_rank(app->rank, app->size);
+    count_nodes(app);
+
+    g_schema = schema;
+    g_cfg = cfg;
+    int help = 0;
+    cai_status st = cai_config_parse_args(schema, cfg, *argc, *argv, &help);
+    cai_app_check_all(st, 2);
+    if (help) {
+        if (app->rank == 0) cai_config_print_help(schema, stdout);
+        finalize_and_exit(0);
+    }
+
+    const cai_app_common *common = (const cai_app_common *)((const char *)cfg + common_offset);
+    cai_log_options opt = {
+        .level = (cai_log_level)common->log_level,
+        .rank_filter = common->log_all_ranks ? CAI_LOG_ALL_RANKS : 0,
+        .timestamps = common->log_timestamps,
+        .out = stderr,
+    };
+    cai_log_configure(&opt);
+    /* A FUNNELED request that came back weaker only matters to apps that
+     * start threads; say so once instead of failing. */
+    if (provided < MPI_THREAD_FUNNELED)
+        CAI_WARN("MPI provides thread level %d, below MPI_THREAD_FUNNELED; OpenMP regions must not call MPI",
+                 provided);
+}
+
+int cai_app_finalize(const cai_config_schema *schema, void *cfg) {
+    cai_config_free(schema, cfg);
+    g_schema = NULL;
+    fflush(stdout);
+    MPI_Finalize();
+    return 0;
+}

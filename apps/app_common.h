@@ -1,0 +1,62 @@
+/* Start-up and failure handling shared by the colossal executables, so every
+ * app's main stays a few lines: initialise MPI, parse the config table, set up
+ * logging, and turn a failed status into one clear message plus a clean stop
+ * of every rank. Apps may exit; the library never does, which is why this
+ * lives in apps/ and not in libcolossal-core. */
+#ifndef COLOSSAL_APP_COMMON_H
+#define COLOSSAL_APP_COMMON_H
+
+#include <stddef.h>
+
+#include "colossal/base.h"
+#include "colossal/config.h"
+
+/* Keys every app shares. Embed one in the app's config struct and list
+ * CAI_APP_COMMON_FIELDS(app_struct, member) in its field table. */
+typedef struct {
+    int log_level;     /* CAI_CFG_ENUM over cai_app_log_level_choices == cai_log_level */
+    int log_all_ranks; /* every rank logs, not just rank 0 */
+    int log_timestamps;
+} cai_app_common;
+
+extern const char *const cai_app_log_level_choices[];
+
+#define CAI_APP_COMMON_FIELDS(type, member)                                                              \
+    {"log.level", CAI_CFG_ENUM, offsetof(type, member.log_level), "info",                                \
+     "log verbosity: error, warn, info, debug or trace", CAI_CFG_NO_RANGE, cai_app_log_level_choices, NULL}, \
+    {"log.all_ranks", CAI_CFG_BOOL, offsetof(type, member.log_all_ranks), "false",                        \
+     "log from every rank instead of rank 0 only", CAI_CFG_NO_RANGE, NULL, NULL},                          \
+    {"log.timestamps", CAI_CFG_BOOL, offsetof(type, member.log_timestamps), "true",                       \
+     "prefix log lines with the wall-clock time", CAI_CFG_NO_RANGE, NULL, NULL}
+
+typedef struct {
+    int rank, size;             /* in MPI_COMM_WORLD */
+    int local_rank, local_size; /* within this node (MPI_COMM_TYPE_SHARED) */
+    int n_nodes;
+} cai_app;
+
+/* Collective over MPI_COMM_WORLD. MPI_Init_thread(FUNNELED), log rank, then
+ * cai_config_parse_args into `cfg` (which embeds a cai_app_common at
+ * `common_offset`), then logging from the common keys. --help: rank 0 prints
+ * the key table and every rank exits 0. A bad argument: rank 0 prints the
+ * error and every rank exits 2 (the parse is deterministic, so all ranks fail
+ * the same way; no MPI_Abort banner for a typo). */
+void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
+                  size_t common_offset);
+
+/* Not collective. On failure print this rank's error trace (its first line is
+ * the root cause) and abort every rank through MPI_Abort. For errors that
+ * only some ranks may see (I/O, a collective's local failure). */
+void cai_app_check(cai_status st);
+
+/* Collective over MPI_COMM_WORLD: every rank must reach it. If any rank
+ * failed, the lowest failing rank prints its error trace and every rank
+ * finalises MPI and exits with `exit_code` — a clean stop for errors that are
+ * decided identically everywhere (config, layout). */
+void cai_app_check_all(cai_status st, int exit_code);
+
+/* Collective over MPI_COMM_WORLD: free the config and finalise MPI. Returns 0
+ * for main to return. */
+int cai_app_finalize(const cai_config_schema *schema, void *cfg);
+
+#endif
