@@ -1,24 +1,31 @@
 /* CPU backend: causal self-attention with multi-head and grouped-query
  * heads, flash-attention style: the forward keeps only the log-sum-exp of
- * each score row, the backward recomputes probabilities from it, so nothing
- * T x T outlives a call and the workspace is one score row per thread.
+ * each score row and the backward recomputes probabilities from it, so
+ * nothing T x T outlives a call. Work is done in blocks of QB query rows:
+ * scores S = Q_blk K^T over the keys the block can see, then P V, all as
+ * single-threaded sgemm calls inside OpenMP tasks; the workspace holds two
+ * QB x Tk blocks per thread.
  *
- * Forward parallelises over (batch, head, query row); backward over (batch,
- * kv head), so each thread owns the dk/dv rows it accumulates and results do
- * not depend on the thread count. */
+ * Forward tasks are (batch, head, query block); backward tasks are (batch,
+ * kv head), so one thread owns the dk/dv rows it accumulates and results
+ * do not depend on the thread count. */
 #include "cai_config.h"
 #include "cpu_internal.h"
 
+#include <cblas.h>
 #include <math.h>
-#include <string.h>
 #include <stdint.h>
+#include <string.h>
+
+enum { QB = 64 }; /* query rows per block */
 
 static int64_t row_floats(int64_t Tk) { return (Tk + 15) / 16 * 16; } /* 64-byte rows */
 
 size_t cai_cpu_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                          int64_t Hkv, int64_t D) {
     int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
-    return (size_t)nt * (size_t)row_floats(Tk) * sizeof(float) + 64;
+    int64_t rows = Tq < QB ? Tq : QB;
+    return (size_t)nt * 2 * (size_t)rows * (size_t)row_floats(Tk) * sizeof(float) + 64;
 }
 
 typedef struct {
@@ -27,7 +34,7 @@ typedef struct {
     float scale;
     int causal;
     int64_t off, window, group;
-    float *ws; /* per thread: row_floats(Tk) */
+    float *ws; /* per thread: two blocks of min(Tq, QB) x row_floats(Tk) */
 } attn_args;
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const char *out_name,
@@ -52,6 +59,9 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     if (a->k.H <= 0 || a->q.H % a->k.H != 0)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %" PRId64 " query heads do not divide into groups over %" PRId64
                          " kv heads", op, a->q.H, a->k.H);
+    if (a->q.D < 1 || a->q.B < 1 || a->q.T < 1 || a->k.T < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: empty attention (q %s, k %s)", op, CAI_OPS_DESCRIBE(q),
+                         CAI_OPS_DESCRIBE(k));
     a->group = a->q.H / a->k.H;
     if (lse) {
         char *p;
@@ -95,44 +105,87 @@ static inline float dot(const float *x, const float *y, int64_t n) {
     return s;
 }
 
+static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                 const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
+                (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+}
+
+/* Probabilities of query rows [i0, i0+m) of head (b, h) over keys [klo, klo+nk):
+ * S = scale Q K^T by sgemm into p (row stride ld), then per row either
+ * (lse == NULL) a fresh softmax whose log-sum-exp goes to lse_out, or
+ * exp(S - lse[r]) from the forward's statistics. Masked entries are 0. */
+static void block_probs(const attn_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t klo, int64_t nk,
+                        float *p, int64_t ld, const float *lse, float *lse_out) {
+    int64_t hk = h / a->group;
+    gemm(0, 1, m, nk, a->q.D, a->scale, rowp(&a->q, b, i0, h), a->q.st, rowp(&a->k, b, klo, hk), a->k.st, 0.0f, p,
+         ld);
+    for (int64_t r = 0; r < m; r++) {
+        float *pr = p + r * ld;
+        int64_t lo, hi;
+        key_range(a, i0 + r, &lo, &hi);
+        lo -= klo;
+        hi -= klo;
+        if (hi < lo) {
+            memset(pr, 0, (size_t)nk * sizeof(float));
+            if (lse_out) lse_out[r] = -INFINITY;
+            continue;
+        }
+        if (lo > 0) memset(pr, 0, (size_t)lo * sizeof(float));
+        if (hi + 1 < nk) memset(pr + hi + 1, 0, (size_t)(nk - hi - 1) * sizeof(float));
+        if (lse) {
+            cai_k_exp_store(pr + lo, pr + lo, lse[r], 1.0f, hi - lo + 1);
+        } else {
+            float mx = cai_k_max(pr + lo, hi - lo + 1);
+            float sum = cai_k_expsum(pr + lo, mx, hi - lo + 1);
+            cai_k_exp_store(pr + lo, pr + lo, mx, 1.0f / sum, hi - lo + 1);
+            lse_out[r] = mx + logf(sum);
+        }
+    }
+}
+
+/* Keys any row of the block [i0, i0+m) can see: rows' ranges move right
+ * monotonically, so the union is [lo(i0), hi(i0+m-1)]. */
+static void block_keys(const attn_args *a, int64_t i0, int64_t m, int64_t *klo, int64_t *nk) {
+    int64_t lo0, hi0, lo1, hi1;
+    key_range(a, i0, &lo0, &hi0);
+    key_range(a, i0 + m - 1, &lo1, &hi1);
+    if (lo0 < 0) lo0 = 0;
+    if (hi1 >= a->k.T) hi1 = a->k.T - 1;
+    *klo = lo0;
+    *nk = hi1 >= lo0 ? hi1 - lo0 + 1 : 0;
+}
+
+static void zero_rows(const cai_bthd *t, int64_t b, int64_t s0, int64_t n, int64_t h) {
+    for (int64_t s = s0; s < s0 + n; s++) memset((float *)rowp(t, b, s, h), 0, (size_t)t->D * sizeof(float));
+}
+
 cai_status cai_cpu_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q,
                                  const cai_tensor *k, const cai_tensor *v, const cai_attn_params *params,
                                  void *workspace, size_t workspace_bytes) {
     attn_args a;
     CAI_CALL(attn_check("attention_fwd", &a, out, "out", lse, q, k, v, params, dev, workspace, workspace_bytes));
-    const int64_t B = a.q.B, Hq = a.q.H, Tq = a.q.T, D = a.q.D, nrows = B * Hq * Tq;
-    const int64_t stride_ws = row_floats(a.k.T);
-#pragma omp parallel for num_threads(cai_cpu_threads(dev, nrows)) schedule(dynamic, 8)
-    for (int64_t r = 0; r < nrows; r++) {
-        int64_t i = r % Tq, h = (r / Tq) % Hq, b = r / (Tq * Hq), hk = h / a.group;
-        float *s = a.ws + (int64_t)CAI_THREAD_ID() * stride_ws;
-        const float *qi = rowp(&a.q, b, i, h);
-        float *oi = (float *)rowp(&a.o, b, i, h);
-        int64_t lo, hi;
-        key_range(&a, i, &lo, &hi);
-        for (int64_t d = 0; d < D; d++) oi[d] = 0.0f;
-        if (hi < lo) {
-            if (a.lse) a.lse[(b * Hq + h) * Tq + i] = -INFINITY;
+    const int64_t B = a.q.B, Hq = a.q.H, Tq = a.q.T, D = a.q.D, nblk = (Tq + QB - 1) / QB;
+    const int64_t ld = row_floats(a.k.T), rows = Tq < QB ? Tq : QB, per_thread = 2 * rows * ld;
+    const int64_t ntask = B * Hq * nblk;
+    cai_cpu_blas_serial_begin(dev);
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, ntask)) schedule(dynamic, 1)
+    for (int64_t task = 0; task < ntask; task++) {
+        int64_t blk = task % nblk, h = (task / nblk) % Hq, b = task / (nblk * Hq);
+        int64_t i0 = blk * QB, m = Tq - i0 < QB ? Tq - i0 : QB, klo, nk;
+        float *p = a.ws + (int64_t)CAI_THREAD_ID() * per_thread, *lrow = p + rows * ld;
+        block_keys(&a, i0, m, &klo, &nk);
+        if (nk == 0) {
+            zero_rows(&a.o, b, i0, m, h);
+            for (int64_t r = 0; r < m && a.lse; r++) a.lse[(b * Hq + h) * Tq + i0 + r] = -INFINITY;
             continue;
         }
-        float mx = -INFINITY;
-        for (int64_t j = lo; j <= hi; j++) {
-            float sj = a.scale * dot(qi, rowp(&a.k, b, j, hk), D);
-            s[j] = sj;
-            if (sj > mx) mx = sj;
-        }
-        float sum = 0.0f;
-        for (int64_t j = lo; j <= hi; j++) {
-            float p = expf(s[j] - mx);
-            sum += p;
-            const float *vj = rowp(&a.v, b, j, hk);
-#pragma omp simd
-            for (int64_t d = 0; d < D; d++) oi[d] += p * vj[d];
-        }
-        float inv = 1.0f / sum;
-        for (int64_t d = 0; d < D; d++) oi[d] *= inv;
-        if (a.lse) a.lse[(b * Hq + h) * Tq + i] = mx + logf(sum);
+        block_probs(&a, b, h, i0, m, klo, nk, p, ld, NULL, lrow);
+        gemm(0, 0, m, D, nk, 1.0f, p, ld, rowp(&a.v, b, klo, h / a.group), a.v.st, 0.0f, (float *)rowp(&a.o, b, i0, h),
+             a.o.st);
+        if (a.lse) memcpy(a.lse + (b * Hq + h) * Tq + i0, lrow, (size_t)m * sizeof(float));
     }
+    cai_cpu_blas_serial_end(dev);
     return CAI_OK;
 }
 
@@ -149,74 +202,54 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
     if (!cai_tensor_same_shape(dout, q))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dout is %s but q is %s", op, CAI_OPS_DESCRIBE(dout),
                          CAI_OPS_DESCRIBE(q));
-    if (dq) {
-        CAI_CALL(cai_ops_bthd(op, "dq", dq, CAI_HOST, CAI_F32, &gdq));
-        if (!cai_tensor_same_shape(dq, q))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dq is %s but q is %s", op, CAI_OPS_DESCRIBE(dq),
-                             CAI_OPS_DESCRIBE(q));
-    }
-    if (dk) {
-        CAI_CALL(cai_ops_bthd(op, "dk", dk, CAI_HOST, CAI_F32, &gdk));
-        if (!cai_tensor_same_shape(dk, k))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dk is %s but k is %s", op, CAI_OPS_DESCRIBE(dk),
-                             CAI_OPS_DESCRIBE(k));
-    }
-    if (dv) {
-        CAI_CALL(cai_ops_bthd(op, "dv", dv, CAI_HOST, CAI_F32, &gdv));
-        if (!cai_tensor_same_shape(dv, v))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dv is %s but v is %s", op, CAI_OPS_DESCRIBE(dv),
-                             CAI_OPS_DESCRIBE(v));
+    const cai_tensor *grads[3] = {dq, dk, dv}, *like[3] = {q, k, v};
+    cai_bthd *views[3] = {&gdq, &gdk, &gdv};
+    static const char *names[3] = {"dq", "dk", "dv"};
+    for (int g = 0; g < 3; g++) {
+        if (!grads[g]) continue;
+        CAI_CALL(cai_ops_bthd(op, names[g], grads[g], CAI_HOST, CAI_F32, views[g]));
+        if (!cai_tensor_same_shape(grads[g], like[g]))
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s but must be shaped like %s", op, names[g],
+                             CAI_OPS_DESCRIBE(grads[g]), CAI_OPS_DESCRIBE(like[g]));
     }
     const int64_t B = a.q.B, Hq = a.q.H, Hkv = a.k.H, Tq = a.q.T, Tk = a.k.T, D = a.q.D;
-    const int64_t stride_ws = row_floats(Tk);
-    const float scale = a.scale;
+    const int64_t nblk = (Tq + QB - 1) / QB, ld = row_floats(Tk), rows = Tq < QB ? Tq : QB, per_thread = 2 * rows * ld;
+    cai_cpu_blas_serial_begin(dev);
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, B * Hkv)) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * Hkv; bk++) {
         int64_t b = bk / Hkv, hk = bk % Hkv;
-        float *p = a.ws + (int64_t)CAI_THREAD_ID() * stride_ws;
-        for (int64_t j = 0; j < Tk; j++) {
-            if (dk) {
-                float *r = (float *)rowp(&gdk, b, j, hk);
-                for (int64_t d = 0; d < D; d++) r[d] = 0.0f;
-            }
-            if (dv) {
-                float *r = (float *)rowp(&gdv, b, j, hk);
-                for (int64_t d = 0; d < D; d++) r[d] = 0.0f;
-            }
-        }
+        float *p = a.ws + (int64_t)CAI_THREAD_ID() * per_thread, *ds = p + rows * ld;
+        if (dk) zero_rows(&gdk, b, 0, Tk, hk);
+        if (dv) zero_rows(&gdv, b, 0, Tk, hk);
         for (int64_t h = hk * a.group; h < (hk + 1) * a.group; h++) {
-            for (int64_t i = 0; i < Tq; i++) {
-                const float *qi = rowp(&a.q, b, i, h), *oi = rowp(&a.o, b, i, h), *doi = rowp(&gdo, b, i, h);
-                float *dqi = dq ? (float *)rowp(&gdq, b, i, h) : NULL;
-                if (dqi)
-                    for (int64_t d = 0; d < D; d++) dqi[d] = 0.0f;
-                int64_t lo, hi;
-                key_range(&a, i, &lo, &hi);
-                if (hi < lo) continue;
-                float L = a.lse[(b * Hq + h) * Tq + i];
-                float Di = dot(doi, oi, D);
-                for (int64_t j = lo; j <= hi; j++) p[j] = expf(scale * dot(qi, rowp(&a.k, b, j, hk), D) - L);
-                for (int64_t j = lo; j <= hi; j++) {
-                    const float *vj = rowp(&a.v, b, j, hk), *kj = rowp(&a.k, b, j, hk);
-                    float pj = p[j];
-                    float ds = pj * (dot(doi, vj, D) - Di) * scale;
-                    if (dqi) {
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) dqi[d] += ds * kj[d];
-                    }
-                    if (dk) {
-                        float *dkj = (float *)rowp(&gdk, b, j, hk);
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) dkj[d] += ds * qi[d];
-                    }
-                    if (dv) {
-                        float *dvj = (float *)rowp(&gdv, b, j, hk);
-#pragma omp simd
-                        for (int64_t d = 0; d < D; d++) dvj[d] += pj * doi[d];
-                    }
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                int64_t i0 = blk * QB, m = Tq - i0 < QB ? Tq - i0 : QB, klo, nk;
+                block_keys(&a, i0, m, &klo, &nk);
+                if (nk == 0) {
+                    if (dq) zero_rows(&gdq, b, i0, m, h);
+                    continue;
                 }
+                block_probs(&a, b, h, i0, m, klo, nk, p, ld, a.lse + (b * Hq + h) * Tq + i0, NULL);
+                /* dP = dO V^T; dS = P (dP - rowsum(dO o O)) scale */
+                gemm(0, 1, m, nk, D, 1.0f, rowp(&gdo, b, i0, h), gdo.st, rowp(&a.v, b, klo, hk), a.v.st, 0.0f, ds, ld);
+                for (int64_t r = 0; r < m; r++) {
+                    float Di = dot(rowp(&gdo, b, i0 + r, h), rowp(&a.o, b, i0 + r, h), D);
+                    float *pr = p + r * ld, *dr = ds + r * ld;
+#pragma omp simd
+                    for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - Di) * a.scale;
+                }
+                if (dq)
+                    gemm(0, 0, m, D, nk, 1.0f, ds, ld, rowp(&a.k, b, klo, hk), a.k.st, 0.0f,
+                         (float *)rowp(&gdq, b, i0, h), gdq.st);
+                if (dk)
+                    gemm(1, 0, nk, D, m, 1.0f, ds, ld, rowp(&a.q, b, i0, h), a.q.st, 1.0f,
+                         (float *)rowp(&gdk, b, klo, hk), gdk.st);
+                if (dv)
+                    gemm(1, 0, nk, D, m, 1.0f, p, ld, rowp(&gdo, b, i0, h), gdo.st, 1.0f,
+                         (float *)rowp(&gdv, b, klo, hk), gdv.st);
             }
         }
     }
+    cai_cpu_blas_serial_end(dev);
     return CAI_OK;
 }

@@ -139,13 +139,9 @@ static cai_status out_vec(const char *op, const char *arg, cai_tensor *t, int64_
 
 /* max and sum(exp(x - max)) over the valid columns of one row. */
 static inline void row_stats(const float *x, int64_t n, float *mx, float *se) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
-    float s = 0.0f;
-    if (n > 0)
-        for (int64_t j = 0; j < n; j++) s += expf(x[j] - m);
+    float m = cai_k_max(x, n);
     *mx = m;
-    *se = s;
+    *se = n > 0 ? cai_k_expsum(x, m, n) : 0.0f;
 }
 
 cai_status cai_cpu_xent_fwd(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, const cai_tensor *logits,
@@ -224,7 +220,7 @@ cai_status cai_cpu_xent_bwd(cai_device_t *dev, cai_tensor *dlogits, const cai_te
         }
         float sc = dl ? dl[n] : dloss_scale, ln = L[n];
         int64_t t = (int64_t)a.tgt[n] - a.off;
-        for (int64_t j = 0; j < a.ncols; j++) g[j] = sc * expf(x[j] - ln);
+        cai_k_exp_store(g, x, ln, sc, a.ncols);
         for (int64_t j = a.ncols; j < dx.cols; j++) g[j] = 0.0f;
         if (t >= 0 && t < a.ncols) g[t] -= sc;
     }

@@ -105,6 +105,28 @@ CPU_OP(xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logit
 CPU_OP(adamw)(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v,
               cai_tensor *param_lowp, const cai_adamw_params *p, int apply_decay);
 
+/* Vectorised row kernels (cpu_kernels.c). Their definitions are cloned per
+ * instruction set (CAI_KERNEL); callers see plain prototypes and reach the
+ * clone picked at load time through the ifunc symbol. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#define CAI_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CAI_KERNEL
+#endif
+void cai_k_gelu_fwd(float *y, const float *x, int64_t n);
+void cai_k_gelu_bwd(float *dx, const float *x, const float *dy, int64_t n);
+void cai_k_swiglu_fwd(float *y, const float *g, const float *u, int64_t n);
+void cai_k_swiglu_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int64_t n);
+/* max(x); sum(exp(x - shift)); y = mul * exp(x - shift) returning sum(exp(x - shift)). */
+float cai_k_max(const float *x, int64_t n);
+float cai_k_expsum(const float *x, float shift, int64_t n);
+float cai_k_exp_store(float *y, const float *x, float shift, float mul, int64_t n);
+
+/* OpenBLAS runs its own thread pool; inside an OpenMP region each thread
+ * must call it single-threaded. Bracket such regions with these. */
+void cai_cpu_blas_serial_begin(const cai_device_t *dev);
+void cai_cpu_blas_serial_end(const cai_device_t *dev);
+
 /* Column-block reduction used by bias_grad and the norm backward passes:
  * acc[c] += sum over rows of src[r, c] (both F32), parallel over column
  * blocks so each column is summed by one thread in row order. */

@@ -8,6 +8,18 @@
 #include <cblas.h>
 #include <string.h>
 
+void cai_cpu_blas_serial_begin(const cai_device_t *dev) {
+#ifdef OPENBLAS_VERSION
+    if (dev->num_threads > 1) openblas_set_num_threads(1);
+#endif
+}
+
+void cai_cpu_blas_serial_end(const cai_device_t *dev) {
+#ifdef OPENBLAS_VERSION
+    if (dev->num_threads > 1) openblas_set_num_threads(dev->num_threads);
+#endif
+}
+
 /* A (possibly batched) row-major matrix: batch x [rows, cols], leading
  * dimension ld, batch stride bs (elements). */
 typedef struct {

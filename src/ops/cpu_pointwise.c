@@ -5,9 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_C 0.044715f
-
 cai_status cai_cpu_gelu_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp) {
     static const char *op = "gelu_fwd";
     cai_rows x, y;
@@ -15,14 +12,7 @@ cai_status cai_cpu_gelu_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor
     CAI_CALL(cai_ops_rows(op, "out", out, CAI_HOST, CAI_F32, -1, &y));
     CAI_CALL(cai_ops_same_rows(op, "out", &y, "inp", &x));
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, x.rows)) schedule(static)
-    for (int64_t i = 0; i < x.rows; i++) {
-        const float *px = cai_row_f32(&x, i);
-        float *py = cai_row_f32(&y, i);
-        for (int64_t j = 0; j < x.cols; j++) {
-            float v = px[j];
-            py[j] = 0.5f * v * (1.0f + tanhf(GELU_K * (v + GELU_C * v * v * v)));
-        }
-    }
+    for (int64_t i = 0; i < x.rows; i++) cai_k_gelu_fwd(cai_row_f32(&y, i), cai_row_f32(&x, i), x.cols);
     return CAI_OK;
 }
 
@@ -35,16 +25,8 @@ cai_status cai_cpu_gelu_bwd(cai_device_t *dev, cai_tensor *dinp, const cai_tenso
     CAI_CALL(cai_ops_same_rows(op, "dout", &dy, "inp", &x));
     CAI_CALL(cai_ops_same_rows(op, "dinp", &dx, "inp", &x));
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, x.rows)) schedule(static)
-    for (int64_t i = 0; i < x.rows; i++) {
-        const float *px = cai_row_f32(&x, i), *pdy = cai_row_f32(&dy, i);
-        float *pdx = cai_row_f32(&dx, i);
-        for (int64_t j = 0; j < x.cols; j++) {
-            float v = px[j];
-            float t = tanhf(GELU_K * (v + GELU_C * v * v * v));
-            float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * v * v);
-            pdx[j] = grad * pdy[j];
-        }
-    }
+    for (int64_t i = 0; i < x.rows; i++)
+        cai_k_gelu_bwd(cai_row_f32(&dx, i), cai_row_f32(&x, i), cai_row_f32(&dy, i), x.cols);
     return CAI_OK;
 }
 
@@ -57,46 +39,30 @@ cai_status cai_cpu_swiglu_fwd(cai_device_t *dev, cai_tensor *out, const cai_tens
     CAI_CALL(cai_ops_same_rows(op, "up", &u, "gate", &g));
     CAI_CALL(cai_ops_same_rows(op, "out", &y, "gate", &g));
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, g.rows)) schedule(static)
-    for (int64_t i = 0; i < g.rows; i++) {
-        const float *pg = cai_row_f32(&g, i), *pu = cai_row_f32(&u, i);
-        float *py = cai_row_f32(&y, i);
-        for (int64_t j = 0; j < g.cols; j++) {
-            float v = pg[j];
-            py[j] = v / (1.0f + expf(-v)) * pu[j];
-        }
-    }
+    for (int64_t i = 0; i < g.rows; i++)
+        cai_k_swiglu_fwd(cai_row_f32(&y, i), cai_row_f32(&g, i), cai_row_f32(&u, i), g.cols);
     return CAI_OK;
 }
 
 cai_status cai_cpu_swiglu_bwd(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
                               const cai_tensor *gate, const cai_tensor *up) {
     static const char *op = "swiglu_bwd";
-    cai_rows g, u, dy, dg = {0}, du = {0};
+    cai_rows g, u, dy, dg, du;
     CAI_CALL(cai_ops_rows(op, "gate", gate, CAI_HOST, CAI_F32, -1, &g));
     CAI_CALL(cai_ops_rows(op, "up", up, CAI_HOST, CAI_F32, -1, &u));
     CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, -1, &dy));
     CAI_CALL(cai_ops_same_rows(op, "up", &u, "gate", &g));
     CAI_CALL(cai_ops_same_rows(op, "dout", &dy, "gate", &g));
-    if (dgate) {
-        CAI_CALL(cai_ops_rows(op, "dgate", dgate, CAI_HOST, CAI_F32, -1, &dg));
-        CAI_CALL(cai_ops_same_rows(op, "dgate", &dg, "gate", &g));
-    }
-    if (dup) {
-        CAI_CALL(cai_ops_rows(op, "dup", dup, CAI_HOST, CAI_F32, -1, &du));
-        CAI_CALL(cai_ops_same_rows(op, "dup", &du, "gate", &g));
-    }
+    /* The kernel writes both gradients; both are required (a frozen half of
+     * a fused projection still needs its gradient to reach the input). */
+    CAI_CALL(cai_ops_rows(op, "dgate", dgate, CAI_HOST, CAI_F32, -1, &dg));
+    CAI_CALL(cai_ops_same_rows(op, "dgate", &dg, "gate", &g));
+    CAI_CALL(cai_ops_rows(op, "dup", dup, CAI_HOST, CAI_F32, -1, &du));
+    CAI_CALL(cai_ops_same_rows(op, "dup", &du, "gate", &g));
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, g.rows)) schedule(static)
-    for (int64_t i = 0; i < g.rows; i++) {
-        const float *pg = cai_row_f32(&g, i), *pu = cai_row_f32(&u, i), *pdy = cai_row_f32(&dy, i);
-        float *pdg = dgate ? cai_row_f32(&dg, i) : NULL, *pdu = dup ? cai_row_f32(&du, i) : NULL;
-        for (int64_t j = 0; j < g.cols; j++) {
-            /* read everything first so dgate/dup may overwrite gate/up */
-            float v = pg[j], w = pu[j], d = pdy[j];
-            float sig = 1.0f / (1.0f + expf(-v));
-            if (pdg) pdg[j] = d * w * sig * (1.0f + v * (1.0f - sig));
-            if (pdu) pdu[j] = d * v * sig;
-        }
-    }
+    for (int64_t i = 0; i < g.rows; i++)
+        cai_k_swiglu_bwd(cai_row_f32(&dg, i), cai_row_f32(&du, i), cai_row_f32(&g, i), cai_row_f32(&u, i),
+                         cai_row_f32(&dy, i), g.cols);
     return CAI_OK;
 }
 

@@ -4,6 +4,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/ops_check.c \
 	%reldir%/cpu_internal.h \
 	%reldir%/cpu_basic.c \
+	%reldir%/cpu_kernels.c \
 	%reldir%/cpu_matmul.c \
 	%reldir%/cpu_norm.c \
 	%reldir%/cpu_pointwise.c \

@@ -11,6 +11,12 @@
 #endif
 #include <cblas.h>
 
+/* The CUDA backend (kernels/cuda_device.c) defines these in every build
+ * (failing with CAI_ERR_UNSUPPORTED without CUDA). Weak references keep this
+ * file linkable whether or not that object is part of the library. */
+cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) __attribute__((weak));
+void cai_cuda_device_free(cai_device_t *dev) __attribute__((weak));
+
 const char *cai_device_kind_name(cai_device_kind kind) {
     switch (kind) {
     case CAI_DEVICE_HOST: return "host";
@@ -22,9 +28,14 @@ const char *cai_device_kind_name(cai_device_kind kind) {
 cai_status cai_device_init(cai_device_t **out, cai_device_kind kind, int ordinal, int num_threads) {
     CAI_CHECK_ARG(out, "cai_device_init: NULL output");
     *out = NULL;
-    if (kind == CAI_DEVICE_CUDA)
+    if (kind == CAI_DEVICE_CUDA) {
+        if (cai_cuda_device_init) {
+            CAI_CALL(cai_cuda_device_init(out, ordinal));
+            return CAI_OK;
+        }
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but this build has no CUDA backend "
                          "(configure --with-cuda on a machine with the CUDA toolkit)", ordinal);
+    }
     CAI_CHECK_ARG(kind == CAI_DEVICE_HOST, "cai_device_init: unknown device kind %d", (int)kind);
     cai_device_t *dev = NULL;
     CAI_CALL(cai_calloc((void **)&dev, 1, sizeof *dev, "host device"));
@@ -49,7 +60,10 @@ cai_status cai_device_init(cai_device_t **out, cai_device_kind kind, int ordinal
     return CAI_OK;
 }
 
-void cai_device_free(cai_device_t *dev) { cai_free(dev); }
+void cai_device_free(cai_device_t *dev) {
+    if (dev && dev->kind == CAI_DEVICE_CUDA && cai_cuda_device_free) cai_cuda_device_free(dev);
+    else cai_free(dev);
+}
 
 cai_status cai_device_alloc(cai_device_t *dev, size_t bytes, const char *what, void **out) {
     CAI_CHECK_ARG(dev && out, "cai_device_alloc: NULL device or output (%s)", what ? what : "?");

@@ -206,6 +206,8 @@ static const attn_case cases[] = {
     {1, 9, 9, 2, 1, 6, 1, 0, 3, 0},   /* multi-query with a 3-key sliding window */
     {2, 5, 6, 2, 2, 3, 0, 0, 0, 0},   /* non-causal, Tq != Tk */
     {1, 4, 4, 2, 2, 4, 1, -2, 0, 0},  /* the first two rows see no key at all */
+    {1, 70, 70, 2, 1, 4, 1, 0, 0, 1}, /* more query rows than one CPU block (64) */
+    {1, 67, 90, 2, 2, 3, 1, 23, 40, 0}, /* several blocks, offset and window together */
 };
 
 START_TEST(attention_case) { check_case(&cases[_i]); }

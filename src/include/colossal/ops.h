@@ -159,7 +159,8 @@ typedef struct cai_ops {
     /* SwiGLU (Llama MLP): out = silu(gate) * up, silu(x) = x / (1 + e^-x).
      * gate and up may be two halves of one fused [N, 2F] buffer (narrowed views). */
     cai_status (*swiglu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *gate, const cai_tensor *up);
-    /* dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
+    /* dgate = dout * up * silu'(gate), dup = dout * silu(gate); both required
+     * (they may be the two halves of one fused gradient buffer). */
     cai_status (*swiglu_bwd)(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
                              const cai_tensor *gate, const cai_tensor *up);
 
