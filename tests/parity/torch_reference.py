@@ -130,7 +130,8 @@ class Reference:
                 raise SystemExit("parity: tied wte.weight and lm_head.weight differ at initialisation")
 
     def gate_name(self, l):
-        return f"h.{l}.mlp.gate.weight"
+        # docs/registry.md: the Llama gate projection shares GPT-2's fc name
+        return f"h.{l}.mlp.fc.weight"
 
     def expected_names(self):
         gpt2 = self.family == "gpt2"
