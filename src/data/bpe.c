@@ -349,7 +349,12 @@ static cai_status encode_word(cai_bpe_t *t, const uint8_t *w, size_t n, cai_toke
     int64_t e = bpe_strmap_find(&t->cache, w, n, h);
     if (e >= 0) {
         uint64_t v = t->cache.vals[e];
-        return cai_token_buf_append(out, t->cache_ids + (v >> 24), (size_t)(v & 0xFFFFFF));
+        size_t count = (size_t)(v & 0xFFFFFF);
+        const int32_t *ids = t->cache_ids + (v >> 24);
+        if (out->len + count > out->cap) return cai_token_buf_append(out, ids, count);
+        for (size_t k = 0; k < count; k++) out->ids[out->len + k] = ids[k]; /* usually 1 or 2 ids */
+        out->len += count;
+        return CAI_OK;
     }
     size_t before = out->len;
     CAI_CALL(bpe_word(t, w, n, out));

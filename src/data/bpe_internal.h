@@ -66,7 +66,7 @@ static inline uint64_t bpe_pair_key(int32_t a, int32_t b) {
 /* Open-addressing map from byte strings (copied into an owned pool) to
  * 64-bit values. */
 typedef struct {
-    uint32_t *slots; /* entry index + 1, 0 = empty */
+    uint64_t *slots; /* (hash >> 32) << 32 | (entry index + 1); 0 = empty */
     size_t cap;      /* power of two */
     uint64_t *hashes;
     uint64_t *key_off; /* offset of each key in pool */

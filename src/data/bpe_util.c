@@ -327,26 +327,45 @@ void bpe_strmap_clear(bpe_strmap *m) {
     m->pool_len = 0;
 }
 
+static inline int bytes_equal(const char *a, const char *b, size_t n) {
+    while (n >= 8) {
+        uint64_t x, y;
+        memcpy(&x, a, 8);
+        memcpy(&y, b, 8);
+        if (x != y) return 0;
+        a += 8, b += 8, n -= 8;
+    }
+    while (n--)
+        if (*a++ != *b++) return 0;
+    return 1;
+}
+
+/* Slots carry the hash's high half so that a probe touches the entry
+ * arrays and the key pool only on a likely match. */
+static inline uint64_t slot_of(uint64_t hash, size_t e) { return (hash & 0xFFFFFFFF00000000ull) | (e + 1); }
+
 int64_t bpe_strmap_find(const bpe_strmap *m, const void *key, size_t len, uint64_t hash) {
     if (!m->cap) return -1;
     size_t mask = m->cap - 1, i = (size_t)hash & mask;
+    uint64_t tag = hash & 0xFFFFFFFF00000000ull;
     for (;;) {
-        uint32_t s = m->slots[i];
+        uint64_t s = m->slots[i];
         if (!s) return -1;
-        size_t e = s - 1;
-        if (m->hashes[e] == hash && m->key_len[e] == len && memcmp(m->pool + m->key_off[e], key, len) == 0)
-            return (int64_t)e;
+        if ((s & 0xFFFFFFFF00000000ull) == tag) {
+            size_t e = (size_t)(uint32_t)s - 1;
+            if (m->key_len[e] == len && bytes_equal(m->pool + m->key_off[e], key, len)) return (int64_t)e;
+        }
         i = (i + 1) & mask;
     }
 }
 
 static cai_status strmap_rehash(bpe_strmap *m, size_t nc) {
-    uint32_t *ns = calloc(nc, sizeof *ns);
+    uint64_t *ns = calloc(nc, sizeof *ns);
     if (!ns) return CAI_ERROR(CAI_ERR_NOMEM, "cannot grow a string map to %zu slots", nc);
     for (size_t e = 0; e < m->count; e++) {
         size_t i = (size_t)m->hashes[e] & (nc - 1);
         while (ns[i]) i = (i + 1) & (nc - 1);
-        ns[i] = (uint32_t)(e + 1);
+        ns[i] = slot_of(m->hashes[e], e);
     }
     free(m->slots);
     m->slots = ns;
@@ -389,7 +408,7 @@ cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_
     m->pool_len += len + 1;
     size_t i = (size_t)hash & (m->cap - 1);
     while (m->slots[i]) i = (i + 1) & (m->cap - 1);
-    m->slots[i] = (uint32_t)(ne + 1);
+    m->slots[i] = slot_of(hash, ne);
     if (index) *index = (int64_t)ne;
     return CAI_OK;
 }

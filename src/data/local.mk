@@ -14,10 +14,18 @@ EXTRA_DIST += %reldir%/gen_bpe_unicode.py \
 	tests/data/bpe/ref_encode.py \
 	tests/data/bpe/tiny_tokenizer.json
 if HAVE_CHECK
-check_PROGRAMS += tests/unit/test_bpe
+check_PROGRAMS += tests/unit/test_bpe tests/unit/test_bpe_gpt2
 tests_unit_test_bpe_SOURCES = tests/unit/test_bpe.c
 tests_unit_test_bpe_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_bpe_LDADD = $(TEST_LIBS)
-TESTS += tests/unit/test_bpe
+tests_unit_test_bpe_gpt2_SOURCES = tests/unit/test_bpe_gpt2.c
+tests_unit_test_bpe_gpt2_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_bpe_gpt2_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_bpe tests/unit/test_bpe_gpt2
 endif
+# Benchmark (bench/RESULTS.md): a check program so that `make check` keeps it
+# compiling; it is not in TESTS. Run: bench/tokenizer_bench --help.
+check_PROGRAMS += bench/tokenizer_bench
+bench_tokenizer_bench_SOURCES = bench/tokenizer_bench.c
+bench_tokenizer_bench_LDADD = src/libcolossal-core.la
 # end tokenizer
