@@ -6,11 +6,12 @@
  * grad norm, clip, AdamW), F32 throughout, on a fixed random batch. Warm-up
  * steps are run first and not timed. Prints one summary line
  *
- *   colossal tokens/s=... step_ms=... peak_rss_mb=... loss0=... loss=...
+ *   colossal tokens/s=... step_ms=... cpu_ms_per_step=... peak_rss_mb=... loss0=... loss=...
  *
  * that the driver script parses. Single process, not collective. */
 #include "cai_config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,24 +19,26 @@
 
 #include "colossal/base.h"
 #include "colossal/model.h"
+#include "colossal/ops.h"
 #include "colossal/optim.h"
 #include "colossal/tensor.h"
 
 typedef struct {
-    int layers, d_model, heads, seq, batch, vocab, threads, steps, warmup;
+    int layers, d_model, heads, seq, batch, vocab, threads, steps, warmup, phases;
     uint64_t seed;
 } bench_opts;
 
 static void usage(const char *argv0) {
     fprintf(stderr,
             "usage: %s [--layers 6] [--d-model 384] [--heads 6] [--seq 256] [--batch 8] [--vocab 50257]\n"
-            "          [--threads N (0: OMP_NUM_THREADS)] [--steps 5] [--warmup 1] [--seed 1]\n"
-            "The vocabulary is padded to a multiple of 128 (50257 -> 50304).\n",
+            "          [--threads N (0: OMP_NUM_THREADS)] [--steps 5] [--warmup 1] [--seed 1] [--phases 0]\n"
+            "The vocabulary is padded to a multiple of 128 (50257 -> 50304). --phases N runs N more steps\n"
+            "through the public pieces of cai_train_step and prints where the time goes.\n",
             argv0);
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){6, 384, 6, 256, 8, 50257, 0, 5, 1, 1};
+    *o = (bench_opts){6, 384, 6, 256, 8, 50257, 0, 5, 1, 0, 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc) return -1;
@@ -50,9 +53,52 @@ static int parse(int argc, char **argv, bench_opts *o) {
         else if (strcmp(a, "--steps") == 0) o->steps = (int)v;
         else if (strcmp(a, "--warmup") == 0) o->warmup = (int)v;
         else if (strcmp(a, "--seed") == 0) o->seed = (uint64_t)v;
+        else if (strcmp(a, "--phases") == 0) o->phases = (int)v;
         else return -1;
     }
-    return o->steps >= 1 && o->warmup >= 0 ? 0 : -1;
+    return o->steps >= 1 && o->warmup >= 0 && o->phases >= 0 ? 0 : -1;
+}
+
+/* cai_train_step's sequence (optim/train.c) timed piece by piece: the split
+ * tells the ops owner which side of the step to look at. */
+static cai_status time_phases(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets,
+                              int steps, size_t n_tokens) {
+    double t[5] = {0};
+    const char *names[5] = {"zero_grad", "forward", "backward", "grad_norm", "adamw+refresh"};
+    for (int s = 0; s < steps; s++) {
+        double t0 = cai_time_now();
+        CAI_CALL(cai_model_zero_grad(m));
+        double t1 = cai_time_now();
+        float loss = 0;
+        CAI_CALL(cai_model_forward(m, tokens, targets, &loss));
+        double t2 = cai_time_now();
+        CAI_CALL(cai_model_backward(m, 1.0f));
+        double t3 = cai_time_now();
+        cai_tensor params, grads, lowp;
+        cai_model_flat(m, &params, &grads, &lowp);
+        double sumsq = 0;
+        CAI_CALL(cai_optim_grad_sumsq(o, &grads, &sumsq));
+        double t4 = cai_time_now();
+        float coef = cai_clip_coef(sqrt(sumsq), (double)cai_optim_config(o)->grad_clip);
+        CAI_CALL(cai_optim_step(o, &params, &grads, &lowp, coef, NULL));
+        CAI_CALL(cai_model_params_updated(m));
+        double t5 = cai_time_now();
+        t[0] += t1 - t0, t[1] += t2 - t1, t[2] += t3 - t2, t[3] += t4 - t3, t[4] += t5 - t4;
+    }
+    double total = t[0] + t[1] + t[2] + t[3] + t[4];
+    printf("colossal phases over %d steps (%.1f tokens/s):", steps, (double)n_tokens * steps / total);
+    for (int i = 0; i < 5; i++) printf(" %s %.0f ms (%.1f%%)", names[i], 1e3 * t[i] / steps, 100.0 * t[i] / total);
+    printf("\n");
+    return CAI_OK;
+}
+
+/* User + system seconds of the whole process (all threads): less sensitive
+ * than wall time to other load on the machine. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 static cai_status run(const bench_opts *bo) {
@@ -103,12 +149,13 @@ static cai_status run(const bench_opts *bo) {
         CAI_CALL_GOTO(cai_train_step(m, o, tokens, targets, 1, &ss), st, done);
         if (s == 0) loss0 = ss.loss;
     }
-    double t0 = cai_time_now();
+    double c0 = cpu_seconds(), t0 = cai_time_now();
     for (int s = 0; s < bo->steps; s++) {
         CAI_CALL_GOTO(cai_train_step(m, o, tokens, targets, 1, &ss), st, done);
         if (bo->warmup == 0 && s == 0) loss0 = ss.loss;
     }
-    double dt = cai_time_now() - t0;
+    double dt = cai_time_now() - t0, dc = cpu_seconds() - c0;
+    if (bo->phases > 0) CAI_CALL_GOTO(time_phases(m, o, tokens, targets, bo->phases, n), st, done);
 
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -119,9 +166,9 @@ static cai_status run(const bench_opts *bo) {
            dev->name, bo->layers, bo->d_model, bo->heads, bo->seq, bo->batch, bo->vocab,
            (long long)cai_model_padded_vocab(m), (long long)cai_registry_global_numel(cai_model_registry(m)),
            (double)pbytes / 1e6, (double)abytes / 1e6, t_setup);
-    printf("colossal tokens/s=%.1f step_ms=%.1f peak_rss_mb=%.1f loss0=%.4f loss=%.4f steps=%d warmup=%d\n",
-           (double)n * bo->steps / dt, 1e3 * dt / bo->steps, (double)ru.ru_maxrss / 1024.0, (double)loss0,
-           (double)ss.loss, bo->steps, bo->warmup);
+    printf("colossal tokens/s=%.1f step_ms=%.1f cpu_ms_per_step=%.1f peak_rss_mb=%.1f loss0=%.4f loss=%.4f steps=%d "
+           "warmup=%d\n", (double)n * bo->steps / dt, 1e3 * dt / bo->steps, 1e3 * dc / bo->steps,
+           (double)ru.ru_maxrss / 1024.0, (double)loss0, (double)ss.loss, bo->steps, bo->warmup);
 done:
     free(tokens);
     free(targets);

@@ -11,7 +11,7 @@ scaled_dot_product_attention is used where the installed torch has it
 (>= 2.0), otherwise explicit masked softmax attention. Warm-up steps are not
 timed. Prints
 
-  torch tokens/s=... step_ms=... peak_rss_mb=... loss0=... loss=...
+  torch tokens/s=... step_ms=... cpu_ms_per_step=... peak_rss_mb=... loss0=... loss=...
 """
 import argparse
 import math
@@ -81,6 +81,11 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+def cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=6)
@@ -117,17 +122,18 @@ def main():
     for _ in range(a.warmup):
         l = step()
         loss0 = l if loss0 is None else loss0
-    t0 = time.perf_counter()
+    c0, t0 = cpu_seconds(), time.perf_counter()
     for _ in range(a.steps):
         l = step()
         loss0 = l if loss0 is None else loss0
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
     n = a.batch * a.seq
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     nparams = sum(p.numel() for p in model.parameters())
     print(f"torch: {torch.__version__}, {torch.get_num_threads()} threads, {nparams} params (tied), "
           f"GPT-2 L={a.layers} d={a.d_model} T={a.seq} B={a.batch} vocab {a.vocab} (padded {vpad})")
-    print(f"torch tokens/s={n * a.steps / dt:.1f} step_ms={1e3 * dt / a.steps:.1f} peak_rss_mb={rss:.1f} "
+    print(f"torch tokens/s={n * a.steps / dt:.1f} step_ms={1e3 * dt / a.steps:.1f} "
+          f"cpu_ms_per_step={1e3 * dc / a.steps:.1f} peak_rss_mb={rss:.1f} "
           f"loss0={loss0:.4f} loss={l:.4f} steps={a.steps} warmup={a.warmup}")
 
 
