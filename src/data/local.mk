@@ -1,6 +1,29 @@
 # data module: tokenizer and dataset owners add sources here
 colossalinclude_HEADERS += src/include/colossal/data.h
 
+# datasets: Megatron indexed datasets, preprocessing, GPT sampling/blending, sampler, corpus
+src_libcolossal_core_la_SOURCES += \
+	%reldir%/indexed.c \
+	%reldir%/indexed_preprocess.c \
+	%reldir%/sampler.c \
+	%reldir%/sampler_gpt.c \
+	%reldir%/corpus.c
+EXTRA_DIST += docs/data.md tests/mpi/preprocess.np3
+
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/test_preprocess
+tests_unit_test_indexed_SOURCES = tests/unit/test_indexed.c tests/unit/test_indexed_util.h
+tests_unit_test_indexed_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_indexed_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+tests_unit_test_sampler_SOURCES = tests/unit/test_sampler.c tests/unit/test_indexed_util.h
+tests_unit_test_sampler_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_sampler_LDADD = $(TEST_LIBS)
+tests_mpi_test_preprocess_SOURCES = tests/mpi/test_preprocess.c tests/unit/test_indexed_util.h
+tests_mpi_test_preprocess_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_preprocess_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/preprocess.np3
+endif
+
 # tokenizer
 src_libcolossal_core_la_SOURCES += \
 	%reldir%/bpe.c \

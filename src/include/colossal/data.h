@@ -148,6 +148,292 @@ cai_status cai_bpe_save(const cai_bpe_t *tok, const char *dir);
  * Datasets, sampling, corpus (src/data/indexed*.c, sampler*.c, corpus*.c)
  * ====================================================================== */
 
+/* The preprocessor takes a communicator. mpi.h stays outside the C linkage
+ * block: it carries its own. */
+#ifdef __cplusplus
+}
+#endif
+#include <mpi.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- tokens */
+
+/* The one shape every tokenizer takes for the preprocessor: append the ids
+ * of `text[0..len)` to `out` (cai_token_buf from the tokenizer section).
+ * `ctx` is the tokenizer's own state, e.g. a cai_bpe_t for cai_bpe_encode. */
+typedef cai_status (*cai_tokenize_fn)(void *ctx, const char *text, size_t len, cai_token_buf *out);
+
+/* Byte-level fallback tokenizer used when no BPE vocabulary is given: each
+ * UTF-8 byte is its own token (0..255) and CAI_BYTE_EOD ends a document.
+ * `ctx` is unused. Not collective. */
+#define CAI_BYTE_VOCAB 257
+#define CAI_BYTE_EOD 256
+cai_status cai_byte_tokenize(void *ctx, const char *text, size_t len, cai_token_buf *out);
+
+/* ---------------------------------------------------------------- indexed datasets
+ * Megatron-LM's MMIDIDX format, byte for byte. PREFIX.idx:
+ *   9 bytes "MMIDIDX\0\0", u64 version (1), u8 dtype code, u64 sequence
+ *   count S, u64 document count D (= documents + 1), int32 lengths[S],
+ *   int64 byte pointers[S] into .bin, int64 document indices[D] (sequence
+ *   index where each document starts; first 0, last S). All little endian.
+ * PREFIX.bin: the tokens of every sequence back to back in the dtype. */
+
+/* Megatron's codes (megatron/core/datasets/indexed_dataset.py, DType). */
+typedef enum {
+    CAI_INDEXED_U8 = 1,
+    CAI_INDEXED_I8 = 2,
+    CAI_INDEXED_I16 = 3,
+    CAI_INDEXED_I32 = 4,
+    CAI_INDEXED_I64 = 5,
+    CAI_INDEXED_F64 = 6, /* valid in the format, refused for token data */
+    CAI_INDEXED_F32 = 7, /* idem */
+    CAI_INDEXED_U16 = 8
+} cai_indexed_dtype;
+
+#define CAI_INDEXED_HEADER_BYTES 34
+
+/* Bytes per element (0 for an unknown code) and a name ("uint16", "?"). */
+size_t cai_indexed_dtype_size(int code);
+const char *cai_indexed_dtype_name(int code);
+/* Megatron's choice for a vocabulary: uint16 below 65500 ids, else int32. */
+cai_indexed_dtype cai_indexed_dtype_for_vocab(int64_t vocab_size);
+
+typedef struct cai_indexed_dataset cai_indexed_dataset_t;
+
+/* Open PREFIX.idx and PREFIX.bin read-only by mmap and validate them
+ * completely before returning: magic, version, dtype code, array sizes
+ * against the .idx size, document indices (start at 0, non-decreasing, end
+ * at S), lengths >= 0, pointers contiguous (pointer[i+1] = pointer[i] +
+ * length[i]*itemsize, pointer[0] = 0) and the .bin size equal to the end of
+ * the last sequence. With vocab_size > 0 every token is also checked to lie
+ * in [0, vocab_size) (one pass over the .bin). Any failure is
+ * CAI_ERR_FORMAT (CAI_ERR_IO when a file cannot be opened) naming the file,
+ * the field and the index. Not collective: every rank opens its own view. */
+cai_status cai_indexed_open(cai_indexed_dataset_t **out, const char *prefix, int64_t vocab_size);
+void cai_indexed_free(cai_indexed_dataset_t *ds);
+
+const char *cai_indexed_prefix(const cai_indexed_dataset_t *ds);
+cai_indexed_dtype cai_indexed_get_dtype(const cai_indexed_dataset_t *ds);
+int64_t cai_indexed_num_sequences(const cai_indexed_dataset_t *ds);
+/* Documents (the .idx's document count minus one). */
+int64_t cai_indexed_num_documents(const cai_indexed_dataset_t *ds);
+int64_t cai_indexed_num_tokens(const cai_indexed_dataset_t *ds);
+/* Unchecked accessors (i in range is the caller's contract). */
+int32_t cai_indexed_sequence_length(const cai_indexed_dataset_t *ds, int64_t i);
+int64_t cai_indexed_sequence_pointer(const cai_indexed_dataset_t *ds, int64_t i);
+/* document_indices[d], d in [0, num_documents]: the first sequence of
+ * document d (and, for d = num_documents, the sequence count). */
+int64_t cai_indexed_document_start(const cai_indexed_dataset_t *ds, int64_t d);
+/* Tokens [offset, offset + count) of sequence `seq`, widened to int32.
+ * Range-checked; an int64 token that does not fit int32 is CAI_ERR_FORMAT.
+ * Not collective. */
+cai_status cai_indexed_read(const cai_indexed_dataset_t *ds, int64_t seq, int64_t offset, int64_t count,
+                            int32_t *out);
+
+/* Writer (Megatron's IndexedDatasetBuilder). Writes PREFIX.bin.tmp and
+ * PREFIX.idx.tmp and renames both on finish, so a reader never sees half a
+ * dataset. Ids outside the dtype's range, or >= vocab_size when
+ * vocab_size > 0, are refused. Not collective. */
+typedef struct cai_indexed_builder cai_indexed_builder_t;
+
+cai_status cai_indexed_builder_init(cai_indexed_builder_t **out, const char *prefix, cai_indexed_dtype dtype,
+                                    int64_t vocab_size);
+/* One sequence; documents are closed by end_document (Megatron add_item). */
+cai_status cai_indexed_builder_add(cai_indexed_builder_t *b, const int32_t *ids, int64_t n);
+cai_status cai_indexed_builder_end_document(cai_indexed_builder_t *b);
+/* One sequence that is a whole document. */
+cai_status cai_indexed_builder_add_document(cai_indexed_builder_t *b, const int32_t *ids, int64_t n);
+/* Every sequence and document of `ds`, which must have the same dtype
+ * (Megatron add_index). A document left open in `b` is an error. */
+cai_status cai_indexed_builder_append(cai_indexed_builder_t *b, const cai_indexed_dataset_t *ds);
+int64_t cai_indexed_builder_num_tokens(const cai_indexed_builder_t *b);
+/* Write the index and rename both files into place. Frees `b` whatever the
+ * outcome (temporary files are removed on failure). */
+cai_status cai_indexed_builder_finish(cai_indexed_builder_t *b);
+/* Give up: remove the temporary files and free. NULL is fine. */
+void cai_indexed_builder_abort(cai_indexed_builder_t *b);
+
+/* ---------------------------------------------------------------- preprocessing */
+
+typedef enum {
+    CAI_PREPROCESS_TEXT = 0, /* documents are runs of non-blank lines, separated by blank lines */
+    CAI_PREPROCESS_JSONL = 1 /* one JSON object per line; the document is the string at json_key */
+} cai_preprocess_format;
+
+typedef struct {
+    const char *const *inputs; /* read as one concatenated stream, in order */
+    int n_inputs;
+    cai_preprocess_format format;
+    const char *json_key;      /* JSONL only; NULL means "text" */
+    const char *output_prefix; /* writes output_prefix.bin / .idx */
+    cai_tokenize_fn tokenize;
+    void *tokenize_ctx;
+    int64_t vocab_size;         /* picks the .bin dtype; ids must be below it */
+    int32_t eod;                /* appended to every document; < 0: none */
+    double progress_interval_s; /* rank 0 logs progress this often; 0: never */
+} cai_preprocess_config;
+
+typedef struct {
+    int64_t documents, tokens;
+    int64_t input_bytes, output_bytes; /* .bin + .idx */
+    double seconds;
+} cai_preprocess_stats;
+
+/* Collective over `comm`. Tokenizes the inputs into one indexed dataset.
+ * The concatenated input is cut into one byte range per rank, each start
+ * moved forward to the next document start, so every document is read by
+ * exactly one rank. Each rank writes PREFIX.part-R-of-P.{bin,idx}; then
+ * all ranks write their part into the final files with MPI-IO at offsets
+ * from a prefix sum, in document order, and the parts are removed. The
+ * output is byte-identical for any number of ranks. An error on any rank
+ * (malformed JSON names file:line) makes every rank return it: the others
+ * get the failing rank's message, prefixed with its rank, and no final
+ * files are left. Rank 0 logs progress at info level every
+ * progress_interval_s. `stats` (may be NULL) holds the global totals on
+ * every rank. */
+cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_preprocess_stats *stats);
+
+/* Every document of the inputs, in order, split exactly as cai_preprocess
+ * splits them (e.g. to train a tokenizer on the same documents). Stops at
+ * the first error from `fn`. Not collective. */
+typedef cai_status (*cai_document_fn)(void *ctx, const char *text, size_t len);
+cai_status cai_preprocess_documents(const char *const *inputs, int n_inputs, cai_preprocess_format format,
+                                    const char *json_key, cai_document_fn fn, void *ctx);
+
+/* ---------------------------------------------------------------- sampling helpers */
+
+/* Fisher-Yates over a[0..n) driven by Philox (key seed, counter
+ * (stream, i)): the same permutation on every machine and rank. */
+void cai_data_shuffle(int64_t *a, int64_t n, uint64_t seed, uint64_t stream);
+
+/* Megatron's split: "98,2" or "949,50,1" (missing parts are 0; weights are
+ * normalised) over n items -> bounds[0..3], split s = [bounds[s],
+ * bounds[s+1]), with Megatron's rounding (each part rounded, the excess taken
+ * off the later bounds). CAI_ERR_CONFIG for a malformed spec. */
+typedef enum { CAI_SPLIT_TRAIN = 0, CAI_SPLIT_VALID = 1, CAI_SPLIT_TEST = 2 } cai_split;
+cai_status cai_data_split_ranges(const char *spec, int64_t n, int64_t bounds[4]);
+
+/* Megatron's blending: for each of `size` samples pick the dataset whose
+ * target weight * max(i, 1) exceeds its count so far by the most (ties to the
+ * lowest index; a zero weight is never picked). dataset_index[i] is that
+ * dataset, dataset_sample_index[i] its running count. Weights are
+ * normalised; all must be >= 0 with a positive sum. Not collective. */
+cai_status cai_data_blend_indices(const double *weights, int n, int64_t size, int16_t *dataset_index,
+                                  int64_t *dataset_sample_index);
+
+/* ---------------------------------------------------------------- GPT samples
+ * Megatron's GPTDataset: the sequences of a document range are repeated for
+ * enough epochs and shuffled all together (the document index), flattened
+ * and cut into windows of seq_len + 1 tokens that overlap by one token (the
+ * sample index), and the windows are shuffled (the shuffle index). When the
+ * last epoch would give fewer than 80% of an epoch's samples, its documents
+ * and samples are shuffled separately, after the others, so a partial epoch
+ * is not spread thinly over the whole run. Shuffles use cai_data_shuffle,
+ * not numpy, so the order differs from Megatron's; the structure is the same. */
+
+typedef struct {
+    int64_t seq_len;     /* tokens per sample are seq_len + 1 (inputs and shifted targets) */
+    int64_t num_samples; /* at least this many; 0: one epoch */
+    uint64_t seed;
+} cai_gpt_config;
+
+typedef struct cai_gpt_dataset cai_gpt_dataset_t;
+
+/* Documents [doc_begin, doc_end) of `ds` (which must outlive the result).
+ * CAI_ERR_INVALID_ARG when the range holds fewer than seq_len + 1 tokens.
+ * Not collective: every rank builds the same indices. */
+cai_status cai_gpt_dataset_init(cai_gpt_dataset_t **out, const cai_indexed_dataset_t *ds, int64_t doc_begin,
+                                int64_t doc_end, const cai_gpt_config *cfg);
+/* A weighted blend of n parts (document ranges doc_ranges[2i], [2i+1] of
+ * ds[i]) of exactly cfg->num_samples (> 0) samples, chosen by
+ * cai_data_blend_indices; each part gets exactly as many samples as the
+ * blend takes from it (part i shuffles with seed + i). Weight 0 parts are
+ * allowed and never built. Not collective. */
+cai_status cai_gpt_blend_init(cai_gpt_dataset_t **out, int n, const cai_indexed_dataset_t *const *ds,
+                              const int64_t *doc_ranges, const double *weights, const cai_gpt_config *cfg);
+void cai_gpt_dataset_free(cai_gpt_dataset_t *ds);
+
+int64_t cai_gpt_dataset_size(const cai_gpt_dataset_t *ds);
+int64_t cai_gpt_dataset_seq_len(const cai_gpt_dataset_t *ds);
+/* Epochs over the documents (single datasets; the largest part for a blend). */
+int64_t cai_gpt_dataset_epochs(const cai_gpt_dataset_t *ds);
+/* Sample i: seq_len + 1 tokens. Not collective. */
+cai_status cai_gpt_dataset_sample(const cai_gpt_dataset_t *ds, int64_t i, int32_t *tokens);
+/* n samples as model inputs and targets, both [n, seq_len]: targets are the
+ * inputs shifted by one token. */
+cai_status cai_gpt_dataset_batch(const cai_gpt_dataset_t *ds, const int64_t *indices, int64_t n, int32_t *inputs,
+                                 int32_t *targets);
+/* Where sample i of a blend comes from (a single dataset answers 0, i). */
+cai_status cai_gpt_dataset_source(const cai_gpt_dataset_t *ds, int64_t i, int *part, int64_t *part_sample);
+/* Introspection for tests and tools (NULL for a blend): the document index
+ * (sequence ids, epochs * sequences) and the shuffle index. */
+const int64_t *cai_gpt_dataset_document_index(const cai_gpt_dataset_t *ds, int64_t *n);
+const int64_t *cai_gpt_dataset_shuffle_index(const cai_gpt_dataset_t *ds, int64_t *n);
+
+/* Everything a training app needs from a data path in one call. */
+typedef struct {
+    /* Megatron's --data-path: "PREFIX" or "W1 PREFIX1 W2 PREFIX2 ..."
+     * (whitespace or commas between items). */
+    const char *paths;
+    const char *split;      /* "98,2,0"; applied to each prefix's documents */
+    int64_t seq_len;
+    uint64_t seed;
+    int64_t vocab_size;     /* > 0: every token is checked on open */
+    int64_t num_samples[3]; /* per split; 0: one epoch (single prefix only) */
+} cai_gpt_data_config;
+
+typedef struct cai_gpt_data cai_gpt_data_t;
+
+/* Opens every prefix and builds train/valid/test samples. A split whose
+ * documents are empty everywhere is absent (NULL from cai_gpt_data_get).
+ * Not collective (deterministic, so all ranks agree). */
+cai_status cai_gpt_data_init(cai_gpt_data_t **out, const cai_gpt_data_config *cfg);
+cai_gpt_dataset_t *cai_gpt_data_get(const cai_gpt_data_t *d, cai_split split);
+void cai_gpt_data_free(cai_gpt_data_t *d);
+
+/* ---------------------------------------------------------------- distributed sampler
+ * An endless stream of dataset indices: position p holds sample
+ * perm_e[p mod N] of epoch e = p / N (identity without shuffle, else a
+ * Philox permutation per epoch). Global batch k is positions [kG, (k+1)G);
+ * data-parallel rank r takes the contiguous slice [kG + rG/dp, kG +
+ * (r+1)G/dp). Batches may straddle epochs, so every sample is seen exactly
+ * once per epoch and nothing is dropped. State is one number (consumed
+ * samples), so resuming is exact. No communication: every dp rank computes
+ * its own slice from the same config. */
+typedef struct {
+    int64_t dataset_size; /* N */
+    int64_t global_batch; /* G, divisible by dp_size */
+    int dp_size, dp_rank;
+    int shuffle;
+    uint64_t seed;
+} cai_sampler_config;
+
+typedef struct cai_sampler cai_sampler_t;
+
+cai_status cai_sampler_init(cai_sampler_t **out, const cai_sampler_config *cfg, int64_t consumed_samples);
+/* This rank's G/dp indices of the next global batch; consumed += G. */
+cai_status cai_sampler_next(cai_sampler_t *s, int64_t *indices);
+int64_t cai_sampler_consumed(const cai_sampler_t *s);
+int64_t cai_sampler_local_batch(const cai_sampler_t *s);
+void cai_sampler_free(cai_sampler_t *s);
+
+/* ---------------------------------------------------------------- embedded corpus
+ * A generator of short English documents so a model can be trained with no
+ * download: templated stories and arithmetic word problems with their
+ * answers. Document i depends only on (seed, i). Never contains a blank line
+ * or a NUL, so it round-trips through both preprocessing formats. */
+#define CAI_CORPUS_MAX_DOC 4096
+
+/* Write document `index` into buf (NUL-terminated, < CAI_CORPUS_MAX_DOC
+ * bytes; cap must be at least that). *len excludes the NUL. Not collective. */
+cai_status cai_corpus_document(uint64_t seed, int64_t index, char *buf, size_t cap, size_t *len);
+/* Documents [0, n_docs) to `path` as JSONL ({"text": ...} per line) or text
+ * (documents separated by one blank line). Written under a temporary name
+ * and renamed. Not collective. */
+cai_status cai_corpus_write(const char *path, int64_t n_docs, uint64_t seed, cai_preprocess_format format);
+
 /* ======================================================= end of datasets */
 
 #ifdef __cplusplus
