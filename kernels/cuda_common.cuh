@@ -1,0 +1,208 @@
+/* Device helpers shared by the kernels: dtype loads and stores (f32 compute,
+ * bf16/f16 storage rounded exactly as the host's cai_f32_to_bf16/_f16, so
+ * both backends produce the same bits), Philox for stochastic rounding,
+ * block reductions with a fixed combination order (deterministic), grid
+ * helpers and the device-side error record. */
+#ifndef CAI_CUDA_COMMON_CUH
+#define CAI_CUDA_COMMON_CUH
+
+#include "cuda_kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#define CUK_INLINE __device__ __forceinline__
+
+/* ---------------------------------------------------------------- number formats */
+
+CUK_INLINE float cuk_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+CUK_INLINE uint32_t cuk_rne(uint32_t mant, uint32_t dropped, int shift) {
+    uint32_t half = 1u << (shift - 1);
+    return mant + (dropped > half || (dropped == half && (mant & 1u)));
+}
+
+CUK_INLINE uint32_t cuk_sr(uint32_t mant, uint32_t dropped, int shift, uint32_t rnd) {
+    uint32_t mask = shift >= 32 ? 0xffffffffu : (1u << shift) - 1u;
+    return mant + ((rnd & mask) < dropped);
+}
+
+CUK_INLINE uint16_t cuk_f32_to_bf16(float f) {
+    uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x0040u);
+    return (uint16_t)cuk_rne(x >> 16, x & 0xffffu, 16);
+}
+
+CUK_INLINE uint16_t cuk_f32_to_bf16_sr(float f, uint32_t rnd) {
+    uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) >= 0x7f800000u)
+        return (uint16_t)((x >> 16) | ((x & 0x7fffffffu) > 0x7f800000u ? 0x0040u : 0u));
+    return (uint16_t)cuk_sr(x >> 16, x & 0xffffu, 16, rnd);
+}
+
+CUK_INLINE float cuk_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    if (e == 0) {
+        if (m == 0) return __uint_as_float(sign);
+        float v = (float)m * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* Mirror of cai_f32_to_f16_mode_ (colossal/tensor.h), bit for bit. */
+CUK_INLINE uint16_t cuk_f32_to_f16_mode(float f, int stochastic, uint32_t rnd) {
+    uint32_t x = __float_as_uint(f);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {
+        if (ax == 0x7f800000u) return (uint16_t)(sign | 0x7c00u);
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    int e = (int)(ax >> 23) - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    uint32_t mant, dropped;
+    int shift;
+    if (e >= 1) {
+        shift = 13;
+        mant = ((uint32_t)e << 10) | ((ax & 0x7fffffu) >> 13);
+        dropped = ax & 0x1fffu;
+    } else {
+        uint32_t full = (ax & 0x7fffffu) | (ax >= 0x00800000u ? 0x800000u : 0u);
+        shift = 14 - e - (ax < 0x00800000u);
+        if (shift >= 32) {
+            mant = 0;
+            dropped = full;
+            shift = 32;
+        } else {
+            mant = full >> shift;
+            dropped = full & ((1u << shift) - 1u);
+        }
+        if (shift >= 32 && !stochastic) return (uint16_t)sign;
+    }
+    uint32_t r = stochastic ? cuk_sr(mant, dropped, shift, rnd) : cuk_rne(mant, dropped, shift);
+    return (uint16_t)(sign | r);
+}
+
+CUK_INLINE float ldf(const void *p, int dt, int64_t i) {
+    if (dt == CUK_F32) return ((const float *)p)[i];
+    if (dt == CUK_BF16) return cuk_bf16_to_f32(((const uint16_t *)p)[i]);
+    return cuk_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+CUK_INLINE void stf(void *p, int dt, int64_t i, float v) {
+    if (dt == CUK_F32) ((float *)p)[i] = v;
+    else if (dt == CUK_BF16) ((uint16_t *)p)[i] = cuk_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = cuk_f32_to_f16_mode(v, 0, 0);
+}
+
+/* ---------------------------------------------------------------- Philox-4x32-10 (as src/base/rng.c) */
+
+CUK_INLINE uint32_t cuk_sr_bits(uint64_t key, uint64_t counter_hi, uint64_t g) {
+    uint64_t counter_lo = g >> 2;
+    uint32_t c0 = (uint32_t)counter_lo, c1 = (uint32_t)(counter_lo >> 32);
+    uint32_t c2 = (uint32_t)counter_hi, c3 = (uint32_t)(counter_hi >> 32);
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+#pragma unroll
+    for (int round = 0; round < 10; round++) {
+        uint32_t hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        uint32_t hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+        c0 = n0;
+        c1 = n1;
+        c2 = n2;
+        c3 = n3;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    uint32_t w = (uint32_t)(g & 3);
+    return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+CUK_INLINE float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+CUK_INLINE float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+CUK_INLINE double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block-wide reductions (blockDim.x a multiple of 32, <= 1024); every
+ * thread gets the result. `sh` holds 32 values. The order of combination
+ * depends only on blockDim, so results are reproducible. */
+CUK_INLINE float block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+CUK_INLINE float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+CUK_INLINE double block_sum_d(double v, double *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+CUK_INLINE void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
+    if (!e) return;
+    if (atomicCAS(&e->code, 0, code) == 0) {
+        e->a = a;
+        e->b = b;
+        e->c = c;
+        e->d = d;
+        __threadfence_system();
+    }
+}
+
+/* ---------------------------------------------------------------- grids */
+
+/* Rows on grid.y (grid-stride beyond 65535), columns on grid.x. */
+static inline dim3 cuk_rows_grid(int64_t rows, int64_t cols, int threads) {
+    int64_t gx = (cols + threads - 1) / threads, gy = rows;
+    if (gx > 4096) gx = 4096;
+    if (gx < 1) gx = 1;
+    if (gy > 65535) gy = 65535;
+    if (gy < 1) gy = 1;
+    return dim3((unsigned)gx, (unsigned)gy, 1);
+}
+
+#define CUK_FOR_RC(rows_, cols_)                                                                       \
+    for (int64_t r = blockIdx.y; r < (rows_); r += gridDim.y)                                         \
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < (cols_);                 \
+             c += (int64_t)gridDim.x * blockDim.x)
+
+static inline int64_t cuk_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+#endif

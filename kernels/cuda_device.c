@@ -1,0 +1,256 @@
+/* CUDA devices: creation (stream, cuBLASLt, workspaces), memory, copies,
+ * synchronisation and the reporting of errors the kernels found. Compiled in
+ * every build; without CUDA only the failing entry points remain. */
+#include "cai_config.h"
+#include "cuda_backend.h"
+
+#if !CAI_HAVE_CUDA
+
+cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) {
+    if (out) *out = NULL;
+    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but this build has no CUDA backend "
+                     "(configure --with-cuda on a machine with the CUDA toolkit)", ordinal);
+}
+
+void cai_cuda_device_free(cai_device_t *dev) { (void)dev; }
+
+const cai_ops *cai_ops_cuda(void) { return NULL; }
+
+#else
+
+#include "cuda_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU(what, expr)                                                                                        \
+    do {                                                                                                      \
+        cudaError_t cu_e_ = (expr);                                                                           \
+        if (cu_e_ != cudaSuccess)                                                                             \
+            return CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed: %s (%s)", (what), #expr, cudaGetErrorString(cu_e_), \
+                             cudaGetErrorName(cu_e_));                                                        \
+    } while (0)
+
+static size_t env_size(const char *name, size_t dflt) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    return (end && *end == 0) ? (size_t)v : dflt;
+}
+
+cai_status cai_cuda_enter(cai_device_t *dev, const char *op) {
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur != dev->ordinal) e = cudaSetDevice(dev->ordinal);
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "%s: making cuda:%d current failed: %s", op, dev->ordinal,
+                         cudaGetErrorString(e));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_launch_status(cudaError_t e, const char *op, const char *what, const char *file, int line) {
+    if (e == cudaErrorMemoryAllocation)
+        return cai_error_set(CAI_ERR_NOMEM, file, line, op, "%s: %s: the device scratch (CAI_CUDA_SCRATCH_MB) is too "
+                             "small for this size, or device memory ran out (%s)", op, what, cudaGetErrorString(e));
+    return cai_error_set(CAI_ERR_CUDA, file, line, op, "%s: %s failed: %s (%s)", op, what, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+}
+
+cai_status cai_cuda_take_device_error(cai_device_t *dev) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    /* The stream is idle here: one small read-back per synchronisation. */
+    cudaError_t e = cudaMemcpyAsync(c->err_host, c->err, sizeof *c->err, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: reading the kernels' error record failed: %s", dev->ordinal,
+                         cudaGetErrorString(e));
+    const cuk_errrec *r = c->err_host;
+    int code = r->code;
+    if (code == CUK_ERR_NONE) return CAI_OK;
+    long long a = (long long)r->a, b = (long long)r->b, cc = (long long)r->c, d = (long long)r->d;
+    e = cudaMemsetAsync(c->err, 0, sizeof *c->err, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: clearing the kernels' error record failed: %s", dev->ordinal,
+                         cudaGetErrorString(e));
+    switch (code) {
+    case CUK_ERR_TOKEN:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "embedding_fwd on cuda:%d: token id %lld at batch %lld, position %lld "
+                         "is outside the vocabulary [0, %lld) (found by the kernel, reported at this synchronisation; "
+                         "its row was written as zeros)", dev->ordinal, cc, a, b, d);
+    case CUK_ERR_TARGET:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "xent_fwd on cuda:%d: target %lld of row %lld is outside the valid "
+                         "vocabulary [%lld, %lld) of these logits (found by the kernel, reported at this "
+                         "synchronisation; its loss was written as 0)", dev->ordinal, b, a, cc, d);
+    case CUK_ERR_POSITION:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "rope on cuda:%d: position %lld of token %lld is outside the tables' "
+                         "[0, %lld) (found by the kernel, reported at this synchronisation; its head rows were written "
+                         "as zeros)", dev->ordinal, b, a, cc);
+    }
+    return CAI_ERROR(CAI_ERR_INTERNAL, "cuda:%d: unknown device error code %d", dev->ordinal, code);
+}
+
+/* ---------------------------------------------------------------- device */
+
+static void release(cai_device_t *dev) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    if (c) {
+        cudaSetDevice(c->ordinal);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->lt) cublasLtDestroy(c->lt);
+        if (c->lt_ws) cudaFree(c->lt_ws);
+        if (c->scratch) cudaFree(c->scratch);
+        if (c->err) cudaFree(c->err);
+        if (c->err_host) cudaFreeHost(c->err_host);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        cudaGetLastError();
+        cai_free(c);
+    }
+    cai_free(dev);
+}
+
+static cai_status setup(cai_device_t *dev, int ordinal) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    const char *w = "cuda device init";
+    CU(w, cudaSetDevice(ordinal));
+    struct cudaDeviceProp prop;
+    CU(w, cudaGetDeviceProperties(&prop, ordinal));
+    c->num_sms = prop.multiProcessorCount;
+    CU(w, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    cublasStatus_t bs = cublasLtCreate(&c->lt);
+    if (bs != CUBLAS_STATUS_SUCCESS)
+        return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: cublasLtCreate failed with status %d", ordinal, (int)bs);
+    /* 32 MiB is what cuBLAS recommends for Hopper's matmul kernels. */
+    c->lt_ws_bytes = env_size("CAI_CUDA_LT_WORKSPACE_MB", 32) << 20;
+    if (c->lt_ws_bytes) CU(w, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    c->scratch_bytes = env_size("CAI_CUDA_SCRATCH_MB", 64) << 20;
+    if (c->scratch_bytes < (64u << 10)) c->scratch_bytes = 64u << 10;
+    CU(w, cudaMalloc(&c->scratch, c->scratch_bytes));
+    CU(w, cudaMalloc((void **)&c->err, sizeof *c->err));
+    CU(w, cudaMemset(c->err, 0, sizeof *c->err));
+    CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
+    CU(w, cuk_attn_setup());
+    const char *tf = getenv("CAI_CUDA_TF32");
+    c->allow_tf32 = tf && tf[0] == '1';
+    snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
+             prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
+    return CAI_OK;
+}
+
+cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) {
+    CAI_CHECK_ARG(out, "cai_device_init: NULL output");
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but no GPU is visible (%s; "
+                         "CUDA_VISIBLE_DEVICES=%s)", ordinal, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices",
+                         getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+    }
+    CAI_CHECK_ARG(ordinal >= 0 && ordinal < n, "CUDA device %d requested, but %d GPU%s visible (ordinals 0..%d)",
+                  ordinal, n, n == 1 ? " is" : "s are", n - 1);
+    cai_device_t *dev = NULL;
+    CAI_CALL(cai_calloc((void **)&dev, 1, sizeof *dev, "cuda device"));
+    cai_status st = cai_calloc(&dev->impl, 1, sizeof(cai_cuda_impl), "cuda device state");
+    if (st != CAI_OK) {
+        cai_free(dev);
+        CAI_CALL(st);
+    }
+    dev->kind = CAI_DEVICE_CUDA;
+    dev->ordinal = ordinal;
+    dev->num_threads = 1;
+    dev->ops = cai_ops_cuda();
+    cai_cuda_of(dev)->ordinal = ordinal;
+    CAI_CALL_GOTO(setup(dev, ordinal), st, fail);
+    *out = dev;
+    return CAI_OK;
+fail:
+    release(dev);
+    return st;
+}
+
+void cai_cuda_device_free(cai_device_t *dev) {
+    if (dev) release(dev);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+cai_status cai_cuda_alloc(cai_device_t *dev, size_t bytes, const char *what, void **out) {
+    *out = NULL;
+    if (bytes == 0) return CAI_OK;
+    CAI_CALL(cai_cuda_enter(dev, "alloc"));
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        *out = NULL;
+        return CAI_ERROR(CAI_ERR_NOMEM, "cudaMalloc of %zu MiB for %s on cuda:%d failed: %s (%zu of %zu MiB free)",
+                         bytes >> 20, what ? what : "?", dev->ordinal, cudaGetErrorString(e), fr >> 20, tot >> 20);
+    }
+    return CAI_OK;
+}
+
+void cai_cuda_dealloc(cai_device_t *dev, void *ptr) {
+    if (!ptr) return;
+    if (cai_cuda_enter(dev, "dealloc") != CAI_OK) return;
+    cudaFree(ptr);
+}
+
+cai_status cai_cuda_alloc_staging(cai_device_t *dev, size_t bytes, const char *what, void **out) {
+    *out = NULL;
+    if (bytes == 0) return CAI_OK;
+    CAI_CALL(cai_cuda_enter(dev, "alloc_staging"));
+    cudaError_t e = cudaHostAlloc(out, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return CAI_ERROR(CAI_ERR_NOMEM, "pinned host allocation of %zu MiB for %s failed: %s", bytes >> 20,
+                         what ? what : "?", cudaGetErrorString(e));
+    }
+    return CAI_OK;
+}
+
+void cai_cuda_dealloc_staging(cai_device_t *dev, void *ptr) {
+    if (ptr) cudaFreeHost(ptr);
+}
+
+cai_status cai_cuda_memcpy(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind) {
+    static const char *op = "memcpy";
+    cudaStream_t s = cai_cuda_of(dev)->stream;
+    CAI_CALL(cai_cuda_enter(dev, op));
+    switch (kind) {
+    case CAI_COPY_H2H:
+        memmove(dst, src, bytes);
+        return CAI_OK;
+    case CAI_COPY_H2D:
+        CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+        return CAI_OK;
+    case CAI_COPY_D2D:
+        CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
+        return CAI_OK;
+    case CAI_COPY_D2H:
+        /* The caller reads the host buffer next: finish the copy (and
+         * everything before it) and surface any error the kernels found. */
+        CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+        CAI_CALL(cai_cuda_sync(dev));
+        return CAI_OK;
+    }
+    return CAI_ERROR(CAI_ERR_INVALID_ARG, "memcpy: unknown copy kind %d", (int)kind);
+}
+
+cai_status cai_cuda_sync(cai_device_t *dev) {
+    CAI_CALL(cai_cuda_enter(dev, "sync"));
+    cudaError_t e = cudaStreamSynchronize(cai_cuda_of(dev)->stream);
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: a kernel of an earlier op failed: %s (%s); run with "
+                         "CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find which", dev->ordinal,
+                         cudaGetErrorString(e), cudaGetErrorName(e));
+    CAI_CALL(cai_cuda_take_device_error(dev));
+    return CAI_OK;
+}
+
+#endif

@@ -1,0 +1,134 @@
+/* The plain-C interface between the CUDA backend's host code (kernels/cuda_*.c,
+ * compiled by the C compiler with -Werror) and its kernels (the .cu files,
+ * compiled by nvcc). Only POD views cross it: the C side validates every
+ * argument with the shared op checks first, so the launchers trust their
+ * inputs. Each launcher enqueues on `s` and returns cudaGetLastError(). */
+#ifndef CAI_CUDA_KERNELS_H
+#define CAI_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* dtype codes are cai_dtype's (colossal/base.h): f32 0, bf16 1, f16 2, i32 4. */
+enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
+
+/* `rows` rows of `cols` contiguous elements, row r at element r * ld. */
+typedef struct {
+    void *p;
+    int64_t rows, cols, ld;
+    int dt;
+} cuk_mat;
+
+/* [B,T,H,D] with element strides on B, T, H and contiguous D. */
+typedef struct {
+    void *p;
+    int64_t B, T, H, D, sb, st, sh;
+    int dt;
+} cuk_bthd;
+
+/* Any same-shape pair of strided tensors (copy of views that do not collapse into rows). */
+typedef struct {
+    int ndim;
+    int64_t shape[6], dstride[6], sstride[6];
+} cuk_strided;
+
+/* Data-dependent argument errors found on the device (a token id outside
+ * the vocabulary, ...). The first offending thread claims `code` with an
+ * atomic compare-and-swap and fills the rest; the host reads it at the next
+ * synchronisation. Lives in mapped pinned memory. */
+typedef struct {
+    int code;
+    int pad_;
+    int64_t a, b, c, d;
+} cuk_errrec;
+
+enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
+
+typedef struct {
+    float scale;
+    int causal;
+    int64_t off, window;
+} cuk_attn;
+
+/* ---------------------------------------------------------------- elementwise.cu */
+cudaError_t cuk_fill(cudaStream_t s, cuk_mat x, float value);
+cudaError_t cuk_copy_rows(cudaStream_t s, cuk_mat dst, cuk_mat src);
+cudaError_t cuk_copy_strided(cudaStream_t s, void *dst, int ddt, const void *src, int sdt, cuk_strided g, int64_t n);
+cudaError_t cuk_copy_sr_rows(cudaStream_t s, cuk_mat dst, cuk_mat src, uint64_t seed, uint64_t stream,
+                             uint64_t index_offset);
+cudaError_t cuk_copy_sr_strided(cudaStream_t s, void *dst, int ddt, const float *src, cuk_strided g, int64_t n,
+                                uint64_t seed, uint64_t stream, uint64_t index_offset);
+cudaError_t cuk_scale(cudaStream_t s, cuk_mat x, float alpha);
+cudaError_t cuk_axpy(cudaStream_t s, cuk_mat y, float alpha, cuk_mat x);
+cudaError_t cuk_add(cudaStream_t s, cuk_mat out, cuk_mat a, cuk_mat b);
+/* out[0] += sum(x) (or sum(x^2)) in double; out F32 or F64. `partials` holds
+ * at least CUK_REDUCE_MAX_BLOCKS doubles. Deterministic. */
+#define CUK_REDUCE_MAX_BLOCKS 1024
+cudaError_t cuk_reduce(cudaStream_t s, cuk_mat x, int squares, void *out, int out_dt, double *partials);
+cudaError_t cuk_bias_add(cudaStream_t s, cuk_mat x, const void *bias, int bias_dt);
+/* Column sums for bias and norm-parameter gradients, deterministic (fixed
+ * row chunks, partials summed in chunk order in double):
+ *   db[c] += sum_r dy[r,c]; dw[c] += sum_r dy[r,c] * xhat[r,c] with
+ *   xhat = (x - mean[r]) * rstd[r] (mean NULL: x * rstd). dw/db may be NULL;
+ *   x.p may be NULL when dw is. `scratch` holds scratch_floats floats. */
+cudaError_t cuk_colsums(cudaStream_t s, float *dw, float *db, cuk_mat dy, cuk_mat x, const float *mean,
+                        const float *rstd, float *scratch, size_t scratch_floats);
+cudaError_t cuk_gelu_fwd(cudaStream_t s, cuk_mat y, cuk_mat x);
+cudaError_t cuk_gelu_bwd(cudaStream_t s, cuk_mat dx, cuk_mat x, cuk_mat dy);
+cudaError_t cuk_swiglu_fwd(cudaStream_t s, cuk_mat y, cuk_mat g, cuk_mat u);
+/* dg.p or du.p may be NULL */
+cudaError_t cuk_swiglu_bwd(cudaStream_t s, cuk_mat dg, cuk_mat du, cuk_mat dy, cuk_mat g, cuk_mat u);
+cudaError_t cuk_rope_tables(cudaStream_t s, cuk_mat cos, cuk_mat sin, double theta);
+/* sign +1 forward, -1 backward; pos NULL: pos_offset + t. */
+cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat cos, cuk_mat sin, const int32_t *pos,
+                     int pos_per_batch, int64_t pos_offset, float sign, cuk_errrec *err);
+cudaError_t cuk_adamw(cudaStream_t s, float *p, const void *g, int gdt, float *m, float *v, void *lowp, int ldt,
+                      int64_t n, float b1, float b2, float eps, float step_size, float bc2_sqrt, float decay,
+                      float grad_scale);
+
+/* ---------------------------------------------------------------- norm.cu */
+/* LayerNorm (rms = 0) or RMSNorm (rms = 1, mean/bias unused). mean, rstd, b may be NULL. */
+cudaError_t cuk_norm_fwd(cudaStream_t s, cuk_mat y, float *mean, float *rstd, cuk_mat x, const void *w, int wdt,
+                         const void *b, int bdt, float eps, int rms);
+/* dx (= or +=) rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; mean NULL: RMSNorm. */
+cudaError_t cuk_norm_bwd_dinp(cudaStream_t s, cuk_mat dx, cuk_mat dy, cuk_mat x, const void *w, int wdt,
+                              const float *mean, const float *rstd, int accum);
+
+/* ---------------------------------------------------------------- attention.cu */
+#define CUK_ATTN_MAX_D 256
+/* Raise the kernels' dynamic shared-memory limit on the current device (once per device). */
+cudaError_t cuk_attn_setup(void);
+cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a);
+/* dq.p / dk.p / dv.p may be NULL; dvec is a [B,Hq,Tq] f32 workspace. */
+cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
+                         cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
+
+/* ---------------------------------------------------------------- embed.cu */
+cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,
+                              int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset, cuk_errrec *err);
+/* Scratch bytes embedding_bwd needs for n tokens and a local vocabulary of v rows. */
+size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v);
+/* dwte.p / dwpe.p may be NULL. */
+cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok,
+                              int64_t T, int64_t vocab_offset, int64_t pos_offset, void *scratch,
+                              size_t scratch_bytes);
+/* Row statistics of logits over columns [0, ncols): writes whichever of
+ * losses (lse - x[target], 0 for ignored rows), lse, maxv, sumexp, tlogit
+ * are non-NULL. strict: a target outside [off, off + ncols) that is not
+ * ignore_index is reported through err (xent_fwd); otherwise it gives
+ * tlogit 0 (xent_stats). */
+cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, float *maxv, float *sumexp, float *tlogit,
+                         cuk_mat logits, const int32_t *tgt, int64_t off, int64_t ncols, int ignore_index, int strict,
+                         cuk_errrec *err);
+cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const float *lse, const int32_t *tgt,
+                         const float *dlosses, float dloss_scale, int64_t off, int64_t ncols, int ignore_index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,362 @@
+/* CUDA backend: matrix products through cuBLASLt.
+ *
+ * cuBLASLt is column-major and our tensors are row-major. A row-major [r,c]
+ * matrix with row stride ld is the column-major [c,r] matrix with the same
+ * ld, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: cuBLASLt's
+ * "A" is our b, its "B" our a, the transpose flags carry over unchanged,
+ * and nothing is copied. Inputs f32 (exact f32, or TF32 when CAI_CUDA_TF32=1),
+ * bf16 or f16 with f32 accumulation; outputs f32 or the input dtype. The
+ * linear forward fuses its bias as a cuBLASLt epilogue. Heuristic answers
+ * are cached per device, keyed by everything the query depends on. */
+#include "cai_config.h"
+#include "cuda_internal.h"
+
+#include <string.h>
+
+/* A (possibly batched) row-major matrix: batch x [rows, cols], row stride
+ * ld, batch stride bs (elements). */
+typedef struct {
+    char *data;
+    int64_t batch, rows, cols, ld, bs;
+    cai_dtype dt;
+} cmat;
+
+static cai_status as_cmat(const char *op, const char *arg, const cai_tensor *t, cmat *m) {
+    CAI_CALL(cai_ops_check(op, arg, t, CAI_CUDA, CAI_ANYF));
+    if (t->ndim < 2)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected at least 2 dimensions", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    int nd = t->ndim;
+    cmat r = {.data = t->data, .batch = 1, .rows = t->shape[nd - 2], .cols = t->shape[nd - 1], .dt = t->dtype};
+    if (r.cols > 1 && t->stride[nd - 1] != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous last dimension (transpose through "
+                         "trans_a/trans_b instead)", op, arg, CAI_OPS_DESCRIBE(t));
+    r.ld = r.rows > 1 ? t->stride[nd - 2] : (r.cols > 0 ? r.cols : 1);
+    if (r.ld < r.cols)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg, CAI_OPS_DESCRIBE(t));
+    int64_t expect = -1;
+    r.bs = 0;
+    for (int i = nd - 3; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (expect < 0) r.bs = t->stride[i];
+        else if (t->stride[i] != expect)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one", op,
+                             arg, CAI_OPS_DESCRIBE(t));
+        expect = t->stride[i] * t->shape[i];
+        r.batch *= t->shape[i];
+    }
+    for (int i = nd - 3; i >= 0; i--)
+        if (t->shape[i] == 0) r.batch = 0;
+    *m = r;
+    return CAI_OK;
+}
+
+static cmat cmat_of_rows(const cai_rows *r) {
+    cmat m = {.data = r->data, .batch = 1, .rows = r->rows, .cols = r->cols, .ld = r->ld, .bs = 0, .dt = r->dtype};
+    if (m.ld < 1) m.ld = m.cols > 0 ? m.cols : 1;
+    return m;
+}
+
+static cudaDataType_t cuda_type(cai_dtype dt) {
+    return dt == CAI_DTYPE_BF16 ? CUDA_R_16BF : dt == CAI_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Largest power of two <= 256 dividing the address and both strides in bytes. */
+static uint32_t alignment(const void *p, int64_t ld, int64_t bs, cai_dtype dt) {
+    size_t es = cai_dtype_size(dt);
+    uintptr_t v = (uintptr_t)p | (uintptr_t)((size_t)ld * es) | (uintptr_t)((size_t)bs * es);
+    uint32_t a = 256;
+    while (a > 1 && (v & (a - 1))) a >>= 1;
+    return a;
+}
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K, batch;
+    const cmat *A, *B;
+    const cmat *C;
+    float alpha, beta;
+    const void *bias; /* epilogue bias [N] (NULL: none) */
+    cai_dtype bias_dt;
+} gemm_req;
+
+#define LT(what, expr)                                                                                      \
+    do {                                                                                                    \
+        cublasStatus_t lt_s_ = (expr);                                                                      \
+        if (lt_s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+            st = CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed with cuBLAS status %d (%s)", op, what, (int)lt_s_,  \
+                           cublasLtGetStatusString(lt_s_));                                                 \
+            goto done;                                                                                      \
+        }                                                                                                   \
+    } while (0)
+
+static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+    int32_t n = (int32_t)batch;
+    if (cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride) !=
+            CUBLAS_STATUS_SUCCESS)
+        return CAI_ERROR(CAI_ERR_CUDA, "%s: setting a batch of %" PRId64 " on a cuBLASLt layout failed", op, batch);
+    return CAI_OK;
+}
+
+/* One cuBLASLt call. *no_algo is set (and CAI_OK returned) when cuBLASLt has
+ * no algorithm for this combination, so the caller can fall back. */
+static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, int *no_algo) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    const cmat *A = g->A, *B = g->B, *C = g->C;
+    *no_algo = 0;
+    cai_status st = CAI_OK;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const cublasComputeType_t ct =
+        A->dt == CAI_DTYPE_F32 && c->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int64_t sa = g->batch > 1 && B->batch > 1 ? B->bs : 0, sb = g->batch > 1 && A->batch > 1 ? A->bs : 0;
+    const int64_t sc = g->batch > 1 ? C->bs : 0;
+    const uint32_t al_a = alignment(B->data, B->ld, sa, B->dt), al_b = alignment(A->data, A->ld, sb, A->dt);
+    const uint32_t al_c = alignment(C->data, C->ld, sc, C->dt);
+    const cublasLtEpilogue_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+
+    LT("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
+    LT("set TRANSA", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT("set TRANSB", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (g->bias) {
+        int32_t bt = (int32_t)cuda_type(g->bias_dt);
+        LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT("set BIAS_POINTER",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+        LT("set BIAS_DATA_TYPE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    /* column-major views: Lt's A is our B, Lt's B our A, Lt's C is C^T */
+    LT("layout A", cublasLtMatrixLayoutCreate(&la, cuda_type(B->dt), (uint64_t)B->cols, (uint64_t)B->rows, B->ld));
+    LT("layout B", cublasLtMatrixLayoutCreate(&lb, cuda_type(A->dt), (uint64_t)A->cols, (uint64_t)A->rows, A->ld));
+    LT("layout C", cublasLtMatrixLayoutCreate(&lc, cuda_type(C->dt), (uint64_t)g->N, (uint64_t)g->M, C->ld));
+    if (g->batch > 1) {
+        CAI_CALL_GOTO(set_batch(op, la, g->batch, sa), st, done);
+        CAI_CALL_GOTO(set_batch(op, lb, g->batch, sb), st, done);
+        CAI_CALL_GOTO(set_batch(op, lc, g->batch, sc), st, done);
+    }
+    int64_t key[20] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
+                       (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
+                       (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0), (int64_t)c->lt_ws_bytes};
+    cai_cuda_plan *plan = NULL;
+    for (int i = 0; i < CAI_CUDA_PLANS; i++)
+        if (c->plans[i].valid && memcmp(c->plans[i].key, key, sizeof key) == 0) plan = &c->plans[i];
+    if (!plan) {
+        uint64_t ws = c->lt_ws_bytes;
+        LT("cublasLtMatmulPreferenceCreate", cublasLtMatmulPreferenceCreate(&pref));
+        LT("set MAX_WORKSPACE_BYTES",
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        LT("set MIN_ALIGNMENT_A", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                                       &al_a, sizeof al_a));
+        LT("set MIN_ALIGNMENT_B", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                                       &al_b, sizeof al_b));
+        LT("set MIN_ALIGNMENT_C", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                                       &al_c, sizeof al_c));
+        LT("set MIN_ALIGNMENT_D", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                                       &al_c, sizeof al_c));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        memset(&res, 0, sizeof res);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1, &res, &nres);
+        if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) {
+            *no_algo = 1;
+            goto done;
+        }
+        plan = &c->plans[c->next_plan];
+        c->next_plan = (c->next_plan + 1) % CAI_CUDA_PLANS;
+        memcpy(plan->key, key, sizeof key);
+        plan->algo = res.algo;
+        plan->valid = 1;
+    }
+    cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, C->data, lc,
+                                       C->data, lc, &plan->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+    if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
+        plan->valid = 0;
+        *no_algo = 1;
+    } else if (ms != CUBLAS_STATUS_SUCCESS) {
+        st = CAI_ERROR(CAI_ERR_CUDA, "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ", batch %" PRId64
+                       ") failed with status %d (%s)", op, g->M, g->N, g->K, g->batch, (int)ms,
+                       cublasLtGetStatusString(ms));
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return st;
+}
+
+static cai_status check_types(const char *op, const cmat *A, const cmat *B, const cmat *C) {
+    if (A->dt != B->dt)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: the inputs are %s and %s; cuBLASLt multiplies one input dtype "
+                         "(convert one with ops->copy)", op, cai_dtype_name(A->dt), cai_dtype_name(B->dt));
+    if (C->dt != CAI_DTYPE_F32 && C->dt != A->dt)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: output is %s for %s inputs; expected f32 or %s", op,
+                         cai_dtype_name(C->dt), cai_dtype_name(A->dt), cai_dtype_name(A->dt));
+    return CAI_OK;
+}
+
+/* C (batch x [M,N]) = beta * C, for K = 0 where cuBLASLt has nothing to multiply. */
+static cai_status scale_only(cai_device_t *dev, const char *op, const cmat *C, int64_t M, int64_t N, float beta) {
+    cudaStream_t s = cai_cuda_of(dev)->stream;
+    for (int64_t b = 0; b < C->batch; b++) {
+        cuk_mat m = {C->data + (size_t)(b * C->bs) * cai_dtype_size(C->dt), M, N, C->ld, (int)C->dt};
+        if (beta == 0.0f) CUK_LAUNCH(op, cuk_fill(s, m, 0.0f));
+        else CUK_LAUNCH(op, cuk_scale(s, m, beta));
+    }
+    return CAI_OK;
+}
+
+/* op(A) op(B) into C over `batch` entries, falling back from one strided
+ * batched call to one call per entry when cuBLASLt refuses the batch. */
+static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       int64_t batch, float alpha, const cmat *A, const cmat *B, float beta, const cmat *C) {
+    if (M == 0 || N == 0 || batch == 0) return CAI_OK;
+    if (K == 0) {
+        cmat cc = *C;
+        cc.batch = batch;
+        CAI_CALL(scale_only(dev, op, &cc, M, N, beta));
+        return CAI_OK;
+    }
+    gemm_req g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .batch = batch, .A = A, .B = B, .C = C,
+                  .alpha = alpha, .beta = beta};
+    int no_algo = 0;
+    CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+    if (!no_algo) return CAI_OK;
+    if (batch == 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for M=%" PRId64 " N=%" PRId64
+                         " K=%" PRId64 " (%s inputs, %s output, row strides %" PRId64 "/%" PRId64 "/%" PRId64 ")",
+                         op, M, N, K, cai_dtype_name(A->dt), cai_dtype_name(C->dt), A->ld, B->ld, C->ld);
+    for (int64_t i = 0; i < batch; i++) {
+        cmat a1 = *A, b1 = *B, c1 = *C;
+        a1.data += (size_t)(A->batch > 1 ? i * A->bs : 0) * cai_dtype_size(A->dt);
+        b1.data += (size_t)(B->batch > 1 ? i * B->bs : 0) * cai_dtype_size(B->dt);
+        c1.data += (size_t)(i * C->bs) * cai_dtype_size(C->dt);
+        a1.batch = b1.batch = c1.batch = 1;
+        CAI_CALL(gemm(dev, op, ta, tb, M, N, K, 1, alpha, &a1, &b1, beta, &c1));
+    }
+    return CAI_OK;
+}
+
+cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
+                           int trans_b, float alpha, float beta) {
+    static const char *op = "matmul";
+    cmat A, B, C;
+    CAI_CALL(as_cmat(op, "a", a, &A));
+    CAI_CALL(as_cmat(op, "b", b, &B));
+    CAI_CALL(as_cmat(op, "c", c, &C));
+    int64_t M = trans_a ? A.cols : A.rows, K = trans_a ? A.rows : A.cols;
+    int64_t Kb = trans_b ? B.cols : B.rows, N = trans_b ? B.rows : B.cols;
+    if (K != Kb || C.rows != M || C.cols != N)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64
+                         "], c [%" PRId64 ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit", op,
+                         M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "",
+                         CAI_OPS_DESCRIBE(b), trans_b ? "^T" : "");
+    if ((A.batch != 1 && A.batch != C.batch) || (B.batch != 1 && B.batch != C.batch) ||
+        (C.batch != (A.batch > B.batch ? A.batch : B.batch)))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
+                         " do not match (a or b may be unbatched)", op, A.batch, B.batch, C.batch);
+    CAI_CALL(check_types(op, &A, &B, &C));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    /* A shared b with a plain a: the batch is just more rows of one gemm. */
+    if (C.batch > 1 && B.batch == 1 && !trans_a && A.bs == A.rows * A.ld && C.bs == C.rows * C.ld) {
+        cmat A2 = A, C2 = C;
+        A2.rows *= A.batch;
+        C2.rows *= C.batch;
+        A2.batch = C2.batch = 1;
+        CAI_CALL(gemm(dev, op, 0, trans_b, M * C.batch, N, K, 1, alpha, &A2, &B, beta, &C2));
+        return CAI_OK;
+    }
+    CAI_CALL(gemm(dev, op, trans_a, trans_b, M, N, K, C.batch, alpha, &A, &B, beta, &C));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                               const cai_tensor *bias) {
+    static const char *op = "linear_fwd";
+    cai_rows x, w, y;
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
+    CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, w.rows, &y));
+    if (y.rows != x.rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but out %" PRId64, op, x.rows, y.rows);
+    char *bd = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w.rows, &bd));
+    cmat A = cmat_of_rows(&x), B = cmat_of_rows(&w), C = cmat_of_rows(&y);
+    CAI_CALL(check_types(op, &A, &B, &C));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    if (bd && x.rows > 0 && w.rows > 0 && w.cols > 0) {
+        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &A, .B = &B,
+                      .C = &C, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias->dtype};
+        int no_algo = 0;
+        CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+        if (!no_algo) return CAI_OK;
+    }
+    /* no bias, K = 0, or no fused epilogue for this combination */
+    CAI_CALL(gemm(dev, op, 0, 1, x.rows, w.rows, w.cols, 1, 1.0f, &A, &B, 0.0f, &C));
+    if (bd) CUK_LAUNCH(op, cuk_bias_add(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), bd, (int)bias->dtype));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                               const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                               int accum_dinp) {
+    static const char *op = "linear_bwd";
+    cai_rows dy, w, dx, x, dw;
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, w.rows, &dy));
+    if (dinp) {
+        CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_CUDA, CAI_ANYF, w.cols, &dx));
+        if (dx.rows != dy.rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dinp has %" PRId64 " rows but dout %" PRId64, op, dx.rows,
+                             dy.rows);
+    }
+    if (dweight) {
+        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
+        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_CUDA, CAI_ANYF, w.cols, &dw));
+        if (x.rows != dy.rows || dw.rows != w.rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64
+                             " (weight %" PRId64 ")", op, x.rows, dy.rows, dw.rows, w.rows);
+    }
+    char *bd = NULL;
+    if (dbias) CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_CUDA, CAI_F32, w.rows, &bd));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    cmat DY = cmat_of_rows(&dy);
+    if (dinp) {
+        cmat W = cmat_of_rows(&w), DX = cmat_of_rows(&dx);
+        CAI_CALL(check_types(op, &DY, &W, &DX));
+        CAI_CALL(gemm(dev, op, 0, 0, dy.rows, w.cols, w.rows, 1, 1.0f, &DY, &W, accum_dinp ? 1.0f : 0.0f, &DX));
+    }
+    if (dweight) {
+        cmat X = cmat_of_rows(&x), DW = cmat_of_rows(&dw);
+        CAI_CALL(check_types(op, &DY, &X, &DW));
+        CAI_CALL(gemm(dev, op, 1, 0, w.rows, w.cols, dy.rows, 1, 1.0f, &DY, &X, 1.0f, &DW));
+    }
+    if (bd) CAI_CALL(cai_cuda_colsums(dev, op, NULL, (float *)bd, &dy, NULL, NULL, NULL));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {
+    static const char *op = "bias_add";
+    cai_rows r;
+    char *bd;
+    CAI_CALL(cai_ops_rows(op, "x", x, CAI_CUDA, CAI_ANYF, -1, &r));
+    CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, r.cols, &bd));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_bias_add(cai_cuda_of(dev)->stream, cai_cuda_mat(&r), bd, (int)bias->dtype));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_bias_grad(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout) {
+    static const char *op = "bias_grad";
+    cai_rows r;
+    char *bd;
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, -1, &r));
+    CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_CUDA, CAI_F32, r.cols, &bd));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CAI_CALL(cai_cuda_colsums(dev, op, NULL, (float *)bd, &r, NULL, NULL, NULL));
+    return CAI_OK;
+}

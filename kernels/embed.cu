@@ -1,0 +1,195 @@
+/* Token/position embeddings and the fused softmax + cross-entropy, both
+ * vocab-shard aware like the CPU backend.
+ *
+ * embedding_bwd is deterministic without atomics: the (local id, token
+ * index) pairs are radix-sorted (stable, so a token's occurrences stay in
+ * sequence order), then one block per distinct id adds that id's dout rows
+ * in order into dwte, exactly the additions the CPU backend makes, so the
+ * result is bitwise equal to it.
+ *
+ * Cross-entropy keeps no probabilities: the forward is two block-wide
+ * passes over a row (max, then sum of exp) and the backward recomputes
+ * softmax from lse while writing dlogits, in place if asked. */
+#include "cuda_common.cuh"
+
+#include <cub/cub.cuh>
+
+#define NT 256
+
+/* ---------------------------------------------------------------- embeddings */
+
+__global__ void k_embedding_fwd(cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe, int64_t voff,
+                                int64_t vtotal, int64_t pos_offset, cuk_errrec *err) {
+    for (int64_t n = blockIdx.y; n < out.rows; n += gridDim.y) {
+        const int64_t t = tok[n];
+        const int bad = t < 0 || (vtotal > 0 && t >= vtotal);
+        if (bad && blockIdx.x == 0 && threadIdx.x == 0) cuk_report(err, CUK_ERR_TOKEN, n / T, n % T, t, vtotal);
+        const int64_t id = t - voff;
+        const int have = !bad && id >= 0 && id < wte.rows;
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < out.cols;
+             c += (int64_t)gridDim.x * blockDim.x) {
+            float v = have ? ldf(wte.p, wte.dt, id * wte.ld + c) : 0.0f;
+            if (wpe.p) v += ldf(wpe.p, wpe.dt, (pos_offset + n % T) * wpe.ld + c);
+            stf(out.p, out.dt, n * out.ld + c, v);
+        }
+    }
+}
+
+extern "C" cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte,
+                                         cuk_mat wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset,
+                                         cuk_errrec *err) {
+    if (out.rows <= 0 || out.cols <= 0) return cudaSuccess;
+    k_embedding_fwd<<<cuk_rows_grid(out.rows, out.cols, NT), NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset,
+                                                                          vocab_total, pos_offset, err);
+    return cudaGetLastError();
+}
+
+/* Local id of each token (v for tokens outside the shard, sorted last). */
+__global__ void k_embed_keys(const int32_t *tok, int64_t n, int64_t voff, int64_t v, uint32_t *keys, int32_t *vals) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t id = (int64_t)tok[i] - voff;
+        keys[i] = (uint32_t)(id >= 0 && id < v ? id : v);
+        vals[i] = (int32_t)i;
+    }
+}
+
+/* One block per sorted position; only the first position of each id works. */
+__global__ void k_embed_scatter(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, int64_t n) {
+    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+        const uint32_t id = keys[i];
+        if ((int64_t)id >= dwte.rows || (i > 0 && keys[i - 1] == id)) continue;
+        int64_t end = i + 1;
+        while (end < n && keys[end] == id) end++;
+        float *row = (float *)dwte.p + (int64_t)id * dwte.ld;
+        for (int64_t c = threadIdx.x; c < dwte.cols; c += blockDim.x) {
+            float acc = row[c];
+            for (int64_t k = i; k < end; k++) acc += ldf(dout.p, dout.dt, (int64_t)vals[k] * dout.ld + c);
+            row[c] = acc;
+        }
+    }
+}
+
+/* dwpe[pos_offset + t] += sum over the batch, b in order. */
+__global__ void k_embed_dwpe(cuk_mat dwpe, cuk_mat dout, int64_t T, int64_t pos_offset) {
+    const int64_t B = dout.rows / T;
+    CUK_FOR_RC(T, dwpe.cols) {
+        float *p = (float *)dwpe.p + (pos_offset + r) * dwpe.ld + c;
+        float acc = *p;
+        for (int64_t b = 0; b < B; b++) acc += ldf(dout.p, dout.dt, (b * T + r) * dout.ld + c);
+        *p = acc;
+    }
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Key bits needed for local ids 0..v (v is the out-of-shard sentinel). */
+static int bits_for(int64_t v) {
+    int b = 1;
+    while (b < 32 && ((int64_t)1 << b) <= v) b++;
+    return b;
+}
+
+static size_t sort_temp_bytes(int64_t n, int64_t v) {
+    size_t bytes = 0;
+    cub::DeviceRadixSort::SortPairs((void *)NULL, bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                    (const int32_t *)NULL, (int32_t *)NULL, (int)n, 0, bits_for(v));
+    return bytes;
+}
+
+extern "C" size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v) {
+    if (n <= 0 || v <= 0) return 0;
+    return 4 * align256((size_t)n * sizeof(int32_t)) + align256(sort_temp_bytes(n, v));
+}
+
+extern "C" cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok,
+                                         int64_t T, int64_t vocab_offset, int64_t pos_offset, void *scratch,
+                                         size_t scratch_bytes) {
+    const int64_t n = dout.rows;
+    if (n <= 0 || dout.cols <= 0) return cudaSuccess;
+    if (dwte.p && dwte.rows > 0) {
+        size_t ib = align256((size_t)n * sizeof(int32_t)), tb = sort_temp_bytes(n, dwte.rows);
+        if (scratch_bytes < 4 * ib + tb) return cudaErrorMemoryAllocation;
+        char *sp = (char *)scratch;
+        uint32_t *kin = (uint32_t *)sp, *kout = (uint32_t *)(sp + 2 * ib);
+        int32_t *vin = (int32_t *)(sp + ib), *vout = (int32_t *)(sp + 3 * ib);
+        void *temp = sp + 4 * ib;
+        int64_t nb = cuk_cdiv(n, NT);
+        k_embed_keys<<<(unsigned)(nb > 65536 ? 65536 : nb), NT, 0, s>>>(tok, n, vocab_offset, dwte.rows, kin, vin);
+        cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, tb, kin, kout, vin, vout, (int)n, 0,
+                                                        bits_for(dwte.rows), s);
+        if (e != cudaSuccess) return e;
+        k_embed_scatter<<<(unsigned)(n > 65536 ? 65536 : n), NT, 0, s>>>(dwte, dout, kout, vout, n);
+        e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+    }
+    if (dwpe.p) {
+        k_embed_dwpe<<<cuk_rows_grid(T, dwpe.cols, NT), NT, 0, s>>>(dwpe, dout, T, pos_offset);
+    }
+    return cudaGetLastError();
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+__global__ void k_xent_fwd(float *losses, float *lse, float *maxv, float *sumexp, float *tlogit, cuk_mat x,
+                           const int32_t *tgt, int64_t off, int64_t ncols, int ignore, int strict, cuk_errrec *err) {
+    __shared__ float sh[32];
+    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
+        const int64_t xo = n * x.ld;
+        float m = -INFINITY;
+        for (int64_t j = threadIdx.x; j < ncols; j += blockDim.x) m = fmaxf(m, ldf(x.p, x.dt, xo + j));
+        m = block_max(m, sh);
+        float se = 0.0f;
+        if (ncols > 0)
+            for (int64_t j = threadIdx.x; j < ncols; j += blockDim.x) se += expf(ldf(x.p, x.dt, xo + j) - m);
+        se = block_sum(se, sh);
+        if (threadIdx.x == 0) {
+            const int64_t t = tgt[n], tl = t - off;
+            const int ign = t == ignore, inside = tl >= 0 && tl < ncols;
+            const float l = m + logf(se);
+            if (strict && !ign && !inside) cuk_report(err, CUK_ERR_TARGET, n, t, off, off + ncols);
+            const float xt = (!ign && inside) ? ldf(x.p, x.dt, xo + tl) : 0.0f;
+            if (lse) lse[n] = l;
+            if (maxv) maxv[n] = m;
+            if (sumexp) sumexp[n] = se;
+            if (tlogit) tlogit[n] = xt;
+            if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xt;
+        }
+    }
+}
+
+static unsigned row_blocks(int64_t rows) { return (unsigned)(rows > 65536 * 16 ? 65536 * 16 : rows); }
+
+extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, float *maxv, float *sumexp,
+                                    float *tlogit, cuk_mat logits, const int32_t *tgt, int64_t off, int64_t ncols,
+                                    int ignore_index, int strict, cuk_errrec *err) {
+    if (logits.rows <= 0) return cudaSuccess;
+    k_xent_fwd<<<row_blocks(logits.rows), 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                       ignore_index, strict, err);
+    return cudaGetLastError();
+}
+
+__global__ void k_xent_bwd(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt, const float *dl, float dscale,
+                           int64_t off, int64_t ncols, int ignore) {
+    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
+        const int64_t t = tgt[n], tl = t - off, xo = n * x.ld, go = n * dx.ld;
+        const int ign = t == ignore;
+        const float sc = dl ? dl[n] : dscale, L = lse[n];
+        for (int64_t j = threadIdx.x; j < dx.cols; j += blockDim.x) {
+            float gv = 0.0f;
+            if (!ign && j < ncols) {
+                gv = sc * expf(ldf(x.p, x.dt, xo + j) - L);
+                if (j == tl) gv -= sc;
+            }
+            stf(dx.p, dx.dt, go + j, gv);
+        }
+    }
+}
+
+extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const float *lse,
+                                    const int32_t *tgt, const float *dlosses, float dloss_scale, int64_t off,
+                                    int64_t ncols, int ignore_index) {
+    if (logits.rows <= 0) return cudaSuccess;
+    k_xent_bwd<<<row_blocks(logits.rows), 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+                                                       ignore_index);
+    return cudaGetLastError();
+}

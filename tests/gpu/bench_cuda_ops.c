@@ -1,0 +1,289 @@
+/* Op timings of the CUDA backend at GPT-2 124M training shapes (B*T = 8192
+ * tokens, C = 768, 12 heads of 64, vocabulary 50304), each against a roofline
+ * measured in the same invocation: device-to-device copy bandwidth for
+ * memory-bound ops, the best bf16 cuBLASLt product for matrix-bound ones.
+ * Not a test (no pass/fail); exits 77 without a GPU.
+ *   tests/gpu/bench_cuda_ops [reps] */
+#include "cai_config.h"
+
+#include "colossal/base.h"
+#include "colossal/ops.h"
+#include "colossal/tensor.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cai_device_t *G;
+static int g_reps = 20;
+static double g_bw = 0, g_mm = 0; /* measured ceilings: bytes/s, flop/s */
+
+#define OK(expr)                                                                                   \
+    do {                                                                                           \
+        if ((expr) != CAI_OK) {                                                                    \
+            fprintf(stderr, "FATAL: %s: %s\n", #expr, cai_error_message());                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define NDEV 64
+static void *g_dev[NDEV];
+static int g_ndev;
+
+/* Device tensor filled with a repeating block of random normals (never zeros:
+ * zeros run faster than real data). */
+static cai_tensor dev_tensor(cai_dtype dt, int ndim, const int64_t *shape, float scale) {
+    cai_tensor t;
+    OK(cai_tensor_init(&t, G, NULL, dt, ndim, shape));
+    size_t n = (size_t)cai_tensor_numel(&t), es = cai_dtype_size(dt);
+    OK(cai_device_alloc(G, n * es, "bench", &t.data));
+    g_dev[g_ndev++] = t.data;
+    enum { BLK = 1 << 20 };
+    static float *fb;
+    static void *cb;
+    if (!fb) {
+        fb = malloc(BLK * sizeof(float));
+        cb = malloc(BLK * 4);
+        if (!fb || !cb) exit(1);
+    }
+    for (int i = 0; i < BLK; i++) fb[i] = scale * cai_rng_normal(7, (uint64_t)g_ndev, (uint64_t)i);
+    if (dt == CAI_DTYPE_I32) {
+        for (int i = 0; i < BLK; i++) ((int32_t *)cb)[i] = (int32_t)((uint32_t)(fb[i] * 1e6f) % 50257u);
+    } else {
+        OK(cai_convert_host(cb, dt, fb, CAI_DTYPE_F32, BLK));
+    }
+    for (size_t off = 0; off < n; off += BLK) {
+        size_t m = n - off < BLK ? n - off : BLK;
+        OK(cai_device_copy(G, (char *)t.data + off * es, cb, m * es, CAI_COPY_H2D));
+        OK(cai_device_sync(G));
+    }
+    return t;
+}
+
+static void free_all(void) {
+    OK(cai_device_sync(G));
+    for (int i = 0; i < g_ndev; i++) cai_device_dealloc(G, g_dev[i]);
+    g_ndev = 0;
+}
+
+#define SHP(...) ((const int64_t[]){__VA_ARGS__})
+
+typedef void (*bench_fn)(void *ctx);
+
+/* Mean seconds per call over g_reps calls after 3 warm-ups; device-synchronised. */
+static double time_it(bench_fn fn, void *ctx) {
+    for (int i = 0; i < 3; i++) fn(ctx);
+    OK(cai_device_sync(G));
+    double t0 = cai_time_now();
+    for (int i = 0; i < g_reps; i++) fn(ctx);
+    OK(cai_device_sync(G));
+    return (cai_time_now() - t0) / g_reps;
+}
+
+static void report(const char *name, double sec, double bytes, double flops) {
+    double tb = bytes / sec / 1e12, tf = flops / sec / 1e12;
+    /* roofline time: the larger of bytes / bandwidth and flops / matmul rate */
+    double floor_s = fmax(bytes / g_bw, flops / g_mm);
+    printf("%-44s %9.3f ms  %7.2f TB/s  %7.1f TFLOP/s  roofline %7.3f ms  %5.1f%%\n", name, sec * 1e3, tb, tf,
+           floor_s * 1e3, 100.0 * floor_s / sec);
+}
+
+/* ------------------------------------------------------------------ cases */
+
+typedef struct {
+    cai_tensor a, b, c, d, e, f, g, h;
+    cai_attn_params p;
+    void *ws;
+    size_t wsb;
+    cai_adamw_params hp;
+} ctx_t;
+
+static void f_copy(void *x) { ctx_t *c = x; OK(G->ops->copy(G, &c->b, &c->a)); }
+static void f_matmul(void *x) { ctx_t *c = x; OK(G->ops->matmul(G, &c->c, &c->a, 0, &c->b, 1, 1.0f, 0.0f)); }
+static void f_linear(void *x) { ctx_t *c = x; OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, c->d.data ? &c->d : NULL)); }
+static void f_linear_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_bwd(G, &c->e, &c->f, &c->g, &c->c, &c->a, &c->b, 0));
+}
+static void f_ln_fwd(void *x) { ctx_t *c = x; OK(G->ops->layernorm_fwd(G, &c->b, &c->e, &c->f, &c->a, &c->c, &c->d, 1e-5f)); }
+static void f_ln_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->layernorm_bwd(G, &c->g, &c->h, NULL, &c->b, &c->a, &c->c, &c->e, &c->f, 1));
+}
+static void f_gelu(void *x) { ctx_t *c = x; OK(G->ops->gelu_fwd(G, &c->b, &c->a)); }
+static void f_attn_fwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->attention_fwd(G, &c->d, &c->e, &c->a, &c->b, &c->c, &c->p, c->ws, c->wsb));
+}
+static void f_attn_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->attention_bwd(G, &c->g, &c->h, &c->f, &c->d, &c->a, &c->b, &c->c, &c->d, &c->e, &c->p, c->ws, c->wsb));
+}
+static void f_xent(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100));
+    OK(G->ops->xent_bwd(G, &c->a, &c->a, &c->d, &c->b, NULL, 1.0f / 8192, 0, 50257, -100));
+}
+static void f_emb_fwd(void *x) { ctx_t *c = x; OK(G->ops->embedding_fwd(G, &c->d, &c->a, &c->b, &c->c, 0, 50304, 0)); }
+static void f_emb_bwd(void *x) { ctx_t *c = x; OK(G->ops->embedding_bwd(G, &c->e, &c->f, &c->d, &c->a, 0, 0)); }
+static void f_adamw(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->adamw(G, &c->a, &c->b, &c->c, &c->d, &c->e, &c->hp, 1));
+}
+static void f_sumsq(void *x) { ctx_t *c = x; OK(G->ops->sumsq(G, &c->b, &c->a)); }
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc > 1) g_reps = atoi(argv[1]) > 0 ? atoi(argv[1]) : g_reps;
+    cai_status st = cai_device_init(&G, CAI_DEVICE_CUDA, 0, 0);
+    if (st == CAI_ERR_UNSUPPORTED) {
+        printf("SKIP: %s\n", cai_error_message());
+        return 77;
+    }
+    OK(st);
+    printf("CUDA op timings on %s, %d reps after 3 warm-ups (mean)\n", G->name, g_reps);
+    const cai_dtype BF = CAI_DTYPE_BF16, F32 = CAI_DTYPE_F32;
+    const int64_t N = 8192, C = 768, H = 12, D = 64, V = 50304, B = 8, T = 1024;
+    ctx_t c;
+
+    /* ceilings */
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(F32, 1, SHP((int64_t)1 << 28), 1.0f);
+    c.b = dev_tensor(F32, 1, SHP((int64_t)1 << 28), 1.0f);
+    double s = time_it(f_copy, &c);
+    g_bw = 2.0 * 4 * (double)(1 << 28) / s;
+    free_all();
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(BF, 2, SHP(8192, 8192), 1.0f);
+    c.b = dev_tensor(BF, 2, SHP(8192, 8192), 1.0f);
+    c.c = dev_tensor(BF, 2, SHP(8192, 8192), 1.0f);
+    s = time_it(f_matmul, &c);
+    g_mm = 2.0 * 8192.0 * 8192.0 * 8192.0 / s;
+    free_all();
+    printf("ceilings: copy %.2f TB/s (read + write), bf16 matmul 8192^3 %.0f TFLOP/s\n\n", g_bw / 1e12, g_mm / 1e12);
+    printf("%-44s %12s  %12s  %15s  %16s  %s\n", "op", "time", "bandwidth", "compute", "", "of roofline");
+
+    /* linear layers */
+    struct {
+        const char *name;
+        int64_t out;
+        cai_dtype dt;
+        int bias;
+    } lin[] = {{"linear_fwd qkv bf16 +bias [8192,768]->2304", 3 * C, BF, 1},
+               {"linear_fwd fc bf16 +bias [8192,768]->3072", 4 * C, BF, 1},
+               {"linear_fwd fc f32 (exact) [8192,768]->3072", 4 * C, F32, 1},
+               {"linear_fwd lm_head bf16 [8192,768]->50304", V, BF, 0}};
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
+        memset(&c, 0, sizeof c);
+        c.a = dev_tensor(lin[i].dt, 2, SHP(N, C), 1.0f);
+        c.b = dev_tensor(lin[i].dt, 2, SHP(lin[i].out, C), 0.05f);
+        c.c = dev_tensor(lin[i].dt, 2, SHP(N, lin[i].out), 1.0f);
+        if (lin[i].bias) c.d = dev_tensor(lin[i].dt, 1, SHP(lin[i].out), 1.0f);
+        double es = (double)cai_dtype_size(lin[i].dt);
+        double bytes = es * (double)(N * C + lin[i].out * C + N * lin[i].out);
+        report(lin[i].name, time_it(f_linear, &c), bytes, 2.0 * N * C * lin[i].out);
+        if (i == 1) {
+            c.e = dev_tensor(BF, 2, SHP(N, C), 1.0f);
+            c.f = dev_tensor(F32, 2, SHP(4 * C, C), 1.0f);
+            c.g = dev_tensor(F32, 1, SHP(4 * C), 1.0f);
+            report("linear_bwd fc bf16 (dinp, dW f32, db)", time_it(f_linear_bwd, &c),
+                   2.0 * (2 * N * 4 * C + N * C + 4 * C * C) + 4.0 * 2 * 4 * C * C, 4.0 * N * C * 4 * C);
+        }
+        free_all();
+    }
+
+    /* layernorm, gelu */
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(BF, 2, SHP(N, C), 1.0f);
+    c.b = dev_tensor(BF, 2, SHP(N, C), 1.0f);
+    c.c = dev_tensor(BF, 1, SHP(C), 1.0f);
+    c.d = dev_tensor(BF, 1, SHP(C), 1.0f);
+    c.e = dev_tensor(F32, 1, SHP(N), 1.0f);
+    c.f = dev_tensor(F32, 1, SHP(N), 1.0f);
+    c.g = dev_tensor(BF, 2, SHP(N, C), 1.0f);
+    c.h = dev_tensor(F32, 1, SHP(C), 1.0f);
+    report("layernorm_fwd bf16 [8192,768]", time_it(f_ln_fwd, &c), 2.0 * 2 * N * C + 8.0 * N, 0);
+    OK(G->ops->layernorm_fwd(G, &c.b, &c.e, &c.f, &c.a, &c.c, &c.d, 1e-5f));
+    report("layernorm_bwd bf16 (dinp +=, dweight)", time_it(f_ln_bwd, &c), 2.0 * 4 * N * C + 8.0 * N, 0);
+    free_all();
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
+    c.b = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
+    report("gelu_fwd bf16 [8192,3072]", time_it(f_gelu, &c), 2.0 * 2 * N * 4 * C, 0);
+    free_all();
+
+    /* attention on views of a fused QKV buffer */
+    memset(&c, 0, sizeof c);
+    cai_tensor qkv = dev_tensor(BF, 3, SHP(B, T, 3 * C), 1.0f), dqkv = dev_tensor(BF, 3, SHP(B, T, 3 * C), 1.0f);
+    cai_tensor t3;
+    OK(cai_tensor_narrow(&qkv, 2, 0, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.a));
+    OK(cai_tensor_narrow(&qkv, 2, C, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.b));
+    OK(cai_tensor_narrow(&qkv, 2, 2 * C, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.c));
+    OK(cai_tensor_narrow(&dqkv, 2, 0, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.g));
+    OK(cai_tensor_narrow(&dqkv, 2, C, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.h));
+    OK(cai_tensor_narrow(&dqkv, 2, 2 * C, C, &t3));
+    OK(cai_tensor_unflatten(&t3, 2, D, &c.f));
+    c.d = dev_tensor(BF, 4, SHP(B, T, H, D), 1.0f);
+    c.e = dev_tensor(F32, 3, SHP(B, H, T), 1.0f);
+    c.p = (cai_attn_params){.causal = 1};
+    c.wsb = G->ops->attention_workspace_bytes(G, B, T, T, H, H, D);
+    OK(cai_device_alloc(G, c.wsb, "ws", &c.ws));
+    g_dev[g_ndev++] = c.ws;
+    double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
+    report("attention_fwd bf16 causal B8 T1024 H12 D64", time_it(f_attn_fwd, &c), 2.0 * 5 * B * T * C, af);
+    report("attention_bwd bf16 (dq,dk,dv into fused)", time_it(f_attn_bwd, &c), 2.0 * 8 * B * T * C, 2.5 * af);
+    free_all();
+
+    /* fused softmax + cross-entropy, forward and in-place backward */
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(BF, 2, SHP(N, V), 2.0f);
+    int32_t *tg = malloc(N * 4);
+    for (int64_t i = 0; i < N; i++) tg[i] = (int32_t)((i * 7919) % 50257);
+    c.b = dev_tensor(CAI_DTYPE_I32, 1, SHP(N), 1.0f);
+    OK(cai_device_copy(G, c.b.data, tg, N * 4, CAI_COPY_H2D));
+    free(tg);
+    c.c = dev_tensor(F32, 1, SHP(N), 1.0f);
+    c.d = dev_tensor(F32, 1, SHP(N), 1.0f);
+    report("xent fwd + bwd in place bf16 [8192,50304]", time_it(f_xent, &c), 2.0 * 3 * N * V, 0);
+    free_all();
+
+    /* embeddings */
+    memset(&c, 0, sizeof c);
+    c.a = dev_tensor(CAI_DTYPE_I32, 2, SHP(B, T), 1.0f);
+    c.b = dev_tensor(BF, 2, SHP(V, C), 1.0f);
+    c.c = dev_tensor(BF, 2, SHP(1024, C), 1.0f);
+    c.d = dev_tensor(BF, 3, SHP(B, T, C), 1.0f);
+    c.e = dev_tensor(F32, 2, SHP(V, C), 1.0f);
+    c.f = dev_tensor(F32, 2, SHP(1024, C), 1.0f);
+    report("embedding_fwd bf16 (wte + wpe)", time_it(f_emb_fwd, &c), 2.0 * 3 * N * C, 0);
+    report("embedding_bwd (sort + ordered sums)", time_it(f_emb_bwd, &c), 2.0 * N * C + 8.0 * 2 * N * C, 0);
+    free_all();
+
+    /* optimizer and grad norm over 124M parameters */
+    memset(&c, 0, sizeof c);
+    const int64_t P = 124439808;
+    c.a = dev_tensor(F32, 1, SHP(P), 0.02f);
+    c.b = dev_tensor(F32, 1, SHP(P), 1e-3f);
+    c.c = dev_tensor(F32, 1, SHP(P), 1e-3f);
+    c.d = dev_tensor(F32, 1, SHP(P), 1e-3f);
+    OK(G->ops->fill(G, &c.d, 1e-6f));
+    c.e = dev_tensor(BF, 1, SHP(P), 1.0f);
+    c.f = dev_tensor(F32, 1, SHP(1), 0.0f);
+    c.hp = (cai_adamw_params){.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                              .step = 10, .grad_scale = 1.0f};
+    report("adamw 124M f32 + bf16 copy", time_it(f_adamw, &c), 30.0 * P, 0);
+    c.b = c.f;
+    report("sumsq 124M f32 (grad norm)", time_it(f_sumsq, &c), 4.0 * P, 0);
+    c.b = dev_tensor(BF, 1, SHP(P), 1.0f);
+    report("copy 124M f32 -> bf16", time_it(f_copy, &c), 6.0 * P, 0);
+    free_all();
+
+    cai_device_free(G);
+    return 0;
+}

@@ -1,0 +1,618 @@
+/* GPU parity tests: every op of the CUDA table against the CPU backend on
+ * random inputs of odd sizes, with poisoned (NaN) outputs, strided views
+ * (fused QKV, narrowed columns), GQA, causal offsets and windows, vocab
+ * shards and padding, in f32 (1e-5 relative, TF32 off) and bf16 (1e-2 for
+ * bf16 outputs: one rounding of a value is up to 2^-9). Also determinism
+ * (bitwise repeatability) and the device-side argument errors.
+ *
+ * Exits 77 (skipped) when no GPU is visible, so CPU-only CI passes. Run on
+ * the GPU machine: tests/gpu/test_cuda_ops [-v]. */
+#include "cai_config.h"
+
+#include "gpu_test_util.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ helpers */
+
+static void run_both_ok(const char *what, cai_status sh, cai_status sg) {
+    if (sh != CAI_OK || sg != CAI_OK) {
+        printf("  %s: host %s, gpu %s: %s\n", what, cai_status_str(sh), cai_status_str(sg), cai_error_message());
+        cai_error_clear();
+        g_fail++;
+    }
+}
+
+/* Call an op on both backends: OP(dev, X) where X(t) picks t.h or t.g. */
+#define BOTH(what, call_h, call_g) run_both_ok(what, (call_h), (call_g))
+
+static const char *dtn(cai_dtype dt) { return cai_dtype_name(dt); }
+
+static char g_name[128];
+static const char *nm(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *nm(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_name, sizeof g_name, fmt, ap);
+    va_end(ap);
+    return g_name;
+}
+
+/* ------------------------------------------------------------------ fill, copy, conversions */
+
+static void t_fill_copy(void) {
+    gt_t a = O2(CAI_DTYPE_BF16, 7, 33), b = O2(CAI_DTYPE_F32, 7, 33);
+    BOTH("fill", H->ops->fill(H, &a.h, 1.375f), G->ops->fill(G, &a.g, 1.375f));
+    gt_check("fill bf16", a, 0.0);
+    gt_t bn = gt_narrow(b, 1, 5, 20);
+    BOTH("fill", H->ops->fill(H, &bn.h, -3.25f), G->ops->fill(G, &bn.g, -3.25f));
+    BOTH("fill", H->ops->fill(H, &b.h, 0.0f), G->ops->fill(G, &b.g, 0.0f));
+    gt_check("fill f32 (zero)", b, 0.0);
+    int32_t iv[12] = {0};
+    gt_t ti = gt_ints(1, SHP(12), iv);
+    BOTH("fill", H->ops->fill(H, &ti.h, 7.0f), G->ops->fill(G, &ti.g, 7.0f));
+    float *got = gt_download(ti.b);
+    int ok = 1;
+    for (int i = 0; i < 12; i++) ok &= ((int32_t *)got)[i] == 7;
+    free(got);
+    gt_expect("fill i32", ok, NULL);
+
+    /* copies between every dtype pair; values spanning bf16/f16 ranges */
+    const cai_dtype dts[3] = {CAI_DTYPE_F32, CAI_DTYPE_BF16, CAI_DTYPE_F16};
+    for (int s = 0; s < 3; s++)
+        for (int d = 0; d < 3; d++) {
+            gt_t src = R2(dts[s], 9, 70, 3.0), dst = O2(dts[d], 9, 70);
+            BOTH("copy", H->ops->copy(H, &dst.h, &src.h), G->ops->copy(G, &dst.g, &src.g));
+            /* the host reference of a low-precision destination is the RNE of its f32 value */
+            gt_round_host(&dst);
+            gt_check(nm("copy %s -> %s", dtn(dts[s]), dtn(dts[d])), dst, 0.0);
+        }
+    /* strided: transpose into a narrowed destination (general strided kernel) */
+    gt_t src = R3(CAI_DTYPE_F32, 4, 6, 10, 1.0), big = O3(CAI_DTYPE_BF16, 4, 10, 9);
+    gt_t dst = gt_narrow(big, 2, 2, 6), st = gt_transpose(src, 1, 2);
+    BOTH("copy", H->ops->copy(H, &dst.h, &st.h), G->ops->copy(G, &dst.g, &st.g));
+    gt_round_host(&big);
+    gt_check("copy transposed f32 -> bf16 view", dst, 0.0);
+}
+
+static void t_copy_sr(void) {
+    const cai_dtype dts[2] = {CAI_DTYPE_BF16, CAI_DTYPE_F16};
+    for (int k = 0; k < 2; k++) {
+        gt_t src = R2(CAI_DTYPE_F32, 11, 57, 2.0), big = O2(dts[k], 11, 64);
+        gt_t dst = gt_narrow(big, 1, 3, 57);
+        GT_OK(G->ops->copy_sr(G, &dst.g, &src.g, 77, 5, 1000));
+        /* reference: the host converter, row by row with the global index */
+        uint16_t *want = malloc(11 * 57 * 2);
+        GT_OK(cai_convert_host_sr(want, dts[k], src.b->hbuf, 11 * 57, 77, 5, 1000));
+        for (int64_t r = 0; r < 11; r++)
+            for (int64_t c = 0; c < 57; c++) {
+                uint16_t w = want[r * 57 + c];
+                big.b->hbuf[r * 64 + 3 + c] = dts[k] == CAI_DTYPE_BF16 ? cai_bf16_to_f32(w) : cai_f16_to_f32(w);
+            }
+        free(want);
+        gt_check(nm("copy_sr f32 -> %s (strided rows)", dtn(dts[k])), dst, 0.0);
+        /* the general strided path must give the same bits (index = row-major element index) */
+        gt_t big2 = O3(dts[k], 57, 11, 1);
+        gt_t d2 = gt_transpose(gt_narrow(big2, 2, 0, 1), 0, 1); /* [11,57,1] with strides */
+        gt_t s3 = gt_unflatten(src, 1, 1);                        /* [11,57,1] */
+        GT_OK(G->ops->copy_sr(G, &d2.g, &s3.g, 77, 5, 1000));
+        for (int64_t r = 0; r < 11; r++)
+            for (int64_t c = 0; c < 57; c++) big2.b->hbuf[c * 11 + r] = big.b->hbuf[r * 64 + 3 + c];
+        gt_check(nm("copy_sr f32 -> %s (transposed)", dtn(dts[k])), d2, 0.0);
+    }
+}
+
+/* ------------------------------------------------------------------ elementwise, reductions */
+
+static void t_blas1(cai_dtype dt) {
+    gt_t xb = R2(dt, 13, 80, 1.0), yb = R2(dt, 13, 90, 1.0);
+    gt_t x = gt_narrow(xb, 1, 5, 70), y = gt_narrow(yb, 1, 11, 70);
+    BOTH("scale", H->ops->scale(H, &x.h, -0.75f), G->ops->scale(G, &x.g, -0.75f));
+    gt_check("scale (strided rows)", x, gt_tol(dt));
+    BOTH("axpy", H->ops->axpy(H, &y.h, 0.3f, &x.h), G->ops->axpy(G, &y.g, 0.3f, &x.g));
+    gt_check("axpy (strided rows)", y, gt_tol(dt));
+    gt_t o = O2(dt, 13, 70);
+    BOTH("add", H->ops->add(H, &o.h, &x.h, &y.h), G->ops->add(G, &o.g, &x.g, &y.g));
+    gt_check("add", o, gt_tol(dt));
+    BOTH("add", H->ops->add(H, &y.h, &y.h, &x.h), G->ops->add(G, &y.g, &y.g, &x.g));
+    gt_check("add (out aliases a)", y, gt_tol(dt));
+    gt_t bias = R1(CAI_DTYPE_F32, 70, 1.0);
+    BOTH("bias_add", H->ops->bias_add(H, &x.h, &bias.h), G->ops->bias_add(G, &x.g, &bias.g));
+    gt_check("bias_add", x, gt_tol(dt));
+}
+
+static void t_reduce(cai_dtype dt) {
+    gt_t xb = R2(dt, 301, 260, 1.0);
+    gt_t x = gt_narrow(xb, 1, 3, 257);
+    for (int sq = 0; sq < 2; sq++) {
+        gt_t o = R1(CAI_DTYPE_F32, 1, 1.0);
+        if (sq) BOTH("sumsq", H->ops->sumsq(H, &o.h, &x.h), G->ops->sumsq(G, &o.g, &x.g));
+        else BOTH("sum", H->ops->sum(H, &o.h, &x.h), G->ops->sum(G, &o.g, &x.g));
+        gt_check(nm("%s strided rows -> f32 (+=)", sq ? "sumsq" : "sum"), o, 1e-6);
+    }
+    /* flat (one long row), F64 output */
+    gt_t v = R1(dt, 100003, 1.0);
+    double hv = 0.25, gv = 0.25;
+    cai_tensor ho = cai_tensor_1d(NULL, &hv, CAI_DTYPE_F64, 1);
+    void *gp = NULL;
+    GT_OK(cai_device_alloc(G, 8, "f64 scalar", &gp));
+    GT_OK(cai_device_copy(G, gp, &gv, 8, CAI_COPY_H2D));
+    cai_tensor go = cai_tensor_1d(G, gp, CAI_DTYPE_F64, 1);
+    BOTH("sumsq", H->ops->sumsq(H, &ho, &v.h), G->ops->sumsq(G, &go, &v.g));
+    GT_OK(cai_device_copy(G, &gv, gp, 8, CAI_COPY_D2H));
+    double e = fabs(gv - hv) / fabs(hv);
+    gt_report("sumsq flat -> f64 (+=)", dtn(dt), e, 1e-12, e <= 1e-12, NULL);
+    double g2 = 0.25;
+    GT_OK(cai_device_copy(G, gp, &g2, 8, CAI_COPY_H2D));
+    GT_OK(G->ops->sumsq(G, &go, &v.g));
+    GT_OK(cai_device_copy(G, &g2, gp, 8, CAI_COPY_D2H));
+    gt_expect("sumsq bitwise repeatable", memcmp(&g2, &gv, 8) == 0, NULL);
+    cai_device_dealloc(G, gp);
+}
+
+/* ------------------------------------------------------------------ matmul family */
+
+static void t_matmul(cai_dtype dt, cai_dtype cdt) {
+    const int64_t M = 37, N = 29, K = 53;
+    double tol = gt_tol(cdt);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gt_t a = ta ? R2(dt, K, M, 1.0) : R2(dt, M, K, 1.0);
+            gt_t b = tb ? R2(dt, N, K, 1.0) : R2(dt, K, N, 1.0);
+            gt_t c = R2(cdt, M, N, 1.0);
+            BOTH("matmul", H->ops->matmul(H, &c.h, &a.h, ta, &b.h, tb, 0.7f, 0.5f),
+                 G->ops->matmul(G, &c.g, &a.g, ta, &b.g, tb, 0.7f, 0.5f));
+            gt_check(nm("matmul ta=%d tb=%d alpha/beta (%s in)", ta, tb, dtn(dt)), c, tol);
+        }
+    gt_t a = R2(dt, M, K, 1.0), b = R2(dt, K, N, 1.0), c = O2(cdt, M, N);
+    BOTH("matmul", H->ops->matmul(H, &c.h, &a.h, 0, &b.h, 0, 1.0f, 0.0f),
+         G->ops->matmul(G, &c.g, &a.g, 0, &b.g, 0, 1.0f, 0.0f));
+    gt_check(nm("matmul beta=0 over NaN (%s in)", dtn(dt)), c, tol);
+    /* batched: shared b folded into M; both batched with transposes; shared a */
+    gt_t a3 = R3(dt, 3, M, K, 1.0), c3 = O3(cdt, 3, M, N);
+    BOTH("matmul", H->ops->matmul(H, &c3.h, &a3.h, 0, &b.h, 0, 1.0f, 0.0f),
+         G->ops->matmul(G, &c3.g, &a3.g, 0, &b.g, 0, 1.0f, 0.0f));
+    gt_check(nm("matmul batch x shared b (%s in)", dtn(dt)), c3, tol);
+    gt_t at = R3(dt, 3, K, M, 1.0), bt = R3(dt, 3, N, K, 1.0), c4 = O3(cdt, 3, M, N);
+    BOTH("matmul", H->ops->matmul(H, &c4.h, &at.h, 1, &bt.h, 1, 1.0f, 0.0f),
+         G->ops->matmul(G, &c4.g, &at.g, 1, &bt.g, 1, 1.0f, 0.0f));
+    gt_check(nm("matmul batched ta=1 tb=1 (%s in)", dtn(dt)), c4, tol);
+    gt_t b3 = R3(dt, 3, K, N, 1.0), c5 = O3(cdt, 3, M, N);
+    BOTH("matmul", H->ops->matmul(H, &c5.h, &a.h, 0, &b3.h, 0, 1.0f, 0.0f),
+         G->ops->matmul(G, &c5.g, &a.g, 0, &b3.g, 0, 1.0f, 0.0f));
+    gt_check(nm("matmul shared a x batch (%s in)", dtn(dt)), c5, tol);
+    /* strided rows on every operand */
+    gt_t ab = R2(dt, M, K + 7, 1.0), bb = R2(dt, K, N + 3, 1.0), cb = R2(cdt, M, N + 5, 1.0);
+    gt_t av = gt_narrow(ab, 1, 3, K), bv = gt_narrow(bb, 1, 1, N), cv = gt_narrow(cb, 1, 4, N);
+    BOTH("matmul", H->ops->matmul(H, &cv.h, &av.h, 0, &bv.h, 0, 1.0f, 1.0f),
+         G->ops->matmul(G, &cv.g, &av.g, 0, &bv.g, 0, 1.0f, 1.0f));
+    gt_check(nm("matmul strided rows, beta=1 (%s in)", dtn(dt)), cb, tol);
+    /* K = 0: c = beta c */
+    gt_t a0 = R2(dt, M, 0, 1.0), b0 = R2(dt, 0, N, 1.0), c0 = R2(cdt, M, N, 1.0);
+    BOTH("matmul", H->ops->matmul(H, &c0.h, &a0.h, 0, &b0.h, 0, 1.0f, 0.5f),
+         G->ops->matmul(G, &c0.g, &a0.g, 0, &b0.g, 0, 1.0f, 0.5f));
+    gt_check(nm("matmul K=0 (%s in)", dtn(dt)), c0, tol);
+}
+
+static void t_matmul_large(void) {
+    /* K large enough that a TF32 product would miss 1e-5 by far */
+    gt_t a = R2(CAI_DTYPE_F32, 256, 1536, 1.0), b = R2(CAI_DTYPE_F32, 384, 1536, 1.0), c = O2(CAI_DTYPE_F32, 256, 384);
+    BOTH("matmul", H->ops->matmul(H, &c.h, &a.h, 0, &b.h, 1, 1.0f, 0.0f),
+         G->ops->matmul(G, &c.g, &a.g, 0, &b.g, 1, 1.0f, 0.0f));
+    gt_check("matmul 256x384x1536 (exact f32, no TF32)", c, 1e-5);
+}
+
+static void t_linear(cai_dtype dt, cai_dtype bdt) {
+    const int64_t B = 3, T = 11, IC = 40, OC = 24;
+    double tol = gt_tol(dt);
+    gt_t x = R3(dt, B, T, IC, 1.0), w = R2(dt, OC, IC, 0.5), bias = R1(bdt, OC, 1.0);
+    gt_t y = O3(dt, B, T, OC), y2 = O3(dt, B, T, OC);
+    BOTH("linear_fwd", H->ops->linear_fwd(H, &y.h, &x.h, &w.h, &bias.h),
+         G->ops->linear_fwd(G, &y.g, &x.g, &w.g, &bias.g));
+    gt_check(nm("linear_fwd + bias (%s bias)", dtn(bdt)), y, tol);
+    BOTH("linear_fwd", H->ops->linear_fwd(H, &y2.h, &x.h, &w.h, NULL), G->ops->linear_fwd(G, &y2.g, &x.g, &w.g, NULL));
+    gt_check("linear_fwd no bias", y2, tol);
+    gt_t dy = R3(dt, B, T, OC, 1.0), dx = O3(dt, B, T, IC), dxa = R3(dt, B, T, IC, 1.0);
+    gt_t dw = R2(CAI_DTYPE_F32, OC, IC, 1.0), db = R1(CAI_DTYPE_F32, OC, 1.0);
+    BOTH("linear_bwd", H->ops->linear_bwd(H, &dx.h, &dw.h, &db.h, &dy.h, &x.h, &w.h, 0),
+         G->ops->linear_bwd(G, &dx.g, &dw.g, &db.g, &dy.g, &x.g, &w.g, 0));
+    gt_check("linear_bwd dinp (=)", dx, tol);
+    gt_check("linear_bwd dweight (+=, f32)", dw, 1e-5);
+    gt_check("linear_bwd dbias (+=, f32)", db, 1e-5);
+    BOTH("linear_bwd", H->ops->linear_bwd(H, &dxa.h, NULL, NULL, &dy.h, &x.h, &w.h, 1),
+         G->ops->linear_bwd(G, &dxa.g, NULL, NULL, &dy.g, &x.g, &w.g, 1));
+    gt_check("linear_bwd dinp (+=)", dxa, tol);
+    gt_t dbb = R1(CAI_DTYPE_F32, OC, 1.0);
+    BOTH("bias_grad", H->ops->bias_grad(H, &dbb.h, &dy.h), G->ops->bias_grad(G, &dbb.g, &dy.g));
+    gt_check("bias_grad (+=)", dbb, 1e-5);
+}
+
+/* ------------------------------------------------------------------ norms */
+
+static void t_layernorm(cai_dtype dt, int with_bias) {
+    const int64_t N = 67, C = 771;
+    double tol = gt_tol(dt);
+    gt_t xb = R2(dt, N, C + 20, 2.0), w = R1(dt, C, 1.0), b = R1(dt, C, 1.0);
+    for (int64_t i = 0; i < xb.b->n; i++) xb.b->hbuf[i] += 0.5f; /* a mean to remove */
+    gt_upload(&xb);
+    gt_t x = gt_narrow(xb, 1, 7, C);
+    gt_t y = O2(dt, N, C), mean = O1(CAI_DTYPE_F32, N), rstd = O1(CAI_DTYPE_F32, N);
+    const cai_tensor *bh = with_bias ? &b.h : NULL, *bg = with_bias ? &b.g : NULL;
+    BOTH("layernorm_fwd", H->ops->layernorm_fwd(H, &y.h, &mean.h, &rstd.h, &x.h, &w.h, bh, 1e-5f),
+         G->ops->layernorm_fwd(G, &y.g, &mean.g, &rstd.g, &x.g, &w.g, bg, 1e-5f));
+    gt_check(nm("layernorm_fwd out%s (strided inp)", with_bias ? "" : " no bias"), y, tol);
+    gt_check("layernorm_fwd mean", mean, 1e-5);
+    gt_check("layernorm_fwd rstd", rstd, 1e-5);
+    gt_t dy = R2(dt, N, C, 1.0), dx = R2(dt, N, C, 1.0);
+    gt_t dw = R1(CAI_DTYPE_F32, C, 1.0), db = R1(CAI_DTYPE_F32, C, 1.0);
+    cai_tensor *dbh = with_bias ? &db.h : NULL, *dbg = with_bias ? &db.g : NULL;
+    BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, &dx.h, &dw.h, dbh, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, 1),
+         G->ops->layernorm_bwd(G, &dx.g, &dw.g, dbg, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 1));
+    gt_check("layernorm_bwd dinp (+=)", dx, tol);
+    gt_check("layernorm_bwd dweight (+=)", dw, 1e-5);
+    if (with_bias) gt_check("layernorm_bwd dbias (+=)", db, 1e-5);
+    gt_t dx2 = O2(dt, N, C);
+    BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, &dx2.h, NULL, NULL, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, 0),
+         G->ops->layernorm_bwd(G, &dx2.g, NULL, NULL, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 0));
+    gt_check("layernorm_bwd dinp (=)", dx2, tol);
+}
+
+static void t_rmsnorm(cai_dtype dt) {
+    const int64_t N = 45, C = 1000;
+    double tol = gt_tol(dt);
+    gt_t x = R2(dt, N, C, 1.5), w = R1(dt, C, 1.0);
+    gt_t y = O2(dt, N, C), rstd = O1(CAI_DTYPE_F32, N);
+    BOTH("rmsnorm_fwd", H->ops->rmsnorm_fwd(H, &y.h, &rstd.h, &x.h, &w.h, 1e-6f),
+         G->ops->rmsnorm_fwd(G, &y.g, &rstd.g, &x.g, &w.g, 1e-6f));
+    gt_check("rmsnorm_fwd out", y, tol);
+    gt_check("rmsnorm_fwd rstd", rstd, 1e-5);
+    gt_t dy = R2(dt, N, C, 1.0), dx = O2(dt, N, C), dw = R1(CAI_DTYPE_F32, C, 1.0);
+    BOTH("rmsnorm_bwd", H->ops->rmsnorm_bwd(H, &dx.h, &dw.h, &dy.h, &x.h, &w.h, &rstd.h, 0),
+         G->ops->rmsnorm_bwd(G, &dx.g, &dw.g, &dy.g, &x.g, &w.g, &rstd.g, 0));
+    gt_check("rmsnorm_bwd dinp (=)", dx, tol);
+    gt_check("rmsnorm_bwd dweight (+=)", dw, 1e-5);
+}
+
+/* ------------------------------------------------------------------ activations, RoPE */
+
+static void t_activations(cai_dtype dt) {
+    double tol = gt_tol(dt);
+    gt_t xb = R2(dt, 19, 310, 2.0);
+    gt_t x = gt_narrow(xb, 1, 10, 300);
+    gt_t y = O2(dt, 19, 300), dy = R2(dt, 19, 300, 1.0), dx = O2(dt, 19, 300);
+    BOTH("gelu_fwd", H->ops->gelu_fwd(H, &y.h, &x.h), G->ops->gelu_fwd(G, &y.g, &x.g));
+    gt_check("gelu_fwd (strided inp)", y, tol);
+    BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dx.h, &x.h, &dy.h), G->ops->gelu_bwd(G, &dx.g, &x.g, &dy.g));
+    gt_check("gelu_bwd", dx, tol);
+    BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dy.h, &x.h, &dy.h), G->ops->gelu_bwd(G, &dy.g, &x.g, &dy.g));
+    gt_check("gelu_bwd in place (dinp = dout)", dy, tol);
+    /* SwiGLU over the two halves of one fused [N, 2F] buffer */
+    const int64_t N = 23, F = 130;
+    gt_t fused = R2(dt, N, 2 * F, 2.0);
+    gt_t gate = gt_narrow(fused, 1, 0, F), up = gt_narrow(fused, 1, F, F);
+    gt_t o = O2(dt, N, F), d = R2(dt, N, F, 1.0), dfused = O2(dt, N, 2 * F);
+    gt_t dg = gt_narrow(dfused, 1, 0, F), du = gt_narrow(dfused, 1, F, F);
+    BOTH("swiglu_fwd", H->ops->swiglu_fwd(H, &o.h, &gate.h, &up.h), G->ops->swiglu_fwd(G, &o.g, &gate.g, &up.g));
+    gt_check("swiglu_fwd (fused halves)", o, tol);
+    BOTH("swiglu_bwd", H->ops->swiglu_bwd(H, &dg.h, &du.h, &d.h, &gate.h, &up.h),
+         G->ops->swiglu_bwd(G, &dg.g, &du.g, &d.g, &gate.g, &up.g));
+    gt_check("swiglu_bwd dgate|dup (fused)", dfused, tol);
+}
+
+static void t_rope(cai_dtype dt) {
+    double tol = gt_tol(dt);
+    const int64_t P = 64, R = 32, B = 2, T = 9, Hq = 4, Hkv = 2, D = 48;
+    gt_t cs = O2(CAI_DTYPE_F32, P, R / 2), sn = O2(CAI_DTYPE_F32, P, R / 2);
+    BOTH("rope_tables", H->ops->rope_tables(H, &cs.h, &sn.h, 10000.0), G->ops->rope_tables(G, &cs.g, &sn.g, 10000.0));
+    gt_check("rope_tables cos", cs, 1e-6);
+    gt_check("rope_tables sin", sn, 1e-6);
+    /* q and k as views of a fused QKV buffer; partial rotary (R < D) */
+    gt_t qkv = R3(dt, B, T, (Hq + 2 * Hkv) * D, 1.0);
+    gt_t q = gt_unflatten(gt_narrow(qkv, 2, 0, Hq * D), 2, D);
+    gt_t k = gt_unflatten(gt_narrow(qkv, 2, Hq * D, Hkv * D), 2, D);
+    gt_t qo = O4(dt, B, T, Hq, D);
+    BOTH("rope_fwd", H->ops->rope_fwd(H, &qo.h, &q.h, &cs.h, &sn.h, NULL, 5),
+         G->ops->rope_fwd(G, &qo.g, &q.g, &cs.g, &sn.g, NULL, 5));
+    gt_check("rope_fwd q view -> out, pos_offset 5", qo, tol);
+    int32_t pos[2 * 9];
+    for (int i = 0; i < B * T; i++) pos[i] = (int32_t)((i * 37 + 11) % P);
+    gt_t tp = gt_ints(2, SHP(B, T), pos), t1 = gt_ints(1, SHP(T), pos);
+    BOTH("rope_fwd", H->ops->rope_fwd(H, &k.h, &k.h, &cs.h, &sn.h, &tp.h, 0),
+         G->ops->rope_fwd(G, &k.g, &k.g, &cs.g, &sn.g, &tp.g, 0));
+    gt_check("rope_fwd in place on k view, positions [B,T]", qkv, tol);
+    gt_t dq = R4(dt, B, T, Hq, D, 1.0), dqi = O4(dt, B, T, Hq, D);
+    BOTH("rope_bwd", H->ops->rope_bwd(H, &dqi.h, &dq.h, &cs.h, &sn.h, &t1.h, 0),
+         G->ops->rope_bwd(G, &dqi.g, &dq.g, &cs.g, &sn.g, &t1.g, 0));
+    gt_check("rope_bwd positions [T]", dqi, tol);
+}
+
+/* ------------------------------------------------------------------ attention */
+
+static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, int causal,
+                      int64_t off, int64_t window, int fused) {
+    double tol = gt_tol(dt);
+    gt_t q, k, v, qkv = {0};
+    if (fused) {
+        qkv = R3(dt, B, Tq, (Hq + 2 * Hkv) * D, 1.0);
+        q = gt_unflatten(gt_narrow(qkv, 2, 0, Hq * D), 2, D);
+        k = gt_unflatten(gt_narrow(qkv, 2, Hq * D, Hkv * D), 2, D);
+        v = gt_unflatten(gt_narrow(qkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
+    } else {
+        q = R4(dt, B, Tq, Hq, D, 1.0);
+        k = R4(dt, B, Tk, Hkv, D, 1.0);
+        v = R4(dt, B, Tk, Hkv, D, 1.0);
+    }
+    cai_attn_params p = {.scale = 0.0f, .causal = causal, .causal_offset = off, .window = window};
+    gt_t o = O4(dt, B, Tq, Hq, D), lse = O3(CAI_DTYPE_F32, B, Hq, Tq);
+    size_t hws = H->ops->attention_workspace_bytes(H, B, Tq, Tk, Hq, Hkv, D);
+    size_t gws = G->ops->attention_workspace_bytes(G, B, Tq, Tk, Hq, Hkv, D);
+    void *hw = malloc(hws), *gw = NULL;
+    GT_OK(cai_device_alloc(G, gws, "attention workspace", &gw));
+    char tag[96];
+    snprintf(tag, sizeof tag, "B%" PRId64 " T%" PRId64 "/%" PRId64 " H%" PRId64 "/%" PRId64 " D%" PRId64 "%s%s%s",
+             B, Tq, Tk, Hq, Hkv, D, causal ? " causal" : "", window ? " window" : "", fused ? " fusedQKV" : "");
+    BOTH("attention_fwd", H->ops->attention_fwd(H, &o.h, &lse.h, &q.h, &k.h, &v.h, &p, hw, hws),
+         G->ops->attention_fwd(G, &o.g, &lse.g, &q.g, &k.g, &v.g, &p, gw, gws));
+    gt_check(nm("attn fwd out   %s", tag), o, tol);
+    gt_check(nm("attn fwd lse   %s", tag), lse, 1e-5);
+    gt_t dout = R4(dt, B, Tq, Hq, D, 1.0), dq, dk, dv, dqkv = {0};
+    if (fused) {
+        dqkv = O3(dt, B, Tq, (Hq + 2 * Hkv) * D);
+        dq = gt_unflatten(gt_narrow(dqkv, 2, 0, Hq * D), 2, D);
+        dk = gt_unflatten(gt_narrow(dqkv, 2, Hq * D, Hkv * D), 2, D);
+        dv = gt_unflatten(gt_narrow(dqkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
+    } else {
+        dq = O4(dt, B, Tq, Hq, D);
+        dk = O4(dt, B, Tk, Hkv, D);
+        dv = O4(dt, B, Tk, Hkv, D);
+    }
+    BOTH("attention_bwd",
+         H->ops->attention_bwd(H, &dq.h, &dk.h, &dv.h, &dout.h, &q.h, &k.h, &v.h, &o.h, &lse.h, &p, hw, hws),
+         G->ops->attention_bwd(G, &dq.g, &dk.g, &dv.g, &dout.g, &q.g, &k.g, &v.g, &o.g, &lse.g, &p, gw, gws));
+    double btol = tol;
+    if (fused) {
+        gt_check(nm("attn bwd dqkv  %s", tag), dqkv, btol);
+    } else {
+        gt_check(nm("attn bwd dq    %s", tag), dq, btol);
+        gt_check(nm("attn bwd dk    %s", tag), dk, btol);
+        gt_check(nm("attn bwd dv    %s", tag), dv, btol);
+    }
+    if (fused && dt == CAI_DTYPE_F32) { /* determinism: the same bits again */
+        float *first = gt_download(dqkv.b);
+        GT_OK(G->ops->fill(G, &dqkv.g, NAN));
+        GT_OK(G->ops->attention_bwd(G, &dq.g, &dk.g, &dv.g, &dout.g, &q.g, &k.g, &v.g, &o.g, &lse.g, &p, gw, gws));
+        float *second = gt_download(dqkv.b);
+        gt_expect(nm("attn bwd bitwise repeatable %s", tag),
+                  memcmp(first, second, sizeof(float) * (size_t)dqkv.b->n) == 0, NULL);
+        free(first);
+        free(second);
+    }
+    free(hw);
+    cai_device_dealloc(G, gw);
+}
+
+static void t_attention(cai_dtype dt) {
+    attn_case(dt, 2, 77, 77, 6, 2, 64, 1, 0, 0, 1);     /* GPT-style causal, GQA 3:1, fused QKV */
+    attn_case(dt, 1, 40, 70, 4, 4, 128, 0, 0, 0, 0);    /* full attention, Tq != Tk, D 128 */
+    attn_case(dt, 2, 33, 50, 4, 1, 40, 1, 17, 16, 0);   /* decode-style offset, window, MQA, odd D */
+    attn_case(dt, 1, 20, 20, 2, 2, 256, 1, -5, 0, 0);   /* first rows see no key: out 0, lse -inf */
+    if (dt == CAI_DTYPE_F32) attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1); /* many tiles */
+}
+
+/* ------------------------------------------------------------------ embeddings, cross-entropy */
+
+static void t_embedding(cai_dtype dt) {
+    const int64_t B = 3, T = 17, C = 70, Vl = 50, voff = 20, Vt = 100, P = 32;
+    int32_t tok[3 * 17];
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 7919 + 13) % 97 < 60 ? (i * 31) % 40 + 15 : (i * 13) % Vt);
+    tok[5] = tok[6] = tok[40] = 33; /* repeats within the shard */
+    gt_t tt = gt_ints(2, SHP(B, T), tok);
+    gt_t wte = R2(dt, Vl, C, 1.0), wpe = R2(dt, P, C, 1.0), out = O3(dt, B, T, C), out2 = O3(dt, B, T, C);
+    double tol = dt == CAI_DTYPE_F32 ? 0.0 : gt_tol(dt);
+    BOTH("embedding_fwd", H->ops->embedding_fwd(H, &out.h, &tt.h, &wte.h, &wpe.h, voff, Vt, 4),
+         G->ops->embedding_fwd(G, &out.g, &tt.g, &wte.g, &wpe.g, voff, Vt, 4));
+    gt_check("embedding_fwd shard + wpe", out, tol);
+    BOTH("embedding_fwd", H->ops->embedding_fwd(H, &out2.h, &tt.h, &wte.h, NULL, voff, Vt, 0),
+         G->ops->embedding_fwd(G, &out2.g, &tt.g, &wte.g, NULL, voff, Vt, 0));
+    gt_check("embedding_fwd shard, no wpe", out2, tol);
+    gt_t dy = R3(dt, B, T, C, 1.0), dwte = R2(CAI_DTYPE_F32, Vl, C, 1.0), dwpe = R2(CAI_DTYPE_F32, P, C, 1.0);
+    BOTH("embedding_bwd", H->ops->embedding_bwd(H, &dwte.h, &dwpe.h, &dy.h, &tt.h, voff, 4),
+         G->ops->embedding_bwd(G, &dwte.g, &dwpe.g, &dy.g, &tt.g, voff, 4));
+    gt_check("embedding_bwd dwte (+=, bitwise)", dwte, 0.0);
+    gt_check("embedding_bwd dwpe (+=, bitwise)", dwpe, 0.0);
+    if (dt != CAI_DTYPE_F32) return;
+    /* a bad token id: the CPU fails at once, the GPU at the next synchronisation */
+    tok[29] = 150;
+    gt_t bad = gt_ints(2, SHP(B, T), tok);
+    cai_status sh = H->ops->embedding_fwd(H, &out.h, &bad.h, &wte.h, &wpe.h, voff, Vt, 4);
+    cai_error_clear();
+    cai_status sg = G->ops->embedding_fwd(G, &out.g, &bad.g, &wte.g, &wpe.g, voff, Vt, 4);
+    cai_status ss = cai_device_sync(G);
+    int named = strstr(cai_error_message(), "token id 150 at batch 1, position 12") != NULL;
+    gt_expect("embedding_fwd bad token: reported at sync", sh == CAI_ERR_INVALID_ARG && sg == CAI_OK &&
+              ss == CAI_ERR_INVALID_ARG && named, cai_error_message());
+    cai_error_clear();
+    gt_expect("device error record cleared after report", cai_device_sync(G) == CAI_OK, NULL);
+}
+
+static void t_xent(cai_dtype dt) {
+    const int64_t N = 37, V = 300, Vpad = 310, valid = 290;
+    double tol = gt_tol(dt);
+    int32_t tgt[37];
+    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 101 + 7) % valid);
+    tgt[3] = tgt[20] = -100;
+    gt_t tt = gt_ints(1, SHP(N), tgt);
+    gt_t lb = R2(dt, N, Vpad, 3.0);
+    gt_t lg = gt_narrow(lb, 1, 5, V);
+    gt_t loss = O1(CAI_DTYPE_F32, N), lse = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_fwd", H->ops->xent_fwd(H, &loss.h, &lse.h, &lg.h, &tt.h, 0, valid, -100),
+         G->ops->xent_fwd(G, &loss.g, &lse.g, &lg.g, &tt.g, 0, valid, -100));
+    gt_check("xent_fwd losses (padding, ignore)", loss, 1e-5);
+    gt_check("xent_fwd lse", lse, 1e-5);
+    gt_t dl = R1(CAI_DTYPE_F32, N, 1.0), dx = O2(dt, N, V);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &dx.h, &lg.h, &lse.h, &tt.h, &dl.h, 0.0f, 0, valid, -100),
+         G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
+    gt_check("xent_bwd dlosses vector", dx, tol);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &lg.h, &lg.h, &lse.h, &tt.h, NULL, 1.0f / 35, 0, valid, -100),
+         G->ops->xent_bwd(G, &lg.g, &lg.g, &lse.g, &tt.g, NULL, 1.0f / 35, 0, valid, -100));
+    gt_check("xent_bwd in place, scalar scale", lg, tol);
+    /* vocab-parallel statistics on the shard of global ids [100, 400), valid < 390 */
+    int32_t t2[37];
+    for (int i = 0; i < N; i++) t2[i] = (int32_t)((i * 53 + 3) % 390);
+    t2[7] = -100;
+    gt_t tt2 = gt_ints(1, SHP(N), t2);
+    gt_t sh = R2(dt, N, V, 3.0);
+    gt_t mx = O1(CAI_DTYPE_F32, N), se = O1(CAI_DTYPE_F32, N), tl = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_stats", H->ops->xent_stats(H, &mx.h, &se.h, &tl.h, &sh.h, &tt2.h, 100, 390, -100),
+         G->ops->xent_stats(G, &mx.g, &se.g, &tl.g, &sh.g, &tt2.g, 100, 390, -100));
+    gt_check("xent_stats max (shard)", mx, 1e-6);
+    gt_check("xent_stats sumexp", se, 1e-5);
+    gt_check("xent_stats target logit", tl, 0.0);
+    if (dt != CAI_DTYPE_F32) return;
+    tgt[9] = 295; /* a padding column: invalid target */
+    gt_t bad = gt_ints(1, SHP(N), tgt);
+    gt_t lg2 = R2(dt, N, V, 1.0);
+    cai_status sh1 = H->ops->xent_fwd(H, &loss.h, NULL, &lg2.h, &bad.h, 0, valid, -100);
+    cai_error_clear();
+    cai_status sg = G->ops->xent_fwd(G, &loss.g, NULL, &lg2.g, &bad.g, 0, valid, -100);
+    cai_status ss = cai_device_sync(G);
+    gt_expect("xent_fwd bad target: reported at sync", sh1 == CAI_ERR_INVALID_ARG && sg == CAI_OK &&
+              ss == CAI_ERR_INVALID_ARG && strstr(cai_error_message(), "target 295 of row 9"), cai_error_message());
+    cai_error_clear();
+}
+
+/* ------------------------------------------------------------------ optimizer */
+
+static void t_adamw(void) {
+    const int64_t n = 10007;
+    gt_t p = R1(CAI_DTYPE_F32, n, 1.0), m = R1(CAI_DTYPE_F32, n, 0.1), v = R1(CAI_DTYPE_F32, n, 0.1);
+    for (int64_t i = 0; i < n; i++) v.b->hbuf[i] = fabsf(v.b->hbuf[i]);
+    gt_upload(&v);
+    gt_t lowp = O1(CAI_DTYPE_BF16, n);
+    for (int step = 1; step <= 3; step++) {
+        gt_t g = R1(CAI_DTYPE_F32, n, 1.0);
+        cai_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                               .step = step, .grad_scale = 0.5f};
+        BOTH("adamw", H->ops->adamw(H, &p.h, &g.h, &m.h, &v.h, &lowp.h, &hp, 1),
+             G->ops->adamw(G, &p.g, &g.g, &m.g, &v.g, &lowp.g, &hp, 1));
+    }
+    gt_check("adamw param after 3 steps", p, 1e-6);
+    gt_check("adamw m", m, 1e-6);
+    gt_check("adamw v", v, 1e-6);
+    /* the bf16 copy is RNE of the f32 parameter: equal bits unless the f32 values differ by an ulp */
+    gt_check("adamw bf16 param copy", lowp, 4e-3);
+}
+
+/* ------------------------------------------------------------------ argument errors */
+
+static void t_errors(void) {
+    gt_t a = R2(CAI_DTYPE_F32, 4, 5, 1.0), b = R2(CAI_DTYPE_F32, 6, 7, 1.0), c = O2(CAI_DTYPE_F32, 4, 7);
+    cai_status s = G->ops->matmul(G, &c.g, &a.g, 0, &b.g, 0, 1.0f, 0.0f);
+    gt_expect("matmul shape mismatch -> INVALID_ARG", s == CAI_ERR_INVALID_ARG, cai_error_message());
+    cai_error_clear();
+    s = G->ops->gelu_fwd(G, &c.g, &c.h);
+    gt_expect("host tensor given to a GPU op -> INVALID_ARG", s == CAI_ERR_INVALID_ARG, cai_error_message());
+    cai_error_clear();
+    gt_t ab = R2(CAI_DTYPE_BF16, 4, 5, 1.0), bf = R2(CAI_DTYPE_F32, 5, 7, 1.0);
+    s = G->ops->matmul(G, &c.g, &ab.g, 0, &bf.g, 0, 1.0f, 0.0f);
+    gt_expect("matmul bf16 x f32 -> UNSUPPORTED", s == CAI_ERR_UNSUPPORTED, cai_error_message());
+    cai_error_clear();
+}
+
+/* ------------------------------------------------------------------ main */
+
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+} test_entry;
+
+static void f32_blas1(void) { t_blas1(CAI_DTYPE_F32); }
+static void bf16_blas1(void) { t_blas1(CAI_DTYPE_BF16); }
+static void f32_reduce(void) { t_reduce(CAI_DTYPE_F32); }
+static void bf16_reduce(void) { t_reduce(CAI_DTYPE_BF16); }
+static void f32_matmul(void) { t_matmul(CAI_DTYPE_F32, CAI_DTYPE_F32); }
+static void bf16_matmul(void) {
+    t_matmul(CAI_DTYPE_BF16, CAI_DTYPE_BF16);
+    t_matmul(CAI_DTYPE_BF16, CAI_DTYPE_F32);
+}
+static void f16_matmul(void) { t_matmul(CAI_DTYPE_F16, CAI_DTYPE_F16); }
+static void f32_linear(void) { t_linear(CAI_DTYPE_F32, CAI_DTYPE_F32); }
+static void bf16_linear(void) {
+    t_linear(CAI_DTYPE_BF16, CAI_DTYPE_BF16);
+    t_linear(CAI_DTYPE_BF16, CAI_DTYPE_F32);
+}
+static void f32_norms(void) {
+    t_layernorm(CAI_DTYPE_F32, 1);
+    t_layernorm(CAI_DTYPE_F32, 0);
+    t_rmsnorm(CAI_DTYPE_F32);
+}
+static void bf16_norms(void) {
+    t_layernorm(CAI_DTYPE_BF16, 1);
+    t_rmsnorm(CAI_DTYPE_BF16);
+}
+static void f32_act(void) {
+    t_activations(CAI_DTYPE_F32);
+    t_rope(CAI_DTYPE_F32);
+}
+static void bf16_act(void) {
+    t_activations(CAI_DTYPE_BF16);
+    t_rope(CAI_DTYPE_BF16);
+}
+static void f32_attn(void) { t_attention(CAI_DTYPE_F32); }
+static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); }
+static void f32_embed(void) {
+    t_embedding(CAI_DTYPE_F32);
+    t_xent(CAI_DTYPE_F32);
+}
+static void bf16_embed(void) {
+    t_embedding(CAI_DTYPE_BF16);
+    t_xent(CAI_DTYPE_BF16);
+}
+
+static const test_entry tests[] = {
+    {"fill/copy", t_fill_copy},   {"copy_sr", t_copy_sr},       {"blas1 f32", f32_blas1},
+    {"blas1 bf16", bf16_blas1},   {"reduce f32", f32_reduce},   {"reduce bf16", bf16_reduce},
+    {"matmul f32", f32_matmul},   {"matmul large", t_matmul_large}, {"matmul bf16", bf16_matmul},
+    {"matmul f16", f16_matmul},   {"linear f32", f32_linear},   {"linear bf16", bf16_linear},
+    {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
+    {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
+    {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
+    {"errors", t_errors},
+};
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* keep every line if a kernel brings the process down */
+    const char *only = argc > 1 ? argv[1] : NULL;
+    /* CAI_GPU_TEST_SELFCHECK=1 runs the harness host-against-host (no GPU
+     * needed): every parity check must then report 0, which validates the
+     * harness itself; the GPU-only expectations are expected to fail. */
+    const char *self = getenv("CAI_GPU_TEST_SELFCHECK");
+    int selfcheck = self && self[0] == '1';
+    cai_status st = cai_device_init(&G, selfcheck ? CAI_DEVICE_HOST : CAI_DEVICE_CUDA, 0, selfcheck ? 1 : 0);
+    if (st == CAI_ERR_UNSUPPORTED) {
+        printf("SKIP: %s\n", cai_error_message());
+        return 77;
+    }
+    if (st != CAI_OK) gt_die("cai_device_init(CUDA)");
+    GT_OK(cai_device_init(&H, CAI_DEVICE_HOST, 0, 0));
+    printf("GPU parity tests on %s against %s\n", G->name, H->name);
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (only && !strstr(tests[i].name, only)) continue;
+        if (selfcheck && strstr(tests[i].name, "16")) continue; /* the CPU backend computes in f32 only */
+        printf("[%s]\n", tests[i].name);
+        tests[i].fn();
+        cai_status s = cai_device_sync(G);
+        if (s != CAI_OK) {
+            printf("  device error after %s: %s\n", tests[i].name, cai_error_message());
+            cai_error_clear();
+            g_fail++;
+        }
+        gt_release_all();
+        fflush(stdout);
+    }
+    printf("%d checks passed, %d failed\n", g_pass, g_fail);
+    cai_device_free(G);
+    cai_device_free(H);
+    return g_fail ? 1 : 0;
+}
