@@ -3,8 +3,8 @@
  * each score row and the backward recomputes probabilities from it, so
  * nothing T x T outlives a call. Work is done in blocks of QB query rows:
  * scores S = Q_blk K^T over the keys the block can see, then P V, all as
- * single-threaded sgemm calls inside OpenMP tasks; the workspace holds two
- * QB x Tk blocks per thread.
+ * sgemm calls inside OpenMP tasks (OpenBLAS itself is single-threaded, see
+ * cpu_matmul.c); the workspace holds two QB x Tk blocks per thread.
  *
  * Forward tasks are (batch, head, query block); backward tasks are (batch,
  * kv head), so one thread owns the dk/dv rows it accumulates and results
@@ -168,7 +168,6 @@ cai_status cai_cpu_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor 
     const int64_t B = a.q.B, Hq = a.q.H, Tq = a.q.T, D = a.q.D, nblk = (Tq + QB - 1) / QB;
     const int64_t ld = row_floats(a.k.T), rows = Tq < QB ? Tq : QB, per_thread = 2 * rows * ld;
     const int64_t ntask = B * Hq * nblk;
-    cai_cpu_blas_serial_begin(dev);
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, ntask)) schedule(dynamic, 1)
     for (int64_t task = 0; task < ntask; task++) {
         int64_t blk = task % nblk, h = (task / nblk) % Hq, b = task / (nblk * Hq);
@@ -185,7 +184,6 @@ cai_status cai_cpu_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor 
              a.o.st);
         if (a.lse) memcpy(a.lse + (b * Hq + h) * Tq + i0, lrow, (size_t)m * sizeof(float));
     }
-    cai_cpu_blas_serial_end(dev);
     return CAI_OK;
 }
 
@@ -214,7 +212,6 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
     }
     const int64_t B = a.q.B, Hq = a.q.H, Hkv = a.k.H, Tq = a.q.T, Tk = a.k.T, D = a.q.D;
     const int64_t nblk = (Tq + QB - 1) / QB, ld = row_floats(Tk), rows = Tq < QB ? Tq : QB, per_thread = 2 * rows * ld;
-    cai_cpu_blas_serial_begin(dev);
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, B * Hkv)) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * Hkv; bk++) {
         int64_t b = bk / Hkv, hk = bk % Hkv;
@@ -250,6 +247,5 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
             }
         }
     }
-    cai_cpu_blas_serial_end(dev);
     return CAI_OK;
 }

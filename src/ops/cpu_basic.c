@@ -220,12 +220,11 @@ cai_status cai_cpu_sumsq(cai_device_t *dev, cai_tensor *out, const cai_tensor *x
 }
 
 void cai_cpu_colsum(const cai_device_t *dev, float *acc, const cai_rows *src) {
-    enum { BLK = 64 };
-    int64_t nblk = (src->cols + BLK - 1) / BLK;
+    const int64_t BLK = cai_cpu_colblk(dev, src->cols), nblk = (src->cols + BLK - 1) / BLK;
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, nblk)) schedule(static)
     for (int64_t b = 0; b < nblk; b++) {
         int64_t c0 = b * BLK, w = src->cols - c0 < BLK ? src->cols - c0 : BLK;
-        double s[BLK] = {0};
+        double s[CAI_COLBLK_MAX] = {0};
         for (int64_t i = 0; i < src->rows; i++) {
             const float *p = cai_row_f32(src, i) + c0;
 #pragma omp simd

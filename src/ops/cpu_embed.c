@@ -82,8 +82,7 @@ cai_status cai_cpu_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tensor
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed dwpe's %" PRId64
                              " rows", op, pos_offset, pos_offset + T, dp.rows);
     }
-    enum { BLK = 64 };
-    const int64_t C = dy.cols, nblk = (C + BLK - 1) / BLK;
+    const int64_t C = dy.cols, BLK = cai_cpu_colblk(dev, C), nblk = (C + BLK - 1) / BLK;
     /* Column blocks: every thread walks all tokens in order for its columns,
      * so repeated tokens accumulate without atomics, deterministically. */
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, nblk)) schedule(static)

@@ -122,10 +122,16 @@ float cai_k_max(const float *x, int64_t n);
 float cai_k_expsum(const float *x, float shift, int64_t n);
 float cai_k_exp_store(float *y, const float *x, float shift, float mul, int64_t n);
 
-/* OpenBLAS runs its own thread pool; inside an OpenMP region each thread
- * must call it single-threaded. Bracket such regions with these. */
-void cai_cpu_blas_serial_begin(const cai_device_t *dev);
-void cai_cpu_blas_serial_end(const cai_device_t *dev);
+/* Column-block width for column-parallel reductions: enough blocks to keep
+ * every thread busy, at least one cache line (16 floats), at most
+ * CAI_COLBLK_MAX. Per-column results do not depend on it. */
+#define CAI_COLBLK_MAX 256
+static inline int64_t cai_cpu_colblk(const cai_device_t *dev, int64_t cols) {
+    int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
+    int64_t w = (cols + 2 * nt - 1) / (2 * nt);
+    w = (w + 15) / 16 * 16;
+    return w < 16 ? 16 : (w > CAI_COLBLK_MAX ? CAI_COLBLK_MAX : w);
+}
 
 /* Column-block reduction used by bias_grad and the norm backward passes:
  * acc[c] += sum over rows of src[r, c] (both F32), parallel over column

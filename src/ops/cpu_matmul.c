@@ -1,24 +1,18 @@
 /* CPU backend: matrix products through OpenBLAS sgemm. Weights are [out,in]
  * row-major, so forward is x W^T, the input gradient dy W and the weight
- * gradient dy^T x: three sgemm calls with transposes, no copies. BLAS runs
- * its own threads (the device's count), outside any OpenMP region. */
+ * gradient dy^T x: sgemm calls with transposes, no copies.
+ *
+ * Threads: OpenBLAS is kept single-threaded (cai_device_init) and large
+ * products are split into row or column panels across the device's OpenMP
+ * threads, one sgemm each. One thread pool serves every op, so BLAS threads
+ * never spin against OpenMP threads. OpenBLAS computes the last rows/columns
+ * of a call with tail kernels whose rounding differs, so results can change
+ * in the last bits with the thread count (never from run to run). */
 #include "cai_config.h"
 #include "cpu_internal.h"
 
 #include <cblas.h>
 #include <string.h>
-
-void cai_cpu_blas_serial_begin(const cai_device_t *dev) {
-#ifdef OPENBLAS_VERSION
-    if (dev->num_threads > 1) openblas_set_num_threads(1);
-#endif
-}
-
-void cai_cpu_blas_serial_end(const cai_device_t *dev) {
-#ifdef OPENBLAS_VERSION
-    if (dev->num_threads > 1) openblas_set_num_threads(dev->num_threads);
-#endif
-}
 
 /* A (possibly batched) row-major matrix: batch x [rows, cols], leading
  * dimension ld, batch stride bs (elements). */
@@ -75,6 +69,31 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
                 beta, C, (blasint)(ldc > 0 ? ldc : 1));
 }
 
+/* gemm split over the device's threads: panels of the larger of M and N, in
+ * multiples of 16 rows/columns (kernel-friendly). */
+static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    int nt = dev->num_threads;
+    if (nt <= 1 || (double)M * (double)N * (double)K < 262144.0) {
+        gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    int split_m = M >= N;
+    int64_t total = split_m ? M : N;
+    int64_t parts = (total + 15) / 16;
+    if (parts > nt) parts = nt;
+    int64_t chunk = ((total + parts - 1) / parts + 15) / 16 * 16;
+#pragma omp parallel for num_threads((int)parts) schedule(static)
+    for (int64_t p = 0; p < parts; p++) {
+        int64_t s = p * chunk, len = total - s < chunk ? total - s : chunk;
+        if (len <= 0) continue;
+        if (split_m)
+            gemm(ta, tb, len, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
+        else
+            gemm(ta, tb, M, len, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
+    }
+}
+
 cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
                           int trans_b, float alpha, float beta) {
     static const char *op = "matmul";
@@ -95,11 +114,11 @@ cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a,
                          " do not match (a or b may be unbatched)", op, A.batch, B.batch, C.batch);
     /* A shared b with a plain a: the batch is just more rows of one gemm. */
     if (C.batch > 1 && B.batch == 1 && !trans_a && A.bs == A.rows * A.ld && C.bs == C.rows * C.ld) {
-        gemm(0, trans_b, M * C.batch, N, K, alpha, A.data, A.ld, B.data, B.ld, beta, C.data, C.ld);
+        pgemm(dev, 0, trans_b, M * C.batch, N, K, alpha, A.data, A.ld, B.data, B.ld, beta, C.data, C.ld);
         return CAI_OK;
     }
     for (int64_t i = 0; i < C.batch; i++)
-        gemm(trans_a, trans_b, M, N, K, alpha, A.data + (A.batch > 1 ? i * A.bs : 0), A.ld,
+        pgemm(dev, trans_a, trans_b, M, N, K, alpha, A.data + (A.batch > 1 ? i * A.bs : 0), A.ld,
              B.data + (B.batch > 1 ? i * B.bs : 0), B.ld, beta, C.data + i * C.bs, C.ld);
     return CAI_OK;
 }
@@ -120,7 +139,7 @@ cai_status cai_cpu_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tens
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, y.rows)) schedule(static)
         for (int64_t i = 0; i < y.rows; i++) memcpy(cai_row_f32(&y, i), pb, (size_t)y.cols * sizeof(float));
     }
-    gemm(0, 1, x.rows, w.rows, w.cols, 1.0f, (const float *)x.data, x.ld, (const float *)w.data, w.ld,
+    pgemm(dev, 0, 1, x.rows, w.rows, w.cols, 1.0f, (const float *)x.data, x.ld, (const float *)w.data, w.ld,
          bd ? 1.0f : 0.0f, (float *)y.data, y.ld);
     return CAI_OK;
 }
@@ -138,7 +157,7 @@ cai_status cai_cpu_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *d
         if (dx.rows != dy.rows)
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dinp has %" PRId64 " rows but dout %" PRId64, op, dx.rows,
                              dy.rows);
-        gemm(0, 0, dy.rows, w.cols, w.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)w.data, w.ld,
+        pgemm(dev, 0, 0, dy.rows, w.cols, w.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)w.data, w.ld,
              accum_dinp ? 1.0f : 0.0f, (float *)dx.data, dx.ld);
     }
     if (dweight) {
@@ -148,7 +167,7 @@ cai_status cai_cpu_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *d
         if (x.rows != dy.rows || dw.rows != w.rows)
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %"
                              PRId64 " (weight %" PRId64 ")", op, x.rows, dy.rows, dw.rows, w.rows);
-        gemm(1, 0, w.rows, w.cols, dy.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)x.data, x.ld, 1.0f,
+        pgemm(dev, 1, 0, w.rows, w.cols, dy.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)x.data, x.ld, 1.0f,
              (float *)dw.data, dw.ld);
     }
     if (dbias) CAI_CALL(cai_cpu_bias_grad(dev, dbias, dout));

@@ -73,12 +73,11 @@ cai_status cai_cpu_layernorm_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor 
  * xhat = (x - mean_i) * rstd_i (mean NULL: RMSNorm, xhat = x * rstd_i). */
 static void norm_param_grads(const cai_device_t *dev, float *dw, float *db, const cai_rows *dy, const cai_rows *x,
                              const float *mean, const float *rstd) {
-    enum { BLK = 64 };
-    int64_t nblk = (x->cols + BLK - 1) / BLK;
+    const int64_t BLK = cai_cpu_colblk(dev, x->cols), nblk = (x->cols + BLK - 1) / BLK;
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, nblk)) schedule(static)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t c0 = blk * BLK, w = x->cols - c0 < BLK ? x->cols - c0 : BLK;
-        double sw[BLK] = {0}, sb[BLK] = {0};
+        double sw[CAI_COLBLK_MAX] = {0}, sb[CAI_COLBLK_MAX] = {0};
         for (int64_t i = 0; i < x->rows; i++) {
             const float *px = cai_row_f32(x, i) + c0, *pd = cai_row_f32(dy, i) + c0;
             float m = mean ? mean[i] : 0.0f, r = rstd[i];

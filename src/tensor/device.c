@@ -49,9 +49,10 @@ cai_status cai_device_init(cai_device_t **out, cai_device_kind kind, int ordinal
     dev->num_threads = nt;
     dev->ops = cai_ops_cpu();
 #ifdef OPENBLAS_VERSION
-    /* Ops run BLAS outside parallel regions only, so BLAS gets the same
-     * threads as the OpenMP loops rather than competing with them. */
-    openblas_set_num_threads(nt);
+    /* The CPU backend threads its sgemm calls itself (OpenMP panels, see
+     * cpu_matmul.c), so OpenBLAS's own pool stays at one thread: a second
+     * pool of spinning threads would compete with OpenMP's for the cores. */
+    openblas_set_num_threads(1);
     snprintf(dev->name, sizeof dev->name, "host (%d thread%s,%s)", nt, nt == 1 ? "" : "s", OPENBLAS_VERSION);
 #else
     snprintf(dev->name, sizeof dev->name, "host (%d thread%s)", nt, nt == 1 ? "" : "s");

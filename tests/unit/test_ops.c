@@ -50,6 +50,39 @@ START_TEST(matmul_all_transposes) {
 }
 END_TEST
 
+START_TEST(matmul_panels_match_reference_and_repeat_exactly) {
+    /* Large enough (> 2^18 multiply-adds) to be split over threads: by rows
+     * when M >= N, by columns otherwise. OpenBLAS computes the last rows or
+     * columns of a call with its tail kernels, so different splits (thread
+     * counts) may differ in the last bits; the same split repeats exactly. */
+    int64_t shapes[][3] = {{100, 70, 50}, {40, 60, 130}};
+    cai_device_t *d1 = test_device(1), *d3 = test_device(3);
+    ck_assert(d1 && d3);
+    for (size_t s = 0; s < 2; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
+                matmul_case(M, K, N, ta, tb);
+                double *a = drandn(M * K, 6, 1.0), *b = drandn(K * N, 7, 1.0);
+                float *fa = to_f(a, M * K), *fb = to_f(b, K * N), *c1 = falloc(M * N), *c3 = falloc(M * N);
+                float *c3b = falloc(M * N);
+                cai_tensor A = ta ? cai_tensor_2d(d1, fa, F32, K, M) : cai_tensor_2d(d1, fa, F32, M, K);
+                cai_tensor Bt = tb ? cai_tensor_2d(d1, fb, F32, N, K) : cai_tensor_2d(d1, fb, F32, K, N);
+                cai_tensor C1 = cai_tensor_2d(d1, c1, F32, M, N), C3 = cai_tensor_2d(d3, c3, F32, M, N);
+                ASSERT_OK(d1->ops->matmul(d1, &C1, &A, ta, &Bt, tb, 1.0f, 0.0f));
+                ASSERT_OK(d3->ops->matmul(d3, &C3, &A, ta, &Bt, tb, 1.0f, 0.0f));
+                double *r1 = to_d(c1, M * N);
+                ASSERT_REL(c3, r1, M * N, 1e-6);
+                cai_tensor C3b = cai_tensor_2d(d3, c3b, F32, M, N);
+                ASSERT_OK(d3->ops->matmul(d3, &C3b, &A, ta, &Bt, tb, 1.0f, 0.0f));
+                ck_assert_mem_eq(c3, c3b, (size_t)(M * N) * sizeof(float));
+                free(a); free(b); free(fa); free(fb); free(c1); free(c3); free(c3b); free(r1);
+            }
+    cai_device_free(d1);
+    cai_device_free(d3);
+}
+END_TEST
+
 START_TEST(matmul_batched_strided_and_beta_zero) {
     enum { BT = 3, M = 7, K = 5, N = 4, PAD = 3 };
     /* a: [BT,M,K] as a view into rows of width K + PAD */
@@ -704,6 +737,7 @@ static Suite *ops_suite(void) {
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, matmul_all_transposes);
+    tcase_add_test(tc, matmul_panels_match_reference_and_repeat_exactly);
     tcase_add_test(tc, matmul_batched_strided_and_beta_zero);
     tcase_add_test(tc, linear_fwd_bwd_match_reference);
     tcase_add_test(tc, bias_ops_match_reference);

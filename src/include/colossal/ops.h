@@ -26,8 +26,9 @@
  *    CAI_ERR_UNSUPPORTED naming the op and argument.
  *  - No op allocates. Scratch comes from a caller-provided workspace whose
  *    size a *_workspace_bytes query returns (attention is the only user).
- *  - Results are deterministic and independent of the thread count, except
- *    sum/sumsq whose per-thread partial sums are combined in double.
+ *  - Results are deterministic from run to run. Changing the thread count may
+ *    change the last bits of matmul/linear results and of sum/sumsq, never
+ *    of the other ops.
  *  - Every op validates shapes and dtypes and fails with CAI_ERR_INVALID_ARG
  *    (op and argument named, what would fit) before touching memory.
  *  - No op is collective: tensor/sequence-parallel callers combine partial
