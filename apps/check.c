@@ -200,7 +200,7 @@ static void print_threads(void) {
 
 static void print_pmix(void) {
     const char *ns = getenv("PMIX_NAMESPACE"), *rk = getenv("PMIX_RANK");
-    printf("  PMIx              %s%s", CAI_HAVE_PMIX ? "" : "no ", CAI_PMIX_DESC);
+    printf("  PMIx              %s", CAI_HAVE_PMIX ? CAI_PMIX_DESC : "no headers at build time");
     if (ns || rk)
         printf("; launched under PMIx (namespace %s, rank %s)\n", ns ? ns : "?", rk ? rk : "?");
     else
@@ -223,8 +223,13 @@ static const char *device_transport(cai_device_comm forced) {
 #endif
 }
 
-/* Bench on GPUs: one device per node-local rank, or an error saying why not. */
-static cai_status select_gpu(int local_rank) {
+/* Bench on GPUs: one device per node-local rank and a transport that this
+ * build and this MPI can serve, or an error saying why not. */
+static cai_status select_gpu(int local_rank, cai_device_comm forced) {
+    if (forced == CAI_DEVICE_COMM_MPI && !cai_mpi_cuda_aware())
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "sweep.transport=mpi but this MPI is not CUDA-aware; use nccl or stage");
+    if (forced == CAI_DEVICE_COMM_NCCL && !CAI_HAVE_NCCL)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "sweep.transport=nccl but this build has no NCCL; use stage");
 #if CAI_HAVE_CUDA
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
@@ -515,8 +520,8 @@ static cai_status bench_axis(cai_mesh_t *mesh, const check_config *c, const benc
     if (root) {
         char grp[256];
         format_ranks(cai_mesh_group(mesh, axis), n, grp, sizeof grp);
-        printf("\n# axis %s: %d groups of %d ranks (rank 0's group: %s), transport %s\n", cai_axis_name(axis),
-               world / n, n, grp, transport);
+        printf("\n# axis %s: %d group%s of %d ranks (rank 0's group: %s), transport %s\n", cai_axis_name(axis),
+               world / n, world / n == 1 ? "" : "s", n, grp, transport);
         printf("# %-13s %12s %12s %5s %11s %12s %12s  %s\n", "op", "size(B)", "count", "type", "time(us)",
                "algbw(GB/s)", "busbw(GB/s)", "transport");
     }
@@ -567,7 +572,7 @@ static cai_status run_bench(const cai_app *app, const check_config *c) {
     mc.device_comm = (cai_device_comm)c->transport;
     const char *transport = "MPI (host)";
     if (c->device == DEVICE_CUDA) {
-        cai_app_check_all(select_gpu(app->local_rank), 1);
+        cai_app_check_all(select_gpu(app->local_rank, mc.device_comm), 1);
         transport = device_transport(mc.device_comm);
     }
 

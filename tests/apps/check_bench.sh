@@ -16,7 +16,7 @@ expect_no_grep err 'error' "errors on stderr"
 # Rows: "op size count type time algbw busbw transport...", grouped by the
 # preceding "# axis X:" header.
 awk '
-    /^# axis [a-z_]+: [0-9]+ groups of/ { axis = $3; sub(/:/, "", axis); n = $7; next }
+    /^# axis [a-z_]+: [0-9]+ groups? of/ { axis = $3; sub(/:/, "", axis); n = $7; next }
     /^# axis/ { next }
     /^  [a-z]+ +[0-9]+ / && axis != "" {
         op = $1; size = $2; count = $3; type = $4; t = $5; alg = $6; bus = $7
@@ -49,7 +49,7 @@ awk '
 # evenly among the group are rounded down to whole f32 blocks per rank.
 run_np 4 --bench --dp 2 --tp 2 --axes tp --ops allreduce,alltoall --min_bytes 1K --max_bytes 8K --iters 3
 expect_ok
-[ "$(count_grep out '^# axis [a-z]+: [0-9]+ groups')" -eq 1 ] || fail "expected only the tp table"
+[ "$(count_grep out '^# axis [a-z]+: [0-9]+ groups? of')" -eq 1 ] || fail "expected only the tp table"
 [ "$(count_grep out '^  allreduce ')" -eq 4 ] || fail "expected 4 allreduce rows (1K..8K x2)"
 [ "$(count_grep out '^  alltoall ')" -eq 4 ] || fail "expected 4 alltoall rows"
 expect_no_grep out '^  (allgather|reducescatter) '
@@ -62,6 +62,12 @@ for row in 'allreduce +1024 +256 ' 'allreduce +4096 +1024 ' 'allgather +1020 +85
     'allgather +4092 +341 '; do
     expect_grep out "^  $row" "no row /$row/ on a group of 3"
 done
+
+# 2 ranks as dp 2: a single group, the whole world.
+run_np 2 --bench --axes dp --ops allreduce --max_bytes 2K --iters 2
+expect_ok
+expect_grep out '^# axis dp: 1 group of 2 ranks \(rank 0.s group: 0-1\)'
+[ "$(count_grep out '^  allreduce ')" -eq 2 ] || fail "expected 2 allreduce rows (1K, 2K)"
 
 # One rank: nothing to measure is said, not an error.
 run_np 1 --bench --max_bytes 4K

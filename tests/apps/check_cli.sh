@@ -43,4 +43,11 @@ if grep -Eq 'no GPU visible|CUDA +not built' "$TMP/out"; then
     expect_grep err 'no GPU is visible|has no CUDA' "sweep.device=cuda without a GPU is not explained"
     expect_no_grep out '^# axis' "the bench ran without a GPU"
 fi
+# Forcing CUDA-aware MPI on an MPI that is not: refused before the mesh exists.
+if grep -Eq '^  CUDA-aware MPI +no' "$TMP/out"; then
+    run_np 2 --bench --device cuda --sweep.transport mpi --max_bytes 4K
+    expect_fail
+    expect_grep err 'not CUDA-aware' "sweep.transport=mpi on a non-CUDA-aware MPI is not explained"
+    expect_no_grep out '^# axis'
+fi
 echo "ok"
