@@ -1,7 +1,13 @@
-/* Umbrella header: everything public in libcolossal-core. */
+/* Umbrella header: everything public in libcolossal-core, in layer order. */
 #ifndef COLOSSAL_H
 #define COLOSSAL_H
 #include "colossal/base.h"
 #include "colossal/config.h"
 #include "colossal/cluster.h"
+#include "colossal/tensor.h"
+#include "colossal/ops.h"
+#include "colossal/model.h"
+#include "colossal/optim.h"
+#include "colossal/ckpt.h"
+#include "colossal/data.h"
 #endif
