@@ -21,18 +21,11 @@ cai_status cai_bpe_grow(cai_bpe_t *t, int32_t n_ids) {
         size_t cap = (size_t)(t->ids_cap ? t->ids_cap : 256);
         while (cap < (size_t)n_ids) cap *= 2;
         if (cap > INT32_MAX) cap = INT32_MAX;
-        void *f = realloc(t->flags, cap * sizeof *t->flags);
-        if (f) t->flags = f;
-        void *so = realloc(t->str_off, cap * sizeof *t->str_off);
-        if (so) t->str_off = so;
-        void *sl = realloc(t->str_len, cap * sizeof *t->str_len);
-        if (sl) t->str_len = sl;
-        void *bo = realloc(t->bytes_off, cap * sizeof *t->bytes_off);
-        if (bo) t->bytes_off = bo;
-        void *bl = realloc(t->bytes_len, cap * sizeof *t->bytes_len);
-        if (bl) t->bytes_len = bl;
-        if (!f || !so || !sl || !bo || !bl)
-            return CAI_ERROR(CAI_ERR_NOMEM, "cannot grow the token table to %zu ids", cap);
+        void **const arrays[] = {(void **)&t->flags, (void **)&t->str_off, (void **)&t->str_len,
+                                 (void **)&t->bytes_off, (void **)&t->bytes_len};
+        const size_t elem[] = {sizeof *t->flags, sizeof *t->str_off, sizeof *t->str_len, sizeof *t->bytes_off,
+                               sizeof *t->bytes_len};
+        CAI_CALL(cai_bpe_resize_arrays(cap, 5, arrays, elem, "the token table"));
         t->ids_cap = (int32_t)cap;
     }
     for (int32_t i = t->n_ids; i < n_ids; i++) {

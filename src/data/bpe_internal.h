@@ -92,6 +92,8 @@ static inline const char *bpe_strmap_key(const bpe_strmap *m, int64_t i) { retur
 
 cai_status cai_bpe_reserve(void **buf, size_t *cap, size_t need, size_t elem, const char *what);
 cai_status cai_byte_buf_append(cai_byte_buf *b, const void *p, size_t n);
+/* Resize n parallel arrays (element sizes elem[i]) to count elements each. */
+cai_status cai_bpe_resize_arrays(size_t count, size_t n, void **const arrays[], const size_t elem[], const char *what);
 
 /* ------------------------------------------------------------ the model */
 

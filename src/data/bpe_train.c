@@ -210,13 +210,13 @@ static cai_status pair_change(train_state *s, int32_t a, int32_t b, int64_t delt
     } else {
         if (s->n_pairs >= UINT32_MAX) return CAI_ERROR(CAI_ERR_NOMEM, "more than 2^32 distinct pairs");
         if (s->n_pairs + 1 > s->pairs_cap) {
-            size_t cap = s->pairs_cap, nc = cap ? cap * 2 : 4096;
-            size_t c1 = cap, c2 = cap, c3 = cap, c4 = cap;
-            CAI_CALL(cai_bpe_reserve((void **)&s->pa, &c1, nc, sizeof *s->pa, "BPE pairs"));
-            CAI_CALL(cai_bpe_reserve((void **)&s->pb, &c2, nc, sizeof *s->pb, "BPE pairs"));
-            CAI_CALL(cai_bpe_reserve((void **)&s->pcount, &c3, nc, sizeof *s->pcount, "BPE pair counts"));
-            CAI_CALL(cai_bpe_reserve((void **)&s->pstamp, &c4, nc, sizeof *s->pstamp, "BPE pair stamps"));
-            CAI_CALL(cai_bpe_reserve((void **)&s->where, &s->pairs_cap, nc, sizeof *s->where, "BPE pair words"));
+            size_t nc = s->pairs_cap ? s->pairs_cap * 2 : 4096;
+            void **const arrays[] = {(void **)&s->pa, (void **)&s->pb, (void **)&s->pcount, (void **)&s->pstamp,
+                                     (void **)&s->where};
+            const size_t elem[] = {sizeof *s->pa, sizeof *s->pb, sizeof *s->pcount, sizeof *s->pstamp,
+                                   sizeof *s->where};
+            CAI_CALL(cai_bpe_resize_arrays(nc, 5, arrays, elem, "the BPE pair table"));
+            s->pairs_cap = nc;
         }
         p = (uint32_t)s->n_pairs++;
         s->pa[p] = a;

@@ -181,6 +181,16 @@ cai_status cai_bpe_reserve(void **buf, size_t *cap, size_t need, size_t elem, co
     return CAI_OK;
 }
 
+cai_status cai_bpe_resize_arrays(size_t count, size_t n, void **const arrays[], const size_t elem[], const char *what) {
+    for (size_t i = 0; i < n; i++) {
+        /* An array that moved keeps its new block even if a later one fails: nothing leaks. */
+        void *p = count > SIZE_MAX / elem[i] ? NULL : realloc(*arrays[i], count * elem[i]);
+        if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "cannot grow %s to %zu entries", what, count);
+        *arrays[i] = p;
+    }
+    return CAI_OK;
+}
+
 cai_status cai_byte_buf_append(cai_byte_buf *b, const void *p, size_t n) {
     CAI_CALL(cai_bpe_reserve((void **)&b->data, &b->cap, b->len + n, 1, "byte buffer"));
     if (n) memcpy(b->data + b->len, p, n);
@@ -386,15 +396,9 @@ cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_
     if (!m->cap || (m->count + 1) * 2 > m->cap) CAI_CALL(strmap_rehash(m, m->cap ? m->cap * 2 : 16));
     if (m->count + 1 > m->entries_cap) {
         size_t nc = m->entries_cap ? m->entries_cap * 2 : 16;
-        void *a = realloc(m->hashes, nc * sizeof *m->hashes);
-        if (a) m->hashes = a;
-        void *b = realloc(m->key_off, nc * sizeof *m->key_off);
-        if (b) m->key_off = b;
-        void *c = realloc(m->key_len, nc * sizeof *m->key_len);
-        if (c) m->key_len = c;
-        void *d = realloc(m->vals, nc * sizeof *m->vals);
-        if (d) m->vals = d;
-        if (!a || !b || !c || !d) return CAI_ERROR(CAI_ERR_NOMEM, "cannot grow a string map to %zu entries", nc);
+        void **const arrays[] = {(void **)&m->hashes, (void **)&m->key_off, (void **)&m->key_len, (void **)&m->vals};
+        const size_t elem[] = {sizeof *m->hashes, sizeof *m->key_off, sizeof *m->key_len, sizeof *m->vals};
+        CAI_CALL(cai_bpe_resize_arrays(nc, 4, arrays, elem, "a string map"));
         m->entries_cap = nc;
     }
     CAI_CALL(cai_bpe_reserve((void **)&m->pool, &m->pool_cap, m->pool_len + len + 1, 1, "string map keys"));

@@ -436,6 +436,12 @@ START_TEST(train_hand_example) {
     ck_assert_int_eq(cai_bpe_train(corpus, NULL, 1, &o, &t), CAI_OK);
     ck_assert_int_eq(cai_bpe_vocab_size(t), 263); /* the whole word is one token */
     cai_bpe_free(t);
+    /* Pairs seen fewer than min_frequency times are not merged: aa, ab, aa+ab only. */
+    o.min_frequency = 2;
+    ck_assert_int_eq(cai_bpe_train(corpus, NULL, 1, &o, &t), CAI_OK);
+    ck_assert_int_eq(cai_bpe_vocab_size(t), 259);
+    ck_assert_uint_eq(cai_bpe_merge_count(t), 3);
+    cai_bpe_free(t);
     cai_error_clear();
 }
 END_TEST
