@@ -122,6 +122,7 @@ struct cai_mesh {
 
     struct cai_nccl_state *nccl;
     void *cuda_stream; /* work that device collectives must follow (NULL: legacy default stream) */
+    int ready;         /* init completed on this rank (so on all: freeing may communicate) */
 };
 
 /* Words in each rank's watchdog window: one sequence counter per axis, then
@@ -145,6 +146,8 @@ cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_po
 MPI_Datatype cai_mpi_dtype(cai_dtype dt);
 /* Completes what it can of the timed-out operations (non-blocking). */
 void cai_orphans_progress(cai_mesh_t *m);
+/* Watched MPI barrier over an axis (host path), counted as a collective. */
+cai_status cai_host_barrier(cai_mesh_t *m, cai_axis axis);
 /* Broadcast of raw bytes from axis rank 0 over MPI, counted as `kind`. */
 cai_status cai_host_bcast_bytes(cai_mesh_t *m, cai_axis axis, void *buf, size_t bytes, cai_op_kind kind);
 

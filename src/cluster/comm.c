@@ -337,9 +337,11 @@ static cai_status prepare(cai_mesh_t *m, cai_pending *p) {
             size_t off = (size_t)((const char *)p->user.send - (const char *)p->user.recv) / es;
             if (off + se > span) span = off + se;
         }
-        /* In-place and broadcast operations read the receive buffer. */
+        /* In-place and broadcast operations read the receive buffer, and
+         * all_to_allv must keep what lies between its blocks. */
         if (span) CAI_CALL(cai_malloc(&p->tmp_recv, span * es, "host staging (receive)"));
-        if (span && in_place) CAI_CALL(cai_cl_copy_to_host(p->tmp_recv, p->user.recv, span * es));
+        if (span && (in_place || p->c.kind == CAI_OP_ALLTOALLV))
+            CAI_CALL(cai_cl_copy_to_host(p->tmp_recv, p->user.recv, span * es));
         if (in_place) {
             p->c.send = (const char *)p->tmp_recv + ((const char *)p->user.send - (const char *)p->user.recv);
         } else if (se) {
@@ -544,6 +546,17 @@ static cai_status run(cai_mesh_t *m, const cai_coll *c) {
         CAI_CALL(cai_cl_nccl_run(m, &p.c, p.seq));
         return CAI_OK;
     }
+    CAI_CALL(host_run(m, &p));
+    return CAI_OK;
+}
+
+cai_status cai_host_barrier(cai_mesh_t *m, cai_axis axis) {
+    cai_coll c = {.kind = CAI_OP_BARRIER, .axis = axis};
+    cai_pending p;
+    memset(&p, 0, sizeof p);
+    p.c = p.user = c;
+    p.group_size = m->size[axis];
+    p.seq = cai_wd_enter(m, axis);
     CAI_CALL(host_run(m, &p));
     return CAI_OK;
 }

@@ -17,6 +17,17 @@ tests_mpi_test_watchdog_abort_SOURCES = tests/mpi/test_watchdog_abort.c
 tests_mpi_test_watchdog_abort_LDADD = src/libcolossal-core.la
 TESTS += tests/mpi/watchdog_abort.sh
 
+# Device-buffer collectives (NCCL, staging), no Check so it also builds on GPU
+# hosts without it; exits 77 (skipped) where no CUDA device is usable.
+check_PROGRAMS += tests/mpi/test_collectives_gpu2
+tests_mpi_test_collectives_gpu2_SOURCES = tests/mpi/test_collectives_gpu.c tests/mpi/test_collectives_ref.h
+tests_mpi_test_collectives_gpu2_LDADD = src/libcolossal-core.la $(NCCL_LIBS) $(CUDA_LIBS)
+
+# Markers are made in the build tree: tests/run-mpi-test looks for the
+# program next to the marker, and a marker found in the source tree by VPATH
+# (out-of-tree builds) would send it to the source directory.
+CLUSTER_MPI_TESTS = tests/mpi/collectives_gpu2.np2
+
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_layout
 tests_unit_test_layout_SOURCES = tests/unit/test_layout.c
@@ -32,7 +43,7 @@ CLUSTER_MPI_PROGS = tests/mpi/test_mesh1 tests/mpi/test_mesh2 tests/mpi/test_mes
 	tests/mpi/test_collectives8 tests/mpi/test_watchdog4
 check_PROGRAMS += $(CLUSTER_MPI_PROGS)
 CLUSTER_MESH_SRC = tests/mpi/test_mesh.c tests/mpi/test_mesh_util.h
-CLUSTER_COLL_SRC = tests/mpi/test_collectives.c tests/mpi/test_mesh_util.h
+CLUSTER_COLL_SRC = tests/mpi/test_collectives.c tests/mpi/test_collectives_ref.h tests/mpi/test_mesh_util.h
 tests_mpi_test_mesh1_SOURCES = $(CLUSTER_MESH_SRC)
 tests_mpi_test_mesh2_SOURCES = $(CLUSTER_MESH_SRC)
 tests_mpi_test_mesh4_SOURCES = $(CLUSTER_MESH_SRC)
@@ -52,14 +63,11 @@ tests_mpi_test_collectives4_LDADD = $(TEST_LIBS)
 tests_mpi_test_collectives8_LDADD = $(TEST_LIBS)
 tests_mpi_test_watchdog4_LDADD = $(TEST_LIBS)
 
-# Markers are made in the build tree: tests/run-mpi-test looks for the
-# program next to the marker, and a marker found in the source tree by VPATH
-# (out-of-tree builds) would send it to the source directory.
-CLUSTER_MPI_TESTS = tests/mpi/mesh1.np1 tests/mpi/mesh2.np2 tests/mpi/mesh4.np4 tests/mpi/mesh8.np8 \
+CLUSTER_MPI_TESTS += tests/mpi/mesh1.np1 tests/mpi/mesh2.np2 tests/mpi/mesh4.np4 tests/mpi/mesh8.np8 \
 	tests/mpi/collectives1.np1 tests/mpi/collectives3.np3 tests/mpi/collectives4.np4 \
 	tests/mpi/collectives8.np8 tests/mpi/watchdog4.np4
+endif
 $(CLUSTER_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(CLUSTER_MPI_TESTS)
 TESTS += $(CLUSTER_MPI_TESTS)
-endif

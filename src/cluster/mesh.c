@@ -141,6 +141,7 @@ cai_status cai_mesh_init(cai_mesh_t **out, MPI_Comm world, const cai_mesh_config
     CAI_CALL_GOTO(record_groups(m), st, fail);
     CAI_CALL_GOTO(create_half_ops(m), st, fail);
     CAI_CALL_GOTO(cai_wd_init(m), st, fail);
+    m->ready = 1;
     *out = m;
     return CAI_OK;
 fail:

@@ -10,92 +10,12 @@
 #include <stdlib.h>
 
 #include "../../src/cluster/cluster_internal.h"
+#include "test_collectives_ref.h"
 #include "test_mesh_util.h"
-
-typedef struct {
-    cai_mesh_t *m;
-    cai_axis a;
-    int n, k; /* group size, own axis rank */
-    const int *grp;
-    int me;
-} ax_t;
-
-static const cai_dtype k_all_dtypes[] = {CAI_DTYPE_F32, CAI_DTYPE_BF16, CAI_DTYPE_F16, CAI_DTYPE_F64,
-                                         CAI_DTYPE_I32, CAI_DTYPE_I64,  CAI_DTYPE_U8,  CAI_DTYPE_U16};
-#define NDT (int)(sizeof k_all_dtypes / sizeof k_all_dtypes[0])
-/* One of each element size for data-movement operations. */
-static const cai_dtype k_move_dtypes[] = {CAI_DTYPE_U8, CAI_DTYPE_BF16, CAI_DTYPE_F32, CAI_DTYPE_I64};
-#define NMDT (int)(sizeof k_move_dtypes / sizeof k_move_dtypes[0])
-
-#define SENTINEL 99.0
-
-static int is_unsigned(cai_dtype d) { return d == CAI_DTYPE_U8 || d == CAI_DTYPE_U16; }
-static int is_int(cai_dtype d) { return d == CAI_DTYPE_I32 || d == CAI_DTYPE_I64 || is_unsigned(d); }
-
-/* Small integers: exact in every dtype, and so are sums of up to 8 of them,
- * whatever order the reduction takes. */
-static double val(int wr, size_t i, int salt, cai_dtype d) {
-    int v = (int)(((unsigned)wr * 37u + (unsigned)i * 11u + (unsigned)salt * 5u) % 17u);
-    return is_unsigned(d) ? v : v - 8;
-}
-
-static void put(cai_dtype d, void *b, size_t i, double v) {
-    switch (d) {
-    case CAI_DTYPE_F32: ((float *)b)[i] = (float)v; break;
-    case CAI_DTYPE_F64: ((double *)b)[i] = v; break;
-    case CAI_DTYPE_I32: ((int32_t *)b)[i] = (int32_t)v; break;
-    case CAI_DTYPE_I64: ((int64_t *)b)[i] = (int64_t)v; break;
-    case CAI_DTYPE_U8: ((uint8_t *)b)[i] = (uint8_t)v; break;
-    case CAI_DTYPE_U16: ((uint16_t *)b)[i] = (uint16_t)v; break;
-    case CAI_DTYPE_BF16: ((uint16_t *)b)[i] = cai_cl_f32_to_bf16((float)v); break;
-    case CAI_DTYPE_F16: ((uint16_t *)b)[i] = cai_cl_f32_to_f16((float)v); break;
-    default: break;
-    }
-}
-
-static double get(cai_dtype d, const void *b, size_t i) {
-    switch (d) {
-    case CAI_DTYPE_F32: return ((const float *)b)[i];
-    case CAI_DTYPE_F64: return ((const double *)b)[i];
-    case CAI_DTYPE_I32: return ((const int32_t *)b)[i];
-    case CAI_DTYPE_I64: return (double)((const int64_t *)b)[i];
-    case CAI_DTYPE_U8: return ((const uint8_t *)b)[i];
-    case CAI_DTYPE_U16: return ((const uint16_t *)b)[i];
-    case CAI_DTYPE_BF16: return cai_cl_bf16_to_f32(((const uint16_t *)b)[i]);
-    case CAI_DTYPE_F16: return cai_cl_f16_to_f32(((const uint16_t *)b)[i]);
-    default: return NAN;
-    }
-}
-
-/* Relative error of one rounding to the dtype. */
-static double rounding(cai_dtype d) {
-    switch (d) {
-    case CAI_DTYPE_BF16: return 0x1p-8;
-    case CAI_DTYPE_F16: return 0x1p-11;
-    case CAI_DTYPE_F32: return 0x1p-23;
-    default: return 0x1p-51;
-    }
-}
-
-static void *alloc(size_t count, cai_dtype d) { return calloc(count ? count : 1, cai_dtype_size(d)); }
-
-static void fill(cai_dtype d, void *b, size_t count, double v) {
-    for (size_t i = 0; i < count; i++) put(d, b, i, v);
-}
-
-static double reduce_ref(const ax_t *x, size_t idx, int salt, cai_dtype d, cai_reduce_op op) {
-    double acc = val(x->grp[0], idx, salt, d);
-    for (int g = 1; g < x->n; g++) {
-        double v = val(x->grp[g], idx, salt, d);
-        acc = op == CAI_RED_MAX ? fmax(acc, v) : op == CAI_RED_MIN ? fmin(acc, v) : acc + v;
-    }
-    if (op == CAI_RED_AVG) acc = is_int(d) ? (double)((long long)acc / x->n) : acc / x->n;
-    return acc;
-}
 
 static void expect_reduced(const ax_t *x, cai_dtype d, cai_reduce_op op, double got, double want, const char *what,
                            size_t i) {
-    double tol = op == CAI_RED_AVG && !is_int(d) ? rounding(d) * fmax(1.0, fabs(want)) : 0.0;
+    double tol = reduce_tolerance(d, op, want);
     ck_assert_msg(fabs(got - want) <= tol, "%s axis %s (%d of %d) %s op %d [%zu]: got %g want %g", what,
                   cai_axis_name(x->a), x->k, x->n, cai_dtype_name(d), (int)op, i, got, want);
 }
@@ -139,7 +59,7 @@ static void check_half_accuracy(const ax_t *x) {
             double exact = 0, mag = 0;
             for (int g = 0; g < x->n; g++) {
                 /* What peer g sent, after its own rounding to the dtype. */
-                uint16_t one;
+                double one; /* room for any dtype */
                 put(d, &one, 0, 2 * cai_rng_uniform(5, (uint64_t)x->grp[g], i) - 1);
                 exact += get(d, &one, 0);
                 mag += fabs(get(d, &one, 0));
@@ -222,9 +142,6 @@ static void check_all_to_all(const ax_t *x) {
         }
     }
 }
-
-/* Uneven counts (including zero) from axis rank `from` to axis rank `to`. */
-static size_t vcount(int from, int to) { return (size_t)((3 * from + 2 * to + 1) % 4); }
 
 static void check_all_to_allv(const ax_t *x) {
     int n = x->n, salt = 160;
