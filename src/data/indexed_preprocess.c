@@ -346,8 +346,9 @@ static cai_status merge_write(const cai_indexed_dataset_t *part, MPI_File fbin, 
         CAI_CALL_GOTO(write_at(fidx, doc_at + 8 * (1 + doc_off + d), tmp, 8 * c, idx_path), st, done);
     }
     /* The token bytes are already in the final dtype: copy the partial's
-     * .bin verbatim (the handle is opaque, so through the file). */
-    {
+     * .bin verbatim (the handle is opaque, so through the file). Rank 0's
+     * partial already is the start of the final file. */
+    if (rank != 0) {
         char *bp = NULL;
         const size_t isz = cai_indexed_dtype_size(cai_indexed_get_dtype(part));
         int64_t written = 0;
@@ -422,9 +423,19 @@ static cai_status merge(pp_state *S, MPI_Comm comm, int64_t totals_out[3], int64
     snprintf(idx_path, sizeof idx_path, "%s.idx", prefix);
     const int64_t idx_size = CAI_INDEXED_HEADER_BYTES + 12 * tot[1] + 8 * (tot[2] + 1);
     MPI_File fbin = MPI_FILE_NULL, fidx = MPI_FILE_NULL;
-    st = open_out(comm, bin_tmp, (MPI_Offset)tot[0], &fbin);
-    if (st == CAI_OK) st = open_out(comm, idx_tmp, (MPI_Offset)idx_size, &fidx);
-    st = agree(comm, st, "opening the output");
+    /* Rank 0's tokens open the final .bin: renaming its partial saves
+     * copying them (all of them on one rank). */
+    if (S->rank == 0) {
+        char part_bin[4200];
+        snprintf(part_bin, sizeof part_bin, "%s.bin", S->part);
+        if (rename(part_bin, bin_tmp) != 0)
+            st = CAI_ERROR(CAI_ERR_IO, "rename %s -> %s failed: %s", part_bin, bin_tmp, strerror(errno));
+    }
+    st = agree(comm, st, "renaming its partial");
+    if (st == CAI_OK) {
+        st = agree(comm, open_out(comm, bin_tmp, (MPI_Offset)tot[0], &fbin), "opening the output");
+        if (st == CAI_OK) st = agree(comm, open_out(comm, idx_tmp, (MPI_Offset)idx_size, &fidx), "opening the output");
+    }
     if (st == CAI_OK) st = merge_write(part, fbin, fidx, bin_tmp, idx_tmp, S->rank, off, tot);
     cai_indexed_free(part);
     st = agree(comm, st, "writing its part of the output");

@@ -39,7 +39,7 @@ static void make_corpus(corpus_t *c, uint32_t seed, int32_t minid, int32_t maxid
             const int s = c->n_seq++;
             c->len[s] = (int)(lcg(&seed) % 40);
             for (int t = 0; t < c->len[s]; t++)
-                c->tok[s][t] = minid + (int32_t)(lcg(&seed) % (uint32_t)(maxid - minid + 1));
+                c->tok[s][t] = (int32_t)(minid + (int64_t)(lcg(&seed) % (uint64_t)((int64_t)maxid - minid + 1)));
         }
     }
 }
