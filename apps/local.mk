@@ -18,3 +18,4 @@ CHECK_APP_TESTS = \
 TESTS += $(CHECK_APP_TESTS)
 EXTRA_DIST += $(CHECK_APP_TESTS) tests/apps/check_lib.sh
 include $(srcdir)/apps/data.mk
+include $(srcdir)/apps/pretrain.mk

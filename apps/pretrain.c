@@ -1,0 +1,431 @@
+/* colossal-pretrain: train a GPT-2 or Llama model from scratch, data
+ * parallel over the mesh's dp axis.
+ *
+ *   mpirun -np N colossal-pretrain --config examples/pretrain-tiny.yaml [--key=value ...]
+ *
+ * Parse the config, build the mesh, the data and the model, run the loop:
+ * every rank trains on its slice of each global batch (micro_batch x
+ * grad_accum sequences), gradients are averaged over dp, AdamW steps with
+ * the LR schedule and clipping. A progress line per log interval, a
+ * metrics.jsonl record per step, validation every eval.interval steps,
+ * greedy samples at the end. SIGINT/SIGTERM/SIGUSR1 stop every rank at the
+ * next step boundary. See docs/pretrain.md. */
+#include "cai_config.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colossal/parallel.h"
+#include "pretrain.h"
+
+/* ------------------------------------------------------------------ config */
+
+/* Filled from the library's own names before parsing, so a family or
+ * schedule added there is accepted here without an edit. */
+static const char *k_families[CAI_MODEL_FAMILY_COUNT + 1];
+static const char *k_schedules[CAI_LR_KIND_COUNT + 1];
+/* Index == cai_dtype for the first three. */
+static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
+static const char *const k_devices[] = {"auto", "cpu", "cuda", NULL};
+static const char *const k_tie[] = {"auto", "false", "true", NULL};
+
+#define F(key, type, field, def, doc, ...) {key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL}
+#define E(key, field, def, doc, choices) \
+    {key, CAI_CFG_ENUM, offsetof(pt_config, field), def, doc, CAI_CFG_NO_RANGE, choices, NULL}
+#define S(key, field, def, doc) F(key, CAI_CFG_STRING, field, def, doc, CAI_CFG_NO_RANGE)
+#define BIG 1e15
+
+static const cai_config_field k_fields[] = {
+    E("model.family", family, "gpt2", "gpt2 (LayerNorm, GELU, learned positions) or llama (RMSNorm, SwiGLU, RoPE)",
+      k_families),
+    F("model.n_layers", CAI_CFG_INT, n_layers, "4", "transformer blocks", 1, 1024),
+    F("model.d_model", CAI_CFG_INT, d_model, "128", "hidden size", 8, 1 << 16),
+    F("model.n_heads", CAI_CFG_INT, n_heads, "4", "attention heads (must divide d_model)", 1, 4096),
+    F("model.n_kv_heads", CAI_CFG_INT, n_kv_heads, "0", "key/value heads for grouped-query attention (llama); 0: n_heads",
+      0, 4096),
+    F("model.ffn_hidden", CAI_CFG_INT, ffn_hidden, "0", "MLP hidden size; 0: 4*d_model (gpt2), 8/3*d_model (llama)", 0,
+      1 << 20),
+    F("model.vocab_size", CAI_CFG_INT, vocab_size, "0", "vocabulary; 0: the tokenizer's", 0, 1 << 24),
+    F("model.vocab_multiple", CAI_CFG_INT, vocab_multiple, "0", "pad embedding rows to a multiple of this; 0: 128", 0,
+      1 << 16),
+    E("model.tie_embeddings", tie, "auto", "share the token embedding with the LM head (auto: gpt2 yes, llama no)",
+      k_tie),
+    F("model.rope_theta", CAI_CFG_DOUBLE, rope_theta, "0", "RoPE base (llama); 0: 10000", 0, 1e12),
+    F("model.norm_eps", CAI_CFG_DOUBLE, norm_eps, "0", "norm epsilon; 0: 1e-5", 0, 1),
+    F("model.init_std", CAI_CFG_DOUBLE, init_std, "0", "N(0, std^2) init, residual projections scaled; 0: 0.02", 0, 10),
+    F("model.seed", CAI_CFG_INT64, model_seed, "1234", "parameter initialisation seed", 0, BIG),
+    E("model.param_dtype", param_dtype, "f32", "working copy of the weights: f32, bf16 or f16 (masters stay f32)",
+      k_dtypes),
+    E("model.act_dtype", act_dtype, "f32", "activations and compute: f32, bf16 or f16", k_dtypes),
+    F("model.activation_checkpointing", CAI_CFG_BOOL, act_ckpt, "false",
+      "keep only each layer's input and recompute it in backward", CAI_CFG_NO_RANGE),
+
+    F("mesh.dp", CAI_CFG_INT, dp, "0", "data-parallel ranks; 0: world / (tp*pp*sp)", 0, 1 << 20),
+    F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (only 1 for now)", 1, 1 << 20),
+    F("mesh.pp", CAI_CFG_INT, pp, "1", "pipeline stages (only 1 for now)", 1, 1 << 20),
+    F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
+    F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
+      "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
+
+    F("train.steps", CAI_CFG_INT64, steps, "400", "optimizer steps", 1, BIG),
+    F("train.micro_batch", CAI_CFG_INT, micro_batch, "8", "sequences per forward on each rank", 1, 1 << 20),
+    F("train.grad_accum", CAI_CFG_INT, grad_accum, "1", "microbatches per step on each rank", 1, 1 << 20),
+    F("train.seq_len", CAI_CFG_INT, seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
+    F("train.seed", CAI_CFG_INT64, data_seed, "1234", "sample order seed", 0, BIG),
+
+    E("optim.schedule", schedule, "cosine", "learning rate after the linear warmup", k_schedules),
+    F("optim.lr", CAI_CFG_DOUBLE, lr, "1e-3", "peak learning rate", 0, 10),
+    F("optim.min_lr", CAI_CFG_DOUBLE, min_lr, "1e-4", "learning rate at the end of the decay", 0, 10),
+    F("optim.warmup_steps", CAI_CFG_INT64, warmup, "20", "linear warmup steps", 0, BIG),
+    F("optim.decay_steps", CAI_CFG_INT64, decay_steps, "0", "step at which the decay reaches min_lr; 0: train.steps",
+      0, BIG),
+    F("optim.beta1", CAI_CFG_DOUBLE, beta1, "0.9", "AdamW beta1", 0, 1),
+    F("optim.beta2", CAI_CFG_DOUBLE, beta2, "0.95", "AdamW beta2", 0, 1),
+    F("optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1),
+    F("optim.weight_decay", CAI_CFG_DOUBLE, weight_decay, "0.1", "decoupled weight decay (matrices only)", 0, 10),
+    F("optim.grad_clip", CAI_CFG_DOUBLE, grad_clip, "1.0", "maximum global gradient norm; 0: no clipping", 0, 1e9),
+
+    F("eval.interval", CAI_CFG_INT64, eval_interval, "100", "validate every this many steps and at the end; 0: never",
+      0, BIG),
+    F("eval.batches", CAI_CFG_INT, eval_batches, "4", "global batches per validation", 1, 1 << 20),
+
+    S("data.path", data_path, "",
+      "Megatron data path: PREFIX or \"W1 PREFIX1 W2 PREFIX2\" (.bin/.idx); empty: the embedded corpus"),
+    S("data.split", split, "98,2,0", "train,valid,test weights over each prefix's documents"),
+    S("data.tokenizer", tokenizer, "",
+      "directory with vocab.json and merges.txt; empty: byte-level, or BPE trained on the embedded corpus"),
+    S("data.eod", eod, "<|endoftext|>", "BPE special token that ends every document"),
+    F("data.corpus_docs", CAI_CFG_INT64, corpus_docs, "20000", "embedded corpus: documents to generate", 1, BIG),
+    F("data.corpus_seed", CAI_CFG_INT64, corpus_seed, "1234", "embedded corpus: generator seed", 0, BIG),
+    F("data.corpus_vocab", CAI_CFG_INT, corpus_vocab, "1000",
+      "embedded corpus: train a BPE tokenizer of this many tokens on it; 0: byte-level", 0, 1 << 24),
+
+    S("run.dir", dir, "runs/pretrain", "run directory: config.yaml, metrics.jsonl, data/, tokenizer/"),
+    E("run.device", device, "auto", "auto (a GPU per rank when the build and node have them), cpu or cuda",
+      k_devices),
+    F("run.threads", CAI_CFG_INT, threads, "0", "CPU threads per rank; 0: the OpenMP default", 0, 4096),
+    F("run.peak_tflops", CAI_CFG_DOUBLE, peak_tflops, "0",
+      "per-rank peak for MFU (e.g. 989 for H100/H200 bf16); 0: measure this device's matmul", 0, 1e6),
+
+    F("log.interval", CAI_CFG_INT64, log_interval, "10", "steps between progress lines", 1, BIG),
+
+    S("generate.prompts", prompts, "Once upon a time,|Q: What is 7 times 8? A:",
+      "prompts for the greedy samples at the end, separated by |"),
+    F("generate.tokens", CAI_CFG_INT, gen_tokens, "48", "tokens per sample; 0: no samples", 0, 1 << 20),
+
+    CAI_APP_COMMON_FIELDS(pt_config, common),
+};
+#undef F
+#undef E
+#undef S
+#undef BIG
+
+static const cai_config_schema k_schema = {
+    "colossal-pretrain", "train a GPT-2 or Llama model from scratch, data parallel", k_fields,
+    CAI_CFG_NFIELDS(k_fields)};
+
+static void fill_choices(void) {
+    for (int i = 0; i < CAI_MODEL_FAMILY_COUNT; i++) k_families[i] = cai_model_family_name((cai_model_family)i);
+    for (int i = 0; i < CAI_LR_KIND_COUNT; i++) k_schedules[i] = cai_lr_kind_name((cai_lr_kind)i);
+}
+
+/* Everything decided from the config alone, identically on every rank. */
+static cai_status check_layout(const pt_config *c, int world, cai_layout *L) {
+    int rest = c->tp * c->pp * c->sp;
+    *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
+    cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->n_layers, 0, 0, 0};
+    CAI_CALL(cai_layout_validate(world, L, &lm));
+    if (c->tp > 1 || c->pp > 1 || c->sp > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "colossal-pretrain is data parallel only for now: mesh.tp=%d mesh.pp=%d mesh.sp=%d must be 1 "
+                         "(use mesh.dp=%d on %d ranks)",
+                         c->tp, c->pp, c->sp, world, world);
+    return CAI_OK;
+}
+
+static cai_model_config model_config(const pt_config *c, int64_t vocab) {
+    cai_model_config m = cai_model_config_default((cai_model_family)c->family);
+    m.vocab_size = (int)vocab;
+    m.vocab_multiple = c->vocab_multiple;
+    m.n_layers = c->n_layers;
+    m.d_model = c->d_model;
+    m.n_heads = c->n_heads;
+    m.n_kv_heads = c->n_kv_heads;
+    m.ffn_hidden = c->ffn_hidden;
+    m.max_seq_len = c->seq_len;
+    m.rope_theta = (float)c->rope_theta;
+    m.norm_eps = (float)c->norm_eps;
+    m.init_std = (float)c->init_std;
+    if (c->tie != PT_TIE_AUTO) m.tie_embeddings = c->tie == PT_TIE_TRUE;
+    m.seed = (uint64_t)c->model_seed;
+    m.param_dtype = (cai_dtype)c->param_dtype;
+    m.act_dtype = (cai_dtype)c->act_dtype;
+    m.activation_checkpointing = c->act_ckpt;
+    return m;
+}
+
+static cai_adamw_config optim_config(const pt_config *c) {
+    cai_adamw_config o = cai_adamw_config_default();
+    o.schedule = (cai_lr_schedule){(cai_lr_kind)c->schedule, (float)c->lr, (float)c->min_lr, c->warmup,
+                                   c->decay_steps ? c->decay_steps : c->steps};
+    o.beta1 = (float)c->beta1;
+    o.beta2 = (float)c->beta2;
+    o.eps = (float)c->eps;
+    o.weight_decay = (float)c->weight_decay;
+    o.grad_clip = (float)c->grad_clip;
+    return o;
+}
+
+/* auto: a GPU per rank (by node-local rank) when this build has CUDA and
+ * the node has one, else the host. */
+static cai_status open_device(const pt_config *c, const cai_app *app, cai_device_t **dev) {
+    if (c->device != PT_DEVICE_CPU) {
+        cai_status st = cai_device_init(dev, CAI_DEVICE_CUDA, app->local_rank, c->threads);
+        if (st == CAI_OK || c->device == PT_DEVICE_CUDA) return st;
+        CAI_DEBUG("run.device=auto: no GPU (%s); using the host", cai_error_message());
+        cai_error_clear();
+    }
+    return cai_device_init(dev, CAI_DEVICE_HOST, 0, c->threads);
+}
+
+/* ------------------------------------------------------------------ steps */
+
+/* One data-parallel step: this rank's microbatches, the dp mean of the
+ * gradients and of the loss, the global norm, clipping and AdamW. Every
+ * replica ends with the same weights. Collective over the dp axis. */
+static cai_status dp_train_step(cai_mesh_t *mesh, cai_model_t *m, cai_optim_t *o, const int32_t *tokens,
+                                const int32_t *targets, int n_micro, cai_step_stats *out) {
+    int B = 0, T = 0;
+    cai_model_shape(m, &B, &T);
+    size_t per = (size_t)B * (size_t)T;
+    double loss = 0;
+    cai_timer_begin("pretrain: forward+backward");
+    CAI_CALL(cai_model_zero_grad(m));
+    for (int k = 0; k < n_micro; k++) {
+        float l = 0;
+        CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, targets + (size_t)k * per, &l));
+        CAI_CALL(cai_model_backward(m, 1.0f / (float)n_micro));
+        loss += (double)l / n_micro;
+    }
+    cai_timer_end("pretrain: forward+backward");
+    cai_timer_begin("pretrain: gradient all-reduce");
+    CAI_CALL(cai_dp_allreduce_grads(mesh, m));
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, &loss, &loss, 1, CAI_DTYPE_F64, CAI_RED_AVG));
+    cai_timer_end("pretrain: gradient all-reduce");
+    cai_timer_begin("pretrain: optimizer");
+    cai_tensor params, grads, lowp;
+    cai_model_flat(m, &params, &grads, &lowp);
+    double sumsq = 0; /* the gradients are the same on every dp rank now: the local sum is the global one */
+    CAI_CALL(cai_optim_grad_sumsq(o, &grads, &sumsq));
+    double norm = sqrt(sumsq);
+    if (!isfinite(norm) || !isfinite(loss))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "step %lld: loss %g, gradient norm %g is not finite; nothing was updated (lower optim.lr, "
+                         "check the data, or use bf16 over f16)",
+                         (long long)cai_optim_step_count(o) + 1, loss, norm);
+    float lr = 0;
+    CAI_CALL(cai_optim_step(o, &params, &grads, &lowp, cai_clip_coef(norm, cai_optim_config(o)->grad_clip), &lr));
+    CAI_CALL(cai_model_params_updated(m));
+    cai_timer_end("pretrain: optimizer");
+    *out = (cai_step_stats){(float)loss, (float)norm, lr};
+    return CAI_OK;
+}
+
+/* Mean loss over eval.batches global batches of the validation split.
+ * Collective over the dp axis. */
+static cai_status evaluate(cai_mesh_t *mesh, cai_model_t *m, pt_data *d, const pt_config *c, double *loss) {
+    int B = 0, T = 0;
+    cai_model_shape(m, &B, &T);
+    size_t per = (size_t)B * (size_t)T;
+    double sum = 0;
+    cai_timer_begin("pretrain: validation");
+    for (int b = 0; b < c->eval_batches; b++) {
+        CAI_CALL(pt_data_valid_batch(d, b, cai_mesh_rank(mesh, CAI_AXIS_DP)));
+        for (int k = 0; k < c->grad_accum; k++) {
+            float l = 0;
+            CAI_CALL(cai_model_forward(m, d->tokens + (size_t)k * per, d->targets + (size_t)k * per, &l));
+            sum += l;
+        }
+    }
+    sum /= (double)c->eval_batches * c->grad_accum;
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG));
+    cai_timer_end("pretrain: validation");
+    *loss = sum;
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------------ signals */
+
+static volatile sig_atomic_t g_signal;
+
+static void on_signal(int sig) { g_signal = sig; }
+
+/* SA_RESETHAND: a second Ctrl-C kills at once instead of waiting for the
+ * step to end. */
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* The signal any rank received (0: none), the same on every rank, so all
+ * stop after the same step. Collective over the world. */
+static cai_status stop_requested(cai_mesh_t *mesh, int *sig) {
+    int32_t s = g_signal;
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_WORLD, &s, &s, 1, CAI_DTYPE_I32, CAI_RED_MAX));
+    *sig = s;
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------------ run */
+
+typedef struct {
+    cai_mesh_t *mesh;
+    cai_device_t *dev;
+    cai_model_t *model;
+    cai_optim_t *optim;
+    pt_data data;
+    pt_report report;
+} pt_run;
+
+static void print_header(const pt_run *r, const pt_config *c, const cai_app *app) {
+    const cai_model_config *mc = cai_model_config_of(r->model);
+    size_t pbytes = 0, abytes = 0;
+    cai_model_memory(r->model, &pbytes, &abytes);
+    char layout[128];
+    cai_layout_str(cai_mesh_layout(r->mesh), layout, sizeof layout);
+    uint64_t nparams = cai_registry_global_numel(cai_model_registry(r->model));
+    const cai_adamw_config *oc = cai_optim_config(r->optim);
+    printf("colossal-pretrain %s: %d rank%s on %d node%s, %s, device %s\n", cai_version_string(), app->size,
+           app->size == 1 ? "" : "s", app->n_nodes, app->n_nodes == 1 ? "" : "s", layout, r->dev->name);
+    printf("model: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d (padded %lld), %s%s: %.2fM "
+           "parameters; per rank %.1f MiB weights+grads, %.1f MiB activations\n",
+           cai_model_family_name(mc->family), mc->n_layers, mc->d_model, mc->n_heads, mc->n_kv_heads, mc->ffn_hidden,
+           mc->vocab_size, (long long)cai_model_padded_vocab(r->model), mc->tie_embeddings ? "tied" : "untied",
+           mc->activation_checkpointing ? ", activation checkpointing" : "", (double)nparams / 1e6,
+           (double)pbytes / 1048576.0, (double)abytes / 1048576.0);
+    printf("data: %s\n", r->data.source);
+    printf("batch: %lld sequences x %d tokens = %lld tokens per step (micro_batch %d x grad_accum %d x dp %d); "
+           "%lld steps = %.2fM tokens\n",
+           (long long)r->data.global_batch, c->seq_len, (long long)r->report.tokens_per_step, c->micro_batch,
+           c->grad_accum, cai_mesh_size(r->mesh, CAI_AXIS_DP), (long long)c->steps,
+           (double)(c->steps * r->report.tokens_per_step) / 1e6);
+    printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
+           (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,
+           (long long)oc->schedule.decay_steps, (long long)oc->schedule.warmup_steps, (double)oc->beta1,
+           (double)oc->beta2, (double)oc->weight_decay, (double)oc->grad_clip);
+    printf("flops: %.3g per token = 6 x %.3gM matmul parameters + 12 x %d layers x %d tokens x %d d_model; peak "
+           "%.3g TFLOP/s over all ranks (%s)\n",
+           r->report.flops_per_token, (double)r->report.matmul_params / 1e6, mc->n_layers, c->seq_len, mc->d_model,
+           r->report.peak_flops / 1e12, c->peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
+    printf("run dir: %s (config.yaml, metrics.jsonl)\n", c->dir);
+    fflush(stdout);
+    pt_report_json((pt_report *)&r->report,
+                   "\"kind\":\"start\",\"ranks\":%d,\"dp\":%d,\"params\":%llu,\"matmul_params\":%lld,"
+                   "\"flops_per_token\":%.6g,\"peak_flops\":%.6g,\"tokens_per_step\":%lld,\"steps\":%lld",
+                   app->size, cai_mesh_size(r->mesh, CAI_AXIS_DP), (unsigned long long)nparams,
+                   (long long)r->report.matmul_params, r->report.flops_per_token, r->report.peak_flops,
+                   (long long)r->report.tokens_per_step, (long long)c->steps);
+}
+
+/* The training loop; *stopped_by receives the signal that ended it early. */
+static cai_status train(pt_run *r, const pt_config *c, int64_t *last_step, int *stopped_by) {
+    double loss_val = 0;
+    for (int64_t step = 1; step <= c->steps; step++) {
+        double t0 = cai_time_now();
+        cai_timer_begin("pretrain: data");
+        CAI_CALL(pt_data_next(&r->data));
+        cai_timer_end("pretrain: data");
+        cai_step_stats st;
+        CAI_CALL(dp_train_step(r->mesh, r->model, r->optim, r->data.tokens, r->data.targets, c->grad_accum, &st));
+        pt_report_step(&r->report, c, step, &st, cai_time_now() - t0);
+        *last_step = step;
+        if (r->data.valid_samples && c->eval_interval > 0 && (step % c->eval_interval == 0 || step == c->steps)) {
+            CAI_CALL(evaluate(r->mesh, r->model, &r->data, c, &loss_val));
+            pt_report_eval(&r->report, step, loss_val);
+        }
+        CAI_CALL(stop_requested(r->mesh, stopped_by));
+        if (*stopped_by) break;
+    }
+    return CAI_OK;
+}
+
+int main(int argc, char **argv) {
+    fill_choices();
+    pt_config cfg;
+    cai_app app;
+    cai_app_init(&app, &argc, &argv, &k_schema, &cfg, offsetof(pt_config, common));
+    cai_layout layout;
+    cai_app_check_all(check_layout(&cfg, app.size, &layout), 2);
+    /* The model's shape is checked before any data work; only the
+     * vocabulary waits for the tokenizer. */
+    cai_model_config model_cfg = model_config(&cfg, cfg.vocab_size > 0 ? cfg.vocab_size : CAI_BYTE_VOCAB), resolved;
+    cai_app_check_all(cai_model_config_resolve(&model_cfg, &resolved), 2);
+
+    pt_run r;
+    memset(&r, 0, sizeof r);
+    cai_mesh_config mc;
+    cai_mesh_config_init(&mc);
+    mc.layout = layout;
+    mc.watchdog_timeout_s = cfg.watchdog;
+    cai_app_check_all(cai_mesh_init(&r.mesh, MPI_COMM_WORLD, &mc), 1);
+    cai_app_check(open_device(&cfg, &app, &r.dev));
+    cai_app_check_all(app.rank == 0 ? cai_config_write_file(&k_schema, &cfg, cfg.dir) : CAI_OK, 1);
+
+    int64_t vocab = 0;
+    cai_app_check_all(pt_data_init(&r.data, &cfg, r.mesh, &vocab), 1);
+    model_cfg = model_config(&cfg, vocab);
+    cai_app_check_all(cai_model_config_resolve(&model_cfg, &resolved), 2);
+    cai_model_options mo = cai_model_options_default(&resolved);
+    mo.batch = cfg.micro_batch;
+    mo.seq_len = cfg.seq_len;
+    cai_app_check(cai_model_create(&r.model, r.dev, &resolved, &mo));
+    cai_adamw_config oc = optim_config(&cfg);
+    cai_app_check_all(cai_optim_create_for_model(&r.optim, r.model, &oc), 2);
+    cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    cai_app_check(pt_report_init(&r.report, &cfg, r.model, r.dev, app.rank, app.size));
+    r.report.tokens_per_step = r.data.global_batch * cfg.seq_len;
+    if (app.rank == 0) print_header(&r, &cfg, &app);
+
+    install_signals();
+    double t0 = cai_time_now();
+    int64_t steps_done = 0;
+    int sig = 0;
+    cai_app_check(train(&r, &cfg, &steps_done, &sig));
+    double seconds = cai_time_now() - t0;
+    /* Replicas that drifted apart would make every later step wrong
+     * silently; the check costs one pass over the weights. */
+    cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    if (app.rank == 0) {
+        double tokens = (double)steps_done * (double)r.report.tokens_per_step;
+        if (sig)
+            printf("stopped by %s after step %lld of %lld (all ranks at the same step boundary); %.2fM tokens in %.1f "
+                   "s\n",
+                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal",
+                   (long long)steps_done, (long long)cfg.steps, tokens / 1e6, seconds);
+        else
+            printf("done: %lld steps, %.2fM tokens in %.1f s (%.0f tokens/s)\n", (long long)steps_done, tokens / 1e6,
+                   seconds, seconds > 0 ? tokens / seconds : 0.0);
+        pt_report_json(&r.report, "\"kind\":\"end\",\"status\":\"%s\",\"signal\":%d,\"step\":%lld,\"seconds\":%.3f",
+                       sig ? "stopped" : "done", sig, (long long)steps_done, seconds);
+        fflush(stdout);
+        if (!sig) cai_app_check(pt_generate(r.model, &r.data.tok, &cfg));
+    }
+    if (cai_log_get_level() >= CAI_LOG_DEBUG) cai_timer_report(stderr);
+
+    pt_report_free(&r.report);
+    cai_optim_free(r.optim);
+    cai_model_free(r.model);
+    pt_data_free(&r.data);
+    cai_device_free(r.dev);
+    cai_mesh_free(r.mesh);
+    return cai_app_finalize(&k_schema, &cfg);
+}

@@ -1,0 +1,124 @@
+/* colossal-pretrain internals shared by apps/pretrain*.c: the config struct
+ * and the pieces main() strings together (data, reporting, sampling). */
+#ifndef COLOSSAL_APP_PRETRAIN_H
+#define COLOSSAL_APP_PRETRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "app_common.h"
+#include "colossal/cluster.h"
+#include "colossal/data.h"
+#include "colossal/model.h"
+#include "colossal/optim.h"
+
+typedef struct {
+    /* model */
+    int family, n_layers, d_model, n_heads, n_kv_heads, ffn_hidden, vocab_size, vocab_multiple, tie;
+    int param_dtype, act_dtype, act_ckpt;
+    double rope_theta, norm_eps, init_std;
+    int64_t model_seed;
+    /* mesh */
+    int dp, tp, pp, sp;
+    double watchdog;
+    /* train */
+    int64_t steps, data_seed;
+    int micro_batch, grad_accum, seq_len;
+    /* optim */
+    int schedule;
+    double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
+    int64_t warmup, decay_steps;
+    /* eval */
+    int64_t eval_interval;
+    int eval_batches;
+    /* data */
+    char *data_path, *split, *tokenizer, *eod;
+    int64_t corpus_docs, corpus_seed;
+    int corpus_vocab;
+    /* run and log */
+    char *dir;
+    int device, threads;
+    int64_t log_interval;
+    double peak_tflops;
+    /* generate */
+    char *prompts;
+    int gen_tokens;
+    cai_app_common common;
+} pt_config;
+
+enum { PT_DEVICE_AUTO = 0, PT_DEVICE_CPU = 1, PT_DEVICE_CUDA = 2 };
+enum { PT_TIE_AUTO = 0, PT_TIE_FALSE = 1, PT_TIE_TRUE = 2 };
+
+/* ------------------------------------------------------------------ data
+ * (apps/pretrain_data.c) */
+
+typedef struct {
+    cai_bpe_t *bpe;     /* NULL: byte-level */
+    int64_t vocab_size; /* ids are below this */
+    int32_t eod;
+} pt_tokenizer;
+
+typedef struct {
+    pt_tokenizer tok;
+    cai_gpt_data_t *data;
+    cai_gpt_dataset_t *train, *valid;
+    cai_sampler_t *sampler; /* train: this rank's slice of every global batch */
+    int64_t global_batch;   /* samples per step */
+    int64_t local_batch;    /* this rank's samples per step: micro_batch * grad_accum */
+    int64_t valid_samples;  /* samples per evaluation (0: no validation split) */
+    int64_t *indices;       /* local_batch sample indices of the current step */
+    int32_t *tokens, *targets; /* [local_batch, seq_len] */
+    char source[512];       /* what the data is, for the log */
+} pt_data;
+
+/* Collective over MPI_COMM_WORLD: tokenizer, then the embedded corpus
+ * written and preprocessed into cfg->dir/data when no data path is given,
+ * then the train/valid datasets and the train sampler. vocab_size receives
+ * the vocabulary the model needs. */
+cai_status pt_data_init(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int64_t *vocab_size);
+void pt_data_free(pt_data *d);
+/* This rank's tokens and targets of the next global batch into d->tokens,
+ * d->targets. Not collective. */
+cai_status pt_data_next(pt_data *d);
+/* Tokens and targets of validation batch `b` for this dp rank. */
+cai_status pt_data_valid_batch(pt_data *d, int64_t b, int dp_rank);
+/* Append the ids of text to out / the text of ids to out. */
+cai_status pt_encode(pt_tokenizer *t, const char *text, cai_token_buf *out);
+cai_status pt_decode(const pt_tokenizer *t, const int32_t *ids, size_t n, cai_byte_buf *out);
+
+/* ------------------------------------------------------------------ reporting
+ * (apps/pretrain_report.c) */
+
+typedef struct {
+    FILE *metrics;          /* rank 0: run_dir/metrics.jsonl */
+    double flops_per_token; /* 6 N + 12 L T d */
+    double peak_flops;      /* whole job, FLOP/s */
+    int64_t matmul_params;  /* N */
+    double t_start, t_last; /* wall clock of the run start and of the last report */
+    int64_t step_last;
+    int64_t tokens_per_step;
+    int rank;
+} pt_report;
+
+/* Collective over MPI_COMM_WORLD (peak measurement, sum over ranks). */
+cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, cai_device_t *dev, int rank,
+                          int world);
+void pt_report_free(pt_report *r);
+/* Rank 0 only: a JSON object (the text between braces) as one line of
+ * metrics.jsonl. */
+void pt_report_json(pt_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Collective over MPI_COMM_WORLD (peak RSS): the metrics record of a step,
+ * and every log_interval steps the progress line. */
+void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_step_stats *st,
+                    double step_seconds);
+/* Rank 0: the validation line and record. */
+void pt_report_eval(pt_report *r, int64_t step, double loss);
+
+/* ------------------------------------------------------------------ samples
+ * (apps/pretrain_generate.c) */
+
+/* Rank 0 only (not collective): greedy continuations of cfg->prompts,
+ * printed to stdout. Uses the model's (B, T) buffers. */
+cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg);
+
+#endif

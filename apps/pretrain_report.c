@@ -1,0 +1,171 @@
+/* colossal-pretrain reporting: the progress line, metrics.jsonl, model FLOPs
+ * and MFU, memory. */
+#include "cai_config.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "pretrain.h"
+
+/* N of the 6·N rule: every parameter that takes part in a matmul. The
+ * token and position tables are lookups, not matmuls; the LM head is one
+ * (V_padded x d) even when tied to the token table. */
+static int64_t matmul_params(const cai_registry_t *reg) {
+    int64_t n = 0;
+    int np = cai_registry_count(reg), head = 0;
+    for (int i = 0; i < np; i++) {
+        const cai_param_info *p = cai_registry_param(reg, i);
+        if (!strcmp(p->name, "lm_head.weight")) head = 1;
+        if (!strcmp(p->name, "wte.weight") || !strcmp(p->name, "wpe.weight")) continue;
+        n += (int64_t)p->numel;
+    }
+    if (!head) { /* a family without a registered head: it reads the token table */
+        int w = cai_registry_find(reg, "wte.weight");
+        if (w >= 0) n += (int64_t)cai_registry_param(reg, w)->numel;
+    }
+    return n;
+}
+
+/* Achieved dense matmul rate of this rank's device (FLOP/s): the ceiling
+ * MFU is measured against when no datasheet peak is configured. */
+static cai_status measure_peak(cai_device_t *dev, cai_dtype dt, double *flops) {
+    int64_t n = dev->kind == CAI_DEVICE_HOST ? 1024 : 8192;
+    if (dev->kind == CAI_DEVICE_HOST) dt = CAI_DTYPE_F32; /* the CPU backend computes in F32 */
+    int64_t shape[2] = {n, n};
+    cai_tensor a, b, c;
+    memset(&a, 0, sizeof a);
+    b = c = a;
+    cai_status st = CAI_OK;
+    CAI_CALL_GOTO(cai_tensor_alloc(&a, dev, dt, 2, shape, "peak matmul A"), st, done);
+    CAI_CALL_GOTO(cai_tensor_alloc(&b, dev, dt, 2, shape, "peak matmul B"), st, done);
+    CAI_CALL_GOTO(cai_tensor_alloc(&c, dev, dt, 2, shape, "peak matmul C"), st, done);
+    CAI_CALL_GOTO(dev->ops->matmul(dev, &c, &a, 0, &b, 0, 1.0f, 0.0f), st, done); /* warm-up */
+    CAI_CALL_GOTO(cai_device_sync(dev), st, done);
+    /* Best of several short trials: a busy node slows some of them, and
+     * the fastest is the closest to what the device can do. */
+    double best = 0, t_end = cai_time_now() + 0.3;
+    for (int trial = 0; trial < 20 && (trial < 3 || cai_time_now() < t_end); trial++) {
+        double t0 = cai_time_now();
+        CAI_CALL_GOTO(dev->ops->matmul(dev, &c, &a, 0, &b, 0, 1.0f, 0.0f), st, done);
+        CAI_CALL_GOTO(cai_device_sync(dev), st, done);
+        double t = cai_time_now() - t0, rate = t > 0 ? 2.0 * (double)n * (double)n * (double)n / t : 0;
+        if (rate > best) best = rate;
+    }
+    *flops = best;
+done:
+    cai_tensor_free(&a);
+    cai_tensor_free(&b);
+    cai_tensor_free(&c);
+    return st;
+}
+
+cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, cai_device_t *dev, int rank,
+                          int world) {
+    memset(r, 0, sizeof *r);
+    r->rank = rank;
+    const cai_model_config *mc = cai_model_config_of(m);
+    r->matmul_params = matmul_params(cai_model_registry(m));
+    r->flops_per_token = 6.0 * (double)r->matmul_params + 12.0 * mc->n_layers * (double)cfg->seq_len * mc->d_model;
+    double peak = cfg->peak_tflops * 1e12;
+    if (!(peak > 0)) CAI_CALL(measure_peak(dev, mc->act_dtype, &peak));
+    /* Collective on every rank alike (the branch above is per rank only in
+     * its duration). */
+    MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    (void)world;
+    r->peak_flops = peak;
+    if (rank == 0) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->dir);
+        r->metrics = fopen(path, "w");
+        if (!r->metrics) return CAI_ERROR(CAI_ERR_IO, "cannot write %s", path);
+    }
+    r->t_start = r->t_last = cai_time_now();
+    return CAI_OK;
+}
+
+void pt_report_free(pt_report *r) {
+    if (r->metrics) fclose(r->metrics);
+    r->metrics = NULL;
+}
+
+void pt_report_json(pt_report *r, const char *fmt, ...) {
+    if (!r->metrics) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputc('{', r->metrics);
+    vfprintf(r->metrics, fmt, ap);
+    fputs("}\n", r->metrics);
+    va_end(ap);
+    /* Readable while the run goes on, and complete up to the last step if
+     * the job is killed. */
+    fflush(r->metrics);
+}
+
+static double rss_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, resident = 0;
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+        fclose(f);
+    }
+    if (resident > 0) return (double)resident * (double)sysconf(_SC_PAGESIZE);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss * 1024.0; /* peak, where /proc is missing */
+}
+
+static void format_duration(double s, char *buf, size_t cap) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, cap, "%lds", t);
+}
+
+void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_step_stats *st,
+                    double step_seconds) {
+    double tps = step_seconds > 0 ? (double)r->tokens_per_step / step_seconds : 0;
+    double mfu = tps * r->flops_per_token / r->peak_flops;
+    pt_report_json(r,
+                   "\"kind\":\"train\",\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
+                   "\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.6f",
+                   (long long)step, (double)st->loss, (double)st->lr, (double)st->grad_norm,
+                   (long long)(step * r->tokens_per_step), step_seconds, tps, mfu);
+    if (step % cfg->log_interval != 0 && step != cfg->steps) return;
+
+    double rss = rss_bytes();
+    MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double now = cai_time_now(), dt = now - r->t_last;
+    int64_t steps = step - r->step_last;
+    tps = dt > 0 ? (double)(steps * r->tokens_per_step) / dt : 0;
+    mfu = tps * r->flops_per_token / r->peak_flops;
+    double eta = steps > 0 ? dt / (double)steps * (double)(cfg->steps - step) : 0;
+    r->t_last = now;
+    r->step_last = step;
+    if (r->rank != 0) return;
+    char eta_s[32], tps_s[32];
+    format_duration(eta, eta_s, sizeof eta_s);
+    if (tps >= 1e6) snprintf(tps_s, sizeof tps_s, "%.2fM", tps / 1e6);
+    else if (tps >= 1e3) snprintf(tps_s, sizeof tps_s, "%.1fk", tps / 1e3);
+    else snprintf(tps_s, sizeof tps_s, "%.0f", tps);
+    int w = snprintf(NULL, 0, "%lld", (long long)cfg->steps);
+    printf("step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | MFU %.1f%% | mem %.0f MiB | ETA %s\n",
+           w, (long long)step, (long long)cfg->steps, (double)st->loss, (double)st->lr, (double)st->grad_norm, tps_s,
+           100.0 * mfu, rss / 1048576.0, eta_s);
+    pt_report_json(r, "\"kind\":\"progress\",\"step\":%lld,\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"rss_mib\":%.1f,"
+                      "\"elapsed_s\":%.3f",
+                   (long long)step, tps, mfu, rss / 1048576.0, now - r->t_start);
+    fflush(stdout);
+}
+
+void pt_report_eval(pt_report *r, int64_t step, double loss) {
+    if (r->rank != 0) return;
+    printf("eval at step %lld | val loss %.4f | val ppl %.3f\n", (long long)step, loss, exp(loss));
+    fflush(stdout);
+    pt_report_json(r, "\"kind\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_ppl\":%.9g", (long long)step, loss,
+                   exp(loss));
+}

@@ -1,0 +1,39 @@
+#!/bin/sh
+# Bad input fails before training with a message naming what is wrong:
+# unknown keys (command line and YAML, with file:line), impossible model
+# shapes, layouts this app cannot run, missing data. --help lists the keys.
+. "$top_srcdir/tests/apps/pretrain_lib.sh"
+
+run_np 2 --model.n_layer 2 --run.dir "$TMP/x"
+expect_rc 2
+expect_grep err 'model\.n_layer' "the unknown key is not named"
+expect_grep err 'model\.n_layers' "no suggestion of the known key"
+expect_no_grep out '^step'
+
+printf 'model:\n  n_layers: 2\noptim:\n  lrr: 1e-3\n' >"$TMP/bad.yaml"
+run_np 1 --config "$TMP/bad.yaml" --run.dir "$TMP/x"
+expect_rc 2
+expect_grep err 'bad\.yaml:4' "the YAML error does not give file:line"
+expect_grep err 'optim\.lrr'
+
+run_np 1 --model.n_heads 3 --model.d_model 64 --run.dir "$TMP/x" --data.corpus_docs 200
+expect_rc 2
+expect_grep err 'n_heads=3'
+
+run_np 2 --mesh.tp 2 --run.dir "$TMP/x"
+expect_rc 2
+expect_grep err 'mesh\.tp=2'
+
+run_np 1 --mesh.dp 3 --run.dir "$TMP/x"
+expect_rc 2
+expect_grep err 'world|dp=3'
+
+run_np 1 --data.path "$TMP/nothing/here" --run.dir "$TMP/x"
+expect_rc 1
+expect_grep err "$TMP/nothing/here"
+
+run_np 1 --help
+expect_ok
+expect_grep out 'data\.corpus_docs'
+expect_grep out 'optim\.schedule'
+echo "PASS"

@@ -1,0 +1,42 @@
+# Shared helpers for the colossal-pretrain end-to-end tests (sourced, not run).
+# The test harness exports top_builddir, top_srcdir and MPIEXEC.
+: "${top_builddir:?top_builddir must be set (run through make check)}"
+: "${MPIEXEC:=mpiexec}"
+PRETRAIN_BIN="$top_builddir/apps/colossal-pretrain"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/colossal-pretrain-test.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+# A 2-layer d=64 GPT-2 on a small embedded corpus: a step takes milliseconds.
+TINY="--model.n_layers 2 --model.d_model 64 --model.n_heads 4 --train.seq_len 64 --train.micro_batch 4
+  --optim.lr 2e-3 --optim.warmup_steps 2 --data.corpus_docs 1500 --data.corpus_vocab 0 --generate.tokens 0
+  --run.peak_tflops 1 --log.timestamps false"
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$TMP"/out "$TMP"/err; do
+        [ -s "$f" ] && { echo "--- $(basename "$f"):" >&2; tail -n 40 "$f" >&2; }
+    done
+    exit 1
+}
+
+# run_np N ARGS...: colossal-pretrain on N ranks; stdout in $TMP/out, stderr
+# in $TMP/err, exit status in $RC.
+run_np() {
+    n=$1
+    shift
+    echo "+ $MPIEXEC -n $n colossal-pretrain $*"
+    RC=0
+    # shellcheck disable=SC2086
+    $MPIEXEC -n "$n" --oversubscribe "$PRETRAIN_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-pretrain $*"
+}
+
+expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }
+expect_rc() { [ "$RC" -eq "$1" ] || fail "expected exit $1, got $RC"; }
+expect_grep() { grep -Eq -- "$2" "$TMP/$1" || fail "${3:-$1 lacks /$2/}"; }
+expect_no_grep() { ! grep -Eq -- "$2" "$TMP/$1" || fail "${3:-$1 unexpectedly has /$2/}"; }
+
+# field KIND KEY FILE: "step value" per record of that kind in metrics.jsonl.
+field() {
+    grep "\"kind\":\"$1\"" "$3" | sed -n "s/.*\"step\":\([0-9]*\).*\"$2\":\([-+0-9.eE]*\).*/\1 \2/p"
+}
