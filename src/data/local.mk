@@ -8,7 +8,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/sampler.c \
 	%reldir%/sampler_gpt.c \
 	%reldir%/corpus.c
-EXTRA_DIST += docs/data.md tests/mpi/preprocess.np3
+EXTRA_DIST += docs/data.md
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/test_preprocess
@@ -21,7 +21,13 @@ tests_unit_test_sampler_LDADD = $(TEST_LIBS)
 tests_mpi_test_preprocess_SOURCES = tests/mpi/test_preprocess.c tests/unit/test_indexed_util.h
 tests_mpi_test_preprocess_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_preprocess_LDADD = $(TEST_LIBS)
-TESTS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/preprocess.np3
+TESTS += tests/unit/test_indexed tests/unit/test_sampler
+# The marker is made in the build tree (see src/cluster/local.mk for why).
+DATA_MPI_TESTS = tests/mpi/preprocess.np3
+$(DATA_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(DATA_MPI_TESTS)
+TESTS += $(DATA_MPI_TESTS)
 endif
 
 # tokenizer
