@@ -57,11 +57,15 @@ static cai_status stream_open(in_stream *s, const char *const *paths, int n) {
         f->path = paths[i];
         int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-            int e = errno;
+        const char *why = NULL;
+        if (fd < 0 || fstat(fd, &st) != 0)
+            why = strerror(errno);
+        else if (!S_ISREG(st.st_mode))
+            why = "not a regular file";
+        if (why) {
             if (fd >= 0) close(fd);
             stream_close(s);
-            return CAI_ERROR(CAI_ERR_IO, "%s: cannot read input: %s", paths[i], fd >= 0 && e == 0 ? "not a regular file" : strerror(e));
+            return CAI_ERROR(CAI_ERR_IO, "%s: cannot read input: %s", paths[i], why);
         }
         f->size = (size_t)st.st_size;
         if (f->size) {

@@ -148,8 +148,10 @@ cai_status cai_bpe_save(const cai_bpe_t *tok, const char *dir);
  * Datasets, sampling, corpus (src/data/indexed*.c, sampler*.c, corpus*.c)
  * ====================================================================== */
 
-/* The preprocessor takes a communicator. mpi.h stays outside the C linkage
- * block: it carries its own. */
+/* Only cai_preprocess is collective (over the communicator it is given);
+ * everything else here touches the calling rank alone and is deterministic,
+ * so ranks that call it with the same arguments agree without talking.
+ * mpi.h stays outside the C linkage block: it carries its own. */
 #ifdef __cplusplus
 }
 #endif
