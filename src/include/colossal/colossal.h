@@ -8,6 +8,7 @@
 #include "colossal/ops.h"
 #include "colossal/model.h"
 #include "colossal/optim.h"
+#include "colossal/parallel.h"
 #include "colossal/ckpt.h"
 #include "colossal/data.h"
 #endif
