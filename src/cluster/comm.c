@@ -550,26 +550,28 @@ static cai_status run(cai_mesh_t *m, const cai_coll *c) {
     return CAI_OK;
 }
 
-cai_status cai_host_barrier(cai_mesh_t *m, cai_axis axis) {
-    cai_coll c = {.kind = CAI_OP_BARRIER, .axis = axis};
+/* Host MPI operations the device layer needs for itself (creating NCCL
+ * communicators): counted and watched like any collective. */
+static cai_status host_internal(cai_mesh_t *m, const cai_coll *c) {
     cai_pending p;
     memset(&p, 0, sizeof p);
-    p.c = p.user = c;
-    p.group_size = m->size[axis];
-    p.seq = cai_wd_enter(m, axis);
+    p.c = p.user = *c;
+    p.group_size = m->size[c->axis];
+    p.seq = cai_wd_enter(m, c->axis);
+    CAI_CALL(check_int_counts(m, &p));
     CAI_CALL(host_run(m, &p));
+    return CAI_OK;
+}
+
+cai_status cai_host_barrier(cai_mesh_t *m, cai_axis axis) {
+    cai_coll c = {.kind = CAI_OP_BARRIER, .axis = axis};
+    CAI_CALL(host_internal(m, &c));
     return CAI_OK;
 }
 
 cai_status cai_host_bcast_bytes(cai_mesh_t *m, cai_axis axis, void *buf, size_t bytes, cai_op_kind kind) {
     cai_coll c = {.kind = kind, .axis = axis, .send = buf, .recv = buf, .count = bytes, .dtype = CAI_DTYPE_U8};
-    cai_pending p;
-    memset(&p, 0, sizeof p);
-    p.c = p.user = c;
-    p.group_size = m->size[axis];
-    p.seq = cai_wd_enter(m, axis);
-    CAI_CALL(check_int_counts(m, &p));
-    CAI_CALL(host_run(m, &p));
+    CAI_CALL(host_internal(m, &c));
     return CAI_OK;
 }
 

@@ -190,15 +190,8 @@ static void check_all_to_allv(const ax_t *x) {
     int n = x->n, salt = 160;
     size_t *sc = calloc((size_t)n, sizeof *sc), *sd = calloc((size_t)n, sizeof *sd);
     size_t *rc = calloc((size_t)n, sizeof *rc), *rd = calloc((size_t)n, sizeof *rd);
-    size_t stot = 0, rtot = 0;
-    for (int y = 0; y < n; y++) {
-        sc[y] = vcount(x->k, y);
-        sd[y] = stot;
-        stot += sc[y] + 1;
-        rc[y] = vcount(y, x->k);
-        rd[y] = rtot;
-        rtot += rc[y] + 2;
-    }
+    size_t stot, rtot;
+    vlayout(x, sc, sd, rc, rd, &stot, &rtot);
     for (int t = 0; t < NMDT; t++, salt++) {
         cai_dtype d = k_move_dtypes[t];
         size_t es = cai_dtype_size(d);

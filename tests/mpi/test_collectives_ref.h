@@ -96,6 +96,21 @@ static inline double reduce_ref(const ax_t *x, size_t idx, int salt, cai_dtype d
 /* Uneven counts (including zero) from axis rank `from` to axis rank `to`. */
 static inline size_t vcount(int from, int to) { return (size_t)((3 * from + 2 * to + 1) % 4); }
 
+/* all_to_allv layout of axis rank k: uneven counts, and displacements with
+ * gaps (1 element after each send block, 2 after each receive block) so
+ * that displacements are honoured rather than assumed packed. Arrays of n. */
+static inline void vlayout(const ax_t *x, size_t *sc, size_t *sd, size_t *rc, size_t *rd, size_t *stot, size_t *rtot) {
+    *stot = *rtot = 0;
+    for (int y = 0; y < x->n; y++) {
+        sc[y] = vcount(x->k, y);
+        sd[y] = *stot;
+        *stot += sc[y] + 1;
+        rc[y] = vcount(y, x->k);
+        rd[y] = *rtot;
+        *rtot += rc[y] + 2;
+    }
+}
+
 /* What a reduction result may differ by: AVG of floats rounds once. */
 static inline double reduce_tolerance(cai_dtype d, cai_reduce_op op, double want) {
     return op == CAI_RED_AVG && !is_int(d) ? rounding(d) * fmax(1.0, fabs(want)) : 0.0;
