@@ -32,6 +32,7 @@ typedef enum {
     CAI_AXIS_COUNT
 } cai_axis;
 
+/* "pp", "dp", "ep", "sp", "tp", "edp", "dp_sp", "world" and back. Not collective. */
 const char *cai_axis_name(cai_axis axis);
 cai_status cai_axis_parse(const char *name, cai_axis *out);
 
@@ -59,7 +60,10 @@ typedef struct {
  * lists layouts that would fit `world_size`. */
 cai_status cai_layout_validate(int world_size, const cai_layout *layout, const cai_layout_model *model);
 /* Up to `max` valid (pp, dp, sp, tp) factorizations of world_size that keep
- * the given model constraints; returns the count found. */
+ * the given model constraints, best first (tp a small power of two near the
+ * hint's, sp and pp as hinted, dp absorbing the rest; the hint's ep where it
+ * divides dp); the hinted layout itself is left out. Returns the count
+ * written; out may be NULL to count. hint may be NULL. Not collective. */
 int cai_layout_suggest(int world_size, const cai_layout *hint, const cai_layout_model *model,
                        cai_layout *out, int max);
 /* Coordinates of world rank r along each axis (index in its axis group). */
@@ -112,6 +116,8 @@ cai_status cai_mesh_drain(cai_mesh_t *mesh, double timeout_s);
 /* The CUDA stream (cudaStream_t) whose work device-buffer collectives must
  * follow; NULL (default) is the legacy default stream. Not collective. */
 void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream);
+/* Accessors: local, not collective. The mesh is not thread-safe: one thread
+ * at a time issues its communication. */
 const cai_layout *cai_mesh_layout(const cai_mesh_t *mesh);
 int cai_mesh_size(const cai_mesh_t *mesh, cai_axis axis);
 int cai_mesh_rank(const cai_mesh_t *mesh, cai_axis axis);
@@ -119,7 +125,7 @@ MPI_Comm cai_mesh_comm(const cai_mesh_t *mesh, cai_axis axis);
 /* World ranks of this rank's group along `axis`, length cai_mesh_size(axis). */
 const int *cai_mesh_group(const cai_mesh_t *mesh, cai_axis axis);
 
-/* Whether the MPI library can take CUDA device pointers (decided at run time). */
+/* Whether the MPI library can take CUDA device pointers (decided at run time). Not collective. */
 int cai_mpi_cuda_aware(void);
 
 typedef enum { CAI_RED_SUM = 0, CAI_RED_AVG, CAI_RED_MAX, CAI_RED_MIN } cai_reduce_op;
