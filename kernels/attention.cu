@@ -18,7 +18,10 @@
  * no atomics are needed (deterministic): dK/dV per key tile, looping over
  * the query heads of its kv group and the query rows that can see it; dQ
  * per query tile. D_i = rowsum(dO * O) is computed first into the caller's
- * workspace. */
+ * workspace.
+ *
+ * These kernels serve f32 (and f16) inputs, exactly; bf16 inputs go to the
+ * tensor-core versions in attention_tc.cu unless CAI_CUDA_ATTN=simt. */
 #include "cuda_common.cuh"
 
 #define TILE 32
@@ -26,15 +29,8 @@
 #define RPW (TILE / (NTH / 32)) /* rows per warp in phase 2 */
 #define SST (TILE + 1)          /* row stride of the 32 x 32 score blocks */
 
-CUK_INLINE int64_t roff(const cuk_bthd &t, int64_t b, int64_t s, int64_t h) { return b * t.sb + s * t.st + h * t.sh; }
-
-CUK_INLINE bool visible(const cuk_attn &a, int64_t i, int64_t j) {
-    if (!a.causal) return true;
-    int64_t lim = i + a.off;
-    if (j > lim) return false;
-    if (a.window > 0 && j < lim - a.window + 1) return false;
-    return true;
-}
+#define roff cuk_roff
+#define visible cuk_visible
 
 /* Rows [r0, r0 + 32) of head h into tile[32][DMAX + 4]; rows >= rlim and
  * dims >= D are zero. */
@@ -52,6 +48,35 @@ __device__ __forceinline__ void load_tile(float *tile, const cuk_bthd &t, int64_
 }
 
 CUK_INLINE float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+
+template <int NK> CUK_INLINE void zero_acc(float (&acc)[RPW][NK]) {
+#pragma unroll
+    for (int r = 0; r < RPW; r++)
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) acc[r][kk] = 0.0f;
+}
+
+/* Phase 1 of both backward kernels: this lane's own rows (oa, ob) against
+ * the warp's 8 broadcast rows of the other side (ba, bb):
+ * s[r] = oa . ba[8w + r], dp[r] = ob . bb[8w + r]. */
+template <int DMAX>
+CUK_INLINE void dual_dots(const float *oa, const float *ob, const float *ba, const float *bb, float (&s)[RPW],
+                          float (&dp)[RPW]) {
+    constexpr int LDS = DMAX + 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) s[r] = dp[r] = 0.0f;
+    const float4 *ra = (const float4 *)(oa + lane * LDS), *rb = (const float4 *)(ob + lane * LDS);
+#pragma unroll 2
+    for (int d4 = 0; d4 < DMAX / 4; d4++) {
+        float4 va = ra[d4], vb = rb[d4];
+#pragma unroll
+        for (int r = 0; r < RPW; r++) {
+            s[r] += dot4(va, ((const float4 *)(ba + (warp * RPW + r) * LDS))[d4]);
+            dp[r] += dot4(vb, ((const float4 *)(bb + (warp * RPW + r) * LDS))[d4]);
+        }
+    }
+}
 
 template <int DMAX> static constexpr size_t fwd_smem() {
     return sizeof(float) * (3 * TILE * (DMAX + 4) + TILE * SST + 3 * TILE);
@@ -84,16 +109,10 @@ __global__ void __launch_bounds__(NTH) k_attn_fwd(cuk_bthd o, float *lse, cuk_bt
         row_l[tid] = 0.0f;
     }
     const int64_t ilast = i0 + TILE - 1 < Tq - 1 ? i0 + TILE - 1 : Tq - 1;
-    int64_t jlo = 0, jhi = Tk - 1;
-    if (a.causal) {
-        if (ilast + a.off < jhi) jhi = ilast + a.off;
-        if (a.window > 0 && i0 + a.off - a.window + 1 > jlo) jlo = i0 + a.off - a.window + 1;
-    }
+    int64_t jlo, jhi;
+    cuk_key_span(a, i0, ilast, Tk, &jlo, &jhi);
     float acc[RPW][NK];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) acc[r][kk] = 0.0f;
+    zero_acc(acc);
 
     for (int64_t j0 = jlo; j0 <= jhi; j0 += TILE) {
         __syncthreads();
@@ -207,16 +226,11 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_kv(cuk_bthd dk, cuk_bthd dv, c
 
     load_tile<DMAX>(Ks, k, b, hk, j0, Tk);
     load_tile<DMAX>(Vs, v, b, hk, j0, Tk);
-    int64_t ilo = 0, ihi = Tq - 1;
-    if (a.causal) {
-        if (j0 - a.off > ilo) ilo = j0 - a.off;
-        if (a.window > 0 && jlast - a.off + a.window - 1 < ihi) ihi = jlast - a.off + a.window - 1;
-    }
+    int64_t ilo, ihi;
+    cuk_query_span(a, j0, jlast, Tq, &ilo, &ihi);
     float ak[RPW][NK], av[RPW][NK];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) ak[r][kk] = av[r][kk] = 0.0f;
+    zero_acc(ak);
+    zero_acc(av);
 
     for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
         for (int64_t i0 = ilo; i0 <= ihi; i0 += TILE) {
@@ -232,18 +246,7 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_kv(cuk_bthd dk, cuk_bthd dv, c
             { /* phase 1: lane = key row, warp = query rows 8w.. */
                 const int64_t j = j0 + lane;
                 float s[RPW], dp[RPW];
-#pragma unroll
-                for (int r = 0; r < RPW; r++) s[r] = dp[r] = 0.0f;
-                const float4 *kr = (const float4 *)(Ks + lane * LDS), *vr = (const float4 *)(Vs + lane * LDS);
-#pragma unroll 2
-                for (int d4 = 0; d4 < DMAX / 4; d4++) {
-                    float4 kv = kr[d4], vv = vr[d4];
-#pragma unroll
-                    for (int r = 0; r < RPW; r++) {
-                        s[r] += dot4(kv, ((const float4 *)(Qs + (warp * RPW + r) * LDS))[d4]);
-                        dp[r] += dot4(vv, ((const float4 *)(Gs + (warp * RPW + r) * LDS))[d4]);
-                    }
-                }
+                dual_dots<DMAX>(Ks, Vs, Qs, Gs, s, dp);
 #pragma unroll
                 for (int r = 0; r < RPW; r++) {
                     const int il = warp * RPW + r;
@@ -310,16 +313,10 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_q(cuk_bthd dq, cuk_bthd g, cuk
         Dr[tid] = i < Tq ? dvec[row] : 0.0f;
     }
     const int64_t ilast = i0 + TILE - 1 < Tq - 1 ? i0 + TILE - 1 : Tq - 1;
-    int64_t jlo = 0, jhi = Tk - 1;
-    if (a.causal) {
-        if (ilast + a.off < jhi) jhi = ilast + a.off;
-        if (a.window > 0 && i0 + a.off - a.window + 1 > jlo) jlo = i0 + a.off - a.window + 1;
-    }
+    int64_t jlo, jhi;
+    cuk_key_span(a, i0, ilast, Tk, &jlo, &jhi);
     float acc[RPW][NK];
-#pragma unroll
-    for (int r = 0; r < RPW; r++)
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) acc[r][kk] = 0.0f;
+    zero_acc(acc);
 
     for (int64_t j0 = jlo; j0 <= jhi; j0 += TILE) {
         __syncthreads();
@@ -329,18 +326,7 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_q(cuk_bthd dq, cuk_bthd g, cuk
         { /* phase 1: lane = query row, warp = key rows 8w.. */
             const int64_t i = i0 + lane;
             float s[RPW], dp[RPW];
-#pragma unroll
-            for (int r = 0; r < RPW; r++) s[r] = dp[r] = 0.0f;
-            const float4 *qr = (const float4 *)(Qs + lane * LDS), *gr = (const float4 *)(Gs + lane * LDS);
-#pragma unroll 2
-            for (int d4 = 0; d4 < DMAX / 4; d4++) {
-                float4 qv = qr[d4], gv = gr[d4];
-#pragma unroll
-                for (int r = 0; r < RPW; r++) {
-                    s[r] += dot4(qv, ((const float4 *)(Ks + (warp * RPW + r) * LDS))[d4]);
-                    dp[r] += dot4(gv, ((const float4 *)(Vs + (warp * RPW + r) * LDS))[d4]);
-                }
-            }
+            dual_dots<DMAX>(Qs, Gs, Ks, Vs, s, dp);
 #pragma unroll
             for (int r = 0; r < RPW; r++) {
                 const int64_t j = j0 + warp * RPW + r;
@@ -380,21 +366,15 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_q(cuk_bthd dq, cuk_bthd g, cuk
 /* ---------------------------------------------------------------- launchers */
 
 template <int DMAX> static cudaError_t setup_one(void) {
-    cudaError_t e = cudaFuncSetAttribute(k_attn_fwd<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)fwd_smem<DMAX>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_attn_bwd_kv<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kv_smem<DMAX>());
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_attn_bwd_q<DMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)q_smem<DMAX>());
-    return e;
+    return cuk_smem_limits(k_attn_fwd<DMAX>, fwd_smem<DMAX>(), k_attn_bwd_kv<DMAX>, kv_smem<DMAX>(),
+                           k_attn_bwd_q<DMAX>, q_smem<DMAX>());
 }
 
 extern "C" cudaError_t cuk_attn_setup(void) {
     cudaError_t e = setup_one<64>();
     if (e == cudaSuccess) e = setup_one<128>();
     if (e == cudaSuccess) e = setup_one<256>();
+    if (e == cudaSuccess) e = cuk_attn_tc_setup();
     return e;
 }
 
@@ -408,6 +388,7 @@ template <int DMAX> static cudaError_t fwd_launch(cudaStream_t s, cuk_bthd o, fl
 extern "C" cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
                                     cuk_attn a) {
     if (q.B * q.H * q.T <= 0) return cudaSuccess;
+    if (cuk_attn_tc_ok(&q, &k, &v, NULL, a)) return cuk_attn_tc_fwd(s, o, lse, q, k, v, a);
     if (q.D <= 64) return fwd_launch<64>(s, o, lse, q, k, v, a);
     if (q.D <= 128) return fwd_launch<128>(s, o, lse, q, k, v, a);
     if (q.D <= 256) return fwd_launch<256>(s, o, lse, q, k, v, a);
@@ -439,6 +420,7 @@ extern "C" cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cu
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
+    if (cuk_attn_tc_ok(&q, &k, &v, &dout, a)) return cuk_attn_tc_bwd(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     if (q.D <= 64) return bwd_launch<64>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     if (q.D <= 128) return bwd_launch<128>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     if (q.D <= 256) return bwd_launch<256>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);

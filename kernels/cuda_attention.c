@@ -7,6 +7,7 @@
 #include "cuda_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
@@ -58,6 +59,9 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     a->p.causal = params->causal;
     a->p.off = params->causal_offset;
     a->p.window = params->window;
+    /* read per call so a process can compare both paths (tests, benchmarks) */
+    const char *mode = getenv("CAI_CUDA_ATTN");
+    a->p.tc = !(mode && strcmp(mode, "simt") == 0);
     return CAI_OK;
 }
 

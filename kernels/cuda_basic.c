@@ -19,6 +19,13 @@ cai_status cai_cuda_fill(cai_device_t *dev, cai_tensor *x, float value) {
     return CAI_OK;
 }
 
+cai_status cai_cuda_rows_like(const char *op, const char *arg, const cai_tensor *t, const char *ref_arg,
+                              const cai_rows *ref, cai_rows *out) {
+    CAI_CALL(cai_ops_rows(op, arg, t, CAI_CUDA, CAI_ANYF, -1, out));
+    CAI_CALL(cai_ops_same_rows(op, arg, out, ref_arg, ref));
+    return CAI_OK;
+}
+
 static cai_status check_copy(const char *op, const cai_tensor *dst, const cai_tensor *src, int src_want) {
     CAI_CALL(cai_ops_check(op, "dst", dst, CAI_CUDA, CAI_ANYF));
     CAI_CALL(cai_ops_check(op, "src", src, CAI_CUDA, src_want));
@@ -99,8 +106,7 @@ cai_status cai_cuda_axpy(cai_device_t *dev, cai_tensor *y, float alpha, const ca
     static const char *op = "axpy";
     cai_rows ry, rx;
     CAI_CALL(cai_ops_rows(op, "y", y, CAI_CUDA, CAI_ANYF, -1, &ry));
-    CAI_CALL(cai_ops_rows(op, "x", x, CAI_CUDA, CAI_ANYF, -1, &rx));
-    CAI_CALL(cai_ops_same_rows(op, "x", &rx, "y", &ry));
+    CAI_CALL(cai_cuda_rows_like(op, "x", x, "y", &ry, &rx));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_axpy(STREAM(dev), cai_cuda_mat(&ry), alpha, cai_cuda_mat(&rx)));
     return CAI_OK;
@@ -110,10 +116,8 @@ cai_status cai_cuda_add(cai_device_t *dev, cai_tensor *out, const cai_tensor *a,
     static const char *op = "add";
     cai_rows ro, ra, rb;
     CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, -1, &ro));
-    CAI_CALL(cai_ops_rows(op, "a", a, CAI_CUDA, CAI_ANYF, -1, &ra));
-    CAI_CALL(cai_ops_rows(op, "b", b, CAI_CUDA, CAI_ANYF, -1, &rb));
-    CAI_CALL(cai_ops_same_rows(op, "a", &ra, "out", &ro));
-    CAI_CALL(cai_ops_same_rows(op, "b", &rb, "out", &ro));
+    CAI_CALL(cai_cuda_rows_like(op, "a", a, "out", &ro, &ra));
+    CAI_CALL(cai_cuda_rows_like(op, "b", b, "out", &ro, &rb));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_add(STREAM(dev), cai_cuda_mat(&ro), cai_cuda_mat(&ra), cai_cuda_mat(&rb)));
     return CAI_OK;

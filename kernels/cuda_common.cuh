@@ -122,56 +122,37 @@ CUK_INLINE uint32_t cuk_sr_bits(uint64_t key, uint64_t counter_hi, uint64_t g) {
 
 /* ---------------------------------------------------------------- reductions */
 
-CUK_INLINE float warp_sum(float v) {
+struct cuk_add_op {
+    template <typename T> __device__ __forceinline__ T operator()(T x, T y) const { return x + y; }
+};
+struct cuk_max_op {
+    __device__ __forceinline__ float operator()(float x, float y) const { return fmaxf(x, y); }
+};
+
+template <typename T, typename Op> CUK_INLINE T warp_reduce(T v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-CUK_INLINE float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-CUK_INLINE double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Block-wide reductions (blockDim.x a multiple of 32, <= 1024); every
- * thread gets the result. `sh` holds 32 values. The order of combination
- * depends only on blockDim, so results are reproducible. */
-CUK_INLINE float block_sum(float v, float *sh) {
+/* Block-wide reduction (blockDim.x a multiple of 32, <= 1024); every thread
+ * gets the result. `sh` holds 32 values. The order of combination depends
+ * only on blockDim, so results are reproducible. */
+template <typename T, typename Op> CUK_INLINE T block_reduce(T v, T *sh, T identity, Op op) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(v);
+    v = lane < nw ? sh[lane] : identity;
+    return warp_reduce(v, op);
 }
 
-CUK_INLINE float block_max(float v, float *sh) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : -INFINITY;
-    return warp_max(v);
-}
-
-CUK_INLINE double block_sum_d(double v, double *sh) {
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0;
-    return warp_sum_d(v);
-}
+CUK_INLINE float warp_sum(float v) { return warp_reduce(v, cuk_add_op()); }
+CUK_INLINE float warp_max(float v) { return warp_reduce(v, cuk_max_op()); }
+CUK_INLINE float block_sum(float v, float *sh) { return block_reduce(v, sh, 0.0f, cuk_add_op()); }
+CUK_INLINE float block_max(float v, float *sh) { return block_reduce(v, sh, -INFINITY, cuk_max_op()); }
+CUK_INLINE double block_sum_d(double v, double *sh) { return block_reduce(v, sh, 0.0, cuk_add_op()); }
 
 /* ---------------------------------------------------------------- errors */
 
@@ -184,6 +165,52 @@ CUK_INLINE void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_
         e->d = d;
         __threadfence_system();
     }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+CUK_INLINE int64_t cuk_roff(const cuk_bthd &t, int64_t b, int64_t s, int64_t h) {
+    return b * t.sb + s * t.st + h * t.sh;
+}
+
+/* Query row i may see key row j (docs/ops.md: causal offset and window). */
+CUK_INLINE bool cuk_visible(const cuk_attn &a, int64_t i, int64_t j) {
+    if (!a.causal) return true;
+    int64_t lim = i + a.off;
+    if (j > lim) return false;
+    if (a.window > 0 && j < lim - a.window + 1) return false;
+    return true;
+}
+
+/* Keys [*jlo, *jhi] that query rows [i0, ilast] may see, for a block's loop. */
+CUK_INLINE void cuk_key_span(const cuk_attn &a, int64_t i0, int64_t ilast, int64_t Tk, int64_t *jlo, int64_t *jhi) {
+    *jlo = 0;
+    *jhi = Tk - 1;
+    if (a.causal) {
+        if (ilast + a.off < *jhi) *jhi = ilast + a.off;
+        if (a.window > 0 && i0 + a.off - a.window + 1 > *jlo) *jlo = i0 + a.off - a.window + 1;
+    }
+}
+
+/* Query rows [*ilo, *ihi] that may see keys [j0, jlast]. */
+CUK_INLINE void cuk_query_span(const cuk_attn &a, int64_t j0, int64_t jlast, int64_t Tq, int64_t *ilo, int64_t *ihi) {
+    *ilo = 0;
+    *ihi = Tq - 1;
+    if (a.causal) {
+        if (j0 - a.off > *ilo) *ilo = j0 - a.off;
+        if (a.window > 0 && jlast - a.off + a.window - 1 < *ihi) *ihi = jlast - a.off + a.window - 1;
+    }
+}
+
+/* Raise the dynamic shared-memory limits of a family of three kernels
+ * (forward, dK/dV, dQ) above the default 48 KB. */
+template <class A, class B, class C>
+static cudaError_t cuk_smem_limits(A *ka, size_t sa, B *kb, size_t sb, C *kc, size_t sc) {
+    const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    cudaError_t e = cudaFuncSetAttribute(ka, at, (int)sa);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kb, at, (int)sb);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kc, at, (int)sc);
+    return e;
 }
 
 /* ---------------------------------------------------------------- grids */

@@ -70,6 +70,10 @@ static inline cuk_bthd cai_cuda_bthd(const cai_bthd *t) {
     return m;
 }
 
+/* t as rows with the same rows and columns as ref (validated, op and argument named). */
+cai_status cai_cuda_rows_like(const char *op, const char *arg, const cai_tensor *t, const char *ref_arg,
+                              const cai_rows *ref, cai_rows *out);
+
 /* Scratch in floats, for column-sum partials. */
 static inline float *cai_cuda_scratch_f(cai_device_t *dev, size_t *nfloats) {
     cai_cuda_impl *c = cai_cuda_of(dev);

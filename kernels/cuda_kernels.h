@@ -53,6 +53,7 @@ typedef struct {
     float scale;
     int causal;
     int64_t off, window;
+    int tc; /* allow the tensor-core kernels (bf16 inputs); 0 forces the f32 CUDA-core ones */
 } cuk_attn;
 
 /* ---------------------------------------------------------------- elementwise.cu */
@@ -107,6 +108,14 @@ cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk
 /* dq.p / dk.p / dv.p may be NULL; dvec is a [B,Hq,Tq] f32 workspace. */
 cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
                          cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
+
+/* attention_tc.cu: the bf16 tensor-core variants, called by the launchers above
+ * when a.tc is set and q, k, v (and dout) are bf16; dvec is already computed. */
+cudaError_t cuk_attn_tc_setup(void);
+int cuk_attn_tc_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *dout, cuk_attn a);
+cudaError_t cuk_attn_tc_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a);
+cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
+                            cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec, cuk_attn a);
 
 /* ---------------------------------------------------------------- embed.cu */
 cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,

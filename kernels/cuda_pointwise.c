@@ -116,8 +116,7 @@ cai_status cai_cuda_gelu_fwd(cai_device_t *dev, cai_tensor *out, const cai_tenso
     static const char *op = "gelu_fwd";
     cai_rows x, y;
     CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, -1, &x));
-    CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, -1, &y));
-    CAI_CALL(cai_ops_same_rows(op, "out", &y, "inp", &x));
+    CAI_CALL(cai_cuda_rows_like(op, "out", out, "inp", &x, &y));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_gelu_fwd(STREAM(dev), cai_cuda_mat(&y), cai_cuda_mat(&x)));
     return CAI_OK;
@@ -127,10 +126,8 @@ cai_status cai_cuda_gelu_bwd(cai_device_t *dev, cai_tensor *dinp, const cai_tens
     static const char *op = "gelu_bwd";
     cai_rows x, dy, dx;
     CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, -1, &x));
-    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, -1, &dy));
-    CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_CUDA, CAI_ANYF, -1, &dx));
-    CAI_CALL(cai_ops_same_rows(op, "dout", &dy, "inp", &x));
-    CAI_CALL(cai_ops_same_rows(op, "dinp", &dx, "inp", &x));
+    CAI_CALL(cai_cuda_rows_like(op, "dout", dout, "inp", &x, &dy));
+    CAI_CALL(cai_cuda_rows_like(op, "dinp", dinp, "inp", &x, &dx));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_gelu_bwd(STREAM(dev), cai_cuda_mat(&dx), cai_cuda_mat(&x), cai_cuda_mat(&dy)));
     return CAI_OK;
@@ -140,10 +137,8 @@ cai_status cai_cuda_swiglu_fwd(cai_device_t *dev, cai_tensor *out, const cai_ten
     static const char *op = "swiglu_fwd";
     cai_rows g, u, y;
     CAI_CALL(cai_ops_rows(op, "gate", gate, CAI_CUDA, CAI_ANYF, -1, &g));
-    CAI_CALL(cai_ops_rows(op, "up", up, CAI_CUDA, CAI_ANYF, -1, &u));
-    CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, -1, &y));
-    CAI_CALL(cai_ops_same_rows(op, "up", &u, "gate", &g));
-    CAI_CALL(cai_ops_same_rows(op, "out", &y, "gate", &g));
+    CAI_CALL(cai_cuda_rows_like(op, "up", up, "gate", &g, &u));
+    CAI_CALL(cai_cuda_rows_like(op, "out", out, "gate", &g, &y));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_swiglu_fwd(STREAM(dev), cai_cuda_mat(&y), cai_cuda_mat(&g), cai_cuda_mat(&u)));
     return CAI_OK;
@@ -156,17 +151,13 @@ cai_status cai_cuda_swiglu_bwd(cai_device_t *dev, cai_tensor *dgate, cai_tensor 
     memset(&dg, 0, sizeof dg);
     memset(&du, 0, sizeof du);
     CAI_CALL(cai_ops_rows(op, "gate", gate, CAI_CUDA, CAI_ANYF, -1, &g));
-    CAI_CALL(cai_ops_rows(op, "up", up, CAI_CUDA, CAI_ANYF, -1, &u));
-    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, -1, &dy));
-    CAI_CALL(cai_ops_same_rows(op, "up", &u, "gate", &g));
-    CAI_CALL(cai_ops_same_rows(op, "dout", &dy, "gate", &g));
+    CAI_CALL(cai_cuda_rows_like(op, "up", up, "gate", &g, &u));
+    CAI_CALL(cai_cuda_rows_like(op, "dout", dout, "gate", &g, &dy));
     if (dgate) {
-        CAI_CALL(cai_ops_rows(op, "dgate", dgate, CAI_CUDA, CAI_ANYF, -1, &dg));
-        CAI_CALL(cai_ops_same_rows(op, "dgate", &dg, "gate", &g));
+        CAI_CALL(cai_cuda_rows_like(op, "dgate", dgate, "gate", &g, &dg));
     }
     if (dup) {
-        CAI_CALL(cai_ops_rows(op, "dup", dup, CAI_CUDA, CAI_ANYF, -1, &du));
-        CAI_CALL(cai_ops_same_rows(op, "dup", &du, "gate", &g));
+        CAI_CALL(cai_cuda_rows_like(op, "dup", dup, "gate", &g, &du));
     }
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_swiglu_bwd(STREAM(dev), cai_cuda_mat(&dg), cai_cuda_mat(&du), cai_cuda_mat(&dy),

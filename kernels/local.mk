@@ -16,6 +16,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/elementwise.cu \
 	%reldir%/norm.cu \
 	%reldir%/attention.cu \
+	%reldir%/attention_tc.cu \
 	%reldir%/embed.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
@@ -34,6 +35,7 @@ CAI_CUDA_LOBJS = \
 	%reldir%/elementwise.lo \
 	%reldir%/norm.lo \
 	%reldir%/attention.lo \
+	%reldir%/attention_tc.lo \
 	%reldir%/embed.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++

@@ -238,6 +238,10 @@ int main(int argc, char **argv) {
     double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
     report("attention_fwd bf16 causal B8 T1024 H12 D64", time_it(f_attn_fwd, &c), 2.0 * 5 * B * T * C, af);
     report("attention_bwd bf16 (dq,dk,dv into fused)", time_it(f_attn_bwd, &c), 2.0 * 8 * B * T * C, 2.5 * af);
+    setenv("CAI_CUDA_ATTN", "simt", 1);
+    report("attention_fwd same, CUDA cores (simt)", time_it(f_attn_fwd, &c), 2.0 * 5 * B * T * C, af);
+    report("attention_bwd same, CUDA cores (simt)", time_it(f_attn_bwd, &c), 2.0 * 8 * B * T * C, 2.5 * af);
+    unsetenv("CAI_CUDA_ATTN");
     free_all();
 
     /* fused softmax + cross-entropy, forward and in-place backward */

@@ -45,7 +45,7 @@ timeout 150 "$bin/bench_cuda_ops" 20 >"$out/bench.log" 2>&1
 echo "bench_cuda_ops exit $?"
 if [ "${RUN_TORCH:-1}" = 1 ] && [ -f tests/gpu/torch_ref.py ]; then
     echo "== PyTorch reference"
-    timeout 120 python3 tests/gpu/torch_ref.py 20 >"$out/torch.log" 2>&1
+    timeout 90 python3 tests/gpu/torch_ref.py 20 >"$out/torch.log" 2>&1
     echo "torch_ref exit $?"
 fi
 if [ -n "$san" ]; then

@@ -13,6 +13,7 @@
 
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -394,10 +395,11 @@ static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t H
 
 static void t_attention(cai_dtype dt) {
     attn_case(dt, 2, 77, 77, 6, 2, 64, 1, 0, 0, 1);     /* GPT-style causal, GQA 3:1, fused QKV */
+    attn_case(dt, 2, 130, 130, 4, 2, 128, 1, 0, 0, 1);  /* Llama-style head_dim 128, several tiles */
     attn_case(dt, 1, 40, 70, 4, 4, 128, 0, 0, 0, 0);    /* full attention, Tq != Tk, D 128 */
     attn_case(dt, 2, 33, 50, 4, 1, 40, 1, 17, 16, 0);   /* decode-style offset, window, MQA, odd D */
     attn_case(dt, 1, 20, 20, 2, 2, 256, 1, -5, 0, 0);   /* first rows see no key: out 0, lse -inf */
-    if (dt == CAI_DTYPE_F32) attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1); /* many tiles */
+    attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1);   /* many tiles */
 }
 
 /* ------------------------------------------------------------------ embeddings, cross-entropy */
@@ -560,7 +562,12 @@ static void bf16_act(void) {
     t_rope(CAI_DTYPE_BF16);
 }
 static void f32_attn(void) { t_attention(CAI_DTYPE_F32); }
-static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); }
+static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); } /* tensor cores */
+static void bf16_attn_simt(void) {
+    setenv("CAI_CUDA_ATTN", "simt", 1); /* the f32 CUDA-core kernels on bf16 storage */
+    t_attention(CAI_DTYPE_BF16);
+    unsetenv("CAI_CUDA_ATTN");
+}
 static void f32_embed(void) {
     t_embedding(CAI_DTYPE_F32);
     t_xent(CAI_DTYPE_F32);
@@ -577,6 +584,7 @@ static const test_entry tests[] = {
     {"matmul f16", f16_matmul},   {"linear f32", f32_linear},   {"linear bf16", bf16_linear},
     {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
     {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
+    {"attention simt bf16", bf16_attn_simt},
     {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
     {"errors", t_errors},
 };
