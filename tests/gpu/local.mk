@@ -9,3 +9,4 @@ tests_gpu_bench_cuda_ops_SOURCES = tests/gpu/bench_cuda_ops.c tests/gpu/gpu_test
 tests_gpu_bench_cuda_ops_LDADD = src/libcolossal-core.la
 TESTS += tests/gpu/test_cuda_ops
 endif
+EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh
