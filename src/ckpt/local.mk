@@ -10,3 +10,15 @@ tests_unit_test_safetensors_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_safetensors_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 TESTS += tests/unit/test_safetensors
 endif
+
+# hugging face: safetensors export/import with HF names, layouts and config.json
+src_libcolossal_core_la_SOURCES += %reldir%/hf_map.c %reldir%/hf_config.c %reldir%/hf_export.c \
+	%reldir%/hf_import.c %reldir%/hf_internal.h
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_hf
+tests_unit_test_hf_SOURCES = tests/unit/test_hf.c
+tests_unit_test_hf_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_hf_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+TESTS += tests/unit/test_hf
+endif
+# end of hugging face

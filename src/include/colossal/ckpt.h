@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "colossal/base.h"
+#include "colossal/model.h" /* Hugging Face section: model configs and registries */
 
 #ifdef __cplusplus
 extern "C" {
@@ -104,6 +105,175 @@ cai_status cai_safetensors_read(const cai_safetensors_t *st, const char *name, c
 const char *cai_safetensors_dtype_name(cai_dtype dtype);
 
 /* ================================================= end of safetensors */
+
+/* ======================================================================
+ * Hugging Face (src/ckpt/hf_map.c, hf_config.c, hf_export.c, hf_import.c)
+ * A Hugging Face model directory: config.json, the weights as
+ * model.safetensors or as model-0000i-of-0000K.safetensors shards listed in
+ * model.safetensors.index.json, and tokenizer files. GPT-2 is
+ * GPT2LMHeadModel, Llama LlamaForCausalLM. One mapping table per model
+ * config, colossal name <-> HF name with a transform, serves both export and
+ * import. Nothing here is collective: export from the rank holding the
+ * global tensors; import on any number of ranks at once (read-only mmaps).
+ * See docs/huggingface.md.
+ * ====================================================================== */
+
+typedef enum {
+    CAI_HF_COPY = 0,   /* same layout */
+    CAI_HF_TRANSPOSE,  /* GPT-2 Conv1D: HF [in, out] is colossal's [out, in] transposed */
+    CAI_HF_QKV_SLICE,  /* Llama q/k/v_proj: a block of rows of the fused qkv weight */
+    CAI_HF_VOCAB_ROWS, /* embedding / LM head: the real vocab_size rows; the padding rows
+                        * are dropped on export and zero on import */
+    CAI_HF_TRANSFORM_COUNT
+} cai_hf_transform;
+
+/* One HF tensor: rows [row_begin, row_begin + rows) of colossal parameter
+ * `colossal` (dim 0; all rows for COPY and TRANSPOSE), transposed for
+ * CAI_HF_TRANSPOSE. */
+typedef struct {
+    const char *colossal; /* canonical registry name */
+    const char *hf;       /* Hugging Face name */
+    cai_hf_transform transform;
+    uint64_t row_begin, rows;
+    int ndim; /* of the HF tensor: 1 or 2 */
+    uint64_t hf_shape[2];
+} cai_hf_entry;
+
+const char *cai_hf_transform_name(cai_hf_transform t);
+/* "GPT2LMHeadModel" / "LlamaForCausalLM"; "gpt2" / "llama". */
+const char *cai_hf_architecture(cai_model_family family);
+const char *cai_hf_model_type(cai_model_family family);
+
+/* The mapping for one model config: every HF tensor of the family's
+ * checkpoint in the order transformers saves them (a tied head has none).
+ * It owns a registry built from the resolved config. Fails with
+ * CAI_ERR_UNSUPPORTED for a registered parameter with no HF counterpart. */
+typedef struct cai_hf_map cai_hf_map_t;
+cai_status cai_hf_map_create(cai_hf_map_t **out, const cai_model_config *cfg);
+void cai_hf_map_free(cai_hf_map_t *map);
+const cai_model_config *cai_hf_map_config(const cai_hf_map_t *map); /* resolved */
+const cai_registry_t *cai_hf_map_registry(const cai_hf_map_t *map);
+int cai_hf_map_count(const cai_hf_map_t *map);
+const cai_hf_entry *cai_hf_map_entry(const cai_hf_map_t *map, int i);
+/* NULL when absent. */
+const cai_hf_entry *cai_hf_map_find_hf(const cai_hf_map_t *map, const char *hf_name);
+/* The entries holding colossal parameter `name` (consecutive in the table):
+ * the count (1; 3 for Llama's qkv; 0 for a tied head or an unknown name) and
+ * the first in *first. */
+int cai_hf_map_find(const cai_hf_map_t *map, const char *name, const cai_hf_entry **first);
+
+/* config.json for `cfg` (resolved here) as transformers reads it; the
+ * weights' dtype goes to torch_dtype; bos/eos token ids < 0 are omitted.
+ * *out is malloc'd text (free() it). */
+cai_status cai_hf_config_json(const cai_model_config *cfg, cai_dtype dtype, int bos_token_id, int eos_token_id,
+                              char **out);
+/* Parse a config.json into a model config: the architecture fields from the
+ * file, everything else from cai_model_config_default(family) (F32, seed,
+ * vocab_multiple 0 = 128). Errors name the file and the key: missing or
+ * mistyped keys, an unknown architecture or model_type, and features colossal
+ * does not implement (rope_scaling, attention biases, another activation),
+ * which are CAI_ERR_UNSUPPORTED. */
+cai_status cai_hf_config_load(const char *path, cai_model_config *out);
+
+/* ------------------------------------------------------------ export */
+
+#define CAI_HF_DEFAULT_SHARD_BYTES 5000000000ull /* transformers' default max_shard_size "5GB" */
+
+typedef struct {
+    cai_dtype dtype;          /* F32, BF16 or F16 (round to nearest even from the F32 masters) */
+    uint64_t max_shard_bytes; /* tensor bytes per file; a larger total is sharded with an index.
+                               * 0: CAI_HF_DEFAULT_SHARD_BYTES */
+    const char *tokenizer_dir;/* copy the tokenizer files found here; NULL or "": none */
+} cai_hf_export_options;
+
+/* F32, default shard size, no tokenizer. */
+cai_hf_export_options cai_hf_export_options_default(void);
+
+typedef struct {
+    int n_files;          /* weight files (1 when not sharded) */
+    int n_tensors;
+    uint64_t total_bytes; /* tensor bytes (the index's total_size) */
+    int tokenizer_files;  /* copied or written */
+    double seconds;
+} cai_hf_export_stats;
+
+/* Supplies one parameter's GLOBAL tensor (param->shape, padded vocabulary
+ * rows included) as row-major F32 into dst (param->numel floats). Called
+ * once per exported parameter, in registration order; tie copies are never
+ * asked for. */
+typedef cai_status (*cai_hf_source_fn)(void *ctx, const cai_param_info *param, float *dst);
+
+/* Write the directory `dir` (created if missing): the weights (one tensor
+ * in memory at a time), then model.safetensors.index.json when sharded,
+ * then the tokenizer files, then config.json. Every file is written under a
+ * temporary name and renamed; weight files of an earlier export that this
+ * one does not use (model*.safetensors, a stale index) are removed. With a
+ * tokenizer, its largest id must be below cfg->vocab_size, and its
+ * <|endoftext|> (or <s>, </s>) ids become bos/eos_token_id. `stats` may be
+ * NULL. */
+cai_status cai_hf_export(const char *dir, const cai_model_config *cfg, cai_hf_source_fn source, void *ctx,
+                         const cai_hf_export_options *opt, cai_hf_export_stats *stats);
+/* From a model whose view holds every parameter whole (single rank, or
+ * gathered); otherwise CAI_ERR_UNSUPPORTED naming the first missing one. */
+cai_status cai_hf_export_model(const char *dir, cai_model_t *m, const cai_hf_export_options *opt,
+                               cai_hf_export_stats *stats);
+/* From a host flat F32 buffer of flat_count floats laid out by
+ * cai_registry_local_layout(reg, single-rank view, align_elems): every
+ * parameter of cfg's mapping must be in `reg` with the shape cfg gives it
+ * (the error names the parameter and both shapes). */
+cai_status cai_hf_export_flat(const char *dir, const cai_model_config *cfg, const cai_registry_t *reg,
+                              const float *flat, size_t flat_count, size_t align_elems,
+                              const cai_hf_export_options *opt, cai_hf_export_stats *stats);
+
+/* ------------------------------------------------------------ import */
+
+typedef struct cai_hf cai_hf_t;
+
+/* Open and validate a directory completely before anything is read into a
+ * model: config.json (cai_hf_config_load), model.safetensors or the index
+ * and every shard it names, every mapped tensor present with the shape the
+ * config implies and dtype F32, BF16 or F16, and no tensor the mapping does
+ * not know (buffers transformers used to save, attn.bias and
+ * rotary_emb.inv_freq, and a tied lm_head.weight are skipped). GPT-2 names
+ * with or without the "transformer." prefix are accepted. Errors name the
+ * file and the tensor. */
+cai_status cai_hf_open(cai_hf_t **out, const char *dir);
+void cai_hf_close(cai_hf_t *h);
+const char *cai_hf_dir(const cai_hf_t *h);
+/* The model config built from config.json (resolved; vocab_multiple 128). */
+const cai_model_config *cai_hf_config(const cai_hf_t *h);
+const cai_hf_map_t *cai_hf_map(const cai_hf_t *h);
+/* The weight files in the order the index names them, and whether it is
+ * sharded (index total_size in *total_size, 0 when unsharded or absent). */
+int cai_hf_file_count(const cai_hf_t *h);
+const cai_safetensors_t *cai_hf_file(const cai_hf_t *h, int i);
+int cai_hf_sharded(const cai_hf_t *h, uint64_t *total_size);
+/* The HF tensor of a mapping entry (from cai_hf_map(h)) and its file. */
+const cai_st_entry *cai_hf_tensor(const cai_hf_t *h, const cai_hf_entry *e, const cai_safetensors_t **file);
+
+/* One parameter's global F32 tensor (padding rows zero), shaped as `param`
+ * says: the shapes of cai_hf_map_registry(cai_hf_map(h)), except that
+ * vocabulary rows may be padded to any multiple. A tie copy reads its
+ * primary's tensor. */
+cai_status cai_hf_read_param(cai_hf_t *h, const cai_param_info *param, float *dst);
+
+/* Receives each parameter's global tensor, in registration order. */
+typedef cai_status (*cai_hf_sink_fn)(void *ctx, const cai_param_info *param, const float *src);
+/* Every parameter of `reg` (NULL: the mapping's registry) through sink. */
+cai_status cai_hf_import(cai_hf_t *h, const cai_registry_t *reg, cai_hf_sink_fn sink, void *ctx);
+/* Into a model (any pipeline stage: each held shard is cut from the global
+ * tensor), then cai_model_params_updated. The model's architecture must
+ * match config.json (family, vocab_size, layers, widths, heads, kv heads,
+ * ffn, max_seq_len, tied head; vocab_multiple, dtypes and seed are free);
+ * the error names the first field that differs. */
+cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m);
+/* Into a host flat F32 buffer of flat_count floats laid out by
+ * cai_registry_local_layout(reg, single-rank view, align_elems); alignment
+ * gaps are zeroed. */
+cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *flat, size_t flat_count,
+                              size_t align_elems);
+
+/* ========================================================= end of Hugging Face */
 
 #ifdef __cplusplus
 }
