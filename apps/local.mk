@@ -19,3 +19,4 @@ TESTS += $(CHECK_APP_TESTS)
 EXTRA_DIST += $(CHECK_APP_TESTS) tests/apps/check_lib.sh
 include $(srcdir)/apps/data.mk
 include $(srcdir)/apps/pretrain.mk
+include $(srcdir)/apps/ckpt.mk

@@ -21,4 +21,9 @@ tests_unit_test_hf_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_hf_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 TESTS += tests/unit/test_hf
 endif
+# driver of the PyTorch check (tests/apps/ckpt_hf_torch.sh): not a test by itself
+check_PROGRAMS += tests/unit/test_hf_logits
+tests_unit_test_hf_logits_SOURCES = tests/unit/test_hf_logits.c
+tests_unit_test_hf_logits_LDADD = src/libcolossal-core.la
+EXTRA_DIST += tests/parity/hf_reference.py
 # end of hugging face
