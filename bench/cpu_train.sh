@@ -22,7 +22,7 @@ bin=$build/bench/cpu_train
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads MKL_NUM_THREADS=$threads
 common="--steps $steps --warmup $warmup $BENCH_ARGS"
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
-     "$(nproc) cores online, threads=$threads, steps=$steps (after $warmup warm-up), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+     "$(getconf _NPROCESSORS_ONLN) cores online, threads=$threads, steps=$steps (after $warmup warm-up), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 out_c=$("$bin" --threads "$threads" $common)
 echo "$out_c"
 out_t=$("$py" "$here/torch_cpu_train.py" --threads "$threads" $common)
