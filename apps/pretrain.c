@@ -9,7 +9,11 @@
  * the LR schedule and clipping. A progress line per log interval, a
  * metrics.jsonl record per step, validation every eval.interval steps,
  * greedy samples at the end. SIGINT/SIGTERM/SIGUSR1 stop every rank at the
- * next step boundary. See docs/pretrain.md. */
+ * next step boundary. With checkpoint.every a parallel HDF5 checkpoint is
+ * written every that many steps, at the end, and when SIGUSR1/SIGTERM (or
+ * train.stop_at) stops the run, which then exits with status 3; --resume
+ * continues from one, bit for bit on the same layout. See docs/pretrain.md
+ * and docs/checkpoint.md. */
 #include "cai_config.h"
 
 #include <math.h>
@@ -18,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "colossal/ckpt.h"
 #include "colossal/parallel.h"
 #include "pretrain.h"
 
@@ -75,6 +80,8 @@ static const cai_config_field k_fields[] = {
     F("train.grad_accum", CAI_CFG_INT, grad_accum, "1", "microbatches per step on each rank", 1, 1 << 20),
     F("train.seq_len", CAI_CFG_INT, seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
     F("train.seed", CAI_CFG_INT64, data_seed, "1234", "sample order seed", 0, BIG),
+    F("train.stop_at", CAI_CFG_INT64, stop_at, "0",
+      "stop after this step as SIGUSR1 would (checkpoint, exit status 3); 0: run to train.steps", 0, BIG),
 
     E("optim.schedule", schedule, "cosine", "learning rate after the linear warmup", k_schedules),
     F("optim.lr", CAI_CFG_DOUBLE, lr, "1e-3", "peak learning rate", 0, 10),
@@ -115,6 +122,16 @@ static const cai_config_field k_fields[] = {
     S("generate.prompts", prompts, "Once upon a time,|Q: What is 7 times 8? A:",
       "prompts for the greedy samples at the end, separated by |"),
     F("generate.tokens", CAI_CFG_INT, gen_tokens, "48", "tokens per sample; 0: no samples", 0, 1 << 20),
+
+    S("checkpoint.dir", ckpt_dir, "", "checkpoint directory (step-N.h5 files and `latest`); empty: run.dir/checkpoints"),
+    F("checkpoint.every", CAI_CFG_INT64, ckpt_every, "0",
+      "save every this many steps, at the end, and when SIGUSR1/SIGTERM stops the run; 0: no checkpoints", 0, BIG),
+    F("checkpoint.keep", CAI_CFG_INT, ckpt_keep, "3", "checkpoints kept in checkpoint.dir (the newest); 0: all", 0,
+      1 << 20),
+    {"checkpoint.resume", CAI_CFG_STRING, offsetof(pt_config, resume), "",
+     "resume from: latest (checkpoint.dir's), auto (latest if there is one, else start), or a checkpoint file or "
+     "directory; empty: start from step 1",
+     CAI_CFG_NO_RANGE, NULL, "resume"},
 
     CAI_APP_COMMON_FIELDS(pt_config, common),
 };
@@ -294,7 +311,92 @@ typedef struct {
     cai_optim_t *optim;
     pt_data data;
     pt_report report;
+    /* checkpoints */
+    char ckpt_dir[4096];
+    int64_t tokens;     /* trained on so far, across resumes */
+    int64_t last_saved; /* step of the newest checkpoint (0: none) */
+    cai_step_stats last;
 } pt_run;
+
+/* ------------------------------------------------------------------ checkpoints */
+
+/* A checkpoint of the state after `step`. Collective over the world. */
+static cai_status save_checkpoint(pt_run *r, const pt_config *c, int64_t step) {
+    cai_ckpt_meta m = cai_ckpt_meta_init();
+    m.step = step;
+    m.tokens = r->tokens;
+    m.consumed_samples = cai_sampler_consumed(r->data.sampler);
+    m.data_seed = (uint64_t)c->data_seed;
+    m.rng_seed = (uint64_t)c->model_seed;
+    m.rng_offset = (uint64_t)step;
+    m.last_lr = r->last.lr;
+    m.last_loss = r->last.loss;
+    snprintf(m.app, sizeof m.app, "colossal-pretrain");
+    char *text = NULL;
+    CAI_CALL(cai_config_write_string(&k_schema, c, &text));
+    m.config_text = text;
+    char path[4096];
+    cai_ckpt_stats st;
+    cai_timer_begin("pretrain: checkpoint");
+    cai_status s = cai_ckpt_save_step(r->mesh, r->ckpt_dir, c->ckpt_keep, r->model, r->optim, &m, path, sizeof path,
+                                      &st);
+    cai_timer_end("pretrain: checkpoint");
+    free(text);
+    CAI_CALL(s);
+    r->last_saved = step;
+    /* The save is not training time: keep it out of the next tokens/s. */
+    r->report.t_last += st.seconds;
+    if (r->report.rank == 0) {
+        printf("checkpoint at step %lld: %s (%.1f MB in %.2f s, %.2f GB/s)\n", (long long)step, path,
+               (double)st.bytes / 1e6, st.seconds, st.seconds > 0 ? (double)st.bytes / st.seconds / 1e9 : 0.0);
+        fflush(stdout);
+        pt_report_json(&r->report, "\"kind\":\"checkpoint\",\"step\":%lld,\"path\":\"%s\",\"bytes\":%llu,\"seconds\":%.3f",
+                       (long long)step, path, (unsigned long long)st.bytes, st.seconds);
+    }
+    return CAI_OK;
+}
+
+/* checkpoint.resume: load the checkpoint into the model and optimizer, move
+ * the sampler to where it was, and set c->first_step. Collective over the
+ * world (every rank reads the same `latest`, so every rank decides alike). */
+static cai_status resume(pt_run *r, pt_config *c) {
+    c->first_step = 1;
+    if (!*c->resume) return CAI_OK;
+    char path[4096];
+    int is_auto = strcmp(c->resume, "auto") == 0;
+    if (is_auto || strcmp(c->resume, "latest") == 0) {
+        int found = 0;
+        CAI_CALL(cai_ckpt_latest(r->ckpt_dir, path, sizeof path, &found));
+        if (!found && is_auto) {
+            CAI_INFO("checkpoint.resume=auto: no checkpoint in %s yet; starting from step 1", r->ckpt_dir);
+            return CAI_OK;
+        }
+        if (!found)
+            return CAI_ERROR(CAI_ERR_CONFIG, "checkpoint.resume=latest: %s holds no checkpoint (no 'latest' file); "
+                             "resume=auto starts from step 1 when there is none", r->ckpt_dir);
+    } else {
+        CAI_CALL(cai_ckpt_resolve(c->resume, path, sizeof path));
+    }
+    cai_ckpt_meta m;
+    cai_ckpt_stats st;
+    CAI_CALL(cai_ckpt_load(r->mesh, path, r->model, r->optim, &m, &st));
+    cai_status s = pt_data_seek(&r->data, c, r->mesh, m.consumed_samples);
+    if (s == CAI_OK && m.data_seed != (uint64_t)c->data_seed)
+        CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the sample order changes from here", path,
+                 (unsigned long long)m.data_seed, (long long)c->data_seed);
+    if (s == CAI_OK) {
+        r->tokens = m.tokens;
+        r->last_saved = m.step;
+        c->first_step = m.step + 1;
+        char was[128];
+        cai_layout_str(&m.layout, was, sizeof was);
+        CAI_INFO("resumed from %s: step %lld, %.2fM tokens, %lld samples consumed; saved on %d rank%s (%s) (%.1f MB "
+                 "in %.2f s)", path, (long long)m.step, (double)m.tokens / 1e6, (long long)m.consumed_samples,
+                 m.world_size, m.world_size == 1 ? "" : "s", was, (double)st.bytes / 1e6, st.seconds);
+    }
+    cai_ckpt_meta_free(&m);
+    return s;
+}
 
 static void print_header(const pt_run *r, const pt_config *c, const cai_app *app) {
     const cai_model_config *mc = cai_model_config_of(r->model);
@@ -327,6 +429,9 @@ static void print_header(const pt_run *r, const pt_config *c, const cai_app *app
            r->report.flops_per_token, (double)r->report.matmul_params / 1e6, mc->n_layers, c->seq_len, mc->d_model,
            r->report.peak_flops / 1e12, c->peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
     printf("run dir: %s (config.yaml, metrics.jsonl)\n", c->dir);
+    if (c->ckpt_every > 0)
+        printf("checkpoints: every %lld steps, at the end and on SIGUSR1/SIGTERM, to %s (keeping %d)\n",
+               (long long)c->ckpt_every, r->ckpt_dir, c->ckpt_keep);
     fflush(stdout);
     pt_report_json((pt_report *)&r->report,
                    "\"kind\":\"start\",\"ranks\":%d,\"dp\":%d,\"params\":%llu,\"matmul_params\":%lld,"
@@ -336,10 +441,13 @@ static void print_header(const pt_run *r, const pt_config *c, const cai_app *app
                    (long long)r->report.tokens_per_step, (long long)c->steps);
 }
 
-/* The training loop; *stopped_by receives the signal that ended it early. */
+#define PT_STOP_AT (-1) /* "signal" of a train.stop_at stop */
+
+/* The training loop; *stopped_by receives the signal that ended it early
+ * (PT_STOP_AT for train.stop_at). */
 static cai_status train(pt_run *r, const pt_config *c, int64_t *last_step, int *stopped_by) {
     double loss_val = 0;
-    for (int64_t step = 1; step <= c->steps; step++) {
+    for (int64_t step = c->first_step; step <= c->steps; step++) {
         double t0 = cai_time_now();
         cai_timer_begin("pretrain: data");
         CAI_CALL(pt_data_next(&r->data));
@@ -348,11 +456,15 @@ static cai_status train(pt_run *r, const pt_config *c, int64_t *last_step, int *
         CAI_CALL(dp_train_step(r->mesh, r->model, r->optim, r->data.tokens, r->data.targets, c->grad_accum, &st));
         pt_report_step(&r->report, c, step, &st, cai_time_now() - t0);
         *last_step = step;
+        r->tokens += r->report.tokens_per_step;
+        r->last = st;
         if (r->data.valid_samples && c->eval_interval > 0 && (step % c->eval_interval == 0 || step == c->steps)) {
             CAI_CALL(evaluate(r->mesh, r->model, &r->data, c, &loss_val));
             pt_report_eval(&r->report, step, loss_val);
         }
         CAI_CALL(stop_requested(r->mesh, stopped_by));
+        if (!*stopped_by && c->stop_at > 0 && step >= c->stop_at && step < c->steps) *stopped_by = PT_STOP_AT;
+        if (c->ckpt_every > 0 && step % c->ckpt_every == 0) CAI_CALL(save_checkpoint(r, c, step));
         if (*stopped_by) break;
     }
     return CAI_OK;
@@ -391,29 +503,41 @@ int main(int argc, char **argv) {
     cai_adamw_config oc = optim_config(&cfg);
     cai_app_check_all(cai_optim_create_for_model(&r.optim, r.model, &oc), 2);
     cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    snprintf(r.ckpt_dir, sizeof r.ckpt_dir, "%s%s", *cfg.ckpt_dir ? cfg.ckpt_dir : cfg.dir,
+             *cfg.ckpt_dir ? "" : "/checkpoints");
+    cai_app_check_all(resume(&r, &cfg), 1);
     cai_app_check(pt_report_init(&r.report, &cfg, r.model, r.dev, app.rank, app.size));
     r.report.tokens_per_step = r.data.global_batch * cfg.seq_len;
     if (app.rank == 0) print_header(&r, &cfg, &app);
 
     install_signals();
     double t0 = cai_time_now();
-    int64_t steps_done = 0;
+    int64_t steps_done = cfg.first_step - 1;
     int sig = 0;
     cai_app_check(train(&r, &cfg, &steps_done, &sig));
     double seconds = cai_time_now() - t0;
+    /* A checkpoint of where the run ended, unless the last step wrote one.
+     * SIGINT is an interactive stop: no checkpoint. */
+    int ckpt_stop = sig == SIGUSR1 || sig == SIGTERM || sig == PT_STOP_AT;
+    if (cfg.ckpt_every > 0 && (ckpt_stop || !sig) && steps_done > r.last_saved)
+        cai_app_check(save_checkpoint(&r, &cfg, steps_done));
+    int checkpointed = cfg.ckpt_every > 0 && ckpt_stop;
     /* Replicas that drifted apart would make every later step wrong
      * silently; the check costs one pass over the weights. */
     cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
     if (app.rank == 0) {
-        double tokens = (double)steps_done * (double)r.report.tokens_per_step;
+        double tokens = (double)(steps_done - cfg.first_step + 1) * (double)r.report.tokens_per_step;
         if (sig)
             printf("stopped by %s after step %lld of %lld (all ranks at the same step boundary); %.2fM tokens in %.1f "
-                   "s\n",
-                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal",
-                   (long long)steps_done, (long long)cfg.steps, tokens / 1e6, seconds);
+                   "s%s\n",
+                   sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1"
+                                             : sig == PT_STOP_AT ? "train.stop_at" : "a signal",
+                   (long long)steps_done, (long long)cfg.steps, tokens / 1e6, seconds,
+                   checkpointed ? "; checkpoint written, continue with --resume latest" : "");
         else
-            printf("done: %lld steps, %.2fM tokens in %.1f s (%.0f tokens/s)\n", (long long)steps_done, tokens / 1e6,
-                   seconds, seconds > 0 ? tokens / seconds : 0.0);
+            printf("done: %lld steps, %.2fM tokens in %.1f s (%.0f tokens/s)\n",
+                   (long long)(steps_done - cfg.first_step + 1), tokens / 1e6, seconds,
+                   seconds > 0 ? tokens / seconds : 0.0);
         pt_report_json(&r.report, "\"kind\":\"end\",\"status\":\"%s\",\"signal\":%d,\"step\":%lld,\"seconds\":%.3f",
                        sig ? "stopped" : "done", sig, (long long)steps_done, seconds);
         fflush(stdout);
@@ -427,5 +551,6 @@ int main(int argc, char **argv) {
     pt_data_free(&r.data);
     cai_device_free(r.dev);
     cai_mesh_free(r.mesh);
-    return cai_app_finalize(&k_schema, &cfg);
+    int rc = cai_app_finalize(&k_schema, &cfg);
+    return checkpointed ? PT_EXIT_CHECKPOINTED : rc;
 }

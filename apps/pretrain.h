@@ -22,7 +22,7 @@ typedef struct {
     int dp, tp, pp, sp;
     double watchdog;
     /* train */
-    int64_t steps, data_seed;
+    int64_t steps, data_seed, stop_at;
     int micro_batch, grad_accum, seq_len;
     /* optim */
     int schedule;
@@ -43,8 +43,18 @@ typedef struct {
     /* generate */
     char *prompts;
     int gen_tokens;
+    /* checkpoint */
+    char *ckpt_dir, *resume;
+    int64_t ckpt_every;
+    int ckpt_keep;
     cai_app_common common;
+    /* Not a key: the step a resumed run starts from (1 for a fresh run). */
+    int64_t first_step;
 } pt_config;
+
+/* Exit status of a run stopped early (SIGUSR1, SIGTERM, train.stop_at) that
+ * wrote a checkpoint: resume it with --resume. */
+#define PT_EXIT_CHECKPOINTED 3
 
 enum { PT_DEVICE_AUTO = 0, PT_DEVICE_CPU = 1, PT_DEVICE_CUDA = 2 };
 enum { PT_TIE_AUTO = 0, PT_TIE_FALSE = 1, PT_TIE_TRUE = 2 };
@@ -77,6 +87,9 @@ typedef struct {
  * the vocabulary the model needs. */
 cai_status pt_data_init(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int64_t *vocab_size);
 void pt_data_free(pt_data *d);
+/* Continue the train sampler after `consumed` samples (resuming). Not
+ * collective. */
+cai_status pt_data_seek(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int64_t consumed);
 /* This rank's tokens and targets of the next global batch into d->tokens,
  * d->targets. Not collective. */
 cai_status pt_data_next(pt_data *d);

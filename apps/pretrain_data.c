@@ -176,13 +176,20 @@ cai_status pt_data_init(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int6
     if (cfg->eval_interval > 0 && !d->valid)
         CAI_WARN("data.split=\"%s\" leaves no validation documents: validation is off", cfg->split);
 
-    cai_sampler_config sc = {cai_gpt_dataset_size(d->train), d->global_batch, dp, cai_mesh_rank(mesh, CAI_AXIS_DP),
-                             0, (uint64_t)cfg->data_seed};
-    CAI_CALL(cai_sampler_init(&d->sampler, &sc, 0));
+    CAI_CALL(pt_data_seek(d, cfg, mesh, 0));
     size_t n = (size_t)d->local_batch * (size_t)cfg->seq_len;
     CAI_CALL(cai_malloc((void **)&d->indices, (size_t)d->local_batch * sizeof *d->indices, "batch indices"));
     CAI_CALL(cai_malloc((void **)&d->tokens, n * sizeof *d->tokens, "batch tokens"));
     CAI_CALL(cai_malloc((void **)&d->targets, n * sizeof *d->targets, "batch targets"));
+    return CAI_OK;
+}
+
+cai_status pt_data_seek(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int64_t consumed) {
+    cai_sampler_config sc = {cai_gpt_dataset_size(d->train), d->global_batch, cai_mesh_size(mesh, CAI_AXIS_DP),
+                             cai_mesh_rank(mesh, CAI_AXIS_DP), 0, (uint64_t)cfg->data_seed};
+    cai_sampler_free(d->sampler);
+    d->sampler = NULL;
+    CAI_CALL(cai_sampler_init(&d->sampler, &sc, consumed));
     return CAI_OK;
 }
 

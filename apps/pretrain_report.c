@@ -81,10 +81,12 @@ cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, ca
     if (rank == 0) {
         char path[4200];
         snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->dir);
-        r->metrics = fopen(path, "w");
+        /* A resumed run continues the record of the run it resumes. */
+        r->metrics = fopen(path, cfg->first_step > 1 ? "a" : "w");
         if (!r->metrics) return CAI_ERROR(CAI_ERR_IO, "cannot write %s", path);
     }
     r->t_start = r->t_last = cai_time_now();
+    r->step_last = cfg->first_step > 1 ? cfg->first_step - 1 : 0;
     return CAI_OK;
 }
 

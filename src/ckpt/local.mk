@@ -27,3 +27,39 @@ tests_unit_test_hf_logits_SOURCES = tests/unit/test_hf_logits.c
 tests_unit_test_hf_logits_LDADD = src/libcolossal-core.la
 EXTRA_DIST += tests/parity/hf_reference.py
 # end of hugging face
+
+# hdf5 checkpoint ---------------------------------------------------------
+# Parallel HDF5 checkpoints (docs/checkpoint.md). The sources build to
+# CAI_ERR_UNSUPPORTED stubs when configure found no parallel HDF5.
+src_libcolossal_core_la_SOURCES += \
+	%reldir%/checkpoint_internal.h \
+	%reldir%/checkpoint_plan.c \
+	%reldir%/checkpoint_xfer.c \
+	%reldir%/checkpoint.c \
+	%reldir%/checkpoint_dir.c \
+	%reldir%/checkpoint_file.c \
+	%reldir%/h5io.c
+EXTRA_DIST += docs/checkpoint.md
+
+# End-to-end tests through colossal-pretrain (shell, run under $(MPIEXEC)).
+CKPT_APP_TESTS = tests/apps/ckpt_resume.sh tests/apps/ckpt_crash.sh tests/apps/ckpt_h5tools.sh
+if HAVE_HDF5
+TESTS += $(CKPT_APP_TESTS)
+endif
+EXTRA_DIST += $(CKPT_APP_TESTS)
+
+if HAVE_CHECK
+# One program, run on 1, 2 and 4 ranks (tests/run-mpi-test maps ckptN.npN to
+# test_ckpt; the rank count in the marker keeps the logs apart). Markers are
+# made in the build tree.
+check_PROGRAMS += tests/mpi/test_ckpt
+tests_mpi_test_ckpt_SOURCES = tests/mpi/test_ckpt.c tests/mpi/test_mesh_util.h
+tests_mpi_test_ckpt_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_ckpt_LDADD = $(TEST_LIBS) $(HDF5_LIBS)
+CKPT_MPI_TESTS = tests/mpi/ckpt1.np1 tests/mpi/ckpt2.np2 tests/mpi/ckpt4.np4
+$(CKPT_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(CKPT_MPI_TESTS)
+TESTS += $(CKPT_MPI_TESTS)
+endif
+# end of hdf5 checkpoint --------------------------------------------------

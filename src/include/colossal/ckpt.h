@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #include "colossal/base.h"
+#include "colossal/cluster.h" /* Checkpoints section: meshes */
+#include "colossal/optim.h"   /* Checkpoints section: model, registry and optimizer */
 #include "colossal/model.h" /* Hugging Face section: model configs and registries */
 
 #ifdef __cplusplus
@@ -274,6 +276,212 @@ cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *fla
                               size_t align_elems);
 
 /* ========================================================= end of Hugging Face */
+
+/* ======================================================================
+ * Checkpoints: parallel HDF5 (src/ckpt/checkpoint*.c, src/ckpt/h5io.c)
+ * One HDF5 file per checkpoint, written collectively through MPI-IO: every
+ * tensor is a dataset of its GLOBAL shape and each rank writes and reads
+ * only its own hyperslabs, taken from the parameter registry, so a
+ * checkpoint loads under any other layout (dp, and by construction tp, pp,
+ * ep; ZeRO shards are ranges of the flat buffers, see cai_ckpt_buffer).
+ * Weights, fp32 masters, optimizer moments, and as attributes the model
+ * config, step, tokens, sampler position, LR schedule, loss scaler, RNG
+ * state and the layout at save. Every tensor carries an order-independent
+ * checksum. A checkpoint is written under a temporary name and renamed only
+ * once it is complete and closed on every rank. Format: docs/checkpoint.md.
+ * Built without parallel HDF5 (CAI_HAVE_HDF5 0) every call that touches an
+ * HDF5 file fails with CAI_ERR_UNSUPPORTED; the directory helpers work.
+ * ====================================================================== */
+
+#define CAI_CKPT_FORMAT "colossal-checkpoint"
+#define CAI_CKPT_VERSION 1
+#define CAI_CKPT_NAME_MAX 192 /* dataset path ("optim/exp_avg/h.0.attn.qkv.weight"), with the NUL */
+#define CAI_CKPT_MAX_DIMS 8
+
+/* What a checkpoint holds besides tensors. Saving reads the fields marked
+ * "in"; loading fills every field. */
+typedef struct {
+    /* in: training position */
+    int64_t step;             /* optimizer updates taken (the optimizer's step count is set from it on load) */
+    int64_t tokens;           /* tokens trained on */
+    int64_t consumed_samples; /* data sampler position (cai_sampler_consumed) */
+    uint64_t data_seed;       /* sample order */
+    /* in: counter-based RNG of stochastic ops (dropout, stochastic rounding):
+     * its whole state is a seed and the next counter offset */
+    uint64_t rng_seed, rng_offset;
+    /* in: dynamic loss scaler (scale 1, 0 good steps when there is none) */
+    double loss_scale;
+    int64_t loss_scale_good_steps;
+    /* in: informational */
+    double last_lr, last_loss;
+    char app[64];             /* the writer, e.g. "colossal-pretrain" */
+    char *config_text;        /* the app's effective config (YAML) or NULL; on load malloc'd
+                               * (cai_ckpt_meta_free), NULL when the file has none */
+    /* in (cai_ckpt_save fills them from the model, optimizer and mesh) */
+    cai_model_config model;   /* resolved */
+    int has_model;
+    cai_adamw_config optim;   /* including the LR schedule */
+    int has_optim;            /* the file holds optimizer moments */
+    cai_layout layout;        /* the layout at save (order NULL on load) */
+    int world_size;
+    /* out (load only) */
+    int format_version;
+    char colossal_version[32];
+    int64_t created_unix;
+} cai_ckpt_meta;
+
+/* Zeroed meta with loss_scale 1. */
+cai_ckpt_meta cai_ckpt_meta_init(void);
+void cai_ckpt_meta_free(cai_ckpt_meta *meta);
+
+/* Measured by a save or load (this rank's view; times are this rank's). */
+typedef struct {
+    double seconds;    /* the whole call */
+    double io_seconds; /* inside H5Dwrite / H5Dread */
+    uint64_t bytes;    /* tensor bytes in the file (each element once) */
+    uint64_t rank_bytes; /* tensor bytes this rank moved */
+    int n_datasets;
+    int n_transfers;   /* H5Dwrite / H5Dread calls on this rank */
+    int n_collective;  /* of them, those HDF5 performed collectively (H5Pget_mpio_actual_io_mode) */
+} cai_ckpt_stats;
+
+/* ---------------------------------------------------------- model + optimizer */
+
+/* Write `path` (atomically: `path` appears only when complete) with the
+ * model's weights ("model/<name>" in param_dtype), the fp32 masters when
+ * param_dtype is not F32 ("master/<name>"), and with `optim` (may be NULL)
+ * the AdamW moments ("optim/exp_avg/<name>", "optim/exp_avg_sq/<name>").
+ * Tied copies are stored once, under the tie group's first member. meta may
+ * be NULL; its model/optim/layout fields are filled here. stats may be
+ * NULL. Collective over the mesh's world. */
+cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
+                         const cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+
+/* Read a checkpoint into `model` (any layout: each rank reads its own
+ * hyperslabs) and, with `optim`, the moments and step count (the file must
+ * hold them). Before any tensor is read the file is checked to be a
+ * colossal checkpoint of the same architecture (family, sizes, vocabulary,
+ * tying); then each tensor's shape and element type, and after reading its
+ * checksum. Errors name the file and the tensor or field (CAI_ERR_FORMAT
+ * for a damaged or foreign file, CAI_ERR_IO when it cannot be opened);
+ * after a failure the model's and optimizer's contents are unspecified.
+ * meta (may be NULL) receives the stored metadata. Collective over the
+ * mesh's world. */
+cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
+                         cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+
+/* ---------------------------------------------------------- directories
+ * A checkpoint directory holds step-<N>.h5 files (N zero-padded to 8
+ * digits), a text file `latest` naming the newest complete one, and while a
+ * save runs a hidden temporary file. */
+
+/* Save step meta->step as DIR/step-<N>.h5 (creating DIR), then point
+ * `latest` at it (written under a temporary name and renamed), then delete
+ * all but the newest `keep` checkpoints (keep <= 0: keep all) and stale
+ * temporary files of interrupted saves. A crash at any moment leaves the
+ * previous checkpoint and `latest` intact. path_out (may be NULL) receives
+ * the file written. Collective over the mesh's world. */
+cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_model_t *model, cai_optim_t *optim,
+                              const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats);
+/* DIR/step-<N>.h5 into out. Not collective. */
+cai_status cai_ckpt_step_path(const char *dir, int64_t step, char *out, size_t cap);
+/* The checkpoint `latest` in DIR names, into out; *found = 0 (and CAI_OK)
+ * when DIR or its `latest` does not exist. A `latest` naming a missing file
+ * is an error. Not collective. */
+cai_status cai_ckpt_latest(const char *dir, char *out, size_t cap, int *found);
+/* A checkpoint file as given, or for a directory the file its `latest`
+ * names (an error when there is none). Not collective. */
+cai_status cai_ckpt_resolve(const char *path, char *out, size_t cap);
+
+/* ---------------------------------------------------------- flat buffers
+ * The layer underneath cai_ckpt_save/load, for callers whose buffers are
+ * not a cai_model_t / cai_optim_t pair (a ZeRO partition, an exporter).
+ * Every buffer is laid out as cai_registry_local_layout(reg, view,
+ * align_elems) describes; `group` gets one dataset per tie-group primary
+ * parameter, of its global shape. */
+
+typedef struct {
+    const cai_registry_t *reg;
+    cai_rank_view view;
+    size_t align_elems;
+    /* The axis over which ranks hold the same elements of a `replicated`
+     * buffer (they share the writing, each a balanced slice);
+     * CAI_AXIS_COUNT: no replicas. cai_ckpt_save uses CAI_AXIS_DP_SP. */
+    cai_axis replica_axis;
+} cai_ckpt_layout;
+
+typedef struct {
+    const char *group;     /* "model", "optim/exp_avg", ... */
+    const char *alt_group; /* load: read this group when `group` is not in the file (NULL: none) */
+    void *data;            /* elements [flat_begin, flat_end) of the flat layout, host memory or on dev */
+    cai_device_t *dev;     /* NULL: host memory */
+    cai_dtype dtype;       /* of data: F32, BF16 or F16 */
+    cai_dtype file_dtype;  /* in the file (save); load converts from whatever the file holds */
+    /* Which elements of the flat layout this rank holds: [0, 0) means all
+     * of them. A ZeRO partition passes its range: each parameter's piece
+     * inside it is a range of the shard's local elements, which the plan
+     * maps to global hyperslabs like any other. */
+    size_t flat_begin, flat_end;
+    int replicated;        /* 1: the replica_axis peers hold the same elements (they split the writing) */
+    int skip_tie_copies;   /* load: leave tie copies whose primary this rank holds untouched (their
+                            * optimizer moments are unused) */
+} cai_ckpt_buffer;
+
+/* Collective over the mesh's world. meta (not NULL) must have has_model
+ * set; path is written atomically as in cai_ckpt_save. */
+cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                 const cai_ckpt_buffer *bufs, int n_bufs, const cai_ckpt_meta *meta,
+                                 cai_ckpt_stats *stats);
+/* Collective over the mesh's world; checks format and tensors (shape,
+ * element type, checksum) as cai_ckpt_load does, but not the model config. */
+cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
+                                 cai_ckpt_stats *stats);
+
+/* ---------------------------------------------------------- inspection
+ * For tools (colossal-ckpt inspect / verify / export): open a checkpoint on
+ * any number of ranks, list its datasets, read global tensors, recompute
+ * checksums. */
+
+typedef struct {
+    char name[CAI_CKPT_NAME_MAX]; /* full path without the leading '/': "model/wte.weight" */
+    cai_dtype dtype;              /* CAI_DTYPE_COUNT when not F32/BF16/F16 */
+    char dtype_desc[32];          /* "f32", "bf16", "f16", or HDF5's class and size */
+    int ndim;
+    uint64_t shape[CAI_CKPT_MAX_DIMS];
+    uint64_t numel;
+    int has_checksum;
+    uint64_t checksum; /* stored "xsum64" attribute */
+} cai_ckpt_entry;
+
+typedef struct cai_ckpt_file cai_ckpt_file_t;
+
+/* Open read-only; checks that it is a colossal checkpoint (format
+ * attribute) and reads its metadata and dataset list. Collective over comm
+ * (MPI_COMM_SELF for one process). */
+cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path);
+/* Collective over the comm it was opened with. */
+void cai_ckpt_close(cai_ckpt_file_t *f);
+const char *cai_ckpt_path(const cai_ckpt_file_t *f);
+const cai_ckpt_meta *cai_ckpt_file_meta(const cai_ckpt_file_t *f);
+/* Datasets in name order (the config text dataset is not listed). */
+int cai_ckpt_count(const cai_ckpt_file_t *f);
+const cai_ckpt_entry *cai_ckpt_entry_at(const cai_ckpt_file_t *f, int i);
+const cai_ckpt_entry *cai_ckpt_find(const cai_ckpt_file_t *f, const char *name); /* NULL when absent */
+/* Root attributes as text, in name order. */
+int cai_ckpt_attr_count(const cai_ckpt_file_t *f);
+void cai_ckpt_attr_at(const cai_ckpt_file_t *f, int i, const char **key, const char **value);
+/* The whole global tensor `name` converted to dtype (F32, BF16 or F16)
+ * into dst (numel elements) on every rank. Collective over comm. */
+cai_status cai_ckpt_read(cai_ckpt_file_t *f, const char *name, cai_dtype dtype, void *dst);
+/* Recompute every dataset's checksum (the work split over comm's ranks)
+ * and compare it with the stored one. computed (may be NULL) receives
+ * count values in entry order. A mismatch or a missing checksum is
+ * CAI_ERR_FORMAT naming the file, the first bad tensor and how many are
+ * bad; *n_bad (may be NULL) receives the count. Collective over comm. */
+cai_status cai_ckpt_verify(cai_ckpt_file_t *f, uint64_t *computed, int *n_bad);
+
+/* ========================================================= end of checkpoints */
 
 #ifdef __cplusplus
 }

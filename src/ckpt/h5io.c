@@ -1,0 +1,503 @@
+/* The HDF5 calls of the checkpoints: files through the MPI-IO driver with
+ * collective metadata, the bf16 and f16 float types, attributes, and
+ * collective transfers of hyperslab unions that record the I/O mode HDF5
+ * actually used.
+ *
+ * Two rules from docs/checkpoint.md keep every transfer collective: the
+ * memory type always equals the file type (a conversion inside HDF5 makes
+ * it fall back to independent I/O silently), and every rank calls every
+ * create/open/attribute/transfer with the same arguments in the same
+ * order, a rank with nothing to move passing an empty selection. */
+#include "cai_config.h"
+
+#if CAI_HAVE_HDF5
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint_internal.h"
+
+/* Large datasets start on 1 MiB boundaries (a Lustre stripe; a page
+ * multiple everywhere) so ranks' pieces do not share file-system blocks. */
+#define ALIGN_THRESHOLD ((hsize_t)1 << 20)
+#define ALIGNMENT ((hsize_t)1 << 20)
+
+void ck_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+typedef struct {
+    char msg[2][256]; /* the two innermost descriptions */
+    int n;
+} walk_ctx;
+
+/* What HDF5 said about the last failure, saved before cleanup calls (every
+ * HDF5 API call starts by clearing the error stack). */
+static _Thread_local walk_ctx g_saved;
+
+static herr_t walk_cb(unsigned n, const H5E_error2_t *err, void *data) {
+    (void)n;
+    walk_ctx *w = data;
+    /* Walking downward: later entries are deeper, so keep the last two. */
+    if (w->n == 2) memcpy(w->msg[0], w->msg[1], sizeof w->msg[1]);
+    int slot = w->n < 2 ? w->n++ : 1;
+    snprintf(w->msg[slot], sizeof w->msg[slot], "%s", err->desc ? err->desc : "?");
+    return 0;
+}
+
+void ck_h5_capture(void) {
+    memset(&g_saved, 0, sizeof g_saved);
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &g_saved);
+}
+
+cai_status ck_h5_error(cai_status st, const char *file, int line, const char *func, const char *fmt, ...) {
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    walk_ctx w;
+    memset(&w, 0, sizeof w);
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, walk_cb, &w);
+    H5Eclear2(H5E_DEFAULT);
+    if (w.n == 0) w = g_saved;
+    memset(&g_saved, 0, sizeof g_saved);
+    if (w.n == 2) return cai_error_set(st, file, line, func, "%s (HDF5: %s; %s)", what, w.msg[0], w.msg[1]);
+    if (w.n == 1) return cai_error_set(st, file, line, func, "%s (HDF5: %s)", what, w.msg[0]);
+    return cai_error_set(st, file, line, func, "%s", what);
+}
+
+/* ------------------------------------------------------------ types */
+
+/* bf16: the top half of an IEEE binary32. HDF5 describes it as a float
+ * with sign bit 15, an 8-bit exponent at bit 7 with bias 127 and a 7-bit
+ * mantissa at bit 0, so h5dump and h5py (astype('f4')) convert it exactly.
+ * f16: IEEE binary16, which HDF5 1.10 has no predefined type for. */
+static hid_t make_float16(int bf16) {
+    hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    if (t < 0) return t;
+    herr_t rc = bf16 ? H5Tset_fields(t, 15, 7, 8, 0, 7) : H5Tset_fields(t, 15, 10, 5, 0, 10);
+    if (rc < 0 || H5Tset_precision(t, 16) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, bf16 ? 127 : 15) < 0) {
+        H5Tclose(t);
+        return -1;
+    }
+    return t;
+}
+
+static hid_t g_f16 = -1; /* transient, made once */
+
+hid_t ck_h5_type(const ck_h5 *h, cai_dtype dt) {
+    switch (dt) {
+    case CAI_DTYPE_F32: return H5T_IEEE_F32LE;
+    case CAI_DTYPE_BF16: return h->bf16;
+    case CAI_DTYPE_F16:
+        if (g_f16 < 0) g_f16 = make_float16(0);
+        return g_f16;
+    case CAI_DTYPE_F64: return H5T_IEEE_F64LE;
+    case CAI_DTYPE_I32: return H5T_STD_I32LE;
+    case CAI_DTYPE_I64: return H5T_STD_I64LE;
+    case CAI_DTYPE_U8: return H5T_STD_U8LE;
+    case CAI_DTYPE_U16: return H5T_STD_U16LE;
+    default: return -1;
+    }
+}
+
+cai_dtype ck_h5_dtype_of(hid_t type, char *desc, size_t cap) {
+    H5T_class_t cls = H5Tget_class(type);
+    size_t size = H5Tget_size(type);
+    cai_dtype dt = CAI_DTYPE_COUNT;
+    if (cls == H5T_FLOAT) {
+        size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+        H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize);
+        size_t ebias = H5Tget_ebias(type);
+        H5T_order_t order = H5Tget_order(type);
+        int le = order == H5T_ORDER_LE;
+        if (le && size == 4 && esize == 8 && msize == 23 && ebias == 127) dt = CAI_DTYPE_F32;
+        else if (le && size == 2 && esize == 8 && msize == 7 && ebias == 127) dt = CAI_DTYPE_BF16;
+        else if (le && size == 2 && esize == 5 && msize == 10 && ebias == 15) dt = CAI_DTYPE_F16;
+        else if (le && size == 8 && esize == 11 && msize == 52 && ebias == 1023) dt = CAI_DTYPE_F64;
+        if (desc) {
+            if (dt != CAI_DTYPE_COUNT) snprintf(desc, cap, "%s", cai_dtype_name(dt));
+            else snprintf(desc, cap, "float(size %zu, exponent %zu bits bias %zu, mantissa %zu bits%s)", size, esize,
+                          ebias, msize, le ? "" : ", big-endian");
+        }
+    } else if (desc) {
+        const char *c = cls == H5T_INTEGER ? "int" : cls == H5T_STRING ? "string" : cls == H5T_COMPOUND ? "compound"
+                                                                                                          : "other";
+        snprintf(desc, cap, "%s(size %zu)", c, size);
+    }
+    return dt;
+}
+
+/* ------------------------------------------------------------ files */
+
+static hid_t make_fapl(MPI_Comm comm) {
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return fapl;
+    if (H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 ||
+        H5Pset_coll_metadata_write(fapl, 1) < 0 || H5Pset_alignment(fapl, ALIGN_THRESHOLD, ALIGNMENT) < 0) {
+        H5Pclose(fapl);
+        return -1;
+    }
+    return fapl;
+}
+
+static void set_comm(ck_h5 *h, MPI_Comm comm, const char *path) {
+    memset(h, 0, sizeof *h);
+    h->file = h->bf16 = -1;
+    h->comm = comm;
+    MPI_Comm_rank(comm, &h->rank);
+    MPI_Comm_size(comm, &h->size);
+    snprintf(h->path, sizeof h->path, "%s", path);
+}
+
+cai_status ck_h5_create(ck_h5 *h, MPI_Comm comm, const char *path) {
+    ck_h5_quiet();
+    set_comm(h, comm, path);
+    hid_t fapl = make_fapl(comm);
+    if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the MPI-IO file access", path);
+    h->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    if (h->file < 0) ck_h5_capture();
+    H5Pclose(fapl);
+    if (h->file < 0) return CK_H5ERR(CAI_ERR_IO, "cannot create checkpoint file '%s'", path);
+    /* A committed type: h5dump shows its name and every dataset shares it. */
+    h->bf16 = make_float16(1);
+    if (h->bf16 < 0 || H5Tcommit2(h->file, "bfloat16", h->bf16, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT) < 0)
+        return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create the bfloat16 type", path);
+    return CAI_OK;
+}
+
+cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path) {
+    ck_h5_quiet();
+    set_comm(h, comm, path);
+    hid_t fapl = make_fapl(comm);
+    if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the MPI-IO file access", path);
+    h->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (h->file < 0) ck_h5_capture();
+    H5Pclose(fapl);
+    if (h->file < 0) {
+        FILE *fp = fopen(path, "rb");
+        if (!fp) return CK_H5ERR(CAI_ERR_IO, "cannot open checkpoint '%s'", path);
+        fclose(fp);
+        return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path);
+    }
+    h->bf16 = make_float16(1);
+    if (h->bf16 < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create the bfloat16 type", path);
+    return CAI_OK;
+}
+
+cai_status ck_h5_flush(ck_h5 *h) {
+    if (H5Fflush(h->file, H5F_SCOPE_GLOBAL) < 0)
+        return CK_H5ERR(CAI_ERR_IO, "checkpoint '%s': flushing to storage failed", h->path);
+    return CAI_OK;
+}
+
+cai_status ck_h5_close(ck_h5 *h) {
+    cai_status st = CAI_OK;
+    if (h->bf16 >= 0) H5Tclose(h->bf16);
+    h->bf16 = -1;
+    if (h->file >= 0 && H5Fclose(h->file) < 0)
+        st = CK_H5ERR(CAI_ERR_IO, "checkpoint '%s': closing the file failed", h->path);
+    h->file = -1;
+    return st;
+}
+
+/* ------------------------------------------------------------ groups, datasets */
+
+cai_status ck_h5_group(ck_h5 *h, const char *path) {
+    char part[CAI_CKPT_NAME_MAX];
+    size_t len = strlen(path);
+    if (len >= sizeof part) return CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint group name '%s' is too long", path);
+    for (size_t i = 1; i <= len; i++) {
+        if (path[i] != '/' && path[i] != '\0') continue;
+        memcpy(part, path, i);
+        part[i] = '\0';
+        htri_t ex = H5Lexists(h->file, part, H5P_DEFAULT);
+        if (ex > 0) continue;
+        hid_t g = ex < 0 ? -1 : H5Gcreate2(h->file, part, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (g < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create group '%s'", h->path, part);
+        H5Gclose(g);
+    }
+    return CAI_OK;
+}
+
+cai_status ck_h5_dataset_create(ck_h5 *h, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
+                                hid_t *out) {
+    hsize_t dims[CAI_CKPT_MAX_DIMS];
+    for (int d = 0; d < ndim; d++) dims[d] = shape[d];
+    hid_t space = H5Screate_simple(ndim, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hid_t ds = -1;
+    /* Contiguous (a hyperslab is then one file range per row block), space
+     * allocated at creation (parallel HDF5 needs it) and never filled:
+     * every element is written once. */
+    if (space >= 0 && dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
+        H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 && H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0)
+        ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (ds < 0) ck_h5_capture();
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (space >= 0) H5Sclose(space);
+    if (ds < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create tensor %s", h->path, name);
+    *out = ds;
+    return CAI_OK;
+}
+
+cai_status ck_h5_dataset_info(ck_h5 *h, hid_t dset, const char *name, int *ndim, uint64_t *shape, cai_dtype *dt,
+                              char *dtype_desc, size_t desc_cap) {
+    hid_t space = H5Dget_space(dset), type = H5Dget_type(dset);
+    if (space < 0 || type < 0) ck_h5_capture();
+    cai_status st = CAI_OK;
+    if (space < 0 || type < 0) {
+        st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s: cannot read its shape or type", h->path, name);
+    } else {
+        int nd = H5Sget_simple_extent_ndims(space);
+        if (nd < 0 || nd > CAI_CKPT_MAX_DIMS) {
+            st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has %d dimensions (at most %d)", h->path, name,
+                          nd, CAI_CKPT_MAX_DIMS);
+        } else {
+            hsize_t dims[CAI_CKPT_MAX_DIMS];
+            H5Sget_simple_extent_dims(space, dims, NULL);
+            for (int d = 0; d < nd; d++) shape[d] = dims[d];
+            *ndim = nd;
+            *dt = ck_h5_dtype_of(type, dtype_desc, desc_cap);
+        }
+    }
+    if (type >= 0) H5Tclose(type);
+    if (space >= 0) H5Sclose(space);
+    return st;
+}
+
+/* ------------------------------------------------------------ attributes */
+
+static cai_status attr_write(ck_h5 *h, hid_t obj, const char *name, hid_t type, const void *v) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = space < 0 ? -1 : H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t rc = a < 0 ? -1 : H5Awrite(a, type, v);
+    if (rc < 0) ck_h5_capture();
+    if (a >= 0) H5Aclose(a);
+    if (space >= 0) H5Sclose(space);
+    if (rc < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot write attribute %s", h->path, name);
+    return CAI_OK;
+}
+
+cai_status ck_h5_attr_i64(ck_h5 *h, hid_t obj, const char *name, int64_t v) {
+    return attr_write(h, obj, name, H5T_STD_I64LE, &v);
+}
+cai_status ck_h5_attr_u64(ck_h5 *h, hid_t obj, const char *name, uint64_t v) {
+    return attr_write(h, obj, name, H5T_STD_U64LE, &v);
+}
+cai_status ck_h5_attr_f64(ck_h5 *h, hid_t obj, const char *name, double v) {
+    return attr_write(h, obj, name, H5T_IEEE_F64LE, &v);
+}
+
+/* A fixed-length, NUL-terminated ASCII/UTF-8 string type of `len` characters. */
+static hid_t str_type(size_t len) {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0) return t;
+    if (H5Tset_size(t, len ? len : 1) < 0 || H5Tset_strpad(t, H5T_STR_NULLTERM) < 0 ||
+        H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        H5Tclose(t);
+        return -1;
+    }
+    return t;
+}
+
+cai_status ck_h5_attr_str(ck_h5 *h, hid_t obj, const char *name, const char *v) {
+    size_t len = strlen(v) + 1;
+    hid_t t = str_type(len);
+    if (t < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': attribute %s: string type", h->path, name);
+    cai_status st = attr_write(h, obj, name, t, v);
+    H5Tclose(t);
+    return st;
+}
+
+/* Open attribute `name`: -1 with *found = 0 when absent, an error when
+ * found is NULL. */
+static cai_status attr_open(ck_h5 *h, hid_t obj, const char *name, hid_t *a, int *found) {
+    *a = -1;
+    htri_t ex = H5Aexists(obj, name);
+    if (ex < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot look up attribute %s", h->path, name);
+    if (found) *found = ex > 0;
+    if (ex == 0) {
+        if (found) return CAI_OK;
+        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' lacks the attribute %s (not written by colossal, or "
+                         "damaged)", h->path, name);
+    }
+    *a = H5Aopen(obj, name, H5P_DEFAULT);
+    if (*a < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open attribute %s", h->path, name);
+    return CAI_OK;
+}
+
+/* Numeric attributes are converted by HDF5 to the requested type; a string
+ * where a number belongs is a format error. */
+static cai_status attr_read_num(ck_h5 *h, hid_t obj, const char *name, hid_t mem, void *v, int *found) {
+    hid_t a;
+    CAI_CALL(attr_open(h, obj, name, &a, found));
+    if (a < 0) return CAI_OK;
+    hid_t t = H5Aget_type(a);
+    H5T_class_t cls = t < 0 ? H5T_NO_CLASS : H5Tget_class(t);
+    hid_t sp = H5Aget_space(a);
+    hssize_t npts = sp < 0 ? -1 : H5Sget_simple_extent_npoints(sp);
+    herr_t rc = (cls == H5T_INTEGER || cls == H5T_FLOAT) && npts == 1 ? H5Aread(a, mem, v) : -1;
+    if (rc < 0) ck_h5_capture();
+    if (sp >= 0) H5Sclose(sp);
+    if (t >= 0) H5Tclose(t);
+    H5Aclose(a);
+    if (rc < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': attribute %s is not a number", h->path, name);
+    return CAI_OK;
+}
+
+cai_status ck_h5_get_i64(ck_h5 *h, hid_t obj, const char *name, int64_t *v, int *found) {
+    return attr_read_num(h, obj, name, H5T_NATIVE_INT64, v, found);
+}
+cai_status ck_h5_get_u64(ck_h5 *h, hid_t obj, const char *name, uint64_t *v, int *found) {
+    return attr_read_num(h, obj, name, H5T_NATIVE_UINT64, v, found);
+}
+cai_status ck_h5_get_f64(ck_h5 *h, hid_t obj, const char *name, double *v, int *found) {
+    return attr_read_num(h, obj, name, H5T_NATIVE_DOUBLE, v, found);
+}
+
+cai_status ck_h5_get_str(ck_h5 *h, hid_t obj, const char *name, char *buf, size_t cap, int *found) {
+    hid_t a;
+    buf[0] = '\0';
+    CAI_CALL(attr_open(h, obj, name, &a, found));
+    if (a < 0) return CAI_OK;
+    hid_t t = H5Aget_type(a);
+    cai_status st = CAI_OK;
+    if (t < 0 || H5Tget_class(t) != H5T_STRING || H5Tis_variable_str(t) > 0) {
+        st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': attribute %s is not a fixed-length string", h->path, name);
+    } else {
+        size_t len = H5Tget_size(t);
+        char *tmp = NULL;
+        st = cai_malloc((void **)&tmp, len + 1, "checkpoint attribute");
+        if (st == CAI_OK) {
+            if (H5Aread(a, t, tmp) < 0) {
+                st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot read attribute %s", h->path, name);
+            } else {
+                tmp[len] = '\0';
+                snprintf(buf, cap, "%s", tmp);
+            }
+            cai_free(tmp);
+        }
+    }
+    if (t >= 0) H5Tclose(t);
+    H5Aclose(a);
+    return st;
+}
+
+/* ------------------------------------------------------------ text datasets */
+
+cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text) {
+    size_t len = strlen(text) + 1;
+    hid_t t = str_type(len), space = H5Screate(H5S_SCALAR), dxpl = H5Pcreate(H5P_DATASET_XFER);
+    hid_t ds = -1, fsel = -1, msel = -1;
+    herr_t rc = -1;
+    if (t >= 0 && space >= 0 && dxpl >= 0 && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0)
+        ds = H5Dcreate2(h->file, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ds >= 0) {
+        /* One writer; the others take part with empty selections. */
+        fsel = H5Scopy(space);
+        msel = H5Scopy(space);
+        if (fsel >= 0 && msel >= 0 &&
+            (h->rank == 0 || (H5Sselect_none(fsel) >= 0 && H5Sselect_none(msel) >= 0)))
+            rc = H5Dwrite(ds, t, msel, fsel, dxpl, text);
+    }
+    if (rc < 0) ck_h5_capture();
+    if (msel >= 0) H5Sclose(msel);
+    if (fsel >= 0) H5Sclose(fsel);
+    if (ds >= 0) H5Dclose(ds);
+    if (dxpl >= 0) H5Pclose(dxpl);
+    if (space >= 0) H5Sclose(space);
+    if (t >= 0) H5Tclose(t);
+    if (rc < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot write %s", h->path, name);
+    return CAI_OK;
+}
+
+cai_status ck_h5_text_read(ck_h5 *h, const char *name, char **out, int *found) {
+    *out = NULL;
+    *found = 0;
+    htri_t ex = H5Lexists(h->file, name, H5P_DEFAULT);
+    if (ex < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot look up %s", h->path, name);
+    if (ex == 0) return CAI_OK;
+    hid_t ds = H5Dopen2(h->file, name, H5P_DEFAULT);
+    hid_t t = ds < 0 ? -1 : H5Dget_type(ds);
+    if (t < 0) ck_h5_capture();
+    cai_status st = CAI_OK;
+    if (t < 0 || H5Tget_class(t) != H5T_STRING || H5Tis_variable_str(t) > 0) {
+        st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': %s is not a fixed-length string", h->path, name);
+    } else {
+        size_t len = H5Tget_size(t);
+        char *buf = NULL;
+        st = cai_malloc((void **)&buf, len + 1, "checkpoint config text");
+        if (st == CAI_OK) {
+            if (H5Dread(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+                cai_free(buf);
+                st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot read %s", h->path, name);
+            } else {
+                buf[len] = '\0';
+                /* cai_malloc memory is released with cai_free; hand out a
+                 * plain malloc copy so callers free() it. */
+                *out = strdup(buf);
+                cai_free(buf);
+                if (!*out) st = CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': %s: %zu bytes", h->path, name, len);
+                else *found = 1;
+            }
+        }
+    }
+    if (t >= 0) H5Tclose(t);
+    if (ds >= 0) H5Dclose(ds);
+    return st;
+}
+
+/* ------------------------------------------------------------ transfers */
+
+cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, int ndim, const ck_box *boxes, int nbox,
+                          uint64_t n, void *buf, int write, const char *what, ck_io_counts *io) {
+    hid_t fspace = H5Dget_space(dset);
+    hsize_t mdim = n ? n : 1;
+    hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+    hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
+    cai_status st = CAI_OK;
+    herr_t rc = fspace < 0 || mspace < 0 || dxpl < 0 ? -1 : H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+    if (rc >= 0 && nbox == 0) {
+        rc = H5Sselect_none(fspace) < 0 || H5Sselect_none(mspace) < 0 ? -1 : 0;
+    } else {
+        for (int b = 0; b < nbox && rc >= 0; b++) {
+            hsize_t off[CAI_CKPT_MAX_DIMS], cnt[CAI_CKPT_MAX_DIMS];
+            for (int d = 0; d < ndim; d++) {
+                off[d] = boxes[b].off[d];
+                cnt[d] = boxes[b].cnt[d];
+            }
+            rc = H5Sselect_hyperslab(fspace, b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, off, NULL, cnt, NULL);
+        }
+    }
+    if (rc < 0) {
+        st = CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': tensor %s: cannot select the hyperslabs", h->path, what);
+        goto done;
+    }
+    static char dummy[8];
+    void *p = buf ? buf : dummy;
+    double t0 = cai_time_now();
+    rc = write ? H5Dwrite(dset, ck_h5_type(h, dt), mspace, fspace, dxpl, p)
+               : H5Dread(dset, ck_h5_type(h, dt), mspace, fspace, dxpl, p);
+    io->io_seconds += cai_time_now() - t0;
+    if (rc < 0) {
+        st = CK_H5ERR(write ? CAI_ERR_IO : CAI_ERR_FORMAT, "checkpoint '%s': tensor %s: %s failed", h->path, what,
+                      write ? "writing" : "reading");
+        goto done;
+    }
+    H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
+    H5Pget_mpio_actual_io_mode(dxpl, &mode);
+    io->n_transfers++;
+    if (mode == H5D_MPIO_CONTIGUOUS_COLLECTIVE || mode == H5D_MPIO_CHUNK_COLLECTIVE) io->n_collective++;
+    io->bytes += n * cai_dtype_size(dt);
+done:
+    if (dxpl >= 0) H5Pclose(dxpl);
+    if (mspace >= 0) H5Sclose(mspace);
+    if (fspace >= 0) H5Sclose(fspace);
+    return st;
+}
+
+#else
+typedef int ck_h5io_unused; /* nothing to build without parallel HDF5 */
+#endif /* CAI_HAVE_HDF5 */

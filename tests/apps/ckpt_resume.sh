@@ -1,0 +1,95 @@
+#!/bin/sh
+# Checkpoint and resume through colossal-pretrain:
+# - a run stopped at step 6 (train.stop_at) writes a checkpoint and exits 3;
+#   resumed with --resume latest it continues with bitwise the same train
+#   and validation losses as the uninterrupted 12-step run, and its
+#   metrics.jsonl continues the first one's;
+# - the step-6 checkpoint saved on dp=2 continues on dp=1 (grad_accum 2) and
+#   dp=4 (micro_batch 2) with the same global batch: losses within 1e-5;
+# - SIGUSR1 to one rank: every rank stops at the same step, a checkpoint of
+#   that step is written and `latest` points to it, exit status 3.
+. "$top_srcdir/tests/apps/pretrain_lib.sh"
+
+CFG="$TINY --train.steps 12 --eval.interval 4 --eval.batches 2 --log.interval 100"
+
+# shellcheck disable=SC2086
+run_np 2 $CFG --run.dir "$TMP/a"
+expect_ok
+
+# shellcheck disable=SC2086
+run_np 2 $CFG --run.dir "$TMP/b" --checkpoint.every 100 --train.stop_at 6
+expect_rc 3
+expect_grep out '^stopped by train.stop_at after step 6 of 12 .*checkpoint written'
+expect_grep out "^checkpoint at step 6: $TMP/b/checkpoints/step-00000006.h5"
+[ "$(cat "$TMP/b/checkpoints/latest")" = "step-00000006.h5" ] || fail "latest does not name step 6"
+cp "$TMP/b/checkpoints/step-00000006.h5" "$TMP/step6.h5"
+
+# shellcheck disable=SC2086
+run_np 2 $CFG --run.dir "$TMP/b" --checkpoint.every 100 --resume latest
+expect_ok
+expect_grep err "resumed from $TMP/b/checkpoints/step-00000006.h5: step 6"
+expect_grep out '^done: 6 steps'
+
+# The records of both runs, in one file, against the uninterrupted run.
+for kind in "train loss" "eval val_loss"; do
+    # shellcheck disable=SC2086
+    field $kind "$TMP/a/metrics.jsonl" >"$TMP/ref"
+    # shellcheck disable=SC2086
+    field $kind "$TMP/b/metrics.jsonl" >"$TMP/got"
+    [ -s "$TMP/ref" ] || fail "no $kind records"
+    cmp -s "$TMP/ref" "$TMP/got" || {
+        diff "$TMP/ref" "$TMP/got" >&2
+        fail "the resumed run's $kind differs from the uninterrupted run's"
+    }
+done
+echo "resume on dp=2: $(wc -l <"$TMP/ref") validation and 12 train losses bitwise equal"
+
+# compare RUN: steps 7..12 of RUN's train losses within 1e-5 of run a's.
+compare() {
+    field train loss "$TMP/a/metrics.jsonl" | awk '$1 > 6' >"$TMP/ref"
+    field train loss "$TMP/$1/metrics.jsonl" >"$TMP/got"
+    [ "$(wc -l <"$TMP/got")" -eq 6 ] || fail "run $1: expected the 6 steps after the checkpoint"
+    paste "$TMP/ref" "$TMP/got" | awk -v run="$1" '{
+        d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2)
+        if ($1 != $3 || !(r <= 1e-5)) { printf "run %s step %s: loss %s vs %s (relative %g)\n", run, $3, $4, $2, r; bad = 1 }
+        if (r > worst) worst = r
+    } END { printf "run %s: steps 7-12 within %g relative of the uninterrupted dp=2 run\n", run, worst; exit bad }' ||
+        fail "run $1 does not continue the dp=2 run"
+}
+# shellcheck disable=SC2086
+run_np 1 $CFG --run.dir "$TMP/dp1" --train.grad_accum 2 --resume "$TMP/step6.h5"
+expect_ok
+expect_grep err 'saved on 2 ranks \(tp=1 pp=1 dp=2\)'
+compare dp1
+# shellcheck disable=SC2086
+run_np 4 $CFG --run.dir "$TMP/dp4" --train.micro_batch 2 --resume "$TMP/step6.h5"
+expect_ok
+compare dp4
+
+# SIGUSR1 to one rank.
+echo "+ $MPIEXEC -n 2 colossal-pretrain (100000 steps, checkpoint.every 1000, in the background)"
+# shellcheck disable=SC2086
+$MPIEXEC -n 2 --oversubscribe "$PRETRAIN_BIN" $TINY --train.steps 100000 --eval.interval 0 --log.interval 1000 \
+    --checkpoint.every 1000 --run.dir "$TMP/sig" >"$TMP/out" 2>"$TMP/err" &
+launcher=$!
+M="$TMP/sig/metrics.jsonl"
+i=0
+while n=$(grep -c '"kind":"train"' "$M" 2>/dev/null); [ "${n:-0}" -lt 3 ]; do
+    i=$((i + 1))
+    [ $i -le 600 ] || { kill -KILL $launcher 2>/dev/null; fail "no training steps within 60 s"; }
+    kill -0 $launcher 2>/dev/null || fail "the run ended before it was signalled"
+    sleep 0.1
+done
+rank_pid=$(ps -o pid= --ppid $launcher | tail -n 1 | tr -d ' ')
+[ -n "$rank_pid" ] || { kill -KILL $launcher; fail "cannot find the ranks' processes"; }
+echo "+ kill -USR1 $rank_pid (one rank)"
+kill -USR1 "$rank_pid"
+RC=0
+wait $launcher || RC=$?
+expect_rc 3
+expect_grep out '^stopped by SIGUSR1 after step [0-9]+ of 100000 .*checkpoint written'
+stopped=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\) .*/\1/p' "$TMP/out")
+want=$(printf 'step-%08d.h5' "$stopped")
+[ "$(cat "$TMP/sig/checkpoints/latest")" = "$want" ] || fail "latest is not $want"
+grep -q "\"kind\":\"checkpoint\",\"step\":$stopped," "$M" || fail "no checkpoint record for step $stopped"
+echo "PASS: resumed bitwise; dp=1 and dp=4 continue dp=2; SIGUSR1 checkpointed step $stopped"
