@@ -4,8 +4,8 @@ apps_colossal_ckpt_SOURCES = apps/ckpt.c $(APP_COMMON_SOURCES)
 apps_colossal_ckpt_LDADD = $(APP_LDADD)
 
 # End-to-end tests of colossal-ckpt and the Hugging Face interchange (shell).
-CKPT_APP_TESTS = \
+CKPT_HF_APP_TESTS = \
 	tests/apps/ckpt_hf_tool.sh \
 	tests/apps/ckpt_hf_torch.sh
-TESTS += $(CKPT_APP_TESTS)
-EXTRA_DIST += $(CKPT_APP_TESTS) tests/apps/ckpt_hf_lib.sh
+TESTS += $(CKPT_HF_APP_TESTS)
+EXTRA_DIST += $(CKPT_HF_APP_TESTS) tests/apps/ckpt_hf_lib.sh
