@@ -8,8 +8,10 @@
  *   convert        either direction, or HF -> HF (another dtype or sharding)
  *   init           a freshly initialised model -> Hugging Face directory
  * Options after the subcommand go through the config module (--help per
- * subcommand, YAML files). Hugging Face work runs on rank 0; HDF5 reads and
- * writes are collective over every rank. See docs/huggingface.md. */
+ * subcommand, YAML files). Hugging Face files are read and written by rank
+ * 0 (export reads the checkpoint there too); HDF5 inspect, verify and the
+ * checkpoint write of import are collective over every rank. See
+ * docs/huggingface.md. */
 #include "cai_config.h"
 
 #include <ctype.h>
@@ -408,11 +410,177 @@ static cai_status convert_hf_to_hf(const ckpt_config *c) {
     return CAI_OK;
 }
 
-/* ------------------------------------------------------------------ HDF5 checkpoints */
+/* ------------------------------------------------------------------ HDF5 checkpoints
+ * Through the checkpoint layer's inspection API (cai_ckpt_open/read/verify)
+ * and its flat-buffer writer: global tensors by name, so the layout the
+ * checkpoint was saved under does not matter. */
 
-static cai_status hdf5_pending(const char *what, const char *path) {
-    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s '%s': HDF5 checkpoints are not wired into colossal-ckpt in this build",
-                     what, path);
+/* A file, or a directory's `latest`; then opened collectively over comm. */
+static cai_status ckpt_open(MPI_Comm comm, const char *path, cai_ckpt_file_t **f) {
+    char file[4200];
+    CAI_CALL(cai_ckpt_resolve(path, file, sizeof file));
+    CAI_CALL(cai_ckpt_open(f, comm, file));
+    return CAI_OK;
+}
+
+static void print_ckpt_meta(const cai_ckpt_meta *m) {
+    printf("  format %d, written by colossal %s%s%s at unix time %lld on %d rank%s\n", m->format_version,
+           m->colossal_version, *m->app ? " / " : "", m->app, (long long)m->created_unix, m->world_size,
+           m->world_size == 1 ? "" : "s");
+    char lay[128];
+    cai_layout_str(&m->layout, lay, sizeof lay);
+    printf("  step %lld, tokens %lld, samples %lld, layout %s, %s\n", (long long)m->step, (long long)m->tokens,
+           (long long)m->consumed_samples, lay, m->has_optim ? "with optimizer state" : "weights only");
+    if (m->has_model) print_model_config(&m->model);
+}
+
+/* Collective over MPI_COMM_WORLD; rank 0 prints. */
+static cai_status inspect_hdf5(const cai_app *app, const char *path, int list) {
+    cai_ckpt_file_t *f;
+    CAI_CALL(ckpt_open(MPI_COMM_WORLD, path, &f));
+    if (app->rank == 0) {
+        uint64_t elems = 0;
+        for (int i = 0; i < cai_ckpt_count(f); i++) elems += cai_ckpt_entry_at(f, i)->numel;
+        printf("%s: colossal HDF5 checkpoint, %d tensors, %.3f M elements\n", cai_ckpt_path(f), cai_ckpt_count(f),
+               (double)elems / 1e6);
+        print_ckpt_meta(cai_ckpt_file_meta(f));
+        if (list) {
+            for (int i = 0; i < cai_ckpt_attr_count(f); i++) {
+                const char *k, *v;
+                cai_ckpt_attr_at(f, i, &k, &v);
+                if (strchr(v, '\n')) continue; /* the embedded config text: shown by its size only */
+                printf("  attribute %s = %s\n", k, v);
+            }
+            printf("  %-56s %-6s %-20s %s\n", "tensor", "dtype", "shape", "checksum");
+            for (int i = 0; i < cai_ckpt_count(f); i++) {
+                const cai_ckpt_entry *e = cai_ckpt_entry_at(f, i);
+                char sh[96];
+                print_shape(sh, sizeof sh, e->ndim, e->shape);
+                if (e->has_checksum)
+                    printf("  %-56s %-6s %-20s %016llx\n", e->name, e->dtype_desc, sh, (unsigned long long)e->checksum);
+                else
+                    printf("  %-56s %-6s %-20s none\n", e->name, e->dtype_desc, sh);
+            }
+        }
+    }
+    cai_ckpt_close(f);
+    return CAI_OK;
+}
+
+/* Collective over MPI_COMM_WORLD: the checksums are recomputed by all ranks. */
+static cai_status verify_hdf5(const cai_app *app, const char *path) {
+    cai_ckpt_file_t *f;
+    CAI_CALL(ckpt_open(MPI_COMM_WORLD, path, &f));
+    const double t0 = cai_time_now();
+    int bad = 0;
+    cai_status st = cai_ckpt_verify(f, NULL, &bad);
+    if (st == CAI_OK && app->rank == 0)
+        printf("%s: ok: %d tensors, every checksum matches (%.2f s on %d rank%s)\n", cai_ckpt_path(f),
+               cai_ckpt_count(f), cai_time_now() - t0, app->size, app->size == 1 ? "" : "s");
+    cai_ckpt_close(f);
+    CAI_CALL(st);
+    return CAI_OK;
+}
+
+/* The fp32 masters when the run kept low-precision weights, else the
+ * weights themselves (an f32 run stores only "model"). */
+static cai_status ckpt_source(void *ctx, const cai_param_info *p, float *dst) {
+    cai_ckpt_file_t *f = ctx;
+    char name[CAI_CKPT_NAME_MAX];
+    snprintf(name, sizeof name, "master/%s", p->name);
+    const cai_ckpt_entry *e = cai_ckpt_find(f, name);
+    if (!e) {
+        snprintf(name, sizeof name, "model/%s", p->name);
+        e = cai_ckpt_find(f, name);
+    }
+    if (!e)
+        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor 'master/%s' or 'model/%s'", cai_ckpt_path(f),
+                         p->name, p->name);
+    if (e->numel != p->numel) {
+        char a[96], b[96];
+        print_shape(a, sizeof a, e->ndim, e->shape);
+        print_shape(b, sizeof b, p->ndim, p->shape);
+        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor '%s' is %s but its model config gives %s",
+                         cai_ckpt_path(f), name, a, b);
+    }
+    CAI_CALL(cai_ckpt_read(f, name, CAI_DTYPE_F32, dst));
+    return CAI_OK;
+}
+
+/* Rank 0 reads (its own MPI_COMM_SELF handle) and writes; the others wait. */
+static cai_status export_hdf5(const cai_app *app, const ckpt_config *c) {
+    if (app->rank != 0) return CAI_OK;
+    cai_hf_export_options o;
+    CAI_CALL(export_options(c, &o));
+    cai_ckpt_file_t *f;
+    CAI_CALL(ckpt_open(MPI_COMM_SELF, c->input, &f));
+    const cai_ckpt_meta *m = cai_ckpt_file_meta(f);
+    cai_status st = CAI_OK;
+    cai_hf_export_stats s;
+    if (!m->has_model)
+        st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' records no model config; nothing says what to export",
+                       cai_ckpt_path(f));
+    if (st == CAI_OK) st = cai_hf_export(c->output, &m->model, ckpt_source, f, &o, &s);
+    if (st == CAI_OK)
+        printf("export: %s (step %lld) -> %s: %s, %d tensors, %.1f MB of %s in %d file%s, %d tokenizer file%s, "
+               "%.2f s\n", cai_ckpt_path(f), (long long)m->step, c->output, cai_hf_architecture(m->model.family),
+               s.n_tensors, (double)s.total_bytes / 1e6, k_dtypes[c->dtype], s.n_files, s.n_files == 1 ? "" : "s",
+               s.tokenizer_files, s.tokenizer_files == 1 ? "" : "s", s.seconds);
+    cai_ckpt_close(f);
+    CAI_CALL(st);
+    return CAI_OK;
+}
+
+/* Collective over MPI_COMM_WORLD: every rank reads the HF directory into
+ * the single-rank flat layout (read-only mmaps), then all write the
+ * checkpoint together, each a slice (data-parallel replicas). A weights-only
+ * F32 checkpoint: "model/<name>", loadable by cai_ckpt_load into a model of
+ * any layout and param_dtype. */
+static cai_status import_hdf5(const cai_app *app, const ckpt_config *c) {
+    cai_hf_t *h = NULL;
+    cai_mesh_t *mesh = NULL;
+    float *flat = NULL;
+    enum { ALIGN = 16 };
+    const double t0 = cai_time_now();
+    cai_status st = cai_hf_open(&h, c->input);
+    const cai_registry_t *reg = st == CAI_OK ? cai_hf_map_registry(cai_hf_map(h)) : NULL;
+    const cai_rank_view single = cai_rank_view_single();
+    size_t total = 0;
+    if (st == CAI_OK) st = cai_registry_local_layout(reg, &single, ALIGN, NULL, &total);
+    if (st == CAI_OK) st = cai_malloc((void **)&flat, total * sizeof *flat, "imported weights");
+    if (st == CAI_OK) st = cai_hf_import_flat(h, reg, flat, total, ALIGN);
+    /* The checkpoint write is collective: stop together if any rank failed. */
+    int ok = st == CAI_OK, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (st == CAI_OK && !all_ok)
+        st = CAI_ERROR(CAI_ERR_IO, "import: another rank could not read '%s'", c->input);
+    if (all_ok) {
+        cai_mesh_config mc;
+        cai_mesh_config_init(&mc);
+        mc.layout.dp = app->size;
+        st = cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc);
+    }
+    if (all_ok && st == CAI_OK) {
+        cai_ckpt_meta meta = cai_ckpt_meta_init();
+        meta.model = *cai_hf_config(h);
+        meta.has_model = 1;
+        meta.layout = *cai_mesh_layout(mesh);
+        meta.world_size = app->size;
+        snprintf(meta.app, sizeof meta.app, "colossal-ckpt import");
+        const cai_ckpt_layout L = {reg, single, ALIGN, CAI_AXIS_DP};
+        const cai_ckpt_buffer b = {"model", NULL, flat, NULL, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0};
+        cai_ckpt_stats s;
+        st = cai_ckpt_save_buffers(mesh, c->output, &L, &b, 1, &meta, &s);
+        if (st == CAI_OK && app->rank == 0)
+            printf("import: %s -> %s: %s, %d tensors, %.1f MB, %.2f s (write %.2f s on %d rank%s)\n", c->input,
+                   c->output, cai_hf_architecture(meta.model.family), s.n_datasets, (double)s.bytes / 1e6,
+                   cai_time_now() - t0, s.seconds, app->size, app->size == 1 ? "" : "s");
+    }
+    if (mesh) cai_mesh_free(mesh);
+    cai_free(flat);
+    cai_hf_close(h);
+    CAI_CALL(st);
+    return CAI_OK;
 }
 
 /* ------------------------------------------------------------------ subcommands */
@@ -420,7 +588,7 @@ static cai_status hdf5_pending(const char *what, const char *path) {
 static cai_status run_inspect(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->path, "path"));
     const path_kind k = classify(c->path);
-    if (k == KIND_HDF5 || k == KIND_HDF5_DIR) return hdf5_pending("inspect", c->path);
+    if (k == KIND_HDF5 || k == KIND_HDF5_DIR) return inspect_hdf5(app, c->path, c->tensors);
     if (app->rank != 0) return CAI_OK;
     switch (k) {
     case KIND_SAFETENSORS: return inspect_safetensors(c->path, c->tensors);
@@ -433,7 +601,7 @@ static cai_status run_inspect(const cai_app *app, const ckpt_config *c) {
 static cai_status run_verify(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->path, "path"));
     const path_kind k = classify(c->path);
-    if (k == KIND_HDF5 || k == KIND_HDF5_DIR) return hdf5_pending("verify", c->path);
+    if (k == KIND_HDF5 || k == KIND_HDF5_DIR) return verify_hdf5(app, c->path);
     if (app->rank != 0) return CAI_OK;
     switch (k) {
     case KIND_SAFETENSORS: return verify_safetensors(c->path);
@@ -446,18 +614,21 @@ static cai_status run_verify(const cai_app *app, const ckpt_config *c) {
 static cai_status run_export(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->input, "input"));
     CAI_CALL(need(c->output, "output"));
-    (void)app;
-    return hdf5_pending("export", c->input);
+    const path_kind k = classify(c->input);
+    if (k != KIND_HDF5 && k != KIND_HDF5_DIR)
+        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_CONFIG, "export: input '%s' is %s, not an HDF5 "
+                         "checkpoint", c->input, kind_name(k));
+    return export_hdf5(app, c);
 }
 
 static cai_status run_import(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->input, "input"));
     CAI_CALL(need(c->output, "output"));
-    (void)app;
-    if (classify(c->input) != KIND_HF_DIR)
-        return CAI_ERROR(CAI_ERR_CONFIG, "import: input '%s' is %s, not a Hugging Face directory (config.json)",
-                         c->input, kind_name(classify(c->input)));
-    return hdf5_pending("import", c->output);
+    const path_kind k = classify(c->input);
+    if (k != KIND_HF_DIR)
+        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_CONFIG, "import: input '%s' is %s, not a Hugging "
+                         "Face directory (config.json)", c->input, kind_name(k));
+    return import_hdf5(app, c);
 }
 
 static cai_status run_convert(const cai_app *app, const ckpt_config *c) {

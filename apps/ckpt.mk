@@ -8,4 +8,8 @@ CKPT_HF_APP_TESTS = \
 	tests/apps/ckpt_hf_tool.sh \
 	tests/apps/ckpt_hf_torch.sh
 TESTS += $(CKPT_HF_APP_TESTS)
-EXTRA_DIST += $(CKPT_HF_APP_TESTS) tests/apps/ckpt_hf_lib.sh
+EXTRA_DIST += $(CKPT_HF_APP_TESTS) tests/apps/ckpt_hf_lib.sh tests/apps/ckpt_hf_pretrain.sh
+# HDF5 checkpoint <-> Hugging Face from a colossal-pretrain run
+if HAVE_HDF5
+TESTS += tests/apps/ckpt_hf_pretrain.sh
+endif

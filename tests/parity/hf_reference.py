@@ -20,6 +20,8 @@ Commands:
   check DIR LOGITS.safetensors [DIR LOGITS ...]
                                  forward DIR's weights in float64 on LOGITS'
                                  "tokens", compare with its "logits" (colossal's)
+  compare-h5 CKPT.h5 DIR          DIR's tensors equal the colossal checkpoint's
+                                 weights mapped the HF way (needs h5py)
   make gpt2|llama DIR TOKENS.safetensors [--dtype f32|bf16|f16] [--shard BYTES]
                                  [--tied]  write a random model the way
                                  transformers' save_pretrained lays it out, and
@@ -302,6 +304,58 @@ def make(args):
           f"{', sharded' if args.shard else ''}{', tied' if args.tied else ''})")
 
 
+def compare_h5(args):
+    """Every HF tensor of DIR against the colossal checkpoint it was exported
+    from, through this file's own reading of the two layouts: exact, after
+    rounding the checkpoint's f32 masters to the directory's torch_dtype."""
+    import h5py
+    cfg, w, _ = load_dir(args.dir)
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg["torch_dtype"]]
+    V = cfg["vocab_size"]
+    with h5py.File(args.h5, "r") as f:
+        group = f["master"] if "master" in f else f["model"]  # masters when the run kept low-precision weights
+        gname = group.name.lstrip("/")
+        c = {k: torch.from_numpy(group[k][...].astype(np.float32)).to(dt).to(DT) for k in group}
+    want = {}
+    if "GPT2" in cfg["architectures"][0]:
+        want["transformer.wte.weight"], want["transformer.wpe.weight"] = c["wte.weight"][:V], c["wpe.weight"]
+        for i in range(cfg["n_layer"]):
+            h, p = f"h.{i}.", f"transformer.h.{i}."
+            for a, b in (("ln_1", "ln_1"), ("ln_2", "ln_2")):
+                want[p + b + ".weight"], want[p + b + ".bias"] = c[h + a + ".weight"], c[h + a + ".bias"]
+            for a, b in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"),
+                         ("mlp.proj", "mlp.c_proj")):
+                want[p + b + ".weight"], want[p + b + ".bias"] = c[h + a + ".weight"].T, c[h + a + ".bias"]
+        want["transformer.ln_f.weight"], want["transformer.ln_f.bias"] = c["ln_f.weight"], c["ln_f.bias"]
+        tied = cfg.get("tie_word_embeddings", True)
+    else:
+        H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        D = cfg["hidden_size"] // H
+        want["model.embed_tokens.weight"] = c["wte.weight"][:V]
+        for i in range(cfg["num_hidden_layers"]):
+            h, p = f"h.{i}.", f"model.layers.{i}."
+            q, k, v = c[h + "attn.qkv.weight"].split([H * D, Hkv * D, Hkv * D])
+            want[p + "self_attn.q_proj.weight"], want[p + "self_attn.k_proj.weight"] = q, k
+            want[p + "self_attn.v_proj.weight"] = v
+            for a, b in (("attn.proj", "self_attn.o_proj"), ("mlp.fc", "mlp.gate_proj"), ("mlp.up", "mlp.up_proj"),
+                         ("mlp.proj", "mlp.down_proj"), ("ln_1", "input_layernorm"),
+                         ("ln_2", "post_attention_layernorm")):
+                want[p + b + ".weight"] = c[h + a + ".weight"]
+        want["model.norm.weight"] = c["ln_f.weight"]
+        tied = cfg.get("tie_word_embeddings", False)
+    if not tied:
+        want["lm_head.weight"] = c["lm_head.weight"][:V]
+    if set(want) != set(w):
+        raise SystemExit(f"FAIL: tensor names differ: only in the directory {sorted(set(w) - set(want))}, "
+                         f"only expected {sorted(set(want) - set(w))}")
+    for n in want:
+        if want[n].shape != w[n].shape or not torch.equal(want[n], w[n]):
+            raise SystemExit(f"FAIL: {n}: the directory's {tuple(w[n].shape)} tensor is not the checkpoint's "
+                             f"{tuple(want[n].shape)}")
+    print(f"{args.dir}: all {len(w)} tensors equal the checkpoint's {gname} weights "
+          f"({cfg['torch_dtype']}, vocabulary rows {V} of {c['wte.weight'].shape[0]})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -317,9 +371,12 @@ def main():
     m.add_argument("--tied", action="store_true")
     m.add_argument("--vocab", type=int, default=53)
     m.add_argument("--seed", type=int, default=3)
+    h = sub.add_parser("compare-h5")
+    h.add_argument("h5")
+    h.add_argument("dir")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    check(args) if args.cmd == "check" else make(args)
+    {"check": check, "make": make, "compare-h5": compare_h5}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
  *       fixed tokens -> OUT (tokens I32 [B,T], logits F32 [B,T,vocab])
  *   test_hf_logits import DIR TOKENS OUT
  *       DIR (HF, written by anyone) -> a fresh colossal model built from its
- *       config.json; logits for TOKENS' "tokens" -> OUT
+ *       config.json; logits for TOKENS' "tokens" (a safetensors file, or "-"
+ *       for fixed pseudo-random ones) -> OUT
  *
  * Not collective; one process. */
 #include "cai_config.h"
@@ -123,29 +124,47 @@ done:
     return st;
 }
 
-static cai_status run_import(const char *dir, const char *tokens_path, const char *out) {
+/* TOKENS' "tokens" (I32 [B,T]), or for "-" fixed pseudo-random ones. */
+static cai_status load_tokens(const char *path, const cai_model_config *c, int32_t **tokens, int *B, int *T) {
+    *B = BATCH;
+    *T = SEQ < c->max_seq_len ? SEQ : c->max_seq_len;
     cai_safetensors_t *tf = NULL;
+    const cai_st_entry *te = NULL;
+    if (strcmp(path, "-") != 0) {
+        CAI_CALL(cai_safetensors_open(&tf, path));
+        cai_status st = cai_safetensors_get(tf, "tokens", &te);
+        if (st == CAI_OK && (te->dtype != CAI_DTYPE_I32 || te->ndim != 2))
+            st = CAI_ERROR(CAI_ERR_FORMAT, "%s: tokens must be I32 [B,T]", path);
+        if (st != CAI_OK) {
+            cai_safetensors_close(tf);
+            return st;
+        }
+        *B = (int)te->shape[0];
+        *T = (int)te->shape[1];
+    }
+    const size_t n = (size_t)*B * (size_t)*T;
+    *tokens = malloc(n * sizeof **tokens);
+    if (!*tokens) {
+        cai_safetensors_close(tf);
+        return CAI_ERROR(CAI_ERR_NOMEM, "tokens");
+    }
+    for (size_t i = 0; i < n; i++)
+        (*tokens)[i] = te ? ((const int32_t *)te->data)[i]
+                          : (int32_t)(cai_philox4x32(9, 2, (uint64_t)i).v[0] % (uint32_t)c->vocab_size);
+    cai_safetensors_close(tf);
+    return CAI_OK;
+}
+
+static cai_status run_import(const char *dir, const char *tokens_path, const char *out) {
     cai_hf_t *h = NULL;
     cai_device_t *dev = NULL;
     cai_model_t *m = NULL;
     int32_t *tokens = NULL;
+    int B = 0, T = 0;
     cai_status st = CAI_OK;
-    CAI_CALL_GOTO(cai_safetensors_open(&tf, tokens_path), st, done);
-    const cai_st_entry *te;
-    CAI_CALL_GOTO(cai_safetensors_get(tf, "tokens", &te), st, done);
-    if (te->dtype != CAI_DTYPE_I32 || te->ndim != 2) {
-        st = CAI_ERROR(CAI_ERR_FORMAT, "%s: tokens must be I32 [B,T]", tokens_path);
-        goto done;
-    }
-    const int B = (int)te->shape[0], T = (int)te->shape[1];
-    tokens = malloc((size_t)B * (size_t)T * sizeof *tokens);
-    if (!tokens) {
-        st = CAI_ERROR(CAI_ERR_NOMEM, "tokens");
-        goto done;
-    }
-    memcpy(tokens, te->data, (size_t)B * (size_t)T * sizeof *tokens);
     CAI_CALL_GOTO(cai_hf_open(&h, dir), st, done);
     cai_model_config c = *cai_hf_config(h);
+    CAI_CALL_GOTO(load_tokens(tokens_path, &c, &tokens, &B, &T), st, done);
     CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
     cai_model_options o = cai_model_options_default(&c);
     o.batch = B;
@@ -160,7 +179,6 @@ done:
     cai_model_free(m);
     cai_device_free(dev);
     cai_hf_close(h);
-    cai_safetensors_close(tf);
     return st;
 }
 
