@@ -11,6 +11,7 @@
 static const char *const k_lr_names[CAI_LR_KIND_COUNT] = {
     [CAI_LR_CONSTANT] = "constant",
     [CAI_LR_COSINE] = "cosine",
+    [CAI_LR_LINEAR] = "linear",
 };
 
 const char *cai_lr_kind_name(cai_lr_kind k) {
@@ -25,7 +26,7 @@ cai_status cai_lr_kind_parse(const char *name, cai_lr_kind *out) {
             *out = (cai_lr_kind)k;
             return CAI_OK;
         }
-    return CAI_ERROR(CAI_ERR_CONFIG, "unknown learning-rate schedule '%s' (known: constant, cosine)", name);
+    return CAI_ERROR(CAI_ERR_CONFIG, "unknown learning-rate schedule '%s' (known: constant, cosine, linear)", name);
 }
 
 float cai_lr_at(const cai_lr_schedule *s, int64_t step) {
@@ -33,11 +34,11 @@ float cai_lr_at(const cai_lr_schedule *s, int64_t step) {
     if (step < 1) step = 1;
     if (s->warmup_steps > 0 && step <= s->warmup_steps)
         return (float)((double)s->lr * (double)step / (double)s->warmup_steps);
-    if (s->kind != CAI_LR_COSINE) return s->lr;
+    if (s->kind == CAI_LR_CONSTANT) return s->lr;
     if (step >= s->decay_steps) return s->min_lr;
     double span = (double)(s->decay_steps - s->warmup_steps);
     double progress = span > 0 ? (double)(step - s->warmup_steps) / span : 1.0;
-    double c = 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
+    double c = s->kind == CAI_LR_LINEAR ? 1.0 - progress : 0.5 * (1.0 + cos(3.14159265358979323846 * progress));
     return (float)(s->min_lr + c * ((double)s->lr - s->min_lr));
 }
 
@@ -57,15 +58,15 @@ cai_adamw_config cai_adamw_config_default(void) {
 static cai_status check_config(const cai_adamw_config *c) {
     const cai_lr_schedule *s = &c->schedule;
     if ((int)s->kind < 0 || s->kind >= CAI_LR_KIND_COUNT)
-        return CAI_ERROR(CAI_ERR_CONFIG, "optim.schedule=%d is not a schedule (constant, cosine)", (int)s->kind);
+        return CAI_ERROR(CAI_ERR_CONFIG, "optim.schedule=%d is not a schedule (constant, cosine, linear)", (int)s->kind);
     if (!(s->lr >= 0) || !isfinite(s->lr) || !(s->min_lr >= 0) || !isfinite(s->min_lr))
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.lr=%g and optim.min_lr=%g must be finite and >= 0", (double)s->lr,
                          (double)s->min_lr);
     if (s->warmup_steps < 0)
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.warmup_steps=%lld must be >= 0", (long long)s->warmup_steps);
-    if (s->kind == CAI_LR_COSINE && s->decay_steps < s->warmup_steps)
+    if (s->kind != CAI_LR_CONSTANT && s->decay_steps < s->warmup_steps)
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.decay_steps=%lld must be >= optim.warmup_steps=%lld for the cosine "
-                         "schedule", (long long)s->decay_steps, (long long)s->warmup_steps);
+                         "decaying schedules", (long long)s->decay_steps, (long long)s->warmup_steps);
     if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.beta1=%g, optim.beta2=%g must lie in [0, 1)", (double)c->beta1,
                          (double)c->beta2);

@@ -81,7 +81,19 @@ START_TEST(lr_schedules) {
     cai_lr_kind k;
     OK(cai_lr_kind_parse("cosine", &k));
     ck_assert_int_eq(k, CAI_LR_COSINE);
-    ck_assert_int_eq(cai_lr_kind_parse("linear", &k), CAI_ERR_CONFIG);
+    OK(cai_lr_kind_parse("linear", &k));
+    ck_assert_int_eq(k, CAI_LR_LINEAR);
+    ck_assert_int_eq(cai_lr_kind_parse("exponential", &k), CAI_ERR_CONFIG);
+    /* Linear decay: straight line from lr at the end of warmup to min_lr at decay_steps. */
+    cai_lr_schedule l = {.kind = CAI_LR_LINEAR, .lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 10, .decay_steps = 110};
+    ck_assert_float_eq_tol(cai_lr_at(&l, 5), 0.5f, 1e-7f);
+    ck_assert_float_eq_tol(cai_lr_at(&l, 10), 1.0f, 1e-7f);
+    ck_assert_float_eq_tol(cai_lr_at(&l, 35), 0.1f + 0.9f * 0.75f, 1e-6f);
+    ck_assert_float_eq_tol(cai_lr_at(&l, 60), 0.55f, 1e-6f);
+    ck_assert_float_eq_tol(cai_lr_at(&l, 110), 0.1f, 1e-7f);
+    ck_assert_float_eq_tol(cai_lr_at(&l, 500), 0.1f, 1e-7f);
+    for (int64_t j = 11; j < 110; j++)
+        ck_assert_float_eq_tol(cai_lr_at(&l, j) - cai_lr_at(&l, j + 1), 0.009f, 1e-6f);
 
     /* A cosine that ends before its warmup is a configuration error. */
     cai_model_config mc = tiny(CAI_MODEL_LLAMA);

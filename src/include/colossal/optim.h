@@ -24,6 +24,7 @@ extern "C" {
 typedef enum {
     CAI_LR_CONSTANT = 0, /* lr after warmup */
     CAI_LR_COSINE,       /* cosine from lr to min_lr over [warmup_steps, decay_steps], min_lr after */
+    CAI_LR_LINEAR,       /* straight line from lr to min_lr over [warmup_steps, decay_steps], min_lr after */
     CAI_LR_KIND_COUNT
 } cai_lr_kind;
 
@@ -38,7 +39,7 @@ typedef struct {
 /* Learning rate of update `step` (1 for the first). Pure. */
 float cai_lr_at(const cai_lr_schedule *s, int64_t step);
 const char *cai_lr_kind_name(cai_lr_kind k);
-cai_status cai_lr_kind_parse(const char *name, cai_lr_kind *out); /* "constant", "cosine" */
+cai_status cai_lr_kind_parse(const char *name, cai_lr_kind *out); /* "constant", "cosine", "linear" */
 
 typedef struct {
     cai_lr_schedule schedule;
