@@ -1,0 +1,19 @@
+# Settings for one host without a fabric: a workstation with its own
+# slurmctld, or the throw-away cluster of tests/slurm. Sourced by the colossal
+# sbatch templates: point COLOSSAL_ENV at this file. Every value uses
+# ${VAR:-default}, so one job can still override it.
+
+# Every rank is on this host: shared memory between ranks, loopback TCP as
+# the fallback (tests/slurm runs several slurmd on one host, and there the
+# ranks of different "nodes" must use self,tcp).
+export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
+
+# Containers often forbid the cross-memory attach vader uses for large
+# messages; plain copies through the shared segment always work.
+export OMPI_MCA_btl_vader_single_copy_mechanism=${OMPI_MCA_btl_vader_single_copy_mechanism:-none}
+
+# NCCL between GPUs of this host needs no network; its bootstrap uses the
+# loopback interface.
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+export NCCL_IB_DISABLE=${NCCL_IB_DISABLE:-1}
