@@ -275,6 +275,17 @@ struct cai_model {
 
     int64_t n_valid;        /* non-ignored targets of the last forward */
     int pending_backward;   /* a forward with targets ran and its backward has not */
+
+    /* Every weight/gradient view, with the parameter and unit it belongs
+     * to: what cai_model_bind_param rebinds and unit queries read. */
+    struct view_ref {
+        int index, unit;
+        cai_tensor *w, *g;
+    } *refs;
+    int n_refs;
+    int external;           /* the caller owns parameter storage */
+    cai_model_hook_fn hook;
+    void *hook_ctx;
 };
 
 const cai_model_config *cai_model_config_of(const cai_model_t *m) { return &m->cfg; }
@@ -300,7 +311,7 @@ void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_byt
     size_t per = 2 * sizeof(float); /* masters and grads */
     if (m->lowp) per += cai_dtype_size(m->cfg.param_dtype);
     if (m->work) per += cai_dtype_size(m->cfg.act_dtype);
-    if (param_bytes) *param_bytes = m->n_flat * per;
+    if (param_bytes) *param_bytes = m->external ? 0 : m->n_flat * per;
     if (act_bytes) *act_bytes = m->act_bytes;
 }
 
@@ -323,14 +334,15 @@ static cai_status param_view(const cai_model_t *m, int index, void *base, cai_dt
     const cai_param_shard *sh = &m->shards[index];
     int64_t shape[CAI_PARAM_MAX_DIMS];
     for (int d = 0; d < sh->ndim; d++) shape[d] = (int64_t)sh->local_shape[d];
-    CAI_CALL(cai_tensor_init(out, m->dev, (char *)base + m->offsets[index] * cai_dtype_size(dt), dt, sh->ndim,
-                             shape));
+    /* External storage: shaped but unbound until cai_model_bind_param. */
+    void *data = base ? (char *)base + m->offsets[index] * cai_dtype_size(dt) : NULL;
+    CAI_CALL(cai_tensor_init(out, m->dev, data, dt, sh->ndim, shape));
     return CAI_OK;
 }
 
 /* Compute-weight and gradient views of a parameter held here; both stay
  * zeroed (data NULL: "absent") when the family has no such parameter. */
-static cai_status bind(cai_model_t *m, const char *name, cai_tensor *w, cai_tensor *g) {
+static cai_status bind(cai_model_t *m, int unit, const char *name, cai_tensor *w, cai_tensor *g) {
     memset(w, 0, sizeof *w);
     memset(g, 0, sizeof *g);
     int idx = cai_registry_find(m->reg, name);
@@ -340,8 +352,13 @@ static cai_status bind(cai_model_t *m, const char *name, cai_tensor *w, cai_tens
                          m->view.pp_rank);
     CAI_CALL(param_view(m, idx, m->compute, m->cfg.act_dtype, w));
     CAI_CALL(param_view(m, idx, m->grads, CAI_DTYPE_F32, g));
+    m->refs[m->n_refs++] = (struct view_ref){idx, unit, w, g};
     return CAI_OK;
 }
+
+/* Units in forward order: embedding (first stage), blocks, head (last stage). */
+static int block_unit(const cai_model_t *m, int l) { return (m->first ? 1 : 0) + l - m->layer_begin; }
+int cai_model_unit_count(const cai_model_t *m) { return (m->first ? 1 : 0) + m->n_local + (m->last ? 1 : 0); }
 
 static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_block_params *g) {
     static const struct {
@@ -366,7 +383,8 @@ static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_blo
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         snprintf(name, sizeof name, "h.%d.%s", l, fields[i].suffix);
         if (cai_registry_find(m->reg, name) < 0) continue; /* other family's name */
-        CAI_CALL(bind(m, name, (cai_tensor *)((char *)w + fields[i].off), (cai_tensor *)((char *)g + fields[i].off)));
+        CAI_CALL(bind(m, block_unit(m, l), name, (cai_tensor *)((char *)w + fields[i].off),
+                      (cai_tensor *)((char *)g + fields[i].off)));
     }
     return CAI_OK;
 }
@@ -410,6 +428,7 @@ static cai_status alloc_params(cai_model_t *m) {
     CAI_CALL(cai_registry_local_layout(m->reg, &m->view, m->align, m->offsets, &m->n_flat));
     for (int i = 0; i < m->n_params; i++) CAI_CALL(cai_registry_shard(m->reg, i, &m->view, &m->shards[i]));
     size_t n = m->n_flat;
+    if (m->external) return CAI_OK; /* the caller allocates, initialises and binds */
     CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model master weights", (void **)&m->master));
     CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model gradients", (void **)&m->grads));
     cai_dtype pd = m->cfg.param_dtype, ad = m->cfg.act_dtype;
@@ -442,19 +461,22 @@ done:
 static cai_status bind_params(cai_model_t *m) {
     CAI_CALL(cai_calloc((void **)&m->wp, (size_t)m->n_local, sizeof *m->wp, "model layer weights"));
     CAI_CALL(cai_calloc((void **)&m->gp, (size_t)m->n_local, sizeof *m->gp, "model layer grads"));
+    /* At most one view per parameter, plus the head's second view of a tied embedding. */
+    CAI_CALL(cai_calloc((void **)&m->refs, (size_t)m->n_params + 2, sizeof *m->refs, "model view table"));
     for (int i = 0; i < m->n_local; i++) CAI_CALL(bind_layer(m, m->layer_begin + i, &m->wp[i], &m->gp[i]));
     if (m->first) {
-        CAI_CALL(bind(m, "wte.weight", &m->wte, &m->g_wte));
-        CAI_CALL(bind(m, "wpe.weight", &m->wpe, &m->g_wpe));
+        CAI_CALL(bind(m, 0, "wte.weight", &m->wte, &m->g_wte));
+        CAI_CALL(bind(m, 0, "wpe.weight", &m->wpe, &m->g_wpe));
     }
     if (m->last) {
-        CAI_CALL(bind(m, "ln_f.weight", &m->lnf_w, &m->g_lnf_w));
-        CAI_CALL(bind(m, "ln_f.bias", &m->lnf_b, &m->g_lnf_b));
+        int unit = cai_model_unit_count(m) - 1;
+        CAI_CALL(bind(m, unit, "ln_f.weight", &m->lnf_w, &m->g_lnf_w));
+        CAI_CALL(bind(m, unit, "ln_f.bias", &m->lnf_b, &m->g_lnf_b));
         int head = cai_registry_find(m->reg, "lm_head.weight");
         /* Tied and the embedding is here too: the head reads and accumulates
          * into wte itself, so gradient accumulation needs no extra pass and
          * the lm_head copy is only kept equal for checkpoints and export. */
-        CAI_CALL(bind(m, local_tie_primary(m, head) >= 0 ? "wte.weight" : "lm_head.weight", &m->head_w,
+        CAI_CALL(bind(m, unit, local_tie_primary(m, head) >= 0 ? "wte.weight" : "lm_head.weight", &m->head_w,
                       &m->g_head_w));
     }
     return CAI_OK;
@@ -518,6 +540,7 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
         goto fail;
     }
     m->view = opt.view;
+    m->external = opt.external_params != 0;
     m->align = opt.align_elems ? opt.align_elems : 16;
     m->B = opt.batch;
     m->T = opt.seq_len;
@@ -568,11 +591,19 @@ void cai_model_free(cai_model_t *m) {
     cai_free(m->gp);
     cai_free(m->resid);
     cai_free(m->acts);
+    cai_free(m->refs);
     cai_registry_free(m->reg);
     cai_free(m);
 }
 
 void cai_model_flat(cai_model_t *m, cai_tensor *params, cai_tensor *grads, cai_tensor *params_lowp) {
+    if (m->external) {
+        const cai_tensor empty = cai_tensor_1d(m->dev, NULL, CAI_DTYPE_F32, 0);
+        if (params) *params = empty;
+        if (grads) *grads = empty;
+        if (params_lowp) memset(params_lowp, 0, sizeof *params_lowp);
+        return;
+    }
     if (params) *params = flat_view(m->dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
     if (grads) *grads = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
     if (params_lowp) {
@@ -587,6 +618,9 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
     CAI_CHECK_ARG(m && name, "cai_model_param: NULL argument");
     int idx = 0;
     CAI_CALL(cai_registry_lookup(m->reg, name, &idx));
+    if (m->external)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "parameter '%s': this model's parameters live in external storage "
+                         "(ZeRO); ask the owner of that storage", name);
     if (m->offsets[idx] == SIZE_MAX)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' is not held by this rank (pipeline rank %d of %d)", name,
                          m->view.pp_rank, m->view.pp_size);
@@ -609,6 +643,7 @@ static cai_status refresh_compute(cai_model_t *m) {
 
 cai_status cai_model_params_updated(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_params_updated: NULL model");
+    if (m->external) return CAI_OK;
     cai_device_t *dev = m->dev;
     for (int i = 0; i < m->n_params; i++) {
         int p = m->offsets[i] == SIZE_MAX ? -1 : local_tie_primary(m, i);
@@ -628,6 +663,7 @@ cai_status cai_model_params_updated(cai_model_t *m) {
 
 cai_status cai_model_zero_grad(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_zero_grad: NULL model");
+    if (m->external) return CAI_OK;
     cai_tensor g = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
     CAI_CALL(m->dev->ops->fill(m->dev, &g, 0.0f));
     return CAI_OK;
@@ -638,6 +674,63 @@ cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *out
     if (input) *input = m->resid[0];
     if (output) *output = m->resid[m->n_local];
     if (d_stream) *d_stream = m->d_stream;
+    return CAI_OK;
+}
+
+void cai_model_set_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx) {
+    m->hook = fn;
+    m->hook_ctx = fn ? ctx : NULL;
+}
+
+int cai_model_external_params(const cai_model_t *m) { return m->external; }
+
+int cai_model_unit_params(const cai_model_t *m, int unit, int *indices, int max) {
+    int n = 0;
+    for (int i = 0; i < m->n_refs; i++) {
+        if (m->refs[i].unit != unit) continue;
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= m->refs[j].unit == unit && m->refs[j].index == m->refs[i].index;
+        if (dup) continue;
+        if (n < max) indices[n] = m->refs[i].index;
+        n++;
+    }
+    /* Registration order: insertion sort of the few (<= 16) entries written. */
+    int w = n < max ? n : max;
+    for (int i = 1; i < w; i++)
+        for (int j = i; j > 0 && indices[j - 1] > indices[j]; j--) {
+            int t = indices[j];
+            indices[j] = indices[j - 1];
+            indices[j - 1] = t;
+        }
+    return n;
+}
+
+cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float *grad) {
+    CAI_CHECK_ARG(m, "cai_model_bind_param: NULL model");
+    CAI_CHECK_ARG(m->external, "cai_model_bind_param: the model owns its parameters (create it with "
+                  "external_params = 1 to bind storage)");
+    CAI_CHECK_ARG(index >= 0 && index < m->n_params && m->offsets[index] != SIZE_MAX,
+                  "cai_model_bind_param: parameter %d is not held by this rank", index);
+    for (int i = 0; i < m->n_refs; i++)
+        if (m->refs[i].index == index) {
+            m->refs[i].w->data = compute;
+            m->refs[i].g->data = grad;
+        }
+    return CAI_OK;
+}
+
+/* Fire the hook, then (external storage) check the unit can run. */
+static cai_status fire(cai_model_t *m, cai_model_event ev, int unit) {
+    if (m->hook) CAI_CALL(m->hook(m->hook_ctx, m, ev, unit));
+    if (!m->external || (ev != CAI_MODEL_PRE_FORWARD && ev != CAI_MODEL_PRE_BACKWARD)) return CAI_OK;
+    for (int i = 0; i < m->n_refs; i++) {
+        const struct view_ref *r = &m->refs[i];
+        if (r->unit == unit && (!r->w->data || (ev == CAI_MODEL_PRE_BACKWARD && !r->g->data)))
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "model unit %d: parameter '%s' has no bound %s before its %s "
+                             "(external storage: bind it with cai_model_bind_param, e.g. from the hook)", unit,
+                             cai_registry_param(m->reg, r->index)->name, r->w->data ? "gradient" : "weights",
+                             ev == CAI_MODEL_PRE_FORWARD ? "forward" : "backward");
+    }
     return CAI_OK;
 }
 
@@ -656,20 +749,29 @@ cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_
     if (m->first) {
         CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
         CAI_CALL(upload_i32(m, &m->tokens, tokens));
+        CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, 0));
         CAI_CALL(cai_embed_fwd(dev, &m->dims, &m->wte, &m->wpe, &m->tokens, &m->resid[0]));
+        CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, 0));
     }
-    for (int i = 0; i < m->n_local; i++)
+    for (int i = 0; i < m->n_local; i++) {
+        int unit = block_unit(m, m->layer_begin + i);
+        CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, unit));
         CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i],
                                &m->resid[i + 1]));
+        CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, unit));
+    }
     if (!m->last) return CAI_OK;
+    const int head_unit = cai_model_unit_count(m) - 1;
     if (targets) {
         int64_t n = (int64_t)m->B * m->T, valid = 0;
         for (int64_t i = 0; i < n; i++) valid += targets[i] != CAI_IGNORE_INDEX;
         m->n_valid = valid;
         CAI_CALL(upload_i32(m, &m->targets, targets));
     }
+    CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
                           targets ? &m->targets : NULL));
+    CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
     if (!targets) return CAI_OK;
     m->pending_backward = 1;
     if (loss) {
@@ -698,12 +800,17 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: needs a forward with targets first (and runs "
                              "once per forward: it overwrites the logits with their gradient)");
         float scale = m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
+        const int head_unit = cai_model_unit_count(m) - 1;
+        CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
         CAI_CALL(cai_head_bwd(dev, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
                               &m->resid[m->n_local], &m->targets, scale, &m->scratch.dln, &m->d_stream));
         m->pending_backward = 0;
+        CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, head_unit));
     }
     for (int i = m->n_local - 1; i >= 0; i--) {
         cai_block_acts *a = layer_acts(m, i);
+        int unit = block_unit(m, m->layer_begin + i);
+        CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, unit));
         /* Checkpointed: the layer's input survived, everything else is
          * re-derived by the same deterministic forward (so the gradients are
          * bitwise those of the uncheckpointed run). The last layer's
@@ -711,7 +818,12 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
         if (m->cfg.activation_checkpointing && i != m->n_local - 1)
             CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], a, &m->scratch, &m->resid[i], &m->resid[i + 1]));
         CAI_CALL(cai_block_bwd(dev, &m->dims, &m->wp[i], &m->gp[i], a, &m->scratch, &m->resid[i], &m->d_stream));
+        CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, unit));
     }
-    if (m->first) CAI_CALL(cai_embed_bwd(dev, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
+    if (m->first) {
+        CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, 0));
+        CAI_CALL(cai_embed_bwd(dev, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
+        CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
+    }
     return CAI_OK;
 }

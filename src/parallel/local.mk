@@ -15,3 +15,35 @@ $(PARALLEL_MPI_TESTS):
 CLEANFILES += $(PARALLEL_MPI_TESTS)
 TESTS += $(PARALLEL_MPI_TESTS)
 endif
+
+# ---- ZeRO / gradient buckets / loss scaling / memory planner (docs/parallel.md)
+# The loss scaler and the ZeRO training step live in src/optim (they compose
+# the engine with the schedule); they are listed here with the engine.
+src_libcolossal_core_la_SOURCES += \
+	%reldir%/zero_internal.h \
+	%reldir%/zero_layout.c \
+	%reldir%/zero_comm.c \
+	%reldir%/zero.c \
+	%reldir%/planner.c \
+	src/optim/loss_scale.c \
+	src/optim/loss_scale_step.c
+
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_planner tests/mpi/test_zero tests/mpi/test_equiv
+tests_unit_test_planner_SOURCES = tests/unit/test_planner.c
+tests_unit_test_planner_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_planner_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_planner
+tests_mpi_test_zero_SOURCES = tests/mpi/test_zero.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
+tests_mpi_test_zero_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_zero_LDADD = $(TEST_LIBS)
+tests_mpi_test_equiv_SOURCES = tests/mpi/test_equiv.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
+tests_mpi_test_equiv_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_equiv_LDADD = $(TEST_LIBS)
+ZERO_MPI_TESTS = tests/mpi/zero.np4 tests/mpi/equiv.np4
+$(ZERO_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(ZERO_MPI_TESTS)
+TESTS += $(ZERO_MPI_TESTS)
+endif
+# ---- end of ZeRO block

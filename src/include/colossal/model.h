@@ -391,6 +391,8 @@ typedef struct {
     int seq_len;         /* T: local tokens per sequence (<= max_seq_len) */
     cai_rank_view view;  /* TP must be 1; PP selects the stage's layer range */
     size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
+    int external_params; /* 1: the caller owns parameter and gradient storage (ZeRO, see
+                          * "External parameter storage" below); 0: the model allocates it */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */
@@ -456,6 +458,44 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale);
  * forward), `d_stream` (non-last stages write d(output) there before
  * backward; non-first stages read d(input) there after it). */
 cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *output, cai_tensor *d_stream);
+
+/* ---- units, hooks and external parameter storage
+ * (docs/model.md "Hooks"; used by gradient buckets and ZeRO, src/parallel/).
+ * A unit is what runs as one piece: the embedding (first stage), each block,
+ * the head with the final norm and loss (last stage), numbered from 0 in
+ * forward order. None of this is collective; a hook may be. */
+
+typedef enum {
+    CAI_MODEL_PRE_FORWARD = 0, /* before a unit's forward */
+    CAI_MODEL_POST_FORWARD,    /* after it */
+    CAI_MODEL_PRE_BACKWARD,    /* before its backward (and its checkpointed re-forward) */
+    CAI_MODEL_POST_BACKWARD,   /* after it: the unit's gradient contributions are all written */
+    CAI_MODEL_EVENT_COUNT
+} cai_model_event;
+
+int cai_model_unit_count(const cai_model_t *m);
+/* Registry indices of the parameters unit `unit` reads and whose gradients
+ * its backward accumulates into, in registration order (a tied head lists
+ * the embedding it reads); returns how many (at most `max` are written). */
+int cai_model_unit_params(const cai_model_t *m, int unit, int *indices, int max);
+
+/* Called at every event of every unit from cai_model_forward/backward; an
+ * error stops the pass and is returned from it. NULL removes the hook. */
+typedef cai_status (*cai_model_hook_fn)(void *ctx, cai_model_t *m, cai_model_event ev, int unit);
+void cai_model_set_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx);
+
+/* External parameter storage (cai_model_options.external_params = 1): the
+ * model allocates and initialises no parameter, gradient or working-copy
+ * buffer; cai_model_flat gives empty views, cai_model_param fails,
+ * cai_model_zero_grad and cai_model_params_updated do nothing. Before a unit
+ * runs, its parameters must be bound (typically from the PRE_FORWARD /
+ * PRE_BACKWARD hook): `compute` holds the local shard in act dtype as the
+ * registry shapes it, `grad` its F32 gradient (accumulated into by
+ * backward). NULL unbinds. A unit whose parameters are not all bound (or,
+ * before backward, whose gradients are not) fails naming the parameter:
+ * unbound optional tensors would otherwise read as absent biases. */
+cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float *grad);
+int cai_model_external_params(const cai_model_t *m);
 
 /* ====================================================== end of model */
 

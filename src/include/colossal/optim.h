@@ -100,6 +100,73 @@ typedef struct {
 cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets, int n_micro,
                           cai_step_stats *stats);
 
+/* ======================================================================
+ * Loss scaling and the data-parallel training step
+ * (src/optim/loss_scale.c, src/optim/loss_scale_step.c; docs/parallel.md)
+ * ====================================================================== */
+
+/* Dynamic loss scaling for f16 (Megatron's DynamicGradScaler): the loss
+ * (hence every gradient) is multiplied by `scale` so small f16 gradients do
+ * not flush to zero; a step whose gradients overflow is skipped. After
+ * `hysteresis` overflows (counted since the last growth) every further
+ * overflow multiplies the scale by backoff_factor; after growth_interval
+ * consecutive good steps the scale grows by growth_factor and the
+ * hysteresis budget refills. The scale stays within [min_scale, max_scale]. */
+typedef struct {
+    int dynamic;          /* 0: the scale stays init_scale (bf16/f32 use 1) */
+    float init_scale;     /* 2^16 */
+    float growth_factor;  /* 2 */
+    float backoff_factor; /* 0.5 */
+    int growth_interval;  /* 1000 good steps */
+    int hysteresis;       /* 2 */
+    float min_scale;      /* 1 */
+    float max_scale;      /* 2^24 */
+} cai_loss_scale_config;
+
+/* The defaults above, dynamic. Pure. */
+cai_loss_scale_config cai_loss_scale_config_default(void);
+/* A static scale of 1: what bf16 and f32 training use. Pure. */
+cai_loss_scale_config cai_loss_scale_config_none(void);
+/* Errors name the field and the range that would fit. Pure. */
+cai_status cai_loss_scale_config_check(const cai_loss_scale_config *c);
+
+typedef struct {
+    cai_loss_scale_config cfg;
+    float scale;         /* multiply the loss by this */
+    int good_steps;      /* consecutive steps without overflow since the last growth or overflow */
+    int hysteresis_left; /* overflows still tolerated before the scale backs off */
+    int64_t overflows;   /* skipped steps so far */
+} cai_loss_scaler;
+
+void cai_loss_scaler_init(cai_loss_scaler *s, const cai_loss_scale_config *cfg);
+/* Record one step. `overflow` must already be agreed by every rank (an
+ * inf/NaN anywhere in the global gradient). Returns 1 when the step's update
+ * is to be applied, 0 when it must be skipped; the scale for the next step
+ * is s->scale. Pure (not collective). */
+int cai_loss_scaler_update(cai_loss_scaler *s, int overflow);
+
+/* One training step over a ZeRO / data-parallel engine (colossal/parallel.h):
+ * forward and backward of n_micro microbatches on every dp rank with the
+ * loss scaled by scaler->scale, gradients reduced over dp as buckets finish,
+ * the global gradient norm over the shards, then either a skipped step (the
+ * norm is not finite: the scaler backs off when dynamic, else
+ * CAI_ERR_INVALID_ARG as cai_train_step does) or clipping to cfg->grad_clip
+ * and AdamW with the learning rate of update cai_zero_step_count + 1. The
+ * same decision on every rank. Collective over the dp axis. */
+typedef struct {
+    float loss;       /* mean over the step's microbatches and dp ranks */
+    float grad_norm;  /* global, unscaled, before clipping (inf/NaN on overflow) */
+    float lr;         /* learning rate used (0 when skipped) */
+    float loss_scale; /* the scale this step ran with */
+    int skipped;      /* 1: overflow, nothing was updated */
+} cai_zero_step_stats;
+
+struct cai_zero;
+cai_status cai_train_step_zero(struct cai_zero *z, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
+                               const int32_t *tokens, const int32_t *targets, int n_micro, cai_zero_step_stats *out);
+
+/* ====================================================== end of loss scaling */
+
 #ifdef __cplusplus
 }
 #endif

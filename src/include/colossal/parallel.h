@@ -35,6 +35,197 @@ cai_status cai_dp_allreduce_grads(cai_mesh_t *mesh, cai_model_t *m);
  * parameter. Collective over CAI_AXIS_DP. */
 cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m);
 
+/* ======================================================================
+ * ZeRO / buckets / loss scaling / planner
+ * (src/parallel/zero*.c, src/parallel/planner.c; docs/parallel.md)
+ *
+ * One engine runs data parallelism at every ZeRO stage over the flat local
+ * layout the registry defines (cai_registry_local_layout): the parameters
+ * are grouped, in registration order, into gradient buckets of whole model
+ * units (embedding, blocks, head); each bucket is padded to a multiple of
+ * dp so rank r owns the r-th chunk of every bucket, and a rank's shard is
+ * the concatenation of its chunks. Backward runs units in reverse, so
+ * buckets fill from the end; a model hook (cai_model_set_hook) starts each
+ * bucket's non-blocking reduction as soon as the last unit touching it has
+ * finished its backward.
+ *
+ *   stage 0  replicated weights, F32 masters and AdamW moments; buckets
+ *            all-reduced (summed; the 1/dp is folded into the loss weight)
+ *            during the last microbatch's backward only.
+ *   stage 1  masters and moments sharded; full gradients accumulate
+ *            locally and are reduce-scattered during the last microbatch;
+ *            each rank steps its shard; the working weights are
+ *            all-gathered after the step.
+ *   stage 2  as 1, but only the shard of the reduced gradients is kept:
+ *            each bucket's gradients live in a window from its first
+ *            backward touch to its reduce-scatter, every microbatch
+ *            (holding unreduced gradients across microbatches is what
+ *            stage 2 exists to avoid).
+ *   stage 3  as 2, and the working weights are sharded too: each unit's
+ *            buckets are all-gathered into windows before its forward and
+ *            again before its backward (the next unit's prefetched), and
+ *            released after; buckets are single units.
+ *   offload  masters, moments and the AdamW step live on the host (a host
+ *            arena and the host backend's vectorised OpenMP AdamW); only
+ *            reduced gradient shards go down and updated weights come up.
+ *
+ * Stages >= 1 need the model created with external parameter storage
+ * (cai_zero_model_options): the engine owns working weights and gradients
+ * and binds them to the model. Losses and parameters match the single-rank
+ * run up to summation order (tests/mpi/test_equiv.c).
+ * ====================================================================== */
+
+#include "colossal/ops.h"
+
+typedef struct {
+    int stage;           /* 0..3 (see above) */
+    int offload;         /* 1: masters, moments and the step on the host */
+    size_t bucket_bytes; /* F32 gradient bytes per bucket (whole units, at least one); 0: 25 MiB */
+    int overlap;         /* 1 (default): reduce each bucket as its backward finishes; 0: after backward */
+    int prefetch;        /* stage 3: gather the next unit while this one runs (default 1) */
+    double timeout_s;    /* a dp collective of the engine stalled this long fails naming the bucket; default 300 */
+    int host_threads;    /* offload on a GPU: threads of the host step; 0: the OpenMP default */
+} cai_zero_config;
+
+/* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
+void cai_zero_config_init(cai_zero_config *c);
+/* Errors name the field and what would fit. Pure. */
+cai_status cai_zero_config_check(const cai_zero_config *c);
+/* What the model must be created with for this config: stages >= 1 set
+ * external_params (the engine owns parameter storage). Pure. */
+void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo);
+
+typedef struct cai_zero cai_zero_t;
+
+/* Collective over CAI_AXIS_DP. Builds buckets and shards from the model's
+ * registry layout, allocates the shards (offloaded state in a host arena),
+ * initialises the F32 masters to the model's layout-invariant init (the
+ * single-rank values), makes the working weights and installs the model
+ * hook. The model must outlive the engine; one engine per model. */
+cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, const cai_zero_config *cfg);
+/* Waits for anything in flight and removes the hook. Not collective (but
+ * call it on every rank: in-flight collectives need their peers). */
+void cai_zero_free(cai_zero_t *z);
+
+const cai_zero_config *cai_zero_get_config(const cai_zero_t *z);
+cai_model_t *cai_zero_model(const cai_zero_t *z);
+
+/* Forward and backward of n_micro microbatches (tokens, targets: host
+ * [n_micro, B, T]), each weighted grad_scale / (n_micro * dp) so that the
+ * summed reduction is the global-batch mean times grad_scale (the loss
+ * scale). Gradients are zeroed first and reduced as buckets complete.
+ * *loss (may be NULL): mean of the microbatch losses over every dp rank.
+ * Collective over CAI_AXIS_DP. */
+cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                     float grad_scale, double *loss);
+/* Sum of squares of the reduced gradients, each parameter element counted
+ * once in the job (tie copies at their primary): the same value on every
+ * dp rank; not finite when any rank's gradients held inf/NaN. Collective
+ * over CAI_AXIS_DP. */
+cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq);
+/* One AdamW update of this rank's shard with `p` (p->step is set from the
+ * engine's count + 1; p->grad_scale multiplies the reduced gradients: clip
+ * coefficient / loss scale), tie copies held with their primary skipped,
+ * then the working weights refreshed (stage 0: the model's copies, 1/2:
+ * all-gathered, 3: the shard). Collective over CAI_AXIS_DP. */
+cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p);
+/* Updates applied so far (checkpoints set it when resuming). Not collective. */
+int64_t cai_zero_step_count(const cai_zero_t *z);
+void cai_zero_set_step_count(cai_zero_t *z, int64_t step);
+
+/* A contiguous run of one parameter inside this rank's shard: local
+ * elements [param_offset, param_offset + count) of parameter `index` (its
+ * TP/PP shard in row-major order, as the registry shapes it) sit at
+ * [shard_offset, shard_offset + count) of the shard buffers. Derived from
+ * the registry layout, never computed by hand. */
+typedef struct {
+    int index;
+    size_t param_offset, shard_offset, count;
+} cai_zero_piece;
+/* The pieces of this rank's shard in shard order (stage 0: every held
+ * parameter, whole). Valid for the engine's lifetime. Not collective. */
+const cai_zero_piece *cai_zero_pieces(const cai_zero_t *z, int *count);
+/* F32 shard buffers (device memory, or host memory with offload): master
+ * weights and AdamW moments. Writable: after writing (loading a
+ * checkpoint) call cai_zero_state_loaded. Not collective. */
+void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v);
+/* Re-derive every working weight from the masters. Collective over DP. */
+cai_status cai_zero_state_loaded(cai_zero_t *z);
+/* The F32 master value of parameter `index`'s whole local tensor (TP/PP
+ * shard, row-major) into host memory `out` (local_numel floats), assembled
+ * from the dp shards; a tie copy held with its primary reads the primary.
+ * Collective over CAI_AXIS_DP. */
+cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out);
+
+/* Hook for tests and diagnostics: called after unit `unit`'s backward, with
+ * the F32 gradient views of its parameters (the same views the model
+ * accumulated into), before any of them is reduced. Not collective. */
+typedef cai_status (*cai_zero_grad_hook)(void *ctx, cai_zero_t *z, int unit, const int *indices,
+                                         cai_tensor *grads, int n);
+void cai_zero_set_grad_hook(cai_zero_t *z, cai_zero_grad_hook fn, void *ctx);
+
+/* Counters since cai_zero_create (or the last reset). */
+typedef struct {
+    int n_buckets, n_units;
+    int64_t reductions;        /* bucket all-reduces / reduce-scatters started */
+    int64_t reductions_in_bwd; /* ... of those, started before the backward returned (overlap) */
+    int64_t reductions_early;  /* ... started before the microbatch's last unit began its backward */
+    int64_t gathers;           /* stage 3 unit gathers (including prefetches) */
+    int64_t prefetch_hits;     /* gathers that were already in flight or done when the unit needed them */
+    int64_t steps, skipped;
+    double comm_bytes;         /* bytes this rank sent into engine collectives (algorithm bytes) */
+} cai_zero_stats;
+void cai_zero_get_stats(const cai_zero_t *z, cai_zero_stats *out);
+void cai_zero_reset_stats(cai_zero_t *z);
+
+/* ---- memory planner (src/parallel/planner.c) */
+
+/* Per-rank bytes of one layout and precision, before anything is
+ * allocated. `device` is what lives in device memory, `host` what offload
+ * moves to host memory (on a host device both are the same RAM). */
+typedef struct {
+    size_t params;        /* working weights the layers read (stage 3: shard + gathered windows) */
+    size_t grads;         /* gradient buffers (stage 2/3: shard + bucket windows) */
+    size_t master;        /* F32 master weights */
+    size_t optim;         /* AdamW moments */
+    size_t staging;       /* offload: host copies of gradient / weight shards; lowp rounding scratch */
+    size_t acts;          /* activations as configured */
+    size_t acts_full;     /* activations without recompute */
+    size_t acts_recompute;/* activations with recompute */
+    size_t windows;       /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
+    size_t device, host;  /* totals */
+    size_t n_flat;        /* local flat elements (padded for sharding) */
+    int stage, offload, dp;
+} cai_mem_plan;
+
+typedef struct {
+    cai_model_config model;      /* resolved inside */
+    int batch, seq_len;          /* microbatch shape */
+    cai_rank_view view;          /* tp = 1 for now; pp picks the stage */
+    size_t align_elems;          /* 0: 16, as the model */
+    int dp;
+    cai_zero_config zero;
+    const cai_device_t *dev;     /* the backend decides attention workspace sizes */
+} cai_mem_plan_request;
+
+/* Pure arithmetic over the registry and the layer buffer sizes (allocates
+ * only bookkeeping). Not collective. */
+cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *out);
+/* Rows: what, where, MiB. */
+void cai_mem_plan_print(const cai_mem_plan *p, FILE *out);
+/* CAI_ERR_NOMEM when the plan exceeds the limits (bytes; 0 = unlimited):
+ * on a host device device + host is checked against device_limit; on a GPU
+ * each side against its own. The message gives the plan, the limit and the
+ * changes that would fit (ZeRO stage, offload, activation recompute, a
+ * smaller microbatch), each with its total. Not collective. */
+cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_plan *p, size_t device_limit,
+                              size_t host_limit);
+/* What an engine and its model actually hold, in the plan's terms
+ * (windows: the pool's high-water mark). Not collective. */
+void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
+
+/* ====================================================== end of ZeRO section */
+
 #ifdef __cplusplus
 }
 #endif

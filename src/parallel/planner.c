@@ -1,0 +1,204 @@
+/* The memory planner: per-rank bytes of a model under a ZeRO layout and
+ * precision, computed before anything is allocated from the same registry
+ * layout, buckets and window schedule the engine uses and the layer buffer
+ * sizes the model carves, so the plan equals what the engine and model
+ * then hold (tests/mpi/test_zero.c compares them). */
+#include "cai_config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "zero_internal.h"
+
+static size_t round64(size_t x) { return (x + 63) / 64 * 64; }
+
+/* The model's activation arena (model.c carve_all) for one stage. */
+static cai_status act_bytes(const cai_mem_plan_request *req, const cai_model_config *c, int n_local, int last,
+                            size_t *full, size_t *recompute) {
+    const cai_rank_view *v = &req->view;
+    cai_layer_dims d;
+    memset(&d, 0, sizeof d);
+    d.family = c->family;
+    d.B = req->batch;
+    d.T = req->seq_len;
+    d.C = c->d_model;
+    d.n_heads = c->n_heads / v->tp_size;
+    d.n_kv_heads = c->n_kv_heads / v->tp_size;
+    d.head_dim = c->d_model / c->n_heads;
+    d.ffn = c->ffn_hidden / v->tp_size;
+    d.vocab_local = cai_model_config_padded_vocab(c);
+    d.vocab_valid = c->vocab_size;
+    d.norm_eps = c->norm_eps;
+    d.act_dtype = c->act_dtype;
+    size_t resid = round64((size_t)d.B * (size_t)d.T * (size_t)d.C * cai_dtype_size(d.act_dtype));
+    size_t io = round64((size_t)d.B * (size_t)d.T * sizeof(int32_t));
+    size_t base = (size_t)(n_local + 2) * resid + cai_block_scratch_bytes(req->dev, &d, c->max_seq_len) + 2 * io + 64;
+    if (last) base += cai_head_acts_bytes(req->dev, &d);
+    size_t per = cai_block_acts_bytes(req->dev, &d);
+    *full = base + (size_t)n_local * per;
+    *recompute = base + (n_local > 0 ? per : 0);
+    return CAI_OK;
+}
+
+cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *out) {
+    CAI_CHECK_ARG(req && out && req->dev, "cai_mem_plan_compute: NULL argument");
+    CAI_CALL(cai_zero_config_check(&req->zero));
+    CAI_CHECK_ARG(req->dp >= 1 && req->batch >= 1 && req->seq_len >= 1,
+                  "memory plan: dp=%d, batch=%d, seq_len=%d must be >= 1", req->dp, req->batch, req->seq_len);
+    memset(out, 0, sizeof *out);
+    cai_model_config c;
+    CAI_CALL(cai_model_config_resolve(&req->model, &c));
+    cai_registry_t *reg = NULL;
+    cai_registry_options ro = {.n_layers = c.n_layers};
+    int n_units = 0, **units = NULL, *np = NULL;
+    zl_layout L;
+    memset(&L, 0, sizeof L);
+    cai_status st = CAI_OK;
+    CAI_CALL(cai_registry_init(&reg, &ro));
+    CAI_CALL_GOTO(cai_model_register_params(reg, &c), st, done);
+    CAI_CALL_GOTO(cai_registry_check_view(reg, &req->view), st, done);
+    CAI_CALL_GOTO(zl_units_from_registry(reg, &req->view, &n_units, &units, &np), st, done);
+    const cai_zero_config *z = &req->zero;
+    size_t align = req->align_elems ? req->align_elems : 16;
+    CAI_CALL_GOTO(zl_build(&L, reg, &req->view, align, n_units, units, np, z->stage, req->dp, 0,
+                           z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20), st, done);
+
+    const size_t act = cai_dtype_size(c.act_dtype), pds = cai_dtype_size(c.param_dtype), f4 = sizeof(float);
+    const int lowp = c.param_dtype != CAI_DTYPE_F32, work = c.act_dtype != c.param_dtype;
+    const size_t n = L.n_flat, S = L.shard;
+    out->stage = z->stage;
+    out->offload = z->offload;
+    out->dp = req->dp;
+    out->n_flat = L.n_pad;
+    if (z->stage == 0) {
+        /* The model's own F32 masters and gradients plus its working copies. */
+        out->params = (lowp ? n * pds : 0) + (work ? n * act : 0) + (z->offload ? n * f4 : 0);
+        out->grads = n * f4;
+        out->master = n * f4;
+        out->staging = z->offload ? n * f4 : 0;
+    } else {
+        out->params = (z->stage == 3 ? S : L.n_pad) * act;
+        out->grads = (z->stage == 1 ? L.n_pad * f4 : 0) + S * f4;
+        out->master = S * f4;
+        out->staging = (z->offload ? S * f4 + S * act : 0) +
+                       (c.param_dtype != CAI_DTYPE_F32 && c.param_dtype != c.act_dtype ? S * pds : 0);
+    }
+    out->optim = 2 * S * f4;
+    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, &out->windows), st, done);
+    int first = 0, last = 0;
+    int nl = n_units;
+    for (int i = 0; i < L.n_params; i++) {
+        if (L.offsets[i] == SIZE_MAX) continue;
+        const cai_param_info *info = cai_registry_param(reg, i);
+        first |= info->spec.pp_place == CAI_PP_FIRST;
+        last |= info->spec.pp_place == CAI_PP_LAST;
+    }
+    nl -= first + last;
+    CAI_CALL_GOTO(act_bytes(req, &c, nl, last, &out->acts_full, &out->acts_recompute), st, done);
+    out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
+    out->host = z->offload ? out->master + out->optim + out->staging : 0;
+    out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts -
+                  out->host;
+done:
+    zl_free(&L);
+    zl_units_free(n_units, units, np);
+    cai_registry_free(reg);
+    return st;
+}
+
+static double mib(size_t b) { return (double)b / 1048576.0; }
+
+void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
+    const char *state = p->offload ? "host" : "device";
+    fprintf(out, "memory plan per rank: ZeRO stage %d%s over dp %d, %zu flat elements\n", p->stage,
+            p->offload ? " + CPU offload" : "", p->dp, p->n_flat);
+    fprintf(out, "  parameters (working weights) %10.2f MiB  device%s\n", mib(p->params),
+            p->stage == 3 ? " (shard)" : "");
+    fprintf(out, "  gradients                    %10.2f MiB  device%s\n", mib(p->grads),
+            p->stage >= 2 ? " (shard)" : "");
+    if (p->windows)
+        fprintf(out, "  gather/gradient windows      %10.2f MiB  device (peak)\n", mib(p->windows));
+    fprintf(out, "  master weights (f32)         %10.2f MiB  %s\n", mib(p->master), p->stage == 0 ? "device" : state);
+    if (p->stage == 0 && p->offload) fprintf(out, "    (device copy counted with parameters; master on the host)\n");
+    fprintf(out, "  optimizer state (AdamW m, v) %10.2f MiB  %s\n", mib(p->optim), state);
+    if (p->staging) fprintf(out, "  staging / rounding buffers   %10.2f MiB  %s\n", mib(p->staging), state);
+    fprintf(out, "  activations                  %10.2f MiB  device (%.2f MiB without recompute, %.2f MiB with)\n",
+            mib(p->acts), mib(p->acts_full), mib(p->acts_recompute));
+    fprintf(out, "  total                        %10.2f MiB  device + %.2f MiB host\n", mib(p->device), mib(p->host));
+}
+
+static int fits(const cai_device_t *dev, const cai_mem_plan *p, size_t dl, size_t hl) {
+    if (dev->kind == CAI_DEVICE_HOST) return !dl || p->device + p->host <= dl;
+    return (!dl || p->device <= dl) && (!hl || p->host <= hl);
+}
+
+/* "name (total)" of one variant into buf when it fits; returns chars added. */
+static size_t try_variant(const cai_mem_plan_request *r, size_t dl, size_t hl, const char *name, char *buf,
+                          size_t cap, int first) {
+    cai_mem_plan p;
+    if (cai_mem_plan_compute(r, &p) != CAI_OK) {
+        cai_error_clear();
+        return 0;
+    }
+    if (!fits(r->dev, &p, dl, hl)) return 0;
+    int k = snprintf(buf, cap, "%s%s (%.1f MiB device + %.1f MiB host)", first ? "" : "; ", name, mib(p.device),
+                     mib(p.host));
+    return k < 0 ? 0 : (size_t)k < cap ? (size_t)k : cap - 1;
+}
+
+cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_plan *p, size_t device_limit,
+                              size_t host_limit) {
+    CAI_CHECK_ARG(req && p && req->dev, "cai_mem_plan_check: NULL argument");
+    if (fits(req->dev, p, device_limit, host_limit)) return CAI_OK;
+    char sug[1024] = " ";
+    size_t used = 1;
+    char name[128];
+    cai_mem_plan_request r;
+    for (int s = req->zero.stage + 1; s <= 3; s++) {
+        r = *req;
+        r.zero.stage = s;
+        snprintf(name, sizeof name, "zero.stage=%d", s);
+        used += try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
+    }
+    if (!req->zero.offload) {
+        r = *req;
+        r.zero.offload = 1;
+        used += try_variant(&r, device_limit, host_limit, "zero.offload=true", sug + used, sizeof sug - used, used == 1);
+        if (req->zero.stage < 3) {
+            r.zero.stage = 3;
+            used += try_variant(&r, device_limit, host_limit, "zero.stage=3 with zero.offload=true", sug + used,
+                                sizeof sug - used, used == 1);
+        }
+    }
+    if (!req->model.activation_checkpointing) {
+        r = *req;
+        r.model.activation_checkpointing = 1;
+        used += try_variant(&r, device_limit, host_limit, "model.activation_checkpointing=true", sug + used,
+                            sizeof sug - used, used == 1);
+    }
+    for (int b = req->batch / 2; b >= 1; b /= 2) {
+        r = *req;
+        r.batch = b;
+        snprintf(name, sizeof name, "train.micro_batch=%d (raise train.grad_accum to keep the batch)", b);
+        size_t k = try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
+        used += k;
+        if (k) break;
+    }
+    const int host = req->dev->kind == CAI_DEVICE_HOST;
+    size_t need = host ? p->device + p->host : p->device;
+    size_t lim = device_limit;
+    if (!host && (!device_limit || p->device <= device_limit)) {
+        need = p->host;
+        lim = host_limit;
+    }
+    return CAI_ERROR(CAI_ERR_NOMEM,
+                     "memory plan: %.1f MiB per rank (%.1f device + %.1f host: parameters %.1f, gradients %.1f, "
+                     "windows %.1f, masters %.1f, optimizer %.1f, staging %.1f, activations %.1f) exceeds the %s "
+                     "limit of %.1f MiB; %s%s",
+                     mib(need), mib(p->device), mib(p->host), mib(p->params), mib(p->grads), mib(p->windows),
+                     mib(p->master), mib(p->optim), mib(p->staging), mib(p->acts),
+                     host ? "memory" : lim == device_limit ? "device memory" : "host memory", mib(lim),
+                     used > 1 ? "it would fit with:" : "no single change fits (more dp ranks, a smaller model or a "
+                                                       "shorter sequence would)",
+                     used > 1 ? sug : "");
+}

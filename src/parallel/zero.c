@@ -1,0 +1,869 @@
+/* The ZeRO / data-parallel engine: shard storage, the model hook that
+ * reduces gradient buckets during backward and (stage 3) gathers each
+ * unit's weights around its forward and backward, the sharded AdamW step
+ * (on the device, or on the host with offload) and the refresh of the
+ * working weights. See docs/parallel.md and colossal/parallel.h. */
+#include "cai_config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "zero_internal.h"
+
+enum { PW_NONE = 0, PW_FLIGHT, PW_READY };
+
+typedef struct {
+    int pwin;       /* stage 3: pool block holding the gathered weights, -1 none */
+    int pstate;     /* PW_* */
+    int pref;       /* units holding the weights */
+    int prefetched; /* gathered for a unit that has not taken it yet: keep */
+    zc_req preq;
+    int gwin;       /* stage 2/3: pool block of this microbatch's gradients, -1 none */
+    int reducing;
+    zc_req greq;
+} zbucket_rt;
+
+struct cai_zero {
+    cai_zero_config cfg;
+    int dry; /* the planner's replay: bookkeeping only */
+    cai_mesh_t *mesh;
+    cai_model_t *model;
+    cai_device_t *dev;  /* the model's */
+    cai_device_t *hdev; /* offload: where the step runs */
+    int own_hdev;
+    zc_ctx comm;
+    zl_layout L;
+    cai_dtype act, pdt;
+    size_t act_size;
+
+    void *W;        /* working weights, act dtype: stage 1/2 [n_pad], stage 3 [shard] */
+    float *G;       /* stage 1: full gradients [n_pad] */
+    float *GS;      /* stage >= 1: reduced gradient shard [shard]; stage 0: the model's gradients */
+    float *M, *Mm, *Mv; /* masters and moments [shard] (stage 0 without offload: M is the model's master) */
+    float *GSh;     /* offload: host copy of GS */
+    void *Wh;       /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
+    void *LP;       /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
+    double *acc;    /* device sumsq accumulator */
+    cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP */
+    size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host;
+
+    zpool pool;
+    zbucket_rt *rt;
+    int *fifo;      /* stage 2/3 buckets with reductions in flight, oldest first */
+    int fifo_head, fifo_n;
+
+    int in_step, micro, n_micro, in_bwd, bwd_last_started;
+    int64_t step;
+    cai_zero_piece *pieces;
+    cai_tensor *hook_grads;
+    int *hook_idx;
+    cai_zero_grad_hook ghook;
+    void *ghook_ctx;
+    cai_zero_stats stats;
+};
+
+/* ------------------------------------------------------------ config */
+
+void cai_zero_config_init(cai_zero_config *c) {
+    memset(c, 0, sizeof *c);
+    c->bucket_bytes = (size_t)25 << 20;
+    c->overlap = 1;
+    c->prefetch = 1;
+    c->timeout_s = 300.0;
+}
+
+cai_status cai_zero_config_check(const cai_zero_config *c) {
+    CAI_CHECK_ARG(c, "cai_zero_config_check: NULL config");
+    if (c->stage < 0 || c->stage > 3)
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.stage=%d: stages are 0 (plain data parallel), 1 (optimizer state "
+                         "sharded), 2 (+ gradients), 3 (+ parameters)", c->stage);
+    if (c->offload != 0 && c->offload != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.offload=%d must be 0 or 1", c->offload);
+    if (!(c->timeout_s > 0))
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.timeout=%g s must be > 0", c->timeout_s);
+    return CAI_OK;
+}
+
+void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo) {
+    mo->external_params = c->stage >= 1;
+}
+
+const cai_zero_config *cai_zero_get_config(const cai_zero_t *z) { return &z->cfg; }
+cai_model_t *cai_zero_model(const cai_zero_t *z) { return z->model; }
+int64_t cai_zero_step_count(const cai_zero_t *z) { return z->step; }
+void cai_zero_set_step_count(cai_zero_t *z, int64_t step) { z->step = step < 0 ? 0 : step; }
+
+void cai_zero_set_grad_hook(cai_zero_t *z, cai_zero_grad_hook fn, void *ctx) {
+    z->ghook = fn;
+    z->ghook_ctx = fn ? ctx : NULL;
+}
+
+void cai_zero_get_stats(const cai_zero_t *z, cai_zero_stats *out) {
+    *out = z->stats;
+    out->n_buckets = z->L.nb;
+    out->n_units = z->L.n_units;
+    out->comm_bytes = z->comm.bytes;
+}
+
+void cai_zero_reset_stats(cai_zero_t *z) {
+    memset(&z->stats, 0, sizeof z->stats);
+    z->comm.bytes = 0;
+}
+
+const cai_zero_piece *cai_zero_pieces(const cai_zero_t *z, int *count) {
+    *count = z->L.nseg;
+    return z->pieces;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static cai_copy_kind kind_of(const cai_device_t *dst, const cai_device_t *src) {
+    int dh = dst->kind == CAI_DEVICE_HOST, sh = src->kind == CAI_DEVICE_HOST;
+    return dh && sh ? CAI_COPY_H2H : dh ? CAI_COPY_D2H : sh ? CAI_COPY_H2D : CAI_COPY_D2D;
+}
+
+/* Where the optimizer state lives. */
+static cai_device_t *sdev(const cai_zero_t *z) { return z->cfg.offload ? z->hdev : z->dev; }
+
+static cai_tensor vec(cai_device_t *dev, void *base, cai_dtype dt, size_t off, size_t n) {
+    return cai_tensor_1d(dev, (char *)base + off * cai_dtype_size(dt), dt, (int64_t)n);
+}
+
+static void *at(void *base, size_t off, size_t es) { return (char *)base + off * es; }
+
+static cai_status dev_alloc(cai_zero_t *z, size_t bytes, const char *what, size_t *account, void **out) {
+    *out = NULL;
+    if (!bytes) return CAI_OK;
+    CAI_CALL(cai_device_alloc(z->dev, bytes, what, out));
+    *account += bytes;
+    return CAI_OK;
+}
+
+/* State buffers: device memory, or the offload arena. */
+static cai_status state_alloc(cai_zero_t *z, size_t bytes, const char *what, size_t *account, void **out) {
+    if (!z->cfg.offload) return dev_alloc(z, bytes, what, account, out);
+    *out = NULL;
+    if (!bytes) return CAI_OK;
+    CAI_CALL(cai_arena_alloc(&z->harena, bytes, 64, out));
+    *account += bytes;
+    (void)what;
+    return CAI_OK;
+}
+
+static cai_status fill0(cai_device_t *dev, void *p, cai_dtype dt, size_t n) {
+    if (!n) return CAI_OK;
+    cai_tensor t = vec(dev, p, dt, 0, n);
+    CAI_CALL(dev->ops->fill(dev, &t, 0.0f));
+    return CAI_OK;
+}
+
+/* Bucket k's working weights as the model reads them (stage 1/2 full
+ * buffer, stage 3 gathered window). */
+static void *weights_of(cai_zero_t *z, int k) {
+    const zl_bucket *b = &z->L.b[k];
+    if (z->L.stage == 3) return zp_ptr(&z->pool, z->rt[k].pwin);
+    return at(z->W, b->elo, z->act_size);
+}
+
+static float *grads_of(cai_zero_t *z, int k) {
+    const zl_bucket *b = &z->L.b[k];
+    if (z->L.stage >= 2) return zp_ptr(&z->pool, z->rt[k].gwin);
+    if (z->L.stage == 1) return z->G + b->elo;
+    return z->GS + b->lo; /* stage 0: the model's gradients, engine layout == model layout */
+}
+
+/* Bind unit u's parameters: weights (with_w) and gradients (with_g); a
+ * flag of 0 unbinds. Stage >= 1 only. */
+static cai_status bind_unit(cai_zero_t *z, int u, int with_w, int with_g) {
+    if (z->dry) return CAI_OK;
+    for (int k = 0; k < z->L.unit_np[u]; k++) {
+        int i = z->L.unit_params[u][k], bk = z->L.bucket_of[i];
+        size_t rel = z->L.eoff[i] - z->L.b[bk].elo;
+        void *w = with_w ? at(weights_of(z, bk), rel, z->act_size) : NULL;
+        float *g = with_g ? grads_of(z, bk) + rel : NULL;
+        CAI_CALL(cai_model_bind_param(z->model, i, w, g));
+    }
+    return CAI_OK;
+}
+
+static void progress(cai_zero_t *z) {
+    if (z->dry || !z->comm.host) return;
+    for (int k = 0; k < z->L.nb; k++) {
+        zc_progress(&z->comm, &z->rt[k].greq, 1);
+        zc_progress(&z->comm, &z->rt[k].preq, 1);
+    }
+}
+
+/* ------------------------------------------------------------ stage 3 weight windows */
+
+static cai_status start_gather(cai_zero_t *z, int k) {
+    zbucket_rt *r = &z->rt[k];
+    const zl_bucket *b = &z->L.b[k];
+    CAI_CALL(zp_get(&z->pool, b->len * z->act_size, &r->pwin));
+    z->stats.gathers++;
+    r->pstate = PW_READY;
+    if (z->dry) return CAI_OK;
+    void *win = zp_ptr(&z->pool, r->pwin);
+    CAI_CALL(cai_device_copy(z->dev, at(win, (size_t)z->L.srank * b->chunk, z->act_size),
+                             at(z->W, b->soff, z->act_size), b->chunk * z->act_size, kind_of(z->dev, z->dev)));
+    CAI_CALL(cai_device_sync(z->dev));
+    CAI_CALL(zc_all_gather(&z->comm, win, b->chunk, z->act, k, &r->preq));
+    if (r->preq.kind != ZC_NONE) r->pstate = PW_FLIGHT;
+    return CAI_OK;
+}
+
+static cai_status acquire_weights(cai_zero_t *z, int u) {
+    for (int j = 0; j < z->L.unit_nb[u]; j++) {
+        int k = z->L.unit_buckets[u][j];
+        zbucket_rt *r = &z->rt[k];
+        if (r->prefetched) z->stats.prefetch_hits++;
+        if (r->pstate == PW_NONE) CAI_CALL(start_gather(z, k));
+        if (r->pstate == PW_FLIGHT) {
+            CAI_CALL(zc_wait(&z->comm, &r->preq));
+            r->pstate = PW_READY;
+        }
+        r->prefetched = 0;
+        r->pref++;
+    }
+    return CAI_OK;
+}
+
+static cai_status prefetch_weights(cai_zero_t *z, int u) {
+    if (!z->cfg.prefetch || u < 0 || u >= z->L.n_units) return CAI_OK;
+    for (int j = 0; j < z->L.unit_nb[u]; j++) {
+        int k = z->L.unit_buckets[u][j];
+        if (z->rt[k].pstate == PW_NONE) CAI_CALL(start_gather(z, k));
+        z->rt[k].prefetched = 1;
+    }
+    return CAI_OK;
+}
+
+static cai_status release_weights(cai_zero_t *z, int u) {
+    for (int j = 0; j < z->L.unit_nb[u]; j++) {
+        int k = z->L.unit_buckets[u][j];
+        zbucket_rt *r = &z->rt[k];
+        if (--r->pref > 0 || r->prefetched) continue;
+        if (r->pstate == PW_FLIGHT) CAI_CALL(zc_wait(&z->comm, &r->preq));
+        zp_put(&z->pool, r->pwin);
+        r->pwin = -1;
+        r->pstate = PW_NONE;
+    }
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ gradient reductions */
+
+static cai_status wait_reduction(cai_zero_t *z, int k) {
+    zbucket_rt *r = &z->rt[k];
+    if (!r->reducing) return CAI_OK;
+    r->reducing = 0;
+    if (!z->dry) CAI_CALL(zc_wait(&z->comm, &r->greq));
+    if (z->L.stage >= 2) {
+        zp_put(&z->pool, r->gwin);
+        r->gwin = -1;
+    }
+    return CAI_OK;
+}
+
+static cai_status wait_oldest(cai_zero_t *z) {
+    int k = z->fifo[z->fifo_head];
+    z->fifo_head = (z->fifo_head + 1) % (z->L.nb + 1);
+    z->fifo_n--;
+    CAI_CALL(wait_reduction(z, k));
+    return CAI_OK;
+}
+
+static cai_status start_reduction(cai_zero_t *z, int k) {
+    zbucket_rt *r = &z->rt[k];
+    const zl_bucket *b = &z->L.b[k];
+    z->stats.reductions++;
+    if (z->in_bwd) z->stats.reductions_in_bwd++;
+    if (z->in_bwd && !z->bwd_last_started) z->stats.reductions_early++;
+    r->reducing = 1;
+    if (z->L.stage >= 2) {
+        z->fifo[(z->fifo_head + z->fifo_n) % (z->L.nb + 1)] = k;
+        z->fifo_n++;
+    }
+    if (!z->dry) {
+        CAI_CALL(cai_device_sync(z->dev)); /* the backward's kernels have written the bucket */
+        if (z->L.stage == 0) {
+            CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, b->hi - b->lo, k, &r->greq));
+        } else {
+            float *src = grads_of(z, k), *dst = z->GS + b->soff;
+            if (z->L.stage >= 2 && z->micro > 0) {
+                /* Accumulate over microbatches through the reduction itself:
+                 * only the owner adds its running shard into its own chunk. */
+                cai_tensor own = vec(z->dev, src, CAI_DTYPE_F32, (size_t)z->L.srank * b->chunk, b->chunk);
+                cai_tensor acc = vec(z->dev, dst, CAI_DTYPE_F32, 0, b->chunk);
+                CAI_CALL(z->dev->ops->axpy(z->dev, &own, 1.0f, &acc));
+                CAI_CALL(cai_device_sync(z->dev));
+            }
+            CAI_CALL(zc_reduce_scatter_sum(&z->comm, src, dst, b->chunk, k, &r->greq));
+        }
+    }
+    /* Bounded gradient windows: the planner's peak assumes this cap. */
+    while (z->L.stage >= 2 && z->fifo_n > ZERO_MAX_INFLIGHT) CAI_CALL(wait_oldest(z));
+    return CAI_OK;
+}
+
+/* Whether this microbatch's backward reduces (stage 0/1 accumulate locally
+ * until the last microbatch). */
+static int reduces_now(const cai_zero_t *z) { return z->L.stage >= 2 || z->micro == z->n_micro - 1; }
+
+static cai_status ensure_grad_windows(cai_zero_t *z, int u) {
+    for (int j = 0; j < z->L.unit_nb[u]; j++) {
+        int k = z->L.unit_buckets[u][j];
+        zbucket_rt *r = &z->rt[k];
+        if (r->gwin >= 0) continue;
+        CAI_CALL(zp_get(&z->pool, z->L.b[k].len * sizeof(float), &r->gwin));
+        if (!z->dry) CAI_CALL(fill0(z->dev, zp_ptr(&z->pool, r->gwin), CAI_DTYPE_F32, z->L.b[k].len));
+    }
+    return CAI_OK;
+}
+
+static cai_status call_grad_hook(cai_zero_t *z, int u) {
+    int n = z->L.unit_np[u];
+    for (int k = 0; k < n; k++) {
+        int i = z->L.unit_params[u][k], bk = z->L.bucket_of[i];
+        z->hook_idx[k] = i;
+        z->hook_grads[k] =
+            vec(z->dev, grads_of(z, bk), CAI_DTYPE_F32, z->L.eoff[i] - z->L.b[bk].elo, z->L.numel[i]);
+    }
+    CAI_CALL(z->ghook(z->ghook_ctx, z, u, z->hook_idx, z->hook_grads, n));
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ the hook */
+
+static cai_status on_event(cai_zero_t *z, cai_model_event ev, int u) {
+    const int s3 = z->L.stage == 3;
+    switch (ev) {
+    case CAI_MODEL_PRE_FORWARD:
+        if (s3) {
+            CAI_CALL(acquire_weights(z, u));
+            CAI_CALL(bind_unit(z, u, 1, 0));
+            CAI_CALL(prefetch_weights(z, u + 1));
+        }
+        break;
+    case CAI_MODEL_POST_FORWARD:
+        if (s3) {
+            CAI_CALL(bind_unit(z, u, 0, 0));
+            CAI_CALL(release_weights(z, u));
+        }
+        break;
+    case CAI_MODEL_PRE_BACKWARD:
+        if (!z->in_step && z->L.stage >= 2)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "ZeRO stage %d: a backward outside cai_zero_forward_backward has "
+                             "nowhere to put its gradients", z->L.stage);
+        if (u == 0) z->bwd_last_started = 1;
+        if (s3) {
+            CAI_CALL(acquire_weights(z, u));
+            CAI_CALL(prefetch_weights(z, u - 1));
+        }
+        if (z->L.stage >= 2) {
+            CAI_CALL(ensure_grad_windows(z, u));
+            CAI_CALL(bind_unit(z, u, 1, 1));
+        }
+        break;
+    case CAI_MODEL_POST_BACKWARD:
+        if (z->ghook && !z->dry) CAI_CALL(call_grad_hook(z, u));
+        if (z->L.stage >= 2) CAI_CALL(bind_unit(z, u, !s3, 0));
+        if (s3) CAI_CALL(release_weights(z, u));
+        if (z->in_step && z->cfg.overlap && reduces_now(z))
+            for (int k = 0; k < z->L.nb; k++)
+                if (z->L.b[k].unit_lo == u) CAI_CALL(start_reduction(z, k));
+        break;
+    default:
+        break;
+    }
+    progress(z);
+    return CAI_OK;
+}
+
+static cai_status hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit) {
+    (void)m;
+    return on_event((cai_zero_t *)ctx, ev, unit);
+}
+
+/* After a microbatch's backward: the reductions not started yet (no
+ * overlap), then all of them finished. */
+static cai_status end_backward(cai_zero_t *z) {
+    z->in_bwd = 0;
+    if (!reduces_now(z)) return CAI_OK;
+    if (!z->cfg.overlap)
+        for (int k = z->L.nb - 1; k >= 0; k--) CAI_CALL(start_reduction(z, k));
+    while (z->fifo_n) CAI_CALL(wait_oldest(z));
+    for (int k = z->L.nb - 1; k >= 0; k--) CAI_CALL(wait_reduction(z, k));
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ planner replay */
+
+static cai_status rt_alloc(cai_zero_t *z) {
+    CAI_CALL(cai_calloc((void **)&z->rt, (size_t)z->L.nb + 1, sizeof *z->rt, "ZeRO bucket state"));
+    CAI_CALL(cai_calloc((void **)&z->fifo, (size_t)z->L.nb + 1, sizeof *z->fifo, "ZeRO reduction queue"));
+    for (int k = 0; k < z->L.nb; k++) z->rt[k].pwin = z->rt[k].gwin = -1;
+    return CAI_OK;
+}
+
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, size_t *peak) {
+    *peak = 0;
+    if (L->stage < 2) return CAI_OK;
+    cai_zero_t z;
+    memset(&z, 0, sizeof z);
+    z.dry = 1;
+    z.L = *L; /* borrowed: never freed here */
+    z.act_size = act_size;
+    z.cfg.overlap = 1;
+    z.cfg.prefetch = prefetch;
+    z.in_step = 1;
+    z.n_micro = 1;
+    cai_status st = CAI_OK;
+    CAI_CALL_GOTO(rt_alloc(&z), st, done);
+    /* The event order of cai_model_forward / cai_model_backward. */
+    for (int u = 0; u < L->n_units; u++) {
+        CAI_CALL_GOTO(on_event(&z, CAI_MODEL_PRE_FORWARD, u), st, done);
+        CAI_CALL_GOTO(on_event(&z, CAI_MODEL_POST_FORWARD, u), st, done);
+    }
+    z.in_bwd = 1;
+    for (int u = L->n_units - 1; u >= 0; u--) {
+        CAI_CALL_GOTO(on_event(&z, CAI_MODEL_PRE_BACKWARD, u), st, done);
+        CAI_CALL_GOTO(on_event(&z, CAI_MODEL_POST_BACKWARD, u), st, done);
+    }
+    CAI_CALL_GOTO(end_backward(&z), st, done);
+    *peak = z.pool.total;
+done:
+    zp_free(&z.pool);
+    cai_free(z.rt);
+    cai_free(z.fifo);
+    return st;
+}
+
+/* ------------------------------------------------------------ working weights */
+
+/* dst (act dtype) = the masters rounded through the working dtype, as the
+ * model's own refresh does (F32 -> param dtype RNE -> act dtype). */
+static cai_status round_masters(cai_zero_t *z, cai_device_t *dev, void *dst, const float *src, void *lp, size_t n) {
+    cai_tensor d = vec(dev, dst, z->act, 0, n), s = vec(dev, (void *)src, CAI_DTYPE_F32, 0, n);
+    if (z->pdt == CAI_DTYPE_F32 || z->pdt == z->act) {
+        CAI_CALL(dev->ops->copy(dev, &d, &s));
+        return CAI_OK;
+    }
+    cai_tensor l = vec(dev, lp, z->pdt, 0, n);
+    CAI_CALL(dev->ops->copy(dev, &l, &s));
+    CAI_CALL(dev->ops->copy(dev, &d, &l));
+    return CAI_OK;
+}
+
+/* Every working weight from the masters: stage 0 through the model; stage
+ * >= 1 this rank's chunks, then (1/2) an all-gather of every bucket. */
+static cai_status publish(cai_zero_t *z) {
+    const zl_layout *L = &z->L;
+    if (L->stage == 0) {
+        if (z->cfg.offload) {
+            cai_tensor mp;
+            cai_model_flat(z->model, &mp, NULL, NULL);
+            CAI_CALL(cai_device_copy(z->dev, mp.data, z->M, L->n_flat * sizeof(float), kind_of(z->dev, z->hdev)));
+        }
+        CAI_CALL(cai_model_params_updated(z->model));
+        return CAI_OK;
+    }
+    /* Rounded shard: straight into the stage 3 shard, else into staging. */
+    cai_device_t *rd = sdev(z);
+    void *shard = z->cfg.offload ? z->Wh : L->stage == 3 ? z->W : NULL;
+    if (!shard) {
+        for (int k = 0; k < L->nb; k++) {
+            const zl_bucket *b = &L->b[k];
+            void *own = at(z->W, b->elo + (size_t)L->srank * b->chunk, z->act_size);
+            void *lp = z->LP ? at(z->LP, b->soff, cai_dtype_size(z->pdt)) : NULL;
+            CAI_CALL(round_masters(z, rd, own, z->M + b->soff, lp, b->chunk));
+        }
+    } else {
+        CAI_CALL(round_masters(z, rd, shard, z->M, z->LP, L->shard));
+        if (z->cfg.offload) {
+            if (L->stage == 3) {
+                CAI_CALL(cai_device_copy(z->dev, z->W, z->Wh, L->shard * z->act_size, kind_of(z->dev, z->hdev)));
+            } else {
+                for (int k = 0; k < L->nb; k++) {
+                    const zl_bucket *b = &L->b[k];
+                    CAI_CALL(cai_device_copy(z->dev, at(z->W, b->elo + (size_t)L->srank * b->chunk, z->act_size),
+                                             at(z->Wh, b->soff, z->act_size), b->chunk * z->act_size,
+                                             kind_of(z->dev, z->hdev)));
+                }
+            }
+        }
+    }
+    if (L->stage == 3) return CAI_OK;
+    CAI_CALL(cai_device_sync(z->dev));
+    for (int k = 0; k < L->nb; k++)
+        CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k,
+                               &z->rt[k].preq));
+    for (int k = 0; k < L->nb; k++) CAI_CALL(zc_wait(&z->comm, &z->rt[k].preq));
+    return CAI_OK;
+}
+
+cai_status cai_zero_state_loaded(cai_zero_t *z) {
+    CAI_CHECK_ARG(z, "cai_zero_state_loaded: NULL engine");
+    CAI_CALL(publish(z));
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ create / free */
+
+/* The masters of this rank's pieces from the registry's layout-invariant
+ * init (stage 0 copies the model's own init). */
+static cai_status init_masters(cai_zero_t *z) {
+    const zl_layout *L = &z->L;
+    cai_device_t *d = sdev(z);
+    if (L->stage == 0) {
+        if (!z->cfg.offload) return CAI_OK;
+        cai_tensor mp;
+        cai_model_flat(z->model, &mp, NULL, NULL);
+        CAI_CALL(cai_device_copy(z->hdev, z->M, mp.data, L->n_flat * sizeof(float), kind_of(z->hdev, z->dev)));
+        return CAI_OK;
+    }
+    CAI_CALL(fill0(d, z->M, CAI_DTYPE_F32, L->shard));
+    float *tmp = NULL;
+    cai_status st = CAI_OK;
+    if (L->max_param_numel)
+        CAI_CALL(cai_device_alloc_staging(z->dev, L->max_param_numel * sizeof(float), "ZeRO init staging",
+                                          (void **)&tmp));
+    const cai_registry_t *reg = cai_model_registry(z->model);
+    const cai_model_config *mc = cai_model_config_of(z->model);
+    int last = -1;
+    for (int s = 0; s < L->nseg; s++) {
+        const zl_seg *g = &L->seg[s];
+        if (g->index != last) {
+            CAI_CALL_GOTO(cai_registry_init_local(reg, g->index, cai_model_view(z->model), mc->seed, tmp,
+                                                  L->max_param_numel), st, done);
+            last = g->index;
+        }
+        CAI_CALL_GOTO(cai_device_copy(d, z->M + g->soff, tmp + g->poff, g->n * sizeof(float),
+                                      d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D), st, done);
+    }
+done:
+    cai_device_dealloc_staging(z->dev, tmp);
+    return st;
+}
+
+static cai_status alloc_storage(cai_zero_t *z) {
+    const zl_layout *L = &z->L;
+    int offload = z->cfg.offload;
+    size_t S = L->shard, es = z->act_size;
+    if (offload) {
+        size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;
+        if (L->stage >= 1) need += S * es;
+        if (z->pdt != CAI_DTYPE_F32 && z->pdt != z->act) need += S * cai_dtype_size(z->pdt);
+        CAI_CALL(cai_arena_init(&z->harena, need, "ZeRO offload arena"));
+        z->mem_host = need;
+    }
+    if (L->stage == 0) {
+        cai_tensor mp, mg;
+        cai_model_flat(z->model, &mp, &mg, NULL);
+        z->GS = mg.data;
+        if (!offload) z->M = mp.data;
+    } else {
+        CAI_CALL(dev_alloc(z, (L->stage == 3 ? S : L->n_pad) * es, "ZeRO working weights", &z->mem_params, &z->W));
+        CAI_CALL(fill0(z->dev, z->W, z->act, L->stage == 3 ? S : L->n_pad));
+        if (L->stage == 1) {
+            CAI_CALL(dev_alloc(z, L->n_pad * sizeof(float), "ZeRO gradients", &z->mem_grads, (void **)&z->G));
+            CAI_CALL(fill0(z->dev, z->G, CAI_DTYPE_F32, L->n_pad));
+        }
+        CAI_CALL(dev_alloc(z, S * sizeof(float), "ZeRO gradient shard", &z->mem_grads, (void **)&z->GS));
+        CAI_CALL(fill0(z->dev, z->GS, CAI_DTYPE_F32, S));
+    }
+    if (offload || L->stage >= 1)
+        CAI_CALL(state_alloc(z, S * sizeof(float), "ZeRO master weights", &z->mem_master, (void **)&z->M));
+    CAI_CALL(state_alloc(z, S * sizeof(float), "AdamW first moment", &z->mem_optim, (void **)&z->Mm));
+    CAI_CALL(state_alloc(z, S * sizeof(float), "AdamW second moment", &z->mem_optim, (void **)&z->Mv));
+    CAI_CALL(fill0(sdev(z), z->Mm, CAI_DTYPE_F32, S));
+    CAI_CALL(fill0(sdev(z), z->Mv, CAI_DTYPE_F32, S));
+    if (offload) {
+        CAI_CALL(state_alloc(z, S * sizeof(float), "ZeRO host gradient shard", &z->mem_staging, (void **)&z->GSh));
+        if (L->stage >= 1) CAI_CALL(state_alloc(z, S * es, "ZeRO host weight shard", &z->mem_staging, &z->Wh));
+    }
+    if (L->stage >= 1 && z->pdt != CAI_DTYPE_F32 && z->pdt != z->act)
+        CAI_CALL(state_alloc(z, S * cai_dtype_size(z->pdt), "ZeRO rounding scratch", &z->mem_staging, &z->LP));
+    CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
+    return CAI_OK;
+}
+
+static cai_status make_pieces(cai_zero_t *z) {
+    CAI_CALL(cai_calloc((void **)&z->pieces, (size_t)z->L.nseg + 1, sizeof *z->pieces, "ZeRO pieces"));
+    for (int s = 0; s < z->L.nseg; s++) {
+        const zl_seg *g = &z->L.seg[s];
+        z->pieces[s] = (cai_zero_piece){g->index, g->poff, g->soff, g->n};
+    }
+    int maxnp = 1;
+    for (int u = 0; u < z->L.n_units; u++)
+        if (z->L.unit_np[u] > maxnp) maxnp = z->L.unit_np[u];
+    CAI_CALL(cai_calloc((void **)&z->hook_idx, (size_t)maxnp, sizeof *z->hook_idx, "ZeRO hook indices"));
+    CAI_CALL(cai_calloc((void **)&z->hook_grads, (size_t)maxnp, sizeof *z->hook_grads, "ZeRO hook views"));
+    return CAI_OK;
+}
+
+static cai_status build_layout(cai_zero_t *z) {
+    cai_model_t *m = z->model;
+    int nu = cai_model_unit_count(m), np = cai_registry_count(cai_model_registry(m));
+    int **units = NULL, *cnt = NULL;
+    cai_status st = CAI_OK;
+    CAI_CALL(cai_calloc((void **)&units, (size_t)nu + 1, sizeof *units, "ZeRO units"));
+    CAI_CALL_GOTO(cai_calloc((void **)&cnt, (size_t)nu + 1, sizeof *cnt, "ZeRO units"), st, done);
+    for (int u = 0; u < nu; u++) {
+        CAI_CALL_GOTO(cai_calloc((void **)&units[u], (size_t)np + 1, sizeof **units, "ZeRO unit"), st, done);
+        cnt[u] = cai_model_unit_params(m, u, units[u], np);
+    }
+    int dp = cai_mesh_size(z->mesh, CAI_AXIS_DP), r = cai_mesh_rank(z->mesh, CAI_AXIS_DP);
+    CAI_CALL_GOTO(zl_build(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units, cnt,
+                           z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20),
+                  st, done);
+    if (z->L.stage == 0 && z->L.n_pad != z->L.n_flat)
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)",
+                       z->L.n_pad, z->L.n_flat);
+done:
+    zl_units_free(nu, units, cnt);
+    return st;
+}
+
+cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, const cai_zero_config *cfg) {
+    CAI_CHECK_ARG(out && mesh && m && cfg, "cai_zero_create: NULL argument");
+    *out = NULL;
+    CAI_CALL(cai_zero_config_check(cfg));
+    if ((cfg->stage >= 1) != (cai_model_external_params(m) != 0))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "ZeRO stage %d needs a model created with external_params=%d (it was "
+                         "created with %d): set the model options with cai_zero_model_options", cfg->stage,
+                         cfg->stage >= 1, cai_model_external_params(m));
+    cai_zero_t *z = NULL;
+    CAI_CALL(cai_calloc((void **)&z, 1, sizeof *z, "ZeRO engine"));
+    cai_status st = CAI_OK;
+    z->cfg = *cfg;
+    z->mesh = mesh;
+    z->model = m;
+    z->dev = cai_model_device(m);
+    const cai_model_config *mc = cai_model_config_of(m);
+    z->act = mc->act_dtype;
+    z->pdt = mc->param_dtype;
+    z->act_size = cai_dtype_size(z->act);
+    z->comm = (zc_ctx){.mesh = mesh, .dev = z->dev, .comm = cai_mesh_comm(mesh, CAI_AXIS_DP),
+                       .size = cai_mesh_size(mesh, CAI_AXIS_DP), .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
+                       .host = z->dev->kind == CAI_DEVICE_HOST, .timeout_s = cfg->timeout_s};
+    z->pool.dev = z->dev;
+    if (cfg->offload) {
+        if (z->dev->kind == CAI_DEVICE_HOST) {
+            z->hdev = z->dev;
+        } else {
+            CAI_CALL_GOTO(cai_device_init(&z->hdev, CAI_DEVICE_HOST, 0, cfg->host_threads), st, fail);
+            z->own_hdev = 1;
+        }
+    }
+    CAI_CALL_GOTO(build_layout(z), st, fail);
+    CAI_CALL_GOTO(rt_alloc(z), st, fail);
+    CAI_CALL_GOTO(make_pieces(z), st, fail);
+    CAI_CALL_GOTO(alloc_storage(z), st, fail);
+    CAI_CALL_GOTO(init_masters(z), st, fail);
+    if (z->L.stage == 1 || z->L.stage == 2)
+        for (int i = 0; i < z->L.n_params; i++) {
+            if (z->L.offsets[i] == SIZE_MAX) continue;
+            CAI_CALL_GOTO(cai_model_bind_param(m, i, at(z->W, z->L.eoff[i], z->act_size),
+                                               z->L.stage == 1 ? z->G + z->L.eoff[i] : NULL), st, fail);
+        }
+    CAI_CALL_GOTO(publish(z), st, fail);
+    cai_model_set_hook(m, hook, z);
+    *out = z;
+    return CAI_OK;
+fail:
+    cai_zero_free(z);
+    return st;
+}
+
+void cai_zero_free(cai_zero_t *z) {
+    if (!z) return;
+    if (z->rt) {
+        for (int k = 0; k < z->L.nb; k++) {
+            if (z->rt[k].greq.kind != ZC_NONE) zc_wait(&z->comm, &z->rt[k].greq);
+            if (z->rt[k].preq.kind != ZC_NONE) zc_wait(&z->comm, &z->rt[k].preq);
+        }
+        cai_error_clear();
+    }
+    if (z->model) {
+        cai_model_set_hook(z->model, NULL, NULL);
+        if (cai_model_external_params(z->model))
+            for (int i = 0; i < z->L.n_params; i++)
+                if (z->L.offsets && z->L.offsets[i] != SIZE_MAX) cai_model_bind_param(z->model, i, NULL, NULL);
+    }
+    zp_free(&z->pool);
+    if (z->dev) {
+        cai_device_dealloc(z->dev, z->W);
+        cai_device_dealloc(z->dev, z->G);
+        if (z->L.stage >= 1) cai_device_dealloc(z->dev, z->GS);
+        if (!z->cfg.offload) {
+            if (z->L.stage >= 1) cai_device_dealloc(z->dev, z->M);
+            cai_device_dealloc(z->dev, z->Mm);
+            cai_device_dealloc(z->dev, z->Mv);
+            cai_device_dealloc(z->dev, z->LP);
+        }
+        cai_device_dealloc(z->dev, z->acc);
+    }
+    if (z->harena.base) cai_arena_free(&z->harena);
+    if (z->own_hdev) cai_device_free(z->hdev);
+    zl_free(&z->L);
+    cai_free(z->rt);
+    cai_free(z->fifo);
+    cai_free(z->pieces);
+    cai_free(z->hook_idx);
+    cai_free(z->hook_grads);
+    cai_free(z);
+}
+
+/* ------------------------------------------------------------ the step */
+
+cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                     float grad_scale, double *loss) {
+    CAI_CHECK_ARG(z && tokens && targets, "cai_zero_forward_backward: NULL argument");
+    CAI_CHECK_ARG(n_micro >= 1, "cai_zero_forward_backward: n_micro=%d must be >= 1", n_micro);
+    CAI_CHECK_ARG(isfinite(grad_scale) && grad_scale > 0, "cai_zero_forward_backward: grad_scale %g must be > 0",
+                  (double)grad_scale);
+    cai_model_t *m = z->model;
+    int first = 0, last = 0, B = 0, T = 0;
+    cai_model_stage(m, NULL, NULL, &first, &last);
+    if (!first || !last)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_zero_forward_backward runs whole models; this model is one "
+                         "pipeline stage (the pipeline executor drives ZeRO per stage)");
+    cai_model_shape(m, &B, &T);
+    size_t per = (size_t)B * (size_t)T;
+    const zl_layout *L = &z->L;
+    if (L->stage == 0) CAI_CALL(cai_model_zero_grad(m));
+    if (L->stage == 1) CAI_CALL(fill0(z->dev, z->G, CAI_DTYPE_F32, L->n_pad));
+    const float w = grad_scale / ((float)n_micro * (float)z->comm.size);
+    double sum = 0;
+    z->in_step = 1;
+    z->n_micro = n_micro;
+    cai_status st = CAI_OK;
+    for (int k = 0; k < n_micro; k++) {
+        z->micro = k;
+        float l = 0;
+        CAI_CALL_GOTO(cai_model_forward(m, tokens + (size_t)k * per, targets + (size_t)k * per, &l), st, done);
+        z->in_bwd = 1;
+        z->bwd_last_started = 0;
+        CAI_CALL_GOTO(cai_model_backward(m, w), st, done);
+        CAI_CALL_GOTO(end_backward(z), st, done);
+        sum += (double)l;
+    }
+    sum /= n_micro;
+    if (z->comm.size > 1) CAI_CALL_GOTO(cai_allreduce(z->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG),
+                                        st, done);
+    if (loss) *loss = sum;
+done:
+    z->in_step = 0;
+    z->in_bwd = 0;
+    return st;
+}
+
+cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
+    CAI_CHECK_ARG(z && sumsq, "cai_zero_grad_sumsq: NULL argument");
+    cai_device_t *dev = z->dev;
+    cai_tensor acc = cai_tensor_1d(dev, z->acc, CAI_DTYPE_F64, 1);
+    const double zero = 0.0;
+    CAI_CALL(cai_device_copy(dev, z->acc, &zero, sizeof zero,
+                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
+    for (int s = 0; s < z->L.nseg; s++) {
+        const zl_seg *g = &z->L.seg[s];
+        if (!g->norm) continue;
+        cai_tensor t = vec(dev, z->GS, CAI_DTYPE_F32, g->soff, g->n);
+        CAI_CALL(dev->ops->sumsq(dev, &acc, &t));
+    }
+    double v = 0;
+    CAI_CALL(cai_device_copy(dev, &v, z->acc, sizeof v, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    /* Each element lives in one shard: the dp sum is the job's (stage 0
+     * holds identical full gradients everywhere, so its local sum is). */
+    if (z->L.stage >= 1 && z->comm.size > 1)
+        CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    *sumsq = v;
+    return CAI_OK;
+}
+
+cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
+    CAI_CHECK_ARG(z && p_in, "cai_zero_step: NULL argument");
+    CAI_CHECK_ARG(isfinite(p_in->grad_scale), "cai_zero_step: grad_scale %g is not finite", (double)p_in->grad_scale);
+    cai_adamw_params p = *p_in;
+    p.step = z->step + 1;
+    const zl_layout *L = &z->L;
+    cai_device_t *d = sdev(z);
+    const float *g = z->GS;
+    if (z->cfg.offload) {
+        CAI_CALL(cai_device_sync(z->dev));
+        CAI_CALL(cai_device_copy(z->hdev, z->GSh, z->GS, L->shard * sizeof(float), kind_of(z->hdev, z->dev)));
+        g = z->GSh;
+    }
+    for (int s = 0; s < L->nseg; s++) {
+        const zl_seg *sg = &L->seg[s];
+        if (!sg->update) continue;
+        cai_tensor w = vec(d, z->M, CAI_DTYPE_F32, sg->soff, sg->n), gr = vec(d, (void *)g, CAI_DTYPE_F32, sg->soff, sg->n);
+        cai_tensor mm = vec(d, z->Mm, CAI_DTYPE_F32, sg->soff, sg->n), vv = vec(d, z->Mv, CAI_DTYPE_F32, sg->soff, sg->n);
+        CAI_CALL(d->ops->adamw(d, &w, &gr, &mm, &vv, NULL, &p, sg->decay));
+    }
+    z->step++;
+    z->stats.steps++;
+    CAI_CALL(publish(z));
+    return CAI_OK;
+}
+
+void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v) {
+    cai_device_t *d = sdev(z);
+    if (master) *master = vec(d, z->M, CAI_DTYPE_F32, 0, z->L.shard);
+    if (m) *m = vec(d, z->Mm, CAI_DTYPE_F32, 0, z->L.shard);
+    if (v) *v = vec(d, z->Mv, CAI_DTYPE_F32, 0, z->L.shard);
+}
+
+cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out) {
+    CAI_CHECK_ARG(z && out, "cai_zero_gather_param: NULL argument");
+    const zl_layout *L = &z->L;
+    CAI_CHECK_ARG(index >= 0 && index < L->n_params && L->offsets[index] != SIZE_MAX,
+                  "cai_zero_gather_param: parameter %d is not held by this rank", index);
+    const cai_param_info *info = cai_registry_param(cai_model_registry(z->model), index);
+    if (info->tie_primary != index && L->offsets[info->tie_primary] != SIZE_MAX) index = info->tie_primary;
+    size_t n = L->numel[index];
+    cai_device_t *d = sdev(z);
+    cai_copy_kind k = d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H;
+    if (L->stage == 0) {
+        CAI_CALL(cai_device_copy(d, out, z->M + L->offsets[index], n * sizeof(float), k));
+        return CAI_OK;
+    }
+    memset(out, 0, n * sizeof(float));
+    for (int s = 0; s < L->nseg; s++) {
+        const zl_seg *g = &L->seg[s];
+        if (g->index == index) CAI_CALL(cai_device_copy(d, out + g->poff, z->M + g->soff, g->n * sizeof(float), k));
+    }
+    /* Exactly one rank contributes each element (the others add zeros). */
+    if (z->comm.size > 1) CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));
+    return CAI_OK;
+}
+
+void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out) {
+    memset(out, 0, sizeof *out);
+    size_t mp = 0, ma = 0;
+    cai_model_memory(z->model, &mp, &ma);
+    out->stage = z->L.stage;
+    out->offload = z->cfg.offload;
+    out->dp = z->comm.size;
+    out->n_flat = z->L.n_pad;
+    out->acts = ma;
+    if (z->L.stage == 0) {
+        /* The model's buffers: F32 masters and gradients plus working
+         * copies; with offload the device masters are only a working copy. */
+        size_t n4 = z->L.n_flat * sizeof(float);
+        out->grads = n4;
+        out->params = mp - 2 * n4 + (z->cfg.offload ? n4 : 0);
+        out->master = z->cfg.offload ? 0 : n4;
+    } else {
+        out->params = z->mem_params;
+        out->grads = z->mem_grads;
+    }
+    out->master += z->mem_master;
+    out->optim = z->mem_optim;
+    out->staging = z->mem_staging;
+    out->windows = z->pool.total;
+    out->host = z->cfg.offload ? z->mem_master + z->mem_optim + z->mem_staging : 0;
+    out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts -
+                  out->host;
+}

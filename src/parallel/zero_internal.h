@@ -1,0 +1,138 @@
+/* ZeRO internals shared by the engine (zero.c), its collectives
+ * (zero_comm.c), the layout (zero_layout.c) and the memory planner
+ * (planner.c), which replays the engine's window schedule without memory. */
+#ifndef COLOSSAL_ZERO_INTERNAL_H
+#define COLOSSAL_ZERO_INTERNAL_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colossal/parallel.h"
+
+#define ZL_MAX_UNIT_BUCKETS 4 /* buckets one unit reads: its own, plus a tied embedding's */
+#define ZERO_MAX_INFLIGHT 1   /* stage 2/3 gradient reductions left in flight while the next unit runs */
+
+/* A bucket: whole units' parameters, a contiguous range of the model's flat
+ * layout, padded so every dp rank owns one chunk of it. */
+typedef struct {
+    size_t lo, hi;     /* model flat range [lo, hi) */
+    size_t elo;        /* start in the engine's padded layout */
+    size_t len;        /* padded length, a multiple of nshard * align */
+    size_t chunk;      /* len / nshard */
+    size_t soff;       /* this rank's chunk in the shard buffers */
+    int unit_lo, unit_hi; /* home units it holds: gradients final after unit_lo's backward */
+} zl_bucket;
+
+/* A run of one parameter inside this rank's shard, with what the optimizer
+ * needs to know about it. */
+typedef struct {
+    int index;
+    size_t poff;   /* offset inside the parameter's local elements */
+    size_t soff;   /* offset in the shard buffers */
+    size_t eoff;   /* offset in the engine layout */
+    size_t n;
+    int decay;     /* registry weight-decay flag */
+    int update;    /* 0: a tie copy whose primary is held here (it is never read) */
+    int norm;      /* counts toward the global gradient norm */
+} zl_seg;
+
+typedef struct {
+    int n_params;
+    size_t *offsets; /* model flat layout, SIZE_MAX when not held */
+    size_t *numel;   /* local elements, 0 when not held */
+    size_t *eoff;    /* engine layout, SIZE_MAX when not held */
+    int *home;       /* unit whose backward finishes the gradient, -1 when not held */
+    int *bucket_of;  /* -1 when not held */
+    int n_units;
+    int *unit_np;    /* parameters each unit reads */
+    int **unit_params;
+    int *unit_nb;    /* buckets each unit reads */
+    int (*unit_buckets)[ZL_MAX_UNIT_BUCKETS];
+    zl_bucket *b;
+    int nb;
+    zl_seg *seg;
+    int nseg;
+    size_t n_flat;   /* model flat elements */
+    size_t n_pad;    /* engine layout elements (sum of bucket lengths) */
+    size_t shard;    /* this rank's shard elements (sum of chunks) */
+    size_t align;
+    int nshard, srank, stage;
+    size_t max_param_numel;
+} zl_layout;
+
+/* units[u] lists the registry indices unit u reads (registration order). */
+cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
+                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes);
+void zl_free(zl_layout *L);
+/* The units a model with this view would report (cai_model_unit_params),
+ * derived from the registry alone, for planning before a model exists.
+ * *units_out / *np_out are allocated (free with zl_units_free). */
+cai_status zl_units_from_registry(const cai_registry_t *reg, const cai_rank_view *view, int *n_units,
+                                  int ***units_out, int **np_out);
+void zl_units_free(int n_units, int **units, int *np);
+
+/* An exact-size block cache for windows: blocks are never returned to the
+ * device until the pool is freed, so its total is the window high-water
+ * mark, and a dry pool (no memory) reproduces it for the planner. */
+typedef struct {
+    size_t bytes;
+    void *ptr;
+    int used;
+} zp_block;
+
+typedef struct {
+    zp_block *blk;
+    int n, cap;
+    size_t total;
+    cai_device_t *dev; /* NULL: dry */
+} zpool;
+
+cai_status zp_get(zpool *p, size_t bytes, int *handle);
+void zp_put(zpool *p, int handle);
+void *zp_ptr(const zpool *p, int handle);
+void zp_free(zpool *p);
+
+/* ---- collectives of the engine (zero_comm.c) */
+
+/* One in-flight engine collective: a cai_request (all-reduce), an MPI
+ * request (host reduce-scatter / all-gather over the dp communicator, which
+ * the cluster layer has no non-blocking form of yet), or nothing (done). */
+typedef struct {
+    int kind; /* ZC_NONE, ZC_CAI, ZC_MPI */
+    cai_request_t *creq;
+    MPI_Request mreq;
+    const char *what;
+    int bucket;
+} zc_req;
+
+enum { ZC_NONE = 0, ZC_CAI, ZC_MPI };
+
+typedef struct {
+    cai_mesh_t *mesh;
+    cai_device_t *dev; /* where the buffers live */
+    MPI_Comm comm;   /* the dp axis */
+    int size, rank;
+    int host;        /* buffers are host memory: MPI non-blocking; else blocking device collectives */
+    double timeout_s;
+    double bytes;    /* sent, algorithm bytes */
+} zc_ctx;
+
+/* Sum `count` F32 elements of buf over dp, in place. */
+cai_status zc_allreduce_sum(zc_ctx *c, float *buf, size_t count, int bucket, zc_req *r);
+/* send holds size * chunk F32; rank r's reduced block lands in recv (chunk). */
+cai_status zc_reduce_scatter_sum(zc_ctx *c, const float *send, float *recv, size_t chunk, int bucket, zc_req *r);
+/* buf holds size * chunk elements of dtype; this rank's block is already in place. */
+cai_status zc_all_gather(zc_ctx *c, void *buf, size_t chunk, cai_dtype dtype, int bucket, zc_req *r);
+cai_status zc_wait(zc_ctx *c, zc_req *r);
+/* Lets MPI move in-flight host operations along (no async progress thread). */
+void zc_progress(zc_ctx *c, zc_req *reqs, int n);
+
+/* ---- the planner's replay of the window schedule (zero.c) */
+
+/* Peak bytes the engine's window pool reaches over one microbatch's forward
+ * and backward (stage 2: gradient windows; stage 3: weight and gradient
+ * windows), for working weights of `act_size` bytes. */
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, size_t *peak);
+
+#endif

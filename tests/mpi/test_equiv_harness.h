@@ -1,0 +1,254 @@
+/* The equivalence harness: train a tiny model N steps on one rank with the
+ * plain single-process step (cai_train_step, no engine) and again under a
+ * data-parallel / ZeRO layout over a communicator, then compare the loss of
+ * every step, the global gradient norm and the parameters after N steps.
+ * Each layout's rows add to the matrix in tests/mpi/test_equiv.c; other
+ * dimensions (tp, pp, ...) add their own layouts to the same harness. */
+#ifndef TEST_EQUIV_HARNESS_H
+#define TEST_EQUIV_HARNESS_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colossal/model.h"
+#include "colossal/optim.h"
+#include "colossal/parallel.h"
+
+#define EQ_MAX_STEPS 8
+
+typedef struct {
+    cai_model_family family;
+    int steps;        /* N */
+    int global_batch; /* sequences per step over all ranks */
+    int T;
+    int dp, stage, offload, grad_accum;
+    size_t bucket_bytes;
+    cai_dtype param_dtype;
+    int recompute;
+    int hysteresis;   /* f16 rows: loss-scale hysteresis */
+    int layers;       /* 0: 2 */
+} eq_row;
+
+typedef struct {
+    double loss[EQ_MAX_STEPS];
+    double norm[EQ_MAX_STEPS];
+    float scale[EQ_MAX_STEPS];
+    int skipped[EQ_MAX_STEPS];
+    float *params; /* every held parameter's F32 values, registration order */
+    size_t n;
+} eq_result;
+
+static inline void eq_result_free(eq_result *r) {
+    free(r->params);
+    r->params = NULL;
+}
+
+static inline cai_model_config eq_model_config(const eq_row *row) {
+    cai_model_config c = cai_model_config_default(row->family);
+    c.vocab_size = 61;
+    c.vocab_multiple = 16;
+    c.n_layers = row->layers ? row->layers : 2;
+    c.d_model = 32;
+    c.n_heads = 4;
+    c.n_kv_heads = row->family == CAI_MODEL_LLAMA ? 2 : 4;
+    c.ffn_hidden = row->family == CAI_MODEL_LLAMA ? 64 : 0;
+    c.max_seq_len = row->T;
+    c.seed = 20240601;
+    c.param_dtype = row->param_dtype;
+    c.activation_checkpointing = row->recompute;
+    return c;
+}
+
+static inline cai_adamw_config eq_adamw(void) {
+    cai_adamw_config o = cai_adamw_config_default();
+    o.schedule.lr = 1e-2f;
+    o.schedule.warmup_steps = 2;
+    o.weight_decay = 0.1f;
+    o.grad_clip = 0.5f; /* active at these norms: clipping is part of what must match */
+    return o;
+}
+
+/* Token and next-token target of sequence `s` (global index) of step
+ * `step`: a function of the indices only, so any split of the batch sees the
+ * same data. */
+static inline void eq_sequence(const eq_row *row, int step, int s, int32_t *tok, int32_t *tgt) {
+    uint64_t id = (uint64_t)step * 1000 + (uint64_t)s;
+    for (int t = 0; t < row->T; t++) tok[t] = (int32_t)(cai_rng_uniform(91, id, (uint64_t)t) * 61) % 61;
+    for (int t = 0; t < row->T; t++)
+        tgt[t] = t + 1 < row->T ? tok[t + 1] : (int32_t)(cai_rng_uniform(92, id, 0) * 61) % 61;
+}
+
+static inline cai_status eq_collect_model(cai_model_t *m, eq_result *out) {
+    const cai_registry_t *reg = cai_model_registry(m);
+    size_t n = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) n += cai_registry_param(reg, i)->numel;
+    out->params = calloc(n, sizeof(float));
+    if (!out->params) return CAI_ERROR(CAI_ERR_NOMEM, "harness: params");
+    out->n = n;
+    size_t pos = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        cai_tensor w;
+        CAI_CALL(cai_model_param(m, cai_registry_param(reg, i)->name, &w, NULL));
+        memcpy(out->params + pos, w.data, (size_t)cai_tensor_numel(&w) * sizeof(float));
+        pos += (size_t)cai_tensor_numel(&w);
+    }
+    return CAI_OK;
+}
+
+/* The reference: one process, the whole global batch as one microbatch,
+ * cai_train_step (no engine, no mesh). Not collective. */
+static inline cai_status eq_run_reference(const eq_row *row, eq_result *out) {
+    memset(out, 0, sizeof *out);
+    cai_device_t *dev = NULL;
+    cai_model_t *m = NULL;
+    cai_optim_t *o = NULL;
+    cai_status st = CAI_OK;
+    int G = row->global_batch, T = row->T;
+    int32_t *tok = malloc((size_t)G * T * sizeof *tok), *tgt = malloc((size_t)G * T * sizeof *tgt);
+    cai_model_config c = eq_model_config(row);
+    cai_model_options mo = cai_model_options_default(&c);
+    mo.batch = G;
+    mo.seq_len = T;
+    cai_adamw_config oc = eq_adamw();
+    CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
+    CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
+    CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    for (int step = 0; step < row->steps; step++) {
+        for (int s = 0; s < G; s++) eq_sequence(row, step, s, tok + (size_t)s * T, tgt + (size_t)s * T);
+        cai_step_stats ss;
+        CAI_CALL_GOTO(cai_train_step(m, o, tok, tgt, 1, &ss), st, done);
+        out->loss[step] = ss.loss;
+        out->norm[step] = ss.grad_norm;
+        out->scale[step] = 1.0f;
+    }
+    CAI_CALL_GOTO(eq_collect_model(m, out), st, done);
+done:
+    free(tok);
+    free(tgt);
+    cai_optim_free(o);
+    cai_model_free(m);
+    cai_device_free(dev);
+    return st;
+}
+
+typedef cai_status (*eq_setup_fn)(void *ctx, cai_zero_t *z);
+
+/* The same training under `row`'s layout over `comm` (dp = its size).
+ * setup (may be NULL) sees the engine before the first step (hooks).
+ * Collective over comm. */
+static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setup_fn setup, void *setup_ctx,
+                                       eq_result *out) {
+    memset(out, 0, sizeof *out);
+    int dp = 0, rank = 0;
+    MPI_Comm_size(comm, &dp);
+    MPI_Comm_rank(comm, &rank);
+    int G = row->global_batch, T = row->T, ga = row->grad_accum;
+    if (G % (dp * ga) != 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "harness: global batch %d does not split over dp %d x accum %d", G, dp,
+                         ga);
+    int B = G / (dp * ga), local = B * ga, first_seq = rank * local;
+    cai_device_t *dev = NULL;
+    cai_mesh_t *mesh = NULL;
+    cai_model_t *m = NULL;
+    cai_zero_t *z = NULL;
+    cai_status st = CAI_OK;
+    int32_t *tok = malloc((size_t)local * T * sizeof *tok), *tgt = malloc((size_t)local * T * sizeof *tgt);
+    cai_mesh_config mc;
+    cai_mesh_config_init(&mc);
+    mc.layout = (cai_layout){1, dp, 1, 1, 1, NULL};
+    mc.watchdog_timeout_s = 60;
+    cai_zero_config zc;
+    cai_zero_config_init(&zc);
+    zc.stage = row->stage;
+    zc.offload = row->offload;
+    zc.bucket_bytes = row->bucket_bytes;
+    zc.timeout_s = 60;
+    cai_model_config c = eq_model_config(row);
+    cai_model_options mo = cai_model_options_default(&c);
+    mo.batch = B;
+    mo.seq_len = T;
+    cai_zero_model_options(&zc, &mo);
+    cai_adamw_config oc = eq_adamw();
+    cai_loss_scaler scaler;
+    cai_loss_scale_config lc = cai_loss_scale_config_default();
+    if (row->hysteresis) lc.hysteresis = row->hysteresis;
+    cai_loss_scaler_init(&scaler, &lc);
+    CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
+    CAI_CALL_GOTO(cai_mesh_init(&mesh, comm, &mc), st, done);
+    CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
+    CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
+    if (setup) CAI_CALL_GOTO(setup(setup_ctx, z), st, done);
+    for (int step = 0; step < row->steps; step++) {
+        for (int s = 0; s < local; s++) eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
+        cai_zero_step_stats ss;
+        CAI_CALL_GOTO(cai_train_step_zero(z, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt, ga,
+                                          &ss), st, done);
+        out->loss[step] = ss.loss;
+        out->norm[step] = ss.grad_norm;
+        out->scale[step] = ss.loss_scale;
+        out->skipped[step] = ss.skipped;
+    }
+    const cai_registry_t *reg = cai_model_registry(m);
+    size_t n = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) n += cai_registry_param(reg, i)->numel;
+    out->params = calloc(n, sizeof(float));
+    out->n = n;
+    size_t pos = 0;
+    for (int i = 0; i < cai_registry_count(reg) && out->params; i++) {
+        CAI_CALL_GOTO(cai_zero_gather_param(z, i, out->params + pos), st, done);
+        pos += cai_registry_param(reg, i)->numel;
+    }
+done:
+    free(tok);
+    free(tgt);
+    cai_zero_free(z);
+    cai_model_free(m);
+    if (mesh) cai_mesh_free(mesh);
+    cai_device_free(dev);
+    return st;
+}
+
+/* Compare; on a mismatch write a description into msg and return 0. */
+static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_result *got, double loss_rtol,
+                             double param_atol, char *msg, size_t cap, double *worst_loss, double *worst_param) {
+    *worst_loss = *worst_param = 0;
+    for (int s = 0; s < row->steps; s++) {
+        double rl = fabs(got->loss[s] - ref->loss[s]) / fmax(fabs(ref->loss[s]), 1e-30);
+        double rn = fabs(got->norm[s] - ref->norm[s]) / fmax(fabs(ref->norm[s]), 1e-30);
+        *worst_loss = fmax(*worst_loss, fmax(rl, rn));
+        if (!(rl <= loss_rtol) || !(rn <= loss_rtol)) {
+            snprintf(msg, cap, "step %d: loss %.9g vs %.9g (rel %.3g), grad norm %.9g vs %.9g (rel %.3g)", s + 1,
+                     got->loss[s], ref->loss[s], rl, got->norm[s], ref->norm[s], rn);
+            return 0;
+        }
+    }
+    if (got->n != ref->n || !got->params) {
+        snprintf(msg, cap, "parameter count %zu vs %zu", got->n, ref->n);
+        return 0;
+    }
+    size_t worst = 0;
+    for (size_t i = 0; i < ref->n; i++) {
+        double d = fabs((double)got->params[i] - (double)ref->params[i]);
+        if (!(d <= *worst_param)) {
+            *worst_param = d;
+            worst = i;
+        }
+    }
+    if (!(*worst_param <= param_atol)) {
+        snprintf(msg, cap, "parameters after %d steps: element %zu is %.9g vs %.9g (|diff| %.3g > %.1g)", row->steps,
+                 worst, got->params[worst], ref->params[worst], *worst_param, param_atol);
+        return 0;
+    }
+    return 1;
+}
+
+static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s dp=%d stage=%d offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp,
+             r->stage, r->offload, r->grad_accum, r->param_dtype != CAI_DTYPE_F32 ? " " : "",
+             r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
+    return buf;
+}
+
+#endif
