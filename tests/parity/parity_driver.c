@@ -14,7 +14,7 @@
  * and the hyperparameters as __metadata__ strings. Floats are printed with
  * %.9g so the reader recovers the exact float32 values.
  *
- * Usage: parity_driver gpt2|llama OUT.safetensors
+ * Usage: parity_driver gpt2|llama OUT.safetensors [SEED]
  *
  * The parameters are perturbed away from their initialisation (norm weights
  * off one, biases off zero, larger matrices) so that every parameter
@@ -186,8 +186,7 @@ static void make_batch(uint64_t seed, uint64_t batch_id, int vocab, int32_t *tok
     }
 }
 
-static cai_status run(cai_model_family family, const char *path) {
-    const uint64_t seed = 20240611;
+static cai_status run(cai_model_family family, const char *path, uint64_t seed) {
     cai_model_config cfg = cai_model_config_default(family);
     cfg.vocab_size = 97;
     cfg.vocab_multiple = 128;
@@ -332,13 +331,15 @@ done:
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors [SEED]\n", argv[0]);
         return 2;
     }
+    /* The tests use the default seed; others probe how the errors spread. */
+    uint64_t seed = argc == 4 ? strtoull(argv[3], NULL, 10) : 20240611;
     cai_model_family family;
     cai_status st = cai_model_family_parse(argv[1], &family);
-    if (st == CAI_OK) st = run(family, argv[2]);
+    if (st == CAI_OK) st = run(family, argv[2], seed);
     if (st != CAI_OK) {
         cai_error_print(stderr);
         return 1;
