@@ -12,8 +12,11 @@
  * next step boundary. With checkpoint.every a parallel HDF5 checkpoint is
  * written every that many steps, at the end, and when SIGUSR1/SIGTERM (or
  * train.stop_at) stops the run, which then exits with status 3; --resume
- * continues from one, bit for bit on the same layout. See docs/pretrain.md
- * and docs/checkpoint.md. */
+ * continues from one, bit for bit on the same layout. Gradients are reduced
+ * in buckets while the backward runs; zero.stage / zero.offload / precision
+ * shard the state, move it to the host and train in bf16/f16, and the
+ * memory plan is printed (and enforced) before anything is allocated. See
+ * docs/pretrain.md, docs/checkpoint.md and docs/parallel.md. */
 #include "cai_config.h"
 
 #include <math.h>
@@ -21,6 +24,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "colossal/ckpt.h"
 #include "colossal/parallel.h"
@@ -36,6 +40,7 @@ static const char *k_schedules[CAI_LR_KIND_COUNT + 1];
 static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
+static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
 
 #define F(key, type, field, def, doc, ...) {key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL}
 #define E(key, field, def, doc, choices) \
@@ -94,6 +99,25 @@ static const cai_config_field k_fields[] = {
     F("optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1),
     F("optim.weight_decay", CAI_CFG_DOUBLE, weight_decay, "0.1", "decoupled weight decay (matrices only)", 0, 10),
     F("optim.grad_clip", CAI_CFG_DOUBLE, grad_clip, "1.0", "maximum global gradient norm; 0: no clipping", 0, 1e9),
+
+    F("zero.stage", CAI_CFG_INT, zero_stage, "0",
+      "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3),
+    F("zero.offload", CAI_CFG_BOOL, zero_offload, "false",
+      "keep f32 master weights and AdamW moments in host memory and step there", CAI_CFG_NO_RANGE),
+    F("zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",
+      "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6),
+    E("precision", precision, "auto",
+      "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32", k_precisions),
+    F("loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30),
+    F("loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000", "f16: good steps before the scale doubles", 1,
+      1 << 30),
+    F("loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2", "f16: overflows tolerated before the scale halves",
+      1, 1 << 20),
+    F("loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30),
+    F("loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30, 1e30),
+    S("train.mem_limit", mem_limit, "auto",
+      "refuse to start when the memory plan exceeds this per rank (e.g. 3GiB, 800MiB); auto: host RAM / ranks on "
+      "the node (no limit on a GPU); 0: none"),
 
     F("eval.interval", CAI_CFG_INT64, eval_interval, "100", "validate every this many steps and at the end; 0: never",
       0, BIG),
@@ -196,6 +220,94 @@ static cai_adamw_config optim_config(const pt_config *c) {
     return o;
 }
 
+/* ------------------------------------------------------------------ ZeRO, precision, memory plan */
+
+/* Stage 0 without offload keeps the model's own buffers and optimizer (what
+ * checkpoints save); the engine then only reduces the gradient buckets. */
+static cai_zero_config zero_config(const pt_config *c) {
+    cai_zero_config z;
+    cai_zero_config_init(&z);
+    z.stage = c->zero_stage;
+    z.offload = c->zero_offload;
+    z.bucket_bytes = (size_t)(c->zero_bucket_mb * 1048576.0);
+    z.reduce_only = z.stage == 0 && !z.offload;
+    return z;
+}
+
+static cai_status check_zero(const pt_config *c) {
+    if ((c->zero_stage > 0 || c->zero_offload) && (c->ckpt_every > 0 || *c->resume))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "checkpoints (checkpoint.every=%lld, checkpoint.resume='%s') of sharded "
+                         "or offloaded optimizer state (zero.stage=%d, zero.offload=%s) are not supported yet; use "
+                         "zero.stage=0 without offload for checkpointed runs", (long long)c->ckpt_every, c->resume,
+                         c->zero_stage, c->zero_offload ? "true" : "false");
+    cai_loss_scale_config l = cai_loss_scale_config_default();
+    l.init_scale = (float)c->ls_init;
+    l.min_scale = (float)c->ls_min;
+    l.max_scale = (float)c->ls_max;
+    CAI_CALL(cai_loss_scale_config_check(&l));
+    return CAI_OK;
+}
+
+/* precision=f32/bf16/f16 sets the working weights; the CPU backend computes
+ * in f32 over them, a GPU in the same dtype. */
+static void apply_precision(const pt_config *c, const cai_device_t *dev, cai_model_config *m) {
+    if (c->precision == PT_PRECISION_AUTO) return;
+    cai_dtype dt = c->precision == PT_PRECISION_BF16 ? CAI_DTYPE_BF16
+                   : c->precision == PT_PRECISION_F16 ? CAI_DTYPE_F16 : CAI_DTYPE_F32;
+    m->param_dtype = dt;
+    m->act_dtype = dev->kind == CAI_DEVICE_HOST ? CAI_DTYPE_F32 : dt;
+}
+
+/* train.mem_limit in bytes: "auto", "0", or a number with an optional
+ * K/M/G/T (KiB...) suffix. */
+static cai_status mem_limit(const pt_config *c, const cai_app *app, const cai_device_t *dev, size_t *out) {
+    *out = 0;
+    if (strcmp(c->mem_limit, "auto") == 0) {
+        if (dev->kind != CAI_DEVICE_HOST) return CAI_OK;
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages > 0 && page > 0) *out = (size_t)pages * (size_t)page / (size_t)(app->local_size ? app->local_size : 1);
+        return CAI_OK;
+    }
+    char *end = NULL;
+    double v = strtod(c->mem_limit, &end);
+    double mul = 1;
+    switch (end && *end ? *end : 0) {
+    case 0: break;
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1048576.0; end++; break;
+    case 'g': case 'G': mul = 1073741824.0; end++; break;
+    case 't': case 'T': mul = 1099511627776.0; end++; break;
+    default: mul = -1;
+    }
+    if (end && (*end == 'i' || *end == 'I')) end++;
+    if (end && (*end == 'b' || *end == 'B')) end++;
+    if (end == c->mem_limit || mul < 0 || (end && *end) || !(v >= 0))
+        return CAI_ERROR(CAI_ERR_CONFIG, "train.mem_limit='%s' is not a size (e.g. 3GiB, 800M, 0 for none, auto)",
+                         c->mem_limit);
+    *out = (size_t)(v * mul);
+    return CAI_OK;
+}
+
+/* The memory plan of this layout and precision, printed by rank 0 before
+ * anything is allocated; refused (saying what would fit) over the limit. */
+static cai_status plan_memory(const pt_config *c, const cai_app *app, const cai_device_t *dev,
+                              const cai_model_config *m, int dp, const cai_zero_config *z) {
+    cai_mem_plan_request q = {.model = *m, .batch = c->micro_batch, .seq_len = c->seq_len,
+                              .view = cai_rank_view_single(), .dp = dp, .zero = *z, .dev = dev};
+    cai_mem_plan p;
+    size_t limit = 0;
+    CAI_CALL(cai_mem_plan_compute(&q, &p));
+    CAI_CALL(mem_limit(c, app, dev, &limit));
+    if (app->rank == 0) {
+        cai_mem_plan_print(&p, stdout);
+        if (limit) printf("  limit                        %10.2f MiB  (train.mem_limit=%s)\n", limit / 1048576.0,
+                          c->mem_limit);
+        fflush(stdout);
+    }
+    CAI_CALL(cai_mem_plan_check(&q, &p, limit, 0));
+    return CAI_OK;
+}
+
 /* auto: a GPU per rank (by node-local rank) when this build has CUDA and
  * the node has one, else the host. */
 static cai_status open_device(const pt_config *c, const cai_app *app, cai_device_t **dev) {
@@ -209,47 +321,6 @@ static cai_status open_device(const pt_config *c, const cai_app *app, cai_device
 }
 
 /* ------------------------------------------------------------------ steps */
-
-/* One data-parallel step: this rank's microbatches, the dp mean of the
- * gradients and of the loss, the global norm, clipping and AdamW. Every
- * replica ends with the same weights. Collective over the dp axis. */
-static cai_status dp_train_step(cai_mesh_t *mesh, cai_model_t *m, cai_optim_t *o, const int32_t *tokens,
-                                const int32_t *targets, int n_micro, cai_step_stats *out) {
-    int B = 0, T = 0;
-    cai_model_shape(m, &B, &T);
-    size_t per = (size_t)B * (size_t)T;
-    double loss = 0;
-    cai_timer_begin("pretrain: forward+backward");
-    CAI_CALL(cai_model_zero_grad(m));
-    for (int k = 0; k < n_micro; k++) {
-        float l = 0;
-        CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, targets + (size_t)k * per, &l));
-        CAI_CALL(cai_model_backward(m, 1.0f / (float)n_micro));
-        loss += (double)l / n_micro;
-    }
-    cai_timer_end("pretrain: forward+backward");
-    cai_timer_begin("pretrain: gradient all-reduce");
-    CAI_CALL(cai_dp_allreduce_grads(mesh, m));
-    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, &loss, &loss, 1, CAI_DTYPE_F64, CAI_RED_AVG));
-    cai_timer_end("pretrain: gradient all-reduce");
-    cai_timer_begin("pretrain: optimizer");
-    cai_tensor params, grads, lowp;
-    cai_model_flat(m, &params, &grads, &lowp);
-    double sumsq = 0; /* the gradients are the same on every dp rank now: the local sum is the global one */
-    CAI_CALL(cai_optim_grad_sumsq(o, &grads, &sumsq));
-    double norm = sqrt(sumsq);
-    if (!isfinite(norm) || !isfinite(loss))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "step %lld: loss %g, gradient norm %g is not finite; nothing was updated (lower optim.lr, "
-                         "check the data, or use bf16 over f16)",
-                         (long long)cai_optim_step_count(o) + 1, loss, norm);
-    float lr = 0;
-    CAI_CALL(cai_optim_step(o, &params, &grads, &lowp, cai_clip_coef(norm, cai_optim_config(o)->grad_clip), &lr));
-    CAI_CALL(cai_model_params_updated(m));
-    cai_timer_end("pretrain: optimizer");
-    *out = (cai_step_stats){(float)loss, (float)norm, lr};
-    return CAI_OK;
-}
 
 /* Mean loss over eval.batches global batches of the validation split.
  * Collective over the dp axis. */
@@ -308,7 +379,11 @@ typedef struct {
     cai_mesh_t *mesh;
     cai_device_t *dev;
     cai_model_t *model;
-    cai_optim_t *optim;
+    cai_optim_t *optim;   /* stage 0 without offload; else the engine holds the optimizer state */
+    cai_zero_t *zero;     /* gradient buckets and ZeRO */
+    cai_adamw_config oc;
+    cai_loss_scaler scaler;
+    int scaled;           /* f16: dynamic loss scaling */
     pt_data data;
     pt_report report;
     /* checkpoints */
@@ -405,11 +480,13 @@ static void print_header(const pt_run *r, const pt_config *c, const cai_app *app
     char layout[128];
     cai_layout_str(cai_mesh_layout(r->mesh), layout, sizeof layout);
     uint64_t nparams = cai_registry_global_numel(cai_model_registry(r->model));
-    const cai_adamw_config *oc = cai_optim_config(r->optim);
+    const cai_adamw_config *oc = &r->oc;
     printf("colossal-pretrain %s: %d rank%s on %d node%s, %s, device %s\n", cai_version_string(), app->size,
            app->size == 1 ? "" : "s", app->n_nodes, app->n_nodes == 1 ? "" : "s", layout, r->dev->name);
+    /* Under ZeRO stages >= 1 the engine holds weights and gradients: the memory plan above counts them. */
+    if (cai_model_external_params(r->model)) pbytes = 0;
     printf("model: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d (padded %lld), %s%s: %.2fM "
-           "parameters; per rank %.1f MiB weights+grads, %.1f MiB activations\n",
+           "parameters; per rank %.1f MiB weights+grads in the model, %.1f MiB activations\n",
            cai_model_family_name(mc->family), mc->n_layers, mc->d_model, mc->n_heads, mc->n_kv_heads, mc->ffn_hidden,
            mc->vocab_size, (long long)cai_model_padded_vocab(r->model), mc->tie_embeddings ? "tied" : "untied",
            mc->activation_checkpointing ? ", activation checkpointing" : "", (double)nparams / 1e6,
@@ -428,6 +505,12 @@ static void print_header(const pt_run *r, const pt_config *c, const cai_app *app
            "%.3g TFLOP/s over all ranks (%s)\n",
            r->report.flops_per_token, (double)r->report.matmul_params / 1e6, mc->n_layers, c->seq_len, mc->d_model,
            r->report.peak_flops / 1e12, c->peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
+    cai_zero_stats zs;
+    cai_zero_get_stats(r->zero, &zs);
+    printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB; weights %s, compute %s%s\n", c->zero_stage,
+           c->zero_offload ? " + CPU offload" : "", cai_mesh_size(r->mesh, CAI_AXIS_DP), zs.n_buckets,
+           zs.n_buckets == 1 ? "" : "s", c->zero_bucket_mb, cai_dtype_name(mc->param_dtype),
+           cai_dtype_name(mc->act_dtype), r->scaled ? ", dynamic loss scaling" : "");
     printf("run dir: %s (config.yaml, metrics.jsonl)\n", c->dir);
     if (c->ckpt_every > 0)
         printf("checkpoints: every %lld steps, at the end and on SIGUSR1/SIGTERM, to %s (keeping %d)\n",
@@ -452,8 +535,15 @@ static cai_status train(pt_run *r, const pt_config *c, int64_t *last_step, int *
         cai_timer_begin("pretrain: data");
         CAI_CALL(pt_data_next(&r->data));
         cai_timer_end("pretrain: data");
-        cai_step_stats st;
-        CAI_CALL(dp_train_step(r->mesh, r->model, r->optim, r->data.tokens, r->data.targets, c->grad_accum, &st));
+        cai_zero_step_stats zs;
+        cai_timer_begin("pretrain: step");
+        CAI_CALL(cai_train_step_zero(r->zero, r->optim, &r->oc, r->scaled ? &r->scaler : NULL, r->data.tokens,
+                                     r->data.targets, c->grad_accum, &zs));
+        cai_timer_end("pretrain: step");
+        if (zs.skipped && r->report.rank == 0)
+            printf("step %lld skipped: gradients overflowed at loss scale %g (now %g)\n", (long long)step,
+                   (double)zs.loss_scale, (double)r->scaler.scale);
+        cai_step_stats st = {zs.loss, zs.grad_norm, zs.lr};
         pt_report_step(&r->report, c, step, &st, cai_time_now() - t0);
         *last_step = step;
         r->tokens += r->report.tokens_per_step;
@@ -477,6 +567,7 @@ int main(int argc, char **argv) {
     cai_app_init(&app, &argc, &argv, &k_schema, &cfg, offsetof(pt_config, common));
     cai_layout layout;
     cai_app_check_all(check_layout(&cfg, app.size, &layout), 2);
+    cai_app_check_all(check_zero(&cfg), 2);
     /* The model's shape is checked before any data work; only the
      * vocabulary waits for the tokenizer. */
     cai_model_config model_cfg = model_config(&cfg, cfg.vocab_size > 0 ? cfg.vocab_size : CAI_BYTE_VOCAB), resolved;
@@ -495,14 +586,27 @@ int main(int argc, char **argv) {
     int64_t vocab = 0;
     cai_app_check_all(pt_data_init(&r.data, &cfg, r.mesh, &vocab), 1);
     model_cfg = model_config(&cfg, vocab);
+    apply_precision(&cfg, r.dev, &model_cfg);
     cai_app_check_all(cai_model_config_resolve(&model_cfg, &resolved), 2);
+    cai_zero_config zc = zero_config(&cfg);
+    cai_app_check_all(plan_memory(&cfg, &app, r.dev, &resolved, layout.dp, &zc), 2);
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = cfg.micro_batch;
     mo.seq_len = cfg.seq_len;
+    cai_zero_model_options(&zc, &mo);
     cai_app_check(cai_model_create(&r.model, r.dev, &resolved, &mo));
-    cai_adamw_config oc = optim_config(&cfg);
-    cai_app_check_all(cai_optim_create_for_model(&r.optim, r.model, &oc), 2);
-    cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    r.oc = optim_config(&cfg);
+    if (zc.reduce_only) cai_app_check_all(cai_optim_create_for_model(&r.optim, r.model, &r.oc), 2);
+    cai_app_check(cai_zero_create(&r.zero, r.mesh, r.model, &zc));
+    r.scaled = resolved.param_dtype == CAI_DTYPE_F16 || resolved.act_dtype == CAI_DTYPE_F16;
+    cai_loss_scale_config lsc = cai_loss_scale_config_default();
+    lsc.init_scale = (float)cfg.ls_init;
+    lsc.growth_interval = cfg.ls_window;
+    lsc.hysteresis = cfg.ls_hysteresis;
+    lsc.min_scale = (float)cfg.ls_min;
+    lsc.max_scale = (float)cfg.ls_max;
+    cai_loss_scaler_init(&r.scaler, &lsc);
+    if (zc.reduce_only) cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
     snprintf(r.ckpt_dir, sizeof r.ckpt_dir, "%s%s", *cfg.ckpt_dir ? cfg.ckpt_dir : cfg.dir,
              *cfg.ckpt_dir ? "" : "/checkpoints");
     cai_app_check_all(resume(&r, &cfg), 1);
@@ -524,7 +628,8 @@ int main(int argc, char **argv) {
     int checkpointed = cfg.ckpt_every > 0 && ckpt_stop;
     /* Replicas that drifted apart would make every later step wrong
      * silently; the check costs one pass over the weights. */
-    cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    /* Sharded stages hold one copy of each weight: nothing to compare. */
+    if (!cai_model_external_params(r.model)) cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
     if (app.rank == 0) {
         double tokens = (double)(steps_done - cfg.first_step + 1) * (double)r.report.tokens_per_step;
         if (sig)
@@ -541,12 +646,15 @@ int main(int argc, char **argv) {
         pt_report_json(&r.report, "\"kind\":\"end\",\"status\":\"%s\",\"signal\":%d,\"step\":%lld,\"seconds\":%.3f",
                        sig ? "stopped" : "done", sig, (long long)steps_done, seconds);
         fflush(stdout);
-        if (!sig) cai_app_check(pt_generate(r.model, &r.data.tok, &cfg));
     }
+    /* ZeRO-3 forwards gather weights over dp: every rank decodes then. */
+    if (!sig && (app.rank == 0 || cfg.zero_stage == 3))
+        cai_app_check(pt_generate(r.model, &r.data.tok, &cfg, app.rank == 0));
     if (cai_log_get_level() >= CAI_LOG_DEBUG) cai_timer_report(stderr);
 
     pt_report_free(&r.report);
     cai_optim_free(r.optim);
+    cai_zero_free(r.zero);
     cai_model_free(r.model);
     pt_data_free(&r.data);
     cai_device_free(r.dev);

@@ -47,6 +47,10 @@ typedef struct {
     char *ckpt_dir, *resume;
     int64_t ckpt_every;
     int ckpt_keep;
+    /* ZeRO, precision and the memory plan (docs/parallel.md) */
+    int zero_stage, zero_offload, precision, ls_window, ls_hysteresis;
+    double zero_bucket_mb, ls_init, ls_min, ls_max;
+    char *mem_limit;
     cai_app_common common;
     /* Not a key: the step a resumed run starts from (1 for a fresh run). */
     int64_t first_step;
@@ -58,6 +62,7 @@ typedef struct {
 
 enum { PT_DEVICE_AUTO = 0, PT_DEVICE_CPU = 1, PT_DEVICE_CUDA = 2 };
 enum { PT_TIE_AUTO = 0, PT_TIE_FALSE = 1, PT_TIE_TRUE = 2 };
+enum { PT_PRECISION_AUTO = 0, PT_PRECISION_F32, PT_PRECISION_BF16, PT_PRECISION_F16 };
 
 /* ------------------------------------------------------------------ data
  * (apps/pretrain_data.c) */
@@ -130,8 +135,10 @@ void pt_report_eval(pt_report *r, int64_t step, double loss);
 /* ------------------------------------------------------------------ samples
  * (apps/pretrain_generate.c) */
 
-/* Rank 0 only (not collective): greedy continuations of cfg->prompts,
- * printed to stdout. Uses the model's (B, T) buffers. */
-cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg);
+/* Greedy continuations of cfg->prompts, printed to stdout when `print`.
+ * Uses the model's (B, T) buffers. Not collective by itself, but a ZeRO-3
+ * model gathers each layer over dp in its forward: then every dp rank runs
+ * it (the same greedy tokens everywhere) and one prints. */
+cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, int print);
 
 #endif

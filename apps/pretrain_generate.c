@@ -31,7 +31,7 @@ static cai_status next_token(cai_model_t *m, int64_t pos, float *row, void *raw,
 }
 
 static cai_status one_sample(cai_model_t *m, pt_tokenizer *tok, const char *prompt, int n_new, int32_t *window,
-                             float *row, void *raw, cai_token_buf *ids, cai_byte_buf *text) {
+                             float *row, void *raw, cai_token_buf *ids, cai_byte_buf *text, int print) {
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
     ids->len = 0;
@@ -51,13 +51,14 @@ static cai_status one_sample(cai_model_t *m, pt_tokenizer *tok, const char *prom
         CAI_CALL(cai_token_buf_append(ids, &next, 1));
     }
     CAI_CALL(pt_decode(tok, ids->ids + n_prompt, ids->len - n_prompt, text));
+    if (!print) return CAI_OK;
     printf("> %s", prompt);
     fwrite(text->data, 1, text->len, stdout);
     printf("\n");
     return CAI_OK;
 }
 
-cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg) {
+cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, int print) {
     if (!*cfg->prompts || cfg->gen_tokens <= 0) return CAI_OK;
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
@@ -74,10 +75,10 @@ cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg) 
                       done);
     CAI_CALL_GOTO(cai_malloc((void **)&row, (size_t)vpad * sizeof *row, "logits row"), st, done);
     CAI_CALL_GOTO(cai_malloc(&raw, (size_t)vpad * sizeof(float), "logits row"), st, done);
-    printf("samples (greedy, up to %d tokens each):\n", cfg->gen_tokens);
+    if (print) printf("samples (greedy, up to %d tokens each):\n", cfg->gen_tokens);
     char *save = NULL;
     for (char *p = strtok_r(prompts, "|", &save); p; p = strtok_r(NULL, "|", &save))
-        CAI_CALL_GOTO(one_sample(m, tok, p, cfg->gen_tokens, window, row, raw, &ids, &text), st, done);
+        CAI_CALL_GOTO(one_sample(m, tok, p, cfg->gen_tokens, window, row, raw, &ids, &text, print), st, done);
     fflush(stdout);
 done:
     free(prompts);

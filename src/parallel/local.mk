@@ -27,6 +27,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/planner.c \
 	src/optim/loss_scale.c \
 	src/optim/loss_scale_step.c
+EXTRA_DIST += docs/parallel.md tests/apps/pretrain_zero3.sh
+TESTS += tests/apps/pretrain_zero3.sh
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_planner tests/mpi/test_zero tests/mpi/test_equiv

@@ -77,9 +77,11 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
         out->master = n * f4;
         out->staging = z->offload ? n * f4 : 0;
     } else {
+        /* f32 without offload: the masters are the working weights' own chunks. */
+        const int alias = !z->offload && c.param_dtype == CAI_DTYPE_F32 && c.act_dtype == CAI_DTYPE_F32;
         out->params = (z->stage == 3 ? S : L.n_pad) * act;
-        out->grads = (z->stage == 1 ? L.n_pad * f4 : 0) + S * f4;
-        out->master = S * f4;
+        out->grads = z->stage == 1 ? L.n_pad * f4 : S * f4; /* stage 1 reduces in place */
+        out->master = alias ? 0 : S * f4;
         out->staging = (z->offload ? S * f4 + S * act : 0) +
                        (c.param_dtype != CAI_DTYPE_F32 && c.param_dtype != c.act_dtype ? S * pds : 0);
     }
@@ -118,7 +120,11 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
             p->stage >= 2 ? " (shard)" : "");
     if (p->windows)
         fprintf(out, "  gather/gradient windows      %10.2f MiB  device (peak)\n", mib(p->windows));
-    fprintf(out, "  master weights (f32)         %10.2f MiB  %s\n", mib(p->master), p->stage == 0 ? "device" : state);
+    if (p->stage >= 1 && !p->master)
+        fprintf(out, "  master weights (f32)         %10.2f MiB  (the f32 working weights' own shard, no copy)\n", 0.0);
+    else
+        fprintf(out, "  master weights (f32)         %10.2f MiB  %s\n", mib(p->master),
+                p->stage == 0 ? "device" : state);
     if (p->stage == 0 && p->offload) fprintf(out, "    (device copy counted with parameters; master on the host)\n");
     fprintf(out, "  optimizer state (AdamW m, v) %10.2f MiB  %s\n", mib(p->optim), state);
     if (p->staging) fprintf(out, "  staging / rounding buffers   %10.2f MiB  %s\n", mib(p->staging), state);

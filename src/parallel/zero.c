@@ -37,9 +37,11 @@ struct cai_zero {
     size_t act_size;
 
     void *W;        /* working weights, act dtype: stage 1/2 [n_pad], stage 3 [shard] */
-    float *G;       /* stage 1: full gradients [n_pad] */
-    float *GS;      /* stage >= 1: reduced gradient shard [shard]; stage 0: the model's gradients */
+    float *G;       /* stage 1: full gradients [n_pad]; each bucket's reduced chunk lands at its start */
+    float *GS;      /* stage 2/3: reduced gradient shard [shard]; stage 0: the model's gradients */
     float *M, *Mm, *Mv; /* masters and moments [shard] (stage 0 without offload: M is the model's master) */
+    int alias;      /* f32 weights without offload: the masters are the working weights' own chunks
+                     * (stage 1/2: inside W, M unused; stage 3: M == W) */
     float *GSh;     /* offload: host copy of GS */
     void *Wh;       /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
     void *LP;       /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
@@ -81,6 +83,9 @@ cai_status cai_zero_config_check(const cai_zero_config *c) {
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.offload=%d must be 0 or 1", c->offload);
     if (!(c->timeout_s > 0))
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.timeout=%g s must be > 0", c->timeout_s);
+    if (c->reduce_only && (c->stage != 0 || c->offload))
+        return CAI_ERROR(CAI_ERR_CONFIG, "a reduce-only engine (the caller's optimizer steps the model's buffers) "
+                         "is stage 0 without offload, not zero.stage=%d%s", c->stage, c->offload ? " + offload" : "");
     return CAI_OK;
 }
 
@@ -170,6 +175,22 @@ static float *grads_of(cai_zero_t *z, int k) {
     if (z->L.stage >= 2) return zp_ptr(&z->pool, z->rt[k].gwin);
     if (z->L.stage == 1) return z->G + b->elo;
     return z->GS + b->lo; /* stage 0: the model's gradients, engine layout == model layout */
+}
+
+/* This rank's F32 masters of bucket k (its chunk), where the step runs. */
+static float *master_of(cai_zero_t *z, int k) {
+    const zl_bucket *b = &z->L.b[k];
+    if (z->L.stage == 0) return z->M + b->lo; /* one shard: soff == lo */
+    if (z->alias && z->L.stage < 3) return (float *)z->W + b->elo + (size_t)z->L.srank * b->chunk;
+    return z->M + b->soff;
+}
+
+/* This rank's reduced gradients of bucket k (device memory). */
+static float *reduced_of(cai_zero_t *z, int k) {
+    const zl_bucket *b = &z->L.b[k];
+    if (z->L.stage == 0) return z->GS + b->lo;
+    if (z->L.stage == 1) return z->G + b->elo; /* reduce-scattered in place */
+    return z->GS + b->soff;
 }
 
 /* Bind unit u's parameters: weights (with_w) and gradients (with_g); a
@@ -289,7 +310,7 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         if (z->L.stage == 0) {
             CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, b->hi - b->lo, k, &r->greq));
         } else {
-            float *src = grads_of(z, k), *dst = z->GS + b->soff;
+            float *src = grads_of(z, k), *dst = reduced_of(z, k);
             if (z->L.stage >= 2 && z->micro > 0) {
                 /* Accumulate over microbatches through the reduction itself:
                  * only the owner adds its running shard into its own chunk. */
@@ -468,10 +489,13 @@ static cai_status publish(cai_zero_t *z) {
         CAI_CALL(cai_model_params_updated(z->model));
         return CAI_OK;
     }
-    /* Rounded shard: straight into the stage 3 shard, else into staging. */
+    /* Rounded shard: straight into the stage 3 shard, else into staging;
+     * aliased f32 masters already are the working weights. */
     cai_device_t *rd = sdev(z);
     void *shard = z->cfg.offload ? z->Wh : L->stage == 3 ? z->W : NULL;
-    if (!shard) {
+    if (z->alias) {
+        if (L->stage == 3) return CAI_OK;
+    } else if (!shard) {
         for (int k = 0; k < L->nb; k++) {
             const zl_bucket *b = &L->b[k];
             void *own = at(z->W, b->elo + (size_t)L->srank * b->chunk, z->act_size);
@@ -522,7 +546,7 @@ static cai_status init_masters(cai_zero_t *z) {
         CAI_CALL(cai_device_copy(z->hdev, z->M, mp.data, L->n_flat * sizeof(float), kind_of(z->hdev, z->dev)));
         return CAI_OK;
     }
-    CAI_CALL(fill0(d, z->M, CAI_DTYPE_F32, L->shard));
+    if (!z->alias) CAI_CALL(fill0(d, z->M, CAI_DTYPE_F32, L->shard)); /* aliased: W starts zeroed */
     float *tmp = NULL;
     cai_status st = CAI_OK;
     if (L->max_param_numel)
@@ -538,7 +562,8 @@ static cai_status init_masters(cai_zero_t *z) {
                                                   L->max_param_numel), st, done);
             last = g->index;
         }
-        CAI_CALL_GOTO(cai_device_copy(d, z->M + g->soff, tmp + g->poff, g->n * sizeof(float),
+        float *dst = master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff);
+        CAI_CALL_GOTO(cai_device_copy(d, dst, tmp + g->poff, g->n * sizeof(float),
                                       d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D), st, done);
     }
 done:
@@ -550,6 +575,7 @@ static cai_status alloc_storage(cai_zero_t *z) {
     const zl_layout *L = &z->L;
     int offload = z->cfg.offload;
     size_t S = L->shard, es = z->act_size;
+    CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
     if (offload) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;
         if (L->stage >= 1) need += S * es;
@@ -568,12 +594,15 @@ static cai_status alloc_storage(cai_zero_t *z) {
         if (L->stage == 1) {
             CAI_CALL(dev_alloc(z, L->n_pad * sizeof(float), "ZeRO gradients", &z->mem_grads, (void **)&z->G));
             CAI_CALL(fill0(z->dev, z->G, CAI_DTYPE_F32, L->n_pad));
+        } else {
+            CAI_CALL(dev_alloc(z, S * sizeof(float), "ZeRO gradient shard", &z->mem_grads, (void **)&z->GS));
+            CAI_CALL(fill0(z->dev, z->GS, CAI_DTYPE_F32, S));
         }
-        CAI_CALL(dev_alloc(z, S * sizeof(float), "ZeRO gradient shard", &z->mem_grads, (void **)&z->GS));
-        CAI_CALL(fill0(z->dev, z->GS, CAI_DTYPE_F32, S));
     }
-    if (offload || L->stage >= 1)
+    if (z->alias && L->stage == 3) z->M = z->W;
+    else if (offload || (L->stage >= 1 && !z->alias))
         CAI_CALL(state_alloc(z, S * sizeof(float), "ZeRO master weights", &z->mem_master, (void **)&z->M));
+    if (z->cfg.reduce_only) return CAI_OK; /* the caller's optimizer holds the moments */
     CAI_CALL(state_alloc(z, S * sizeof(float), "AdamW first moment", &z->mem_optim, (void **)&z->Mm));
     CAI_CALL(state_alloc(z, S * sizeof(float), "AdamW second moment", &z->mem_optim, (void **)&z->Mv));
     CAI_CALL(fill0(sdev(z), z->Mm, CAI_DTYPE_F32, S));
@@ -584,7 +613,6 @@ static cai_status alloc_storage(cai_zero_t *z) {
     }
     if (L->stage >= 1 && z->pdt != CAI_DTYPE_F32 && z->pdt != z->act)
         CAI_CALL(state_alloc(z, S * cai_dtype_size(z->pdt), "ZeRO rounding scratch", &z->mem_staging, &z->LP));
-    CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
     return CAI_OK;
 }
 
@@ -644,6 +672,7 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
     z->act = mc->act_dtype;
     z->pdt = mc->param_dtype;
     z->act_size = cai_dtype_size(z->act);
+    z->alias = cfg->stage >= 1 && !cfg->offload && z->pdt == CAI_DTYPE_F32 && z->act == CAI_DTYPE_F32;
     z->comm = (zc_ctx){.mesh = mesh, .dev = z->dev, .comm = cai_mesh_comm(mesh, CAI_AXIS_DP),
                        .size = cai_mesh_size(mesh, CAI_AXIS_DP), .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
                        .host = z->dev->kind == CAI_DEVICE_HOST, .timeout_s = cfg->timeout_s};
@@ -695,9 +724,9 @@ void cai_zero_free(cai_zero_t *z) {
     if (z->dev) {
         cai_device_dealloc(z->dev, z->W);
         cai_device_dealloc(z->dev, z->G);
-        if (z->L.stage >= 1) cai_device_dealloc(z->dev, z->GS);
+        if (z->L.stage >= 2) cai_device_dealloc(z->dev, z->GS);
         if (!z->cfg.offload) {
-            if (z->L.stage >= 1) cai_device_dealloc(z->dev, z->M);
+            if (z->mem_master) cai_device_dealloc(z->dev, z->M); /* else the model's or W itself */
             cai_device_dealloc(z->dev, z->Mm);
             cai_device_dealloc(z->dev, z->Mv);
             cai_device_dealloc(z->dev, z->LP);
@@ -769,7 +798,7 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
     for (int s = 0; s < z->L.nseg; s++) {
         const zl_seg *g = &z->L.seg[s];
         if (!g->norm) continue;
-        cai_tensor t = vec(dev, z->GS, CAI_DTYPE_F32, g->soff, g->n);
+        cai_tensor t = vec(dev, reduced_of(z, g->bucket), CAI_DTYPE_F32, g->soff - z->L.b[g->bucket].soff, g->n);
         CAI_CALL(dev->ops->sumsq(dev, &acc, &t));
     }
     double v = 0;
@@ -784,21 +813,25 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
 
 cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
     CAI_CHECK_ARG(z && p_in, "cai_zero_step: NULL argument");
+    CAI_CHECK_ARG(!z->cfg.reduce_only, "cai_zero_step: this engine is reduce-only; the caller's optimizer steps");
     CAI_CHECK_ARG(isfinite(p_in->grad_scale), "cai_zero_step: grad_scale %g is not finite", (double)p_in->grad_scale);
     cai_adamw_params p = *p_in;
     p.step = z->step + 1;
     const zl_layout *L = &z->L;
     cai_device_t *d = sdev(z);
-    const float *g = z->GS;
     if (z->cfg.offload) {
         CAI_CALL(cai_device_sync(z->dev));
-        CAI_CALL(cai_device_copy(z->hdev, z->GSh, z->GS, L->shard * sizeof(float), kind_of(z->hdev, z->dev)));
-        g = z->GSh;
+        for (int k = 0; k < L->nb; k++)
+            CAI_CALL(cai_device_copy(z->hdev, z->GSh + L->b[k].soff, reduced_of(z, k), L->b[k].chunk * sizeof(float),
+                                     kind_of(z->hdev, z->dev)));
     }
     for (int s = 0; s < L->nseg; s++) {
         const zl_seg *sg = &L->seg[s];
         if (!sg->update) continue;
-        cai_tensor w = vec(d, z->M, CAI_DTYPE_F32, sg->soff, sg->n), gr = vec(d, (void *)g, CAI_DTYPE_F32, sg->soff, sg->n);
+        const size_t rel = sg->soff - L->b[sg->bucket].soff;
+        float *g = z->cfg.offload ? z->GSh + sg->soff : reduced_of(z, sg->bucket) + rel;
+        cai_tensor w = vec(d, master_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, sg->n);
+        cai_tensor gr = vec(d, g, CAI_DTYPE_F32, 0, sg->n);
         cai_tensor mm = vec(d, z->Mm, CAI_DTYPE_F32, sg->soff, sg->n), vv = vec(d, z->Mv, CAI_DTYPE_F32, sg->soff, sg->n);
         CAI_CALL(d->ops->adamw(d, &w, &gr, &mm, &vv, NULL, &p, sg->decay));
     }
@@ -810,9 +843,24 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
 
 void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v) {
     cai_device_t *d = sdev(z);
-    if (master) *master = vec(d, z->M, CAI_DTYPE_F32, 0, z->L.shard);
-    if (m) *m = vec(d, z->Mm, CAI_DTYPE_F32, 0, z->L.shard);
-    if (v) *v = vec(d, z->Mv, CAI_DTYPE_F32, 0, z->L.shard);
+    size_t nm = z->cfg.reduce_only ? 0 : z->L.shard; /* reduce-only: the moments are the caller's */
+    /* Stage 1/2 f32 masters are chunks of the working weights: no one buffer. */
+    const int whole = !(z->alias && z->L.stage < 3);
+    if (master) *master = vec(d, whole ? z->M : NULL, CAI_DTYPE_F32, 0, whole ? z->L.shard : 0);
+    if (m) *m = vec(d, z->Mm, CAI_DTYPE_F32, 0, nm);
+    if (v) *v = vec(d, z->Mv, CAI_DTYPE_F32, 0, nm);
+}
+
+cai_status cai_zero_piece_views(cai_zero_t *z, int piece, cai_tensor *master, cai_tensor *m, cai_tensor *v) {
+    CAI_CHECK_ARG(z && piece >= 0 && piece < z->L.nseg, "cai_zero_piece_views: piece %d of %d", piece,
+                  z ? z->L.nseg : 0);
+    const zl_seg *g = &z->L.seg[piece];
+    cai_device_t *d = sdev(z);
+    size_t rel = g->soff - z->L.b[g->bucket].soff, nm = z->cfg.reduce_only ? 0 : g->n;
+    if (master) *master = vec(d, master_of(z, g->bucket) + rel, CAI_DTYPE_F32, 0, g->n);
+    if (m) *m = vec(d, nm ? z->Mm + g->soff : NULL, CAI_DTYPE_F32, 0, nm);
+    if (v) *v = vec(d, nm ? z->Mv + g->soff : NULL, CAI_DTYPE_F32, 0, nm);
+    return CAI_OK;
 }
 
 cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out) {
@@ -832,7 +880,9 @@ cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out) {
     memset(out, 0, n * sizeof(float));
     for (int s = 0; s < L->nseg; s++) {
         const zl_seg *g = &L->seg[s];
-        if (g->index == index) CAI_CALL(cai_device_copy(d, out + g->poff, z->M + g->soff, g->n * sizeof(float), k));
+        if (g->index == index)
+            CAI_CALL(cai_device_copy(d, out + g->poff, master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff),
+                                     g->n * sizeof(float), k));
     }
     /* Exactly one rank contributes each element (the others add zeros). */
     if (z->comm.size > 1) CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));

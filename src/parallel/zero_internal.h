@@ -28,6 +28,7 @@ typedef struct {
  * needs to know about it. */
 typedef struct {
     int index;
+    int bucket;
     size_t poff;   /* offset inside the parameter's local elements */
     size_t soff;   /* offset in the shard buffers */
     size_t eoff;   /* offset in the engine layout */

@@ -266,6 +266,7 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
             }
             zl_seg *s = &L->seg[L->nseg++];
             s->index = i;
+            s->bucket = k;
             s->poff = a;
             s->n = stop - a;
             s->eoff = L->eoff[i] + a;

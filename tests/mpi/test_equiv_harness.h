@@ -29,6 +29,7 @@ typedef struct {
     int recompute;
     int hysteresis;   /* f16 rows: loss-scale hysteresis */
     int layers;       /* 0: 2 */
+    int reduce_only;  /* stage 0: the engine reduces, a cai_optim_t over the model steps */
 } eq_row;
 
 typedef struct {
@@ -153,6 +154,7 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     cai_mesh_t *mesh = NULL;
     cai_model_t *m = NULL;
     cai_zero_t *z = NULL;
+    cai_optim_t *o = NULL;
     cai_status st = CAI_OK;
     int32_t *tok = malloc((size_t)local * T * sizeof *tok), *tgt = malloc((size_t)local * T * sizeof *tgt);
     cai_mesh_config mc;
@@ -165,6 +167,7 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     zc.offload = row->offload;
     zc.bucket_bytes = row->bucket_bytes;
     zc.timeout_s = 60;
+    zc.reduce_only = row->reduce_only;
     cai_model_config c = eq_model_config(row);
     cai_model_options mo = cai_model_options_default(&c);
     mo.batch = B;
@@ -179,12 +182,13 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     CAI_CALL_GOTO(cai_mesh_init(&mesh, comm, &mc), st, done);
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
+    if (row->reduce_only) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     if (setup) CAI_CALL_GOTO(setup(setup_ctx, z), st, done);
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < local; s++) eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_zero_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step_zero(z, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt, ga,
-                                          &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step_zero(z, o, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt,
+                                          ga, &ss), st, done);
         out->loss[step] = ss.loss;
         out->norm[step] = ss.grad_norm;
         out->scale[step] = ss.loss_scale;
@@ -203,6 +207,7 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
 done:
     free(tok);
     free(tgt);
+    cai_optim_free(o);
     cai_zero_free(z);
     cai_model_free(m);
     if (mesh) cai_mesh_free(mesh);
@@ -245,8 +250,9 @@ static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_r
 }
 
 static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s dp=%d stage=%d offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp,
-             r->stage, r->offload, r->grad_accum, r->param_dtype != CAI_DTYPE_F32 ? " " : "",
+    snprintf(buf, cap, "%s dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp,
+             r->stage, r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload, r->grad_accum,
+             r->param_dtype != CAI_DTYPE_F32 ? " " : "",
              r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
     return buf;
 }

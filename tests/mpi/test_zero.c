@@ -83,7 +83,7 @@ static void rig_step(rig *g, const eq_row *row, int step, cai_loss_scaler *scale
     for (int s = 0; s < g->local; s++)
         eq_sequence(row, step, g_world_rank * g->local + s, tok + s * row->T, tgt + s * row->T);
     cai_adamw_config oc = eq_adamw();
-    CK_CAI(cai_train_step_zero(g->z, &oc, scaler, tok, tgt, row->grad_accum, ss));
+    CK_CAI(cai_train_step_zero(g->z, NULL, &oc, scaler, tok, tgt, row->grad_accum, ss));
 }
 
 /* ------------------------------------------------------------ shards */
@@ -99,8 +99,8 @@ START_TEST(shards_cover_every_element_once) {
             const cai_registry_t *reg = cai_model_registry(g.m);
             int np = cai_registry_count(reg), n = 0;
             const cai_zero_piece *pc = cai_zero_pieces(g.z, &n);
-            cai_tensor master;
-            cai_zero_shard_state(g.z, &master, NULL, NULL);
+            cai_tensor moment; /* the shard buffers' extent (f32 masters may live inside the working weights) */
+            cai_zero_shard_state(g.z, NULL, &moment, NULL);
             /* Coverage count per element of every parameter, summed over ranks. */
             size_t total = 0, *base = calloc((size_t)np + 1, sizeof *base);
             for (int i = 0; i < np; i++) {
@@ -118,14 +118,14 @@ START_TEST(shards_cover_every_element_once) {
                 if (k) /* shard order, no overlap */
                     ck_assert_uint_ge(pc[k].shard_offset, pc[k - 1].shard_offset + pc[k - 1].count);
             }
-            ck_assert_uint_le(shard_max, (size_t)cai_tensor_numel(&master));
+            ck_assert_uint_le(shard_max, (size_t)cai_tensor_numel(&moment));
             MPI_Allreduce(MPI_IN_PLACE, cover, (int)total, MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
             int copies = stage == 0 ? g_world_size : 1; /* stage 0: every rank holds everything */
             for (size_t e = 0; e < total; e++)
                 ck_assert_msg(cover[e] == copies, "%s stage %d: element %zu covered %d times, expected %d",
                               cai_model_family_name(row.family), stage, e, cover[e], copies);
             /* Equal shard sizes on every rank (the buckets are padded). */
-            long long mine = (long long)cai_tensor_numel(&master), lo = mine, hi = mine;
+            long long mine = (long long)cai_tensor_numel(&moment), lo = mine, hi = mine;
             MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
             MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
             ck_assert_int_eq(lo, hi);
@@ -139,6 +139,15 @@ START_TEST(shards_cover_every_element_once) {
                                                cai_model_config_of(g.m)->seed, want, ne));
                 ck_assert_msg(memcmp(got, want, ne * sizeof *got) == 0, "stage %d: %s does not start at its init",
                               stage, info->name);
+                /* ... and so does each of this rank's pieces of it, seen through its views. */
+                for (int k = 0; k < n; k++) {
+                    if (pc[k].index != i) continue;
+                    cai_tensor mv, m1;
+                    CK_CAI(cai_zero_piece_views(g.z, k, &mv, &m1, NULL));
+                    ck_assert_int_eq(cai_tensor_numel(&mv), (int64_t)pc[k].count);
+                    ck_assert(memcmp(mv.data, want + pc[k].param_offset, pc[k].count * sizeof(float)) == 0);
+                    ck_assert_int_eq(cai_tensor_numel(&m1), (int64_t)pc[k].count);
+                }
                 free(got);
                 free(want);
             }
@@ -431,7 +440,7 @@ static void check_plan(const char *what, cai_model_config c, int B, int T, int s
     for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(cai_rng_uniform(3, (uint64_t)g_world_rank, (uint64_t)i) * 50);
     cai_adamw_config oc = eq_adamw();
     cai_zero_step_stats ss;
-    CK_CAI(cai_train_step_zero(z, &oc, NULL, tok, tok, 1, &ss)); /* every buffer touched, windows at their peak */
+    CK_CAI(cai_train_step_zero(z, NULL, &oc, NULL, tok, tok, 1, &ss)); /* every buffer touched, windows at their peak */
     size_t rss1 = rss_now();
     cai_zero_memory(z, &used);
     const struct {

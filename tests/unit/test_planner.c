@@ -97,10 +97,10 @@ START_TEST(plan_matches_the_shapes) {
             ck_assert_uint_eq(p.n_flat % (4 * 16), 0);
             ck_assert_uint_ge(p.n_flat, n);
             ck_assert_uint_lt(p.n_flat, n + 64 * (size_t)(c.n_layers + 2)); /* < one pad per bucket */
-            ck_assert_uint_eq(p.master, 4 * S);
+            ck_assert_uint_eq(p.master, 0); /* f32: the masters are the working weights' own chunks */
             ck_assert_uint_eq(p.optim, 8 * S);
             ck_assert_uint_eq(p.params, s == 3 ? 4 * S : 4 * p.n_flat);
-            ck_assert_uint_eq(p.grads, s == 1 ? 4 * p.n_flat + 4 * S : 4 * S);
+            ck_assert_uint_eq(p.grads, s == 1 ? 4 * p.n_flat : 4 * S); /* stage 1 reduces in place */
             ck_assert_uint_eq(p.windows == 0, s < 2);
             ck_assert_msg(p.device < prev, "stage %d (%zu bytes) does not save over stage %d (%zu)", s, p.device,
                           s - 1, prev);
@@ -110,7 +110,7 @@ START_TEST(plan_matches_the_shapes) {
         r = request(c, 3, 1, 4);
         OK(cai_mem_plan_compute(&r, &p));
         size_t S = p.n_flat / 4;
-        ck_assert_uint_eq(p.host, 4 * S + 8 * S + 4 * S + 4 * S);
+        ck_assert_uint_eq(p.host, 4 * S + 8 * S + 4 * S + 4 * S); /* masters, moments, gradient and weight staging */
         ck_assert_uint_eq(p.device, p.params + p.grads + p.windows + p.acts);
         /* bf16 working weights on a host device: a bf16 copy and the F32 compute copy. */
         c.param_dtype = CAI_DTYPE_BF16;
@@ -120,6 +120,7 @@ START_TEST(plan_matches_the_shapes) {
         r = request(c, 2, 0, 2);
         OK(cai_mem_plan_compute(&r, &p));
         ck_assert_uint_eq(p.staging, 2 * (p.n_flat / 2)); /* the rounding scratch */
+        ck_assert_uint_eq(p.master, 4 * (p.n_flat / 2));   /* bf16 working weights: separate f32 masters */
     }
 }
 END_TEST

@@ -147,12 +147,15 @@ int cai_loss_scaler_update(cai_loss_scaler *s, int overflow);
 
 /* One training step over a ZeRO / data-parallel engine (colossal/parallel.h):
  * forward and backward of n_micro microbatches on every dp rank with the
- * loss scaled by scaler->scale, gradients reduced over dp as buckets finish,
- * the global gradient norm over the shards, then either a skipped step (the
- * norm is not finite: the scaler backs off when dynamic, else
- * CAI_ERR_INVALID_ARG as cai_train_step does) or clipping to cfg->grad_clip
- * and AdamW with the learning rate of update cai_zero_step_count + 1. The
- * same decision on every rank. Collective over the dp axis. */
+ * loss scaled by scaler->scale (NULL: 1), gradients reduced over dp as
+ * buckets finish, the global gradient norm over the shards, then either a
+ * skipped step (the norm is not finite: the scaler backs off when dynamic;
+ * without a scaler CAI_ERR_INVALID_ARG as cai_train_step does) or clipping
+ * to cfg->grad_clip and AdamW with the learning rate of the next update.
+ * The engine's sharded AdamW steps, or, for an engine created reduce_only,
+ * the optimizer `o` over the model's own buffers (cfg may then be NULL: o's
+ * config is used); o is NULL otherwise. The same decision on every rank.
+ * Collective over the dp axis. */
 typedef struct {
     float loss;       /* mean over the step's microbatches and dp ranks */
     float grad_norm;  /* global, unscaled, before clipping (inf/NaN on overflow) */
@@ -162,8 +165,9 @@ typedef struct {
 } cai_zero_step_stats;
 
 struct cai_zero;
-cai_status cai_train_step_zero(struct cai_zero *z, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
-                               const int32_t *tokens, const int32_t *targets, int n_micro, cai_zero_step_stats *out);
+cai_status cai_train_step_zero(struct cai_zero *z, cai_optim_t *o, const cai_adamw_config *cfg,
+                               cai_loss_scaler *scaler, const int32_t *tokens, const int32_t *targets, int n_micro,
+                               cai_zero_step_stats *out);
 
 /* ====================================================== end of loss scaling */
 

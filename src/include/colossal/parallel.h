@@ -85,6 +85,9 @@ typedef struct {
     int prefetch;        /* stage 3: gather the next unit while this one runs (default 1) */
     double timeout_s;    /* a dp collective of the engine stalled this long fails naming the bucket; default 300 */
     int host_threads;    /* offload on a GPU: threads of the host step; 0: the OpenMP default */
+    int reduce_only;     /* stage 0 without offload: buckets only, no optimizer state; the caller steps
+                          * the model's own buffers with a cai_optim_t (cai_train_step_zero's `o`),
+                          * whose state checkpoints read as without the engine */
 } cai_zero_config;
 
 /* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
@@ -147,8 +150,14 @@ typedef struct {
 const cai_zero_piece *cai_zero_pieces(const cai_zero_t *z, int *count);
 /* F32 shard buffers (device memory, or host memory with offload): master
  * weights and AdamW moments. Writable: after writing (loading a
- * checkpoint) call cai_zero_state_loaded. Not collective. */
+ * checkpoint) call cai_zero_state_loaded. With f32 weights and no offload
+ * the masters of stages 1/2 are this rank's chunks of the working weights
+ * (no copy), so `master` comes back empty there: use the per-piece views.
+ * Not collective. */
 void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v);
+/* Views of piece `piece` (cai_zero_pieces order): its masters and moments
+ * (count elements each). Not collective. */
+cai_status cai_zero_piece_views(cai_zero_t *z, int piece, cai_tensor *master, cai_tensor *m, cai_tensor *v);
 /* Re-derive every working weight from the masters. Collective over DP. */
 cai_status cai_zero_state_loaded(cai_zero_t *z);
 /* The F32 master value of parameter `index`'s whole local tensor (TP/PP
