@@ -275,15 +275,18 @@ typedef struct {
     const cai_ckpt_layout *L;
     const cai_ckpt_buffer *bufs;
     int nb, np;
-    size_t total;       /* elements of the flat layout */
-    size_t *off;        /* [np] flat offsets, SIZE_MAX when not held */
+    size_t total;        /* elements of the flat layout */
+    size_t *off;         /* [np] flat offsets, SIZE_MAX when not held */
     cai_param_shard *sh; /* [np] */
-    int *rep_q, *rep_r; /* [np] this rank's slot among the replicas of each parameter */
-    hid_t *ds;          /* [nb * np] dataset of each (buffer, tie primary), -1 otherwise */
-    cai_dtype *fdt;     /* [nb * np] file type of each dataset */
-    int *rounds;        /* [nb * np] transfers per (buffer, parameter) */
-    uint64_t *xs;       /* [nb * np] checksum partial sums */
-    const char **group; /* [nb] the group each buffer uses in this file */
+    int *rep_q, *rep_r;  /* [np] this rank's slot among the replicas of each parameter */
+    int flat_split;      /* every parameter is whole here: replicas split each storage into contiguous ranges */
+    uint64_t *soff;      /* [nb * np] storage offset of each tensor (tie primaries) */
+    uint64_t *slen;      /* [nb] elements of each group's storage */
+    hid_t *storage;      /* [nb] */
+    hid_t *ds;           /* [nb * np] tensor datasets (tie primaries), -1 otherwise */
+    cai_dtype *fdt;      /* [nb] element type of each group in the file */
+    uint64_t *xs;        /* [nb * np] checksum partial sums */
+    const char **group;  /* [nb] the group each buffer uses in this file */
     ck_h5 h;
     ck_xfer x;
     char name[CAI_CKPT_NAME_MAX];
@@ -293,16 +296,30 @@ static void engine_free(engine *e) {
     if (e->ds)
         for (int i = 0; i < e->nb * e->np; i++)
             if (e->ds[i] >= 0) H5Dclose(e->ds[i]);
+    if (e->storage)
+        for (int b = 0; b < e->nb; b++)
+            if (e->storage[b] >= 0) H5Dclose(e->storage[b]);
     ck_xfer_free(&e->x);
     cai_free(e->off);
     cai_free(e->sh);
     cai_free(e->rep_q);
     cai_free(e->rep_r);
+    cai_free(e->soff);
+    cai_free(e->slen);
+    cai_free(e->storage);
     cai_free(e->ds);
     cai_free(e->fdt);
-    cai_free(e->rounds);
     cai_free(e->xs);
     free((void *)e->group);
+    /* Idempotent: the file handle and the communicator stay, the rest goes. */
+    ck_h5 h = e->h;
+    MPI_Comm comm = e->comm;
+    int rank = e->rank, size = e->size;
+    memset(e, 0, sizeof *e);
+    e->h = h;
+    e->comm = comm;
+    e->rank = rank;
+    e->size = size;
 }
 
 /* The ranks holding the same elements of a parameter, along the layout's
@@ -325,6 +342,8 @@ static void replica_slot(const engine *e, const cai_param_info *info, int *q, in
     *r = cai_mesh_size(e->mesh, ax);
 }
 
+static int is_primary(const engine *e, int i) { return cai_registry_param(e->L->reg, i)->tie_primary == i; }
+
 static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout *L, const cai_ckpt_buffer *bufs,
                               int nb) {
     memset(e, 0, sizeof *e);
@@ -341,7 +360,8 @@ static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout
     CAI_CALL(cai_registry_check_view(L->reg, &L->view));
     for (int b = 0; b < nb; b++) {
         const cai_ckpt_buffer *B = &bufs[b];
-        CAI_CHECK_ARG(B->group && *B->group, "checkpoint buffer %d has no group name", b);
+        CAI_CHECK_ARG(B->group && *B->group && strncmp(B->group, "storage", 7) != 0,
+                      "checkpoint buffer %d: group name \"%s\" is empty or reserved", b, B->group ? B->group : "");
         CAI_CHECK_ARG(ck_file_dtype_ok(B->dtype) && ck_file_dtype_ok(B->file_dtype),
                       "checkpoint buffer %s: dtypes %s (memory) and %s (file) must be f32, bf16 or f16", B->group,
                       cai_dtype_name(B->dtype), cai_dtype_name(B->file_dtype));
@@ -352,29 +372,46 @@ static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout
     CAI_CALL(cai_calloc((void **)&e->sh, (size_t)np + 1, sizeof *e->sh, "checkpoint shards"));
     CAI_CALL(cai_calloc((void **)&e->rep_q, (size_t)np + 1, sizeof *e->rep_q, "checkpoint replicas"));
     CAI_CALL(cai_calloc((void **)&e->rep_r, (size_t)np + 1, sizeof *e->rep_r, "checkpoint replicas"));
+    CAI_CALL(cai_calloc((void **)&e->soff, (size_t)n + 1, sizeof *e->soff, "checkpoint storage offsets"));
+    CAI_CALL(cai_calloc((void **)&e->slen, (size_t)nb + 1, sizeof *e->slen, "checkpoint storage sizes"));
+    CAI_CALL(cai_calloc((void **)&e->storage, (size_t)nb + 1, sizeof *e->storage, "checkpoint storages"));
     CAI_CALL(cai_calloc((void **)&e->ds, (size_t)n + 1, sizeof *e->ds, "checkpoint datasets"));
-    CAI_CALL(cai_calloc((void **)&e->fdt, (size_t)n + 1, sizeof *e->fdt, "checkpoint dataset types"));
-    CAI_CALL(cai_calloc((void **)&e->rounds, (size_t)n + 1, sizeof *e->rounds, "checkpoint rounds"));
+    CAI_CALL(cai_calloc((void **)&e->fdt, (size_t)nb + 1, sizeof *e->fdt, "checkpoint dataset types"));
     CAI_CALL(cai_calloc((void **)&e->xs, (size_t)n + 1, sizeof *e->xs, "checkpoint checksums"));
     e->group = calloc((size_t)nb + 1, sizeof *e->group);
     if (!e->group) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint group table");
     for (int i = 0; i < n; i++) e->ds[i] = -1;
+    for (int b = 0; b < nb; b++) e->storage[b] = -1;
     CAI_CALL(cai_registry_local_layout(L->reg, &L->view, L->align_elems, e->off, &e->total));
+    e->flat_split = L->replica_axis != CAI_AXIS_COUNT;
     for (int i = 0; i < np; i++) {
+        const cai_param_info *info = cai_registry_param(L->reg, i);
         CAI_CALL(cai_registry_shard(L->reg, i, &L->view, &e->sh[i]));
-        replica_slot(e, cai_registry_param(L->reg, i), &e->rep_q[i], &e->rep_r[i]);
+        replica_slot(e, info, &e->rep_q[i], &e->rep_r[i]);
+        if (e->off[i] == SIZE_MAX || e->sh[i].local_numel != info->numel || info->spec.expert >= 0)
+            e->flat_split = 0;
     }
+    /* The storage a save writes: tensors in registration order, each
+     * starting at a multiple of align_elems like the flat buffers, so a
+     * whole-model replica's slice of the storage is one contiguous block in
+     * memory as well as in the file (the few padding elements between
+     * tensors are never written nor read). */
+    uint64_t align = L->align_elems ? L->align_elems : 1;
     for (int b = 0; b < nb; b++) {
         const cai_ckpt_buffer *B = &bufs[b];
         if (B->flat_end > e->total)
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint buffer %s: flat range ends at %zu beyond the layout's "
                              "%zu elements", B->group, B->flat_end, e->total);
         e->group[b] = B->group;
+        e->fdt[b] = B->file_dtype;
+        for (int p = 0; p < np; p++)
+            if (is_primary(e, p)) {
+                e->soff[b * np + p] = (e->slen[b] + align - 1) / align * align;
+                e->slen[b] = e->soff[b * np + p] + cai_registry_param(L->reg, p)->numel;
+            }
     }
     return CAI_OK;
 }
-
-static int is_primary(const engine *e, int i) { return cai_registry_param(e->L->reg, i)->tie_primary == i; }
 
 /* Local elements [*lo, *hi) of parameter i that buffer b holds. */
 static void held_range(const engine *e, int b, int i, uint64_t *lo, uint64_t *hi) {
@@ -388,16 +425,29 @@ static void held_range(const engine *e, int b, int i, uint64_t *lo, uint64_t *hi
     if (a < z) *lo = a, *hi = z;
 }
 
-/* The slice of parameter i this rank writes from buffer b. */
+/* The slice of parameter i this rank writes from buffer b (and whose
+ * checksum it computes on load). Replicas of whole parameters split the
+ * group's storage into contiguous ranges, so each writes one range of the
+ * file; replicas of shards split each shard. */
 static void write_range(const engine *e, int b, int i, uint64_t *a, uint64_t *z) {
     uint64_t lo, hi;
     held_range(e, b, i, &lo, &hi);
-    if (e->bufs[b].replicated) ck_replica_chunk(lo, hi, e->rep_q[i], e->rep_r[i], a, z);
-    else *a = lo, *z = hi;
+    *a = lo, *z = hi;
+    if (!e->bufs[b].replicated || lo >= hi) return;
+    if (!e->flat_split) {
+        ck_replica_chunk(lo, hi, e->rep_q[i], e->rep_r[i], a, z);
+        return;
+    }
+    uint64_t c0, c1, s0 = e->soff[b * e->np + i];
+    ck_replica_chunk(0, e->slen[b], e->rep_q[i], e->rep_r[i], &c0, &c1);
+    uint64_t x0 = c0 > s0 ? c0 - s0 : 0, x1 = c1 > s0 ? c1 - s0 : 0;
+    *a = x0 > lo ? x0 : lo;
+    *z = x1 < hi ? x1 : hi;
+    if (*a > *z) *a = *z;
 }
 
 /* Local range this rank reads into buffer b for parameter i (tie copies
- * read their primary's dataset). */
+ * read their primary's tensor). */
 static void read_range(const engine *e, int b, int i, uint64_t *lo, uint64_t *hi) {
     const cai_param_info *info = cai_registry_param(e->L->reg, i);
     if (e->bufs[b].skip_tie_copies && info->tie_primary != i && e->off[info->tie_primary] != SIZE_MAX) {
@@ -407,79 +457,140 @@ static void read_range(const engine *e, int b, int i, uint64_t *lo, uint64_t *hi
     held_range(e, b, i, lo, hi);
 }
 
-static ck_mem mem_of(const engine *e, int b, int i) {
+static ck_mem mem_of(const engine *e, int b) {
     const cai_ckpt_buffer *B = &e->bufs[b];
-    size_t msz = cai_dtype_size(B->dtype);
-    /* Element 0 of the shard sits at flat offset off[i]; the buffer starts at flat_begin. */
-    ck_mem m = {(char *)B->data + ((ptrdiff_t)e->off[i] - (ptrdiff_t)B->flat_begin) * (ptrdiff_t)msz, B->dtype,
-                B->dev};
+    uint64_t len = B->flat_end == 0 && B->flat_begin == 0 ? e->total : B->flat_end - B->flat_begin;
+    if (B->pieces) {
+        len = 0;
+        for (int k = 0; k < B->n_pieces; k++)
+            if (B->pieces[k].buffer_offset + B->pieces[k].count > len)
+                len = B->pieces[k].buffer_offset + B->pieces[k].count;
+    }
+    ck_mem m = {B->data, len, B->dtype, B->dev};
     return m;
 }
 
-static uint64_t pieces(const engine *e, uint64_t a, uint64_t z) { return z > a ? (z - a + e->x.piece - 1) / e->x.piece : 0; }
-
-static const char *dataset_name(engine *e, int b, int i) {
+static const char *tensor_name(engine *e, int b, int i) {
     snprintf(e->name, sizeof e->name, "%s/%s", e->group[b], cai_registry_param(e->L->reg, i)->name);
     return e->name;
 }
 
-/* The members of i's tie group in registration order (i alone when untied). */
-static int members(const engine *e, int i, int *out, int max) {
-    const cai_param_info *info = cai_registry_param(e->L->reg, i);
-    if (info->spec.tie_group <= 0) {
-        out[0] = i;
-        return 1;
-    }
-    return cai_registry_tie_members(e->L->reg, info->spec.tie_group, out, max);
-}
+static void storage_name(const char *group, char *out, size_t cap) { snprintf(out, cap, "storage/%s", group); }
 
-#define MAX_TIE 16
-
-/* Transfers per (buffer, parameter): the maximum over ranks of the pieces. */
-static cai_status agree_rounds(engine *e, int write) {
-    for (int b = 0; b < e->nb; b++)
-        for (int i = 0; i < e->np; i++) {
-            uint64_t a = 0, z = 0;
-            if (write) {
-                if (is_primary(e, i)) write_range(e, b, i, &a, &z);
-            } else {
-                read_range(e, b, i, &a, &z);
-            }
-            e->rounds[b * e->np + i] = (int)pieces(e, a, z);
+/* Segments of parameter i's local elements [a, z): storage index of its
+ * tensor (that of its tie primary p), memory index in buffer b. On a read
+ * the part inside the write window [wa, wz) of replica-0 slabs is hashed;
+ * on a write (writers_only) all of it. */
+static cai_status add_segments(engine *e, int b, int i, uint64_t a, uint64_t z, uint64_t m_at_a, int write,
+                               uint64_t wa, uint64_t wz, ck_run **runs, size_t *cap, ck_segs *out) {
+    if (a >= z) return CAI_OK;
+    int p = cai_registry_param(e->L->reg, i)->tie_primary;
+    ck_box boxes[CK_MAX_BOXES];
+    size_t nr = 0;
+    int nbox = ck_range_boxes(&e->sh[i], a, z, write, boxes);
+    CAI_CALL(ck_box_runs(&e->sh[i], boxes, nbox, runs, cap, &nr));
+    /* m of local element l is m_at_a + (l - a), kept in unsigned arithmetic (l >= a). */
+    uint64_t s0 = e->soff[b * e->np + p], m0 = m_at_a - a;
+    for (size_t k = 0; k < nr; k++) {
+        const ck_run *r = &(*runs)[k];
+        /* cut at the window so each segment is hashed entirely or not at all */
+        uint64_t cuts[4] = {r->l, r->l + r->n, wa, wz}, lo = r->l;
+        while (lo < r->l + r->n) {
+            uint64_t hi = r->l + r->n;
+            for (int c = 2; c < 4; c++)
+                if (cuts[c] > lo && cuts[c] < hi) hi = cuts[c];
+            int hash = write || (r->writer && lo >= wa && hi <= wz && i == p);
+            ck_seg g = {s0 + r->g + (lo - r->l), m0 + lo, hi - lo, p, hash};
+            CAI_CALL(ck_segs_push(out, g));
+            lo = hi;
         }
-    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, e->rounds, e->nb * e->np, MPI_INT, MPI_MAX, e->comm));
+    }
     return CAI_OK;
 }
 
-/* Every transfer of dataset (b, p): for each tie member, its rounds. A rank
- * that has failed keeps taking part with empty selections so the others do
- * not hang in a collective; the failure is agreed on afterwards. */
-static cai_status move_dataset(engine *e, int b, int p, int write, cai_status st) {
-    int mem[MAX_TIE];
-    int nm = members(e, p, mem, MAX_TIE);
-    hid_t ds = e->ds[b * e->np + p];
-    cai_dtype fdt = e->fdt[b * e->np + p];
-    char what[CAI_CKPT_NAME_MAX];
-    snprintf(what, sizeof what, "%s", dataset_name(e, b, p));
-    for (int k = 0; k < nm; k++) {
-        int i = mem[k];
-        uint64_t a = 0, z = 0, wa = 0, wz = 0;
-        if (write) {
-            if (i != p) continue; /* copies are not stored */
-            write_range(e, b, i, &a, &z);
-        } else {
-            read_range(e, b, i, &a, &z);
-            if (i == p) write_range(e, b, i, &wa, &wz);
-        }
-        ck_mem m = mem_of(e, b, i);
-        for (int r = 0; r < e->rounds[b * e->np + i]; r++) {
-            uint64_t pa = a + (uint64_t)r * e->x.piece, pz = pa + e->x.piece < z ? pa + e->x.piece : z;
-            if (st != CAI_OK || pa >= z) pa = pz = 0;
-            cai_status s = ck_xfer_piece(&e->x, ds, what, &e->sh[i], pa, pz, write, fdt, st == CAI_OK ? &m : NULL,
-                                         wa, wz, i == p ? &e->xs[b * e->np + p] : NULL);
-            if (s != CAI_OK && st == CAI_OK) st = s;
+/* The segments of group b for a write (pass -1) or a read pass (0: tie
+ * primaries and untied parameters, 1: tie copies, which read a tensor a
+ * primary may read too and so need their own transfers). */
+static cai_status group_segments(engine *e, int b, int pass, ck_segs *out, int *m_in_order) {
+    ck_run *runs = NULL;
+    size_t cap = 0;
+    cai_status st = CAI_OK;
+    const cai_ckpt_buffer *B = &e->bufs[b];
+    if (B->pieces) {
+        /* A ZeRO shard: each piece is written by its only holder and read
+         * back to it; its elements are all this rank's to checksum. */
+        for (int k = 0; k < B->n_pieces && st == CAI_OK; k++) {
+            const cai_ckpt_piece *pc = &B->pieces[k];
+            int i = pc->index;
+            if (i < 0 || i >= e->np || e->off[i] == SIZE_MAX || pc->param_offset + pc->count > e->sh[i].local_numel) {
+                st = CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint buffer %s: piece %d (parameter %d, elements [%zu, "
+                               "%zu)) is not a held parameter's range", B->group, k, i, pc->param_offset,
+                               pc->param_offset + pc->count);
+                break;
+            }
+            if ((pass < 0 || pass == 0) != is_primary(e, i)) continue;
+            const cai_param_info *info = cai_registry_param(e->L->reg, i);
+            if (pass == 1 && B->skip_tie_copies && e->off[info->tie_primary] != SIZE_MAX) continue;
+            uint64_t a = pc->param_offset, z = a + pc->count;
+            st = add_segments(e, b, i, a, z, pc->buffer_offset, pass < 0, a, z, &runs, &cap, out);
         }
     }
+    for (int i = 0; i < e->np && st == CAI_OK && !B->pieces; i++) {
+        uint64_t a = 0, z = 0, wa = 0, wz = 0;
+        if (pass < 0) {
+            if (!is_primary(e, i)) continue;
+            write_range(e, b, i, &a, &z);
+        } else {
+            if (is_primary(e, i) != (pass == 0)) continue;
+            read_range(e, b, i, &a, &z);
+            if (pass == 0) write_range(e, b, i, &wa, &wz);
+        }
+        st = add_segments(e, b, i, a, z, e->off[i] - B->flat_begin + a, pass < 0, wa, wz, &runs, &cap, out);
+    }
+    free(runs);
+    if (st == CAI_OK) ck_segs_sort(out, m_in_order);
+    return st;
+}
+
+/* All transfers of group b (pass as in group_segments). Every rank makes
+ * the same number of calls: the maximum over ranks of its pieces (agreed
+ * here). A rank that has failed keeps taking part with empty selections so
+ * the others do not hang; the failure is agreed on afterwards. */
+static cai_status move_group(engine *e, int b, int pass, cai_status st, const char *tmp_for_hook) {
+    ck_segs segs = {0};
+    int in_order = 1;
+    size_t *starts = NULL, np = 0;
+    if (st == CAI_OK) st = group_segments(e, b, pass, &segs, &in_order);
+    if (st == CAI_OK) st = ck_segs_pieces(&segs, e->x.piece, &starts, &np);
+    int rounds = st == CAI_OK ? (int)np : 0;
+    if (MPI_Allreduce(MPI_IN_PLACE, &rounds, 1, MPI_INT, MPI_MAX, e->comm) != MPI_SUCCESS && st == CAI_OK)
+        st = CAI_ERROR(CAI_ERR_MPI, "checkpoint: agreeing on the transfers of group %s failed", e->group[b]);
+    char what[CAI_CKPT_NAME_MAX + 32];
+    snprintf(what, sizeof what, "tensors of %s", e->group[b]);
+    ck_mem mem = mem_of(e, b);
+    for (int r = 0; r < rounds; r++) {
+        int mine = st == CAI_OK && (size_t)r < np;
+        const ck_seg *g = mine ? segs.v + starts[r] : NULL;
+        size_t n = mine ? starts[r + 1] - starts[r] : 0;
+        cai_status s = ck_xfer_segs(&e->x, e->storage[b], e->fdt[b], g, n, pass < 0, st == CAI_OK ? &mem : NULL,
+                                    in_order, e->soff + b * e->np, e->xs + b * e->np, what);
+        if (s != CAI_OK && st == CAI_OK) st = s;
+        if (pass < 0 && tmp_for_hook) {
+            /* Test hook (docs/checkpoint.md): CAI_CKPT_TEST_STALL=N[:R] makes
+             * rank R (default: the last) stop for 10 minutes after its N-th
+             * write transfer, so a test can kill it in the middle of a save. */
+            const char *env = getenv("CAI_CKPT_TEST_STALL");
+            int want = -1, who = e->size - 1;
+            if (env && sscanf(env, "%d:%d", &want, &who) >= 1 && e->x.io.n_transfers == want && e->rank == who) {
+                fprintf(stderr, "checkpoint test hook: rank %d (pid %ld) stalls after %d transfer%s of %s\n", e->rank,
+                        (long)getpid(), want, want == 1 ? "" : "s", tmp_for_hook);
+                fflush(stderr);
+                for (int k = 0; k < 600; k++) sleep(1);
+            }
+        }
+    }
+    free(starts);
+    ck_segs_free(&segs);
     return st;
 }
 
@@ -518,22 +629,8 @@ static void stats_fill(const engine *e, cai_ckpt_stats *s, double t0) {
         for (int p = 0; p < e->np; p++)
             if (is_primary(e, p)) {
                 s->n_datasets++;
-                s->bytes += cai_registry_param(e->L->reg, p)->numel * cai_dtype_size(e->fdt[b * e->np + p]);
+                s->bytes += cai_registry_param(e->L->reg, p)->numel * cai_dtype_size(e->fdt[b]);
             }
-}
-
-/* Test hook (docs/checkpoint.md): CAI_CKPT_TEST_STALL=N[:R] makes rank R
- * (default: the last) stop for 10 minutes after writing N tensors, so a test
- * can kill it in the middle of a save. */
-static void test_stall(const engine *e, int done, const char *tmp) {
-    const char *env = getenv("CAI_CKPT_TEST_STALL");
-    if (!env || !*env) return;
-    int n = -1, r = e->size - 1;
-    if (sscanf(env, "%d:%d", &n, &r) < 1 || done != n || e->rank != r) return;
-    fprintf(stderr, "checkpoint test hook: rank %d (pid %ld) stalls after %d tensors of %s\n", e->rank,
-            (long)getpid(), done, tmp);
-    fflush(stderr);
-    for (int i = 0; i < 600; i++) sleep(1);
 }
 
 static cai_status tmp_path(const char *path, char *out, size_t cap) {
@@ -550,6 +647,32 @@ static cai_status sync_dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
     snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? (slash == path ? "/" : path) : ".");
     return ck_sync_dir(dir);
+}
+
+/* Storage and tensor datasets of every buffer: storage/<group> holds the
+ * group's tensors back to back; <group>/<name> is a view of global shape. */
+static cai_status create_datasets(engine *e) {
+    char sname[CAI_CKPT_NAME_MAX], parent[CAI_CKPT_NAME_MAX];
+    for (int b = 0; b < e->nb; b++) {
+        storage_name(e->group[b], sname, sizeof sname);
+        snprintf(parent, sizeof parent, "%s", sname);
+        *strrchr(parent, '/') = '\0';
+        CAI_CALL(ck_h5_group(&e->h, parent));
+        CAI_CALL(ck_h5_group(&e->h, e->group[b]));
+        CAI_CALL(ck_h5_storage_create(&e->h, sname, e->fdt[b], e->slen[b], &e->storage[b]));
+        char src[CAI_CKPT_NAME_MAX + 1];
+        snprintf(src, sizeof src, "/%s", sname);
+        for (int p = 0; p < e->np; p++) {
+            if (!is_primary(e, p)) continue;
+            const cai_param_info *info = cai_registry_param(e->L->reg, p);
+            hid_t *ds = &e->ds[b * e->np + p];
+            CAI_CALL(ck_h5_virtual_create(&e->h, tensor_name(e, b, p), e->fdt[b], info->ndim, info->shape, src,
+                                          e->soff[b * e->np + p], e->slen[b], ds));
+            CAI_CALL(ck_h5_attr_str(&e->h, *ds, "storage", src));
+            CAI_CALL(ck_h5_attr_u64(&e->h, *ds, "storage_offset", e->soff[b * e->np + p]));
+        }
+    }
+    return CAI_OK;
 }
 
 cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
@@ -584,33 +707,15 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
         }
         CAI_CALL_GOTO(write_meta(&e.h, &m, created, groups), st, fail);
     }
-    for (int b = 0; b < n_bufs; b++) {
-        CAI_CALL_GOTO(ck_h5_group(&e.h, bufs[b].group), st, fail);
-        for (int p = 0; p < e.np; p++) {
-            if (!is_primary(&e, p)) continue;
-            const cai_param_info *info = cai_registry_param(layout->reg, p);
-            e.fdt[b * e.np + p] = bufs[b].file_dtype;
-            CAI_CALL_GOTO(ck_h5_dataset_create(&e.h, dataset_name(&e, b, p), bufs[b].file_dtype, info->ndim,
-                                               info->shape, &e.ds[b * e.np + p]), st, fail);
-        }
-    }
-    CAI_CALL_GOTO(agree_rounds(&e, 1), st, fail);
-    int done = 0;
+    CAI_CALL_GOTO(create_datasets(&e), st, fail);
     cai_status local = CAI_OK;
-    for (int b = 0; b < n_bufs; b++)
-        for (int p = 0; p < e.np; p++) {
-            if (e.ds[b * e.np + p] < 0) continue;
-            local = move_dataset(&e, b, p, 1, local);
-            test_stall(&e, ++done, tmp);
-        }
+    for (int b = 0; b < n_bufs; b++) local = move_group(&e, b, -1, local, tmp);
     CAI_CALL_GOTO(ck_agree(e.comm, local), st, fail);
     CAI_CALL_GOTO(sum_checksums(&e), st, fail);
     for (int k = 0; k < n_bufs * e.np; k++)
-        if (e.ds[k] >= 0) {
-            CAI_CALL_GOTO(ck_h5_attr_u64(&e.h, e.ds[k], "xsum64", e.xs[k]), st, fail);
-            H5Dclose(e.ds[k]);
-            e.ds[k] = -1;
-        }
+        if (e.ds[k] >= 0) CAI_CALL_GOTO(ck_h5_attr_u64(&e.h, e.ds[k], "xsum64", e.xs[k]), st, fail);
+    stats_fill(&e, stats, t0);
+    engine_free(&e); /* closes the datasets before the file */
     CAI_CALL_GOTO(ck_h5_flush(&e.h), st, fail);
     st = ck_h5_close(&e.h);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
@@ -622,8 +727,7 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
             st = sync_dir_of(path);
     }
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
-    stats_fill(&e, stats, t0);
-    engine_free(&e);
+    if (stats) stats->seconds = cai_time_now() - t0;
     return CAI_OK;
 fail:
     engine_free(&e);
@@ -634,35 +738,48 @@ fail:
 
 /* ------------------------------------------------------------ load */
 
-/* Open the datasets of every buffer and check them against the registry. */
+/* Open every buffer's storage and tensors and check them against the
+ * registry: group present, shapes, element types, storage ranges. The
+ * tensors' places come from the file (storage_offset). */
 static cai_status open_datasets(engine *e) {
+    char sname[CAI_CKPT_NAME_MAX];
     for (int b = 0; b < e->nb; b++) {
         const cai_ckpt_buffer *B = &e->bufs[b];
         int ex = 0;
-        CAI_CALL(path_exists(&e->h, B->group, &ex));
+        storage_name(B->group, sname, sizeof sname);
+        CAI_CALL(path_exists(&e->h, sname, &ex));
         if (!ex && B->alt_group) {
-            CAI_CALL(path_exists(&e->h, B->alt_group, &ex));
+            storage_name(B->alt_group, sname, sizeof sname);
+            CAI_CALL(path_exists(&e->h, sname, &ex));
             if (ex) e->group[b] = B->alt_group;
         }
         if (!ex)
             return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor group '%s'%s%s%s", e->h.path, B->group,
                              B->alt_group ? " (nor '" : "", B->alt_group ? B->alt_group : "",
                              B->alt_group ? "')" : "");
+        e->storage[b] = H5Dopen2(e->h.file, sname, H5P_DEFAULT);
+        if (e->storage[b] < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open %s", e->h.path, sname);
+        int nd = 0;
+        uint64_t shape[CAI_CKPT_MAX_DIMS];
+        char desc[96];
+        CAI_CALL(ck_h5_dataset_info(&e->h, e->storage[b], sname, &nd, shape, &e->fdt[b], desc, sizeof desc));
+        if (nd != 1 || !ck_file_dtype_ok(e->fdt[b]))
+            return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': %s should be one-dimensional f32, bf16 or f16, not "
+                             "%d-dimensional %s", e->h.path, sname, nd, desc);
+        e->slen[b] = shape[0];
         for (int p = 0; p < e->np; p++) {
             if (!is_primary(e, p)) continue;
             const cai_param_info *info = cai_registry_param(e->L->reg, p);
-            const char *name = dataset_name(e, b, p);
-            htri_t has = H5Lexists(e->h.file, name, H5P_DEFAULT);
-            if (has <= 0)
+            const char *name = tensor_name(e, b, p);
+            int has = 0;
+            CAI_CALL(path_exists(&e->h, name, &has));
+            if (!has)
                 return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor %s (a checkpoint of another model, or "
                                  "damaged)", e->h.path, name);
             hid_t ds = H5Dopen2(e->h.file, name, H5P_DEFAULT);
             if (ds < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open tensor %s", e->h.path, name);
             e->ds[b * e->np + p] = ds;
-            int nd = 0;
-            uint64_t shape[CAI_CKPT_MAX_DIMS];
             cai_dtype dt;
-            char desc[96];
             CAI_CALL(ck_h5_dataset_info(&e->h, ds, name, &nd, shape, &dt, desc, sizeof desc));
             int same = nd == info->ndim;
             for (int d = 0; same && d < nd; d++) same = shape[d] == info->shape[d];
@@ -677,10 +794,16 @@ static cai_status open_datasets(engine *e) {
                 return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has shape [%s] but the model expects "
                                  "[%s]", e->h.path, name, fs, ms);
             }
-            if (!ck_file_dtype_ok(dt))
-                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has element type %s (expected f32, bf16 "
-                                 "or f16)", e->h.path, name, desc);
-            e->fdt[b * e->np + p] = dt;
+            if (dt != e->fdt[b])
+                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has element type %s, its storage %s",
+                                 e->h.path, name, desc, cai_dtype_name(e->fdt[b]));
+            uint64_t so = 0;
+            CAI_CALL(ck_h5_get_u64(&e->h, ds, "storage_offset", &so, NULL));
+            if (so > e->slen[b] || info->numel > e->slen[b] - so)
+                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s claims elements [%llu, %llu) of %s, which "
+                                 "holds %llu", e->h.path, name, (unsigned long long)so,
+                                 (unsigned long long)(so + info->numel), sname, (unsigned long long)e->slen[b]);
+            e->soff[b * e->np + p] = so;
         }
     }
     return CAI_OK;
@@ -699,11 +822,9 @@ static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_l
     CAI_CALL_GOTO(ck_read_meta(&e.h, &meta), st, fail);
     if (expect) CAI_CALL_GOTO(check_model(path, &meta, expect), st, fail);
     CAI_CALL_GOTO(open_datasets(&e), st, fail);
-    CAI_CALL_GOTO(agree_rounds(&e, 0), st, fail);
     cai_status local = CAI_OK;
     for (int b = 0; b < n_bufs; b++)
-        for (int p = 0; p < e.np; p++)
-            if (e.ds[b * e.np + p] >= 0) local = move_dataset(&e, b, p, 0, local);
+        for (int pass = 0; pass < 2; pass++) local = move_group(&e, b, pass, local, NULL);
     CAI_CALL_GOTO(ck_agree(e.comm, local), st, fail);
     CAI_CALL_GOTO(sum_checksums(&e), st, fail);
     int n_bad = 0;
@@ -716,7 +837,7 @@ static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_l
             uint64_t stored = 0;
             CAI_CALL_GOTO(ck_h5_get_u64(&e.h, ds, "xsum64", &stored, NULL), st, fail);
             if (stored != e.xs[b * e.np + p] && n_bad++ == 0) {
-                snprintf(first, sizeof first, "%s", dataset_name(&e, b, p));
+                snprintf(first, sizeof first, "%s", tensor_name(&e, b, p));
                 want = stored;
                 got = e.xs[b * e.np + p];
             }
@@ -771,8 +892,11 @@ static cai_device_t *buffer_device(cai_model_t *model) {
 static int optim_buffers(cai_optim_t *optim, cai_device_t *dev, cai_ckpt_buffer *out) {
     cai_tensor mt, vt;
     cai_optim_state(optim, &mt, &vt);
-    out[0] = (cai_ckpt_buffer){"optim/exp_avg", NULL, mt.data, dev, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 1};
-    out[1] = (cai_ckpt_buffer){"optim/exp_avg_sq", NULL, vt.data, dev, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 1};
+    out[0] = (cai_ckpt_buffer){.group = "optim/exp_avg", .data = mt.data, .dev = dev, .dtype = CAI_DTYPE_F32,
+                               .file_dtype = CAI_DTYPE_F32, .replicated = 1, .skip_tie_copies = 1};
+    out[1] = out[0];
+    out[1].group = "optim/exp_avg_sq";
+    out[1].data = vt.data;
     return 2;
 }
 
@@ -796,9 +920,10 @@ cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     cai_ckpt_buffer bufs[4];
     int n = 0;
     if (lowp.data)
-        bufs[n++] = (cai_ckpt_buffer){"model", NULL, lowp.data, dev, lowp.dtype, lowp.dtype, 0, 0, 1, 0};
-    bufs[n++] = (cai_ckpt_buffer){lowp.data ? "master" : "model", NULL, params.data, dev, CAI_DTYPE_F32,
-                                  CAI_DTYPE_F32, 0, 0, 1, 0};
+        bufs[n++] = (cai_ckpt_buffer){.group = "model", .data = lowp.data, .dev = dev, .dtype = lowp.dtype,
+                                      .file_dtype = lowp.dtype, .replicated = 1};
+    bufs[n++] = (cai_ckpt_buffer){.group = lowp.data ? "master" : "model", .data = params.data, .dev = dev,
+                                  .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
     cai_ckpt_layout L = model_layout(model);
     CAI_CALL(cai_device_sync(cai_model_device(model)));
@@ -816,7 +941,8 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     int n = 0;
     /* The fp32 masters are the state; the working copy is refreshed from
      * them below. An f32 run's file has only "model". */
-    bufs[n++] = (cai_ckpt_buffer){"master", "model", params.data, dev, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0};
+    bufs[n++] = (cai_ckpt_buffer){.group = "master", .alt_group = "model", .data = params.data, .dev = dev,
+                                  .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
     cai_ckpt_layout L = model_layout(model);
     cai_ckpt_meta m;

@@ -13,10 +13,17 @@
 
 #if CAI_HAVE_HDF5
 
+/* Where a tensor's elements are: its storage dataset and offset there. */
+typedef struct {
+    char storage[CAI_CKPT_NAME_MAX];
+    uint64_t offset;
+} entry_place;
+
 struct cai_ckpt_file {
     ck_h5 h;
     cai_ckpt_meta meta;
     cai_ckpt_entry *entries;
+    entry_place *places; /* parallel to entries */
     int n, cap;
     char **keys, **values;
     int n_attr, attr_cap;
@@ -75,7 +82,8 @@ static int cmp_entry(const void *a, const void *b) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Every dataset except the config text, with its shape, type and stored checksum. */
+/* Every tensor (the datasets outside storage/, except the config text), with
+ * its shape, type, stored checksum and place in the storage. */
 static cai_status list_datasets(cai_ckpt_file_t *f) {
     name_list l;
     memset(&l, 0, sizeof l);
@@ -84,7 +92,7 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         st = l.failed ? CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': listing its objects", f->h.path)
                       : CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot list its objects", f->h.path);
     for (int i = 0; st == CAI_OK && i < l.n; i++) {
-        if (strcmp(l.names[i], CK_CONFIG_DATASET) == 0) continue;
+        if (strcmp(l.names[i], CK_CONFIG_DATASET) == 0 || strncmp(l.names[i], "storage/", 8) == 0) continue;
         hid_t o = H5Oopen(f->h.file, l.names[i], H5P_DEFAULT);
         if (o < 0) {
             st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open %s", f->h.path, l.names[i]);
@@ -97,12 +105,14 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         if (f->n == f->cap) {
             int nc = f->cap ? 2 * f->cap : 64;
             cai_ckpt_entry *g = realloc(f->entries, (size_t)nc * sizeof *g);
-            if (!g) {
+            if (g) f->entries = g;
+            entry_place *pl = g ? realloc(f->places, (size_t)nc * sizeof *pl) : NULL;
+            if (pl) f->places = pl;
+            if (!g || !pl) {
                 H5Oclose(o);
                 st = CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': dataset list", f->h.path);
                 break;
             }
-            f->entries = g;
             f->cap = nc;
         }
         cai_ckpt_entry *e = &f->entries[f->n];
@@ -114,11 +124,20 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         e->numel = 1;
         for (int d = 0; d < e->ndim; d++) e->numel *= e->shape[d];
         if (st == CAI_OK) st = ck_h5_get_u64(&f->h, o, "xsum64", &e->checksum, &e->has_checksum);
+        entry_place *pl = &f->places[f->n];
+        int has_place = 0;
+        if (st == CAI_OK) st = ck_h5_get_str(&f->h, o, "storage", pl->storage, sizeof pl->storage, &has_place);
+        if (st == CAI_OK && has_place) st = ck_h5_get_u64(&f->h, o, "storage_offset", &pl->offset, &has_place);
+        if (st == CAI_OK && !has_place)
+            st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has no storage/storage_offset attributes (not "
+                           "written by colossal?)", f->h.path, e->name);
         H5Oclose(o);
         if (st == CAI_OK) f->n++;
     }
     free_names(&l);
-    if (st == CAI_OK && f->n > 1) qsort(f->entries, (size_t)f->n, sizeof *f->entries, cmp_entry);
+    /* H5Lvisit already walks names in increasing order (H5_INDEX_NAME,
+     * H5_ITER_INC), which is the order promised. */
+    (void)cmp_entry;
     return st;
 }
 
@@ -200,6 +219,7 @@ void cai_ckpt_close(cai_ckpt_file_t *f) {
     ck_h5_close(&f->h);
     cai_ckpt_meta_free(&f->meta);
     free(f->entries);
+    free(f->places);
     for (int i = 0; i < f->n_attr; i++) {
         free(f->keys[i]);
         free(f->values[i]);
@@ -228,17 +248,16 @@ void cai_ckpt_attr_at(const cai_ckpt_file_t *f, int i, const char **key, const c
     if (value) *value = ok ? f->values[i] : NULL;
 }
 
-/* Move every element of entry e in pieces: mem NULL hashes this rank's
- * share (chunk of the comm) into *xsum; otherwise reads the whole tensor
- * into mem on every rank. */
-static cai_status scan_entry(cai_ckpt_file_t *f, const cai_ckpt_entry *e, const ck_mem *mem, uint64_t *xsum) {
-    if (e->ndim < 1 || e->ndim > CAI_PARAM_MAX_DIMS)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "checkpoint '%s': tensor %s has %d dimensions; readers handle 1 to %d",
-                         f->h.path, e->name, e->ndim, CAI_PARAM_MAX_DIMS);
-    cai_param_shard sh;
-    ck_global_shard(e->ndim, e->shape, &sh);
-    hid_t ds = H5Dopen2(f->h.file, e->name, H5P_DEFAULT);
-    if (ds < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open tensor %s", f->h.path, e->name);
+/* Move every element of entry i in pieces: mem NULL hashes this rank's
+ * share (a contiguous chunk per rank of the comm) into *xsum; otherwise
+ * every rank reads the whole tensor into mem. */
+static cai_status scan_entry(cai_ckpt_file_t *f, int i, const ck_mem *mem, uint64_t *xsum) {
+    const cai_ckpt_entry *e = &f->entries[i];
+    const entry_place *pl = &f->places[i];
+    hid_t ds = H5Dopen2(f->h.file, pl->storage, H5P_DEFAULT);
+    if (ds < 0)
+        return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s: cannot open its storage %s", f->h.path, e->name,
+                        pl->storage);
     ck_xfer x;
     ck_xfer_init(&x, &f->h, CK_PIECE_BYTES / 4);
     uint64_t a = 0, z = e->numel;
@@ -246,12 +265,14 @@ static cai_status scan_entry(cai_ckpt_file_t *f, const cai_ckpt_entry *e, const 
     /* The same number of transfers on every rank: the largest chunk's. */
     uint64_t biggest = mem ? e->numel : (e->numel + (uint64_t)f->h.size - 1) / (uint64_t)f->h.size;
     uint64_t rounds = (biggest + x.piece - 1) / x.piece;
+    uint64_t off = pl->offset;
     cai_status st = CAI_OK;
     for (uint64_t r = 0; r < rounds; r++) {
         uint64_t pa = a + r * x.piece, pz = pa + x.piece < z ? pa + x.piece : z;
-        if (st != CAI_OK || pa >= z) pa = pz = 0;
-        cai_status s = ck_xfer_piece(&x, ds, e->name, &sh, pa, pz, 0, e->dtype, st == CAI_OK ? mem : NULL, a, z,
-                                     xsum);
+        ck_seg g = {off + pa, pa, pz > pa ? pz - pa : 0, 0, !mem};
+        int some = st == CAI_OK && pa < z;
+        cai_status s = ck_xfer_segs(&x, ds, e->dtype, &g, some ? 1 : 0, 0, st == CAI_OK ? mem : NULL, 1, &off, xsum,
+                                    e->name);
         if (s != CAI_OK && st == CAI_OK) st = s;
     }
     ck_xfer_free(&x);
@@ -268,8 +289,8 @@ cai_status cai_ckpt_read(cai_ckpt_file_t *f, const char *name, cai_dtype dtype, 
                          f->h.path, name, e->dtype_desc);
     CAI_CHECK_ARG(ck_file_dtype_ok(dtype), "cai_ckpt_read: dtype %s: only f32, bf16 and f16", cai_dtype_name(dtype));
     CAI_CHECK_ARG(dst || e->numel == 0, "cai_ckpt_read: NULL destination");
-    ck_mem mem = {dst, dtype, NULL};
-    cai_status st = scan_entry(f, e, &mem, NULL);
+    ck_mem mem = {dst, e->numel, dtype, NULL};
+    cai_status st = scan_entry(f, (int)(e - f->entries), &mem, NULL);
     CAI_CALL(ck_agree(f->h.comm, st));
     return CAI_OK;
 }
@@ -281,7 +302,7 @@ cai_status cai_ckpt_verify(cai_ckpt_file_t *f, uint64_t *computed, int *n_bad) {
     cai_status st = CAI_OK;
     for (int i = 0; i < f->n; i++) {
         if (f->entries[i].dtype == CAI_DTYPE_COUNT) continue; /* counted bad below */
-        cai_status s = scan_entry(f, &f->entries[i], NULL, &xs[i]);
+        cai_status s = scan_entry(f, i, NULL, &xs[i]);
         if (s != CAI_OK && st == CAI_OK) st = s;
     }
     st = ck_agree(f->h.comm, st);

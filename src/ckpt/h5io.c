@@ -23,6 +23,11 @@
  * multiple everywhere) so ranks' pieces do not share file-system blocks. */
 #define ALIGN_THRESHOLD ((hsize_t)1 << 20)
 #define ALIGNMENT ((hsize_t)1 << 20)
+/* Metadata (object headers of the tensor views, attributes, group indexes)
+ * is allocated from blocks this large, so it sits together in the file and
+ * a cold open reads it in a few large reads instead of hundreds of small
+ * scattered ones. */
+#define META_BLOCK ((hsize_t)4 << 20)
 
 void ck_h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
@@ -131,20 +136,45 @@ cai_dtype ck_h5_dtype_of(hid_t type, char *desc, size_t cap) {
 
 /* ------------------------------------------------------------ files */
 
+/* Collective metadata reads (rank 0 reads, then broadcasts) keep thousands
+ * of ranks from reading the same object headers at once; with few ranks
+ * each broadcast only adds a synchronisation per attribute or dataset
+ * open, which a load of a few hundred tensors feels on a busy node. */
+#define COLL_METADATA_MIN_RANKS 64
+
 static hid_t make_fapl(MPI_Comm comm) {
+    int size = 1;
+    MPI_Comm_size(comm, &size);
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0) return fapl;
-    if (H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 ||
-        H5Pset_coll_metadata_write(fapl, 1) < 0 || H5Pset_alignment(fapl, ALIGN_THRESHOLD, ALIGNMENT) < 0) {
+    if (H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0 ||
+        H5Pset_all_coll_metadata_ops(fapl, size >= COLL_METADATA_MIN_RANKS) < 0 ||
+        H5Pset_coll_metadata_write(fapl, 1) < 0 || H5Pset_alignment(fapl, ALIGN_THRESHOLD, ALIGNMENT) < 0 ||
+        H5Pset_meta_block_size(fapl, META_BLOCK) < 0) {
         H5Pclose(fapl);
         return -1;
     }
     return fapl;
 }
 
+/* CAI_CKPT_MPIIO=two-phase hands every transfer to MPI-IO's collective
+ * buffering (aggregators gather the ranks' pieces and write large blocks:
+ * the choice for many ranks on a parallel file system); the default,
+ * "independent", keeps the HDF5 calls collective but lets each rank write
+ * its own contiguous pieces itself, which avoids copying every byte through
+ * the aggregators when pieces are already large and disjoint (the
+ * data-parallel case: each rank writes a contiguous slice of every tensor).
+ * See docs/checkpoint.md for measurements. Every rank must see the same
+ * value: it changes which MPI calls HDF5 makes. */
+static int independent_mpiio(void) {
+    const char *e = getenv("CAI_CKPT_MPIIO");
+    return !(e && (strcmp(e, "two-phase") == 0 || strcmp(e, "collective") == 0));
+}
+
 static void set_comm(ck_h5 *h, MPI_Comm comm, const char *path) {
     memset(h, 0, sizeof *h);
     h->file = h->bf16 = -1;
+    h->independent_mpiio = independent_mpiio();
     h->comm = comm;
     MPI_Comm_rank(comm, &h->rank);
     MPI_Comm_size(comm, &h->size);
@@ -221,22 +251,49 @@ cai_status ck_h5_group(ck_h5 *h, const char *path) {
     return CAI_OK;
 }
 
-cai_status ck_h5_dataset_create(ck_h5 *h, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
-                                hid_t *out) {
-    hsize_t dims[CAI_CKPT_MAX_DIMS];
-    for (int d = 0; d < ndim; d++) dims[d] = shape[d];
-    hid_t space = H5Screate_simple(ndim, dims, NULL);
+/* Contiguous, allocated at creation (parallel HDF5 needs it) and never
+ * filled: every element is written once. */
+static hid_t contiguous_dcpl(void) {
     hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-    hid_t ds = -1;
-    /* Contiguous (a hyperslab is then one file range per row block), space
-     * allocated at creation (parallel HDF5 needs it) and never filled:
-     * every element is written once. */
-    if (space >= 0 && dcpl >= 0 && H5Pset_layout(dcpl, H5D_CONTIGUOUS) >= 0 &&
-        H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) >= 0 && H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0)
-        ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (dcpl >= 0 && (H5Pset_layout(dcpl, H5D_CONTIGUOUS) < 0 || H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY) < 0 ||
+                      H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) < 0)) {
+        H5Pclose(dcpl);
+        return -1;
+    }
+    return dcpl;
+}
+
+cai_status ck_h5_storage_create(ck_h5 *h, const char *name, cai_dtype dt, uint64_t len, hid_t *out) {
+    hsize_t dim = len ? len : 1;
+    hid_t space = H5Screate_simple(1, &dim, NULL), dcpl = contiguous_dcpl(), ds = -1;
+    if (space >= 0 && dcpl >= 0) ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (ds < 0) ck_h5_capture();
     if (dcpl >= 0) H5Pclose(dcpl);
     if (space >= 0) H5Sclose(space);
+    if (ds < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create %s (%llu elements)", h->path, name,
+                                (unsigned long long)len);
+    *out = ds;
+    return CAI_OK;
+}
+
+cai_status ck_h5_virtual_create(ck_h5 *h, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
+                                const char *storage, uint64_t offset, uint64_t storage_len, hid_t *out) {
+    hsize_t dims[CAI_CKPT_MAX_DIMS], sdim = storage_len ? storage_len : 1, off = offset, cnt = 1;
+    for (int d = 0; d < ndim; d++) {
+        dims[d] = shape[d];
+        cnt *= shape[d];
+    }
+    hid_t vspace = H5Screate_simple(ndim, dims, NULL), sspace = H5Screate_simple(1, &sdim, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE), ds = -1;
+    /* "." is this file: the mapping survives the rename of the temporary. */
+    if (vspace >= 0 && sspace >= 0 && dcpl >= 0 &&
+        H5Sselect_hyperslab(sspace, H5S_SELECT_SET, &off, NULL, &cnt, NULL) >= 0 &&
+        H5Pset_virtual(dcpl, vspace, ".", storage, sspace) >= 0)
+        ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), vspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (ds < 0) ck_h5_capture();
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (sspace >= 0) H5Sclose(sspace);
+    if (vspace >= 0) H5Sclose(vspace);
     if (ds < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create tensor %s", h->path, name);
     *out = ds;
     return CAI_OK;
@@ -451,38 +508,64 @@ cai_status ck_h5_text_read(ck_h5 *h, const char *name, char **out, int *found) {
 
 /* ------------------------------------------------------------ transfers */
 
-cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, int ndim, const ck_box *boxes, int nbox,
-                          uint64_t n, void *buf, int write, const char *what, ck_io_counts *io) {
+/* Select the union of 1-D ranges (segments' storage ranges, or memory
+ * ranges with use_m). Runs of equally long, equally spaced ranges become
+ * one strided hyperslab, so a tensor-parallel row split is one call per
+ * tensor, not one per row. */
+static herr_t select_ranges(hid_t space, const ck_seg *segs, size_t n, int use_m) {
+    herr_t rc = 0;
+    for (size_t i = 0; i < n && rc >= 0;) {
+        uint64_t start = use_m ? segs[i].m : segs[i].s, block = segs[i].n, stride = 0;
+        size_t k = 1;
+        if (i + 1 < n && segs[i + 1].n == block) {
+            stride = (use_m ? segs[i + 1].m : segs[i + 1].s) - start;
+            while (i + k < n && segs[i + k].n == block &&
+                   (use_m ? segs[i + k].m : segs[i + k].s) == start + k * stride)
+                k++;
+        }
+        hsize_t st = start, sd = k > 1 ? stride : 1, ct = k, bl = block;
+        rc = H5Sselect_hyperslab(space, i == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, &st, &sd, &ct, &bl);
+        i += k;
+    }
+    return rc;
+}
+
+cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, const ck_seg *segs, size_t n, uint64_t nsel,
+                          const ck_mem *mem, void *buf, int write, const char *what, ck_io_counts *io) {
+    /* One block of memory: hand HDF5 its address and a plain contiguous
+     * space. A selection inside a larger space becomes a derived MPI
+     * datatype, which MPI-IO implementations copy through a bounce buffer. */
+    if (mem && n) {
+        int one = 1;
+        for (size_t i = 1; i < n && one; i++) one = segs[i].m == segs[i - 1].m + segs[i - 1].n;
+        if (one) {
+            buf = (char *)buf + segs[0].m * cai_dtype_size(dt);
+            mem = NULL;
+        }
+    }
     hid_t fspace = H5Dget_space(dset);
-    hsize_t mdim = n ? n : 1;
+    hsize_t mdim = mem ? (mem->len ? mem->len : 1) : (nsel ? nsel : 1);
     hid_t mspace = H5Screate_simple(1, &mdim, NULL);
     hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
     cai_status st = CAI_OK;
     herr_t rc = fspace < 0 || mspace < 0 || dxpl < 0 ? -1 : H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-    if (rc >= 0 && nbox == 0) {
+    if (rc >= 0 && h->independent_mpiio) rc = H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+    if (rc >= 0 && (n == 0 || nsel == 0))
         rc = H5Sselect_none(fspace) < 0 || H5Sselect_none(mspace) < 0 ? -1 : 0;
-    } else {
-        for (int b = 0; b < nbox && rc >= 0; b++) {
-            hsize_t off[CAI_CKPT_MAX_DIMS], cnt[CAI_CKPT_MAX_DIMS];
-            for (int d = 0; d < ndim; d++) {
-                off[d] = boxes[b].off[d];
-                cnt[d] = boxes[b].cnt[d];
-            }
-            rc = H5Sselect_hyperslab(fspace, b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR, off, NULL, cnt, NULL);
-        }
-    }
+    else if (rc >= 0)
+        rc = select_ranges(fspace, segs, n, 0) < 0 || (mem && select_ranges(mspace, segs, n, 1) < 0) ? -1 : 0;
     if (rc < 0) {
-        st = CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': tensor %s: cannot select the hyperslabs", h->path, what);
+        st = CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': %s: cannot select the ranges", h->path, what);
         goto done;
     }
     static char dummy[8];
-    void *p = buf ? buf : dummy;
+    void *p = buf && n && nsel ? buf : dummy;
     double t0 = cai_time_now();
     rc = write ? H5Dwrite(dset, ck_h5_type(h, dt), mspace, fspace, dxpl, p)
                : H5Dread(dset, ck_h5_type(h, dt), mspace, fspace, dxpl, p);
     io->io_seconds += cai_time_now() - t0;
     if (rc < 0) {
-        st = CK_H5ERR(write ? CAI_ERR_IO : CAI_ERR_FORMAT, "checkpoint '%s': tensor %s: %s failed", h->path, what,
+        st = CK_H5ERR(write ? CAI_ERR_IO : CAI_ERR_FORMAT, "checkpoint '%s': %s: %s failed", h->path, what,
                       write ? "writing" : "reading");
         goto done;
     }
@@ -490,7 +573,7 @@ cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, int ndim, const ck
     H5Pget_mpio_actual_io_mode(dxpl, &mode);
     io->n_transfers++;
     if (mode == H5D_MPIO_CONTIGUOUS_COLLECTIVE || mode == H5D_MPIO_CHUNK_COLLECTIVE) io->n_collective++;
-    io->bytes += n * cai_dtype_size(dt);
+    io->bytes += nsel * cai_dtype_size(dt);
 done:
     if (dxpl >= 0) H5Pclose(dxpl);
     if (mspace >= 0) H5Sclose(mspace);

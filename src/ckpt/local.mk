@@ -41,6 +41,12 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/h5io.c
 EXTRA_DIST += docs/checkpoint.md
 
+# Checkpoint bandwidth vs the raw disk (bench/ckpt_bench.sh; takes minutes,
+# so it is built with the tests but never run by them).
+check_PROGRAMS += bench/ckpt_bench
+bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
+bench_ckpt_bench_LDADD = src/libcolossal-core.la
+
 # End-to-end tests through colossal-pretrain (shell, run under $(MPIEXEC)).
 CKPT_APP_TESTS = tests/apps/ckpt_resume.sh tests/apps/ckpt_crash.sh tests/apps/ckpt_h5tools.sh
 if HAVE_HDF5

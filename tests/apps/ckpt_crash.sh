@@ -1,7 +1,8 @@
 #!/bin/sh
 # Crash safety and bad checkpoints through colossal-pretrain:
 # - a rank killed with SIGKILL in the middle of writing the step-4
-#   checkpoint (held there by the CAI_CKPT_TEST_STALL hook) leaves
+#   checkpoint (held there by the CAI_CKPT_TEST_STALL hook after its first
+#   transfer, the weights) leaves
 #   `latest` on step 2 and no step-4 file; resuming loads step 2 and the
 #   next save sweeps away the half-written temporary file;
 # - a truncated file, a flipped byte in a tensor, and a checkpoint of another
@@ -18,9 +19,9 @@ expect_rc 3
 [ "$(cat "$D/latest")" = "step-00000002.h5" ] || fail "latest does not name step 2"
 sum2=$(cksum <"$D/step-00000002.h5")
 
-echo "+ CAI_CKPT_TEST_STALL=5 $MPIEXEC -n 2 colossal-pretrain --resume latest (in the background)"
+echo "+ CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 colossal-pretrain --resume latest (in the background)"
 # shellcheck disable=SC2086
-CAI_CKPT_TEST_STALL=5 $MPIEXEC -n 2 --oversubscribe -x CAI_CKPT_TEST_STALL "$PRETRAIN_BIN" $CFG --resume latest \
+CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 --oversubscribe -x CAI_CKPT_TEST_STALL "$PRETRAIN_BIN" $CFG --resume latest \
     >"$TMP/out" 2>"$TMP/err" &
 launcher=$!
 i=0
@@ -30,8 +31,9 @@ while ! grep -q 'checkpoint test hook: rank 1' "$TMP/err" 2>/dev/null; do
     kill -0 $launcher 2>/dev/null || fail "the run ended before the hook"
     sleep 0.1
 done
-pid=$(sed -n 's/.*checkpoint test hook: rank 1 (pid \([0-9]*\)) stalls after 5 tensors of \(.*\)$/\1/p' "$TMP/err")
-tmpfile=$(sed -n 's/.*checkpoint test hook: rank 1 (pid \([0-9]*\)) stalls after 5 tensors of \(.*\)$/\2/p' "$TMP/err")
+hook='s/.*checkpoint test hook: rank 1 (pid \([0-9]*\)) stalls after 1 transfer of \(.*\)$'
+pid=$(sed -n "$hook/\\1/p" "$TMP/err")
+tmpfile=$(sed -n "$hook/\\2/p" "$TMP/err")
 [ "$tmpfile" = "$D/.step-00000004.h5.tmp" ] || fail "the save writes $tmpfile, not $D/.step-00000004.h5.tmp"
 [ -f "$tmpfile" ] || fail "$tmpfile does not exist during the save"
 echo "+ kill -KILL $pid (rank 1, mid-write)"
@@ -63,8 +65,11 @@ expect_grep err "checkpoint '$TMP/truncated.h5' is not a readable HDF5 file.*tru
 if command -v h5dump >/dev/null 2>&1; then
     cp "$good" "$TMP/flipped.h5"
     t=optim/exp_avg_sq/h.1.mlp.fc.weight
-    addr=$(h5dump -p -H -d "/$t" "$TMP/flipped.h5" | sed -n 's/^ *OFFSET *\([0-9]*\).*/\1/p')
-    [ -n "$addr" ] || fail "h5dump shows no storage offset for $t"
+    # The tensor's elements sit in storage/optim/exp_avg_sq from its storage_offset.
+    addr=$(h5dump -p -H -d /storage/optim/exp_avg_sq "$TMP/flipped.h5" | sed -n 's/^ *OFFSET *\([0-9]*\).*/\1/p')
+    so=$(h5dump -a "/$t/storage_offset" "$TMP/flipped.h5" | sed -n 's/^ *(0): *\([0-9]*\).*/\1/p')
+    [ -n "$addr" ] && [ -n "$so" ] || fail "h5dump shows no storage offset for $t"
+    addr=$((addr + 4 * so))
     off=$((addr + 4 * 100 + 1))
     orig=$(od -An -tu1 -j "$off" -N1 "$TMP/flipped.h5" | tr -d ' ')
     # shellcheck disable=SC2059

@@ -421,6 +421,40 @@ START_TEST(model_roundtrip_restores_every_tensor) {
 }
 END_TEST
 
+/* MPI-IO's collective buffering underneath (CAI_CKPT_MPIIO=two-phase): the
+ * same bytes, still collective. */
+START_TEST(two_phase_mpiio_round_trip) {
+    if (!CAI_HAVE_HDF5) return;
+    fixture fx;
+    cai_model_config cfg = gpt2_config(1, CAI_DTYPE_F32);
+    fixture_up(&fx, "twophase", &cfg);
+    fill_model(fx.m, fx.o);
+    char path[700];
+    snprintf(path, sizeof path, "%s/tp.h5", fx.dir);
+    setenv("CAI_CKPT_MPIIO", "two-phase", 1);
+    cai_ckpt_stats ss, ls;
+    CK_CAI(cai_ckpt_save(fx.mesh, path, fx.m, fx.o, NULL, &ss));
+    cai_model_t *b = NULL;
+    cai_optim_t *ob = NULL;
+    make_model(fx.dev, &cfg, 99, &b, &ob);
+    CK_CAI(cai_ckpt_load(fx.mesh, path, b, ob, NULL, &ls));
+    unsetenv("CAI_CKPT_MPIIO");
+    ck_assert(ss.n_transfers > 0 && ss.n_collective == ss.n_transfers);
+    ck_assert(ls.n_transfers > 0 && ls.n_collective == ls.n_transfers);
+    cai_tensor pa, pb, ma, mb, va, vb;
+    cai_model_flat(fx.m, &pa, NULL, NULL);
+    cai_model_flat(b, &pb, NULL, NULL);
+    cai_optim_state(fx.o, &ma, &va);
+    cai_optim_state(ob, &mb, &vb);
+    expect_flat_equal(&pa, &pb, "the weights (two-phase)");
+    expect_flat_equal(&ma, &mb, "exp_avg (two-phase)");
+    expect_flat_equal(&va, &vb, "exp_avg_sq (two-phase)");
+    cai_optim_free(ob);
+    cai_model_free(b);
+    fixture_down(&fx);
+}
+END_TEST
+
 /* ------------------------------------------------------------ registry layouts */
 
 static cai_model_config llama_config(void) {
@@ -462,23 +496,31 @@ typedef struct {
     int pp, dp, tp;
 } lay;
 
-static void layout_case(const cai_model_config *cfg, lay s, lay l, const char *path) {
+/* The registry of `cfg` and checkpoint metadata describing it. */
+static cai_registry_t *registry_of(const cai_model_config *cfg, cai_ckpt_meta *meta) {
     cai_model_config rc;
     CK_CAI(cai_model_config_resolve(cfg, &rc));
     cai_registry_options ro = {.n_layers = rc.n_layers};
     cai_registry_t *reg = NULL;
     CK_CAI(cai_registry_init(&reg, &ro));
     CK_CAI(cai_model_register_params(reg, &rc));
-    cai_ckpt_meta meta = cai_ckpt_meta_init();
-    meta.model = rc;
-    meta.has_model = 1;
+    *meta = cai_ckpt_meta_init();
+    meta->model = rc;
+    meta->has_model = 1;
+    return reg;
+}
+
+static void layout_case(const cai_model_config *cfg, lay s, lay l, const char *path) {
+    cai_ckpt_meta meta;
+    cai_registry_t *reg = registry_of(cfg, &meta);
 
     cai_mesh_t *ms = mesh_of(s.pp, s.dp, s.tp);
     cai_ckpt_layout Ls = {reg, view_of(ms), 16, CAI_AXIS_DP_SP};
     size_t ns = 0;
     float *w = shard_buffer(reg, &Ls.view, &ns, 0), *m = shard_buffer(reg, &Ls.view, &ns, 3);
-    cai_ckpt_buffer sb[2] = {{"w", NULL, w, NULL, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0},
-                             {"w16", NULL, m, NULL, CAI_DTYPE_F32, CAI_DTYPE_BF16, 0, 0, 1, 0}};
+    cai_ckpt_buffer sb[2] = {
+        {.group = "w", .data = w, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1},
+        {.group = "w16", .data = m, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_BF16, .replicated = 1}};
     cai_ckpt_stats st;
     CK_CAI(cai_ckpt_save_buffers(ms, path, &Ls, sb, 2, &meta, &st));
     ck_assert_msg(st.n_collective == st.n_transfers, "save pp=%d dp=%d tp=%d: %d of %d transfers collective", s.pp,
@@ -494,8 +536,9 @@ static void layout_case(const cai_model_config *cfg, lay s, lay l, const char *p
     for (size_t i = 0; i < nl; i++) want16[i] = cai_bf16_to_f32(cai_f32_to_bf16(want16[i]));
     float *got = calloc(nl + 1, sizeof *got), *got16 = calloc(nl + 1, sizeof *got16);
     ck_assert(got && got16);
-    cai_ckpt_buffer lb[2] = {{"w", NULL, got, NULL, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0},
-                             {"w16", NULL, got16, NULL, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0}};
+    cai_ckpt_buffer lb[2] = {
+        {.group = "w", .data = got, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1},
+        {.group = "w16", .data = got16, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1}};
     cai_ckpt_meta back;
     CK_CAI(cai_ckpt_load_buffers(ml, path, &Ll, lb, 2, &back, &st));
     ck_assert_msg(st.n_collective == st.n_transfers, "load: %d of %d transfers collective", st.n_collective,
@@ -538,6 +581,91 @@ START_TEST(layouts_load_under_other_layouts) {
 }
 END_TEST
 
+/* ZeRO-style shards: rank q holds the q-th (or, reversed, the (W-1-q)-th)
+ * contiguous chunk of the flat layout, compacted into a shard buffer and
+ * described by pieces. Saved from shards and loaded into replicated flat
+ * buffers, and saved replicated and loaded into the other partition. */
+static cai_ckpt_piece *shard_pieces(const cai_registry_t *reg, int q, int W, int *n_out, size_t *len) {
+    int np = cai_registry_count(reg);
+    size_t *off = calloc((size_t)np + 1, sizeof *off), total = 0;
+    cai_rank_view v = cai_rank_view_single();
+    CK_CAI(cai_registry_local_layout(reg, &v, 16, off, &total));
+    cai_ckpt_piece *pc = calloc((size_t)np + 1, sizeof *pc);
+    ck_assert(off && pc);
+    size_t c0 = total * (size_t)q / (size_t)W, c1 = total * (size_t)(q + 1) / (size_t)W, pos = 0;
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        size_t a = off[i], z = off[i] + cai_registry_param(reg, i)->numel;
+        size_t x0 = a > c0 ? a : c0, x1 = z < c1 ? z : c1;
+        if (x0 >= x1) continue;
+        pc[n++] = (cai_ckpt_piece){i, x0 - a, pos, x1 - x0};
+        pos += x1 - x0;
+    }
+    free(off);
+    *n_out = n;
+    *len = pos;
+    return pc;
+}
+
+START_TEST(zero_shards_map_through_pieces) {
+    if (!CAI_HAVE_HDF5) return;
+    char dir[600], path[700];
+    test_dir("zero", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/z.h5", dir);
+    cai_model_config cfg = llama_config();
+    cai_ckpt_meta meta;
+    cai_registry_t *reg = registry_of(&cfg, &meta);
+    int W = g_world_size;
+    cai_mesh_t *mesh = mesh_of(1, W, 1);
+    cai_ckpt_layout L = {reg, cai_rank_view_single(), 16, CAI_AXIS_DP_SP};
+    size_t total = 0;
+    float *full = shard_buffer(reg, &L.view, &total, 0); /* what every element should hold */
+    for (int dir_ = 0; dir_ < 2; dir_++) {
+        int n = 0;
+        size_t len = 0;
+        int q = dir_ == 0 ? g_world_rank : W - 1 - g_world_rank;
+        cai_ckpt_piece *pc = shard_pieces(reg, q, W, &n, &len);
+        float *shard = calloc(len + 1, sizeof *shard), *flat = calloc(total + 1, sizeof *flat);
+        ck_assert(shard && flat);
+        cai_ckpt_buffer zb = {.group = "z", .data = shard, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32,
+                              .pieces = pc, .n_pieces = n};
+        cai_ckpt_buffer fb = {.group = "z", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32,
+                              .replicated = 1};
+        cai_ckpt_stats st;
+        if (dir_ == 0) { /* shards -> file -> replicated */
+            size_t *off = calloc((size_t)cai_registry_count(reg) + 1, sizeof *off), t2 = 0;
+            CK_CAI(cai_registry_local_layout(reg, &L.view, 16, off, &t2));
+            for (int k = 0; k < n; k++)
+                memcpy(shard + pc[k].buffer_offset, full + off[pc[k].index] + pc[k].param_offset,
+                       pc[k].count * sizeof(float));
+            free(off);
+            CK_CAI(cai_ckpt_save_buffers(mesh, path, &L, &zb, 1, &meta, &st));
+            ck_assert(st.n_collective == st.n_transfers);
+            CK_CAI(cai_ckpt_load_buffers(mesh, path, &L, &fb, 1, NULL, &st));
+            ck_assert_msg(memcmp(flat, full, total * sizeof(float)) == 0, "shards saved, replicated load differs");
+        } else { /* replicated -> file -> shards of the other partition */
+            memcpy(flat, full, total * sizeof(float));
+            CK_CAI(cai_ckpt_save_buffers(mesh, path, &L, &fb, 1, &meta, &st));
+            CK_CAI(cai_ckpt_load_buffers(mesh, path, &L, &zb, 1, NULL, &st));
+            ck_assert(st.n_collective == st.n_transfers);
+            size_t *off = calloc((size_t)cai_registry_count(reg) + 1, sizeof *off), t2 = 0;
+            CK_CAI(cai_registry_local_layout(reg, &L.view, 16, off, &t2));
+            for (int k = 0; k < n; k++)
+                ck_assert_msg(memcmp(shard + pc[k].buffer_offset, full + off[pc[k].index] + pc[k].param_offset,
+                                     pc[k].count * sizeof(float)) == 0,
+                              "piece %d (parameter %d) differs after loading into shards", k, pc[k].index);
+            free(off);
+        }
+        free(shard);
+        free(flat);
+        free(pc);
+    }
+    free(full);
+    cai_mesh_free(mesh);
+    cai_registry_free(reg);
+}
+END_TEST
+
 /* ------------------------------------------------------------ bad input */
 
 /* The error of a load that must fail, on every rank alike. */
@@ -569,17 +697,28 @@ static void copy_file(const char *from, const char *to, long limit) {
     fclose(b);
 }
 
-/* Byte offset in the file of element `elem` of dataset `name` (serial HDF5). */
-static long data_offset(const char *path, const char *name, long elem, size_t esz) {
+/* Byte offset in the file of element `elem` of tensor `group`/`name`: its
+ * storage dataset's address plus its storage_offset (serial HDF5). */
+static long data_offset(const char *path, const char *group, const char *name, long elem, size_t esz) {
     hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     ck_assert(f >= 0);
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    char p[256];
+    snprintf(p, sizeof p, "storage/%s", group);
+    hid_t d = H5Dopen2(f, p, H5P_DEFAULT);
     ck_assert(d >= 0);
     haddr_t off = H5Dget_offset(d);
     H5Dclose(d);
+    snprintf(p, sizeof p, "%s/%s", group, name);
+    hid_t t = H5Dopen2(f, p, H5P_DEFAULT);
+    ck_assert(t >= 0);
+    hid_t a = H5Aopen(t, "storage_offset", H5P_DEFAULT);
+    uint64_t so = 0;
+    ck_assert(a >= 0 && H5Aread(a, H5T_NATIVE_UINT64, &so) >= 0);
+    H5Aclose(a);
+    H5Dclose(t);
     H5Fclose(f);
     ck_assert(off != HADDR_UNDEF);
-    return (long)off + elem * (long)esz;
+    return (long)off + ((long)so + elem) * (long)esz;
 }
 #endif
 
@@ -616,7 +755,7 @@ START_TEST(bad_input_gives_its_own_error) {
     snprintf(bad, sizeof bad, "%s/flipped.h5", dir);
     if (g_world_rank == 0) {
         copy_file(good, bad, -1);
-        long at = data_offset(bad, "optim/exp_avg/h.1.mlp.fc.weight", 100, 4);
+        long at = data_offset(bad, "optim/exp_avg", "h.1.mlp.fc.weight", 100, 4);
         FILE *fp = fopen(bad, "r+b");
         ck_assert(fp && fseek(fp, at, SEEK_SET) == 0);
         int c = fgetc(fp);
@@ -777,6 +916,7 @@ static void cleanup(void) {
 int main(int argc, char **argv) {
     atexit(cleanup); /* after MPI_Finalize: plain file-system calls */
     const TTest *tests[] = {plan_writes_every_element_once, model_roundtrip_restores_every_tensor,
+                            two_phase_mpiio_round_trip, zero_shards_map_through_pieces,
                             layouts_load_under_other_layouts, bad_input_gives_its_own_error,
                             directory_keeps_latest_and_k, without_hdf5_every_call_says_so};
     return test_mpi_main(argc, argv, "ckpt", tests, TEST_COUNT(tests));

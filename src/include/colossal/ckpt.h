@@ -410,6 +410,15 @@ typedef struct {
     cai_axis replica_axis;
 } cai_ckpt_layout;
 
+/* A run of parameter `index`'s local elements (its TP/PP shard, row-major)
+ * [param_offset, param_offset + count), stored at [buffer_offset,
+ * buffer_offset + count) of a buffer: the shape of a ZeRO shard's pieces
+ * (cai_zero_piece). */
+typedef struct {
+    int index;
+    size_t param_offset, buffer_offset, count;
+} cai_ckpt_piece;
+
 typedef struct {
     const char *group;     /* "model", "optim/exp_avg", ... */
     const char *alt_group; /* load: read this group when `group` is not in the file (NULL: none) */
@@ -425,6 +434,11 @@ typedef struct {
     int replicated;        /* 1: the replica_axis peers hold the same elements (they split the writing) */
     int skip_tie_copies;   /* load: leave tie copies whose primary this rank holds untouched (their
                             * optimizer moments are unused) */
+    /* A ZeRO shard: the buffer holds exactly these runs (flat_begin/end and
+     * `replicated` are then ignored; each element lives on one rank of the
+     * replica group, which writes it). NULL: the flat layout. */
+    const cai_ckpt_piece *pieces;
+    int n_pieces;
 } cai_ckpt_buffer;
 
 /* Collective over the mesh's world. meta (not NULL) must have has_model
