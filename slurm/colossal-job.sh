@@ -78,7 +78,9 @@ colossal_job_start() {
     # --gpus-per-node and never --gpus-per-task (that would hide a node's
     # other GPUs from each rank and break CUDA IPC between them).
     case ${COLOSSAL_LAUNCHER:-srun} in
-    srun) COLOSSAL_LAUNCH=(srun --mpi=pmix) ;;
+    # --kill-on-bad-exit: a rank that crashes ends the step at once instead
+    # of leaving the others blocked in a collective until the time limit.
+    srun) COLOSSAL_LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1) ;;
     mpirun)
         COLOSSAL_LAUNCH=(mpirun -np "${SLURM_NTASKS:?}")
         [ -z "${SLURM_NTASKS_PER_NODE:-}" ] || COLOSSAL_LAUNCH+=(--map-by "ppr:${SLURM_NTASKS_PER_NODE}:node")

@@ -5,7 +5,7 @@
 #   slurm_cluster_skip_reason && exit 77     # prints why when it cannot run here
 #   slurm_cluster_up DIR [NODES]             # NODES slurmd daemons (default 1),
 #                                            # each with SLURM_CLUSTER_GPUS
-#                                            # count-only GPUs (default 2)
+#                                            # stand-in GPUs (default 8)
 #   sbatch ...                               # SLURM_CONF is exported
 #   slurm_cluster_down                       # also installed as an EXIT trap
 #
@@ -35,8 +35,12 @@
 #                               (several slurmd share /tmp here) and per cluster
 #   Gres=gpu:N, gres.conf File=DIR/gpu[0-N-1]  stand-in GPUs (plain files),
 #                               so the GPU templates run unchanged
-#                               (--gpus-per-node)
-#   KillWait=5                  SIGTERM to SIGKILL at a time limit or scancel
+#                               (--gpus-per-node). GPUs are never shared
+#                               between jobs (OverSubscribe covers cores
+#                               only), so there are enough of them for
+#                               several GPU jobs per node at once.
+#   KillWait=15                 SIGTERM to SIGKILL at a time limit or scancel:
+#                               time for a checkpoint on a loaded machine
 #   MinJobAge=5                 sbatch --wait polls every 2 s only while
 #                               2 < MinJobAge/2 is false; otherwise it backs
 #                               off to 8 s and 32 s. Finished jobs stay
@@ -105,7 +109,7 @@ _slurm_all_idle() {
 slurm_cluster_up() {
     SLURM_CLUSTER_DIR=$1
     SLURM_CLUSTER_NODES=${2:-1}
-    SLURM_CLUSTER_GPUS=${SLURM_CLUSTER_GPUS:-2}
+    SLURM_CLUSTER_GPUS=${SLURM_CLUSTER_GPUS:-8}
     local D=$SLURM_CLUSTER_DIR host node_line hw mem ctl_port node_port nodes n g
     trap slurm_cluster_down EXIT
     trap 'exit 130' INT
@@ -177,7 +181,7 @@ SchedulerParameters=sched_interval=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-KillWait=5
+KillWait=15
 MinJobAge=5
 InactiveLimit=0
 SlurmdTimeout=60
@@ -217,29 +221,50 @@ EOF
     fi
 }
 
+# Wait (10 s at most) for the given processes to exit; SIGKILL what is left.
+_slurm_reap() {
+    local i=0 pid alive
+    while [ $i -lt 50 ]; do
+        alive=
+        for pid in "$@"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        [ -n "$alive" ] || return 0
+        sleep 0.2
+        i=$((i + 1))
+    done
+    for pid in "$@"; do
+        kill -KILL "$pid" 2>/dev/null
+    done
+    return 0
+}
+
 # Stop everything slurm_cluster_up started, by the pids the daemons wrote:
 # jobs first (so no slurmstepd outlives its slurmd), then the daemons, then
 # munged; then remove the directory unless SLURM_KEEP is set.
 slurm_cluster_down() {
-    local rc=$? D=${SLURM_CLUSTER_DIR:-} f pid i
+    local rc=$? D=${SLURM_CLUSTER_DIR:-} f pid
     trap - EXIT
     [ -n "$D" ] || return $rc
     if [ -f "$D/slurmctld.pid" ]; then
-        scancel --full --quiet --user=root 2>/dev/null
+        scancel --full --quiet --user="$(id -un)" 2>/dev/null
         # Jobs are gone from squeue once their processes have been reaped.
-        slurm_wait_for 20 "every job ended" test -z "$(squeue -h 2>/dev/null)" || true
+        # shellcheck disable=SC2016 # expanded by sh at every poll
+        slurm_wait_for 20 "every job ended" sh -c '[ -z "$(squeue -h 2>/dev/null)" ]' || true
     fi
-    for f in "$D"/slurmd-*.pid "$D/slurmctld.pid" "$D/munge/munged.pid"; do
+    # All at once, then wait for all: each takes a few seconds to stop.
+    local pids=()
+    for f in "$D"/slurmd-*.pid "$D/slurmctld.pid"; do
         [ -f "$f" ] || continue
         pid=$(cat "$f")
-        kill "$pid" 2>/dev/null || continue
-        i=0
-        while kill -0 "$pid" 2>/dev/null && [ $i -lt 50 ]; do
-            sleep 0.2
-            i=$((i + 1))
-        done
-        kill -KILL "$pid" 2>/dev/null || true
+        kill "$pid" 2>/dev/null && pids+=("$pid")
     done
+    _slurm_reap "${pids[@]}"
+    # munged last: the daemons authenticate their last messages through it.
+    if [ -f "$D/munge/munged.pid" ]; then
+        pid=$(cat "$D/munge/munged.pid")
+        kill "$pid" 2>/dev/null && _slurm_reap "$pid"
+    fi
     if [ -n "${SLURM_KEEP:-}" ]; then
         echo "slurm cluster: kept $D" >&2
     else
