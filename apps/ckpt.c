@@ -568,7 +568,7 @@ static cai_status import_hdf5(const cai_app *app, const ckpt_config *c) {
         meta.world_size = app->size;
         snprintf(meta.app, sizeof meta.app, "colossal-ckpt import");
         const cai_ckpt_layout L = {reg, single, ALIGN, CAI_AXIS_DP};
-        const cai_ckpt_buffer b = {"model", NULL, flat, NULL, CAI_DTYPE_F32, CAI_DTYPE_F32, 0, 0, 1, 0};
+        const cai_ckpt_buffer b = {.group = "model", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
         cai_ckpt_stats s;
         st = cai_ckpt_save_buffers(mesh, c->output, &L, &b, 1, &meta, &s);
         if (st == CAI_OK && app->rank == 0)
