@@ -123,9 +123,8 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
     if (p->stage >= 1 && !p->master)
         fprintf(out, "  master weights (f32)         %10.2f MiB  (the f32 working weights' own shard, no copy)\n", 0.0);
     else
-        fprintf(out, "  master weights (f32)         %10.2f MiB  %s\n", mib(p->master),
-                p->stage == 0 ? "device" : state);
-    if (p->stage == 0 && p->offload) fprintf(out, "    (device copy counted with parameters; master on the host)\n");
+        fprintf(out, "  master weights (f32)         %10.2f MiB  %s%s\n", mib(p->master), state,
+                p->stage == 0 && p->offload ? " (the device copy is counted with the parameters)" : "");
     fprintf(out, "  optimizer state (AdamW m, v) %10.2f MiB  %s\n", mib(p->optim), state);
     if (p->staging) fprintf(out, "  staging / rounding buffers   %10.2f MiB  %s\n", mib(p->staging), state);
     fprintf(out, "  activations                  %10.2f MiB  device (%.2f MiB without recompute, %.2f MiB with)\n",

@@ -46,7 +46,7 @@ struct cai_zero {
     void *Wh;       /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
     void *LP;       /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
     double *acc;    /* device sumsq accumulator */
-    cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP */
+    cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP in one staging (pinned on a GPU) block */
     size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host;
 
     zpool pool;
@@ -517,8 +517,9 @@ static cai_status publish(cai_zero_t *z) {
             }
         }
     }
-    if (L->stage == 3) return CAI_OK;
+    /* (Also retires H2D copies out of the pinned staging before it is rewritten.) */
     CAI_CALL(cai_device_sync(z->dev));
+    if (L->stage == 3) return CAI_OK;
     for (int k = 0; k < L->nb; k++)
         CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k,
                                &z->rt[k].preq));
@@ -543,7 +544,8 @@ static cai_status init_masters(cai_zero_t *z) {
         if (!z->cfg.offload) return CAI_OK;
         cai_tensor mp;
         cai_model_flat(z->model, &mp, NULL, NULL);
-        CAI_CALL(cai_device_copy(z->hdev, z->M, mp.data, L->n_flat * sizeof(float), kind_of(z->hdev, z->dev)));
+        /* Copies between the device and host staging go through the device's own table. */
+        CAI_CALL(cai_device_copy(z->dev, z->M, mp.data, L->n_flat * sizeof(float), kind_of(z->hdev, z->dev)));
         return CAI_OK;
     }
     if (!z->alias) CAI_CALL(fill0(d, z->M, CAI_DTYPE_F32, L->shard)); /* aliased: W starts zeroed */
@@ -558,6 +560,8 @@ static cai_status init_masters(cai_zero_t *z) {
     for (int s = 0; s < L->nseg; s++) {
         const zl_seg *g = &L->seg[s];
         if (g->index != last) {
+            /* Copies out of the pinned buffer may still be in flight on a GPU. */
+            CAI_CALL_GOTO(cai_device_sync(z->dev), st, done);
             CAI_CALL_GOTO(cai_registry_init_local(reg, g->index, cai_model_view(z->model), mc->seed, tmp,
                                                   L->max_param_numel), st, done);
             last = g->index;
@@ -567,6 +571,7 @@ static cai_status init_masters(cai_zero_t *z) {
                                       d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D), st, done);
     }
 done:
+    if (cai_device_sync(z->dev) != CAI_OK && st == CAI_OK) st = cai_error_status();
     cai_device_dealloc_staging(z->dev, tmp);
     return st;
 }
@@ -580,7 +585,10 @@ static cai_status alloc_storage(cai_zero_t *z) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;
         if (L->stage >= 1) need += S * es;
         if (z->pdt != CAI_DTYPE_F32 && z->pdt != z->act) need += S * cai_dtype_size(z->pdt);
-        CAI_CALL(cai_arena_init(&z->harena, need, "ZeRO offload arena"));
+        /* Pinned on a GPU, so the shard copies run at full speed. */
+        z->harena.name = "ZeRO offload arena";
+        CAI_CALL(cai_device_alloc_staging(z->dev, need, z->harena.name, (void **)&z->harena.base));
+        z->harena.capacity = need;
         z->mem_host = need;
     }
     if (L->stage == 0) {
@@ -733,7 +741,7 @@ void cai_zero_free(cai_zero_t *z) {
         }
         cai_device_dealloc(z->dev, z->acc);
     }
-    if (z->harena.base) cai_arena_free(&z->harena);
+    if (z->harena.base) cai_device_dealloc_staging(z->dev, z->harena.base);
     if (z->own_hdev) cai_device_free(z->hdev);
     zl_free(&z->L);
     cai_free(z->rt);
@@ -822,7 +830,7 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
     if (z->cfg.offload) {
         CAI_CALL(cai_device_sync(z->dev));
         for (int k = 0; k < L->nb; k++)
-            CAI_CALL(cai_device_copy(z->hdev, z->GSh + L->b[k].soff, reduced_of(z, k), L->b[k].chunk * sizeof(float),
+            CAI_CALL(cai_device_copy(z->dev, z->GSh + L->b[k].soff, reduced_of(z, k), L->b[k].chunk * sizeof(float),
                                      kind_of(z->hdev, z->dev)));
     }
     for (int s = 0; s < L->nseg; s++) {
