@@ -86,7 +86,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
                        (c.param_dtype != CAI_DTYPE_F32 && c.param_dtype != c.act_dtype ? S * pds : 0);
     }
     out->optim = 2 * S * f4;
-    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, &out->windows), st, done);
+    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, &out->windows), st, done);
     int first = 0, last = 0;
     int nl = n_units;
     for (int i = 0; i < L.n_params; i++) {

@@ -427,7 +427,7 @@ static cai_status rt_alloc(cai_zero_t *z) {
     return CAI_OK;
 }
 
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, size_t *peak) {
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, size_t *peak) {
     *peak = 0;
     if (L->stage < 2) return CAI_OK;
     cai_zero_t z;
@@ -435,7 +435,7 @@ cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, s
     z.dry = 1;
     z.L = *L; /* borrowed: never freed here */
     z.act_size = act_size;
-    z.cfg.overlap = 1;
+    z.cfg.overlap = overlap;
     z.cfg.prefetch = prefetch;
     z.in_step = 1;
     z.n_micro = 1;
@@ -715,13 +715,13 @@ fail:
 
 void cai_zero_free(cai_zero_t *z) {
     if (!z) return;
-    if (z->rt) {
+    /* Only after a failed step is anything in flight; its buffers must
+     * outlive it. (A failure here adds to the trace the caller reports.) */
+    if (z->rt)
         for (int k = 0; k < z->L.nb; k++) {
-            if (z->rt[k].greq.kind != ZC_NONE) zc_wait(&z->comm, &z->rt[k].greq);
-            if (z->rt[k].preq.kind != ZC_NONE) zc_wait(&z->comm, &z->rt[k].preq);
+            if (z->rt[k].greq.kind != ZC_NONE) (void)zc_wait(&z->comm, &z->rt[k].greq);
+            if (z->rt[k].preq.kind != ZC_NONE) (void)zc_wait(&z->comm, &z->rt[k].preq);
         }
-        cai_error_clear();
-    }
     if (z->model) {
         cai_model_set_hook(z->model, NULL, NULL);
         if (cai_model_external_params(z->model))

@@ -133,7 +133,9 @@ void zc_progress(zc_ctx *c, zc_req *reqs, int n);
 
 /* Peak bytes the engine's window pool reaches over one microbatch's forward
  * and backward (stage 2: gradient windows; stage 3: weight and gradient
- * windows), for working weights of `act_size` bytes. */
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, size_t *peak);
+ * windows), for working weights of `act_size` bytes, with the engine's
+ * prefetch and overlap settings (without overlap every gradient window
+ * lives until the end of backward). */
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, size_t *peak);
 
 #endif

@@ -184,6 +184,17 @@ START_TEST(buckets_reduce_during_backward_on_the_last_microbatch) {
             } else {
                 ck_assert_int_eq(st.reductions_in_bwd, 0);
             }
+            /* The planner replays this schedule: windows (all of a
+             * backward's without overlap) exactly as allocated. */
+            cai_mem_plan_request q = {.model = eq_model_config(&row), .batch = g.B, .seq_len = row.T,
+                                      .view = cai_rank_view_single(), .dp = g_world_size, .dev = g.dev};
+            q.zero = *cai_zero_get_config(g.z);
+            cai_mem_plan plan, used;
+            CK_CAI(cai_mem_plan_compute(&q, &plan));
+            cai_zero_memory(g.z, &used);
+            ck_assert_uint_eq(plan.windows, used.windows);
+            ck_assert_uint_eq(plan.device + plan.host, used.device + used.host);
+            if (stage >= 2) ck_assert_uint_gt(used.windows, 0);
             if (stage == 3) {
                 /* Forward and backward gather each unit once per microbatch
                  * (the tied GPT-2 head would add its embedding bucket). */

@@ -106,6 +106,14 @@ START_TEST(plan_matches_the_shapes) {
                           s - 1, prev);
             prev = p.device;
         }
+        /* Without overlap every gradient window lives to the end of backward. */
+        r = request(c, 2, 0, 4);
+        cai_mem_plan q;
+        OK(cai_mem_plan_compute(&r, &p));
+        r.zero.overlap = 0;
+        OK(cai_mem_plan_compute(&r, &q));
+        ck_assert_uint_gt(q.windows, p.windows);
+        ck_assert_uint_ge(q.windows, 4 * q.n_flat); /* the whole gradient, in windows */
         /* Offload moves masters, moments and their staging to the host. */
         r = request(c, 3, 1, 4);
         OK(cai_mem_plan_compute(&r, &p));
