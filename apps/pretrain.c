@@ -406,6 +406,12 @@ static cai_status save_checkpoint(pt_run *r, const pt_config *c, int64_t step) {
     m.rng_offset = (uint64_t)step;
     m.last_lr = r->last.lr;
     m.last_loss = r->last.loss;
+    if (r->scaled) {
+        m.loss_scale = r->scaler.scale;
+        m.loss_scale_good_steps = r->scaler.good_steps;
+        m.loss_scale_hysteresis_left = r->scaler.hysteresis_left;
+        m.loss_scale_overflows = r->scaler.overflows;
+    }
     snprintf(m.app, sizeof m.app, "colossal-pretrain");
     char *text = NULL;
     CAI_CALL(cai_config_write_string(&k_schema, c, &text));
@@ -460,6 +466,12 @@ static cai_status resume(pt_run *r, pt_config *c) {
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the sample order changes from here", path,
                  (unsigned long long)m.data_seed, (long long)c->data_seed);
     if (s == CAI_OK) {
+        if (r->scaled) { /* f16: the dynamic loss scale continues where it was */
+            r->scaler.scale = (float)m.loss_scale;
+            r->scaler.good_steps = (int)m.loss_scale_good_steps;
+            r->scaler.hysteresis_left = (int)m.loss_scale_hysteresis_left;
+            r->scaler.overflows = m.loss_scale_overflows;
+        }
         r->tokens = m.tokens;
         r->last_saved = m.step;
         c->first_step = m.step + 1;
@@ -568,6 +580,11 @@ int main(int argc, char **argv) {
     cai_layout layout;
     cai_app_check_all(check_layout(&cfg, app.size, &layout), 2);
     cai_app_check_all(check_zero(&cfg), 2);
+    if ((cfg.ckpt_every > 0 || *cfg.resume) && !cai_ckpt_available())
+        cai_app_check_all(CAI_ERROR(CAI_ERR_UNSUPPORTED, "checkpoint.every=%lld / checkpoint.resume='%s': this build "
+                                    "has no parallel HDF5, so no checkpoints (install libhdf5-openmpi-dev and re-run "
+                                    "configure)", (long long)cfg.ckpt_every, cfg.resume),
+                          2);
     /* The model's shape is checked before any data work; only the
      * vocabulary waits for the tokenizer. */
     cai_model_config model_cfg = model_config(&cfg, cfg.vocab_size > 0 ? cfg.vocab_size : CAI_BYTE_VOCAB), resolved;

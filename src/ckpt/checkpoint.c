@@ -31,6 +31,8 @@ cai_ckpt_meta cai_ckpt_meta_init(void) {
     return m;
 }
 
+int cai_ckpt_available(void) { return CAI_HAVE_HDF5; }
+
 void cai_ckpt_meta_free(cai_ckpt_meta *meta) {
     if (!meta) return;
     free(meta->config_text);
@@ -58,6 +60,8 @@ static const field k_meta_fields[] = {
     {"rng.offset", offsetof(cai_ckpt_meta, rng_offset), K_U64},
     {"loss_scaler.scale", offsetof(cai_ckpt_meta, loss_scale), K_DOUBLE},
     {"loss_scaler.good_steps", offsetof(cai_ckpt_meta, loss_scale_good_steps), K_I64},
+    {"loss_scaler.hysteresis_left", offsetof(cai_ckpt_meta, loss_scale_hysteresis_left), K_I64},
+    {"loss_scaler.overflows", offsetof(cai_ckpt_meta, loss_scale_overflows), K_I64},
     {"last_lr", offsetof(cai_ckpt_meta, last_lr), K_DOUBLE},
     {"last_loss", offsetof(cai_ckpt_meta, last_loss), K_DOUBLE},
     {"layout.world", offsetof(cai_ckpt_meta, world_size), K_INT},
@@ -274,6 +278,8 @@ typedef struct {
     int rank, size;
     const cai_ckpt_layout *L;
     const cai_ckpt_buffer *bufs;
+    const cai_ckpt_piece *const *pieces; /* [nb] or NULL: ZeRO shards (cai_ckpt_save_pieces) */
+    const int *n_pieces;
     int nb, np;
     size_t total;        /* elements of the flat layout */
     size_t *off;         /* [np] flat offsets, SIZE_MAX when not held */
@@ -457,14 +463,20 @@ static void read_range(const engine *e, int b, int i, uint64_t *lo, uint64_t *hi
     held_range(e, b, i, lo, hi);
 }
 
+static const cai_ckpt_piece *pieces_of(const engine *e, int b, int *n) {
+    *n = e->pieces && e->pieces[b] ? e->n_pieces[b] : 0;
+    return e->pieces ? e->pieces[b] : NULL;
+}
+
 static ck_mem mem_of(const engine *e, int b) {
     const cai_ckpt_buffer *B = &e->bufs[b];
     uint64_t len = B->flat_end == 0 && B->flat_begin == 0 ? e->total : B->flat_end - B->flat_begin;
-    if (B->pieces) {
+    int np = 0;
+    const cai_ckpt_piece *pc = pieces_of(e, b, &np);
+    if (pc) {
         len = 0;
-        for (int k = 0; k < B->n_pieces; k++)
-            if (B->pieces[k].buffer_offset + B->pieces[k].count > len)
-                len = B->pieces[k].buffer_offset + B->pieces[k].count;
+        for (int k = 0; k < np; k++)
+            if (pc[k].buffer_offset + pc[k].count > len) len = pc[k].buffer_offset + pc[k].count;
     }
     ck_mem m = {B->data, len, B->dtype, B->dev};
     return m;
@@ -516,11 +528,13 @@ static cai_status group_segments(engine *e, int b, int pass, ck_segs *out, int *
     size_t cap = 0;
     cai_status st = CAI_OK;
     const cai_ckpt_buffer *B = &e->bufs[b];
-    if (B->pieces) {
+    int n_pc = 0;
+    const cai_ckpt_piece *pcs = pieces_of(e, b, &n_pc);
+    if (pcs) {
         /* A ZeRO shard: each piece is written by its only holder and read
          * back to it; its elements are all this rank's to checksum. */
-        for (int k = 0; k < B->n_pieces && st == CAI_OK; k++) {
-            const cai_ckpt_piece *pc = &B->pieces[k];
+        for (int k = 0; k < n_pc && st == CAI_OK; k++) {
+            const cai_ckpt_piece *pc = &pcs[k];
             int i = pc->index;
             if (i < 0 || i >= e->np || e->off[i] == SIZE_MAX || pc->param_offset + pc->count > e->sh[i].local_numel) {
                 st = CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint buffer %s: piece %d (parameter %d, elements [%zu, "
@@ -535,7 +549,7 @@ static cai_status group_segments(engine *e, int b, int pass, ck_segs *out, int *
             st = add_segments(e, b, i, a, z, pc->buffer_offset, pass < 0, a, z, &runs, &cap, out);
         }
     }
-    for (int i = 0; i < e->np && st == CAI_OK && !B->pieces; i++) {
+    for (int i = 0; i < e->np && st == CAI_OK && !pcs; i++) {
         uint64_t a = 0, z = 0, wa = 0, wz = 0;
         if (pass < 0) {
             if (!is_primary(e, i)) continue;
@@ -678,13 +692,21 @@ static cai_status create_datasets(engine *e) {
 cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
                                  const cai_ckpt_buffer *bufs, int n_bufs, const cai_ckpt_meta *meta,
                                  cai_ckpt_stats *stats) {
-    CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0 && meta,
-                  "cai_ckpt_save_buffers: NULL argument");
+    return cai_ckpt_save_pieces(mesh, path, layout, bufs, NULL, NULL, n_bufs, meta, stats);
+}
+
+cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0 && meta &&
+                  (!pieces || n_pieces), "cai_ckpt_save_buffers: NULL argument");
     CAI_CHECK_ARG(meta->has_model, "cai_ckpt_save_buffers: meta->has_model must be set (the model config is part of "
                   "every checkpoint)");
     double t0 = cai_time_now();
     engine e;
     cai_status st = engine_init(&e, mesh, layout, bufs, n_bufs);
+    e.pieces = pieces;
+    e.n_pieces = n_pieces;
     char tmp[4096] = "";
     if (st == CAI_OK) st = tmp_path(path, tmp, sizeof tmp);
     ck_xfer_init(&e.x, &e.h, CK_PIECE_BYTES / 4);
@@ -810,12 +832,15 @@ static cai_status open_datasets(engine *e) {
 }
 
 static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                            const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta_out,
-                            const cai_model_config *expect, cai_ckpt_stats *stats) {
+                            const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                            int n_bufs, cai_ckpt_meta *meta_out, const cai_model_config *expect,
+                            cai_ckpt_stats *stats) {
     double t0 = cai_time_now();
     engine e;
     cai_ckpt_meta meta = cai_ckpt_meta_init();
     cai_status st = engine_init(&e, mesh, layout, bufs, n_bufs);
+    e.pieces = pieces;
+    e.n_pieces = n_pieces;
     ck_xfer_init(&e.x, &e.h, CK_PIECE_BYTES / 4);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     CAI_CALL_GOTO(ck_h5_open(&e.h, e.comm, path), st, fail);
@@ -869,9 +894,15 @@ out:
 cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
                                  const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
                                  cai_ckpt_stats *stats) {
-    CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0,
-                  "cai_ckpt_load_buffers: NULL argument");
-    return load_impl(mesh, path, layout, bufs, n_bufs, meta, NULL, stats);
+    return cai_ckpt_load_pieces(mesh, path, layout, bufs, NULL, NULL, n_bufs, meta, stats);
+}
+
+cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0 &&
+                  (!pieces || n_pieces), "cai_ckpt_load_buffers: NULL argument");
+    return load_impl(mesh, path, layout, bufs, pieces, n_pieces, n_bufs, meta, NULL, stats);
 }
 
 /* ------------------------------------------------------------ model + optimizer */
@@ -947,7 +978,7 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     cai_ckpt_layout L = model_layout(model);
     cai_ckpt_meta m;
     CAI_CALL(cai_device_sync(cai_model_device(model)));
-    cai_status st = load_impl(mesh, path, &L, bufs, n, &m, cai_model_config_of(model), stats);
+    cai_status st = load_impl(mesh, path, &L, bufs, NULL, NULL, n, &m, cai_model_config_of(model), stats);
     if (st != CAI_OK && optim && strstr(cai_error_message(), "has no tensor group 'optim/")) {
         /* Say what to do rather than which group is missing. */
         char msg[1024];
@@ -979,6 +1010,16 @@ cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_c
                                  const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
                                  cai_ckpt_stats *stats) {
     return NO_HDF5("cai_ckpt_load_buffers");
+}
+cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    return NO_HDF5("cai_ckpt_save_pieces");
+}
+cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    return NO_HDF5("cai_ckpt_load_pieces");
 }
 cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
                          const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {

@@ -104,6 +104,8 @@ cai_status ck_segs_pieces(ck_segs *l, uint64_t cap, size_t **starts, size_t *n_p
     return CAI_OK;
 }
 
+#if CAI_HAVE_HDF5
+
 void ck_xfer_init(ck_xfer *x, ck_h5 *h, uint64_t piece_elems) {
     memset(x, 0, sizeof *x);
     x->h = h;
@@ -201,3 +203,5 @@ cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *
     }
     return CAI_OK;
 }
+
+#endif /* CAI_HAVE_HDF5 */

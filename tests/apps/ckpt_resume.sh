@@ -6,6 +6,7 @@
 #   metrics.jsonl continues the first one's;
 # - the step-6 checkpoint saved on dp=2 continues on dp=1 (grad_accum 2) and
 #   dp=4 (micro_batch 2) with the same global batch: losses within 1e-5;
+# - f16 with a dynamic loss scale resumes bitwise, scaler state included;
 # - SIGUSR1 to one rank: every rank stops at the same step, a checkpoint of
 #   that step is written and `latest` points to it, exit status 3.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
@@ -65,6 +66,32 @@ compare dp1
 run_np 4 $CFG --run.dir "$TMP/dp4" --train.micro_batch 2 --resume "$TMP/step6.h5"
 expect_ok
 compare dp4
+
+# f16 with dynamic loss scaling (the scale doubles every 2 good steps): the
+# masters, the f16 working weights (an f16 file type) and the loss scaler's
+# state continue exactly.
+F16="$TINY --train.steps 8 --eval.interval 0 --log.interval 100 --precision f16 --loss_scale.growth_interval 2"
+# shellcheck disable=SC2086
+run_np 2 $F16 --run.dir "$TMP/f16a" --checkpoint.every 100
+expect_ok
+# shellcheck disable=SC2086
+run_np 2 $F16 --run.dir "$TMP/f16b" --checkpoint.every 100 --train.stop_at 4
+expect_rc 3
+# shellcheck disable=SC2086
+run_np 2 $F16 --run.dir "$TMP/f16b" --checkpoint.every 100 --resume latest
+expect_ok
+field train loss "$TMP/f16a/metrics.jsonl" >"$TMP/ref"
+field train loss "$TMP/f16b/metrics.jsonl" >"$TMP/got"
+cmp -s "$TMP/ref" "$TMP/got" || { diff "$TMP/ref" "$TMP/got" >&2; fail "the resumed f16 run's losses differ"; }
+if command -v h5dump >/dev/null 2>&1; then
+    for run in f16a f16b; do
+        h5dump -A -g / "$TMP/$run/checkpoints/step-00000008.h5" |
+            awk '/ATTRIBUTE "loss_scaler\./ { name = $2 } name && /\(0\):/ { print name, $2; name = "" }' >"$TMP/$run.ls"
+    done
+    [ "$(wc -l <"$TMP/f16a.ls")" -eq 4 ] || fail "no loss scaler attributes in the f16 checkpoint"
+    cmp -s "$TMP/f16a.ls" "$TMP/f16b.ls" || { paste "$TMP/f16a.ls" "$TMP/f16b.ls" >&2; fail "loss scaler state differs"; }
+    echo "f16: losses bitwise equal; loss scaler at step 8: $(tr '\n' ' ' <"$TMP/f16a.ls")"
+fi
 
 # SIGUSR1 to one rank.
 echo "+ $MPIEXEC -n 2 colossal-pretrain (100000 steps, checkpoint.every 1000, in the background)"

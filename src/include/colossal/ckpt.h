@@ -309,9 +309,11 @@ typedef struct {
     /* in: counter-based RNG of stochastic ops (dropout, stochastic rounding):
      * its whole state is a seed and the next counter offset */
     uint64_t rng_seed, rng_offset;
-    /* in: dynamic loss scaler (scale 1, 0 good steps when there is none) */
+    /* in: dynamic loss scaler (scale 1, 0 good steps when there is none):
+     * cai_loss_scaler's scale, good_steps, hysteresis_left, overflows */
     double loss_scale;
     int64_t loss_scale_good_steps;
+    int64_t loss_scale_hysteresis_left, loss_scale_overflows;
     /* in: informational */
     double last_lr, last_loss;
     char app[64];             /* the writer, e.g. "colossal-pretrain" */
@@ -332,6 +334,9 @@ typedef struct {
 
 /* Zeroed meta with loss_scale 1. */
 cai_ckpt_meta cai_ckpt_meta_init(void);
+/* 1 when this build can read and write checkpoints (parallel HDF5), so an
+ * app can refuse checkpoint options before it trains. Pure. */
+int cai_ckpt_available(void);
 void cai_ckpt_meta_free(cai_ckpt_meta *meta);
 
 /* Measured by a save or load (this rank's view; times are this rank's). */
@@ -413,7 +418,7 @@ typedef struct {
 /* A run of parameter `index`'s local elements (its TP/PP shard, row-major)
  * [param_offset, param_offset + count), stored at [buffer_offset,
  * buffer_offset + count) of a buffer: the shape of a ZeRO shard's pieces
- * (cai_zero_piece). */
+ * (cai_zero_piece). See cai_ckpt_save_pieces. */
 typedef struct {
     int index;
     size_t param_offset, buffer_offset, count;
@@ -427,18 +432,14 @@ typedef struct {
     cai_dtype dtype;       /* of data: F32, BF16 or F16 */
     cai_dtype file_dtype;  /* in the file (save); load converts from whatever the file holds */
     /* Which elements of the flat layout this rank holds: [0, 0) means all
-     * of them. A ZeRO partition passes its range: each parameter's piece
-     * inside it is a range of the shard's local elements, which the plan
-     * maps to global hyperslabs like any other. */
+     * of them; a sub-range is a partition of the flat layout (ZeRO shards
+     * made of several runs use cai_ckpt_save_pieces). Each parameter's part
+     * is a range of its shard's local elements, which the plan maps to
+     * global hyperslabs like any other. */
     size_t flat_begin, flat_end;
     int replicated;        /* 1: the replica_axis peers hold the same elements (they split the writing) */
     int skip_tie_copies;   /* load: leave tie copies whose primary this rank holds untouched (their
                             * optimizer moments are unused) */
-    /* A ZeRO shard: the buffer holds exactly these runs (flat_begin/end and
-     * `replicated` are then ignored; each element lives on one rank of the
-     * replica group, which writes it). NULL: the flat layout. */
-    const cai_ckpt_piece *pieces;
-    int n_pieces;
 } cai_ckpt_buffer;
 
 /* Collective over the mesh's world. meta (not NULL) must have has_model
@@ -451,6 +452,17 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
 cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
                                  const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
                                  cai_ckpt_stats *stats);
+/* The same with ZeRO shards: pieces[b] (NULL for a flat buffer) lists the
+ * runs buffer b holds, n_pieces[b] of them; such a buffer holds exactly
+ * these elements (its flat_begin/flat_end and `replicated` are ignored;
+ * each element lives on one rank of its replica group, which writes it).
+ * Pass cai_zero_pieces' list cast element-wise: it has the same fields. */
+cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
+                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats);
 
 /* ---------------------------------------------------------- inspection
  * For tools (colossal-ckpt inspect / verify / export): open a checkpoint on
