@@ -26,7 +26,8 @@
 # COLOSSAL_CHECKPOINT_STATUS, and the shell then puts the job back in the
 # queue with `scontrol requeue` (same job id, SLURM_RESTART_COUNT + 1, logs
 # appended with --open-mode=append). The restarted app resumes from its
-# checkpoint directory's `latest` by itself.
+# checkpoint directory's `latest` (the pretrain templates pass
+# --checkpoint.resume=auto).
 #
 # The same status after a signal sent to the ranks directly (scancel
 # --signal=USR1 without --batch) requeues too. SIGTERM to the whole job
@@ -38,6 +39,13 @@
 # and SIGKILL.
 
 COLOSSAL_SLURM_DIR=${COLOSSAL_SLURM_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
+
+# Until the step runs, a USR1 (a job whose --time is shorter than the
+# warning time gets it at once) must not kill the shell, whose default action
+# for it is to exit. Forwarding it later would kill ranks that have not yet
+# installed their handlers, so it is only reported.
+_colossal_early_usr1=0
+trap '_colossal_early_usr1=1' USR1
 
 colossal_log() { echo "colossal-job: $(date '+%F %T') $*"; }
 
@@ -98,6 +106,10 @@ colossal_job_start() {
 # Trap handlers: remember what arrived; only USR1 goes on to the step.
 _colossal_on_usr1() {
     _colossal_trapped=1
+    if [ -z "$_colossal_step" ]; then
+        _colossal_early_usr1=1
+        return
+    fi
     _colossal_usr1=1
     colossal_log "SIGUSR1 (time limit near, or scancel --signal=USR1 --batch): asking the step to checkpoint and stop"
     kill -USR1 "$_colossal_step" 2>/dev/null
@@ -112,12 +124,13 @@ _colossal_on_term() {
 colossal_job_run() {
     _colossal_term=0
     _colossal_usr1=0
-    # Installed before the step starts, so an early signal cannot kill the
-    # shell; one that arrives before the step exists is forwarded to nothing
-    # and the run simply goes on to its time limit.
     _colossal_step=
     trap _colossal_on_usr1 USR1
     trap _colossal_on_term TERM
+    if [ $_colossal_early_usr1 = 1 ]; then
+        colossal_log "SIGUSR1 arrived before the step started (--time shorter than the --signal warning" \
+            "time?): not forwarded; the run goes on until the time limit's SIGTERM"
+    fi
     colossal_log "step: $*"
     "$@" &
     _colossal_step=$!
