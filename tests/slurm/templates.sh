@@ -295,4 +295,8 @@ expect array1-1.out 'shard 1 of 3: lines'
 cmp -s shard1.bin shards/shard-00001.bin || fail "array: shard 1 redone alone differs"
 
 wait
+# Under --enable-sanitizers the ranks report to the jobs' stderr.
+for f in "$J"/*.err; do
+    ! grep -Eq 'Sanitizer|runtime error:' "$f" || fail "sanitizer report in $(basename "$f")"
+done
 echo "PASS: all templates in $(($(date +%s) - T_START)) s"
