@@ -45,7 +45,7 @@ EXTRA_DIST += docs/checkpoint.md
 # so it is built with the tests but never run by them).
 check_PROGRAMS += bench/ckpt_bench
 bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
-bench_ckpt_bench_LDADD = src/libcolossal-core.la
+bench_ckpt_bench_LDADD = src/libcolossal-core.la -lm
 
 # End-to-end tests through colossal-pretrain (shell, run under $(MPIEXEC)).
 CKPT_APP_TESTS = tests/apps/ckpt_resume.sh tests/apps/ckpt_crash.sh tests/apps/ckpt_h5tools.sh
