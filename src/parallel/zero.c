@@ -628,7 +628,9 @@ static cai_status make_pieces(cai_zero_t *z) {
     CAI_CALL(cai_calloc((void **)&z->pieces, (size_t)z->L.nseg + 1, sizeof *z->pieces, "ZeRO pieces"));
     for (int s = 0; s < z->L.nseg; s++) {
         const zl_seg *g = &z->L.seg[s];
-        z->pieces[s] = (cai_zero_piece){g->index, g->poff, g->soff, g->n};
+        z->pieces[s] = (cai_zero_piece){g->index, g->poff, g->soff, g->n, g->soff};
+        if (z->alias && z->L.stage >= 1 && z->L.stage < 3) /* masters inside the working weights */
+            z->pieces[s].master_offset = g->eoff;
     }
     int maxnp = 1;
     for (int u = 0; u < z->L.n_units; u++)
@@ -852,9 +854,9 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
 void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v) {
     cai_device_t *d = sdev(z);
     size_t nm = z->cfg.reduce_only ? 0 : z->L.shard; /* reduce-only: the moments are the caller's */
-    /* Stage 1/2 f32 masters are chunks of the working weights: no one buffer. */
-    const int whole = !(z->alias && z->L.stage < 3);
-    if (master) *master = vec(d, whole ? z->M : NULL, CAI_DTYPE_F32, 0, whole ? z->L.shard : 0);
+    /* Stage 1/2 f32 masters are this rank's chunks of the working weights. */
+    const int inside = z->alias && z->L.stage >= 1 && z->L.stage < 3;
+    if (master) *master = inside ? vec(d, z->W, CAI_DTYPE_F32, 0, z->L.n_pad) : vec(d, z->M, CAI_DTYPE_F32, 0, z->L.shard);
     if (m) *m = vec(d, z->Mm, CAI_DTYPE_F32, 0, nm);
     if (v) *v = vec(d, z->Mv, CAI_DTYPE_F32, 0, nm);
 }

@@ -99,8 +99,8 @@ START_TEST(shards_cover_every_element_once) {
             const cai_registry_t *reg = cai_model_registry(g.m);
             int np = cai_registry_count(reg), n = 0;
             const cai_zero_piece *pc = cai_zero_pieces(g.z, &n);
-            cai_tensor moment; /* the shard buffers' extent (f32 masters may live inside the working weights) */
-            cai_zero_shard_state(g.z, NULL, &moment, NULL);
+            cai_tensor moment, mt; /* moment: the shard's extent (f32 masters may live inside the working weights) */
+            cai_zero_shard_state(g.z, &mt, &moment, NULL);
             /* Coverage count per element of every parameter, summed over ranks. */
             size_t total = 0, *base = calloc((size_t)np + 1, sizeof *base);
             for (int i = 0; i < np; i++) {
@@ -146,6 +146,10 @@ START_TEST(shards_cover_every_element_once) {
                     CK_CAI(cai_zero_piece_views(g.z, k, &mv, &m1, NULL));
                     ck_assert_int_eq(cai_tensor_numel(&mv), (int64_t)pc[k].count);
                     ck_assert(memcmp(mv.data, want + pc[k].param_offset, pc[k].count * sizeof(float)) == 0);
+                    /* ... and through the shard's master buffer at master_offset. */
+                    ck_assert_uint_le(pc[k].master_offset + pc[k].count, (size_t)cai_tensor_numel(&mt));
+                    ck_assert(memcmp((const float *)mt.data + pc[k].master_offset, want + pc[k].param_offset,
+                                     pc[k].count * sizeof(float)) == 0);
                     ck_assert_int_eq(cai_tensor_numel(&m1), (int64_t)pc[k].count);
                 }
                 free(got);

@@ -144,16 +144,19 @@ void cai_zero_set_step_count(cai_zero_t *z, int64_t step);
 typedef struct {
     int index;
     size_t param_offset, shard_offset, count;
+    size_t master_offset; /* of its masters in cai_zero_shard_state's `master` (== shard_offset except
+                           * for f32 stages 1/2 without offload: see there) */
 } cai_zero_piece;
 /* The pieces of this rank's shard in shard order (stage 0: every held
  * parameter, whole). Valid for the engine's lifetime. Not collective. */
 const cai_zero_piece *cai_zero_pieces(const cai_zero_t *z, int *count);
 /* F32 shard buffers (device memory, or host memory with offload): master
- * weights and AdamW moments. Writable: after writing (loading a
- * checkpoint) call cai_zero_state_loaded. With f32 weights and no offload
- * the masters of stages 1/2 are this rank's chunks of the working weights
- * (no copy), so `master` comes back empty there: use the per-piece views.
- * Not collective. */
+ * weights and AdamW moments, pieces at shard_offset (moments) and
+ * master_offset (masters). Writable: after writing (loading a checkpoint)
+ * call cai_zero_state_loaded. With f32 weights and no offload the masters
+ * of stages 1/2 are this rank's chunks of the working weights (no copy):
+ * `master` is then the whole working-weight buffer in the engine layout
+ * and master_offset points into it. Not collective. */
 void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v);
 /* Views of piece `piece` (cai_zero_pieces order): its masters and moments
  * (count elements each). Not collective. */
