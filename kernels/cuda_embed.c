@@ -10,23 +10,6 @@
 
 #define STREAM(dev) (cai_cuda_of(dev)->stream)
 
-static cai_status tokens_check(const char *op, const char *arg, const cai_tensor *t, int64_t *B, int64_t *T,
-                               const int32_t **data) {
-    char *p;
-    CAI_CALL(cai_ops_vec(op, arg, t, CAI_CUDA, CAI_I32, -1, &p));
-    if (t->ndim == 2) {
-        *B = t->shape[0];
-        *T = t->shape[1];
-    } else if (t->ndim == 1) {
-        *B = 1;
-        *T = t->shape[0];
-    } else {
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected [B,T] or [T]", op, arg, CAI_OPS_DESCRIBE(t));
-    }
-    *data = (const int32_t *)p;
-    return CAI_OK;
-}
-
 cai_status cai_cuda_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
                                   const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total,
                                   int64_t pos_offset) {
@@ -35,7 +18,7 @@ cai_status cai_cuda_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_
     const int32_t *tok;
     cai_rows e, p, y;
     memset(&p, 0, sizeof p);
-    CAI_CALL(tokens_check(op, "tokens", tokens, &B, &T, &tok));
+    CAI_CALL(cai_ops_tokens(op, "tokens", tokens, CAI_CUDA, &B, &T, &tok));
     CAI_CALL(cai_ops_rows(op, "wte", wte, CAI_CUDA, CAI_ANYF, -1, &e));
     CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, e.cols, &y));
     if (y.rows != B * T)
@@ -61,7 +44,7 @@ cai_status cai_cuda_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tenso
     cai_rows dy, de, dp;
     memset(&de, 0, sizeof de);
     memset(&dp, 0, sizeof dp);
-    CAI_CALL(tokens_check(op, "tokens", tokens, &B, &T, &tok));
+    CAI_CALL(cai_ops_tokens(op, "tokens", tokens, CAI_CUDA, &B, &T, &tok));
     CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, -1, &dy));
     if (dy.rows != B * T)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dout is %s, expected %" PRId64 " rows (tokens %s)", op,

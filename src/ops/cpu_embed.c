@@ -7,23 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-static cai_status tokens_check(const char *op, const char *arg, const cai_tensor *t, int64_t *B, int64_t *T,
-                               const int32_t **data) {
-    char *p;
-    CAI_CALL(cai_ops_vec(op, arg, t, CAI_HOST, CAI_I32, -1, &p));
-    if (t->ndim == 2) {
-        *B = t->shape[0];
-        *T = t->shape[1];
-    } else if (t->ndim == 1) {
-        *B = 1;
-        *T = t->shape[0];
-    } else {
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected [B,T] or [T]", op, arg, CAI_OPS_DESCRIBE(t));
-    }
-    *data = (const int32_t *)p;
-    return CAI_OK;
-}
-
 cai_status cai_cpu_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
                                  const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total,
                                  int64_t pos_offset) {
@@ -31,7 +14,7 @@ cai_status cai_cpu_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_t
     int64_t B, T;
     const int32_t *tok;
     cai_rows e, p = {0}, y;
-    CAI_CALL(tokens_check(op, "tokens", tokens, &B, &T, &tok));
+    CAI_CALL(cai_ops_tokens(op, "tokens", tokens, CAI_HOST, &B, &T, &tok));
     CAI_CALL(cai_ops_rows(op, "wte", wte, CAI_HOST, CAI_F32, -1, &e));
     CAI_CALL(cai_ops_rows(op, "out", out, CAI_HOST, CAI_F32, e.cols, &y));
     if (y.rows != B * T)
@@ -70,7 +53,7 @@ cai_status cai_cpu_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tensor
     int64_t B, T;
     const int32_t *tok;
     cai_rows dy, de = {0}, dp = {0};
-    CAI_CALL(tokens_check(op, "tokens", tokens, &B, &T, &tok));
+    CAI_CALL(cai_ops_tokens(op, "tokens", tokens, CAI_HOST, &B, &T, &tok));
     CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, -1, &dy));
     if (dy.rows != B * T)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dout is %s, expected %" PRId64 " rows (tokens %s)", op,

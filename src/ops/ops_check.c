@@ -105,3 +105,20 @@ cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r,
                          ref->cols);
     return CAI_OK;
 }
+
+cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int64_t *B,
+                          int64_t *T, const int32_t **data) {
+    char *p;
+    CAI_CALL(cai_ops_vec(op, arg, t, kind, (int)CAI_DTYPE_I32, -1, &p));
+    if (t->ndim == 2) {
+        *B = t->shape[0];
+        *T = t->shape[1];
+    } else if (t->ndim == 1) {
+        *B = 1;
+        *T = t->shape[0];
+    } else {
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected [B,T] or [T]", op, arg, CAI_OPS_DESCRIBE(t));
+    }
+    *data = (const int32_t *)p;
+    return CAI_OK;
+}
