@@ -1,0 +1,63 @@
+#!/bin/sh
+# Everything the GPU issues need, in one call on a GPU machine (the device
+# tool returns at most 8 files, so each part's logs are packed into one
+# tarball per part):
+#
+#   tests/gpu/run-all.sh OUTDIR PART...
+#
+# PART: ops (op parity + op benchmarks, tests/gpu/device-run.sh),
+# model (whole-model parity, allocation check, DP equivalence, GPT-2 124M
+# training: tests/gpu/model-run.sh), hf (transformers opens the exports made
+# by tests/gpu/hf-prepare.sh into .device/hf), coll (NCCL collectives test on
+# every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh).
+# Builds once into build-gpu (configured against .device/root) and shares it.
+set -u
+out=$1
+shift
+top=$PWD
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+dlib=$top/.device/root/usr/lib/x86_64-linux-gnu
+export LD_LIBRARY_PATH="$top/build-gpu/src/.libs:$dlib:${LD_LIBRARY_PATH:-}"
+export PKG_CONFIG_PATH=$dlib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$top/.device/root
+ngpu=$(nvidia-smi -L | wc -l)
+echo "== $(date -u +%FT%TZ) $ngpu GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
+t0=$(date +%s)
+if [ ! -f build-gpu/Makefile ]; then
+    [ -x configure ] || autoreconf -fi >"$out/autoreconf.log" 2>&1
+    mkdir -p build-gpu && (cd build-gpu && ../configure -q --without-hdf5 --with-cuda=/usr/local/cuda \
+        --with-nccl=/usr >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
+fi
+(cd build-gpu && make -j16 >"$out/make.log" 2>&1 && make -j16 check TESTS= >>"$out/make.log" 2>&1) ||
+    { grep -E "error|Error" "$out/make.log" | head -30; }
+echo "== build: $(($(date +%s) - t0)) s"
+for part in "$@"; do
+    t=$(date +%s)
+    d=$out/$part
+    mkdir -p "$d"
+    echo "== part $part"
+    case $part in
+    ops) mkdir -p .device/none && timeout 400 tests/gpu/device-run.sh "$d" .device/none ;;
+    model) timeout 480 tests/gpu/model-run.sh "$d" ;;
+    hf)
+        h=.device/hf
+        timeout 200 python3 tests/gpu/hf_transformers.py --device cuda model $h/gpt2 $h/gpt2.logits \
+            $h/llama $h/llama.logits $h/l16 $h/l16.logits 2>&1 | tail -12
+        timeout 100 python3 tests/gpu/hf_transformers.py tokenizer $h/run $h/text.txt $h/text.ids 2>&1 | tail -6
+        ;;
+    coll)
+        for n in 2 $ngpu; do
+            timeout 120 mpirun --allow-run-as-root --oversubscribe -np $n build-gpu/tests/mpi/test_collectives_gpu \
+                >"$d/coll-np$n.log" 2>&1
+            echo "test_collectives_gpu -np $n: exit $?"; tail -3 "$d/coll-np$n.log"
+        done
+        ;;
+    train) timeout 500 bench/gpu_train.sh "$d" ;;
+    scaling) timeout 500 bench/gpu_scaling.sh "$d" ;;
+    *) echo "unknown part $part" ;;
+    esac
+    echo "== part $part: exit $?, $(($(date +%s) - t)) s"
+    tar -czf "$out/$part.tgz" -C "$out" "$part" && rm -rf "${d:?}"
+done
+tar -czf "$out/build.tgz" -C "$out" $(cd "$out" && ls *.log 2>/dev/null) 2>/dev/null && rm -f "$out"/*.log
+echo "== total $(($(date +%s) - t0)) s"
