@@ -24,7 +24,11 @@ ngpu=$(nvidia-smi -L | wc -l)
 echo "== $(date -u +%FT%TZ) $ngpu GPU(s): $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 t0=$(date +%s)
 if [ ! -f build-gpu/Makefile ]; then
-    [ -x configure ] || autoreconf -fi >"$out/autoreconf.log" 2>&1
+    # configure and Makefile.in travel from the development machine (carry
+    # them); the copy's timestamps must not make `make` rerun autotools,
+    # which this machine lacks
+    [ -x configure ] || { echo "carry configure, Makefile.in, aclocal.m4, build-aux, src/cai_config.h.in"; exit 1; }
+    touch aclocal.m4 && sleep 1 && touch configure Makefile.in src/cai_config.h.in
     mkdir -p build-gpu && (cd build-gpu && ../configure -q --without-hdf5 --with-cuda=/usr/local/cuda \
         --with-nccl=/usr >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
 fi
