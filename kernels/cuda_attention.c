@@ -1,8 +1,15 @@
-/* CUDA backend: attention (validation and workspace here, kernels in
- * attention.cu). q, k, v, out and the gradients may be F32, BF16 or F16
- * views with any strides on B, T and heads (e.g. into a fused QKV buffer);
- * lse is F32 [B,Hq,Tq]. The backward's only scratch is D_i = rowsum(dO * O),
- * one f32 per query row, in the caller's workspace. */
+/* CUDA backend: attention (validation, workspace and the choice of kernels
+ * here; kernels in attention_flash.cu, attention_tc.cu, attention.cu). q, k,
+ * v, out and the gradients may be F32, BF16 or F16 views with any strides on
+ * B, T and heads (e.g. into a fused QKV buffer); lse is F32 [B,Hq,Tq]. The
+ * backward's only scratch is D_i = rowsum(dO * O), one f32 per query row, in
+ * the caller's workspace.
+ *
+ * CAI_CUDA_ATTN (read per call, so one process can compare the paths):
+ * "flash" (default) uses the mma.sync kernels where they apply (bf16 or f16
+ * inputs, head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones
+ * otherwise; "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core
+ * kernels for everything. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -23,6 +30,7 @@ typedef struct {
     cai_bthd q, k, v, o;
     float *lse;
     cuk_attn p;
+    int flash; /* CAI_CUDA_ATTN allows attention_flash.cu */
 } attn_args;
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const cai_tensor *lse,
@@ -62,6 +70,7 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     /* read per call so a process can compare both paths (tests, benchmarks) */
     const char *mode = getenv("CAI_CUDA_ATTN");
     a->p.tc = !(mode && strcmp(mode, "simt") == 0);
+    a->flash = !mode || !mode[0] || strcmp(mode, "flash") == 0;
     return CAI_OK;
 }
 
@@ -74,8 +83,11 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     attn_args a;
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, cai_cuda_bthd(&a.q),
-                                cai_cuda_bthd(&a.k), cai_cuda_bthd(&a.v), a.p));
+    cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v);
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+        CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
+    else
+        CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
     return CAI_OK;
 }
 
@@ -112,8 +124,12 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
                          "attention_workspace_bytes for these sizes and this device)", op, workspace_bytes, need);
     float *dvec = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
-                                cai_cuda_bthd(&gdv), cai_cuda_bthd(&gdo), cai_cuda_bthd(&a.q), cai_cuda_bthd(&a.k),
-                                cai_cuda_bthd(&a.v), cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
+    cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
+        CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
+                                          cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
+    else
+        CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
+                                    cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
     return CAI_OK;
 }

@@ -117,6 +117,18 @@ cudaError_t cuk_attn_tc_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, 
 cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
                             cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec, cuk_attn a);
 
+/* attention_flash.cu: flash-attention-2 style kernels (mma.sync, cp.async) for
+ * bf16 or f16 q, k, v (and dout) of one dtype, head_dim 64 or 128, 16-byte
+ * aligned rows (pointers and the B/T/H strides); outputs any dtype and strides.
+ * The host code calls them instead of cuk_attn_fwd/_bwd when cuk_attn_flash_ok
+ * (pass dout NULL for the forward) and CAI_CUDA_ATTN allows. The backward
+ * computes dvec itself, like cuk_attn_bwd. */
+int cuk_attn_flash_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *dout);
+cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
+                               cuk_attn a);
+cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
+                               cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
+
 /* ---------------------------------------------------------------- embed.cu */
 cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,
                               int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset, cuk_errrec *err);

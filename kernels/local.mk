@@ -17,6 +17,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/norm.cu \
 	%reldir%/attention.cu \
 	%reldir%/attention_tc.cu \
+	%reldir%/attention_flash.cu \
 	%reldir%/embed.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
@@ -36,6 +37,7 @@ CAI_CUDA_LOBJS = \
 	%reldir%/norm.lo \
 	%reldir%/attention.lo \
 	%reldir%/attention_tc.lo \
+	%reldir%/attention_flash.lo \
 	%reldir%/embed.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++

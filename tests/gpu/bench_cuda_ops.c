@@ -120,6 +120,17 @@ static void f_attn_bwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->attention_bwd(G, &c->g, &c->h, &c->f, &c->d, &c->a, &c->b, &c->c, &c->d, &c->e, &c->p, c->ws, c->wsb));
 }
+/* Forward and backward of the attention in c under CAI_CUDA_ATTN=mode (NULL:
+ * the default, flash); tensor_bytes is one [B,T,Hq*D] tensor's bytes. */
+static void bench_attn(ctx_t *c, const char *what, const char *mode, double tensor_bytes, double fwd_flops) {
+    char name[96];
+    if (mode) setenv("CAI_CUDA_ATTN", mode, 1);
+    snprintf(name, sizeof name, "attention_fwd %s%s%s", what, mode ? ", " : "", mode ? mode : "");
+    report(name, time_it(f_attn_fwd, c), 5 * tensor_bytes, fwd_flops);
+    snprintf(name, sizeof name, "attention_bwd %s%s%s", what, mode ? ", " : "", mode ? mode : "");
+    report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
+    if (mode) unsetenv("CAI_CUDA_ATTN");
+}
 static void f_xent(void *x) {
     ctx_t *c = x;
     OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100));
@@ -236,13 +247,33 @@ int main(int argc, char **argv) {
     OK(cai_device_alloc(G, c.wsb, "ws", &c.ws));
     g_dev[g_ndev++] = c.ws;
     double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
-    report("attention_fwd bf16 causal B8 T1024 H12 D64", time_it(f_attn_fwd, &c), 2.0 * 5 * B * T * C, af);
-    report("attention_bwd bf16 (dq,dk,dv into fused)", time_it(f_attn_bwd, &c), 2.0 * 8 * B * T * C, 2.5 * af);
-    setenv("CAI_CUDA_ATTN", "simt", 1);
-    report("attention_fwd same, CUDA cores (simt)", time_it(f_attn_fwd, &c), 2.0 * 5 * B * T * C, af);
-    report("attention_bwd same, CUDA cores (simt)", time_it(f_attn_bwd, &c), 2.0 * 8 * B * T * C, 2.5 * af);
-    unsetenv("CAI_CUDA_ATTN");
+    /* default: the flash kernels (attention_flash.cu); then the WMMA and CUDA-core ones */
+    bench_attn(&c, "bf16 causal B8 T1024 H12 D64", NULL, 2.0 * B * T * C, af);
+    bench_attn(&c, "same", "tc", 2.0 * B * T * C, af);
+    bench_attn(&c, "same", "simt", 2.0 * B * T * C, af);
     free_all();
+
+    /* flash attention at head_dim 128 (Llama-style), contiguous q/k/v, same tokens and width */
+    {
+        const int64_t H2 = 6, D2 = 128;
+        memset(&c, 0, sizeof c);
+        c.a = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.b = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.c = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.d = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.e = dev_tensor(F32, 3, SHP(B, H2, T), 1.0f);
+        c.f = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.g = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.h = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
+        c.p = (cai_attn_params){.causal = 1};
+        c.wsb = G->ops->attention_workspace_bytes(G, B, T, T, H2, H2, D2);
+        OK(cai_device_alloc(G, c.wsb, "ws", &c.ws));
+        g_dev[g_ndev++] = c.ws;
+        double af2 = 4.0 * B * H2 * (double)T * T * D2 / 2;
+        bench_attn(&c, "bf16 causal B8 T1024 H6 D128", NULL, 2.0 * B * T * C, af2);
+        bench_attn(&c, "same D128", "tc", 2.0 * B * T * C, af2);
+        free_all();
+    }
 
     /* fused softmax + cross-entropy, forward and in-place backward */
     memset(&c, 0, sizeof c);

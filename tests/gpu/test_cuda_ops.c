@@ -379,7 +379,7 @@ static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t H
         gt_check(nm("attn bwd dk    %s", tag), dk, btol);
         gt_check(nm("attn bwd dv    %s", tag), dv, btol);
     }
-    if (fused && dt == CAI_DTYPE_F32) { /* determinism: the same bits again */
+    if (fused) { /* determinism: the same bits again (every path; no atomics) */
         float *first = gt_download(dqkv.b);
         GT_OK(G->ops->fill(G, &dqkv.g, NAN));
         GT_OK(G->ops->attention_bwd(G, &dq.g, &dk.g, &dv.g, &dout.g, &q.g, &k.g, &v.g, &o.g, &lse.g, &p, gw, gws));
@@ -400,6 +400,14 @@ static void t_attention(cai_dtype dt) {
     attn_case(dt, 2, 33, 50, 4, 1, 40, 1, 17, 16, 0);   /* decode-style offset, window, MQA, odd D */
     attn_case(dt, 1, 20, 20, 2, 2, 256, 1, -5, 0, 0);   /* first rows see no key: out 0, lse -inf */
     attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1);   /* many tiles */
+    /* shapes for the flash kernels (head_dim 64/128; bf16 and f16 go there
+     * by default): offsets and windows not aligned to their 64-row tiles,
+     * rows with no key, GQA with fused QKV, Tq != Tk both ways */
+    attn_case(dt, 2, 100, 150, 4, 2, 64, 1, 50, 40, 0);  /* decode-style offset + window, GQA */
+    attn_case(dt, 1, 70, 70, 2, 2, 128, 1, -5, 0, 0);    /* no-key rows at D 128 */
+    attn_case(dt, 2, 200, 200, 4, 4, 128, 1, 0, 70, 1);  /* window over several tiles, fused, D 128 */
+    attn_case(dt, 1, 150, 90, 4, 2, 64, 0, 0, 0, 0);     /* full attention, Tq > Tk */
+    attn_case(dt, 1, 129, 129, 8, 2, 64, 1, 3, 0, 1);    /* GQA 4:1, positive offset */
 }
 
 /* ------------------------------------------------------------------ embeddings, cross-entropy */
@@ -562,7 +570,13 @@ static void bf16_act(void) {
     t_rope(CAI_DTYPE_BF16);
 }
 static void f32_attn(void) { t_attention(CAI_DTYPE_F32); }
-static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); } /* tensor cores */
+static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); } /* flash at D 64/128, WMMA otherwise */
+static void bf16_attn_tc(void) {
+    setenv("CAI_CUDA_ATTN", "tc", 1); /* the WMMA kernels */
+    t_attention(CAI_DTYPE_BF16);
+    unsetenv("CAI_CUDA_ATTN");
+}
+static void f16_attn(void) { t_attention(CAI_DTYPE_F16); } /* flash at D 64/128, CUDA cores otherwise */
 static void bf16_attn_simt(void) {
     setenv("CAI_CUDA_ATTN", "simt", 1); /* the f32 CUDA-core kernels on bf16 storage */
     t_attention(CAI_DTYPE_BF16);
@@ -584,7 +598,7 @@ static const test_entry tests[] = {
     {"matmul f16", f16_matmul},   {"linear f32", f32_linear},   {"linear bf16", bf16_linear},
     {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
     {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
-    {"attention simt bf16", bf16_attn_simt},
+    {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn}, {"attention simt bf16", bf16_attn_simt},
     {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
     {"errors", t_errors},
 };
