@@ -408,6 +408,8 @@ static void t_attention(cai_dtype dt) {
     attn_case(dt, 2, 200, 200, 4, 4, 128, 1, 0, 70, 1);  /* window over several tiles, fused, D 128 */
     attn_case(dt, 1, 150, 90, 4, 2, 64, 0, 0, 0, 0);     /* full attention, Tq > Tk */
     attn_case(dt, 1, 129, 129, 8, 2, 64, 1, 3, 0, 1);    /* GQA 4:1, positive offset */
+    attn_case(dt, 2, 50, 200, 2, 1, 64, 1, 150, 20, 0);  /* key tiles no query sees: dk = dv = 0 */
+    attn_case(dt, 1, 100, 100, 2, 2, 128, 1, -70, 0, 0); /* a whole query tile sees no key */
 }
 
 /* ------------------------------------------------------------------ embeddings, cross-entropy */
@@ -530,6 +532,234 @@ static void t_errors(void) {
     cai_error_clear();
 }
 
+/* ------------------------------------------------------------------ 16-byte fast paths */
+
+/* The memory-bound kernels take 16-byte vector paths when every row starts
+ * 16-byte aligned (and, for most, the tensors share one dtype); the cases
+ * above mostly use misaligned views (the general kernels). These use views
+ * whose rows are aligned but whose width is not a multiple of 8 (a partial
+ * last chunk), contiguous tensors of odd size (collapsed into one row), and
+ * check that the padding columns of a narrowed output stay untouched. */
+
+/* Columns [cols, ld) of a [rows, ld] output buffer still hold the NaN poison. */
+static void fp_untouched(const char *name, gt_t full, int64_t rows, int64_t ld, int64_t cols) {
+    float *got = gt_download(full.b);
+    int ok = 1;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = cols; c < ld; c++) ok &= isnan(got[r * ld + c]);
+    free(got);
+    gt_expect(nm("%s: padding columns untouched", name), ok, NULL);
+}
+
+/* An aligned view [rows, cols] of a fresh [rows, ld] buffer (random or NaN). */
+static gt_t fp_view(cai_dtype dt, int64_t rows, int64_t cols, int64_t ld, int random, gt_t *full) {
+    *full = random ? R2(dt, rows, ld, 1.0) : O2(dt, rows, ld);
+    return gt_narrow(*full, 1, 0, cols);
+}
+
+static void fp_norms(cai_dtype dt) {
+    double tol = gt_tol(dt);
+    /* widths: partial last chunk (771 in rows of 776), exact 768, 1024 (4 chunks a lane), 1600 (forward
+     * only in registers; the backward takes the general kernels) */
+    const int64_t widths[4][2] = {{771, 776}, {768, 768}, {1024, 1024}, {1600, 1600}};
+    for (int k = 0; k < 4; k++) {
+        const int64_t N = 70, C = widths[k][0], ld = widths[k][1];
+        gt_t xf, yf, dyf, dxf;
+        gt_t x = fp_view(dt, N, C, ld, 1, &xf);
+        for (int64_t i = 0; i < xf.b->n; i++) xf.b->hbuf[i] = 2.0f * xf.b->hbuf[i] + 0.5f;
+        gt_upload(&xf);
+        gt_t y = fp_view(dt, N, C, ld, 0, &yf), w = R1(dt, C, 1.0), b = R1(dt, C, 1.0);
+        gt_t mean = O1(CAI_DTYPE_F32, N), rstd = O1(CAI_DTYPE_F32, N);
+        BOTH("layernorm_fwd", H->ops->layernorm_fwd(H, &y.h, &mean.h, &rstd.h, &x.h, &w.h, &b.h, 1e-5f),
+             G->ops->layernorm_fwd(G, &y.g, &mean.g, &rstd.g, &x.g, &w.g, &b.g, 1e-5f));
+        gt_check(nm("layernorm_fwd aligned C=%" PRId64 " ld=%" PRId64, C, ld), y, tol);
+        gt_check(nm("layernorm_fwd aligned C=%" PRId64 " mean", C), mean, 1e-5);
+        gt_check(nm("layernorm_fwd aligned C=%" PRId64 " rstd", C), rstd, 1e-5);
+        if (ld > C) fp_untouched("layernorm_fwd", yf, N, ld, C);
+        gt_t dy = fp_view(dt, N, C, ld, 1, &dyf), dx = fp_view(dt, N, C, ld, 1, &dxf);
+        gt_t dw = R1(CAI_DTYPE_F32, C, 1.0), db = R1(CAI_DTYPE_F32, C, 1.0);
+        BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, &dx.h, &dw.h, &db.h, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, 1),
+             G->ops->layernorm_bwd(G, &dx.g, &dw.g, &db.g, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 1));
+        gt_check(nm("layernorm_bwd aligned C=%" PRId64 " dinp (+=)", C), dx, tol);
+        gt_check(nm("layernorm_bwd aligned C=%" PRId64 " dweight (+=)", C), dw, 1e-5);
+        gt_check(nm("layernorm_bwd aligned C=%" PRId64 " dbias (+=)", C), db, 1e-5);
+        /* parameter gradients only; then dinp only, in place over dout */
+        gt_t dw2 = R1(CAI_DTYPE_F32, C, 1.0);
+        BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, NULL, &dw2.h, NULL, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, 0),
+             G->ops->layernorm_bwd(G, NULL, &dw2.g, NULL, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 0));
+        gt_check(nm("layernorm_bwd aligned C=%" PRId64 " dweight only", C), dw2, 1e-5);
+        BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, &dy.h, NULL, NULL, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, 0),
+             G->ops->layernorm_bwd(G, &dy.g, NULL, NULL, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 0));
+        gt_check(nm("layernorm_bwd aligned C=%" PRId64 " dinp in place (=)", C), dy, tol);
+        /* RMSNorm on the same rows, f32 weight (a dtype of its own) */
+        gt_t wf = R1(CAI_DTYPE_F32, C, 1.0), y2f, dx2f;
+        gt_t y2 = fp_view(dt, N, C, ld, 0, &y2f), rs2 = O1(CAI_DTYPE_F32, N);
+        BOTH("rmsnorm_fwd", H->ops->rmsnorm_fwd(H, &y2.h, &rs2.h, &x.h, &wf.h, 1e-6f),
+             G->ops->rmsnorm_fwd(G, &y2.g, &rs2.g, &x.g, &wf.g, 1e-6f));
+        gt_check(nm("rmsnorm_fwd aligned C=%" PRId64 " (f32 weight)", C), y2, tol);
+        gt_check(nm("rmsnorm_fwd aligned C=%" PRId64 " rstd", C), rs2, 1e-5);
+        gt_t dy2 = R2(dt, N, ld, 1.0), dx2 = fp_view(dt, N, C, ld, 0, &dx2f), dw3 = R1(CAI_DTYPE_F32, C, 1.0);
+        gt_t dy2v = gt_narrow(dy2, 1, 0, C);
+        BOTH("rmsnorm_bwd", H->ops->rmsnorm_bwd(H, &dx2.h, &dw3.h, &dy2v.h, &x.h, &wf.h, &rs2.h, 0),
+             G->ops->rmsnorm_bwd(G, &dx2.g, &dw3.g, &dy2v.g, &x.g, &wf.g, &rs2.g, 0));
+        gt_check(nm("rmsnorm_bwd aligned C=%" PRId64 " dinp (=)", C), dx2, tol);
+        gt_check(nm("rmsnorm_bwd aligned C=%" PRId64 " dweight (+=)", C), dw3, 1e-5);
+        if (ld > C) fp_untouched("rmsnorm_bwd", dx2f, N, ld, C);
+    }
+    /* bitwise repeatability of the one-pass backward's parameter gradients (many row blocks) */
+    const int64_t N = 1000, C = 768;
+    gt_t x = R2(dt, N, C, 1.0), dy = R2(dt, N, C, 1.0), w = R1(dt, C, 1.0), y = O2(dt, N, C);
+    gt_t mean = O1(CAI_DTYPE_F32, N), rstd = O1(CAI_DTYPE_F32, N), dx = O2(dt, N, C);
+    GT_OK(G->ops->layernorm_fwd(G, &y.g, &mean.g, &rstd.g, &x.g, &w.g, NULL, 1e-5f));
+    float *bits[2];
+    for (int rep = 0; rep < 2; rep++) {
+        gt_t dw = O1(CAI_DTYPE_F32, C);
+        GT_OK(G->ops->fill(G, &dw.g, 0.0f));
+        GT_OK(G->ops->layernorm_bwd(G, &dx.g, &dw.g, NULL, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 0));
+        bits[rep] = gt_download(dw.b);
+    }
+    gt_expect("layernorm_bwd dweight bitwise repeatable", memcmp(bits[0], bits[1], (size_t)C * 4) == 0, NULL);
+    free(bits[0]);
+    free(bits[1]);
+}
+
+static void fp_elementwise(cai_dtype dt) {
+    double tol = gt_tol(dt);
+    const int64_t N = 19, C = 300, ld = 312;
+    gt_t xf, yf, dxf;
+    gt_t x = fp_view(dt, N, C, ld, 1, &xf), y = fp_view(dt, N, C, ld, 0, &yf);
+    BOTH("gelu_fwd", H->ops->gelu_fwd(H, &y.h, &x.h), G->ops->gelu_fwd(G, &y.g, &x.g));
+    gt_check("gelu_fwd aligned rows, C=300", y, tol);
+    fp_untouched("gelu_fwd", yf, N, ld, C);
+    gt_t dy = R2(dt, N, C, 1.0), dx = fp_view(dt, N, C, ld, 0, &dxf);
+    (void)dy;
+    gt_t dyf2, dy2 = fp_view(dt, N, C, ld, 1, &dyf2);
+    BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dx.h, &x.h, &dy2.h), G->ops->gelu_bwd(G, &dx.g, &x.g, &dy2.g));
+    gt_check("gelu_bwd aligned rows", dx, tol);
+    BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dy2.h, &x.h, &dy2.h), G->ops->gelu_bwd(G, &dy2.g, &x.g, &dy2.g));
+    gt_check("gelu_bwd aligned in place", dy2, tol);
+    /* contiguous, odd element count: one long row */
+    gt_t cx = R2(dt, 7, 301, 2.0), cy = O2(dt, 7, 301);
+    BOTH("gelu_fwd", H->ops->gelu_fwd(H, &cy.h, &cx.h), G->ops->gelu_fwd(G, &cy.g, &cx.g));
+    gt_check("gelu_fwd contiguous 7x301", cy, tol);
+    BOTH("scale", H->ops->scale(H, &cx.h, 1.5f), G->ops->scale(G, &cx.g, 1.5f));
+    gt_check("scale contiguous 7x301", cx, tol);
+    BOTH("axpy", H->ops->axpy(H, &cy.h, -0.5f, &cx.h), G->ops->axpy(G, &cy.g, -0.5f, &cx.g));
+    gt_check("axpy contiguous 7x301", cy, tol);
+    gt_t co = O2(dt, 7, 301);
+    BOTH("add", H->ops->add(H, &co.h, &cx.h, &cy.h), G->ops->add(G, &co.g, &cx.g, &cy.g));
+    gt_check("add contiguous 7x301", co, tol);
+    /* bias of the activation dtype: broadcast row on the fast path */
+    gt_t bias = R1(dt, C, 1.0);
+    BOTH("bias_add", H->ops->bias_add(H, &x.h, &bias.h), G->ops->bias_add(G, &x.g, &bias.g));
+    gt_check("bias_add aligned rows, same-dtype bias", x, tol);
+    fp_untouched("bias_add", yf, N, ld, C);
+    /* SwiGLU: halves of a fused [N, 2F] buffer, F a multiple of 8 so both halves are aligned */
+    const int64_t F = 136;
+    gt_t fused = R2(dt, N, 2 * F, 2.0), o = O2(dt, N, F), d = R2(dt, N, F, 1.0), dfused = O2(dt, N, 2 * F);
+    gt_t gate = gt_narrow(fused, 1, 0, F), up = gt_narrow(fused, 1, F, F);
+    gt_t dg = gt_narrow(dfused, 1, 0, F), du = gt_narrow(dfused, 1, F, F);
+    BOTH("swiglu_fwd", H->ops->swiglu_fwd(H, &o.h, &gate.h, &up.h), G->ops->swiglu_fwd(G, &o.g, &gate.g, &up.g));
+    gt_check("swiglu_fwd aligned halves", o, tol);
+    BOTH("swiglu_bwd", H->ops->swiglu_bwd(H, NULL, &du.h, &d.h, &gate.h, &up.h),
+         G->ops->swiglu_bwd(G, NULL, &du.g, &d.g, &gate.g, &up.g));
+    gt_check("swiglu_bwd aligned, dup only", du, tol);
+    BOTH("swiglu_bwd", H->ops->swiglu_bwd(H, &dg.h, &du.h, &d.h, &gate.h, &up.h),
+         G->ops->swiglu_bwd(G, &dg.g, &du.g, &d.g, &gate.g, &up.g));
+    gt_check("swiglu_bwd aligned dgate|dup", dfused, tol);
+    /* conversions into and out of this dtype on aligned rows and contiguous odd sizes: bitwise */
+    const cai_dtype dts[3] = {CAI_DTYPE_F32, CAI_DTYPE_BF16, CAI_DTYPE_F16};
+    for (int k = 0; k < 3; k++) {
+        gt_t sf, df;
+        gt_t src = fp_view(dt, 9, 70, 72, 1, &sf), dst = fp_view(dts[k], 9, 70, 72, 0, &df);
+        for (int64_t i = 0; i < sf.b->n; i++) sf.b->hbuf[i] *= 3.0f;
+        gt_upload(&sf);
+        BOTH("copy", H->ops->copy(H, &dst.h, &src.h), G->ops->copy(G, &dst.g, &src.g));
+        gt_round_host(&df);
+        gt_check(nm("copy aligned rows %s -> %s", dtn(dt), dtn(dts[k])), dst, 0.0);
+        fp_untouched("copy aligned rows", df, 9, 72, 70);
+        gt_t s2 = R2(dt, 5, 203, 3.0), d2 = O2(dts[k], 5, 203);
+        BOTH("copy", H->ops->copy(H, &d2.h, &s2.h), G->ops->copy(G, &d2.g, &s2.g));
+        gt_round_host(&d2);
+        gt_check(nm("copy contiguous 5x203 %s -> %s", dtn(dt), dtn(dts[k])), d2, 0.0);
+    }
+}
+
+static void fp_xent_embed(cai_dtype dt) {
+    double tol = gt_tol(dt);
+    /* cross-entropy on aligned rows (300 columns in rows of 312), padding and ignored rows */
+    const int64_t N = 37, V = 300, ld = 312, valid = 290;
+    int32_t tgt[37];
+    for (int i = 0; i < N; i++) tgt[i] = (int32_t)((i * 101 + 7) % valid);
+    tgt[3] = tgt[20] = -100;
+    tgt[11] = 289; /* the last valid column, inside the partial chunk */
+    gt_t tt = gt_ints(1, SHP(N), tgt);
+    gt_t lf;
+    gt_t lg = fp_view(dt, N, V, ld, 1, &lf);
+    for (int64_t i = 0; i < lf.b->n; i++) lf.b->hbuf[i] *= 3.0f;
+    lf.b->hbuf[5 * ld + 17] = 40.0f; /* a late large maximum: the running sum must rescale */
+    gt_upload(&lf);
+    gt_t loss = O1(CAI_DTYPE_F32, N), lse = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_fwd", H->ops->xent_fwd(H, &loss.h, &lse.h, &lg.h, &tt.h, 0, valid, -100),
+         G->ops->xent_fwd(G, &loss.g, &lse.g, &lg.g, &tt.g, 0, valid, -100));
+    gt_check("xent_fwd aligned rows losses", loss, 1e-5);
+    gt_check("xent_fwd aligned rows lse", lse, 1e-5);
+    gt_t mx = O1(CAI_DTYPE_F32, N), se = O1(CAI_DTYPE_F32, N), tl = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_stats", H->ops->xent_stats(H, &mx.h, &se.h, &tl.h, &lg.h, &tt.h, 0, valid, -100),
+         G->ops->xent_stats(G, &mx.g, &se.g, &tl.g, &lg.g, &tt.g, 0, valid, -100));
+    gt_check("xent_stats aligned max", mx, 1e-6);
+    gt_check("xent_stats aligned sumexp", se, 1e-5);
+    gt_check("xent_stats aligned target logit", tl, 0.0);
+    float *b1 = gt_download(lse.b);
+    GT_OK(G->ops->xent_fwd(G, &loss.g, &lse.g, &lg.g, &tt.g, 0, valid, -100));
+    float *b2 = gt_download(lse.b);
+    gt_expect("xent_fwd lse bitwise repeatable", memcmp(b1, b2, (size_t)N * 4) == 0, NULL);
+    free(b1);
+    free(b2);
+    gt_t dl = R1(CAI_DTYPE_F32, N, 1.0), dxf;
+    gt_t dx = fp_view(dt, N, V, ld, 0, &dxf);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &dx.h, &lg.h, &lse.h, &tt.h, &dl.h, 0.0f, 0, valid, -100),
+         G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
+    gt_check("xent_bwd aligned rows", dx, tol);
+    fp_untouched("xent_bwd", dxf, N, ld, V);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &lg.h, &lg.h, &lse.h, &tt.h, NULL, 1.0f / 35, 0, valid, -100),
+         G->ops->xent_bwd(G, &lg.g, &lg.g, &lse.g, &tt.g, NULL, 1.0f / 35, 0, valid, -100));
+    gt_check("xent_bwd aligned in place", lg, tol);
+    /* embeddings with 8-aligned rows (C = 72) and a partial last chunk (75 of 80) */
+    const int64_t B = 3, T = 17, Vl = 50, voff = 20, Vt = 100, P = 32;
+    int32_t tok[3 * 17];
+    for (int i = 0; i < B * T; i++) tok[i] = (int32_t)((i * 7919 + 13) % 97 < 60 ? (i * 31) % 40 + 15 : (i * 13) % Vt);
+    gt_t tt2 = gt_ints(2, SHP(B, T), tok);
+    const int64_t Cs[2][2] = {{72, 72}, {75, 80}};
+    for (int k = 0; k < 2; k++) {
+        const int64_t C = Cs[k][0], L = Cs[k][1];
+        gt_t wtef, wpef, outf;
+        gt_t wte = fp_view(dt, Vl, C, L, 1, &wtef), wpe = fp_view(dt, P, C, L, 1, &wpef);
+        gt_t o2 = fp_view(dt, B * T, C, L, 0, &outf);
+        gt_t out = gt_unflatten(o2, 0, T);
+        BOTH("embedding_fwd", H->ops->embedding_fwd(H, &out.h, &tt2.h, &wte.h, &wpe.h, voff, Vt, 4),
+             G->ops->embedding_fwd(G, &out.g, &tt2.g, &wte.g, &wpe.g, voff, Vt, 4));
+        gt_check(nm("embedding_fwd aligned C=%" PRId64, C), out, dt == CAI_DTYPE_F32 ? 0.0 : tol);
+        if (L > C) fp_untouched("embedding_fwd", outf, B * T, L, C);
+    }
+}
+
+static void f32_fast(void) {
+    fp_norms(CAI_DTYPE_F32);
+    fp_elementwise(CAI_DTYPE_F32);
+    fp_xent_embed(CAI_DTYPE_F32);
+}
+static void bf16_fast(void) {
+    fp_norms(CAI_DTYPE_BF16);
+    fp_elementwise(CAI_DTYPE_BF16);
+    fp_xent_embed(CAI_DTYPE_BF16);
+}
+static void f16_fast(void) {
+    fp_norms(CAI_DTYPE_F16);
+    fp_elementwise(CAI_DTYPE_F16);
+    fp_xent_embed(CAI_DTYPE_F16);
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct {
@@ -600,6 +830,7 @@ static const test_entry tests[] = {
     {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
     {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn}, {"attention simt bf16", bf16_attn_simt},
     {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
+    {"fast f32", f32_fast}, {"fast bf16", bf16_fast}, {"fast f16", f16_fast},
     {"errors", t_errors},
 };
 
