@@ -174,14 +174,28 @@ CUK_INLINE void fl_load(e16 *s, const cuk_bthd &t, int64_t b, int64_t h, int64_t
     }
 }
 
-/* Store columns 8n + 2t, +1 (n < ND) of one accumulator row, times mul. */
+/* Store columns 8n + 2t, +1 (n < ND) of one accumulator row, times mul:
+ * one 4-byte (8-byte for f32) store per pair when the row is aligned for
+ * it, with the same rounding as stf. */
 template <int ND>
 CUK_INLINE void fl_store_row(const cuk_bthd &t, int64_t off, const float (&acc)[ND][4], int half, float mul, int tq) {
+    const bool f32 = t.dt == CUK_F32;
+    const uintptr_t row = f32 ? (uintptr_t)((float *)t.p + off) : (uintptr_t)((uint16_t *)t.p + off);
+    const bool pair = (row & (f32 ? 7u : 3u)) == 0;
 #pragma unroll
     for (int n = 0; n < ND; n++) {
         const int64_t d = 8 * n + 2 * tq;
-        stf(t.p, t.dt, off + d, acc[n][2 * half] * mul);
-        stf(t.p, t.dt, off + d + 1, acc[n][2 * half + 1] * mul);
+        const float x0 = acc[n][2 * half] * mul, x1 = acc[n][2 * half + 1] * mul;
+        if (!pair) {
+            stf(t.p, t.dt, off + d, x0);
+            stf(t.p, t.dt, off + d + 1, x1);
+        } else if (f32) {
+            *(float2 *)((float *)t.p + off + d) = make_float2(x0, x1);
+        } else {
+            const uint32_t lo = t.dt == CUK_BF16 ? cuk_f32_to_bf16(x0) : cuk_f32_to_f16_mode(x0, 0, 0);
+            const uint32_t hi = t.dt == CUK_BF16 ? cuk_f32_to_bf16(x1) : cuk_f32_to_f16_mode(x1, 0, 0);
+            *(uint32_t *)((uint16_t *)t.p + off + d) = lo | hi << 16;
+        }
     }
 }
 

@@ -44,6 +44,11 @@ static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) {
 typedef uint16_t e16;
 static inline float bf2f(uint16_t h) { uint32_t x = (uint32_t)h << 16; float f; memcpy(&f, &x, 4); return f; }
 static inline uint16_t f2bf(float f) { uint32_t x; memcpy(&x, &f, 4); if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40; uint32_t r = x >> 16, d = x & 0xffff; if (d > 0x8000 || (d == 0x8000 && (r & 1))) r++; return (uint16_t)r; }
+static inline uint16_t cuk_f32_to_bf16(float f) { return f2bf(f); }
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
+
+static inline uint16_t cuk_f32_to_f16_mode(float, int, int) { abort(); } /* the emulation runs bf16 only */
 static inline float ldf(const void *p, int dt, int64_t i) { if (dt == CUK_F32) return ((const float *)p)[i]; return bf2f(((const uint16_t *)p)[i]); }
 static inline void stf(void *p, int dt, int64_t i, float v) { if (dt == CUK_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = f2bf(v); }
 static inline int64_t cuk_roff(const cuk_bthd &t, int64_t b, int64_t s, int64_t h) { return b * t.sb + s * t.st + h * t.sh; }
