@@ -9,12 +9,16 @@
 #                  has no Makefile, then `make apps/colossal-pretrain
 #                  apps/colossal-check` (incremental)
 #   BENCH_MAKE     0: do not run make (use the binaries already in BENCH_BUILD)
+#   BENCH_PREBUILT a folder with colossal-pretrain, colossal-check and
+#                  libcolossal-core.so.0 built elsewhere (e.g. .device/bench):
+#                  used instead of building when they start here
 #   BENCH_WORK     scratch folder for data and run directories (default
 #                  /tmp/colossal-bench; the prepared corpus is reused)
 #   BENCH_BUDGET_S the script starts no new run once this many seconds have
 #                  passed minus the run's own estimate (default 540, under the
 #                  device tool's 600 s per command)
 #   RUN_TIMEOUT    seconds per run before `timeout` stops it (default 150)
+#   TORCH_RUN_TIMEOUT  the same for PyTorch runs (default RUN_TIMEOUT)
 #   PYTHON         python3 with torch (default python3)
 export NCCL_NVLS_ENABLE=0
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -45,6 +49,17 @@ gpu_count() {
 # several ranks starting a wrapper at once could race on its relink) and
 # LD_LIBRARY_PATH.
 gpu_build() {
+    if [ -n "${BENCH_PREBUILT:-}" ]; then
+        pre=$(cd "$BENCH_PREBUILT" 2>/dev/null && pwd)
+        if [ -n "$pre" ] && LD_LIBRARY_PATH="$pre:$dlib:${LD_LIBRARY_PATH:-}" "$pre/colossal-pretrain" --help >/dev/null 2>&1 &&
+            LD_LIBRARY_PATH="$pre:$dlib:${LD_LIBRARY_PATH:-}" "$pre/colossal-check" --help >/dev/null 2>&1; then
+            PRETRAIN=$pre/colossal-pretrain CHECK=$pre/colossal-check
+            export LD_LIBRARY_PATH="$pre:$dlib:${LD_LIBRARY_PATH:-}"
+            say "prebuilt binaries: $pre"
+            return 0
+        fi
+        say "prebuilt binaries in $BENCH_PREBUILT do not start here ($(LD_LIBRARY_PATH="$pre:$dlib" ldd "$pre/colossal-pretrain" 2>&1 | grep -c 'not found') libraries not found); building"
+    fi
     build=${BENCH_BUILD:-$top/build-gpu}
     if [ "${BENCH_MAKE:-1}" != 0 ]; then
         if [ ! -f "$build/Makefile" ]; then
@@ -184,11 +199,11 @@ run_torch() {
     smi_start
     t=$(date +%s)
     if [ "$n" -gt 1 ]; then
-        OMP_NUM_THREADS=$((NCPU / n)) timeout -k 10 "$RUN_TIMEOUT" \
+        OMP_NUM_THREADS=$((NCPU / n)) timeout -k 10 "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}" \
             $PY -m torch.distributed.run --standalone --nproc_per_node "$n" "$top/bench/torch_gpu_train.py" \
             --device "$DEVICE" "$@" >"$log" 2>&1
     else
-        timeout -k 10 "$RUN_TIMEOUT" $PY "$top/bench/torch_gpu_train.py" --device "$DEVICE" "$@" >"$log" 2>&1
+        timeout -k 10 "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}" $PY "$top/bench/torch_gpu_train.py" --device "$DEVICE" "$@" >"$log" 2>&1
     fi
     rc=$?
     t=$(($(date +%s) - t))

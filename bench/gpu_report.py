@@ -189,7 +189,10 @@ def load(path):
 
 
 def ok(r):
-    return r is not None and r.get("status") in ("ok",) and r.get("tokens_per_s")
+    """A run with numbers: finished, or stopped by its timeout after enough
+    steps (status "rc 124": the steps it did are still valid)."""
+    return r is not None and bool(r.get("tokens_per_s")) and not str(r.get("status", "")).startswith(("failed",
+                                                                                                    "skipped"))
 
 
 def fmt_mem(r):
@@ -233,6 +236,16 @@ def cmd_train(argv):
                 pct(r.get("mfu_6n")) if ok(r) else "-",
                 "%.1f" % (1e3 * r["step_s_median"]) if ok(r) else "-", fmt_mem(r), ratio,
                 r.get("status", "?")[:160]))
+    # Same model on both sides: the FLOPs per token (from each side's own
+    # parameter count) must agree.
+    for m in models:
+        f = {r.get("impl"): r.get("flops_per_token") for r in rows
+             if r.get("model_name") == m and ok(r) and r.get("flops_per_token")}
+        if "colossal" in f:
+            for impl, v in f.items():
+                if abs(v - f["colossal"]) > 1e-3 * f["colossal"]:
+                    print("\nWARNING: %s: %s counts %.6g FLOPs per token, colossal %.6g: not the same model"
+                          % (m, impl, v, f["colossal"]))
     goals = []
     for m in models:
         one = [r for r in rows if r.get("model_name") == m and r.get("gpus", 1) == 1]

@@ -29,7 +29,7 @@
 # Environment: see bench/gpu_common.sh (BENCH_DEVICE=cpu, BENCH_BUILD,
 # BENCH_MAKE, BENCH_WORK, BENCH_BUDGET_S, RUN_TIMEOUT, PYTHON), plus
 # TORCH_DDP_MODE (eager (default) or compile), TORCH_MODES (default
-# "eager compile").
+# "eager compile"), TORCH_RUN_TIMEOUT (default 300 s per PyTorch run).
 set -u
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; exit 2; }
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,6 +42,8 @@ SKIP=${BENCH_SKIP:-5}
 WARM=${BENCH_WARMUP:-5}
 TSTEPS=$((STEPS - WARM))
 TORCH_MODES=${TORCH_MODES:-eager compile}
+# A cold torch.compile of GPT-2 350M takes minutes of CPU time.
+TORCH_RUN_TIMEOUT=${TORCH_RUN_TIMEOUT:-300}
 : >"$RESULTS"
 
 machine_header | tee "$OUT/summary.md"

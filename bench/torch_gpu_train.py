@@ -136,11 +136,15 @@ def _sdpa_has_gqa():
 
 
 def attention(q, k, v, gqa_expand):
-    """Causal attention over [B, H, T, hd]; k and v may have fewer heads."""
+    """Causal attention over [B, H, T, hd]; k and v may have fewer heads.
+    GQA expands K/V to every query head first (Hugging Face Llama's
+    repeat_kv): SDPA then takes its flash kernel for sure, whereas
+    enable_gqa (--gqa native) is served by fewer backends."""
     rep = q.shape[1] // k.shape[1]
     if rep > 1 and (gqa_expand or not SDPA_GQA):
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
+        B, Hkv, T, hd = k.shape
+        k = k[:, :, None].expand(B, Hkv, rep, T, hd).reshape(B, Hkv * rep, T, hd)
+        v = v[:, :, None].expand(B, Hkv, rep, T, hd).reshape(B, Hkv * rep, T, hd)
     if HAS_SDPA:
         if rep > 1 and not gqa_expand and SDPA_GQA:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -287,8 +291,9 @@ def main():
     ap.add_argument("--steps", type=int, default=30, help="timed steps")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation happens here)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU, for MFU")
-    ap.add_argument("--gqa-expand", action="store_true",
-                    help="repeat K/V heads instead of SDPA's enable_gqa (always done on torch < 2.5)")
+    ap.add_argument("--gqa", choices=["expand", "native"], default="expand",
+                    help="GQA: expand K/V heads before SDPA (default, as Hugging Face Llama does) or SDPA's "
+                         "enable_gqa (torch >= 2.5)")
     ap.add_argument("--sdpa-backend", choices=["auto", "flash", "cudnn", "efficient"], default="auto",
                     help="force one SDPA backend (auto: PyTorch's choice, flash for these shapes)")
     ap.add_argument("--tag", default="", help="copied into the RESULT line")
@@ -316,9 +321,9 @@ def main():
     torch.manual_seed(a.seed + rank)
     if hasattr(torch.device, "__enter__"):  # torch >= 2.0: initialise on the device (1B: seconds on a CPU)
         with dev:
-            model = LM(c, a.gqa_expand)
+            model = LM(c, a.gqa == "expand")
     else:
-        model = LM(c, a.gqa_expand).to(dev)
+        model = LM(c, a.gqa == "expand").to(dev)
     N = matmul_params(model, c)
     nparams = sum(p.numel() for p in model.parameters())
     L, T, d, B = c["n_layers"], c["seq"], c["d_model"], c["batch"]
