@@ -232,4 +232,101 @@ static inline dim3 cuk_rows_grid(int64_t rows, int64_t cols, int threads) {
 
 static inline int64_t cuk_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+
+/* ---------------------------------------------------------------- 16-byte vector access (fast paths) */
+
+/* Chunks of 8 consecutive elements (16 bytes of bf16/f16, two 16-byte
+ * accesses of f32) with the dtype a template parameter, so the hot loops
+ * have no per-element dtype switch. The element index must make the address
+ * 16-byte aligned (callers check with cuk_vec_ok). Conversions are the
+ * scalar helpers above, so the bits are the same as the general paths'. */
+template <int DT> CUK_INLINE float cuk_ld1(const void *p, int64_t i) {
+    if (DT == CUK_F32) return ((const float *)p)[i];
+    if (DT == CUK_BF16) return cuk_bf16_to_f32(((const uint16_t *)p)[i]);
+    return cuk_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+template <int DT> CUK_INLINE void cuk_st1(void *p, int64_t i, float v) {
+    if (DT == CUK_F32) ((float *)p)[i] = v;
+    else if (DT == CUK_BF16) ((uint16_t *)p)[i] = cuk_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = cuk_f32_to_f16_mode(v, 0, 0);
+}
+
+template <int DT> CUK_INLINE void cuk_ld8(const void *p, int64_t i, float *v) {
+    if (DT == CUK_F32) {
+        const float4 *q = (const float4 *)((const float *)p + i);
+        float4 a = q[0], b = q[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        uint4 u = *(const uint4 *)((const uint16_t *)p + i);
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+            v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
+            v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
+        }
+    }
+}
+
+template <int DT> CUK_INLINE void cuk_st8(void *p, int64_t i, const float *v) {
+    if (DT == CUK_F32) {
+        float4 *q = (float4 *)((float *)p + i);
+        q[0] = make_float4(v[0], v[1], v[2], v[3]);
+        q[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            uint32_t lo = DT == CUK_BF16 ? cuk_f32_to_bf16(v[2 * k]) : cuk_f32_to_f16_mode(v[2 * k], 0, 0);
+            uint32_t hi = DT == CUK_BF16 ? cuk_f32_to_bf16(v[2 * k + 1]) : cuk_f32_to_f16_mode(v[2 * k + 1], 0, 0);
+            w[k] = lo | (hi << 16);
+        }
+        *(uint4 *)((uint16_t *)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* Up to 8 elements [i, i + n): the whole chunk by vector when n == 8, else element by element. */
+template <int DT> CUK_INLINE void cuk_ld8_tail(const void *p, int64_t i, int n, float *v) {
+    if (n >= 8) {
+        cuk_ld8<DT>(p, i, v);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = k < n ? cuk_ld1<DT>(p, i + k) : 0.0f;
+}
+
+template <int DT> CUK_INLINE void cuk_st8_tail(void *p, int64_t i, int n, const float *v) {
+    if (n >= 8) {
+        cuk_st8<DT>(p, i, v);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        if (k < n) cuk_st1<DT>(p, i + k, v[k]);
+}
+
+static inline int cuk_dt_size(int dt) { return dt == CUK_F32 || dt == CUK_I32 ? 4 : dt == CUK_F64 ? 8 : 2; }
+
+/* A row view every 8-element chunk of which starts 16-byte aligned. */
+static inline bool cuk_vec_ok(const cuk_mat &m) {
+    const int64_t es = cuk_dt_size(m.dt);
+    return ((uintptr_t)m.p & 15u) == 0 && (m.rows <= 1 || ((m.ld * es) & 15) == 0);
+}
+
+static inline bool cuk_ptr16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Number of SMs of the current device (cached per ordinal): grids of the
+ * fast paths are a few waves of resident blocks, walked grid-stride. */
+static inline int cuk_sm_count(void) {
+    static int cache[64];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+    if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    if (dev >= 0 && dev < 64) cache[dev] = n;
+    return n;
+}
+
 #endif

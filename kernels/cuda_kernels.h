@@ -79,6 +79,11 @@ cudaError_t cuk_bias_add(cudaStream_t s, cuk_mat x, const void *bias, int bias_d
  *   x.p may be NULL when dw is. `scratch` holds scratch_floats floats. */
 cudaError_t cuk_colsums(cudaStream_t s, float *dw, float *db, cuk_mat dy, cuk_mat x, const float *mean,
                         const float *rstd, float *scratch, size_t scratch_floats);
+/* dw[c] += sum_k pw[k * cols + c], db likewise, k over nchunk chunk partials
+ * in a fixed order in double (the second step of cuk_colsums, also used by
+ * the fused norm backward). pw/pb unused where dw/db is NULL. */
+cudaError_t cuk_colsum_final(cudaStream_t s, const float *pw, const float *pb, int64_t nchunk, int64_t cols, float *dw,
+                             float *db);
 cudaError_t cuk_gelu_fwd(cudaStream_t s, cuk_mat y, cuk_mat x);
 cudaError_t cuk_gelu_bwd(cudaStream_t s, cuk_mat dx, cuk_mat x, cuk_mat dy);
 cudaError_t cuk_swiglu_fwd(cudaStream_t s, cuk_mat y, cuk_mat g, cuk_mat u);
@@ -96,6 +101,16 @@ cudaError_t cuk_adamw(cudaStream_t s, float *p, const void *g, int gdt, float *m
 /* LayerNorm (rms = 0) or RMSNorm (rms = 1, mean/bias unused). mean, rstd, b may be NULL. */
 cudaError_t cuk_norm_fwd(cudaStream_t s, cuk_mat y, float *mean, float *rstd, cuk_mat x, const void *w, int wdt,
                          const void *b, int bdt, float eps, int rms);
+/* The register-resident fast paths (16-byte aligned rows, x/y/dy/dx of one
+ * dtype, up to 2048 columns forward and 1024 backward); *done = 0 when they
+ * do not apply and nothing was launched. The backward computes dinp (dx.p
+ * may be NULL) and adds the parameter gradients (dw/db may be NULL) in one
+ * pass over the rows, deterministic; `scratch` holds the block partials. */
+cudaError_t cuk_norm_fwd_fast(cudaStream_t s, cuk_mat y, float *mean, float *rstd, cuk_mat x, const void *w, int wdt,
+                              const void *b, int bdt, float eps, int rms, int *done);
+cudaError_t cuk_norm_bwd_fast(cudaStream_t s, cuk_mat dx, float *dw, float *db, cuk_mat dy, cuk_mat x, const void *w,
+                              int wdt, const float *mean, const float *rstd, int accum, float *scratch,
+                              size_t scratch_floats, int *done);
 /* dx (= or +=) rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w; mean NULL: RMSNorm. */
 cudaError_t cuk_norm_bwd_dinp(cudaStream_t s, cuk_mat dx, cuk_mat dy, cuk_mat x, const void *w, int wdt,
                               const float *mean, const float *rstd, int accum);

@@ -52,6 +52,10 @@ static cai_status norm_fwd(const char *op, cai_device_t *dev, cai_tensor *out, c
     CAI_CHECK_ARG(out, "%s: out is NULL", op);
     CAI_CALL(norm_common(op, &a, out, mean, rstd, inp, weight, bias));
     CAI_CALL(cai_cuda_enter(dev, op));
+    int done = 0;
+    CUK_LAUNCH(op, cuk_norm_fwd_fast(STREAM(dev), cai_cuda_mat(&a.y), a.mean, a.rstd, cai_cuda_mat(&a.x), a.w,
+                                     (int)a.wdt, a.b, (int)a.bdt, eps, rms, &done));
+    if (done) return CAI_OK;
     CUK_LAUNCH(op, cuk_norm_fwd(STREAM(dev), cai_cuda_mat(&a.y), a.mean, a.rstd, cai_cuda_mat(&a.x), a.w, (int)a.wdt,
                                 a.b, (int)a.bdt, eps, rms));
     return CAI_OK;
@@ -88,6 +92,17 @@ static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, 
         CAI_CALL(cai_ops_same_rows(op, "dinp", &dx, "inp", &a.x));
     }
     CAI_CALL(cai_cuda_enter(dev, op));
+    if (!dinp && !pw && !pb) return CAI_OK;
+    /* The one-pass kernel when the rows allow it (aligned, one activation dtype, C <= 1024). */
+    size_t nf;
+    float *scratch = cai_cuda_scratch_f(dev, &nf);
+    cuk_mat mdx = {NULL, 0, 0, 0, 0};
+    if (dinp) mdx = cai_cuda_mat(&dx);
+    int done = 0;
+    CUK_LAUNCH(op, cuk_norm_bwd_fast(STREAM(dev), mdx, (float *)pw, (float *)pb, cai_cuda_mat(&dy),
+                                     cai_cuda_mat(&a.x), a.w, (int)a.wdt, a.mean, a.rstd, accum_dinp, scratch, nf,
+                                     &done));
+    if (done) return CAI_OK;
     /* Parameter gradients first: they read dout, which dinp may overwrite (same stream). */
     if (pw || pb) CAI_CALL(cai_cuda_colsums(dev, op, (float *)pw, (float *)pb, &dy, &a.x, a.mean, a.rstd));
     if (dinp)

@@ -4,6 +4,9 @@
  * rows on grid.y and columns on grid.x, so strided rows cost no division. */
 #include "cuda_common.cuh"
 
+#include <initializer_list>
+#include <string.h>
+
 #define NT 256
 
 static cudaError_t launched(void) { return cudaGetLastError(); }
@@ -59,6 +62,126 @@ static dim3 map_grid(int64_t rows, int64_t cols) {
 
 #define AT(m, r, c) ((r) * (m).ld + (c))
 
+/* ---------------------------------------------------------------- 16-byte fast path */
+
+/* The fast path of the functor ops when every tensor has the same float
+ * dtype and every row starts 16-byte aligned (cuk_vec_ok): the dtype is a
+ * template parameter and each thread moves 8-element chunks with 16-byte
+ * accesses, VU chunks loaded before any is stored (the same in-place rule
+ * as k_map). Inputs with ld 0 are broadcast rows (bias_add's bias). The
+ * (row, chunk) pairs are flattened; a row's last chunk may be partial.
+ * Rows that are all contiguous are collapsed into one long row first, so
+ * any width vectorises then. Arithmetic is the same f32 expression per
+ * element as the functor path, so results are bitwise equal to it. */
+#define VU 2
+
+/* Row and first column of flattened chunk i (cpr chunks a row); its element count, 0 past the end. */
+CUK_INLINE int chunk_at(int64_t i, int64_t total, int64_t cpr, int64_t cols, int64_t *r, int64_t *c) {
+    *r = i / cpr;
+    *c = (i - *r * cpr) * 8;
+    return i < total ? (int)(cols - *c < 8 ? cols - *c : 8) : 0;
+}
+
+template <int NIN, int NOUT> struct vargs {
+    cuk_mat in[NIN > 0 ? NIN : 1];
+    cuk_mat out[NOUT];
+};
+
+template <int DT, int NIN, int NOUT, class Op>
+__global__ void __launch_bounds__(NT) k_vec(Op op, vargs<NIN, NOUT> a, int64_t rows, int64_t cols) {
+    const int64_t cpr = (cols + 7) >> 3, total = rows * cpr, st = (int64_t)gridDim.x * NT;
+    for (int64_t i0 = blockIdx.x * (int64_t)NT + threadIdx.x; i0 < total; i0 += VU * st) {
+        float v[VU][NIN > 0 ? NIN : 1][8];
+        int64_t r[VU], c[VU];
+        int n[VU];
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            n[u] = chunk_at(i0 + u * st, total, cpr, cols, &r[u], &c[u]);
+            if (n[u] > 0)
+#pragma unroll
+                for (int k = 0; k < NIN; k++) cuk_ld8_tail<DT>(a.in[k].p, r[u] * a.in[k].ld + c[u], n[u], v[u][k]);
+        }
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            if (n[u] <= 0) continue;
+            float o[NOUT][8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float in[NIN > 0 ? NIN : 1], out[NOUT];
+#pragma unroll
+                for (int k = 0; k < NIN; k++) in[k] = v[u][k][e];
+                op(in, out);
+#pragma unroll
+                for (int k = 0; k < NOUT; k++) o[k][e] = out[k];
+            }
+#pragma unroll
+            for (int k = 0; k < NOUT; k++)
+                if (a.out[k].p) cuk_st8_tail<DT>(a.out[k].p, r[u] * a.out[k].ld + c[u], n[u], o[k]);
+        }
+    }
+}
+
+/* A few waves of resident blocks (4 per SM), fewer for small tensors. */
+static unsigned vec_blocks(int64_t chunks) {
+    int64_t b = cuk_cdiv(chunks, (int64_t)NT * VU), cap = 4 * (int64_t)cuk_sm_count();
+    return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+/* Launch the fast path if it applies; *done says whether it did. */
+template <int NIN, int NOUT, class Op>
+static cudaError_t try_vec(cudaStream_t s, Op op, vargs<NIN, NOUT> a, int64_t rows, int64_t cols, bool *done) {
+    *done = false;
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    const int dt = a.out[0].dt;
+    if (dt != CUK_F32 && dt != CUK_BF16 && dt != CUK_F16) return cudaSuccess;
+    bool contig = true;
+    for (int k = 0; k < NIN; k++) {
+        if (a.in[k].dt != dt || !cuk_ptr16(a.in[k].p)) return cudaSuccess;
+        contig = contig && (rows == 1 || a.in[k].ld == cols);
+    }
+    for (int k = 0; k < NOUT; k++) {
+        if (!a.out[k].p) continue;
+        if (a.out[k].dt != dt || !cuk_ptr16(a.out[k].p)) return cudaSuccess;
+        contig = contig && (rows == 1 || a.out[k].ld == cols);
+    }
+    if (contig) { /* one long row: any width vectorises */
+        cols *= rows;
+        rows = 1;
+    } else {
+        for (int k = 0; k < NIN; k++)
+            if (a.in[k].ld != 0 && !cuk_vec_ok(a.in[k])) return cudaSuccess;
+        for (int k = 0; k < NOUT; k++)
+            if (a.out[k].p && !cuk_vec_ok(a.out[k])) return cudaSuccess;
+    }
+    for (int k = 0; k < NIN; k++) a.in[k].rows = rows;
+    for (int k = 0; k < NOUT; k++) a.out[k].rows = rows;
+    const int64_t chunks = rows * ((cols + 7) >> 3);
+    const unsigned nb = vec_blocks(chunks);
+    if (dt == CUK_F32) k_vec<CUK_F32><<<nb, NT, 0, s>>>(op, a, rows, cols);
+    else if (dt == CUK_BF16) k_vec<CUK_BF16><<<nb, NT, 0, s>>>(op, a, rows, cols);
+    else k_vec<CUK_F16><<<nb, NT, 0, s>>>(op, a, rows, cols);
+    *done = true;
+    return launched();
+}
+
+/* Inputs/outputs of a vector op from the op's views. */
+template <int NIN, int NOUT> static vargs<NIN, NOUT> va(std::initializer_list<cuk_mat> in, std::initializer_list<cuk_mat> out) {
+    vargs<NIN, NOUT> a;
+    memset(&a, 0, sizeof a);
+    int k = 0;
+    for (const cuk_mat &m : in) a.in[k++] = m;
+    k = 0;
+    for (const cuk_mat &m : out) a.out[k++] = m;
+    return a;
+}
+
+#define TRY_VEC(op_, args_, m_)                                                                        \
+    do {                                                                                               \
+        bool done_;                                                                                    \
+        cudaError_t e_ = try_vec(s, op_, args_, (m_).rows, (m_).cols, &done_);                         \
+        if (done_ || e_ != cudaSuccess) return e_;                                                     \
+    } while (0)
+
 /* ---------------------------------------------------------------- fill, copy */
 
 struct fill_f {
@@ -72,15 +195,70 @@ struct fill_f {
     }
 };
 
-extern "C" cudaError_t cuk_fill(cudaStream_t s, cuk_mat x, float value) { LAUNCH_MAP(x, fill_f{x, value}); }
+struct vfill_op {
+    float v;
+    __device__ void operator()(const float *, float *o) const { o[0] = v; }
+};
 
-/* Conversions keep the one-element-per-thread grid: on the H200 it moved
- * 124M f32 -> bf16 in 0.29 ms against 0.36 ms through k_map (docs/cuda.md). */
+extern "C" cudaError_t cuk_fill(cudaStream_t s, cuk_mat x, float value) {
+    TRY_VEC(vfill_op{value}, (va<0, 1>({}, {x})), x);
+    LAUNCH_MAP(x, fill_f{x, value});
+}
+
+/* The general conversion (misaligned rows): one element per thread; on the
+ * H200 it moved 124M f32 -> bf16 in 0.29 ms against 0.36 ms through k_map. */
 __global__ void k_copy_rows(cuk_mat d, cuk_mat s) {
     CUK_FOR_RC(d.rows, d.cols) stf(d.p, d.dt, r * d.ld + c, ldf(s.p, s.dt, r * s.ld + c));
 }
 
+/* The fast path of conversions between 16-byte aligned rows: both dtypes
+ * are template parameters, 8-element chunks, VU chunks in flight per thread;
+ * the same scalar conversions (same bits). */
+template <int SDT, int DDT> __global__ void __launch_bounds__(NT) k_copy_vec(cuk_mat d, cuk_mat sm, int64_t rows, int64_t cols) {
+    const int64_t cpr = (cols + 7) >> 3, total = rows * cpr, st = (int64_t)gridDim.x * NT;
+    for (int64_t i0 = blockIdx.x * (int64_t)NT + threadIdx.x; i0 < total; i0 += VU * st) {
+        float v[VU][8];
+        int64_t r[VU], c[VU];
+        int n[VU];
+#pragma unroll
+        for (int u = 0; u < VU; u++) {
+            n[u] = chunk_at(i0 + u * st, total, cpr, cols, &r[u], &c[u]);
+            if (n[u] > 0) cuk_ld8_tail<SDT>(sm.p, r[u] * sm.ld + c[u], n[u], v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < VU; u++)
+            if (n[u] > 0) cuk_st8_tail<DDT>(d.p, r[u] * d.ld + c[u], n[u], v[u]);
+    }
+}
+
+template <int SDT> static void launch_copy_vec(cudaStream_t s, unsigned nb, cuk_mat d, cuk_mat sm, int64_t rows,
+                                               int64_t cols) {
+    if (d.dt == CUK_F32) k_copy_vec<SDT, CUK_F32><<<nb, NT, 0, s>>>(d, sm, rows, cols);
+    else if (d.dt == CUK_BF16) k_copy_vec<SDT, CUK_BF16><<<nb, NT, 0, s>>>(d, sm, rows, cols);
+    else k_copy_vec<SDT, CUK_F16><<<nb, NT, 0, s>>>(d, sm, rows, cols);
+}
+
+static bool float_dt(int dt) { return dt == CUK_F32 || dt == CUK_BF16 || dt == CUK_F16; }
+
 extern "C" cudaError_t cuk_copy_rows(cudaStream_t s, cuk_mat dst, cuk_mat src) {
+    if (dst.rows <= 0 || dst.cols <= 0) return cudaSuccess;
+    if (float_dt(dst.dt) && float_dt(src.dt) && cuk_ptr16(dst.p) && cuk_ptr16(src.p)) {
+        int64_t rows = dst.rows, cols = dst.cols;
+        bool ok = true;
+        if (rows == 1 || (dst.ld == cols && src.ld == cols)) { /* contiguous: one long row */
+            cols *= rows;
+            rows = 1;
+        } else {
+            ok = cuk_vec_ok(dst) && cuk_vec_ok(src);
+        }
+        if (ok) {
+            const unsigned nb = vec_blocks(rows * ((cols + 7) >> 3));
+            if (src.dt == CUK_F32) launch_copy_vec<CUK_F32>(s, nb, dst, src, rows, cols);
+            else if (src.dt == CUK_BF16) launch_copy_vec<CUK_BF16>(s, nb, dst, src, rows, cols);
+            else launch_copy_vec<CUK_F16>(s, nb, dst, src, rows, cols);
+            return launched();
+        }
+    }
     LAUNCH_ROWS(k_copy_rows, dst, dst, src);
 }
 
@@ -164,7 +342,15 @@ struct scale_f {
     __device__ void store(int64_t r, int64_t c, const float *v) const { stf(x.p, x.dt, AT(x, r, c), v[0] * a); }
 };
 
-extern "C" cudaError_t cuk_scale(cudaStream_t s, cuk_mat x, float alpha) { LAUNCH_MAP(x, scale_f{x, alpha}); }
+struct vscale_op {
+    float a;
+    __device__ void operator()(const float *i, float *o) const { o[0] = i[0] * a; }
+};
+
+extern "C" cudaError_t cuk_scale(cudaStream_t s, cuk_mat x, float alpha) {
+    TRY_VEC(vscale_op{alpha}, (va<1, 1>({x}, {x})), x);
+    LAUNCH_MAP(x, scale_f{x, alpha});
+}
 
 struct axpy_f {
     cuk_mat y, x;
@@ -177,7 +363,13 @@ struct axpy_f {
     __device__ void store(int64_t r, int64_t c, const float *v) const { stf(y.p, y.dt, AT(y, r, c), v[0] + a * v[1]); }
 };
 
+struct vaxpy_op {
+    float a;
+    __device__ void operator()(const float *i, float *o) const { o[0] = i[0] + a * i[1]; }
+};
+
 extern "C" cudaError_t cuk_axpy(cudaStream_t s, cuk_mat y, float alpha, cuk_mat x) {
+    TRY_VEC(vaxpy_op{alpha}, (va<2, 1>({y, x}, {y})), y);
     LAUNCH_MAP(y, axpy_f{y, x, alpha});
 }
 
@@ -191,7 +383,15 @@ struct add_f {
     __device__ void store(int64_t r, int64_t c, const float *v) const { stf(o.p, o.dt, AT(o, r, c), v[0] + v[1]); }
 };
 
-extern "C" cudaError_t cuk_add(cudaStream_t s, cuk_mat out, cuk_mat a, cuk_mat b) { LAUNCH_MAP(out, add_f{out, a, b}); }
+/* also bias_add's, with the bias a broadcast row (ld 0) */
+struct vadd_op {
+    __device__ void operator()(const float *i, float *o) const { o[0] = i[0] + i[1]; }
+};
+
+extern "C" cudaError_t cuk_add(cudaStream_t s, cuk_mat out, cuk_mat a, cuk_mat b) {
+    TRY_VEC(vadd_op{}, (va<2, 1>({a, b}, {out})), out);
+    LAUNCH_MAP(out, add_f{out, a, b});
+}
 
 struct bias_add_f {
     cuk_mat x;
@@ -206,6 +406,8 @@ struct bias_add_f {
 };
 
 extern "C" cudaError_t cuk_bias_add(cudaStream_t s, cuk_mat x, const void *bias, int bias_dt) {
+    const cuk_mat b = {(void *)bias, x.rows, x.cols, 0, bias_dt};
+    TRY_VEC(vadd_op{}, (va<2, 1>({x, b}, {x})), x);
     LAUNCH_MAP(x, bias_add_f{x, bias, bias_dt});
 }
 
@@ -294,16 +496,46 @@ __global__ void k_colsum_partial(cuk_mat dy, cuk_mat x, const float *mean, const
     }
 }
 
-__global__ void k_colsum_final(const float *pw, const float *pb, int64_t nchunk, int64_t cols, float *dw, float *db) {
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (c >= cols) return;
+/* Chunk partials in order, in double. Column c's chunks are split among
+ * the FIN_Y threads of a block column by a fixed stride (thread ty takes
+ * chunks ty, ty + FIN_Y, ...), then thread 0 adds the FIN_Y sums in ty order:
+ * a fixed order for a given nchunk, and FIN_Y loads in flight per column
+ * instead of one long dependent walk. */
+#define FIN_X 32
+#define FIN_Y 16
+
+__global__ void __launch_bounds__(FIN_X *FIN_Y)
+    k_colsum_final(const float *pw, const float *pb, int64_t nchunk, int64_t cols, float *dw, float *db) {
+    __shared__ double sw[FIN_Y][FIN_X + 1], sb[FIN_Y][FIN_X + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t c = blockIdx.x * (int64_t)FIN_X + tx;
     double w = 0.0, b = 0.0;
-    for (int64_t k = 0; k < nchunk; k++) {
-        if (pw) w += pw[k * cols + c];
-        if (pb) b += pb[k * cols + c];
+    if (c < cols)
+#pragma unroll 4
+        for (int64_t k = ty; k < nchunk; k += FIN_Y) {
+            if (pw) w += pw[k * cols + c];
+            if (pb) b += pb[k * cols + c];
+        }
+    sw[ty][tx] = w;
+    sb[ty][tx] = b;
+    __syncthreads();
+    if (ty != 0 || c >= cols) return;
+    w = 0.0;
+    b = 0.0;
+    for (int k = 0; k < FIN_Y; k++) {
+        w += sw[k][tx];
+        b += sb[k][tx];
     }
     if (dw) dw[c] = (float)((double)dw[c] + w);
     if (db) db[c] = (float)((double)db[c] + b);
+}
+
+extern "C" cudaError_t cuk_colsum_final(cudaStream_t s, const float *pw, const float *pb, int64_t nchunk, int64_t cols,
+                                        float *dw, float *db) {
+    if (cols <= 0 || nchunk <= 0 || (!dw && !db)) return cudaSuccess;
+    k_colsum_final<<<(unsigned)cuk_cdiv(cols, FIN_X), dim3(FIN_X, FIN_Y), 0, s>>>(dw ? pw : NULL, db ? pb : NULL,
+                                                                                  nchunk, cols, dw, db);
+    return launched();
 }
 
 extern "C" cudaError_t cuk_colsums(cudaStream_t s, float *dw, float *db, cuk_mat dy, cuk_mat x, const float *mean,
@@ -323,8 +555,9 @@ extern "C" cudaError_t cuk_colsums(cudaStream_t s, float *dw, float *db, cuk_mat
     float *pw = dw ? scratch : NULL, *pb = db ? scratch + (dw ? nchunk * dy.cols : 0) : NULL;
     dim3 grid((unsigned)cuk_cdiv(dy.cols, CS_COLS), (unsigned)nchunk);
     k_colsum_partial<<<grid, dim3(CS_COLS, CS_LANES), 0, s>>>(dy, x, mean, rstd, rpc, pw, pb);
-    k_colsum_final<<<(unsigned)cuk_cdiv(dy.cols, NT), NT, 0, s>>>(pw, pb, nchunk, dy.cols, dw, db);
-    return launched();
+    cudaError_t e = launched();
+    if (e != cudaSuccess) return e;
+    return cuk_colsum_final(s, pw, pb, nchunk, dy.cols, dw, db);
 }
 
 /* ---------------------------------------------------------------- activations */
@@ -342,7 +575,17 @@ struct gelu_f {
     }
 };
 
-extern "C" cudaError_t cuk_gelu_fwd(cudaStream_t s, cuk_mat y, cuk_mat x) { LAUNCH_MAP(y, gelu_f{y, x}); }
+struct vgelu_op {
+    __device__ void operator()(const float *i, float *o) const {
+        float u = i[0];
+        o[0] = 0.5f * u * (1.0f + tanhf(GELU_K * (u + GELU_C * u * u * u)));
+    }
+};
+
+extern "C" cudaError_t cuk_gelu_fwd(cudaStream_t s, cuk_mat y, cuk_mat x) {
+    TRY_VEC(vgelu_op{}, (va<1, 1>({x}, {y})), y);
+    LAUNCH_MAP(y, gelu_f{y, x});
+}
 
 struct gelu_bwd_f {
     cuk_mat dx, x, dy;
@@ -358,7 +601,16 @@ struct gelu_bwd_f {
     }
 };
 
+struct vgelu_bwd_op {
+    __device__ void operator()(const float *i, float *o) const {
+        float u = i[0], t = tanhf(GELU_K * (u + GELU_C * u * u * u));
+        float grad = 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_C * u * u);
+        o[0] = grad * i[1];
+    }
+};
+
 extern "C" cudaError_t cuk_gelu_bwd(cudaStream_t s, cuk_mat dx, cuk_mat x, cuk_mat dy) {
+    TRY_VEC(vgelu_bwd_op{}, (va<2, 1>({x, dy}, {dx})), dx);
     LAUNCH_MAP(dx, gelu_bwd_f{dx, x, dy});
 }
 
@@ -374,7 +626,14 @@ struct swiglu_f {
     }
 };
 
-extern "C" cudaError_t cuk_swiglu_fwd(cudaStream_t s, cuk_mat y, cuk_mat g, cuk_mat u) { LAUNCH_MAP(y, swiglu_f{y, g, u}); }
+struct vswiglu_op {
+    __device__ void operator()(const float *i, float *o) const { o[0] = i[0] / (1.0f + expf(-i[0])) * i[1]; }
+};
+
+extern "C" cudaError_t cuk_swiglu_fwd(cudaStream_t s, cuk_mat y, cuk_mat g, cuk_mat u) {
+    TRY_VEC(vswiglu_op{}, (va<2, 1>({g, u}, {y})), y);
+    LAUNCH_MAP(y, swiglu_f{y, g, u});
+}
 
 /* everything is loaded before anything is stored: dgate/dup may overwrite gate/up */
 struct swiglu_bwd_f {
@@ -392,7 +651,27 @@ struct swiglu_bwd_f {
     }
 };
 
+struct vswiglu_bwd_op {
+    __device__ void operator()(const float *i, float *o) const {
+        float sig = 1.0f / (1.0f + expf(-i[0]));
+        o[0] = i[2] * i[1] * sig * (1.0f + i[0] * (1.0f - sig));
+        o[1] = i[2] * i[0] * sig;
+    }
+};
+
 extern "C" cudaError_t cuk_swiglu_bwd(cudaStream_t s, cuk_mat dg, cuk_mat du, cuk_mat dy, cuk_mat g, cuk_mat u) {
+    if (dg.p || du.p) {
+        /* the first output sets the dtype try_vec checks: a NULL one takes the other's */
+        vargs<3, 2> a = va<3, 2>({g, u, dy}, {dg.p ? dg : du, du});
+        a.out[1] = du;
+        if (!dg.p) {
+            a.out[0].p = NULL;
+            a.out[0].dt = du.dt;
+        } else {
+            a.out[0] = dg;
+        }
+        TRY_VEC(vswiglu_bwd_op{}, a, g);
+    }
     LAUNCH_MAP(g, swiglu_bwd_f{dg, du, dy, g, u});
 }
 

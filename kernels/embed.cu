@@ -7,9 +7,12 @@
  * in order into dwte, exactly the additions the CPU backend makes, so the
  * result is bitwise equal to it.
  *
- * Cross-entropy keeps no probabilities: the forward is two block-wide
- * passes over a row (max, then sum of exp) and the backward recomputes
- * softmax from lse while writing dlogits, in place if asked. */
+ * Cross-entropy keeps no probabilities: the forward is one pass over a row
+ * with a running max and a sum of exponentials rescaled when the max grows
+ * (online softmax), combined across the block in a fixed order; the
+ * backward recomputes softmax from lse while writing dlogits, in place if
+ * asked. Rows that are 16-byte aligned take 16-byte vector paths with the
+ * dtype a template parameter; others the general element-wise kernels. */
 #include "cuda_common.cuh"
 
 #include <cub/cub.cuh>
@@ -35,10 +38,50 @@ __global__ void k_embedding_fwd(cuk_mat out, const int32_t *tok, int64_t T, cuk_
     }
 }
 
+/* Fast path: out, wte (and wpe) of one dtype with 16-byte aligned rows;
+ * (token, 8-column chunk) pairs flattened over the grid. */
+template <int DT>
+__global__ void __launch_bounds__(NT) k_embedding_fwd_vec(cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte,
+                                                          cuk_mat wpe, int64_t voff, int64_t vtotal,
+                                                          int64_t pos_offset, cuk_errrec *err) {
+    const int64_t cpr = (out.cols + 7) >> 3, total = out.rows * cpr;
+    for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < total; i += (int64_t)gridDim.x * NT) {
+        const int64_t n = i / cpr, c = (i - n * cpr) * 8;
+        const int cnt = (int)(out.cols - c < 8 ? out.cols - c : 8);
+        const int64_t t = tok[n];
+        const int bad = t < 0 || (vtotal > 0 && t >= vtotal);
+        if (bad && c == 0) cuk_report(err, CUK_ERR_TOKEN, n / T, n % T, t, vtotal);
+        const int64_t id = t - voff;
+        float v[8], p[8];
+        if (!bad && id >= 0 && id < wte.rows) cuk_ld8_tail<DT>(wte.p, id * wte.ld + c, cnt, v);
+        else
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = 0.0f;
+        if (wpe.p) {
+            cuk_ld8_tail<DT>(wpe.p, (pos_offset + n % T) * wpe.ld + c, cnt, p);
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] += p[e];
+        }
+        cuk_st8_tail<DT>(out.p, n * out.ld + c, cnt, v);
+    }
+}
+
 extern "C" cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte,
                                          cuk_mat wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset,
                                          cuk_errrec *err) {
     if (out.rows <= 0 || out.cols <= 0) return cudaSuccess;
+    if (wte.dt == out.dt && cuk_vec_ok(out) && cuk_vec_ok(wte) && (!wpe.p || (wpe.dt == out.dt && cuk_vec_ok(wpe))) &&
+        (out.dt == CUK_F32 || out.dt == CUK_BF16 || out.dt == CUK_F16)) {
+        int64_t nb = cuk_cdiv(out.rows * ((out.cols + 7) >> 3), NT), cap = 8 * (int64_t)cuk_sm_count();
+        const unsigned g = (unsigned)(nb > cap ? cap : nb < 1 ? 1 : nb);
+        if (out.dt == CUK_F32)
+            k_embedding_fwd_vec<CUK_F32><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+        else if (out.dt == CUK_BF16)
+            k_embedding_fwd_vec<CUK_BF16><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+        else
+            k_embedding_fwd_vec<CUK_F16><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+        return cudaGetLastError();
+    }
     k_embedding_fwd<<<cuk_rows_grid(out.rows, out.cols, NT), NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset,
                                                                           vocab_total, pos_offset, err);
     return cudaGetLastError();
@@ -157,12 +200,150 @@ __global__ void k_xent_fwd(float *losses, float *lse, float *maxv, float *sumexp
     }
 }
 
+/* ---- fast paths: 16-byte aligned rows, dtype a template parameter */
+
+#define XU 4 /* chunks of 8 loaded per thread before any is used */
+
+/* (m1, s1) + (m2, s2) of the online softmax; symmetric, so every lane of a
+ * butterfly gets the same bits. */
+CUK_INLINE void sm_combine(float &m, float &s, float m2, float s2) {
+    const float M = fmaxf(m, m2);
+    const float a = m == -INFINITY ? 0.0f : s * expf(m - M), b = m2 == -INFINITY ? 0.0f : s2 * expf(m2 - M);
+    m = M;
+    s = a + b;
+}
+
+/* This thread's XU chunks from chunk j0 of a row `width` wide: element
+ * counts in cnt (0 past the end); chunks starting at or past `loadcols` are
+ * not read (their values unused). */
+template <int DT>
+CUK_INLINE void xent_load(const void *p, int64_t xo, int64_t j0, int64_t width, int64_t loadcols, float (*v)[8],
+                          int *cnt) {
+    const int64_t nch = (width + 7) >> 3;
+#pragma unroll
+    for (int u = 0; u < XU; u++) {
+        const int64_t j = j0 + u * (int64_t)blockDim.x;
+        cnt[u] = j < nch ? (int)(width - 8 * j < 8 ? width - 8 * j : 8) : 0;
+        if (cnt[u] > 0 && 8 * j < loadcols) cuk_ld8_tail<DT>(p, xo + 8 * j, cnt[u], v[u]);
+    }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(512, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
+                                                      float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
+                                                      int64_t ncols, int ignore, int strict, cuk_errrec *err) {
+    __shared__ float shm[32], shs[32];
+    const int64_t nch = (ncols + 7) >> 3;
+    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
+        const int64_t xo = n * x.ld;
+        float m = -INFINITY, se = 0.0f;
+        for (int64_t j0 = threadIdx.x; j0 < nch; j0 += XU * (int64_t)blockDim.x) {
+            float v[XU][8];
+            int cnt[XU];
+            xent_load<DT>(x.p, xo, j0, ncols, ncols, v, cnt);
+#pragma unroll
+            for (int u = 0; u < XU; u++) {
+                if (cnt[u] <= 0) continue;
+                float cm = -INFINITY;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e < cnt[u]) cm = fmaxf(cm, v[u][e]);
+                if (cm > m) {
+                    se = m == -INFINITY ? 0.0f : se * expf(m - cm);
+                    m = cm;
+                }
+                if (m == -INFINITY) continue;
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e < cnt[u]) se += expf(v[u][e] - m);
+            }
+        }
+        /* warp butterfly, then the warps in order by warp 0 */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, se, o);
+            sm_combine(m, se, m2, s2);
+        }
+        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        __syncthreads();
+        if (lane == 0) {
+            shm[w] = m;
+            shs[w] = se;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            m = shm[0];
+            se = shs[0];
+            for (int k = 1; k < nw; k++) sm_combine(m, se, shm[k], shs[k]);
+            const int64_t t = tgt[n], tl = t - off;
+            const int ign = t == ignore, inside = tl >= 0 && tl < ncols;
+            const float l = m + logf(se);
+            if (strict && !ign && !inside) cuk_report(err, CUK_ERR_TARGET, n, t, off, off + ncols);
+            const float xt = (!ign && inside) ? cuk_ld1<DT>(x.p, xo + tl) : 0.0f;
+            if (lse) lse[n] = l;
+            if (maxv) maxv[n] = m;
+            if (sumexp) sumexp[n] = se;
+            if (tlogit) tlogit[n] = xt;
+            if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xt;
+        }
+    }
+}
+
+template <int DT>
+__global__ void __launch_bounds__(512, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt,
+                                                      const float *dl, float dscale, int64_t off, int64_t ncols,
+                                                      int ignore) {
+    const int64_t nch = (dx.cols + 7) >> 3;
+    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
+        const int64_t t = tgt[n], tl = t - off, xo = n * x.ld, go = n * dx.ld;
+        const int ign = t == ignore;
+        const float sc = dl ? dl[n] : dscale, L = lse[n];
+        for (int64_t j0 = threadIdx.x; j0 < nch; j0 += XU * (int64_t)blockDim.x) {
+            float v[XU][8];
+            int cnt[XU];
+            xent_load<DT>(x.p, xo, j0, dx.cols, ign ? 0 : ncols, v, cnt);
+#pragma unroll
+            for (int u = 0; u < XU; u++) {
+                if (cnt[u] <= 0) continue;
+                const int64_t c0 = 8 * (j0 + u * (int64_t)blockDim.x);
+                float o[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int64_t j = c0 + e;
+                    float gv = 0.0f;
+                    if (!ign && j < ncols) {
+                        gv = sc * expf(v[u][e] - L);
+                        if (j == tl) gv -= sc;
+                    }
+                    o[e] = gv;
+                }
+                cuk_st8_tail<DT>(dx.p, go + c0, cnt[u], o);
+            }
+        }
+    }
+}
+
+static bool xent_vec_dt(int dt) { return dt == CUK_F32 || dt == CUK_BF16 || dt == CUK_F16; }
+
 static unsigned row_blocks(int64_t rows) { return (unsigned)(rows > 65536 * 16 ? 65536 * 16 : rows); }
 
 extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, float *maxv, float *sumexp,
                                     float *tlogit, cuk_mat logits, const int32_t *tgt, int64_t off, int64_t ncols,
                                     int ignore_index, int strict, cuk_errrec *err) {
     if (logits.rows <= 0) return cudaSuccess;
+    if (xent_vec_dt(logits.dt) && cuk_vec_ok(logits)) {
+        const unsigned g = row_blocks(logits.rows);
+        if (logits.dt == CUK_F32)
+            k_xent_fwd_vec<CUK_F32><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                      ignore_index, strict, err);
+        else if (logits.dt == CUK_BF16)
+            k_xent_fwd_vec<CUK_BF16><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                       ignore_index, strict, err);
+        else
+            k_xent_fwd_vec<CUK_F16><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                      ignore_index, strict, err);
+        return cudaGetLastError();
+    }
     k_xent_fwd<<<row_blocks(logits.rows), 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
                                                        ignore_index, strict, err);
     return cudaGetLastError();
@@ -189,6 +370,19 @@ extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat log
                                     const int32_t *tgt, const float *dlosses, float dloss_scale, int64_t off,
                                     int64_t ncols, int ignore_index) {
     if (logits.rows <= 0) return cudaSuccess;
+    if (xent_vec_dt(logits.dt) && logits.dt == dlogits.dt && cuk_vec_ok(logits) && cuk_vec_ok(dlogits)) {
+        const unsigned g = row_blocks(logits.rows);
+        if (logits.dt == CUK_F32)
+            k_xent_bwd_vec<CUK_F32><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+                                                      ignore_index);
+        else if (logits.dt == CUK_BF16)
+            k_xent_bwd_vec<CUK_BF16><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+                                                       ignore_index);
+        else
+            k_xent_bwd_vec<CUK_F16><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+                                                      ignore_index);
+        return cudaGetLastError();
+    }
     k_xent_bwd<<<row_blocks(logits.rows), 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
                                                        ignore_index);
     return cudaGetLastError();

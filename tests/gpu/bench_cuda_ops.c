@@ -112,6 +112,20 @@ static void f_ln_bwd(void *x) {
     OK(G->ops->layernorm_bwd(G, &c->g, &c->h, NULL, &c->b, &c->a, &c->c, &c->e, &c->f, 1));
 }
 static void f_gelu(void *x) { ctx_t *c = x; OK(G->ops->gelu_fwd(G, &c->b, &c->a)); }
+static void f_gelu_bwd(void *x) { ctx_t *c = x; OK(G->ops->gelu_bwd(G, &c->c, &c->a, &c->b)); }
+static cai_tensor g_dbias; /* layernorm's dbias (F32 [C]) */
+static void f_ln_bwd_full(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->layernorm_bwd(G, &c->g, &c->h, &g_dbias, &c->b, &c->a, &c->c, &c->e, &c->f, 1));
+}
+static void f_rms_fwd(void *x) { ctx_t *c = x; OK(G->ops->rmsnorm_fwd(G, &c->b, &c->f, &c->a, &c->c, 1e-6f)); }
+static void f_rms_bwd(void *x) { ctx_t *c = x; OK(G->ops->rmsnorm_bwd(G, &c->g, &c->h, &c->b, &c->a, &c->c, &c->f, 0)); }
+static void f_add(void *x) { ctx_t *c = x; OK(G->ops->add(G, &c->g, &c->a, &c->b)); }
+static void f_xent_fwd(void *x) { ctx_t *c = x; OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100)); }
+static void f_xent_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->xent_bwd(G, &c->a, &c->a, &c->d, &c->b, NULL, 1.0f / 8192, 0, 50257, -100));
+}
 static void f_attn_fwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->attention_fwd(G, &c->d, &c->e, &c->a, &c->b, &c->c, &c->p, c->ws, c->wsb));
@@ -217,11 +231,18 @@ int main(int argc, char **argv) {
     report("layernorm_fwd bf16 [8192,768]", time_it(f_ln_fwd, &c), 2.0 * 2 * N * C + 8.0 * N, 0);
     OK(G->ops->layernorm_fwd(G, &c.b, &c.e, &c.f, &c.a, &c.c, &c.d, 1e-5f));
     report("layernorm_bwd bf16 (dinp +=, dweight)", time_it(f_ln_bwd, &c), 2.0 * 4 * N * C + 8.0 * N, 0);
+    g_dbias = dev_tensor(F32, 1, SHP(C), 1.0f);
+    report("layernorm_bwd bf16 (dinp +=, dweight, dbias)", time_it(f_ln_bwd_full, &c), 2.0 * 4 * N * C + 8.0 * N, 0);
+    report("rmsnorm_fwd bf16 [8192,768]", time_it(f_rms_fwd, &c), 2.0 * 2 * N * C + 4.0 * N, 0);
+    report("rmsnorm_bwd bf16 (dinp =, dweight)", time_it(f_rms_bwd, &c), 2.0 * 3 * N * C + 4.0 * N, 0);
+    report("add bf16 [8192,768]", time_it(f_add, &c), 2.0 * 3 * N * C, 0);
     free_all();
     memset(&c, 0, sizeof c);
     c.a = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
     c.b = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
     report("gelu_fwd bf16 [8192,3072]", time_it(f_gelu, &c), 2.0 * 2 * N * 4 * C, 0);
+    c.c = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
+    report("gelu_bwd bf16 [8192,3072]", time_it(f_gelu_bwd, &c), 2.0 * 3 * N * 4 * C, 0);
     free_all();
 
     /* attention on views of a fused QKV buffer */
@@ -286,6 +307,8 @@ int main(int argc, char **argv) {
     c.c = dev_tensor(F32, 1, SHP(N), 1.0f);
     c.d = dev_tensor(F32, 1, SHP(N), 1.0f);
     report("xent fwd + bwd in place bf16 [8192,50304]", time_it(f_xent, &c), 2.0 * 3 * N * V, 0);
+    report("xent_fwd bf16 [8192,50304]", time_it(f_xent_fwd, &c), 2.0 * N * V, 0);
+    report("xent_bwd in place bf16 [8192,50304]", time_it(f_xent_bwd, &c), 2.0 * 2 * N * V, 0);
     free_all();
 
     /* embeddings */
@@ -317,6 +340,10 @@ int main(int argc, char **argv) {
     report("sumsq 124M f32 (grad norm)", time_it(f_sumsq, &c), 4.0 * P, 0);
     c.b = dev_tensor(BF, 1, SHP(P), 1.0f);
     report("copy 124M f32 -> bf16", time_it(f_copy, &c), 6.0 * P, 0);
+    cai_tensor t32 = c.a;
+    c.a = c.b;
+    c.b = t32;
+    report("copy 124M bf16 -> f32", time_it(f_copy, &c), 6.0 * P, 0);
     free_all();
 
     cai_device_free(G);

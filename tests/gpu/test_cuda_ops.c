@@ -631,9 +631,7 @@ static void fp_elementwise(cai_dtype dt) {
     BOTH("gelu_fwd", H->ops->gelu_fwd(H, &y.h, &x.h), G->ops->gelu_fwd(G, &y.g, &x.g));
     gt_check("gelu_fwd aligned rows, C=300", y, tol);
     fp_untouched("gelu_fwd", yf, N, ld, C);
-    gt_t dy = R2(dt, N, C, 1.0), dx = fp_view(dt, N, C, ld, 0, &dxf);
-    (void)dy;
-    gt_t dyf2, dy2 = fp_view(dt, N, C, ld, 1, &dyf2);
+    gt_t dyf2, dx = fp_view(dt, N, C, ld, 0, &dxf), dy2 = fp_view(dt, N, C, ld, 1, &dyf2);
     BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dx.h, &x.h, &dy2.h), G->ops->gelu_bwd(G, &dx.g, &x.g, &dy2.g));
     gt_check("gelu_bwd aligned rows", dx, tol);
     BOTH("gelu_bwd", H->ops->gelu_bwd(H, &dy2.h, &x.h, &dy2.h), G->ops->gelu_bwd(G, &dy2.g, &x.g, &dy2.g));
@@ -661,9 +659,6 @@ static void fp_elementwise(cai_dtype dt) {
     gt_t dg = gt_narrow(dfused, 1, 0, F), du = gt_narrow(dfused, 1, F, F);
     BOTH("swiglu_fwd", H->ops->swiglu_fwd(H, &o.h, &gate.h, &up.h), G->ops->swiglu_fwd(G, &o.g, &gate.g, &up.g));
     gt_check("swiglu_fwd aligned halves", o, tol);
-    BOTH("swiglu_bwd", H->ops->swiglu_bwd(H, NULL, &du.h, &d.h, &gate.h, &up.h),
-         G->ops->swiglu_bwd(G, NULL, &du.g, &d.g, &gate.g, &up.g));
-    gt_check("swiglu_bwd aligned, dup only", du, tol);
     BOTH("swiglu_bwd", H->ops->swiglu_bwd(H, &dg.h, &du.h, &d.h, &gate.h, &up.h),
          G->ops->swiglu_bwd(G, &dg.g, &du.g, &d.g, &gate.g, &up.g));
     gt_check("swiglu_bwd aligned dgate|dup", dfused, tol);
