@@ -39,10 +39,23 @@ typedef enum {
     CAI_OP_SEND,
     CAI_OP_RECV,
     CAI_OP_NCCL_INIT, /* the ncclUniqueId broadcast that creates an axis' NCCL communicator */
+    CAI_OP_IREDUCE_SCATTER,
+    CAI_OP_IALLGATHER,
     CAI_OP_KIND_COUNT
 } cai_op_kind;
 
 const char *cai_op_kind_name(cai_op_kind kind);
+
+/* The blocking kind a non-blocking one moves data like: the transports
+ * switch on this; the watchdog reports the kind itself. */
+static inline cai_op_kind cai_op_base(cai_op_kind k) {
+    switch (k) {
+    case CAI_OP_IALLREDUCE: return CAI_OP_ALLREDUCE;
+    case CAI_OP_IREDUCE_SCATTER: return CAI_OP_REDUCE_SCATTER;
+    case CAI_OP_IALLGATHER: return CAI_OP_ALLGATHER;
+    default: return k;
+    }
+}
 
 /* One operation as the caller asked for it; both transports read this. */
 typedef struct {
@@ -79,7 +92,7 @@ typedef struct cai_pending {
     MPI_Request *reqs;
     void *tmp_send, *tmp_recv; /* host staging / in-place copies (cai_malloc) */
     int *tmp_ints;             /* alltoallv int counts, alive until completion */
-    void *dev_event;           /* cudaEvent_t of the NCCL path */
+    int dev_slot;              /* the NCCL path's completion event: a slot of the mesh's event pool */
     int group_size;
     struct cai_pending *next;
 } cai_pending;
@@ -141,6 +154,12 @@ uint64_t cai_wd_enter(cai_mesh_t *m, cai_axis axis);
  * CAI_ERR_TIMEOUT with the report in the error trace. */
 typedef int (*cai_wd_poll_fn)(void *ctx);
 cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx);
+/* As cai_wd_wait, and also gives up after limit_s (> 0) whatever the mesh's
+ * watchdog says: then it returns CAI_ERR_TIMEOUT with the same report and
+ * never aborts (cai_wait_timeout; the mesh's own watchdog still fires first
+ * when it is shorter, in its own mode). limit_s <= 0: no limit of its own. */
+cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
+                             double limit_s);
 
 /* MPI path (comm.c). */
 MPI_Datatype cai_mpi_dtype(cai_dtype dt);
@@ -160,12 +179,22 @@ int cai_cl_cuda_usable(void);
 cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis);
 /* Runs a whole operation on device buffers through NCCL, under the watchdog. */
 cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq);
-/* Starts an all-reduce on device buffers; cai_cl_nccl_finish waits for it. */
+/* Starts a non-blocking operation on device buffers (its completion event
+ * comes from the mesh's pool); cai_cl_nccl_finish waits for it under the
+ * watchdog (and limit_s, see cai_wd_wait_limit), cai_cl_nccl_test checks it
+ * once. Both give the event back once the operation is over (*done = 1;
+ * also on an error). */
 cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p);
-cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p);
+cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p, double limit_s);
+cai_status cai_cl_nccl_test(cai_mesh_t *m, cai_pending *p, int *done);
+/* Events the mesh's pool holds (created so far) and lends out now; tests
+ * check that a steady state creates none. 0 without NCCL state. */
+void cai_cl_nccl_event_stats(const cai_mesh_t *m, int *created, int *in_use);
 void cai_cl_nccl_free(cai_mesh_t *m);
 cai_status cai_cl_copy_to_host(void *dst, const void *src, size_t bytes);
 cai_status cai_cl_copy_to_device(void *dst, const void *src, size_t bytes);
+/* Waits for a CUDA stream (NULL: the legacy default stream). */
+cai_status cai_cl_stream_sync(void *stream);
 cai_status cai_cl_device_alloc(void **out, size_t bytes);
 void cai_cl_device_free(void *p);
 cai_status cai_cl_device_fill(void *dst, const void *host_src, size_t bytes);

@@ -85,7 +85,8 @@ MPI_Datatype cai_mpi_dtype(cai_dtype dt) {
 }
 
 static int is_reduction(cai_op_kind k) {
-    return k == CAI_OP_ALLREDUCE || k == CAI_OP_IALLREDUCE || k == CAI_OP_REDUCE_SCATTER;
+    k = cai_op_base(k);
+    return k == CAI_OP_ALLREDUCE || k == CAI_OP_REDUCE_SCATTER;
 }
 
 static size_t vmax_extent(const size_t *counts, const size_t *displs, int n) {
@@ -97,9 +98,8 @@ static size_t vmax_extent(const size_t *counts, const size_t *displs, int n) {
 
 void cai_coll_extent(const cai_coll *c, int n, size_t *send, size_t *recv) {
     size_t s = 0, r = 0;
-    switch (c->kind) {
+    switch (cai_op_base(c->kind)) {
     case CAI_OP_ALLREDUCE:
-    case CAI_OP_IALLREDUCE:
     case CAI_OP_BCAST: s = r = c->count; break;
     case CAI_OP_REDUCE_SCATTER: s = c->count * (size_t)n, r = c->count; break;
     case CAI_OP_ALLGATHER: s = c->count, r = c->count * (size_t)n; break;
@@ -119,7 +119,7 @@ void cai_coll_extent(const cai_coll *c, int n, size_t *send, size_t *recv) {
 int cai_coll_in_place(const cai_coll *c, int axis_rank, int n) {
     if (!c->send || !c->recv) return 0;
     if (c->send == c->recv) return 1;
-    if (c->kind == CAI_OP_ALLGATHER)
+    if (cai_op_base(c->kind) == CAI_OP_ALLGATHER)
         return (const char *)c->send == (const char *)c->recv + (size_t)axis_rank * c->count * cai_dtype_size(c->dtype);
     return 0;
 }
@@ -214,9 +214,8 @@ static cai_status mpi_issue(cai_mesh_t *m, cai_pending *p, size_t piece, MPI_Req
     char *rb = (char *)c->recv + off * es;
     int rc;
     const char *call;
-    switch (c->kind) {
-    case CAI_OP_ALLREDUCE:
-    case CAI_OP_IALLREDUCE: {
+    switch (cai_op_base(c->kind)) {
+    case CAI_OP_ALLREDUCE: {
         const void *s = in_place ? MPI_IN_PLACE : sb;
         MPI_Op op = mpi_op_for(m, c->dtype, c->op);
         call = "MPI_Allreduce";
@@ -278,8 +277,9 @@ static cai_status mpi_issue(cai_mesh_t *m, cai_pending *p, size_t piece, MPI_Req
 }
 
 static int splittable(cai_op_kind k) {
-    return k == CAI_OP_ALLREDUCE || k == CAI_OP_IALLREDUCE || k == CAI_OP_BCAST || k == CAI_OP_SEND ||
-           k == CAI_OP_RECV || k == CAI_OP_NCCL_INIT;
+    k = cai_op_base(k);
+    return k == CAI_OP_ALLREDUCE || k == CAI_OP_BCAST || k == CAI_OP_SEND || k == CAI_OP_RECV ||
+           k == CAI_OP_NCCL_INIT;
 }
 
 static size_t pieces(const cai_mesh_t *m, const cai_coll *c) {
@@ -424,6 +424,20 @@ cai_status cai_mesh_drain(cai_mesh_t *m, double timeout_s) {
 
 /* ------------------------------------------------------------ dispatch */
 
+/* The end of an operation on the MPI path, by how waiting for it ended: a
+ * timeout leaves it to the mesh, an error waits out the issued pieces
+ * (their memory must outlive them), success finishes it. */
+static cai_status host_conclude(cai_mesh_t *m, cai_pending *p, cai_status st) {
+    if (st == CAI_ERR_TIMEOUT) {
+        adopt_orphan(m, p);
+        return st;
+    }
+    if (st == CAI_OK) return finish(m, p);
+    if (p->nreq) MPI_Waitall(p->nreq, p->reqs, MPI_STATUSES_IGNORE);
+    cai_pending_release(p);
+    return st;
+}
+
 /* Runs a prepared operation on host memory through MPI. */
 static cai_status host_run(cai_mesh_t *m, cai_pending *p) {
     size_t np = pieces(m, &p->c);
@@ -442,17 +456,7 @@ static cai_status host_run(cai_mesh_t *m, cai_pending *p) {
         if (st == CAI_OK) p->nreq++;
     }
     if (st == CAI_OK) st = cai_wd_wait(m, &p->c, p->seq, poll_requests, p);
-    if (st == CAI_ERR_TIMEOUT) {
-        adopt_orphan(m, p);
-        return st;
-    }
-    if (st != CAI_OK) {
-        /* Issued pieces must finish before their memory can go. */
-        if (p->nreq) MPI_Waitall(p->nreq, p->reqs, MPI_STATUSES_IGNORE);
-        cai_pending_release(p);
-        return st;
-    }
-    return finish(m, p);
+    return host_conclude(m, p, st);
 }
 
 static cai_status check_common(cai_mesh_t *m, const cai_coll *c) {
@@ -534,7 +538,10 @@ static cai_status start(cai_mesh_t *m, const cai_coll *c, cai_pending *p) {
     else
         p->seq = cai_wd_enter(m, c->axis);
     if (dev == CAI_DEV_NCCL) return CAI_OK;
-    cai_status st = prepare(m, p);
+    /* MPI and the staging copies read device memory outside the caller's
+     * stream order (the NCCL path orders its stream after it instead). */
+    cai_status st = dev != CAI_DEV_NONE ? cai_cl_stream_sync(m->cuda_stream) : CAI_OK;
+    if (st == CAI_OK) st = prepare(m, p);
     if (st != CAI_OK) cai_pending_release(p);
     return st;
 }
@@ -646,17 +653,16 @@ cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis) {
     return CAI_OK;
 }
 
-cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
-                          cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
-    CAI_CHECK_ARG(req, "cai_iallreduce: req is NULL");
+/* The non-blocking forms: issued like the blocking ones (same checks, same
+ * watchdog numbering, same paths), completed by cai_wait / cai_test. */
+static cai_status istart(cai_mesh_t *mesh, const cai_coll *c, cai_request_t **req) {
+    CAI_CHECK_ARG(req, "%s: req is NULL", cai_op_kind_name(c->kind));
     *req = NULL;
-    cai_coll c = {.kind = CAI_OP_IALLREDUCE, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count,
-                  .dtype = dtype, .op = op};
     cai_request_t *r = NULL;
-    CAI_CALL(cai_calloc((void **)&r, 1, sizeof *r, "iallreduce request"));
+    CAI_CALL(cai_calloc((void **)&r, 1, sizeof *r, "request"));
     r->mesh = mesh;
     cai_status st;
-    CAI_CALL_GOTO(start(mesh, &c, &r->op), st, fail);
+    CAI_CALL_GOTO(start(mesh, c, &r->op), st, fail);
     if (r->op.device == CAI_DEV_NCCL) {
         CAI_CALL_GOTO(cai_cl_nccl_start(mesh, &r->op), st, fail);
     } else {
@@ -681,25 +687,84 @@ fail:
     return st;
 }
 
+cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                          cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
+    cai_coll c = {.kind = CAI_OP_IALLREDUCE, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count,
+                  .dtype = dtype, .op = op};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
+cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
+                               size_t recv_count, cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
+    cai_coll c = {.kind = CAI_OP_IREDUCE_SCATTER, .axis = axis, .send = sendbuf, .recv = recvbuf,
+                  .count = recv_count, .dtype = dtype, .op = op};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
+cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
+                           cai_dtype dtype, cai_request_t **req) {
+    cai_coll c = {.kind = CAI_OP_IALLGATHER, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = send_count,
+                  .dtype = dtype};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
+/* Frees a request whose operation is over (or left to the mesh). */
+static cai_status request_free(cai_request_t *req, cai_status st) {
+    cai_op_kind kind = req->op.c.kind;
+    cai_free(req);
+    if (st != CAI_OK) cai_error_push(__FILE__, __LINE__, __func__, cai_op_kind_name(kind));
+    return st;
+}
+
+/* Waits for a request under the watchdog (and limit_s when > 0) and frees it. */
+static cai_status wait_request(cai_request_t *req, double limit_s) {
+    cai_mesh_t *m = req->mesh;
+    cai_pending *p = &req->op;
+    cai_status st;
+    if (p->device == CAI_DEV_NCCL)
+        st = cai_cl_nccl_finish(m, p, limit_s);
+    else
+        st = host_conclude(m, p, cai_wd_wait_limit(m, &p->c, p->seq, poll_requests, p, limit_s));
+    return request_free(req, st);
+}
+
 cai_status cai_wait(cai_request_t *req) {
     CAI_CHECK_ARG(req, "cai_wait: request is NULL");
+    CAI_CALL(wait_request(req, 0));
+    return CAI_OK;
+}
+
+cai_status cai_wait_timeout(cai_request_t *req, double timeout_s) {
+    CAI_CHECK_ARG(req, "cai_wait_timeout: request is NULL");
+    /* A bad limit must not leak the request: it is waited for without one. */
+    if (!(timeout_s > 0)) {
+        cai_status st = wait_request(req, 0);
+        if (st != CAI_OK) return st;
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_wait_timeout: timeout %g s must be > 0 (the request was waited "
+                         "for under the mesh's watchdog alone)", timeout_s);
+    }
+    CAI_CALL(wait_request(req, timeout_s));
+    return CAI_OK;
+}
+
+cai_status cai_test(cai_request_t *req, int *done) {
+    CAI_CHECK_ARG(req && done, "cai_test: NULL argument");
+    *done = 0;
     cai_mesh_t *m = req->mesh;
     cai_pending *p = &req->op;
     cai_status st;
     if (p->device == CAI_DEV_NCCL) {
-        st = cai_cl_nccl_finish(m, p);
+        st = cai_cl_nccl_test(m, p, done);
+        if (!*done) return st;
     } else {
-        st = cai_wd_wait(m, &p->c, p->seq, poll_requests, p);
-        if (st == CAI_ERR_TIMEOUT)
-            adopt_orphan(m, p);
-        else if (st == CAI_OK)
-            st = finish(m, p);
-        else {
-            MPI_Waitall(p->nreq, p->reqs, MPI_STATUSES_IGNORE);
-            cai_pending_release(p);
-        }
+        int r = poll_requests(p);
+        if (r == 0) return CAI_OK;
+        *done = 1;
+        /* poll_requests set the trace when it failed. */
+        st = host_conclude(m, p, r == 1 ? CAI_OK : cai_error_status());
     }
-    cai_free(req);
-    if (st != CAI_OK) cai_error_push(__FILE__, __LINE__, __func__, "waiting for iallreduce");
-    return st;
+    return request_free(req, st);
 }

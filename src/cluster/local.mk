@@ -9,7 +9,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/nccl.c \
 	%reldir%/bench.c
 
-EXTRA_DIST += docs/cluster.md tests/mpi/watchdog_abort.sh
+EXTRA_DIST += docs/cluster.md tests/mpi/watchdog_abort.sh tests/mpi/collectives-gpu-run.sh
 
 # Abort-mode watchdog program driven by tests/mpi/watchdog_abort.sh (no Check).
 check_PROGRAMS += tests/mpi/test_watchdog_abort

@@ -3,8 +3,10 @@
  * on first use from an ncclUniqueId broadcast over the axis' MPI communicator.
  * Operations run on one non-blocking stream per mesh that first waits for the
  * caller's stream; the host polls an event (and NCCL's async error) under the
- * watchdog and aborts the communicator when it fires. Compiled always; the
- * body needs CAI_HAVE_CUDA. */
+ * watchdog and aborts the communicator when it fires. Non-blocking operations
+ * take their completion event from a pool the NCCL state owns, so a training
+ * step issues no cudaEventCreate/Destroy. Compiled always; the body needs
+ * CAI_HAVE_CUDA. */
 #include "cai_config.h"
 
 #include <string.h>
@@ -20,11 +22,21 @@ void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream) {
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+/* Events the pool starts with: more than the engine usually keeps in flight
+ * (a few buckets); it doubles when a caller keeps more. */
+#define EVENT_POOL_INIT 16
+
 struct cai_nccl_state {
     ncclComm_t comm[CAI_AXIS_COUNT];
     int failed[CAI_AXIS_COUNT]; /* aborted after an error or timeout: the mesh must be rebuilt */
     cudaStream_t stream;
     cudaEvent_t ready, done; /* done: reused by blocking calls */
+    /* Completion events of non-blocking operations: a ring searched from
+     * `next` for a free slot. Slots are lent, never destroyed before the
+     * state, so steady-state steps create no events. */
+    cudaEvent_t *ev;
+    unsigned char *ev_busy;
+    int nev, next, in_use;
 };
 
 #define CUDA_OK(expr)                                                                                          \
@@ -94,6 +106,15 @@ cai_status cai_cl_copy_to_host(void *dst, const void *src, size_t bytes) {
 
 cai_status cai_cl_copy_to_device(void *dst, const void *src, size_t bytes) {
     CUDA_OK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    /* From pageable memory cudaMemcpy may return before the DMA lands, and
+     * the caller's next kernel may run on a stream that does not wait for
+     * the legacy default stream. */
+    CUDA_OK(cudaStreamSynchronize(0));
+    return CAI_OK;
+}
+
+cai_status cai_cl_stream_sync(void *stream) {
+    CUDA_OK(cudaStreamSynchronize((cudaStream_t)stream));
     return CAI_OK;
 }
 
@@ -111,6 +132,64 @@ cai_status cai_cl_device_fill(void *dst, const void *host_src, size_t bytes) {
     return cai_cl_copy_to_device(dst, host_src, bytes);
 }
 
+/* Grows the event pool to `want` slots (events created here and only here). */
+static cai_status pool_grow(struct cai_nccl_state *s, int want) {
+    cudaEvent_t *ev = NULL;
+    unsigned char *busy = NULL;
+    CAI_CALL(cai_calloc((void **)&ev, (size_t)want, sizeof *ev, "NCCL event pool"));
+    cai_status st = cai_calloc((void **)&busy, (size_t)want, 1, "NCCL event pool flags");
+    if (st != CAI_OK) {
+        cai_free(ev);
+        CAI_CALL(st);
+    }
+    if (s->nev) {
+        memcpy(ev, s->ev, (size_t)s->nev * sizeof *ev);
+        memcpy(busy, s->ev_busy, (size_t)s->nev);
+    }
+    int made = s->nev;
+    cudaError_t e = cudaSuccess;
+    while (made < want && (e = cudaEventCreateWithFlags(&ev[made], cudaEventDisableTiming)) == cudaSuccess) made++;
+    cai_free(s->ev);
+    cai_free(s->ev_busy);
+    s->ev = ev;
+    s->ev_busy = busy;
+    s->nev = made; /* keep what was made: the pool stays consistent on failure */
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "creating collective completion events (%d of %d) failed: %s", made, want,
+                         cudaGetErrorString(e));
+    return CAI_OK;
+}
+
+static cai_status pool_take(struct cai_nccl_state *s, int *slot) {
+    if (s->in_use == s->nev) CAI_CALL(pool_grow(s, s->nev ? 2 * s->nev : EVENT_POOL_INIT));
+    for (int k = 0; k < s->nev; k++) {
+        int i = (s->next + k) % s->nev;
+        if (s->ev_busy[i]) continue;
+        s->ev_busy[i] = 1;
+        s->in_use++;
+        s->next = (i + 1) % s->nev;
+        *slot = i;
+        return CAI_OK;
+    }
+    return CAI_ERROR(CAI_ERR_INTERNAL, "NCCL event pool: %d of %d in use but no free slot", s->in_use, s->nev);
+}
+
+static void pool_give(struct cai_nccl_state *s, int slot) {
+    if (slot < 0 || slot >= s->nev || !s->ev_busy[slot]) return;
+    s->ev_busy[slot] = 0;
+    s->in_use--;
+}
+
+static void state_destroy(struct cai_nccl_state *s) {
+    for (int i = 0; i < s->nev; i++) cudaEventDestroy(s->ev[i]);
+    cai_free(s->ev);
+    cai_free(s->ev_busy);
+    if (s->ready) cudaEventDestroy(s->ready);
+    if (s->done) cudaEventDestroy(s->done);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    cai_free(s);
+}
+
 static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
     if (!m->nccl) {
         struct cai_nccl_state *s = NULL;
@@ -119,9 +198,15 @@ static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
         if (e != cudaSuccess) {
-            if (s->stream) cudaStreamDestroy(s->stream);
-            cai_free(s);
+            state_destroy(s);
             return CAI_ERROR(CAI_ERR_CUDA, "creating the collective stream failed: %s", cudaGetErrorString(e));
+        }
+        /* The pool is made with the stream, on the first device collective
+         * (communicator set-up), not inside a step. */
+        cai_status st = pool_grow(s, EVENT_POOL_INIT);
+        if (st != CAI_OK) {
+            state_destroy(s);
+            CAI_CALL(st);
         }
         m->nccl = s;
     }
@@ -212,9 +297,8 @@ static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void *
     CUDA_OK(cudaStreamWaitEvent(st, s->ready, 0));
     const char *sb = c->send;
     char *rb = c->recv;
-    switch (c->kind) {
+    switch (cai_op_base(c->kind)) {
     case CAI_OP_ALLREDUCE:
-    case CAI_OP_IALLREDUCE:
         NCCL_Q(ncclAllReduce(sb, rb, c->count, t, nccl_op(c->op), comm, st));
         break;
     case CAI_OP_REDUCE_SCATTER:
@@ -292,9 +376,9 @@ static int poll_event(void *vctx) {
 /* Waits for `done` under the watchdog; on failure aborts the axis'
  * communicator, which cannot be trusted afterwards (the next device
  * collective on the axis creates a fresh one). */
-static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done) {
+static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done, double limit_s) {
     nccl_wait_ctx w = {m, c->axis, done, 0};
-    cai_status st = cai_wd_wait(m, c, seq, poll_event, &w);
+    cai_status st = cai_wd_wait_limit(m, c, seq, poll_event, &w, limit_s);
     if (st != CAI_OK) fail_axis(m, c->axis);
     return st;
 }
@@ -312,28 +396,55 @@ static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, uint64_t 
 
 cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq) {
     CAI_CALL(enqueue_with_event(m, c, seq, m->nccl->done));
-    CAI_CALL(wait_done(m, c, seq, m->nccl->done));
+    CAI_CALL(wait_done(m, c, seq, m->nccl->done, 0));
     return CAI_OK;
 }
 
 cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) {
-    cudaEvent_t done;
-    CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    cai_status st = enqueue_with_event(m, &p->c, p->seq, done);
+    struct cai_nccl_state *s = m->nccl;
+    int slot = -1;
+    CAI_CALL(pool_take(s, &slot));
+    cai_status st = enqueue_with_event(m, &p->c, p->seq, s->ev[slot]);
     if (st != CAI_OK) {
-        cudaEventDestroy(done);
-        return st;
+        pool_give(s, slot);
+        CAI_CALL(st);
     }
-    p->dev_event = done;
+    p->dev_slot = slot;
     return CAI_OK;
 }
 
-cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p) {
-    cudaEvent_t done = (cudaEvent_t)p->dev_event;
-    cai_status st = wait_done(m, &p->c, p->seq, done);
-    cudaEventDestroy(done);
+/* A slot given back while its operation may still run (after a timeout,
+ * the communicator aborted) is safe to lend again: recording an event anew
+ * replaces what it tracked. */
+cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p, double limit_s) {
+    struct cai_nccl_state *s = m->nccl;
+    cai_status st = wait_done(m, &p->c, p->seq, s->ev[p->dev_slot], limit_s);
+    pool_give(s, p->dev_slot);
+    p->dev_slot = -1;
     CAI_CALL(st);
     return CAI_OK;
+}
+
+cai_status cai_cl_nccl_test(cai_mesh_t *m, cai_pending *p, int *done) {
+    struct cai_nccl_state *s = m->nccl;
+    /* polls = 63: look at NCCL's asynchronous error on this single poll too. */
+    nccl_wait_ctx w = {m, p->c.axis, s->ev[p->dev_slot], 63};
+    int r = poll_event(&w);
+    *done = r != 0;
+    if (r == 0) return CAI_OK;
+    pool_give(s, p->dev_slot);
+    p->dev_slot = -1;
+    if (r < 0) {
+        fail_axis(m, p->c.axis);
+        cai_status st = cai_error_status();
+        return st != CAI_OK ? st : CAI_ERROR(CAI_ERR_INTERNAL, "NCCL test failed without a message");
+    }
+    return CAI_OK;
+}
+
+void cai_cl_nccl_event_stats(const cai_mesh_t *m, int *created, int *in_use) {
+    *created = m->nccl ? m->nccl->nev : 0;
+    *in_use = m->nccl ? m->nccl->in_use : 0;
 }
 
 void cai_cl_nccl_free(cai_mesh_t *m) {
@@ -355,10 +466,7 @@ void cai_cl_nccl_free(cai_mesh_t *m) {
         else
             ncclCommDestroy(s->comm[a]);
     }
-    cudaEventDestroy(s->ready);
-    cudaEventDestroy(s->done);
-    cudaStreamDestroy(s->stream);
-    cai_free(s);
+    state_destroy(s);
     m->nccl = NULL;
 }
 
@@ -372,6 +480,7 @@ int cai_cl_cuda_usable(void) { return 0; }
 int cai_cl_is_device_ptr(const void *p) { return 0; }
 cai_status cai_cl_copy_to_host(void *dst, const void *src, size_t bytes) { return no_cuda("device staging"); }
 cai_status cai_cl_copy_to_device(void *dst, const void *src, size_t bytes) { return no_cuda("device staging"); }
+cai_status cai_cl_stream_sync(void *stream) { return no_cuda("device streams"); }
 cai_status cai_cl_device_alloc(void **out, size_t bytes) {
     *out = NULL;
     return no_cuda("device buffers");
@@ -381,7 +490,14 @@ cai_status cai_cl_device_fill(void *dst, const void *host_src, size_t bytes) { r
 cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) { return no_cuda("NCCL"); }
 cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq) { return no_cuda("NCCL"); }
 cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) { return no_cuda("NCCL"); }
-cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p) { return no_cuda("NCCL"); }
+cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p, double limit_s) { return no_cuda("NCCL"); }
+cai_status cai_cl_nccl_test(cai_mesh_t *m, cai_pending *p, int *done) {
+    *done = 1;
+    return no_cuda("NCCL");
+}
+void cai_cl_nccl_event_stats(const cai_mesh_t *m, int *created, int *in_use) {
+    *created = *in_use = 0;
+}
 void cai_cl_nccl_free(cai_mesh_t *m) {}
 
 #endif

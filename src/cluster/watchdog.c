@@ -19,6 +19,7 @@ static const char *const k_kind_names[CAI_OP_KIND_COUNT] = {
     [CAI_OP_ALLTOALL] = "all_to_all", [CAI_OP_ALLTOALLV] = "all_to_allv",         [CAI_OP_BCAST] = "broadcast",
     [CAI_OP_BARRIER] = "barrier",     [CAI_OP_IALLREDUCE] = "iallreduce",         [CAI_OP_SEND] = "send",
     [CAI_OP_RECV] = "recv",           [CAI_OP_NCCL_INIT] = "nccl-init",
+    [CAI_OP_IREDUCE_SCATTER] = "ireduce_scatter", [CAI_OP_IALLGATHER] = "iall_gather",
 };
 
 const char *cai_op_kind_name(cai_op_kind kind) {
@@ -206,6 +207,11 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
 }
 
 cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx) {
+    return cai_wd_wait_limit(m, c, seq, done, ctx, 0);
+}
+
+cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
+                             double limit_s) {
     publish(m, CAI_WD_ACTIVITY, activity_word(c, seq));
     double t0 = cai_time_now();
     long nap_ns = 20000;
@@ -219,11 +225,13 @@ cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_po
             break;
         }
         double waited = cai_time_now() - t0;
-        if (m->timeout_s > 0 && waited > m->timeout_s) {
+        int watchdog = m->timeout_s > 0 && waited > m->timeout_s;
+        if (watchdog || (limit_s > 0 && waited > limit_s)) {
             char text[1900];
             report(m, c, seq, waited, text, sizeof text);
             st = CAI_ERROR(CAI_ERR_TIMEOUT, "%s", text);
-            if (m->abort_on_timeout) cai_abort(CAI_ERR_TIMEOUT);
+            /* The caller's own limit returns: it has a deadline of its own to report. */
+            if (watchdog && m->abort_on_timeout) cai_abort(CAI_ERR_TIMEOUT);
             break;
         }
         /* Spin briefly for latency, then yield (ranks may share cores), then

@@ -96,26 +96,27 @@ void zp_free(zpool *p);
 
 /* ---- collectives of the engine (zero_comm.c) */
 
-/* One in-flight engine collective: a cai_request (all-reduce), an MPI
- * request (host reduce-scatter / all-gather over the dp communicator, which
- * the cluster layer has no non-blocking form of yet), or nothing (done). */
+/* One in-flight engine collective: a cai_request (all-reduce, reduce-scatter
+ * or all-gather, host or device buffers), an operation that failed while
+ * zc_progress tested it (its error is reported by zc_wait), or nothing. */
 typedef struct {
-    int kind; /* ZC_NONE, ZC_CAI, ZC_MPI */
+    int kind; /* ZC_NONE, ZC_CAI, ZC_FAILED */
     cai_request_t *creq;
-    MPI_Request mreq;
+    cai_status err;  /* ZC_FAILED: what the test returned */
+    char msg[256];   /* ZC_FAILED: its message (the trace is not kept that long) */
     const char *what;
     int bucket;
 } zc_req;
 
-enum { ZC_NONE = 0, ZC_CAI, ZC_MPI };
+enum { ZC_NONE = 0, ZC_CAI, ZC_FAILED };
 
 typedef struct {
     cai_mesh_t *mesh;
     cai_device_t *dev; /* where the buffers live */
-    MPI_Comm comm;   /* the dp axis */
+    MPI_Comm comm;   /* the dp axis (the collectives go through the mesh) */
     int size, rank;
-    int host;        /* buffers are host memory: MPI non-blocking; else blocking device collectives */
-    double timeout_s;
+    int host;        /* buffers are host memory (zc_progress has work to do) */
+    double timeout_s; /* each wait's deadline (cai_wait_timeout) */
     double bytes;    /* sent, algorithm bytes */
 } zc_ctx;
 
@@ -126,7 +127,8 @@ cai_status zc_reduce_scatter_sum(zc_ctx *c, const float *send, float *recv, size
 /* buf holds size * chunk elements of dtype; this rank's block is already in place. */
 cai_status zc_all_gather(zc_ctx *c, void *buf, size_t chunk, cai_dtype dtype, int bucket, zc_req *r);
 cai_status zc_wait(zc_ctx *c, zc_req *r);
-/* Lets MPI move in-flight host operations along (no async progress thread). */
+/* Lets MPI move in-flight host operations along (no async progress thread);
+ * completes those that are done (cai_test). */
 void zc_progress(zc_ctx *c, zc_req *reqs, int n);
 
 /* ---- the planner's replay of the window schedule (zero.c) */

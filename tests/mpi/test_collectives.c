@@ -6,8 +6,10 @@
 #include "cai_config.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "../../src/cluster/cluster_internal.h"
 #include "test_collectives_ref.h"
@@ -251,6 +253,183 @@ static void check_iallreduce(const ax_t *x) {
                        "iallreduce", i);
 }
 
+/* ------------------------------------------------------------ non-blocking forms */
+
+/* Completes a request one of three ways, so every check covers all of them. */
+static void complete(cai_request_t *req, int how) {
+    switch (how % 3) {
+    case 0: CK_CAI(cai_wait(req)); break;
+    case 1: CK_CAI(cai_wait_timeout(req, 60.0)); break;
+    default: {
+        int done = 0;
+        while (!done) {
+            CK_CAI(cai_test(req, &done));
+            if (!done) sched_yield();
+        }
+    }
+    }
+}
+
+static void *dup_buf(const void *src, size_t count, cai_dtype d) {
+    void *b = alloc(count, d);
+    memcpy(b, src, count * cai_dtype_size(d));
+    return b;
+}
+
+/* With the watchdog on, both forms issue the same MPI non-blocking call, so
+ * even inexact float inputs must reduce to the same bits; without it the
+ * blocking form uses MPI's blocking algorithm, whose order may differ, and
+ * only exact inputs are compared bit for bit. */
+static int same_transport(const ax_t *x) { return x->m->timeout_s > 0; }
+
+static void check_ireduce_scatter(const ax_t *x) {
+    const size_t counts[] = {1, 7};
+    int salt = 500, how = 0;
+    for (int t = 0; t < NDT; t++) {
+        cai_dtype d = k_all_dtypes[t];
+        size_t es = cai_dtype_size(d);
+        cai_request_t *q = NULL;
+        CK_CAI(cai_ireduce_scatter(x->m, x->a, NULL, NULL, 0, d, CAI_RED_SUM, &q));
+        complete(q, how++);
+        for (int op = CAI_RED_SUM; op <= CAI_RED_MIN; op++)
+            for (int ci = 0; ci < 2; ci++)
+                for (int in_place = 0; in_place < 2; in_place++)
+                    for (int exact = 1; exact >= (same_transport(x) && !is_int(d) ? 0 : 1); exact--, salt++) {
+                        size_t c = counts[ci], total = c * (size_t)x->n;
+                        void *in = alloc(total, d);
+                        for (size_t i = 0; i < total; i++)
+                            put(d, in, i, exact ? val(x->me, i, salt, d) : val_inexact(x->me, i, salt, d));
+                        void *bs = dup_buf(in, total, d), *br = in_place ? bs : alloc(c, d);
+                        CK_CAI(cai_reduce_scatter(x->m, x->a, bs, br, c, d, (cai_reduce_op)op));
+                        void *ns = dup_buf(in, total, d), *nr = in_place ? ns : alloc(c, d);
+                        if (!in_place) fill(d, nr, c, SENTINEL);
+                        CK_CAI(cai_ireduce_scatter(x->m, x->a, ns, nr, c, d, (cai_reduce_op)op, &q));
+                        complete(q, how++);
+                        ck_assert_msg(memcmp(br, nr, c * es) == 0,
+                                      "ireduce_scatter%s axis %s %s op %d count %zu (%s inputs) differs from the "
+                                      "blocking form", in_place ? " in place" : "", cai_axis_name(x->a),
+                                      cai_dtype_name(d), op, c, exact ? "exact" : "inexact");
+                        for (size_t j = 0; exact && j < c; j++)
+                            expect_reduced(x, d, (cai_reduce_op)op, get(d, nr, j),
+                                           reduce_ref(x, (size_t)x->k * c + j, salt, d, (cai_reduce_op)op),
+                                           in_place ? "ireduce_scatter in place" : "ireduce_scatter", j);
+                        free(in);
+                        free(bs);
+                        free(ns);
+                        if (!in_place) {
+                            free(br);
+                            free(nr);
+                        }
+                    }
+    }
+}
+
+static void check_iall_gather(const ax_t *x) {
+    const size_t counts[] = {0, 1, 7};
+    int salt = 700, how = 0;
+    for (int t = 0; t < NDT; t++) {
+        cai_dtype d = k_all_dtypes[t];
+        size_t es = cai_dtype_size(d);
+        for (int ci = 0; ci < 3; ci++)
+            /* out of place, in place (own block), in place (same pointer) */
+            for (int mode = 0; mode < 3; mode++, salt++) {
+                size_t c = counts[ci], total = c * (size_t)x->n;
+                void *mine = alloc(c, d), *r[2];
+                for (size_t j = 0; j < c; j++) put(d, mine, j, val(x->me, j, salt, d));
+                for (int nb = 0; nb < 2; nb++) {
+                    r[nb] = alloc(total, d);
+                    fill(d, r[nb], total, SENTINEL);
+                    const void *send = mine;
+                    if (mode > 0) {
+                        memcpy((char *)r[nb] + (size_t)x->k * c * es, mine, c * es);
+                        send = mode == 1 ? (char *)r[nb] + (size_t)x->k * c * es : r[nb];
+                    }
+                    if (c == 0) send = NULL; /* nothing to read or write: no buffers needed */
+                    void *recv = c ? r[nb] : NULL;
+                    if (!nb) {
+                        CK_CAI(cai_all_gather(x->m, x->a, send, recv, c, d));
+                    } else {
+                        cai_request_t *q = NULL;
+                        CK_CAI(cai_iall_gather(x->m, x->a, send, recv, c, d, &q));
+                        complete(q, how++);
+                    }
+                }
+                ck_assert_msg(memcmp(r[0], r[1], total * es) == 0,
+                              "iall_gather mode %d axis %s %s count %zu differs from the blocking form", mode,
+                              cai_axis_name(x->a), cai_dtype_name(d), c);
+                for (int b = 0; b < x->n; b++)
+                    for (size_t j = 0; j < c; j++)
+                        ck_assert_msg(get(d, r[1], (size_t)b * c + j) == val(x->grp[b], j, salt, d),
+                                      "iall_gather mode %d axis %s %s block %d [%zu]", mode, cai_axis_name(x->a),
+                                      cai_dtype_name(d), b, j);
+                free(mine);
+                free(r[0]);
+                free(r[1]);
+            }
+    }
+}
+
+/* All three non-blocking forms in flight at once, with blocking collectives
+ * issued between them, completed out of order and in every way. */
+static void check_nonblocking_mixed(const ax_t *x) {
+    const size_t c = 6;
+    size_t n = (size_t)x->n;
+    float *rs_in = alloc(n * c, CAI_DTYPE_F32), rs_out[6];
+    uint16_t *ag = alloc(n * c, CAI_DTYPE_BF16), *h = alloc(n * c, CAI_DTYPE_F16);
+    int64_t ar[6];
+    uint8_t *ag8 = alloc(n * c, CAI_DTYPE_U8);
+    for (size_t i = 0; i < n * c; i++) {
+        put(CAI_DTYPE_F32, rs_in, i, val(x->me, i, 800, CAI_DTYPE_F32));
+        put(CAI_DTYPE_F16, h, i, val(x->me, i, 803, CAI_DTYPE_F16));
+    }
+    for (size_t j = 0; j < c; j++) {
+        put(CAI_DTYPE_BF16, ag, (size_t)x->k * c + j, val(x->me, j, 801, CAI_DTYPE_BF16));
+        put(CAI_DTYPE_I64, ar, j, val(x->me, j, 802, CAI_DTYPE_I64));
+        put(CAI_DTYPE_U8, ag8, (size_t)x->k * c + j, val(x->me, j, 804, CAI_DTYPE_U8));
+    }
+    cai_request_t *q[5];
+    CK_CAI(cai_ireduce_scatter(x->m, x->a, rs_in, rs_out, c, CAI_DTYPE_F32, CAI_RED_SUM, &q[0]));
+    CK_CAI(cai_iall_gather(x->m, x->a, ag + (size_t)x->k * c, ag, c, CAI_DTYPE_BF16, &q[1]));
+    double one = 1, total = 0;
+    CK_CAI(cai_allreduce(x->m, x->a, &one, &total, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    CK_CAI(cai_iallreduce(x->m, x->a, ar, ar, c, CAI_DTYPE_I64, CAI_RED_MAX, &q[2]));
+    CK_CAI(cai_ireduce_scatter(x->m, x->a, h, h, c, CAI_DTYPE_F16, CAI_RED_AVG, &q[3]));
+    CK_CAI(cai_iall_gather(x->m, x->a, ag8, ag8, c, CAI_DTYPE_U8, &q[4]));
+    CK_CAI(cai_barrier(x->m, x->a));
+    complete(q[4], 2);
+    complete(q[0], 0);
+    complete(q[2], 1);
+    complete(q[1], 2);
+    complete(q[3], 0);
+    ck_assert(total == x->n);
+    for (size_t j = 0; j < c; j++) {
+        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, rs_out[j],
+                       reduce_ref(x, (size_t)x->k * c + j, 800, CAI_DTYPE_F32, CAI_RED_SUM), "mixed ireduce_scatter", j);
+        expect_reduced(x, CAI_DTYPE_I64, CAI_RED_MAX, (double)ar[j], reduce_ref(x, j, 802, CAI_DTYPE_I64, CAI_RED_MAX),
+                       "mixed iallreduce", j);
+        expect_reduced(x, CAI_DTYPE_F16, CAI_RED_AVG, get(CAI_DTYPE_F16, h, j),
+                       reduce_ref(x, (size_t)x->k * c + j, 803, CAI_DTYPE_F16, CAI_RED_AVG), "mixed ireduce_scatter f16", j);
+        for (int b = 0; b < x->n; b++) {
+            ck_assert(get(CAI_DTYPE_BF16, ag, (size_t)b * c + j) == val(x->grp[b], j, 801, CAI_DTYPE_BF16));
+            ck_assert(get(CAI_DTYPE_U8, ag8, (size_t)b * c + j) == val(x->grp[b], j, 804, CAI_DTYPE_U8));
+        }
+    }
+    /* Argument errors leave no request behind and issue nothing. */
+    cai_error_clear();
+    ck_assert_int_eq(cai_ireduce_scatter(x->m, x->a, rs_in, rs_out, c, CAI_DTYPE_F32, CAI_RED_SUM, NULL),
+                     CAI_ERR_INVALID_ARG);
+    q[0] = (cai_request_t *)&one;
+    ck_assert_int_eq(cai_iall_gather(x->m, x->a, NULL, ag, c, CAI_DTYPE_BF16, &q[0]), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_null(q[0]);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "iall_gather on axis"));
+    ck_assert_int_eq(cai_test(NULL, NULL), CAI_ERR_INVALID_ARG);
+    cai_error_clear();
+    free(rs_in);
+    free(ag);
+    free(h);
+    free(ag8);
+}
+
 /* Operations larger than one MPI call (here shrunk to 64 elements) are split
  * where the layout allows it and refused clearly where it does not. */
 static void check_split_operations(const ax_t *x) {
@@ -275,6 +454,24 @@ static void check_split_operations(const ax_t *x) {
     ck_assert_int_eq(cai_all_gather(x->m, x->a, s, r, 100, CAI_DTYPE_F32), CAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "100 elements per rank exceed 64"));
     cai_error_clear();
+    /* The non-blocking forms refuse alike, and leave no request. */
+    req = (cai_request_t *)s;
+    ck_assert_int_eq(cai_iall_gather(x->m, x->a, s, r, 100, CAI_DTYPE_F32, &req), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_null(req);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "iall_gather on axis"));
+    cai_error_clear();
+    ck_assert_int_eq(cai_ireduce_scatter(x->m, x->a, s, r, 65, CAI_DTYPE_F32, CAI_RED_SUM, &req),
+                     CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "65 elements per rank exceed 64"));
+    cai_error_clear();
+    if ((size_t)x->n * 65 <= big) {
+        /* Within the limit they still work after a refusal. */
+        CK_CAI(cai_ireduce_scatter(x->m, x->a, s, r, 64, CAI_DTYPE_F32, CAI_RED_SUM, &req));
+        CK_CAI(cai_wait(req));
+        for (size_t j = 0; j < 64; j++)
+            expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, r[j],
+                           reduce_ref(x, (size_t)x->k * 64 + j, 400, CAI_DTYPE_F32, CAI_RED_SUM), "ireduce_scatter", j);
+    }
     cai_mesh_set_max_chunk(x->m, 0);
     free(s);
     free(r);
@@ -341,6 +538,64 @@ START_TEST(iallreduce_out_of_order) { for_each_axis(check_iallreduce); }
 END_TEST
 START_TEST(split_large_operations) { for_each_axis(check_split_operations); }
 END_TEST
+START_TEST(ireduce_scatter_matches_blocking) { for_each_axis(check_ireduce_scatter); }
+END_TEST
+START_TEST(iall_gather_matches_blocking) { for_each_axis(check_iall_gather); }
+END_TEST
+START_TEST(nonblocking_mixed_in_flight) { for_each_axis(check_nonblocking_mixed); }
+END_TEST
+
+/* cai_wait_timeout: the last rank issues late; the others give up at their
+ * own deadline with the watchdog's report (never aborting, although the mesh
+ * is in abort mode), and cai_mesh_drain then completes the operation. With
+ * the mesh's watchdog off the deadline holds all the same. */
+START_TEST(wait_timeout_own_deadline) {
+    int n = g_world_size, late = n - 1;
+    for (int wd = 1; wd >= 0; wd--) {
+        cai_mesh_config cfg = test_mesh_config(1, n, 1, 1, 1, NULL);
+        if (!wd) cfg.watchdog_timeout_s = 0;
+        cai_mesh_t *m = NULL;
+        CK_CAI(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg));
+        ax_t x = {m, CAI_AXIS_WORLD, n, g_world_rank, cai_mesh_group(m, CAI_AXIS_WORLD), g_world_rank};
+        float *s = alloc(3 * (size_t)n, CAI_DTYPE_F32), r[3] = {0, 0, 0};
+        for (size_t i = 0; i < 3 * (size_t)n; i++) s[i] = (float)val(g_world_rank, i, 900, CAI_DTYPE_F32);
+        cai_request_t *q = NULL;
+        if (n > 1 && g_world_rank == late) {
+            struct timespec ts = {1, 0};
+            nanosleep(&ts, NULL);
+        }
+        CK_CAI(cai_ireduce_scatter(m, CAI_AXIS_WORLD, s, r, 3, CAI_DTYPE_F32, CAI_RED_SUM, &q));
+        if (n > 1 && g_world_rank != late) {
+            cai_error_clear();
+            ck_assert_int_eq(cai_wait_timeout(q, 0.2), CAI_ERR_TIMEOUT);
+            char want[96];
+            snprintf(want, sizeof want, "watchdog: ireduce_scatter #1 on axis world (group of %d) did not complete", n);
+            ck_assert_msg(strstr(cai_error_message(), want), "report lacks '%s': %s", want, cai_error_message());
+            if (wd)
+                snprintf(want, sizeof want, "ranks behind: %d (at #0, not in a communication call)", late);
+            else
+                snprintf(want, sizeof want, "peers' progress unknown");
+            ck_assert_msg(strstr(cai_error_message(), want), "report lacks '%s': %s", want, cai_error_message());
+            cai_error_clear();
+            CK_CAI(cai_mesh_drain(m, 30));
+        } else {
+            CK_CAI(cai_wait(q));
+        }
+        for (size_t j = 0; j < 3; j++)
+            expect_reduced(&x, CAI_DTYPE_F32, CAI_RED_SUM, r[j], reduce_ref(&x, (size_t)g_world_rank * 3 + j, 900,
+                           CAI_DTYPE_F32, CAI_RED_SUM), "ireduce_scatter after drain", j);
+        /* A limit that is not positive is refused, but the request is still
+         * completed and freed (as every wait does). */
+        CK_CAI(cai_iall_gather(m, CAI_AXIS_WORLD, s + (size_t)g_world_rank * 3, s, 3, CAI_DTYPE_F32, &q));
+        ck_assert_int_eq(cai_wait_timeout(q, 0), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "must be > 0"));
+        cai_error_clear();
+        for (int b = 0; b < n; b++) ck_assert(s[(size_t)b * 3] == (float)val(b, (size_t)b * 3, 900, CAI_DTYPE_F32));
+        free(s);
+        cai_mesh_free(m);
+    }
+}
+END_TEST
 
 START_TEST(bench_reports_bandwidth) {
     cai_mesh_config cfg = test_mesh_config(1, g_world_size, 1, 1, 1, NULL);
@@ -377,6 +632,8 @@ int main(int argc, char **argv) {
     const TTest *tests[] = {allreduce_all_dtypes_and_ops, half_precision_accuracy, reduce_scatter,
                             all_gather,                   all_to_all,              all_to_allv_uneven,
                             broadcast_every_root,         send_recv_barrier,       iallreduce_out_of_order,
-                            split_large_operations,       bench_reports_bandwidth};
+                            split_large_operations,       ireduce_scatter_matches_blocking,
+                            iall_gather_matches_blocking, nonblocking_mixed_in_flight,
+                            wait_timeout_own_deadline,    bench_reports_bandwidth};
     return test_mpi_main(argc, argv, "collectives", tests, TEST_COUNT(tests));
 }

@@ -1,5 +1,7 @@
 /* Collectives on CUDA device buffers: the checks of test_collectives over
  * NCCL and over host staging (and CUDA-aware MPI where the library has it),
+ * the non-blocking forms against the blocking ones (many in flight, the
+ * NCCL event pool's steady state, ordering after the caller's stream),
  * the watchdog on a stalled NCCL collective, and the bandwidth bench side by
  * side with raw NCCL calls. Plain C (no Check) so it also builds on GPU
  * machines without it; exits 77 (skipped) where no CUDA device is usable.
@@ -251,6 +253,186 @@ static void check_iallreduce_and_large(const ax_t *x) {
     free(h);
 }
 
+/* Completes a request by cai_wait, cai_wait_timeout or polling cai_test. */
+static void complete(cai_request_t *q, int how) {
+    if (!q) return;
+    if (how % 3 == 0) {
+        CALL(cai_wait(q));
+    } else if (how % 3 == 1) {
+        CALL(cai_wait_timeout(q, 60.0));
+    } else {
+        int done = 0;
+        while (!done) {
+            cai_status st = cai_test(q, &done);
+            if (st != CAI_OK) {
+                g_fails++;
+                cai_error_print(stderr);
+                break;
+            }
+        }
+    }
+}
+
+/* The non-blocking reduce-scatter and all-gather on device buffers against
+ * the blocking forms, bit for bit on inexact inputs (the same transport runs
+ * the same arithmetic), every dtype, in place and not, zero counts. */
+static void check_nonblocking(const ax_t *x) {
+    int salt = 600, how = 0;
+    const size_t counts[] = {0, 7};
+    for (int t = 0; t < NDT; t++) {
+        cai_dtype d = k_all_dtypes[t];
+        size_t es = cai_dtype_size(d);
+        const cai_reduce_op ops[] = {CAI_RED_SUM, CAI_RED_AVG, CAI_RED_MAX};
+        for (int ci = 0; ci < 2; ci++) {
+            size_t c = counts[ci], total = c * (size_t)x->n;
+            for (int o = 0; o < 3; o++)
+                for (int in_place = 0; in_place < 2; in_place++, salt++) {
+                    void *h = alloc(total, d), *res[2];
+                    for (size_t i = 0; i < total; i++) put(d, h, i, val_inexact(x->me, i, salt, d));
+                    for (int nb = 0; nb < 2; nb++) {
+                        void *s = dev_copy(h, total * es), *r = in_place ? s : dev_copy(h, c * es);
+                        void *sp = c ? s : NULL, *rp = c ? r : NULL;
+                        if (!nb) {
+                            CALL(cai_reduce_scatter(x->m, x->a, sp, rp, c, d, ops[o]));
+                        } else {
+                            cai_request_t *q = NULL;
+                            CALL(cai_ireduce_scatter(x->m, x->a, sp, rp, c, d, ops[o], &q));
+                            complete(q, how++);
+                        }
+                        res[nb] = alloc(c, d);
+                        to_host(res[nb], r, c * es);
+                        cudaFree(s);
+                        if (!in_place) cudaFree(r);
+                    }
+                    EXPECT(memcmp(res[0], res[1], c * es) == 0,
+                           "%s ireduce_scatter%s axis %s %s op %d count %zu differs from the blocking form", g_mode,
+                           in_place ? " in place" : "", cai_axis_name(x->a), cai_dtype_name(d), (int)ops[o], c);
+                    free(res[0]);
+                    free(res[1]);
+                    free(h);
+                }
+            for (int mode = 0; mode < 3; mode++, salt++) {
+                void *h = alloc(total, d), *mine = alloc(c, d), *res[2];
+                fill(d, h, total, SENTINEL);
+                for (size_t j = 0; j < c; j++) put(d, mine, j, val_inexact(x->me, j, salt, d));
+                memcpy((char *)h + (size_t)x->k * c * es, mine, c * es);
+                for (int nb = 0; nb < 2; nb++) {
+                    void *r = dev_copy(h, total * es), *s = dev_copy(mine, c * es);
+                    const void *send = mode == 0 ? s : mode == 1 ? (char *)r + (size_t)x->k * c * es : r;
+                    if (!c) send = NULL;
+                    if (!nb) {
+                        CALL(cai_all_gather(x->m, x->a, send, c ? r : NULL, c, d));
+                    } else {
+                        cai_request_t *q = NULL;
+                        CALL(cai_iall_gather(x->m, x->a, send, c ? r : NULL, c, d, &q));
+                        complete(q, how++);
+                    }
+                    res[nb] = alloc(total, d);
+                    to_host(res[nb], r, total * es);
+                    cudaFree(r);
+                    cudaFree(s);
+                }
+                EXPECT(memcmp(res[0], res[1], total * es) == 0,
+                       "%s iall_gather mode %d axis %s %s count %zu differs from the blocking form", g_mode, mode,
+                       cai_axis_name(x->a), cai_dtype_name(d), c);
+                for (int b = 0; b < x->n; b++)
+                    for (size_t j = 0; j < c; j++) {
+                        double one; /* what peer b sent, after its rounding to the dtype */
+                        put(d, &one, 0, val_inexact(x->grp[b], j, salt, d));
+                        EXPECT(get(d, res[1], (size_t)b * c + j) == get(d, &one, 0), "%s iall_gather axis %s %s block %d",
+                               g_mode, cai_axis_name(x->a), cai_dtype_name(d), b);
+                    }
+                free(res[0]);
+                free(res[1]);
+                free(h);
+                free(mine);
+            }
+        }
+    }
+}
+
+/* Many requests in flight (more than the NCCL event pool starts with),
+ * completed in reverse order; a second round of the same creates no events.
+ * Then the ordering after the caller's stream: the input is written by a
+ * copy queued behind a long one on that stream, and the reduce-scatter is
+ * issued without synchronising. */
+static void check_in_flight_and_ordering(const ax_t *x, int nccl) {
+    enum { NQ = 40 };
+    const size_t c = 5;
+    size_t n = (size_t)x->n;
+    float *h = malloc(n * c * sizeof *h), *back = malloc(n * c * sizeof *back);
+    int created[2] = {0, 0}, in_use = 0;
+    for (int round = 0; round < 2; round++) {
+        void *bufs[NQ];
+        cai_request_t *q[NQ];
+        for (int i = 0; i < NQ; i++) {
+            for (size_t j = 0; j < n * c; j++) h[j] = (float)val(x->me, j, 700 + i, CAI_DTYPE_F32);
+            bufs[i] = dev_copy(h, n * c * sizeof *h);
+            q[i] = NULL;
+            if (i % 2)
+                CALL(cai_ireduce_scatter(x->m, x->a, bufs[i], bufs[i], c, CAI_DTYPE_F32, CAI_RED_SUM, &q[i]));
+            else
+                CALL(cai_iall_gather(x->m, x->a, (float *)bufs[i] + (size_t)x->k * c, bufs[i], c, CAI_DTYPE_F32,
+                                     &q[i]));
+        }
+        for (int i = NQ - 1; i >= 0; i--) complete(q[i], i);
+        for (int i = 0; i < NQ; i++) {
+            to_host(back, bufs[i], n * c * sizeof *back);
+            for (size_t j = 0; j < c; j++) {
+                if (i % 2)
+                    EXPECT(back[j] == reduce_ref(x, (size_t)x->k * c + j, 700 + i, CAI_DTYPE_F32, CAI_RED_SUM),
+                           "%s in-flight ireduce_scatter #%d axis %s [%zu]", g_mode, i, cai_axis_name(x->a), j);
+                else
+                    for (size_t b = 0; b < n; b++)
+                        EXPECT(back[b * c + j] == val(x->grp[b], b * c + j, 700 + i, CAI_DTYPE_F32),
+                               "%s in-flight iall_gather #%d axis %s", g_mode, i, cai_axis_name(x->a));
+            }
+            cudaFree(bufs[i]);
+        }
+        cai_cl_nccl_event_stats(x->m, &created[round], &in_use);
+        EXPECT(in_use == 0, "%s: %d pool events still lent after every request completed", g_mode, in_use);
+    }
+    if (nccl && x->n > 1)
+        EXPECT(created[0] >= NQ && created[1] == created[0],
+               "%s event pool: %d events after the first round of %d requests, %d after the second (want >= %d, "
+               "then unchanged)", g_mode, created[0], NQ, created[1], NQ);
+
+    cudaStream_t us;
+    cudaStreamCreateWithFlags(&us, cudaStreamNonBlocking);
+    const size_t big = (size_t)64 << 20;
+    void *junk_a = NULL, *junk_b = NULL, *pinned = NULL;
+    cudaMalloc(&junk_a, big);
+    cudaMalloc(&junk_b, big);
+    cudaMallocHost(&pinned, n * c * sizeof(float));
+    for (size_t j = 0; j < n * c; j++) ((float *)pinned)[j] = (float)val(x->me, j, 750, CAI_DTYPE_F32);
+    float *in = NULL, *out = NULL;
+    cudaMalloc((void **)&in, n * c * sizeof(float));
+    cudaMalloc((void **)&out, c * sizeof(float));
+    cudaMemset(in, 0, n * c * sizeof(float));
+    cudaDeviceSynchronize();
+    cai_mesh_set_cuda_stream(x->m, us);
+    for (int k = 0; k < 4; k++) cudaMemcpyAsync(junk_b, junk_a, big, cudaMemcpyDeviceToDevice, us);
+    cudaMemcpyAsync(in, pinned, n * c * sizeof(float), cudaMemcpyHostToDevice, us);
+    cai_request_t *q = NULL;
+    CALL(cai_ireduce_scatter(x->m, x->a, in, out, c, CAI_DTYPE_F32, CAI_RED_SUM, &q));
+    complete(q, 0);
+    cai_mesh_set_cuda_stream(x->m, NULL);
+    to_host(back, out, c * sizeof(float));
+    for (size_t j = 0; j < c; j++)
+        EXPECT(back[j] == reduce_ref(x, (size_t)x->k * c + j, 750, CAI_DTYPE_F32, CAI_RED_SUM),
+               "%s ireduce_scatter did not wait for the caller's stream: axis %s [%zu] got %g", g_mode,
+               cai_axis_name(x->a), j, back[j]);
+    cudaStreamSynchronize(us);
+    cudaStreamDestroy(us);
+    cudaFree(junk_a);
+    cudaFree(junk_b);
+    cudaFreeHost(pinned);
+    cudaFree(in);
+    cudaFree(out);
+    free(h);
+    free(back);
+}
+
 static void run_checks(cai_device_comm mode, const char *name) {
     g_mode = name;
     const cai_layout layouts[2] = {{1, g_size, 1, 1, 1, NULL}, {1, g_size / 2, 1, 1, 2, "tp,sp,ep,dp,pp"}};
@@ -272,6 +454,11 @@ static void run_checks(cai_device_comm mode, const char *name) {
             check_movement(&x);
             check_all_to_allv(&x);
             check_iallreduce_and_large(&x);
+            /* The groups of one rank are all alike: one of them is enough here. */
+            if (x.n > 1 || a == CAI_AXIS_PP) {
+                check_nonblocking(&x);
+                check_in_flight_and_ordering(&x, mode == CAI_DEVICE_COMM_NCCL);
+            }
         }
         cai_mesh_free(m);
     }

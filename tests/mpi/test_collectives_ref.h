@@ -39,6 +39,14 @@ static inline double val(int wr, size_t i, int salt, cai_dtype d) {
     return is_unsigned(d) ? v : v - 8;
 }
 
+/* Inexact inputs for the float dtypes (uniform in [-1, 1), rounded to the
+ * dtype by put), the small integers otherwise: sums of these depend on the
+ * order the reduction takes, so equal results mean equal arithmetic. */
+static inline double val_inexact(int wr, size_t i, int salt, cai_dtype d) {
+    if (d == CAI_DTYPE_I32 || d == CAI_DTYPE_I64 || d == CAI_DTYPE_U8 || d == CAI_DTYPE_U16) return val(wr, i, salt, d);
+    return 2.0 * cai_rng_uniform((uint64_t)salt, (uint64_t)wr, i) - 1.0;
+}
+
 static inline void put(cai_dtype d, void *b, size_t i, double v) {
     switch (d) {
     case CAI_DTYPE_F32: ((float *)b)[i] = (float)v; break;

@@ -165,15 +165,40 @@ cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t cou
 cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag);
 cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
 
-/* Non-blocking all-reduce for gradient buckets that overlap backward.
- * Collective over the axis group (every rank issues them in the same order).
- * cai_wait applies the watchdog from the moment it starts waiting and frees
- * the request whatever it returns (after a timeout the mesh keeps the
- * operation, see cai_mesh_drain). */
+/* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient
+ * buckets and weight gathers that overlap compute. Arguments, dtypes, ops,
+ * in-place conventions, count limits and results are those of the blocking
+ * forms (bit for bit: the same transport does the same arithmetic). Collective
+ * over the axis group: every rank issues them in the same order, mixed with
+ * the blocking ones; several may be in flight and be completed in any order.
+ * Buffers must stay untouched until completion. Host buffers go through MPI's
+ * non-blocking collectives (whether or not the watchdog is on); device buffers
+ * through NCCL on the mesh's communication stream, which first waits for the
+ * stream set by cai_mesh_set_cuda_stream, so the call may be issued right
+ * after the kernels that produce the input. Device results are complete
+ * when cai_wait returns or cai_test says done. */
 typedef struct cai_request cai_request_t;
 cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
+cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
+                               size_t recv_count, cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
+cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
+                           cai_dtype dtype, cai_request_t **req);
+/* Completes a request and frees it whatever it returns. The watchdog applies
+ * from the moment it starts waiting (after a timeout in return mode the mesh
+ * keeps the operation, see cai_mesh_drain). */
 cai_status cai_wait(cai_request_t *req);
+/* As cai_wait, with a deadline of the caller's own: after timeout_s (> 0)
+ * it returns CAI_ERR_TIMEOUT with the watchdog's report (the ranks behind,
+ * when the mesh's watchdog is on and so keeps the counters), never aborting,
+ * and the mesh keeps the operation as in return mode. The mesh's watchdog
+ * still fires first, in its own mode, when it is shorter. */
+cai_status cai_wait_timeout(cai_request_t *req, double timeout_s);
+/* Checks once, without waiting (and so without the watchdog): *done = 0
+ * leaves the request pending; *done = 1 means it is over and freed, and the
+ * return value is what cai_wait would have returned. Also moves host
+ * operations along (MPI has no progress thread here). */
+cai_status cai_test(cai_request_t *req, int *done);
 
 /* Bandwidth measurement as nccl-tests does it: algorithm bandwidth
  * bytes/time and bus bandwidth scaled by the collective's traffic factor. */
