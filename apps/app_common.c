@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Same order as cai_log_level so the enum index is the level. */
 const char *const cai_app_log_level_choices[] = {"error", "warn", "info", "debug", "trace", NULL};
@@ -54,6 +55,29 @@ static void count_nodes(cai_app *app) {
     MPI_Allreduce(&leader, &app->n_nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
 }
 
+/* srun with an MPI plugin this MPI does not speak starts every task as a
+ * world of its own: N copies of the job, each training alone on the same
+ * files. Slurm says how many tasks the step has (SLURM_NTASKS, the same in
+ * every task); MPI must agree. Every task decides alike, so no collective
+ * is needed; of N one-rank worlds only Slurm's task 0 prints. */
+static void check_slurm_size(const cai_app *app, const char *program) {
+    const char *nt = getenv("SLURM_NTASKS");
+    if (!nt || !*nt) return;
+    char *end = NULL;
+    long n = strtol(nt, &end, 10);
+    if (*end || n <= 0 || n == app->size) return;
+    const char *procid = getenv("SLURM_PROCID");
+    if (app->rank == 0 && (app->size > 1 || !procid || strcmp(procid, "0") == 0)) {
+        (void)CAI_ERROR(CAI_ERR_CONFIG, "%s: SLURM_NTASKS=%ld but MPI started %d rank%s in this world: the tasks did "
+                        "not find each other (srun needs the MPI plugin this MPI was built with, e.g. srun "
+                        "--mpi=pmix; another plugin starts every task alone). Inside an allocation mpirun -np "
+                        "$SLURM_NTASKS works too; unset SLURM_NTASKS to run another rank count on purpose", program,
+                        n, app->size, app->size == 1 ? "" : "s");
+        cai_error_print(stderr);
+    }
+    finalize_and_exit(2);
+}
+
 void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
                   size_t common_offset) {
     int provided = 0;
@@ -65,6 +89,7 @@ void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema
     MPI_Comm_size(MPI_COMM_WORLD, &app->size);
     cai_log_set_rank(app->rank, app->size);
     count_nodes(app);
+    check_slurm_size(app, schema->program);
 
     g_schema = schema;
     g_cfg = cfg;

@@ -40,7 +40,9 @@ typedef struct {
  * `common_offset`), then logging from the common keys. --help: rank 0 prints
  * the key table and every rank exits 0. A bad argument: rank 0 prints the
  * error and every rank exits 2 (the parse is deterministic, so all ranks fail
- * the same way; no MPI_Abort banner for a typo). */
+ * the same way; no MPI_Abort banner for a typo). Under Slurm, a world size
+ * other than SLURM_NTASKS (srun with the wrong --mpi plugin starts N
+ * one-rank worlds) is refused the same way before anything else. */
 void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
                   size_t common_offset);
 

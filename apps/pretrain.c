@@ -222,8 +222,9 @@ static cai_adamw_config optim_config(const pt_config *c) {
 
 /* ------------------------------------------------------------------ ZeRO, precision, memory plan */
 
-/* Stage 0 without offload keeps the model's own buffers and optimizer (what
- * checkpoints save); the engine then only reduces the gradient buckets. */
+/* Stage 0 without offload keeps the model's own buffers and optimizer; the
+ * engine then only reduces the gradient buckets. (Checkpoints cover every
+ * stage: cai_ckpt_save_zero.) */
 static cai_zero_config zero_config(const pt_config *c) {
     cai_zero_config z;
     cai_zero_config_init(&z);
@@ -235,11 +236,6 @@ static cai_zero_config zero_config(const pt_config *c) {
 }
 
 static cai_status check_zero(const pt_config *c) {
-    if ((c->zero_stage > 0 || c->zero_offload) && (c->ckpt_every > 0 || *c->resume))
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "checkpoints (checkpoint.every=%lld, checkpoint.resume='%s') of sharded "
-                         "or offloaded optimizer state (zero.stage=%d, zero.offload=%s) are not supported yet; use "
-                         "zero.stage=0 without offload for checkpointed runs", (long long)c->ckpt_every, c->resume,
-                         c->zero_stage, c->zero_offload ? "true" : "false");
     cai_loss_scale_config l = cai_loss_scale_config_default();
     l.init_scale = (float)c->ls_init;
     l.min_scale = (float)c->ls_min;
@@ -399,6 +395,8 @@ typedef struct {
 static cai_status save_checkpoint(pt_run *r, const pt_config *c, int64_t step) {
     cai_ckpt_meta m = cai_ckpt_meta_init();
     m.step = step;
+    /* Fewer than `step` when f16 steps were skipped: the schedule follows the updates. */
+    m.optim_step = r->optim ? cai_optim_step_count(r->optim) : cai_zero_step_count(r->zero);
     m.tokens = r->tokens;
     m.consumed_samples = cai_sampler_consumed(r->data.sampler);
     m.data_seed = (uint64_t)c->data_seed;
@@ -419,8 +417,8 @@ static cai_status save_checkpoint(pt_run *r, const pt_config *c, int64_t step) {
     char path[4096];
     cai_ckpt_stats st;
     cai_timer_begin("pretrain: checkpoint");
-    cai_status s = cai_ckpt_save_step(r->mesh, r->ckpt_dir, c->ckpt_keep, r->model, r->optim, &m, path, sizeof path,
-                                      &st);
+    cai_status s = cai_ckpt_save_step_zero(r->mesh, r->ckpt_dir, c->ckpt_keep, r->zero, r->optim, &r->oc, &m, path,
+                                           sizeof path, &st);
     cai_timer_end("pretrain: checkpoint");
     free(text);
     CAI_CALL(s);
@@ -460,7 +458,8 @@ static cai_status resume(pt_run *r, pt_config *c) {
     }
     cai_ckpt_meta m;
     cai_ckpt_stats st;
-    CAI_CALL(cai_ckpt_load(r->mesh, path, r->model, r->optim, &m, &st));
+    /* Any layout: the optimizer state reshards onto this run's dp, stage and offload. */
+    CAI_CALL(cai_ckpt_load_zero(r->mesh, path, r->zero, r->optim, &m, &st));
     cai_status s = pt_data_seek(&r->data, c, r->mesh, m.consumed_samples);
     if (s == CAI_OK && m.data_seed != (uint64_t)c->data_seed)
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the sample order changes from here", path,
@@ -573,6 +572,10 @@ static cai_status train(pt_run *r, const pt_config *c, int64_t *last_step, int *
 }
 
 int main(int argc, char **argv) {
+    /* First thing: a SIGUSR1 or SIGTERM during start-up (data preparation
+     * can take minutes) must not kill the rank; the flag waits for the
+     * first step boundary. */
+    install_signals();
     fill_choices();
     pt_config cfg;
     cai_app app;
@@ -631,7 +634,6 @@ int main(int argc, char **argv) {
     r.report.tokens_per_step = r.data.global_batch * cfg.seq_len;
     if (app.rank == 0) print_header(&r, &cfg, &app);
 
-    install_signals();
     double t0 = cai_time_now();
     int64_t steps_done = cfg.first_step - 1;
     int sig = 0;

@@ -39,6 +39,12 @@ void cai_ckpt_meta_free(cai_ckpt_meta *meta) {
     meta->config_text = NULL;
 }
 
+cai_ckpt_layout ck_model_layout(cai_model_t *model) {
+    cai_ckpt_layout L = {cai_model_registry(model), *cai_model_view(model), cai_model_align_elems(model),
+                         CAI_AXIS_DP_SP};
+    return L;
+}
+
 #if CAI_HAVE_HDF5
 
 /* ------------------------------------------------------------ metadata tables */
@@ -169,6 +175,7 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
         CAI_CALL(ck_h5_attr_str(h, r, "optim.kind", "adamw"));
         CAI_CALL(ck_h5_attr_str(h, r, "optim.schedule", cai_lr_kind_name(m->optim.schedule.kind)));
         CAI_CALL(write_fields(h, k_optim_fields, NF(k_optim_fields), &m->optim));
+        CAI_CALL(ck_h5_attr_i64(h, r, "optim.step", m->optim_step > 0 ? m->optim_step : m->step));
     }
     if (m->config_text) CAI_CALL(ck_h5_text_write(h, CK_CONFIG_DATASET, m->config_text));
     return CAI_OK;
@@ -223,6 +230,10 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
             return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': optim.schedule \"%s\" is unknown", h->path, buf);
         }
         CAI_CALL(read_fields(h, k_optim_fields, NF(k_optim_fields), &m->optim));
+        /* Optional (files written before it existed): then every step was an update. */
+        int found = 0;
+        CAI_CALL(ck_h5_get_i64(h, h->file, "optim.step", &m->optim_step, &found));
+        if (!found) m->optim_step = m->step;
     }
     int found_text = 0;
     CAI_CALL(ck_h5_text_read(h, CK_CONFIG_DATASET, &m->config_text, &found_text));
@@ -905,13 +916,22 @@ cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     return load_impl(mesh, path, layout, bufs, pieces, n_pieces, n_bufs, meta, NULL, stats);
 }
 
+cai_status ck_load_checked(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                           const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                           int n_bufs, const cai_model_config *expect, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    cai_status st = load_impl(mesh, path, layout, bufs, pieces, n_pieces, n_bufs, meta, expect, stats);
+    if (st != CAI_OK && strstr(cai_error_message(), "has no tensor group 'optim/")) {
+        /* Say what to do rather than which group is missing. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", cai_error_message());
+        cai_error_clear();
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s: it holds weights only, no optimizer state to resume from", msg);
+    }
+    return st;
+}
+
 /* ------------------------------------------------------------ model + optimizer */
 
-static cai_ckpt_layout model_layout(cai_model_t *model) {
-    cai_ckpt_layout L = {cai_model_registry(model), *cai_model_view(model), cai_model_align_elems(model),
-                         CAI_AXIS_DP_SP};
-    return L;
-}
 
 static cai_device_t *buffer_device(cai_model_t *model) {
     cai_device_t *dev = cai_model_device(model);
@@ -956,7 +976,7 @@ cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     bufs[n++] = (cai_ckpt_buffer){.group = lowp.data ? "master" : "model", .data = params.data, .dev = dev,
                                   .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
-    cai_ckpt_layout L = model_layout(model);
+    cai_ckpt_layout L = ck_model_layout(model);
     CAI_CALL(cai_device_sync(cai_model_device(model)));
     CAI_CALL(cai_ckpt_save_buffers(mesh, path, &L, bufs, n, &m, stats));
     return CAI_OK;
@@ -975,20 +995,12 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     bufs[n++] = (cai_ckpt_buffer){.group = "master", .alt_group = "model", .data = params.data, .dev = dev,
                                   .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
-    cai_ckpt_layout L = model_layout(model);
+    cai_ckpt_layout L = ck_model_layout(model);
     cai_ckpt_meta m;
     CAI_CALL(cai_device_sync(cai_model_device(model)));
-    cai_status st = load_impl(mesh, path, &L, bufs, NULL, NULL, n, &m, cai_model_config_of(model), stats);
-    if (st != CAI_OK && optim && strstr(cai_error_message(), "has no tensor group 'optim/")) {
-        /* Say what to do rather than which group is missing. */
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", cai_error_message());
-        cai_error_clear();
-        return CAI_ERROR(CAI_ERR_FORMAT, "%s: it holds weights only, no optimizer state to resume from", msg);
-    }
-    CAI_CALL(st);
-    st = cai_model_params_updated(model);
-    if (st == CAI_OK && optim) cai_optim_set_step_count(optim, m.step);
+    CAI_CALL(ck_load_checked(mesh, path, &L, bufs, NULL, NULL, n, cai_model_config_of(model), &m, stats));
+    cai_status st = cai_model_params_updated(model);
+    if (st == CAI_OK && optim) cai_optim_set_step_count(optim, m.has_optim ? m.optim_step : m.step);
     if (st == CAI_OK && meta) *meta = m;
     else cai_ckpt_meta_free(&m);
     CAI_CALL(st);
@@ -1024,6 +1036,11 @@ cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
 cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
                          const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     return NO_HDF5("cai_ckpt_save");
+}
+cai_status ck_load_checked(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                           const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                           int n_bufs, const cai_model_config *expect, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+    return NO_HDF5("cai_ckpt_load");
 }
 cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
                          cai_ckpt_meta *meta, cai_ckpt_stats *stats) {

@@ -208,17 +208,26 @@ static cai_status prune(const char *dir, int keep, int64_t current) {
     return st;
 }
 
-cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_model_t *model, cai_optim_t *optim,
-                              const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats) {
-    CAI_CHECK_ARG(mesh && dir && *dir && model, "cai_ckpt_save_step: NULL argument");
+/* What a directory save writes into its step file. */
+typedef struct {
+    cai_model_t *model;
+    cai_optim_t *optim;
+    cai_zero_t *zero; /* non-NULL: cai_ckpt_save_zero */
+    const cai_adamw_config *oc;
+} step_state;
+
+/* The step file, then `latest`, then pruning: the order that keeps a crash
+ * harmless (see the top of this file). */
+static cai_status save_step(cai_mesh_t *mesh, const char *dir, int keep, const step_state *s, int64_t step,
+                            const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats) {
     MPI_Comm comm = cai_mesh_comm(mesh, CAI_AXIS_WORLD);
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
-    int64_t step = meta ? meta->step : optim ? cai_optim_step_count(optim) : 0;
     char path[4096];
     CAI_CALL(cai_ckpt_step_path(dir, step, path, sizeof path));
     CAI_CALL(ck_agree(comm, rank == 0 ? mkdir_p(dir) : CAI_OK));
-    CAI_CALL(cai_ckpt_save(mesh, path, model, optim, meta, stats));
+    if (s->zero) CAI_CALL(cai_ckpt_save_zero(mesh, path, s->zero, s->optim, s->oc, meta, stats));
+    else CAI_CALL(cai_ckpt_save(mesh, path, s->model, s->optim, meta, stats));
     cai_status st = CAI_OK;
     if (rank == 0) {
         const char *name = strrchr(path, '/') + 1;
@@ -228,4 +237,21 @@ cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_m
     CAI_CALL(ck_agree(comm, st));
     if (path_out && cap) snprintf(path_out, cap, "%s", path);
     return CAI_OK;
+}
+
+cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_model_t *model, cai_optim_t *optim,
+                              const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && dir && *dir && model, "cai_ckpt_save_step: NULL argument");
+    step_state s = {model, optim, NULL, NULL};
+    int64_t step = meta ? meta->step : optim ? cai_optim_step_count(optim) : 0;
+    return save_step(mesh, dir, keep, &s, step, meta, path_out, cap, stats);
+}
+
+cai_status cai_ckpt_save_step_zero(cai_mesh_t *mesh, const char *dir, int keep, cai_zero_t *zero, cai_optim_t *optim,
+                                   const cai_adamw_config *oc, const cai_ckpt_meta *meta, char *path_out, size_t cap,
+                                   cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && dir && *dir && zero, "cai_ckpt_save_step_zero: NULL argument");
+    step_state s = {cai_zero_model(zero), optim, zero, oc};
+    int64_t step = meta ? meta->step : optim ? cai_optim_step_count(optim) : cai_zero_step_count(zero);
+    return save_step(mesh, dir, keep, &s, step, meta, path_out, cap, stats);
 }

@@ -116,6 +116,17 @@ cai_status ck_sync_dir(const char *dir);
  * did not fail return the lowest failing rank's message. Collective. */
 cai_status ck_agree(MPI_Comm comm, cai_status st);
 
+/* The layout of a model's own flat buffers (checkpoint.c). */
+cai_ckpt_layout ck_model_layout(cai_model_t *model);
+
+/* cai_ckpt_load_pieces that first checks the file holds `expect`'s
+ * architecture (NULL: no check) and says "holds weights only" when an
+ * optimizer group is missing (checkpoint.c; CAI_ERR_UNSUPPORTED without
+ * HDF5). */
+cai_status ck_load_checked(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
+                           const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                           int n_bufs, const cai_model_config *expect, cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+
 #if CAI_HAVE_HDF5
 #include <hdf5.h>
 

@@ -38,6 +38,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/checkpoint.c \
 	%reldir%/checkpoint_dir.c \
 	%reldir%/checkpoint_file.c \
+	%reldir%/checkpoint_zero.c \
 	%reldir%/h5io.c
 EXTRA_DIST += docs/checkpoint.md
 
@@ -48,7 +49,8 @@ bench_ckpt_bench_SOURCES = bench/ckpt_bench.c
 bench_ckpt_bench_LDADD = src/libcolossal-core.la -lm
 
 # End-to-end tests through colossal-pretrain (shell, run under $(MPIEXEC)).
-CKPT_APP_TESTS = tests/apps/ckpt_resume.sh tests/apps/ckpt_crash.sh tests/apps/ckpt_h5tools.sh
+CKPT_APP_TESTS = tests/apps/ckpt_resume.sh tests/apps/ckpt_crash.sh tests/apps/ckpt_h5tools.sh \
+	tests/apps/ckpt_reshard_zero.sh
 if HAVE_HDF5
 TESTS += $(CKPT_APP_TESTS)
 endif

@@ -32,31 +32,11 @@ expect_grep err "resumed from $TMP/b/checkpoints/step-00000006.h5: step 6"
 expect_grep out '^done: 6 steps'
 
 # The records of both runs, in one file, against the uninterrupted run.
-for kind in "train loss" "eval val_loss"; do
-    # shellcheck disable=SC2086
-    field $kind "$TMP/a/metrics.jsonl" >"$TMP/ref"
-    # shellcheck disable=SC2086
-    field $kind "$TMP/b/metrics.jsonl" >"$TMP/got"
-    [ -s "$TMP/ref" ] || fail "no $kind records"
-    cmp -s "$TMP/ref" "$TMP/got" || {
-        diff "$TMP/ref" "$TMP/got" >&2
-        fail "the resumed run's $kind differs from the uninterrupted run's"
-    }
-done
+same_losses "$TMP/a/metrics.jsonl" "$TMP/b/metrics.jsonl" "the resumed run"
 echo "resume on dp=2: $(wc -l <"$TMP/ref") validation and 12 train losses bitwise equal"
 
 # compare RUN: steps 7..12 of RUN's train losses within 1e-5 of run a's.
-compare() {
-    field train loss "$TMP/a/metrics.jsonl" | awk '$1 > 6' >"$TMP/ref"
-    field train loss "$TMP/$1/metrics.jsonl" >"$TMP/got"
-    [ "$(wc -l <"$TMP/got")" -eq 6 ] || fail "run $1: expected the 6 steps after the checkpoint"
-    paste "$TMP/ref" "$TMP/got" | awk -v run="$1" '{
-        d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2)
-        if ($1 != $3 || !(r <= 1e-5)) { printf "run %s step %s: loss %s vs %s (relative %g)\n", run, $3, $4, $2, r; bad = 1 }
-        if (r > worst) worst = r
-    } END { printf "run %s: steps 7-12 within %g relative of the uninterrupted dp=2 run\n", run, worst; exit bad }' ||
-        fail "run $1 does not continue the dp=2 run"
-}
+compare() { close_losses "$TMP/a/metrics.jsonl" "$TMP/$1/metrics.jsonl" 6 1e-5 "run $1"; }
 # shellcheck disable=SC2086
 run_np 1 $CFG --run.dir "$TMP/dp1" --train.grad_accum 2 --resume "$TMP/step6.h5"
 expect_ok

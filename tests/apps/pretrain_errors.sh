@@ -1,7 +1,8 @@
 #!/bin/sh
 # Bad input fails before training with a message naming what is wrong:
 # unknown keys (command line and YAML, with file:line), impossible model
-# shapes, layouts this app cannot run, missing data. --help lists the keys.
+# shapes, layouts this app cannot run, missing data, a world size other
+# than Slurm's task count. --help lists the keys.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
 run_np 2 --model.n_layer 2 --run.dir "$TMP/x"
@@ -31,6 +32,16 @@ expect_grep err 'world|dp=3'
 run_np 1 --data.path "$TMP/nothing/here" --run.dir "$TMP/x"
 expect_rc 1
 expect_grep err "$TMP/nothing/here"
+
+# Under Slurm the world must have SLURM_NTASKS ranks (srun with the wrong
+# --mpi plugin starts every task as a world of its own).
+export SLURM_NTASKS=3
+run_np 2 --run.dir "$TMP/slurm"
+unset SLURM_NTASKS
+expect_rc 2
+expect_grep err 'SLURM_NTASKS=3 but MPI started 2 ranks.*--mpi=pmix'
+expect_no_grep out '^step'
+[ ! -e "$TMP/slurm/config.yaml" ] || fail "the Slurm size check came after the run directory was written"
 
 run_np 1 --help
 expect_ok

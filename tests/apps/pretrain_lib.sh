@@ -40,3 +40,36 @@ expect_no_grep() { ! grep -Eq -- "$2" "$TMP/$1" || fail "${3:-$1 unexpectedly ha
 field() {
     grep "\"kind\":\"$1\"" "$3" | sed -n "s/.*\"step\":\([0-9]*\).*\"$2\":\([-+0-9.eE]*\).*/\1 \2/p"
 }
+
+# same_losses REF GOT WHAT: the train and validation losses of two
+# metrics.jsonl files are identical as text (every printed digit: a resume
+# on the same layout is bitwise).
+same_losses() {
+    for kind in "train loss" "eval val_loss"; do
+        # shellcheck disable=SC2086
+        field $kind "$1" >"$TMP/ref"
+        # shellcheck disable=SC2086
+        field $kind "$2" >"$TMP/got"
+        [ -s "$TMP/ref" ] || fail "no $kind records in $1"
+        cmp -s "$TMP/ref" "$TMP/got" || {
+            diff "$TMP/ref" "$TMP/got" >&2
+            fail "$3: $kind differs from the uninterrupted run's"
+        }
+    done
+}
+
+# close_losses REF GOT FROM TOL WHAT: GOT's train losses of the steps after
+# FROM, each within TOL relative of REF's at the same step (and the same
+# steps as REF has after FROM).
+close_losses() {
+    field train loss "$1" | awk -v from="$3" '$1 > from' >"$TMP/ref"
+    field train loss "$2" | awk -v from="$3" '$1 > from' >"$TMP/got"
+    [ -s "$TMP/ref" ] && [ "$(wc -l <"$TMP/got")" -eq "$(wc -l <"$TMP/ref")" ] ||
+        fail "$5: expected the $(wc -l <"$TMP/ref") steps after step $3, got $(wc -l <"$TMP/got")"
+    paste "$TMP/ref" "$TMP/got" | awk -v what="$5" -v from="$3" -v tol="$4" '{
+        d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2)
+        if ($1 != $3 || !(r <= tol)) { printf "%s step %s: loss %s vs %s (relative %g)\n", what, $3, $4, $2, r; bad = 1 }
+        if (r > worst) worst = r
+    } END { printf "%s: the %d steps after step %d within %g relative\n", what, NR, from, worst; exit bad }' ||
+        fail "$5 does not continue the uninterrupted run"
+}

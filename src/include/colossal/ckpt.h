@@ -14,6 +14,7 @@
 #include "colossal/base.h"
 #include "colossal/cluster.h" /* Checkpoints section: meshes */
 #include "colossal/optim.h"   /* Checkpoints section: model, registry and optimizer */
+#include "colossal/parallel.h" /* Checkpoints section: ZeRO engines */
 #include "colossal/model.h" /* Hugging Face section: model configs and registries */
 
 #ifdef __cplusplus
@@ -302,7 +303,10 @@ cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *fla
  * "in"; loading fills every field. */
 typedef struct {
     /* in: training position */
-    int64_t step;             /* optimizer updates taken (the optimizer's step count is set from it on load) */
+    int64_t step;             /* training steps taken (on load the optimizer's step count, unless optim_step) */
+    int64_t optim_step;       /* updates the optimizer applied when fewer than `step` (f16 steps skipped on
+                               * overflow); 0: equal to step. On load: the count to continue from (the LR
+                               * schedule and AdamW's bias correction follow it); `step` for older files */
     int64_t tokens;           /* tokens trained on */
     int64_t consumed_samples; /* data sampler position (cai_sampler_consumed) */
     uint64_t data_seed;       /* sample order */
@@ -375,6 +379,33 @@ cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
                          cai_ckpt_meta *meta, cai_ckpt_stats *stats);
 
+/* ---------------------------------------------------------- ZeRO engines
+ * The same file, from and into the state a ZeRO engine holds (any stage,
+ * with or without offload): "model/<name>" (the working weights, rounded
+ * from the masters into param_dtype), "master/<name>" when param_dtype is
+ * not F32, and the AdamW moments, every tensor of its global shape. Each
+ * rank writes the pieces of its shard (cai_zero_pieces; stage 0 with
+ * offload: the replicas split the whole buffers) and a load reads the
+ * pieces of the shard it holds now, so a checkpoint saved under any dp
+ * size, stage or offload setting — or by cai_ckpt_save — loads under any
+ * other: the optimizer state reshards. A reduce-only engine
+ * (cai_zero_config.reduce_only) keeps its state in the model and in the
+ * caller's optimizer `optim`: these calls are then cai_ckpt_save /
+ * cai_ckpt_load of that pair. */
+
+/* `oc` is the AdamW config the engine steps with (recorded in the file;
+ * ignored for a reduce-only engine, whose `optim` carries its own). With
+ * meta NULL the step is the engine's count. Collective over the mesh's
+ * world. */
+cai_status cai_ckpt_save_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *zero, cai_optim_t *optim,
+                              const cai_adamw_config *oc, const cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+/* Checks the file as cai_ckpt_load does, reads the masters and moments of
+ * this rank's shard, re-derives the working weights
+ * (cai_zero_state_loaded) and sets the engine's (or optim's) step count
+ * from the file. Collective over the mesh's world. */
+cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *zero, cai_optim_t *optim,
+                              cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+
 /* ---------------------------------------------------------- directories
  * A checkpoint directory holds step-<N>.h5 files (N zero-padded to 8
  * digits), a text file `latest` naming the newest complete one, and while a
@@ -388,6 +419,10 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
  * the file written. Collective over the mesh's world. */
 cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_model_t *model, cai_optim_t *optim,
                               const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats);
+/* cai_ckpt_save_step through cai_ckpt_save_zero. */
+cai_status cai_ckpt_save_step_zero(cai_mesh_t *mesh, const char *dir, int keep, cai_zero_t *zero, cai_optim_t *optim,
+                                   const cai_adamw_config *oc, const cai_ckpt_meta *meta, char *path_out, size_t cap,
+                                   cai_ckpt_stats *stats);
 /* DIR/step-<N>.h5 into out. Not collective. */
 cai_status cai_ckpt_step_path(const char *dir, int64_t step, char *out, size_t cap);
 /* The checkpoint `latest` in DIR names, into out; *found = 0 (and CAI_OK)
