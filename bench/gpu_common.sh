@@ -15,7 +15,8 @@
 #   BENCH_WORK     scratch folder for data and run directories (default
 #                  /tmp/colossal-bench; the prepared corpus is reused)
 #   BENCH_BUDGET_S the script starts no new run once this many seconds have
-#                  passed minus the run's own estimate (default 540, under the
+#                  passed minus the run's own estimate, and cuts a run's timeout
+#                  so that it ends by the budget + 40 s (default 520: under the
 #                  device tool's 600 s per command)
 #   RUN_TIMEOUT    seconds per run before `timeout` stops it (default 150)
 #   TORCH_RUN_TIMEOUT  the same for PyTorch runs (default RUN_TIMEOUT)
@@ -25,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 PY=${PYTHON:-python3}
 DEVICE=${BENCH_DEVICE:-cuda}
 WORK=${BENCH_WORK:-/tmp/colossal-bench}
-BUDGET=${BENCH_BUDGET_S:-540}
+BUDGET=${BENCH_BUDGET_S:-520}
 RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 T0=$(date +%s)
 NCPU=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 4)
@@ -39,6 +40,15 @@ elapsed() { echo $(($(date +%s) - T0)); }
 have_time() { [ $(($(date +%s) - T0 + $1)) -le "$BUDGET" ]; }
 
 say() { echo "[$(elapsed)s] $*"; }
+
+# run_limit T: T, or less so that no run ends later than 40 s after the budget
+# (the device tool stops a command at 600 s; the tables must get printed).
+run_limit() {
+    left=$((BUDGET + 40 - $(elapsed)))
+    [ "$left" -lt 20 ] && left=20
+    [ "$1" -lt "$left" ] && left=$1
+    echo "$left"
+}
 
 # Number of GPUs on this machine (0 without nvidia-smi).
 gpu_count() {
@@ -169,7 +179,7 @@ run_colossal() {
     rm -rf "$dir"
     smi_start
     t=$(date +%s)
-    timeout -k 10 "$RUN_TIMEOUT" mpirun $(mpi_args "$n") "$PRETRAIN" --config "$cfg" --run.dir="$dir" \
+    timeout -k 10 "$(run_limit "$RUN_TIMEOUT")" mpirun $(mpi_args "$n") "$PRETRAIN" --config "$cfg" --run.dir="$dir" \
         --run.device="$DEVICE" --train.steps="$steps" \
         $DATA_ARGS "$@" >"$log" 2>&1
     rc=$?
@@ -199,11 +209,11 @@ run_torch() {
     smi_start
     t=$(date +%s)
     if [ "$n" -gt 1 ]; then
-        OMP_NUM_THREADS=$((NCPU / n)) timeout -k 10 "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}" \
+        OMP_NUM_THREADS=$((NCPU / n)) timeout -k 10 "$(run_limit "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}")" \
             $PY -m torch.distributed.run --standalone --nproc_per_node "$n" "$top/bench/torch_gpu_train.py" \
             --device "$DEVICE" "$@" >"$log" 2>&1
     else
-        timeout -k 10 "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}" $PY "$top/bench/torch_gpu_train.py" --device "$DEVICE" "$@" >"$log" 2>&1
+        timeout -k 10 "$(run_limit "${TORCH_RUN_TIMEOUT:-$RUN_TIMEOUT}")" $PY "$top/bench/torch_gpu_train.py" --device "$DEVICE" "$@" >"$log" 2>&1
     fi
     rc=$?
     t=$(($(date +%s) - t))
