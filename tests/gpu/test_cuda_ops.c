@@ -736,6 +736,15 @@ static void fp_xent_embed(cai_dtype dt) {
              G->ops->embedding_fwd(G, &out.g, &tt2.g, &wte.g, &wpe.g, voff, Vt, 4));
         gt_check(nm("embedding_fwd aligned C=%" PRId64, C), out, dt == CAI_DTYPE_F32 ? 0.0 : tol);
         if (L > C) fp_untouched("embedding_fwd", outf, B * T, L, C);
+        /* backward on aligned rows: the same additions in the same order as the CPU, bitwise */
+        gt_t dyf, dtef, dpef;
+        gt_t dy2 = fp_view(dt, B * T, C, L, 1, &dyf);
+        gt_t dy = gt_unflatten(dy2, 0, T);
+        gt_t dwte = fp_view(CAI_DTYPE_F32, Vl, C, L, 1, &dtef), dwpe = fp_view(CAI_DTYPE_F32, P, C, L, 1, &dpef);
+        BOTH("embedding_bwd", H->ops->embedding_bwd(H, &dwte.h, &dwpe.h, &dy.h, &tt2.h, voff, 4),
+             G->ops->embedding_bwd(G, &dwte.g, &dwpe.g, &dy.g, &tt2.g, voff, 4));
+        gt_check(nm("embedding_bwd aligned C=%" PRId64 " dwte (+=, bitwise)", C), dwte, 0.0);
+        gt_check(nm("embedding_bwd aligned C=%" PRId64 " dwpe (+=, bitwise)", C), dwpe, 0.0);
     }
 }
 
