@@ -96,14 +96,23 @@ __global__ void k_embed_keys(const int32_t *tok, int64_t n, int64_t voff, int64_
     }
 }
 
+/* The dwte row of sorted position i when i starts its id's run (NULL
+ * otherwise, or for tokens outside the shard); *end is one past the run. */
+CUK_INLINE float *id_run(const cuk_mat &dwte, const uint32_t *keys, int64_t i, int64_t n, int64_t *end) {
+    const uint32_t id = keys[i];
+    if ((int64_t)id >= dwte.rows || (i > 0 && keys[i - 1] == id)) return NULL;
+    int64_t e = i + 1;
+    while (e < n && keys[e] == id) e++;
+    *end = e;
+    return (float *)dwte.p + (int64_t)id * dwte.ld;
+}
+
 /* One block per sorted position; only the first position of each id works. */
 __global__ void k_embed_scatter(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, int64_t n) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const uint32_t id = keys[i];
-        if ((int64_t)id >= dwte.rows || (i > 0 && keys[i - 1] == id)) continue;
-        int64_t end = i + 1;
-        while (end < n && keys[end] == id) end++;
-        float *row = (float *)dwte.p + (int64_t)id * dwte.ld;
+        int64_t end;
+        float *row = id_run(dwte, keys, i, n, &end);
+        if (!row) continue;
         for (int64_t c = threadIdx.x; c < dwte.cols; c += blockDim.x) {
             float acc = row[c];
             for (int64_t k = i; k < end; k++) acc += ldf(dout.p, dout.dt, (int64_t)vals[k] * dout.ld + c);
@@ -130,11 +139,9 @@ template <int DT>
 __global__ void k_embed_scatter_vec(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, int64_t n) {
     const int64_t nch = (dwte.cols + 7) >> 3;
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        const uint32_t id = keys[i];
-        if ((int64_t)id >= dwte.rows || (i > 0 && keys[i - 1] == id)) continue;
-        int64_t end = i + 1;
-        while (end < n && keys[end] == id) end++;
-        float *row = (float *)dwte.p + (int64_t)id * dwte.ld;
+        int64_t end;
+        float *row = id_run(dwte, keys, i, n, &end);
+        if (!row) continue;
         for (int64_t j = threadIdx.x; j < nch; j += blockDim.x) {
             const int64_t c = 8 * j;
             const int cnt = (int)(dwte.cols - c < 8 ? dwte.cols - c : 8);
