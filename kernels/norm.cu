@@ -319,6 +319,7 @@ extern "C" cudaError_t cuk_norm_bwd_fast(cudaStream_t s, cuk_mat dx, float *dw, 
     const int64_t C = x.cols, kneed = lane_chunks(C);
     if (kneed > 4 || dy.dt != x.dt || (dx.p && dx.dt != x.dt) || !float_dt(x.dt) || !float_dt(wdt)) return cudaSuccess;
     if (!cuk_vec_ok(x) || !cuk_vec_ok(dy) || (dx.p && !cuk_vec_ok(dx)) || !cuk_ptr16(w)) return cudaSuccess;
+    if (!dx.p) accum = 0; /* dinp's old value is read only when dinp is written */
     const int64_t per = (dw ? 1 : 0) + (db ? 1 : 0);
     int64_t rpb = BWD_RPB, nb = cuk_cdiv(x.rows, rpb);
     if (per > 0) {
