@@ -35,13 +35,17 @@ fi
 (cd build-gpu && make -j16 >"$out/make.log" 2>&1 && make -j16 check TESTS= >>"$out/make.log" 2>&1) ||
     { grep -E "error|Error" "$out/make.log" | head -30; }
 echo "== build: $(($(date +%s) - t0)) s"
-for part in "$@"; do
+for spec in "$@"; do
+    # PART or PART:ARG,ARG (arguments for the bench scripts, e.g. train:gpt2-124m,dp)
+    part=${spec%%:*}
+    args=
+    [ "$part" != "$spec" ] && args=$(echo "${spec#*:}" | tr , ' ')
     t=$(date +%s)
     d=$out/$part
     mkdir -p "$d"
     echo "== part $part"
     case $part in
-    ops) mkdir -p .device/none && timeout 400 tests/gpu/device-run.sh "$d" .device/none ;;
+    ops) mkdir -p .device/none && timeout "${OPS_TIMEOUT:-400}" tests/gpu/device-run.sh "$d" .device/none $args ;;
     model) timeout 480 tests/gpu/model-run.sh "$d" ;;
     hf)
         h=.device/hf
@@ -54,8 +58,8 @@ for part in "$@"; do
             timeout 200 tests/mpi/collectives-gpu-run.sh "$d/np$n" $n 2>&1 | tail -4
         done
         ;;
-    train) timeout 500 bench/gpu_train.sh "$d" ;;
-    scaling) timeout 500 bench/gpu_scaling.sh "$d" ;;
+    train) timeout "${TRAIN_TIMEOUT:-500}" bench/gpu_train.sh "$d" $args ;;
+    scaling) timeout "${SCALING_TIMEOUT:-500}" bench/gpu_scaling.sh "$d" $args ;;
     *) echo "unknown part $part" ;;
     esac
     echo "== part $part: exit $?, $(($(date +%s) - t)) s"
