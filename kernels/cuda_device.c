@@ -16,6 +16,13 @@ void cai_cuda_device_free(cai_device_t *dev) { (void)dev; }
 
 const cai_ops *cai_ops_cuda(void) { return NULL; }
 
+cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes);
+cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes) {
+    (void)dev;
+    *free_bytes = *total_bytes = 0;
+    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_device_mem_info: this build has no CUDA backend");
+}
+
 #else
 
 #include "cuda_internal.h"
@@ -31,6 +38,14 @@ const cai_ops *cai_ops_cuda(void) { return NULL; }
             return CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed: %s (%s)", (what), #expr, cudaGetErrorString(cu_e_), \
                              cudaGetErrorName(cu_e_));                                                        \
     } while (0)
+
+/* Every cudaMalloc / cudaHostAlloc of the backend is counted in the
+ * device's allocation counter (cai_device_alloc_count): the test that
+ * training steps allocate nothing reads it. */
+static void count_alloc(cai_device_t *dev, size_t bytes) {
+    __atomic_add_fetch(&dev->n_allocs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&dev->alloc_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+}
 
 static size_t env_size(const char *name, size_t dflt) {
     const char *s = getenv(name);
@@ -124,13 +139,19 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
         return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: cublasLtCreate failed with status %d", ordinal, (int)bs);
     /* 32 MiB is what cuBLAS recommends for Hopper's matmul kernels. */
     c->lt_ws_bytes = env_size("CAI_CUDA_LT_WORKSPACE_MB", 32) << 20;
-    if (c->lt_ws_bytes) CU(w, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    if (c->lt_ws_bytes) {
+        CU(w, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+        count_alloc(dev, c->lt_ws_bytes);
+    }
     c->scratch_bytes = env_size("CAI_CUDA_SCRATCH_MB", 64) << 20;
     if (c->scratch_bytes < (64u << 10)) c->scratch_bytes = 64u << 10;
     CU(w, cudaMalloc(&c->scratch, c->scratch_bytes));
+    count_alloc(dev, c->scratch_bytes);
     CU(w, cudaMalloc((void **)&c->err, sizeof *c->err));
+    count_alloc(dev, sizeof *c->err);
     CU(w, cudaMemset(c->err, 0, sizeof *c->err));
     CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
+    count_alloc(dev, sizeof *c->err_host);
     CU(w, cuk_attn_setup());
     const char *tf = getenv("CAI_CUDA_TF32");
     c->allow_tf32 = tf && tf[0] == '1';
@@ -191,6 +212,15 @@ cai_status cai_cuda_alloc(cai_device_t *dev, size_t bytes, const char *what, voi
         return CAI_ERROR(CAI_ERR_NOMEM, "cudaMalloc of %zu MiB for %s on cuda:%d failed: %s (%zu of %zu MiB free)",
                          bytes >> 20, what ? what : "?", dev->ordinal, cudaGetErrorString(e), fr >> 20, tot >> 20);
     }
+    count_alloc(dev, bytes);
+    return CAI_OK;
+}
+
+cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes);
+cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    CAI_CALL(cai_cuda_enter(dev, "mem_info"));
+    CU("cai_device_mem_info", cudaMemGetInfo(free_bytes, total_bytes));
     return CAI_OK;
 }
 
@@ -211,6 +241,7 @@ cai_status cai_cuda_alloc_staging(cai_device_t *dev, size_t bytes, const char *w
         return CAI_ERROR(CAI_ERR_NOMEM, "pinned host allocation of %zu MiB for %s failed: %s", bytes >> 20,
                          what ? what : "?", cudaGetErrorString(e));
     }
+    count_alloc(dev, bytes);
     return CAI_OK;
 }
 

@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -16,6 +17,7 @@
  * file linkable whether or not that object is part of the library. */
 cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) __attribute__((weak));
 void cai_cuda_device_free(cai_device_t *dev) __attribute__((weak));
+cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes) __attribute__((weak));
 
 const char *cai_device_kind_name(cai_device_kind kind) {
     switch (kind) {
@@ -66,9 +68,41 @@ void cai_device_free(cai_device_t *dev) {
     else cai_free(dev);
 }
 
+/* The CUDA backend counts its own cudaMalloc / cudaHostAlloc calls (it
+ * also allocates at init, outside these entry points); the host backend's
+ * allocations are counted here. */
+static void count_host_alloc(cai_device_t *dev, size_t bytes, const void *p) {
+    if (dev->kind != CAI_DEVICE_HOST || !p || bytes == 0) return;
+    __atomic_add_fetch(&dev->n_allocs, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&dev->alloc_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t cai_device_alloc_count(const cai_device_t *dev, uint64_t *bytes) {
+    if (bytes) *bytes = dev ? __atomic_load_n(&dev->alloc_bytes, __ATOMIC_RELAXED) : 0;
+    return dev ? __atomic_load_n(&dev->n_allocs, __ATOMIC_RELAXED) : 0;
+}
+
+cai_status cai_device_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes) {
+    CAI_CHECK_ARG(dev && free_bytes && total_bytes, "cai_device_mem_info: NULL device or output");
+    *free_bytes = *total_bytes = 0;
+    if (dev->kind == CAI_DEVICE_CUDA) {
+        if (!cai_cuda_mem_info)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_device_mem_info: this build has no CUDA backend");
+        CAI_CALL(cai_cuda_mem_info(dev, free_bytes, total_bytes));
+        return CAI_OK;
+    }
+    long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), phys = sysconf(_SC_PHYS_PAGES);
+    if (page <= 0 || avail < 0 || phys <= 0)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_device_mem_info: sysconf gives no physical memory size here");
+    *free_bytes = (size_t)avail * (size_t)page;
+    *total_bytes = (size_t)phys * (size_t)page;
+    return CAI_OK;
+}
+
 cai_status cai_device_alloc(cai_device_t *dev, size_t bytes, const char *what, void **out) {
     CAI_CHECK_ARG(dev && out, "cai_device_alloc: NULL device or output (%s)", what ? what : "?");
     CAI_CALL(dev->ops->alloc(dev, bytes, what, out));
+    count_host_alloc(dev, bytes, *out);
     return CAI_OK;
 }
 
@@ -79,6 +113,7 @@ void cai_device_dealloc(cai_device_t *dev, void *ptr) {
 cai_status cai_device_alloc_staging(cai_device_t *dev, size_t bytes, const char *what, void **out) {
     CAI_CHECK_ARG(dev && out, "cai_device_alloc_staging: NULL device or output (%s)", what ? what : "?");
     CAI_CALL(dev->ops->alloc_staging(dev, bytes, what, out));
+    count_host_alloc(dev, bytes, *out);
     return CAI_OK;
 }
 

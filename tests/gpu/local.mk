@@ -1,12 +1,17 @@
-# GPU tests (docs/cuda.md): every CUDA op against the CPU backend. Built with
-# the CUDA backend; without a visible GPU the test exits 77 (skipped), so
-# CPU-only machines and CI pass. bench_cuda_ops times the ops (not a test).
+# GPU tests (docs/cuda.md): every CUDA op against the CPU backend, and
+# training on a GPU through the ZeRO engine without device allocations after
+# the first step. Built with the CUDA backend; without a visible GPU the tests
+# exit 77 (skipped), so CPU-only machines and CI pass. bench_cuda_ops times
+# the ops (not a test). model-run.sh runs the whole-model tests on a GPU
+# machine (docs/cuda.md "Whole-model tests").
 if HAVE_CUDA
-check_PROGRAMS += tests/gpu/test_cuda_ops tests/gpu/bench_cuda_ops
+check_PROGRAMS += tests/gpu/test_cuda_ops tests/gpu/bench_cuda_ops tests/gpu/test_gpu_train
 tests_gpu_test_cuda_ops_SOURCES = tests/gpu/test_cuda_ops.c tests/gpu/gpu_test_util.h
 tests_gpu_test_cuda_ops_LDADD = src/libcolossal-core.la
 tests_gpu_bench_cuda_ops_SOURCES = tests/gpu/bench_cuda_ops.c tests/gpu/gpu_test_util.h
 tests_gpu_bench_cuda_ops_LDADD = src/libcolossal-core.la
-TESTS += tests/gpu/test_cuda_ops
+tests_gpu_test_gpu_train_SOURCES = tests/gpu/test_gpu_train.c
+tests_gpu_test_gpu_train_LDADD = src/libcolossal-core.la
+TESTS += tests/gpu/test_cuda_ops tests/gpu/test_gpu_train
 endif
-EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh
+EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py

@@ -14,7 +14,18 @@
  * and the hyperparameters as __metadata__ strings. Floats are printed with
  * %.9g so the reader recovers the exact float32 values.
  *
- * Usage: parity_driver gpt2|llama OUT.safetensors [SEED]
+ * Usage: parity_driver gpt2|llama OUT.safetensors [SEED] [--device host|cuda[:N]]
+ *                     [--precision fp32|bf16] [--size tiny|gpu]
+ *
+ * --device runs everything on that device (default host). --precision bf16
+ * is colossal-pretrain's `precision: bf16`: bf16 working weights, and on a
+ * GPU bf16 activations (the host backend computes in f32), with f32 master
+ * weights, gradients and AdamW state; the file then holds the f32 masters and
+ * gradients and the bf16 logits widened to f32. --size gpu is a larger model
+ * for the GPU tests (head_dim 64, T 128, vocabulary 1000: the tensor-core
+ * attention path and several tiles per sequence); the default "tiny" is the
+ * one the CPU parity tests check (docs/parity.md). The file's metadata names
+ * the device, precision and size.
  *
  * The parameters are perturbed away from their initialisation (norm weights
  * off one, biases off zero, larger matrices) so that every parameter
@@ -34,7 +45,20 @@
 #include "colossal/optim.h"
 #include "colossal/tensor.h"
 
-enum { BATCH = 2, SEQ = 16, STEPS = 3, N_MICRO = 2, MAX_META = 40 };
+enum { STEPS = 3, N_MICRO = 2, MAX_META = 48 };
+
+/* The batch shape: a run-time choice (--size). */
+static int BATCH = 2, SEQ = 16;
+
+typedef struct {
+    cai_model_family family;
+    const char *path;
+    uint64_t seed;
+    cai_device_kind kind;
+    int ordinal;
+    int bf16; /* --precision bf16 */
+    int big;  /* --size gpu */
+} drv_opts;
 
 /* Stream ids for this driver's own random numbers (not the model's). */
 #define STREAM_TOKENS 0x7061726974790001ull
@@ -103,13 +127,23 @@ static void out_free(out_file *f) {
     free(f->t);
 }
 
-/* A tensor view's elements (F32, contiguous) copied to the host. */
+/* A contiguous tensor's elements copied to the host as F32 (BF16/F16, e.g.
+ * bf16 logits, widened exactly). */
 static cai_status fetch_f32(cai_device_t *dev, const cai_tensor *t, float *dst) {
     size_t n = (size_t)cai_tensor_numel(t);
-    if (t->dtype != CAI_DTYPE_F32)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parity driver: expected an F32 tensor, got %s",
+    if (t->dtype == CAI_DTYPE_F32) {
+        CAI_CALL(cai_device_copy(dev, dst, t->data, n * sizeof(float), CAI_COPY_D2H));
+        return CAI_OK;
+    }
+    if (t->dtype != CAI_DTYPE_BF16 && t->dtype != CAI_DTYPE_F16)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parity driver: expected an F32, BF16 or F16 tensor, got %s",
                          cai_dtype_name(t->dtype));
-    CAI_CALL(cai_device_copy(dev, dst, t->data, n * sizeof(float), CAI_COPY_D2H));
+    uint16_t *half = malloc(n * sizeof *half + 1);
+    if (!half) return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: %zu half-precision values", n);
+    cai_status st = cai_device_copy(dev, half, t->data, n * sizeof *half, CAI_COPY_D2H);
+    if (st == CAI_OK) st = cai_convert_host(dst, CAI_DTYPE_F32, half, t->dtype, n);
+    free(half);
+    CAI_CALL(st);
     return CAI_OK;
 }
 
@@ -186,26 +220,35 @@ static void make_batch(uint64_t seed, uint64_t batch_id, int vocab, int32_t *tok
     }
 }
 
-static cai_status run(cai_model_family family, const char *path, uint64_t seed) {
+static cai_status run(const drv_opts *op) {
+    const cai_model_family family = op->family;
+    const char *path = op->path;
+    const uint64_t seed = op->seed;
     cai_model_config cfg = cai_model_config_default(family);
-    cfg.vocab_size = 97;
+    cfg.vocab_size = op->big ? 1000 : 97;
     cfg.vocab_multiple = 128;
     cfg.n_layers = 2;
-    cfg.d_model = 64;
+    cfg.d_model = op->big ? 256 : 64; /* 4 heads: head_dim 64 (the tensor-core tile) or 16 */
     cfg.n_heads = 4;
-    cfg.max_seq_len = 24; /* > SEQ: unused learned positions must get zero gradient but still decay */
+    cfg.max_seq_len = op->big ? 160 : 24; /* > SEQ: unused learned positions must get zero gradient but still decay */
     cfg.norm_eps = 1e-5f;
     cfg.init_std = 0.02f;
     cfg.seed = seed;
     if (family == CAI_MODEL_LLAMA) {
         cfg.n_kv_heads = 2;
-        cfg.ffn_hidden = 176;
+        cfg.ffn_hidden = op->big ? 688 : 176;
         cfg.rope_theta = 10000.0f;
         cfg.tie_embeddings = 0;
     } else {
         cfg.n_kv_heads = 4;
-        cfg.ffn_hidden = 256;
+        cfg.ffn_hidden = op->big ? 1024 : 256;
         cfg.tie_embeddings = 1;
+    }
+    if (op->bf16) {
+        /* As colossal-pretrain's apply_precision: the host backend computes
+         * in f32 over bf16-rounded weights. */
+        cfg.param_dtype = CAI_DTYPE_BF16;
+        cfg.act_dtype = op->kind == CAI_DEVICE_HOST ? CAI_DTYPE_F32 : CAI_DTYPE_BF16;
     }
     cai_adamw_config oc = cai_adamw_config_default();
     oc.schedule.kind = CAI_LR_CONSTANT;
@@ -228,8 +271,10 @@ static cai_status run(cai_model_family family, const char *path, uint64_t seed) 
     out_file f;
     memset(&f, 0, sizeof f);
     float *logits = NULL;
+    int32_t *tokens = NULL, *targets = NULL, *ttok = NULL, *ttgt = NULL;
+    const size_t bt_n = (size_t)BATCH * SEQ;
 
-    CAI_CALL(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    CAI_CALL(cai_device_init(&dev, op->kind, op->ordinal, 1));
     cai_model_options mo = cai_model_options_default(&cfg);
     mo.batch = BATCH;
     mo.seq_len = SEQ;
@@ -239,11 +284,18 @@ static cai_status run(cai_model_family family, const char *path, uint64_t seed) 
     CAI_CALL_GOTO(perturb_params(m, seed), st, done);
     CAI_CALL_GOTO(dump_params(&f, m, "", 0), st, done);
 
-    int32_t tokens[BATCH * SEQ], targets[BATCH * SEQ];
+    tokens = malloc(bt_n * sizeof *tokens);
+    targets = malloc(bt_n * sizeof *targets);
+    ttok = malloc((size_t)STEPS * N_MICRO * bt_n * sizeof *ttok);
+    ttgt = malloc((size_t)STEPS * N_MICRO * bt_n * sizeof *ttgt);
+    if (!tokens || !targets || !ttok || !ttgt) {
+        st = CAI_ERROR(CAI_ERR_NOMEM, "parity driver: token buffers for B=%d, T=%d", BATCH, SEQ);
+        goto done;
+    }
     make_batch(seed, 0, rc->vocab_size, tokens, targets);
-    const uint64_t bt[2] = {BATCH, SEQ};
-    CAI_CALL_GOTO(out_add(&f, "tokens", CAI_DTYPE_I32, 2, bt, tokens, sizeof tokens), st, done);
-    CAI_CALL_GOTO(out_add(&f, "targets", CAI_DTYPE_I32, 2, bt, targets, sizeof targets), st, done);
+    const uint64_t bt[2] = {(uint64_t)BATCH, (uint64_t)SEQ};
+    CAI_CALL_GOTO(out_add(&f, "tokens", CAI_DTYPE_I32, 2, bt, tokens, bt_n * sizeof *tokens), st, done);
+    CAI_CALL_GOTO(out_add(&f, "targets", CAI_DTYPE_I32, 2, bt, targets, bt_n * sizeof *targets), st, done);
 
     /* One forward and backward: logits, loss, gradients. */
     float loss = 0;
@@ -263,7 +315,7 @@ static cai_status run(cai_model_family family, const char *path, uint64_t seed) 
         goto done;
     }
     CAI_CALL_GOTO(fetch_f32(dev, &lt, logits), st, done);
-    const uint64_t ls[3] = {BATCH, SEQ, (uint64_t)Vp};
+    const uint64_t ls[3] = {(uint64_t)BATCH, (uint64_t)SEQ, (uint64_t)Vp};
     CAI_CALL_GOTO(out_add(&f, "logits", CAI_DTYPE_F32, 3, ls, logits, n_logits * sizeof *logits), st, done);
     CAI_CALL_GOTO(out_add(&f, "loss", CAI_DTYPE_F32, 0, NULL, &loss, sizeof loss), st, done);
     CAI_CALL_GOTO(cai_model_backward(m, 1.0f), st, done);
@@ -271,22 +323,25 @@ static cai_status run(cai_model_family family, const char *path, uint64_t seed) 
 
     /* Training steps, each over N_MICRO microbatches. The first microbatch of
      * step 1 is the batch above, so step 1 starts from the same gradients. */
-    static int32_t ttok[STEPS][N_MICRO][BATCH * SEQ], ttgt[STEPS][N_MICRO][BATCH * SEQ];
     float s_loss[STEPS], s_norm[STEPS], s_lr[STEPS];
     for (int s = 0; s < STEPS; s++)
-        for (int k = 0; k < N_MICRO; k++) make_batch(seed, (uint64_t)(s * N_MICRO + k), rc->vocab_size, ttok[s][k],
-                                                     ttgt[s][k]);
+        for (int k = 0; k < N_MICRO; k++) {
+            size_t at = ((size_t)s * N_MICRO + (size_t)k) * bt_n;
+            make_batch(seed, (uint64_t)(s * N_MICRO + k), rc->vocab_size, ttok + at, ttgt + at);
+        }
     CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     for (int s = 0; s < STEPS; s++) {
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(m, o, &ttok[s][0][0], &ttgt[s][0][0], N_MICRO, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(m, o, ttok + (size_t)s * N_MICRO * bt_n, ttgt + (size_t)s * N_MICRO * bt_n,
+                                     N_MICRO, &ss), st, done);
         s_loss[s] = ss.loss;
         s_norm[s] = ss.grad_norm;
         s_lr[s] = ss.lr;
     }
-    const uint64_t ts[4] = {STEPS, N_MICRO, BATCH, SEQ}, sn[1] = {STEPS};
-    CAI_CALL_GOTO(out_add(&f, "train.tokens", CAI_DTYPE_I32, 4, ts, ttok, sizeof ttok), st, done);
-    CAI_CALL_GOTO(out_add(&f, "train.targets", CAI_DTYPE_I32, 4, ts, ttgt, sizeof ttgt), st, done);
+    const uint64_t ts[4] = {STEPS, N_MICRO, (uint64_t)BATCH, (uint64_t)SEQ}, sn[1] = {STEPS};
+    const size_t tsz = (size_t)STEPS * N_MICRO * bt_n * sizeof *ttok;
+    CAI_CALL_GOTO(out_add(&f, "train.tokens", CAI_DTYPE_I32, 4, ts, ttok, tsz), st, done);
+    CAI_CALL_GOTO(out_add(&f, "train.targets", CAI_DTYPE_I32, 4, ts, ttgt, tsz), st, done);
     CAI_CALL_GOTO(out_add(&f, "train.loss", CAI_DTYPE_F32, 1, sn, s_loss, sizeof s_loss), st, done);
     CAI_CALL_GOTO(out_add(&f, "train.grad_norm", CAI_DTYPE_F32, 1, sn, s_norm, sizeof s_norm), st, done);
     CAI_CALL_GOTO(out_add(&f, "train.lr", CAI_DTYPE_F32, 1, sn, s_lr, sizeof s_lr), st, done);
@@ -316,13 +371,22 @@ static cai_status run(cai_model_family family, const char *path, uint64_t seed) 
     out_meta(&f, "eps", "%.9g", (double)oc.eps);
     out_meta(&f, "weight_decay", "%.9g", (double)oc.weight_decay);
     out_meta(&f, "grad_clip", "%.9g", (double)oc.grad_clip);
+    out_meta(&f, "device", "%s", dev->name);
+    out_meta(&f, "precision", "%s", op->bf16 ? "bf16" : "fp32");
+    out_meta(&f, "param_dtype", "%s", cai_dtype_name(rc->param_dtype));
+    out_meta(&f, "act_dtype", "%s", cai_dtype_name(rc->act_dtype));
+    out_meta(&f, "size", "%s", op->big ? "gpu" : "tiny");
     CAI_CALL_GOTO(cai_safetensors_write(path, f.t, f.n, f.meta, f.n_meta), st, done);
-    printf("parity_driver: %s: %d tensors written to %s (loss %.7f, step losses %.7f %.7f %.7f)\n",
-           cai_model_family_name(rc->family), f.n, path, (double)loss, (double)s_loss[0], (double)s_loss[1],
-           (double)s_loss[2]);
+    printf("parity_driver: %s %s on %s: %d tensors written to %s (loss %.7f, step losses %.7f %.7f %.7f)\n",
+           cai_model_family_name(rc->family), op->bf16 ? "bf16" : "fp32", dev->name, f.n, path, (double)loss,
+           (double)s_loss[0], (double)s_loss[1], (double)s_loss[2]);
 
 done:
     free(logits);
+    free(tokens);
+    free(targets);
+    free(ttok);
+    free(ttgt);
     out_free(&f);
     cai_optim_free(o);
     cai_model_free(m);
@@ -330,19 +394,45 @@ done:
     return st;
 }
 
+static int usage(const char *prog) {
+    fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors [SEED] [--device host|cuda[:N]] [--precision fp32|bf16] "
+                    "[--size tiny|gpu]\n", prog);
+    return 2;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors [SEED]\n", argv[0]);
-        return 2;
-    }
+    if (argc < 3) return usage(argv[0]);
     /* The tests use the default seed; others probe how the errors spread. */
-    uint64_t seed = argc == 4 ? strtoull(argv[3], NULL, 10) : 20240611;
-    cai_model_family family;
-    cai_status st = cai_model_family_parse(argv[1], &family);
-    if (st == CAI_OK) st = run(family, argv[2], seed);
+    drv_opts op = {.path = argv[2], .seed = 20240611, .kind = CAI_DEVICE_HOST};
+    int i = 3;
+    if (i < argc && strncmp(argv[i], "--", 2) != 0) op.seed = strtoull(argv[i++], NULL, 10);
+    for (; i < argc; i += 2) {
+        const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) return usage(argv[0]);
+        if (strcmp(k, "--device") == 0 && strcmp(v, "host") == 0) {
+            op.kind = CAI_DEVICE_HOST;
+        } else if (strcmp(k, "--device") == 0 && strncmp(v, "cuda", 4) == 0 && (v[4] == 0 || v[4] == ':')) {
+            op.kind = CAI_DEVICE_CUDA;
+            op.ordinal = v[4] ? atoi(v + 5) : 0;
+        } else if (strcmp(k, "--precision") == 0 && (strcmp(v, "fp32") == 0 || strcmp(v, "bf16") == 0)) {
+            op.bf16 = strcmp(v, "bf16") == 0;
+        } else if (strcmp(k, "--size") == 0 && (strcmp(v, "tiny") == 0 || strcmp(v, "gpu") == 0)) {
+            op.big = strcmp(v, "gpu") == 0;
+        } else {
+            fprintf(stderr, "%s: unknown option or value: %s %s\n", argv[0], k, v);
+            return usage(argv[0]);
+        }
+    }
+    if (op.big) {
+        BATCH = 2;
+        SEQ = 128;
+    }
+    cai_status st = cai_model_family_parse(argv[1], &op.family);
+    if (st == CAI_OK) st = run(&op);
     if (st != CAI_OK) {
         cai_error_print(stderr);
-        return 1;
+        /* No GPU here: the automake convention for a skipped test. */
+        return st == CAI_ERR_UNSUPPORTED && op.kind == CAI_DEVICE_CUDA ? 77 : 1;
     }
     return 0;
 }

@@ -238,28 +238,35 @@ class Reference:
             for tok, tgt in batches:
                 _, l = self.forward(tok, tgt)
                 (l / len(batches)).backward()
-            return {n: t.grad.double().numpy().copy() for n, t in self.p.items()}
+            return {n: host(t.grad) for n, t in self.p.items()}
         finally:
             self.p, self.dt = saved_p, saved_dt
 
 
 # ----------------------------------------------------------------- reference run
 
-def run_reference(meta, tensors, dtype):
+def host(t):
+    """A tensor (any device, any dtype) as a float64 numpy copy."""
+    return t.detach().double().cpu().numpy().copy()
+
+
+def run_reference(meta, tensors, dtype, ref=None, device="cpu"):
     """Everything the driver wrote, recomputed in `dtype`. Returns the model,
     {key: float64 ndarray}, ({name: [gradient before clipping at each training
     step]}, the same in float32 at the same parameters (float64 runs only)),
-    and the optimizer settings."""
-    ref = Reference(meta, tensors, dtype)
+    and the optimizer settings. `ref`: another model with Reference's
+    interface (tests/gpu/model_parity.py's, on `device`); default this
+    file's, on the CPU."""
+    ref = ref if ref is not None else Reference(meta, tensors, dtype)
     out = {}
-    tok = torch.tensor(tensors["tokens"], dtype=torch.long)
-    tgt = torch.tensor(tensors["targets"], dtype=torch.long)
+    tok = torch.tensor(tensors["tokens"], dtype=torch.long, device=device)
+    tgt = torch.tensor(tensors["targets"], dtype=torch.long, device=device)
     logits, loss = ref.forward(tok, tgt)
     loss.backward()
-    out["logits"] = logits[..., :ref.V].detach().double().numpy()
-    out["loss"] = loss.detach().double().numpy()
+    out["logits"] = host(logits[..., :ref.V])
+    out["loss"] = host(loss)
     for n in ref.names:
-        out["grad." + n] = ref.p[n].grad.double().numpy().copy()
+        out["grad." + n] = host(ref.p[n].grad)
     ref.zero_grad()
 
     # AdamW: per-step lr from the documented linear warmup, weight decay on
@@ -275,8 +282,8 @@ def run_reference(meta, tensors, dtype):
     no_decay = [ref.p[n] for n in ref.names if ref.p[n].dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=lr, betas=(f32(meta["beta1"]), f32(meta["beta2"])), eps=f32(meta["eps"]))
-    ttok = torch.tensor(tensors["train.tokens"], dtype=torch.long)
-    ttgt = torch.tensor(tensors["train.targets"], dtype=torch.long)
+    ttok = torch.tensor(tensors["train.tokens"], dtype=torch.long, device=device)
+    ttgt = torch.tensor(tensors["train.targets"], dtype=torch.long, device=device)
     s_loss, s_norm, s_lr, gsteps, gshadow = [], [], [], {n: [] for n in ref.names}, {n: [] for n in ref.names}
     clipped = 0
     for s in range(steps):
@@ -292,7 +299,7 @@ def run_reference(meta, tensors, dtype):
         if dtype == torch.float64:
             sh = ref.shadow_grads(torch.float32, [(ttok[s, k], ttgt[s, k]) for k in range(n_micro)])
         for n in ref.names:
-            gsteps[n].append(ref.p[n].grad.double().numpy().copy())
+            gsteps[n].append(host(ref.p[n].grad))
             if dtype == torch.float64:
                 gshadow[n].append(sh[n])
         if clip > 0:
@@ -306,7 +313,7 @@ def run_reference(meta, tensors, dtype):
         s_lr.append(step_lr)
     out["train.loss"], out["train.grad_norm"], out["train.lr"] = (np.array(x) for x in (s_loss, s_norm, s_lr))
     for n in ref.names:
-        out["step3." + n] = ref.p[n].detach().double().numpy().copy()
+        out["step3." + n] = host(ref.p[n])
     info = {"steps": steps, "n_micro": n_micro, "lr": lr, "warm": warm, "wd": wd, "clip": clip,
             "clipped": clipped, "lr_sum": sum(s_lr)}
     return ref, out, (gsteps, gshadow), info

@@ -161,6 +161,10 @@ typedef struct cai_device {
     const struct cai_ops *ops; /* this backend's op table, never NULL */
     void *impl;                /* backend-private state (CUDA stream, cuBLASLt handle) */
     char name[64];             /* e.g. "host (2 threads, OpenBLAS 0.3.21)" */
+    /* Allocations made for this device so far (read with
+     * cai_device_alloc_count): updated atomically by the allocators. */
+    uint64_t n_allocs;
+    uint64_t alloc_bytes;
 } cai_device_t;
 
 /* Create a device. Host: `num_threads` <= 0 means the OpenMP default
@@ -182,6 +186,20 @@ void cai_device_dealloc_staging(cai_device_t *dev, void *ptr);
 cai_status cai_device_copy(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
 /* Wait until every op issued on the device has finished (no-op on the host). */
 cai_status cai_device_sync(cai_device_t *dev);
+
+/* How many memory allocations this device has made since cai_device_init
+ * (*bytes, may be NULL: their total size; frees do not subtract). Counts
+ * every cai_device_alloc, cai_device_alloc_staging and arena of non-zero
+ * size, on the host as on CUDA, and on CUDA also the backend's own buffers
+ * made at init (cuBLASLt workspace, scratch, error record): every
+ * cudaMalloc / cudaHostAlloc of the backend. The check behind "no device
+ * allocation after the first training step" (tests/gpu/test_gpu_train.c).
+ * Thread-safe; not collective. */
+uint64_t cai_device_alloc_count(const cai_device_t *dev, uint64_t *bytes);
+/* Free and total memory of the device in bytes (CUDA: cudaMemGetInfo, which
+ * sees every allocation on the GPU, also those made outside colossal, e.g.
+ * by NCCL; host: available and total physical memory). */
+cai_status cai_device_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *total_bytes);
 
 /* An arena whose memory is one device allocation: carve activations,
  * parameters and workspaces out of it with cai_arena_alloc / cai_tensor_arena.
