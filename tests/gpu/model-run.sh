@@ -18,7 +18,7 @@
 #   d       GPT-2 124M, bf16, one GPU, the embedded corpus, 200 steps: loss
 #           at start and end, tokens/s
 #
-# Each part runs under timeout and the script goes on when one fails; the
+# Parts run in the order a, b, d, c, each under timeout, going on when one fails; the
 # whole run is held under BUDGET seconds (default 450) by shortening or
 # skipping what is left. Logs in OUTDIR (build.log, parity.log, train.log,
 # dp.log, gpt2.log, summary.txt); the summary is printed at the end.
@@ -86,78 +86,83 @@ DRIVER=$B/tests/parity/parity_driver
 TRAIN=$B/tests/gpu/test_gpu_train
 
 # ------------------------------------------------------------------ (a) parity
-echo "== (a) whole-model parity with PyTorch on the GPU ($(elapsed) s)"
-if ! want a; then
-    :
-elif [ -x "$DRIVER" ]; then
-    # family precision size: spread over the GPUs, run concurrently.
-    jobs_list="gpt2:fp32:gpu llama:fp32:gpu gpt2:bf16:gpu llama:bf16:gpu gpt2:fp32:tiny llama:fp32:tiny"
-    i=0
-    lim=$(left 200)
-    for j in $jobs_list; do
-        IFS=: read -r fam prec size <<<"$j"
-        g=$((i % (ngpu > 0 ? ngpu : 1)))
-        (
-            f=$tmp/$fam-$prec-$size.safetensors
-            echo "--- $fam $prec size $size on cuda:$g"
-            timeout "$lim" "$DRIVER" "$fam" "$f" --device "cuda:$g" --precision "$prec" --size "$size" &&
-                timeout "$lim" "$PY" tests/gpu/model_parity.py "$f" --device "cuda:$g"
-            echo "exit $?"
-        ) >"$tmp/parity-$i.log" 2>&1 &
-        i=$((i + 1))
-    done
-    wait
-    : >"$out/parity.log"
-    i=0
-    for j in $jobs_list; do
-        cat "$tmp/parity-$i.log" >>"$out/parity.log"
-        rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$tmp/parity-$i.log" | tail -1)
-        res=$(grep -E "^(gpt2|llama) (fp32|bf16): (max error|PASS|FAILED)" "$tmp/parity-$i.log" | tr '\n' ' ' | cut -c1-260)
-        if [ "${rc:-1}" = 0 ]; then note "parity $j: PASS  $res"; else note "parity $j: FAIL (exit ${rc:-?}) $res"; fi
-        i=$((i + 1))
-    done
-else
-    note "parity: SKIPPED (no driver)"
-fi
+part_a() {
+    echo "== (a) whole-model parity with PyTorch on the GPU ($(elapsed) s)"
+    if ! want a; then
+        :
+    elif [ -x "$DRIVER" ]; then
+        # family precision size: spread over the GPUs, run concurrently.
+        jobs_list="gpt2:fp32:gpu llama:fp32:gpu gpt2:bf16:gpu llama:bf16:gpu gpt2:fp32:tiny llama:fp32:tiny"
+        i=0
+        lim=$(left 200)
+        for j in $jobs_list; do
+            IFS=: read -r fam prec size <<<"$j"
+            g=$((i % (ngpu > 0 ? ngpu : 1)))
+            (
+                f=$tmp/$fam-$prec-$size.safetensors
+                echo "--- $fam $prec size $size on cuda:$g"
+                timeout "$lim" "$DRIVER" "$fam" "$f" --device "cuda:$g" --precision "$prec" --size "$size" &&
+                    timeout "$lim" "$PY" tests/gpu/model_parity.py "$f" --device "cuda:$g"
+                echo "exit $?"
+            ) >"$tmp/parity-$i.log" 2>&1 &
+            i=$((i + 1))
+        done
+        wait
+        : >"$out/parity.log"
+        i=0
+        for j in $jobs_list; do
+            cat "$tmp/parity-$i.log" >>"$out/parity.log"
+            rc=$(sed -n 's/^exit \([0-9]*\)$/\1/p' "$tmp/parity-$i.log" | tail -1)
+            res=$(grep -E "^(gpt2|llama) (fp32|bf16): (max error|PASS|FAILED)" "$tmp/parity-$i.log" | tr '\n' ' ' | cut -c1-260)
+            if [ "${rc:-1}" = 0 ]; then note "parity $j: PASS  $res"; else note "parity $j: FAIL (exit ${rc:-?}) $res"; fi
+            i=$((i + 1))
+        done
+    else
+        note "parity: SKIPPED (no driver)"
+    fi
+}
 
 # ------------------------------------------------------------------ (b) no allocation after step 1
-echo "== (b) test_gpu_train ($(elapsed) s)"
-: >"$out/train.log"
-if ! want b; then
-    :
-elif [ -x "$TRAIN" ]; then
-    for np in 1 2; do
-        [ "$np" -le "$ngpu" ] || continue
-        lim=$(left 150)
-        [ "$lim" -gt 10 ] || { note "test_gpu_train np $np: SKIPPED (time budget)"; continue; }
-        echo "--- $np rank(s)" >>"$out/train.log"
-        timeout "$lim" "${MPIRUN[@]}" -np "$np" "$TRAIN" >>"$out/train.log" 2>&1
-        rc=$?
-        res=$(grep -E "^(ok  |FAIL)" "$out/train.log" | tail -7 | cut -c1-4 | sort | uniq -c | tr -s ' \n' ' ')
-        if [ $rc = 0 ]; then note "test_gpu_train np $np: PASS ($res)"; else note "test_gpu_train np $np: FAIL (exit $rc; $res)"; fi
-    done
-else
-    note "test_gpu_train: SKIPPED (not built)"
-fi
+part_b() {
+    echo "== (b) test_gpu_train ($(elapsed) s)"
+    : >"$out/train.log"
+    if ! want b; then
+        :
+    elif [ -x "$TRAIN" ]; then
+        for np in 1 2; do
+            [ "$np" -le "$ngpu" ] || continue
+            lim=$(left 150)
+            [ "$lim" -gt 10 ] || { note "test_gpu_train np $np: SKIPPED (time budget)"; continue; }
+            echo "--- $np rank(s)" >>"$out/train.log"
+            timeout "$lim" "${MPIRUN[@]}" -np "$np" "$TRAIN" >>"$out/train.log" 2>&1
+            rc=$?
+            res=$(grep -E "^(ok  |FAIL)" "$out/train.log" | tail -7 | cut -c1-4 | sort | uniq -c | tr -s ' \n' ' ')
+            if [ $rc = 0 ]; then note "test_gpu_train np $np: PASS ($res)"; else note "test_gpu_train np $np: FAIL (exit $rc; $res)"; fi
+        done
+    else
+        note "test_gpu_train: SKIPPED (not built)"
+    fi
+}
 
 # ------------------------------------------------------------------ (c) data parallel = 1 GPU
-echo "== (c) data parallel on GPUs vs 1 GPU ($(elapsed) s)"
-# The tiny model of tests/apps/pretrain_lib.sh on the GPU, global batch 16.
-TINY="--model.n_layers 2 --model.d_model 64 --model.n_heads 4 --train.seq_len 64 --train.micro_batch 4
-  --optim.lr 2e-3 --optim.warmup_steps 2 --data.corpus_docs 1500 --data.corpus_vocab 0 --generate.tokens 0
-  --run.peak_tflops 1 --log.timestamps false --run.device ${RUN_DEVICE:-cuda} --train.steps 10 --eval.interval 0
-  --log.interval 5 --zero.bucket_mb 0.05"
-: >"$out/dp.log"
-# pt NAME NP GPUS ARGS...: one colossal-pretrain run into $tmp/NAME (CUDA_VISIBLE_DEVICES=GPUS).
-pt() {
-    name=$1 np=$2 gpus=$3
-    shift 3
-    lim=$(left 90)
-    if [ "$lim" -le 10 ]; then echo "skip" >"$tmp/$name.rc"; return; fi
-    # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=$gpus timeout "$lim" "${MPIRUN[@]}" -np "$np" "$PRETRAIN" $TINY --run.dir "$tmp/$name" "$@" \
-        >"$tmp/$name.out" 2>&1
-    echo $? >"$tmp/$name.rc"
+part_c() {
+    echo "== (c) data parallel on GPUs vs 1 GPU ($(elapsed) s)"
+    # The tiny model of tests/apps/pretrain_lib.sh on the GPU, global batch 16.
+    TINY="--model.n_layers 2 --model.d_model 64 --model.n_heads 4 --train.seq_len 64 --train.micro_batch 4
+      --optim.lr 2e-3 --optim.warmup_steps 2 --data.corpus_docs 1500 --data.corpus_vocab 0 --generate.tokens 0
+      --run.peak_tflops 1 --log.timestamps false --run.device ${RUN_DEVICE:-cuda} --train.steps 10 --eval.interval 0
+      --log.interval 5 --zero.bucket_mb 0.05"
+    : >"$out/dp.log"
+    # pt NAME NP GPUS ARGS...: one colossal-pretrain run into $tmp/NAME (CUDA_VISIBLE_DEVICES=GPUS).
+    pt() {
+        name=$1 np=$2 gpus=$3
+        shift 3
+        lim=$(left 90)
+        if [ "$lim" -le 10 ]; then echo "skip" >"$tmp/$name.rc"; return; fi
+        # shellcheck disable=SC2086
+        CUDA_VISIBLE_DEVICES=$gpus timeout "$lim" "${MPIRUN[@]}" -np "$np" "$PRETRAIN" $TINY --run.dir "$tmp/$name" "$@" \
+            >"$tmp/$name.out" 2>&1
+        echo $? >"$tmp/$name.rc"
 }
 # losses NAME: "step loss" per train record.
 losses() {
@@ -245,40 +250,47 @@ elif [ -x "$PRETRAIN" ]; then
 else
     note "dp equivalence: SKIPPED (colossal-pretrain not built)"
 fi
+}
 
 # ------------------------------------------------------------------ (d) GPT-2 124M
-echo "== (d) GPT-2 124M bf16 on one GPU ($(elapsed) s)"
-if ! want d; then
-    :
-elif [ -x "$PRETRAIN" ]; then
-    lim=$(left 200)
-    if [ "$lim" -gt 30 ]; then
-        CUDA_VISIBLE_DEVICES=0 timeout "$lim" "$PRETRAIN" --model.family gpt2 --model.n_layers 12 \
-            --model.d_model 768 --model.n_heads 12 --model.vocab_size 50257 --train.seq_len 1024 \
-            --train.micro_batch 8 --train.grad_accum 1 --train.steps 200 --precision bf16 --optim.lr 6e-4 \
-            --optim.min_lr 6e-5 --optim.warmup_steps 20 --data.corpus_vocab 0 --eval.interval 0 \
-            --generate.tokens 0 --log.interval 20 --run.peak_tflops 989 --run.device cuda --run.dir "$tmp/gpt2" \
-            >"$out/gpt2.log" 2>&1
-        rc=$?
-        losses gpt2 >"$tmp/gpt2.loss"
-        first=$(head -1 "$tmp/gpt2.loss" | cut -d' ' -f2)
-        last=$(tail -1 "$tmp/gpt2.loss" | cut -d' ' -f2)
-        n=$(wc -l <"$tmp/gpt2.loss")
-        done_line=$(grep '^done:' "$out/gpt2.log" | tail -1)
-        # tokens/s of the last logged interval (steady state, no start-up)
-        tps=$(grep -E '^step +[0-9]+/' "$out/gpt2.log" | tail -1 | sed -n 's/.*| \([0-9.]*[kM]*\) tok\/s | MFU \([0-9.]*%\).*/\1 tok\/s, MFU \2/p')
-        if [ $rc = 0 ] && [ "$n" -ge 2 ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.7*a)}'; then
-            note "gpt2-124m bf16: PASS loss $first -> $last over $n steps; last interval $tps; $done_line"
+part_d() {
+    echo "== (d) GPT-2 124M bf16 on one GPU ($(elapsed) s)"
+    if ! want d; then
+        :
+    elif [ -x "$PRETRAIN" ]; then
+        lim=$(left 200)
+        if [ "$lim" -gt 30 ]; then
+            CUDA_VISIBLE_DEVICES=0 timeout "$lim" "$PRETRAIN" --model.family gpt2 --model.n_layers 12 \
+                --model.d_model 768 --model.n_heads 12 --model.vocab_size 50257 --train.seq_len 1024 \
+                --train.micro_batch 8 --train.grad_accum 1 --train.steps 200 --precision bf16 --optim.lr 6e-4 \
+                --optim.min_lr 6e-5 --optim.warmup_steps 20 --data.corpus_vocab 0 --eval.interval 0 \
+                --generate.tokens 0 --log.interval 20 --run.peak_tflops 989 --run.device cuda --run.dir "$tmp/gpt2" \
+                >"$out/gpt2.log" 2>&1
+            rc=$?
+            losses gpt2 >"$tmp/gpt2.loss"
+            first=$(head -1 "$tmp/gpt2.loss" | cut -d' ' -f2)
+            last=$(tail -1 "$tmp/gpt2.loss" | cut -d' ' -f2)
+            n=$(wc -l <"$tmp/gpt2.loss")
+            done_line=$(grep '^done:' "$out/gpt2.log" | tail -1)
+            # tokens/s of the last logged interval (steady state, no start-up)
+            tps=$(grep -E '^step +[0-9]+/' "$out/gpt2.log" | tail -1 | sed -n 's/.*| \([0-9.]*[kM]*\) tok\/s | MFU \([0-9.]*%\).*/\1 tok\/s, MFU \2/p')
+            if [ $rc = 0 ] && [ "$n" -ge 2 ] && awk -v a="$first" -v b="$last" 'BEGIN{exit !(b < 0.7*a)}'; then
+                note "gpt2-124m bf16: PASS loss $first -> $last over $n steps; last interval $tps; $done_line"
+            else
+                tail -20 "$out/gpt2.log"
+                note "gpt2-124m bf16: FAIL (exit $rc) loss ${first:-?} -> ${last:-?} over $n steps; $tps"
+            fi
         else
-            tail -20 "$out/gpt2.log"
-            note "gpt2-124m bf16: FAIL (exit $rc) loss ${first:-?} -> ${last:-?} over $n steps; $tps"
+            note "gpt2-124m bf16: SKIPPED (time budget)"
         fi
     else
-        note "gpt2-124m bf16: SKIPPED (time budget)"
+        note "gpt2-124m: SKIPPED (colossal-pretrain not built)"
     fi
-else
-    note "gpt2-124m: SKIPPED (colossal-pretrain not built)"
-fi
+}
+
+# GPT-2 124M before the DP runs: with the time budget short, the many small
+# DP launches are what gets shortened.
+for p in a b d c; do part_$p; done
 
 echo
 echo "================ summary ($(elapsed) s)"
