@@ -180,6 +180,8 @@ def main():
     # Exact f32 products on both sides (colossal: unless CAI_CUDA_TF32=1).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if hasattr(torch, "set_float32_matmul_precision"):
+        torch.set_float32_matmul_precision("highest")
     torch.manual_seed(0)
     tensors, meta = tr.read_safetensors(args.file)
     prec = meta.get("precision", "fp32")
