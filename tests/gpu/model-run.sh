@@ -260,7 +260,7 @@ part_d() {
     elif [ -x "$PRETRAIN" ]; then
         lim=$(left 200)
         if [ "$lim" -gt 30 ]; then
-            CUDA_VISIBLE_DEVICES=0 timeout "$lim" "$PRETRAIN" --model.family gpt2 --model.n_layers 12 \
+            CUDA_VISIBLE_DEVICES=0 timeout "$lim" "${MPIRUN[@]}" -np 1 "$PRETRAIN" --model.family gpt2 --model.n_layers 12 \
                 --model.d_model 768 --model.n_heads 12 --model.vocab_size 50257 --train.seq_len 1024 \
                 --train.micro_batch 8 --train.grad_accum 1 --train.steps 200 --precision bf16 --optim.lr 6e-4 \
                 --optim.min_lr 6e-5 --optim.warmup_steps 20 --data.corpus_vocab 0 --eval.interval 0 \
