@@ -264,7 +264,7 @@ part_d() {
                 --model.d_model 768 --model.n_heads 12 --model.vocab_size 50257 --train.seq_len 1024 \
                 --train.micro_batch 8 --train.grad_accum 1 --train.steps 200 --precision bf16 --optim.lr 6e-4 \
                 --optim.min_lr 6e-5 --optim.warmup_steps 20 --data.corpus_vocab 0 --eval.interval 0 \
-                --generate.tokens 0 --log.interval 20 --run.peak_tflops 989 --run.device cuda --run.dir "$tmp/gpt2" \
+                --generate.tokens 0 --log.interval 20 --log.timestamps false --run.peak_tflops 989 --run.device cuda --run.dir "$tmp/gpt2" \
                 >"$out/gpt2.log" 2>&1
             rc=$?
             losses gpt2 >"$tmp/gpt2.loss"
