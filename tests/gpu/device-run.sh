@@ -28,9 +28,10 @@ if [ ! -x "$bin/test_cuda_ops" ] || ldd "$bin/test_cuda_ops" | grep -q "not foun
     ldd "$bin/test_cuda_ops" 2>&1 | grep "not found"
     export PKG_CONFIG_PATH=$dlib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$top/.device/root
     mkdir -p build-gpu && cd build-gpu &&
-        ../configure -q --without-hdf5 --with-cuda=/usr/local/cuda --with-nccl=/usr >"$out/configure.log" 2>&1 &&
+        { [ -f Makefile ] || ../configure -q CC=mpicc --without-hdf5 --with-cuda=/usr/local/cuda --with-nccl=/usr \
+            >"$out/configure.log" 2>&1; } &&
         make -j16 tests/gpu/test_cuda_ops tests/gpu/bench_cuda_ops >"$out/make.log" 2>&1 ||
-        { tail -40 "$out/configure.log" "$out/make.log"; exit 1; }
+        { tail -n 40 "$out/configure.log" "$out/make.log"; exit 1; }
     cd "$top"
     bin=$top/build-gpu/tests/gpu/.libs
     export LD_LIBRARY_PATH="$top/build-gpu/src/.libs:$dlib:${LD_LIBRARY_PATH:-}"

@@ -29,7 +29,7 @@ if [ ! -f build-gpu/Makefile ]; then
     # which this machine lacks
     [ -x configure ] || { echo "carry configure, Makefile.in, aclocal.m4, build-aux, src/cai_config.h.in"; exit 1; }
     touch aclocal.m4 && sleep 1 && touch configure Makefile.in src/cai_config.h.in
-    mkdir -p build-gpu && (cd build-gpu && ../configure -q --without-hdf5 --with-cuda=/usr/local/cuda \
+    mkdir -p build-gpu && (cd build-gpu && ../configure -q CC=mpicc --without-hdf5 --with-cuda=/usr/local/cuda \
         --with-nccl=/usr >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
 fi
 (cd build-gpu && make -j16 >"$out/make.log" 2>&1 && make -j16 check TESTS= >>"$out/make.log" 2>&1) ||
