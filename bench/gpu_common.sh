@@ -85,11 +85,18 @@ gpu_build() {
                 fi
             fi
             say "configuring $build"
+            # The carried autotools outputs must look newer than their
+            # sources, or make reruns automake (absent on the GPU machine);
+            # as tests/gpu/run-all.sh does. Not where automake exists (the
+            # development machine: other build trees would reconfigure).
+            command -v automake >/dev/null 2>&1 ||
+                (cd "$top" && touch aclocal.m4 && sleep 1 && touch configure Makefile.in src/cai_config.h.in) 2>/dev/null
             mkdir -p "$build"
             cuda_flags="--with-cuda=/usr/local/cuda --with-nccl=/usr"
             [ "$DEVICE" = cpu ] && cuda_flags=
+            # CC=mpicc: the GPU image sets CC to plain gcc, which finds no mpi.h.
             (cd "$build" && PKG_CONFIG_PATH=$dlib/pkgconfig PKG_CONFIG_SYSROOT_DIR=$top/.device/root \
-                "$top/configure" -q --without-hdf5 $cuda_flags) >>"$OUT/build.log" 2>&1 ||
+                "$top/configure" -q CC=mpicc --without-hdf5 $cuda_flags) >>"$OUT/build.log" 2>&1 ||
                 { tail -30 "$OUT/build.log"; return 1; }
         fi
         say "make apps/colossal-pretrain apps/colossal-check in $build"
