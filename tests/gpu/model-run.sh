@@ -85,6 +85,11 @@ PRETRAIN=$B/apps/colossal-pretrain
 DRIVER=$B/tests/parity/parity_driver
 TRAIN=$B/tests/gpu/test_gpu_train
 
+# losses NAME: "step loss" per train record.
+losses() {
+    grep '"kind":"train"' "$tmp/$1/metrics.jsonl" 2>/dev/null |
+        sed -n 's/.*"step":\([0-9]*\).*"loss":\([-+0-9.eE]*\).*/\1 \2/p'
+}
 # ------------------------------------------------------------------ (a) parity
 part_a() {
     echo "== (a) whole-model parity with PyTorch on the GPU ($(elapsed) s)"
@@ -163,11 +168,6 @@ part_c() {
         CUDA_VISIBLE_DEVICES=$gpus timeout "$lim" "${MPIRUN[@]}" -np "$np" "$PRETRAIN" $TINY --run.dir "$tmp/$name" "$@" \
             >"$tmp/$name.out" 2>&1
         echo $? >"$tmp/$name.rc"
-}
-# losses NAME: "step loss" per train record.
-losses() {
-    grep '"kind":"train"' "$tmp/$1/metrics.jsonl" 2>/dev/null |
-        sed -n 's/.*"step":\([0-9]*\).*"loss":\([-+0-9.eE]*\).*/\1 \2/p'
 }
 if ! want c; then
     :
