@@ -14,4 +14,6 @@ tests_gpu_test_gpu_train_SOURCES = tests/gpu/test_gpu_train.c
 tests_gpu_test_gpu_train_LDADD = src/libcolossal-core.la
 TESTS += tests/gpu/test_cuda_ops tests/gpu/test_gpu_train
 endif
-EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py
+EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py \
+	tests/gpu/run-all.sh tests/gpu/snapshot.sh tests/gpu/hf-prepare.sh tests/gpu/hf_transformers.py \
+	tests/gpu/flash_emu.sh tests/gpu/flash_emu.cpp
