@@ -192,8 +192,11 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
         bad |= set(o, "initializer_range", json_real(cai_hf_float_json(c.init_std)));
     }
     bad |= set(o, "tie_word_embeddings", json_boolean(c.tie_embeddings));
-    if (bos_token_id >= 0) bad |= set(o, "bos_token_id", json_integer(bos_token_id));
-    if (eos_token_id >= 0) bad |= set(o, "eos_token_id", json_integer(eos_token_id));
+    /* Without a tokenizer the ids are unknown: an explicit null, because an
+     * absent key makes transformers assume its own defaults (GPT-2: 50256,
+     * Llama: 1 and 2), which may lie outside this model's vocabulary. */
+    bad |= set(o, "bos_token_id", bos_token_id >= 0 ? json_integer(bos_token_id) : json_null());
+    bad |= set(o, "eos_token_id", eos_token_id >= 0 ? json_integer(eos_token_id) : json_null());
     bad |= set(o, "use_cache", json_true());
     bad |= set(o, "torch_dtype", json_string(tdt));
     char *text = bad ? NULL : json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));

@@ -418,7 +418,8 @@ START_TEST(gpt2_directory_is_what_transformers_expects) {
     expect_bool(c, "tie_word_embeddings", 1);
     expect_bool(c, "scale_attn_weights", 1);
     expect_str(c, "torch_dtype", "float32");
-    ck_assert(json_object_get(c, "bos_token_id") == NULL); /* no tokenizer given */
+    ck_assert(json_is_null(json_object_get(c, "bos_token_id"))); /* no tokenizer given: not transformers' default */
+    ck_assert(json_is_null(json_object_get(c, "eos_token_id")));
     json_decref(c);
 
     file_in(f, sizeof f, dir, "model.safetensors");
