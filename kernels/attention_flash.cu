@@ -20,7 +20,9 @@
  * warp, and loops over the kv group's query heads and the query chunks
  * that can see the tile, computing S^T and dP^T directly so the key rows
  * are the mma rows) and a dQ kernel (a block owns 64 query rows and loops
- * over key tiles).
+ * over key tiles). CAI_CUDA_ATTN_BWD=v2 selects k_fl_bwd_kvq instead: dQ in
+ * the dK/dV kernel, summed in a fixed order of key tiles through the
+ * workspace (see "backward v2" below).
  *
  * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" with
  * .bf16/.f16 inputs), g = lane >> 2, t = lane & 3:
@@ -62,6 +64,38 @@ CUK_INLINE void fl_ldsm_t(uint32_t (&r)[4], const e16 *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(fl_smem(p)));
+}
+
+/* The v2 backward's dQ turns (k_fl_bwd_kvq): the partial dQ tiles live in
+ * global memory and are read/written at L2 (cg: another block on this SM
+ * may have cached an older copy in L1); a per-(b, h, chunk) counter says
+ * how many key tiles have added theirs. The writer's pattern (all threads
+ * store, barrier, thread 0 fences and releases) is the one of cooperative
+ * groups' grid sync. */
+CUK_INLINE void fl_ld_acc(float (&c)[4], const float *p) {
+    const float4 x = __ldcg((const float4 *)p);
+    c[0] = x.x;
+    c[1] = x.y;
+    c[2] = x.z;
+    c[3] = x.w;
+}
+CUK_INLINE void fl_st_acc(float *p, const float (&c)[4]) { __stcg((float4 *)p, make_float4(c[0], c[1], c[2], c[3])); }
+CUK_INLINE void fl_turn_wait(const int *cnt, int want) {
+    if (threadIdx.x == 0) {
+        int x;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(x) : "l"(cnt) : "memory");
+        } while (x != want);
+        __threadfence();
+    }
+    __syncthreads();
+}
+CUK_INLINE void fl_turn_done(int *cnt, int val) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(cnt), "r"(val) : "memory");
+    }
 }
 
 /* c (16x8 f32) += a (16x16) b (16x8) */
@@ -283,6 +317,9 @@ CUK_INLINE fl_span fl_queries_of(const cuk_attn &a, int64_t j, int64_t Tk, int64
 template <int D> static constexpr size_t fl_fwd_smem() { return (size_t)5 * 64 * (D + 8) * sizeof(e16); }
 template <int D, int QC> static constexpr size_t fl_kv_smem() {
     return (size_t)(2 * 64 + 4 * QC) * (D + 8) * sizeof(e16) + 4 * QC * sizeof(float);
+}
+template <int D, int QC> static constexpr size_t fl_kvq_smem() {
+    return fl_kv_smem<D, QC>() + (size_t)64 * (QC + 8) * sizeof(e16);
 }
 template <int D> static constexpr size_t fl_q_smem() { return (size_t)6 * 64 * (D + 8) * sizeof(e16); }
 
@@ -571,6 +608,203 @@ __global__ void __launch_bounds__(FL_NTH) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cu
         if (ri[r] < Tq) fl_store_row<ND>(dq, cuk_roff(dq, b, ri[r], h), qacc, r, a.scale, tq);
 }
 
+/* ---------------------------------------------------------------- backward v2 */
+
+/* CAI_CUDA_ATTN_BWD=v2: one kernel computes dK, dV and dQ (5 matrix
+ * products per tile pair instead of 7: the dQ kernel's S and dP are not
+ * recomputed). dQ of query chunk c (QC rows) is the sum of the partial
+ * products dS K of the key tiles that see it, a contiguous range
+ * [ktlo, kthi]; they add theirs into an f32 tile in the workspace in the
+ * fixed order kthi, kthi - 1, ..., ktlo (a per-(b, h, chunk) counter says
+ * whose turn it is), the first one writes without reading and the last
+ * one writes dq itself, so the result is bitwise repeatable. Blocks of
+ * higher key tiles have lower indices, so a block only ever waits for
+ * blocks launched before it; for causal masks that order has no waiting
+ * at all in steady state (tile kt reaches chunk c one step after tile
+ * kt + 1 did). */
+
+/* D_i = rowsum(dO * O) as k_fl_dvec; also zeroes the turn counters and
+ * writes dq = 0 for chunks no key tile sees (nobody else writes them). */
+__global__ void k_fl_dvec2(float *dvec, int *cnt, cuk_bthd dq, cuk_bthd g, cuk_bthd o, int64_t rows, cuk_attn a,
+                           int64_t Tk, int QC, int64_t nch) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int lane = threadIdx.x & 31;
+    const int64_t i = r % g.T, bh = r / g.T, h = bh % g.H, b = bh / g.H;
+    const int64_t og = cuk_roff(g, b, i, h), oo = cuk_roff(o, b, i, h);
+    float acc = 0.0f;
+    for (int64_t d = lane; d < g.D; d += 32) acc += ldf(g.p, g.dt, og + d) * ldf(o.p, o.dt, oo + d);
+    acc = warp_sum(acc);
+    if (lane == 0) dvec[r] = acc;
+    if (lane == 0 && i % QC == 0) cnt[bh * nch + i / QC] = 0;
+    if (dq.p) {
+        const int64_t c0 = i / QC * QC, cl = c0 + QC - 1 < g.T - 1 ? c0 + QC - 1 : g.T - 1;
+        int64_t jl, jh;
+        cuk_key_span(a, c0, cl, Tk, &jl, &jh);
+        if (jh < jl)
+            for (int64_t d = lane; d < dq.D; d += 32) stf(dq.p, dq.dt, cuk_roff(dq, b, i, h) + d, 0.0f);
+    }
+}
+
+/* k_fl_bwd_kv plus dQ: after dK/dV of a (key tile, query chunk) pair, dS^T
+ * goes to shared memory (rounded to the input type, as for dK) and each
+ * warp computes 16 query rows x 64 dims of dS K, then adds it to the
+ * chunk's f32 tile in acc (layout: per warp and n-tile, float4 per lane)
+ * in its turn. Chunks start at multiples of QC so every key tile adds to
+ * the same row sets. */
+template <int D, int QC, bool F16>
+__global__ void __launch_bounds__(FL_NTH) k_fl_bwd_kvq(cuk_bthd dk, cuk_bthd dv, cuk_bthd dq, cuk_bthd g, cuk_bthd q,
+                                                       cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec,
+                                                       float *acc, int *cnt, cuk_attn a, int64_t ntiles, int64_t nch,
+                                                       float sl2) {
+    constexpr int LD = D + 8, BN = 64, KD = D / 16, ND = D / 8, NQ = QC / 8, LS = QC + 8;
+    constexpr int NRG = QC / 16; /* warps per dQ row group of 16; each does 64 dims */
+    static_assert(D == 64 * (4 / NRG), "dQ: 4 warps of 16 rows x 64 dims cover QC x D");
+    extern __shared__ __align__(128) unsigned char fl_sm[];
+    e16 *Ks = (e16 *)fl_sm, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *Gs = Qs + 2 * QC * LD;
+    float *Ls = (float *)(Gs + 2 * QC * LD), *Ds = Ls + 2 * QC;
+    e16 *Ss = (e16 *)(Ds + 2 * QC); /* dS^T [key][query], row stride LS */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int64_t kt = ntiles - 1 - (int64_t)blockIdx.x % ntiles, bh = (int64_t)blockIdx.x / ntiles;
+    const int64_t b = bh / k.H, hk = bh % k.H, group = q.H / k.H;
+    const int64_t Tq = q.T, Tk = k.T, j0 = kt * BN;
+    const int64_t jlast = j0 + BN - 1 < Tk - 1 ? j0 + BN - 1 : Tk - 1;
+    int64_t ilo, ihi;
+    cuk_query_span(a, j0, jlast, Tq, &ilo, &ihi);
+    ilo = ilo / QC * QC; /* aligned chunks; the masks cover rows before the span */
+    const int64_t nq = ihi >= ilo ? (ihi - ilo + QC) / QC : 0, total = group * nq;
+
+    auto stats = [&](int64_t it, float &l2, float &dd) {
+        const int64_t h = hk * group + it / nq, i = ilo + (it % nq) * QC + tid;
+        l2 = INFINITY;
+        dd = 0.0f;
+        if (i <= ihi) {
+            const int64_t row = (b * q.H + h) * Tq + i;
+            l2 = lse[row] * FL_LOG2E;
+            dd = dvec[row];
+            if (l2 == -INFINITY) l2 = INFINITY;
+        }
+    };
+    fl_load<BN, D>(Ks, k, b, hk, j0, Tk);
+    fl_load<BN, D>(Vs, v, b, hk, j0, Tk);
+    if (total > 0) {
+        fl_load<QC, D>(Qs, q, b, hk * group, ilo, ihi + 1);
+        fl_load<QC, D>(Gs, g, b, hk * group, ilo, ihi + 1);
+        if (tid < QC) stats(0, Ls[tid], Ds[tid]);
+    }
+    fl_commit();
+
+    float kacc[ND][4], vacc[ND][4];
+    fl_zero(kacc);
+    fl_zero(vacc);
+    const int64_t kj[2] = {j0 + warp * 16 + gq, j0 + warp * 16 + gq + 8};
+    const e16 *Kw = Ks + warp * 16 * LD, *Vw = Vs + warp * 16 * LD;
+    const int rg = warp % NRG, dg = warp / NRG; /* this warp's dQ rows 16 rg.., dims 64 dg.. */
+
+    for (int64_t it = 0; it < total; it++) {
+        const int buf = (int)(it & 1);
+        const int64_t i0 = ilo + (it % nq) * QC;
+        float nl = 0.0f, nd = 0.0f;
+        if (it + 1 < total) {
+            const int64_t h1 = hk * group + (it + 1) / nq, i1 = ilo + ((it + 1) % nq) * QC;
+            fl_load<QC, D>(Qs + (buf ^ 1) * QC * LD, q, b, h1, i1, ihi + 1);
+            fl_load<QC, D>(Gs + (buf ^ 1) * QC * LD, g, b, h1, i1, ihi + 1);
+            fl_commit();
+            if (tid < QC) stats(it + 1, nl, nd);
+            fl_wait<1>();
+        } else {
+            fl_wait<0>();
+        }
+        __syncthreads();
+        const e16 *Qb = Qs + buf * QC * LD, *Gb = Gs + buf * QC * LD;
+        const float *Lb = Ls + buf * QC, *Db = Ds + buf * QC;
+
+        float s[NQ][4], dp[NQ][4];
+        fl_zero(s);
+        fl_zero(dp);
+        fl_gemm_nk<F16, LD, NQ, KD>(s, Kw, Qb, lane);  /* S^T = K Q^T */
+        fl_gemm_nk<F16, LD, NQ, KD>(dp, Vw, Gb, lane); /* dP^T = V dO^T */
+        const bool full = fl_full(a, i0, ihi + 1, QC, j0, Tk, BN);
+        const fl_span sp[2] = {fl_queries_of(a, kj[0], Tk, ihi, i0, QC), fl_queries_of(a, kj[1], Tk, ihi, i0, QC)};
+#pragma unroll
+        for (int n = 0; n < NQ; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = 8 * n + 2 * tq + (e & 1);
+                float p = exp2f(s[n][e] * sl2 - Lb[c]);
+                if (!full && (c < sp[e >> 1].lo || c > sp[e >> 1].hi)) p = 0.0f;
+                s[n][e] = p;
+                dp[n][e] = p * (dp[n][e] - Db[c]);
+            }
+        fl_gemm_pk<F16, LD, ND, QC / 16>(vacc, s, Gb, lane);  /* dV += P^T dO */
+        fl_gemm_pk<F16, LD, ND, QC / 16>(kacc, dp, Qb, lane); /* dK += dS^T Q */
+        if (dq.p) {
+            e16 *Sw = Ss + warp * 16 * LS;
+#pragma unroll
+            for (int n = 0; n < NQ; n++) {
+                *(uint32_t *)(Sw + gq * LS + 8 * n + 2 * tq) = fl_pack<F16>(dp[n][0], dp[n][1]);
+                *(uint32_t *)(Sw + (gq + 8) * LS + 8 * n + 2 * tq) = fl_pack<F16>(dp[n][2], dp[n][3]);
+            }
+            __syncthreads();
+            float qp[8][4]; /* C layout: dQ rows i0 + 16 rg + g / +8, dims 64 dg + 8n + 2t, +1 */
+            fl_zero(qp);
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                uint32_t af[4]; /* A = dS (queries x keys) from dS^T: ldmatrix.trans */
+                fl_ldsm_t(af, Ss + (kk * 16 + (lane & 7) + ((lane >> 4) << 3)) * LS + rg * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    fl_ldb_kn<LD>(bb, Ks + kk * 16 * LD + dg * 64 + np * 16, lane);
+                    fl_mma<F16>(qp[2 * np], af, bb[0], bb[1]);
+                    fl_mma<F16>(qp[2 * np + 1], af, bb[2], bb[3]);
+                }
+            }
+            const int64_t h = hk * group + it / nq, ch = i0 / QC;
+            const int64_t cl = i0 + QC - 1 < Tq - 1 ? i0 + QC - 1 : Tq - 1;
+            int64_t jl, jh;
+            cuk_key_span(a, i0, cl, Tk, &jl, &jh);
+            const int rank = (int)(jh / BN - kt);
+            const bool last = kt == jl / BN;
+            const int64_t tile = (b * q.H + h) * nch + ch;
+            float *ap = acc + (tile * 4 + warp) * (8 * 4 * 32) + lane * 4;
+            fl_turn_wait(cnt + tile, rank);
+            if (rank > 0)
+#pragma unroll
+                for (int n = 0; n < 8; n++) {
+                    float t[4];
+                    fl_ld_acc(t, ap + n * 128);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) qp[n][e] = t[e] + qp[n][e];
+                }
+            if (!last) {
+#pragma unroll
+                for (int n = 0; n < 8; n++) fl_st_acc(ap + n * 128, qp[n]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int64_t i = i0 + rg * 16 + gq + 8 * r;
+                    if (i < Tq) fl_store_row<8>(dq, cuk_roff(dq, b, i, h) + dg * 64, qp, r, a.scale, tq);
+                }
+            }
+            fl_turn_done(cnt + tile, rank + 1);
+        }
+        if (it + 1 < total && tid < QC) {
+            Ls[(buf ^ 1) * QC + tid] = nl;
+            Ds[(buf ^ 1) * QC + tid] = nd;
+        }
+        __syncthreads();
+    }
+    fl_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int64_t j = kj[r];
+        if (j >= Tk) continue;
+        if (dk.p) fl_store_row<ND>(dk, cuk_roff(dk, b, j, hk), kacc, r, a.scale, tq);
+        if (dv.p) fl_store_row<ND>(dv, cuk_roff(dv, b, j, hk), vacc, r, 1.0f, tq);
+    }
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 /* The kernels' shared memory exceeds the default 48 KB for head_dim 128
@@ -579,6 +813,11 @@ template <int D, bool F16> static cudaError_t fl_setup_one(void) {
     constexpr int QC = D == 64 ? 64 : 32;
     return cuk_smem_limits(k_fl_fwd<D, F16>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16>, fl_kv_smem<D, QC>(),
                            k_fl_bwd_q<D, F16>, fl_q_smem<D>());
+}
+template <int D, bool F16> static cudaError_t fl_setup_v2(void) {
+    constexpr int QC = D == 64 ? 64 : 32;
+    return cuk_smem_limits(k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>(), k_fl_bwd_kvq<D, QC, F16>,
+                           fl_kvq_smem<D, QC>(), k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>());
 }
 
 static cudaError_t fl_setup(void) {
@@ -589,6 +828,10 @@ static cudaError_t fl_setup(void) {
     if (e != cudaSuccess) return e;
     if (dev >= 0 && dev < MAXDEV && ready[dev]) return cudaSuccess;
     e = fl_setup_one<64, false>();
+    if (e == cudaSuccess) e = fl_setup_v2<64, false>();
+    if (e == cudaSuccess) e = fl_setup_v2<128, false>();
+    if (e == cudaSuccess) e = fl_setup_v2<64, true>();
+    if (e == cudaSuccess) e = fl_setup_v2<128, true>();
     if (e == cudaSuccess) e = fl_setup_one<128, false>();
     if (e == cudaSuccess) e = fl_setup_one<64, true>();
     if (e == cudaSuccess) e = fl_setup_one<128, true>();
@@ -661,4 +904,50 @@ extern "C" cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd 
                    : fl_bwd<64, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     return f16 ? fl_bwd<128, true>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a)
                : fl_bwd<128, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
+}
+
+/* ---------------------------------------------------------------- backward v2 launchers */
+
+/* Rows of a dQ chunk of the v2 kernel and the workspace it needs beyond
+ * dvec: one turn counter and one f32 QC x D tile per (b, h, chunk). */
+static int64_t fl_v2_qc(int64_t D) { return D == 64 ? 64 : 32; }
+
+extern "C" size_t cuk_attn_flash_bwd2_ws(int64_t B, int64_t Hq, int64_t Tq, int64_t D) {
+    if ((D != 64 && D != 128) || B <= 0 || Hq <= 0 || Tq <= 0) return 0;
+    const int64_t qc = fl_v2_qc(D), tiles = B * Hq * cuk_cdiv(Tq, qc);
+    return (size_t)(cuk_cdiv(tiles * (int64_t)sizeof(int), 256) * 256 + tiles * qc * D * (int64_t)sizeof(float)) + 256;
+}
+
+template <int D, bool F16>
+static cudaError_t fl_bwd2(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
+                           cuk_bthd v, const float *lse, const float *dvec, float *acc, int *cnt, int64_t nch,
+                           cuk_attn a) {
+    constexpr int QC = D == 64 ? 64 : 32;
+    if ((dk.p || dv.p || dq.p) && k.B * k.H * k.T > 0) {
+        const int64_t nt = cuk_cdiv(k.T, 64);
+        k_fl_bwd_kvq<D, QC, F16><<<(unsigned)(k.B * k.H * nt), FL_NTH, fl_kvq_smem<D, QC>(), s>>>(
+            dk, dv, dq, g, q, k, v, lse, dvec, acc, cnt, a, nt, nch, a.scale * FL_LOG2E);
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_attn_flash_bwd2(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout,
+                                           cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse,
+                                           float *dvec, void *ws2, cuk_attn a) {
+    const int64_t rows = q.B * q.H * q.T;
+    if (rows <= 0) return cudaSuccess;
+    const int64_t qc = fl_v2_qc(q.D), nch = cuk_cdiv(q.T, qc), tiles = q.B * q.H * nch;
+    int *cnt = (int *)(((uintptr_t)ws2 + 255) & ~(uintptr_t)255);
+    float *acc = (float *)((char *)cnt + cuk_cdiv(tiles * (int64_t)sizeof(int), 256) * 256);
+    k_fl_dvec2<<<(unsigned)cuk_cdiv(rows, 8), 256, 0, s>>>(dvec, cnt, dq, dout, o, rows, a, k.T, (int)qc, nch);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+    e = fl_setup();
+    if (e != cudaSuccess) return e;
+    const bool f16 = q.dt == CUK_F16;
+    if (q.D == 64)
+        return f16 ? fl_bwd2<64, true>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a)
+                   : fl_bwd2<64, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a);
+    return f16 ? fl_bwd2<128, true>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a)
+               : fl_bwd2<128, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a);
 }
