@@ -5,3 +5,10 @@
 noinst_PROGRAMS = bench/cpu_train
 bench_cpu_train_SOURCES = bench/cpu_train.c
 bench_cpu_train_LDADD = src/libcolossal-core.la
+
+# bench/offload_bench times the host side of a ZeRO offload step (AdamW on
+# the flat shard, rounding to the working dtype) against a memcpy of the
+# same bytes: `bench/offload_bench [N [threads...]]`.
+noinst_PROGRAMS += bench/offload_bench
+bench_offload_bench_SOURCES = bench/offload_bench.c
+bench_offload_bench_LDADD = src/libcolossal-core.la

@@ -7,6 +7,9 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "zero_internal.h"
 
@@ -227,7 +230,8 @@ static cai_status start_gather(cai_zero_t *z, int k) {
     void *win = zp_ptr(&z->pool, r->pwin);
     CAI_CALL(cai_device_copy(z->dev, at(win, (size_t)z->L.srank * b->chunk, z->act_size),
                              at(z->W, b->soff, z->act_size), b->chunk * z->act_size, kind_of(z->dev, z->dev)));
-    CAI_CALL(cai_device_sync(z->dev));
+    /* No synchronisation: the mesh's collectives wait for the device's
+     * stream (cai_mesh_set_cuda_stream in cai_zero_create). */
     CAI_CALL(zc_all_gather(&z->comm, win, b->chunk, z->act, k, &r->preq));
     if (r->preq.kind != ZC_NONE) r->pstate = PW_FLIGHT;
     return CAI_OK;
@@ -306,7 +310,9 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         z->fifo_n++;
     }
     if (!z->dry) {
-        CAI_CALL(cai_device_sync(z->dev)); /* the backward's kernels have written the bucket */
+        /* The backward's kernels that write the bucket are ordered before the
+         * collective by the mesh's stream (set in cai_zero_create): no
+         * device synchronisation, so compute keeps the GPU busy meanwhile. */
         if (z->L.stage == 0) {
             CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, b->hi - b->lo, k, &r->greq));
         } else {
@@ -317,7 +323,6 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
                 cai_tensor own = vec(z->dev, src, CAI_DTYPE_F32, (size_t)z->L.srank * b->chunk, b->chunk);
                 cai_tensor acc = vec(z->dev, dst, CAI_DTYPE_F32, 0, b->chunk);
                 CAI_CALL(z->dev->ops->axpy(z->dev, &own, 1.0f, &acc));
-                CAI_CALL(cai_device_sync(z->dev));
             }
             CAI_CALL(zc_reduce_scatter_sum(&z->comm, src, dst, b->chunk, k, &r->greq));
         }
@@ -460,6 +465,39 @@ done:
     return st;
 }
 
+/* Every window block the step will use, allocated now: the replay of one
+ * microbatch's schedule above, on the engine itself with bookkeeping only,
+ * leaves the pool holding its high-water set of blocks (the same sizes the
+ * real step asks for, since it runs the same schedule), so training steps
+ * make no device allocation. */
+static cai_status alloc_windows(cai_zero_t *z) {
+    const zl_layout *L = &z->L;
+    if (L->stage < 2) return CAI_OK;
+    z->dry = 1;
+    z->in_step = 1;
+    z->n_micro = 1;
+    z->micro = 0;
+    cai_status st = CAI_OK;
+    for (int u = 0; u < L->n_units && st == CAI_OK; u++) {
+        st = on_event(z, CAI_MODEL_PRE_FORWARD, u);
+        if (st == CAI_OK) st = on_event(z, CAI_MODEL_POST_FORWARD, u);
+    }
+    z->in_bwd = 1;
+    for (int u = L->n_units - 1; u >= 0 && st == CAI_OK; u--) {
+        st = on_event(z, CAI_MODEL_PRE_BACKWARD, u);
+        if (st == CAI_OK) st = on_event(z, CAI_MODEL_POST_BACKWARD, u);
+    }
+    if (st == CAI_OK) st = end_backward(z);
+    /* Back to the state of an engine that has not stepped. */
+    z->dry = z->in_step = z->in_bwd = z->bwd_last_started = 0;
+    z->fifo_head = z->fifo_n = 0;
+    memset(z->rt, 0, (size_t)L->nb * sizeof *z->rt);
+    for (int k = 0; k < L->nb; k++) z->rt[k].pwin = z->rt[k].gwin = -1;
+    for (int i = 0; i < z->pool.n; i++) z->pool.blk[i].used = 0;
+    memset(&z->stats, 0, sizeof z->stats);
+    return st;
+}
+
 /* ------------------------------------------------------------ working weights */
 
 /* dst (act dtype) = the masters rounded through the working dtype, as the
@@ -478,7 +516,9 @@ static cai_status round_masters(cai_zero_t *z, cai_device_t *dev, void *dst, con
 
 /* Every working weight from the masters: stage 0 through the model; stage
  * >= 1 this rank's chunks, then (1/2) an all-gather of every bucket. */
-static cai_status publish(cai_zero_t *z) {
+/* rounded: offload, the step's op already wrote the rounded shard into Wh
+ * (segments it does not update keep what the last full rounding wrote). */
+static cai_status publish(cai_zero_t *z, int rounded) {
     const zl_layout *L = &z->L;
     if (L->stage == 0) {
         if (z->cfg.offload) {
@@ -503,7 +543,7 @@ static cai_status publish(cai_zero_t *z) {
             CAI_CALL(round_masters(z, rd, own, z->M + b->soff, lp, b->chunk));
         }
     } else {
-        CAI_CALL(round_masters(z, rd, shard, z->M, z->LP, L->shard));
+        if (!rounded) CAI_CALL(round_masters(z, rd, shard, z->M, z->LP, L->shard));
         if (z->cfg.offload) {
             if (L->stage == 3) {
                 CAI_CALL(cai_device_copy(z->dev, z->W, z->Wh, L->shard * z->act_size, kind_of(z->dev, z->hdev)));
@@ -517,8 +557,10 @@ static cai_status publish(cai_zero_t *z) {
             }
         }
     }
-    /* (Also retires H2D copies out of the pinned staging before it is rewritten.) */
-    CAI_CALL(cai_device_sync(z->dev));
+    /* Retires the H2D copies out of the pinned staging before the host
+     * rewrites it; without offload the all-gathers below are ordered after
+     * the rounding by the mesh's stream. */
+    if (z->cfg.offload) CAI_CALL(cai_device_sync(z->dev));
     if (L->stage == 3) return CAI_OK;
     for (int k = 0; k < L->nb; k++)
         CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k,
@@ -529,7 +571,7 @@ static cai_status publish(cai_zero_t *z) {
 
 cai_status cai_zero_state_loaded(cai_zero_t *z) {
     CAI_CHECK_ARG(z, "cai_zero_state_loaded: NULL engine");
-    CAI_CALL(publish(z));
+    CAI_CALL(publish(z, 0));
     return CAI_OK;
 }
 
@@ -687,6 +729,10 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
                        .size = cai_mesh_size(mesh, CAI_AXIS_DP), .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
                        .host = z->dev->kind == CAI_DEVICE_HOST, .timeout_s = cfg->timeout_s};
     z->pool.dev = z->dev;
+    /* Device collectives follow the compute stream through an event (see
+     * cai_iallreduce): the engine issues them right after the kernels that
+     * write their buffers, without synchronising the device. */
+    if (z->dev->kind == CAI_DEVICE_CUDA) cai_mesh_set_cuda_stream(mesh, cai_device_stream(z->dev));
     if (cfg->offload) {
         if (z->dev->kind == CAI_DEVICE_HOST) {
             z->hdev = z->dev;
@@ -700,13 +746,14 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
     CAI_CALL_GOTO(make_pieces(z), st, fail);
     CAI_CALL_GOTO(alloc_storage(z), st, fail);
     CAI_CALL_GOTO(init_masters(z), st, fail);
+    CAI_CALL_GOTO(alloc_windows(z), st, fail);
     if (z->L.stage == 1 || z->L.stage == 2)
         for (int i = 0; i < z->L.n_params; i++) {
             if (z->L.offsets[i] == SIZE_MAX) continue;
             CAI_CALL_GOTO(cai_model_bind_param(m, i, at(z->W, z->L.eoff[i], z->act_size),
                                                z->L.stage == 1 ? z->G + z->L.eoff[i] : NULL), st, fail);
         }
-    CAI_CALL_GOTO(publish(z), st, fail);
+    CAI_CALL_GOTO(publish(z, 0), st, fail);
     cai_model_set_hook(m, hook, z);
     *out = z;
     return CAI_OK;
@@ -829,25 +876,88 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
     p.step = z->step + 1;
     const zl_layout *L = &z->L;
     cai_device_t *d = sdev(z);
-    if (z->cfg.offload) {
-        CAI_CALL(cai_device_sync(z->dev));
-        for (int k = 0; k < L->nb; k++)
-            CAI_CALL(cai_device_copy(z->dev, z->GSh + L->b[k].soff, reduced_of(z, k), L->b[k].chunk * sizeof(float),
+    const int off = z->cfg.offload;
+    if (off) {
+        /* Pinned staging; one copy where the reduced shard is contiguous
+         * (stage 0, 2, 3), a copy per bucket chunk for stage 1's. The D2H
+         * copy waits for the kernels before it. */
+        if (L->stage != 1)
+            CAI_CALL(cai_device_copy(z->dev, z->GSh, reduced_of(z, 0) - L->b[0].soff, L->shard * sizeof(float),
                                      kind_of(z->hdev, z->dev)));
+        else
+            for (int k = 0; k < L->nb; k++)
+                CAI_CALL(cai_device_copy(z->dev, z->GSh + L->b[k].soff, reduced_of(z, k),
+                                         L->b[k].chunk * sizeof(float), kind_of(z->hdev, z->dev)));
     }
-    for (int s = 0; s < L->nseg; s++) {
-        const zl_seg *sg = &L->seg[s];
-        if (!sg->update) continue;
-        const size_t rel = sg->soff - L->b[sg->bucket].soff;
-        float *g = z->cfg.offload ? z->GSh + sg->soff : reduced_of(z, sg->bucket) + rel;
-        cai_tensor w = vec(d, master_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, sg->n);
-        cai_tensor gr = vec(d, g, CAI_DTYPE_F32, 0, sg->n);
-        cai_tensor mm = vec(d, z->Mm, CAI_DTYPE_F32, sg->soff, sg->n), vv = vec(d, z->Mv, CAI_DTYPE_F32, sg->soff, sg->n);
-        CAI_CALL(d->ops->adamw(d, &w, &gr, &mm, &vv, NULL, &p, sg->decay));
+    /* Offload, stage >= 1: the host op writes the rounded working shard in
+     * the same pass over memory (publish then only copies it up), when the
+     * rounding is a single one (F32 -> act). */
+    const int fused = off && L->stage >= 1 && !z->LP;
+    if (off) {
+        CAI_CALL(zero_host_adamw(d, L->seg, L->nseg, z->M, z->GSh, z->Mm, z->Mv, fused ? z->Wh : NULL, z->act, &p));
+    } else {
+        for (int s = 0; s < L->nseg; s++) {
+            const zl_seg *sg = &L->seg[s];
+            if (!sg->update) continue;
+            const size_t rel = sg->soff - L->b[sg->bucket].soff;
+            cai_tensor w = vec(d, master_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, sg->n);
+            cai_tensor gr = vec(d, reduced_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, sg->n);
+            cai_tensor mm = vec(d, z->Mm, CAI_DTYPE_F32, sg->soff, sg->n);
+            cai_tensor vv = vec(d, z->Mv, CAI_DTYPE_F32, sg->soff, sg->n);
+            CAI_CALL(d->ops->adamw(d, &w, &gr, &mm, &vv, NULL, &p, sg->decay));
+        }
     }
     z->step++;
     z->stats.steps++;
-    CAI_CALL(publish(z));
+    CAI_CALL(publish(z, fused));
+    return CAI_OK;
+}
+
+cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
+                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p) {
+    CAI_CHECK_ARG(hd && hd->kind == CAI_DEVICE_HOST, "ZeRO offload step: needs a host device");
+    /* Each thread calls the op with a one-thread view of the device, so the
+     * op opens no team of its own inside this one. */
+    cai_device_t one = *hd;
+    one.num_threads = 1;
+    const size_t les = cai_dtype_size(lowp_dtype);
+    int failed = -1;
+#pragma omp parallel num_threads(hd->num_threads)
+    {
+#ifdef _OPENMP
+        const size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
+#else
+        const size_t t = 0, T = 1;
+#endif
+        for (int s = 0; s < nseg;) {
+            if (!seg[s].update) {
+                s++;
+                continue;
+            }
+            /* A run: adjacent updated segments with the same decay flag. */
+            size_t lo = seg[s].soff, n = seg[s].n;
+            int e = s + 1;
+            for (; e < nseg && seg[e].update && seg[e].decay == seg[s].decay && seg[e].soff == lo + n; e++)
+                n += seg[e].n;
+            const size_t a = lo + n * t / T, len = lo + n * (t + 1) / T - a;
+            if (len) {
+                cai_tensor w = cai_tensor_1d(&one, M + a, CAI_DTYPE_F32, (int64_t)len);
+                cai_tensor g = cai_tensor_1d(&one, (void *)(G + a), CAI_DTYPE_F32, (int64_t)len);
+                cai_tensor m = cai_tensor_1d(&one, Mm + a, CAI_DTYPE_F32, (int64_t)len);
+                cai_tensor v = cai_tensor_1d(&one, Mv + a, CAI_DTYPE_F32, (int64_t)len);
+                cai_tensor l = cai_tensor_1d(&one, lowp ? (char *)lowp + a * les : NULL, lowp_dtype, (int64_t)len);
+                if (one.ops->adamw(&one, &w, &g, &m, &v, lowp ? &l : NULL, p, seg[s].decay) != CAI_OK) {
+#pragma omp atomic write
+                    failed = s;
+                }
+            }
+            s = e;
+        }
+    }
+    if (failed >= 0)
+        return CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO offload step: the host AdamW failed on segment %d (parameter %d, "
+                         "%zu elements at shard offset %zu)", failed, seg[failed].index, seg[failed].n,
+                         seg[failed].soff);
     return CAI_OK;
 }
 

@@ -131,6 +131,19 @@ cai_status zc_wait(zc_ctx *c, zc_req *r);
  * completes those that are done (cai_test). */
 void zc_progress(zc_ctx *c, zc_req *reqs, int n);
 
+/* ---- the offload step on the host (zero.c) */
+
+/* AdamW over this rank's shard on a host device: every segment with
+ * `update` set, masters M, gradients G and moments Mm, Mv all indexed by
+ * the segment's soff. With lowp, the updated masters rounded to lowp_dtype
+ * land in lowp (same indexing) in the same pass. One parallel region over
+ * the whole shard (each thread takes its share of every run of adjacent
+ * segments), not one per segment: a step has hundreds of segments, and with
+ * as many threads as cores every region waits for its slowest thread.
+ * Results are bit-identical to one op call per segment. */
+cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
+                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p);
+
 /* ---- the planner's replay of the window schedule (zero.c) */
 
 /* Peak bytes the engine's window pool reaches over one microbatch's forward

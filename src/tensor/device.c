@@ -135,6 +135,13 @@ cai_status cai_device_sync(cai_device_t *dev) {
     return CAI_OK;
 }
 
+/* The CUDA backend's state starts with its cudaStream_t (kernels/
+ * cuda_internal.h, on purpose: docs/cuda.md), so this needs no CUDA header. */
+void *cai_device_stream(const cai_device_t *dev) {
+    if (!dev || dev->kind != CAI_DEVICE_CUDA || !dev->impl) return NULL;
+    return *(void *const *)dev->impl;
+}
+
 cai_status cai_device_arena_init(cai_device_t *dev, cai_arena_t *arena, size_t capacity, const char *name) {
     CAI_CHECK_ARG(dev && arena, "cai_device_arena_init: NULL device or arena");
     memset(arena, 0, sizeof *arena);

@@ -186,6 +186,11 @@ void cai_device_dealloc_staging(cai_device_t *dev, void *ptr);
 cai_status cai_device_copy(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
 /* Wait until every op issued on the device has finished (no-op on the host). */
 cai_status cai_device_sync(cai_device_t *dev);
+/* The CUDA stream (a cudaStream_t) every op of a CUDA device runs on, in
+ * order; NULL for the host device. Hand it to cai_mesh_set_cuda_stream so
+ * device collectives wait for the kernels that produce their inputs without
+ * a device synchronisation. Not collective. */
+void *cai_device_stream(const cai_device_t *dev);
 
 /* How many memory allocations this device has made since cai_device_init
  * (*bytes, may be NULL: their total size; frees do not subtract). Counts
