@@ -9,7 +9,8 @@
 # model (whole-model parity, allocation check, DP equivalence, GPT-2 124M
 # training: tests/gpu/model-run.sh), hf (transformers opens the exports made
 # by tests/gpu/hf-prepare.sh into .device/hf), coll (NCCL collectives test on
-# every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh).
+# every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh), attn:VAR=VALUE,...
+# (GPT-2 124M tokens/s with the default attention and with each variant).
 # Builds once into build-gpu (configured against .device/root) and shares it.
 set -u
 out=$1
@@ -32,7 +33,13 @@ if [ ! -f build-gpu/Makefile ]; then
     mkdir -p build-gpu && (cd build-gpu && ../configure -q CC=mpicc --without-hdf5 --with-cuda=/usr/local/cuda \
         --with-nccl=/usr >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
 fi
-(cd build-gpu && make -j16 >"$out/make.log" 2>&1 && make -j16 check TESTS= >>"$out/make.log" 2>&1) ||
+# BUILD_TARGETS: only these (a short call); default everything incl. the test programs
+if [ -n "${BUILD_TARGETS:-}" ]; then
+    # shellcheck disable=SC2086
+    (cd build-gpu && make -j32 $BUILD_TARGETS >"$out/make.log" 2>&1)
+else
+    (cd build-gpu && make -j16 >"$out/make.log" 2>&1 && make -j16 check TESTS= >>"$out/make.log" 2>&1)
+fi ||
     { grep -E "error|Error" "$out/make.log" | head -30; }
 echo "== build: $(($(date +%s) - t0)) s"
 for spec in "$@"; do
@@ -56,6 +63,15 @@ for spec in "$@"; do
     coll)
         for n in 2 $ngpu; do
             timeout 200 tests/mpi/collectives-gpu-run.sh "$d/np$n" $n 2>&1 | tail -4
+        done
+        ;;
+    attn)
+        # a whole GPT-2 124M step with the default attention kernels and with
+        # each variant named in ARGS (e.g. attn:CAI_CUDA_ATTN_BWD=v2)
+        TORCH_MODES= timeout 150 bench/gpu_train.sh "$d/default" gpt2-124m 2>&1 | grep -E "c-gpt2|colossal \|"
+        for v in $args; do
+            env "$v" TORCH_MODES= timeout 150 bench/gpu_train.sh "$d/$(echo "$v" | tr = _)" gpt2-124m 2>&1 |
+                grep -E "c-gpt2|colossal \|" | sed "s/^/$v: /"
         done
         ;;
     train) timeout "${TRAIN_TIMEOUT:-500}" bench/gpu_train.sh "$d" $args ;;
