@@ -805,6 +805,146 @@ __global__ void __launch_bounds__(FL_NTH) k_fl_bwd_kvq(cuk_bthd dk, cuk_bthd dv,
     }
 }
 
+/* ---------------------------------------------------------------- forward v2 */
+
+/* CAI_CUDA_ATTN_FWD=v2 (head_dim 64): k_fl_fwd with 32 query rows per warp
+ * (two m-tiles of 16, 128 per block), so every K and V fragment loaded
+ * from shared memory feeds two mma instead of one: the v1 forward issues
+ * one ldmatrix.x4 per two mma, about what shared memory delivers per mma
+ * at full rate. Otherwise the same algorithm, masks and rounding. */
+template <int D> static constexpr size_t fl_fwd2_smem() { return (size_t)(128 + 4 * 64) * (D + 8) * sizeof(e16); }
+
+template <int D, bool F16>
+__global__ void __launch_bounds__(FL_NTH) k_fl_fwd2(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
+                                                    cuk_attn a, int64_t ntiles, float sl2) {
+    constexpr int LD = D + 8, MW = 2, BM = 64 * MW, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
+    extern __shared__ __align__(128) unsigned char fl_sm[];
+    e16 *Qs = (e16 *)fl_sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    const fl_qtile qt = fl_qtile_of(q, k, a, ntiles, BM, BN);
+    const int64_t b = qt.b, h = qt.h, hk = qt.hk, Tq = q.T, i0 = qt.i0, jlo = qt.jlo, jhi = qt.jhi, nkt = qt.nkt;
+
+    fl_load<BM, D>(Qs, q, b, h, i0, Tq);
+    if (nkt > 0) {
+        fl_load<BN, D>(Ks, k, b, hk, jlo, jhi + 1);
+        fl_load<BN, D>(Vs, v, b, hk, jlo, jhi + 1);
+    }
+    fl_commit();
+    fl_wait<0>();
+    __syncthreads();
+    uint32_t qf[MW][KD][4]; /* m-tile m: query rows i0 + 16 (MW warp + m) .. */
+#pragma unroll
+    for (int m = 0; m < MW; m++)
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) fl_lda<LD>(qf[m][kk], Qs + (warp * MW + m) * 16 * LD + kk * 16, lane);
+
+    float oacc[MW][ND][4];
+    float mrow[MW][2], lrow[MW][2];
+    int64_t ri[MW][2];
+#pragma unroll
+    for (int m = 0; m < MW; m++) {
+        fl_zero(oacc[m]);
+        mrow[m][0] = mrow[m][1] = -INFINITY;
+        lrow[m][0] = lrow[m][1] = 0.0f;
+        ri[m][0] = i0 + (warp * MW + m) * 16 + g;
+        ri[m][1] = ri[m][0] + 8;
+    }
+
+    for (int64_t it = 0; it < nkt; it++) {
+        const int buf = (int)(it & 1);
+        const int64_t j0 = jlo + it * BN;
+        fl_next_kv<BN, D>(Ks, Vs, k, v, b, hk, buf, it + 1 < nkt, j0 + BN, jhi + 1);
+        const e16 *Kb = Ks + buf * BN * LD, *Vb = Vs + buf * BN * LD;
+
+        float s[MW][NN][4];
+#pragma unroll
+        for (int m = 0; m < MW; m++) fl_zero(s[m]);
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+#pragma unroll
+            for (int np = 0; np < NN / 2; np++) {
+                uint32_t bb[4];
+                fl_ldb_nk<LD>(bb, Kb + np * 16 * LD + kk * 16, lane);
+#pragma unroll
+                for (int m = 0; m < MW; m++) {
+                    fl_mma<F16>(s[m][2 * np], qf[m][kk], bb[0], bb[1]);
+                    fl_mma<F16>(s[m][2 * np + 1], qf[m][kk], bb[2], bb[3]);
+                }
+            }
+        }
+        const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
+#pragma unroll
+        for (int m = 0; m < MW; m++) {
+            const fl_span sp[2] = {fl_keys_of(a, ri[m][0], jhi, j0, BN), fl_keys_of(a, ri[m][1], jhi, j0, BN)};
+#pragma unroll
+            for (int n = 0; n < NN; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float x = s[m][n][e] * sl2;
+                    const int c = 8 * n + 2 * tq + (e & 1);
+                    if (!full && (c < sp[e >> 1].lo || c > sp[e >> 1].hi)) x = -INFINITY;
+                    s[m][n][e] = x;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NN; n++) mx = fmaxf(mx, fmaxf(s[m][n][2 * r], s[m][n][2 * r + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = fmaxf(mrow[m][r], mx);
+                const float mu = mnew == -INFINITY ? 0.0f : mnew;
+                const float corr = exp2f(mrow[m][r] - mu);
+                mrow[m][r] = mnew;
+                float ls = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NN; n++) {
+                    const float p0 = exp2f(s[m][n][2 * r] - mu), p1 = exp2f(s[m][n][2 * r + 1] - mu);
+                    s[m][n][2 * r] = p0;
+                    s[m][n][2 * r + 1] = p1;
+                    ls += p0 + p1;
+                }
+                lrow[m][r] = lrow[m][r] * corr + ls;
+#pragma unroll
+                for (int n = 0; n < ND; n++) {
+                    oacc[m][n][2 * r] *= corr;
+                    oacc[m][n][2 * r + 1] *= corr;
+                }
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) { /* O += P V, P rounded to the input type */
+            uint32_t pa[MW][4];
+#pragma unroll
+            for (int m = 0; m < MW; m++) fl_acc_to_a<F16>(pa[m], s[m][2 * kk], s[m][2 * kk + 1]);
+#pragma unroll
+            for (int dp = 0; dp < ND / 2; dp++) {
+                uint32_t bb[4];
+                fl_ldb_kn<LD>(bb, Vb + kk * 16 * LD + dp * 16, lane);
+#pragma unroll
+                for (int m = 0; m < MW; m++) {
+                    fl_mma<F16>(oacc[m][2 * dp], pa[m], bb[0], bb[1]);
+                    fl_mma<F16>(oacc[m][2 * dp + 1], pa[m], bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int m = 0; m < MW; m++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = lrow[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int64_t i = ri[m][r];
+            if (i >= Tq) continue;
+            if (lse && tq == 0) lse[(b * q.H + h) * Tq + i] = l > 0.0f ? mrow[m][r] * FL_LN2 + logf(l) : -INFINITY;
+            fl_store_row<ND>(o, cuk_roff(o, b, i, h), oacc[m], r, l > 0.0f ? 1.0f / l : 0.0f, tq);
+        }
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 /* The kernels' shared memory exceeds the default 48 KB for head_dim 128
@@ -816,8 +956,8 @@ template <int D, bool F16> static cudaError_t fl_setup_one(void) {
 }
 template <int D, bool F16> static cudaError_t fl_setup_v2(void) {
     constexpr int QC = D == 64 ? 64 : 32;
-    return cuk_smem_limits(k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>(), k_fl_bwd_kvq<D, QC, F16>,
-                           fl_kvq_smem<D, QC>(), k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>());
+    return cuk_smem_limits(k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>(), k_fl_fwd2<64, F16>, fl_fwd2_smem<64>(),
+                           k_fl_bwd_kvq<D, QC, F16>, fl_kvq_smem<D, QC>());
 }
 
 static cudaError_t fl_setup(void) {
@@ -950,4 +1090,24 @@ extern "C" cudaError_t cuk_attn_flash_bwd2(cudaStream_t s, cuk_bthd dq, cuk_bthd
                    : fl_bwd2<64, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a);
     return f16 ? fl_bwd2<128, true>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a)
                : fl_bwd2<128, false>(s, dq, dk, dv, dout, q, k, v, lse, dvec, acc, cnt, nch, a);
+}
+
+/* The v2 forward (CAI_CUDA_ATTN_FWD=v2): head_dim 64 only (at 128 the
+ * doubled fragments would not fit in registers); returns
+ * cudaErrorNotSupported otherwise so the caller keeps v1. */
+extern "C" int cuk_attn_flash_fwd2_ok(const cuk_bthd *q) { return q->D == 64; }
+
+extern "C" cudaError_t cuk_attn_flash_fwd2(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
+                                           cuk_attn a) {
+    if (q.B * q.H * q.T <= 0) return cudaSuccess;
+    if (q.D != 64) return cudaErrorNotSupported;
+    cudaError_t e = fl_setup();
+    if (e != cudaSuccess) return e;
+    const int64_t nt = cuk_cdiv(q.T, 128);
+    const float sl2 = a.scale * FL_LOG2E;
+    if (q.dt == CUK_F16)
+        k_fl_fwd2<64, true><<<(unsigned)(q.B * q.H * nt), FL_NTH, fl_fwd2_smem<64>(), s>>>(o, lse, q, k, v, a, nt, sl2);
+    else
+        k_fl_fwd2<64, false><<<(unsigned)(q.B * q.H * nt), FL_NTH, fl_fwd2_smem<64>(), s>>>(o, lse, q, k, v, a, nt, sl2);
+    return cudaGetLastError();
 }

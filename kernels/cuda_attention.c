@@ -10,7 +10,8 @@
  * inputs, head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones
  * otherwise; "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core
  * kernels for everything. CAI_CUDA_ATTN_BWD=v2 (also read per call) switches
- * the flash backward to the one-kernel variant (attention_flash.cu). */
+ * the flash backward to the one-kernel variant, CAI_CUDA_ATTN_FWD=v2 the
+ * forward at head_dim 64 to 32 query rows per warp (attention_flash.cu). */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -95,7 +96,10 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v);
-    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+    const char *fv = getenv("CAI_CUDA_ATTN_FWD"); /* per call, like CAI_CUDA_ATTN */
+    if (a.flash && fv && strcmp(fv, "v2") == 0 && cuk_attn_flash_fwd2_ok(&kq) && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+        CUK_LAUNCH(op, cuk_attn_flash_fwd2(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
+    else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
         CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
     else
         CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));

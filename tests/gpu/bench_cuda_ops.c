@@ -145,10 +145,17 @@ static void bench_attn(ctx_t *c, const char *what, const char *mode, double tens
     report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
     if (mode) unsetenv("CAI_CUDA_ATTN");
 }
-/* The backward under CAI_CUDA_ATTN_BWD=v2 (one kernel, dQ summed in turns;
- * c->ws must be sized with v2 set, see attn_ws). */
-static void bench_attn_bwd_v2(ctx_t *c, const char *what, double tensor_bytes, double fwd_flops) {
+/* The v2 forward (head_dim 64) and the backward under CAI_CUDA_ATTN_BWD=v2
+ * (one kernel, dQ summed in turns; c->ws must be sized with v2 set, see
+ * attn_ws). */
+static void bench_attn_v2(ctx_t *c, const char *what, double tensor_bytes, double fwd_flops) {
     char name[96];
+    if (c->a.shape[3] == 64) { /* CAI_CUDA_ATTN_FWD=v2: head_dim 64 only */
+        setenv("CAI_CUDA_ATTN_FWD", "v2", 1);
+        snprintf(name, sizeof name, "attention_fwd %s, v2", what);
+        report(name, time_it(f_attn_fwd, c), 5 * tensor_bytes, fwd_flops);
+        unsetenv("CAI_CUDA_ATTN_FWD");
+    }
     setenv("CAI_CUDA_ATTN_BWD", "v2", 1);
     snprintf(name, sizeof name, "attention_bwd %s, v2", what);
     report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
@@ -286,7 +293,7 @@ int main(int argc, char **argv) {
     double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
     /* default: the flash kernels (attention_flash.cu); then the WMMA and CUDA-core ones */
     bench_attn(&c, "bf16 causal B8 T1024 H12 D64", NULL, 2.0 * B * T * C, af);
-    bench_attn_bwd_v2(&c, "bf16 causal B8 T1024 H12 D64", 2.0 * B * T * C, af);
+    bench_attn_v2(&c, "bf16 causal B8 T1024 H12 D64", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "tc", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "simt", 2.0 * B * T * C, af);
     free_all();
@@ -309,7 +316,7 @@ int main(int argc, char **argv) {
         g_dev[g_ndev++] = c.ws;
         double af2 = 4.0 * B * H2 * (double)T * T * D2 / 2;
         bench_attn(&c, "bf16 causal B8 T1024 H6 D128", NULL, 2.0 * B * T * C, af2);
-        bench_attn_bwd_v2(&c, "bf16 causal B8 T1024 H6 D128", 2.0 * B * T * C, af2);
+        bench_attn_v2(&c, "bf16 causal B8 T1024 H6 D128", 2.0 * B * T * C, af2);
         bench_attn(&c, "same D128", "tc", 2.0 * B * T * C, af2);
         free_all();
     }
