@@ -9,9 +9,7 @@
  * "flash" (default) uses the mma.sync kernels where they apply (bf16 or f16
  * inputs, head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones
  * otherwise; "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core
- * kernels for everything. CAI_CUDA_ATTN_BWD=v2 (also read per call) switches
- * the flash backward to the one-kernel variant, CAI_CUDA_ATTN_FWD=v2 the
- * forward at head_dim 64 to 32 query rows per warp (attention_flash.cu). */
+ * kernels for everything. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -19,23 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* CAI_CUDA_ATTN_BWD=v2 picks the one-kernel flash backward (dQ summed in a
- * fixed order through the workspace, which it makes larger); read per call
- * like CAI_CUDA_ATTN, so ask attention_workspace_bytes under the same
- * setting as the backward. */
-static int attn_bwd_v2(void) {
-    const char *m = getenv("CAI_CUDA_ATTN_BWD");
-    return m && strcmp(m, "v2") == 0;
-}
-
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                           int64_t Hkv, int64_t D) {
     (void)dev;
     (void)Tk;
     (void)Hkv;
-    size_t n = (size_t)(B > 0 ? B : 0) * (size_t)(Hq > 0 ? Hq : 0) * (size_t)(Tq > 0 ? Tq : 0) * sizeof(float) + 256;
-    if (attn_bwd_v2()) n += cuk_attn_flash_bwd2_ws(B, Hq, Tq, D); /* dQ tiles and turn counters */
-    return n;
+    (void)D;
+    return (size_t)(B > 0 ? B : 0) * (size_t)(Hq > 0 ? Hq : 0) * (size_t)(Tq > 0 ? Tq : 0) * sizeof(float) + 256;
 }
 
 typedef struct {
@@ -96,10 +84,7 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v);
-    const char *fv = getenv("CAI_CUDA_ATTN_FWD"); /* per call, like CAI_CUDA_ATTN */
-    if (a.flash && fv && strcmp(fv, "v2") == 0 && cuk_attn_flash_fwd2_ok(&kq) && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
-        CUK_LAUNCH(op, cuk_attn_flash_fwd2(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
-    else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
         CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
     else
         CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
@@ -140,11 +125,7 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     float *dvec = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
-    if (a.flash && attn_bwd_v2() && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
-        CUK_LAUNCH(op, cuk_attn_flash_bwd2(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
-                                           cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec,
-                                           dvec + a.q.B * a.q.H * a.q.T, a.p));
-    else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
         CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
                                           cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
     else

@@ -143,16 +143,6 @@ cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd 
                                cuk_attn a);
 cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
                                cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
-/* The v2 backward (CAI_CUDA_ATTN_BWD=v2): dK, dV and dQ in one kernel, dQ
- * summed in a fixed order through ws2 (cuk_attn_flash_bwd2_ws bytes) */
-/* The v2 forward (CAI_CUDA_ATTN_FWD=v2): 32 query rows per warp, head_dim 64 */
-int cuk_attn_flash_fwd2_ok(const cuk_bthd *q);
-cudaError_t cuk_attn_flash_fwd2(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                                cuk_attn a);
-size_t cuk_attn_flash_bwd2_ws(int64_t B, int64_t Hq, int64_t Tq, int64_t D);
-cudaError_t cuk_attn_flash_bwd2(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
-                                cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, void *ws2,
-                                cuk_attn a);
 
 /* ---------------------------------------------------------------- embed.cu */
 cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,

@@ -145,29 +145,6 @@ static void bench_attn(ctx_t *c, const char *what, const char *mode, double tens
     report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
     if (mode) unsetenv("CAI_CUDA_ATTN");
 }
-/* The v2 forward (head_dim 64) and the backward under CAI_CUDA_ATTN_BWD=v2
- * (one kernel, dQ summed in turns; c->ws must be sized with v2 set, see
- * attn_ws). */
-static void bench_attn_v2(ctx_t *c, const char *what, double tensor_bytes, double fwd_flops) {
-    char name[96];
-    if (c->a.shape[3] == 64) { /* CAI_CUDA_ATTN_FWD=v2: head_dim 64 only */
-        setenv("CAI_CUDA_ATTN_FWD", "v2", 1);
-        snprintf(name, sizeof name, "attention_fwd %s, v2", what);
-        report(name, time_it(f_attn_fwd, c), 5 * tensor_bytes, fwd_flops);
-        unsetenv("CAI_CUDA_ATTN_FWD");
-    }
-    setenv("CAI_CUDA_ATTN_BWD", "v2", 1);
-    snprintf(name, sizeof name, "attention_bwd %s, v2", what);
-    report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
-    unsetenv("CAI_CUDA_ATTN_BWD");
-}
-/* Workspace bytes for both backward variants (v2's is the larger). */
-static size_t attn_ws(int64_t B, int64_t T, int64_t H, int64_t D) {
-    setenv("CAI_CUDA_ATTN_BWD", "v2", 1);
-    size_t n = G->ops->attention_workspace_bytes(G, B, T, T, H, H, D);
-    unsetenv("CAI_CUDA_ATTN_BWD");
-    return n;
-}
 static void f_xent(void *x) {
     ctx_t *c = x;
     OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100));
@@ -287,13 +264,12 @@ int main(int argc, char **argv) {
     c.d = dev_tensor(BF, 4, SHP(B, T, H, D), 1.0f);
     c.e = dev_tensor(F32, 3, SHP(B, H, T), 1.0f);
     c.p = (cai_attn_params){.causal = 1};
-    c.wsb = attn_ws(B, T, H, D);
+    c.wsb = G->ops->attention_workspace_bytes(G, B, T, T, H, H, D);
     OK(cai_device_alloc(G, c.wsb, "ws", &c.ws));
     g_dev[g_ndev++] = c.ws;
     double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
     /* default: the flash kernels (attention_flash.cu); then the WMMA and CUDA-core ones */
     bench_attn(&c, "bf16 causal B8 T1024 H12 D64", NULL, 2.0 * B * T * C, af);
-    bench_attn_v2(&c, "bf16 causal B8 T1024 H12 D64", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "tc", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "simt", 2.0 * B * T * C, af);
     free_all();
@@ -311,12 +287,11 @@ int main(int argc, char **argv) {
         c.g = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
         c.h = dev_tensor(BF, 4, SHP(B, T, H2, D2), 1.0f);
         c.p = (cai_attn_params){.causal = 1};
-        c.wsb = attn_ws(B, T, H2, D2);
+        c.wsb = G->ops->attention_workspace_bytes(G, B, T, T, H2, H2, D2);
         OK(cai_device_alloc(G, c.wsb, "ws", &c.ws));
         g_dev[g_ndev++] = c.ws;
         double af2 = 4.0 * B * H2 * (double)T * T * D2 / 2;
         bench_attn(&c, "bf16 causal B8 T1024 H6 D128", NULL, 2.0 * B * T * C, af2);
-        bench_attn_v2(&c, "bf16 causal B8 T1024 H6 D128", 2.0 * B * T * C, af2);
         bench_attn(&c, "same D128", "tc", 2.0 * B * T * C, af2);
         free_all();
     }

@@ -330,44 +330,6 @@ static void t_rope(cai_dtype dt) {
 
 /* ------------------------------------------------------------------ attention */
 
-/* The flash backward again under CAI_CUDA_ATTN_BWD=v2 (one kernel, dQ
- * summed in turns through the workspace, which it makes larger): every
- * gradient poisoned first, compared with the host's, and bitwise
- * repeatable. */
-static void attn_bwd_v2(const cai_attn_params *p, const char *tag, gt_t *q, gt_t *k, gt_t *v, gt_t *o, gt_t *lse,
-                        gt_t *dout, gt_t *dq, gt_t *dk, gt_t *dv, gt_t *dqkv, double btol) {
-    setenv("CAI_CUDA_ATTN_BWD", "v2", 1);
-    const int64_t B = q->h.shape[0], Tq = q->h.shape[1], Hq = q->h.shape[2], D = q->h.shape[3];
-    const int64_t Tk = k->h.shape[1], Hkv = k->h.shape[2];
-    size_t gws = G->ops->attention_workspace_bytes(G, B, Tq, Tk, Hq, Hkv, D);
-    void *gw = NULL;
-    GT_OK(cai_device_alloc(G, gws, "attention workspace", &gw));
-    gt_t *outs[3] = {dqkv ? dqkv : dq, dk, dv};
-    static const char *nms[3] = {"dq", "dk", "dv"};
-    const int nout = dqkv ? 1 : 3;
-    float *first[3] = {NULL, NULL, NULL};
-    for (int rep = 0; rep < 2; rep++) {
-        for (int i = 0; i < nout; i++) GT_OK(G->ops->fill(G, &outs[i]->g, NAN));
-        GT_OK(G->ops->attention_bwd(G, &dq->g, &dk->g, &dv->g, &dout->g, &q->g, &k->g, &v->g, &o->g, &lse->g, p, gw,
-                                    gws));
-        for (int i = 0; i < nout; i++) {
-            const char *what = dqkv ? "dqkv" : nms[i];
-            if (rep == 0) {
-                gt_check(nm("attn bwd v2 %-4s %s", what, tag), *outs[i], btol);
-                first[i] = gt_download(outs[i]->b);
-                continue;
-            }
-            float *second = gt_download(outs[i]->b);
-            gt_expect(nm("attn bwd v2 bitwise repeatable %s %s", what, tag),
-                      memcmp(first[i], second, sizeof(float) * (size_t)outs[i]->b->n) == 0, NULL);
-            free(second);
-            free(first[i]);
-        }
-    }
-    cai_device_dealloc(G, gw);
-    unsetenv("CAI_CUDA_ATTN_BWD");
-}
-
 static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D, int causal,
                       int64_t off, int64_t window, int fused) {
     double tol = gt_tol(dt);
@@ -429,21 +391,6 @@ static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t H
     }
     free(hw);
     cai_device_dealloc(G, gw);
-    const char *mode = getenv("CAI_CUDA_ATTN");
-    if ((dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16) && (D == 64 || D == 128) &&
-        (!mode || !mode[0] || strcmp(mode, "flash") == 0))
-    {
-        attn_bwd_v2(&p, tag, &q, &k, &v, &o, &lse, &dout, &dq, &dk, &dv, fused ? &dqkv : NULL, btol);
-        if (D == 64) { /* the v2 forward (32 query rows per warp), outputs poisoned first */
-            setenv("CAI_CUDA_ATTN_FWD", "v2", 1);
-            GT_OK(G->ops->fill(G, &o.g, NAN));
-            GT_OK(G->ops->fill(G, &lse.g, NAN));
-            GT_OK(G->ops->attention_fwd(G, &o.g, &lse.g, &q.g, &k.g, &v.g, &p, NULL, 0));
-            gt_check(nm("attn fwd v2 out %s", tag), o, tol);
-            gt_check(nm("attn fwd v2 lse %s", tag), lse, 1e-5);
-            unsetenv("CAI_CUDA_ATTN_FWD");
-        }
-    }
 }
 
 static void t_attention(cai_dtype dt) {
