@@ -58,14 +58,17 @@ static void count_nodes(cai_app *app) {
 /* srun with an MPI plugin this MPI does not speak starts every task as a
  * world of its own: N copies of the job, each training alone on the same
  * files. Slurm says how many tasks the step has (SLURM_NTASKS, the same in
- * every task); MPI must agree. Every task decides alike, so no collective
- * is needed; of N one-rank worlds only Slurm's task 0 prints. */
+ * every task); a world smaller than that means the tasks did not find each
+ * other. A larger world is legitimate: mpirun inside an allocation starts
+ * its daemons with one srun task per node, and the ranks inherit that
+ * step's SLURM_NTASKS (the node count). Every task decides alike, so no
+ * collective is needed; of N one-rank worlds only Slurm's task 0 prints. */
 static void check_slurm_size(const cai_app *app, const char *program) {
     const char *nt = getenv("SLURM_NTASKS");
     if (!nt || !*nt) return;
     char *end = NULL;
     long n = strtol(nt, &end, 10);
-    if (*end || n <= 0 || n == app->size) return;
+    if (*end || n <= 0 || n <= app->size) return;
     const char *procid = getenv("SLURM_PROCID");
     if (app->rank == 0 && (app->size > 1 || !procid || strcmp(procid, "0") == 0)) {
         (void)CAI_ERROR(CAI_ERR_CONFIG, "%s: SLURM_NTASKS=%ld but MPI started %d rank%s in this world: the tasks did "
