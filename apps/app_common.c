@@ -126,3 +126,35 @@ int cai_app_finalize(const cai_config_schema *schema, void *cfg) {
     MPI_Finalize();
     return 0;
 }
+
+static const char *table_string(const void *table, size_t i, size_t stride, size_t offset) {
+    const char *p;
+    memcpy(&p, (const char *)table + i * stride + offset, sizeof p);
+    return p;
+}
+
+size_t cai_app_subcommand(int argc, char **argv, const char *program, const char *usage_args, const void *table,
+                          size_t count, size_t stride, size_t name_offset, size_t summary_offset) {
+    for (size_t i = 0; argc > 1 && i < count; i++)
+        if (!strcmp(argv[1], table_string(table, i, stride, name_offset))) return i;
+    /* Still an MPI program: under mpiexec only rank 0 should talk. */
+    MPI_Init(&argc, &argv);
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const int help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
+    if (rank == 0) {
+        FILE *out = help ? stdout : stderr;
+        if (argc > 1 && !help) fprintf(stderr, "%s: unknown subcommand \"%s\"\n", program, argv[1]);
+        int width = 0;
+        for (size_t i = 0; i < count; i++) {
+            int len = (int)strlen(table_string(table, i, stride, name_offset));
+            if (len > width) width = len;
+        }
+        fprintf(out, "usage: %s SUBCOMMAND %s   (%s SUBCOMMAND --help)\n", program, usage_args, program);
+        for (size_t i = 0; i < count; i++)
+            fprintf(out, "  %-*s  %s\n", width, table_string(table, i, stride, name_offset),
+                    table_string(table, i, stride, summary_offset));
+    }
+    finalize_and_exit(help ? 0 : 2);
+    return count; /* not reached */
+}

@@ -61,4 +61,13 @@ void cai_app_check_all(cai_status st, int exit_code);
  * for main to return. */
 int cai_app_finalize(const cai_config_schema *schema, void *cfg);
 
+/* Programs with subcommands (colossal-ckpt, colossal-data): the index of
+ * argv[1] in `table`, `count` entries `stride` bytes apart, each holding its
+ * name and one-line summary as `const char *` at the given offsets. When
+ * argv[1] names none, MPI is still started so that only rank 0 prints the
+ * usage ("usage: PROGRAM SUBCOMMAND USAGE_ARGS" and the table; to stdout for
+ * --help/-h), and the process exits: 0 for help, 2 otherwise. */
+size_t cai_app_subcommand(int argc, char **argv, const char *program, const char *usage_args, const void *table,
+                          size_t count, size_t stride, size_t name_offset, size_t summary_offset);
+
 #endif

@@ -721,27 +721,11 @@ static const subcommand k_subcommands[] = {
 #undef SUB
 #define N_SUB (sizeof k_subcommands / sizeof k_subcommands[0])
 
-static void usage(FILE *out) {
-    fprintf(out, "usage: colossal-ckpt SUBCOMMAND [PATH] [--key value ...]   (colossal-ckpt SUBCOMMAND --help)\n");
-    for (size_t i = 0; i < N_SUB; i++) fprintf(out, "  %-9s %s\n", k_subcommands[i].name, k_subcommands[i].schema.summary);
-}
-
 int main(int argc, char **argv) {
-    const subcommand *sub = NULL;
-    for (size_t i = 0; argc > 1 && i < N_SUB; i++)
-        if (!strcmp(argv[1], k_subcommands[i].name)) sub = &k_subcommands[i];
-    if (!sub) {
-        MPI_Init(&argc, &argv);
-        int rank = 0;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        const int help = argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"));
-        if (rank == 0) {
-            if (argc > 1 && !help) fprintf(stderr, "colossal-ckpt: unknown subcommand \"%s\"\n", argv[1]);
-            usage(help ? stdout : stderr);
-        }
-        MPI_Finalize();
-        return help ? 0 : 2;
-    }
+    const subcommand *sub =
+        &k_subcommands[cai_app_subcommand(argc, argv, "colossal-ckpt", "[PATH] [--key value ...]", k_subcommands, N_SUB,
+                                          sizeof *k_subcommands, offsetof(subcommand, name),
+                                          offsetof(subcommand, schema.summary))];
     /* The subcommand becomes the program name; `inspect PATH` becomes
      * `--path PATH` (the config module takes no positional arguments). */
     static char **sargv; /* static: still reachable if a failure exits from inside the run */
