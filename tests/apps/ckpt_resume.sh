@@ -78,21 +78,8 @@ echo "+ $MPIEXEC -n 2 colossal-pretrain (100000 steps, checkpoint.every 1000, in
 # shellcheck disable=SC2086
 $MPIEXEC -n 2 --oversubscribe "$PRETRAIN_BIN" $TINY --train.steps 100000 --eval.interval 0 --log.interval 1000 \
     --checkpoint.every 1000 --run.dir "$TMP/sig" >"$TMP/out" 2>"$TMP/err" &
-launcher=$!
 M="$TMP/sig/metrics.jsonl"
-i=0
-while n=$(grep -c '"kind":"train"' "$M" 2>/dev/null); [ "${n:-0}" -lt 3 ]; do
-    i=$((i + 1))
-    [ $i -le 600 ] || { kill -KILL $launcher 2>/dev/null; fail "no training steps within 60 s"; }
-    kill -0 $launcher 2>/dev/null || fail "the run ended before it was signalled"
-    sleep 0.1
-done
-rank_pid=$(ps -o pid= --ppid $launcher | tail -n 1 | tr -d ' ')
-[ -n "$rank_pid" ] || { kill -KILL $launcher; fail "cannot find the ranks' processes"; }
-echo "+ kill -USR1 $rank_pid (one rank)"
-kill -USR1 "$rank_pid"
-RC=0
-wait $launcher || RC=$?
+signal_after_steps $! "$M" 3 USR1
 expect_rc 3
 expect_grep out '^stopped by SIGUSR1 after step [0-9]+ of 100000 .*checkpoint written'
 stopped=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\) .*/\1/p' "$TMP/out")

@@ -73,3 +73,23 @@ close_losses() {
     } END { printf "%s: the %d steps after step %d within %g relative\n", what, NR, from, worst; exit bad }' ||
         fail "$5 does not continue the uninterrupted run"
 }
+
+# signal_after_steps LAUNCHER METRICS STEPS SIGNAL: wait (at most 60 s) until
+# METRICS holds STEPS train records, send SIGNAL to one rank (the launcher's
+# last child: the ranks are its children), wait for the launcher and leave
+# its exit status in RC.
+signal_after_steps() {
+    i=0
+    while [ "$(grep -s '"kind":"train"' "$2" | wc -l)" -lt "$3" ]; do
+        i=$((i + 1))
+        [ $i -le 600 ] || { kill -KILL "$1" 2>/dev/null; fail "no training steps within 60 s"; }
+        kill -0 "$1" 2>/dev/null || fail "the run ended before it was signalled"
+        sleep 0.1
+    done
+    rank_pid=$(ps -o pid= --ppid "$1" | tail -n 1 | tr -d ' ')
+    [ -n "$rank_pid" ] || { kill -KILL "$1"; fail "cannot find the ranks' processes"; }
+    echo "+ kill -$4 $rank_pid (one rank)"
+    kill "-$4" "$rank_pid"
+    RC=0
+    wait "$1" || RC=$?
+}
