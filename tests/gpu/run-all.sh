@@ -10,7 +10,8 @@
 # training: tests/gpu/model-run.sh), hf (transformers opens the exports made
 # by tests/gpu/hf-prepare.sh into .device/hf), coll (NCCL collectives test on
 # every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh), attn:VAR=VALUE,...
-# (GPT-2 124M tokens/s with the default attention and with each variant).
+# (GPT-2 124M tokens/s with the default attention and with each variant),
+# profile[:CONFIG] (per-kernel step time and attention detail under ncu).
 # Builds once into build-gpu (configured against .device/root) and shares it.
 set -u
 out=$1
@@ -75,6 +76,7 @@ for spec in "$@"; do
         done
         ;;
     train) timeout "${TRAIN_TIMEOUT:-500}" bench/gpu_train.sh "$d" $args ;;
+    profile) timeout "${PROFILE_TIMEOUT:-400}" bench/gpu_profile.sh "$d" $args ;;
     scaling) timeout "${SCALING_TIMEOUT:-500}" bench/gpu_scaling.sh "$d" $args ;;
     *) echo "unknown part $part" ;;
     esac
