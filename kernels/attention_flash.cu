@@ -36,8 +36,13 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <stdlib.h>
 
 #define FL_NTH 128
+/* minimum resident blocks per SM of the head_dim 64 occupancy variants (fl_occ) */
+#define FL_OCC_FWD 4
+#define FL_OCC_KV 3
+#define FL_OCC_Q 4
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
@@ -288,8 +293,8 @@ template <int D> static constexpr size_t fl_q_smem() { return (size_t)6 * 64 * (
 
 /* ---------------------------------------------------------------- forward */
 
-template <int D, bool F16>
-__global__ void __launch_bounds__(FL_NTH) k_fl_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
+template <int D, bool F16, int MINB = 1>
+__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
                                                    cuk_attn a, int64_t ntiles, float sl2) {
     constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
@@ -402,12 +407,35 @@ __global__ void k_fl_dvec(float *dvec, cuk_bthd g, cuk_bthd o, int64_t rows) {
     if (lane == 0) dvec[r] = acc;
 }
 
+/* The same with 16-byte loads when dO and O are 16-bit of one dtype with
+ * aligned rows (fl_view_ok) and D <= 256: D / 8 lanes per row, so a warp
+ * covers 32 * 8 / D rows (4 at D 64). The one-warp-per-row kernel above
+ * reads 64 bytes per warp per load and cost 1.9 ms of a GPT-2 124M step. The
+ * lanes of a row add in a fixed butterfly order: repeatable, though not
+ * bitwise the other kernel's order. */
+template <bool F16> __global__ void k_fl_dvec_vec(float *dvec, cuk_bthd g, cuk_bthd o, int64_t rows) {
+    const int lpr = (int)(g.D >> 3), lane = threadIdx.x & 31, sub = lane % lpr;
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / lpr;
+    float acc = 0.0f;
+    if (r < rows) {
+        const int64_t i = r % g.T, bh = r / g.T, h = bh % g.H, b = bh / g.H;
+        float x[8], y[8];
+        cuk_ld8<F16 ? CUK_F16 : CUK_BF16>(g.p, cuk_roff(g, b, i, h) + sub * 8, x);
+        cuk_ld8<F16 ? CUK_F16 : CUK_BF16>(o.p, cuk_roff(o, b, i, h) + sub * 8, y);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc += x[e] * y[e];
+    }
+    /* lpr is a power of two dividing 32: the xor partners stay within the row's lanes */
+    for (int m = lpr >> 1; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (r < rows && sub == 0) dvec[r] = acc;
+}
+
 /* dK, dV for 64 keys (16 per warp); loops over the kv group's query heads
  * and chunks of QC query rows, double buffered. The products are
  * transposed (keys are the mma rows): S^T = K Q^T, dP^T = V dO^T,
  * dV += P^T dO, dK += dS^T Q. */
-template <int D, int QC, bool F16>
-__global__ void __launch_bounds__(FL_NTH) k_fl_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
+template <int D, int QC, bool F16, int MINB = 1>
+__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
                                                       cuk_bthd v, const float *lse, const float *dvec, cuk_attn a,
                                                       int64_t ntiles, float sl2) {
     constexpr int LD = D + 8, BN = 64, KD = D / 16, ND = D / 8, NQ = QC / 8;
@@ -506,8 +534,8 @@ __global__ void __launch_bounds__(FL_NTH) k_fl_bwd_kv(cuk_bthd dk, cuk_bthd dv, 
 
 /* dQ for 64 query rows (16 per warp), looping over key tiles of 64:
  * S = Q K^T, dP = dO V^T, dQ += dS K. */
-template <int D, bool F16>
-__global__ void __launch_bounds__(FL_NTH) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v,
+template <int D, bool F16, int MINB = 1>
+__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v,
                                                      const float *lse, const float *dvec, cuk_attn a, int64_t ntiles,
                                                      float sl2) {
     constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
@@ -577,8 +605,27 @@ __global__ void __launch_bounds__(FL_NTH) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cu
  * (and the backward at 64): raise the limit once per device. */
 template <int D, bool F16> static cudaError_t fl_setup_one(void) {
     constexpr int QC = D == 64 ? 64 : 32;
-    return cuk_smem_limits(k_fl_fwd<D, F16>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16>, fl_kv_smem<D, QC>(),
-                           k_fl_bwd_q<D, F16>, fl_q_smem<D>());
+    cudaError_t e = cuk_smem_limits(k_fl_fwd<D, F16>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16>, fl_kv_smem<D, QC>(),
+                                    k_fl_bwd_q<D, F16>, fl_q_smem<D>());
+    if constexpr (D == 64)
+        if (e == cudaSuccess)
+            e = cuk_smem_limits(k_fl_fwd<D, F16, FL_OCC_FWD>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16, FL_OCC_KV>,
+                                fl_kv_smem<D, QC>(), k_fl_bwd_q<D, F16, FL_OCC_Q>, fl_q_smem<D>());
+    return e;
+}
+
+/* CAI_CUDA_FLASH_OCC=1: the head_dim 64 kernels compiled for more resident
+ * blocks per SM (register caps 128 / 168 / 128 instead of 168 / 244 / 166,
+ * a few bytes of spill): 16 / 12 / 16 warps per SM instead of 12 / 8 / 12.
+ * Nsight Compute showed the forward issuing on only half the cycles with
+ * 0.87 eligible warps per scheduler, i.e. latency-bound at 3 blocks. */
+static bool fl_occ(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("CAI_CUDA_FLASH_OCC");
+        v = e && e[0] == '1';
+    }
+    return v == 1;
 }
 
 static cudaError_t fl_setup(void) {
@@ -609,8 +656,14 @@ extern "C" int cuk_attn_flash_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk
 template <int D, bool F16>
 static cudaError_t fl_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a) {
     const int64_t nt = cuk_cdiv(q.T, 64);
-    k_fl_fwd<D, F16><<<(unsigned)(q.B * q.H * nt), FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
-                                                                                  a.scale * FL_LOG2E);
+    const unsigned grid = (unsigned)(q.B * q.H * nt);
+    if constexpr (D == 64)
+        if (fl_occ()) {
+            k_fl_fwd<D, F16, FL_OCC_FWD><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
+                                                                               a.scale * FL_LOG2E);
+            return cudaGetLastError();
+        }
+    k_fl_fwd<D, F16><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, a.scale * FL_LOG2E);
     return cudaGetLastError();
 }
 
@@ -631,15 +684,31 @@ static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
     const float sl2 = a.scale * FL_LOG2E;
     if ((dk.p || dv.p) && k.B * k.H * k.T > 0) {
         const int64_t nt = cuk_cdiv(k.T, 64);
-        k_fl_bwd_kv<D, QC, F16><<<(unsigned)(k.B * k.H * nt), FL_NTH, fl_kv_smem<D, QC>(), s>>>(
-            dk, dv, g, q, k, v, lse, dvec, a, nt, sl2);
+        const unsigned grid = (unsigned)(k.B * k.H * nt);
+        bool done = false;
+        if constexpr (D == 64)
+            if (fl_occ()) {
+                k_fl_bwd_kv<D, QC, F16, FL_OCC_KV><<<grid, FL_NTH, fl_kv_smem<D, QC>(), s>>>(dk, dv, g, q, k, v, lse,
+                                                                                            dvec, a, nt, sl2);
+                done = true;
+            }
+        if (!done)
+            k_fl_bwd_kv<D, QC, F16><<<grid, FL_NTH, fl_kv_smem<D, QC>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a, nt,
+                                                                             sl2);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     if (dq.p && q.B * q.H * q.T > 0) {
         const int64_t nt = cuk_cdiv(q.T, 64);
-        k_fl_bwd_q<D, F16><<<(unsigned)(q.B * q.H * nt), FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt,
-                                                                                     sl2);
+        const unsigned grid = (unsigned)(q.B * q.H * nt);
+        bool done = false;
+        if constexpr (D == 64)
+            if (fl_occ()) {
+                k_fl_bwd_q<D, F16, FL_OCC_Q><<<grid, FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt, sl2);
+                done = true;
+            }
+        if (!done)
+            k_fl_bwd_q<D, F16><<<grid, FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt, sl2);
     }
     return cudaGetLastError();
 }
@@ -649,7 +718,13 @@ extern "C" cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd 
                                           float *dvec, cuk_attn a) {
     const int64_t rows = q.B * q.H * q.T;
     if (rows > 0) {
-        k_fl_dvec<<<(unsigned)cuk_cdiv(rows, 8), 256, 0, s>>>(dvec, dout, o, rows);
+        if (dout.dt == o.dt && fl_view_ok(&dout, dout.dt) && fl_view_ok(&o, o.dt) && (q.D == 64 || q.D == 128)) {
+            const int64_t lanes = rows * (q.D >> 3);
+            if (o.dt == CUK_F16) k_fl_dvec_vec<true><<<(unsigned)cuk_cdiv(lanes, 256), 256, 0, s>>>(dvec, dout, o, rows);
+            else k_fl_dvec_vec<false><<<(unsigned)cuk_cdiv(lanes, 256), 256, 0, s>>>(dvec, dout, o, rows);
+        } else {
+            k_fl_dvec<<<(unsigned)cuk_cdiv(rows, 8), 256, 0, s>>>(dvec, dout, o, rows);
+        }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
