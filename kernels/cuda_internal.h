@@ -20,9 +20,11 @@
 #define CAI_ANYF (-1)
 
 /* One cached cuBLASLt heuristic answer: the key is every input of the
- * heuristic query (shapes, layouts, dtypes, alignments, epilogue). */
+ * heuristic query (shapes, layouts, dtypes, alignments, epilogue with its
+ * bias dtype and GELU aux layout). */
+#define CAI_CUDA_PLAN_KEY 23
 typedef struct {
-    int64_t key[20];
+    int64_t key[CAI_CUDA_PLAN_KEY];
     cublasLtMatmulAlgo_t algo;
     int valid;
 } cai_cuda_plan;
@@ -116,6 +118,11 @@ CUDA_OP(linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, c
                     const cai_tensor *bias);
 CUDA_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
                     const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
+CUDA_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
+                         const cai_tensor *weight, const cai_tensor *bias);
+CUDA_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
+                          const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                          const cai_tensor *pre);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 

@@ -6,8 +6,11 @@
  * "A" is our b, its "B" our a, the transpose flags carry over unchanged,
  * and nothing is copied. Inputs f32 (exact f32, or TF32 when CAI_CUDA_TF32=1),
  * bf16 or f16 with f32 accumulation; outputs f32 or the input dtype. The
- * linear forward fuses its bias as a cuBLASLt epilogue. Heuristic answers
- * are cached per device, keyed by everything the query depends on. */
+ * linear forward fuses its bias as a cuBLASLt epilogue; linear_gelu_fwd and
+ * linear_bwd_dgelu fuse GPT-2's GELU and its derivative the same way (the
+ * GELU input "pre" is cuBLASLt's aux matrix), falling back to the plain
+ * gemm and the elementwise GELU kernels where cuBLASLt cannot. Heuristic
+ * answers are cached per device, keyed by everything the query depends on. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -70,6 +73,12 @@ static uint32_t alignment(const void *p, int64_t ld, int64_t bs, cai_dtype dt) {
     return a;
 }
 
+/* GELU epilogues. Forward: D = gelu(AB + bias), aux = AB + bias (written).
+ * Backward: D = gelu'(aux) * AB (aux read). aux has D's layout (our row-major
+ * [M,N] with row stride aux_ld, i.e. cuBLASLt's column-major [N,M]) and D's
+ * dtype (cuBLASLt's default aux type). */
+enum { GELU_NONE, GELU_FWD, GELU_BWD };
+
 typedef struct {
     int ta, tb;
     int64_t M, N, K, batch;
@@ -78,6 +87,9 @@ typedef struct {
     float alpha, beta;
     const void *bias; /* epilogue bias [N] (NULL: none) */
     cai_dtype bias_dt;
+    int gelu;         /* GELU_NONE / GELU_FWD / GELU_BWD (single gemm only, batch 1) */
+    void *aux;        /* the GELU input matrix when gelu != GELU_NONE */
+    int64_t aux_ld;
 } gemm_req;
 
 #define LT(what, expr)                                                                                      \
@@ -116,17 +128,29 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     const int64_t sc = g->batch > 1 ? C->bs : 0;
     const uint32_t al_a = alignment(B->data, B->ld, sa, B->dt), al_b = alignment(A->data, A->ld, sb, A->dt);
     const uint32_t al_c = alignment(C->data, C->ld, sc, C->dt);
-    const cublasLtEpilogue_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    if (g->gelu == GELU_FWD) epi = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    else if (g->gelu == GELU_BWD) epi = CUBLASLT_EPILOGUE_DGELU; /* callers pass no bias with it */
+    /* the heuristic reads the bias and aux addresses for their alignment */
+    const int64_t al_bias = g->bias ? alignment(g->bias, 0, 0, g->bias_dt) : 0;
+    const int64_t al_aux = g->gelu ? alignment(g->aux, g->aux_ld, 0, C->dt) : 0;
 
     LT("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
     LT("set TRANSA", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT("set TRANSB", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+        LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (g->bias) {
         int32_t bt = (int32_t)cuda_type(g->bias_dt);
-        LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         LT("set BIAS_POINTER",
            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
         LT("set BIAS_DATA_TYPE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if (g->gelu) {
+        const int64_t ald = g->aux_ld;
+        LT("set EPILOGUE_AUX_POINTER",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+        LT("set EPILOGUE_AUX_LD", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald));
     }
     /* column-major views: Lt's A is our B, Lt's B our A, Lt's C is C^T */
     LT("layout A", cublasLtMatrixLayoutCreate(&la, cuda_type(B->dt), (uint64_t)B->cols, (uint64_t)B->rows, B->ld));
@@ -137,9 +161,12 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         CAI_CALL_GOTO(set_batch(op, lb, g->batch, sb), st, done);
         CAI_CALL_GOTO(set_batch(op, lc, g->batch, sc), st, done);
     }
-    int64_t key[20] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
-                       (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
-                       (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0), (int64_t)c->lt_ws_bytes};
+    /* epi tells every epilogue apart (bias or not, GELU forward or backward);
+     * the aux dtype is D's, already in the key */
+    int64_t key[CAI_CUDA_PLAN_KEY] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
+                                      (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
+                                      (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0),
+                                      (int64_t)c->lt_ws_bytes, al_bias, g->gelu ? g->aux_ld : 0, al_aux};
     cai_cuda_plan *plan = NULL;
     for (int i = 0; i < CAI_CUDA_PLANS; i++)
         if (c->plans[i].valid && memcmp(c->plans[i].key, key, sizeof key) == 0) plan = &c->plans[i];
@@ -274,6 +301,25 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
     return CAI_OK;
 }
 
+/* y = x w^T (+ bias) on validated rows, after cai_cuda_enter: the bias as a
+ * cuBLASLt epilogue when there is one for this combination, else a plain
+ * gemm and the bias kernel. */
+static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
+                              const cai_rows *y, const void *bd, cai_dtype bias_dt) {
+    cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
+    if (bd && x->rows > 0 && w->rows > 0 && w->cols > 0) {
+        gemm_req g = {.ta = 0, .tb = 1, .M = x->rows, .N = w->rows, .K = w->cols, .batch = 1, .A = &A, .B = &B,
+                      .C = &C, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias_dt};
+        int no_algo = 0;
+        CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+        if (!no_algo) return CAI_OK;
+    }
+    /* no bias, K = 0, or no fused epilogue for this combination */
+    CAI_CALL(gemm(dev, op, 0, 1, x->rows, w->rows, w->cols, 1, 1.0f, &A, &B, 0.0f, &C));
+    if (bd) CUK_LAUNCH(op, cuk_bias_add(cai_cuda_of(dev)->stream, cai_cuda_mat(y), bd, (int)bias_dt));
+    return CAI_OK;
+}
+
 cai_status cai_cuda_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
                                const cai_tensor *bias) {
     static const char *op = "linear_fwd";
@@ -288,16 +334,95 @@ cai_status cai_cuda_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_ten
     cmat A = cmat_of_rows(&x), B = cmat_of_rows(&w), C = cmat_of_rows(&y);
     CAI_CALL(check_types(op, &A, &B, &C));
     CAI_CALL(cai_cuda_enter(dev, op));
-    if (bd && x.rows > 0 && w.rows > 0 && w.cols > 0) {
-        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &A, .B = &B,
-                      .C = &C, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias->dtype};
+    return linear_rows(dev, op, &x, &w, &y, bd, bias ? bias->dtype : CAI_DTYPE_F32);
+}
+
+/* Whether a GELU epilogue may write/read `aux` as the aux matrix of output
+ * `d`: 16-bit data only (f32 keeps the unfused kernels, so f32 results stay
+ * within the f32 parity of the CPU backend whatever GELU approximation the
+ * epilogue evaluates), aux in d's dtype (cuBLASLt's aux type is D's), aux row
+ * stride a multiple of 8 elements and a 16-byte aligned address (cuBLASLt's
+ * requirement on the aux leading dimension; strided or odd views fail it). */
+static int gelu_epilogue_ok(const cai_rows *d, const cai_rows *aux, int64_t K) {
+    if (d->rows <= 0 || d->cols <= 0 || K <= 0) return 0;
+    if (d->dtype != CAI_DTYPE_BF16 && d->dtype != CAI_DTYPE_F16) return 0;
+    return aux->dtype == d->dtype && aux->ld % 8 == 0 && aux->ld >= aux->cols && ((uintptr_t)aux->data & 15) == 0;
+}
+
+cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
+                                    const cai_tensor *weight, const cai_tensor *bias) {
+    static const char *op = "linear_gelu_fwd";
+    cai_rows x, w, p, a;
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
+    CAI_CALL(cai_ops_rows(op, "pre", pre, CAI_CUDA, CAI_ANYF, w.rows, &p));
+    CAI_CALL(cai_cuda_rows_like(op, "act", act, "pre", &p, &a));
+    if (p.rows != x.rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but pre %" PRId64, op, x.rows, p.rows);
+    char *bd = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w.rows, &bd));
+    cmat X = cmat_of_rows(&x), W = cmat_of_rows(&w), P = cmat_of_rows(&p), A = cmat_of_rows(&a);
+    CAI_CALL(check_types(op, &X, &W, &P));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
+    if (gelu_epilogue_ok(&a, &p, w.cols) && A.dt == X.dt) {
+        /* act is cuBLASLt's D, pre its aux: pre row-major [N,OC] is the
+         * column-major [OC,N] aux matrix with ld = pre's row stride */
+        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &X, .B = &W,
+                      .C = &A, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias_dt, .gelu = GELU_FWD,
+                      .aux = p.data, .aux_ld = p.ld};
         int no_algo = 0;
         CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
         if (!no_algo) return CAI_OK;
     }
-    /* no bias, K = 0, or no fused epilogue for this combination */
-    CAI_CALL(gemm(dev, op, 0, 1, x.rows, w.rows, w.cols, 1, 1.0f, &A, &B, 0.0f, &C));
-    if (bd) CUK_LAUNCH(op, cuk_bias_add(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), bd, (int)bias->dtype));
+    /* f32, strided or unaligned views, or no algorithm: linear, then GELU */
+    CAI_CALL(linear_rows(dev, op, &x, &w, &p, bd, bias_dt));
+    CUK_LAUNCH(op, cuk_gelu_fwd(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&p)));
+    return CAI_OK;
+}
+
+/* The parameter half of a linear backward, on validated rows after
+ * cai_cuda_enter: dw += dy^T x (dw NULL: skip), db += column sums of dy
+ * (db NULL: skip). */
+static cai_status linear_param_grads(cai_device_t *dev, const char *op, const cai_rows *dy, const cai_rows *x,
+                                     const cai_rows *dw, float *db) {
+    if (dw) {
+        cmat DY = cmat_of_rows(dy), X = cmat_of_rows(x), DW = cmat_of_rows(dw);
+        CAI_CALL(gemm(dev, op, 1, 0, dw->rows, dw->cols, dy->rows, 1, 1.0f, &DY, &X, 1.0f, &DW));
+    }
+    if (db) CAI_CALL(cai_cuda_colsums(dev, op, NULL, db, dy, NULL, NULL, NULL));
+    return CAI_OK;
+}
+
+/* Validation shared by linear_bwd and linear_bwd_dgelu: weight, dout, the
+ * input gradient (dinp_arg; NULL tensor: none) and, with dweight, inp;
+ * checks the dtypes of both gemms before anything is enqueued. */
+static cai_status linear_bwd_args(const char *op, const char *dinp_arg, cai_tensor *dinp, cai_tensor *dweight,
+                                  cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
+                                  const cai_tensor *weight, cai_rows *dx, cai_rows *dw, cai_rows *dy, cai_rows *x,
+                                  cai_rows *w, char **bd) {
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, w));
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, w->rows, dy));
+    cmat DY = cmat_of_rows(dy);
+    if (dinp) {
+        CAI_CALL(cai_ops_rows(op, dinp_arg, dinp, CAI_CUDA, CAI_ANYF, w->cols, dx));
+        if (dx->rows != dy->rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s has %" PRId64 " rows but dout %" PRId64, op, dinp_arg,
+                             dx->rows, dy->rows);
+        cmat W = cmat_of_rows(w), DX = cmat_of_rows(dx);
+        CAI_CALL(check_types(op, &DY, &W, &DX));
+    }
+    if (dweight) {
+        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w->cols, x));
+        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_CUDA, CAI_ANYF, w->cols, dw));
+        if (x->rows != dy->rows || dw->rows != w->rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64
+                             " (weight %" PRId64 ")", op, x->rows, dy->rows, dw->rows, w->rows);
+        cmat X = cmat_of_rows(x), DW = cmat_of_rows(dw);
+        CAI_CALL(check_types(op, &DY, &X, &DW));
+    }
+    *bd = NULL;
+    if (dbias) CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_CUDA, CAI_F32, w->rows, bd));
     return CAI_OK;
 }
 
@@ -306,37 +431,41 @@ cai_status cai_cuda_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *
                                int accum_dinp) {
     static const char *op = "linear_bwd";
     cai_rows dy, w, dx, x, dw;
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
-    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, CAI_ANYF, w.rows, &dy));
-    if (dinp) {
-        CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_CUDA, CAI_ANYF, w.cols, &dx));
-        if (dx.rows != dy.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dinp has %" PRId64 " rows but dout %" PRId64, op, dx.rows,
-                             dy.rows);
-    }
-    if (dweight) {
-        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
-        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_CUDA, CAI_ANYF, w.cols, &dw));
-        if (x.rows != dy.rows || dw.rows != w.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64
-                             " (weight %" PRId64 ")", op, x.rows, dy.rows, dw.rows, w.rows);
-    }
-    char *bd = NULL;
-    if (dbias) CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_CUDA, CAI_F32, w.rows, &bd));
+    char *bd;
+    CAI_CALL(linear_bwd_args(op, "dinp", dinp, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w, &bd));
     CAI_CALL(cai_cuda_enter(dev, op));
-    cmat DY = cmat_of_rows(&dy);
     if (dinp) {
-        cmat W = cmat_of_rows(&w), DX = cmat_of_rows(&dx);
-        CAI_CALL(check_types(op, &DY, &W, &DX));
+        cmat DY = cmat_of_rows(&dy), W = cmat_of_rows(&w), DX = cmat_of_rows(&dx);
         CAI_CALL(gemm(dev, op, 0, 0, dy.rows, w.cols, w.rows, 1, 1.0f, &DY, &W, accum_dinp ? 1.0f : 0.0f, &DX));
     }
-    if (dweight) {
-        cmat X = cmat_of_rows(&x), DW = cmat_of_rows(&dw);
-        CAI_CALL(check_types(op, &DY, &X, &DW));
-        CAI_CALL(gemm(dev, op, 1, 0, w.rows, w.cols, dy.rows, 1, 1.0f, &DY, &X, 1.0f, &DW));
+    return linear_param_grads(dev, op, &dy, &x, dweight ? &dw : NULL, (float *)bd);
+}
+
+cai_status cai_cuda_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
+                                     const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                                     const cai_tensor *pre) {
+    static const char *op = "linear_bwd_dgelu";
+    cai_rows dy, w, dx, x, dw, p;
+    char *bd;
+    CAI_CHECK_ARG(dpre, "%s: dpre is NULL", op);
+    CAI_CALL(linear_bwd_args(op, "dpre", dpre, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w, &bd));
+    CAI_CALL(cai_cuda_rows_like(op, "pre", pre, "dpre", &dx, &p));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    cmat DY = cmat_of_rows(&dy), W = cmat_of_rows(&w), DX = cmat_of_rows(&dx);
+    int fused = 0;
+    if (gelu_epilogue_ok(&dx, &p, w.rows)) {
+        /* dpre is D, pre the aux input, both row-major [N,IC] */
+        gemm_req g = {.ta = 0, .tb = 0, .M = dy.rows, .N = w.cols, .K = w.rows, .batch = 1, .A = &DY, .B = &W,
+                      .C = &DX, .alpha = 1.0f, .beta = 0.0f, .gelu = GELU_BWD, .aux = p.data, .aux_ld = p.ld};
+        int no_algo = 0;
+        CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+        fused = !no_algo;
     }
-    if (bd) CAI_CALL(cai_cuda_colsums(dev, op, NULL, (float *)bd, &dy, NULL, NULL, NULL));
-    return CAI_OK;
+    if (!fused) { /* f32, strided or unaligned views, or no algorithm */
+        CAI_CALL(gemm(dev, op, 0, 0, dy.rows, w.cols, w.rows, 1, 1.0f, &DY, &W, 0.0f, &DX));
+        CUK_LAUNCH(op, cuk_gelu_bwd(cai_cuda_of(dev)->stream, cai_cuda_mat(&dx), cai_cuda_mat(&p), cai_cuda_mat(&dx)));
+    }
+    return linear_param_grads(dev, op, &dy, &x, dweight ? &dw : NULL, (float *)bd);
 }
 
 cai_status cai_cuda_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {

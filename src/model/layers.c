@@ -117,8 +117,10 @@ cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
     CAI_CALL(norm_fwd(dev, d, &a->ln2, &a->ln2_mean, &a->ln2_rstd, inp, &p->ln2_w, &p->ln2_b));
     /* SP: all-gather a->ln2 here. */
     if (is_gpt2(d)) {
-        CAI_CALL(ops->linear_fwd(dev, &a->fc, &a->ln2, &p->fc_w, opt_in(&p->fc_b)));
-        CAI_CALL(ops->gelu_fwd(dev, &a->act, &a->fc));
+        /* fc is column-parallel: each rank's hidden units are complete, so
+         * the GELU needs no communication and fuses into the matmul (a->fc
+         * keeps the GELU input for backward). */
+        CAI_CALL(ops->linear_gelu_fwd(dev, &a->act, &a->fc, &a->ln2, &p->fc_w, opt_in(&p->fc_b)));
     } else {
         CAI_CALL(ops->linear_fwd(dev, &a->fc, &a->ln2, &p->fc_w, NULL));
         CAI_CALL(ops->linear_fwd(dev, &a->up, &a->ln2, &p->up_w, NULL));
@@ -133,13 +135,19 @@ cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
 cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
     const cai_ops *ops = dev->ops;
-    CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream, &a->act,
-                             &p->mlp_proj_w, 0));
     if (is_gpt2(d)) {
-        CAI_CALL(ops->gelu_bwd(dev, &s->dfc, &a->fc, &s->dact));
+        /* mlp_proj is row-parallel: its input gradient dout W is complete on
+         * each rank for the rank's own hidden units, so no collective sits
+         * between the matmul and the GELU backward and the two fuse into one
+         * op writing dfc directly (s->dact is not used).
+         * SP: all-gather d_stream before this op. */
+        CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream,
+                                       &a->act, &p->mlp_proj_w, &a->fc));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, &a->ln2, &p->fc_w,
                                  0));
     } else {
+        CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream, &a->act,
+                                 &p->mlp_proj_w, 0));
         CAI_CALL(ops->swiglu_bwd(dev, &s->dfc, &s->dup, &s->dact, &a->fc, &a->up));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, &a->ln2, &p->fc_w, 0));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, &a->ln2, &p->up_w, 1));
@@ -311,7 +319,7 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     CAI_CALL(carve(c, &s->dqkv, at, 3, B, T, qkv_width(d)));
     CAI_CALL(carve(c, &s->dact, at, 3, B, T, F));
     if (is_gpt2(d)) {
-        if (c->arena) s->dfc = s->dact; /* gelu_bwd may run in place */
+        if (c->arena) s->dfc = s->dact; /* GPT-2 needs one [B,T,F] gradient: linear_bwd_dgelu writes dfc directly */
     } else {
         CAI_CALL(carve(c, &s->dfc, at, 3, B, T, F));
         CAI_CALL(carve(c, &s->dup, at, 3, B, T, F));

@@ -1,6 +1,7 @@
 /* CPU backend: matrix products through OpenBLAS sgemm. Weights are [out,in]
  * row-major, so forward is x W^T, the input gradient dy W and the weight
- * gradient dy^T x: sgemm calls with transposes, no copies.
+ * gradient dy^T x: sgemm calls with transposes, no copies. The fused
+ * linear + GELU ops are compositions here (see cai_cpu_linear_gelu_fwd).
  *
  * Threads: OpenBLAS is kept single-threaded (cai_device_init) and large
  * products are split into row or column panels across the device's OpenMP
@@ -123,55 +124,121 @@ cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a,
     return CAI_OK;
 }
 
-cai_status cai_cpu_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
-                              const cai_tensor *bias) {
-    static const char *op = "linear_fwd";
-    cai_rows x, w, y;
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, &w));
-    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w.cols, &x));
-    CAI_CALL(cai_ops_rows(op, "out", out, CAI_HOST, CAI_F32, w.rows, &y));
-    if (y.rows != x.rows)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but out %" PRId64, op, x.rows, y.rows);
-    char *bd = NULL;
-    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_HOST, CAI_F32, w.rows, &bd));
+/* linear_fwd's argument checks under the calling op's name; out_arg names
+ * the output ("out", or "pre" for linear_gelu_fwd). */
+static cai_status linear_fwd_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
+                                  const cai_tensor *weight, const cai_tensor *bias, cai_rows *x, cai_rows *w,
+                                  cai_rows *y, char **bd) {
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w->cols, x));
+    CAI_CALL(cai_ops_rows(op, out_arg, out, CAI_HOST, CAI_F32, w->rows, y));
+    if (y->rows != x->rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but %s %" PRId64, op, x->rows, out_arg,
+                         y->rows);
+    *bd = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_HOST, CAI_F32, w->rows, bd));
+    return CAI_OK;
+}
+
+static void linear_fwd_run(cai_device_t *dev, const cai_rows *x, const cai_rows *w, const cai_rows *y,
+                           const char *bd) {
     if (bd) {
         const float *pb = (const float *)bd;
-#pragma omp parallel for num_threads(cai_cpu_threads(dev, y.rows)) schedule(static)
-        for (int64_t i = 0; i < y.rows; i++) memcpy(cai_row_f32(&y, i), pb, (size_t)y.cols * sizeof(float));
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, y->rows)) schedule(static)
+        for (int64_t i = 0; i < y->rows; i++) memcpy(cai_row_f32(y, i), pb, (size_t)y->cols * sizeof(float));
     }
-    pgemm(dev, 0, 1, x.rows, w.rows, w.cols, 1.0f, (const float *)x.data, x.ld, (const float *)w.data, w.ld,
-         bd ? 1.0f : 0.0f, (float *)y.data, y.ld);
+    pgemm(dev, 0, 1, x->rows, w->rows, w->cols, 1.0f, (const float *)x->data, x->ld, (const float *)w->data, w->ld,
+          bd ? 1.0f : 0.0f, (float *)y->data, y->ld);
+}
+
+cai_status cai_cpu_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                              const cai_tensor *bias) {
+    cai_rows x, w, y;
+    char *bd;
+    CAI_CALL(linear_fwd_args("linear_fwd", "out", out, inp, weight, bias, &x, &w, &y, &bd));
+    linear_fwd_run(dev, &x, &w, &y, bd);
     return CAI_OK;
+}
+
+/* linear_bwd's argument checks under the calling op's name; dinp_arg names
+ * the input gradient ("dinp", or "dpre" for linear_bwd_dgelu). */
+static cai_status linear_bwd_args(const char *op, const char *dinp_arg, const cai_tensor *dinp,
+                                  const cai_tensor *dweight, const cai_tensor *dbias, const cai_tensor *dout,
+                                  const cai_tensor *inp, const cai_tensor *weight, cai_rows *dx, cai_rows *dw,
+                                  cai_rows *dy, cai_rows *x, cai_rows *w, char **bd) {
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, w));
+    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, w->rows, dy));
+    if (dinp) {
+        CAI_CALL(cai_ops_rows(op, dinp_arg, dinp, CAI_HOST, CAI_F32, w->cols, dx));
+        if (dx->rows != dy->rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s has %" PRId64 " rows but dout %" PRId64, op, dinp_arg,
+                             dx->rows, dy->rows);
+    }
+    if (dweight) {
+        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w->cols, x));
+        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_HOST, CAI_F32, w->cols, dw));
+        if (x->rows != dy->rows || dw->rows != w->rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %"
+                             PRId64 " (weight %" PRId64 ")", op, x->rows, dy->rows, dw->rows, w->rows);
+    }
+    *bd = NULL;
+    if (dbias) CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_HOST, CAI_F32, w->rows, bd));
+    return CAI_OK;
+}
+
+/* The products and the bias gradient of a validated linear backward (dx,
+ * dw, db NULL: skip). */
+static void linear_bwd_run(cai_device_t *dev, const cai_rows *dx, const cai_rows *dw, char *db, const cai_rows *dy,
+                           const cai_rows *x, const cai_rows *w, int accum_dinp) {
+    if (dx)
+        pgemm(dev, 0, 0, dy->rows, w->cols, w->rows, 1.0f, (const float *)dy->data, dy->ld, (const float *)w->data,
+              w->ld, accum_dinp ? 1.0f : 0.0f, (float *)dx->data, dx->ld);
+    if (dw)
+        pgemm(dev, 1, 0, w->rows, w->cols, dy->rows, 1.0f, (const float *)dy->data, dy->ld, (const float *)x->data,
+              x->ld, 1.0f, (float *)dw->data, dw->ld);
+    if (db) cai_cpu_colsum(dev, (float *)db, dy);
 }
 
 cai_status cai_cpu_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
                               const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                               int accum_dinp) {
-    static const char *op = "linear_bwd";
-    cai_rows dy, w;
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, &w));
-    CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_HOST, CAI_F32, w.rows, &dy));
-    if (dinp) {
-        cai_rows dx;
-        CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_HOST, CAI_F32, w.cols, &dx));
-        if (dx.rows != dy.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dinp has %" PRId64 " rows but dout %" PRId64, op, dx.rows,
-                             dy.rows);
-        pgemm(dev, 0, 0, dy.rows, w.cols, w.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)w.data, w.ld,
-             accum_dinp ? 1.0f : 0.0f, (float *)dx.data, dx.ld);
-    }
-    if (dweight) {
-        cai_rows x, dw;
-        CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w.cols, &x));
-        CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_HOST, CAI_F32, w.cols, &dw));
-        if (x.rows != dy.rows || dw.rows != w.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %"
-                             PRId64 " (weight %" PRId64 ")", op, x.rows, dy.rows, dw.rows, w.rows);
-        pgemm(dev, 1, 0, w.rows, w.cols, dy.rows, 1.0f, (const float *)dy.data, dy.ld, (const float *)x.data, x.ld, 1.0f,
-             (float *)dw.data, dw.ld);
-    }
-    if (dbias) CAI_CALL(cai_cpu_bias_grad(dev, dbias, dout));
+    cai_rows dx, dw, dy, x, w;
+    char *bd;
+    CAI_CALL(linear_bwd_args("linear_bwd", "dinp", dinp, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w,
+                             &bd));
+    linear_bwd_run(dev, dinp ? &dx : NULL, dweight ? &dw : NULL, bd, &dy, &x, &w, accum_dinp);
     return CAI_OK;
+}
+
+/* The fused linear + GELU ops are compositions on this backend (no epilogue
+ * to fuse into): the linear above, then the GELU kernels of
+ * cpu_pointwise.c (gelu_bwd in place on dpre), so results equal the two-op
+ * sequence bit for bit. Every argument is checked first, under the fused
+ * op's name, so a bad call fails before anything is written. */
+cai_status cai_cpu_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
+                                   const cai_tensor *weight, const cai_tensor *bias) {
+    static const char *op = "linear_gelu_fwd";
+    cai_rows x, w, p, a;
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "pre", pre, inp, weight, bias, &x, &w, &p, &bd));
+    CAI_CALL(cai_ops_rows(op, "act", act, CAI_HOST, CAI_F32, -1, &a));
+    CAI_CALL(cai_ops_same_rows(op, "act", &a, "pre", &p));
+    linear_fwd_run(dev, &x, &w, &p, bd);
+    return cai_cpu_gelu_fwd(dev, act, pre);
+}
+
+cai_status cai_cpu_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
+                                    const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                                    const cai_tensor *pre) {
+    static const char *op = "linear_bwd_dgelu";
+    cai_rows dx, dw, dy, x, w, p;
+    char *bd;
+    CAI_CHECK_ARG(dpre, "%s: dpre is NULL", op);
+    CAI_CALL(linear_bwd_args(op, "dpre", dpre, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w, &bd));
+    CAI_CALL(cai_ops_rows(op, "pre", pre, CAI_HOST, CAI_F32, -1, &p));
+    CAI_CALL(cai_ops_same_rows(op, "pre", &p, "dpre", &dx));
+    linear_bwd_run(dev, &dx, dweight ? &dw : NULL, bd, &dy, &x, &w, 0);
+    return cai_cpu_gelu_bwd(dev, dpre, pre, dpre);
 }
 
 cai_status cai_cpu_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {

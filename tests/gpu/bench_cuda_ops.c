@@ -113,6 +113,24 @@ static void f_ln_bwd(void *x) {
 }
 static void f_gelu(void *x) { ctx_t *c = x; OK(G->ops->gelu_fwd(G, &c->b, &c->a)); }
 static void f_gelu_bwd(void *x) { ctx_t *c = x; OK(G->ops->gelu_bwd(G, &c->c, &c->a, &c->b)); }
+/* fused linear + GELU: a inp, b fc weight, c pre, d fc bias, e act; f mlp_proj
+ * weight, g its dout, h dpre; g_dw2/g_db2 mlp_proj's f32 gradients */
+static cai_tensor g_dw2, g_db2;
+static void f_lin_then_gelu(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, &c->d));
+    OK(G->ops->gelu_fwd(G, &c->e, &c->c));
+}
+static void f_lin_gelu(void *x) { ctx_t *c = x; OK(G->ops->linear_gelu_fwd(G, &c->e, &c->c, &c->a, &c->b, &c->d)); }
+static void f_lin_bwd_then_gelu_bwd(void *x) {
+    ctx_t *c = x; /* as the model did before the fusion: gelu_bwd in place on dact */
+    OK(G->ops->linear_bwd(G, &c->h, &g_dw2, &g_db2, &c->g, &c->e, &c->f, 0));
+    OK(G->ops->gelu_bwd(G, &c->h, &c->c, &c->h));
+}
+static void f_lin_bwd_dgelu(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_bwd_dgelu(G, &c->h, &g_dw2, &g_db2, &c->g, &c->e, &c->f, &c->c));
+}
 static cai_tensor g_dbias; /* layernorm's dbias (F32 [C]) */
 static void f_ln_bwd_full(void *x) {
     ctx_t *c = x;
@@ -244,6 +262,32 @@ int main(int argc, char **argv) {
     c.c = dev_tensor(BF, 2, SHP(N, 4 * C), 1.0f);
     report("gelu_bwd bf16 [8192,3072]", time_it(f_gelu_bwd, &c), 2.0 * 3 * N * 4 * C, 0);
     free_all();
+
+    /* GPT-2's MLP GELU fused into the matmuls (cuBLASLt GELU_AUX_BIAS / DGELU
+     * epilogues) against linear + separate GELU kernels, at 32 x 1024 tokens.
+     * Both lines of a pair use the fused op's minimal traffic, so their
+     * roofline percentages compare directly. */
+    {
+        const int64_t NF = 32768, F = 4 * C;
+        memset(&c, 0, sizeof c);
+        c.a = dev_tensor(BF, 2, SHP(NF, C), 1.0f);
+        c.b = dev_tensor(BF, 2, SHP(F, C), 0.05f);
+        c.c = dev_tensor(BF, 2, SHP(NF, F), 1.0f);
+        c.d = dev_tensor(BF, 1, SHP(F), 1.0f);
+        c.e = dev_tensor(BF, 2, SHP(NF, F), 1.0f);
+        double fb = 2.0 * (double)(NF * C + F * C + 2 * NF * F), ff = 2.0 * NF * C * F;
+        report("linear_fwd+gelu_fwd bf16 [32768,768]->3072", time_it(f_lin_then_gelu, &c), fb, ff);
+        report("linear_gelu_fwd bf16 (fused)", time_it(f_lin_gelu, &c), fb, ff);
+        c.f = dev_tensor(BF, 2, SHP(C, F), 0.05f);
+        c.g = dev_tensor(BF, 2, SHP(NF, C), 1.0f);
+        c.h = dev_tensor(BF, 2, SHP(NF, F), 1.0f);
+        g_dw2 = dev_tensor(F32, 2, SHP(C, F), 1.0f);
+        g_db2 = dev_tensor(F32, 1, SHP(C), 1.0f);
+        double bb = 2.0 * (double)(NF * C + C * F + 3 * NF * F) + 8.0 * C * F, bf = 4.0 * NF * C * F;
+        report("linear_bwd+gelu_bwd bf16 [32768,3072]->768", time_it(f_lin_bwd_then_gelu_bwd, &c), bb, bf);
+        report("linear_bwd_dgelu bf16 (fused)", time_it(f_lin_bwd_dgelu, &c), bb, bf);
+        free_all();
+    }
 
     /* attention on views of a fused QKV buffer */
     memset(&c, 0, sizeof c);

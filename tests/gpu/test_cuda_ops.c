@@ -229,6 +229,52 @@ static void t_linear(cai_dtype dt, cai_dtype bdt) {
     gt_check("bias_grad (+=)", dbb, 1e-5);
 }
 
+/* linear_gelu_fwd / linear_bwd_dgelu against the CPU composition (linear
+ * then GELU). bf16 at aligned shapes runs the cuBLASLt GELU epilogues; f32,
+ * the strided views (row stride OC + 4, not a multiple of 8, pre 8 bytes off
+ * alignment) and anything cuBLASLt refuses run the unfused fallback. The
+ * backward gets fresh act/pre inputs so both backends see identical values. */
+static void t_linear_gelu_case(cai_dtype dt, cai_dtype bdt, int64_t N, int64_t IC, int64_t OC, int strided) {
+    double tol = gt_tol(dt);
+    const char *how = strided ? " strided" : "";
+    const int64_t pad = strided ? 4 : 0;
+    gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.5 / sqrt((double)IC)), bias = R1(bdt, OC, 0.5);
+    gt_t actb = O2(dt, N, OC + pad), preb = O2(dt, N, OC + pad);
+    gt_t act = gt_narrow(actb, 1, 0, OC), pre = gt_narrow(preb, 1, pad, OC);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        GT_OK(G->ops->fill(G, &act.g, NAN));
+        GT_OK(G->ops->fill(G, &pre.g, NAN));
+        BOTH("linear_gelu_fwd", H->ops->linear_gelu_fwd(H, &act.h, &pre.h, &x.h, &w.h, with_bias ? &bias.h : NULL),
+             G->ops->linear_gelu_fwd(G, &act.g, &pre.g, &x.g, &w.g, with_bias ? &bias.g : NULL));
+        const char *bn = with_bias ? (bdt == CAI_DTYPE_F32 ? " +f32 bias" : " +bias") : "";
+        gt_check(nm("linear_gelu_fwd pre %" PRId64 "x%" PRId64 "->%" PRId64 "%s%s", N, IC, OC, bn, how), pre, tol);
+        gt_check(nm("linear_gelu_fwd act %" PRId64 "x%" PRId64 "->%" PRId64 "%s%s", N, IC, OC, bn, how), act, tol);
+    }
+    /* the layer after the GELU (mlp_proj): weight [IC, OC] maps act [N,OC] to [N,IC] */
+    gt_t a2 = R2(dt, N, OC, 1.0), p2b = R2(dt, N, OC + pad, 2.0), w2 = R2(dt, IC, OC, 1.5 / sqrt((double)OC));
+    gt_t p2 = gt_narrow(p2b, 1, pad, OC), dout = R2(dt, N, IC, 1.0);
+    gt_t dpreb = O2(dt, N, OC + pad), dw = R2(CAI_DTYPE_F32, IC, OC, 1.0), db = R1(CAI_DTYPE_F32, IC, 1.0);
+    gt_t dpre = gt_narrow(dpreb, 1, 0, OC);
+    BOTH("linear_bwd_dgelu", H->ops->linear_bwd_dgelu(H, &dpre.h, &dw.h, &db.h, &dout.h, &a2.h, &w2.h, &p2.h),
+         G->ops->linear_bwd_dgelu(G, &dpre.g, &dw.g, &db.g, &dout.g, &a2.g, &w2.g, &p2.g));
+    gt_check(nm("linear_bwd_dgelu dpre %" PRId64 "x%" PRId64 "<-%" PRId64 "%s", N, OC, IC, how), dpre, tol);
+    gt_check(nm("linear_bwd_dgelu dweight (+=, f32)%s", how), dw, 1e-5);
+    gt_check(nm("linear_bwd_dgelu dbias (+=, f32)%s", how), db, 1e-5);
+    GT_OK(G->ops->fill(G, &dpre.g, NAN));
+    BOTH("linear_bwd_dgelu", H->ops->linear_bwd_dgelu(H, &dpre.h, NULL, NULL, &dout.h, &a2.h, &w2.h, &p2.h),
+         G->ops->linear_bwd_dgelu(G, &dpre.g, NULL, NULL, &dout.g, &a2.g, &w2.g, &p2.g));
+    gt_check(nm("linear_bwd_dgelu dpre only%s", how), dpre, tol);
+    gt_check("linear_bwd_dgelu dweight untouched", dw, 1e-5);
+}
+
+static void t_linear_gelu(cai_dtype dt) {
+    /* GPT-2 124M's MLP (C = 768, F = 3072) on 512 tokens; an odd small shape */
+    t_linear_gelu_case(dt, dt, 512, 768, 3072, 0);
+    if (dt != CAI_DTYPE_F32) t_linear_gelu_case(dt, CAI_DTYPE_F32, 512, 768, 3072, 0);
+    t_linear_gelu_case(dt, dt, 37, 24, 40, 0);
+    t_linear_gelu_case(dt, dt, 37, 24, 40, 1);
+}
+
 /* ------------------------------------------------------------------ norms */
 
 static void t_layernorm(cai_dtype dt, int with_bias) {
@@ -786,6 +832,8 @@ static void bf16_linear(void) {
     t_linear(CAI_DTYPE_BF16, CAI_DTYPE_BF16);
     t_linear(CAI_DTYPE_BF16, CAI_DTYPE_F32);
 }
+static void f32_linear_gelu(void) { t_linear_gelu(CAI_DTYPE_F32); }
+static void bf16_linear_gelu(void) { t_linear_gelu(CAI_DTYPE_BF16); }
 static void f32_norms(void) {
     t_layernorm(CAI_DTYPE_F32, 1);
     t_layernorm(CAI_DTYPE_F32, 0);
@@ -830,6 +878,7 @@ static const test_entry tests[] = {
     {"blas1 bf16", bf16_blas1},   {"reduce f32", f32_reduce},   {"reduce bf16", bf16_reduce},
     {"matmul f32", f32_matmul},   {"matmul large", t_matmul_large}, {"matmul bf16", bf16_matmul},
     {"matmul f16", f16_matmul},   {"linear f32", f32_linear},   {"linear bf16", bf16_linear},
+    {"linear+gelu f32", f32_linear_gelu}, {"linear+gelu bf16", bf16_linear_gelu},
     {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
     {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
     {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn}, {"attention simt bf16", bf16_attn_simt},

@@ -327,6 +327,116 @@ START_TEST(gelu_fwd_bwd) {
 }
 END_TEST
 
+/* linear_gelu_fwd / linear_bwd_dgelu: on the CPU they are compositions, so
+ * they must equal linear_fwd + gelu_fwd and linear_bwd + gelu_bwd bit for
+ * bit; also against the double reference (gelu' analytic). */
+static double gelu_grad_d(double x) {
+    const double k = sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x), t = tanh(u);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+START_TEST(linear_gelu_fused_ops_match_composition) {
+    enum { B = 2, T = 7, IC = 13, OC = 11, N = B * T };
+    double *x = drandn(N * IC, 50, 1.0), *w = drandn(OC * IC, 51, 0.5), *bias = drandn(OC, 52, 0.5);
+    /* The layer after the GELU (GPT-2's mlp_proj): weight w2 [IC,OC] maps
+     * act [N,OC] back to [N,IC]; its backward gets dout [N,IC]. */
+    double *dw0 = drandn(IC * OC, 54, 1.0), *db0 = drandn(IC, 55, 1.0);
+    double *w2 = drandn(IC * OC, 56, 0.5), *dout2 = drandn(N * IC, 57, 1.0);
+    float *fx = to_f(x, N * IC), *fw = to_f(w, OC * IC), *fb = to_f(bias, OC), *fw2 = to_f(w2, IC * OC);
+    float *fdout2 = to_f(dout2, N * IC);
+    float *act = falloc(N * OC), *pre = falloc(N * OC), *ract = falloc(N * OC), *rpre = falloc(N * OC);
+    cai_tensor tx = cai_tensor_3d(dev, fx, F32, B, T, IC), tw = cai_tensor_2d(dev, fw, F32, OC, IC);
+    cai_tensor tb = cai_tensor_1d(dev, fb, F32, OC);
+    cai_tensor tact = cai_tensor_3d(dev, act, F32, B, T, OC), tpre = cai_tensor_3d(dev, pre, F32, B, T, OC);
+    cai_tensor tract = cai_tensor_3d(dev, ract, F32, B, T, OC), trpre = cai_tensor_3d(dev, rpre, F32, B, T, OC);
+    double *rp = dalloc(N * OC), *ra = dalloc(N * OC);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const cai_tensor *b = with_bias ? &tb : NULL;
+        ASSERT_OK(ops->linear_gelu_fwd(dev, &tact, &tpre, &tx, &tw, b));
+        ASSERT_OK(ops->linear_fwd(dev, &trpre, &tx, &tw, b));
+        ASSERT_OK(ops->gelu_fwd(dev, &tract, &trpre));
+        ck_assert_mem_eq(pre, rpre, sizeof(float) * N * OC);
+        ck_assert_mem_eq(act, ract, sizeof(float) * N * OC);
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                rp[n * OC + o] = (with_bias ? bias[o] : 0) + dot_d(x + n * IC, w + o * IC, IC);
+                ra[n * OC + o] = gelu_d(pre[n * OC + o]);
+            }
+        ASSERT_REL(pre, rp, N * OC, 1e-5);
+        ASSERT_REL(act, ra, N * OC, 2e-6);
+    }
+    /* backward through a second linear layer [IC, OC] whose input is act */
+    float *dpre = falloc(N * OC), *rdpre = falloc(N * OC);
+    float *fdw = to_f(dw0, IC * OC), *rfdw = to_f(dw0, IC * OC), *fdb = to_f(db0, IC), *rfdb = to_f(db0, IC);
+    cai_tensor tw2 = cai_tensor_2d(dev, fw2, F32, IC, OC), tdout = cai_tensor_3d(dev, fdout2, F32, B, T, IC);
+    cai_tensor tdpre = cai_tensor_3d(dev, dpre, F32, B, T, OC), trdpre = cai_tensor_3d(dev, rdpre, F32, B, T, OC);
+    cai_tensor tdw = cai_tensor_2d(dev, fdw, F32, IC, OC), trdw = cai_tensor_2d(dev, rfdw, F32, IC, OC);
+    cai_tensor tdb = cai_tensor_1d(dev, fdb, F32, IC), trdb = cai_tensor_1d(dev, rfdb, F32, IC);
+    ASSERT_OK(ops->linear_bwd_dgelu(dev, &tdpre, &tdw, &tdb, &tdout, &tact, &tw2, &tpre));
+    ASSERT_OK(ops->linear_bwd(dev, &trdpre, &trdw, &trdb, &tdout, &tact, &tw2, 0));
+    ASSERT_OK(ops->gelu_bwd(dev, &trdpre, &tpre, &trdpre));
+    ck_assert_mem_eq(dpre, rdpre, sizeof(float) * N * OC);
+    ck_assert_mem_eq(fdw, rfdw, sizeof(float) * IC * OC);
+    ck_assert_mem_eq(fdb, rfdb, sizeof(float) * IC);
+    double *rdp = dalloc(N * OC), *rdw = dalloc(IC * OC), *rdb = dalloc(IC);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int i = 0; i < IC; i++) s += dout2[n * IC + i] * w2[i * OC + o];
+            rdp[n * OC + o] = gelu_grad_d(pre[n * OC + o]) * s;
+        }
+    for (int i = 0; i < IC; i++) {
+        rdb[i] = db0[i];
+        for (int n = 0; n < N; n++) rdb[i] += dout2[n * IC + i];
+        for (int o = 0; o < OC; o++) {
+            double s = dw0[i * OC + o];
+            for (int n = 0; n < N; n++) s += dout2[n * IC + i] * (double)act[n * OC + o];
+            rdw[i * OC + o] = s;
+        }
+    }
+    ASSERT_REL(dpre, rdp, N * OC, 1e-5);
+    ASSERT_REL(fdw, rdw, IC * OC, 1e-5);
+    ASSERT_REL(fdb, rdb, IC, 1e-5);
+    /* dweight and dbias NULL: only dpre, overwritten (poisoned first) */
+    for (int64_t i = 0; i < N * OC; i++) dpre[i] = NAN;
+    ASSERT_OK(ops->linear_bwd_dgelu(dev, &tdpre, NULL, NULL, &tdout, &tact, &tw2, &tpre));
+    ck_assert_mem_eq(dpre, rdpre, sizeof(float) * N * OC);
+    ASSERT_REL(fdw, rdw, IC * OC, 1e-5); /* untouched */
+    ASSERT_REL(fdb, rdb, IC, 1e-5);
+
+    /* argument errors name the fused op and fail before anything is written */
+    for (int64_t i = 0; i < N * OC; i++) pre[i] = 42.0f;
+    cai_tensor tbad = cai_tensor_3d(dev, act, F32, B, T, OC - 1);
+    ck_assert_int_eq(ops->linear_gelu_fwd(dev, &tbad, &tpre, &tx, &tw, NULL), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_gelu_fwd: act"));
+    for (int64_t i = 0; i < N * OC; i++) ck_assert(pre[i] == 42.0f);
+    ck_assert_int_eq(ops->linear_bwd_dgelu(dev, &tdpre, NULL, NULL, &tdout, &tact, &tw2, &tbad), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_bwd_dgelu: pre"));
+    ck_assert_int_eq(ops->linear_bwd_dgelu(dev, NULL, NULL, NULL, &tdout, &tact, &tw2, &tpre), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_bwd_dgelu: dpre is NULL"));
+    /* bf16: this backend computes in f32 */
+    uint16_t *hx = calloc(N * IC, 2), *hw = calloc(OC * IC, 2), *ha = calloc(N * OC, 2), *hp = calloc(N * OC, 2);
+    uint16_t *hw2 = calloc(IC * OC, 2), *hd = calloc(N * IC, 2), *hdp = calloc(N * OC, 2);
+    cai_tensor bx = cai_tensor_2d(dev, hx, CAI_DTYPE_BF16, N, IC), bw = cai_tensor_2d(dev, hw, CAI_DTYPE_BF16, OC, IC);
+    cai_tensor ba = cai_tensor_2d(dev, ha, CAI_DTYPE_BF16, N, OC), bp = cai_tensor_2d(dev, hp, CAI_DTYPE_BF16, N, OC);
+    cai_tensor bw2 = cai_tensor_2d(dev, hw2, CAI_DTYPE_BF16, IC, OC), bd = cai_tensor_2d(dev, hd, CAI_DTYPE_BF16, N, IC);
+    cai_tensor bdp = cai_tensor_2d(dev, hdp, CAI_DTYPE_BF16, N, OC);
+    ck_assert_int_eq(ops->linear_gelu_fwd(dev, &ba, &bp, &bx, &bw, NULL), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_gelu_fwd: weight is bf16[11,13]; this backend computes in f32"));
+    cai_tensor bb = cai_tensor_1d(dev, hp, CAI_DTYPE_BF16, OC);
+    ck_assert_int_eq(ops->linear_gelu_fwd(dev, &tact, &tpre, &tx, &tw, &bb), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_gelu_fwd: bias is bf16[11]"));
+    ck_assert_int_eq(ops->linear_bwd_dgelu(dev, &bdp, NULL, NULL, &bd, &ba, &bw2, &bp), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_bwd_dgelu: weight is bf16[13,11]; this backend computes in f32"));
+    cai_error_clear();
+    free(hx); free(hw); free(ha); free(hp); free(hw2); free(hd); free(hdp);
+    free(x); free(w); free(bias); free(dw0); free(db0); free(w2); free(dout2);
+    free(fx); free(fw); free(fb); free(fw2); free(fdout2); free(act); free(pre); free(ract); free(rpre);
+    free(rp); free(ra); free(dpre); free(rdpre); free(fdw); free(rfdw); free(fdb); free(rfdb);
+    free(rdp); free(rdw); free(rdb);
+}
+END_TEST
+
 START_TEST(swiglu_fwd_bwd_on_fused_views) {
     enum { N = 7, F = 13 };
     /* gate | up halves of one [N, 2F] buffer, as a fused up projection gives */
@@ -744,6 +854,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, layernorm_fwd_bwd);
     tcase_add_test(tc, rmsnorm_fwd_bwd);
     tcase_add_test(tc, gelu_fwd_bwd);
+    tcase_add_test(tc, linear_gelu_fused_ops_match_composition);
     tcase_add_test(tc, swiglu_fwd_bwd_on_fused_views);
     tcase_add_test(tc, rope_fwd_bwd);
     tcase_add_test(tc, rope_on_fused_qkv_view_and_errors);

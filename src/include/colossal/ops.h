@@ -128,6 +128,24 @@ typedef struct cai_ops {
     cai_status (*linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
                              const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                              int accum_dinp);
+    /* Linear layer followed by GELU (GPT-2's MLP up projection), one op so a
+     * backend can fuse the GELU into the matmul's epilogue:
+     * pre [N,OC] = inp [N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be
+     * NULL), act [N,OC] = gelu(pre) (tanh approximation, as gelu_fwd). pre
+     * is kept for linear_bwd_dgelu. Same as linear_fwd then gelu_fwd, up to
+     * rounding (a fused bf16 act is rounded once, from the f32 pre). act and
+     * pre must not overlap each other or the inputs. */
+    cai_status (*linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
+                                  const cai_tensor *weight, const cai_tensor *bias);
+    /* Backward of a linear layer whose input was act = gelu(pre), through the
+     * GELU: dpre [N,IC] = gelu'(pre) * (dout @ weight) (overwritten);
+     * dweight [OC,IC] += dout^T @ inp (inp = act); dbias [OC] += sum over rows
+     * of dout. dweight, dbias may be NULL; dpre is required and must not
+     * overlap pre, dout or inp. Same as linear_bwd (accum_dinp = 0) then
+     * gelu_bwd in place, up to rounding. */
+    cai_status (*linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
+                                   const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                                   const cai_tensor *pre);
     /* x [N,C] += bias [C] (in place). */
     cai_status (*bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
     /* dbias [C] += sum over rows of dout [N,C]. */
