@@ -273,130 +273,222 @@ __global__ void k_xent_fwd(float *losses, float *lse, float *maxv, float *sumexp
     }
 }
 
-/* ---- fast paths: 16-byte aligned rows, dtype a template parameter */
+/* ---- fast paths: 16-byte aligned rows, dtype a template parameter.
+ *
+ * A thread takes chunks j = tid, tid + XNT, ... of 8 logits. The chunks that
+ * lie wholly inside the valid columns go in batches of XU(DT) (128 bytes a
+ * thread): the batch's 16-byte loads are issued into raw registers, with
+ * out-of-range slots reading a valid chunk instead of branching, before
+ * any is converted, so all of them are in flight at once (a conversion
+ * right after each guarded load made every load wait for the previous
+ * one). The row's partial chunk and padding chunks are handled one by one
+ * after the batches. Exponentials are ex2.approx of (x - max) * log2(e)
+ * (two instructions instead of expf's ~8: the loop had become
+ * instruction-bound at H200 bandwidth; relative error ~2^-22, within
+ * the f32 tolerance of the CPU's expf). Column indices within a row are 32-bit. */
 
-#define XU 4 /* chunks of 8 loaded per thread before any is used */
+#define XNT 512
+#define XU(DT) ((DT) == CUK_F32 ? 4 : 8)
+#define XLOG2E 1.4426950408889634f
 
-/* (m1, s1) + (m2, s2) of the online softmax; symmetric, so every lane of a
- * butterfly gets the same bits. */
-CUK_INLINE void sm_combine(float &m, float &s, float m2, float s2) {
-    const float M = fmaxf(m, m2);
-    const float a = m == -INFINITY ? 0.0f : s * expf(m - M), b = m2 == -INFINITY ? 0.0f : s2 * expf(m2 - M);
-    m = M;
-    s = a + b;
+CUK_INLINE float xex2(float t) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+    return r;
 }
 
-/* This thread's XU chunks from chunk j0 of a row `width` wide: element
- * counts in cnt (0 past the end); chunks starting at or past `loadcols` are
- * not read (their values unused). */
-template <int DT>
-CUK_INLINE void xent_load(const void *p, int64_t xo, int64_t j0, int64_t width, int64_t loadcols, float (*v)[8],
-                          int *cnt) {
-    const int64_t nch = (width + 7) >> 3;
+/* 8 logits as stored: one uint4 of bf16/f16, two of f32. */
+template <int DT> struct xraw {
+    uint4 q[DT == CUK_F32 ? 2 : 1];
+};
+
+/* Full chunk j of the row at p (16-byte aligned). */
+template <int DT> CUK_INLINE void xraw_ld(xraw<DT> &r, const void *p, int j) {
+    const uint4 *s = (const uint4 *)p + (DT == CUK_F32 ? 2 : 1) * (int64_t)j;
+    r.q[0] = s[0];
+    if constexpr (DT == CUK_F32) r.q[1] = s[1];
+}
+
+/* A thread's batch of full chunks j0 + u XNT (u < U) of a row of nfull full
+ * chunks: slots past the end load chunk j0 instead (unused), so the loads
+ * need no branch. */
+template <int DT, int U> CUK_INLINE void xraw_batch(xraw<DT> *r, const void *row, int j0, int nfull) {
 #pragma unroll
-    for (int u = 0; u < XU; u++) {
-        const int64_t j = j0 + u * (int64_t)blockDim.x;
-        cnt[u] = j < nch ? (int)(width - 8 * j < 8 ? width - 8 * j : 8) : 0;
-        if (cnt[u] > 0 && 8 * j < loadcols) cuk_ld8_tail<DT>(p, xo + 8 * j, cnt[u], v[u]);
+    for (int u = 0; u < U; u++) {
+        const int j = j0 + u * XNT;
+        xraw_ld<DT>(r[u], row, j < nfull ? j : j0);
     }
 }
 
+/* The conversions of cuk_ld8 (the same f32 values). */
+template <int DT> CUK_INLINE void xraw_cvt(const xraw<DT> &r, float *v) {
+    const uint32_t w[4] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w};
+    if constexpr (DT == CUK_F32) {
+        const uint32_t w2[4] = {r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            v[k] = __uint_as_float(w[k]);
+            v[4 + k] = __uint_as_float(w2[k]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+            v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
+            v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
+        }
+    }
+}
+
+/* The running (max, sum) pairs of a warp's lanes combined: the warp's max,
+ * then each lane's sum rescaled to it, summed by the butterfly (x + y on
+ * both sides of each exchange, so every lane gets the same bits). */
+CUK_INLINE void sm_warp(float &m, float &se) {
+    const float M = warp_max(m);
+    se = warp_sum(m == -INFINITY ? 0.0f : se * expf(m - M));
+    m = M;
+}
+
+/* Adds n (<= 8) logits v to the running (m, se) of this thread. */
+CUK_INLINE void sm_add(float &m, float &se, const float *v, int n) {
+    float cm = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        if (e < n) cm = fmaxf(cm, v[e]);
+    if (cm > m) {
+        se = m == -INFINITY ? 0.0f : se * expf(m - cm);
+        m = cm;
+    }
+    if (m == -INFINITY) return;
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        if (e < n) se += xex2((v[e] - m) * XLOG2E);
+}
+
 template <int DT>
-__global__ void __launch_bounds__(512, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
+__global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
                                                       float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
                                                       int64_t ncols, int ignore, int strict, cuk_errrec *err) {
-    __shared__ float shm[32], shs[32];
-    const int64_t nch = (ncols + 7) >> 3;
+    constexpr int U = XU(DT);
+    __shared__ float shm[32], shs[32], shx;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = XNT / 32;
+    const int nc = (int)ncols, nfull = nc >> 3;
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
-        const int64_t xo = n * x.ld;
-        float m = -INFINITY, se = 0.0f;
-        for (int64_t j0 = threadIdx.x; j0 < nch; j0 += XU * (int64_t)blockDim.x) {
-            float v[XU][8];
-            int cnt[XU];
-            xent_load<DT>(x.p, xo, j0, ncols, ncols, v, cnt);
+        const char *row = (const char *)x.p + n * x.ld * (DT == CUK_F32 ? 4 : 2);
+        const int64_t t = tgt[n], tl = t - off;
+        const int ign = t == ignore, inside = tl >= 0 && tl < ncols;
+        const int jt = !ign && inside ? (int)(tl >> 3) : -1, et = (int)(tl & 7);
+        float m = -INFINITY, se = 0.0f, xt = 0.0f;
+        for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
+            xraw<DT> r[U];
+            xraw_batch<DT, U>(r, row, j0, nfull);
 #pragma unroll
-            for (int u = 0; u < XU; u++) {
-                if (cnt[u] <= 0) continue;
-                float cm = -INFINITY;
+            for (int u = 0; u < U; u++) {
+                const int j = j0 + u * XNT;
+                if (j >= nfull) break;
+                float v[8];
+                xraw_cvt<DT>(r[u], v);
+                sm_add(m, se, v, 8);
+                if (j == jt)
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < cnt[u]) cm = fmaxf(cm, v[u][e]);
-                if (cm > m) {
-                    se = m == -INFINITY ? 0.0f : se * expf(m - cm);
-                    m = cm;
-                }
-                if (m == -INFINITY) continue;
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e < cnt[u]) se += expf(v[u][e] - m);
+                    for (int e = 0; e < 8; e++)
+                        if (e == et) xt = v[e];
             }
         }
-        /* warp butterfly, then the warps in order by warp 0 */
+        if ((nc & 7) && tid == nfull % XNT) { /* the partial chunk, by the thread next in line */
+            float v[8];
+            cuk_ld8_tail<DT>(row, 8 * (int64_t)nfull, nc & 7, v);
+            sm_add(m, se, v, nc & 7);
+            if (nfull == jt)
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, se, o);
-            sm_combine(m, se, m2, s2);
+                for (int e = 0; e < 8; e++)
+                    if (e == et) xt = v[e];
         }
-        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-        __syncthreads();
+        /* the warp's pairs, then the warps' pairs in warp 0 */
+        sm_warp(m, se);
+        __syncthreads(); /* the previous row's values are read */
         if (lane == 0) {
             shm[w] = m;
             shs[w] = se;
         }
+        if (jt >= 0 && jt % XNT == tid) shx = xt; /* the owner of the target's chunk */
         __syncthreads();
-        if (threadIdx.x == 0) {
-            m = shm[0];
-            se = shs[0];
-            for (int k = 1; k < nw; k++) sm_combine(m, se, shm[k], shs[k]);
-            const int64_t t = tgt[n], tl = t - off;
-            const int ign = t == ignore, inside = tl >= 0 && tl < ncols;
-            const float l = m + logf(se);
-            if (strict && !ign && !inside) cuk_report(err, CUK_ERR_TARGET, n, t, off, off + ncols);
-            const float xt = (!ign && inside) ? cuk_ld1<DT>(x.p, xo + tl) : 0.0f;
-            if (lse) lse[n] = l;
-            if (maxv) maxv[n] = m;
-            if (sumexp) sumexp[n] = se;
-            if (tlogit) tlogit[n] = xt;
-            if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xt;
+        if (w == 0) {
+            m = lane < nw ? shm[lane] : -INFINITY;
+            se = lane < nw ? shs[lane] : 0.0f;
+            sm_warp(m, se);
+            if (lane == 0) {
+                const float l = m + logf(se);
+                if (strict && !ign && !inside) cuk_report(err, CUK_ERR_TARGET, n, t, off, off + ncols);
+                const float xtv = jt >= 0 ? shx : 0.0f;
+                if (lse) lse[n] = l;
+                if (maxv) maxv[n] = m;
+                if (sumexp) sumexp[n] = se;
+                if (tlogit) tlogit[n] = xtv;
+                if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xtv;
+            }
         }
     }
 }
 
+/* dlogits = sc * softmax - sc at the target, 0 in padding columns and
+ * ignored rows; in place allowed (a chunk is loaded before it is stored,
+ * by the same thread). No block-wide step: warps run ahead freely. */
 template <int DT>
-__global__ void __launch_bounds__(512, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt,
+__global__ void __launch_bounds__(XNT, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt,
                                                       const float *dl, float dscale, int64_t off, int64_t ncols,
                                                       int ignore) {
-    const int64_t nch = (dx.cols + 7) >> 3;
+    constexpr int U = XU(DT);
+    const int tid = threadIdx.x, nc = (int)ncols, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
-        const int64_t t = tgt[n], tl = t - off, xo = n * x.ld, go = n * dx.ld;
+        const char *row = (const char *)x.p + n * x.ld * (DT == CUK_F32 ? 4 : 2);
+        const int64_t go = n * dx.ld;
+        const int64_t t = tgt[n], tl = t - off;
         const int ign = t == ignore;
+        const int jt = !ign && tl >= 0 && tl < ncols ? (int)(tl >> 3) : -1, et = (int)(tl & 7);
         const float sc = dl ? dl[n] : dscale, L = lse[n];
-        for (int64_t j0 = threadIdx.x; j0 < nch; j0 += XU * (int64_t)blockDim.x) {
-            float v[XU][8];
-            int cnt[XU];
-            xent_load<DT>(x.p, xo, j0, dx.cols, ign ? 0 : ncols, v, cnt);
+        for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
+            xraw<DT> r[U];
+            xraw_batch<DT, U>(r, row, j0, nfull);
 #pragma unroll
-            for (int u = 0; u < XU; u++) {
-                if (cnt[u] <= 0) continue;
-                const int64_t c0 = 8 * (j0 + u * (int64_t)blockDim.x);
-                float o[8];
+            for (int u = 0; u < U; u++) {
+                const int j = j0 + u * XNT;
+                if (j >= nfull) break;
+                float v[8], o[8];
+                xraw_cvt<DT>(r[u], v);
 #pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const int64_t j = c0 + e;
-                    float gv = 0.0f;
-                    if (!ign && j < ncols) {
-                        gv = sc * expf(v[u][e] - L);
-                        if (j == tl) gv -= sc;
-                    }
-                    o[e] = gv;
-                }
-                cuk_st8_tail<DT>(dx.p, go + c0, cnt[u], o);
+                for (int e = 0; e < 8; e++) o[e] = ign ? 0.0f : sc * xex2((v[e] - L) * XLOG2E);
+                if (j == jt)
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        if (e == et) o[e] -= sc;
+                cuk_st8<DT>(dx.p, go + 8 * (int64_t)j, o);
             }
+        }
+        /* the partial chunk of the valid columns and the padding chunks */
+        for (int j = nfull + tid; j < nch; j += XNT) {
+            const int c0 = 8 * j, nv = nc - c0 < 0 ? 0 : nc - c0 < 8 ? nc - c0 : 8;
+            const int cnt = dx.cols - c0 < 8 ? (int)(dx.cols - c0) : 8;
+            float v[8], o[8];
+            if (nv > 0 && !ign) cuk_ld8_tail<DT>(row, c0, nv, v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float gv = 0.0f;
+                if (!ign && e < nv) {
+                    gv = sc * xex2((v[e] - L) * XLOG2E);
+                    if (j == jt && e == et) gv -= sc;
+                }
+                o[e] = gv;
+            }
+            cuk_st8_tail<DT>(dx.p, go + c0, cnt, o);
         }
     }
 }
 
 static bool xent_vec_dt(int dt) { return dt == CUK_F32 || dt == CUK_BF16 || dt == CUK_F16; }
+
+/* The fast paths index columns in 32 bits. */
+static bool xent_vec_ok(cuk_mat m) { return xent_vec_dt(m.dt) && cuk_vec_ok(m) && m.cols < ((int64_t)1 << 30); }
 
 static unsigned row_blocks(int64_t rows) { return (unsigned)(rows > 65536 * 16 ? 65536 * 16 : rows); }
 
@@ -404,16 +496,16 @@ extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, f
                                     float *tlogit, cuk_mat logits, const int32_t *tgt, int64_t off, int64_t ncols,
                                     int ignore_index, int strict, cuk_errrec *err) {
     if (logits.rows <= 0) return cudaSuccess;
-    if (xent_vec_dt(logits.dt) && cuk_vec_ok(logits)) {
+    if (xent_vec_ok(logits)) {
         const unsigned g = row_blocks(logits.rows);
         if (logits.dt == CUK_F32)
-            k_xent_fwd_vec<CUK_F32><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+            k_xent_fwd_vec<CUK_F32><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
                                                       ignore_index, strict, err);
         else if (logits.dt == CUK_BF16)
-            k_xent_fwd_vec<CUK_BF16><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+            k_xent_fwd_vec<CUK_BF16><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
                                                        ignore_index, strict, err);
         else
-            k_xent_fwd_vec<CUK_F16><<<g, 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+            k_xent_fwd_vec<CUK_F16><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
                                                       ignore_index, strict, err);
         return cudaGetLastError();
     }
@@ -443,16 +535,16 @@ extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat log
                                     const int32_t *tgt, const float *dlosses, float dloss_scale, int64_t off,
                                     int64_t ncols, int ignore_index) {
     if (logits.rows <= 0) return cudaSuccess;
-    if (xent_vec_dt(logits.dt) && logits.dt == dlogits.dt && cuk_vec_ok(logits) && cuk_vec_ok(dlogits)) {
+    if (logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits)) {
         const unsigned g = row_blocks(logits.rows);
         if (logits.dt == CUK_F32)
-            k_xent_bwd_vec<CUK_F32><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+            k_xent_bwd_vec<CUK_F32><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
                                                       ignore_index);
         else if (logits.dt == CUK_BF16)
-            k_xent_bwd_vec<CUK_BF16><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+            k_xent_bwd_vec<CUK_BF16><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
                                                        ignore_index);
         else
-            k_xent_bwd_vec<CUK_F16><<<g, 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
+            k_xent_bwd_vec<CUK_F16><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
                                                       ignore_index);
         return cudaGetLastError();
     }

@@ -810,6 +810,116 @@ static void f16_fast(void) {
     fp_xent_embed(CAI_DTYPE_F16);
 }
 
+/* ------------------------------------------------------------------ norm / xent fast paths (issue #10) */
+
+/* LayerNorm and RMSNorm at training shapes: many rows per warp in the
+ * forward's grid-stride loop and more than 32 rows per backward block
+ * (d_model 768: fast paths), 2048 (forward fast, backward general), 4096
+ * (general kernels), odd widths with a partial last chunk, accumulate on
+ * and off, f32 bias with 16-bit activations, RMSNorm backward in place. */
+static void i10_norm_case(cai_dtype dt, int64_t N, int64_t C, int64_t ld, int accum) {
+    double tol = gt_tol(dt);
+    gt_t xf, yf, dyf, dxf;
+    gt_t x = fp_view(dt, N, C, ld, 1, &xf), y = fp_view(dt, N, C, ld, 0, &yf);
+    gt_t w = R1(dt, C, 1.0), b = R1(CAI_DTYPE_F32, C, 1.0);
+    gt_t mean = O1(CAI_DTYPE_F32, N), rstd = O1(CAI_DTYPE_F32, N);
+    BOTH("layernorm_fwd", H->ops->layernorm_fwd(H, &y.h, &mean.h, &rstd.h, &x.h, &w.h, &b.h, 1e-5f),
+         G->ops->layernorm_fwd(G, &y.g, &mean.g, &rstd.g, &x.g, &w.g, &b.g, 1e-5f));
+    gt_check(nm("layernorm_fwd %s %" PRId64 "x%" PRId64 " ld %" PRId64, dtn(dt), N, C, ld), y, tol);
+    gt_check(nm("layernorm_fwd %s %" PRId64 "x%" PRId64 " mean", dtn(dt), N, C), mean, 1e-5);
+    gt_check(nm("layernorm_fwd %s %" PRId64 "x%" PRId64 " rstd", dtn(dt), N, C), rstd, 1e-5);
+    if (ld > C) fp_untouched("layernorm_fwd", yf, N, ld, C);
+    gt_t dy = fp_view(dt, N, C, ld, 1, &dyf), dx = fp_view(dt, N, C, ld, accum, &dxf);
+    gt_t dw = R1(CAI_DTYPE_F32, C, 1.0), db = R1(CAI_DTYPE_F32, C, 1.0);
+    BOTH("layernorm_bwd", H->ops->layernorm_bwd(H, &dx.h, &dw.h, &db.h, &dy.h, &x.h, &w.h, &mean.h, &rstd.h, accum),
+         G->ops->layernorm_bwd(G, &dx.g, &dw.g, &db.g, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, accum));
+    const char *how = accum ? "+=" : "=";
+    gt_check(nm("layernorm_bwd %s %" PRId64 "x%" PRId64 " dinp (%s)", dtn(dt), N, C, how), dx, tol);
+    gt_check(nm("layernorm_bwd %s %" PRId64 "x%" PRId64 " dweight", dtn(dt), N, C), dw, 1e-5);
+    gt_check(nm("layernorm_bwd %s %" PRId64 "x%" PRId64 " dbias", dtn(dt), N, C), db, 1e-5);
+    if (ld > C && !accum) fp_untouched("layernorm_bwd", dxf, N, ld, C);
+    gt_t y2f, y2 = fp_view(dt, N, C, ld, 0, &y2f), rs2 = O1(CAI_DTYPE_F32, N), dw2 = R1(CAI_DTYPE_F32, C, 1.0);
+    BOTH("rmsnorm_fwd", H->ops->rmsnorm_fwd(H, &y2.h, &rs2.h, &x.h, &w.h, 1e-6f),
+         G->ops->rmsnorm_fwd(G, &y2.g, &rs2.g, &x.g, &w.g, 1e-6f));
+    gt_check(nm("rmsnorm_fwd %s %" PRId64 "x%" PRId64, dtn(dt), N, C), y2, tol);
+    gt_check(nm("rmsnorm_fwd %s %" PRId64 "x%" PRId64 " rstd", dtn(dt), N, C), rs2, 1e-5);
+    BOTH("rmsnorm_bwd", H->ops->rmsnorm_bwd(H, &dy.h, &dw2.h, &dy.h, &x.h, &w.h, &rs2.h, 0),
+         G->ops->rmsnorm_bwd(G, &dy.g, &dw2.g, &dy.g, &x.g, &w.g, &rs2.g, 0));
+    gt_check(nm("rmsnorm_bwd %s %" PRId64 "x%" PRId64 " dinp in place", dtn(dt), N, C), dy, tol);
+    gt_check(nm("rmsnorm_bwd %s %" PRId64 "x%" PRId64 " dweight", dtn(dt), N, C), dw2, 1e-5);
+}
+
+/* Cross-entropy on full GPT-2 vocabulary rows (50257 valid of 50304) and odd widths. */
+static void i10_xent_case(cai_dtype dt, int64_t N, int64_t V, int64_t ld, int64_t valid) {
+    double tol = gt_tol(dt);
+    int32_t *tgt = malloc((size_t)N * sizeof *tgt);
+    for (int64_t i = 0; i < N; i++) tgt[i] = (int32_t)((i * 7919 + 13) % valid);
+    tgt[1 % N] = -100;
+    tgt[2 % N] = (int32_t)(valid - 1); /* inside the partial chunk when valid is not a multiple of 8 */
+    gt_t tt = gt_ints(1, SHP(N), tgt);
+    free(tgt);
+    gt_t lf, lg = fp_view(dt, N, V, ld, 1, &lf);
+    for (int64_t i = 0; i < lf.b->n; i++) lf.b->hbuf[i] *= 3.0f;
+    gt_upload(&lf);
+    gt_t loss = O1(CAI_DTYPE_F32, N), lse = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_fwd", H->ops->xent_fwd(H, &loss.h, &lse.h, &lg.h, &tt.h, 0, valid, -100),
+         G->ops->xent_fwd(G, &loss.g, &lse.g, &lg.g, &tt.g, 0, valid, -100));
+    gt_check(nm("xent_fwd %s %" PRId64 "x%" PRId64 " losses", dtn(dt), N, V), loss, 1e-5);
+    gt_check(nm("xent_fwd %s %" PRId64 "x%" PRId64 " lse", dtn(dt), N, V), lse, 1e-5);
+    gt_t mx = O1(CAI_DTYPE_F32, N), se = O1(CAI_DTYPE_F32, N), tl = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_stats", H->ops->xent_stats(H, &mx.h, &se.h, &tl.h, &lg.h, &tt.h, 0, valid, -100),
+         G->ops->xent_stats(G, &mx.g, &se.g, &tl.g, &lg.g, &tt.g, 0, valid, -100));
+    gt_check(nm("xent_stats %s %" PRId64 "x%" PRId64 " max", dtn(dt), N, V), mx, 1e-6);
+    gt_check(nm("xent_stats %s %" PRId64 "x%" PRId64 " sumexp", dtn(dt), N, V), se, 1e-5);
+    gt_check(nm("xent_stats %s %" PRId64 "x%" PRId64 " target logit", dtn(dt), N, V), tl, 0.0);
+    gt_t dl = R1(CAI_DTYPE_F32, N, 1.0), dxf, dx = fp_view(dt, N, V, ld, 0, &dxf);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &dx.h, &lg.h, &lse.h, &tt.h, &dl.h, 0.0f, 0, valid, -100),
+         G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
+    gt_check(nm("xent_bwd %s %" PRId64 "x%" PRId64, dtn(dt), N, V), dx, tol);
+    if (ld > V) fp_untouched("xent_bwd", dxf, N, ld, V);
+    BOTH("xent_bwd", H->ops->xent_bwd(H, &lg.h, &lg.h, &lse.h, &tt.h, NULL, 1.0f / 4096, 0, valid, -100),
+         G->ops->xent_bwd(G, &lg.g, &lg.g, &lse.g, &tt.g, NULL, 1.0f / 4096, 0, valid, -100));
+    gt_check(nm("xent_bwd %s %" PRId64 "x%" PRId64 " in place", dtn(dt), N, V), lg, tol);
+}
+
+static void i10_norms(void) {
+    i10_norm_case(CAI_DTYPE_BF16, 20000, 768, 768, 1); /* GPT-2 124M width, 40 rows per backward block */
+    i10_norm_case(CAI_DTYPE_BF16, 3000, 768, 768, 0);
+    i10_norm_case(CAI_DTYPE_F16, 3000, 768, 776, 1);
+    i10_norm_case(CAI_DTYPE_F32, 2000, 768, 768, 1);
+    i10_norm_case(CAI_DTYPE_F32, 129, 1023, 1028, 1); /* 4 chunks a lane, the last partial */
+    i10_norm_case(CAI_DTYPE_BF16, 300, 2048, 2048, 1);
+    i10_norm_case(CAI_DTYPE_F16, 100, 1032, 1032, 0);
+    i10_norm_case(CAI_DTYPE_BF16, 64, 4096, 4096, 1); /* Llama widths: general kernels */
+    i10_norm_case(CAI_DTYPE_F32, 64, 4096, 4096, 0);
+    i10_norm_case(CAI_DTYPE_BF16, 257, 5, 8, 1); /* a single partial chunk */
+    /* bitwise repeatability of the parameter gradients with 40-row blocks */
+    const int64_t N = 20000, C = 768;
+    gt_t x = R2(CAI_DTYPE_BF16, N, C, 1.0), dy = R2(CAI_DTYPE_BF16, N, C, 1.0), w = R1(CAI_DTYPE_BF16, C, 1.0);
+    gt_t y = O2(CAI_DTYPE_BF16, N, C), dx = O2(CAI_DTYPE_BF16, N, C);
+    gt_t mean = O1(CAI_DTYPE_F32, N), rstd = O1(CAI_DTYPE_F32, N);
+    GT_OK(G->ops->layernorm_fwd(G, &y.g, &mean.g, &rstd.g, &x.g, &w.g, NULL, 1e-5f));
+    float *bits[2];
+    for (int rep = 0; rep < 2; rep++) {
+        gt_t dw = O1(CAI_DTYPE_F32, C), db = O1(CAI_DTYPE_F32, C);
+        GT_OK(G->ops->fill(G, &dw.g, 0.0f));
+        GT_OK(G->ops->fill(G, &db.g, 0.0f));
+        GT_OK(G->ops->layernorm_bwd(G, &dx.g, &dw.g, &db.g, &dy.g, &x.g, &w.g, &mean.g, &rstd.g, 0));
+        bits[rep] = gt_download(dw.b);
+    }
+    gt_expect("layernorm_bwd 20000x768 dweight bitwise repeatable", memcmp(bits[0], bits[1], (size_t)C * 4) == 0, NULL);
+    free(bits[0]);
+    free(bits[1]);
+}
+
+static void i10_xent(void) {
+    i10_xent_case(CAI_DTYPE_BF16, 48, 50304, 50304, 50257);
+    i10_xent_case(CAI_DTYPE_F32, 16, 50304, 50304, 50257);
+    i10_xent_case(CAI_DTYPE_F16, 16, 4100, 4104, 4099);
+    i10_xent_case(CAI_DTYPE_BF16, 33, 77, 80, 77);
+    i10_xent_case(CAI_DTYPE_F32, 9, 4096, 4096, 4096); /* no partial chunk */
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct {
@@ -885,6 +995,8 @@ static const test_entry tests[] = {
     {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
     {"fast f32", f32_fast}, {"fast bf16", bf16_fast}, {"fast f16", f16_fast},
     {"errors", t_errors},
+    /* issue #10: norm and cross-entropy fast paths at training shapes */
+    {"norms large f32/bf16/f16", i10_norms}, {"xent large f32/bf16/f16", i10_xent},
 };
 
 int main(int argc, char **argv) {

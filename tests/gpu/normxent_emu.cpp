@@ -1,0 +1,414 @@
+/* CPU emulation of the LayerNorm/RMSNorm and cross-entropy fast-path
+ * kernels (kernels/norm.cu, kernels/embed.cu), to check their index math,
+ * row/chunk ownership, prefetching, partial chunks, shared-memory layouts
+ * and reductions on a machine without a GPU (not a substitute for
+ * tests/gpu/test_cuda_ops on a GPU). tests/gpu/normxent_emu.sh extracts
+ * the kernels and the dtype helpers of cuda_common.cuh into kern.inc.
+ *
+ * Each block runs as blockDim host threads; __syncthreads is a
+ * std::barrier, shfl.xor exchanges through per-warp slots; shared memory
+ * and outputs start poisoned with NaNs; ex2.approx is exp2f. References are
+ * double precision on the same stored inputs; f32 outputs within 1e-5 of
+ * the largest reference value, f16 2e-3, bf16 1e-2, padding columns
+ * untouched, row maxima and target logits exact. */
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+struct dim3_ { unsigned x, y, z; };
+thread_local dim3_ threadIdx, blockIdx, blockDim, gridDim;
+thread_local unsigned char *g_smem;
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define CUK_INLINE static inline
+enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
+enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
+typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
+typedef struct { int code; int pad_; int64_t a, b, c, d; } cuk_errrec;
+struct uint4 { uint32_t x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
+static std::mutex g_err_mu;
+static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
+    if (!e) return;
+    std::lock_guard<std::mutex> g(g_err_mu);
+    if (e->code == 0) *e = cuk_errrec{code, 0, a, b, c, d};
+}
+
+struct Warp { std::barrier<> bar{32}; float slot[32]; };
+struct Block {
+    std::barrier<> bar;
+    std::unique_ptr<Warp[]> w;
+    float shm[32], shs[32], shx;
+    explicit Block(int n) : bar(n), w(new Warp[n / 32]) {}
+};
+thread_local Block *g_blk;
+static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
+static inline float __shfl_xor_sync(unsigned, float v, int m) {
+    Warp &w = g_blk->w[threadIdx.x >> 5];
+    const int l = threadIdx.x & 31;
+    w.slot[l] = v;
+    w.bar.arrive_and_wait();
+    const float r = w.slot[l ^ m];
+    w.bar.arrive_and_wait();
+    return r;
+}
+static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+    return v;
+}
+static inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(~0u, v, o));
+    return v;
+}
+
+#include "kern.inc"
+
+template <class F> static void launch(unsigned nblocks, unsigned nthreads, size_t smem, F f) {
+    for (unsigned bi = 0; bi < nblocks; bi++) {
+        auto blk = std::make_unique<Block>((int)nthreads);
+        std::vector<unsigned char> sm(smem + 16, 0xff); /* NaN poison */
+        std::vector<std::thread> th;
+        for (unsigned t = 0; t < nthreads; t++)
+            th.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                blockIdx = {bi, 0, 0};
+                blockDim = {nthreads, 1, 1};
+                gridDim = {nblocks, 1, 1};
+                g_blk = blk.get();
+                g_smem = sm.data();
+                f();
+            });
+        for (auto &x : th) x.join();
+    }
+}
+
+/* ---------------------------------------------------------------- buffers */
+
+static int esz(int dt) { return dt == CUK_F32 ? 4 : 2; }
+static const char *dtname(int dt) { return dt == CUK_F32 ? "f32" : dt == CUK_BF16 ? "bf16" : "f16"; }
+static double tol_of(int dt) { return dt == CUK_F32 ? 1e-5 : dt == CUK_BF16 ? 1e-2 : 2e-3; }
+
+struct Buf {
+    int dt;
+    int64_t n;
+    std::vector<unsigned char> b;
+    Buf(int dt_, int64_t n_) : dt(dt_), n(n_), b((size_t)n_ * esz(dt_) + 64) { poison(); }
+    void *p() { return b.data(); }
+    float get(int64_t i) const { return ldf(b.data(), dt, i); }
+    void set(int64_t i, float v) { stf(b.data(), dt, i, v); }
+    void poison() { for (int64_t i = 0; i < n; i++) set(i, NAN); }
+};
+
+static std::mt19937 g_rng(12345);
+static void fill_rand(Buf &b, double scale, double shift = 0.0) {
+    std::normal_distribution<float> nd(0, 1);
+    for (int64_t i = 0; i < b.n; i++) b.set(i, (float)(nd(g_rng) * scale + shift));
+}
+
+static int g_fail = 0, g_pass = 0;
+static void expect(bool ok, const char *what) {
+    if (ok) g_pass++;
+    else {
+        g_fail++;
+        printf("  FAIL %s\n", what);
+    }
+}
+
+/* max |got - ref| / max |ref| over rows x cols of a row-major buffer with row stride ld */
+static double relerr(const Buf &got, const std::vector<double> &ref, int64_t rows, int64_t cols, int64_t ld) {
+    double mx = 0, me = 0;
+    bool nan = false;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const double g = got.get(r * ld + c), e = ref[r * cols + c];
+            mx = std::fmax(mx, std::fabs(e));
+            if (std::isnan(g) != std::isnan(e)) nan = true;
+            else if (!std::isnan(g)) me = std::fmax(me, std::fabs(g - e));
+        }
+    return nan ? 1e30 : mx > 0 ? me / mx : me;
+}
+
+static bool padding_nan(const Buf &b, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = cols; c < ld; c++)
+            if (!std::isnan(b.get(r * ld + c))) return false;
+    return true;
+}
+
+static void check(const char *what, double err, double tol) {
+    char s[256];
+    snprintf(s, sizeof s, "%s: err %.2e (tol %.0e)", what, err, tol);
+    if (getenv("EMU_VERBOSE") || !(err <= tol)) printf("  %s\n", s);
+    expect(err <= tol, s);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+template <int DT, int K>
+static void norm_case(int64_t N, int64_t C, int64_t ld, int wdt, bool rms, bool bias, unsigned fgrid, int64_t rpb,
+                      bool accum, bool inplace, bool dparams) {
+    char name[200];
+    snprintf(name, sizeof name, "%s %s K%d N%lld C%lld ld%lld w %s%s grid %u rpb %lld%s%s%s", rms ? "rmsnorm" : "layernorm",
+             dtname(DT), K, (long long)N, (long long)C, (long long)ld, dtname(wdt), bias ? " bias" : "", fgrid,
+             (long long)rpb, accum ? " +=" : "", inplace ? " in-place" : "", dparams ? " dparams" : "");
+    Buf x(DT, N * ld), y(DT, N * ld), w(wdt, C), b(wdt, C);
+    fill_rand(x, 2.0, 0.5);
+    fill_rand(w, 1.0);
+    fill_rand(b, 1.0);
+    std::vector<float> mean(N, NAN), rstd(N, NAN);
+    cuk_mat mx{x.p(), N, C, ld, DT}, my{y.p(), N, C, ld, DT};
+    const size_t fsm = (rms ? 1 : 2) * (size_t)K * 64 * 16;
+    const float eps = 1e-5f;
+    if (rms)
+        launch(fgrid, 32 * NW, fsm, [&] { k_norm_fwd_reg<DT, K, true>(my, NULL, rstd.data(), mx, w.p(), wdt, NULL, 0, eps); });
+    else
+        launch(fgrid, 32 * NW, fsm, [&] {
+            k_norm_fwd_reg<DT, K, false>(my, mean.data(), rstd.data(), mx, w.p(), wdt, bias ? b.p() : NULL, wdt, eps);
+        });
+    std::vector<double> ry(N * C), rm(N), rr(N);
+    for (int64_t r = 0; r < N; r++) {
+        double s = 0, v = 0;
+        for (int64_t c = 0; c < C; c++) s += x.get(r * ld + c);
+        const double m = rms ? 0.0 : s / C;
+        for (int64_t c = 0; c < C; c++) v += (x.get(r * ld + c) - m) * (x.get(r * ld + c) - m);
+        const double rs = 1.0 / std::sqrt(v / C + eps);
+        rm[r] = m;
+        rr[r] = rs;
+        for (int64_t c = 0; c < C; c++)
+            ry[r * C + c] = (x.get(r * ld + c) - m) * rs * w.get(c) + (bias && !rms ? b.get(c) : 0.0);
+    }
+    char what[300];
+    snprintf(what, sizeof what, "%s fwd out", name);
+    check(what, relerr(y, ry, N, C, ld), tol_of(DT));
+    snprintf(what, sizeof what, "%s fwd padding untouched", name);
+    expect(padding_nan(y, N, C, ld), what);
+    double em = 0, er = 0, mm = 0, mr = 0;
+    for (int64_t r = 0; r < N; r++) {
+        em = std::fmax(em, std::fabs(mean[r] - rm[r]));
+        mm = std::fmax(mm, std::fabs(rm[r]));
+        er = std::fmax(er, std::fabs(rstd[r] - rr[r]));
+        mr = std::fmax(mr, std::fabs(rr[r]));
+    }
+    if (!rms) {
+        snprintf(what, sizeof what, "%s fwd mean", name);
+        check(what, em / mm, 1e-5);
+    }
+    snprintf(what, sizeof what, "%s fwd rstd", name);
+    check(what, er / mr, 1e-5);
+
+    /* backward on the same rows, statistics from the forward */
+    Buf dy(DT, N * ld), dxb(DT, N * ld);
+    fill_rand(dy, 1.0);
+    Buf &dx = inplace ? dy : dxb;
+    if (accum && !inplace) fill_rand(dx, 1.0);
+    std::vector<double> prev(N * C);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = 0; c < C; c++) prev[r * C + c] = accum ? dx.get(r * ld + c) : 0.0;
+    std::vector<double> dyv(N * C);
+    for (int64_t i = 0; i < N * C; i++) dyv[i] = dy.get((i / C) * ld + i % C);
+    const int64_t nb = (N + rpb - 1) / rpb;
+    std::vector<float> pw(nb * C + 1, NAN), pb(nb * C + 1, NAN), dw0(C), db0(C);
+    for (int64_t c = 0; c < C; c++) {
+        dw0[c] = (float)(0.25 * (c % 7));
+        db0[c] = (float)(-0.5 * (c % 3));
+    }
+    cuk_mat mdy{dy.p(), N, C, ld, DT}, mdx{dx.p(), N, C, ld, DT};
+    const size_t bsm = (size_t)K * 64 * 16 * (1 + (dparams ? 2 * NW : 0));
+    float *ppw = dparams ? pw.data() : NULL, *ppb = dparams && !rms ? pb.data() : NULL;
+    if (rms)
+        launch((unsigned)nb, 32 * NW, bsm, [&] {
+            k_norm_bwd_reg<DT, K, true>(mdx, ppw, ppb, mdy, mx, w.p(), wdt, NULL, rstd.data(), accum, rpb);
+        });
+    else
+        launch((unsigned)nb, 32 * NW, bsm, [&] {
+            k_norm_bwd_reg<DT, K, false>(mdx, ppw, ppb, mdy, mx, w.p(), wdt, mean.data(), rstd.data(), accum, rpb);
+        });
+    std::vector<double> rdx(N * C), rdw(C, 0), rdb(C, 0);
+    for (int64_t r = 0; r < N; r++) {
+        const double m = rms ? 0.0 : mean[r], rs = rstd[r];
+        double sg = 0, sgx = 0;
+        for (int64_t c = 0; c < C; c++) {
+            const double d = dyv[r * C + c], xh = (x.get(r * ld + c) - m) * rs, g = d * w.get(c);
+            sg += g;
+            sgx += g * xh;
+            rdw[c] += d * xh;
+            rdb[c] += d;
+        }
+        const double mg = rms ? 0.0 : sg / C, mgx = sgx / C;
+        for (int64_t c = 0; c < C; c++) {
+            const double xh = (x.get(r * ld + c) - m) * rs;
+            rdx[r * C + c] = prev[r * C + c] + rs * (dyv[r * C + c] * w.get(c) - mg - xh * mgx);
+        }
+    }
+    snprintf(what, sizeof what, "%s bwd dinp", name);
+    check(what, relerr(dx, rdx, N, C, ld), tol_of(DT));
+    snprintf(what, sizeof what, "%s bwd dinp padding untouched", name);
+    expect(inplace || padding_nan(dx, N, C, ld) || accum, what);
+    if (dparams) {
+        /* cuk_colsum_final: block partials in block order, in double */
+        double ew = 0, mw = 0, eb = 0, mb = 0;
+        for (int64_t c = 0; c < C; c++) {
+            double sw = 0, sb = 0;
+            for (int64_t k = 0; k < nb; k++) {
+                sw += pw[k * C + c];
+                sb += pb[k * C + c];
+            }
+            const double gw = (float)((double)dw0[c] + sw), gb = (float)((double)db0[c] + sb);
+            ew = std::fmax(ew, std::isnan(gw) ? 1e30 : std::fabs(gw - (dw0[c] + rdw[c])));
+            mw = std::fmax(mw, std::fabs(dw0[c] + rdw[c]));
+            if (!rms) {
+                eb = std::fmax(eb, std::isnan(gb) ? 1e30 : std::fabs(gb - (db0[c] + rdb[c])));
+                mb = std::fmax(mb, std::fabs(db0[c] + rdb[c]));
+            }
+        }
+        snprintf(what, sizeof what, "%s bwd dweight", name);
+        check(what, ew / mw, 1e-5);
+        if (!rms) {
+            snprintf(what, sizeof what, "%s bwd dbias", name);
+            check(what, eb / mb, 1e-5);
+        }
+        snprintf(what, sizeof what, "%s bwd partials past the last block untouched", name);
+        expect(std::isnan(pw[nb * C]), what);
+    }
+}
+
+template <int DT, int K> static void norm_shape(int64_t N, int64_t C, int64_t ld) {
+    norm_case<DT, K>(N, C, ld, DT, false, true, 3, 32, true, false, true);
+    norm_case<DT, K>(N, C, ld, CUK_F32, false, false, 2, 13, false, false, true);
+    norm_case<DT, K>(N, C, ld, DT, false, true, 1, 32, false, true, false);
+    norm_case<DT, K>(N, C, ld, CUK_F32, true, false, 5, 32, false, false, true);
+    norm_case<DT, K>(N, C, ld, DT, true, false, 2, 24, true, false, true);
+}
+
+template <int DT> static void norms() {
+    norm_shape<DT, 1>(45, 100, 104);
+    norm_shape<DT, 2>(40, 300, 304);
+    norm_shape<DT, 3>(70, 768, 768);
+    norm_shape<DT, 4>(70, 771, 776);
+    norm_shape<DT, 4>(33, 1024, 1024);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+template <int DT>
+static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt, int strict,
+                      bool inplace) {
+    char name[200];
+    snprintf(name, sizeof name, "xent %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
+             (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
+    Buf x(DT, N * ld);
+    fill_rand(x, 3.0);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
+    if (N > 1 && ncols > 40) x.set(1 * ld + ncols - 3, 40.0f); /* a late large maximum */
+    std::vector<float> loss(N, NAN), lse(N, NAN), mxv(N, NAN), sev(N, NAN), tlv(N, NAN);
+    cuk_errrec err{};
+    cuk_mat mx{x.p(), N, V, ld, DT};
+    const int ignore = -100;
+    launch((unsigned)N, XNT, 0, [&] {
+        k_xent_fwd_vec<DT>(loss.data(), lse.data(), mxv.data(), sev.data(), tlv.data(), mx, tgt.data(), off, ncols,
+                           ignore, strict, &err);
+    });
+    double el = 0, ml = 0, es = 0, ms = 0, ell = 0, mll = 0;
+    bool exact = true, want_err = false;
+    std::vector<double> rl(N);
+    for (int64_t r = 0; r < N; r++) {
+        double m = -INFINITY;
+        for (int64_t c = 0; c < ncols; c++) m = std::fmax(m, x.get(r * ld + c));
+        double s = 0;
+        for (int64_t c = 0; c < ncols; c++) s += std::exp(x.get(r * ld + c) - m);
+        const double l = m + std::log(s);
+        rl[r] = l;
+        const int64_t tl = (int64_t)tgt[r] - off;
+        const bool ign = tgt[r] == ignore, inside = tl >= 0 && tl < ncols;
+        if (!ign && !inside) want_err = true;
+        const float xt = !ign && inside ? x.get(r * ld + tl) : 0.0f;
+        const double lo = ign || !inside ? 0.0 : l - xt;
+        exact &= mxv[r] == (float)m && tlv[r] == xt;
+        el = std::fmax(el, std::fabs(lse[r] - l));
+        ml = std::fmax(ml, std::fabs(l));
+        es = std::fmax(es, std::fabs(sev[r] - s));
+        ms = std::fmax(ms, std::fabs(s));
+        ell = std::fmax(ell, std::fabs(loss[r] - lo));
+        mll = std::fmax(mll, std::fabs(lo));
+    }
+    char what[300];
+    snprintf(what, sizeof what, "%s fwd lse", name);
+    check(what, el / ml, 1e-5);
+    snprintf(what, sizeof what, "%s fwd losses", name);
+    check(what, ell / (mll > 0 ? mll : 1), 1e-5);
+    snprintf(what, sizeof what, "%s fwd sumexp", name);
+    check(what, es / ms, 1e-5);
+    snprintf(what, sizeof what, "%s fwd max and target logit exact", name);
+    expect(exact, what);
+    snprintf(what, sizeof what, "%s fwd target error reported iff expected", name);
+    expect((err.code == CUK_ERR_TARGET) == (strict && want_err), what);
+
+    /* backward from the kernel's lse; per-row scale */
+    std::vector<float> dl(N);
+    for (int64_t r = 0; r < N; r++) dl[r] = 0.5f + 0.25f * (float)r;
+    Buf dxb(DT, N * ld);
+    Buf &dx = inplace ? x : dxb;
+    std::vector<double> ref(N * V);
+    for (int64_t r = 0; r < N; r++) {
+        const int64_t tl = (int64_t)tgt[r] - off;
+        for (int64_t c = 0; c < V; c++) {
+            double g = 0;
+            if (tgt[r] != ignore && c < ncols) {
+                g = dl[r] * std::exp((double)x.get(r * ld + c) - lse[r]);
+                if (c == tl) g -= dl[r];
+            }
+            ref[r * V + c] = g;
+        }
+    }
+    if (inplace)
+        for (int64_t r = 0; r < N; r++)
+            for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
+    cuk_mat mdx{dx.p(), N, V, ld, DT};
+    launch((unsigned)N, XNT, 0, [&] {
+        k_xent_bwd_vec<DT>(mdx, mx, lse.data(), tgt.data(), dl.data(), 0.0f, off, ncols, ignore);
+    });
+    snprintf(what, sizeof what, "%s bwd dlogits", name);
+    check(what, relerr(dx, ref, N, V, ld), tol_of(DT));
+    snprintf(what, sizeof what, "%s bwd padding untouched", name);
+    expect(padding_nan(dx, N, V, ld), what);
+}
+
+template <int DT> static void xents() {
+    xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, false);
+    xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, true);
+    xent_case<DT>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, 1, false);
+    xent_case<DT>(2, 64, 64, 0, 64, {63, 8}, 1, true);
+    xent_case<DT>(5, 200, 200, 100, 190, {150, 99, 289, 290, -100}, 1, false); /* shard, targets outside */
+    xent_case<DT>(5, 200, 200, 100, 190, {150, 99, 289, 290, -100}, 0, false);
+    xent_case<DT>(3, 4100, 4104, 0, 4099, {4098, 4096, 0}, 1, false);
+    xent_case<DT>(2, 8, 8, 0, 5, {4, 0}, 1, false); /* only a partial chunk */
+}
+
+int main() {
+    norms<CUK_F32>();
+    norms<CUK_BF16>();
+    norms<CUK_F16>();
+    xents<CUK_F32>();
+    xents<CUK_BF16>();
+    xents<CUK_F16>();
+    printf("%d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
