@@ -11,9 +11,11 @@
 #    kernel name and divided by the number of steps: the per-step budget
 #    by kernel, largest first (bench/gpu_profile.py).
 # 2. detail.txt: the Speed-of-Light, compute, memory, occupancy, launch
-#    and warp-state sections for the kernels whose names match
-#    PROF_DETAIL (default the flash-attention kernels), PROF_DETAIL_COUNT
-#    launches (default 3).
+#    warp-state (stall reasons) and instruction sections for the kernels
+#    whose names match PROF_DETAIL (default the flash-attention forward and
+#    backward kernels), PROF_DETAIL_COUNT launches (default 3) after
+#    PROF_DETAIL_SKIP matching ones (default 11: the last layer's forward,
+#    then the first dK/dV and dQ kernels of the backward).
 # Environment: as bench/gpu_train.sh (bench/gpu_common.sh); NCU (default
 # ncu on PATH, else the newest /opt/nvidia/nsight-compute/*/ncu).
 set -u
@@ -26,7 +28,7 @@ NCU=${NCU:-$(command -v ncu || ls -d /opt/nvidia/nsight-compute/*/ncu 2>/dev/nul
 [ -n "$NCU" ] || { echo "gpu_profile: no ncu"; exit 1; }
 SKIPL=${PROF_SKIP_LAUNCHES:-3000}
 STEPS=${PROF_STEPS:-2}
-DETAIL=${PROF_DETAIL:-regex:k_fl_}
+DETAIL=${PROF_DETAIL:-regex:k_fl_(fwd|bwd)}
 gpu_build || exit 1
 prepare_data || exit 1
 cfg=$top/bench/configs/$model.yaml
@@ -44,8 +46,9 @@ run() { # run LOGNAME NCU-ARGS...: one colossal-pretrain run of 20 steps under n
 run kernels --metrics gpu__time_duration.sum --launch-skip "$SKIPL" --launch-count $((STEPS * 1000)) \
     --csv --print-units base --log-file "$OUT/kernels.csv"
 $PY "$top/bench/gpu_profile.py" "$OUT/kernels.csv" | tee "$OUT/kernels.txt"
-run detail -k "$DETAIL" --launch-skip 8 --launch-count "${PROF_DETAIL_COUNT:-3}" --section SpeedOfLight \
+run detail -k "$DETAIL" --launch-skip "${PROF_DETAIL_SKIP:-11}" --launch-count "${PROF_DETAIL_COUNT:-3}" --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
-    --section LaunchStats --section WarpStateStats --section SchedulerStats --log-file "$OUT/detail.txt"
+    --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
+    --print-details all --log-file "$OUT/detail.txt"
 grep -E "k_fl_|Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Pipe|Stall|Issued|Shared" \
     "$OUT/detail.txt" | head -120
