@@ -13,7 +13,7 @@
  * mma accumulator layout; P is rounded to bf16 in registers and reused as
  * the A operand of P V (the accumulator layout of two adjacent n-tiles is
  * the A layout of one k-chunk). Scores are prescaled by scale * log2(e) so
- * the softmax uses exp2f. Fully visible tiles skip the per-element mask.
+ * the softmax uses exp2 (ex2.approx.ftz). Fully visible tiles skip the per-element mask.
  *
  * Backward (deterministic, no atomics, bitwise repeatable): D_i =
  * rowsum(dO * O) first, then a dK/dV kernel (a block owns 64 keys, 16 per
@@ -37,12 +37,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define FL_NTH 128
 /* minimum resident blocks per SM of the head_dim 64 occupancy variants (fl_occ) */
 #define FL_OCC_FWD 4
 #define FL_OCC_KV 3
 #define FL_OCC_Q 4
+#define FL_OCC_KV32 4 /* the 32-query-chunk dK/dV variant (fl_kv_qc32) */
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
@@ -81,6 +83,16 @@ template <bool F16> CUK_INLINE void fl_mma(float (&c)[4], const uint32_t (&a)[4]
                      "{%0,%1,%2,%3};\n"
                      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 2^x on the MUFU unit with denormal results flushed to zero: exp2f()
+ * wraps the same instruction in a range fix-up for results below 2^-126
+ * (three more instructions per score), which a probability that small
+ * does not need. */
+CUK_INLINE float fl_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* Two f32 as one b32 of the input type, `lo` in the low half (RNE). */
@@ -340,15 +352,16 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse,
         }
         const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
         const fl_span sp[2] = {fl_keys_of(a, ri[0], jhi, j0, BN), fl_keys_of(a, ri[1], jhi, j0, BN)};
+        /* raw scores stay unscaled (masked ones -inf): the scale, positive,
+         * commutes with the max and folds into one FFMA before the exponent */
+        if (!full)
 #pragma unroll
-        for (int n = 0; n < NN; n++)
+            for (int n = 0; n < NN; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[n][e] * sl2;
-                const int c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
-                if (!full && (c < sp[e >> 1].lo || c > sp[e >> 1].hi)) x = -INFINITY;
-                s[n][e] = x;
-            }
+                for (int e = 0; e < 4; e++) {
+                    const int c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
+                    if (c < sp[e >> 1].lo || c > sp[e >> 1].hi) s[n][e] = -INFINITY;
+                }
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float mx = -INFINITY;
@@ -357,14 +370,14 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse,
             /* the 4 threads of a quad (same g) hold a row's 64 scores */
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(mrow[r], mx);
+            const float mnew = fmaxf(mrow[r], mx * sl2); /* running max in the log2 domain */
             const float mu = mnew == -INFINITY ? 0.0f : mnew; /* a row with no key yet: p = 0, no NaN */
-            const float corr = exp2f(mrow[r] - mu);
+            const float corr = fl_ex2(mrow[r] - mu);
             mrow[r] = mnew;
             float ls = 0.0f;
 #pragma unroll
             for (int n = 0; n < NN; n++) {
-                const float p0 = exp2f(s[n][2 * r] - mu), p1 = exp2f(s[n][2 * r + 1] - mu);
+                const float p0 = fl_ex2(fmaf(s[n][2 * r], sl2, -mu)), p1 = fl_ex2(fmaf(s[n][2 * r + 1], sl2, -mu));
                 s[n][2 * r] = p0;
                 s[n][2 * r + 1] = p1;
                 ls += p0 + p1;
@@ -509,7 +522,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bth
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * n + 2 * tq + (e & 1); /* query i0 + c */
-                float p = exp2f(s[n][e] * sl2 - Lb[c]);
+                float p = fl_ex2(fmaf(s[n][e], sl2, -Lb[c]));
                 if (!full && (c < sp[e >> 1].lo || c > sp[e >> 1].hi)) p = 0.0f;
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Db[c]); /* dS^T without the scale (applied to dK at the end) */
@@ -586,7 +599,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
-                float p = exp2f(s[n][e] * sl2 - l2[r]);
+                float p = fl_ex2(fmaf(s[n][e], sl2, -l2[r]));
                 if (!full && (c < sp[r].lo || c > sp[r].hi)) p = 0.0f;
                 dp[n][e] = p * (dp[n][e] - dd[r]); /* dS without the scale */
             }
@@ -610,8 +623,26 @@ template <int D, bool F16> static cudaError_t fl_setup_one(void) {
     if constexpr (D == 64)
         if (e == cudaSuccess)
             e = cuk_smem_limits(k_fl_fwd<D, F16, FL_OCC_FWD>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16, FL_OCC_KV>,
-                                fl_kv_smem<D, QC>(), k_fl_bwd_q<D, F16, FL_OCC_Q>, fl_q_smem<D>());
+                                fl_kv_smem<D, QC>(), k_fl_bwd_kv<D, 32, F16, FL_OCC_KV32>, fl_kv_smem<D, 32>());
+    if constexpr (D == 64)
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(k_fl_bwd_q<D, F16, FL_OCC_Q>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fl_q_smem<D>());
     return e;
+}
+
+/* CAI_CUDA_FLASH_KVQC=32: the head_dim 64 dK/dV kernel walks the queries
+ * in chunks of 32 instead of 64 (half the unrolled loop body, 128 registers
+ * without spills, 4 blocks per SM). Nsight Compute put the 64-row version's
+ * largest stall on instruction fetch ("no instruction", 4.6 cycles per
+ * issued instruction against 1.6-1.7 for the forward and dQ kernels), i.e.
+ * its four unrolled products overflow the instruction cache. */
+static bool fl_kv_qc32(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("CAI_CUDA_FLASH_KVQC");
+        v = e && strcmp(e, "32") == 0;
+    }
+    return v == 1;
 }
 
 /* The head_dim 64 kernels run compiled for more resident blocks per SM
@@ -689,7 +720,13 @@ static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
         const unsigned grid = (unsigned)(k.B * k.H * nt);
         bool done = false;
         if constexpr (D == 64)
-            if (fl_occ()) {
+            if (fl_kv_qc32()) {
+                k_fl_bwd_kv<D, 32, F16, FL_OCC_KV32><<<grid, FL_NTH, fl_kv_smem<D, 32>(), s>>>(dk, dv, g, q, k, v, lse,
+                                                                                              dvec, a, nt, sl2);
+                done = true;
+            }
+        if constexpr (D == 64)
+            if (!done && fl_occ()) {
                 k_fl_bwd_kv<D, QC, F16, FL_OCC_KV><<<grid, FL_NTH, fl_kv_smem<D, QC>(), s>>>(dk, dv, g, q, k, v, lse,
                                                                                             dvec, a, nt, sl2);
                 done = true;

@@ -30,7 +30,7 @@ thread_local unsigned char *g_smem;
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __align__(x)
 #define CUK_INLINE static inline
 #define FL_NTH 128
@@ -105,6 +105,7 @@ template <bool F16> static inline void fl_mma(float (&c)[4], const uint32_t (&a)
     for (int e = 0; e < 4; e++) { int row = g + (e >= 2 ? 8 : 0), col = 2 * tq + (e & 1); float s = c[e];
         for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col]; c[e] = s; } }
 template <bool F16> static inline uint32_t fl_pack(float lo, float hi) { return f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
+static inline float fl_ex2(float x) { return exp2f(x); } /* ex2.approx.ftz on the GPU */
 template <class A, class B, class C> static int cuk_smem_limits(A *, size_t, B *, size_t, C *, size_t) { return 0; }
 #include "kern.inc"
 #include <random>
