@@ -2,9 +2,9 @@
 """Per-step GPU time by kernel from ncu's CSV (bench/gpu_profile.sh).
 
 The launches profiled need not start on a step boundary: the number of
-steps is the launch count of the optimizer kernel (one launch per step
-when the parameters are one flat buffer); otherwise of the kernel seen
-least often among those that run at least twice.
+steps is the launch count of the cross-entropy forward kernel (one launch
+per step and micro-batch); without one, of the kernel seen least often
+among those that run at least twice.
 """
 import csv
 import re
@@ -38,8 +38,8 @@ def main(path):
     if not total:
         print("no kernels in", path)
         return 1
-    opt = [k for k in count if "adamw" in k.lower()]
-    steps = count[opt[0]] if opt else min(c for c in count.values() if c >= 2)
+    once = [k for k in count if "xent_fwd" in k]
+    steps = count[once[0]] if once else min(c for c in count.values() if c >= 2)
     steps = max(steps, 1)
     grand = sum(total.values())
     print(f"{len(rows)} launches, {steps} step(s), {grand / steps / 1e6:.2f} ms of kernel time per step")
