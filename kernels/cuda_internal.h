@@ -21,8 +21,8 @@
 
 /* One cached cuBLASLt heuristic answer: the key is every input of the
  * heuristic query (shapes, layouts, dtypes, alignments, epilogue with its
- * bias dtype and GELU aux layout). */
-#define CAI_CUDA_PLAN_KEY 23
+ * bias dtype and GELU aux layout, the separate C input's layout). */
+#define CAI_CUDA_PLAN_KEY 27
 typedef struct {
     int64_t key[CAI_CUDA_PLAN_KEY];
     cublasLtMatmulAlgo_t algo;
@@ -123,6 +123,8 @@ CUDA_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, co
 CUDA_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                           const cai_tensor *pre);
+CUDA_OP(linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                             const cai_tensor *bias, const cai_tensor *residual);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 

@@ -9,8 +9,10 @@
  * linear forward fuses its bias as a cuBLASLt epilogue; linear_gelu_fwd and
  * linear_bwd_dgelu fuse GPT-2's GELU and its derivative the same way (the
  * GELU input "pre" is cuBLASLt's aux matrix), falling back to the plain
- * gemm and the elementwise GELU kernels where cuBLASLt cannot. Heuristic
- * answers are cached per device, keyed by everything the query depends on. */
+ * gemm and the elementwise GELU kernels where cuBLASLt cannot;
+ * linear_residual_fwd adds the residual as cuBLASLt's C input (beta = 1, C
+ * separate from the output D). Heuristic answers are cached per device,
+ * keyed by everything the query depends on. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -90,6 +92,11 @@ typedef struct {
     int gelu;         /* GELU_NONE / GELU_FWD / GELU_BWD (single gemm only, batch 1) */
     void *aux;        /* the GELU input matrix when gelu != GELU_NONE */
     int64_t aux_ld;
+    /* cuBLASLt's C input when it is not the output: D = alpha AB + beta Cin
+     * (+ bias), and the member C above is then the output D only. NULL: C
+     * is both (in place). The caller gives it C's dtype (cuBLASLt's C and D
+     * types agree for these inputs); row stride and alignment its own. */
+    const cmat *Cin;
 } gemm_req;
 
 #define LT(what, expr)                                                                                      \
@@ -115,11 +122,11 @@ static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t ba
  * no algorithm for this combination, so the caller can fall back. */
 static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, int *no_algo) {
     cai_cuda_impl *c = cai_cuda_of(dev);
-    const cmat *A = g->A, *B = g->B, *C = g->C;
+    const cmat *A = g->A, *B = g->B, *C = g->C, *Ci = g->Cin ? g->Cin : g->C;
     *no_algo = 0;
     cai_status st = CAI_OK;
     cublasLtMatmulDesc_t desc = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, lci = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     const cublasComputeType_t ct =
         A->dt == CAI_DTYPE_F32 && c->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -128,6 +135,8 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     const int64_t sc = g->batch > 1 ? C->bs : 0;
     const uint32_t al_a = alignment(B->data, B->ld, sa, B->dt), al_b = alignment(A->data, A->ld, sb, A->dt);
     const uint32_t al_c = alignment(C->data, C->ld, sc, C->dt);
+    const int64_t sci = g->Cin && g->batch > 1 ? g->Cin->bs : sc;
+    const uint32_t al_ci = g->Cin ? alignment(Ci->data, Ci->ld, sci, Ci->dt) : al_c;
     cublasLtEpilogue_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (g->gelu == GELU_FWD) epi = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (g->gelu == GELU_BWD) epi = CUBLASLT_EPILOGUE_DGELU; /* callers pass no bias with it */
@@ -156,17 +165,25 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     LT("layout A", cublasLtMatrixLayoutCreate(&la, cuda_type(B->dt), (uint64_t)B->cols, (uint64_t)B->rows, B->ld));
     LT("layout B", cublasLtMatrixLayoutCreate(&lb, cuda_type(A->dt), (uint64_t)A->cols, (uint64_t)A->rows, A->ld));
     LT("layout C", cublasLtMatrixLayoutCreate(&lc, cuda_type(C->dt), (uint64_t)g->N, (uint64_t)g->M, C->ld));
+    if (g->Cin)
+        LT("layout C input",
+           cublasLtMatrixLayoutCreate(&lci, cuda_type(Ci->dt), (uint64_t)g->N, (uint64_t)g->M, Ci->ld));
     if (g->batch > 1) {
         CAI_CALL_GOTO(set_batch(op, la, g->batch, sa), st, done);
         CAI_CALL_GOTO(set_batch(op, lb, g->batch, sb), st, done);
         CAI_CALL_GOTO(set_batch(op, lc, g->batch, sc), st, done);
+        if (lci) CAI_CALL_GOTO(set_batch(op, lci, g->batch, sci), st, done);
     }
+    cublasLtMatrixLayout_t lc_in = lci ? lci : lc;
     /* epi tells every epilogue apart (bias or not, GELU forward or backward);
-     * the aux dtype is D's, already in the key */
+     * the aux dtype is D's, already in the key; a separate C input adds
+     * its dtype, row stride, batch stride and alignment (0s when C is D) */
     int64_t key[CAI_CUDA_PLAN_KEY] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
                                       (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
                                       (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0),
-                                      (int64_t)c->lt_ws_bytes, al_bias, g->gelu ? g->aux_ld : 0, al_aux};
+                                      (int64_t)c->lt_ws_bytes, al_bias, g->gelu ? g->aux_ld : 0, al_aux,
+                                      g->Cin ? 1 + (int64_t)Ci->dt : 0, g->Cin ? Ci->ld : 0, g->Cin ? sci : 0,
+                                      g->Cin ? (int64_t)al_ci : 0};
     cai_cuda_plan *plan = NULL;
     for (int i = 0; i < CAI_CUDA_PLANS; i++)
         if (c->plans[i].valid && memcmp(c->plans[i].key, key, sizeof key) == 0) plan = &c->plans[i];
@@ -180,13 +197,13 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         LT("set MIN_ALIGNMENT_B", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                                                        &al_b, sizeof al_b));
         LT("set MIN_ALIGNMENT_C", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                                       &al_c, sizeof al_c));
+                                                                       &al_ci, sizeof al_ci));
         LT("set MIN_ALIGNMENT_D", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                                        &al_c, sizeof al_c));
         cublasLtMatmulHeuristicResult_t res;
         int nres = 0;
         memset(&res, 0, sizeof res);
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc, lc, pref, 1, &res, &nres);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc_in, lc, pref, 1, &res, &nres);
         if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) {
             *no_algo = 1;
             goto done;
@@ -197,7 +214,7 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         plan->algo = res.algo;
         plan->valid = 1;
     }
-    cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, C->data, lc,
+    cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, Ci->data, lc_in,
                                        C->data, lc, &plan->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
     if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
         plan->valid = 0;
@@ -212,6 +229,7 @@ done:
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (lci) cublasLtMatrixLayoutDestroy(lci);
     if (desc) cublasLtMatmulDescDestroy(desc);
     return st;
 }
@@ -320,19 +338,30 @@ static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows 
     return CAI_OK;
 }
 
+/* linear_fwd's argument checks under the calling op's name (out_arg names
+ * the product's output: "out", or "pre" for linear_gelu_fwd), dtypes
+ * included, before anything is enqueued. */
+static cai_status linear_fwd_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
+                                  const cai_tensor *weight, const cai_tensor *bias, cai_rows *x, cai_rows *w,
+                                  cai_rows *y, char **bd) {
+    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w->cols, x));
+    CAI_CALL(cai_ops_rows(op, out_arg, out, CAI_CUDA, CAI_ANYF, w->rows, y));
+    if (y->rows != x->rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but %s %" PRId64, op, x->rows, out_arg,
+                         y->rows);
+    *bd = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w->rows, bd));
+    cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
+    return check_types(op, &A, &B, &C);
+}
+
 cai_status cai_cuda_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
                                const cai_tensor *bias) {
     static const char *op = "linear_fwd";
     cai_rows x, w, y;
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
-    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
-    CAI_CALL(cai_ops_rows(op, "out", out, CAI_CUDA, CAI_ANYF, w.rows, &y));
-    if (y.rows != x.rows)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but out %" PRId64, op, x.rows, y.rows);
-    char *bd = NULL;
-    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w.rows, &bd));
-    cmat A = cmat_of_rows(&x), B = cmat_of_rows(&w), C = cmat_of_rows(&y);
-    CAI_CALL(check_types(op, &A, &B, &C));
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
     CAI_CALL(cai_cuda_enter(dev, op));
     return linear_rows(dev, op, &x, &w, &y, bd, bias ? bias->dtype : CAI_DTYPE_F32);
 }
@@ -353,16 +382,10 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
                                     const cai_tensor *weight, const cai_tensor *bias) {
     static const char *op = "linear_gelu_fwd";
     cai_rows x, w, p, a;
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, &w));
-    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w.cols, &x));
-    CAI_CALL(cai_ops_rows(op, "pre", pre, CAI_CUDA, CAI_ANYF, w.rows, &p));
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "pre", pre, inp, weight, bias, &x, &w, &p, &bd));
     CAI_CALL(cai_cuda_rows_like(op, "act", act, "pre", &p, &a));
-    if (p.rows != x.rows)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but pre %" PRId64, op, x.rows, p.rows);
-    char *bd = NULL;
-    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w.rows, &bd));
-    cmat X = cmat_of_rows(&x), W = cmat_of_rows(&w), P = cmat_of_rows(&p), A = cmat_of_rows(&a);
-    CAI_CALL(check_types(op, &X, &W, &P));
+    cmat X = cmat_of_rows(&x), W = cmat_of_rows(&w), A = cmat_of_rows(&a);
     CAI_CALL(cai_cuda_enter(dev, op));
     const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
     if (gelu_epilogue_ok(&a, &p, w.cols) && A.dt == X.dt) {
@@ -378,6 +401,50 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     /* f32, strided or unaligned views, or no algorithm: linear, then GELU */
     CAI_CALL(linear_rows(dev, op, &x, &w, &p, bd, bias_dt));
     CUK_LAUNCH(op, cuk_gelu_fwd(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&p)));
+    return CAI_OK;
+}
+
+/* out = x w^T + bias + residual in one cuBLASLt call: D = out, C = the
+ * residual (a separate C input, or D itself in place), beta = 1, the bias as
+ * the epilogue. The sum of product, bias and residual is formed in f32 and
+ * rounded once into out; linear_fwd + add rounds the product + bias to out's
+ * dtype first and the sum again, so bf16 results differ from the two-op
+ * sequence by up to an ulp of out (f32 results: in the last bits). Fallback
+ * (residual dtype differs from out's, K = 0, or no algorithm for these
+ * alignments and strides): linear_fwd then the add kernel, or in place the
+ * bias kernel then a beta = 1 gemm accumulating onto out. */
+cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
+                                        const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual) {
+    static const char *op = "linear_residual_fwd";
+    cai_rows x, w, y, r;
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
+    CAI_CALL(cai_cuda_rows_like(op, "residual", residual, "out", &y, &r));
+    const int in_place = r.data == y.data;
+    if (in_place && y.rows > 1 && (r.ld != y.ld || r.dtype != y.dtype))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: out (%s) and residual (%s) start at the same address but are "
+                         "different views; in place needs the same view", op, CAI_OPS_DESCRIBE(out),
+                         CAI_OPS_DESCRIBE(residual));
+    cmat X = cmat_of_rows(&x), W = cmat_of_rows(&w), Y = cmat_of_rows(&y), R = cmat_of_rows(&r);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    if (y.rows == 0 || y.cols == 0) return CAI_OK;
+    const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
+    if (r.dtype == y.dtype && w.cols > 0) {
+        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &X, .B = &W,
+                      .C = &Y, .alpha = 1.0f, .beta = 1.0f, .bias = bd, .bias_dt = bias_dt,
+                      .Cin = in_place ? NULL : &R};
+        int no_algo = 0;
+        CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+        if (!no_algo) return CAI_OK;
+    }
+    cudaStream_t s = cai_cuda_of(dev)->stream;
+    if (in_place) {
+        /* the product cannot go into out before the residual is read */
+        if (bd) CUK_LAUNCH(op, cuk_bias_add(s, cai_cuda_mat(&y), bd, (int)bias_dt));
+        return gemm(dev, op, 0, 1, x.rows, w.rows, w.cols, 1, 1.0f, &X, &W, 1.0f, &Y);
+    }
+    CAI_CALL(linear_rows(dev, op, &x, &w, &y, bd, bias_dt));
+    CUK_LAUNCH(op, cuk_add(s, cai_cuda_mat(&y), cai_cuda_mat(&r), cai_cuda_mat(&y)));
     return CAI_OK;
 }
 

@@ -24,6 +24,7 @@ static const cai_ops cuda_ops = {
     .linear_bwd = cai_cuda_linear_bwd,
     .linear_gelu_fwd = cai_cuda_linear_gelu_fwd,
     .linear_bwd_dgelu = cai_cuda_linear_bwd_dgelu,
+    .linear_residual_fwd = cai_cuda_linear_residual_fwd,
     .bias_add = cai_cuda_bias_add,
     .bias_grad = cai_cuda_bias_grad,
     .layernorm_fwd = cai_cuda_layernorm_fwd,

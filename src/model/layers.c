@@ -76,10 +76,13 @@ cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     cai_attn_params ap = causal_params();
     CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
-    /* TP: the row-parallel projection gives partial sums; all-reduce s->tmp
-     * over tp (SP: reduce-scatter) and add the bias once, after it. */
-    CAI_CALL(ops->linear_fwd(dev, &s->tmp, &a->att, &p->proj_w, opt_in(&p->proj_b)));
-    CAI_CALL(ops->add(dev, out, inp, &s->tmp));
+    /* TP: the row-parallel projection gives partial sums, which must be
+     * all-reduced over tp (SP: reduce-scatter) before the bias and the
+     * residual are added once. The fused op (product + bias + residual in
+     * one matmul) is valid only because the block runs with tp = 1 today; a
+     * TP implementation must split it again: linear_fwd into s->tmp without
+     * bias, all-reduce, then bias_add and add(out, inp, s->tmp). */
+    CAI_CALL(ops->linear_residual_fwd(dev, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
     return CAI_OK;
 }
 
@@ -126,9 +129,12 @@ cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
         CAI_CALL(ops->linear_fwd(dev, &a->up, &a->ln2, &p->up_w, NULL));
         CAI_CALL(ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up));
     }
-    /* TP: all-reduce s->tmp over tp (SP: reduce-scatter), bias after it. */
-    CAI_CALL(ops->linear_fwd(dev, &s->tmp, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b)));
-    CAI_CALL(ops->add(dev, out, inp, &s->tmp));
+    /* TP: mlp_proj is row-parallel, its products are partial sums to
+     * all-reduce over tp (SP: reduce-scatter) before bias and residual; the
+     * fused op is valid only with tp = 1 (today) and a TP implementation
+     * must split it as in cai_attn_fwd (linear_fwd into s->tmp, all-reduce,
+     * bias_add, add). */
+    CAI_CALL(ops->linear_residual_fwd(dev, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
     return CAI_OK;
 }
 
@@ -313,7 +319,7 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     memset(s, 0, sizeof *s);
     const cai_dtype at = d->act_dtype;
     const int64_t B = d->B, T = d->T, C = d->C, F = d->ffn;
-    CAI_CALL(carve(c, &s->tmp, at, 3, B, T, C));
+    CAI_CALL(carve(c, &s->tmp, at, 3, B, T, C)); /* unused at tp = 1 (linear_residual_fwd); the TP split needs it */
     CAI_CALL(carve(c, &s->dln, at, 3, B, T, C));
     CAI_CALL(carve(c, &s->datt, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &s->dqkv, at, 3, B, T, qkv_width(d)));

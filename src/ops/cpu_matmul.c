@@ -1,7 +1,8 @@
 /* CPU backend: matrix products through OpenBLAS sgemm. Weights are [out,in]
  * row-major, so forward is x W^T, the input gradient dy W and the weight
  * gradient dy^T x: sgemm calls with transposes, no copies. The fused
- * linear + GELU ops are compositions here (see cai_cpu_linear_gelu_fwd).
+ * linear + GELU and linear + residual ops are compositions here (see
+ * cai_cpu_linear_gelu_fwd, cai_cpu_linear_residual_fwd).
  *
  * Threads: OpenBLAS is kept single-threaded (cai_device_init) and large
  * products are split into row or column panels across the device's OpenMP
@@ -239,6 +240,41 @@ cai_status cai_cpu_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_ten
     CAI_CALL(cai_ops_same_rows(op, "pre", &p, "dpre", &dx));
     linear_bwd_run(dev, &dx, dweight ? &dw : NULL, bd, &dy, &x, &w, 0);
     return cai_cpu_gelu_bwd(dev, dpre, pre, dpre);
+}
+
+/* The fused linear + residual is a composition here too: linear_fwd into
+ * out, then add(out, residual, out) -- the model's old linear_fwd(tmp) +
+ * add(out, residual, tmp) bit for bit (same products, same panels, one f32
+ * addition). In place (out is residual) the product cannot go into out
+ * first, so it goes into a temporary [N,OC] buffer: the same numbers at the
+ * cost of an allocation, which the model never pays (its out and residual
+ * are different buffers). */
+cai_status cai_cpu_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
+                                       const cai_tensor *weight, const cai_tensor *bias,
+                                       const cai_tensor *residual) {
+    static const char *op = "linear_residual_fwd";
+    cai_rows x, w, y, r;
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
+    CAI_CALL(cai_ops_rows(op, "residual", residual, CAI_HOST, CAI_F32, -1, &r));
+    CAI_CALL(cai_ops_same_rows(op, "residual", &r, "out", &y));
+    if (y.rows == 0 || y.cols == 0) return CAI_OK;
+    if (r.data != y.data) {
+        linear_fwd_run(dev, &x, &w, &y, bd);
+        return cai_cpu_add(dev, out, residual, out);
+    }
+    if (y.rows > 1 && r.ld != y.ld)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: out (%s) and residual (%s) start at the same address with "
+                         "different row strides; in place needs the same view", op, CAI_OPS_DESCRIBE(out),
+                         CAI_OPS_DESCRIBE(residual));
+    void *buf = NULL;
+    CAI_CALL(cai_malloc(&buf, (size_t)(y.rows * y.cols) * sizeof(float), "linear_residual_fwd in-place product"));
+    cai_rows t = {.data = buf, .rows = y.rows, .cols = y.cols, .ld = y.cols, .dtype = CAI_DTYPE_F32};
+    linear_fwd_run(dev, &x, &w, &t, bd);
+    cai_tensor tt = cai_tensor_2d(NULL, buf, CAI_DTYPE_F32, y.rows, y.cols);
+    cai_status st = cai_cpu_add(dev, out, residual, &tt);
+    cai_free(buf);
+    return st;
 }
 
 cai_status cai_cpu_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {

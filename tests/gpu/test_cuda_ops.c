@@ -275,6 +275,54 @@ static void t_linear_gelu(cai_dtype dt) {
     t_linear_gelu_case(dt, dt, 37, 24, 40, 1);
 }
 
+/* ------------------------------------------------------------------ linear + residual (issue #10) */
+
+/* linear_residual_fwd against the CPU composition (linear_fwd + add). At
+ * aligned shapes cuBLASLt adds the residual as its C input (beta = 1,
+ * rounded once); the strided case (row strides OC + 3: 2-byte aligned bf16
+ * rows, residual 3 elements off) and a residual of another dtype than out
+ * take whatever path cuBLASLt allows, down to the fallback. In place: out is
+ * the residual (C = D). */
+static void t_linear_residual_case(cai_dtype dt, cai_dtype bdt, int64_t N, int64_t IC, int64_t OC, int strided) {
+    double tol = gt_tol(dt);
+    const char *how = strided ? " strided" : "";
+    const int64_t pad = strided ? 3 : 0;
+    gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.5 / sqrt((double)IC)), bias = R1(bdt, OC, 0.5);
+    gt_t resb = R2(dt, N, OC + pad, 1.0), outb = O2(dt, N, OC + pad);
+    gt_t res = gt_narrow(resb, 1, pad, OC), out = gt_narrow(outb, 1, 0, OC);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const char *bn = with_bias ? (bdt == CAI_DTYPE_F32 ? " +f32 bias" : " +bias") : "";
+        GT_OK(G->ops->fill(G, &out.g, NAN));
+        BOTH("linear_residual_fwd",
+             H->ops->linear_residual_fwd(H, &out.h, &x.h, &w.h, with_bias ? &bias.h : NULL, &res.h),
+             G->ops->linear_residual_fwd(G, &out.g, &x.g, &w.g, with_bias ? &bias.g : NULL, &res.g));
+        gt_check(nm("linear_residual_fwd %" PRId64 "x%" PRId64 "->%" PRId64 "%s%s", N, IC, OC, bn, how), out, tol);
+        gt_t ipb = R2(dt, N, OC + pad, 1.0), ip = gt_narrow(ipb, 1, pad, OC);
+        BOTH("linear_residual_fwd in place",
+             H->ops->linear_residual_fwd(H, &ip.h, &x.h, &w.h, with_bias ? &bias.h : NULL, &ip.h),
+             G->ops->linear_residual_fwd(G, &ip.g, &x.g, &w.g, with_bias ? &bias.g : NULL, &ip.g));
+        gt_check(nm("linear_residual_fwd in place %" PRId64 "x%" PRId64 "->%" PRId64 "%s%s", N, IC, OC, bn, how), ip,
+                 tol);
+    }
+    if (dt != CAI_DTYPE_F32) { /* f32 residual into a 16-bit out: the unfused path */
+        gt_t rf = R2(CAI_DTYPE_F32, N, OC, 1.0);
+        GT_OK(G->ops->fill(G, &out.g, NAN));
+        BOTH("linear_residual_fwd", H->ops->linear_residual_fwd(H, &out.h, &x.h, &w.h, &bias.h, &rf.h),
+             G->ops->linear_residual_fwd(G, &out.g, &x.g, &w.g, &bias.g, &rf.g));
+        gt_check(nm("linear_residual_fwd f32 residual%s", how), out, tol);
+    }
+}
+
+static void t_linear_residual(cai_dtype dt) {
+    /* GPT-2 124M's output projections (C = 768) on 512 tokens; odd small shapes */
+    t_linear_residual_case(dt, dt, 512, 768, 768, 0);
+    if (dt != CAI_DTYPE_F32) t_linear_residual_case(dt, CAI_DTYPE_F32, 512, 768, 768, 0);
+    t_linear_residual_case(dt, dt, 37, 24, 40, 0);
+    t_linear_residual_case(dt, dt, 37, 24, 40, 1);
+}
+static void f32_linear_residual(void) { t_linear_residual(CAI_DTYPE_F32); }
+static void bf16_linear_residual(void) { t_linear_residual(CAI_DTYPE_BF16); }
+
 /* ------------------------------------------------------------------ norms */
 
 static void t_layernorm(cai_dtype dt, int with_bias) {
@@ -997,6 +1045,8 @@ static const test_entry tests[] = {
     {"errors", t_errors},
     /* issue #10: norm and cross-entropy fast paths at training shapes */
     {"norms large f32/bf16/f16", i10_norms}, {"xent large f32/bf16/f16", i10_xent},
+    /* issue #10: residual add fused into the output projections */
+    {"linear+residual f32", f32_linear_residual}, {"linear+residual bf16", bf16_linear_residual},
 };
 
 int main(int argc, char **argv) {

@@ -437,6 +437,56 @@ START_TEST(linear_gelu_fused_ops_match_composition) {
 }
 END_TEST
 
+/* linear_residual_fwd: on the CPU a composition, so out must equal
+ * linear_fwd + add bit for bit -- into a separate out, in place (out is the
+ * residual) and with a strided residual (a column range of a wider
+ * buffer) -- and the double reference within f32 tolerance. */
+START_TEST(linear_residual_fused_op_matches_composition) {
+    enum { B = 3, T = 23, IC = 37, OC = 29, N = B * T, RW = OC + 5 };
+    double *x = drandn(N * IC, 60, 1.0), *w = drandn(OC * IC, 61, 0.5), *bias = drandn(OC, 62, 0.5);
+    double *res = drandn(N * RW, 63, 1.0);
+    float *fx = to_f(x, N * IC), *fw = to_f(w, OC * IC), *fb = to_f(bias, OC), *fres = to_f(res, N * RW);
+    float *out = falloc(N * OC), *tmp = falloc(N * OC), *ref = falloc(N * OC), *inpl = falloc(N * OC);
+    cai_tensor tx = cai_tensor_3d(dev, fx, F32, B, T, IC), tw = cai_tensor_2d(dev, fw, F32, OC, IC);
+    cai_tensor tb = cai_tensor_1d(dev, fb, F32, OC), wide = cai_tensor_3d(dev, fres, F32, B, T, RW), tr;
+    ASSERT_OK(cai_tensor_narrow(&wide, 2, 3, OC, &tr)); /* residual [B,T,OC], row stride RW */
+    cai_tensor tout = cai_tensor_3d(dev, out, F32, B, T, OC), ttmp = cai_tensor_3d(dev, tmp, F32, B, T, OC);
+    cai_tensor tref = cai_tensor_3d(dev, ref, F32, B, T, OC), tin = cai_tensor_3d(dev, inpl, F32, B, T, OC);
+    double *rd = dalloc(N * OC);
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const cai_tensor *b = with_bias ? &tb : NULL;
+        ASSERT_OK(ops->linear_fwd(dev, &ttmp, &tx, &tw, b));
+        ASSERT_OK(ops->add(dev, &tref, &tr, &ttmp));
+        ASSERT_OK(ops->linear_residual_fwd(dev, &tout, &tx, &tw, b, &tr));
+        ck_assert_mem_eq(out, ref, sizeof(float) * N * OC);
+        /* in place: a contiguous copy of the residual is both residual and out */
+        ASSERT_OK(ops->copy(dev, &tin, &tr));
+        ASSERT_OK(ops->linear_residual_fwd(dev, &tin, &tx, &tw, b, &tin));
+        ck_assert_mem_eq(inpl, ref, sizeof(float) * N * OC);
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++)
+                rd[n * OC + o] = (with_bias ? bias[o] : 0) + dot_d(x + n * IC, w + o * IC, IC) +
+                                 (double)fres[n * RW + 3 + o];
+        ASSERT_REL(out, rd, N * OC, 1e-5);
+    }
+    /* argument errors name the op and argument and write nothing */
+    for (int64_t i = 0; i < N * OC; i++) out[i] = 42.0f;
+    cai_tensor tbad = cai_tensor_3d(dev, fres, F32, B, T, OC - 1);
+    ck_assert_int_eq(ops->linear_residual_fwd(dev, &tout, &tx, &tw, NULL, &tbad), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_residual_fwd: residual"));
+    cai_tensor talias; /* same address as out, another row stride */
+    ASSERT_OK(cai_tensor_narrow(&wide, 2, 0, OC, &talias));
+    cai_tensor tout_w = cai_tensor_3d(dev, fres, F32, B, T, OC);
+    ck_assert_int_eq(ops->linear_residual_fwd(dev, &tout_w, &tx, &tw, NULL, &talias), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_residual_fwd: out"));
+    ck_assert_int_eq(ops->linear_residual_fwd(dev, &tout, &tx, &tw, NULL, NULL), CAI_ERR_INVALID_ARG);
+    for (int64_t i = 0; i < N * OC; i++) ck_assert(out[i] == 42.0f);
+    cai_error_clear();
+    free(x); free(w); free(bias); free(res); free(fx); free(fw); free(fb); free(fres);
+    free(out); free(tmp); free(ref); free(inpl); free(rd);
+}
+END_TEST
+
 START_TEST(swiglu_fwd_bwd_on_fused_views) {
     enum { N = 7, F = 13 };
     /* gate | up halves of one [N, 2F] buffer, as a fused up projection gives */
@@ -855,6 +905,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, rmsnorm_fwd_bwd);
     tcase_add_test(tc, gelu_fwd_bwd);
     tcase_add_test(tc, linear_gelu_fused_ops_match_composition);
+    tcase_add_test(tc, linear_residual_fused_op_matches_composition);
     tcase_add_test(tc, swiglu_fwd_bwd_on_fused_views);
     tcase_add_test(tc, rope_fwd_bwd);
     tcase_add_test(tc, rope_on_fused_qkv_view_and_errors);

@@ -146,6 +146,16 @@ typedef struct cai_ops {
     cai_status (*linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
                                    const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                                    const cai_tensor *pre);
+    /* Linear layer plus a residual (the transformer block's output
+     * projections), one op so a backend can add the residual inside the
+     * matmul (cuBLASLt's beta * C): out [N,OC] = inp [N,IC] @
+     * weight[OC,IC]^T + bias[OC] + residual [N,OC]; bias may be NULL. out
+     * may be residual itself (in place) but must not overlap inp. Same as
+     * linear_fwd into a temporary then add(out, residual, tmp), up to
+     * rounding (a fused bf16 out is rounded once, from the f32 sum of
+     * product, bias and residual, instead of twice). */
+    cai_status (*linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
+                                      const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual);
     /* x [N,C] += bias [C] (in place). */
     cai_status (*bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
     /* dbias [C] += sum over rows of dout [N,C]. */
