@@ -260,15 +260,29 @@ cai_status cai_optim_step(cai_optim_t *o, cai_tensor *params, const cai_tensor *
         .step = step,
         .grad_scale = grad_scale,
     };
-    for (int i = 0; i < o->n_segs; i++) {
+    /* One launch per run of adjacent segments with the same decay flag (the
+     * update is elementwise: the same bits as one call per parameter); on a
+     * GPU the per-parameter launches, not the bytes, were the cost. */
+    for (int i = 0; i < o->n_segs;) {
         const segment *s = &o->segs[i];
-        if (!s->update) continue;
-        cai_tensor w = sub(o, params, s->off, s->n), g = sub(o, grads, s->off, s->n);
-        cai_tensor m = cai_tensor_1d(dev, o->m + s->off, CAI_DTYPE_F32, (int64_t)s->n);
-        cai_tensor v = cai_tensor_1d(dev, o->v + s->off, CAI_DTYPE_F32, (int64_t)s->n);
+        if (!s->update) {
+            i++;
+            continue;
+        }
+        size_t n = s->n;
+        int e = i + 1;
+        for (; e < o->n_segs; e++) {
+            const segment *t = &o->segs[e];
+            if (!t->update || t->decay != s->decay || t->off != s->off + n) break;
+            n += t->n;
+        }
+        cai_tensor w = sub(o, params, s->off, n), g = sub(o, grads, s->off, n);
+        cai_tensor m = cai_tensor_1d(dev, o->m + s->off, CAI_DTYPE_F32, (int64_t)n);
+        cai_tensor v = cai_tensor_1d(dev, o->v + s->off, CAI_DTYPE_F32, (int64_t)n);
         cai_tensor l;
-        if (params_lowp) l = sub(o, params_lowp, s->off, s->n);
+        if (params_lowp) l = sub(o, params_lowp, s->off, n);
         CAI_CALL(dev->ops->adamw(dev, &w, &g, &m, &v, params_lowp ? &l : NULL, &p, s->decay));
+        i = e;
     }
     o->step = step;
     if (lr_used) *lr_used = p.lr;
