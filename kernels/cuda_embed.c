@@ -58,7 +58,7 @@ cai_status cai_cuda_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tenso
     }
     cai_cuda_impl *c = cai_cuda_of(dev);
     if (dwte) {
-        size_t need = cuk_embedding_bwd_scratch(dy.rows, de.rows);
+        size_t need = cuk_embedding_bwd_scratch(dy.rows, de.rows, dy.cols);
         if (need > c->scratch_bytes)
             return CAI_ERROR(CAI_ERR_NOMEM, "%s: sorting %" PRId64 " tokens needs %zu bytes of device scratch, this "
                              "device has %zu (raise CAI_CUDA_SCRATCH_MB)", op, dy.rows, need, c->scratch_bytes);

@@ -147,8 +147,9 @@ cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bth
 /* ---------------------------------------------------------------- embed.cu */
 cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,
                               int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset, cuk_errrec *err);
-/* Scratch bytes embedding_bwd needs for n tokens and a local vocabulary of v rows. */
-size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v);
+/* Minimum scratch bytes embedding_bwd needs for n tokens, a local vocabulary
+ * of v rows and rows of cols columns (more scratch: shorter summing tiles). */
+size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v, int64_t cols);
 /* dwte.p / dwpe.p may be NULL. */
 cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok,
                               int64_t T, int64_t vocab_offset, int64_t pos_offset, void *scratch,

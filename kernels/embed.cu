@@ -3,9 +3,9 @@
  *
  * embedding_bwd is deterministic without atomics: the (local id, token
  * index) pairs are radix-sorted (stable, so a token's occurrences stay in
- * sequence order), then one block per distinct id adds that id's dout rows
- * in order into dwte, exactly the additions the CPU backend makes, so the
- * result is bitwise equal to it.
+ * sequence order), then fixed-size tiles of sorted positions are summed in
+ * a fixed order (see k_embed_tiles): bitwise repeatable, and bitwise equal
+ * to the CPU backend for every id whose occurrences fall in one tile.
  *
  * Cross-entropy keeps no probabilities: the forward is one pass over a row
  * with a running max and a sum of exponentials rescaled when the max grows
@@ -107,7 +107,8 @@ CUK_INLINE float *id_run(const cuk_mat &dwte, const uint32_t *keys, int64_t i, i
     return (float *)dwte.p + (int64_t)id * dwte.ld;
 }
 
-/* One block per sorted position; only the first position of each id works. */
+/* The general path (other dtypes, unaligned rows): one block per sorted
+ * position; only the first position of each id works, adding its rows in order. */
 __global__ void k_embed_scatter(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, int64_t n) {
     for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
         int64_t end;
@@ -132,31 +133,201 @@ __global__ void k_embed_dwpe(cuk_mat dwpe, cuk_mat dout, int64_t T, int64_t pos_
     }
 }
 
-/* Fast paths of the two sums (dout 16-byte aligned rows of a float dtype,
- * dwte/dwpe rows 16-byte aligned): 8 columns per thread, the same additions
- * in the same order per element (bitwise equal to the general kernels). */
-template <int DT>
-__global__ void k_embed_scatter_vec(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, int64_t n) {
-    const int64_t nch = (dwte.cols + 7) >> 3;
-    for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
-        int64_t end;
-        float *row = id_run(dwte, keys, i, n, &end);
-        if (!row) continue;
-        for (int64_t j = threadIdx.x; j < nch; j += blockDim.x) {
-            const int64_t c = 8 * j;
-            const int cnt = (int)(dwte.cols - c < 8 ? dwte.cols - c : 8);
-            float acc[8], d[8];
-            cuk_ld8_tail<CUK_F32>(row, c, cnt, acc);
-            for (int64_t k = i; k < end; k++) {
-                cuk_ld8_tail<DT>(dout.p, (int64_t)vals[k] * dout.ld + c, cnt, d);
+/* ---- dwte fast path: tiles of sorted positions.
+ *
+ * The sorted positions are cut into tiles of S (a multiple of EMB_CHUNK)
+ * consecutive positions, so every block sums the same number of dout rows
+ * however the tokens are distributed. A tile holds pieces: the parts of
+ * the runs of equal ids that fall inside it. A piece that is a whole run
+ * is added straight into dwte (dwte + r0 + r1 + ..., the CPU's order, so
+ * short runs stay bitwise equal to the CPU backend). A run that crosses
+ * tile boundaries leaves one partial sum per tile it touches (0 + rows in
+ * sorted order) in scratch: the tile where it starts writes the tail slot,
+ * each later tile its head slot; k_embed_finish then adds, per such run,
+ * dwte + tail + head + head ... in tile order. All orders follow from the
+ * sorted positions and S alone (S from n, the row width and the scratch
+ * size), never from scheduling: the result is bitwise repeatable and the
+ * same on any GPU. Out-of-shard tokens carry the key v and sort last;
+ * blocks stop at the first of them. */
+
+#define EMB_CHUNK 64 /* positions staged in shared memory at a time; S is a multiple */
+#define EMB_U 8      /* dout rows (finisher: partials) in flight per thread */
+#define EMB_NT 128   /* threads of a block at most (a thread per 8 columns) */
+
+struct emb_tiles {
+    int64_t n, S, ntiles, ldp; /* ldp: row stride of the partial slots (cols rounded up to 8) */
+    float *part;               /* slot 2t: head piece of tile t, slot 2t + 1: its tail piece */
+};
+
+/* 8 columns of a dout row as loaded: full chunks keep the raw 16-byte words
+ * (one uint4 of bf16/f16, two of f32) and convert when added, so a batch of
+ * rows costs half the registers in 16-bit dtypes; a row's partial last
+ * chunk (cnt < 8) is loaded element-wise as floats. */
+template <int DT, bool FULL> struct emb_row {
+    uint4 q[DT == CUK_F32 ? 2 : 1];
+};
+template <int DT> struct emb_row<DT, false> {
+    float f[8];
+};
+
+template <int DT, bool FULL> CUK_INLINE void emb_ld(emb_row<DT, FULL> &r, const cuk_mat &m, int64_t row, int64_t c,
+                                                    int cnt) {
+    if constexpr (FULL) {
+        const uint4 *q = (const uint4 *)((const char *)m.p + (row * m.ld + c) * (DT == CUK_F32 ? 4 : 2));
+        r.q[0] = q[0];
+        if constexpr (DT == CUK_F32) r.q[1] = q[1];
+    } else {
+        cuk_ld8_tail<DT>(m.p, row * m.ld + c, cnt, r.f);
+    }
+}
+
+/* acc[e] += element e of r (the conversions of cuk_ld8: the same f32 values). */
+template <int DT, bool FULL> CUK_INLINE void emb_add(float *acc, const emb_row<DT, FULL> &r) {
+    if constexpr (!FULL) {
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[e] += d[e];
-            }
-            cuk_st8_tail<CUK_F32>(row, c, cnt, acc);
+        for (int e = 0; e < 8; e++) acc[e] += r.f[e];
+    } else if constexpr (DT == CUK_F32) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            acc[4 * k] += __uint_as_float(r.q[k].x);
+            acc[4 * k + 1] += __uint_as_float(r.q[k].y);
+            acc[4 * k + 2] += __uint_as_float(r.q[k].z);
+            acc[4 * k + 3] += __uint_as_float(r.q[k].w);
+        }
+    } else {
+        const uint32_t w[4] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+            acc[2 * k] += DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
+            acc[2 * k + 1] += DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
         }
     }
 }
 
+/* One thread's 8 columns of tile t: pieces in sorted order, a batch of rows in
+ * flight, and with them the dwte chunks of the batch's pieces that go
+ * straight into dwte (typical text has a new id every few positions: a
+ * dwte load waited for at each piece start made tiles latency-bound). */
+template <int DT, bool FULL>
+CUK_INLINE void emb_tile_cols(const cuk_mat &dwte, const cuk_mat &dout, const emb_tiles &tl, int64_t t, int64_t c,
+                              int cnt, const uint32_t *sk, const int32_t *sv, int64_t b0, int cn, int64_t t0,
+                              uint32_t kbefore, uint32_t kafter, uint32_t &cur, float *&dst, float *acc) {
+    /* f32 rows: half the batch (twice the registers a row); a row's partial chunk: 2 (its registers
+     * count for the whole kernel) */
+    constexpr int U = FULL ? (DT == CUK_F32 ? EMB_U / 2 : EMB_U) : 2;
+    const uint32_t v = (uint32_t)dwte.rows;
+    for (int i0 = 0; i0 < cn; i0 += U) {
+        emb_row<DT, FULL> d[U];
+        float w[U][8];
+        bool direct[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u, ok = i < cn && sk[i] < v;
+            const uint32_t K = ok ? sk[i] : v, prev = u == 0 ? cur : sk[i - 1];
+            /* a piece starts here and is a whole run: not the tile's first position continuing an
+             * earlier tile's run, not running on past the tile */
+            direct[u] = ok && K != prev && !(b0 + i == t0 && kbefore == K) && kafter != K;
+            emb_ld<DT, FULL>(d[u], dout, sv[ok ? i : i0], c, cnt);
+            if (direct[u]) cuk_ld8_tail<CUK_F32>(dwte.p, (int64_t)K * dwte.ld + c, cnt, w[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = i0 + u;
+            if (i >= cn || sk[i] >= v) return; /* the chunk's end, or the out-of-shard keys (sorted last) */
+            const uint32_t K = sk[i];
+            if (K != cur) {
+                if (dst) cuk_st8_tail<CUK_F32>(dst, c, cnt, acc);
+                cur = K;
+                if (direct[u]) dst = (float *)dwte.p + (int64_t)K * dwte.ld;
+                else if (b0 + i == t0 && kbefore == K) dst = tl.part + 2 * t * tl.ldp; /* run began earlier */
+                else dst = tl.part + (2 * t + 1) * tl.ldp;                            /* run goes on past */
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] = direct[u] ? w[u][e] : 0.0f;
+            }
+            emb_add<DT, FULL>(acc, d[u]);
+        }
+    }
+}
+
+/* Grid: (tiles, column slices of blockDim.x <= EMB_NT chunks of 8). At most
+ * 168 registers (no spills): 4 blocks of 96 threads (d_model 768) per SM,
+ * so GPT-2's 512 tiles of 32768 tokens are one wave on 132 SMs. */
+template <int DT>
+__global__ void __launch_bounds__(EMB_NT, 3) k_embed_tiles(cuk_mat dwte, cuk_mat dout, const uint32_t *keys,
+                                                    const int32_t *vals, emb_tiles tl) {
+    __shared__ uint32_t sk[EMB_CHUNK];
+    __shared__ int32_t sv[EMB_CHUNK];
+    const uint32_t v = (uint32_t)dwte.rows;
+    const int64_t j = blockIdx.y * (int64_t)blockDim.x + threadIdx.x, c = 8 * j;
+    const int cnt = (int)(dwte.cols - c < 8 ? dwte.cols - c : 8); /* <= 0: a thread without columns */
+    for (int64_t t = blockIdx.x; t < tl.ntiles; t += gridDim.x) {
+        const int64_t t0 = t * tl.S, t1 = t0 + tl.S < tl.n ? t0 + tl.S : tl.n;
+        if (keys[t0] >= v) break; /* out-of-shard from here on (ascending tiles) */
+        const uint32_t kbefore = t0 > 0 ? keys[t0 - 1] : UINT32_MAX, kafter = t1 < tl.n ? keys[t1] : UINT32_MAX;
+        uint32_t cur = UINT32_MAX;
+        float *dst = NULL, acc[8];
+        for (int64_t b0 = t0; b0 < t1; b0 += EMB_CHUNK) {
+            const int cn = (int)(t1 - b0 < EMB_CHUNK ? t1 - b0 : EMB_CHUNK);
+            __syncthreads(); /* the previous chunk is read */
+            for (int i = threadIdx.x; i < cn; i += blockDim.x) {
+                sk[i] = keys[b0 + i];
+                sv[i] = vals[b0 + i];
+            }
+            __syncthreads();
+            if (cnt == 8)
+                emb_tile_cols<DT, true>(dwte, dout, tl, t, c, cnt, sk, sv, b0, cn, t0, kbefore, kafter, cur, dst, acc);
+            else if (cnt > 0)
+                emb_tile_cols<DT, false>(dwte, dout, tl, t, c, cnt, sk, sv, b0, cn, t0, kbefore, kafter, cur, dst, acc);
+        }
+        if (dst && cnt > 0) cuk_st8_tail<CUK_F32>(dst, c, cnt, acc);
+    }
+}
+
+/* Per run that starts in tile t and goes on past it: dwte += tail(t),
+ * head(t + 1), ... in order, EMB_U partials in flight (slots past the
+ * run's end are loaded, from valid tiles, and not added). */
+__global__ void __launch_bounds__(EMB_NT) k_embed_finish(cuk_mat dwte, const uint32_t *keys, emb_tiles tl) {
+    const uint32_t v = (uint32_t)dwte.rows;
+    const int64_t j = blockIdx.y * (int64_t)blockDim.x + threadIdx.x, c = 8 * j;
+    const int cnt = (int)(dwte.cols - c < 8 ? dwte.cols - c : 8);
+    if (cnt <= 0) return;
+    for (int64_t t = blockIdx.x; t < tl.ntiles; t += gridDim.x) {
+        const int64_t t0 = t * tl.S, t1 = t0 + tl.S;
+        if (t1 >= tl.n) break;
+        const uint32_t K = keys[t1 - 1];
+        if (K >= v) break;
+        if (keys[t1] != K || (t0 > 0 && keys[t0 - 1] == K)) continue; /* no run starts here and goes on */
+        float *row = (float *)dwte.p + (int64_t)K * dwte.ld, acc[8], p[8];
+        cuk_ld8_tail<CUK_F32>(row, c, cnt, acc);
+        cuk_ld8_tail<CUK_F32>(tl.part + (2 * t + 1) * tl.ldp, c, cnt, p);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[e] += p[e];
+        for (int64_t u0 = t + 1;; u0 += EMB_U) {
+            float h[EMB_U][8];
+            bool more[EMB_U];
+#pragma unroll
+            for (int u = 0; u < EMB_U; u++) {
+                const int64_t tt = u0 + u < tl.ntiles ? u0 + u : tl.ntiles - 1, e1 = (tt + 1) * tl.S;
+                cuk_ld8_tail<CUK_F32>(tl.part + 2 * tt * tl.ldp, c, cnt, h[u]);
+                more[u] = e1 < tl.n && keys[e1] == K;
+            }
+            bool done = false;
+#pragma unroll
+            for (int u = 0; u < EMB_U && !done; u++) {
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[e] += h[u][e];
+                done = !more[u];
+            }
+            if (done) break;
+        }
+        cuk_st8_tail<CUK_F32>(row, c, cnt, acc);
+    }
+}
+
+/* dwpe's fast path (dout 16-byte aligned rows of a float dtype, dwpe rows
+ * 16-byte aligned): 8 columns per thread, the same additions in the same
+ * order per element (bitwise equal to the general kernel). */
 template <int DT> __global__ void k_embed_dwpe_vec(cuk_mat dwpe, cuk_mat dout, int64_t T, int64_t pos_offset) {
     const int64_t B = dout.rows / T, cpr = (dwpe.cols + 7) >> 3, total = T * cpr;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -194,9 +365,35 @@ static size_t sort_temp_bytes(int64_t n, int64_t v) {
     return bytes;
 }
 
-extern "C" size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v) {
+static int64_t emb_ldp(int64_t cols) { return (cols + 7) & ~(int64_t)7; }
+
+/* Bytes of the partial slots with tiles of S positions. */
+static size_t emb_part_bytes(int64_t n, int64_t S, int64_t cols) {
+    return align256((size_t)(2 * cuk_cdiv(n, S) * emb_ldp(cols)) * sizeof(float));
+}
+
+/* The tile: the smallest EMB_CHUNK * 2^k whose partial slots fit in avail
+ * bytes (EMB_CHUNK with the default scratch at GPT-2 sizes); one tile of
+ * all n positions at worst (no partials used, two slots reserved). */
+static int64_t emb_tile_len(int64_t n, int64_t cols, size_t avail) {
+    int64_t S = EMB_CHUNK;
+    while (S < n && emb_part_bytes(n, S, cols) > avail) S *= 2;
+    return S;
+}
+
+/* The minimum: sort buffers plus the partial slots of a single tile; the
+ * launcher takes shorter tiles when more scratch is given. */
+extern "C" size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v, int64_t cols) {
     if (n <= 0 || v <= 0) return 0;
-    return 4 * align256((size_t)n * sizeof(int32_t)) + align256(sort_temp_bytes(n, v));
+    return 4 * align256((size_t)n * sizeof(int32_t)) + align256(sort_temp_bytes(n, v)) +
+           emb_part_bytes(1, 1, cols < 1 ? 1 : cols);
+}
+
+template <int DT>
+static void emb_launch(cudaStream_t s, cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals,
+                       emb_tiles tl, dim3 g, unsigned nt) {
+    k_embed_tiles<DT><<<g, nt, 0, s>>>(dwte, dout, keys, vals, tl);
+    if (tl.ntiles > 1) k_embed_finish<<<g, nt, 0, s>>>(dwte, keys, tl);
 }
 
 extern "C" cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok,
@@ -206,7 +403,8 @@ extern "C" cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat d
     if (n <= 0 || dout.cols <= 0) return cudaSuccess;
     if (dwte.p && dwte.rows > 0) {
         size_t ib = align256((size_t)n * sizeof(int32_t)), tb = sort_temp_bytes(n, dwte.rows);
-        if (scratch_bytes < 4 * ib + tb) return cudaErrorMemoryAllocation;
+        const size_t used = 4 * ib + align256(tb);
+        if (scratch_bytes < used + emb_part_bytes(1, 1, dwte.cols)) return cudaErrorMemoryAllocation;
         char *sp = (char *)scratch;
         uint32_t *kin = (uint32_t *)sp, *kout = (uint32_t *)(sp + 2 * ib);
         int32_t *vin = (int32_t *)(sp + ib), *vout = (int32_t *)(sp + 3 * ib);
@@ -216,16 +414,22 @@ extern "C" cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat d
         cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, tb, kin, kout, vin, vout, (int)n, 0,
                                                         bits_for(dwte.rows), s);
         if (e != cudaSuccess) return e;
-        const unsigned g = (unsigned)(n > 65536 ? 65536 : n);
         if (embed_vec_ok(dout, dwte)) {
-            /* one thread per 8 columns: a block of 32 * ceil(chunks / 32), at most NT */
-            int64_t bt = 32 * cuk_cdiv((dwte.cols + 7) >> 3, 32);
-            const unsigned nt = (unsigned)(bt > NT ? NT : bt);
-            if (dout.dt == CUK_F32) k_embed_scatter_vec<CUK_F32><<<g, nt, 0, s>>>(dwte, dout, kout, vout, n);
-            else if (dout.dt == CUK_BF16) k_embed_scatter_vec<CUK_BF16><<<g, nt, 0, s>>>(dwte, dout, kout, vout, n);
-            else k_embed_scatter_vec<CUK_F16><<<g, nt, 0, s>>>(dwte, dout, kout, vout, n);
+            emb_tiles tl;
+            tl.n = n;
+            tl.S = emb_tile_len(n, dwte.cols, scratch_bytes - used);
+            tl.ntiles = cuk_cdiv(n, tl.S);
+            tl.ldp = emb_ldp(dwte.cols);
+            tl.part = (float *)(sp + used);
+            /* one thread per 8 columns: blocks of 32 * ceil(chunks / 32) threads, at most EMB_NT, y over the rest */
+            const int64_t nch = (dwte.cols + 7) >> 3, bt = 32 * cuk_cdiv(nch, 32);
+            const unsigned nt = (unsigned)(bt > EMB_NT ? EMB_NT : bt);
+            const dim3 g((unsigned)(tl.ntiles > (1 << 20) ? (1 << 20) : tl.ntiles), (unsigned)cuk_cdiv(nch, nt));
+            if (dout.dt == CUK_F32) emb_launch<CUK_F32>(s, dwte, dout, kout, vout, tl, g, nt);
+            else if (dout.dt == CUK_BF16) emb_launch<CUK_BF16>(s, dwte, dout, kout, vout, tl, g, nt);
+            else emb_launch<CUK_F16>(s, dwte, dout, kout, vout, tl, g, nt);
         } else {
-            k_embed_scatter<<<g, NT, 0, s>>>(dwte, dout, kout, vout, n);
+            k_embed_scatter<<<(unsigned)(n > 65536 ? 65536 : n), NT, 0, s>>>(dwte, dout, kout, vout, n);
         }
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;

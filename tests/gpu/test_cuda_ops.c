@@ -968,6 +968,55 @@ static void i10_xent(void) {
     i10_xent_case(CAI_DTYPE_F32, 9, 4096, 4096, 4096); /* no partial chunk */
 }
 
+/* ------------------------------------------------------------------ embedding_bwd long runs (issue #10) */
+
+/* 4096 tokens drawn from 5 in-shard ids (one of them 60% of all) and one
+ * id outside the shard [20, 70): runs of thousands of rows, cut into tiles
+ * whose partial sums are added in tile order, so dwte matches the CPU
+ * within f32 rounding instead of bitwise; repeatable bitwise. C = 768 takes
+ * the tiled fast path, C = 70 (bf16 rows not 16-byte aligned) the general one. */
+static void emb_long_case(cai_dtype dt, int64_t C) {
+    const int64_t B = 4, T = 1024, Vl = 50, voff = 20, P = 1024;
+    static const int32_t ids[6] = {33, 21, 69, 40, 20, 5};
+    static const int cum[6] = {60, 80, 90, 95, 98, 100}; /* percent */
+    int32_t *tok = malloc((size_t)(B * T) * sizeof(int32_t));
+    if (!tok) gt_die("malloc");
+    uint32_t st = 12345u;
+    for (int64_t i = 0; i < B * T; i++) {
+        st = st * 1664525u + 1013904223u;
+        int r = (int)((st >> 8) % 100u), k = 0;
+        while (r >= cum[k]) k++;
+        tok[i] = ids[k];
+    }
+    gt_t tt = gt_ints(2, SHP(B, T), tok);
+    free(tok);
+    gt_t dy = R3(dt, B, T, C, 1.0), dwte = R2(CAI_DTYPE_F32, Vl, C, 1.0), dwpe = R2(CAI_DTYPE_F32, P, C, 1.0);
+    BOTH("embedding_bwd", H->ops->embedding_bwd(H, &dwte.h, &dwpe.h, &dy.h, &tt.h, voff, 0),
+         G->ops->embedding_bwd(G, &dwte.g, &dwpe.g, &dy.g, &tt.g, voff, 0));
+    gt_check(nm("embedding_bwd 4096 tokens of 5 ids C=%" PRId64 " dwte", C), dwte, gt_tol(CAI_DTYPE_F32));
+    gt_check(nm("embedding_bwd 4096 tokens of 5 ids C=%" PRId64 " dwpe", C), dwpe, 0.0);
+    float *bits[2];
+    for (int rep = 0; rep < 2; rep++) {
+        gt_t d = O2(CAI_DTYPE_F32, Vl, C);
+        GT_OK(G->ops->fill(G, &d.g, 0.0f));
+        GT_OK(G->ops->embedding_bwd(G, &d.g, NULL, &dy.g, &tt.g, voff, 0));
+        bits[rep] = gt_download(d.b);
+    }
+    gt_expect(nm("embedding_bwd long runs C=%" PRId64 " bitwise repeatable", C),
+              memcmp(bits[0], bits[1], (size_t)(Vl * C) * 4) == 0, NULL);
+    free(bits[0]);
+    free(bits[1]);
+}
+
+static void f32_emb_long(void) {
+    emb_long_case(CAI_DTYPE_F32, 768);
+    emb_long_case(CAI_DTYPE_F32, 70);
+}
+static void bf16_emb_long(void) {
+    emb_long_case(CAI_DTYPE_BF16, 768);
+    emb_long_case(CAI_DTYPE_BF16, 70);
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct {
@@ -1047,6 +1096,8 @@ static const test_entry tests[] = {
     {"norms large f32/bf16/f16", i10_norms}, {"xent large f32/bf16/f16", i10_xent},
     /* issue #10: residual add fused into the output projections */
     {"linear+residual f32", f32_linear_residual}, {"linear+residual bf16", bf16_linear_residual},
+    /* issue #10: embedding_bwd with runs of thousands of rows (tiled dwte sums) */
+    {"embedding long runs f32", f32_emb_long}, {"embedding long runs bf16", bf16_emb_long},
 };
 
 int main(int argc, char **argv) {
