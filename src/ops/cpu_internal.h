@@ -50,6 +50,14 @@ CPU_OP(linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, co
                    const cai_tensor *bias);
 CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
                    const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
+/* the fused compositions of linear with GELU and with the residual add (cpu_matmul.c) */
+CPU_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
+                        const cai_tensor *weight, const cai_tensor *bias);
+CPU_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
+                         const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                         const cai_tensor *pre);
+CPU_OP(linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                            const cai_tensor *bias, const cai_tensor *residual);
 CPU_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CPU_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 

@@ -2,17 +2,6 @@
 #include "cai_config.h"
 #include "cpu_internal.h"
 
-/* The fused linear + GELU and linear + residual compositions
- * (cpu_matmul.c). Declared here, not in cpu_internal.h, to keep that change
- * out of the shared header; they belong with the matmul family there. */
-CPU_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
-                        const cai_tensor *weight, const cai_tensor *bias);
-CPU_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
-                         const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                         const cai_tensor *pre);
-CPU_OP(linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
-                            const cai_tensor *bias, const cai_tensor *residual);
-
 static const cai_ops cpu_ops = {
     .backend = "cpu",
     .alloc = cai_cpu_alloc,

@@ -30,17 +30,7 @@
 #include <thread>
 #include <vector>
 
-struct dim3 {
-    unsigned x, y, z;
-    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
-};
-thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define CUK_INLINE static inline
+#include "emu_cuda.h"
 #define NT 256
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
 typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;

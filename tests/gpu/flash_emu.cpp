@@ -23,16 +23,7 @@
 #include <vector>
 #include <functional>
 #include <memory>
-struct dim3_ { unsigned x, y, z; };
-thread_local dim3_ threadIdx, blockIdx, blockDim;
-thread_local unsigned char *g_smem;
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define __align__(x)
-#define CUK_INLINE static inline
+#include "emu_cuda.h"
 #define FL_NTH 128
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f

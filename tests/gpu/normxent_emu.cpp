@@ -24,15 +24,7 @@
 #include <thread>
 #include <vector>
 
-struct dim3_ { unsigned x, y, z; };
-thread_local dim3_ threadIdx, blockIdx, blockDim, gridDim;
-thread_local unsigned char *g_smem;
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
-#define CUK_INLINE static inline
+#include "emu_cuda.h"
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
 enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
 typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;

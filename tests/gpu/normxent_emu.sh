@@ -9,33 +9,25 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 python3 - "$top" "$dir" <<'PY'
 import sys
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, sys.argv[1] + "/tests/gpu")
+from emu_extract import common_parts, cut, write
 top, out = sys.argv[1], sys.argv[2]
-def cut(text, start, stop):
-    a = text.index(start)
-    return text[a:text.index(stop, a)]
-common = open(top + "/kernels/cuda_common.cuh").read()
 norm = open(top + "/kernels/norm.cu").read()
 embed = open(top + "/kernels/embed.cu").read()
-parts = [
-    cut(common, "/* ---------------------------------------------------------------- number formats */",
-        "/* ---------------------------------------------------------------- Philox"),
-    cut(common, "template <int DT> CUK_INLINE float cuk_ld1", "static inline int cuk_dt_size"),
+parts = common_parts(top) + [
     cut(norm, "/* ---------------------------------------------------------------- fast paths */",
         "/* Per-device caches of the launchers"),
     cut(norm, "/* Backward: a block of NW warps", "static cudaError_t launch_bwd_k").rsplit("template", 1)[0],
     cut(embed, "/* ---- fast paths: 16-byte aligned rows", "static bool xent_vec_dt"),
 ]
-src = "\n".join(parts)
 subs = [
     ("extern __shared__ float4 sprm[];", "float4 *sprm = (float4 *)g_smem;"),
     ("extern __shared__ float4 sbw[];", "float4 *sbw = (float4 *)g_smem;"),
     ("__shared__ float shm[32], shs[32], shx;", "float *shm = g_blk->shm, *shs = g_blk->shs; float &shx = g_blk->shx;"),
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));', "r = exp2f(t);"),
 ]
-for a, b in subs:
-    assert a in src, a
-    src = src.replace(a, b)
-open(out + "/kern.inc", "w").write(src)
+write(out, parts, subs)
 PY
 g++ -std=c++20 -O1 -pthread -I"$dir" -o "$dir/normxent_emu" "$top/tests/gpu/normxent_emu.cpp"
 "$dir/normxent_emu" "$@"
