@@ -344,14 +344,7 @@ static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows 
 static cai_status linear_fwd_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
                                   const cai_tensor *weight, const cai_tensor *bias, cai_rows *x, cai_rows *w,
                                   cai_rows *y, char **bd) {
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_CUDA, CAI_ANYF, -1, w));
-    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w->cols, x));
-    CAI_CALL(cai_ops_rows(op, out_arg, out, CAI_CUDA, CAI_ANYF, w->rows, y));
-    if (y->rows != x->rows)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but %s %" PRId64, op, x->rows, out_arg,
-                         y->rows);
-    *bd = NULL;
-    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_CUDA, CAI_ANYF, w->rows, bd));
+    CAI_CALL(cai_ops_linear_args(op, out_arg, out, inp, weight, bias, CAI_CUDA, CAI_ANYF, x, w, y, bd));
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
     return check_types(op, &A, &B, &C);
 }

@@ -130,15 +130,7 @@ cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a,
 static cai_status linear_fwd_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
                                   const cai_tensor *weight, const cai_tensor *bias, cai_rows *x, cai_rows *w,
                                   cai_rows *y, char **bd) {
-    CAI_CALL(cai_ops_rows(op, "weight", weight, CAI_HOST, CAI_F32, -1, w));
-    CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w->cols, x));
-    CAI_CALL(cai_ops_rows(op, out_arg, out, CAI_HOST, CAI_F32, w->rows, y));
-    if (y->rows != x->rows)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but %s %" PRId64, op, x->rows, out_arg,
-                         y->rows);
-    *bd = NULL;
-    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, CAI_HOST, CAI_F32, w->rows, bd));
-    return CAI_OK;
+    return cai_ops_linear_args(op, out_arg, out, inp, weight, bias, CAI_HOST, CAI_F32, x, w, y, bd);
 }
 
 static void linear_fwd_run(cai_device_t *dev, const cai_rows *x, const cai_rows *w, const cai_rows *y,

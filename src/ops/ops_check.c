@@ -106,6 +106,20 @@ cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r,
     return CAI_OK;
 }
 
+cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
+                               const cai_tensor *weight, const cai_tensor *bias, cai_device_kind kind, int want,
+                               cai_rows *x, cai_rows *w, cai_rows *y, char **bias_data) {
+    CAI_CALL(cai_ops_rows(op, "weight", weight, kind, want, -1, w));
+    CAI_CALL(cai_ops_rows(op, "inp", inp, kind, want, w->cols, x));
+    CAI_CALL(cai_ops_rows(op, out_arg, out, kind, want, w->rows, y));
+    if (y->rows != x->rows)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows but %s %" PRId64, op, x->rows, out_arg,
+                         y->rows);
+    *bias_data = NULL;
+    if (bias) CAI_CALL(cai_ops_vec(op, "bias", bias, kind, want, w->rows, bias_data));
+    return CAI_OK;
+}
+
 cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int64_t *B,
                           int64_t *T, const int32_t **data) {
     char *p;

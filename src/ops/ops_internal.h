@@ -37,6 +37,13 @@ cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, 
                           int64_t *T, const int32_t **data);
 cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
                         cai_bthd *out);
+/* A linear layer's forward arguments under the calling op's name (out_arg
+ * names the product's output, e.g. "out" or "pre"): weight [OC,IC], inp
+ * [N,IC], out [N,OC] of dtype `want`, bias [OC] (NULL: none, *bias_data
+ * NULL). Shared by the backends' linear, linear+GELU and linear+residual. */
+cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
+                               const cai_tensor *weight, const cai_tensor *bias, cai_device_kind kind, int want,
+                               cai_rows *x, cai_rows *w, cai_rows *y, char **bias_data);
 /* Same shape (and rows) as `ref`. */
 cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
                              const cai_rows *ref);
