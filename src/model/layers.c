@@ -80,8 +80,8 @@ cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
      * all-reduced over tp (SP: reduce-scatter) before the bias and the
      * residual are added once. The fused op (product + bias + residual in
      * one matmul) is valid only because the block runs with tp = 1 today; a
-     * TP implementation must split it again: linear_fwd into s->tmp without
-     * bias, all-reduce, then bias_add and add(out, inp, s->tmp). */
+     * TP implementation must split it again: linear_fwd without bias into a
+     * [B,T,C] scratch (carve one then), all-reduce, then bias_add and add. */
     CAI_CALL(ops->linear_residual_fwd(dev, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
     return CAI_OK;
 }
@@ -132,7 +132,7 @@ cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
     /* TP: mlp_proj is row-parallel, its products are partial sums to
      * all-reduce over tp (SP: reduce-scatter) before bias and residual; the
      * fused op is valid only with tp = 1 (today) and a TP implementation
-     * must split it as in cai_attn_fwd (linear_fwd into s->tmp, all-reduce,
+     * must split it as in cai_attn_fwd (linear_fwd into a scratch, all-reduce,
      * bias_add, add). */
     CAI_CALL(ops->linear_residual_fwd(dev, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
     return CAI_OK;
@@ -319,7 +319,6 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     memset(s, 0, sizeof *s);
     const cai_dtype at = d->act_dtype;
     const int64_t B = d->B, T = d->T, C = d->C, F = d->ffn;
-    CAI_CALL(carve(c, &s->tmp, at, 3, B, T, C)); /* unused at tp = 1 (linear_residual_fwd); the TP split needs it */
     CAI_CALL(carve(c, &s->dln, at, 3, B, T, C));
     CAI_CALL(carve(c, &s->datt, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &s->dqkv, at, 3, B, T, qkv_width(d)));

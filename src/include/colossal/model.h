@@ -315,7 +315,6 @@ typedef struct {
 
 /* Buffers shared by every block (not kept between fwd and bwd). */
 typedef struct {
-    cai_tensor tmp;         /* [B,T,C] projection output before the residual add */
     cai_tensor dln;         /* [B,T,C] */
     cai_tensor datt;        /* [B,T,Hq D] */
     cai_tensor dqkv;        /* [B,T,(Hq+2Hkv)D] */
