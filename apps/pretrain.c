@@ -649,6 +649,7 @@ int main(int argc, char **argv) {
      * silently; the check costs one pass over the weights. */
     /* Sharded stages hold one copy of each weight: nothing to compare. */
     if (!cai_model_external_params(r.model)) cai_app_check(cai_dp_check_replicas(r.mesh, r.model));
+    pt_report_summary(&r.report);
     if (app.rank == 0) {
         double tokens = (double)(steps_done - cfg.first_step + 1) * (double)r.report.tokens_per_step;
         if (sig)

@@ -116,6 +116,11 @@ typedef struct {
     int64_t step_last;
     int64_t tokens_per_step;
     int rank;
+    cai_device_t *dev;      /* for the device-memory samples */
+    double *step_s;         /* this run's step times, for the steady-state summary */
+    int64_t n_steps, cap_steps;
+    double dev_used_max;    /* largest device memory in use seen (bytes; GPUs: whole device) */
+    double dev_total;
 } pt_report;
 
 /* Collective over MPI_COMM_WORLD (peak measurement, sum over ranks). */
@@ -131,6 +136,10 @@ void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_
                     double step_seconds);
 /* Rank 0: the validation line and record. */
 void pt_report_eval(pt_report *r, int64_t step, double loss);
+/* Collective: after the last step, the steady-state line and a "summary"
+ * record: median step time after the warm-up steps, tokens/s and MFU at
+ * that median, and the largest device memory in use on any rank. */
+void pt_report_summary(pt_report *r);
 
 /* ------------------------------------------------------------------ samples
  * (apps/pretrain_generate.c) */

@@ -68,6 +68,7 @@ cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, ca
                           int world) {
     memset(r, 0, sizeof *r);
     r->rank = rank;
+    r->dev = dev;
     const cai_model_config *mc = cai_model_config_of(m);
     r->matmul_params = matmul_params(cai_model_registry(m));
     r->flops_per_token = 6.0 * (double)r->matmul_params + 12.0 * mc->n_layers * (double)cfg->seq_len * mc->d_model;
@@ -93,6 +94,47 @@ cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, ca
 void pt_report_free(pt_report *r) {
     if (r->metrics) fclose(r->metrics);
     r->metrics = NULL;
+    free(r->step_s);
+    r->step_s = NULL;
+}
+
+/* Device memory in use now (GPUs: the whole device as the driver counts it,
+ * context included, as nvidia-smi shows it; the CPU backend: none, its
+ * memory is the process's RSS). Every step: the arena is allocated before
+ * step 1 and nothing after, so a sample per step sees the peak. */
+static void sample_device_memory(pt_report *r) {
+    if (!r->dev || r->dev->kind == CAI_DEVICE_HOST) return;
+    size_t free_b = 0, total_b = 0;
+    if (cai_device_mem_info(r->dev, &free_b, &total_b) != CAI_OK || total_b == 0) return;
+    double used = (double)(total_b - free_b);
+    if (used > r->dev_used_max) r->dev_used_max = used;
+    r->dev_total = (double)total_b;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void pt_report_summary(pt_report *r) {
+    double mem[2] = {r->dev_used_max, r->dev_total};
+    MPI_Allreduce(MPI_IN_PLACE, mem, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (r->rank != 0 || r->n_steps == 0) return;
+    /* The first steps pay for plan caches, autotuning and page faults: leave
+     * out 5, or a quarter of a short run. */
+    int64_t warm = r->n_steps / 4 < 5 ? r->n_steps / 4 : 5, n = r->n_steps - warm;
+    qsort(r->step_s + warm, (size_t)n, sizeof *r->step_s, cmp_double);
+    double med = n % 2 ? r->step_s[warm + n / 2] : 0.5 * (r->step_s[warm + n / 2 - 1] + r->step_s[warm + n / 2]);
+    double tps = med > 0 ? (double)r->tokens_per_step / med : 0, mfu = tps * r->flops_per_token / r->peak_flops;
+    printf("steady state: median step %.1f ms over %lld steps after %lld warm-up | %.0f tokens/s | MFU %.1f%%",
+           1e3 * med, (long long)n, (long long)warm, tps, 100.0 * mfu);
+    if (mem[1] > 0) printf(" | device memory %.1f of %.1f GiB (most on a rank)", mem[0] / 1073741824.0, mem[1] / 1073741824.0);
+    printf("\n");
+    pt_report_json(r,
+                   "\"kind\":\"summary\",\"warmup_steps\":%lld,\"steps\":%lld,\"median_step_s\":%.6f,"
+                   "\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"device_mem_used_bytes\":%.0f,\"device_mem_total_bytes\":%.0f",
+                   (long long)warm, (long long)n, med, tps, mfu, mem[0], mem[1]);
+    fflush(stdout);
 }
 
 void pt_report_json(pt_report *r, const char *fmt, ...) {
@@ -130,6 +172,16 @@ static void format_duration(double s, char *buf, size_t cap) {
 
 void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_step_stats *st,
                     double step_seconds) {
+    if (r->n_steps == r->cap_steps) {
+        int64_t cap = r->cap_steps ? 2 * r->cap_steps : 1024;
+        double *p = realloc(r->step_s, (size_t)cap * sizeof *p);
+        if (p) { /* without memory the summary covers the steps recorded so far */
+            r->step_s = p;
+            r->cap_steps = cap;
+        }
+    }
+    if (r->n_steps < r->cap_steps) r->step_s[r->n_steps++] = step_seconds;
+    sample_device_memory(r);
     double tps = step_seconds > 0 ? (double)r->tokens_per_step / step_seconds : 0;
     double mfu = tps * r->flops_per_token / r->peak_flops;
     pt_report_json(r,

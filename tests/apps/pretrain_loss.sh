@@ -23,6 +23,12 @@ expect_grep out '^samples \(greedy'
 expect_grep out '^> Once upon a time,'
 expect_grep out '^done: 40 steps'
 grep -q '"kind":"end","status":"done"' "$M" || fail "no end record"
+# The steady-state summary: 40 steps, 5 of them warm-up; the CPU backend
+# reports no device memory (its memory is the progress line's RSS).
+expect_grep out '^steady state: median step [0-9.]+ ms over 35 steps after 5 warm-up \| [0-9]+ tokens/s \| MFU [0-9.]+%$' \
+    "no steady-state line of the documented form"
+grep '"kind":"summary"' "$M" | grep -q '"warmup_steps":5,"steps":35,"median_step_s":[0-9.]*,"tokens_per_s":[0-9.]*,' ||
+    fail "no summary record of the documented form"
 
 # The loss falls: the mean of the last 5 steps is well below the first step,
 # and so is the final validation loss.
