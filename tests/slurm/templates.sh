@@ -186,7 +186,7 @@ while [ $p_sent = 0 ] || [ $c_sent = 0 ]; do
 done
 
 # ---------------------------------------------------------------- cancel
-slurm_wait_for 60 "cancel's batch shell to decide" grep -q 'colossal-job: .* step exited' "$J/cancel.out" ||
+slurm_wait_for 180 "cancel's batch shell to decide" grep -q 'colossal-job: .* step exited' "$J/cancel.out" ||
     fail "cancel: the batch script did not report its decision"
 # A requeued job is PENDING (and listed by squeue) before its batch script
 # has even exited; a cancelled one never is. (Its CANCELLED state itself is
