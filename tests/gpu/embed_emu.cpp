@@ -34,12 +34,6 @@
 #define NT 256
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
 typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
-struct uint4 { uint32_t x, y, z, w; };
-struct float4 { float x, y, z, w; };
-static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
-static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 struct Block {
     std::barrier<> bar;

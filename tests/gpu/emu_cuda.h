@@ -6,6 +6,9 @@
 #ifndef CAI_TESTS_GPU_EMU_CUDA_H
 #define CAI_TESTS_GPU_EMU_CUDA_H
 
+#include <cstdint>
+#include <cstring>
+
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
@@ -19,5 +22,13 @@ thread_local unsigned char *g_smem; /* the emulated block's dynamic shared memor
 #define __launch_bounds__(...)
 #define __align__(x)
 #define CUK_INLINE static inline
+
+/* CUDA's vector types and bit casts that the kernels use */
+struct uint4 { uint32_t x, y, z, w; };
+struct float4 { float x, y, z, w; };
+static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 #endif

@@ -30,8 +30,6 @@
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
 typedef struct { void *p; int64_t B, T, H, D, sb, st, sh; int dt; } cuk_bthd;
 typedef struct { float scale; int causal; int64_t off, window; int tc; } cuk_attn;
-struct uint4 { unsigned x, y, z, w; };
-static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 typedef uint16_t e16;
 static inline float bf2f(uint16_t h) { uint32_t x = (uint32_t)h << 16; float f; memcpy(&f, &x, 4); return f; }
 static inline uint16_t f2bf(float f) { uint32_t x; memcpy(&x, &f, 4); if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40; uint32_t r = x >> 16, d = x & 0xffff; if (d > 0x8000 || (d == 0x8000 && (r & 1))) r++; return (uint16_t)r; }

@@ -29,12 +29,6 @@ enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
 enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
 typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
 typedef struct { int code; int pad_; int64_t a, b, c, d; } cuk_errrec;
-struct uint4 { uint32_t x, y, z, w; };
-struct float4 { float x, y, z, w; };
-static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
-static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 static std::mutex g_err_mu;
 static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
