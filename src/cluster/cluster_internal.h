@@ -118,7 +118,6 @@ struct cai_mesh {
 
     double timeout_s;
     int abort_on_timeout;
-    int wd_spin; /* the watchdog's wait may poll without yielding (a core per rank) */
     int device_comm; /* cai_device_comm requested */
 
     MPI_Op half_ops[2][3]; /* [bf16, f16][sum, max, min] */

@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "cluster_internal.h"
 
@@ -28,23 +27,9 @@ const char *cai_op_kind_name(cai_op_kind kind) {
     return k_kind_names[kind];
 }
 
-/* Whether a waiting rank may keep its core: no more ranks of this job on
- * the node than online CPUs (Open MPI's own rule for yield_when_idle). */
-static cai_status wd_decide_spin(cai_mesh_t *m) {
-    MPI_Comm node;
-    int local = 1;
-    CAI_CALL_MPI(MPI_Comm_split_type(m->cart, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    m->wd_spin = cpus > 0 && local <= cpus;
-    return CAI_OK;
-}
-
 cai_status cai_wd_init(cai_mesh_t *m) {
     m->win_ok = 0;
     if (m->timeout_s <= 0) return CAI_OK;
-    CAI_CALL(wd_decide_spin(m));
     int rc = MPI_Win_allocate((MPI_Aint)(CAI_WD_WORDS * sizeof(uint64_t)), (int)sizeof(uint64_t), MPI_INFO_NULL,
                               m->cart, &m->win_mem, &m->win);
     if (rc != MPI_SUCCESS) {
@@ -249,27 +234,16 @@ cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai
             if (watchdog && m->abort_on_timeout) cai_abort(CAI_ERR_TIMEOUT);
             break;
         }
-        /* Open MPI advances a non-blocking collective only inside MPI_Test,
-         * so every pause between tests stalls a large host allreduce (each
-         * ring step waits for the next test). With a core per rank, poll
-         * without pausing for 2 s, as a blocking MPI_Wait would, then nap
-         * briefly (20 µs doubling to 200 µs): a 4 MiB allreduce on 2 ranks
-         * took 8.2 ms when the loop yielded from 0.5 ms on, 1.7 ms
-         * spinning, 0.5 ms without the watchdog. With more ranks than cores
-         * the peer may need this core: spin 0.5 ms, yield until 10 ms, then
-         * nap up to 1 ms. */
-        if (m->wd_spin) {
-            if (waited < 2.0) continue;
-        } else {
-            if (waited < 0.0005) continue;
-            if (waited < 0.01) {
-                sched_yield();
-                continue;
-            }
+        /* Spin briefly for latency, then yield (ranks may share cores), then
+         * nap so a long wait does not burn a core the peer needs. */
+        if (waited < 0.0005) continue;
+        if (waited < 0.01) {
+            sched_yield();
+            continue;
         }
         struct timespec ts = {0, nap_ns};
         nanosleep(&ts, NULL);
-        if (nap_ns < (m->wd_spin ? 200000 : 1000000)) nap_ns *= 2;
+        if (nap_ns < 1000000) nap_ns *= 2;
     }
     publish(m, CAI_WD_ACTIVITY, 0);
     return st;
