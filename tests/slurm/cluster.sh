@@ -46,8 +46,10 @@
 #                               between jobs (OverSubscribe covers cores
 #                               only), so there are enough of them for
 #                               several GPU jobs per node at once.
-#   KillWait=15                 SIGTERM to SIGKILL at a time limit or scancel:
+#   KillWait=60                 SIGTERM to SIGKILL at a time limit or scancel:
 #                               time for a checkpoint on a loaded machine
+#                               (under ASan a 1.5 MB one took 8-15 s on the
+#                               2-core CI machine; 15 s was too short)
 #   MinJobAge=5                 sbatch --wait polls every 2 s only while
 #                               2 < MinJobAge/2 is false; otherwise it backs
 #                               off to 8 s and 32 s. Finished jobs stay
@@ -189,7 +191,7 @@ SchedulerParameters=sched_interval=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-KillWait=15
+KillWait=60
 MinJobAge=5
 InactiveLimit=0
 SlurmdTimeout=60
