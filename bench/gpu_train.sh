@@ -28,6 +28,7 @@
 # metrics.jsonl (every colossal run's per-step records), build.log.
 # Environment: see bench/gpu_common.sh (BENCH_DEVICE=cpu, BENCH_BUILD,
 # BENCH_MAKE, BENCH_WORK, BENCH_BUDGET_S, RUN_TIMEOUT, PYTHON), plus
+# DP_VARIANTS (extra 2-GPU ZeRO-0 runs, see data_parallel),
 # TORCH_DDP_MODE (eager (default) or compile), TORCH_MODES (default
 # "eager compile"), TORCH_RUN_TIMEOUT (default 300 s per PyTorch run).
 set -u
@@ -105,6 +106,28 @@ data_parallel() {
         else
             skip_run "c-dp2-z$z-$m" bench=train model_name="$m" impl=colossal batch="$b" gpus=2 zero="$z"
         fi
+    done
+    # DP_VARIANTS: extra ZeRO-0 runs, each NAME:SETTING[,SETTING...] where
+    # a SETTING is a colossal-pretrain option (--key=value) or an
+    # environment variable (NAME=value) for that run only.
+    for var in ${DP_VARIANTS:-}; do
+        vname=${var%%:*}
+        if ! have_time "$(est "$m")"; then
+            skip_run "c-dp2-$vname-$m" bench=train model_name="$m" impl=colossal batch="$b" gpus=2 zero=0
+            continue
+        fi
+        (
+            vargs=
+            for set in $(echo "${var#*:}" | tr ',' ' '); do
+                case $set in
+                --*) vargs="$vargs $set" ;;
+                *=*) export "$set" ;;
+                esac
+            done
+            # shellcheck disable=SC2086
+            run_colossal "c-dp2-$vname-$m" 2 "$cfg" "$STEPS" "$SKIP" bench=train model_name="$m" \
+                impl="colossal-$vname" batch="$b" zero=0 -- --zero.stage=0 $vargs
+        )
     done
     mode=${TORCH_DDP_MODE:-eager}
     if have_time "$(est "$mode")"; then

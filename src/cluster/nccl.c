@@ -9,6 +9,7 @@
  * CAI_HAVE_CUDA. */
 #include "cai_config.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "cluster_internal.h"
@@ -190,11 +191,24 @@ static void state_destroy(struct cai_nccl_state *s) {
     cai_free(s);
 }
 
+/* The collective stream's priority. A reduction that waits behind a
+ * backward kernel's queued blocks for SMs finishes later and keeps the
+ * peer's already-running NCCL blocks spinning; the highest priority lets
+ * its blocks start as soon as any SM frees. CAI_NCCL_STREAM_PRIORITY=normal
+ * gives the default priority (for comparison). */
+static int collective_priority(void) {
+    const char *e = getenv("CAI_NCCL_STREAM_PRIORITY");
+    int least = 0, greatest = 0;
+    if (e && strcmp(e, "normal") == 0) return 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return 0;
+    return greatest;
+}
+
 static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
     if (!m->nccl) {
         struct cai_nccl_state *s = NULL;
         CAI_CALL(cai_calloc((void **)&s, 1, sizeof *s, "NCCL state"));
-        cudaError_t e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+        cudaError_t e = cudaStreamCreateWithPriority(&s->stream, cudaStreamNonBlocking, collective_priority());
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->ready, cudaEventDisableTiming);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming);
         if (e != cudaSuccess) {
