@@ -45,10 +45,6 @@
 #define FL_OCC_KV 3
 #define FL_OCC_Q 4
 #define FL_OCC_KV32 4 /* the 32-query-chunk dK/dV variant (fl_kv_qc32) */
-/* the head_dim 64 kernels with two row tiles per warp (fl_fwd_mt, fl_q_mt): 3
- * would cap registers at 168, and the two tiles' accumulators alone take 128 */
-#define FL_OCC_FWD_MT2 2
-#define FL_OCC_Q_MT2 2
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
@@ -301,23 +297,18 @@ CUK_INLINE fl_span fl_queries_of(const cuk_attn &a, int64_t j, int64_t Tk, int64
     return fl_rel(lo, hi, i0, n);
 }
 
-template <int D, int MT = 1> static constexpr size_t fl_fwd_smem() { return (size_t)(64 * MT + 4 * 64) * (D + 8) * sizeof(e16); }
+template <int D> static constexpr size_t fl_fwd_smem() { return (size_t)5 * 64 * (D + 8) * sizeof(e16); }
 template <int D, int QC> static constexpr size_t fl_kv_smem() {
     return (size_t)(2 * 64 + 4 * QC) * (D + 8) * sizeof(e16) + 4 * QC * sizeof(float);
 }
-template <int D, int MT = 1> static constexpr size_t fl_q_smem() { return (size_t)(128 * MT + 4 * 64) * (D + 8) * sizeof(e16); }
+template <int D> static constexpr size_t fl_q_smem() { return (size_t)6 * 64 * (D + 8) * sizeof(e16); }
 
 /* ---------------------------------------------------------------- forward */
 
-/* MT m-tiles of 16 query rows per warp (a block owns 64 MT rows): each K
- * or V fragment read from shared memory feeds MT row tiles. At MT = 1 the
- * block is shared-memory bound on mma.sync: one 512-byte ldmatrix.x4 per two
- * m16n8k16 products, at 128 bytes per cycle an SM's whole shared-memory
- * bandwidth at the rate its tensor cores issue them. */
-template <int D, bool F16, int MINB = 1, int MT = 1>
+template <int D, bool F16, int MINB = 1>
 __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
                                                    cuk_attn a, int64_t ntiles, float sl2) {
-    constexpr int LD = D + 8, BM = 64 * MT, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
+    constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
     e16 *Qs = (e16 *)fl_sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; /* K/V buffer x at +x*BN*LD */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
@@ -332,24 +323,14 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse,
     fl_commit();
     fl_wait<0>();
     __syncthreads();
-    /* this warp's row tile mt: rows 16 (MT warp + mt) .. +15 of the block */
-    uint32_t qf[MT][KD][4]; /* A fragments, k-chunk kk = dims 16kk.. */
+    uint32_t qf[KD][4]; /* A fragments of this warp's 16 query rows, k-chunk kk = dims 16kk.. */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) fl_lda<LD>(qf[mt][kk], Qs + (MT * warp + mt) * 16 * LD + kk * 16, lane);
+    for (int kk = 0; kk < KD; kk++) fl_lda<LD>(qf[kk], Qs + warp * 16 * LD + kk * 16, lane);
 
-    float oacc[MT][ND][4]; /* C layout: O rows g / g+8 of the tile, dims 8n + 2t, +1 */
-    float mrow[MT][2], lrow[MT][2]; /* rows g, g+8; l: this thread's part */
-    int64_t ri[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        fl_zero(oacc[mt]);
-        mrow[mt][0] = mrow[mt][1] = -INFINITY;
-        lrow[mt][0] = lrow[mt][1] = 0.0f;
-        ri[mt][0] = i0 + (MT * warp + mt) * 16 + g;
-        ri[mt][1] = ri[mt][0] + 8;
-    }
+    float oacc[ND][4]; /* C layout: O rows g / g+8 of the warp, dims 8n + 2t, +1 */
+    fl_zero(oacc);
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}; /* rows g, g+8; l: this thread's part */
+    const int64_t ri[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
 
     for (int64_t it = 0; it < nkt; it++) {
         const int buf = (int)(it & 1);
@@ -357,98 +338,71 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse,
         fl_next_kv<BN, D>(Ks, Vs, k, v, b, hk, buf, it + 1 < nkt, j0 + BN, jhi + 1);
         const e16 *Kb = Ks + buf * BN * LD, *Vb = Vs + buf * BN * LD;
 
-        float s[MT][NN][4]; /* C layout: S rows g / g+8, keys j0 + 8n + 2t, +1 */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) fl_zero(s[mt]);
+        float s[NN][4]; /* C layout: S rows g / g+8, keys j0 + 8n + 2t, +1 */
+        fl_zero(s);
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
 #pragma unroll
             for (int np = 0; np < NN / 2; np++) {
                 uint32_t bb[4];
                 fl_ldb_nk<LD>(bb, Kb + np * 16 * LD + kk * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fl_mma<F16>(s[mt][2 * np], qf[mt][kk], bb[0], bb[1]);
-                    fl_mma<F16>(s[mt][2 * np + 1], qf[mt][kk], bb[2], bb[3]);
-                }
+                fl_mma<F16>(s[2 * np], qf[kk], bb[0], bb[1]);
+                fl_mma<F16>(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         }
         const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
+        const fl_span sp[2] = {fl_keys_of(a, ri[0], jhi, j0, BN), fl_keys_of(a, ri[1], jhi, j0, BN)};
+        /* raw scores stay unscaled (masked ones -inf): the scale, positive,
+         * commutes with the max and folds into one FFMA before the exponent */
+        if (!full)
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            /* raw scores stay unscaled (masked ones -inf): the scale, positive,
-             * commutes with the max and folds into one FFMA before the exponent */
-            if (!full) {
-                const fl_span sp[2] = {fl_keys_of(a, ri[mt][0], jhi, j0, BN), fl_keys_of(a, ri[mt][1], jhi, j0, BN)};
+            for (int n = 0; n < NN; n++)
 #pragma unroll
-                for (int n = 0; n < NN; n++)
+                for (int e = 0; e < 4; e++) {
+                    const int c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
+                    if (c < sp[e >> 1].lo || c > sp[e >> 1].hi) s[n][e] = -INFINITY;
+                }
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
-                        if (c < sp[e >> 1].lo || c > sp[e >> 1].hi) s[mt][n][e] = -INFINITY;
-                    }
+        for (int r = 0; r < 2; r++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < NN; n++) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+            /* the 4 threads of a quad (same g) hold a row's 64 scores */
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(mrow[r], mx * sl2); /* running max in the log2 domain */
+            const float mu = mnew == -INFINITY ? 0.0f : mnew; /* a row with no key yet: p = 0, no NaN */
+            const float corr = fl_ex2(mrow[r] - mu);
+            mrow[r] = mnew;
+            float ls = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NN; n++) {
+                const float p0 = fl_ex2(fmaf(s[n][2 * r], sl2, -mu)), p1 = fl_ex2(fmaf(s[n][2 * r + 1], sl2, -mu));
+                s[n][2 * r] = p0;
+                s[n][2 * r + 1] = p1;
+                ls += p0 + p1;
             }
+            lrow[r] = lrow[r] * corr + ls;
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NN; n++) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
-                /* the 4 threads of a quad (same g) hold a row's 64 scores */
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(mrow[mt][r], mx * sl2); /* running max in the log2 domain */
-                const float mu = mnew == -INFINITY ? 0.0f : mnew;  /* a row with no key yet: p = 0, no NaN */
-                const float corr = fl_ex2(mrow[mt][r] - mu);
-                mrow[mt][r] = mnew;
-                float ls = 0.0f;
-#pragma unroll
-                for (int n = 0; n < NN; n++) {
-                    const float p0 = fl_ex2(fmaf(s[mt][n][2 * r], sl2, -mu));
-                    const float p1 = fl_ex2(fmaf(s[mt][n][2 * r + 1], sl2, -mu));
-                    s[mt][n][2 * r] = p0;
-                    s[mt][n][2 * r + 1] = p1;
-                    ls += p0 + p1;
-                }
-                lrow[mt][r] = lrow[mt][r] * corr + ls;
-#pragma unroll
-                for (int n = 0; n < ND; n++) {
-                    oacc[mt][n][2 * r] *= corr;
-                    oacc[mt][n][2 * r + 1] *= corr;
-                }
+            for (int n = 0; n < ND; n++) {
+                oacc[n][2 * r] *= corr;
+                oacc[n][2 * r + 1] *= corr;
             }
         }
-        /* O += P V, P rounded to the input type */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t pa[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) fl_acc_to_a<F16>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
-#pragma unroll
-            for (int dp = 0; dp < ND / 2; dp++) {
-                uint32_t bb[4];
-                fl_ldb_kn<LD>(bb, Vb + kk * 16 * LD + dp * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fl_mma<F16>(oacc[mt][2 * dp], pa[mt], bb[0], bb[1]);
-                    fl_mma<F16>(oacc[mt][2 * dp + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
-        }
-        __syncthreads(); /* before the next prefetch overwrites buf */
+        fl_gemm_pk<F16, LD, ND, BN / 16>(oacc, s, Vb, lane); /* O += P V, P rounded to the input type */
+        __syncthreads();                                     /* before the next prefetch overwrites buf */
     }
 
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float l = lrow[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const int64_t i = ri[mt][r];
-            if (i >= Tq) continue;
-            if (lse && tq == 0) lse[(b * q.H + h) * Tq + i] = l > 0.0f ? mrow[mt][r] * FL_LN2 + logf(l) : -INFINITY;
-            fl_store_row<ND>(o, cuk_roff(o, b, i, h), oacc[mt], r, l > 0.0f ? 1.0f / l : 0.0f, tq);
-        }
+    for (int r = 0; r < 2; r++) {
+        float l = lrow[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int64_t i = ri[r];
+        if (i >= Tq) continue;
+        if (lse && tq == 0) lse[(b * q.H + h) * Tq + i] = l > 0.0f ? mrow[r] * FL_LN2 + logf(l) : -INFINITY;
+        fl_store_row<ND>(o, cuk_roff(o, b, i, h), oacc, r, l > 0.0f ? 1.0f / l : 0.0f, tq);
+    }
 }
 
 /* ---------------------------------------------------------------- backward */
@@ -591,13 +545,13 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bth
     }
 }
 
-/* dQ for 64 MT query rows (16 MT per warp, as the forward), looping over
- * key tiles of 64: S = Q K^T, dP = dO V^T, dQ += dS K. */
-template <int D, bool F16, int MINB = 1, int MT = 1>
+/* dQ for 64 query rows (16 per warp), looping over key tiles of 64:
+ * S = Q K^T, dP = dO V^T, dQ += dS K. */
+template <int D, bool F16, int MINB = 1>
 __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v,
                                                      const float *lse, const float *dvec, cuk_attn a, int64_t ntiles,
                                                      float sl2) {
-    constexpr int LD = D + 8, BM = 64 * MT, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
+    constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
     e16 *Qs = (e16 *)fl_sm, *Gs = Qs + BM * LD, *Ks = Gs + BM * LD, *Vs = Ks + 2 * BN * LD;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
@@ -611,100 +565,51 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd
         fl_load<BN, D>(Vs, v, b, hk, jlo, jhi + 1);
     }
     fl_commit();
-    int64_t ri[MT][2];
-    float l2[MT][2], dd[MT][2]; /* rows g, g+8 of tile mt: lse in the log2 domain (+inf: P = 0), D */
+    const int64_t ri[2] = {i0 + warp * 16 + gq, i0 + warp * 16 + gq + 8};
+    float l2[2], dd[2]; /* rows g, g+8: lse in the log2 domain (+inf: P = 0), D */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            ri[mt][r] = i0 + (MT * warp + mt) * 16 + gq + 8 * r;
-            l2[mt][r] = INFINITY;
-            dd[mt][r] = 0.0f;
-            if (ri[mt][r] < Tq) {
-                const int64_t row = (b * q.H + h) * Tq + ri[mt][r];
-                l2[mt][r] = lse[row] * FL_LOG2E;
-                dd[mt][r] = dvec[row];
-                if (l2[mt][r] == -INFINITY) l2[mt][r] = INFINITY;
-            }
+    for (int r = 0; r < 2; r++) {
+        l2[r] = INFINITY;
+        dd[r] = 0.0f;
+        if (ri[r] < Tq) {
+            const int64_t row = (b * q.H + h) * Tq + ri[r];
+            l2[r] = lse[row] * FL_LOG2E;
+            dd[r] = dvec[row];
+            if (l2[r] == -INFINITY) l2[r] = INFINITY;
         }
-    float qacc[MT][ND][4]; /* C layout: dQ rows g / g+8 of the tile, dims 8n + 2t, +1 */
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) fl_zero(qacc[mt]);
-    const e16 *Qw = Qs + MT * warp * 16 * LD, *Gw = Gs + MT * warp * 16 * LD;
+    }
+    float qacc[ND][4]; /* C layout: dQ rows g / g+8 of the warp, dims 8n + 2t, +1 */
+    fl_zero(qacc);
+    const e16 *Qw = Qs + warp * 16 * LD, *Gw = Gs + warp * 16 * LD;
 
     for (int64_t it = 0; it < nkt; it++) {
         const int buf = (int)(it & 1);
         const int64_t j0 = jlo + it * BN;
         fl_next_kv<BN, D>(Ks, Vs, k, v, b, hk, buf, it + 1 < nkt, j0 + BN, jhi + 1);
         const e16 *Kb = Ks + buf * BN * LD, *Vb = Vs + buf * BN * LD;
-        float s[MT][NN][4], dp[MT][NN][4]; /* C layout: rows = queries g / g+8, cols = keys j0 + 8n + 2t, +1 */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            fl_zero(s[mt]);
-            fl_zero(dp[mt]);
-        }
-        /* S = Q K^T and dP = dO V^T, each K / V fragment feeding MT row tiles */
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) {
-            uint32_t qa[MT][4], ga[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                fl_lda<LD>(qa[mt], Qw + mt * 16 * LD + kk * 16, lane);
-                fl_lda<LD>(ga[mt], Gw + mt * 16 * LD + kk * 16, lane);
-            }
-#pragma unroll
-            for (int np = 0; np < NN / 2; np++) {
-                uint32_t kb[4], vb[4];
-                fl_ldb_nk<LD>(kb, Kb + np * 16 * LD + kk * 16, lane);
-                fl_ldb_nk<LD>(vb, Vb + np * 16 * LD + kk * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fl_mma<F16>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
-                    fl_mma<F16>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
-                    fl_mma<F16>(dp[mt][2 * np], ga[mt], vb[0], vb[1]);
-                    fl_mma<F16>(dp[mt][2 * np + 1], ga[mt], vb[2], vb[3]);
-                }
-            }
-        }
+        float s[NN][4], dp[NN][4]; /* C layout: rows = queries g / g+8, cols = keys j0 + 8n + 2t, +1 */
+        fl_zero(s);
+        fl_zero(dp);
+        fl_gemm_nk<F16, LD, NN, KD>(s, Qw, Kb, lane);  /* S = Q K^T */
+        fl_gemm_nk<F16, LD, NN, KD>(dp, Gw, Vb, lane); /* dP = dO V^T */
         const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
+        const fl_span sp[2] = {fl_keys_of(a, ri[0], jhi, j0, BN), fl_keys_of(a, ri[1], jhi, j0, BN)};
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            const fl_span sp[2] = {fl_keys_of(a, ri[mt][0], jhi, j0, BN), fl_keys_of(a, ri[mt][1], jhi, j0, BN)};
+        for (int n = 0; n < NN; n++)
 #pragma unroll
-            for (int n = 0; n < NN; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = e >> 1, c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
-                    float p = fl_ex2(fmaf(s[mt][n][e], sl2, -l2[mt][r]));
-                    if (!full && (c < sp[r].lo || c > sp[r].hi)) p = 0.0f;
-                    dp[mt][n][e] = p * (dp[mt][n][e] - dd[mt][r]); /* dS without the scale */
-                }
-        }
-        /* dQ += dS K */
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            uint32_t da[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) fl_acc_to_a<F16>(da[mt], dp[mt][2 * kk], dp[mt][2 * kk + 1]);
-#pragma unroll
-            for (int d2 = 0; d2 < ND / 2; d2++) {
-                uint32_t kb[4];
-                fl_ldb_kn<LD>(kb, Kb + kk * 16 * LD + d2 * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fl_mma<F16>(qacc[mt][2 * d2], da[mt], kb[0], kb[1]);
-                    fl_mma<F16>(qacc[mt][2 * d2 + 1], da[mt], kb[2], kb[3]);
-                }
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
+                float p = fl_ex2(fmaf(s[n][e], sl2, -l2[r]));
+                if (!full && (c < sp[r].lo || c > sp[r].hi)) p = 0.0f;
+                dp[n][e] = p * (dp[n][e] - dd[r]); /* dS without the scale */
             }
-        }
+        fl_gemm_pk<F16, LD, ND, BN / 16>(qacc, dp, Kb, lane); /* dQ += dS K */
         __syncthreads();
     }
     fl_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int r = 0; r < 2; r++)
-            if (ri[mt][r] < Tq) fl_store_row<ND>(dq, cuk_roff(dq, b, ri[mt][r], h), qacc[mt], r, a.scale, tq);
+    for (int r = 0; r < 2; r++)
+        if (ri[r] < Tq) fl_store_row<ND>(dq, cuk_roff(dq, b, ri[r], h), qacc, r, a.scale, tq);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -722,14 +627,6 @@ template <int D, bool F16> static cudaError_t fl_setup_one(void) {
     if constexpr (D == 64)
         if (e == cudaSuccess) e = cudaFuncSetAttribute(k_fl_bwd_q<D, F16, FL_OCC_Q>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fl_q_smem<D>());
-    if constexpr (D == 64)
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k_fl_fwd<D, F16, FL_OCC_FWD_MT2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fl_fwd_smem<D, 2>());
-    if constexpr (D == 64)
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k_fl_bwd_q<D, F16, FL_OCC_Q_MT2, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fl_q_smem<D, 2>());
     return e;
 }
 
@@ -791,35 +688,17 @@ extern "C" int cuk_attn_flash_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk
     return fl_view_ok(q, q->dt) && fl_view_ok(k, q->dt) && fl_view_ok(v, q->dt) && (!dout || fl_view_ok(dout, q->dt));
 }
 
-/* Query row tiles per warp of the head_dim 64 forward: 2 by default,
- * CAI_CUDA_FLASH_FWD_MT=1 selects the 16-row warps (for comparison). */
-static int fl_fwd_mt(void) {
-    static int v = 0;
-    if (v == 0) {
-        const char *e = getenv("CAI_CUDA_FLASH_FWD_MT");
-        v = e && strcmp(e, "1") == 0 ? 1 : 2;
-    }
-    return v;
-}
-
 template <int D, bool F16>
 static cudaError_t fl_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a) {
-    const float sl2 = a.scale * FL_LOG2E;
-    if constexpr (D == 64)
-        if (fl_fwd_mt() == 2) {
-            const int64_t nt = cuk_cdiv(q.T, 128);
-            const unsigned grid = (unsigned)(q.B * q.H * nt);
-            k_fl_fwd<D, F16, FL_OCC_FWD_MT2, 2><<<grid, FL_NTH, fl_fwd_smem<D, 2>(), s>>>(o, lse, q, k, v, a, nt, sl2);
-            return cudaGetLastError();
-        }
     const int64_t nt = cuk_cdiv(q.T, 64);
     const unsigned grid = (unsigned)(q.B * q.H * nt);
     if constexpr (D == 64)
         if (fl_occ()) {
-            k_fl_fwd<D, F16, FL_OCC_FWD><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, sl2);
+            k_fl_fwd<D, F16, FL_OCC_FWD><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
+                                                                               a.scale * FL_LOG2E);
             return cudaGetLastError();
         }
-    k_fl_fwd<D, F16><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, sl2);
+    k_fl_fwd<D, F16><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, a.scale * FL_LOG2E);
     return cudaGetLastError();
 }
 
@@ -831,17 +710,6 @@ extern "C" cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse
     const bool f16 = q.dt == CUK_F16;
     if (q.D == 64) return f16 ? fl_fwd<64, true>(s, o, lse, q, k, v, a) : fl_fwd<64, false>(s, o, lse, q, k, v, a);
     return f16 ? fl_fwd<128, true>(s, o, lse, q, k, v, a) : fl_fwd<128, false>(s, o, lse, q, k, v, a);
-}
-
-/* Query row tiles per warp of the head_dim 64 dQ kernel: 2 by default,
- * CAI_CUDA_FLASH_Q_MT=1 selects the 16-row warps (for comparison). */
-static int fl_q_mt(void) {
-    static int v = 0;
-    if (v == 0) {
-        const char *e = getenv("CAI_CUDA_FLASH_Q_MT");
-        v = e && strcmp(e, "1") == 0 ? 1 : 2;
-    }
-    return v;
 }
 
 template <int D, bool F16>
@@ -872,14 +740,6 @@ static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
         if (e != cudaSuccess) return e;
     }
     if (dq.p && q.B * q.H * q.T > 0) {
-        if constexpr (D == 64)
-            if (fl_q_mt() == 2) {
-                const int64_t nt = cuk_cdiv(q.T, 128);
-                const unsigned grid = (unsigned)(q.B * q.H * nt);
-                k_fl_bwd_q<D, F16, FL_OCC_Q_MT2, 2><<<grid, FL_NTH, fl_q_smem<D, 2>(), s>>>(dq, g, q, k, v, lse, dvec, a,
-                                                                                           nt, sl2);
-                return cudaGetLastError();
-            }
         const int64_t nt = cuk_cdiv(q.T, 64);
         const unsigned grid = (unsigned)(q.B * q.H * nt);
         bool done = false;

@@ -6,10 +6,12 @@
  * the caller's workspace.
  *
  * CAI_CUDA_ATTN (read per call, so one process can compare the paths):
- * "flash" (default) uses the mma.sync kernels where they apply (bf16 or f16
- * inputs, head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones
- * otherwise; "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core
- * kernels for everything. */
+ * "auto" (default) uses cuDNN's fused attention (attention_cudnn.cu) where
+ * the build has it and it takes the case, else as "flash"; "cudnn" the
+ * same; "flash" the mma.sync kernels where they apply (bf16 or f16 inputs,
+ * head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones otherwise;
+ * "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core kernels
+ * for everything. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -31,6 +33,7 @@ typedef struct {
     float *lse;
     cuk_attn p;
     int flash; /* CAI_CUDA_ATTN allows attention_flash.cu */
+    int cudnn; /* ... and attention_cudnn.cu */
 } attn_args;
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const cai_tensor *lse,
@@ -70,7 +73,9 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     /* read per call so a process can compare both paths (tests, benchmarks) */
     const char *mode = getenv("CAI_CUDA_ATTN");
     a->p.tc = !(mode && strcmp(mode, "simt") == 0);
-    a->flash = !mode || !mode[0] || strcmp(mode, "flash") == 0;
+    const int automatic = !mode || !mode[0] || strcmp(mode, "auto") == 0;
+    a->cudnn = (automatic || strcmp(mode, "cudnn") == 0) && cuk_attn_cudnn_built();
+    a->flash = automatic || strcmp(mode, "flash") == 0 || strcmp(mode, "cudnn") == 0;
     return CAI_OK;
 }
 
@@ -83,8 +88,12 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     attn_args a;
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
-    cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v);
-    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+    cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), ko = cai_cuda_bthd(&a.o);
+    if (a.cudnn && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, &a.p)) {
+        char err[512];
+        if (cuk_attn_cudnn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p, err, sizeof err))
+            return CAI_ERROR(CAI_ERR_CUDA, "%s: %s (CAI_CUDA_ATTN=flash uses the project's kernels)", op, err);
+    } else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
         CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
     else
         CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
@@ -125,7 +134,12 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     float *dvec = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
-    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
+    cuk_bthd ko = cai_cuda_bthd(&a.o), kdq = cai_cuda_bthd(&gdq), kdk = cai_cuda_bthd(&gdk), kdv = cai_cuda_bthd(&gdv);
+    if (a.cudnn && dq && dk && dv && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, &a.p)) {
+        char err[512];
+        if (cuk_attn_cudnn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, a.p, err, sizeof err))
+            return CAI_ERROR(CAI_ERR_CUDA, "%s: %s (CAI_CUDA_ATTN=flash uses the project's kernels)", op, err);
+    } else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
         CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
                                           cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
     else

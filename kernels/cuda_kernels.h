@@ -144,6 +144,20 @@ cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd 
 cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
                                cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
 
+/* ---------------------------------------------------------------- attention_cudnn.cu
+ * cuDNN's fused attention (cudnn-frontend SDPA graphs) in builds configured
+ * with cuDNN (cuk_attn_cudnn_built() == 1). cuk_attn_cudnn_ok: the case is
+ * one it takes (for the forward, pass dout, dq, dk, dv NULL; the backward
+ * needs all three gradients). The launchers return nonzero with cuDNN's
+ * message in err on failure. */
+int cuk_attn_cudnn_built(void);
+int cuk_attn_cudnn_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *o, const cuk_bthd *dout,
+                      const cuk_bthd *dq, const cuk_bthd *dk, const cuk_bthd *dv, const cuk_attn *a);
+int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a,
+                       char *err, size_t errlen);
+int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q, cuk_bthd k,
+                       cuk_bthd v, cuk_bthd o, const float *lse, cuk_attn a, char *err, size_t errlen);
+
 /* ---------------------------------------------------------------- embed.cu */
 cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe,
                               int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset, cuk_errrec *err);

@@ -18,6 +18,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/attention.cu \
 	%reldir%/attention_tc.cu \
 	%reldir%/attention_flash.cu \
+	%reldir%/attention_cudnn.cu \
 	%reldir%/embed.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
@@ -38,6 +39,7 @@ CAI_CUDA_LOBJS = \
 	%reldir%/attention.lo \
 	%reldir%/attention_tc.lo \
 	%reldir%/attention_flash.lo \
+	%reldir%/attention_cudnn.lo \
 	%reldir%/embed.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++

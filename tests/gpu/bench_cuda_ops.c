@@ -160,7 +160,7 @@ static void f_attn_bwd(void *x) {
     OK(G->ops->attention_bwd(G, &c->g, &c->h, &c->f, &c->d, &c->a, &c->b, &c->c, &c->d, &c->e, &c->p, c->ws, c->wsb));
 }
 /* Forward and backward of the attention in c under CAI_CUDA_ATTN=mode (NULL:
- * the default, flash); tensor_bytes is one [B,T,Hq*D] tensor's bytes. */
+ * the default: cuDNN where built, else flash); tensor_bytes is one [B,T,Hq*D] tensor's bytes. */
 static void bench_attn(ctx_t *c, const char *what, const char *mode, double tensor_bytes, double fwd_flops) {
     char name[96];
     if (mode) setenv("CAI_CUDA_ATTN", mode, 1);
@@ -339,6 +339,7 @@ int main(int argc, char **argv) {
     double af = 4.0 * B * H * (double)T * T * D / 2; /* causal: half the score matrix */
     /* default: the flash kernels (attention_flash.cu); then the WMMA and CUDA-core ones */
     bench_attn(&c, "bf16 causal B8 T1024 H12 D64", NULL, 2.0 * B * T * C, af);
+    bench_attn(&c, "same", "flash", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "tc", 2.0 * B * T * C, af);
     bench_attn(&c, "same", "simt", 2.0 * B * T * C, af);
     free_all();
@@ -361,6 +362,7 @@ int main(int argc, char **argv) {
         g_dev[g_ndev++] = c.ws;
         double af2 = 4.0 * B * H2 * (double)T * T * D2 / 2;
         bench_attn(&c, "bf16 causal B8 T1024 H6 D128", NULL, 2.0 * B * T * C, af2);
+        bench_attn(&c, "same D128", "flash", 2.0 * B * T * C, af2);
         bench_attn(&c, "same D128", "tc", 2.0 * B * T * C, af2);
         free_all();
     }

@@ -144,13 +144,7 @@ static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, i
     cuk_bthd tdv{dv.data(), B, Tk, Hkv, D, (int64_t)Tk * Hkv * D, Hkv * D, D, CUK_F32};
     float sl2 = a.scale * FL_LOG2E;
     int64_t ntq = (Tq + 63) / 64, ntk = (Tk + 63) / 64;
-    /* head_dim 64: the two-row-tile forward and dQ (the GPU default), the
-     * one-tile builds when FLASH_EMU_MT=1 */
-    const bool mt2 = !(getenv("FLASH_EMU_MT") && atoi(getenv("FLASH_EMU_MT")) == 1);
-    const int64_t ntq2 = (Tq + 127) / 128;
-    if (D == 64 && mt2) {
-        launch(B * Hq * ntq2, fl_fwd_smem<64, 2>(), [&] { k_fl_fwd<64, false, 1, 2>(to, lse.data(), q, k, v, a, ntq2, sl2); });
-    } else if (D == 64) {
+    if (D == 64) {
         launch(B * Hq * ntq, fl_fwd_smem<64>(), [&] { k_fl_fwd<64, false>(to, lse.data(), q, k, v, a, ntq, sl2); });
     } else {
         launch(B * Hq * ntq, fl_fwd_smem<128>(), [&] { k_fl_fwd<128, false>(to, lse.data(), q, k, v, a, ntq, sl2); });
@@ -160,8 +154,7 @@ static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, i
         dvec[((size_t)b * Hq + h) * Tq + i] = (float)s; }
     if (D == 64) {
         launch(B * Hkv * ntk, fl_kv_smem<64, 64>(), [&] { k_fl_bwd_kv<64, 64, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
-        if (mt2) launch(B * Hq * ntq2, fl_q_smem<64, 2>(), [&] { k_fl_bwd_q<64, false, 1, 2>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq2, sl2); });
-        else launch(B * Hq * ntq, fl_q_smem<64>(), [&] { k_fl_bwd_q<64, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
+        launch(B * Hq * ntq, fl_q_smem<64>(), [&] { k_fl_bwd_q<64, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
     } else {
         launch(B * Hkv * ntk, fl_kv_smem<128, 32>(), [&] { k_fl_bwd_kv<128, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
         launch(B * Hq * ntq, fl_q_smem<128>(), [&] { k_fl_bwd_q<128, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });

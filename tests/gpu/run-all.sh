@@ -31,8 +31,12 @@ if [ ! -f build-gpu/Makefile ]; then
     # which this machine lacks
     [ -x configure ] || { echo "carry configure, Makefile.in, aclocal.m4, build-aux, src/cai_config.h.in"; exit 1; }
     touch aclocal.m4 && sleep 1 && touch configure Makefile.in src/cai_config.h.in
+    # cuDNN attention when cudnn-frontend's headers were carried in .device
+    fe=
+    [ -f .device/cudnn-frontend/include/cudnn_frontend.h ] && fe=--with-cudnn-frontend=$top/.device/cudnn-frontend/include
     mkdir -p build-gpu && (cd build-gpu && ../configure -q CC=mpicc --without-hdf5 --with-cuda=/usr/local/cuda \
-        --with-nccl=/usr >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
+        --with-nccl=/usr $fe >"$out/configure.log" 2>&1) || { tail -30 "$out/configure.log"; }
+    grep -E "CUDA|NCCL|cuDNN" "$out/configure.log" | grep -v checking
 fi
 # BUILD_TARGETS: only these (a short call); default everything incl. the test programs
 if [ -n "${BUILD_TARGETS:-}" ]; then

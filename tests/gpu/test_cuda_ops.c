@@ -1059,7 +1059,15 @@ static void bf16_act(void) {
     t_rope(CAI_DTYPE_BF16);
 }
 static void f32_attn(void) { t_attention(CAI_DTYPE_F32); }
-static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); } /* flash at D 64/128, WMMA otherwise */
+/* default: cuDNN's fused attention where the build has it and it takes the
+ * case, else flash at D 64/128, WMMA otherwise */
+static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); }
+static void bf16_attn_flash(void) {
+    setenv("CAI_CUDA_ATTN", "flash", 1); /* the project's own kernels even where cuDNN is built */
+    t_attention(CAI_DTYPE_BF16);
+    t_attention(CAI_DTYPE_F16);
+    unsetenv("CAI_CUDA_ATTN");
+}
 static void bf16_attn_tc(void) {
     setenv("CAI_CUDA_ATTN", "tc", 1); /* the WMMA kernels */
     t_attention(CAI_DTYPE_BF16);
@@ -1088,7 +1096,7 @@ static const test_entry tests[] = {
     {"linear+gelu f32", f32_linear_gelu}, {"linear+gelu bf16", bf16_linear_gelu},
     {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
     {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
-    {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn}, {"attention simt bf16", bf16_attn_simt},
+    {"attention flash bf16/f16", bf16_attn_flash}, {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn}, {"attention simt bf16", bf16_attn_simt},
     {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
     {"fast f32", f32_fast}, {"fast bf16", bf16_fast}, {"fast f16", f16_fast},
     {"errors", t_errors},
