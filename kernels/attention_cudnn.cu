@@ -23,6 +23,8 @@
 
 #if CAI_HAVE_CUDNN
 
+/* the frontend uses std::strlen without including it when built without its JSON library */
+#include <cstring>
 #include <cudnn_frontend.h>
 
 #include <map>
