@@ -29,7 +29,8 @@
 # Environment: see bench/gpu_common.sh (BENCH_DEVICE=cpu, BENCH_BUILD,
 # BENCH_MAKE, BENCH_WORK, BENCH_BUDGET_S, RUN_TIMEOUT, PYTHON), plus
 # DP_VARIANTS (extra 2-GPU ZeRO-0 runs, see data_parallel),
-# TORCH_DDP_MODE (eager (default) or compile), TORCH_MODES (default
+# EST_COMPILE (seconds the budget reserves per torch.compile run, default
+# 150), TORCH_DDP_MODE (eager (default) or compile), TORCH_MODES (default
 # "eager compile"), TORCH_RUN_TIMEOUT (default 300 s per PyTorch run).
 set -u
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; exit 2; }
@@ -58,7 +59,7 @@ has_result() { grep -q "\"tag\": \"$1\".*\"status\": \"ok\"" "$RESULTS" 2>/dev/n
 # Rough seconds per run for the budget (cold torch.compile is the long one).
 est() {
     case $1 in
-    compile) echo 150 ;;
+    compile) echo "${EST_COMPILE:-150}" ;;
     *350m* | *1b*) echo 75 ;;
     *) echo 50 ;;
     esac
