@@ -106,6 +106,8 @@ static const cai_config_field k_fields[] = {
       "keep f32 master weights and AdamW moments in host memory and step there", CAI_CFG_NO_RANGE),
     F("zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",
       "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6),
+    F("zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",
+      "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
     E("precision", precision, "auto",
       "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32", k_precisions),
     F("loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30),
@@ -231,6 +233,7 @@ static cai_zero_config zero_config(const pt_config *c) {
     z.stage = c->zero_stage;
     z.offload = c->zero_offload;
     z.bucket_bytes = (size_t)(c->zero_bucket_mb * 1048576.0);
+    z.overlap = c->zero_overlap;
     z.reduce_only = z.stage == 0 && !z.offload;
     return z;
 }

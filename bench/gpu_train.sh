@@ -28,9 +28,11 @@
 # metrics.jsonl (every colossal run's per-step records), build.log.
 # Environment: see bench/gpu_common.sh (BENCH_DEVICE=cpu, BENCH_BUILD,
 # BENCH_MAKE, BENCH_WORK, BENCH_BUDGET_S, RUN_TIMEOUT, PYTHON), plus
-# DP_VARIANTS (extra 2-GPU ZeRO-0 runs, see data_parallel),
+# DP_VARIANTS (extra 2-GPU ZeRO-0 runs, see data_parallel), DP_CONCURRENT
+# (1: also the one-GPU run beside another one-GPU run),
 # EST_COMPILE (seconds the budget reserves per torch.compile run, default
-# 150), TORCH_DDP_MODE (eager (default) or compile), TORCH_MODES (default
+# 150), TORCH_DDP_MODE (eager (default), compile, or none: no PyTorch runs
+# in dp items), TORCH_MODES (default
 # "eager compile"), TORCH_RUN_TIMEOUT (default 300 s per PyTorch run).
 set -u
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; exit 2; }
@@ -98,6 +100,7 @@ data_parallel() {
     # The one-GPU baselines, unless this invocation measured them already.
     saved_modes=$TORCH_MODES
     TORCH_MODES=${TORCH_DDP_MODE:-eager}
+    [ "$TORCH_MODES" = none ] && TORCH_MODES=
     one_gpu "$m"
     TORCH_MODES=$saved_modes
     for z in 0 1; do
@@ -108,6 +111,21 @@ data_parallel() {
             skip_run "c-dp2-z$z-$m" bench=train model_name="$m" impl=colossal batch="$b" gpus=2 zero="$z"
         fi
     done
+    # DP_CONCURRENT=1: the one-GPU run again while a second one-GPU run
+    # trains on GPU 1 (no communication): what two busy GPUs of the machine
+    # lose without any collective (power, clocks, host), to tell that part
+    # of the data-parallel loss from the reductions' part.
+    if [ "${DP_CONCURRENT:-0}" = 1 ] && have_time "$(est "$m")"; then
+        (
+            CUDA_VISIBLE_DEVICES=1 timeout -k 10 "$(run_limit "$RUN_TIMEOUT")" mpirun $(mpi_args 1) "$PRETRAIN" \
+                --config "$cfg" --run.dir="$WORK/runs/c-1gpu-other-$m" --run.device="$DEVICE" \
+                --train.steps="$((STEPS + 10))" $DATA_ARGS >"$WORK/logs/c-1gpu-other-$m.log" 2>&1
+        ) &
+        other=$!
+        run_colossal "c-1gpu-busy2-$m" 1 "$cfg" "$STEPS" "$SKIP" bench=train model_name="$m" \
+            impl=colossal-1gpu-beside-another batch="$b" zero=0 --
+        wait "$other"
+    fi
     # DP_VARIANTS: extra ZeRO-0 runs, each NAME:SETTING[,SETTING...] where
     # a SETTING is a colossal-pretrain option (--key=value) or an
     # environment variable (NAME=value) for that run only.
@@ -131,6 +149,7 @@ data_parallel() {
         )
     done
     mode=${TORCH_DDP_MODE:-eager}
+    [ "$mode" = none ] && return
     if have_time "$(est "$mode")"; then
         run_torch "t-ddp2-$mode-$m" 2 bench=train model_name="$m" batch="$b" base_impl="torch-$mode" -- \
             --config "$cfg" --mode "$mode" --steps "$TSTEPS" --warmup "$WARM" --tag "$m"

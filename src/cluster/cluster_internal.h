@@ -160,6 +160,12 @@ cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_po
  * when it is shorter, in its own mode). limit_s <= 0: no limit of its own. */
 cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
                              double limit_s);
+/* As cai_wd_wait_limit with the longest pause between polls of a long wait
+ * given (cai_wd_wait_limit: 1 ms). A device collective's waiter is the
+ * host thread that feeds the GPU: every microsecond it sleeps past the
+ * completion is a microsecond the GPU idles. */
+cai_status cai_wd_wait_nap(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
+                           double limit_s, long max_nap_ns);
 
 /* MPI path (comm.c). */
 MPI_Datatype cai_mpi_dtype(cai_dtype dt);

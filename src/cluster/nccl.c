@@ -392,7 +392,10 @@ static int poll_event(void *vctx) {
  * collective on the axis creates a fresh one). */
 static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done, double limit_s) {
     nccl_wait_ctx w = {m, c->axis, done, 0};
-    cai_status st = cai_wd_wait_limit(m, c, seq, poll_event, &w, limit_s);
+    /* The engine waits here for the gradient reductions while the GPU runs
+     * out of queued work: poll at least every 50 us (a 1 ms nap cost up to
+     * a millisecond of idle GPU per training step). */
+    cai_status st = cai_wd_wait_nap(m, c, seq, poll_event, &w, limit_s, 50000);
     if (st != CAI_OK) fail_axis(m, c->axis);
     return st;
 }

@@ -212,9 +212,14 @@ cai_status cai_wd_wait(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_po
 
 cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
                              double limit_s) {
+    return cai_wd_wait_nap(m, c, seq, done, ctx, limit_s, 1000000);
+}
+
+cai_status cai_wd_wait_nap(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_wd_poll_fn done, void *ctx,
+                           double limit_s, long max_nap_ns) {
     publish(m, CAI_WD_ACTIVITY, activity_word(c, seq));
     double t0 = cai_time_now();
-    long nap_ns = 20000;
+    long nap_ns = 20000 < max_nap_ns ? 20000 : max_nap_ns;
     cai_status st = CAI_OK;
     for (;;) {
         int r = done(ctx);
@@ -243,7 +248,7 @@ cai_status cai_wd_wait_limit(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai
         }
         struct timespec ts = {0, nap_ns};
         nanosleep(&ts, NULL);
-        if (nap_ns < 1000000) nap_ns *= 2;
+        if (nap_ns < max_nap_ns) nap_ns = 2 * nap_ns < max_nap_ns ? 2 * nap_ns : max_nap_ns;
     }
     publish(m, CAI_WD_ACTIVITY, 0);
     return st;
