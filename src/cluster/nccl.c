@@ -9,6 +9,7 @@
  * CAI_HAVE_CUDA. */
 #include "cai_config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +27,7 @@ void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream) {
 /* Events the pool starts with: more than the engine usually keeps in flight
  * (a few buckets); it doubles when a caller keeps more. */
 #define EVENT_POOL_INIT 16
+#define TRACE_SLOTS 64
 
 struct cai_nccl_state {
     ncclComm_t comm[CAI_AXIS_COUNT];
@@ -38,6 +40,12 @@ struct cai_nccl_state {
     cudaEvent_t *ev;
     unsigned char *ev_busy;
     int nev, next, in_use;
+    /* CAI_NCCL_TRACE=1: timing events of the non-blocking operations in the
+     * first TRACE_SLOTS pool slots, printed to stderr as each completes. */
+    int trace;
+    cudaEvent_t tr_t0, tr_ready[TRACE_SLOTS], tr_start[TRACE_SLOTS], tr_end[TRACE_SLOTS];
+    size_t tr_bytes[TRACE_SLOTS];
+    int tr_kind[TRACE_SLOTS], tr_on[TRACE_SLOTS];
 };
 
 #define CUDA_OK(expr)                                                                                          \
@@ -181,7 +189,44 @@ static void pool_give(struct cai_nccl_state *s, int slot) {
     s->in_use--;
 }
 
+static cai_status trace_init(struct cai_nccl_state *s) {
+    cudaError_t e = cudaEventCreate(&s->tr_t0);
+    for (int i = 0; i < TRACE_SLOTS && e == cudaSuccess; i++) {
+        e = cudaEventCreate(&s->tr_ready[i]);
+        if (e == cudaSuccess) e = cudaEventCreate(&s->tr_start[i]);
+        if (e == cudaSuccess) e = cudaEventCreate(&s->tr_end[i]);
+    }
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "CAI_NCCL_TRACE: creating timing events failed: %s", cudaGetErrorString(e));
+    s->trace = 1;
+    return CAI_OK;
+}
+
+/* One line per traced operation once it is complete: when its data was
+ * ready on the compute stream (ms after the first operation started while
+ * none was in flight, i.e. the backward's first bucket), how long it then
+ * waited for the collective stream and SMs, and how long it ran. */
+static void trace_report(struct cai_nccl_state *s, cai_mesh_t *m, int slot) {
+    if (!s->trace || slot < 0 || slot >= TRACE_SLOTS || !s->tr_on[slot]) return;
+    s->tr_on[slot] = 0;
+    float at = 0, wait = 0, ran = 0;
+    cudaEventElapsedTime(&at, s->tr_t0, s->tr_ready[slot]);
+    cudaEventElapsedTime(&wait, s->tr_ready[slot], s->tr_start[slot]);
+    cudaEventElapsedTime(&ran, s->tr_start[slot], s->tr_end[slot]);
+    fprintf(stderr, "[nccl trace, world rank %d] %s %.2f MB: ready at %.3f ms, started %.3f ms later, ran %.3f ms (%.0f GB/s)\n",
+            m->world_rank, cai_op_kind_name((cai_op_kind)s->tr_kind[slot]), (double)s->tr_bytes[slot] / 1e6, (double)at,
+            (double)wait, (double)ran, ran > 0 ? (double)s->tr_bytes[slot] / (ran * 1e6) : 0.0);
+}
+
 static void state_destroy(struct cai_nccl_state *s) {
+    if (s->trace) {
+        cudaEventDestroy(s->tr_t0);
+        for (int i = 0; i < TRACE_SLOTS; i++) {
+            cudaEventDestroy(s->tr_ready[i]);
+            cudaEventDestroy(s->tr_start[i]);
+            cudaEventDestroy(s->tr_end[i]);
+        }
+    }
     for (int i = 0; i < s->nev; i++) cudaEventDestroy(s->ev[i]);
     cai_free(s->ev);
     cai_free(s->ev_busy);
@@ -218,6 +263,8 @@ static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
         /* The pool is made with the stream, on the first device collective
          * (communicator set-up), not inside a step. */
         cai_status st = pool_grow(s, EVENT_POOL_INIT);
+        const char *tr = getenv("CAI_NCCL_TRACE");
+        if (st == CAI_OK && tr && tr[0] == '1') st = trace_init(s);
         if (st != CAI_OK) {
             state_destroy(s);
             CAI_CALL(st);
@@ -294,7 +341,7 @@ static ncclRedOp_t nccl_op(cai_reduce_op op) {
 }
 
 /* Enqueues the operation on the collective stream. */
-static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void **scratch) {
+static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void **scratch, int slot) {
     struct cai_nccl_state *s = m->nccl;
     cai_axis axis = c->axis;
     ncclComm_t comm = s->comm[axis];
@@ -307,8 +354,17 @@ static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void *
         t = ncclUint8;
         unit = es;
     }
+    const int traced = s->trace && slot >= 0 && slot < TRACE_SLOTS;
+    if (traced) {
+        if (s->in_use == 1) CUDA_OK(cudaEventRecord(s->tr_t0, (cudaStream_t)m->cuda_stream));
+        CUDA_OK(cudaEventRecord(s->tr_ready[slot], (cudaStream_t)m->cuda_stream));
+        s->tr_bytes[slot] = c->count * es * (cai_op_base(c->kind) == CAI_OP_REDUCE_SCATTER ? (size_t)n : 1);
+        s->tr_kind[slot] = (int)c->kind;
+        s->tr_on[slot] = 1;
+    }
     CUDA_OK(cudaEventRecord(s->ready, (cudaStream_t)m->cuda_stream));
     CUDA_OK(cudaStreamWaitEvent(st, s->ready, 0));
+    if (traced) CUDA_OK(cudaEventRecord(s->tr_start[slot], st));
     const char *sb = c->send;
     char *rb = c->recv;
     switch (cai_op_base(c->kind)) {
@@ -400,9 +456,13 @@ static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cuda
     return st;
 }
 
-static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done) {
+static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done, int slot) {
     void *scratch = NULL;
-    cai_status st = enqueue(m, c, seq, &scratch);
+    cai_status st = enqueue(m, c, seq, &scratch, slot);
+    if (st == CAI_OK && m->nccl->trace && slot >= 0 && slot < TRACE_SLOTS) {
+        cudaError_t e = cudaEventRecord(m->nccl->tr_end[slot], m->nccl->stream);
+        if (e != cudaSuccess) st = CAI_ERROR(CAI_ERR_CUDA, "cudaEventRecord failed: %s", cudaGetErrorString(e));
+    }
     if (st == CAI_OK) {
         cudaError_t e = cudaEventRecord(done, m->nccl->stream);
         if (e != cudaSuccess) st = CAI_ERROR(CAI_ERR_CUDA, "cudaEventRecord failed: %s", cudaGetErrorString(e));
@@ -412,7 +472,7 @@ static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, uint64_t 
 }
 
 cai_status cai_cl_nccl_run(cai_mesh_t *m, const cai_coll *c, uint64_t seq) {
-    CAI_CALL(enqueue_with_event(m, c, seq, m->nccl->done));
+    CAI_CALL(enqueue_with_event(m, c, seq, m->nccl->done, -1));
     CAI_CALL(wait_done(m, c, seq, m->nccl->done, 0));
     return CAI_OK;
 }
@@ -421,7 +481,7 @@ cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) {
     struct cai_nccl_state *s = m->nccl;
     int slot = -1;
     CAI_CALL(pool_take(s, &slot));
-    cai_status st = enqueue_with_event(m, &p->c, p->seq, s->ev[slot]);
+    cai_status st = enqueue_with_event(m, &p->c, p->seq, s->ev[slot], slot);
     if (st != CAI_OK) {
         pool_give(s, slot);
         CAI_CALL(st);
@@ -436,6 +496,7 @@ cai_status cai_cl_nccl_start(cai_mesh_t *m, cai_pending *p) {
 cai_status cai_cl_nccl_finish(cai_mesh_t *m, cai_pending *p, double limit_s) {
     struct cai_nccl_state *s = m->nccl;
     cai_status st = wait_done(m, &p->c, p->seq, s->ev[p->dev_slot], limit_s);
+    if (st == CAI_OK) trace_report(s, m, p->dev_slot);
     pool_give(s, p->dev_slot);
     p->dev_slot = -1;
     CAI_CALL(st);
@@ -449,6 +510,7 @@ cai_status cai_cl_nccl_test(cai_mesh_t *m, cai_pending *p, int *done) {
     int r = poll_event(&w);
     *done = r != 0;
     if (r == 0) return CAI_OK;
+    if (r > 0) trace_report(s, m, p->dev_slot);
     pool_give(s, p->dev_slot);
     p->dev_slot = -1;
     if (r < 0) {
