@@ -54,6 +54,7 @@ struct GraphKey {
 
 struct DeviceState {
     cudnnHandle_t handle = nullptr;
+    /* a null graph: cuDNN found no engine for that key (asked once) */
     std::map<GraphKey, std::shared_ptr<fe::graph::Graph>> graphs;
     void *workspace = nullptr;
     int64_t workspace_bytes = 0;
@@ -119,11 +120,21 @@ DeviceState *device_state(cudaStream_t s, char *err, size_t errlen) {
     return &d;
 }
 
-/* Builds (or finds) the graph for key; make() adds its nodes. */
+/* Builds (or finds) the graph for key; make() adds its nodes. *declined:
+ * cuDNN has no engine for it (then and on every later call with the key). */
 template <class Make>
-std::shared_ptr<fe::graph::Graph> graph_for(DeviceState &d, const GraphKey &key, Make make, char *err, size_t errlen) {
+std::shared_ptr<fe::graph::Graph> graph_for(DeviceState &d, const GraphKey &key, Make make, int *declined, char *err,
+                                            size_t errlen) {
+    const char *what = key.bwd ? "building the backward graph" : "building the forward graph";
+    *declined = 0;
     auto it = d.graphs.find(key);
-    if (it != d.graphs.end()) return it->second;
+    if (it != d.graphs.end()) {
+        if (!it->second) {
+            *declined = 1;
+            say(err, errlen, what, "no cuDNN engine supports this case (found earlier)");
+        }
+        return it->second;
+    }
     auto g = std::make_shared<fe::graph::Graph>();
     g->set_io_data_type(key.dt == CUK_F16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -131,7 +142,15 @@ std::shared_ptr<fe::graph::Graph> graph_for(DeviceState &d, const GraphKey &key,
     make(*g);
     fe::error_t e = g->build(d.handle, {fe::HeurMode_t::A});
     if (!e.is_good()) {
-        say(err, errlen, key.bwd ? "building the backward graph" : "building the forward graph", e.get_message());
+        say(err, errlen, what, e.get_message());
+        /* the installed cuDNN lacks the feature (an older version, another
+         * GPU): remembered, so the caller may use other kernels for it */
+        const fe::error_code_t c = e.get_code();
+        if (c == fe::error_code_t::GRAPH_NOT_SUPPORTED || c == fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED ||
+            c == fe::error_code_t::HEURISTIC_QUERY_FAILED) {
+            *declined = 1;
+            d.graphs.emplace(key, nullptr);
+        }
         return nullptr;
     }
     int64_t ws = 0;
@@ -209,6 +228,7 @@ extern "C" int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bt
     DeviceState *d = device_state(s, err, errlen);
     if (!d) return 1;
     GraphKey key{0, q.dt, mask_of(a, q.T, k.T), 0, lse != nullptr, a.scale, {q.B, q.H, k.H, q.T, k.T, q.D}};
+    int declined = 0;
     put_strides(key.dims, q);
     put_strides(key.dims, k);
     put_strides(key.dims, v);
@@ -230,8 +250,8 @@ extern "C" int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bt
                     .set_dim({q.B, q.H, q.T, 1})
                     .set_stride({q.H * q.T, q.T, 1, 1});
         },
-        err, errlen);
-    if (!g) return 1;
+        &declined, err, errlen);
+    if (!g) return declined ? 2 : 1;
     std::unordered_map<int64_t, void *> pack = {{UID_Q, q.p}, {UID_K, k.p}, {UID_V, v.p}, {UID_O, o.p}};
     if (lse) pack[UID_LSE] = lse;
     return execute(*d, *g, pack, err, errlen);
@@ -245,6 +265,7 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
     if (!d) return 1;
     const bool det = deterministic();
     GraphKey key{1, q.dt, mask_of(a, q.T, k.T), det, 1, a.scale, {q.B, q.H, k.H, q.T, k.T, q.D}};
+    int declined = 0;
     for (const cuk_bthd *t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) put_strides(key.dims, *t);
     auto g = graph_for(
         *d, key,
@@ -266,8 +287,8 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
             dK->set_output(true).set_uid(UID_DK).set_dim({dk.B, dk.H, dk.T, dk.D}).set_stride({dk.sb, dk.sh, dk.st, 1});
             dV->set_output(true).set_uid(UID_DV).set_dim({dv.B, dv.H, dv.T, dv.D}).set_stride({dv.sb, dv.sh, dv.st, 1});
         },
-        err, errlen);
-    if (!g) return 1;
+        &declined, err, errlen);
+    if (!g) return declined ? 2 : 1;
     std::unordered_map<int64_t, void *> pack = {{UID_Q, q.p},   {UID_K, k.p},    {UID_V, v.p},
                                                 {UID_O, o.p},   {UID_DO, dout.p}, {UID_LSE, (void *)lse},
                                                 {UID_DQ, dq.p}, {UID_DK, dk.p},  {UID_DV, dv.p}};

@@ -34,6 +34,7 @@ typedef struct {
     cuk_attn p;
     int flash; /* CAI_CUDA_ATTN allows attention_flash.cu */
     int cudnn; /* ... and attention_cudnn.cu */
+    int cudnn_forced; /* CAI_CUDA_ATTN=cudnn: a case cuDNN declines is an error */
 } attn_args;
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const cai_tensor *lse,
@@ -74,9 +75,26 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     const char *mode = getenv("CAI_CUDA_ATTN");
     a->p.tc = !(mode && strcmp(mode, "simt") == 0);
     const int automatic = !mode || !mode[0] || strcmp(mode, "auto") == 0;
-    a->cudnn = (automatic || strcmp(mode, "cudnn") == 0) && cuk_attn_cudnn_built();
+    a->cudnn_forced = !automatic && strcmp(mode, "cudnn") == 0;
+    a->cudnn = (automatic || a->cudnn_forced) && cuk_attn_cudnn_built();
     a->flash = automatic || strcmp(mode, "flash") == 0 || strcmp(mode, "cudnn") == 0;
     return CAI_OK;
+}
+
+/* What a cuDNN launch's return code means for the caller: 0 done, 2 cuDNN
+ * declined the case — our kernels run it, said once per process, unless
+ * CAI_CUDA_ATTN=cudnn asked for cuDNN only — anything else an error. */
+static cai_status cudnn_outcome(const char *op, const attn_args *a, int rc, const char *err) {
+    static int said;
+    if (rc == 0) return CAI_OK;
+    if (rc == 2 && !a->cudnn_forced) {
+        if (!said) {
+            said = 1;
+            CAI_WARN("%s: %s; the project's attention kernels run the cases cuDNN declines", op, err);
+        }
+        return CAI_OK;
+    }
+    return CAI_ERROR(CAI_ERR_CUDA, "%s: %s (CAI_CUDA_ATTN=flash uses the project's kernels)", op, err);
 }
 
 cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q,
@@ -89,14 +107,17 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), ko = cai_cuda_bthd(&a.o);
+    int rc = 2;
     if (a.cudnn && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, &a.p)) {
         char err[512];
-        if (cuk_attn_cudnn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p, err, sizeof err))
-            return CAI_ERROR(CAI_ERR_CUDA, "%s: %s (CAI_CUDA_ATTN=flash uses the project's kernels)", op, err);
-    } else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
-        CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
+        rc = cuk_attn_cudnn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p, err, sizeof err);
+        CAI_CALL(cudnn_outcome(op, &a, rc, err));
+    }
+    if (rc == 0) return CAI_OK;
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+        CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
     else
-        CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&a.o), a.lse, kq, kk, kv, a.p));
+        CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
     return CAI_OK;
 }
 
@@ -135,11 +156,15 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
     cuk_bthd ko = cai_cuda_bthd(&a.o), kdq = cai_cuda_bthd(&gdq), kdk = cai_cuda_bthd(&gdk), kdv = cai_cuda_bthd(&gdv);
+    int rc = 2;
     if (a.cudnn && dq && dk && dv && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, &a.p)) {
         char err[512];
-        if (cuk_attn_cudnn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, a.p, err, sizeof err))
-            return CAI_ERROR(CAI_ERR_CUDA, "%s: %s (CAI_CUDA_ATTN=flash uses the project's kernels)", op, err);
-    } else if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
+        rc = cuk_attn_cudnn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, a.p, err,
+                                sizeof err);
+        CAI_CALL(cudnn_outcome(op, &a, rc, err));
+    }
+    if (rc == 0) return CAI_OK;
+    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
         CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
                                           cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
     else

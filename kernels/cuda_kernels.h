@@ -148,8 +148,9 @@ cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bth
  * cuDNN's fused attention (cudnn-frontend SDPA graphs) in builds configured
  * with cuDNN (cuk_attn_cudnn_built() == 1). cuk_attn_cudnn_ok: the case is
  * one it takes (for the forward, pass dout, dq, dk, dv NULL; the backward
- * needs all three gradients). The launchers return nonzero with cuDNN's
- * message in err on failure. */
+ * needs all three gradients). The launchers return 0 on success, 2 when
+ * cuDNN has no engine for the case (nothing was enqueued; other kernels may
+ * run it), 1 on any other failure, with cuDNN's message in err. */
 int cuk_attn_cudnn_built(void);
 int cuk_attn_cudnn_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *o, const cuk_bthd *dout,
                       const cuk_bthd *dq, const cuk_bthd *dk, const cuk_bthd *dv, const cuk_attn *a);
