@@ -504,6 +504,10 @@ static void t_attention(cai_dtype dt) {
     attn_case(dt, 1, 129, 129, 8, 2, 64, 1, 3, 0, 1);    /* GQA 4:1, positive offset */
     attn_case(dt, 2, 50, 200, 2, 1, 64, 1, 150, 20, 0);  /* key tiles no query sees: dk = dv = 0 */
     attn_case(dt, 1, 100, 100, 2, 2, 128, 1, -70, 0, 0); /* a whole query tile sees no key */
+    /* cuDNN's cases besides the ones above: causal aligned bottom-right
+     * (offset Tk - Tq, chunked prefill over a cache) with GQA, and Tq = 1 */
+    attn_case(dt, 2, 50, 120, 4, 2, 64, 1, 70, 0, 0);
+    attn_case(dt, 3, 1, 90, 8, 2, 128, 1, 89, 0, 0);
 }
 
 /* ------------------------------------------------------------------ embeddings, cross-entropy */
