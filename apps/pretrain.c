@@ -41,6 +41,7 @@ static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_devices[] = {"auto", "cpu", "cuda", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
 static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
+static const char *const k_reduce_dtypes[] = {"f32", "bf16", NULL};
 
 #define F(key, type, field, def, doc, ...) {key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL}
 #define E(key, field, def, doc, choices) \
@@ -106,6 +107,8 @@ static const cai_config_field k_fields[] = {
       "keep f32 master weights and AdamW moments in host memory and step there", CAI_CFG_NO_RANGE),
     F("zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",
       "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6),
+    E("zero.reduce_dtype", zero_reduce_dtype, "f32",
+      "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes; stages 0 and 1)", k_reduce_dtypes),
     F("zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",
       "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
     E("precision", precision, "auto",
@@ -234,6 +237,7 @@ static cai_zero_config zero_config(const pt_config *c) {
     z.offload = c->zero_offload;
     z.bucket_bytes = (size_t)(c->zero_bucket_mb * 1048576.0);
     z.overlap = c->zero_overlap;
+    z.reduce_dtype = c->zero_reduce_dtype == 1 ? CAI_DTYPE_BF16 : CAI_DTYPE_F32;
     z.reduce_only = z.stage == 0 && !z.offload;
     return z;
 }
@@ -521,10 +525,10 @@ static void print_header(const pt_run *r, const pt_config *c, const cai_app *app
            r->report.peak_flops / 1e12, c->peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
     cai_zero_stats zs;
     cai_zero_get_stats(r->zero, &zs);
-    printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB; weights %s, compute %s%s\n", c->zero_stage,
-           c->zero_offload ? " + CPU offload" : "", cai_mesh_size(r->mesh, CAI_AXIS_DP), zs.n_buckets,
-           zs.n_buckets == 1 ? "" : "s", c->zero_bucket_mb, cai_dtype_name(mc->param_dtype),
-           cai_dtype_name(mc->act_dtype), r->scaled ? ", dynamic loss scaling" : "");
+    printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB%s; weights %s, compute %s%s\n",
+           c->zero_stage, c->zero_offload ? " + CPU offload" : "", cai_mesh_size(r->mesh, CAI_AXIS_DP), zs.n_buckets,
+           zs.n_buckets == 1 ? "" : "s", c->zero_bucket_mb, c->zero_reduce_dtype == 1 ? " reduced in bf16" : "",
+           cai_dtype_name(mc->param_dtype), cai_dtype_name(mc->act_dtype), r->scaled ? ", dynamic loss scaling" : "");
     printf("run dir: %s (config.yaml, metrics.jsonl)\n", c->dir);
     if (c->ckpt_every > 0)
         printf("checkpoints: every %lld steps, at the end and on SIGUSR1/SIGTERM, to %s (keeping %d)\n",

@@ -49,8 +49,9 @@ struct cai_zero {
     void *Wh;       /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
     void *LP;       /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
     double *acc;    /* device sumsq accumulator */
+    uint16_t *RB;   /* zero.reduce_dtype bf16: the bf16 copy reductions move, engine layout [n_pad] */
     cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP in one staging (pinned on a GPU) block */
-    size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host;
+    size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host, mem_rb;
 
     zpool pool;
     zbucket_rt *rt;
@@ -86,6 +87,12 @@ cai_status cai_zero_config_check(const cai_zero_config *c) {
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.offload=%d must be 0 or 1", c->offload);
     if (!(c->timeout_s > 0))
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.timeout=%g s must be > 0", c->timeout_s);
+    if (c->reduce_dtype != CAI_DTYPE_F32 && c->reduce_dtype != CAI_DTYPE_BF16)
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=%s: gradients reduce in f32 or bf16",
+                         cai_dtype_name(c->reduce_dtype));
+    if (c->reduce_dtype == CAI_DTYPE_BF16 && c->stage >= 2)
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=bf16 works at stages 0 and 1, not zero.stage=%d (its "
+                         "reductions accumulate microbatches in f32 windows); use f32 or stage 1", c->stage);
     if (c->reduce_only && (c->stage != 0 || c->offload))
         return CAI_ERROR(CAI_ERR_CONFIG, "a reduce-only engine (the caller's optimizer steps the model's buffers) "
                          "is stage 0 without offload, not zero.stage=%d%s", c->stage, c->offload ? " + offload" : "");
@@ -283,6 +290,15 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
     if (!r->reducing) return CAI_OK;
     r->reducing = 0;
     if (!z->dry) CAI_CALL(zc_wait(&z->comm, &r->greq));
+    if (!z->dry && z->RB) {
+        /* stage 0: the whole bucket; stage 1: this rank's chunk, which the
+         * in-place reduce-scatter left at the copy's start */
+        const zl_bucket *b = &z->L.b[k];
+        const size_t off = z->L.stage == 0 ? b->lo : b->elo, n = z->L.stage == 0 ? b->hi - b->lo : b->chunk;
+        cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
+        cai_tensor wide = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, n);
+        CAI_CALL(z->dev->ops->copy(z->dev, &wide, &narrow));
+    }
     if (z->L.stage >= 2) {
         zp_put(&z->pool, r->gwin);
         r->gwin = -1;
@@ -313,8 +329,20 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         /* The backward's kernels that write the bucket are ordered before the
          * collective by the mesh's stream (set in cai_zero_create): no
          * device synchronisation, so compute keeps the GPU busy meanwhile. */
-        if (z->L.stage == 0) {
-            CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, b->hi - b->lo, k, &r->greq));
+        if (z->RB) {
+            /* round the bucket into its bf16 copy (stream-ordered after the
+             * backward's writes), reduce that; wait_reduction widens back */
+            const size_t off = z->L.stage == 0 ? b->lo : b->elo, n = z->L.stage == 0 ? b->hi - b->lo : b->len;
+            cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, n);
+            cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
+            CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
+            if (z->L.stage == 0)
+                CAI_CALL(zc_allreduce_sum(&z->comm, narrow.data, CAI_DTYPE_BF16, n, k, &r->greq));
+            else
+                CAI_CALL(zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k,
+                                               &r->greq));
+        } else if (z->L.stage == 0) {
+            CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, CAI_DTYPE_F32, b->hi - b->lo, k, &r->greq));
         } else {
             float *src = grads_of(z, k), *dst = reduced_of(z, k);
             if (z->L.stage >= 2 && z->micro > 0) {
@@ -324,7 +352,7 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
                 cai_tensor acc = vec(z->dev, dst, CAI_DTYPE_F32, 0, b->chunk);
                 CAI_CALL(z->dev->ops->axpy(z->dev, &own, 1.0f, &acc));
             }
-            CAI_CALL(zc_reduce_scatter_sum(&z->comm, src, dst, b->chunk, k, &r->greq));
+            CAI_CALL(zc_reduce_scatter_sum(&z->comm, src, dst, CAI_DTYPE_F32, b->chunk, k, &r->greq));
         }
     }
     /* Bounded gradient windows: the planner's peak assumes this cap. */
@@ -623,6 +651,8 @@ static cai_status alloc_storage(cai_zero_t *z) {
     int offload = z->cfg.offload;
     size_t S = L->shard, es = z->act_size;
     CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
+    if (z->cfg.reduce_dtype == CAI_DTYPE_BF16)
+        CAI_CALL(dev_alloc(z, L->n_pad * sizeof(uint16_t), "ZeRO bf16 reduction copy", &z->mem_rb, (void **)&z->RB));
     if (offload) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;
         if (L->stage >= 1) need += S * es;
@@ -789,6 +819,7 @@ void cai_zero_free(cai_zero_t *z) {
             cai_device_dealloc(z->dev, z->LP);
         }
         cai_device_dealloc(z->dev, z->acc);
+        cai_device_dealloc(z->dev, z->RB);
     }
     if (z->harena.base) cai_device_dealloc_staging(z->dev, z->harena.base);
     if (z->own_hdev) cai_device_free(z->hdev);
@@ -1048,12 +1079,12 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out) {
         /* The model's buffers: F32 masters and gradients plus working
          * copies; with offload the device masters are only a working copy. */
         size_t n4 = z->L.n_flat * sizeof(float);
-        out->grads = n4;
+        out->grads = n4 + z->mem_rb;
         out->params = mp - 2 * n4 + (z->cfg.offload ? n4 : 0);
         out->master = z->cfg.offload ? 0 : n4;
     } else {
         out->params = z->mem_params;
-        out->grads = z->mem_grads;
+        out->grads = z->mem_grads + z->mem_rb;
     }
     out->master += z->mem_master;
     out->optim = z->mem_optim;

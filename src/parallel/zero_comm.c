@@ -30,27 +30,28 @@ static void req_init(zc_req *r, const char *what, int bucket) {
     r->bucket = bucket;
 }
 
-cai_status zc_allreduce_sum(zc_ctx *c, float *buf, size_t count, int bucket, zc_req *r) {
+cai_status zc_allreduce_sum(zc_ctx *c, void *buf, cai_dtype dt, size_t count, int bucket, zc_req *r) {
     req_init(r, "all-reduce", bucket);
     if (c->size == 1 || count == 0) return CAI_OK;
-    c->bytes += (double)count * sizeof(float);
-    CAI_CALL(cai_iallreduce(c->mesh, CAI_AXIS_DP, buf, buf, count, CAI_DTYPE_F32, CAI_RED_SUM, &r->creq));
+    c->bytes += (double)count * cai_dtype_size(dt);
+    CAI_CALL(cai_iallreduce(c->mesh, CAI_AXIS_DP, buf, buf, count, dt, CAI_RED_SUM, &r->creq));
     r->kind = ZC_CAI;
     return CAI_OK;
 }
 
-cai_status zc_reduce_scatter_sum(zc_ctx *c, const float *send, float *recv, size_t chunk, int bucket, zc_req *r) {
+cai_status zc_reduce_scatter_sum(zc_ctx *c, const void *send, void *recv, cai_dtype dt, size_t chunk, int bucket,
+                                 zc_req *r) {
     req_init(r, "reduce-scatter", bucket);
     if (chunk == 0) return CAI_OK;
+    const size_t es = cai_dtype_size(dt);
     if (c->size == 1) {
         if (send != recv)
-            CAI_CALL(cai_device_copy(c->dev, recv, send, chunk * sizeof(float),
-                                     c->host ? CAI_COPY_H2H : CAI_COPY_D2D));
+            CAI_CALL(cai_device_copy(c->dev, recv, send, chunk * es, c->host ? CAI_COPY_H2H : CAI_COPY_D2D));
         return CAI_OK;
     }
-    c->bytes += (double)chunk * (size_t)c->size * sizeof(float);
+    c->bytes += (double)chunk * (size_t)c->size * es;
     CAI_CALL(check_count(c, chunk, r->what, bucket));
-    CAI_CALL(cai_ireduce_scatter(c->mesh, CAI_AXIS_DP, send, recv, chunk, CAI_DTYPE_F32, CAI_RED_SUM, &r->creq));
+    CAI_CALL(cai_ireduce_scatter(c->mesh, CAI_AXIS_DP, send, recv, chunk, dt, CAI_RED_SUM, &r->creq));
     r->kind = ZC_CAI;
     return CAI_OK;
 }

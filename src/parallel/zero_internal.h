@@ -120,10 +120,11 @@ typedef struct {
     double bytes;    /* sent, algorithm bytes */
 } zc_ctx;
 
-/* Sum `count` F32 elements of buf over dp, in place. */
-cai_status zc_allreduce_sum(zc_ctx *c, float *buf, size_t count, int bucket, zc_req *r);
-/* send holds size * chunk F32; rank r's reduced block lands in recv (chunk). */
-cai_status zc_reduce_scatter_sum(zc_ctx *c, const float *send, float *recv, size_t chunk, int bucket, zc_req *r);
+/* Sum `count` elements (F32 or BF16) of buf over dp, in place. */
+cai_status zc_allreduce_sum(zc_ctx *c, void *buf, cai_dtype dt, size_t count, int bucket, zc_req *r);
+/* send holds size * chunk elements of dt; rank r's reduced block lands in recv (chunk). */
+cai_status zc_reduce_scatter_sum(zc_ctx *c, const void *send, void *recv, cai_dtype dt, size_t chunk, int bucket,
+                                 zc_req *r);
 /* buf holds size * chunk elements of dtype; this rank's block is already in place. */
 cai_status zc_all_gather(zc_ctx *c, void *buf, size_t chunk, cai_dtype dtype, int bucket, zc_req *r);
 cai_status zc_wait(zc_ctx *c, zc_req *r);

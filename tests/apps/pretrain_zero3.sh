@@ -27,6 +27,16 @@ run_np 2 $TINY $STEPS --zero.stage 2 --zero.bucket_mb 0.05 --train.micro_batch 2
     --run.dir "$TMP/c"
 expect_ok
 expect_grep out 'zero: stage 2 over dp 2, [2-9] gradient buckets'
+# Gradients reduced in bf16 (stage 0 and 1): close to the f32 run, and
+# refused at stage 2 naming what works.
+# shellcheck disable=SC2086
+run_np 2 $TINY $STEPS --zero.stage 1 --zero.reduce_dtype bf16 --train.grad_accum 2 --run.dir "$TMP/f"
+expect_ok
+expect_grep out 'gradient buckets? of <= 25 MiB reduced in bf16'
+# shellcheck disable=SC2086
+run_np 2 $TINY $STEPS --zero.stage 2 --zero.reduce_dtype bf16 --run.dir "$TMP/g"
+expect_rc 2
+expect_grep err 'zero.reduce_dtype=bf16 works at stages 0 and 1, not zero.stage=2'
 # Every bucket reduced after the backward instead of during it: the same numbers.
 # shellcheck disable=SC2086
 run_np 2 $TINY $STEPS --zero.stage 1 --zero.bucket_mb 0.05 --zero.overlap false --train.grad_accum 2 \
@@ -46,6 +56,7 @@ compare() {
     } END { printf "run %s: %s within %g relative of the 1-rank run\n", run, key, worst; exit bad }' ||
         fail "run $3 does not reproduce the 1-rank $2"
 }
+compare train loss f 10 1e-3
 for run in b c e; do
     compare train loss $run 10 1e-5
     compare train grad_norm $run 10 1e-5

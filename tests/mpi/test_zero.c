@@ -438,11 +438,13 @@ static size_t rss_now(void) {
     return (size_t)res * 4096u;
 }
 
-static void check_plan(const char *what, cai_model_config c, int B, int T, int stage, int offload, int with_rss) {
+static void check_plan(const char *what, cai_model_config c, int B, int T, int stage, int offload, int with_rss,
+                       cai_dtype reduce_dtype) {
     cai_zero_config zc;
     cai_zero_config_init(&zc);
     zc.stage = stage;
     zc.offload = offload;
+    zc.reduce_dtype = reduce_dtype;
     zc.bucket_bytes = 256 * 1024;
     cai_device_t *dev = NULL;
     CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
@@ -523,18 +525,21 @@ START_TEST(planner_matches_allocations) {
     small.ffn_hidden = 0; /* 768: the 256-multiple of 8/3 d_model */
     small.max_seq_len = 64;
     /* Warm-up: code pages and library buffers touched once, outside any measurement. */
-    check_plan("warmup", tiny, 4, 64, 0, 0, 0);
+    check_plan("warmup", tiny, 4, 64, 0, 0, 0, CAI_DTYPE_F32);
     for (int stage = 0; stage <= 3; stage++)
         for (int off = 0; off <= 1; off++) {
-            check_plan("tiny", tiny, 4, 64, stage, off, 0);
-            check_plan("small", small, 2, 64, stage, off, 1);
+            check_plan("tiny", tiny, 4, 64, stage, off, 0, CAI_DTYPE_F32);
+            check_plan("small", small, 2, 64, stage, off, 1, CAI_DTYPE_F32);
         }
     cai_model_config bf = tiny;
     bf.param_dtype = CAI_DTYPE_BF16;
     bf.activation_checkpointing = 1;
-    check_plan("bf16", bf, 4, 64, 2, 0, 0);
-    check_plan("bf16", bf, 4, 64, 3, 1, 0);
-    check_plan("bf16", bf, 4, 64, 0, 1, 0);
+    check_plan("bf16", bf, 4, 64, 2, 0, 0, CAI_DTYPE_F32);
+    check_plan("bf16", bf, 4, 64, 3, 1, 0, CAI_DTYPE_F32);
+    check_plan("bf16", bf, 4, 64, 0, 1, 0, CAI_DTYPE_F32);
+    /* gradient reductions in bf16: the bf16 copy is part of the gradients */
+    check_plan("bf16red", tiny, 4, 64, 0, 0, 0, CAI_DTYPE_BF16);
+    check_plan("bf16red", small, 2, 64, 1, 1, 0, CAI_DTYPE_BF16);
     t_end("planner_matches_allocations");
 }
 END_TEST

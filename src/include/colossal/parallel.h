@@ -88,6 +88,9 @@ typedef struct {
     int reduce_only;     /* stage 0 without offload: buckets only, no optimizer state; the caller steps
                           * the model's own buffers with a cai_optim_t (cai_train_step_zero's `o`),
                           * whose state checkpoints read as without the engine */
+    cai_dtype reduce_dtype; /* dtype the gradient reductions move and sum in: CAI_DTYPE_F32 (default,
+                             * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0 and 1: each
+                             * bucket is rounded into a bf16 copy, reduced, and widened back) */
 } cai_zero_config;
 
 /* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
@@ -197,7 +200,7 @@ void cai_zero_reset_stats(cai_zero_t *z);
  * moves to host memory (on a host device both are the same RAM). */
 typedef struct {
     size_t params;        /* working weights the layers read (stage 3: shard + gathered windows) */
-    size_t grads;         /* gradient buffers (stage 2/3: shard + bucket windows) */
+    size_t grads;         /* gradient buffers (stage 2/3: shard + bucket windows; + the bf16 reduction copy) */
     size_t master;        /* F32 master weights */
     size_t optim;         /* AdamW moments */
     size_t staging;       /* offload: host copies of gradient / weight shards; lowp rounding scratch */
