@@ -1,5 +1,5 @@
 /* The watchdog in return mode on 4 ranks: a rank that sleeps past the 1 s
- * timeout makes its peers fail with CAI_ERR_TIMEOUT and a message naming
+ * timeout (by 2 s) makes its peers fail with CAI_ERR_TIMEOUT and a message naming
  * it, the axis and the operation; once it arrives, cai_mesh_drain completes
  * the abandoned operation and its buffer holds the right result. */
 #include "cai_config.h"
@@ -10,11 +10,33 @@
 #include "test_mesh_util.h"
 
 #define TIMEOUT 1.0
-#define LATE 1.6 /* seconds the late rank sleeps */
+/* Seconds the late rank sleeps: 2 s past the timeout, so that under load
+ * (ASan, tests in parallel on 2 cores) the punctual ranks still time out
+ * before it arrives (1.6 s was seen to fail there). */
+#define LATE 3.0
 
 static void nap(double s) {
     struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
+}
+
+/* The end of a test on every rank. A rank whose check failed leaves the
+ * test early (no fork) and its peers would wait here forever: after 60 s
+ * the job aborts instead, so the failure is reported, not a hung CI. */
+static void all_ranks_done(void) {
+    MPI_Request r;
+    int done = 0;
+    MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    double t0 = MPI_Wtime();
+    while (!done) {
+        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        if (!done && MPI_Wtime() - t0 > 60.0) {
+            fprintf(stderr, "rank %d: the other ranks did not finish the test within 60 s (a check failed on one "
+                    "of them?); aborting\n", g_world_rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (!done) nap(0.001);
+    }
 }
 
 static cai_mesh_t *mesh_return_mode(int dp, int tp, double timeout) {
@@ -55,7 +77,7 @@ START_TEST(late_rank_in_a_tp_group) {
     }
     cai_error_clear();
     /* Ranks not involved would otherwise time out waiting for the late one. */
-    MPI_Barrier(MPI_COMM_WORLD);
+    all_ranks_done();
     cai_mesh_free(m);
 }
 END_TEST
@@ -81,7 +103,7 @@ START_TEST(late_rank_on_the_world_axis) {
     }
     cai_error_clear();
     /* Ranks not involved would otherwise time out waiting for the late one. */
-    MPI_Barrier(MPI_COMM_WORLD);
+    all_ranks_done();
     cai_mesh_free(m);
 }
 END_TEST
@@ -103,7 +125,7 @@ START_TEST(late_sender_is_named) {
     }
     cai_error_clear();
     /* Ranks not involved would otherwise time out waiting for the late one. */
-    MPI_Barrier(MPI_COMM_WORLD);
+    all_ranks_done();
     cai_mesh_free(m);
 }
 END_TEST
@@ -132,7 +154,7 @@ START_TEST(rank_blocked_elsewhere_is_described) {
     ck_assert_int_eq(sum, 4);
     cai_error_clear();
     /* Ranks not involved would otherwise time out waiting for the late one. */
-    MPI_Barrier(MPI_COMM_WORLD);
+    all_ranks_done();
     cai_mesh_free(m);
 }
 END_TEST
@@ -156,7 +178,7 @@ START_TEST(late_iallreduce_wait) {
     ck_assert(sum == 4.0f);
     cai_error_clear();
     /* Ranks not involved would otherwise time out waiting for the late one. */
-    MPI_Barrier(MPI_COMM_WORLD);
+    all_ranks_done();
     cai_mesh_free(m);
 }
 END_TEST
