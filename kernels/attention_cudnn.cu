@@ -80,13 +80,25 @@ void say(char *err, size_t errlen, const char *what, const std::string &msg) {
     if (err && errlen) snprintf(err, errlen, "cuDNN attention: %s: %s", what, msg.c_str());
 }
 
-/* [B,H,T,D] dims with the view's strides, as cuDNN wants them */
+/* A graph tensor bound to uid with the view's [B,H,T,D] dims and strides,
+ * as cuDNN orders them. */
+void place(fe::graph::Tensor_attributes &a, int64_t uid, const cuk_bthd &t) {
+    a.set_uid(uid).set_dim({t.B, t.H, t.T, t.D}).set_stride({t.sb, t.sh, t.st, 1});
+}
+
 fe::graph::Tensor_attributes bhtd(const char *name, int64_t uid, const cuk_bthd &t) {
-    return fe::graph::Tensor_attributes()
-        .set_name(name)
-        .set_uid(uid)
-        .set_dim({t.B, t.H, t.T, t.D})
-        .set_stride({t.sb, t.sh, t.st, 1});
+    fe::graph::Tensor_attributes a;
+    a.set_name(name);
+    place(a, uid, t);
+    return a;
+}
+
+/* lse: cuDNN's softmax statistics, f32 [B,Hq,Tq,1] contiguous. */
+void place_lse(fe::graph::Tensor_attributes &a, const cuk_bthd &q) {
+    a.set_uid(UID_LSE)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({q.B, q.H, q.T, 1})
+        .set_stride({q.H * q.T, q.T, 1, 1});
 }
 
 void put_strides(std::vector<int64_t> &v, const cuk_bthd &t) {
@@ -177,7 +189,8 @@ std::shared_ptr<fe::graph::Graph> graph_for(DeviceState &d, const GraphKey &key,
 }
 
 template <class Opts> void set_mask(Opts &o, int mask) {
-    if (mask == MASK_TOP_LEFT) o.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (mask == MASK_TOP_LEFT)
+        o.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     if (mask == MASK_BOTTOM_RIGHT)
         o.set_diagonal_alignment(fe::DiagonalAlignment_t::BOTTOM_RIGHT).set_diagonal_band_right_bound(0);
 }
@@ -229,10 +242,7 @@ extern "C" int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bt
     if (!d) return 1;
     GraphKey key{0, q.dt, mask_of(a, q.T, k.T), 0, lse != nullptr, a.scale, {q.B, q.H, k.H, q.T, k.T, q.D}};
     int declined = 0;
-    put_strides(key.dims, q);
-    put_strides(key.dims, k);
-    put_strides(key.dims, v);
-    put_strides(key.dims, o);
+    for (const cuk_bthd *t : {&q, &k, &v, &o}) put_strides(key.dims, *t);
     auto g = graph_for(
         *d, key,
         [&](fe::graph::Graph &gr) {
@@ -242,13 +252,8 @@ extern "C" int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bt
                             .set_attn_scale(a.scale);
             set_mask(opts, key.mask);
             auto [O, L] = gr.sdpa(Q, K, V, opts);
-            O->set_output(true).set_uid(UID_O).set_dim({o.B, o.H, o.T, o.D}).set_stride({o.sb, o.sh, o.st, 1});
-            if (lse)
-                L->set_output(true)
-                    .set_uid(UID_LSE)
-                    .set_data_type(fe::DataType_t::FLOAT)
-                    .set_dim({q.B, q.H, q.T, 1})
-                    .set_stride({q.H * q.T, q.T, 1, 1});
+            place(O->set_output(true), UID_O, o);
+            if (lse) place_lse(L->set_output(true), q);
         },
         &declined, err, errlen);
     if (!g) return declined ? 2 : 1;
@@ -273,19 +278,17 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
             auto Q = gr.tensor(bhtd("Q", UID_Q, q)), K = gr.tensor(bhtd("K", UID_K, k)),
                  V = gr.tensor(bhtd("V", UID_V, v)), O = gr.tensor(bhtd("O", UID_O, o)),
                  dO = gr.tensor(bhtd("dO", UID_DO, dout));
-            auto L = gr.tensor(fe::graph::Tensor_attributes()
-                                   .set_name("lse")
-                                   .set_uid(UID_LSE)
-                                   .set_dim({q.B, q.H, q.T, 1})
-                                   .set_stride({q.H * q.T, q.T, 1, 1})
-                                   .set_data_type(fe::DataType_t::FLOAT));
+            fe::graph::Tensor_attributes lse_in;
+            lse_in.set_name("lse");
+            place_lse(lse_in, q);
+            auto L = gr.tensor(lse_in);
             auto opts = fe::graph::SDPA_backward_attributes().set_name("attention_bwd").set_attn_scale(a.scale)
                             .set_deterministic_algorithm(det);
             set_mask(opts, key.mask);
             auto [dQ, dK, dV] = gr.sdpa_backward(Q, K, V, O, dO, L, opts);
-            dQ->set_output(true).set_uid(UID_DQ).set_dim({dq.B, dq.H, dq.T, dq.D}).set_stride({dq.sb, dq.sh, dq.st, 1});
-            dK->set_output(true).set_uid(UID_DK).set_dim({dk.B, dk.H, dk.T, dk.D}).set_stride({dk.sb, dk.sh, dk.st, 1});
-            dV->set_output(true).set_uid(UID_DV).set_dim({dv.B, dv.H, dv.T, dv.D}).set_stride({dv.sb, dv.sh, dv.st, 1});
+            place(dQ->set_output(true), UID_DQ, dq);
+            place(dK->set_output(true), UID_DK, dk);
+            place(dV->set_output(true), UID_DV, dv);
         },
         &declined, err, errlen);
     if (!g) return declined ? 2 : 1;

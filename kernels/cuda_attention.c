@@ -77,7 +77,7 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     const int automatic = !mode || !mode[0] || strcmp(mode, "auto") == 0;
     a->cudnn_forced = !automatic && strcmp(mode, "cudnn") == 0;
     a->cudnn = (automatic || a->cudnn_forced) && cuk_attn_cudnn_built();
-    a->flash = automatic || strcmp(mode, "flash") == 0 || strcmp(mode, "cudnn") == 0;
+    a->flash = automatic || a->cudnn_forced || strcmp(mode, "flash") == 0;
     return CAI_OK;
 }
 

@@ -189,6 +189,9 @@ static void pool_give(struct cai_nccl_state *s, int slot) {
     s->in_use--;
 }
 
+/* Whether the operation in pool slot `slot` (-1: a blocking one) is traced. */
+static int traced(const struct cai_nccl_state *s, int slot) { return s->trace && slot >= 0 && slot < TRACE_SLOTS; }
+
 static cai_status trace_init(struct cai_nccl_state *s) {
     cudaError_t e = cudaEventCreate(&s->tr_t0);
     for (int i = 0; i < TRACE_SLOTS && e == cudaSuccess; i++) {
@@ -207,13 +210,14 @@ static cai_status trace_init(struct cai_nccl_state *s) {
  * none was in flight, i.e. the backward's first bucket), how long it then
  * waited for the collective stream and SMs, and how long it ran. */
 static void trace_report(struct cai_nccl_state *s, cai_mesh_t *m, int slot) {
-    if (!s->trace || slot < 0 || slot >= TRACE_SLOTS || !s->tr_on[slot]) return;
+    if (!traced(s, slot) || !s->tr_on[slot]) return;
     s->tr_on[slot] = 0;
     float at = 0, wait = 0, ran = 0;
     cudaEventElapsedTime(&at, s->tr_t0, s->tr_ready[slot]);
     cudaEventElapsedTime(&wait, s->tr_ready[slot], s->tr_start[slot]);
     cudaEventElapsedTime(&ran, s->tr_start[slot], s->tr_end[slot]);
-    fprintf(stderr, "[nccl trace, world rank %d] %s %.2f MB: ready at %.3f ms, started %.3f ms later, ran %.3f ms (%.0f GB/s)\n",
+    fprintf(stderr,
+            "[nccl trace, world rank %d] %s %.2f MB: ready at %.3f ms, started %.3f ms later, ran %.3f ms (%.0f GB/s)\n",
             m->world_rank, cai_op_kind_name((cai_op_kind)s->tr_kind[slot]), (double)s->tr_bytes[slot] / 1e6, (double)at,
             (double)wait, (double)ran, ran > 0 ? (double)s->tr_bytes[slot] / (ran * 1e6) : 0.0);
 }
@@ -354,8 +358,7 @@ static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void *
         t = ncclUint8;
         unit = es;
     }
-    const int traced = s->trace && slot >= 0 && slot < TRACE_SLOTS;
-    if (traced) {
+    if (traced(s, slot)) {
         if (s->in_use == 1) CUDA_OK(cudaEventRecord(s->tr_t0, (cudaStream_t)m->cuda_stream));
         CUDA_OK(cudaEventRecord(s->tr_ready[slot], (cudaStream_t)m->cuda_stream));
         s->tr_bytes[slot] = c->count * es * (cai_op_base(c->kind) == CAI_OP_REDUCE_SCATTER ? (size_t)n : 1);
@@ -364,7 +367,7 @@ static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void *
     }
     CUDA_OK(cudaEventRecord(s->ready, (cudaStream_t)m->cuda_stream));
     CUDA_OK(cudaStreamWaitEvent(st, s->ready, 0));
-    if (traced) CUDA_OK(cudaEventRecord(s->tr_start[slot], st));
+    if (traced(s, slot)) CUDA_OK(cudaEventRecord(s->tr_start[slot], st));
     const char *sb = c->send;
     char *rb = c->recv;
     switch (cai_op_base(c->kind)) {
@@ -459,7 +462,7 @@ static cai_status wait_done(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cuda
 static cai_status enqueue_with_event(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cudaEvent_t done, int slot) {
     void *scratch = NULL;
     cai_status st = enqueue(m, c, seq, &scratch, slot);
-    if (st == CAI_OK && m->nccl->trace && slot >= 0 && slot < TRACE_SLOTS) {
+    if (st == CAI_OK && traced(m->nccl, slot)) {
         cudaError_t e = cudaEventRecord(m->nccl->tr_end[slot], m->nccl->stream);
         if (e != cudaSuccess) st = CAI_ERROR(CAI_ERR_CUDA, "cudaEventRecord failed: %s", cudaGetErrorString(e));
     }

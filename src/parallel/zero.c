@@ -285,6 +285,15 @@ static cai_status release_weights(cai_zero_t *z, int u) {
 
 /* ------------------------------------------------------------ gradient reductions */
 
+/* zero.reduce_dtype bf16: where bucket k's bf16 copy starts in RB, and its
+ * *n elements (stage 0: the bucket's model range; stage 1: its padded
+ * engine range, reduce-scattered in place). */
+static size_t bf16_copy_span(const cai_zero_t *z, int k, size_t *n) {
+    const zl_bucket *b = &z->L.b[k];
+    *n = z->L.stage == 0 ? b->hi - b->lo : b->len;
+    return z->L.stage == 0 ? b->lo : b->elo;
+}
+
 static cai_status wait_reduction(cai_zero_t *z, int k) {
     zbucket_rt *r = &z->rt[k];
     if (!r->reducing) return CAI_OK;
@@ -293,8 +302,9 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
     if (!z->dry && z->RB) {
         /* stage 0: the whole bucket; stage 1: this rank's chunk, which the
          * in-place reduce-scatter left at the copy's start */
-        const zl_bucket *b = &z->L.b[k];
-        const size_t off = z->L.stage == 0 ? b->lo : b->elo, n = z->L.stage == 0 ? b->hi - b->lo : b->chunk;
+        size_t n = 0;
+        const size_t off = bf16_copy_span(z, k, &n);
+        if (z->L.stage == 1) n = z->L.b[k].chunk;
         cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
         cai_tensor wide = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, n);
         CAI_CALL(z->dev->ops->copy(z->dev, &wide, &narrow));
@@ -332,7 +342,8 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         if (z->RB) {
             /* round the bucket into its bf16 copy (stream-ordered after the
              * backward's writes), reduce that; wait_reduction widens back */
-            const size_t off = z->L.stage == 0 ? b->lo : b->elo, n = z->L.stage == 0 ? b->hi - b->lo : b->len;
+            size_t n = 0;
+            const size_t off = bf16_copy_span(z, k, &n);
             cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, n);
             cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
             CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
