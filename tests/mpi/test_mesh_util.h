@@ -35,14 +35,19 @@ static inline cai_mesh_config test_mesh_config(int pp, int dp, int ep, int sp, i
     return cfg;
 }
 
-/* MPI_Init, one suite of `n` tests, failures agreed over all ranks, MPI_Finalize. */
-static inline int test_mpi_main(int argc, char **argv, const char *name, const TTest *const *tests, int n) {
+/* MPI_Init, one suite of `n` tests, failures agreed over all ranks, MPI_Finalize.
+ * `teardown` (may be NULL) runs after every test on every rank, also after a
+ * failed check (Check without fork jumps out of the test, then tears down):
+ * the place to bring the ranks back in step. */
+static inline int test_mpi_main_fixture(int argc, char **argv, const char *name, const TTest *const *tests, int n,
+                                        SFun setup, SFun teardown) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world_size);
     cai_log_set_rank(g_world_rank, g_world_size);
     Suite *s = suite_create(name);
     TCase *tc = tcase_create(name);
+    if (setup || teardown) tcase_add_checked_fixture(tc, setup, teardown);
     for (int i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
@@ -63,6 +68,10 @@ static inline int test_mpi_main(int argc, char **argv, const char *name, const T
     if (g_world_rank == 0) fprintf(stderr, "%s on %d ranks: %.2f s\n", name, g_world_size, MPI_Wtime() - t0);
     MPI_Finalize();
     return any ? 1 : 0;
+}
+
+static inline int test_mpi_main(int argc, char **argv, const char *name, const TTest *const *tests, int n) {
+    return test_mpi_main_fixture(argc, argv, name, tests, n, NULL, NULL);
 }
 
 #define TEST_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
