@@ -111,6 +111,9 @@ static const cai_config_field k_fields[] = {
       "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes; stages 0 and 1)", k_reduce_dtypes),
     F("zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",
       "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
+    F("zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "0",
+      "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets all); 0: no "
+      "limit", 0, 1024),
     E("precision", precision, "auto",
       "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32", k_precisions),
     F("loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30),
@@ -606,6 +609,7 @@ int main(int argc, char **argv) {
     cai_mesh_config_init(&mc);
     mc.layout = layout;
     mc.watchdog_timeout_s = cfg.watchdog;
+    mc.nccl_overlap_ctas = cfg.zero_overlap_ctas;
     cai_app_check_all(cai_mesh_init(&r.mesh, MPI_COMM_WORLD, &mc), 1);
     cai_app_check(open_device(&cfg, &app, &r.dev));
     cai_app_check_all(app.rank == 0 ? cai_config_write_file(&k_schema, &cfg, cfg.dir) : CAI_OK, 1);

@@ -135,6 +135,8 @@ struct cai_mesh {
 
     struct cai_nccl_state *nccl;
     void *cuda_stream; /* work that device collectives must follow (NULL: legacy default stream) */
+    int overlap_ctas;  /* cai_mesh_config.nccl_overlap_ctas */
+    int overlapping;   /* cai_mesh_overlap_compute: device collectives started now run beside compute */
     int ready;         /* init completed on this rank (so on all: freeing may communicate) */
 };
 

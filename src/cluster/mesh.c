@@ -115,6 +115,8 @@ cai_status cai_mesh_init(cai_mesh_t **out, MPI_Comm world, const cai_mesh_config
                   cfg->watchdog_timeout_s);
     CAI_CHECK_ARG(cfg->device_comm >= CAI_DEVICE_COMM_AUTO && cfg->device_comm <= CAI_DEVICE_COMM_STAGE,
                   "device_comm %d is not a cai_device_comm", (int)cfg->device_comm);
+    CAI_CHECK_ARG(cfg->nccl_overlap_ctas >= 0, "nccl_overlap_ctas is %d; expected 0 (off) or a number of CTAs",
+                  cfg->nccl_overlap_ctas);
     const char *order = cfg->layout.order && *cfg->layout.order ? cfg->layout.order : "pp,dp,ep,sp,tp";
     CAI_CHECK_ARG(strlen(order) < sizeof((cai_mesh_t *)0)->order, "mesh order '%s' is too long", order);
 
@@ -133,6 +135,7 @@ cai_status cai_mesh_init(cai_mesh_t **out, MPI_Comm world, const cai_mesh_config
     m->timeout_s = cfg->watchdog_timeout_s;
     m->abort_on_timeout = cfg->watchdog_abort;
     m->device_comm = cfg->device_comm;
+    m->overlap_ctas = cfg->nccl_overlap_ctas;
     m->max_chunk = INT_MAX;
 
     cai_status st;

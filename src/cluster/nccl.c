@@ -19,6 +19,10 @@ void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream) {
     if (mesh) mesh->cuda_stream = stream;
 }
 
+void cai_mesh_overlap_compute(cai_mesh_t *mesh, int on) {
+    if (mesh) mesh->overlapping = on != 0;
+}
+
 #if CAI_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -31,6 +35,9 @@ void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream) {
 
 struct cai_nccl_state {
     ncclComm_t comm[CAI_AXIS_COUNT];
+    /* Split from comm[] with at most cai_mesh_config.nccl_overlap_ctas CTAs,
+     * for collectives that run beside compute; made on first such use. */
+    ncclComm_t overlap_comm[CAI_AXIS_COUNT];
     int failed[CAI_AXIS_COUNT]; /* aborted after an error or timeout: the mesh must be rebuilt */
     cudaStream_t stream;
     cudaEvent_t ready, done; /* done: reused by blocking calls */
@@ -279,6 +286,32 @@ static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
     return CAI_OK;
 }
 
+/* Whether device collectives started now on `axis` take the CTA-limited communicator. */
+static int use_overlap_comm(const cai_mesh_t *m) { return m->overlapping && m->overlap_ctas > 0; }
+
+/* The CTA-limited communicator, split from the axis' own when the first
+ * collective marked as overlapping compute needs it. The split is
+ * collective and blocks, so a watched barrier first makes sure every peer
+ * has reached it (the same order holds on every rank: the marking does). */
+static cai_status ensure_overlap_comm(cai_mesh_t *m, struct cai_nccl_state *s, cai_axis axis) {
+    if (!use_overlap_comm(m) || s->overlap_comm[axis]) return CAI_OK;
+    CAI_CALL(cai_host_barrier(m, axis));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.minCTAs = 1;
+    config.maxCTAs = m->overlap_ctas;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommSplit(s->comm[axis], 0, m->rank[axis], &comm, &config);
+    if (r != ncclSuccess) {
+        if (comm) ncclCommAbort(comm);
+        s->failed[axis] = 1;
+        return CAI_ERROR(CAI_ERR_NCCL, "ncclCommSplit for axis %s with at most %d CTAs (nccl_overlap_ctas) failed "
+                         "on rank %d of %d: %s", cai_axis_name(axis), m->overlap_ctas, m->rank[axis], m->size[axis],
+                         ncclGetErrorString(r));
+    }
+    s->overlap_comm[axis] = comm;
+    return CAI_OK;
+}
+
 cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) {
     struct cai_nccl_state *s = NULL;
     CAI_CALL(state_get(m, &s));
@@ -287,7 +320,7 @@ cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) {
                          "the NCCL communicator of axis %s was aborted after a failed or timed-out collective; device "
                          "collectives on this axis need a new mesh (cai_mesh_free, then cai_mesh_init on every rank)",
                          cai_axis_name(axis));
-    if (s->comm[axis]) return CAI_OK;
+    if (s->comm[axis]) return ensure_overlap_comm(m, s, axis);
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (m->rank[axis] == 0) {
@@ -310,15 +343,16 @@ cai_status cai_cl_nccl_ensure(cai_mesh_t *m, cai_axis axis) {
                          m->rank[axis], m->size[axis], ncclGetErrorString(r));
     }
     s->comm[axis] = comm;
-    return CAI_OK;
+    return ensure_overlap_comm(m, s, axis);
 }
 
 /* After an error or a timeout the communicator's state is unknown (peers may
  * be inside the collective): abort it and refuse the axis from now on. */
 static void fail_axis(cai_mesh_t *m, cai_axis axis) {
     struct cai_nccl_state *s = m->nccl;
+    if (s->overlap_comm[axis]) ncclCommAbort(s->overlap_comm[axis]);
     if (s->comm[axis]) ncclCommAbort(s->comm[axis]);
-    s->comm[axis] = NULL;
+    s->comm[axis] = s->overlap_comm[axis] = NULL;
     s->failed[axis] = 1;
 }
 
@@ -348,7 +382,7 @@ static ncclRedOp_t nccl_op(cai_reduce_op op) {
 static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void **scratch, int slot) {
     struct cai_nccl_state *s = m->nccl;
     cai_axis axis = c->axis;
-    ncclComm_t comm = s->comm[axis];
+    ncclComm_t comm = use_overlap_comm(m) ? s->overlap_comm[axis] : s->comm[axis];
     cudaStream_t st = s->stream;
     int n = m->size[axis], me = m->rank[axis];
     size_t es = cai_dtype_size(c->dtype);
@@ -437,7 +471,9 @@ static int poll_event(void *vctx) {
     /* A failed peer shows up here; checking now and then is enough. */
     if (w->polls++ % 64 != 63) return 0;
     ncclResult_t async = ncclSuccess;
+    ncclComm_t overlap = w->m->nccl->overlap_comm[w->axis];
     ncclCommGetAsyncError(w->m->nccl->comm[w->axis], &async);
+    if ((async == ncclSuccess || async == ncclInProgress) && overlap) ncclCommGetAsyncError(overlap, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
         CAI_ERROR(CAI_ERR_NCCL, "NCCL communicator of axis %s failed: %s", cai_axis_name(w->axis),
                   ncclGetErrorString(async));
@@ -542,11 +578,15 @@ void cai_cl_nccl_free(cai_mesh_t *m) {
     if (!s) return;
     cudaStreamSynchronize(s->stream);
     for (int a = 0; a < CAI_AXIS_COUNT; a++) {
-        if (!s->comm[a]) continue;
-        if (any[a])
-            ncclCommAbort(s->comm[a]);
-        else
-            ncclCommDestroy(s->comm[a]);
+        /* The split communicator goes first: it shares resources with its parent. */
+        ncclComm_t comms[2] = {s->overlap_comm[a], s->comm[a]};
+        for (int k = 0; k < 2; k++) {
+            if (!comms[k]) continue;
+            if (any[a])
+                ncclCommAbort(comms[k]);
+            else
+                ncclCommDestroy(comms[k]);
+        }
     }
     state_destroy(s);
     m->nccl = NULL;

@@ -435,8 +435,16 @@ static cai_status on_event(cai_zero_t *z, cai_model_event ev, int u) {
         if (z->L.stage >= 2) CAI_CALL(bind_unit(z, u, !s3, 0));
         if (s3) CAI_CALL(release_weights(z, u));
         if (z->in_step && z->cfg.overlap && reduces_now(z))
-            for (int k = 0; k < z->L.nb; k++)
-                if (z->L.b[k].unit_lo == u) CAI_CALL(start_reduction(z, k));
+            for (int k = 0; k < z->L.nb; k++) {
+                if (z->L.b[k].unit_lo != u) continue;
+                /* Only the buckets of the backward's last unit (0) have the
+                 * GPU to themselves; the others share it with the backward
+                 * (the mesh may give those fewer SMs: nccl_overlap_ctas). */
+                cai_mesh_overlap_compute(z->mesh, u != 0);
+                cai_status st = start_reduction(z, k);
+                cai_mesh_overlap_compute(z->mesh, 0);
+                CAI_CALL(st);
+            }
         break;
     default:
         break;

@@ -132,11 +132,21 @@ START_TEST(bad_layout_fails_everywhere_before_allocating) {
     cfg = test_mesh_config(1, g_world_size, 1, 1, 1, "pp,dp,sp,tp");
     ck_assert_int_eq(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg), CAI_ERR_LAYOUT);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "missing: ep"));
-    cai_error_clear();
-    /* Nothing is left half-built: the next mesh works. */
     cfg = test_mesh_config(1, g_world_size, 1, 1, 1, NULL);
+    cfg.nccl_overlap_ctas = -1;
+    ck_assert_int_eq(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "nccl_overlap_ctas is -1"));
+    cai_error_clear();
+    /* Nothing is left half-built: the next mesh works, and marking host
+     * collectives as overlapping compute changes nothing for them. */
+    cfg.nccl_overlap_ctas = 4;
     CK_CAI(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg));
     ck_assert_int_eq(cai_mesh_size(m, CAI_AXIS_DP), g_world_size);
+    int one = 1, sum = 0;
+    cai_mesh_overlap_compute(m, 1);
+    CK_CAI(cai_allreduce(m, CAI_AXIS_DP, &one, &sum, 1, CAI_DTYPE_I32, CAI_RED_SUM));
+    cai_mesh_overlap_compute(m, 0);
+    ck_assert_int_eq(sum, g_world_size);
     cai_mesh_free(m);
 }
 END_TEST

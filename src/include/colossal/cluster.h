@@ -94,6 +94,11 @@ typedef struct {
     double watchdog_timeout_s;  /* 0 disables the watchdog */
     int watchdog_abort;         /* 1: abort all ranks on timeout (default); 0: return CAI_ERR_TIMEOUT */
     cai_device_comm device_comm;
+    /* Thread blocks (CTAs) NCCL may use for device collectives started while
+     * cai_mesh_overlap_compute is on: they then run on a second communicator
+     * per axis with this limit, so that reductions overlapping the backward
+     * take fewer SMs from it. 0 (default): no second communicator. */
+    int nccl_overlap_ctas;
 } cai_mesh_config;
 
 /* Defaults: every axis 1, default order, watchdog 300 s in abort mode, AUTO
@@ -116,6 +121,12 @@ cai_status cai_mesh_drain(cai_mesh_t *mesh, double timeout_s);
 /* The CUDA stream (cudaStream_t) whose work device-buffer collectives must
  * follow; NULL (default) is the legacy default stream. Not collective. */
 void cai_mesh_set_cuda_stream(cai_mesh_t *mesh, void *stream);
+/* Marks the device collectives started from now on as running beside
+ * compute (on: 1) or alone (0, the default): with nccl_overlap_ctas set, the
+ * former go through the axis' CTA-limited communicator. Not collective, but
+ * every rank of a group must mark the same operations alike (each NCCL
+ * communicator orders its own collectives). No effect on host buffers. */
+void cai_mesh_overlap_compute(cai_mesh_t *mesh, int on);
 /* Accessors: local, not collective. The mesh is not thread-safe: one thread
  * at a time issues its communication. */
 const cai_layout *cai_mesh_layout(const cai_mesh_t *mesh);
