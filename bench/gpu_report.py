@@ -259,6 +259,15 @@ def cmd_train(argv):
             if ok(eag):
                 s += "; / eager %.2fx" % (col["tokens_per_s"] / eag["tokens_per_s"])
             goals.append(s)
+        # VARIANTS: each against the plain colossal run and torch.compile.
+        for v in one:
+            if not (ok(v) and ok(col) and v.get("impl", "").startswith("colossal-")):
+                continue
+            s = "%s: %s %.0f tokens/s = %.3fx colossal" % (m, v["impl"], v["tokens_per_s"],
+                                                            v["tokens_per_s"] / col["tokens_per_s"])
+            if ok(comp):
+                s += ", %.2fx torch.compile" % (v["tokens_per_s"] / comp["tokens_per_s"])
+            goals.append(s)
     if goals:
         print()
         for g in goals:

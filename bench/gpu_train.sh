@@ -28,7 +28,9 @@
 # metrics.jsonl (every colossal run's per-step records), build.log.
 # Environment: see bench/gpu_common.sh (BENCH_DEVICE=cpu, BENCH_BUILD,
 # BENCH_MAKE, BENCH_WORK, BENCH_BUDGET_S, RUN_TIMEOUT, PYTHON), plus
-# DP_VARIANTS (extra 2-GPU ZeRO-0 runs, see data_parallel), DP_CONCURRENT
+# VARIANTS (extra one-GPU colossal runs of each model item, see
+# variants(): e.g. VARIANTS="tune:CAI_CUBLASLT_AUTOTUNE=1"), DP_VARIANTS
+# (the same for the 2-GPU ZeRO-0 runs of dp items), DP_CONCURRENT
 # (1: also the one-GPU run beside another one-GPU run),
 # EST_COMPILE (seconds the budget reserves per torch.compile run, default
 # 150), TORCH_DDP_MODE (eager (default), compile, or none: no PyTorch runs
@@ -67,6 +69,36 @@ est() {
     esac
 }
 
+# variants GPUS MODEL "NAME:SETTING[,SETTING...] ...": extra ZeRO-0 colossal
+# runs of MODEL on GPUS GPUs, where a SETTING is a colossal-pretrain option
+# (--key=value) or an environment variable (NAME=value) for that run only.
+variants() {
+    vg=$1 vm=$2
+    vcfg=$(cfg_of "$vm")
+    vb=$(batch_of "$vm")
+    vtag=$([ "$vg" = 1 ] && echo c || echo "c-dp$vg")
+    for var in $3; do
+        vname=${var%%:*}
+        if ! have_time "$(est "$vm")"; then
+            skip_run "$vtag-$vname-$vm" bench=train model_name="$vm" impl="colossal-$vname" batch="$vb" gpus="$vg" zero=0
+            continue
+        fi
+        (
+            vargs=
+            for set in $(echo "${var#*:}" | tr ',' ' '); do
+                # shellcheck disable=SC2163 # "$set" is NAME=value
+                case $set in
+                --*) vargs="$vargs $set" ;;
+                *=*) export "$set" ;;
+                esac
+            done
+            # shellcheck disable=SC2086
+            run_colossal "$vtag-$vname-$vm" "$vg" "$vcfg" "$STEPS" "$SKIP" bench=train model_name="$vm" \
+                impl="colossal-$vname" batch="$vb" zero=0 -- --zero.stage=0 $vargs
+        )
+    done
+}
+
 one_gpu() {
     m=$1
     cfg=$(cfg_of "$m")
@@ -77,6 +109,7 @@ one_gpu() {
     else
         skip_run "c-$m" bench=train model_name="$m" impl=colossal batch="$b" gpus=1
     fi
+    [ "${IN_DP:-0}" = 1 ] || variants 1 "$m" "${VARIANTS:-}"
     for mode in $TORCH_MODES; do
         has_result "t-$mode-$m" && continue
         if have_time "$(est "$mode")"; then
@@ -101,7 +134,9 @@ data_parallel() {
     saved_modes=$TORCH_MODES
     TORCH_MODES=${TORCH_DDP_MODE:-eager}
     [ "$TORCH_MODES" = none ] && TORCH_MODES=
+    IN_DP=1
     one_gpu "$m"
+    IN_DP=0
     TORCH_MODES=$saved_modes
     for z in 0 1; do
         if have_time "$(est "$m")"; then
@@ -126,28 +161,7 @@ data_parallel() {
             impl=colossal-1gpu-beside-another batch="$b" zero=0 --
         wait "$other"
     fi
-    # DP_VARIANTS: extra ZeRO-0 runs, each NAME:SETTING[,SETTING...] where
-    # a SETTING is a colossal-pretrain option (--key=value) or an
-    # environment variable (NAME=value) for that run only.
-    for var in ${DP_VARIANTS:-}; do
-        vname=${var%%:*}
-        if ! have_time "$(est "$m")"; then
-            skip_run "c-dp2-$vname-$m" bench=train model_name="$m" impl=colossal batch="$b" gpus=2 zero=0
-            continue
-        fi
-        (
-            vargs=
-            for set in $(echo "${var#*:}" | tr ',' ' '); do
-                case $set in
-                --*) vargs="$vargs $set" ;;
-                *=*) export "$set" ;;
-                esac
-            done
-            # shellcheck disable=SC2086
-            run_colossal "c-dp2-$vname-$m" 2 "$cfg" "$STEPS" "$SKIP" bench=train model_name="$m" \
-                impl="colossal-$vname" batch="$b" zero=0 -- --zero.stage=0 $vargs
-        )
-    done
+    variants 2 "$m" "${DP_VARIANTS:-}"
     mode=${TORCH_DDP_MODE:-eager}
     [ "$mode" = none ] && return
     if have_time "$(est "$mode")"; then

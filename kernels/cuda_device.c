@@ -155,6 +155,9 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cuk_attn_setup());
     const char *tf = getenv("CAI_CUDA_TF32");
     c->allow_tf32 = tf && tf[0] == '1';
+    /* 1: the heuristic's 8 best; N (2-16): its N best; unset or 0: off. */
+    size_t tune = env_size("CAI_CUBLASLT_AUTOTUNE", 0);
+    c->lt_autotune = tune == 1 ? 8 : tune > 16 ? 16 : (int)tune;
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;

@@ -118,6 +118,84 @@ static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t ba
     return CAI_OK;
 }
 
+/* The stretch of memory a column-major [rows x cols] layout with leading
+ * dimension ld spans over `batch` entries `bs` apart, in elements. */
+static size_t layout_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t bs) {
+    return (size_t)((batch > 1 ? (batch - 1) * bs : 0) + (cols - 1) * ld + rows);
+}
+
+#define AUTOTUNE_REPS 3
+
+/* CAI_CUBLASLT_AUTOTUNE: the heuristic's first answer is a model's guess;
+ * timing its few best on the real operands once per new shape (the first
+ * step) and keeping the fastest is what PyTorch's TunableOp does. Each
+ * candidate runs once to warm up and AUTOTUNE_REPS times timed. A gemm that
+ * accumulates into its output in place runs on a copy of it, so the real
+ * result is computed once, afterwards; the others write the same values
+ * each time. Skipped during stream capture (it synchronises). Sets *best
+ * to the index of the fastest candidate that ran. */
+static cai_status autotune(cai_device_t *dev, const char *op, const gemm_req *g, cublasLtMatmulDesc_t desc,
+                           cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc_in,
+                           cublasLtMatrixLayout_t lc, const cublasLtMatmulHeuristicResult_t *res, int nres,
+                           int64_t sc, int *best) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    const cmat *A = g->A, *B = g->B, *C = g->C, *Ci = g->Cin ? g->Cin : g->C;
+    *best = 0;
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (nres < 2 || cudaStreamIsCapturing(c->stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
+        return CAI_OK;
+    const int in_place_accumulate = g->beta != 0.0f && Ci->data == C->data;
+    const size_t bytes = layout_span(g->N, g->M, C->ld, g->batch, sc) * cai_dtype_size(C->dt);
+    void *copy = NULL, *cin = Ci->data, *d = C->data;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    cai_status st = CAI_OK;
+    cudaError_t e = cudaEventCreate(&t0);
+    if (e == cudaSuccess) e = cudaEventCreate(&t1);
+    if (e == cudaSuccess && in_place_accumulate) {
+        e = cudaMallocAsync(&copy, bytes, c->stream);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(copy, C->data, bytes, cudaMemcpyDeviceToDevice, c->stream);
+        cin = d = copy;
+    }
+    if (e != cudaSuccess) {
+        st = CAI_ERROR(CAI_ERR_CUDA, "%s: cuBLASLt autotune set-up (%zu bytes) failed: %s", op, bytes,
+                       cudaGetErrorString(e));
+        goto done;
+    }
+    float best_ms = 0, first_ms = -1;
+    int ran = 0;
+    for (int i = 0; i < nres; i++) {
+        cublasStatus_t ms = CUBLAS_STATUS_SUCCESS;
+        for (int r = 0; r <= AUTOTUNE_REPS && ms == CUBLAS_STATUS_SUCCESS; r++) {
+            if (r == 1) cudaEventRecord(t0, c->stream);
+            ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, cin, lc_in, d, lc,
+                                &res[i].algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+        }
+        if (ms != CUBLAS_STATUS_SUCCESS) continue; /* the heuristic may offer what the run then refuses */
+        cudaEventRecord(t1, c->stream);
+        float t = 0;
+        if ((e = cudaEventSynchronize(t1)) != cudaSuccess || (e = cudaEventElapsedTime(&t, t0, t1)) != cudaSuccess) {
+            st = CAI_ERROR(CAI_ERR_CUDA, "%s: timing cuBLASLt candidate %d failed: %s", op, i, cudaGetErrorString(e));
+            goto done;
+        }
+        t /= AUTOTUNE_REPS;
+        if (i == 0) first_ms = t;
+        if (!ran || t < best_ms) {
+            best_ms = t;
+            *best = i;
+        }
+        ran = 1;
+    }
+    if (ran)
+        cai_log(CAI_LOG_INFO, "%s: cuBLASLt autotune M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " batch %" PRId64
+                ": candidate %d of %d, %.3f ms (the heuristic's first: %.3f ms)", op, g->M, g->N, g->K, g->batch,
+                *best + 1, nres, best_ms, first_ms);
+done:
+    if (copy) cudaFreeAsync(copy, c->stream);
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    return st;
+}
+
 /* One cuBLASLt call. *no_algo is set (and CAI_OK returned) when cuBLASLt has
  * no algorithm for this combination, so the caller can fall back. */
 static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, int *no_algo) {
@@ -200,18 +278,20 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
                                                                        &al_ci, sizeof al_ci));
         LT("set MIN_ALIGNMENT_D", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                                        &al_c, sizeof al_c));
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        memset(&res, 0, sizeof res);
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc_in, lc, pref, 1, &res, &nres);
+        cublasLtMatmulHeuristicResult_t res[16];
+        int nres = 0, best = 0;
+        memset(res, 0, sizeof res);
+        const int want = c->lt_autotune > 1 ? c->lt_autotune : 1;
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(c->lt, desc, la, lb, lc_in, lc, pref, want, res, &nres);
         if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) {
             *no_algo = 1;
             goto done;
         }
+        CAI_CALL_GOTO(autotune(dev, op, g, desc, la, lb, lc_in, lc, res, nres, sc, &best), st, done);
         plan = &c->plans[c->next_plan];
         c->next_plan = (c->next_plan + 1) % CAI_CUDA_PLANS;
         memcpy(plan->key, key, sizeof key);
-        plan->algo = res.algo;
+        plan->algo = res[best].algo;
         plan->valid = 1;
     }
     cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, Ci->data, lc_in,

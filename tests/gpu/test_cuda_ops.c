@@ -1092,6 +1092,38 @@ static void bf16_embed(void) {
     t_xent(CAI_DTYPE_BF16);
 }
 
+/* issue #10: CAI_CUBLASLT_AUTOTUNE. The matmul family again on a second
+ * device that times the heuristic's 8 best algorithms for every new shape:
+ * the results must still be the CPU's, and the in-place accumulating cases
+ * (beta != 0 on c; dweight +=) show that the timed trial runs never add
+ * into the real output. */
+static void tuned_matmuls(void) {
+    cai_device_t *plain = G;
+    setenv("CAI_CUBLASLT_AUTOTUNE", "8", 1);
+    cai_status st = cai_device_init(&G, CAI_DEVICE_CUDA, 0, 0);
+    unsetenv("CAI_CUBLASLT_AUTOTUNE");
+    gt_expect("second device with CAI_CUBLASLT_AUTOTUNE=8", st == CAI_OK, st == CAI_OK ? NULL : cai_error_message());
+    if (st != CAI_OK) {
+        cai_error_clear();
+        G = plain;
+        return;
+    }
+    t_matmul(CAI_DTYPE_F32, CAI_DTYPE_F32);
+    t_matmul_large();
+    t_matmul(CAI_DTYPE_BF16, CAI_DTYPE_F32);
+    t_linear(CAI_DTYPE_BF16, CAI_DTYPE_BF16);
+    t_linear_gelu(CAI_DTYPE_BF16);
+    t_linear_residual(CAI_DTYPE_BF16);
+    if (cai_device_sync(G) != CAI_OK) {
+        printf("  device error on the autotuning device: %s\n", cai_error_message());
+        cai_error_clear();
+        g_fail++;
+    }
+    gt_release_all(); /* its buffers live on the tuned device */
+    cai_device_free(G);
+    G = plain;
+}
+
 static const test_entry tests[] = {
     {"fill/copy", t_fill_copy},   {"copy_sr", t_copy_sr},       {"blas1 f32", f32_blas1},
     {"blas1 bf16", bf16_blas1},   {"reduce f32", f32_reduce},   {"reduce bf16", bf16_reduce},
@@ -1111,6 +1143,8 @@ static const test_entry tests[] = {
     {"linear+residual f32", f32_linear_residual}, {"linear+residual bf16", bf16_linear_residual},
     /* issue #10: embedding_bwd with runs of thousands of rows (tiled dwte sums) */
     {"embedding long runs f32", f32_emb_long}, {"embedding long runs bf16", bf16_emb_long},
+    /* issue #10: cuBLASLt algorithms chosen by timing */
+    {"matmuls autotuned bf16/f32", tuned_matmuls},
 };
 
 int main(int argc, char **argv) {
