@@ -158,6 +158,8 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     /* 1: the heuristic's 8 best; N (2-16): its N best; unset or 0: off. */
     size_t tune = env_size("CAI_CUBLASLT_AUTOTUNE", 0);
     c->lt_autotune = tune == 1 ? 8 : tune > 16 ? 16 : (int)tune;
+    const char *bg = getenv("CAI_CUDA_BGRAD");
+    c->bgrad_epilogue = bg && bg[0] == '1';
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;

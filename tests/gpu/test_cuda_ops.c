@@ -1092,17 +1092,14 @@ static void bf16_embed(void) {
     t_xent(CAI_DTYPE_BF16);
 }
 
-/* issue #10: CAI_CUBLASLT_AUTOTUNE. The matmul family again on a second
- * device that times the heuristic's 8 best algorithms for every new shape:
- * the results must still be the CPU's, and the in-place accumulating cases
- * (beta != 0 on c; dweight +=) show that the timed trial runs never add
- * into the real output. */
-static void tuned_matmuls(void) {
+/* issue #10: the matmul family again on a second device made with
+ * env=value (the backend reads its switches at device creation). */
+static void matmuls_on_a_device_with(const char *env, const char *value) {
     cai_device_t *plain = G;
-    setenv("CAI_CUBLASLT_AUTOTUNE", "8", 1);
+    setenv(env, value, 1);
     cai_status st = cai_device_init(&G, CAI_DEVICE_CUDA, 0, 0);
-    unsetenv("CAI_CUBLASLT_AUTOTUNE");
-    gt_expect("second device with CAI_CUBLASLT_AUTOTUNE=8", st == CAI_OK, st == CAI_OK ? NULL : cai_error_message());
+    unsetenv(env);
+    gt_expect(nm("second device with %s=%s", env, value), st == CAI_OK, st == CAI_OK ? NULL : cai_error_message());
     if (st != CAI_OK) {
         cai_error_clear();
         G = plain;
@@ -1115,14 +1112,23 @@ static void tuned_matmuls(void) {
     t_linear_gelu(CAI_DTYPE_BF16);
     t_linear_residual(CAI_DTYPE_BF16);
     if (cai_device_sync(G) != CAI_OK) {
-        printf("  device error on the autotuning device: %s\n", cai_error_message());
+        printf("  device error on the device with %s=%s: %s\n", env, value, cai_error_message());
         cai_error_clear();
         g_fail++;
     }
-    gt_release_all(); /* its buffers live on the tuned device */
+    gt_release_all(); /* its buffers live on that device */
     cai_device_free(G);
     G = plain;
 }
+
+/* CAI_CUBLASLT_AUTOTUNE: the heuristic's 8 best algorithms timed for every
+ * new shape; results must still be the CPU's, and the in-place accumulating
+ * cases (beta != 0 on c; dweight +=) show that the timed trial runs never
+ * add into the real output. */
+static void tuned_matmuls(void) { matmuls_on_a_device_with("CAI_CUBLASLT_AUTOTUNE", "8"); }
+/* CAI_CUDA_BGRAD: bf16 linear bias gradients from the weight gemm's
+ * BGRADB epilogue; dbias must still be added (+=) to what it held. */
+static void bgrad_matmuls(void) { matmuls_on_a_device_with("CAI_CUDA_BGRAD", "1"); }
 
 static const test_entry tests[] = {
     {"fill/copy", t_fill_copy},   {"copy_sr", t_copy_sr},       {"blas1 f32", f32_blas1},
@@ -1144,7 +1150,7 @@ static const test_entry tests[] = {
     /* issue #10: embedding_bwd with runs of thousands of rows (tiled dwte sums) */
     {"embedding long runs f32", f32_emb_long}, {"embedding long runs bf16", bf16_emb_long},
     /* issue #10: cuBLASLt algorithms chosen by timing */
-    {"matmuls autotuned bf16/f32", tuned_matmuls},
+    {"matmuls autotuned bf16/f32", tuned_matmuls}, {"matmuls bias-gradient epilogue bf16", bgrad_matmuls},
 };
 
 int main(int argc, char **argv) {
