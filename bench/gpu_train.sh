@@ -47,7 +47,8 @@ STEPS=${BENCH_STEPS:-30}
 SKIP=${BENCH_SKIP:-5}
 WARM=${BENCH_WARMUP:-5}
 TSTEPS=$((STEPS - WARM))
-TORCH_MODES=${TORCH_MODES-eager compile}  # set empty: colossal only
+TORCH_MODES=${TORCH_MODES-eager compile}  # set empty or "none": colossal only
+[ "$TORCH_MODES" = none ] && TORCH_MODES=
 # A cold torch.compile of GPT-2 350M takes minutes of CPU time.
 TORCH_RUN_TIMEOUT=${TORCH_RUN_TIMEOUT:-300}
 : >"$RESULTS"
