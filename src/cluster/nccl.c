@@ -578,7 +578,7 @@ void cai_cl_nccl_free(cai_mesh_t *m) {
     if (!s) return;
     cudaStreamSynchronize(s->stream);
     for (int a = 0; a < CAI_AXIS_COUNT; a++) {
-        /* The split communicator goes first: it shares resources with its parent. */
+        /* The split communicator before the one it was split from. */
         ncclComm_t comms[2] = {s->overlap_comm[a], s->comm[a]};
         for (int k = 0; k < 2; k++) {
             if (!comms[k]) continue;
