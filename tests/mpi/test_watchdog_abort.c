@@ -1,6 +1,8 @@
 /* Abort mode, driven by watchdog_abort.sh: on 3 ranks, the last rank sleeps
- * far past the 1 s timeout before an allreduce over dp; the others must
- * abort the whole job, naming it. Exits 0 only if the abort never came. */
+ * far past the 2 s timeout before an allreduce over dp; the others must
+ * abort the whole job, naming it. Exits 0 only if the abort never came.
+ * 2 s, not less: the first allreduce must succeed, and on a loaded CI
+ * machine the ranks may reach it a second apart. */
 #include "cai_config.h"
 #include "colossal/cluster.h"
 
@@ -16,7 +18,7 @@ int main(int argc, char **argv) {
     cai_mesh_config cfg;
     cai_mesh_config_init(&cfg);
     cfg.layout.dp = size;
-    cfg.watchdog_timeout_s = 1.0;
+    cfg.watchdog_timeout_s = 2.0;
     cfg.watchdog_abort = 1;
     cai_mesh_t *m = NULL;
     if (cai_mesh_init(&m, MPI_COMM_WORLD, &cfg) != CAI_OK) cai_abort(cai_error_status());

@@ -14,7 +14,7 @@ elapsed=$(( $(date +%s) - start ))
 cat "$err"
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$rc" -ne 0 ] || fail "exit status 0: the job was not aborted"
-grep -q "watchdog: allreduce #2 on axis dp (group of $np) did not complete within 1.0 s" "$err" \
+grep -q "watchdog: allreduce #2 on axis dp (group of $np) did not complete within 2.0 s" "$err" \
   || fail "stderr does not describe the stuck allreduce"
 grep -q "ranks behind: $((np - 1)) (at #1, not in a communication call)" "$err" \
   || fail "stderr does not name rank $((np - 1)) as the stuck one"
