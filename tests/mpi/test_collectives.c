@@ -548,7 +548,9 @@ END_TEST
 /* cai_wait_timeout: the last rank issues late; the others give up at their
  * own deadline with the watchdog's report (never aborting, although the mesh
  * is in abort mode), and cai_mesh_drain then completes the operation. With
- * the mesh's watchdog off the deadline holds all the same. */
+ * the mesh's watchdog off the deadline holds all the same. The late rank
+ * waits, outside the mesh, for every other rank to have given up: however
+ * loaded the machine, it cannot arrive before their reports are made. */
 START_TEST(wait_timeout_own_deadline) {
     int n = g_world_size, late = n - 1;
     for (int wd = 1; wd >= 0; wd--) {
@@ -560,14 +562,19 @@ START_TEST(wait_timeout_own_deadline) {
         float *s = alloc(3 * (size_t)n, CAI_DTYPE_F32), r[3] = {0, 0, 0};
         for (size_t i = 0; i < 3 * (size_t)n; i++) s[i] = (float)val(g_world_rank, i, 900, CAI_DTYPE_F32);
         cai_request_t *q = NULL;
-        if (n > 1 && g_world_rank == late) {
-            struct timespec ts = {1, 0};
-            nanosleep(&ts, NULL);
-        }
+        const int release_tag = 4243;
+        if (n > 1 && g_world_rank == late)
+            for (int i = 0; i < n - 1; i++) {
+                int go = 0;
+                MPI_Recv(&go, 1, MPI_INT, MPI_ANY_SOURCE, release_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            }
         CK_CAI(cai_ireduce_scatter(m, CAI_AXIS_WORLD, s, r, 3, CAI_DTYPE_F32, CAI_RED_SUM, &q));
         if (n > 1 && g_world_rank != late) {
             cai_error_clear();
-            ck_assert_int_eq(cai_wait_timeout(q, 0.2), CAI_ERR_TIMEOUT);
+            cai_status st = cai_wait_timeout(q, 0.2);
+            int go = 1;
+            MPI_Send(&go, 1, MPI_INT, late, release_tag, MPI_COMM_WORLD);
+            ck_assert_int_eq(st, CAI_ERR_TIMEOUT);
             char want[96];
             snprintf(want, sizeof want, "watchdog: ireduce_scatter #1 on axis world (group of %d) did not complete", n);
             ck_assert_msg(strstr(cai_error_message(), want), "report lacks '%s': %s", want, cai_error_message());
