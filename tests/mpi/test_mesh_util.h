@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "colossal/cluster.h"
 
@@ -35,10 +36,33 @@ static inline cai_mesh_config test_mesh_config(int pp, int dp, int ep, int sp, i
     return cfg;
 }
 
+/* The end of a test on every rank: a barrier that gives up after 60 s and
+ * aborts the job. A rank whose check failed leaves its test early (Check
+ * runs without fork); without this its next collectives on MPI_COMM_WORLD
+ * (communicator creation included) would match its peers' earlier ones,
+ * which shows up as an MPI error far from the failed check. */
+static inline void test_all_ranks_done(void) {
+    MPI_Request r;
+    int done = 0;
+    MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    double t0 = MPI_Wtime();
+    while (!done) {
+        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        if (!done && MPI_Wtime() - t0 > 60.0) {
+            fprintf(stderr, "rank %d: the other ranks did not finish the test within 60 s; aborting\n", g_world_rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        if (!done) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 /* MPI_Init, one suite of `n` tests, failures agreed over all ranks, MPI_Finalize.
- * `teardown` (may be NULL) runs after every test on every rank, also after a
- * failed check (Check without fork jumps out of the test, then tears down):
- * the place to bring the ranks back in step. */
+ * `teardown` runs after every test on every rank, also after a failed check
+ * (Check without fork jumps out of the test, then tears down): the place to
+ * bring the ranks back in step. NULL: test_all_ranks_done. */
 static inline int test_mpi_main_fixture(int argc, char **argv, const char *name, const TTest *const *tests, int n,
                                         SFun setup, SFun teardown) {
     MPI_Init(&argc, &argv);
@@ -47,7 +71,7 @@ static inline int test_mpi_main_fixture(int argc, char **argv, const char *name,
     cai_log_set_rank(g_world_rank, g_world_size);
     Suite *s = suite_create(name);
     TCase *tc = tcase_create(name);
-    if (setup || teardown) tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, setup, teardown ? teardown : test_all_ranks_done);
     for (int i = 0; i < n; i++) tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

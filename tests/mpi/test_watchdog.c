@@ -12,9 +12,6 @@
  * on MPI_COMM_WORLD match the wrong messages (MPI_ERR_TRUNCATE in CI). */
 #include "cai_config.h"
 
-#include <time.h>
-#include <unistd.h>
-
 #include "test_mesh_util.h"
 
 #define TIMEOUT 2.0
@@ -27,11 +24,6 @@ static cai_mesh_t *g_mesh;
 static double g_x, g_sum;
 static float g_xf, g_sumf;
 static int g_v, g_one, g_isum;
-
-static void nap(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - (time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
 
 /* The late rank waits here, outside the mesh, until each of `n` punctual
  * ranks has timed out. */
@@ -49,23 +41,6 @@ static void release(int late_rank) {
     MPI_Send(&go, 1, MPI_INT, late_rank, RELEASE_TAG, MPI_COMM_WORLD);
 }
 
-/* A rank whose check failed would otherwise leave its peers waiting: after
- * 60 s the job aborts, so the failure is reported, not a hung CI. */
-static void all_ranks_done(void) {
-    MPI_Request r;
-    int done = 0;
-    MPI_Ibarrier(MPI_COMM_WORLD, &r);
-    double t0 = MPI_Wtime();
-    while (!done) {
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        if (!done && MPI_Wtime() - t0 > 60.0) {
-            fprintf(stderr, "rank %d: the other ranks did not finish the test within 60 s; aborting\n", g_world_rank);
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        }
-        if (!done) nap(0.001);
-    }
-}
-
 static void teardown(void) {
     if (g_mesh) {
         cai_status st = cai_mesh_drain(g_mesh, 30.0);
@@ -73,7 +48,7 @@ static void teardown(void) {
     }
     cai_error_clear();
     /* Ranks not involved in a test would otherwise time out waiting for the late one. */
-    all_ranks_done();
+    test_all_ranks_done();
     cai_mesh_free(g_mesh);
     g_mesh = NULL;
 }
