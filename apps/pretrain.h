@@ -48,7 +48,8 @@ typedef struct {
     int64_t ckpt_every;
     int ckpt_keep;
     /* ZeRO, precision and the memory plan (docs/parallel.md) */
-    int zero_stage, zero_offload, zero_overlap, zero_overlap_ctas, zero_reduce_dtype, precision, ls_window, ls_hysteresis;
+    int zero_stage, zero_offload, zero_overlap, zero_overlap_ctas, zero_reduce_dtype;
+    int precision, ls_window, ls_hysteresis;
     double zero_bucket_mb, ls_init, ls_min, ls_max;
     char *mem_limit;
     cai_app_common common;

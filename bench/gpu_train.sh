@@ -81,7 +81,8 @@ variants() {
     for var in $3; do
         vname=${var%%:*}
         if ! have_time "$(est "$vm")"; then
-            skip_run "$vtag-$vname-$vm" bench=train model_name="$vm" impl="colossal-$vname" batch="$vb" gpus="$vg" zero=0
+            skip_run "$vtag-$vname-$vm" bench=train model_name="$vm" impl="colossal-$vname" batch="$vb" \
+                gpus="$vg" zero=0
             continue
         fi
         (

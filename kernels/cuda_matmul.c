@@ -237,7 +237,8 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (vec) {
         int32_t bt = (int32_t)cuda_type(vec_dt);
-        LT("set BIAS_POINTER", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec));
+        LT("set BIAS_POINTER",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec));
         LT("set BIAS_DATA_TYPE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (g->gelu) {
