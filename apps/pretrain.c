@@ -108,7 +108,7 @@ static const cai_config_field k_fields[] = {
     F("zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",
       "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6),
     E("zero.reduce_dtype", zero_reduce_dtype, "f32",
-      "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes; stages 0 and 1)", k_reduce_dtypes),
+      "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes)", k_reduce_dtypes),
     F("zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",
       "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
     F("zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "0",

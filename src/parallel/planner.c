@@ -86,8 +86,9 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
                        (c.param_dtype != CAI_DTYPE_F32 && c.param_dtype != c.act_dtype ? S * pds : 0);
     }
     out->optim = 2 * S * f4;
-    if (z->reduce_dtype == CAI_DTYPE_BF16) out->grads += L.n_pad * sizeof(uint16_t); /* the bf16 reduction copy */
-    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, &out->windows), st, done);
+    /* the bf16 reduction copy; stages 2/3 take bf16 windows, in the window peak */
+    if (z->reduce_dtype == CAI_DTYPE_BF16 && L.stage < 2) out->grads += L.n_pad * sizeof(uint16_t);
+    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, z->reduce_dtype, &out->windows), st, done);
     int first = 0, last = 0;
     int nl = n_units;
     for (int i = 0; i < L.n_params; i++) {

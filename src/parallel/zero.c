@@ -22,6 +22,8 @@ typedef struct {
     int prefetched; /* gathered for a unit that has not taken it yet: keep */
     zc_req preq;
     int gwin;       /* stage 2/3: pool block of this microbatch's gradients, -1 none */
+    int bwin;       /* stage 2/3, reduce_dtype bf16: pool block of their bf16 copy, -1 none */
+    int accumulate; /* stage 2/3, bf16: add the reduced chunk to the shard (not the first microbatch) */
     int reducing;
     zc_req greq;
 } zbucket_rt;
@@ -90,9 +92,6 @@ cai_status cai_zero_config_check(const cai_zero_config *c) {
     if (c->reduce_dtype != CAI_DTYPE_F32 && c->reduce_dtype != CAI_DTYPE_BF16)
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=%s: gradients reduce in f32 or bf16",
                          cai_dtype_name(c->reduce_dtype));
-    if (c->reduce_dtype == CAI_DTYPE_BF16 && c->stage >= 2)
-        return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=bf16 works at stages 0 and 1, not zero.stage=%d (its "
-                         "reductions accumulate microbatches in f32 windows); use f32 or stage 1", c->stage);
     if (c->reduce_only && (c->stage != 0 || c->offload))
         return CAI_ERROR(CAI_ERR_CONFIG, "a reduce-only engine (the caller's optimizer steps the model's buffers) "
                          "is stage 0 without offload, not zero.stage=%d%s", c->stage, c->offload ? " + offload" : "");
@@ -309,6 +308,25 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
         cai_tensor wide = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, n);
         CAI_CALL(z->dev->ops->copy(z->dev, &wide, &narrow));
     }
+    if (!z->dry && r->bwin >= 0) {
+        /* stage 2/3 in bf16: this rank's chunk, at the copy's start, widened
+         * into the shard; from the second microbatch on through the f32
+         * window (free now) and added, so the sum over microbatches stays f32 */
+        const size_t chunk = z->L.b[k].chunk;
+        cai_tensor narrow = vec(z->dev, zp_ptr(&z->pool, r->bwin), CAI_DTYPE_BF16, 0, chunk);
+        cai_tensor acc = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, chunk);
+        if (r->accumulate) {
+            cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, chunk);
+            CAI_CALL(z->dev->ops->copy(z->dev, &wide, &narrow));
+            CAI_CALL(z->dev->ops->axpy(z->dev, &acc, 1.0f, &wide));
+        } else {
+            CAI_CALL(z->dev->ops->copy(z->dev, &acc, &narrow));
+        }
+    }
+    if (r->bwin >= 0) {
+        zp_put(&z->pool, r->bwin);
+        r->bwin = -1;
+    }
     if (z->L.stage >= 2) {
         zp_put(&z->pool, r->gwin);
         r->gwin = -1;
@@ -335,7 +353,19 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         z->fifo[(z->fifo_head + z->fifo_n) % (z->L.nb + 1)] = k;
         z->fifo_n++;
     }
-    if (!z->dry) {
+    if (z->L.stage >= 2 && z->cfg.reduce_dtype == CAI_DTYPE_BF16) {
+        /* the window rounded into a bf16 window of its own (from the pool, so
+         * the planner's replay counts it), reduce-scattered in place;
+         * wait_reduction widens this rank's chunk into the shard */
+        CAI_CALL(zp_get(&z->pool, b->len * sizeof(uint16_t), &r->bwin));
+        r->accumulate = z->micro > 0;
+        if (!z->dry) {
+            cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, b->len);
+            cai_tensor narrow = vec(z->dev, zp_ptr(&z->pool, r->bwin), CAI_DTYPE_BF16, 0, b->len);
+            CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
+            CAI_CALL(zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k, &r->greq));
+        }
+    } else if (!z->dry) {
         /* The backward's kernels that write the bucket are ordered before the
          * collective by the mesh's stream (set in cai_zero_create): no
          * device synchronisation, so compute keeps the GPU busy meanwhile. */
@@ -475,11 +505,12 @@ static cai_status end_backward(cai_zero_t *z) {
 static cai_status rt_alloc(cai_zero_t *z) {
     CAI_CALL(cai_calloc((void **)&z->rt, (size_t)z->L.nb + 1, sizeof *z->rt, "ZeRO bucket state"));
     CAI_CALL(cai_calloc((void **)&z->fifo, (size_t)z->L.nb + 1, sizeof *z->fifo, "ZeRO reduction queue"));
-    for (int k = 0; k < z->L.nb; k++) z->rt[k].pwin = z->rt[k].gwin = -1;
+    for (int k = 0; k < z->L.nb; k++) z->rt[k].pwin = z->rt[k].gwin = z->rt[k].bwin = -1;
     return CAI_OK;
 }
 
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, size_t *peak) {
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, cai_dtype reduce_dtype,
+                            size_t *peak) {
     *peak = 0;
     if (L->stage < 2) return CAI_OK;
     cai_zero_t z;
@@ -489,6 +520,7 @@ cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, i
     z.act_size = act_size;
     z.cfg.overlap = overlap;
     z.cfg.prefetch = prefetch;
+    z.cfg.reduce_dtype = reduce_dtype;
     z.in_step = 1;
     z.n_micro = 1;
     cai_status st = CAI_OK;
@@ -539,7 +571,7 @@ static cai_status alloc_windows(cai_zero_t *z) {
     z->dry = z->in_step = z->in_bwd = z->bwd_last_started = 0;
     z->fifo_head = z->fifo_n = 0;
     memset(z->rt, 0, (size_t)L->nb * sizeof *z->rt);
-    for (int k = 0; k < L->nb; k++) z->rt[k].pwin = z->rt[k].gwin = -1;
+    for (int k = 0; k < L->nb; k++) z->rt[k].pwin = z->rt[k].gwin = z->rt[k].bwin = -1;
     for (int i = 0; i < z->pool.n; i++) z->pool.blk[i].used = 0;
     memset(&z->stats, 0, sizeof z->stats);
     return st;
@@ -670,7 +702,8 @@ static cai_status alloc_storage(cai_zero_t *z) {
     int offload = z->cfg.offload;
     size_t S = L->shard, es = z->act_size;
     CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
-    if (z->cfg.reduce_dtype == CAI_DTYPE_BF16)
+    /* stages 2/3 round each window into a bf16 window instead (the pool) */
+    if (z->cfg.reduce_dtype == CAI_DTYPE_BF16 && L->stage < 2)
         CAI_CALL(dev_alloc(z, L->n_pad * sizeof(uint16_t), "ZeRO bf16 reduction copy", &z->mem_rb, (void **)&z->RB));
     if (offload) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;

@@ -152,6 +152,7 @@ cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float 
  * windows), for working weights of `act_size` bytes, with the engine's
  * prefetch and overlap settings (without overlap every gradient window
  * lives until the end of backward). */
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, size_t *peak);
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, cai_dtype reduce_dtype,
+                            size_t *peak);
 
 #endif

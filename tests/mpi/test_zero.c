@@ -537,9 +537,12 @@ START_TEST(planner_matches_allocations) {
     check_plan("bf16", bf, 4, 64, 2, 0, 0, CAI_DTYPE_F32);
     check_plan("bf16", bf, 4, 64, 3, 1, 0, CAI_DTYPE_F32);
     check_plan("bf16", bf, 4, 64, 0, 1, 0, CAI_DTYPE_F32);
-    /* gradient reductions in bf16: the bf16 copy is part of the gradients */
+    /* gradient reductions in bf16: stages 0/1 count the bf16 copy under the
+     * gradients, stages 2/3 take bf16 windows from the pool (the windows' peak) */
     check_plan("bf16red", tiny, 4, 64, 0, 0, 0, CAI_DTYPE_BF16);
     check_plan("bf16red", small, 2, 64, 1, 1, 0, CAI_DTYPE_BF16);
+    check_plan("bf16red", small, 2, 64, 2, 0, 0, CAI_DTYPE_BF16);
+    check_plan("bf16red", tiny, 4, 64, 3, 1, 0, CAI_DTYPE_BF16);
     t_end("planner_matches_allocations");
 }
 END_TEST

@@ -89,8 +89,9 @@ typedef struct {
                           * the model's own buffers with a cai_optim_t (cai_train_step_zero's `o`),
                           * whose state checkpoints read as without the engine */
     cai_dtype reduce_dtype; /* dtype the gradient reductions move and sum in: CAI_DTYPE_F32 (default,
-                             * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0 and 1: each
-                             * bucket is rounded into a bf16 copy, reduced, and widened back) */
+                             * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0/1 round each
+                             * bucket's accumulated gradient once, stages 2/3 each microbatch's window,
+                             * then widen into f32 and, over microbatches, add in f32) */
 } cai_zero_config;
 
 /* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
