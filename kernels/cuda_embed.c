@@ -146,3 +146,22 @@ cai_status cai_cuda_xent_bwd(cai_device_t *dev, cai_tensor *dlogits, const cai_t
                                 a.tgt, (const float *)pd, dloss_scale, a.off, a.ncols, ignore_index));
     return CAI_OK;
 }
+
+cai_status cai_cuda_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
+                                 const cai_tensor *logits, const cai_tensor *targets, float dloss_scale,
+                                 int64_t vocab_offset, int64_t valid_vocab, int ignore_index) {
+    static const char *op = "xent_fwd_bwd";
+    xent_args a;
+    cai_rows dx;
+    float *pl, *plse;
+    CAI_CHECK_ARG(lse, "%s: lse is NULL (the op writes it)", op);
+    CAI_CALL(xent_check(op, &a, logits, targets, vocab_offset, valid_vocab));
+    CAI_CALL(out_vec(op, "losses", losses, a.x.rows, &pl));
+    CAI_CALL(out_vec(op, "lse", lse, a.x.rows, &plse));
+    CAI_CALL(cai_ops_rows(op, "dlogits", dlogits, CAI_CUDA, CAI_ANYF, a.x.cols, &dx));
+    CAI_CALL(cai_ops_same_rows(op, "dlogits", &dx, "logits", &a.x));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_xent_fwd_bwd(STREAM(dev), pl, plse, cai_cuda_mat(&dx), cai_cuda_mat(&a.x), a.tgt, dloss_scale,
+                                    a.off, a.ncols, ignore_index, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}

@@ -172,5 +172,8 @@ CUDA_OP(xent_stats)(cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai
 CUDA_OP(xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse,
                   const cai_tensor *targets, const cai_tensor *dlosses, float dloss_scale, int64_t vocab_offset,
                   int64_t valid_vocab, int ignore_index);
+CUDA_OP(xent_fwd_bwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
+                      const cai_tensor *logits, const cai_tensor *targets, float dloss_scale, int64_t vocab_offset,
+                      int64_t valid_vocab, int ignore_index);
 
 #endif

@@ -46,6 +46,7 @@ static const cai_ops cuda_ops = {
     .xent_fwd = cai_cuda_xent_fwd,
     .xent_stats = cai_cuda_xent_stats,
     .xent_bwd = cai_cuda_xent_bwd,
+    .xent_fwd_bwd = cai_cuda_xent_fwd_bwd,
     .adamw = cai_cuda_adamw,
 };
 

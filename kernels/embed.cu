@@ -569,12 +569,76 @@ CUK_INLINE void sm_add(float &m, float &se, const float *v, int n) {
         if (e < n) se += xex2((v[e] - m) * XLOG2E);
 }
 
-template <int DT>
+/* One row's dlogits = sc * softmax - sc at the target, 0 in padding
+ * columns and ignored rows, this thread's chunks: the full ones from the
+ * row (STASHED: from the block's stash of it, chunk j at stash[j]), the
+ * partial and padding chunks from the row. In place allowed (a chunk is
+ * loaded before it is stored, by the same thread). */
+template <int DT, bool STASHED>
+CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, const xraw<DT> *stash, int64_t go, int nc, int jt, int et,
+                              int ign, float sc, float L) {
+    /* shared memory answers fast enough one chunk at a time (and the
+     * fused kernel has no registers to spare for a batch) */
+    constexpr int U = STASHED ? 1 : XU(DT);
+    const int tid = threadIdx.x, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
+    for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
+        xraw<DT> r[U];
+        if constexpr (STASHED)
+            r[0] = stash[j0];
+        else
+            xraw_batch<DT, U>(r, row, j0, nfull);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = j0 + u * XNT;
+            if (j >= nfull) break;
+            float v[8], o[8];
+            xraw_cvt<DT>(r[u], v);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = ign ? 0.0f : sc * xex2((v[e] - L) * XLOG2E);
+            if (j == jt)
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    if (e == et) o[e] -= sc;
+            cuk_st8<DT>(dx.p, go + 8 * (int64_t)j, o);
+        }
+    }
+    /* the partial chunk of the valid columns and the padding chunks */
+    for (int j = nfull + tid; j < nch; j += XNT) {
+        const int c0 = 8 * j, nv = nc - c0 < 0 ? 0 : nc - c0 < 8 ? nc - c0 : 8;
+        const int cnt = dx.cols - c0 < 8 ? (int)(dx.cols - c0) : 8;
+        float v[8], o[8];
+        if (nv > 0 && !ign) cuk_ld8_tail<DT>(row, c0, nv, v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float gv = 0.0f;
+            if (!ign && e < nv) {
+                gv = sc * xex2((v[e] - L) * XLOG2E);
+                if (j == jt && e == et) gv -= sc;
+            }
+            o[e] = gv;
+        }
+        cuk_st8_tail<DT>(dx.p, go + c0, cnt, o);
+    }
+}
+
+/* The statistics of each row (lse, losses, max, sum, target logit). FUSED
+ * (xent_fwd_bwd, one pass over the logits): every full chunk loaded is also
+ * kept in dynamic shared memory at its chunk index (the whole row: 16 bytes
+ * a chunk, 32 in f32), and once warp 0 has the row's lse every thread writes
+ * the gradient of its own chunks from there (xent_grad_row with scale
+ * dscale into dx) -- the row is read from memory once instead of twice. A
+ * thread reads back only what it stashed, so the stash needs no barrier;
+ * the lse reaches all threads through shl. */
+template <int DT, bool FUSED>
 __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
                                                       float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
-                                                      int64_t ncols, int ignore, int strict, cuk_errrec *err) {
+                                                      int64_t ncols, int ignore, int strict, cuk_errrec *err,
+                                                      cuk_mat dx, float dscale) {
     constexpr int U = XU(DT);
     __shared__ float shm[32], shs[32], shx;
+    __shared__ float shl;
+    extern __shared__ float4 sxs[];
+    xraw<DT> *stash = (xraw<DT> *)sxs;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = XNT / 32;
     const int nc = (int)ncols, nfull = nc >> 3;
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
@@ -591,6 +655,7 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
                 const int j = j0 + u * XNT;
                 if (j >= nfull) break;
                 float v[8];
+                if constexpr (FUSED) stash[j] = r[u];
                 xraw_cvt<DT>(r[u], v);
                 sm_add(m, se, v, 8);
                 if (j == jt)
@@ -630,62 +695,27 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
                 if (sumexp) sumexp[n] = se;
                 if (tlogit) tlogit[n] = xtv;
                 if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xtv;
+                if constexpr (FUSED) shl = l;
             }
+        }
+        if constexpr (FUSED) {
+            __syncthreads();
+            xent_grad_row<DT, true>(dx, row, stash, n * dx.ld, nc, jt, et, ign, dscale, shl);
         }
     }
 }
 
-/* dlogits = sc * softmax - sc at the target, 0 in padding columns and
- * ignored rows; in place allowed (a chunk is loaded before it is stored,
- * by the same thread). No block-wide step: warps run ahead freely. */
+/* No block-wide step: warps run ahead freely. */
 template <int DT>
 __global__ void __launch_bounds__(XNT, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt,
                                                       const float *dl, float dscale, int64_t off, int64_t ncols,
                                                       int ignore) {
-    constexpr int U = XU(DT);
-    const int tid = threadIdx.x, nc = (int)ncols, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
         const char *row = (const char *)x.p + n * x.ld * (DT == CUK_F32 ? 4 : 2);
-        const int64_t go = n * dx.ld;
         const int64_t t = tgt[n], tl = t - off;
         const int ign = t == ignore;
         const int jt = !ign && tl >= 0 && tl < ncols ? (int)(tl >> 3) : -1, et = (int)(tl & 7);
-        const float sc = dl ? dl[n] : dscale, L = lse[n];
-        for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
-            xraw<DT> r[U];
-            xraw_batch<DT, U>(r, row, j0, nfull);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int j = j0 + u * XNT;
-                if (j >= nfull) break;
-                float v[8], o[8];
-                xraw_cvt<DT>(r[u], v);
-#pragma unroll
-                for (int e = 0; e < 8; e++) o[e] = ign ? 0.0f : sc * xex2((v[e] - L) * XLOG2E);
-                if (j == jt)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (e == et) o[e] -= sc;
-                cuk_st8<DT>(dx.p, go + 8 * (int64_t)j, o);
-            }
-        }
-        /* the partial chunk of the valid columns and the padding chunks */
-        for (int j = nfull + tid; j < nch; j += XNT) {
-            const int c0 = 8 * j, nv = nc - c0 < 0 ? 0 : nc - c0 < 8 ? nc - c0 : 8;
-            const int cnt = dx.cols - c0 < 8 ? (int)(dx.cols - c0) : 8;
-            float v[8], o[8];
-            if (nv > 0 && !ign) cuk_ld8_tail<DT>(row, c0, nv, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                float gv = 0.0f;
-                if (!ign && e < nv) {
-                    gv = sc * xex2((v[e] - L) * XLOG2E);
-                    if (j == jt && e == et) gv -= sc;
-                }
-                o[e] = gv;
-            }
-            cuk_st8_tail<DT>(dx.p, go + c0, cnt, o);
-        }
+        xent_grad_row<DT, false>(dx, row, nullptr, n * dx.ld, (int)ncols, jt, et, ign, dl ? dl[n] : dscale, lse[n]);
     }
 }
 
@@ -702,15 +732,16 @@ extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, f
     if (logits.rows <= 0) return cudaSuccess;
     if (xent_vec_ok(logits)) {
         const unsigned g = row_blocks(logits.rows);
+        const cuk_mat none = {nullptr, 0, 0, 0, logits.dt};
         if (logits.dt == CUK_F32)
-            k_xent_fwd_vec<CUK_F32><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
-                                                      ignore_index, strict, err);
+            k_xent_fwd_vec<CUK_F32, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+                                                             ncols, ignore_index, strict, err, none, 0.0f);
         else if (logits.dt == CUK_BF16)
-            k_xent_fwd_vec<CUK_BF16><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
-                                                       ignore_index, strict, err);
+            k_xent_fwd_vec<CUK_BF16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+                                                              ncols, ignore_index, strict, err, none, 0.0f);
         else
-            k_xent_fwd_vec<CUK_F16><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
-                                                      ignore_index, strict, err);
+            k_xent_fwd_vec<CUK_F16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+                                                             ncols, ignore_index, strict, err, none, 0.0f);
         return cudaGetLastError();
     }
     k_xent_fwd<<<row_blocks(logits.rows), 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
@@ -755,4 +786,46 @@ extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat log
     k_xent_bwd<<<row_blocks(logits.rows), 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
                                                        ignore_index);
     return cudaGetLastError();
+}
+
+/* The fused kernel with a stash of `stash` bytes, allowed that much
+ * dynamic shared memory first (beyond the default 48 KiB). */
+template <int DT>
+static cudaError_t launch_fused(cudaStream_t s, size_t stash, float *losses, float *lse, cuk_mat dlogits,
+                                cuk_mat logits, const int32_t *tgt, float dscale, int64_t off, int64_t ncols,
+                                int ignore, cuk_errrec *err) {
+    cudaError_t e = cudaFuncSetAttribute(k_xent_fwd_vec<DT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)stash);
+    if (e != cudaSuccess) return e;
+    k_xent_fwd_vec<DT, true><<<row_blocks(logits.rows), XNT, stash, s>>>(
+        losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore, 1, err, dlogits, dscale);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
+                                        const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols,
+                                        int ignore_index, cuk_errrec *err) {
+    if (logits.rows <= 0) return cudaSuccess;
+    /* the whole row's full chunks must fit the block's shared memory (a
+     * 50304-column bf16 row takes 98 KiB: two blocks per H200 SM) */
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess) return e;
+    const size_t stash = (size_t)(ncols >> 3) * (logits.dt == CUK_F32 ? 32 : 16);
+    const size_t room = optin > 1024 ? (size_t)optin - 1024 : 0; /* the kernel's static shared memory */
+    if (logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && stash > 0 && stash <= room) {
+        if (logits.dt == CUK_F32)
+            return launch_fused<CUK_F32>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
+                                         ignore_index, err);
+        if (logits.dt == CUK_BF16)
+            return launch_fused<CUK_BF16>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
+                                          ignore_index, err);
+        return launch_fused<CUK_F16>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
+                                     ignore_index, err);
+    }
+    /* a row too long for shared memory, or views the fast paths do not take: the two passes */
+    e = cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
+    if (e != cudaSuccess) return e;
+    return cuk_xent_bwd(s, dlogits, logits, lse, tgt, nullptr, dloss_scale, off, ncols, ignore_index);
 }

@@ -208,3 +208,14 @@ cai_status cai_cpu_xent_bwd(cai_device_t *dev, cai_tensor *dlogits, const cai_te
     }
     return CAI_OK;
 }
+
+/* The two ops one after the other: a CPU's caches hold no row of a real
+ * vocabulary anyway, and the results are the two ops' by construction. */
+cai_status cai_cpu_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
+                                const cai_tensor *logits, const cai_tensor *targets, float dloss_scale,
+                                int64_t vocab_offset, int64_t valid_vocab, int ignore_index) {
+    CAI_CHECK_ARG(lse, "xent_fwd_bwd: lse is NULL (the op writes it)");
+    CAI_CALL(cai_cpu_xent_fwd(dev, losses, lse, logits, targets, vocab_offset, valid_vocab, ignore_index));
+    return cai_cpu_xent_bwd(dev, dlogits, logits, lse, targets, NULL, dloss_scale, vocab_offset, valid_vocab,
+                            ignore_index);
+}

@@ -45,6 +45,7 @@ static const cai_ops cpu_ops = {
     .xent_fwd = cai_cpu_xent_fwd,
     .xent_stats = cai_cpu_xent_stats,
     .xent_bwd = cai_cpu_xent_bwd,
+    .xent_fwd_bwd = cai_cpu_xent_fwd_bwd,
     .adamw = cai_cpu_adamw,
 };
 

@@ -41,7 +41,7 @@ struct Warp { std::barrier<> bar{32}; float slot[32]; };
 struct Block {
     std::barrier<> bar;
     std::unique_ptr<Warp[]> w;
-    float shm[32], shs[32], shx;
+    float shm[32], shs[32], shx, shl;
     explicit Block(int n) : bar(n), w(new Warp[n / 32]) {}
 };
 thread_local Block *g_blk;
@@ -309,8 +309,8 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
     cuk_mat mx{x.p(), N, V, ld, DT};
     const int ignore = -100;
     launch((unsigned)N, XNT, 0, [&] {
-        k_xent_fwd_vec<DT>(loss.data(), lse.data(), mxv.data(), sev.data(), tlv.data(), mx, tgt.data(), off, ncols,
-                           ignore, strict, &err);
+        k_xent_fwd_vec<DT, false>(loss.data(), lse.data(), mxv.data(), sev.data(), tlv.data(), mx, tgt.data(), off,
+                                  ncols, ignore, strict, &err, cuk_mat{}, 0.0f);
     });
     double el = 0, ml = 0, es = 0, ms = 0, ell = 0, mll = 0;
     bool exact = true, want_err = false;
@@ -377,7 +377,74 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
     expect(padding_nan(dx, N, V, ld), what);
 }
 
+/* xent_fwd_bwd's one-pass kernel (k_xent_fwd_vec FUSED): losses and lse as
+ * the forward's, dlogits with one scale as the backward's, the row read once
+ * into the block's stash; in place too (the logits' own buffer). */
+template <int DT>
+static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt,
+                            bool inplace) {
+    char name[200], what[300];
+    snprintf(name, sizeof name, "xent fused %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
+             (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
+    Buf x(DT, N * ld);
+    fill_rand(x, 3.0);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
+    if (N > 1 && ncols > 40) x.set(1 * ld + ncols - 3, 40.0f);
+    const int ignore = -100;
+    const float sc = 0.37f;
+    std::vector<double> rl(N), rloss(N), ref(N * V);
+    for (int64_t r = 0; r < N; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t c = 0; c < ncols; c++) m = std::fmax(m, x.get(r * ld + c));
+        for (int64_t c = 0; c < ncols; c++) s += std::exp(x.get(r * ld + c) - m);
+        rl[r] = m + std::log(s);
+        const int64_t tl = (int64_t)tgt[r] - off;
+        const bool ign = tgt[r] == ignore;
+        rloss[r] = ign ? 0.0 : rl[r] - x.get(r * ld + tl);
+        for (int64_t c = 0; c < V; c++) {
+            double g = 0;
+            if (!ign && c < ncols) {
+                g = sc * std::exp((double)x.get(r * ld + c) - rl[r]);
+                if (c == tl) g -= sc;
+            }
+            ref[r * V + c] = g;
+        }
+    }
+    std::vector<float> loss(N, NAN), lse(N, NAN);
+    Buf dxb(DT, N * ld);
+    Buf &dx = inplace ? x : dxb;
+    cuk_errrec err{};
+    cuk_mat mx{x.p(), N, V, ld, DT}, mdx{dx.p(), N, V, ld, DT};
+    const size_t stash = (size_t)(ncols >> 3) * sizeof(xraw<DT>);
+    launch((unsigned)N, XNT, stash, [&] {
+        k_xent_fwd_vec<DT, true>(loss.data(), lse.data(), nullptr, nullptr, nullptr, mx, tgt.data(), off, ncols,
+                                 ignore, 1, &err, mdx, sc);
+    });
+    double el = 0, ml = 0, ell = 0, mll = 0;
+    for (int64_t r = 0; r < N; r++) {
+        el = std::fmax(el, std::fabs(lse[r] - rl[r]));
+        ml = std::fmax(ml, std::fabs(rl[r]));
+        ell = std::fmax(ell, std::fabs(loss[r] - rloss[r]));
+        mll = std::fmax(mll, std::fabs(rloss[r]));
+    }
+    snprintf(what, sizeof what, "%s lse", name);
+    check(what, el / ml, 1e-5);
+    snprintf(what, sizeof what, "%s losses", name);
+    check(what, ell / (mll > 0 ? mll : 1), 1e-5);
+    snprintf(what, sizeof what, "%s no target error", name);
+    expect(err.code == 0, what);
+    snprintf(what, sizeof what, "%s dlogits", name);
+    check(what, relerr(dx, ref, N, V, ld), tol_of(DT));
+    snprintf(what, sizeof what, "%s padding untouched", name);
+    expect(padding_nan(dx, N, V, ld), what);
+}
+
 template <int DT> static void xents() {
+    xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, false);
+    xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, true);
+    xent_fused_case<DT>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, true);
+    xent_fused_case<DT>(3, 4100, 4104, 0, 4099, {4098, 4096, 0}, false);
     xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, false);
     xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, true);
     xent_case<DT>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, 1, false);

@@ -560,6 +560,13 @@ static void t_xent(cai_dtype dt) {
          G->ops->xent_fwd(G, &loss.g, &lse.g, &lg.g, &tt.g, 0, valid, -100));
     gt_check("xent_fwd losses (padding, ignore)", loss, 1e-5);
     gt_check("xent_fwd lse", lse, 1e-5);
+    /* xent_fwd_bwd into a separate gradient (the logits stay for the tests below) */
+    gt_t loss2 = O1(CAI_DTYPE_F32, N), lse2 = O1(CAI_DTYPE_F32, N), dx2 = O2(dt, N, V);
+    BOTH("xent_fwd_bwd", H->ops->xent_fwd_bwd(H, &loss2.h, &lse2.h, &dx2.h, &lg.h, &tt.h, 1.0f / 35, 0, valid, -100),
+         G->ops->xent_fwd_bwd(G, &loss2.g, &lse2.g, &dx2.g, &lg.g, &tt.g, 1.0f / 35, 0, valid, -100));
+    gt_check("xent_fwd_bwd losses", loss2, 1e-5);
+    gt_check("xent_fwd_bwd lse", lse2, 1e-5);
+    gt_check("xent_fwd_bwd dlogits (strided logits)", dx2, tol);
     gt_t dl = R1(CAI_DTYPE_F32, N, 1.0), dx = O2(dt, N, V);
     BOTH("xent_bwd", H->ops->xent_bwd(H, &dx.h, &lg.h, &lse.h, &tt.h, &dl.h, 0.0f, 0, valid, -100),
          G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
@@ -929,6 +936,16 @@ static void i10_xent_case(cai_dtype dt, int64_t N, int64_t V, int64_t ld, int64_
          G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
     gt_check(nm("xent_bwd %s %" PRId64 "x%" PRId64, dtn(dt), N, V), dx, tol);
     if (ld > V) fp_untouched("xent_bwd", dxf, N, ld, V);
+    /* xent_fwd_bwd in place on a copy of the logits (the one-pass kernel
+     * where a row fits shared memory: 50304 columns do) */
+    gt_t cf, cp = fp_view(dt, N, V, ld, 1, &cf);
+    BOTH("copy", H->ops->copy(H, &cp.h, &lg.h), G->ops->copy(G, &cp.g, &lg.g));
+    gt_t loss2 = O1(CAI_DTYPE_F32, N), lse2 = O1(CAI_DTYPE_F32, N);
+    BOTH("xent_fwd_bwd", H->ops->xent_fwd_bwd(H, &loss2.h, &lse2.h, &cp.h, &cp.h, &tt.h, 1.0f / 4096, 0, valid, -100),
+         G->ops->xent_fwd_bwd(G, &loss2.g, &lse2.g, &cp.g, &cp.g, &tt.g, 1.0f / 4096, 0, valid, -100));
+    gt_check(nm("xent_fwd_bwd %s %" PRId64 "x%" PRId64 " losses", dtn(dt), N, V), loss2, 1e-5);
+    gt_check(nm("xent_fwd_bwd %s %" PRId64 "x%" PRId64 " in place", dtn(dt), N, V), cp, tol);
+    if (ld > V) fp_untouched("xent_fwd_bwd", cf, N, ld, V);
     BOTH("xent_bwd", H->ops->xent_bwd(H, &lg.h, &lg.h, &lse.h, &tt.h, NULL, 1.0f / 4096, 0, valid, -100),
          G->ops->xent_bwd(G, &lg.g, &lg.g, &lse.g, &tt.g, NULL, 1.0f / 4096, 0, valid, -100));
     gt_check(nm("xent_bwd %s %" PRId64 "x%" PRId64 " in place", dtn(dt), N, V), lg, tol);

@@ -733,6 +733,18 @@ START_TEST(xent_fwd_bwd_with_padding_and_ignore) {
     for (int n = 0; n < N; n++) r.w[n] = 0.25;
     fd_grad(xent_loss, &r, r.x, N * V, 1e-5, g);
     ASSERT_REL(fx2, g, N * V, 1e-5);
+    /* xent_fwd_bwd: the two ops' results bit for bit, in place; lse required */
+    float *fx3 = falloc(N * V), *fl3 = falloc(N), *flse3 = falloc(N);
+    memcpy(fx3, fx, sizeof(float) * N * V);
+    cai_tensor tx3 = cai_tensor_2d(dev, fx3, F32, N, V), tl3 = cai_tensor_1d(dev, fl3, F32, N);
+    cai_tensor tlse3 = cai_tensor_1d(dev, flse3, F32, N);
+    ASSERT_OK(ops->xent_fwd_bwd(dev, &tl3, &tlse3, &tx3, &tx3, &tt, 0.25f, 0, VALID, IGN));
+    ck_assert(memcmp(fl3, fl, sizeof(float) * N) == 0 && memcmp(flse3, flse, sizeof(float) * N) == 0);
+    ck_assert(memcmp(fx3, fx2, sizeof(float) * N * V) == 0);
+    ck_assert_int_eq(ops->xent_fwd_bwd(dev, &tl3, NULL, &tx3, &tx3, &tt, 0.25f, 0, VALID, IGN), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "xent_fwd_bwd: lse is NULL"));
+    cai_error_clear();
+    free(fx3); free(fl3); free(flse3);
     /* vocab-parallel statistics: shards [0,7) and [7,16) combine to the full result */
     float mx[2][N], se[2][N], tl2[2][N];
     for (int s = 0; s < 2; s++) {

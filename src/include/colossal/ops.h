@@ -267,6 +267,15 @@ typedef struct cai_ops {
     cai_status (*xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse,
                            const cai_tensor *targets, const cai_tensor *dlosses, float dloss_scale,
                            int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+    /* xent_fwd then xent_bwd (with dloss_scale, no dlosses) as one op, for
+     * a training step whose backward scale is known at the loss (llm.c's
+     * fused classifier): a backend that can keep a row on chip reads the
+     * logits once instead of twice. losses [N] (may be NULL), lse [N]
+     * (written), dlogits as xent_bwd's (may alias logits: the logits are
+     * then gone). Results are those of the two ops. */
+    cai_status (*xent_fwd_bwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
+                               const cai_tensor *logits, const cai_tensor *targets, float dloss_scale,
+                               int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
 
     /* ---- optimizer */
 
