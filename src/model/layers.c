@@ -196,19 +196,41 @@ cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor 
 
 /* ------------------------------------------------------------ head + loss */
 
-cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
-                        const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets) {
+/* The head's forward; grad_scale non-NULL: the loss gradient too, in the
+ * same pass over the logits (in place). */
+static cai_status head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                           const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
+                           const cai_tensor *targets, const float *grad_scale) {
     const cai_ops *ops = dev->ops;
+    h->logits_hold_grad = 0;
     CAI_CALL(norm_fwd(dev, d, &h->lnf, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
     /* SP: all-gather h->lnf; TP: the head is vocab-parallel, each rank has its logit columns. */
     CAI_CALL(ops->linear_fwd(dev, &h->logits, &h->lnf, head_w, NULL));
     if (!targets) return CAI_OK;
     /* TP: replace by xent_stats + all-reduce of max and sum-exp over tp. */
-    CAI_CALL(ops->xent_fwd(dev, &h->losses, &h->lse, &h->logits, targets, d->vocab_offset, d->vocab_valid,
-                           CAI_IGNORE_INDEX));
+    if (grad_scale) {
+        CAI_CALL(ops->xent_fwd_bwd(dev, &h->losses, &h->lse, &h->logits, &h->logits, targets, *grad_scale,
+                                   d->vocab_offset, d->vocab_valid, CAI_IGNORE_INDEX));
+        h->logits_hold_grad = 1;
+    } else {
+        CAI_CALL(ops->xent_fwd(dev, &h->losses, &h->lse, &h->logits, targets, d->vocab_offset, d->vocab_valid,
+                               CAI_IGNORE_INDEX));
+    }
     CAI_CALL(ops->fill(dev, &h->loss_sum, 0.0f));
     CAI_CALL(ops->sum(dev, &h->loss_sum, &h->losses));
     return CAI_OK;
+}
+
+cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
+                        const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets) {
+    return head_fwd(dev, d, lnf_w, lnf_b, head_w, h, inp, targets, NULL);
+}
+
+cai_status cai_head_fwd_train(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
+                              const cai_tensor *inp, const cai_tensor *targets, float dloss_scale) {
+    CAI_CHECK_ARG(targets, "cai_head_fwd_train: targets are NULL (a training step has them)");
+    return head_fwd(dev, d, lnf_w, lnf_b, head_w, h, inp, targets, &dloss_scale);
 }
 
 cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *head_w,
@@ -216,9 +238,12 @@ cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_te
                         const cai_tensor *inp, const cai_tensor *targets, float dloss_scale, cai_tensor *dln,
                         cai_tensor *d_stream) {
     const cai_ops *ops = dev->ops;
-    /* In place: the logits are not needed once their gradient exists. */
-    CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, dloss_scale, d->vocab_offset,
-                           d->vocab_valid, CAI_IGNORE_INDEX));
+    /* In place: the logits are not needed once their gradient exists
+     * (cai_head_fwd_train has made it already). */
+    if (!h->logits_hold_grad)
+        CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, dloss_scale, d->vocab_offset,
+                               d->vocab_valid, CAI_IGNORE_INDEX));
+    h->logits_hold_grad = 0;
     CAI_CALL(ops->linear_bwd(dev, dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
     /* TP: all-reduce dln over tp (vocab-parallel head). */
     CAI_CALL(norm_bwd(dev, d, d_stream, dlnf_w, dlnf_b, dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));

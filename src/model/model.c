@@ -275,6 +275,7 @@ struct cai_model {
 
     int64_t n_valid;        /* non-ignored targets of the last forward */
     int pending_backward;   /* a forward with targets ran and its backward has not */
+    float train_scale;      /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
 
     /* Every weight/gradient view, with the parameter and unit it belongs
      * to: what cai_model_bind_param rebinds and unit queries read. */
@@ -742,8 +743,9 @@ static cai_status upload_i32(cai_model_t *m, cai_tensor *dst, const int32_t *src
 
 static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
 
-cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss) {
-    CAI_CHECK_ARG(m, "cai_model_forward: NULL model");
+/* grad_scale non-NULL: cai_model_forward_train. */
+static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, const float *grad_scale,
+                          float *loss) {
     cai_device_t *dev = m->dev;
     m->pending_backward = 0;
     if (m->first) {
@@ -769,8 +771,16 @@ cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_
         CAI_CALL(upload_i32(m, &m->targets, targets));
     }
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
-    CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
-                          targets ? &m->targets : NULL));
+    if (targets && grad_scale) {
+        /* the dloss scale cai_model_backward would use, computed alike */
+        m->train_scale = *grad_scale;
+        const float scale = m->n_valid > 0 ? *grad_scale / (float)m->n_valid : 0.0f;
+        CAI_CALL(cai_head_fwd_train(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
+                                    &m->targets, scale));
+    } else {
+        CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
+                              targets ? &m->targets : NULL));
+    }
     CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
     if (!targets) return CAI_OK;
     m->pending_backward = 1;
@@ -783,11 +793,28 @@ cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_
     return CAI_OK;
 }
 
+cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss) {
+    CAI_CHECK_ARG(m, "cai_model_forward: NULL model");
+    return forward(m, tokens, targets, NULL, loss);
+}
+
+cai_status cai_model_forward_train(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float grad_scale,
+                                   float *loss) {
+    CAI_CHECK_ARG(m, "cai_model_forward_train: NULL model");
+    CAI_CHECK_ARG(isfinite(grad_scale), "cai_model_forward_train: grad_scale %g is not finite", (double)grad_scale);
+    if (m->last && !targets)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_forward_train: the last pipeline stage needs targets");
+    return forward(m, tokens, targets, &grad_scale, loss);
+}
+
 cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
     CAI_CHECK_ARG(m && logits, "cai_model_logits: NULL argument");
     if (!m->last)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "logits live on the last pipeline stage; this is rank %d of %d",
                          m->view.pp_rank, m->view.pp_size);
+    if (m->head.logits_hold_grad)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_logits: cai_model_forward_train replaced the logits by their "
+                         "gradient; use cai_model_forward to read logits");
     *logits = m->head.logits;
     return CAI_OK;
 }
@@ -799,6 +826,10 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
         if (!m->pending_backward)
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: needs a forward with targets first (and runs "
                              "once per forward: it overwrites the logits with their gradient)");
+        if (m->head.logits_hold_grad && grad_scale != m->train_scale)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: grad_scale %g differs from the %g that "
+                             "cai_model_forward_train made the loss gradient with", (double)grad_scale,
+                             (double)m->train_scale);
         float scale = m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));

@@ -21,8 +21,9 @@ cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens,
     double loss = 0.0;
     for (int k = 0; k < n_micro; k++) {
         float l = 0.0f;
-        CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, targets + (size_t)k * per, &l));
-        CAI_CALL(cai_model_backward(m, 1.0f / (float)n_micro));
+        const float gs = 1.0f / (float)n_micro;
+        CAI_CALL(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, gs, &l));
+        CAI_CALL(cai_model_backward(m, gs));
         loss += (double)l / n_micro;
     }
     cai_tensor params, grads, lowp;

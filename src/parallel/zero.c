@@ -911,7 +911,8 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
     for (int k = 0; k < n_micro; k++) {
         z->micro = k;
         float l = 0;
-        CAI_CALL_GOTO(cai_model_forward(m, tokens + (size_t)k * per, targets + (size_t)k * per, &l), st, done);
+        CAI_CALL_GOTO(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, w, &l), st,
+                      done);
         z->in_bwd = 1;
         z->bwd_last_started = 0;
         CAI_CALL_GOTO(cai_model_backward(m, w), st, done);

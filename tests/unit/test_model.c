@@ -315,13 +315,17 @@ END_TEST
 
 /* ------------------------------------------------------------ checkpointing */
 
-static void grads_of(cai_model_config c, int ckpt, const int32_t *tok, const int32_t *tgt, float *loss, float **g,
-                     size_t *n) {
+/* fused: cai_model_forward_train (the loss gradient made with the loss). */
+static void grads_of_scaled(cai_model_config c, int ckpt, int fused, float scale, const int32_t *tok,
+                            const int32_t *tgt, float *loss, float **g, size_t *n) {
     c.activation_checkpointing = ckpt;
     cai_model_t *m = make_model(&c, 2, 6);
     OK(cai_model_zero_grad(m));
-    OK(cai_model_forward(m, tok, tgt, loss));
-    OK(cai_model_backward(m, 1.0f));
+    if (fused)
+        OK(cai_model_forward_train(m, tok, tgt, scale, loss));
+    else
+        OK(cai_model_forward(m, tok, tgt, loss));
+    OK(cai_model_backward(m, scale));
     cai_tensor grads;
     cai_model_flat(m, NULL, &grads, NULL);
     *n = (size_t)cai_tensor_numel(&grads);
@@ -329,6 +333,53 @@ static void grads_of(cai_model_config c, int ckpt, const int32_t *tok, const int
     memcpy(*g, grads.data, *n * sizeof(float));
     cai_model_free(m);
 }
+
+static void grads_of(cai_model_config c, int ckpt, const int32_t *tok, const int32_t *tgt, float *loss, float **g,
+                     size_t *n) {
+    grads_of_scaled(c, ckpt, 0, 1.0f, tok, tgt, loss, g, n);
+}
+
+/* cai_model_forward_train computes the loss gradient with the loss (one
+ * pass over the logits): the same loss and gradients, bit for bit, as
+ * forward + backward; the logits are gone afterwards, and a backward with
+ * another scale is refused. */
+START_TEST(forward_train_gives_identical_gradients) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    for (int k = 0; k < 2; k++) {
+        int32_t tok[12], tgt[12];
+        make_batch(2, 6, cfgs[k].vocab_size, 11, tok, tgt);
+        tgt[4] = CAI_IGNORE_INDEX;
+        float l0, l1, *g0, *g1;
+        size_t n0, n1;
+        grads_of_scaled(cfgs[k], 0, 0, 0.375f, tok, tgt, &l0, &g0, &n0);
+        grads_of_scaled(cfgs[k], 0, 1, 0.375f, tok, tgt, &l1, &g1, &n1);
+        ck_assert_uint_eq(n0, n1);
+        ck_assert(l0 == l1);
+        ck_assert_msg(memcmp(g0, g1, n0 * sizeof(float)) == 0, "%s: forward_train gradients differ",
+                      cai_model_family_name(cfgs[k].family));
+        free(g0);
+        free(g1);
+    }
+    cai_model_config c = tiny_gpt2();
+    cai_model_t *m = make_model(&c, 2, 6);
+    int32_t tok[12], tgt[12];
+    make_batch(2, 6, c.vocab_size, 12, tok, tgt);
+    OK(cai_model_forward_train(m, tok, tgt, 0.5f, NULL));
+    cai_tensor logits;
+    ck_assert_int_eq(cai_model_logits(m, &logits), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "replaced the logits by their gradient"));
+    ck_assert_int_eq(cai_model_backward(m, 1.0f), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "grad_scale 1 differs from the 0.5"));
+    cai_error_clear();
+    OK(cai_model_backward(m, 0.5f));
+    ck_assert_int_eq(cai_model_forward_train(m, tok, NULL, 0.5f, NULL), CAI_ERR_INVALID_ARG);
+    cai_error_clear();
+    /* a plain forward afterwards has its logits again */
+    OK(cai_model_forward(m, tok, tgt, NULL));
+    OK(cai_model_logits(m, &logits));
+    cai_model_free(m);
+}
+END_TEST
 
 START_TEST(activation_checkpointing_gives_identical_gradients) {
     cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
@@ -530,6 +581,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, config_defaults_and_errors);
     tcase_add_test(tc, registration_names_every_parameter_once);
+    tcase_add_test(tc, forward_train_gives_identical_gradients);
     tcase_add_test(tc, gpt2_gradients_match_finite_differences);
     tcase_add_test(tc, llama_gqa_gradients_match_finite_differences);
     tcase_add_test(tc, forward_rejects_bad_input);

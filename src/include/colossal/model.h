@@ -363,6 +363,7 @@ typedef struct {
     cai_tensor logits;                  /* [B,T,Vl]; overwritten by dlogits in backward */
     cai_tensor losses, lse;             /* [B*T] F32 per-token loss (0 where ignored), log-sum-exp */
     cai_tensor loss_sum;                /* [1] F32 */
+    int logits_hold_grad;               /* cai_head_fwd_train ran: logits already hold their gradient */
 } cai_head_acts;
 
 size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
@@ -373,9 +374,17 @@ cai_status cai_head_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_
  * LM head [Vl, C]. */
 cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
                         const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets);
+/* As cai_head_fwd with targets, for a training step: the loss's gradient
+ * (dloss_scale as cai_head_bwd's) is computed in the same pass over the
+ * logits (ops->xent_fwd_bwd), which it overwrites; cai_head_bwd then starts
+ * from it and ignores its own dloss_scale. */
+cai_status cai_head_fwd_train(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
+                              const cai_tensor *inp, const cai_tensor *targets, float dloss_scale);
 /* Gradients of dloss_scale * sum of per-token losses (dloss_scale = 1/valid
- * tokens for the mean): d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_*
- * and dhead_w accumulate. dln is a [B,T,C] scratch. */
+ * tokens for the mean; after cai_head_fwd_train, the scale it was given):
+ * d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_* and dhead_w
+ * accumulate. dln is a [B,T,C] scratch. */
 cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *head_w,
                         cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w, cai_head_acts *h,
                         const cai_tensor *inp, const cai_tensor *targets, float dloss_scale, cai_tensor *dln,
@@ -443,6 +452,14 @@ cai_status cai_model_zero_grad(cai_model_t *m);
  * [0, vocab_size) and targets in [0, vocab_size) or ignored; the error names
  * the position. */
 cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss);
+/* As cai_model_forward, for a training step whose cai_model_backward will
+ * take grad_scale: the last stage computes the loss's gradient in the same
+ * pass over the logits as the loss (one read of [B,T,V] instead of two; the
+ * logits are gone, cai_model_logits refuses), and the backward starts from
+ * it; backward with another grad_scale is refused. Same numbers as
+ * cai_model_forward + cai_model_backward(grad_scale). */
+cai_status cai_model_forward_train(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float grad_scale,
+                                   float *loss);
 /* The last forward's logits [B, T, padded vocab] in act dtype (last stage);
  * columns >= vocab_size are padding. Valid until the next backward, which
  * overwrites them with their gradient. */
