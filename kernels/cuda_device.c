@@ -160,6 +160,8 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     c->lt_autotune = tune == 1 ? 8 : tune > 16 ? 16 : (int)tune;
     const char *bg = getenv("CAI_CUDA_BGRAD");
     c->bgrad_epilogue = bg && bg[0] == '1';
+    const char *xf = getenv("CAI_CUDA_XENT_FUSED");
+    c->xent_one_pass = !(xf && xf[0] == '0');
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;
