@@ -546,7 +546,8 @@ static cai_status weight_gemm_bgrad(cai_device_t *dev, const char *op, const cai
     int no_algo = 0;
     CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
     if (no_algo) return CAI_OK;
-    cuk_mat acc = {db, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32}, add = {sums, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32};
+    cuk_mat acc = {db, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32};
+    cuk_mat add = {sums, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32};
     CUK_LAUNCH(op, cuk_axpy(cai_cuda_of(dev)->stream, acc, 1.0f, add));
     *done = 1;
     return CAI_OK;
