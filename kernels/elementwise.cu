@@ -832,10 +832,70 @@ __global__ void k_rope(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int
     }
 }
 
+/* ---- rope fast path: 16-bit views rotated over the whole head (D = 2 half,
+ * half a multiple of 8) with 16-byte aligned rows and tables. A thread takes
+ * 8 pairs of one head of one token, x[i..i+7] with x[i+half..i+half+7], and
+ * their angles (two 32-byte table loads): 16-byte accesses only (k_rope
+ * moves 2 bytes at a time), and the work index splits with 32-bit
+ * divisions (k_rope divides in 64 bits per element). The arithmetic is
+ * k_rope's. */
+template <int DT>
+__global__ void k_rope_vec(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int32_t *pos, int per_batch,
+                           int64_t pos_offset, float sign, cuk_errrec *err) {
+    const uint32_t nc = (uint32_t)(cs.cols >> 3), per_tok = (uint32_t)x.H * nc, T = (uint32_t)x.T;
+    const uint32_t total = (uint32_t)(x.B * x.T) * per_tok;
+    const int64_t half = cs.cols;
+    for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
+        const uint32_t bt = w / per_tok, r = w - bt * per_tok, h = r / nc, c = r - h * nc;
+        const uint32_t b = bt / T, t = bt - b * T;
+        const int64_t p = pos ? (int64_t)pos[per_batch ? bt : t] : pos_offset + t;
+        const int bad = p < 0 || p >= cs.rows;
+        if (bad && r == 0) cuk_report(err, CUK_ERR_POSITION, bt, p, cs.rows, 0);
+        const int64_t i = 8 * (int64_t)c;
+        const int64_t xo = b * x.sb + t * x.st + h * x.sh + i, yo = b * y.sb + t * y.st + h * y.sh + i;
+        float x1[8], x2[8], y1[8], y2[8];
+        cuk_ld8<DT>(x.p, xo, x1);
+        cuk_ld8<DT>(x.p, xo + half, x2);
+        if (bad) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) y1[e] = y2[e] = 0.0f;
+        } else {
+            float cv[8], sv[8];
+            cuk_ld8<CUK_F32>(cs.p, p * cs.ld + i, cv);
+            cuk_ld8<CUK_F32>(sn.p, p * sn.ld + i, sv);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const float s = sign * sv[e];
+                y1[e] = x1[e] * cv[e] - x2[e] * s;
+                y2[e] = x2[e] * cv[e] + x1[e] * s;
+            }
+        }
+        cuk_st8<DT>(y.p, yo, y1);
+        cuk_st8<DT>(y.p, yo + half, y2);
+    }
+}
+
+static bool rope_view_ok(const cuk_bthd &v) {
+    return (v.dt == CUK_BF16 || v.dt == CUK_F16) && ((uintptr_t)v.p & 15) == 0 && v.sb % 8 == 0 && v.st % 8 == 0 &&
+           v.sh % 8 == 0;
+}
+
+static bool rope_table_ok(const cuk_mat &m) { return m.dt == CUK_F32 && ((uintptr_t)m.p & 15) == 0 && m.ld % 4 == 0; }
+
 extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat cos, cuk_mat sin, const int32_t *pos,
                                 int pos_per_batch, int64_t pos_offset, float sign, cuk_errrec *err) {
     int64_t half = cos.cols, work = x.H * half + (y.p != x.p ? x.H * (x.D - 2 * half) : 0);
     if (x.B * x.T <= 0 || work <= 0) return cudaSuccess;
+    const int64_t chunks = x.B * x.T * x.H * (half / 8);
+    if (x.D == 2 * half && half % 8 == 0 && y.dt == x.dt && rope_view_ok(x) && rope_view_ok(y) &&
+        rope_table_ok(cos) && rope_table_ok(sin) && chunks < ((int64_t)1 << 31)) {
+        const unsigned grid = (unsigned)((chunks + 255) / 256 < 65536 * 8 ? (chunks + 255) / 256 : 65536 * 8);
+        if (x.dt == CUK_BF16)
+            k_rope_vec<CUK_BF16><<<grid, 256, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign, err);
+        else
+            k_rope_vec<CUK_F16><<<grid, 256, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign, err);
+        return launched();
+    }
     k_rope<<<cuk_rows_grid(x.B * x.T, work, 128), 128, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign,
                                                                 err);
     return launched();

@@ -1,5 +1,5 @@
-/* CPU emulation of the LayerNorm/RMSNorm and cross-entropy fast-path
- * kernels (kernels/norm.cu, kernels/embed.cu), to check their index math,
+/* CPU emulation of the LayerNorm/RMSNorm, cross-entropy and RoPE fast-path
+ * kernels (kernels/norm.cu, embed.cu, elementwise.cu), to check their index math,
  * row/chunk ownership, prefetching, partial chunks, shared-memory layouts
  * and reductions on a machine without a GPU (not a substitute for
  * tests/gpu/test_cuda_ops on a GPU). tests/gpu/normxent_emu.sh extracts
@@ -28,6 +28,7 @@
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
 enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
 typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
+typedef struct { void *p; int64_t B, T, H, D, sb, st, sh; int dt; } cuk_bthd;
 typedef struct { int code; int pad_; int64_t a, b, c, d; } cuk_errrec;
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 static std::mutex g_err_mu;
@@ -440,6 +441,77 @@ static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64
     expect(padding_nan(dx, N, V, ld), what);
 }
 
+/* ---------------------------------------------------------------- RoPE */
+
+/* k_rope_vec on q and k views of a fused QKV buffer [B, T, (Hq + 2 Hkv) D]
+ * (in place, as the model calls it), forward and backward (sign -1), with
+ * explicit positions one of which is out of the table: every rotated value
+ * bit for bit the float formula of k_rope rounded to DT, the bad token's
+ * head zeroed and reported, v and everything else untouched. */
+template <int DT> static void rope_case(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D, float sign) {
+    char name[160], what[240];
+    snprintf(name, sizeof name, "rope %s B%lld T%lld Hq%lld Hkv%lld D%lld sign %+.0f", dtname(DT), (long long)B,
+             (long long)T, (long long)Hq, (long long)Hkv, (long long)D, sign);
+    const int64_t half = D / 2, W = (Hq + 2 * Hkv) * D, maxpos = T + 3;
+    Buf qkv(DT, B * T * W);
+    fill_rand(qkv, 2.0);
+    std::vector<float> orig(B * T * W), cs(maxpos * half), sn(maxpos * half);
+    for (int64_t i = 0; i < B * T * W; i++) orig[i] = qkv.get(i);
+    for (int64_t p = 0; p < maxpos; p++)
+        for (int64_t i = 0; i < half; i++) {
+            const double a = (double)p * std::pow(10000.0, -2.0 * (double)i / (double)D);
+            cs[p * half + i] = (float)std::cos(a);
+            sn[p * half + i] = (float)std::sin(a);
+        }
+    std::vector<int32_t> pos(B * T);
+    for (int64_t i = 0; i < B * T; i++) pos[i] = (int32_t)((i * 5 + 1) % maxpos);
+    const int64_t badtok = B * T > 2 ? 2 : 0;
+    pos[badtok] = (int32_t)(maxpos + 4);
+    cuk_mat mc{cs.data(), maxpos, half, half, CUK_F32}, ms{sn.data(), maxpos, half, half, CUK_F32};
+    cuk_errrec err{};
+    for (int which = 0; which < 2; which++) { /* q, then k */
+        const int64_t H = which ? Hkv : Hq, c0 = which ? Hq * D : 0;
+        cuk_bthd v{(unsigned char *)qkv.p() + c0 * (DT == CUK_F32 ? 4 : 2), B, T, H, D, T * W, W, D, DT};
+        const int64_t chunks = B * T * H * (half / 8);
+        launch((unsigned)((chunks + 63) / 64), 64, 0, [&] {
+            k_rope_vec<DT>(v, v, mc, ms, pos.data(), 1, 0, sign, &err);
+        });
+    }
+    bool exact = true, rest = true;
+    for (int64_t bt = 0; bt < B * T; bt++)
+        for (int64_t col = 0; col < W; col++) {
+            const int64_t idx = bt * W + col, h = col / D, i = col % D;
+            const float got = qkv.get(idx);
+            if (h >= Hq + Hkv) { /* v: untouched */
+                rest &= std::memcmp(&got, &orig[idx], 4) == 0;
+                continue;
+            }
+            float want = 0.0f;
+            if (bt != badtok) {
+                const int64_t p = pos[bt], k = i % half;
+                const float x1 = orig[bt * W + h * D + k], x2 = orig[bt * W + h * D + k + half];
+                const float c = cs[p * half + k], s = sign * sn[p * half + k];
+                want = i < half ? x1 * c - x2 * s : x2 * c + x1 * s;
+            }
+            Buf one(DT, 1);
+            one.set(0, want);
+            const float wr = one.get(0);
+            exact &= std::memcmp(&got, &wr, 4) == 0;
+        }
+    snprintf(what, sizeof what, "%s: rotated q and k bit for bit, bad position zeroed", name);
+    expect(exact, what);
+    snprintf(what, sizeof what, "%s: v untouched", name);
+    expect(rest, what);
+    snprintf(what, sizeof what, "%s: bad position reported", name);
+    expect(err.code == CUK_ERR_POSITION && err.a == badtok, what);
+}
+
+template <int DT> static void ropes() {
+    rope_case<DT>(2, 5, 4, 2, 64, 1.0f);
+    rope_case<DT>(1, 7, 3, 1, 128, -1.0f);
+    rope_case<DT>(3, 2, 2, 2, 16, 1.0f);
+}
+
 template <int DT> static void xents() {
     xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, false);
     xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, true);
@@ -462,6 +534,8 @@ int main() {
     xents<CUK_F32>();
     xents<CUK_BF16>();
     xents<CUK_F16>();
+    ropes<CUK_BF16>();
+    ropes<CUK_F16>();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -1,6 +1,6 @@
 #!/bin/sh
-# Runs the CPU emulation of the LayerNorm/RMSNorm and cross-entropy fast-path
-# kernels (kernels/norm.cu, kernels/embed.cu; tests/gpu/normxent_emu.cpp)
+# Runs the CPU emulation of the LayerNorm/RMSNorm, cross-entropy and RoPE
+# fast-path kernels (kernels/norm.cu, embed.cu, elementwise.cu; tests/gpu/normxent_emu.cpp)
 # against double-precision references. No GPU needed; needs g++ (C++20) and python3.
 #   tests/gpu/normxent_emu.sh
 set -eu
@@ -15,11 +15,13 @@ from emu_extract import common_parts, cut, write
 top, out = sys.argv[1], sys.argv[2]
 norm = open(top + "/kernels/norm.cu").read()
 embed = open(top + "/kernels/embed.cu").read()
+elementwise = open(top + "/kernels/elementwise.cu").read()
 parts = common_parts(top) + [
     cut(norm, "/* ---------------------------------------------------------------- fast paths */",
         "/* Per-device caches of the launchers"),
     cut(norm, "/* Backward: a block of NW warps", "static cudaError_t launch_bwd_k").rsplit("template", 1)[0],
     cut(embed, "/* ---- fast paths: 16-byte aligned rows", "static bool xent_vec_dt"),
+    cut(elementwise, "/* ---- rope fast path", "static bool rope_view_ok"),
 ]
 subs = [
     ("extern __shared__ float4 sprm[];", "float4 *sprm = (float4 *)g_smem;"),

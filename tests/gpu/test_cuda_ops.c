@@ -420,6 +420,21 @@ static void t_rope(cai_dtype dt) {
     BOTH("rope_bwd", H->ops->rope_bwd(H, &dqi.h, &dq.h, &cs.h, &sn.h, &t1.h, 0),
          G->ops->rope_bwd(G, &dqi.g, &dq.g, &cs.g, &sn.g, &t1.g, 0));
     gt_check("rope_bwd positions [T]", dqi, tol);
+    /* the model's case: full rotary (D 64) in place on q and k views of a
+     * fused QKV buffer -- the 16-byte path for bf16/f16 */
+    const int64_t D2 = 64;
+    gt_t cs2 = O2(CAI_DTYPE_F32, P, D2 / 2), sn2 = O2(CAI_DTYPE_F32, P, D2 / 2);
+    BOTH("rope_tables", H->ops->rope_tables(H, &cs2.h, &sn2.h, 10000.0),
+         G->ops->rope_tables(G, &cs2.g, &sn2.g, 10000.0));
+    gt_t qkv2 = R3(dt, B, T, (Hq + 2 * Hkv) * D2, 1.0);
+    gt_t q2 = gt_unflatten(gt_narrow(qkv2, 2, 0, Hq * D2), 2, D2);
+    gt_t k2 = gt_unflatten(gt_narrow(qkv2, 2, Hq * D2, Hkv * D2), 2, D2);
+    BOTH("rope_fwd", H->ops->rope_fwd(H, &q2.h, &q2.h, &cs2.h, &sn2.h, NULL, 3),
+         G->ops->rope_fwd(G, &q2.g, &q2.g, &cs2.g, &sn2.g, NULL, 3));
+    gt_check("rope_fwd full rotary in place on a q view", qkv2, tol);
+    BOTH("rope_bwd", H->ops->rope_bwd(H, &k2.h, &k2.h, &cs2.h, &sn2.h, &tp.h, 0),
+         G->ops->rope_bwd(G, &k2.g, &k2.g, &cs2.g, &sn2.g, &tp.g, 0));
+    gt_check("rope_bwd full rotary in place on a k view, positions [B,T]", qkv2, tol);
 }
 
 /* ------------------------------------------------------------------ attention */
