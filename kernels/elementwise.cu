@@ -917,10 +917,82 @@ __global__ void k_adamw(float *w, const void *g, int gdt, float *mm, float *vv, 
     }
 }
 
+/* One element of k_adamw's update (the same expressions, so the same bits). */
+CUK_INLINE float adamw_one(float w, float g, float &m, float &v, float b1, float b2, float eps, float step_size,
+                           float bc2_sqrt, float decay) {
+    m = b1 * m + (1.0f - b1) * g;
+    v = b2 * v + (1.0f - b2) * g * g;
+    return w * decay - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+}
+
+/* f32 gradients, 16-bit or no rounded copy: 4 elements a thread with
+ * 16-byte loads and stores of w, g, m, v (8 bytes of the copy), 32-bit
+ * indices; the `head` elements before the first 16-byte boundary and the
+ * tail after the last whole quad go one per thread of the first ones. */
+template <int LDT>
+__global__ void k_adamw_vec(float *w, const float *g, float *mm, float *vv, uint16_t *lowp, uint32_t n, uint32_t head,
+                            float b1, float b2, float eps, float step_size, float bc2_sqrt, float decay, float gs) {
+    const uint32_t nq = (n - head) / 4, tail0 = head + 4 * nq, stride = gridDim.x * blockDim.x;
+    const uint32_t id = blockIdx.x * blockDim.x + threadIdx.x;
+    if (id < head || (id >= head && id - head < n - tail0)) {
+        const uint32_t i = id < head ? id : tail0 + (id - head);
+        float mi = mm[i], vi = vv[i];
+        const float wi = adamw_one(w[i], g[i] * gs, mi, vi, b1, b2, eps, step_size, bc2_sqrt, decay);
+        mm[i] = mi;
+        vv[i] = vi;
+        w[i] = wi;
+        if (LDT != CUK_F32) lowp[i] = LDT == CUK_BF16 ? cuk_f32_to_bf16(wi) : cuk_f32_to_f16_mode(wi, 0, 0);
+    }
+    for (uint32_t q = id; q < nq; q += stride) {
+        const uint32_t i = head + 4 * q;
+        const float4 w4 = *(const float4 *)(w + i), g4 = *(const float4 *)(g + i);
+        float4 m4 = *(const float4 *)(mm + i), v4 = *(const float4 *)(vv + i), o;
+        o.x = adamw_one(w4.x, g4.x * gs, m4.x, v4.x, b1, b2, eps, step_size, bc2_sqrt, decay);
+        o.y = adamw_one(w4.y, g4.y * gs, m4.y, v4.y, b1, b2, eps, step_size, bc2_sqrt, decay);
+        o.z = adamw_one(w4.z, g4.z * gs, m4.z, v4.z, b1, b2, eps, step_size, bc2_sqrt, decay);
+        o.w = adamw_one(w4.w, g4.w * gs, m4.w, v4.w, b1, b2, eps, step_size, bc2_sqrt, decay);
+        *(float4 *)(mm + i) = m4;
+        *(float4 *)(vv + i) = v4;
+        *(float4 *)(w + i) = o;
+        if (LDT != CUK_F32) {
+            const float ov[4] = {o.x, o.y, o.z, o.w};
+            uint16_t h[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                h[k] = LDT == CUK_BF16 ? cuk_f32_to_bf16(ov[k]) : cuk_f32_to_f16_mode(ov[k], 0, 0);
+            *(uint2 *)(lowp + i) =
+                make_uint2((uint32_t)h[0] | (uint32_t)h[1] << 16, (uint32_t)h[2] | (uint32_t)h[3] << 16);
+        }
+    }
+}
+
 extern "C" cudaError_t cuk_adamw(cudaStream_t s, float *p, const void *g, int gdt, float *m, float *v, void *lowp,
                                  int ldt, int64_t n, float b1, float b2, float eps, float step_size, float bc2_sqrt,
                                  float decay, float grad_scale) {
     if (n <= 0) return cudaSuccess;
+    /* the vector path: f32 gradients, the four f32 arrays equally placed
+     * against 16-byte boundaries (one flat layout) and the 16-bit copy
+     * against 8-byte ones, 32-bit indices */
+    const uintptr_t mis = (uintptr_t)p & 15;
+    const bool low16 = lowp && (ldt == CUK_BF16 || ldt == CUK_F16);
+    if (gdt == CUK_F32 && mis % 4 == 0 && ((uintptr_t)g & 15) == mis && ((uintptr_t)m & 15) == mis &&
+        ((uintptr_t)v & 15) == mis && (!lowp || (low16 && ((uintptr_t)lowp & 7) == mis / 2)) &&
+        n < ((int64_t)1 << 31)) {
+        const uint32_t to_boundary = (uint32_t)(mis ? (16 - mis) / 4 : 0);
+        const uint32_t head = to_boundary < (uint32_t)n ? to_boundary : (uint32_t)n;
+        const int64_t quads = (n - head) / 4, threads = quads > 8 ? quads : 8;
+        const unsigned grid = (unsigned)(cuk_cdiv(threads, NT) < 65536 ? cuk_cdiv(threads, NT) : 65536);
+        if (!lowp)
+            k_adamw_vec<CUK_F32><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, nullptr, (uint32_t)n, head, b1, b2, eps,
+                                                     step_size, bc2_sqrt, decay, grad_scale);
+        else if (ldt == CUK_BF16)
+            k_adamw_vec<CUK_BF16><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, (uint16_t *)lowp, (uint32_t)n, head,
+                                                      b1, b2, eps, step_size, bc2_sqrt, decay, grad_scale);
+        else
+            k_adamw_vec<CUK_F16><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, (uint16_t *)lowp, (uint32_t)n, head,
+                                                     b1, b2, eps, step_size, bc2_sqrt, decay, grad_scale);
+        return launched();
+    }
     k_adamw<<<flat_blocks(n), NT, 0, s>>>(p, g, gdt, m, v, lowp, ldt, n, b1, b2, eps, step_size, bc2_sqrt, decay,
                                           grad_scale);
     return launched();

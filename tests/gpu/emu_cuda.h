@@ -24,7 +24,9 @@ thread_local unsigned char *g_smem; /* the emulated block's dynamic shared memor
 #define CUK_INLINE static inline
 
 /* CUDA's vector types and bit casts that the kernels use */
+struct uint2 { uint32_t x, y; };
 struct uint4 { uint32_t x, y, z, w; };
+static inline uint2 make_uint2(uint32_t a, uint32_t b) { return uint2{a, b}; }
 struct float4 { float x, y, z, w; };
 static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }

@@ -441,6 +441,56 @@ static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64
     expect(padding_nan(dx, N, V, ld), what);
 }
 
+/* ---------------------------------------------------------------- AdamW */
+
+/* k_adamw_vec against k_adamw on the same inputs, bit for bit (w, m, v and
+ * the rounded copy): arrays starting 0-3 elements past a 16-byte boundary
+ * (the head done one by one), lengths with and without a tail, tiny ones. */
+template <int LDT> static void adamw_case(int64_t n, int mis) {
+    char what[160];
+    snprintf(what, sizeof what, "adamw vec %s n %lld, %d elements past a 16-byte boundary: k_adamw's bits",
+             LDT == CUK_F32 ? "no copy" : dtname(LDT), (long long)n, mis);
+    auto arr = [&](std::vector<float> &store) {
+        store.assign((size_t)n + 16, 0.0f);
+        uintptr_t a = ((uintptr_t)store.data() + 15) & ~(uintptr_t)15;
+        return (float *)a + mis;
+    };
+    std::vector<float> sw1, sw2, sg, sm1, sm2, sv1, sv2;
+    float *w1 = arr(sw1), *w2 = arr(sw2), *g = arr(sg), *m1 = arr(sm1), *m2 = arr(sm2), *v1 = arr(sv1), *v2 = arr(sv2);
+    std::mt19937 rng(7 + (unsigned)n);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int64_t i = 0; i < n; i++) {
+        w1[i] = w2[i] = nd(rng);
+        g[i] = nd(rng) * 0.1f;
+        m1[i] = m2[i] = nd(rng) * 0.01f;
+        v1[i] = v2[i] = std::fabs(nd(rng)) * 1e-4f;
+    }
+    std::vector<uint16_t> sl1((size_t)n + 16, 0xffff), sl2((size_t)n + 16, 0xffff);
+    uint16_t *l1 = (uint16_t *)(((uintptr_t)sl1.data() + 7) & ~(uintptr_t)7) + mis,
+             *l2 = (uint16_t *)(((uintptr_t)sl2.data() + 7) & ~(uintptr_t)7) + mis;
+    void *lp1 = LDT == CUK_F32 ? nullptr : l1;
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, step = 6e-4f / 0.1f, bc2 = std::sqrt(0.0975f), decay = 0.99994f;
+    launch((unsigned)((n + 63) / 64), 64, 0, [&] {
+        k_adamw(w1, g, CUK_F32, m1, v1, lp1, LDT, n, b1, b2, eps, step, bc2, decay, 0.5f);
+    });
+    const uint32_t head = (uint32_t)std::min<int64_t>(mis ? 4 - mis : 0, n);
+    const int64_t quads = (n - head) / 4, threads = quads > 8 ? quads : 8;
+    launch((unsigned)((threads + 63) / 64), 64, 0, [&] {
+        k_adamw_vec<LDT>(w2, g, m2, v2, LDT == CUK_F32 ? nullptr : l2, (uint32_t)n, head, b1, b2, eps, step, bc2,
+                         decay, 0.5f);
+    });
+    bool same = std::memcmp(w1, w2, (size_t)n * 4) == 0 && std::memcmp(m1, m2, (size_t)n * 4) == 0 &&
+                std::memcmp(v1, v2, (size_t)n * 4) == 0 && std::memcmp(w1 + n, w2 + n, 4 * 4) == 0;
+    if (LDT != CUK_F32) same &= std::memcmp(l1, l2, ((size_t)n + 4) * 2) == 0;
+    expect(same, what);
+}
+
+template <int LDT> static void adamws() {
+    const int64_t ns[] = {1, 3, 5, 8, 37, 1000, 4099};
+    for (int64_t n : ns)
+        for (int mis = 0; mis < 4; mis++) adamw_case<LDT>(n, mis);
+}
+
 /* ---------------------------------------------------------------- RoPE */
 
 /* k_rope_vec on q and k views of a fused QKV buffer [B, T, (Hq + 2 Hkv) D]
@@ -536,6 +586,9 @@ int main() {
     xents<CUK_F16>();
     ropes<CUK_BF16>();
     ropes<CUK_F16>();
+    adamws<CUK_F32>();
+    adamws<CUK_BF16>();
+    adamws<CUK_F16>();
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -22,6 +22,8 @@ parts = common_parts(top) + [
     cut(norm, "/* Backward: a block of NW warps", "static cudaError_t launch_bwd_k").rsplit("template", 1)[0],
     cut(embed, "/* ---- fast paths: 16-byte aligned rows", "static bool xent_vec_dt"),
     cut(elementwise, "/* ---- rope fast path", "static bool rope_view_ok"),
+    cut(elementwise, "/* ---------------------------------------------------------------- AdamW */",
+        'extern "C" cudaError_t cuk_adamw('),
 ]
 subs = [
     ("extern __shared__ float4 sprm[];", "float4 *sprm = (float4 *)g_smem;"),

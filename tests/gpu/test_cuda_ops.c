@@ -634,6 +634,23 @@ static void t_adamw(void) {
     gt_check("adamw v", v, 1e-6);
     /* the bf16 copy is RNE of the f32 parameter: equal bits unless the f32 values differ by an ulp */
     gt_check("adamw bf16 param copy", lowp, 4e-3);
+    /* a run that starts 3 elements past a 16-byte boundary and ends inside a
+     * quad (the vector kernel's head and tail), f16 copy, no decay */
+    gt_t p2 = R1(CAI_DTYPE_F32, n, 1.0), m2 = R1(CAI_DTYPE_F32, n, 0.1), v2 = R1(CAI_DTYPE_F32, n, 0.1);
+    for (int64_t i = 0; i < n; i++) v2.b->hbuf[i] = fabsf(v2.b->hbuf[i]);
+    gt_upload(&v2);
+    gt_t g2 = R1(CAI_DTYPE_F32, n, 1.0), l2 = R1(CAI_DTYPE_F16, n, 1.0);
+    const int64_t off = 3, len = n - 9;
+    gt_t pv = gt_narrow(p2, 0, off, len), mv = gt_narrow(m2, 0, off, len), vv = gt_narrow(v2, 0, off, len);
+    gt_t gv = gt_narrow(g2, 0, off, len), lv = gt_narrow(l2, 0, off, len);
+    cai_adamw_params hp2 = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                            .step = 2, .grad_scale = 1.0f};
+    BOTH("adamw", H->ops->adamw(H, &pv.h, &gv.h, &mv.h, &vv.h, &lv.h, &hp2, 0),
+         G->ops->adamw(G, &pv.g, &gv.g, &mv.g, &vv.g, &lv.g, &hp2, 0));
+    gt_check("adamw offset run: param (outside untouched)", p2, 1e-6);
+    gt_check("adamw offset run: m", m2, 1e-6);
+    gt_check("adamw offset run: v", v2, 1e-6);
+    gt_check("adamw offset run: f16 copy", l2, 1e-3);
 }
 
 /* ------------------------------------------------------------------ argument errors */
