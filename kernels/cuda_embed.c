@@ -162,14 +162,7 @@ cai_status cai_cuda_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tens
     CAI_CALL(cai_ops_same_rows(op, "dlogits", &dx, "logits", &a.x));
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *c = cai_cuda_of(dev);
-    if (c->xent_one_pass) {
-        CUK_LAUNCH(op, cuk_xent_fwd_bwd(STREAM(dev), pl, plse, cai_cuda_mat(&dx), cai_cuda_mat(&a.x), a.tgt,
-                                        dloss_scale, a.off, a.ncols, ignore_index, c->err));
-        return CAI_OK;
-    }
-    CUK_LAUNCH(op, cuk_xent_fwd(STREAM(dev), pl, plse, NULL, NULL, NULL, cai_cuda_mat(&a.x), a.tgt, a.off, a.ncols,
-                                ignore_index, 1, c->err));
-    CUK_LAUNCH(op, cuk_xent_bwd(STREAM(dev), cai_cuda_mat(&dx), cai_cuda_mat(&a.x), plse, a.tgt, NULL, dloss_scale,
-                                a.off, a.ncols, ignore_index));
+    CUK_LAUNCH(op, cuk_xent_fwd_bwd(STREAM(dev), pl, plse, cai_cuda_mat(&dx), cai_cuda_mat(&a.x), a.tgt, dloss_scale,
+                                    a.off, a.ncols, ignore_index, c->xent_one_pass, c->err));
     return CAI_OK;
 }

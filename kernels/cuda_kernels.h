@@ -181,11 +181,11 @@ cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const 
                          const float *dlosses, float dloss_scale, int64_t off, int64_t ncols, int ignore_index);
 /* cuk_xent_fwd (strict, losses and lse) then cuk_xent_bwd (dloss_scale), in
  * one pass over each row where its full chunks fit a block's shared memory
- * (k_xent_fwd_vec's FUSED variant), else the two launches. dlogits may
- * alias logits. */
+ * and one_pass is set (k_xent_fwd_vec's FUSED variant), else the two
+ * launches. dlogits may alias logits. */
 cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                              const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols, int ignore_index,
-                             cuk_errrec *err);
+                             int one_pass, cuk_errrec *err);
 
 #ifdef __cplusplus
 }

@@ -903,26 +903,24 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
 
 /* ---------------------------------------------------------------- AdamW */
 
-__global__ void k_adamw(float *w, const void *g, int gdt, float *mm, float *vv, void *lowp, int ldt, int64_t n,
-                        float b1, float b2, float eps, float step_size, float bc2_sqrt, float decay, float gs) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float gi = ldf(g, gdt, i) * gs;
-        float mi = b1 * mm[i] + (1.0f - b1) * gi;
-        float vi = b2 * vv[i] + (1.0f - b2) * gi * gi;
-        mm[i] = mi;
-        vv[i] = vi;
-        float wi = w[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
-        w[i] = wi;
-        if (lowp) stf(lowp, ldt, i, wi);
-    }
-}
-
-/* One element of k_adamw's update (the same expressions, so the same bits). */
+/* One element's update: the moments in place, the new weight returned. */
 CUK_INLINE float adamw_one(float w, float g, float &m, float &v, float b1, float b2, float eps, float step_size,
                            float bc2_sqrt, float decay) {
     m = b1 * m + (1.0f - b1) * g;
     v = b2 * v + (1.0f - b2) * g * g;
     return w * decay - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+}
+
+__global__ void k_adamw(float *w, const void *g, int gdt, float *mm, float *vv, void *lowp, int ldt, int64_t n,
+                        float b1, float b2, float eps, float step_size, float bc2_sqrt, float decay, float gs) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float mi = mm[i], vi = vv[i];
+        const float wi = adamw_one(w[i], ldf(g, gdt, i) * gs, mi, vi, b1, b2, eps, step_size, bc2_sqrt, decay);
+        mm[i] = mi;
+        vv[i] = vi;
+        w[i] = wi;
+        if (lowp) stf(lowp, ldt, i, wi);
+    }
 }
 
 /* f32 gradients, 16-bit or no rounded copy: 4 elements a thread with

@@ -804,7 +804,7 @@ static cudaError_t launch_fused(cudaStream_t s, size_t stash, float *losses, flo
 
 extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                                         const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols,
-                                        int ignore_index, cuk_errrec *err) {
+                                        int ignore_index, int one_pass, cuk_errrec *err) {
     if (logits.rows <= 0) return cudaSuccess;
     /* the whole row's full chunks must fit the block's shared memory (a
      * 50304-column bf16 row takes 98 KiB: two blocks per H200 SM) */
@@ -814,7 +814,8 @@ extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *ls
     if (e != cudaSuccess) return e;
     const size_t stash = (size_t)(ncols >> 3) * (logits.dt == CUK_F32 ? 32 : 16);
     const size_t room = optin > 1024 ? (size_t)optin - 1024 : 0; /* the kernel's static shared memory */
-    if (logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && stash > 0 && stash <= room) {
+    if (one_pass && logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && stash > 0 &&
+        stash <= room) {
         if (logits.dt == CUK_F32)
             return launch_fused<CUK_F32>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
                                          ignore_index, err);
@@ -824,7 +825,8 @@ extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *ls
         return launch_fused<CUK_F16>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
                                      ignore_index, err);
     }
-    /* a row too long for shared memory, or views the fast paths do not take: the two passes */
+    /* a row too long for shared memory, views the fast paths do not take, or
+     * CAI_CUDA_XENT_FUSED=0: the two passes */
     e = cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
     if (e != cudaSuccess) return e;
     return cuk_xent_bwd(s, dlogits, logits, lse, tgt, nullptr, dloss_scale, off, ncols, ignore_index);

@@ -294,6 +294,15 @@ template <int DT> static void norms() {
 
 /* ---------------------------------------------------------------- cross-entropy */
 
+/* Logits [N, ld] with V columns (NaN beyond them) and, past row 0, a late
+ * large maximum in row 1. */
+static void fill_logits(Buf &x, int64_t N, int64_t V, int64_t ld, int64_t ncols) {
+    fill_rand(x, 3.0);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
+    if (N > 1 && ncols > 40) x.set(1 * ld + ncols - 3, 40.0f);
+}
+
 template <int DT>
 static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt, int strict,
                       bool inplace) {
@@ -301,10 +310,7 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
     snprintf(name, sizeof name, "xent %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
              (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
     Buf x(DT, N * ld);
-    fill_rand(x, 3.0);
-    for (int64_t r = 0; r < N; r++)
-        for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
-    if (N > 1 && ncols > 40) x.set(1 * ld + ncols - 3, 40.0f); /* a late large maximum */
+    fill_logits(x, N, V, ld, ncols);
     std::vector<float> loss(N, NAN), lse(N, NAN), mxv(N, NAN), sev(N, NAN), tlv(N, NAN);
     cuk_errrec err{};
     cuk_mat mx{x.p(), N, V, ld, DT};
@@ -388,10 +394,7 @@ static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64
     snprintf(name, sizeof name, "xent fused %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
              (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
     Buf x(DT, N * ld);
-    fill_rand(x, 3.0);
-    for (int64_t r = 0; r < N; r++)
-        for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
-    if (N > 1 && ncols > 40) x.set(1 * ld + ncols - 3, 40.0f);
+    fill_logits(x, N, V, ld, ncols);
     const int ignore = -100;
     const float sc = 0.37f;
     std::vector<double> rl(N), rloss(N), ref(N * V);

@@ -616,11 +616,19 @@ static void t_xent(cai_dtype dt) {
 
 /* ------------------------------------------------------------------ optimizer */
 
+/* Random parameters and moments (v non-negative) of n elements. */
+static void adamw_state(int64_t n, gt_t *p, gt_t *m, gt_t *v) {
+    *p = R1(CAI_DTYPE_F32, n, 1.0);
+    *m = R1(CAI_DTYPE_F32, n, 0.1);
+    *v = R1(CAI_DTYPE_F32, n, 0.1);
+    for (int64_t i = 0; i < n; i++) v->b->hbuf[i] = fabsf(v->b->hbuf[i]);
+    gt_upload(v);
+}
+
 static void t_adamw(void) {
     const int64_t n = 10007;
-    gt_t p = R1(CAI_DTYPE_F32, n, 1.0), m = R1(CAI_DTYPE_F32, n, 0.1), v = R1(CAI_DTYPE_F32, n, 0.1);
-    for (int64_t i = 0; i < n; i++) v.b->hbuf[i] = fabsf(v.b->hbuf[i]);
-    gt_upload(&v);
+    gt_t p, m, v;
+    adamw_state(n, &p, &m, &v);
     gt_t lowp = O1(CAI_DTYPE_BF16, n);
     for (int step = 1; step <= 3; step++) {
         gt_t g = R1(CAI_DTYPE_F32, n, 1.0);
@@ -636,9 +644,8 @@ static void t_adamw(void) {
     gt_check("adamw bf16 param copy", lowp, 4e-3);
     /* a run that starts 3 elements past a 16-byte boundary and ends inside a
      * quad (the vector kernel's head and tail), f16 copy, no decay */
-    gt_t p2 = R1(CAI_DTYPE_F32, n, 1.0), m2 = R1(CAI_DTYPE_F32, n, 0.1), v2 = R1(CAI_DTYPE_F32, n, 0.1);
-    for (int64_t i = 0; i < n; i++) v2.b->hbuf[i] = fabsf(v2.b->hbuf[i]);
-    gt_upload(&v2);
+    gt_t p2, m2, v2;
+    adamw_state(n, &p2, &m2, &v2);
     gt_t g2 = R1(CAI_DTYPE_F32, n, 1.0), l2 = R1(CAI_DTYPE_F16, n, 1.0);
     const int64_t off = 3, len = n - 9;
     gt_t pv = gt_narrow(p2, 0, off, len), mv = gt_narrow(m2, 0, off, len), vv = gt_narrow(v2, 0, off, len);
