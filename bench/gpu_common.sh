@@ -242,7 +242,13 @@ skip_run() {
 }
 
 machine_header() {
-    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -n), $NCPU cores, git $(cd "$top" && git rev-parse --short HEAD 2>/dev/null)$(cd "$top" && git diff --quiet 2>/dev/null || echo '+dirty')"
+    # a snapshot (tests/gpu/snapshot.sh) has no .git of its own: it names its tree in REVISION
+    if [ -f "$top/REVISION" ]; then
+        rev="$(cat "$top/REVISION") (snapshot)"
+    else
+        rev="$(cd "$top" && git rev-parse --short HEAD 2>/dev/null)$(cd "$top" && git diff --quiet 2>/dev/null || echo '+dirty')"
+    fi
+    echo "# $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -n), $NCPU cores, git $rev"
     if command -v nvidia-smi >/dev/null 2>&1; then
         nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
     fi

@@ -70,9 +70,10 @@ est() {
     esac
 }
 
-# variants GPUS MODEL "NAME:SETTING[,SETTING...] ...": extra ZeRO-0 colossal
-# runs of MODEL on GPUS GPUs, where a SETTING is a colossal-pretrain option
-# (--key=value) or an environment variable (NAME=value) for that run only.
+# variants GPUS MODEL "NAME:SETTING[,SETTING...] ...": extra colossal runs
+# of MODEL on GPUS GPUs, where a SETTING is a colossal-pretrain option
+# (--key=value) or an environment variable (NAME=value) for that run only;
+# ZeRO 0 unless a SETTING is --zero.stage=N (the results record which).
 variants() {
     vg=$1 vm=$2
     vcfg=$(cfg_of "$vm")
@@ -86,17 +87,18 @@ variants() {
             continue
         fi
         (
-            vargs=
+            vargs="" vzero=0
             for set in $(echo "${var#*:}" | tr ',' ' '); do
                 # shellcheck disable=SC2163 # "$set" is NAME=value
                 case $set in
+                --zero.stage=*) vzero=${set#--zero.stage=} ;;
                 --*) vargs="$vargs $set" ;;
                 *=*) export "$set" ;;
                 esac
             done
             # shellcheck disable=SC2086
             run_colossal "$vtag-$vname-$vm" "$vg" "$vcfg" "$STEPS" "$SKIP" bench=train model_name="$vm" \
-                impl="colossal-$vname" batch="$vb" zero=0 -- --zero.stage=0 $vargs
+                impl="colossal-$vname" batch="$vb" zero="$vzero" -- --zero.stage="$vzero" $vargs
         )
     done
 }

@@ -12,4 +12,5 @@ rm -rf "$dst" && mkdir -p "$dst"
 git -C "$top" archive "$rev" | tar -x -C "$dst"
 (cd "$dst" && autoreconf -fi >/dev/null 2>&1 && rm -rf autom4te.cache)
 ln -s .. "$dst/.device"
+git -C "$top" rev-parse --short "$rev" >"$dst/REVISION" # what bench headers name
 echo "$(git -C "$top" rev-parse --short "$rev") -> $dst ($(du -sh "$dst" | cut -f1))"
