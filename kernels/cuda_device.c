@@ -160,12 +160,8 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     c->lt_autotune = tune == 1 ? 8 : tune > 16 ? 16 : (int)tune;
     const char *bg = getenv("CAI_CUDA_BGRAD");
     c->bgrad_epilogue = bg && bg[0] == '1';
-    /* 0: the two kernels; smem: the row kept in shared memory; else (1,
-     * unset) the row read again from L2 -- measured fastest, bench/GPU-NOTES.md */
     const char *xf = getenv("CAI_CUDA_XENT_FUSED");
-    c->xent_fuse = xf && xf[0] == '0'           ? CUK_XENT_TWO_KERNELS
-                   : xf && !strcmp(xf, "smem") ? CUK_XENT_FUSE_SMEM
-                                               : CUK_XENT_FUSE_L2;
+    c->xent_one_kernel = !(xf && xf[0] == '0');
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;

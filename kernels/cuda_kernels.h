@@ -179,16 +179,13 @@ cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, float *maxv,
                          cuk_errrec *err);
 cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const float *lse, const int32_t *tgt,
                          const float *dlosses, float dloss_scale, int64_t off, int64_t ncols, int ignore_index);
-/* How cuk_xent_fwd_bwd runs: the two kernels; one kernel that reads each
- * row twice, the second time from L2; one kernel that keeps the row in
- * shared memory (rows that fit it). */
-enum { CUK_XENT_TWO_KERNELS = 0, CUK_XENT_FUSE_L2 = 1, CUK_XENT_FUSE_SMEM = 2 };
-/* cuk_xent_fwd (strict, losses and lse) then cuk_xent_bwd (dloss_scale), in
- * one launch as `fuse` says where the view takes the 16-byte fast path, else
- * the two launches. dlogits may alias logits. */
+/* cuk_xent_fwd (strict, losses and lse) then cuk_xent_bwd (dloss_scale): in
+ * one launch (one_kernel set, a view the 16-byte fast path takes) that reads
+ * each row twice, the second time from L2, else the two launches. dlogits
+ * may alias logits. */
 cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                              const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols, int ignore_index,
-                             int fuse, cuk_errrec *err);
+                             int one_kernel, cuk_errrec *err);
 
 #ifdef __cplusplus
 }

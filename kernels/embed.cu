@@ -570,23 +570,16 @@ CUK_INLINE void sm_add(float &m, float &se, const float *v, int n) {
 }
 
 /* One row's dlogits = sc * softmax - sc at the target, 0 in padding
- * columns and ignored rows, this thread's chunks: the full ones from the
- * row (STASHED: from the block's stash of it, chunk j at stash[j]), the
- * partial and padding chunks from the row. In place allowed (a chunk is
- * loaded before it is stored, by the same thread). */
-template <int DT, bool STASHED>
-CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, const xraw<DT> *stash, int64_t go, int nc, int jt, int et,
-                              int ign, float sc, float L) {
-    /* shared memory answers fast enough one chunk at a time (and the
-     * fused kernel has no registers to spare for a batch) */
-    constexpr int U = STASHED ? 1 : XU(DT);
+ * columns and ignored rows, this thread's chunks of the row. In place
+ * allowed (a chunk is loaded before it is stored, by the same thread). */
+template <int DT>
+CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, int64_t go, int nc, int jt, int et, int ign, float sc,
+                              float L) {
+    constexpr int U = XU(DT);
     const int tid = threadIdx.x, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
     for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
         xraw<DT> r[U];
-        if constexpr (STASHED)
-            r[0] = stash[j0];
-        else
-            xraw_batch<DT, U>(r, row, j0, nfull);
+        xraw_batch<DT, U>(r, row, j0, nfull);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * XNT;
@@ -621,22 +614,16 @@ CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, const xraw<DT> *stash
     }
 }
 
-/* How k_xent_fwd_vec also writes the gradient (xent_fwd_bwd). */
-enum { XF_NONE = 0, XF_L2 = 1, XF_SMEM = 2 };
-
-/* The statistics of each row (lse, losses, max, sum, target logit). With
- * FUSE (xent_fwd_bwd), once warp 0 has the row's lse every thread writes
- * the gradient of its own chunks (xent_grad_row with scale dscale into dx),
- * reading them again: XF_L2 from memory, where the row the block has just
- * read is still in L2 (a block's row is <= 100 KB; the ~260 resident rows
- * fit the 50 MB L2 many times over), XF_SMEM from the block's dynamic
- * shared memory, where every full chunk loaded was also kept at its chunk
- * index (16 bytes a chunk, 32 in f32). XF_SMEM reads DRAM once but holds
- * two blocks an SM with ~98 KiB each, which leaves too few loads in flight
- * (measured on an H200: slower than the two kernels). A thread reads back
- * only what it loaded, so neither needs a barrier for the data; the lse
- * reaches all threads through shl. */
-template <int DT, int FUSE>
+/* The statistics of each row (lse, losses, max, sum, target logit). FUSED
+ * (xent_fwd_bwd): once warp 0 has the row's lse, every thread writes the
+ * gradient of its own chunks (xent_grad_row with scale dscale into dx),
+ * reading them again from memory -- the row the block has just read is
+ * still in L2 (a row is <= 100 KB; the ~260 rows resident at once fit the
+ * 50 MB L2 many times over). A thread reads back only what it loaded
+ * itself, so the data needs no barrier; the lse reaches all threads
+ * through shl. (Keeping the row in shared memory instead, to read DRAM
+ * once, was slower: docs/cuda.md.) */
+template <int DT, bool FUSED>
 __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
                                                       float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
                                                       int64_t ncols, int ignore, int strict, cuk_errrec *err,
@@ -644,8 +631,6 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
     constexpr int U = XU(DT);
     __shared__ float shm[32], shs[32], shx;
     __shared__ float shl;
-    extern __shared__ float4 sxs[];
-    xraw<DT> *stash = (xraw<DT> *)sxs;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = XNT / 32;
     const int nc = (int)ncols, nfull = nc >> 3;
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
@@ -662,7 +647,6 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
                 const int j = j0 + u * XNT;
                 if (j >= nfull) break;
                 float v[8];
-                if constexpr (FUSE == XF_SMEM) stash[j] = r[u];
                 xraw_cvt<DT>(r[u], v);
                 sm_add(m, se, v, 8);
                 if (j == jt)
@@ -702,12 +686,12 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
                 if (sumexp) sumexp[n] = se;
                 if (tlogit) tlogit[n] = xtv;
                 if (losses) losses[n] = (ign || !inside) ? 0.0f : l - xtv;
-                if constexpr (FUSE != XF_NONE) shl = l;
+                if constexpr (FUSED) shl = l;
             }
         }
-        if constexpr (FUSE != XF_NONE) {
+        if constexpr (FUSED) {
             __syncthreads();
-            xent_grad_row<DT, FUSE == XF_SMEM>(dx, row, stash, n * dx.ld, nc, jt, et, ign, dscale, shl);
+            xent_grad_row<DT>(dx, row, n * dx.ld, nc, jt, et, ign, dscale, shl);
         }
     }
 }
@@ -722,7 +706,7 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, 
         const int64_t t = tgt[n], tl = t - off;
         const int ign = t == ignore;
         const int jt = !ign && tl >= 0 && tl < ncols ? (int)(tl >> 3) : -1, et = (int)(tl & 7);
-        xent_grad_row<DT, false>(dx, row, nullptr, n * dx.ld, (int)ncols, jt, et, ign, dl ? dl[n] : dscale, lse[n]);
+        xent_grad_row<DT>(dx, row, n * dx.ld, (int)ncols, jt, et, ign, dl ? dl[n] : dscale, lse[n]);
     }
 }
 
@@ -741,13 +725,13 @@ extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, f
         const unsigned g = row_blocks(logits.rows);
         const cuk_mat none = {nullptr, 0, 0, 0, logits.dt};
         if (logits.dt == CUK_F32)
-            k_xent_fwd_vec<CUK_F32, XF_NONE><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+            k_xent_fwd_vec<CUK_F32, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
                                                              ncols, ignore_index, strict, err, none, 0.0f);
         else if (logits.dt == CUK_BF16)
-            k_xent_fwd_vec<CUK_BF16, XF_NONE><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+            k_xent_fwd_vec<CUK_BF16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
                                                               ncols, ignore_index, strict, err, none, 0.0f);
         else
-            k_xent_fwd_vec<CUK_F16, XF_NONE><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
+            k_xent_fwd_vec<CUK_F16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
                                                              ncols, ignore_index, strict, err, none, 0.0f);
         return cudaGetLastError();
     }
@@ -795,60 +779,31 @@ extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat log
     return cudaGetLastError();
 }
 
-/* The fused kernel (FUSE) with `stash` bytes of dynamic shared memory,
- * allowed that much first (beyond the default 48 KiB). */
-template <int DT, int FUSE>
-static cudaError_t launch_fused(cudaStream_t s, size_t stash, float *losses, float *lse, cuk_mat dlogits,
-                                cuk_mat logits, const int32_t *tgt, float dscale, int64_t off, int64_t ncols,
-                                int ignore, cuk_errrec *err) {
-    if (stash > 0) {
-        cudaError_t e = cudaFuncSetAttribute(k_xent_fwd_vec<DT, FUSE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)stash);
-        if (e != cudaSuccess) return e;
-    }
-    k_xent_fwd_vec<DT, FUSE><<<row_blocks(logits.rows), XNT, stash, s>>>(
-        losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore, 1, err, dlogits, dscale);
+template <int DT>
+static cudaError_t launch_fused(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
+                                const int32_t *tgt, float dscale, int64_t off, int64_t ncols, int ignore,
+                                cuk_errrec *err) {
+    k_xent_fwd_vec<DT, true><<<row_blocks(logits.rows), XNT, 0, s>>>(losses, lse, nullptr, nullptr, nullptr, logits,
+                                                                     tgt, off, ncols, ignore, 1, err, dlogits, dscale);
     return cudaGetLastError();
-}
-
-template <int FUSE>
-static cudaError_t launch_fused_dt(cudaStream_t s, size_t stash, float *losses, float *lse, cuk_mat dlogits,
-                                   cuk_mat logits, const int32_t *tgt, float dscale, int64_t off, int64_t ncols,
-                                   int ignore, cuk_errrec *err) {
-    if (logits.dt == CUK_F32)
-        return launch_fused<CUK_F32, FUSE>(s, stash, losses, lse, dlogits, logits, tgt, dscale, off, ncols, ignore,
-                                           err);
-    if (logits.dt == CUK_BF16)
-        return launch_fused<CUK_BF16, FUSE>(s, stash, losses, lse, dlogits, logits, tgt, dscale, off, ncols, ignore,
-                                            err);
-    return launch_fused<CUK_F16, FUSE>(s, stash, losses, lse, dlogits, logits, tgt, dscale, off, ncols, ignore, err);
 }
 
 extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                                         const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols,
-                                        int ignore_index, int fuse, cuk_errrec *err) {
+                                        int ignore_index, int one_kernel, cuk_errrec *err) {
     if (logits.rows <= 0) return cudaSuccess;
-    cudaError_t e;
-    const bool vec = logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && ncols >= 8;
-    if (vec && fuse == CUK_XENT_FUSE_L2)
-        return launch_fused_dt<XF_L2>(s, 0, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
-                                      ignore_index, err);
-    if (vec && fuse == CUK_XENT_FUSE_SMEM) {
-        /* the whole row's full chunks must fit the block's shared memory (a
-         * 50304-column bf16 row takes 98 KiB: two blocks per H200 SM) */
-        int dev = 0, optin = 0;
-        e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-        if (e != cudaSuccess) return e;
-        const size_t stash = (size_t)(ncols >> 3) * (logits.dt == CUK_F32 ? 32 : 16);
-        const size_t room = optin > 1024 ? (size_t)optin - 1024 : 0; /* the kernel's static shared memory */
-        if (stash <= room)
-            return launch_fused_dt<XF_SMEM>(s, stash, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols,
-                                            ignore_index, err);
+    if (one_kernel && logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && ncols >= 8) {
+        if (logits.dt == CUK_F32)
+            return launch_fused<CUK_F32>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
+                                         err);
+        if (logits.dt == CUK_BF16)
+            return launch_fused<CUK_BF16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
+                                          err);
+        return launch_fused<CUK_F16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
+                                     err);
     }
-    /* views the fast paths do not take, a row too long for the stash, or
-     * CAI_CUDA_XENT_FUSED=0: the two passes */
-    e = cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
+    /* views the fast paths do not take, or CAI_CUDA_XENT_FUSED=0: the two kernels */
+    cudaError_t e = cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
     if (e != cudaSuccess) return e;
     return cuk_xent_bwd(s, dlogits, logits, lse, tgt, nullptr, dloss_scale, off, ncols, ignore_index);
 }

@@ -316,7 +316,7 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
     cuk_mat mx{x.p(), N, V, ld, DT};
     const int ignore = -100;
     launch((unsigned)N, XNT, 0, [&] {
-        k_xent_fwd_vec<DT, XF_NONE>(loss.data(), lse.data(), mxv.data(), sev.data(), tlv.data(), mx, tgt.data(), off,
+        k_xent_fwd_vec<DT, false>(loss.data(), lse.data(), mxv.data(), sev.data(), tlv.data(), mx, tgt.data(), off,
                                   ncols, ignore, strict, &err, cuk_mat{}, 0.0f);
     });
     double el = 0, ml = 0, es = 0, ms = 0, ell = 0, mll = 0;
@@ -384,17 +384,15 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
     expect(padding_nan(dx, N, V, ld), what);
 }
 
-/* xent_fwd_bwd's one-kernel variants (k_xent_fwd_vec FUSE): losses and lse
- * as the forward's, dlogits with one scale as the backward's, the row read
- * again (XF_L2) or kept in the block's stash (XF_SMEM); in place too (the
- * logits' own buffer). */
-template <int DT, int FUSE>
+/* xent_fwd_bwd's one kernel (k_xent_fwd_vec FUSED): losses and lse as the
+ * forward's, dlogits with one scale as the backward's, each row read again
+ * after its statistics; in place too (the logits' own buffer). */
+template <int DT>
 static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt,
                             bool inplace) {
     char name[200], what[300];
-    snprintf(name, sizeof name, "xent fused %s %s N%lld V%lld ld%lld off %lld ncols %lld%s",
-             FUSE == XF_SMEM ? "smem" : "l2", dtname(DT), (long long)N, (long long)V, (long long)ld, (long long)off,
-             (long long)ncols, inplace ? " in-place" : "");
+    snprintf(name, sizeof name, "xent fused %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
+             (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
     Buf x(DT, N * ld);
     fill_logits(x, N, V, ld, ncols);
     const int ignore = -100;
@@ -422,9 +420,8 @@ static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64
     Buf &dx = inplace ? x : dxb;
     cuk_errrec err{};
     cuk_mat mx{x.p(), N, V, ld, DT}, mdx{dx.p(), N, V, ld, DT};
-    const size_t stash = FUSE == XF_SMEM ? (size_t)(ncols >> 3) * sizeof(xraw<DT>) : 0;
-    launch((unsigned)N, XNT, stash, [&] {
-        k_xent_fwd_vec<DT, FUSE>(loss.data(), lse.data(), nullptr, nullptr, nullptr, mx, tgt.data(), off, ncols,
+    launch((unsigned)N, XNT, 0, [&] {
+        k_xent_fwd_vec<DT, true>(loss.data(), lse.data(), nullptr, nullptr, nullptr, mx, tgt.data(), off, ncols,
                                  ignore, 1, &err, mdx, sc);
     });
     double el = 0, ml = 0, ell = 0, mll = 0;
@@ -568,14 +565,10 @@ template <int DT> static void ropes() {
 }
 
 template <int DT> static void xents() {
-    xent_fused_case<DT, XF_SMEM>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, false);
-    xent_fused_case<DT, XF_SMEM>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, true);
-    xent_fused_case<DT, XF_SMEM>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, true);
-    xent_fused_case<DT, XF_SMEM>(3, 4100, 4104, 0, 4099, {4098, 4096, 0}, false);
-    xent_fused_case<DT, XF_L2>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, false);
-    xent_fused_case<DT, XF_L2>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, true);
-    xent_fused_case<DT, XF_L2>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, true);
-    xent_fused_case<DT, XF_L2>(3, 4100, 4104, 0, 4099, {4098, 4096, 0}, false);
+    xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, false);
+    xent_fused_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, true);
+    xent_fused_case<DT>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, true);
+    xent_fused_case<DT>(3, 4100, 4104, 0, 4099, {4098, 4096, 0}, false);
     xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, false);
     xent_case<DT>(7, 300, 312, 0, 290, {5, -100, 289, 288, 0, 100, 17}, 1, true);
     xent_case<DT>(3, 50304, 50304, 0, 50257, {50256, -100, 31}, 1, false);

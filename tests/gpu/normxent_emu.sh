@@ -30,7 +30,6 @@ subs = [
     ("extern __shared__ float4 sbw[];", "float4 *sbw = (float4 *)g_smem;"),
     ("__shared__ float shm[32], shs[32], shx;", "float *shm = g_blk->shm, *shs = g_blk->shs; float &shx = g_blk->shx;"),
     ("__shared__ float shl;", "float &shl = g_blk->shl;"),
-    ("extern __shared__ float4 sxs[];", "float4 *sxs = (float4 *)g_smem;"),
     ('asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));', "r = exp2f(t);"),
 ]
 write(out, parts, subs)
