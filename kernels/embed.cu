@@ -803,7 +803,8 @@ extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *ls
                                      err);
     }
     /* views the fast paths do not take, or CAI_CUDA_XENT_FUSED=0: the two kernels */
-    cudaError_t e = cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
+    cudaError_t e =
+        cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
     if (e != cudaSuccess) return e;
     return cuk_xent_bwd(s, dlogits, logits, lse, tgt, nullptr, dloss_scale, off, ncols, ignore_index);
 }

@@ -975,8 +975,8 @@ static void i10_xent_case(cai_dtype dt, int64_t N, int64_t V, int64_t ld, int64_
          G->ops->xent_bwd(G, &dx.g, &lg.g, &lse.g, &tt.g, &dl.g, 0.0f, 0, valid, -100));
     gt_check(nm("xent_bwd %s %" PRId64 "x%" PRId64, dtn(dt), N, V), dx, tol);
     if (ld > V) fp_untouched("xent_bwd", dxf, N, ld, V);
-    /* xent_fwd_bwd in place on a copy of the logits (the one-pass kernel
-     * where a row fits shared memory: 50304 columns do) */
+    /* xent_fwd_bwd in place on a copy of the logits (the one-kernel path:
+     * 16-byte aligned rows) */
     gt_t cf, cp = fp_view(dt, N, V, ld, 0, &cf); /* padding keeps O2's NaN poison */
     BOTH("copy", H->ops->copy(H, &cp.h, &lg.h), G->ops->copy(G, &cp.g, &lg.g));
     gt_t loss2 = O1(CAI_DTYPE_F32, N), lse2 = O1(CAI_DTYPE_F32, N);
