@@ -569,32 +569,42 @@ CUK_INLINE void sm_add(float &m, float &se, const float *v, int n) {
         if (e < n) se += xex2((v[e] - m) * XLOG2E);
 }
 
-/* One row's dlogits = sc * softmax - sc at the target, 0 in padding
- * columns and ignored rows, this thread's chunks of the row. In place
- * allowed (a chunk is loaded before it is stored, by the same thread). */
-template <int DT>
-CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, int64_t go, int nc, int jt, int et, int ign, float sc,
-                              float L) {
+/* f(j, v) for each of this thread's full chunks j = tid, tid + XNT, ... of
+ * a row of nfull full chunks, v its 8 logits in f32: a batch of XU(DT)
+ * chunks is loaded before any is converted. */
+template <int DT, class F> CUK_INLINE void xent_full_chunks(const char *row, int nfull, F &&f) {
     constexpr int U = XU(DT);
-    const int tid = threadIdx.x, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
-    for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
+    for (int j0 = threadIdx.x; j0 < nfull; j0 += U * XNT) {
         xraw<DT> r[U];
         xraw_batch<DT, U>(r, row, j0, nfull);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int j = j0 + u * XNT;
             if (j >= nfull) break;
-            float v[8], o[8];
+            float v[8];
             xraw_cvt<DT>(r[u], v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) o[e] = ign ? 0.0f : sc * xex2((v[e] - L) * XLOG2E);
-            if (j == jt)
-#pragma unroll
-                for (int e = 0; e < 8; e++)
-                    if (e == et) o[e] -= sc;
-            cuk_st8<DT>(dx.p, go + 8 * (int64_t)j, o);
+            f(j, v);
         }
     }
+}
+
+/* One row's dlogits = sc * softmax - sc at the target, 0 in padding
+ * columns and ignored rows, this thread's chunks of the row. In place
+ * allowed (a chunk is loaded before it is stored, by the same thread). */
+template <int DT>
+CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, int64_t go, int nc, int jt, int et, int ign, float sc,
+                              float L) {
+    const int tid = threadIdx.x, nfull = nc >> 3, nch = (int)((dx.cols + 7) >> 3);
+    xent_full_chunks<DT>(row, nfull, [&](int j, const float *v) {
+        float o[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = ign ? 0.0f : sc * xex2((v[e] - L) * XLOG2E);
+        if (j == jt)
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (e == et) o[e] -= sc;
+        cuk_st8<DT>(dx.p, go + 8 * (int64_t)j, o);
+    });
     /* the partial chunk of the valid columns and the padding chunks */
     for (int j = nfull + tid; j < nch; j += XNT) {
         const int c0 = 8 * j, nv = nc - c0 < 0 ? 0 : nc - c0 < 8 ? nc - c0 : 8;
@@ -628,7 +638,6 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
                                                       float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
                                                       int64_t ncols, int ignore, int strict, cuk_errrec *err,
                                                       cuk_mat dx, float dscale) {
-    constexpr int U = XU(DT);
     __shared__ float shm[32], shs[32], shx;
     __shared__ float shl;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = XNT / 32;
@@ -639,22 +648,13 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
         const int ign = t == ignore, inside = tl >= 0 && tl < ncols;
         const int jt = !ign && inside ? (int)(tl >> 3) : -1, et = (int)(tl & 7);
         float m = -INFINITY, se = 0.0f, xt = 0.0f;
-        for (int j0 = tid; j0 < nfull; j0 += U * XNT) {
-            xraw<DT> r[U];
-            xraw_batch<DT, U>(r, row, j0, nfull);
+        xent_full_chunks<DT>(row, nfull, [&](int j, const float *v) {
+            sm_add(m, se, v, 8);
+            if (j == jt)
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int j = j0 + u * XNT;
-                if (j >= nfull) break;
-                float v[8];
-                xraw_cvt<DT>(r[u], v);
-                sm_add(m, se, v, 8);
-                if (j == jt)
-#pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (e == et) xt = v[e];
-            }
-        }
+                for (int e = 0; e < 8; e++)
+                    if (e == et) xt = v[e];
+        });
         if ((nc & 7) && tid == nfull % XNT) { /* the partial chunk, by the thread next in line */
             float v[8];
             cuk_ld8_tail<DT>(row, 8 * (int64_t)nfull, nc & 7, v);
