@@ -743,6 +743,13 @@ static cai_status upload_i32(cai_model_t *m, cai_tensor *dst, const int32_t *src
 
 static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
 
+/* The loss gradient's scale for the mean over the last forward's valid
+ * targets: one formula for cai_model_forward_train and cai_model_backward,
+ * whose numbers must agree bit for bit. */
+static float dloss_scale(const cai_model_t *m, float grad_scale) {
+    return m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
+}
+
 /* grad_scale non-NULL: cai_model_forward_train. */
 static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, const float *grad_scale,
                           float *loss) {
@@ -772,11 +779,9 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     }
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     if (targets && grad_scale) {
-        /* the dloss scale cai_model_backward would use, computed alike */
         m->train_scale = *grad_scale;
-        const float scale = m->n_valid > 0 ? *grad_scale / (float)m->n_valid : 0.0f;
         CAI_CALL(cai_head_fwd_train(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
-                                    &m->targets, scale));
+                                    &m->targets, dloss_scale(m, *grad_scale)));
     } else {
         CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
                               targets ? &m->targets : NULL));
@@ -830,7 +835,7 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: grad_scale %g differs from the %g that "
                              "cai_model_forward_train made the loss gradient with", (double)grad_scale,
                              (double)m->train_scale);
-        float scale = m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
+        const float scale = dloss_scale(m, grad_scale);
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
         CAI_CALL(cai_head_bwd(dev, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
