@@ -5,11 +5,11 @@
  * in the same invocation, and prints ns per parameter of each:
  *   grads    the gradient shard into the host staging (memmove, as H2H)
  *   adamw    the AdamW op over the shard in GPT-2-sized segments
- *   round    masters -> bf16 working shard through the copy op (the old
- *            separate pass of publish)
+ *   round    masters -> bf16 working shard through the copy op (a separate
+ *            pass, for comparison)
  *   fused    AdamW with the bf16 working copy written in the same pass, one
  *            op call (one parallel region) per segment
- *   engine   what cai_zero_step runs with offload since this benchmark:
+ *   engine   what cai_zero_step runs with offload:
  *            zero_host_adamw, the fused pass in one parallel region over the
  *            whole shard (matters when threads >= free cores: every region
  *            waits for its slowest thread)

@@ -94,7 +94,7 @@ cai_status cai_cpu_adamw(cai_device_t *dev, cai_tensor *param, const cai_tensor 
      * block is updated (four lanes at a time, see adamw_block) and,
      * while it is still in cache, rounded to the working copy. One pass over
      * memory at the bandwidth of all threads; a separate single-threaded
-     * conversion afterwards used to cost more than the update (ZeRO offload
+     * conversion afterwards would cost more than the update (ZeRO offload
      * rounds the whole shard every step; bench/offload_bench). */
     const int64_t blk = 16384, nblk = (n + blk - 1) / blk;
     const size_t les = pl ? cai_dtype_size(ldt) : 0;

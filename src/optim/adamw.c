@@ -262,7 +262,7 @@ cai_status cai_optim_step(cai_optim_t *o, cai_tensor *params, const cai_tensor *
     };
     /* One launch per run of adjacent segments with the same decay flag (the
      * update is elementwise: the same bits as one call per parameter); on a
-     * GPU the per-parameter launches, not the bytes, were the cost. */
+     * GPU the per-parameter launches, not the bytes, are the cost. */
     for (int i = 0; i < o->n_segs;) {
         const segment *s = &o->segs[i];
         if (!s->update) {

@@ -938,7 +938,7 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
                              dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     /* One reduction per run of adjacent counted segments of a bucket, not
      * one per parameter: GPT-2 124M has 148 parameters, and the launches,
-     * not the bytes, were the cost on a GPU (~1 ms a step). */
+     * not the bytes, are the cost on a GPU (~1 ms a step). */
     for (int s = 0; s < z->L.nseg;) {
         const zl_seg *g = &z->L.seg[s];
         if (!g->norm) {

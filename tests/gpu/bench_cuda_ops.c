@@ -124,13 +124,13 @@ static void f_lin_then_gelu(void *x) {
 static void f_lin_gelu(void *x) { ctx_t *c = x; OK(G->ops->linear_gelu_fwd(G, &c->e, &c->c, &c->a, &c->b, &c->d)); }
 /* fused linear + residual: a inp, b weight, c tmp, d bias, e residual, f out */
 static void f_lin_then_add(void *x) {
-    ctx_t *c = x; /* as the model did before the fusion */
+    ctx_t *c = x; /* the unfused path: linear_fwd, then add */
     OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, &c->d));
     OK(G->ops->add(G, &c->f, &c->e, &c->c));
 }
 static void f_lin_resid(void *x) { ctx_t *c = x; OK(G->ops->linear_residual_fwd(G, &c->f, &c->a, &c->b, &c->d, &c->e)); }
 static void f_lin_bwd_then_gelu_bwd(void *x) {
-    ctx_t *c = x; /* as the model did before the fusion: gelu_bwd in place on dact */
+    ctx_t *c = x; /* the unfused path: linear_bwd, then gelu_bwd in place on dact */
     OK(G->ops->linear_bwd(G, &c->h, &g_dw2, &g_db2, &c->g, &c->e, &c->f, 0));
     OK(G->ops->gelu_bwd(G, &c->h, &c->c, &c->h));
 }

@@ -49,7 +49,7 @@
 #   KillWait=60                 SIGTERM to SIGKILL at a time limit or scancel:
 #                               time for a checkpoint on a loaded machine
 #                               (under ASan a 1.5 MB one took 8-15 s on the
-#                               2-core CI machine; 15 s was too short)
+#                               2-core CI machine, so 15 s is too short)
 #   MinJobAge=5                 sbatch --wait polls every 2 s only while
 #                               2 < MinJobAge/2 is false; otherwise it backs
 #                               off to 8 s and 32 s. Finished jobs stay

@@ -217,7 +217,7 @@ typedef struct {
 typedef struct {
     cai_model_config model;      /* resolved inside */
     int batch, seq_len;          /* microbatch shape */
-    cai_rank_view view;          /* tp = 1 for now; pp picks the stage */
+    cai_rank_view view;          /* tp = 1 (the model refuses tp > 1); pp picks the stage */
     size_t align_elems;          /* 0: 16, as the model */
     int dp;
     cai_zero_config zero;

@@ -1,7 +1,8 @@
 /* Tensors, devices and low-precision number formats.
  *
  * A cai_device_t is where memory lives and where ops run: the host (CPU
- * backend, OpenBLAS + OpenMP) now, CUDA later. Each device carries its op
+ * backend, OpenBLAS + OpenMP) or a CUDA GPU (kernels/, built with
+ * --with-cuda). Each device carries its op
  * table (colossal/ops.h), so model code never asks which backend it runs on.
  *
  * A cai_tensor is a small value type: a view (data pointer, dtype, shape,
