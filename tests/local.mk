@@ -1,5 +1,5 @@
 # Unit tests (Check, one process) and MPI tests (Check under mpiexec).
-EXTRA_DIST += tests/run-mpi-test.in
+EXTRA_DIST += tests/run-mpi-test.in tests/mpi/test_wd_util.h
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_base

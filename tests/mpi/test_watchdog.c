@@ -5,14 +5,18 @@
  *
  * Nothing here depends on how fast the machine is: the late rank is held back
  * by a plain MPI receive (outside the mesh, so the watchdog sees it "not in a
- * communication call") until every punctual rank has timed out, and the
- * timeout is generous for the operations that must succeed. Each test ends in
+ * communication call") until every punctual rank has timed out, and before a
+ * punctual rank starts the operation that is to time out it waits until the
+ * late rank's watchdog words (read from the mesh's RMA window, as the report
+ * reads them) show the state the report is to describe. The timeout is
+ * generous for the operations that must succeed. Each test ends in
  * a checked teardown that also runs after a failed check, so the ranks stay in
  * step: a rank that left a test early once made its peers' next collectives
  * on MPI_COMM_WORLD match the wrong messages (MPI_ERR_TRUNCATE in CI). */
 #include "cai_config.h"
 
 #include "test_mesh_util.h"
+#include "test_wd_util.h"
 
 #define TIMEOUT 2.0
 #define RELEASE_TAG 4242
@@ -39,6 +43,13 @@ static void wait_until_released(int n) {
 static void release(int late_rank) {
     int go = 1;
     MPI_Send(&go, 1, MPI_INT, late_rank, RELEASE_TAG, MPI_COMM_WORLD);
+}
+
+/* See test_wd_util.h: the report made after this describes that state. */
+static void wait_for_peer_state(cai_mesh_t *m, int peer, cai_axis axis, uint64_t seq, int blocked_in) {
+    char why[256];
+    ck_assert_msg(test_wd_wait_peer(m, peer, axis, seq, blocked_in, 60.0, why, sizeof why), "rank %d: %s", g_world_rank,
+                  why);
 }
 
 static void teardown(void) {
@@ -73,6 +84,7 @@ START_TEST(late_rank_in_a_tp_group) {
     g_sum = 0;
     CK_CAI(cai_allreduce(m, CAI_AXIS_TP, &g_x, &g_sum, 1, CAI_DTYPE_F64, CAI_RED_SUM)); /* #1 everywhere */
     if (g_world_rank == 3) wait_until_released(1);
+    if (g_world_rank == 2) wait_for_peer_state(m, 3, CAI_AXIS_TP, 1, -1);
     cai_error_clear();
     double t0 = MPI_Wtime();
     cai_status st = cai_allreduce(m, CAI_AXIS_TP, &g_x, &g_sum, 1, CAI_DTYPE_F64, CAI_RED_SUM); /* #2 */
@@ -97,7 +109,10 @@ START_TEST(late_rank_on_the_world_axis) {
     cai_mesh_t *m = mesh_return_mode(4, 1, TIMEOUT);
     CK_CAI(cai_barrier(m, CAI_AXIS_WORLD));
     CK_CAI(cai_barrier(m, CAI_AXIS_WORLD));
-    if (g_world_rank == 1) wait_until_released(3);
+    if (g_world_rank == 1)
+        wait_until_released(3);
+    else
+        wait_for_peer_state(m, 1, CAI_AXIS_WORLD, 2, -1);
     cai_error_clear();
     cai_status st = cai_barrier(m, CAI_AXIS_WORLD); /* #3 */
     if (g_world_rank != 1) {
@@ -120,6 +135,7 @@ START_TEST(late_sender_is_named) {
     cai_mesh_t *m = mesh_return_mode(4, 1, TIMEOUT);
     g_v = -1;
     if (g_world_rank == 0) {
+        wait_for_peer_state(m, 1, CAI_AXIS_DP, 0, -1);
         cai_error_clear();
         cai_status st = cai_recv(m, CAI_AXIS_DP, &g_v, 1, CAI_DTYPE_I32, 1, 5);
         release(1);
@@ -149,6 +165,7 @@ START_TEST(rank_blocked_elsewhere_is_described) {
         ck_assert_int_eq(g_v, 7);
         CK_CAI(cai_allreduce(m, CAI_AXIS_WORLD, &g_one, &g_isum, 1, CAI_DTYPE_I32, CAI_RED_SUM));
     } else {
+        wait_for_peer_state(m, 3, CAI_AXIS_WORLD, 0, CAI_OP_RECV);
         cai_error_clear();
         cai_status st = cai_allreduce(m, CAI_AXIS_WORLD, &g_one, &g_isum, 1, CAI_DTYPE_I32, CAI_RED_SUM);
         if (g_world_rank == 2) {
@@ -168,7 +185,10 @@ START_TEST(late_iallreduce_wait) {
     cai_mesh_t *m = mesh_return_mode(4, 1, TIMEOUT);
     g_xf = 1.0f;
     g_sumf = 0;
-    if (g_world_rank == 2) wait_until_released(3);
+    if (g_world_rank == 2)
+        wait_until_released(3);
+    else
+        wait_for_peer_state(m, 2, CAI_AXIS_DP, 0, -1);
     cai_request_t *req = NULL;
     CK_CAI(cai_iallreduce(m, CAI_AXIS_DP, &g_xf, &g_sumf, 1, CAI_DTYPE_F32, CAI_RED_SUM, &req));
     cai_error_clear();

@@ -1,7 +1,8 @@
 #!/bin/sh
-# Watchdog abort mode: a rank that sleeps past the timeout must bring the
+# Watchdog abort mode: a rank that stays away past the timeout must bring the
 # whole job down (nonzero exit) with stderr naming it, the axis and the
-# operation, well before the sleeper would have woken up (30 s).
+# operation, and the abort must stop the late rank (which says so if it
+# ever wakes up: after 120 s, an upper bound for a hang).
 np=3
 prog="${top_builddir:-.}/tests/mpi/test_watchdog_abort"
 launcher=${MPIEXEC:-mpiexec}
@@ -19,5 +20,5 @@ grep -q "watchdog: allreduce #2 on axis dp (group of $np) did not complete withi
 grep -q "ranks behind: $((np - 1)) (at #1, not in a communication call)" "$err" \
   || fail "stderr does not name rank $((np - 1)) as the stuck one"
 grep -q "instead of aborting" "$err" && fail "a rank returned instead of aborting"
-[ "$elapsed" -lt 20 ] || fail "took ${elapsed} s: the abort did not stop the sleeping rank"
+grep -q "woke up" "$err" && fail "took ${elapsed} s: the abort did not stop the late rank"
 echo "PASS: exit status $rc after ${elapsed} s"
