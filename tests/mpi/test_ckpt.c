@@ -436,14 +436,14 @@ START_TEST(two_phase_mpiio_round_trip) {
     fill_model(fx.m, fx.o);
     char path[700];
     snprintf(path, sizeof path, "%s/tp.h5", fx.dir);
-    setenv("CAI_CKPT_MPIIO", "two-phase", 1);
+    CK_CAI(cai_knob_set("CAI_CKPT_MPIIO", "two-phase")); /* the knob's environment value is read once */
     cai_ckpt_stats ss, ls;
     CK_CAI(cai_ckpt_save(fx.mesh, path, fx.m, fx.o, NULL, &ss));
     cai_model_t *b = NULL;
     cai_optim_t *ob = NULL;
     make_model(fx.dev, &cfg, 99, &b, &ob);
     CK_CAI(cai_ckpt_load(fx.mesh, path, b, ob, NULL, &ls));
-    unsetenv("CAI_CKPT_MPIIO");
+    CK_CAI(cai_knob_set("CAI_CKPT_MPIIO", NULL));
     ck_assert(ss.n_transfers > 0 && ss.n_collective == ss.n_transfers);
     ck_assert(ls.n_transfers > 0 && ls.n_collective == ls.n_transfers);
     cai_tensor pa, pb, ma, mb, va, vb;
@@ -991,12 +991,13 @@ START_TEST(directory_keeps_latest_and_k) {
 }
 END_TEST
 
+/* Run only in builds without parallel HDF5 (main). */
 START_TEST(without_hdf5_every_call_says_so) {
-#if !CAI_HAVE_HDF5
     cai_ckpt_file_t *f = NULL;
     ck_assert_int_eq(cai_ckpt_open(&f, MPI_COMM_WORLD, "x.h5"), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "this build has no parallel HDF5"));
+    ck_assert_ptr_null(f);
     cai_error_clear();
-#endif
 }
 END_TEST
 
@@ -1006,10 +1007,19 @@ static void cleanup(void) {
 
 int main(int argc, char **argv) {
     atexit(cleanup); /* after MPI_Finalize: plain file-system calls */
+    if (!cai_ckpt_available()) {
+        /* Built without parallel HDF5: only the refusal can be tested; the
+         * checkpoint tests themselves are skipped, which automake's driver
+         * reports as SKIP (exit 77; mpiexec passes it through). */
+        const TTest *refusal[] = {without_hdf5_every_call_says_so};
+        int rc = test_mpi_main(argc, argv, "ckpt", refusal, TEST_COUNT(refusal));
+        if (rc == 0) fprintf(stderr, "SKIP: built without parallel HDF5 (no checkpoints)\n");
+        return rc ? rc : 77;
+    }
     const TTest *tests[] = {plan_writes_every_element_once, model_roundtrip_restores_every_tensor,
                             two_phase_mpiio_round_trip, zero_shards_map_through_pieces,
                             zero_engines_save_and_load_every_stage,
                             layouts_load_under_other_layouts, bad_input_gives_its_own_error,
-                            directory_keeps_latest_and_k, without_hdf5_every_call_says_so};
+                            directory_keeps_latest_and_k};
     return test_mpi_main(argc, argv, "ckpt", tests, TEST_COUNT(tests));
 }
