@@ -40,7 +40,8 @@ enum { TIE_AUTO = 0, TIE_YES, TIE_NO };
 static const char *const k_tie[] = {"auto", "true", "false", NULL};
 
 typedef struct {
-    char *path, *input, *output, *tokenizer, *max_shard;
+    char *path, *input, *output, *tokenizer;
+    int64_t max_shard;
     int dtype, to, tensors;
     /* init */
     int family, tie;
@@ -55,9 +56,9 @@ typedef struct {
     F("dtype", CAI_CFG_ENUM, dtype, "f32", "dtype of the exported weights (rounded to nearest even from f32)", \
       CAI_CFG_NO_RANGE, k_dtypes, NULL)
 #define SHARD_FIELD                                                                                         \
-    F("max_shard_size", CAI_CFG_STRING, max_shard, "5GB",                                                   \
+    F("max_shard_size", CAI_CFG_BYTES, max_shard, "5GB",                                                    \
       "shard the weights above this size, with model.safetensors.index.json (5GB = 5e9 bytes, 2GiB = 2^31, " \
-      "plain numbers are bytes)", CAI_CFG_NO_RANGE, NULL, NULL)
+      "plain numbers are bytes)", 1, 9.2e18, NULL, NULL)
 #define TOKENIZER_FIELD                                                                                       \
     F("tokenizer", CAI_CFG_STRING, tokenizer, "",                                                            \
       "directory with tokenizer.json or vocab.json + merges.txt to ship with the model (empty: none)",       \
@@ -134,40 +135,10 @@ static const cai_config_field k_init[] = {
 
 /* ------------------------------------------------------------------ helpers */
 
-/* "5GB" = 5e9, "2GiB" = 2^31, "500MB", "64KiB", "123" bytes, "1.5GB": the
- * spellings transformers' max_shard_size takes. */
-static cai_status parse_size(const char *s, uint64_t *out) {
-    char *end = NULL;
-    double v = strtod(s, &end);
-    if (end == s || !(v > 0) || !isfinite(v))
-        return CAI_ERROR(CAI_ERR_CONFIG, "max_shard_size: \"%s\" is not a positive size (e.g. 5GB, 500MB, 2GiB)", s);
-    while (*end == ' ') end++;
-    static const struct {
-        const char *unit;
-        double scale;
-    } k_units[] = {{"", 1},        {"B", 1},          {"KB", 1e3},  {"MB", 1e6},  {"GB", 1e9},
-                   {"TB", 1e12},   {"KIB", 1024.0},   {"MIB", 1048576.0},          {"GIB", 1073741824.0},
-                   {"TIB", 1099511627776.0}};
-    char unit[8] = "";
-    size_t n = strlen(end);
-    if (n >= sizeof unit) return CAI_ERROR(CAI_ERR_CONFIG, "max_shard_size: unknown unit in \"%s\"", s);
-    for (size_t i = 0; i <= n; i++) unit[i] = (char)toupper((unsigned char)end[i]);
-    for (size_t i = 0; i < sizeof k_units / sizeof k_units[0]; i++)
-        if (!strcmp(unit, k_units[i].unit)) {
-            double b = v * k_units[i].scale;
-            if (b < 1 || b > 1.8e19)
-                return CAI_ERROR(CAI_ERR_CONFIG, "max_shard_size: \"%s\" is out of range", s);
-            *out = (uint64_t)b;
-            return CAI_OK;
-        }
-    return CAI_ERROR(CAI_ERR_CONFIG, "max_shard_size: unknown unit \"%s\" in \"%s\" (B, KB, MB, GB, TB, KiB, MiB, "
-                     "GiB, TiB)", end, s);
-}
-
 static cai_status export_options(const ckpt_config *c, cai_hf_export_options *o) {
     *o = cai_hf_export_options_default();
     o->dtype = k_dtype_values[c->dtype];
-    CAI_CALL(parse_size(c->max_shard, &o->max_shard_bytes));
+    o->max_shard_bytes = (uint64_t)c->max_shard;
     o->tokenizer_dir = c->tokenizer && *c->tokenizer ? c->tokenizer : NULL;
     return CAI_OK;
 }

@@ -11,6 +11,7 @@
 #include "colossal/data.h"
 #include "colossal/model.h"
 #include "colossal/optim.h"
+#include "colossal/run.h"
 
 typedef struct {
     /* model */
@@ -22,7 +23,7 @@ typedef struct {
     int dp, tp, pp, sp;
     double watchdog;
     /* train */
-    int64_t steps, data_seed, stop_at;
+    int64_t steps, data_seed;
     int micro_batch, grad_accum, seq_len;
     /* optim */
     int schedule;
@@ -35,33 +36,18 @@ typedef struct {
     char *data_path, *split, *tokenizer, *eod;
     int64_t corpus_docs, corpus_seed;
     int corpus_vocab;
-    /* run and log */
-    char *dir;
-    int device, threads;
-    int64_t log_interval;
-    double peak_tflops;
     /* generate */
     char *prompts;
     int gen_tokens;
-    /* checkpoint */
-    char *ckpt_dir, *resume;
-    int64_t ckpt_every;
-    int ckpt_keep;
-    /* ZeRO, precision and the memory plan (docs/parallel.md) */
+    /* ZeRO and precision (docs/parallel.md) */
     int zero_stage, zero_offload, zero_overlap, zero_overlap_ctas, zero_reduce_dtype;
     int precision, ls_window, ls_hysteresis;
     double zero_bucket_mb, ls_init, ls_min, ls_max;
-    char *mem_limit;
+    /* run.*, log.interval, checkpoint.*, train.stop_at, train.mem_limit */
+    cai_run_options run;
     cai_app_common common;
-    /* Not a key: the step a resumed run starts from (1 for a fresh run). */
-    int64_t first_step;
 } pt_config;
 
-/* Exit status of a run stopped early (SIGUSR1, SIGTERM, train.stop_at) that
- * wrote a checkpoint: resume it with --resume. */
-#define PT_EXIT_CHECKPOINTED 3
-
-enum { PT_DEVICE_AUTO = 0, PT_DEVICE_CPU = 1, PT_DEVICE_CUDA = 2 };
 enum { PT_TIE_AUTO = 0, PT_TIE_FALSE = 1, PT_TIE_TRUE = 2 };
 enum { PT_PRECISION_AUTO = 0, PT_PRECISION_F32, PT_PRECISION_BF16, PT_PRECISION_F16 };
 
@@ -104,43 +90,6 @@ cai_status pt_data_valid_batch(pt_data *d, int64_t b, int dp_rank);
 /* Append the ids of text to out / the text of ids to out. */
 cai_status pt_encode(pt_tokenizer *t, const char *text, cai_token_buf *out);
 cai_status pt_decode(const pt_tokenizer *t, const int32_t *ids, size_t n, cai_byte_buf *out);
-
-/* ------------------------------------------------------------------ reporting
- * (apps/pretrain_report.c) */
-
-typedef struct {
-    FILE *metrics;          /* rank 0: run_dir/metrics.jsonl */
-    double flops_per_token; /* 6 N + 12 L T d */
-    double peak_flops;      /* whole job, FLOP/s */
-    int64_t matmul_params;  /* N */
-    double t_start, t_last; /* wall clock of the run start and of the last report */
-    int64_t step_last;
-    int64_t tokens_per_step;
-    int rank;
-    cai_device_t *dev;      /* for the device-memory samples */
-    double *step_s;         /* this run's step times, for the steady-state summary */
-    int64_t n_steps, cap_steps;
-    double dev_used_max;    /* largest device memory in use seen (bytes; GPUs: whole device) */
-    double dev_total;
-} pt_report;
-
-/* Collective over MPI_COMM_WORLD (peak measurement, sum over ranks). */
-cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, cai_device_t *dev, int rank,
-                          int world);
-void pt_report_free(pt_report *r);
-/* Rank 0 only: a JSON object (the text between braces) as one line of
- * metrics.jsonl. */
-void pt_report_json(pt_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Collective over MPI_COMM_WORLD (peak RSS): the metrics record of a step,
- * and every log_interval steps the progress line. */
-void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_step_stats *st,
-                    double step_seconds);
-/* Rank 0: the validation line and record. */
-void pt_report_eval(pt_report *r, int64_t step, double loss);
-/* Collective: after the last step, the steady-state line and a "summary"
- * record: median step time after the warm-up steps, tokens/s and MFU at
- * that median, and the largest device memory in use on any rank. */
-void pt_report_summary(pt_report *r);
 
 /* ------------------------------------------------------------------ samples
  * (apps/pretrain_generate.c) */

@@ -1,6 +1,6 @@
 # colossal-pretrain: data-parallel pretraining of GPT-2 / Llama models.
 bin_PROGRAMS += apps/colossal-pretrain
-apps_colossal_pretrain_SOURCES = apps/pretrain.c apps/pretrain.h apps/pretrain_data.c apps/pretrain_report.c \
+apps_colossal_pretrain_SOURCES = apps/pretrain.c apps/pretrain.h apps/pretrain_data.c \
 	apps/pretrain_generate.c $(APP_COMMON_SOURCES)
 apps_colossal_pretrain_LDADD = $(APP_LDADD) -lm
 

@@ -109,10 +109,10 @@ static cai_status path_join(char *buf, size_t cap, const char *dir, const char *
 static void prepare_corpus(pt_data *d, const pt_config *cfg, int rank, char *prefix, size_t cap) {
     enum { PATH = 4096 };
     char data_dir[PATH], jsonl[PATH], tok_dir[PATH];
-    cai_status st = path_join(data_dir, PATH, cfg->dir, "data");
+    cai_status st = path_join(data_dir, PATH, cfg->run.dir, "data");
     if (st == CAI_OK) st = path_join(jsonl, PATH, data_dir, "corpus.jsonl");
     if (st == CAI_OK) st = path_join(prefix, cap, data_dir, "corpus");
-    if (st == CAI_OK) st = path_join(tok_dir, PATH, cfg->dir, "tokenizer");
+    if (st == CAI_OK) st = path_join(tok_dir, PATH, cfg->run.dir, "tokenizer");
     cai_app_check_all(st, 2);
     int train_tok = !*cfg->tokenizer && cfg->corpus_vocab > 0;
     if (rank == 0) {

@@ -1,7 +1,6 @@
 /* colossal-pretrain samples: greedy continuations of a few prompts with the
  * trained weights, through the training model's own (B, T) buffers. Each
- * new token costs a whole forward over row 0 (no KV cache: the inference
- * engine has one); causal attention makes the padding after the context
+ * new token costs a whole forward over row 0 (no KV cache); causal attention makes the padding after the context
  * irrelevant to its logits. */
 #include "cai_config.h"
 

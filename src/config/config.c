@@ -31,6 +31,7 @@ const char *cai_cfg_type_name(cai_config_type type) {
     case CAI_CFG_DOUBLE: return "double";
     case CAI_CFG_STRING: return "string";
     case CAI_CFG_ENUM: return "enum";
+    case CAI_CFG_BYTES: return "bytes";
     }
     return "?";
 }
@@ -43,6 +44,7 @@ const char *cai_cfg_type_phrase(cai_config_type type) {
     case CAI_CFG_DOUBLE: return "a double";
     case CAI_CFG_STRING: return "a string";
     case CAI_CFG_ENUM: return "an enum";
+    case CAI_CFG_BYTES: return "a size";
     }
     return "a value";
 }
@@ -240,6 +242,77 @@ static int parse_integer(const char *text, long long lo, long long hi, long long
     return 1;
 }
 
+const char *const cai_config_bytes_auto[] = {"auto", NULL};
+
+static const struct {
+    const char *unit;
+    double scale;
+} k_byte_units[] = {
+    /* Largest first: cai_config_format_bytes takes the first that divides. */
+    {"TiB", 1099511627776.0}, {"TB", 1e12}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"MiB", 1048576.0},
+    {"MB", 1e6}, {"KiB", 1024.0}, {"KB", 1e3}, {"T", 1099511627776.0}, {"G", 1073741824.0},
+    {"M", 1048576.0}, {"K", 1024.0}, {"B", 1}, {"", 1},
+};
+#define N_BYTE_UNITS (sizeof k_byte_units / sizeof k_byte_units[0])
+
+/* 0: *out holds the bytes; 1: no number; 2: *unit is not a unit; 3: too large. */
+static int parse_bytes(const char *text, int64_t *out, const char **unit) {
+    char *end = NULL;
+    double v = 0;
+    if (*text == '.' || isdigit((unsigned char)*text)) v = strtod(text, &end);
+    if (!end || end == text) return 1;
+    while (*end == ' ') end++;
+    *unit = end;
+    for (size_t i = 0; i < N_BYTE_UNITS; i++) {
+        if (strcasecmp(end, k_byte_units[i].unit)) continue;
+        double b = nearbyint(v * k_byte_units[i].scale);
+        /* 2^63 is the first double above INT64_MAX. */
+        if (!isfinite(b) || b >= 9223372036854775808.0) return 3;
+        *out = (int64_t)b;
+        return 0;
+    }
+    return 2;
+}
+
+/* The error of parse_bytes' `why`; `lead` (the source, or NULL) comes first. */
+static cai_status bytes_error(const char *source, const char *key, const char *text, int why, const char *unit) {
+    char shown[256], ushown[64], lead[256];
+    quote_for_message(text, shown, sizeof shown);
+    snprintf(lead, sizeof lead, "%s%s", source ? source : "", source ? ": " : "");
+    if (why == 3) return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is too large (at most 8EiB)", lead, key, shown);
+    if (why == 2) {
+        quote_for_message(unit, ushown, sizeof ushown);
+        return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is not a size (%s: unknown unit '%s'; K/M/G/T and KiB/MiB/GiB/"
+                         "TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or none bytes)", lead, key, shown,
+                         key, ushown);
+    }
+    return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is not a size (e.g. 3GiB, 800M, 5GB, 4096)", lead, key, shown);
+}
+
+cai_status cai_config_parse_bytes(const char *what, const char *text, int64_t *out) {
+    CAI_CHECK_ARG(text && out, "cai_config_parse_bytes: NULL text or output");
+    const char *unit = "";
+    int64_t v = 0;
+    int why = parse_bytes(text, &v, &unit);
+    if (why) return bytes_error(NULL, what ? what : "size", text, why, unit);
+    *out = v;
+    return CAI_OK;
+}
+
+const char *cai_config_format_bytes(int64_t bytes, char *buf, size_t cap) {
+    if (!cap) return buf;
+    if (bytes > 0)
+        for (size_t i = 0; i < N_BYTE_UNITS && k_byte_units[i].scale > 1 && strlen(k_byte_units[i].unit) > 1; i++) {
+            int64_t scale = (int64_t)k_byte_units[i].scale;
+            if (bytes % scale == 0) {
+                snprintf(buf, cap, "%" PRId64 "%s", bytes / scale, k_byte_units[i].unit);
+                return buf;
+            }
+        }
+    snprintf(buf, cap, "%" PRId64, bytes);
+    return buf;
+}
+
 static void choices_list(const cai_config_field *f, char *buf, size_t cap) {
     size_t o = 0;
     buf[0] = 0;
@@ -307,10 +380,25 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
         v.i = found;
         break;
     }
+    case CAI_CFG_BYTES: {
+        int word = -1;
+        for (int i = 0; f->choices && f->choices[i]; i++)
+            if (!strcasecmp(text, f->choices[i])) word = i;
+        if (word >= 0) {
+            v.l = CAI_CFG_BYTES_WORD(word);
+            break;
+        }
+        const char *unit = "";
+        int why = parse_bytes(text, &v.l, &unit);
+        if (why) return bytes_error(source, f->key, text, why, unit);
+        as_number = (double)v.l;
+        break;
+    }
     default:
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "key '%s' has unknown type %d", f->key, (int)f->type);
     }
-    int numeric = f->type == CAI_CFG_INT || f->type == CAI_CFG_INT64 || f->type == CAI_CFG_DOUBLE;
+    int numeric = f->type == CAI_CFG_INT || f->type == CAI_CFG_INT64 || f->type == CAI_CFG_DOUBLE ||
+                  (f->type == CAI_CFG_BYTES && v.l >= 0);
     if (numeric && range_checked(f) && (as_number < f->min || as_number > f->max)) {
         char lo[40], hi[40];
         snprintf(lo, sizeof lo, "%.17g", f->min);
@@ -324,7 +412,8 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
     case CAI_CFG_BOOL:
     case CAI_CFG_INT:
     case CAI_CFG_ENUM: *(int *)slot = v.i; break;
-    case CAI_CFG_INT64: *(int64_t *)slot = v.l; break;
+    case CAI_CFG_INT64:
+    case CAI_CFG_BYTES: *(int64_t *)slot = v.l; break;
     case CAI_CFG_DOUBLE: *(double *)slot = v.d; break;
     case CAI_CFG_STRING: {
         char *copy = strdup(text);
@@ -383,11 +472,11 @@ static cai_status check_field(const cai_config_schema *schema, size_t idx) {
                          prog, idx, f->key ? f->key : "(null)");
     if (is_reserved(f->key))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: key '%s' is reserved (config, help, h, no-*)", prog, f->key);
-    if ((int)f->type < CAI_CFG_BOOL || f->type > CAI_CFG_ENUM)
+    if ((int)f->type < CAI_CFG_BOOL || f->type > CAI_CFG_BYTES)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: key '%s' has unknown type %d", prog, f->key, (int)f->type);
     if (!f->doc || !*f->doc || strpbrk(f->doc, "\r\n"))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: key '%s' needs a one-line doc for --help", prog, f->key);
-    if (f->type == CAI_CFG_ENUM) {
+    if (f->type == CAI_CFG_ENUM || (f->type == CAI_CFG_BYTES && f->choices)) {
         if (!f->choices || !f->choices[0])
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: enum key '%s' has no choices", prog, f->key);
         for (int i = 0; f->choices[i]; i++) {
@@ -484,6 +573,18 @@ const char *cai_config_format(const cai_config_field *f, const void *cfg, char *
     case CAI_CFG_BOOL: snprintf(buf, cap, "%s", *(const int *)slot ? "true" : "false"); break;
     case CAI_CFG_INT: snprintf(buf, cap, "%d", *(const int *)slot); break;
     case CAI_CFG_INT64: snprintf(buf, cap, "%" PRId64, *(const int64_t *)slot); break;
+    case CAI_CFG_BYTES: {
+        int64_t b = *(const int64_t *)slot;
+        int n = 0;
+        while (f->choices && f->choices[n]) n++;
+        if (b >= 0)
+            cai_config_format_bytes(b, buf, cap);
+        else if (-1 - b < n)
+            snprintf(buf, cap, "%s", f->choices[-1 - b]);
+        else
+            snprintf(buf, cap, "<invalid %" PRId64 ">", b);
+        break;
+    }
     case CAI_CFG_DOUBLE: format_double(*(const double *)slot, buf, cap); break;
     case CAI_CFG_STRING: {
         const char *s = *(char *const *)slot;
@@ -512,7 +613,8 @@ const cai_config_field *cai_config_compare(const cai_config_schema *schema, cons
         case CAI_CFG_BOOL: same = !*(const int *)pa == !*(const int *)pb; break;
         case CAI_CFG_INT:
         case CAI_CFG_ENUM: same = *(const int *)pa == *(const int *)pb; break;
-        case CAI_CFG_INT64: same = *(const int64_t *)pa == *(const int64_t *)pb; break;
+        case CAI_CFG_INT64:
+        case CAI_CFG_BYTES: same = *(const int64_t *)pa == *(const int64_t *)pb; break;
         case CAI_CFG_DOUBLE: same = *(const double *)pa == *(const double *)pb; break;
         case CAI_CFG_STRING: {
             const char *sa = *(char *const *)pa, *sb = *(char *const *)pb;

@@ -612,6 +612,80 @@ START_TEST(bad_tables_are_rejected) {
 }
 END_TEST
 
+/* CAI_CFG_BYTES: one spelling of sizes for every app (binary single letters
+ * and *iB, decimal *B), its words, its range, and text that reads back. */
+START_TEST(byte_sizes) {
+    static const struct {
+        const char *text;
+        int64_t bytes;
+    } good[] = {{"0", 0},           {"4096", 4096},          {"1K", 1024},           {"800M", 800LL << 20},
+                {"3GiB", 3LL << 30}, {"3gib", 3LL << 30},     {"5GB", 5000000000LL},  {"500MB", 500000000LL},
+                {"64KiB", 65536},    {"1.5GB", 1500000000LL}, {"2T", 2LL << 40},      {"123B", 123},
+                {"1.5K", 1536},      {"0.6", 1},              {"7 MiB", 7LL << 20}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t v = -7;
+        ck_assert_msg(cai_config_parse_bytes("x", good[i].text, &v) == CAI_OK, "%s: %s", good[i].text,
+                      cai_error_message());
+        ck_assert_msg(v == good[i].bytes, "%s -> %lld, expected %lld", good[i].text, (long long)v,
+                      (long long)good[i].bytes);
+        char buf[64];
+        int64_t back = -7;
+        cai_config_format_bytes(v, buf, sizeof buf);
+        ck_assert_int_eq(cai_config_parse_bytes("x", buf, &back), CAI_OK);
+        ck_assert_msg(back == v, "%lld -> '%s' -> %lld", (long long)v, buf, (long long)back);
+    }
+    char buf[64];
+    ck_assert_str_eq(cai_config_format_bytes(3LL << 30, buf, sizeof buf), "3GiB");
+    ck_assert_str_eq(cai_config_format_bytes(5000000000LL, buf, sizeof buf), "5GB");
+    ck_assert_str_eq(cai_config_format_bytes(1536, buf, sizeof buf), "1536");
+    static const char *const bad[] = {"", "-1", "12parsecs", "auto", "GB", "1e", "3 GiBs", "nan", "inf", "1e30"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t v = 42;
+        cai_error_clear();
+        ck_assert_msg(cai_config_parse_bytes("train.mem_limit", bad[i], &v) == CAI_ERR_CONFIG, "'%s' accepted",
+                      bad[i]);
+        ck_assert_int_eq(v, 42);
+        ASSERT_MSG_HAS("train.mem_limit=");
+    }
+    /* As a field: the words of `choices`, the range on bytes, the dump. */
+    typedef struct {
+        int64_t limit, shard;
+    } sizes;
+    const cai_config_field f[] = {
+        {"train.mem_limit", CAI_CFG_BYTES, offsetof(sizes, limit), "auto", "limit", CAI_CFG_NO_RANGE,
+         cai_config_bytes_auto, NULL},
+        {"max_shard", CAI_CFG_BYTES, offsetof(sizes, shard), "5GB", "shard size", 1, 1e15, NULL, NULL},
+    };
+    cai_config_schema s = {"bytes", NULL, f, 2};
+    sizes v;
+    ck_assert_int_eq(cai_config_defaults(&s, &v), CAI_OK);
+    ck_assert_int_eq(v.limit, CAI_CFG_BYTES_AUTO);
+    ck_assert_int_eq(v.shard, 5000000000LL);
+    ck_assert_int_eq(cai_config_set(&s, &v, "train.mem_limit", "800M", "cli"), CAI_OK);
+    ck_assert_int_eq(v.limit, 800LL << 20);
+    ck_assert_str_eq(cai_config_format(&f[0], &v, buf, sizeof buf), "800MiB");
+    ck_assert_int_eq(cai_config_set(&s, &v, "train.mem_limit", "AUTO", "cli"), CAI_OK);
+    ck_assert_str_eq(cai_config_format(&f[0], &v, buf, sizeof buf), "auto");
+    cai_error_clear();
+    ck_assert_int_eq(cai_config_set(&s, &v, "max_shard", "auto", "cli"), CAI_ERR_CONFIG);
+    ASSERT_MSG_HAS("max_shard='auto' is not a size");
+    cai_error_clear();
+    ck_assert_int_eq(cai_config_set(&s, &v, "max_shard", "0", "cli"), CAI_ERR_CONFIG);
+    ASSERT_MSG_HAS("out of range");
+    ck_assert_int_eq(v.shard, 5000000000LL);
+    char *text = NULL;
+    ck_assert_int_eq(cai_config_set(&s, &v, "max_shard", "2GiB", "cli"), CAI_OK);
+    ck_assert_int_eq(cai_config_write_string(&s, &v, &text), CAI_OK);
+    sizes w;
+    ck_assert_int_eq(cai_config_defaults(&s, &w), CAI_OK);
+    ck_assert_int_eq(cai_config_load_yaml_string(&s, &w, text, "dump"), CAI_OK);
+    ck_assert_ptr_null(cai_config_compare(&s, &v, &w));
+    free(text);
+    cai_config_free(&s, &v);
+    cai_config_free(&s, &w);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     Suite *s = suite_create("config");
@@ -628,6 +702,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, write_then_load_round_trips);
     tcase_add_test(tc, command_line_shape_errors);
     tcase_add_test(tc, bad_tables_are_rejected);
+    tcase_add_test(tc, byte_sizes);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -11,4 +11,5 @@
 #include "colossal/parallel.h"
 #include "colossal/ckpt.h"
 #include "colossal/data.h"
+#include "colossal/run.h"
 #endif

@@ -24,8 +24,17 @@ typedef enum {
     CAI_CFG_DOUBLE, /* double, finite */
     CAI_CFG_STRING, /* char * owned by the struct, never NULL after cai_config_defaults
                        (empty string for a NULL default); cai_config_free releases it */
-    CAI_CFG_ENUM    /* int index into `choices`; matched case-insensitively */
+    CAI_CFG_ENUM,   /* int index into `choices`; matched case-insensitively */
+    CAI_CFG_BYTES   /* int64_t byte count: "123", "1.5GB", "800M", "3GiB" (cai_config_parse_bytes); the
+                       words in `choices`, if any, are accepted too and stored as CAI_CFG_BYTES_WORD(i)
+                       (e.g. {"auto", NULL}: "auto" -> CAI_CFG_BYTES_WORD(0) == -1); min/max bound the bytes */
 } cai_config_type;
+
+/* The value a CAI_CFG_BYTES field holds for its i-th word (negative, so never a size). */
+#define CAI_CFG_BYTES_WORD(i) (-1 - (int64_t)(i))
+/* The usual single word of a CAI_CFG_BYTES field: {"auto", NULL}. */
+#define CAI_CFG_BYTES_AUTO CAI_CFG_BYTES_WORD(0)
+extern const char *const cai_config_bytes_auto[];
 
 typedef struct {
     const char *key;           /* dotted path, e.g. "train.lr" <-> YAML train: {lr: ...}; parts are
@@ -100,6 +109,17 @@ cai_status cai_config_write_string(const cai_config_schema *schema, const void *
  * The file is written under a temporary name and renamed, so a reader never
  * sees half of it. Not collective: call it from one rank. */
 cai_status cai_config_write_file(const cai_config_schema *schema, const void *cfg, const char *dir);
+
+/* A byte size: a non-negative decimal number (fractions allowed, rounded to
+ * the nearest byte) and an optional unit, case-insensitive: none or B bytes;
+ * K, M, G, T and KiB, MiB, GiB, TiB powers of 1024; KB, MB, GB, TB powers of
+ * 1000 (Hugging Face's max_shard_size spelling: 5GB = 5e9). CAI_ERR_CONFIG
+ * for anything else or a size above INT64_MAX; `what` ("train.mem_limit")
+ * leads the message. */
+cai_status cai_config_parse_bytes(const char *what, const char *text, int64_t *out);
+/* `bytes` as the shortest text cai_config_parse_bytes reads back exactly:
+ * "3GiB", "5GB", "1536KiB", "123". Returns `buf`. */
+const char *cai_config_format_bytes(int64_t bytes, char *buf, size_t cap);
 
 /* The field for a key or an alias ('-' and '_' interchangeable), or NULL. */
 const cai_config_field *cai_config_find(const cai_config_schema *schema, const char *key);

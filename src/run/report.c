@@ -1,16 +1,14 @@
-/* colossal-pretrain reporting: the progress line, metrics.jsonl, model FLOPs
- * and MFU, memory. */
+/* metrics.jsonl, the progress line, model FLOPs and MFU, memory. */
 #include "cai_config.h"
 
 #include <math.h>
-#include <mpi.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "pretrain.h"
+#include "run_internal.h"
 
 /* N of the 6·N rule: every parameter that takes part in a matmul. The
  * token and position tables are lookups, not matmuls; the LM head is one
@@ -64,45 +62,62 @@ done:
     return st;
 }
 
-cai_status pt_report_init(pt_report *r, const pt_config *cfg, cai_model_t *m, cai_device_t *dev, int rank,
-                          int world) {
+cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
+                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, MPI_Comm world) {
     memset(r, 0, sizeof *r);
     r->rank = rank;
     r->dev = dev;
     const cai_model_config *mc = cai_model_config_of(m);
     r->matmul_params = matmul_params(cai_model_registry(m));
-    r->flops_per_token = 6.0 * (double)r->matmul_params + 12.0 * mc->n_layers * (double)cfg->seq_len * mc->d_model;
-    double peak = cfg->peak_tflops * 1e12;
+    r->flops_per_token = 6.0 * (double)r->matmul_params + 12.0 * mc->n_layers * (double)seq_len * mc->d_model;
+    double peak = peak_tflops * 1e12;
     if (!(peak > 0)) CAI_CALL(measure_peak(dev, mc->act_dtype, &peak));
     /* Collective on every rank alike (the branch above is per rank only in
      * its duration). */
-    MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    (void)world;
+    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, world));
+    r->world = world;
     r->peak_flops = peak;
     if (rank == 0) {
         char path[4200];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->dir);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
         /* A resumed run continues the record of the run it resumes. */
-        r->metrics = fopen(path, cfg->first_step > 1 ? "a" : "w");
+        r->metrics = fopen(path, first_step > 1 ? "a" : "w");
         if (!r->metrics) return CAI_ERROR(CAI_ERR_IO, "cannot write %s", path);
     }
     r->t_start = r->t_last = cai_time_now();
-    r->step_last = cfg->first_step > 1 ? cfg->first_step - 1 : 0;
+    r->step_last = first_step > 1 ? first_step - 1 : 0;
     return CAI_OK;
 }
 
-void pt_report_free(pt_report *r) {
+void cai_run_report_free(cai_run_report *r) {
     if (r->metrics) fclose(r->metrics);
     r->metrics = NULL;
     free(r->step_s);
     r->step_s = NULL;
 }
 
+void cai_run_report_vjson(cai_run_report *r, const char *fmt, va_list ap) {
+    if (!r->metrics) return;
+    fputc('{', r->metrics);
+    vfprintf(r->metrics, fmt, ap);
+    fputs("}\n", r->metrics);
+    /* Readable while the run goes on, and complete up to the last step if
+     * the job is killed. */
+    fflush(r->metrics);
+}
+
+void cai_run_report_json(cai_run_report *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cai_run_report_vjson(r, fmt, ap);
+    va_end(ap);
+}
+
 /* Device memory in use now (GPUs: the whole device as the driver counts it,
  * context included, as nvidia-smi shows it; the CPU backend: none, its
  * memory is the process's RSS). Every step: the arena is allocated before
  * step 1 and nothing after, so a sample per step sees the peak. */
-static void sample_device_memory(pt_report *r) {
+static void sample_device_memory(cai_run_report *r) {
     if (!r->dev || r->dev->kind == CAI_DEVICE_HOST) return;
     size_t free_b = 0, total_b = 0;
     if (cai_device_mem_info(r->dev, &free_b, &total_b) != CAI_OK || total_b == 0) return;
@@ -116,10 +131,10 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-void pt_report_summary(pt_report *r) {
+cai_status cai_run_report_summary(cai_run_report *r) {
     double mem[2] = {r->dev_used_max, r->dev_total};
-    MPI_Allreduce(MPI_IN_PLACE, mem, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (r->rank != 0 || r->n_steps == 0) return;
+    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, mem, 2, MPI_DOUBLE, MPI_MAX, r->world));
+    if (r->rank != 0 || r->n_steps == 0) return CAI_OK;
     /* The first steps pay for plan caches, autotuning and page faults: leave
      * out 5, or a quarter of a short run. */
     int64_t warm = r->n_steps / 4 < 5 ? r->n_steps / 4 : 5, n = r->n_steps - warm;
@@ -128,26 +143,16 @@ void pt_report_summary(pt_report *r) {
     double tps = med > 0 ? (double)r->tokens_per_step / med : 0, mfu = tps * r->flops_per_token / r->peak_flops;
     printf("steady state: median step %.1f ms over %lld steps after %lld warm-up | %.0f tokens/s | MFU %.1f%%",
            1e3 * med, (long long)n, (long long)warm, tps, 100.0 * mfu);
-    if (mem[1] > 0) printf(" | device memory %.1f of %.1f GiB (most on a rank)", mem[0] / 1073741824.0, mem[1] / 1073741824.0);
+    if (mem[1] > 0)
+        printf(" | device memory %.1f of %.1f GiB (most on a rank)", mem[0] / 1073741824.0, mem[1] / 1073741824.0);
     printf("\n");
-    pt_report_json(r,
-                   "\"kind\":\"summary\",\"warmup_steps\":%lld,\"steps\":%lld,\"median_step_s\":%.6f,"
-                   "\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"device_mem_used_bytes\":%.0f,\"device_mem_total_bytes\":%.0f",
-                   (long long)warm, (long long)n, med, tps, mfu, mem[0], mem[1]);
+    cai_run_report_json(r,
+                        "\"kind\":\"summary\",\"warmup_steps\":%lld,\"steps\":%lld,\"median_step_s\":%.6f,"
+                        "\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"device_mem_used_bytes\":%.0f,"
+                        "\"device_mem_total_bytes\":%.0f",
+                        (long long)warm, (long long)n, med, tps, mfu, mem[0], mem[1]);
     fflush(stdout);
-}
-
-void pt_report_json(pt_report *r, const char *fmt, ...) {
-    if (!r->metrics) return;
-    va_list ap;
-    va_start(ap, fmt);
-    fputc('{', r->metrics);
-    vfprintf(r->metrics, fmt, ap);
-    fputs("}\n", r->metrics);
-    va_end(ap);
-    /* Readable while the run goes on, and complete up to the last step if
-     * the job is killed. */
-    fflush(r->metrics);
+    return CAI_OK;
 }
 
 static double rss_bytes(void) {
@@ -163,15 +168,15 @@ static double rss_bytes(void) {
     return (double)ru.ru_maxrss * 1024.0; /* peak, where /proc is missing */
 }
 
-static void format_duration(double s, char *buf, size_t cap) {
+void cai_run_format_duration(double s, char *buf, size_t cap) {
     long t = (long)(s + 0.5);
     if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
     else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
     else snprintf(buf, cap, "%lds", t);
 }
 
-void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_step_stats *st,
-                    double step_seconds) {
+cai_status cai_run_report_step(cai_run_report *r, int64_t step, int64_t last_step, int64_t log_interval,
+                               const cai_step_stats *st, double step_seconds) {
     if (r->n_steps == r->cap_steps) {
         int64_t cap = r->cap_steps ? 2 * r->cap_steps : 1024;
         double *p = realloc(r->step_s, (size_t)cap * sizeof *p);
@@ -184,42 +189,44 @@ void pt_report_step(pt_report *r, const pt_config *cfg, int64_t step, const cai_
     sample_device_memory(r);
     double tps = step_seconds > 0 ? (double)r->tokens_per_step / step_seconds : 0;
     double mfu = tps * r->flops_per_token / r->peak_flops;
-    pt_report_json(r,
-                   "\"kind\":\"train\",\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%lld,"
-                   "\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.6f",
-                   (long long)step, (double)st->loss, (double)st->lr, (double)st->grad_norm,
-                   (long long)(step * r->tokens_per_step), step_seconds, tps, mfu);
-    if (step % cfg->log_interval != 0 && step != cfg->steps) return;
+    cai_run_report_json(r,
+                        "\"kind\":\"train\",\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,"
+                        "\"tokens\":%lld,\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.6f",
+                        (long long)step, (double)st->loss, (double)st->lr, (double)st->grad_norm,
+                        (long long)(step * r->tokens_per_step), step_seconds, tps, mfu);
+    if (step % log_interval != 0 && step != last_step) return CAI_OK;
 
     double rss = rss_bytes();
-    MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, r->world));
     double now = cai_time_now(), dt = now - r->t_last;
     int64_t steps = step - r->step_last;
     tps = dt > 0 ? (double)(steps * r->tokens_per_step) / dt : 0;
     mfu = tps * r->flops_per_token / r->peak_flops;
-    double eta = steps > 0 ? dt / (double)steps * (double)(cfg->steps - step) : 0;
+    double eta = steps > 0 ? dt / (double)steps * (double)(last_step - step) : 0;
     r->t_last = now;
     r->step_last = step;
-    if (r->rank != 0) return;
+    if (r->rank != 0) return CAI_OK;
     char eta_s[32], tps_s[32];
-    format_duration(eta, eta_s, sizeof eta_s);
+    cai_run_format_duration(eta, eta_s, sizeof eta_s);
     if (tps >= 1e6) snprintf(tps_s, sizeof tps_s, "%.2fM", tps / 1e6);
     else if (tps >= 1e3) snprintf(tps_s, sizeof tps_s, "%.1fk", tps / 1e3);
     else snprintf(tps_s, sizeof tps_s, "%.0f", tps);
-    int w = snprintf(NULL, 0, "%lld", (long long)cfg->steps);
+    int w = snprintf(NULL, 0, "%lld", (long long)last_step);
     printf("step %*lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %s tok/s | MFU %.1f%% | mem %.0f MiB | ETA %s\n",
-           w, (long long)step, (long long)cfg->steps, (double)st->loss, (double)st->lr, (double)st->grad_norm, tps_s,
+           w, (long long)step, (long long)last_step, (double)st->loss, (double)st->lr, (double)st->grad_norm, tps_s,
            100.0 * mfu, rss / 1048576.0, eta_s);
-    pt_report_json(r, "\"kind\":\"progress\",\"step\":%lld,\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"rss_mib\":%.1f,"
-                      "\"elapsed_s\":%.3f",
-                   (long long)step, tps, mfu, rss / 1048576.0, now - r->t_start);
+    cai_run_report_json(r,
+                        "\"kind\":\"progress\",\"step\":%lld,\"tokens_per_s\":%.1f,\"mfu\":%.6f,\"rss_mib\":%.1f,"
+                        "\"elapsed_s\":%.3f",
+                        (long long)step, tps, mfu, rss / 1048576.0, now - r->t_start);
     fflush(stdout);
+    return CAI_OK;
 }
 
-void pt_report_eval(pt_report *r, int64_t step, double loss) {
+void cai_run_report_eval(cai_run_report *r, int64_t step, double loss) {
     if (r->rank != 0) return;
     printf("eval at step %lld | val loss %.4f | val ppl %.3f\n", (long long)step, loss, exp(loss));
     fflush(stdout);
-    pt_report_json(r, "\"kind\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_ppl\":%.9g", (long long)step, loss,
-                   exp(loss));
+    cai_run_report_json(r, "\"kind\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_ppl\":%.9g", (long long)step,
+                        loss, exp(loss));
 }

@@ -1,0 +1,61 @@
+/* Inside the run module: the report state and the job object. */
+#ifndef CAI_RUN_INTERNAL_H
+#define CAI_RUN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "colossal/run.h"
+
+typedef struct {
+    FILE *metrics;          /* rank 0: run.dir/metrics.jsonl */
+    double flops_per_token; /* 6 N + 12 L T d */
+    double peak_flops;      /* whole job, FLOP/s */
+    int64_t matmul_params;  /* N */
+    double t_start, t_last; /* wall clock of the report's start and of the last progress line */
+    int64_t step_last;
+    int64_t tokens_per_step;
+    int rank;
+    MPI_Comm world;
+    cai_device_t *dev;      /* for the device-memory samples */
+    double *step_s;         /* this run's step times, for the steady-state summary */
+    int64_t n_steps, cap_steps;
+    double dev_used_max;    /* largest device memory in use seen (bytes; GPUs: whole device) */
+    double dev_total;
+} cai_run_report;
+
+/* Collective over `world` (the peak is summed over ranks). */
+cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
+                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, MPI_Comm world);
+void cai_run_report_free(cai_run_report *r);
+void cai_run_report_json(cai_run_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cai_run_report_vjson(cai_run_report *r, const char *fmt, va_list ap);
+/* The step's record; every log_interval steps and at last_step the progress
+ * line (collective over the world then: the peak RSS). */
+cai_status cai_run_report_step(cai_run_report *r, int64_t step, int64_t last_step, int64_t log_interval,
+                               const cai_step_stats *st, double step_seconds);
+void cai_run_report_eval(cai_run_report *r, int64_t step, double loss);
+/* Collective over the world (largest device memory). */
+cai_status cai_run_report_summary(cai_run_report *r);
+void cai_run_format_duration(double seconds, char *buf, size_t cap);
+
+struct cai_run {
+    cai_run_config cfg;
+    MPI_Comm world;
+    int rank, size, local_rank, local_size;
+    cai_mesh_t *mesh;
+    cai_device_t *dev;
+    char ckpt_dir[4096];
+    int64_t first_step;
+    int64_t last_step;  /* the last step the loop finished */
+    int64_t last_saved; /* step of the newest checkpoint (0: none) */
+    int64_t tokens;     /* trained on so far, across resumes */
+    cai_step_stats last;
+    int stopped_by;     /* 0, a signal, CAI_RUN_STOP_AT */
+    int checkpointed;   /* the stop wrote a checkpoint */
+    double t_train, seconds;
+    int started;
+    cai_run_report report;
+};
+
+#endif
