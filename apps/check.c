@@ -295,6 +295,35 @@ done:
     return st;
 }
 
+/* The knob table (src/base/knobs.c) as rank 0 reads it, NCCL's parameter
+ * style: name, value and where it came from, then the default, the valid
+ * values and the meaning. A value that does not parse is shown with the
+ * error the library gives when the knob is first used; --info still runs. */
+static void print_knobs(void) {
+    printf("  test hooks        %s\n", cai_test_hooks_built() ? "compiled in (configure --enable-test-hooks)"
+                                                               : "not compiled in");
+    printf("  knobs             environment variables, as rank 0 sees them\n");
+    for (size_t i = 0; i < cai_knob_count(); i++) {
+        const cai_knob_info *k = cai_knob_at(i);
+        const char *v = NULL;
+        cai_knob_source src = CAI_KNOB_FROM_DEFAULT;
+        if (cai_knob_value(k->name, &v, &src) == CAI_OK) {
+            printf("    %-26s %s (%s)\n", k->name, *v ? v : "\"\"",
+                   src == CAI_KNOB_FROM_ENV ? "environment" : src == CAI_KNOB_FROM_PROGRAM ? "set by the program"
+                                                                                      : "default");
+        } else {
+            printf("    %-26s INVALID: %s\n", k->name, cai_error_message());
+            cai_error_clear();
+        }
+        if (k->type == CAI_KNOB_INT)
+            printf("      default %s, integer in [%lld, %lld]: %s\n", k->dflt, k->min, k->max, k->meaning);
+        else if (k->type == CAI_KNOB_ENUM)
+            printf("      default %s, one of %s: %s\n", k->dflt, k->choices, k->meaning);
+        else
+            printf("      default %s: %s\n", *k->dflt ? k->dflt : "unset", k->meaning);
+    }
+}
+
 /* Collective over MPI_COMM_WORLD (host names and GPU counts are gathered). */
 static cai_status run_info(const cai_app *app) {
     int root = app->rank == 0;
@@ -341,6 +370,7 @@ static cai_status run_info(const cai_app *app) {
             printf("%d-%d ranks per node\n", per_node_min, per_node_max);
         printf("  hosts\n");
         st = print_hosts(app, all);
+        print_knobs();
         fflush(stdout);
     }
     cai_free(all);

@@ -577,6 +577,29 @@ static cai_status group_segments(engine *e, int b, int pass, ck_segs *out, int *
     return st;
 }
 
+#if CAI_TEST_HOOKS
+/* Test hook, only in builds configured --enable-test-hooks (docs/checkpoint.md):
+ * the knob CAI_CKPT_TEST_STALL=N[:R] makes rank R (default: the last) stop
+ * for 10 minutes after its N-th write transfer, so a test can kill it in
+ * the middle of a save. */
+static cai_status test_stall(const engine *e, const char *tmp) {
+    const char *v = NULL;
+    CAI_CALL(cai_knob_str("CAI_CKPT_TEST_STALL", &v));
+    int want = -1, who = e->size - 1;
+    if (!*v) return CAI_OK;
+    if (sscanf(v, "%d:%d", &want, &who) < 1 || want < 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "CAI_CKPT_TEST_STALL='%s': expected N[:R], a transfer count N >= 1 and "
+                         "optionally the rank R that stalls", v);
+    if (e->x.io.n_transfers == want && e->rank == who) {
+        fprintf(stderr, "checkpoint test hook: rank %d (pid %ld) stalls after %d transfer%s of %s\n", e->rank,
+                (long)getpid(), want, want == 1 ? "" : "s", tmp);
+        fflush(stderr);
+        for (int k = 0; k < 600; k++) sleep(1);
+    }
+    return CAI_OK;
+}
+#endif
+
 /* All transfers of group b (pass as in group_segments). Every rank makes
  * the same number of calls: the maximum over ranks of its pieces (agreed
  * here). A rank that has failed keeps taking part with empty selections so
@@ -600,19 +623,9 @@ static cai_status move_group(engine *e, int b, int pass, cai_status st, const ch
         cai_status s = ck_xfer_segs(&e->x, e->storage[b], e->fdt[b], g, n, pass < 0, st == CAI_OK ? &mem : NULL,
                                     in_order, e->soff + b * e->np, e->xs + b * e->np, what);
         if (s != CAI_OK && st == CAI_OK) st = s;
-        if (pass < 0 && tmp_for_hook) {
-            /* Test hook (docs/checkpoint.md): CAI_CKPT_TEST_STALL=N[:R] makes
-             * rank R (default: the last) stop for 10 minutes after its N-th
-             * write transfer, so a test can kill it in the middle of a save. */
-            const char *env = getenv("CAI_CKPT_TEST_STALL");
-            int want = -1, who = e->size - 1;
-            if (env && sscanf(env, "%d:%d", &want, &who) >= 1 && e->x.io.n_transfers == want && e->rank == who) {
-                fprintf(stderr, "checkpoint test hook: rank %d (pid %ld) stalls after %d transfer%s of %s\n", e->rank,
-                        (long)getpid(), want, want == 1 ? "" : "s", tmp_for_hook);
-                fflush(stderr);
-                for (int k = 0; k < 600; k++) sleep(1);
-            }
-        }
+#if CAI_TEST_HOOKS
+        if (pass < 0 && tmp_for_hook && st == CAI_OK) st = test_stall(e, tmp_for_hook);
+#endif
     }
     free(starts);
     ck_segs_free(&segs);

@@ -157,33 +157,31 @@ static hid_t make_fapl(MPI_Comm comm) {
     return fapl;
 }
 
-/* CAI_CKPT_MPIIO=two-phase hands every transfer to MPI-IO's collective
- * buffering (aggregators gather the ranks' pieces and write large blocks:
- * the choice for many ranks on a parallel file system); the default,
- * "independent", keeps the HDF5 calls collective but lets each rank write
- * its own contiguous pieces itself, which avoids copying every byte through
- * the aggregators when pieces are already large and disjoint (the
- * data-parallel case: each rank writes a contiguous slice of every tensor).
- * See docs/checkpoint.md for measurements. Every rank must see the same
- * value: it changes which MPI calls HDF5 makes. */
-static int independent_mpiio(void) {
-    const char *e = getenv("CAI_CKPT_MPIIO");
-    return !(e && (strcmp(e, "two-phase") == 0 || strcmp(e, "collective") == 0));
-}
-
-static void set_comm(ck_h5 *h, MPI_Comm comm, const char *path) {
+/* The knob CAI_CKPT_MPIIO=two-phase hands every transfer to MPI-IO's
+ * collective buffering (aggregators gather the ranks' pieces and write
+ * large blocks: the choice for many ranks on a parallel file system); the
+ * default, "independent", keeps the HDF5 calls collective but lets each
+ * rank write its own contiguous pieces itself, which avoids copying every
+ * byte through the aggregators when pieces are already large and disjoint
+ * (the data-parallel case: each rank writes a contiguous slice of every
+ * tensor). Every rank must see the same value: it changes which MPI calls
+ * HDF5 makes. */
+static cai_status set_comm(ck_h5 *h, MPI_Comm comm, const char *path) {
     memset(h, 0, sizeof *h);
     h->file = h->bf16 = -1;
-    h->independent_mpiio = independent_mpiio();
+    const char *mode = NULL;
+    CAI_CALL(cai_knob_str("CAI_CKPT_MPIIO", &mode));
+    h->independent_mpiio = strcmp(mode, "two-phase") != 0;
     h->comm = comm;
     MPI_Comm_rank(comm, &h->rank);
     MPI_Comm_size(comm, &h->size);
     snprintf(h->path, sizeof h->path, "%s", path);
+    return CAI_OK;
 }
 
 cai_status ck_h5_create(ck_h5 *h, MPI_Comm comm, const char *path) {
     ck_h5_quiet();
-    set_comm(h, comm, path);
+    CAI_CALL(set_comm(h, comm, path));
     hid_t fapl = make_fapl(comm);
     if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the MPI-IO file access", path);
     h->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
@@ -199,7 +197,7 @@ cai_status ck_h5_create(ck_h5 *h, MPI_Comm comm, const char *path) {
 
 cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path) {
     ck_h5_quiet();
-    set_comm(h, comm, path);
+    CAI_CALL(set_comm(h, comm, path));
     hid_t fapl = make_fapl(comm);
     if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the MPI-IO file access", path);
     h->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);

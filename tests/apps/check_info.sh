@@ -25,6 +25,23 @@ if ! grep -Eq '^    \[0\] ' "$TMP/out"; then
     expect_grep out 'no GPU visible|CUDA +not built' "neither a GPU list nor 'no GPU visible'"
 fi
 
+# The knob table: every knob with its value, where it came from and its
+# default; a value from the environment is marked, a bad one reported.
+expect_grep out '^  knobs '
+expect_grep out '^    CAI_CUDA_SCRATCH_MB +64 \(default\)$'
+expect_grep out '^      default 64, integer in \[1, [0-9]+\]: MiB of device scratch'
+expect_grep out '^    CAI_CKPT_MPIIO +independent \(default\)$'
+expect_grep out '^      default independent, one of independent\|two-phase: '
+expect_grep out '^    CAI_NCCL_TRACE '
+expect_grep out '^  test hooks +(compiled in|not compiled in)'
+expect_no_grep out 'CAI_CUDA_BGRAD|CAI_CUDA_XENT_FUSED|CAI_CUDA_FLASH_|CAI_NCCL_STREAM_PRIORITY'
+export CAI_CUDA_SCRATCH_MB=128 CAI_CUDA_TF32=yes
+run_np 1 --info
+unset CAI_CUDA_SCRATCH_MB CAI_CUDA_TF32
+expect_ok
+expect_grep out '^    CAI_CUDA_SCRATCH_MB +128 \(environment\)$'
+expect_grep out "^    CAI_CUDA_TF32 +INVALID: .*CAI_CUDA_TF32='yes': expected an integer in \[0, 1\]"
+
 # --info runs alongside another mode when asked for explicitly.
 run_np 1 --info --layout --np 2
 expect_ok

@@ -10,6 +10,12 @@
 #   the file (and the tensor), and the good checkpoint is untouched.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
+# The stall is a test hook: only builds configured --enable-test-hooks have it.
+$MPIEXEC -n 1 "$top_builddir/apps/colossal-check" --info 2>/dev/null | grep -Eq '^  test hooks +compiled in' || {
+    echo "SKIP: this build has no test hooks (configure --enable-test-hooks); CAI_CKPT_TEST_STALL is needed"
+    exit 77
+}
+
 CFG="$TINY --train.steps 20 --eval.interval 0 --log.interval 100 --checkpoint.every 2 --run.dir $TMP/run"
 D="$TMP/run/checkpoints"
 

@@ -201,6 +201,55 @@ size_t cai_dtype_size(cai_dtype dt);
 const char *cai_dtype_name(cai_dtype dt);
 cai_status cai_dtype_parse(const char *name, cai_dtype *out);
 
+/* ------------------------------------------------------------------ knobs */
+
+/* Run-time knobs: the environment variables that tune the library, declared
+ * once in one table (src/base/knobs.c) with type, default and meaning, the
+ * way NCCL declares its parameters; `colossal-check --info` prints them.
+ * A knob's environment value is read and validated on its first use, then
+ * kept for the life of the process; a value that does not parse is an error
+ * naming the knob and what would fit, never a silent default. Every rank
+ * must see the same value where a knob's meaning says so. Not collective. */
+typedef enum {
+    CAI_KNOB_INT,  /* a decimal integer in [min, max] */
+    CAI_KNOB_ENUM, /* one of the '|'-separated choices */
+    CAI_KNOB_STR   /* free text, parsed by the code that reads it */
+} cai_knob_type;
+
+typedef struct {
+    const char *name;    /* the environment variable */
+    cai_knob_type type;
+    const char *dflt;    /* the default, as text */
+    const char *choices; /* ENUM: "a|b|c"; otherwise NULL */
+    long long min, max;  /* INT: the valid range */
+    const char *meaning;
+} cai_knob_info;
+
+typedef enum {
+    CAI_KNOB_FROM_DEFAULT,
+    CAI_KNOB_FROM_ENV,
+    CAI_KNOB_FROM_PROGRAM /* cai_knob_set */
+} cai_knob_source;
+
+/* The table: cai_knob_at(i) for i < cai_knob_count(), NULL beyond. */
+size_t cai_knob_count(void);
+const cai_knob_info *cai_knob_at(size_t i);
+/* An INT knob's value. */
+cai_status cai_knob_int(const char *name, long long *out);
+/* An ENUM knob's value (the choice as spelled in the table) or a STR
+ * knob's text ("" when unset and without default); valid for the life of
+ * the process or until cai_knob_set of the same knob. */
+cai_status cai_knob_str(const char *name, const char **out);
+/* A knob's current value as text and where it came from (for reports). */
+cai_status cai_knob_value(const char *name, const char **text, cai_knob_source *source);
+/* Overrides a knob for this process, validated like the environment
+ * (value NULL: back to the environment or the default). Code that read the
+ * knob before keeps what it read: set knobs before the work they tune. */
+cai_status cai_knob_set(const char *name, const char *value);
+/* Whether this build has its test-only hooks compiled in (configure
+ * --enable-test-hooks): fault injection for the test suite. */
+int cai_test_hooks_built(void);
+
 /* ------------------------------------------------------------------ misc */
 
 const char *cai_version_string(void);
