@@ -105,6 +105,7 @@ template <bool F16> CUK_INLINE uint32_t fl_pack(float lo, float hi) {
     return *(uint32_t *)&h;
 }
 
+CUK_EMU_BEGIN(flash);
 /* A operand (16 rows x 16 k) from row-major shared memory [row][k] at
  * base (row 0, k 0), row stride LD: lanes 0-7 address rows 0-7 / k 0 (a0),
  * 8-15 rows 8-15 / k 0 (a1), 16-23 rows 0-7 / k 8 (a2), 24-31 rows 8-15 /
@@ -611,6 +612,8 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd
     for (int r = 0; r < 2; r++)
         if (ri[r] < Tq) fl_store_row<ND>(dq, cuk_roff(dq, b, ri[r], h), qacc, r, a.scale, tq);
 }
+
+CUK_EMU_END(flash);
 
 /* ---------------------------------------------------------------- launchers */
 

@@ -13,7 +13,17 @@
 
 #define CUK_INLINE __device__ __forceinline__
 
+/* Regions of kernel source that the CPU emulators (the _emu.sh scripts in
+ * tests/gpu) cut out and compile on the host:
+ *   CUK_EMU_BEGIN(name); ... CUK_EMU_END(name);
+ * each name once in a translation unit. They are code, not comments: an END
+ * without its BEGIN, or a name used twice, fails to compile (here and in the
+ * emulator), and emu_extract.py refuses a BEGIN without its END. */
+#define CUK_EMU_BEGIN(name) enum { cuk_emu_begin_##name = 1 }
+#define CUK_EMU_END(name) static_assert(cuk_emu_begin_##name == 1, "CUK_EMU_END(" #name ") after its BEGIN")
+
 /* ---------------------------------------------------------------- number formats */
+CUK_EMU_BEGIN(cuk_formats);
 
 CUK_INLINE float cuk_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
@@ -96,6 +106,8 @@ CUK_INLINE void stf(void *p, int dt, int64_t i, float v) {
     else if (dt == CUK_BF16) ((uint16_t *)p)[i] = cuk_f32_to_bf16(v);
     else ((uint16_t *)p)[i] = cuk_f32_to_f16_mode(v, 0, 0);
 }
+
+CUK_EMU_END(cuk_formats);
 
 /* ---------------------------------------------------------------- Philox-4x32-10 (as src/base/rng.c) */
 
@@ -240,6 +252,7 @@ static inline int64_t cuk_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
  * have no per-element dtype switch. The element index must make the address
  * 16-byte aligned (callers check with cuk_vec_ok). Conversions are the
  * scalar helpers above, so the bits are the same as the general paths'. */
+CUK_EMU_BEGIN(cuk_vec);
 template <int DT> CUK_INLINE float cuk_ld1(const void *p, int64_t i) {
     if (DT == CUK_F32) return ((const float *)p)[i];
     if (DT == CUK_BF16) return cuk_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -306,6 +319,8 @@ template <int DT> CUK_INLINE void cuk_st8_tail(void *p, int64_t i, int n, const 
     for (int k = 0; k < 8; k++)
         if (k < n) cuk_st1<DT>(p, i + k, v[k]);
 }
+
+CUK_EMU_END(cuk_vec);
 
 static inline int cuk_dt_size(int dt) { return dt == CUK_F32 || dt == CUK_I32 ? 4 : dt == CUK_F64 ? 8 : 2; }
 

@@ -832,6 +832,7 @@ __global__ void k_rope(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int
     }
 }
 
+CUK_EMU_BEGIN(rope_fast);
 /* ---- rope fast path: 16-bit views rotated over the whole head (D = 2 half,
  * half a multiple of 8) with 16-byte aligned rows and tables. A thread takes
  * 8 pairs of one head of one token, x[i..i+7] with x[i+half..i+half+7], and
@@ -875,6 +876,8 @@ __global__ void k_rope_vec(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const
     }
 }
 
+CUK_EMU_END(rope_fast);
+
 static bool rope_view_ok(const cuk_bthd &v) {
     return (v.dt == CUK_BF16 || v.dt == CUK_F16) && ((uintptr_t)v.p & 15) == 0 && v.sb % 8 == 0 && v.st % 8 == 0 &&
            v.sh % 8 == 0;
@@ -902,6 +905,7 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
 }
 
 /* ---------------------------------------------------------------- AdamW */
+CUK_EMU_BEGIN(adamw);
 
 /* One element's update: the moments in place, the new weight returned. */
 CUK_INLINE float adamw_one(float w, float g, float &m, float &v, float b1, float b2, float eps, float step_size,
@@ -963,6 +967,8 @@ __global__ void k_adamw_vec(float *w, const float *g, float *mm, float *vv, uint
         }
     }
 }
+
+CUK_EMU_END(adamw);
 
 extern "C" cudaError_t cuk_adamw(cudaStream_t s, float *p, const void *g, int gdt, float *m, float *v, void *lowp,
                                  int ldt, int64_t n, float b1, float b2, float eps, float step_size, float bc2_sqrt,

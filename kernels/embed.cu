@@ -133,6 +133,7 @@ __global__ void k_embed_dwpe(cuk_mat dwpe, cuk_mat dout, int64_t T, int64_t pos_
     }
 }
 
+CUK_EMU_BEGIN(embed_dwte);
 /* ---- dwte fast path: tiles of sorted positions.
  *
  * The sorted positions are cut into tiles of S (a multiple of EMB_CHUNK)
@@ -325,6 +326,8 @@ __global__ void __launch_bounds__(EMB_NT) k_embed_finish(cuk_mat dwte, const uin
     }
 }
 
+CUK_EMU_END(embed_dwte);
+
 /* dwpe's fast path (dout 16-byte aligned rows of a float dtype, dwpe rows
  * 16-byte aligned): 8 columns per thread, the same additions in the same
  * order per element (bitwise equal to the general kernel). */
@@ -365,6 +368,7 @@ static size_t sort_temp_bytes(int64_t n, int64_t v) {
     return bytes;
 }
 
+CUK_EMU_BEGIN(embed_tile_len);
 static int64_t emb_ldp(int64_t cols) { return (cols + 7) & ~(int64_t)7; }
 
 /* Bytes of the partial slots with tiles of S positions. */
@@ -380,6 +384,8 @@ static int64_t emb_tile_len(int64_t n, int64_t cols, size_t avail) {
     while (S < n && emb_part_bytes(n, S, cols) > avail) S *= 2;
     return S;
 }
+
+CUK_EMU_END(embed_tile_len);
 
 /* The minimum: sort buffers plus the partial slots of a single tile; the
  * launcher takes shorter tiles when more scratch is given. */
@@ -477,6 +483,7 @@ __global__ void k_xent_fwd(float *losses, float *lse, float *maxv, float *sumexp
     }
 }
 
+CUK_EMU_BEGIN(xent_fast);
 /* ---- fast paths: 16-byte aligned rows, dtype a template parameter.
  *
  * A thread takes chunks j = tid, tid + XNT, ... of 8 logits. The chunks that
@@ -709,6 +716,8 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, 
         xent_grad_row<DT>(dx, row, n * dx.ld, (int)ncols, jt, et, ign, dl ? dl[n] : dscale, lse[n]);
     }
 }
+
+CUK_EMU_END(xent_fast);
 
 static bool xent_vec_dt(int dt) { return dt == CUK_F32 || dt == CUK_BF16 || dt == CUK_F16; }
 

@@ -95,6 +95,7 @@ extern "C" cudaError_t cuk_norm_bwd_dinp(cudaStream_t s, cuk_mat dx, cuk_mat dy,
 }
 
 /* ---------------------------------------------------------------- fast paths */
+CUK_EMU_BEGIN(norm_fwd);
 
 #define NW 8 /* warps per block of the fast paths */
 
@@ -260,6 +261,8 @@ __global__ void __launch_bounds__(32 * NW, FWD_MINB(DT, K))
     }
 }
 
+CUK_EMU_END(norm_fwd);
+
 /* Per-device caches of the launchers (ordinals below 64; others are not cached). */
 #define NDEV_CACHE 64
 static int cur_dev(void) {
@@ -333,6 +336,7 @@ extern "C" cudaError_t cuk_norm_fwd_fast(cudaStream_t s, cuk_mat y, float *mean,
     return cudaGetLastError();
 }
 
+CUK_EMU_BEGIN(norm_bwd);
 /* Backward: a block of NW warps owns rows [blockIdx.x * rpb, + rpb); warp wp
  * takes rows r0 + wp, r0 + wp + NW, ... in order, issuing the loads of its
  * next row (dout, x, and dinp when accumulating) before working on the
@@ -478,6 +482,8 @@ __global__ void __launch_bounds__(32 * NW, BWD_MINB(DT, K))
         }
     }
 }
+
+CUK_EMU_END(norm_bwd);
 
 template <int DT, int K, bool RMS>
 static cudaError_t launch_bwd_k(cudaStream_t s, unsigned nb, bool par, cuk_mat dx, float *pw, float *pb, cuk_mat dy,

@@ -22,6 +22,9 @@ thread_local unsigned char *g_smem; /* the emulated block's dynamic shared memor
 #define __launch_bounds__(...)
 #define __align__(x)
 #define CUK_INLINE static inline
+/* The region markers of kernels/cuda_common.cuh, kept by the extraction */
+#define CUK_EMU_BEGIN(name) enum { cuk_emu_begin_##name = 1 }
+#define CUK_EMU_END(name) static_assert(cuk_emu_begin_##name == 1, "CUK_EMU_END(" #name ") after its BEGIN")
 
 /* CUDA's vector types and bit casts that the kernels use */
 struct uint2 { uint32_t x, y; };

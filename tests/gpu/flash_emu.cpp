@@ -153,7 +153,7 @@ static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, i
         double s = 0; for (int d = 0; d < D; d++) s += (double)ldf(g.p, 1, cuk_roff(g, b, i, h) + d) * o[cuk_roff(to, b, i, h) + d];
         dvec[((size_t)b * Hq + h) * Tq + i] = (float)s; }
     if (D == 64) {
-        launch(B * Hkv * ntk, fl_kv_smem<64, 64>(), [&] { k_fl_bwd_kv<64, 64, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
+        launch(B * Hkv * ntk, fl_kv_smem<64, 32>(), [&] { k_fl_bwd_kv<64, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
         launch(B * Hq * ntq, fl_q_smem<64>(), [&] { k_fl_bwd_q<64, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
     } else {
         launch(B * Hkv * ntk, fl_kv_smem<128, 32>(), [&] { k_fl_bwd_kv<128, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });

@@ -14,6 +14,16 @@ tests_gpu_test_gpu_train_SOURCES = tests/gpu/test_gpu_train.c
 tests_gpu_test_gpu_train_LDADD = src/libcolossal-core.la
 TESTS += tests/gpu/test_cuda_ops tests/gpu/test_gpu_train
 endif
+# The CPU emulations of the CUDA kernels (tests/gpu/*_emu.sh: the kernels'
+# own source, cut out between CUK_EMU_BEGIN/END markers, compiled by g++ and
+# checked against double-precision references) need neither a GPU nor nvcc:
+# they run in every build. `make check-emu` runs just them.
+GPU_EMU_TESTS = tests/gpu/flash_emu.sh tests/gpu/normxent_emu.sh tests/gpu/embed_emu.sh
+TESTS += $(GPU_EMU_TESTS)
+check-emu:
+	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(GPU_EMU_TESTS)' check_PROGRAMS=
+.PHONY: check-emu
+
 EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py \
 	tests/gpu/run-all.sh tests/gpu/snapshot.sh tests/gpu/hf-prepare.sh tests/gpu/hf_transformers.py \
 	tests/gpu/flash_emu.sh tests/gpu/flash_emu.cpp tests/gpu/normxent_emu.sh tests/gpu/normxent_emu.cpp \

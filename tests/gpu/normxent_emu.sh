@@ -4,6 +4,7 @@
 # against double-precision references. No GPU needed; needs g++ (C++20) and python3.
 #   tests/gpu/normxent_emu.sh
 set -eu
+command -v g++ >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs g++ and python3"; exit 77; }
 top=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -11,19 +12,17 @@ python3 - "$top" "$dir" <<'PY'
 import sys
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[1] + "/tests/gpu")
-from emu_extract import common_parts, cut, write
+from emu_extract import common_parts, region, source, write
 top, out = sys.argv[1], sys.argv[2]
-norm = open(top + "/kernels/norm.cu").read()
-embed = open(top + "/kernels/embed.cu").read()
-elementwise = open(top + "/kernels/elementwise.cu").read()
+norm = source(top, "kernels/norm.cu")
+embed = source(top, "kernels/embed.cu")
+elementwise = source(top, "kernels/elementwise.cu")
 parts = common_parts(top) + [
-    cut(norm, "/* ---------------------------------------------------------------- fast paths */",
-        "/* Per-device caches of the launchers"),
-    cut(norm, "/* Backward: a block of NW warps", "static cudaError_t launch_bwd_k").rsplit("template", 1)[0],
-    cut(embed, "/* ---- fast paths: 16-byte aligned rows", "static bool xent_vec_dt"),
-    cut(elementwise, "/* ---- rope fast path", "static bool rope_view_ok"),
-    cut(elementwise, "/* ---------------------------------------------------------------- AdamW */",
-        'extern "C" cudaError_t cuk_adamw('),
+    region(norm, "norm_fwd"),
+    region(norm, "norm_bwd"),
+    region(embed, "xent_fast"),
+    region(elementwise, "rope_fast"),
+    region(elementwise, "adamw"),
 ]
 subs = [
     ("extern __shared__ float4 sprm[];", "float4 *sprm = (float4 *)g_smem;"),
