@@ -39,7 +39,7 @@ typedef struct {
     char *order;
     int np;
     int n_heads, n_kv_heads, n_layers, n_experts, vocab_size, pp_chunks;
-    char *min_bytes, *max_bytes;
+    int64_t min_bytes, max_bytes;
     int factor, iters, warmup;
     char *axes, *ops;
     int device, transport;
@@ -81,9 +81,9 @@ static const cai_config_field k_fields[] = {
     F("model.vocab_size", CAI_CFG_INT, vocab_size, "0", NULL, "vocabulary, checked against tp (0: unchecked)", 0,
       1 << 30),
     F("model.pp_chunks", CAI_CFG_INT, pp_chunks, "1", NULL, "virtual pipeline stages per rank", 1, 1024),
-    F("sweep.min_bytes", CAI_CFG_STRING, min_bytes, "1K", "min_bytes", "smallest message (K/M/G suffixes are binary)",
-      CAI_CFG_NO_RANGE),
-    F("sweep.max_bytes", CAI_CFG_STRING, max_bytes, "256M", "max_bytes", "largest message", CAI_CFG_NO_RANGE),
+    F("sweep.min_bytes", CAI_CFG_BYTES, min_bytes, "1K", "min_bytes", "smallest message (1K = 1024 bytes, 1KB = 1000)",
+      1, 1e15),
+    F("sweep.max_bytes", CAI_CFG_BYTES, max_bytes, "256M", "max_bytes", "largest message", 1, 1e15),
     F("sweep.factor", CAI_CFG_INT, factor, "2", "factor", "size multiplier between rows", 2, 1024),
     F("sweep.iters", CAI_CFG_INT, iters, "20", "iters", "timed iterations per size (scaled down above 16 MiB)", 1, BIG),
     F("sweep.warmup", CAI_CFG_INT, warmup, "5", "warmup", "untimed iterations per size", 0, BIG),
@@ -416,26 +416,6 @@ static cai_status run_layout(const cai_app *app, const check_config *c) {
 
 /* ------------------------------------------------------------------ --bench */
 
-static cai_status parse_bytes(const char *key, const char *text, size_t *out) {
-    char *end = NULL;
-    if (!text || !*text) return CAI_ERROR(CAI_ERR_CONFIG, "%s is empty (expected e.g. 1K, 4M, 256M)", key);
-    unsigned long long v = strtoull(text, &end, 10);
-    if (end == text) return CAI_ERROR(CAI_ERR_CONFIG, "%s = '%s' is not a size (expected e.g. 1K, 4M)", key, text);
-    unsigned long long mult = 1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ull << 10; end++; break;
-    case 'm': case 'M': mult = 1ull << 20; end++; break;
-    case 'g': case 'G': mult = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
-    if (*end == 'b' || *end == 'B') end++;
-    if (*end || v == 0 || v > (unsigned long long)SIZE_MAX / mult)
-        return CAI_ERROR(CAI_ERR_CONFIG, "%s = '%s' is not a positive size (expected e.g. 1K, 4M, 256M)", key, text);
-    *out = (size_t)(v * mult);
-    return CAI_OK;
-}
-
 static const cai_axis k_bench_axes[] = {CAI_AXIS_PP, CAI_AXIS_DP, CAI_AXIS_EP, CAI_AXIS_SP, CAI_AXIS_TP};
 #define N_BENCH_AXES (int)(sizeof k_bench_axes / sizeof k_bench_axes[0])
 
@@ -517,8 +497,8 @@ typedef struct {
 } bench_plan;
 
 static cai_status plan_bench(const check_config *c, bench_plan *p) {
-    CAI_CALL(parse_bytes("sweep.min_bytes", c->min_bytes, &p->min_bytes));
-    CAI_CALL(parse_bytes("sweep.max_bytes", c->max_bytes, &p->max_bytes));
+    p->min_bytes = (size_t)c->min_bytes;
+    p->max_bytes = (size_t)c->max_bytes;
     if (p->min_bytes > p->max_bytes)
         return CAI_ERROR(CAI_ERR_CONFIG, "sweep.min_bytes (%zu) is larger than sweep.max_bytes (%zu)", p->min_bytes,
                          p->max_bytes);
