@@ -21,7 +21,8 @@
  * workspace.
  *
  * These kernels serve f32 (and f16) inputs, exactly; bf16 inputs go to the
- * tensor-core versions in attention_tc.cu unless CAI_CUDA_ATTN=simt. */
+ * tensor-core versions in attention_tc.cu unless a.tc is clear (the GPU
+ * tests' CAI_CUDA_ATTN_SIMT path, kernels/cuda_backend.h). */
 #include "cuda_common.cuh"
 
 #define TILE 32

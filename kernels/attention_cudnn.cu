@@ -13,8 +13,9 @@
  * milliseconds) on the first call with a new shape, stride set, dtype,
  * mask and scale, and cached per device; each device keeps one workspace
  * that grows to the largest graph's need. The backward asks cuDNN for its
- * deterministic algorithm unless CAI_CUDNN_DETERMINISTIC=0: a training run
- * stays bitwise repeatable, as with the project's own kernels. */
+ * deterministic algorithm where a.deterministic is set (the knob
+ * CAI_CUDNN_DETERMINISTIC, default 1): a training run stays bitwise
+ * repeatable, as with the project's own kernels. */
 #include "cuda_kernels.h"
 
 #include <stdio.h>
@@ -69,11 +70,6 @@ int mask_of(const cuk_attn &a, int64_t Tq, int64_t Tk) {
     if (!a.causal) return MASK_NONE;
     if (a.off == 0) return MASK_TOP_LEFT;
     return a.off == Tk - Tq ? MASK_BOTTOM_RIGHT : -1;
-}
-
-bool deterministic(void) {
-    const char *e = getenv("CAI_CUDNN_DETERMINISTIC");
-    return !(e && e[0] == '0');
 }
 
 void say(char *err, size_t errlen, const char *what, const std::string &msg) {
@@ -268,7 +264,7 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
     std::lock_guard<std::mutex> hold(g_lock);
     DeviceState *d = device_state(s, err, errlen);
     if (!d) return 1;
-    const bool det = deterministic();
+    const bool det = a.deterministic != 0;
     GraphKey key{1, q.dt, mask_of(a, q.T, k.T), det, 1, a.scale, {q.B, q.H, k.H, q.T, k.T, q.D}};
     int declined = 0;
     for (const cuk_bthd *t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) put_strides(key.dims, *t);

@@ -36,15 +36,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define FL_NTH 128
-/* minimum resident blocks per SM of the head_dim 64 occupancy variants (fl_occ) */
-#define FL_OCC_FWD 4
-#define FL_OCC_KV 3
-#define FL_OCC_Q 4
-#define FL_OCC_KV32 4 /* the 32-query-chunk dK/dV variant (fl_kv_qc32) */
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
@@ -424,7 +417,7 @@ __global__ void k_fl_dvec(float *dvec, cuk_bthd g, cuk_bthd o, int64_t rows) {
 /* The same with 16-byte loads when dO and O are 16-bit of one dtype with
  * aligned rows (fl_view_ok) and D <= 256: D / 8 lanes per row, so a warp
  * covers 32 * 8 / D rows (4 at D 64). The one-warp-per-row kernel above
- * reads 64 bytes per warp per load and cost 1.9 ms of a GPT-2 124M step. The
+ * reads only 64 bytes per warp per load, far from the memory bandwidth. The
  * lanes of a row add in a fixed butterfly order: repeatable, though not
  * bitwise the other kernel's order. */
 template <bool F16> __global__ void k_fl_dvec_vec(float *dvec, cuk_bthd g, cuk_bthd o, int64_t rows) {
@@ -617,53 +610,27 @@ CUK_EMU_END(flash);
 
 /* ---------------------------------------------------------------- launchers */
 
+/* The dK/dV kernel walks the queries in chunks of FL_KV_QC rows: with 64
+ * its four unrolled products overflow the instruction cache (Nsight Compute
+ * puts the largest stall on instruction fetch), with 32 the loop body fits
+ * and head_dim 64 needs 128 registers without spills. */
+#define FL_KV_QC 32
+
+/* Minimum resident blocks per SM (__launch_bounds__) of the forward, dK/dV
+ * and dQ kernels. At head_dim 64 they are latency-bound (under one eligible
+ * warp per scheduler in Nsight Compute), so they are compiled for 4 blocks
+ * (16 warps) per SM: register caps of 128, a few bytes of spill. At 128 the
+ * accumulators need the registers of one block. */
+template <int D> struct fl_minb {
+    static constexpr int fwd = D == 64 ? 4 : 1, kv = D == 64 ? 4 : 1, q = D == 64 ? 4 : 1;
+};
+
 /* The kernels' shared memory exceeds the default 48 KB for head_dim 128
  * (and the backward at 64): raise the limit once per device. */
 template <int D, bool F16> static cudaError_t fl_setup_one(void) {
-    constexpr int QC = D == 64 ? 64 : 32;
-    cudaError_t e = cuk_smem_limits(k_fl_fwd<D, F16>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16>, fl_kv_smem<D, QC>(),
-                                    k_fl_bwd_q<D, F16>, fl_q_smem<D>());
-    if constexpr (D == 64)
-        if (e == cudaSuccess)
-            e = cuk_smem_limits(k_fl_fwd<D, F16, FL_OCC_FWD>, fl_fwd_smem<D>(), k_fl_bwd_kv<D, QC, F16, FL_OCC_KV>,
-                                fl_kv_smem<D, QC>(), k_fl_bwd_kv<D, 32, F16, FL_OCC_KV32>, fl_kv_smem<D, 32>());
-    if constexpr (D == 64)
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(k_fl_bwd_q<D, F16, FL_OCC_Q>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fl_q_smem<D>());
-    return e;
-}
-
-/* The head_dim 64 dK/dV kernel walks the queries in chunks of 32, not 64:
- * half the unrolled loop body, 128 registers without spills, 4 blocks per
- * SM. Nsight Compute put the 64-row version's largest stall on instruction
- * fetch ("no instruction", 4.6 cycles per issued instruction against
- * 1.6-1.7 for the forward and dQ kernels): its four unrolled products
- * overflow the instruction cache. Measured on an H200: backward 0.384 ->
- * 0.376 ms at B8 H12 T1024, GPT-2 124M step 70.4 -> 69.6 ms.
- * CAI_CUDA_FLASH_KVQC=64 selects the 64-row chunks (for comparison). */
-static bool fl_kv_qc32(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("CAI_CUDA_FLASH_KVQC");
-        v = !(e && strcmp(e, "64") == 0);
-    }
-    return v == 1;
-}
-
-/* The head_dim 64 kernels run compiled for more resident blocks per SM
- * (register caps 128 / 168 / 128 instead of 168 / 244 / 166, a few bytes
- * of spill): 16 / 12 / 16 warps per SM instead of 12 / 8 / 12. Nsight
- * Compute showed the forward issuing on half the cycles with 0.87 eligible
- * warps per scheduler and the dK/dV kernel on a quarter, i.e. latency-bound;
- * a GPT-2 124M step went from 82.2 to 80.0 ms on an H200.
- * CAI_CUDA_FLASH_OCC=0 selects the uncapped builds (for comparison). */
-static bool fl_occ(void) {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("CAI_CUDA_FLASH_OCC");
-        v = !(e && e[0] == '0');
-    }
-    return v == 1;
+    return cuk_smem_limits(k_fl_fwd<D, F16, fl_minb<D>::fwd>, fl_fwd_smem<D>(),
+                           k_fl_bwd_kv<D, FL_KV_QC, F16, fl_minb<D>::kv>, fl_kv_smem<D, FL_KV_QC>(),
+                           k_fl_bwd_q<D, F16, fl_minb<D>::q>, fl_q_smem<D>());
 }
 
 static cudaError_t fl_setup(void) {
@@ -695,13 +662,8 @@ template <int D, bool F16>
 static cudaError_t fl_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a) {
     const int64_t nt = cuk_cdiv(q.T, 64);
     const unsigned grid = (unsigned)(q.B * q.H * nt);
-    if constexpr (D == 64)
-        if (fl_occ()) {
-            k_fl_fwd<D, F16, FL_OCC_FWD><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
-                                                                               a.scale * FL_LOG2E);
-            return cudaGetLastError();
-        }
-    k_fl_fwd<D, F16><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, a.scale * FL_LOG2E);
+    k_fl_fwd<D, F16, fl_minb<D>::fwd><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
+                                                                            a.scale * FL_LOG2E);
     return cudaGetLastError();
 }
 
@@ -718,41 +680,19 @@ extern "C" cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse
 template <int D, bool F16>
 static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
                           cuk_bthd v, const float *lse, const float *dvec, cuk_attn a) {
-    constexpr int QC = D == 64 ? 64 : 32;
     const float sl2 = a.scale * FL_LOG2E;
     if ((dk.p || dv.p) && k.B * k.H * k.T > 0) {
         const int64_t nt = cuk_cdiv(k.T, 64);
         const unsigned grid = (unsigned)(k.B * k.H * nt);
-        bool done = false;
-        if constexpr (D == 64)
-            if (fl_kv_qc32()) {
-                k_fl_bwd_kv<D, 32, F16, FL_OCC_KV32><<<grid, FL_NTH, fl_kv_smem<D, 32>(), s>>>(dk, dv, g, q, k, v, lse,
-                                                                                              dvec, a, nt, sl2);
-                done = true;
-            }
-        if constexpr (D == 64)
-            if (!done && fl_occ()) {
-                k_fl_bwd_kv<D, QC, F16, FL_OCC_KV><<<grid, FL_NTH, fl_kv_smem<D, QC>(), s>>>(dk, dv, g, q, k, v, lse,
-                                                                                            dvec, a, nt, sl2);
-                done = true;
-            }
-        if (!done)
-            k_fl_bwd_kv<D, QC, F16><<<grid, FL_NTH, fl_kv_smem<D, QC>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a, nt,
-                                                                             sl2);
+        k_fl_bwd_kv<D, FL_KV_QC, F16, fl_minb<D>::kv><<<grid, FL_NTH, fl_kv_smem<D, FL_KV_QC>(), s>>>(
+            dk, dv, g, q, k, v, lse, dvec, a, nt, sl2);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
     if (dq.p && q.B * q.H * q.T > 0) {
         const int64_t nt = cuk_cdiv(q.T, 64);
         const unsigned grid = (unsigned)(q.B * q.H * nt);
-        bool done = false;
-        if constexpr (D == 64)
-            if (fl_occ()) {
-                k_fl_bwd_q<D, F16, FL_OCC_Q><<<grid, FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt, sl2);
-                done = true;
-            }
-        if (!done)
-            k_fl_bwd_q<D, F16><<<grid, FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt, sl2);
+        k_fl_bwd_q<D, F16, fl_minb<D>::q><<<grid, FL_NTH, fl_q_smem<D>(), s>>>(dq, g, q, k, v, lse, dvec, a, nt, sl2);
     }
     return cudaGetLastError();
 }

@@ -1,22 +1,21 @@
 /* CUDA backend: attention (validation, workspace and the choice of kernels
- * here; kernels in attention_flash.cu, attention_tc.cu, attention.cu). q, k,
- * v, out and the gradients may be F32, BF16 or F16 views with any strides on
- * B, T and heads (e.g. into a fused QKV buffer); lse is F32 [B,Hq,Tq]. The
- * backward's only scratch is D_i = rowsum(dO * O), one f32 per query row, in
- * the caller's workspace.
+ * here; kernels in attention_cudnn.cu, attention_flash.cu, attention_tc.cu,
+ * attention.cu). q, k, v, out and the gradients may be F32, BF16 or F16
+ * views with any strides on B, T and heads (e.g. into a fused QKV buffer);
+ * lse is F32 [B,Hq,Tq]. The backward's only scratch is D_i = rowsum(dO * O),
+ * one f32 per query row, in the caller's workspace.
  *
- * CAI_CUDA_ATTN (read per call, so one process can compare the paths):
- * "auto" (default) uses cuDNN's fused attention (attention_cudnn.cu) where
- * the build has it and it takes the case, else as "flash"; "cudnn" the
- * same; "flash" the mma.sync kernels where they apply (bf16 or f16 inputs,
- * head_dim 64 or 128, 16-byte aligned rows) and the WMMA ones otherwise;
- * "tc" the WMMA kernels for bf16 inputs; "simt" the f32 CUDA-core kernels
- * for everything. */
+ * attn_route() alone decides which kernels run a call, from the CAI_CUDA_ATTN
+ * knob (src/base/knobs.c), read once per process: "auto" (default) uses
+ * cuDNN's fused attention where the build has it and it takes the case,
+ * else the project's kernels; "cudnn" cuDNN only; "flash" the project's
+ * kernels only. The project's kernels are the mma.sync flash kernels where
+ * they apply (bf16 or f16 inputs, head_dim 64 or 128, 16-byte aligned rows),
+ * else the WMMA kernels (bf16) or the f32 CUDA-core kernels. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
@@ -28,14 +27,63 @@ size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, in
     return (size_t)(B > 0 ? B : 0) * (size_t)(Hq > 0 ? Hq : 0) * (size_t)(Tq > 0 ? Tq : 0) * sizeof(float) + 256;
 }
 
+/* The settings, read from the knobs once: the path (a CAI_CUDA_ATTN
+ * choice or a test-only path of cai_cuda_attn_force) and whether cuDNN's
+ * backward is deterministic (CAI_CUDNN_DETERMINISTIC); -1 until read. */
+static int g_attn_mode = -1, g_attn_det = -1;
+
+void cai_cuda_attn_force(cai_cuda_attn_path path) { __atomic_store_n(&g_attn_mode, (int)path, __ATOMIC_RELAXED); }
+
+static cai_status attn_settings(int *mode, int *det) {
+    int d = __atomic_load_n(&g_attn_det, __ATOMIC_RELAXED);
+    if (d < 0) {
+        long long v = 1;
+        CAI_CALL(cai_knob_int("CAI_CUDNN_DETERMINISTIC", &v));
+        d = v != 0;
+        __atomic_store_n(&g_attn_det, d, __ATOMIC_RELAXED);
+    }
+    *det = d;
+    int m = __atomic_load_n(&g_attn_mode, __ATOMIC_RELAXED);
+    if (m < 0) {
+        const char *v = NULL;
+        CAI_CALL(cai_knob_str("CAI_CUDA_ATTN", &v));
+        m = strcmp(v, "cudnn") == 0 ? CAI_CUDA_ATTN_CUDNN
+            : strcmp(v, "flash") == 0 ? CAI_CUDA_ATTN_FLASH
+                                      : CAI_CUDA_ATTN_AUTO;
+        int unset = -1; /* a forced path set meanwhile wins */
+        if (!__atomic_compare_exchange_n(&g_attn_mode, &unset, m, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) m = unset;
+    }
+    *mode = m;
+    return CAI_OK;
+}
+
 typedef struct {
     cai_bthd q, k, v, o;
     float *lse;
     cuk_attn p;
-    int flash; /* CAI_CUDA_ATTN allows attention_flash.cu */
-    int cudnn; /* ... and attention_cudnn.cu */
-    int cudnn_forced; /* CAI_CUDA_ATTN=cudnn: a case cuDNN declines is an error */
+    int mode; /* cai_cuda_attn_path */
 } attn_args;
+
+typedef enum { ROUTE_CUDNN, ROUTE_FLASH, ROUTE_OTHER } attn_route_t;
+
+/* The kernels for this call: cuDNN when the setting allows it, the build
+ * has it, cuDNN has not declined the case at run time (cudnn_declined) and
+ * the case is one it takes; then the flash kernels where the setting allows
+ * them and they apply; else attention.cu, which runs the WMMA kernels for
+ * bf16 when p.tc and the CUDA-core ones otherwise. The gradients (g, dq,
+ * dk, dv) are NULL for a forward. */
+static attn_route_t attn_route(const attn_args *a, const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v,
+                               const cuk_bthd *o, const cuk_bthd *g, const cuk_bthd *dq, const cuk_bthd *dk,
+                               const cuk_bthd *dv, int cudnn_declined) {
+    const int m = a->mode;
+    if ((m == CAI_CUDA_ATTN_AUTO || m == CAI_CUDA_ATTN_CUDNN) && !cudnn_declined && cuk_attn_cudnn_built() &&
+        (!g || (dq->p && dk->p && dv->p)) && cuk_attn_cudnn_ok(q, k, v, o, g, dq, dk, dv, &a->p))
+        return ROUTE_CUDNN;
+    if ((m == CAI_CUDA_ATTN_AUTO || m == CAI_CUDA_ATTN_CUDNN || m == CAI_CUDA_ATTN_FLASH) &&
+        cuk_attn_flash_ok(q, k, v, g))
+        return ROUTE_FLASH;
+    return ROUTE_OTHER;
+}
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const cai_tensor *lse,
                              const cai_tensor *q, const cai_tensor *k, const cai_tensor *v,
@@ -71,23 +119,18 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     a->p.causal = params->causal;
     a->p.off = params->causal_offset;
     a->p.window = params->window;
-    /* read per call so a process can compare both paths (tests, benchmarks) */
-    const char *mode = getenv("CAI_CUDA_ATTN");
-    a->p.tc = !(mode && strcmp(mode, "simt") == 0);
-    const int automatic = !mode || !mode[0] || strcmp(mode, "auto") == 0;
-    a->cudnn_forced = !automatic && strcmp(mode, "cudnn") == 0;
-    a->cudnn = (automatic || a->cudnn_forced) && cuk_attn_cudnn_built();
-    a->flash = automatic || a->cudnn_forced || strcmp(mode, "flash") == 0;
+    CAI_CALL(attn_settings(&a->mode, &a->p.deterministic));
+    a->p.tc = a->mode != CAI_CUDA_ATTN_SIMT;
     return CAI_OK;
 }
 
 /* What a cuDNN launch's return code means for the caller: 0 done, 2 cuDNN
- * declined the case — our kernels run it, said once per process, unless
- * CAI_CUDA_ATTN=cudnn asked for cuDNN only — anything else an error. */
+ * declined the case — the project's kernels run it, said once per process,
+ * unless CAI_CUDA_ATTN=cudnn asked for cuDNN only — anything else an error. */
 static cai_status cudnn_outcome(const char *op, const attn_args *a, int rc, const char *err) {
     static int said;
     if (rc == 0) return CAI_OK;
-    if (rc == 2 && !a->cudnn_forced) {
+    if (rc == 2 && a->mode != CAI_CUDA_ATTN_CUDNN) {
         if (!said) {
             said = 1;
             CAI_WARN("%s: %s; the project's attention kernels run the cases cuDNN declines", op, err);
@@ -107,14 +150,15 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
     CAI_CALL(attn_check(op, &a, out, lse, q, k, v, params));
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), ko = cai_cuda_bthd(&a.o);
-    int rc = 2;
-    if (a.cudnn && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, &a.p)) {
+    attn_route_t r = attn_route(&a, &kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, 0);
+    if (r == ROUTE_CUDNN) {
         char err[512];
-        rc = cuk_attn_cudnn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p, err, sizeof err);
+        int rc = cuk_attn_cudnn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p, err, sizeof err);
         CAI_CALL(cudnn_outcome(op, &a, rc, err));
+        if (rc == 0) return CAI_OK;
+        r = attn_route(&a, &kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, 1);
     }
-    if (rc == 0) return CAI_OK;
-    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, NULL))
+    if (r == ROUTE_FLASH)
         CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
     else
         CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
@@ -156,19 +200,19 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
     cuk_bthd ko = cai_cuda_bthd(&a.o), kdq = cai_cuda_bthd(&gdq), kdk = cai_cuda_bthd(&gdk), kdv = cai_cuda_bthd(&gdv);
-    int rc = 2;
-    if (a.cudnn && dq && dk && dv && cuk_attn_cudnn_ok(&kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, &a.p)) {
+    attn_route_t r = attn_route(&a, &kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, 0);
+    if (r == ROUTE_CUDNN) {
         char err[512];
-        rc = cuk_attn_cudnn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, a.p, err,
-                                sizeof err);
+        int rc = cuk_attn_cudnn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, a.p, err,
+                                    sizeof err);
         CAI_CALL(cudnn_outcome(op, &a, rc, err));
+        if (rc == 0) return CAI_OK;
+        r = attn_route(&a, &kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, 1);
     }
-    if (rc == 0) return CAI_OK;
-    if (a.flash && cuk_attn_flash_ok(&kq, &kk, &kv, &kg))
-        CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
-                                          cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
+    if (r == ROUTE_FLASH)
+        CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec,
+                                          a.p));
     else
-        CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, cai_cuda_bthd(&gdq), cai_cuda_bthd(&gdk),
-                                    cai_cuda_bthd(&gdv), kg, kq, kk, kv, cai_cuda_bthd(&a.o), a.lse, dvec, a.p));
+        CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec, a.p));
     return CAI_OK;
 }

@@ -17,4 +17,19 @@ void cai_cuda_device_free(cai_device_t *dev);
 /* The CUDA op table; NULL in builds without CUDA. */
 const cai_ops *cai_ops_cuda(void);
 
+/* The attention kernels a process uses (kernels/cuda_attention.c; CUDA
+ * builds only): AUTO, CUDNN and FLASH are the choices of the CAI_CUDA_ATTN
+ * knob, in the knob's order; TC (the WMMA kernels where flash would apply)
+ * and SIMT (the f32 CUDA-core kernels for every dtype) exist for the GPU
+ * tests, which reach every kernel in one process through
+ * cai_cuda_attn_force. Not thread-safe against running attention calls. */
+typedef enum {
+    CAI_CUDA_ATTN_AUTO,
+    CAI_CUDA_ATTN_CUDNN,
+    CAI_CUDA_ATTN_FLASH,
+    CAI_CUDA_ATTN_TC,
+    CAI_CUDA_ATTN_SIMT
+} cai_cuda_attn_path;
+void cai_cuda_attn_force(cai_cuda_attn_path path);
+
 #endif

@@ -47,12 +47,12 @@ static void count_alloc(cai_device_t *dev, size_t bytes) {
     __atomic_add_fetch(&dev->alloc_bytes, (uint64_t)bytes, __ATOMIC_RELAXED);
 }
 
-static size_t env_size(const char *name, size_t dflt) {
-    const char *s = getenv(name);
-    if (!s || !*s) return dflt;
-    char *end = NULL;
-    unsigned long long v = strtoull(s, &end, 10);
-    return (end && *end == 0) ? (size_t)v : dflt;
+/* An integer knob (src/base/knobs.c) as a size_t; the table keeps it >= 0. */
+static cai_status knob_size(const char *name, size_t *out) {
+    long long v = 0;
+    CAI_CALL(cai_knob_int(name, &v));
+    *out = (size_t)v;
+    return CAI_OK;
 }
 
 cai_status cai_cuda_enter(cai_device_t *dev, const char *op) {
@@ -137,14 +137,15 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     cublasStatus_t bs = cublasLtCreate(&c->lt);
     if (bs != CUBLAS_STATUS_SUCCESS)
         return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: cublasLtCreate failed with status %d", ordinal, (int)bs);
-    /* 32 MiB is what cuBLAS recommends for Hopper's matmul kernels. */
-    c->lt_ws_bytes = env_size("CAI_CUDA_LT_WORKSPACE_MB", 32) << 20;
+    size_t mb = 0;
+    CAI_CALL(knob_size("CAI_CUDA_LT_WORKSPACE_MB", &mb));
+    c->lt_ws_bytes = mb << 20;
     if (c->lt_ws_bytes) {
         CU(w, cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
         count_alloc(dev, c->lt_ws_bytes);
     }
-    c->scratch_bytes = env_size("CAI_CUDA_SCRATCH_MB", 64) << 20;
-    if (c->scratch_bytes < (64u << 10)) c->scratch_bytes = 64u << 10;
+    CAI_CALL(knob_size("CAI_CUDA_SCRATCH_MB", &mb));
+    c->scratch_bytes = mb << 20;
     CU(w, cudaMalloc(&c->scratch, c->scratch_bytes));
     count_alloc(dev, c->scratch_bytes);
     CU(w, cudaMalloc((void **)&c->err, sizeof *c->err));
@@ -153,15 +154,11 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
     count_alloc(dev, sizeof *c->err_host);
     CU(w, cuk_attn_setup());
-    const char *tf = getenv("CAI_CUDA_TF32");
-    c->allow_tf32 = tf && tf[0] == '1';
-    /* 1: the heuristic's 8 best; N (2-16): its N best; unset or 0: off. */
-    size_t tune = env_size("CAI_CUBLASLT_AUTOTUNE", 0);
-    c->lt_autotune = tune == 1 ? 8 : tune > 16 ? 16 : (int)tune;
-    const char *bg = getenv("CAI_CUDA_BGRAD");
-    c->bgrad_epilogue = bg && bg[0] == '1';
-    const char *xf = getenv("CAI_CUDA_XENT_FUSED");
-    c->xent_one_kernel = !(xf && xf[0] == '0');
+    long long tf32 = 0, tune = 0;
+    CAI_CALL(cai_knob_int("CAI_CUDA_TF32", &tf32));
+    c->allow_tf32 = tf32 == 1;
+    CAI_CALL(cai_knob_int("CAI_CUBLASLT_AUTOTUNE", &tune));
+    c->lt_autotune = tune == 1 ? 8 : (int)tune; /* 1: the heuristic's 8 best */
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;

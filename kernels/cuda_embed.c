@@ -161,8 +161,7 @@ cai_status cai_cuda_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tens
     CAI_CALL(cai_ops_rows(op, "dlogits", dlogits, CAI_CUDA, CAI_ANYF, a.x.cols, &dx));
     CAI_CALL(cai_ops_same_rows(op, "dlogits", &dx, "logits", &a.x));
     CAI_CALL(cai_cuda_enter(dev, op));
-    cai_cuda_impl *c = cai_cuda_of(dev);
     CUK_LAUNCH(op, cuk_xent_fwd_bwd(STREAM(dev), pl, plse, cai_cuda_mat(&dx), cai_cuda_mat(&a.x), a.tgt, dloss_scale,
-                                    a.off, a.ncols, ignore_index, c->xent_one_kernel, c->err));
+                                    a.off, a.ncols, ignore_index, cai_cuda_of(dev)->err));
     return CAI_OK;
 }

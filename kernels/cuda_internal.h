@@ -36,8 +36,6 @@ typedef struct cai_cuda_impl {
     int ordinal;
     int allow_tf32;      /* CAI_CUDA_TF32=1: f32 matmuls on tensor cores (10-bit mantissa) */
     int lt_autotune;     /* CAI_CUBLASLT_AUTOTUNE: candidates timed per new gemm shape (0: heuristic's first) */
-    int bgrad_epilogue;  /* CAI_CUDA_BGRAD=1: 16-bit linear bias gradients in the weight gemm's epilogue */
-    int xent_one_kernel; /* xent_fwd_bwd in one kernel (CAI_CUDA_XENT_FUSED=0: the two, to compare) */
     int num_sms;
     cublasLtHandle_t lt;
     void *lt_ws;

@@ -54,6 +54,7 @@ typedef struct {
     int causal;
     int64_t off, window;
     int tc; /* allow the tensor-core kernels (bf16 inputs); 0 forces the f32 CUDA-core ones */
+    int deterministic; /* cuDNN's backward: its bitwise repeatable algorithm (CAI_CUDNN_DETERMINISTIC) */
 } cuk_attn;
 
 /* ---------------------------------------------------------------- elementwise.cu */
@@ -136,7 +137,7 @@ cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd d
  * bf16 or f16 q, k, v (and dout) of one dtype, head_dim 64 or 128, 16-byte
  * aligned rows (pointers and the B/T/H strides); outputs any dtype and strides.
  * The host code calls them instead of cuk_attn_fwd/_bwd when cuk_attn_flash_ok
- * (pass dout NULL for the forward) and CAI_CUDA_ATTN allows. The backward
+ * (pass dout NULL for the forward) and the CAI_CUDA_ATTN knob allows. The backward
  * computes dvec itself, like cuk_attn_bwd. */
 int cuk_attn_flash_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *dout);
 cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
@@ -180,12 +181,12 @@ cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, float *maxv,
 cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const float *lse, const int32_t *tgt,
                          const float *dlosses, float dloss_scale, int64_t off, int64_t ncols, int ignore_index);
 /* cuk_xent_fwd (strict, losses and lse) then cuk_xent_bwd (dloss_scale): in
- * one launch (one_kernel set, a view the 16-byte fast path takes) that reads
- * each row twice, the second time from L2, else the two launches. dlogits
- * may alias logits. */
+ * one launch that reads each row twice, the second time from L2, where the
+ * 16-byte fast path takes the views, else the two launches. dlogits may
+ * alias logits. */
 cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                              const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols, int ignore_index,
-                             int one_kernel, cuk_errrec *err);
+                             cuk_errrec *err);
 
 #ifdef __cplusplus
 }

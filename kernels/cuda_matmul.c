@@ -89,10 +89,6 @@ typedef struct {
     float alpha, beta;
     const void *bias; /* epilogue bias [N] (NULL: none) */
     cai_dtype bias_dt;
-    /* CUBLASLT_EPILOGUE_BGRADB (no bias, no GELU): the sums of op(A)'s
-     * columns over K, i.e. a weight gemm's bias gradient, written (not
-     * added) here as f32 [M] */
-    float *bgrad;
     int gelu;         /* GELU_NONE / GELU_FWD / GELU_BWD (single gemm only, batch 1) */
     void *aux;        /* the GELU input matrix when gelu != GELU_NONE */
     int64_t aux_ld;
@@ -222,12 +218,8 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     cublasLtEpilogue_t epi = g->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (g->gelu == GELU_FWD) epi = g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     else if (g->gelu == GELU_BWD) epi = CUBLASLT_EPILOGUE_DGELU; /* callers pass no bias with it */
-    else if (g->bgrad) epi = CUBLASLT_EPILOGUE_BGRADB;
-    /* the epilogue's vector: the bias read, or the bias gradient written */
-    const void *vec = g->bias ? g->bias : g->bgrad;
-    const cai_dtype vec_dt = g->bias ? g->bias_dt : CAI_DTYPE_F32;
     /* the heuristic reads the bias and aux addresses for their alignment */
-    const int64_t al_bias = vec ? alignment(vec, 0, 0, vec_dt) : 0;
+    const int64_t al_bias = g->bias ? alignment(g->bias, 0, 0, g->bias_dt) : 0;
     const int64_t al_aux = g->gelu ? alignment(g->aux, g->aux_ld, 0, C->dt) : 0;
 
     LT("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
@@ -235,10 +227,10 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     LT("set TRANSB", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     if (epi != CUBLASLT_EPILOGUE_DEFAULT)
         LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (vec) {
-        int32_t bt = (int32_t)cuda_type(vec_dt);
+    if (g->bias) {
+        int32_t bt = (int32_t)cuda_type(g->bias_dt);
         LT("set BIAS_POINTER",
-           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof vec));
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
         LT("set BIAS_DATA_TYPE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (g->gelu) {
@@ -266,7 +258,7 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
      * its dtype, row stride, batch stride and alignment (0s when C is D) */
     int64_t key[CAI_CUDA_PLAN_KEY] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
                                       (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
-                                      (int64_t)epi * 16 + (vec ? (int64_t)vec_dt : 0),
+                                      (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0),
                                       (int64_t)c->lt_ws_bytes, al_bias, g->gelu ? g->aux_ld : 0, al_aux,
                                       g->Cin ? 1 + (int64_t)Ci->dt : 0, g->Cin ? Ci->ld : 0, g->Cin ? sci : 0,
                                       g->Cin ? (int64_t)al_ci : 0};
@@ -529,40 +521,11 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     return CAI_OK;
 }
 
-/* dw += dy^T x with db += the column sums of dy taken by the gemm itself
- * (CUBLASLT_EPILOGUE_BGRADB reads dy once for both, instead of a column-sum
- * pass over dy of its own). The epilogue writes rather than adds, so the
- * sums land in the scratch and one small kernel adds them. *done = 0 when
- * cuBLASLt has no such algorithm (the caller takes the two-pass path). */
-static cai_status weight_gemm_bgrad(cai_device_t *dev, const char *op, const cai_rows *dy, const cai_rows *x,
-                                    const cai_rows *dw, float *db, int *done) {
-    *done = 0;
-    size_t nf = 0;
-    float *sums = cai_cuda_scratch_f(dev, &nf);
-    if (dy->rows == 0 || nf < (size_t)dw->rows) return CAI_OK;
-    cmat DY = cmat_of_rows(dy), X = cmat_of_rows(x), DW = cmat_of_rows(dw);
-    gemm_req g = {.ta = 1, .tb = 0, .M = dw->rows, .N = dw->cols, .K = dy->rows, .batch = 1, .A = &DY, .B = &X,
-                  .C = &DW, .alpha = 1.0f, .beta = 1.0f, .bgrad = sums};
-    int no_algo = 0;
-    CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
-    if (no_algo) return CAI_OK;
-    cuk_mat acc = {db, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32};
-    cuk_mat add = {sums, 1, dw->rows, dw->rows, (int)CAI_DTYPE_F32};
-    CUK_LAUNCH(op, cuk_axpy(cai_cuda_of(dev)->stream, acc, 1.0f, add));
-    *done = 1;
-    return CAI_OK;
-}
-
 /* The parameter half of a linear backward, on validated rows after
  * cai_cuda_enter: dw += dy^T x (dw NULL: skip), db += column sums of dy
  * (db NULL: skip). */
 static cai_status linear_param_grads(cai_device_t *dev, const char *op, const cai_rows *dy, const cai_rows *x,
                                      const cai_rows *dw, float *db) {
-    if (dw && db && cai_cuda_of(dev)->bgrad_epilogue && dy->dtype != CAI_DTYPE_F32) {
-        int done = 0;
-        CAI_CALL(weight_gemm_bgrad(dev, op, dy, x, dw, db, &done));
-        if (done) return CAI_OK;
-    }
     if (dw) {
         cmat DY = cmat_of_rows(dy), X = cmat_of_rows(x), DW = cmat_of_rows(dw);
         CAI_CALL(gemm(dev, op, 1, 0, dw->rows, dw->cols, dy->rows, 1, 1.0f, &DY, &X, 1.0f, &DW));

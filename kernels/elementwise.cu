@@ -220,8 +220,9 @@ extern "C" cudaError_t cuk_fill(cudaStream_t s, cuk_mat x, float value) {
     LAUNCH_MAP(x, fill_f{x, value});
 }
 
-/* The general conversion (misaligned rows): one element per thread; on the
- * H200 it moved 124M f32 -> bf16 in 0.29 ms against 0.36 ms through k_map. */
+/* The general conversion (misaligned rows): one element per thread, a
+ * kernel of its own because it is faster than the same conversion through
+ * k_map (bench/HISTORY.md, "CUDA kernels"). */
 __global__ void k_copy_rows(cuk_mat d, cuk_mat s) {
     CUK_FOR_RC(d.rows, d.cols) stf(d.p, d.dt, r * d.ld + c, ldf(s.p, s.dt, r * s.ld + c));
 }
@@ -556,8 +557,8 @@ extern "C" cudaError_t cuk_colsum_final(cudaStream_t s, const float *pw, const f
 /* The 16-byte path of the column sums: a thread owns 8 adjacent columns
  * (one vector load per row), a warp 256 columns of one row, so each row's
  * slice is one 512-byte contiguous read (the scalar kernel above reads 64
- * bytes per warp per row and ran at ~1/6 of the bandwidth: 8.3 ms of a
- * GPT-2 124M step on an H200). The CSV_LANES warps of a block take rows
+ * bytes per warp per row, a small fraction of the memory bandwidth). The
+ * CSV_LANES warps of a block take rows
  * lane, lane + CSV_LANES, ... of the block's chunk of CSV_ROWS rows and meet
  * in shared memory in lane order; chunk partials go to cuk_colsum_final.
  * The chunk size is fixed (not derived from the GPU) so the sums are

@@ -491,12 +491,12 @@ CUK_EMU_BEGIN(xent_fast);
  * thread): the batch's 16-byte loads are issued into raw registers, with
  * out-of-range slots reading a valid chunk instead of branching, before
  * any is converted, so all of them are in flight at once (a conversion
- * right after each guarded load made every load wait for the previous
- * one). The row's partial chunk and padding chunks are handled one by one
- * after the batches. Exponentials are ex2.approx of (x - max) * log2(e)
- * (two instructions instead of expf's ~8: the loop had become
- * instruction-bound at H200 bandwidth; relative error ~2^-22, within
- * the f32 tolerance of the CPU's expf). Column indices within a row are 32-bit. */
+ * right after each guarded load would make every load wait for the
+ * previous one). The row's partial chunk and padding chunks are handled one
+ * by one after the batches. Exponentials are ex2.approx of (x - max) *
+ * log2(e) (two instructions instead of expf's ~8: with expf the loop is
+ * instruction-bound at HBM3 bandwidth; relative error ~2^-22, within the
+ * f32 tolerance of the CPU's expf). Column indices within a row are 32-bit. */
 
 #define XNT 512
 #define XU(DT) ((DT) == CUK_F32 ? 4 : 8)
@@ -799,9 +799,9 @@ static cudaError_t launch_fused(cudaStream_t s, float *losses, float *lse, cuk_m
 
 extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                                         const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols,
-                                        int ignore_index, int one_kernel, cuk_errrec *err) {
+                                        int ignore_index, cuk_errrec *err) {
     if (logits.rows <= 0) return cudaSuccess;
-    if (one_kernel && logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && ncols >= 8) {
+    if (logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits) && ncols >= 8) {
         if (logits.dt == CUK_F32)
             return launch_fused<CUK_F32>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
                                          err);
@@ -811,7 +811,7 @@ extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *ls
         return launch_fused<CUK_F16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
                                      err);
     }
-    /* views the fast paths do not take, or CAI_CUDA_XENT_FUSED=0: the two kernels */
+    /* views the fast paths do not take: the two kernels */
     cudaError_t e =
         cuk_xent_fwd(s, losses, lse, nullptr, nullptr, nullptr, logits, tgt, off, ncols, ignore_index, 1, err);
     if (e != cudaSuccess) return e;

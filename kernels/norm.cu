@@ -194,8 +194,8 @@ CUK_INLINE void smem_st8(float4 *s, int k, int lane, const float *v) {
  * arithmetic of the general kernel: mean, then the centred variance, in
  * f32, a lane's columns in order then the warp's butterfly. */
 /* Resident blocks per SM the forward asks the register allocator for, by
- * the bytes of a row a lane holds (measured with -Xptxas -v: the most
- * blocks that fit without spilling): 4 blocks (64 registers) up to 48
+ * the bytes of a row a lane holds (the most blocks that fit without
+ * spilling, as -Xptxas -v reports): 4 blocks (64 registers) up to 48
  * bytes (d_model 768 in bf16), 3 up to 64, 2 up to 96. */
 #define FWD_LANE_BYTES(DT, K) ((K) * ((DT) == CUK_F32 ? 32 : 16))
 #define FWD_MINB(DT, K)                                                                                             \

@@ -247,15 +247,12 @@ static void state_destroy(struct cai_nccl_state *s) {
     cai_free(s);
 }
 
-/* The collective stream's priority. A reduction that waits behind a
- * backward kernel's queued blocks for SMs finishes later and keeps the
- * peer's already-running NCCL blocks spinning; the highest priority lets
- * its blocks start as soon as any SM frees. CAI_NCCL_STREAM_PRIORITY=normal
- * gives the default priority (for comparison). */
+/* The collective stream's priority: the highest. A reduction that waits
+ * behind a backward kernel's queued blocks for SMs finishes later and keeps
+ * the peer's already-running NCCL blocks spinning; the highest priority
+ * lets its blocks start as soon as any SM frees. */
 static int collective_priority(void) {
-    const char *e = getenv("CAI_NCCL_STREAM_PRIORITY");
     int least = 0, greatest = 0;
-    if (e && strcmp(e, "normal") == 0) return 0;
     if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) return 0;
     return greatest;
 }
@@ -273,9 +270,10 @@ static cai_status state_get(cai_mesh_t *m, struct cai_nccl_state **out) {
         }
         /* The pool is made with the stream, on the first device collective
          * (communicator set-up), not inside a step. */
-        cai_status st = pool_grow(s, EVENT_POOL_INIT);
-        const char *tr = getenv("CAI_NCCL_TRACE");
-        if (st == CAI_OK && tr && tr[0] == '1') st = trace_init(s);
+        long long trace = 0;
+        cai_status st = cai_knob_int("CAI_NCCL_TRACE", &trace);
+        if (st == CAI_OK) st = pool_grow(s, EVENT_POOL_INIT);
+        if (st == CAI_OK && trace) st = trace_init(s);
         if (st != CAI_OK) {
             state_destroy(s);
             CAI_CALL(st);

@@ -9,6 +9,7 @@
 #include "colossal/base.h"
 #include "colossal/ops.h"
 #include "colossal/tensor.h"
+#include "cuda_backend.h" /* cai_cuda_attn_force */
 
 #include <math.h>
 #include <stdio.h>
@@ -159,16 +160,20 @@ static void f_attn_bwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->attention_bwd(G, &c->g, &c->h, &c->f, &c->d, &c->a, &c->b, &c->c, &c->d, &c->e, &c->p, c->ws, c->wsb));
 }
-/* Forward and backward of the attention in c under CAI_CUDA_ATTN=mode (NULL:
- * the default: cuDNN where built, else flash); tensor_bytes is one [B,T,Hq*D] tensor's bytes. */
+/* Forward and backward of the attention in c on the kernels named by mode
+ * (flash, tc, simt: cai_cuda_attn_force; NULL: the default, cuDNN where
+ * built, else flash); tensor_bytes is one [B,T,Hq*D] tensor's bytes. */
 static void bench_attn(ctx_t *c, const char *what, const char *mode, double tensor_bytes, double fwd_flops) {
     char name[96];
-    if (mode) setenv("CAI_CUDA_ATTN", mode, 1);
+    if (mode)
+        cai_cuda_attn_force(strcmp(mode, "simt") == 0 ? CAI_CUDA_ATTN_SIMT
+                            : strcmp(mode, "tc") == 0 ? CAI_CUDA_ATTN_TC
+                                                      : CAI_CUDA_ATTN_FLASH);
     snprintf(name, sizeof name, "attention_fwd %s%s%s", what, mode ? ", " : "", mode ? mode : "");
     report(name, time_it(f_attn_fwd, c), 5 * tensor_bytes, fwd_flops);
     snprintf(name, sizeof name, "attention_bwd %s%s%s", what, mode ? ", " : "", mode ? mode : "");
     report(name, time_it(f_attn_bwd, c), 8 * tensor_bytes, 2.5 * fwd_flops);
-    if (mode) unsetenv("CAI_CUDA_ATTN");
+    if (mode) cai_cuda_attn_force(CAI_CUDA_ATTN_AUTO);
 }
 static void f_xent(void *x) {
     ctx_t *c = x;

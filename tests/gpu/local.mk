@@ -8,8 +8,10 @@ if HAVE_CUDA
 check_PROGRAMS += tests/gpu/test_cuda_ops tests/gpu/bench_cuda_ops tests/gpu/test_gpu_train
 tests_gpu_test_cuda_ops_SOURCES = tests/gpu/test_cuda_ops.c tests/gpu/gpu_test_util.h
 tests_gpu_test_cuda_ops_LDADD = src/libcolossal-core.la
+tests_gpu_test_cuda_ops_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/kernels
 tests_gpu_bench_cuda_ops_SOURCES = tests/gpu/bench_cuda_ops.c tests/gpu/gpu_test_util.h
 tests_gpu_bench_cuda_ops_LDADD = src/libcolossal-core.la
+tests_gpu_bench_cuda_ops_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/kernels
 tests_gpu_test_gpu_train_SOURCES = tests/gpu/test_gpu_train.c
 tests_gpu_test_gpu_train_LDADD = src/libcolossal-core.la
 TESTS += tests/gpu/test_cuda_ops tests/gpu/test_gpu_train

@@ -72,7 +72,7 @@ for spec in "$@"; do
         ;;
     attn)
         # a whole GPT-2 124M step with the default attention kernels and with
-        # each variant named in ARGS (e.g. attn:CAI_CUDA_ATTN=tc)
+        # each variant named in ARGS (e.g. attn:CAI_CUDA_ATTN=flash)
         TORCH_MODES= timeout 150 bench/gpu_train.sh "$d/default" gpt2-124m 2>&1 | grep -E "c-gpt2|colossal \|"
         for v in $args; do
             env "$v" TORCH_MODES= timeout 150 bench/gpu_train.sh "$d/$(echo "$v" | tr = _)" gpt2-124m 2>&1 |
