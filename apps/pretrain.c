@@ -230,9 +230,10 @@ static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
     return r;
 }
 
-/* Everything decided from the config alone, identically on every rank: the
- * layout, the loss scaling, the run's options, the model's shape (only the
- * vocabulary waits for the tokenizer). */
+/* Everything decided from the config alone, identically on every rank and
+ * before any data preparation or allocation: the layout, the loss scaling,
+ * the optimizer, the run's options, the model's shape (only the vocabulary
+ * waits for the tokenizer). */
 static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     int rest = c->tp * c->pp * c->sp;
     *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
@@ -245,6 +246,8 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
                          c->tp, c->pp, c->sp, world, world);
     cai_loss_scale_config l = loss_scale_config(c);
     CAI_CALL(cai_loss_scale_config_check(&l));
+    cai_adamw_config o = optim_config(c);
+    CAI_CALL(cai_adamw_config_check(&o));
     cai_run_config rc = run_config(c, L);
     CAI_CALL(cai_run_check(&rc));
     cai_model_config m = model_config(c, c->vocab_size > 0 ? c->vocab_size : CAI_BYTE_VOCAB), resolved;

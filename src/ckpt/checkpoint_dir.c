@@ -162,14 +162,45 @@ static int cmp_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+cai_status cai_ckpt_list_steps(const char *dir, int64_t **steps_out, size_t *n_out) {
+    CAI_CHECK_ARG(dir && steps_out && n_out, "cai_ckpt_list_steps: NULL argument");
+    *steps_out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return CAI_OK;
+        return CAI_ERROR(CAI_ERR_IO, "cannot list checkpoint directory '%s': %s", dir, strerror(errno));
+    }
+    int64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        int64_t s = step_of_name(ent->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 32;
+            int64_t *g = realloc(steps, cap * sizeof *g);
+            if (!g) {
+                closedir(d);
+                free(steps);
+                return CAI_ERROR(CAI_ERR_NOMEM, "listing checkpoint directory '%s'", dir);
+            }
+            steps = g;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc);
+    *steps_out = steps;
+    *n_out = n;
+    return CAI_OK;
+}
+
 /* Delete all but the newest `keep` step files (never `current`) and
  * temporary files left by interrupted saves. */
 static cai_status prune(const char *dir, int keep, int64_t current) {
     DIR *d = opendir(dir);
     if (!d) return CAI_ERROR(CAI_ERR_IO, "cannot list checkpoint directory '%s': %s", dir, strerror(errno));
-    int64_t *steps = NULL;
-    size_t n = 0, cap = 0;
-    cai_status st = CAI_OK;
     char path[4096];
     struct dirent *ent;
     while ((ent = readdir(d)) != NULL) {
@@ -179,30 +210,18 @@ static cai_status prune(const char *dir, int keep, int64_t current) {
             strncmp(nm, ".step-", 6) == 0) {
             if (join(path, sizeof path, dir, nm) == CAI_OK && unlink(path) == 0)
                 CAI_INFO("checkpoint: removed %s, left by an interrupted save", path);
-            continue;
         }
-        int64_t s = step_of_name(nm);
-        if (s < 0 || keep <= 0) continue;
-        if (n == cap) {
-            cap = cap ? 2 * cap : 32;
-            int64_t *g = realloc(steps, cap * sizeof *g);
-            if (!g) {
-                st = CAI_ERROR(CAI_ERR_NOMEM, "checkpoint directory listing");
-                break;
-            }
-            steps = g;
-        }
-        steps[n++] = s;
     }
     closedir(d);
-    if (st == CAI_OK && keep > 0 && n > (size_t)keep) {
-        qsort(steps, n, sizeof *steps, cmp_desc);
-        for (size_t i = (size_t)keep; i < n && st == CAI_OK; i++) {
-            if (steps[i] == current) continue;
-            st = cai_ckpt_step_path(dir, steps[i], path, sizeof path);
-            if (st == CAI_OK && unlink(path) != 0 && errno != ENOENT)
-                st = CAI_ERROR(CAI_ERR_IO, "cannot delete old checkpoint '%s': %s", path, strerror(errno));
-        }
+    if (keep <= 0) return CAI_OK;
+    int64_t *steps = NULL;
+    size_t n = 0;
+    cai_status st = cai_ckpt_list_steps(dir, &steps, &n);
+    for (size_t i = (size_t)keep; st == CAI_OK && i < n; i++) {
+        if (steps[i] == current) continue;
+        st = cai_ckpt_step_path(dir, steps[i], path, sizeof path);
+        if (st == CAI_OK && unlink(path) != 0 && errno != ENOENT)
+            st = CAI_ERROR(CAI_ERR_IO, "cannot delete old checkpoint '%s': %s", path, strerror(errno));
     }
     free(steps);
     return st;

@@ -140,11 +140,14 @@ struct cai_mesh {
     int ready;         /* init completed on this rank (so on all: freeing may communicate) */
 };
 
-/* Words in each rank's watchdog window: one sequence counter per axis, then
- * the activity word (what the rank is blocked in right now, 0 when it is not
- * inside a colossal communication call). */
-#define CAI_WD_WORDS (CAI_AXIS_COUNT + 1)
+/* Words in each rank's watchdog window: one sequence counter per axis, the
+ * activity word (what the rank is blocked in right now, 0 when it is not
+ * inside a colossal communication call), and the heartbeat (bumped while the
+ * rank enters or waits in a communication call: a stopped, hung or dead rank's
+ * heartbeat stands still). */
+#define CAI_WD_WORDS (CAI_AXIS_COUNT + 2)
 #define CAI_WD_ACTIVITY CAI_AXIS_COUNT
+#define CAI_WD_BEAT (CAI_AXIS_COUNT + 1)
 
 cai_status cai_wd_init(cai_mesh_t *m);
 void cai_wd_free(cai_mesh_t *m);

@@ -62,8 +62,13 @@ static void publish(cai_mesh_t *m, int word, uint64_t value) {
     MPI_Win_sync(m->win);
 }
 
+static void beat(cai_mesh_t *m) {
+    if (m->win_mem) __atomic_add_fetch(&m->win_mem[CAI_WD_BEAT], 1, __ATOMIC_RELEASE);
+}
+
 uint64_t cai_wd_enter(cai_mesh_t *m, cai_axis axis) {
     uint64_t seq = ++m->seq[axis];
+    beat(m);
     publish(m, (int)axis, seq);
     return seq;
 }
@@ -192,6 +197,32 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
     }
     if (!behind && !silent) {
         cai_sbuf_add(&s, "; no rank of the group is behind (all reached #%llu)", (unsigned long long)seq);
+        /* Everyone entered it, so someone stopped driving it (a non-blocking
+         * collective needs every peer to keep calling into MPI): the ranks
+         * whose heartbeat stands still over a second. */
+        uint64_t *again = calloc((size_t)n * CAI_WD_WORDS, sizeof *again);
+        int *answered2 = calloc((size_t)n, sizeof *answered2);
+        if (again && answered2 && m->win_ok) {
+            struct timespec ts = {1, 0};
+            nanosleep(&ts, NULL);
+            read_peers(m, group, n, again, answered2, 0.5);
+            int still = 0;
+            for (int k = 0; k < n; k++) {
+                if (group[k] == m->world_rank) continue;
+                uint64_t b0 = vals[(size_t)k * CAI_WD_WORDS + CAI_WD_BEAT];
+                uint64_t b1 = again[(size_t)k * CAI_WD_WORDS + CAI_WD_BEAT];
+                if (answered2[k] && b0 != b1) continue;
+                if (still < REPORT_MAX_RANKS) {
+                    char what[96];
+                    describe_activity(again[(size_t)k * CAI_WD_WORDS + CAI_WD_ACTIVITY], what, sizeof what);
+                    cai_sbuf_add(&s, "%s%d (%s)", still ? ", " : "; ranks not progressing: ",
+                                 group[k], answered2[k] ? what : "not answering");
+                }
+                still++;
+            }
+        }
+        free(again);
+        free(answered2);
         int listed = 0;
         for (int k = 0; k < n && listed < REPORT_MAX_RANKS; k++) {
             uint64_t act = vals[(size_t)k * CAI_WD_WORDS + CAI_WD_ACTIVITY];
@@ -246,6 +277,7 @@ cai_status cai_wd_wait_nap(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_w
             sched_yield();
             continue;
         }
+        beat(m);
         struct timespec ts = {0, nap_ns};
         nanosleep(&ts, NULL);
         if (nap_ns < max_nap_ns) nap_ns = 2 * nap_ns < max_nap_ns ? 2 * nap_ns : max_nap_ns;

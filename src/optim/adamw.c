@@ -55,7 +55,7 @@ cai_adamw_config cai_adamw_config_default(void) {
     return c;
 }
 
-static cai_status check_config(const cai_adamw_config *c) {
+cai_status cai_adamw_config_check(const cai_adamw_config *c) {
     const cai_lr_schedule *s = &c->schedule;
     if ((int)s->kind < 0 || s->kind >= CAI_LR_KIND_COUNT)
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.schedule=%d is not a schedule (constant, cosine, linear)", (int)s->kind);
@@ -146,7 +146,7 @@ cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_regi
                             const cai_rank_view *view, size_t align_elems, const cai_adamw_config *cfg) {
     CAI_CHECK_ARG(out && dev && reg && view && cfg, "cai_optim_create: NULL argument");
     *out = NULL;
-    CAI_CALL(check_config(cfg));
+    CAI_CALL(cai_adamw_config_check(cfg));
     cai_optim_t *o = NULL;
     CAI_CALL(cai_calloc((void **)&o, 1, sizeof *o, "optimizer"));
     cai_status st = CAI_OK;

@@ -1,6 +1,7 @@
 /* metrics.jsonl, the progress line, model FLOPs and MFU, memory. */
 #include "cai_config.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -63,7 +64,7 @@ done:
 }
 
 cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
-                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, MPI_Comm world) {
+                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, cai_mesh_t *mesh) {
     memset(r, 0, sizeof *r);
     r->rank = rank;
     r->dev = dev;
@@ -73,16 +74,18 @@ cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_t
     double peak = peak_tflops * 1e12;
     if (!(peak > 0)) CAI_CALL(measure_peak(dev, mc->act_dtype, &peak));
     /* Collective on every rank alike (the branch above is per rank only in
-     * its duration). */
-    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_SUM, world));
-    r->world = world;
+     * its duration). Every reduction of the report goes through the mesh, so
+     * the watchdog names a rank that stalls the job here too. */
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_WORLD, &peak, &peak, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    r->mesh = mesh;
     r->peak_flops = peak;
     if (rank == 0) {
         char path[4200];
         snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
         /* A resumed run continues the record of the run it resumes. */
         r->metrics = fopen(path, first_step > 1 ? "a" : "w");
-        if (!r->metrics) return CAI_ERROR(CAI_ERR_IO, "cannot write %s", path);
+        if (!r->metrics) return CAI_ERROR(CAI_ERR_IO, "cannot write %s: %s", path, strerror(errno));
+        snprintf(r->metrics_path, sizeof r->metrics_path, "%s", path);
     }
     r->t_start = r->t_last = cai_time_now();
     r->step_last = first_step > 1 ? first_step - 1 : 0;
@@ -90,20 +93,30 @@ cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_t
 }
 
 void cai_run_report_free(cai_run_report *r) {
-    if (r->metrics) fclose(r->metrics);
+    if (r->metrics && fclose(r->metrics) != 0 && !r->metrics_errno)
+        CAI_WARN("closing %s failed: %s (its last records may be lost)", r->metrics_path, strerror(errno));
     r->metrics = NULL;
     free(r->step_s);
     r->step_s = NULL;
 }
 
 void cai_run_report_vjson(cai_run_report *r, const char *fmt, va_list ap) {
-    if (!r->metrics) return;
-    fputc('{', r->metrics);
-    vfprintf(r->metrics, fmt, ap);
-    fputs("}\n", r->metrics);
+    if (!r->metrics || r->metrics_errno) return;
+    errno = 0;
+    int bad = fputc('{', r->metrics) == EOF;
+    bad |= vfprintf(r->metrics, fmt, ap) < 0;
+    bad |= fputs("}\n", r->metrics) == EOF;
     /* Readable while the run goes on, and complete up to the last step if
      * the job is killed. */
-    fflush(r->metrics);
+    bad |= fflush(r->metrics) != 0 || ferror(r->metrics);
+    /* A full disk: remembered (the first error only) and reported by the
+     * next cai_run_report_step or cai_run_report_summary; no more records. */
+    if (bad) r->metrics_errno = errno ? errno : EIO;
+}
+
+cai_status cai_run_report_status(const cai_run_report *r) {
+    if (!r->metrics_errno) return CAI_OK;
+    return CAI_ERROR(CAI_ERR_IO, "cannot write %s: %s", r->metrics_path, strerror(r->metrics_errno));
 }
 
 void cai_run_report_json(cai_run_report *r, const char *fmt, ...) {
@@ -133,8 +146,10 @@ static int cmp_double(const void *a, const void *b) {
 
 cai_status cai_run_report_summary(cai_run_report *r) {
     double mem[2] = {r->dev_used_max, r->dev_total};
-    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, mem, 2, MPI_DOUBLE, MPI_MAX, r->world));
-    if (r->rank != 0 || r->n_steps == 0) return CAI_OK;
+    CAI_CALL(cai_allreduce(r->mesh, CAI_AXIS_WORLD, mem, mem, 2, CAI_DTYPE_F64, CAI_RED_MAX));
+    if (r->rank != 0) return CAI_OK;
+    CAI_CALL(cai_run_report_status(r));
+    if (r->n_steps == 0) return CAI_OK;
     /* The first steps pay for plan caches, autotuning and page faults: leave
      * out 5, or a quarter of a short run. */
     int64_t warm = r->n_steps / 4 < 5 ? r->n_steps / 4 : 5, n = r->n_steps - warm;
@@ -194,10 +209,11 @@ cai_status cai_run_report_step(cai_run_report *r, int64_t step, int64_t last_ste
                         "\"tokens\":%lld,\"step_s\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.6f",
                         (long long)step, (double)st->loss, (double)st->lr, (double)st->grad_norm,
                         (long long)(step * r->tokens_per_step), step_seconds, tps, mfu);
+    CAI_CALL(cai_run_report_status(r)); /* rank 0: the caller aborts the job (cai_app_check) */
     if (step % log_interval != 0 && step != last_step) return CAI_OK;
 
     double rss = rss_bytes();
-    CAI_CALL_MPI(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_DOUBLE, MPI_MAX, r->world));
+    CAI_CALL(cai_allreduce(r->mesh, CAI_AXIS_WORLD, &rss, &rss, 1, CAI_DTYPE_F64, CAI_RED_MAX));
     double now = cai_time_now(), dt = now - r->t_last;
     int64_t steps = step - r->step_last;
     tps = dt > 0 ? (double)(steps * r->tokens_per_step) / dt : 0;

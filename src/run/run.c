@@ -151,6 +151,40 @@ static cai_status save_checkpoint(cai_run_t *r, const cai_run_hooks *h, int64_t 
     return CAI_OK;
 }
 
+/* hooks->load, its outcome agreed over the world: a file one rank cannot
+ * read is unreadable for the job. Collective over the world. */
+static cai_status load_agreed(cai_run_t *r, const cai_run_hooks *h, const char *path, cai_ckpt_meta *m,
+                              cai_ckpt_stats *st) {
+    cai_ckpt_meta_free(m);
+    *m = cai_ckpt_meta_init();
+    memset(st, 0, sizeof *st);
+    cai_status s = h->load(h->ctx, r, path, m, st);
+    int32_t bad = s != CAI_OK;
+    CAI_CALL(cai_allreduce(r->mesh, CAI_AXIS_WORLD, &bad, &bad, 1, CAI_DTYPE_I32, CAI_RED_MAX));
+    if (bad && s == CAI_OK) s = CAI_ERROR(CAI_ERR_IO, "%s: another rank could not load this checkpoint", path);
+    return s;
+}
+
+/* latest / auto: the file `latest` names. Step files without a `latest` are
+ * refused: starting from step 1 would overwrite them. */
+static cai_status find_latest(cai_run_t *r, const char *resume, char *path, size_t cap, int *found) {
+    CAI_CALL(cai_ckpt_latest(r->ckpt_dir, path, cap, found));
+    if (*found) return CAI_OK;
+    int64_t *steps = NULL;
+    size_t n = 0;
+    CAI_CALL(cai_ckpt_list_steps(r->ckpt_dir, &steps, &n));
+    int64_t newest = n ? steps[0] : -1;
+    free(steps);
+    if (n) {
+        char p[4096];
+        CAI_CALL(cai_ckpt_step_path(r->ckpt_dir, newest, p, sizeof p));
+        return CAI_ERROR(CAI_ERR_CONFIG, "checkpoint.resume=%s: %s holds %zu step file%s (the newest %s) but no "
+                         "'latest'; starting from step 1 would overwrite them: resume one with "
+                         "checkpoint.resume=FILE, or move them away", resume, r->ckpt_dir, n, n == 1 ? "" : "s", p);
+    }
+    return CAI_OK;
+}
+
 cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
     CAI_CHECK_ARG(r && h, "cai_run_resume: NULL run or hooks");
     const char *resume = r->cfg.opt->resume;
@@ -158,10 +192,10 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
     if (!*resume) return CAI_OK;
     CAI_CHECK_ARG(h->load, "%s: checkpoint.resume='%s' but the app has no checkpoint hook", r->cfg.program, resume);
     char path[4096];
-    int is_auto = strcmp(resume, "auto") == 0;
-    if (is_auto || strcmp(resume, "latest") == 0) {
+    const int is_auto = strcmp(resume, "auto") == 0, newest = is_auto || strcmp(resume, "latest") == 0;
+    if (newest) {
         int found = 0;
-        CAI_CALL(cai_ckpt_latest(r->ckpt_dir, path, sizeof path, &found));
+        CAI_CALL(find_latest(r, resume, path, sizeof path, &found));
         if (!found && is_auto) {
             CAI_INFO("checkpoint.resume=auto: no checkpoint in %s yet; starting from step 1", r->ckpt_dir);
             return CAI_OK;
@@ -174,8 +208,27 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
     }
     cai_ckpt_meta m = cai_ckpt_meta_init();
     cai_ckpt_stats st;
-    memset(&st, 0, sizeof st);
-    cai_status s = h->load(h->ctx, r, path, &m, &st);
+    cai_status s = load_agreed(r, h, path, &m, &st);
+    if (s != CAI_OK && newest && (s == CAI_ERR_FORMAT || s == CAI_ERR_IO)) {
+        /* A damaged newest file (a save cut short by a full disk or a
+         * crash of the storage): the newest older one that loads. */
+        int64_t *steps = NULL;
+        size_t n = 0, i = 0;
+        char older[4096] = "";
+        if (cai_ckpt_list_steps(r->ckpt_dir, &steps, &n) == CAI_OK)
+            while (i < n && (cai_ckpt_step_path(r->ckpt_dir, steps[i], older, sizeof older) != CAI_OK ||
+                             strcmp(older, path) != 0))
+                i++;
+        for (i++; s != CAI_OK && i < n; i++) {
+            if (cai_ckpt_step_path(r->ckpt_dir, steps[i], older, sizeof older) != CAI_OK) break;
+            CAI_WARN("checkpoint.resume=%s: %s does not load (%s); trying the older %s", resume, path,
+                     cai_error_message(), older);
+            cai_error_clear();
+            s = load_agreed(r, h, older, &m, &st);
+            snprintf(path, sizeof path, "%s", older);
+        }
+        free(steps);
+    }
     if (s == CAI_OK) {
         r->tokens = m.tokens;
         r->last_saved = m.step;
@@ -196,7 +249,7 @@ cai_status cai_run_start(cai_run_t *r, cai_model_t *model, int seq_len, int64_t 
     CAI_CHECK_ARG(r && model && seq_len > 0 && tokens_per_step > 0, "cai_run_start: NULL run or model, or no tokens");
     const cai_run_options *o = r->cfg.opt;
     CAI_CALL(cai_run_report_init(&r->report, o->dir, o->peak_tflops, r->first_step, model, r->dev, seq_len, r->rank,
-                                 r->world));
+                                 r->mesh));
     r->report.tokens_per_step = tokens_per_step;
     r->started = 1;
     cai_run_json(r,

@@ -9,6 +9,8 @@
 
 typedef struct {
     FILE *metrics;          /* rank 0: run.dir/metrics.jsonl */
+    char metrics_path[4200];
+    int metrics_errno;      /* the first failed write of a record (0: none) */
     double flops_per_token; /* 6 N + 12 L T d */
     double peak_flops;      /* whole job, FLOP/s */
     int64_t matmul_params;  /* N */
@@ -16,7 +18,7 @@ typedef struct {
     int64_t step_last;
     int64_t tokens_per_step;
     int rank;
-    MPI_Comm world;
+    cai_mesh_t *mesh;       /* reductions over the world, watched by its watchdog */
     cai_device_t *dev;      /* for the device-memory samples */
     double *step_s;         /* this run's step times, for the steady-state summary */
     int64_t n_steps, cap_steps;
@@ -24,12 +26,15 @@ typedef struct {
     double dev_total;
 } cai_run_report;
 
-/* Collective over `world` (the peak is summed over ranks). */
+/* Collective over the mesh's world (the peak is summed over ranks). */
 cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
-                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, MPI_Comm world);
+                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, cai_mesh_t *mesh);
 void cai_run_report_free(cai_run_report *r);
 void cai_run_report_json(cai_run_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cai_run_report_vjson(cai_run_report *r, const char *fmt, va_list ap);
+/* CAI_ERR_IO naming metrics.jsonl once a record could not be written (a
+ * full disk), else CAI_OK. Rank 0's alone: not collective. */
+cai_status cai_run_report_status(const cai_run_report *r);
 /* The step's record; every log_interval steps and at last_step the progress
  * line (collective over the world then: the peak RSS). */
 cai_status cai_run_report_step(cai_run_report *r, int64_t step, int64_t last_step, int64_t log_interval,

@@ -8,18 +8,24 @@
 
 static volatile sig_atomic_t g_signal;
 
-static void on_signal(int sig) { g_signal = sig; }
+/* The strongest signal seen stays (SIGTERM over SIGUSR1 over SIGINT, as the
+ * ranks agree), so a later SIGINT cannot cancel a checkpointing stop. */
+static void on_signal(int sig) {
+    if (sig > g_signal) g_signal = sig;
+}
 
 void cai_run_signals_install(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
-    /* A second Ctrl-C kills at once instead of waiting for the step to end. */
-    sa.sa_flags = SA_RESETHAND;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    /* SIGTERM and SIGUSR1 may come again before the step ends (a launcher
+     * forwarding one per rank, scancel repeating it): they stay recorded. */
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    /* A second Ctrl-C kills at once instead of waiting for the step to end. */
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, NULL);
 }
 
 int cai_run_signal_pending(void) { return (int)g_signal; }

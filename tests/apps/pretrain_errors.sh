@@ -29,6 +29,13 @@ run_np 1 --mesh.dp 3 --run.dir "$TMP/x"
 expect_rc 2
 expect_grep err 'world|dp=3'
 
+# Found by the optimizer's own check, but before any data or allocation.
+run_np 2 --optim.decay_steps 8 --optim.warmup_steps 20 --run.dir "$TMP/opt"
+expect_rc 2
+expect_grep err 'optim\.decay_steps=8 must be >= optim\.warmup_steps=20'
+expect_no_grep out 'memory plan|^data:'
+[ ! -e "$TMP/opt/data" ] || fail "the optimizer's config error came after the data preparation"
+
 run_np 1 --data.path "$TMP/nothing/here" --run.dir "$TMP/x"
 expect_rc 1
 expect_grep err "$TMP/nothing/here"

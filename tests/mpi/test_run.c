@@ -212,6 +212,15 @@ START_TEST(signals_agree) {
     if (g_world_rank == g_world_size - 1) raise(SIGTERM);
     CK_CAI(cai_run_stop_agree(mesh, &sig));
     ck_assert_int_eq(sig, SIGTERM);
+    /* A later, weaker signal does not replace a stronger one; a repeated
+     * SIGTERM stays caught. */
+    cai_run_signal_reset();
+    cai_run_signals_install();
+    raise(SIGUSR1);
+    raise(SIGINT);
+    raise(SIGTERM);
+    raise(SIGTERM);
+    ck_assert_int_eq(cai_run_signal_pending(), SIGTERM);
     cai_run_signal_reset();
     cai_run_signals_install(); /* SA_RESETHAND took the handlers off */
     CK_CAI(cai_run_stop_agree(mesh, &sig));
@@ -349,6 +358,43 @@ START_TEST(resume_modes) {
     ck_assert_int_eq(h.loaded_step, 10);
     ck_assert_int_eq(h.n_ran, 0);
     end_job(run, &h, &c);
+
+    /* latest naming a damaged file: the newest older one that loads */
+    if (g_world_rank == 0) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/step-00000010.h5", ckdir);
+        ck_assert_int_eq(truncate(p, 100), 0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    fake d = {0};
+    make_config(&c, "e", (const char *const[]){"checkpoint.resume=latest", "checkpoint.every=100", NULL});
+    run = run_job(&c, &d, 0);
+    ck_assert_int_eq(d.loaded_step, 9);
+    expect_steps(d.ran, d.n_ran, (const int64_t[]){10}, 1, "steps");
+    end_job(run, &d, &c);
+
+    /* step files without `latest`: auto refuses to start over them */
+    if (g_world_rank == 0) {
+        char p[4200];
+        snprintf(p, sizeof p, "%s/latest", ckdir);
+        ck_assert_int_eq(unlink(p), 0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    {
+        fake e = {0};
+        make_config(&c, "e", (const char *const[]){"checkpoint.every=3", "checkpoint.resume=auto", NULL});
+        cai_run_config rc = run_config(&c);
+        cai_run_t *r2 = NULL;
+        CK_CAI(cai_run_init(&r2, &rc, MPI_COMM_WORLD));
+        cai_run_hooks hk = {&e, f_step, NULL, f_save, f_load};
+        cai_error_clear();
+        ck_assert_int_eq(cai_run_resume(r2, &hk), CAI_ERR_CONFIG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "but no 'latest'"));
+        ck_assert_int_eq(e.n_loads, 0);
+        cai_error_clear();
+        cai_run_free(r2);
+        cai_config_free(&k_schema, &c);
+    }
 
     /* a file: step 9 of the kept ones */
     fake k = {0};

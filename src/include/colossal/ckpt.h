@@ -432,6 +432,9 @@ cai_status cai_ckpt_latest(const char *dir, char *out, size_t cap, int *found);
 /* A checkpoint file as given, or for a directory the file its `latest`
  * names (an error when there is none). Not collective. */
 cai_status cai_ckpt_resolve(const char *path, char *out, size_t cap);
+/* The steps of DIR's step-<N>.h5 files, newest first, in a malloc'd array
+ * (free() it); none (and CAI_OK) when DIR does not exist. Not collective. */
+cai_status cai_ckpt_list_steps(const char *dir, int64_t **steps, size_t *n);
 
 /* ---------------------------------------------------------- flat buffers
  * The layer underneath cai_ckpt_save/load, for callers whose buffers are

@@ -50,6 +50,9 @@ typedef struct {
 
 /* lr 3e-4 constant, betas (0.9, 0.95), eps 1e-8, weight decay 0.1, clip 1.0. */
 cai_adamw_config cai_adamw_config_default(void);
+/* CAI_ERR_CONFIG naming the optim.* key that is out of its domain (e.g. a
+ * decay that ends before the warmup). Pure: apps call it before any work. */
+cai_status cai_adamw_config_check(const cai_adamw_config *c);
 
 typedef struct cai_optim cai_optim_t;
 

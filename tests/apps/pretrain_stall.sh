@@ -1,0 +1,45 @@
+#!/bin/sh
+# A rank that stops making progress (SIGSTOP) while the others wait for it
+# aborts the job through the watchdog, naming that rank: on 2 and on 4
+# ranks, whatever collective the others are in when it stops (the gradient
+# reductions, the agreed stop, the progress line's reduction).
+. "$top_srcdir/tests/apps/pretrain_lib.sh"
+
+WD=5
+stall() { # NP
+    M="$TMP/stall$1/metrics.jsonl"
+    echo "+ $MPIEXEC -n $1 colossal-pretrain --mesh.watchdog_timeout $WD (in the background)"
+    # shellcheck disable=SC2086
+    $MPIEXEC -n "$1" --oversubscribe "$PRETRAIN_BIN" $TINY --train.steps 100000 --eval.interval 0 --log.interval 3 \
+        --mesh.watchdog_timeout $WD --run.dir "$TMP/stall$1" >"$TMP/out" 2>"$TMP/err" &
+    launcher=$!
+    while [ "$(grep -s '"kind":"train"' "$M" | wc -l)" -lt 3 ]; do
+        kill -0 $launcher 2>/dev/null || fail "the run ended before it was stopped"
+        sleep 0.1
+    done
+    # The rank with the highest world rank, found by the rank MPI gave it.
+    victim="" want=$(($1 - 1))
+    for pid in $(ps -o pid= --ppid $launcher); do
+        r=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+        [ "$r" = "$want" ] && victim=$pid
+    done
+    [ -n "$victim" ] || { kill -KILL $launcher; fail "cannot find rank $want's process"; }
+    echo "+ kill -STOP $victim (rank $want)"
+    t0=$(date +%s)
+    kill -STOP "$victim"
+    RC=0
+    wait $launcher || RC=$?
+    waited=$(($(date +%s) - t0))
+    kill -KILL "$victim" 2>/dev/null
+    [ "$RC" -ne 0 ] || fail "the job ended with status 0 after rank $want stopped"
+    expect_grep err "watchdog: .* did not complete within [0-9.]+ s" "no watchdog report after rank $want stopped"
+    expect_grep err "(ranks behind|ranks not answering \\(stuck\\)|ranks not progressing): (.*, )?$want[ ,(]" \
+        "the watchdog report does not name rank $want"
+    # Only an upper bound for a hang: the report itself says how long it waited.
+    [ "$waited" -le $((WD + 120)) ] || fail "the job took $waited s to end after rank $want stopped"
+    echo "  ended after $waited s (watchdog $WD s)"
+}
+
+stall 2
+stall 4
+echo "PASS"
