@@ -27,6 +27,10 @@ static void finalize_and_exit(int code) {
 void cai_app_check(cai_status st) {
     if (st == CAI_OK) return;
     fflush(stdout);
+    if (st == CAI_ERR_IO) {
+        cai_error_print(stderr);
+        MPI_Abort(MPI_COMM_WORLD, CAI_APP_EXIT_IO);
+    }
     cai_abort(st); /* prints this rank's trace, then MPI_Abort */
 }
 
@@ -42,7 +46,10 @@ void cai_app_check_all(cai_status st, int exit_code) {
         fflush(stdout);
         cai_error_print(stderr);
     }
-    finalize_and_exit(exit_code);
+    /* A file-system failure has its own status, whatever the caller chose. */
+    int code = (int)st;
+    MPI_Bcast(&code, 1, MPI_INT, first, MPI_COMM_WORLD);
+    finalize_and_exit(code == CAI_ERR_IO ? CAI_APP_EXIT_IO : exit_code);
 }
 
 static void count_nodes(cai_app *app) {
@@ -71,11 +78,12 @@ static void check_slurm_size(const cai_app *app, const char *program) {
     if (*end || n <= 0 || n <= app->size) return;
     const char *procid = getenv("SLURM_PROCID");
     if (app->rank == 0 && (app->size > 1 || !procid || strcmp(procid, "0") == 0)) {
-        (void)CAI_ERROR(CAI_ERR_CONFIG, "%s: SLURM_NTASKS=%ld but MPI started %d rank%s in this world: the tasks did "
+        (void)CAI_ERROR(CAI_ERR_CONFIG,
+                        "%s: SLURM_NTASKS=%ld but MPI started %d rank%s in this world: the tasks did "
                         "not find each other (srun needs the MPI plugin this MPI was built with, e.g. srun "
                         "--mpi=pmix; another plugin starts every task alone). Inside an allocation mpirun -np "
-                        "$SLURM_NTASKS works too; unset SLURM_NTASKS to run another rank count on purpose", program,
-                        n, app->size, app->size == 1 ? "" : "s");
+                        "$SLURM_NTASKS works too; unset SLURM_NTASKS to run another rank count on purpose",
+                        program, n, app->size, app->size == 1 ? "" : "s");
         cai_error_print(stderr);
     }
     finalize_and_exit(2);
@@ -115,8 +123,7 @@ void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema
     /* A FUNNELED request that came back weaker only matters to apps that
      * start threads; say so once instead of failing. */
     if (provided < MPI_THREAD_FUNNELED)
-        CAI_WARN("MPI provides thread level %d, below MPI_THREAD_FUNNELED; OpenMP regions must not call MPI",
-                 provided);
+        CAI_WARN("MPI provides thread level %d, below MPI_THREAD_FUNNELED; OpenMP regions must not call MPI", provided);
 }
 
 int cai_app_finalize(const cai_config_schema *schema, void *cfg) {

@@ -21,13 +21,27 @@ typedef struct {
 
 extern const char *const cai_app_log_level_choices[];
 
-#define CAI_APP_COMMON_FIELDS(type, member)                                                              \
-    {"log.level", CAI_CFG_ENUM, offsetof(type, member.log_level), "info",                                \
-     "log verbosity: error, warn, info, debug or trace", CAI_CFG_NO_RANGE, cai_app_log_level_choices, NULL}, \
-    {"log.all_ranks", CAI_CFG_BOOL, offsetof(type, member.log_all_ranks), "false",                        \
-     "log from every rank instead of rank 0 only", CAI_CFG_NO_RANGE, NULL, NULL},                          \
-    {"log.timestamps", CAI_CFG_BOOL, offsetof(type, member.log_timestamps), "true",                       \
-     "prefix log lines with the wall-clock time", CAI_CFG_NO_RANGE, NULL, NULL}
+#define CAI_APP_COMMON_FIELDS(type, member)                                            \
+    {"log.level",                                                                      \
+     CAI_CFG_ENUM,                                                                     \
+     offsetof(type, member.log_level),                                                 \
+     "info",                                                                           \
+     "log verbosity: error, warn, info, debug or trace",                               \
+     CAI_CFG_NO_RANGE,                                                                 \
+     cai_app_log_level_choices,                                                        \
+     NULL},                                                                            \
+        {"log.all_ranks",                                                              \
+         CAI_CFG_BOOL,                                                                 \
+         offsetof(type, member.log_all_ranks),                                         \
+         "false",                                                                      \
+         "log from every rank instead of rank 0 only",                                 \
+         CAI_CFG_NO_RANGE,                                                             \
+         NULL,                                                                         \
+         NULL},                                                                        \
+    {                                                                                  \
+        "log.timestamps", CAI_CFG_BOOL, offsetof(type, member.log_timestamps), "true", \
+            "prefix log lines with the wall-clock time", CAI_CFG_NO_RANGE, NULL, NULL  \
+    }
 
 typedef struct {
     int rank, size;             /* in MPI_COMM_WORLD */
@@ -46,15 +60,23 @@ typedef struct {
 void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
                   size_t common_offset);
 
+/* Exit status of a job stopped by a file-system error (CAI_ERR_IO: a full
+ * disk or an I/O error writing a checkpoint, `latest`, metrics.jsonl,
+ * config.yaml, an export; a file that cannot be read). The last complete
+ * checkpoint and `latest` are left as they were (docs/run.md). */
+#define CAI_APP_EXIT_IO 4
+
 /* Not collective. On failure print this rank's error trace (its first line is
- * the root cause) and abort every rank through MPI_Abort. For errors that
- * only some ranks may see (I/O, a collective's local failure). */
+ * the root cause) and abort every rank through MPI_Abort, with status
+ * CAI_APP_EXIT_IO for CAI_ERR_IO. For errors that only some ranks may see
+ * (I/O, a collective's local failure). */
 void cai_app_check(cai_status st);
 
 /* Collective over MPI_COMM_WORLD: every rank must reach it. If any rank
  * failed, the lowest failing rank prints its error trace and every rank
- * finalises MPI and exits with `exit_code` — a clean stop for errors that are
- * decided identically everywhere (config, layout). */
+ * finalises MPI and exits with `exit_code` (CAI_APP_EXIT_IO when that rank's
+ * error is CAI_ERR_IO) — a clean stop for errors that are decided
+ * identically everywhere (config, layout) or agreed on by the callee. */
 void cai_app_check_all(cai_status st, int exit_code);
 
 /* Collective over MPI_COMM_WORLD: free the config and finalise MPI. Returns 0

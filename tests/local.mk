@@ -13,3 +13,19 @@ tests_unit_test_knobs_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_knobs_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_knobs
 endif
+
+# A full disk (tests/apps/disk_full.sh): the LD_PRELOAD shim that fills a
+# directory after a byte budget (a shared object: -rpath makes libtool
+# build one).
+if HAVE_HDF5
+check_LTLIBRARIES = tests/apps/libenospc_shim.la
+tests_apps_libenospc_shim_la_SOURCES = tests/apps/enospc_shim.c
+tests_apps_libenospc_shim_la_CFLAGS = $(WARN_CFLAGS)
+tests_apps_libenospc_shim_la_LDFLAGS = -module -avoid-version -shared -rpath $(abs_builddir)
+tests_apps_libenospc_shim_la_LIBADD = -ldl
+TESTS += tests/apps/disk_full.sh
+endif
+EXTRA_DIST += tests/apps/disk_full.sh
+
+# libFuzzer targets
+include $(srcdir)/tests/fuzz/local.mk

@@ -734,6 +734,11 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     char tmp[4096] = "";
     if (st == CAI_OK) st = tmp_path(path, tmp, sizeof tmp);
     ck_xfer_init(&e.x, &e.h, CK_PIECE_BYTES / 4);
+    /* Room for the whole file, and a reserved metadata region: see
+     * ck_h5_reserve_meta (a full disk fails agreed, never inside HDF5). */
+    uint64_t meta_bytes = ck_h5_meta_estimate(st == CAI_OK ? (size_t)(e.nb * (e.np + 1)) : 0), bytes = meta_bytes;
+    for (int b = 0; st == CAI_OK && b < e.nb; b++) bytes += e.slen[b] * cai_dtype_size(e.fdt[b]);
+    if (st == CAI_OK && e.rank == 0) st = ck_space_check(tmp, bytes);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
 
     int64_t created = (int64_t)time(NULL);
@@ -744,7 +749,9 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     for (int b = 0; b < n_bufs; b++)
         snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "%s%s", b ? "," : "", bufs[b].group);
 
-    CAI_CALL_GOTO(ck_h5_create(&e.h, e.comm, tmp), st, fail);
+    st = ck_h5_create(&e.h, e.comm, tmp);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, e.rank == 0 ? ck_h5_reserve_meta(&e.h, meta_bytes) : CAI_OK), st, fail);
     {
         cai_ckpt_meta m = *meta;
         if (m.world_size == 0) {
@@ -762,7 +769,8 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
         if (e.ds[k] >= 0) CAI_CALL_GOTO(ck_h5_attr_u64(&e.h, e.ds[k], "xsum64", e.xs[k]), st, fail);
     stats_fill(&e, stats, t0);
     engine_free(&e); /* closes the datasets before the file */
-    CAI_CALL_GOTO(ck_h5_flush(&e.h), st, fail);
+    st = ck_h5_flush(&e.h);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     st = ck_h5_close(&e.h);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     /* Complete and closed on every rank: now it may take its name. */
