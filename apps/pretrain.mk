@@ -10,6 +10,7 @@ PRETRAIN_APP_TESTS = \
 	tests/apps/pretrain_dp_equiv.sh \
 	tests/apps/pretrain_signal.sh \
 	tests/apps/pretrain_stall.sh \
+	tests/apps/plot_metrics_errors.sh \
 	tests/apps/pretrain_errors.sh \
 	tests/apps/pretrain_examples.sh
 TESTS += $(PRETRAIN_APP_TESTS)

@@ -18,23 +18,46 @@ import sys
 import zlib
 
 
+class MetricsError(Exception):
+    """A metrics file that cannot be read, with its file (and line)."""
+
+
+def _number(path, n, rec, key):
+    v = rec.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise MetricsError(f"{path}:{n}: '{key}' is {json.dumps(v)[:40]}, not a number")
+    if not math.isfinite(v):
+        raise MetricsError(f"{path}:{n}: '{key}' is {v}, not a finite number")
+    return v
+
+
 def read_metrics(path):
     train, evals = [], []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise MetricsError(f"{path}: cannot read it: {e.strerror}") from None
+    with f:
+        lines = f.read().split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for i, raw in enumerate(lines):
+        n = i + 1
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            if i == last:
                 # The run may still be writing its last line.
-                print(f"{path}:{n}: skipping a line that is not JSON", file=sys.stderr)
+                print(f"{path}:{n}: skipping the last line, which is not complete JSON", file=sys.stderr)
                 continue
-            if rec.get("kind") == "train":
-                train.append((rec["step"], rec["loss"]))
-            elif rec.get("kind") == "eval":
-                evals.append((rec["step"], rec["val_loss"]))
+            raise MetricsError(f"{path}:{n}: not a JSON record ({e})") from None
+        if not isinstance(rec, dict):
+            raise MetricsError(f"{path}:{n}: a JSON {type(rec).__name__}, not a record object")
+        if rec.get("kind") == "train":
+            train.append((_number(path, n, rec, "step"), _number(path, n, rec, "loss")))
+        elif rec.get("kind") == "eval":
+            evals.append((_number(path, n, rec, "step"), _number(path, n, rec, "val_loss")))
     return train, evals
 
 
@@ -228,7 +251,10 @@ def main():
 
     runs = []
     for path in args.metrics:
-        train, evals = read_metrics(path)
+        try:
+            train, evals = read_metrics(path)
+        except MetricsError as e:
+            sys.exit(f"plot_metrics.py: {e}")
         if not train and not evals:
             sys.exit(f"{path}: no train or eval records")
         n = args.smooth or max(1, len(train) // 50)
