@@ -19,11 +19,11 @@ endif
 # The CPU emulations of the CUDA kernels (tests/gpu/*_emu.sh: the kernels'
 # own source, cut out between CUK_EMU_BEGIN/END markers, compiled by g++ and
 # checked against double-precision references) need neither a GPU nor nvcc:
-# they run in every build. `make check-emu` runs just them.
+# they run in every build. `make check-emu` runs just them (nothing to build).
 GPU_EMU_TESTS = tests/gpu/flash_emu.sh tests/gpu/normxent_emu.sh tests/gpu/embed_emu.sh
 TESTS += $(GPU_EMU_TESTS)
 check-emu:
-	$(MAKE) $(AM_MAKEFLAGS) check TESTS='$(GPU_EMU_TESTS)' check_PROGRAMS=
+	$(MAKE) $(AM_MAKEFLAGS) check-TESTS TESTS='$(GPU_EMU_TESTS)'
 .PHONY: check-emu
 
 EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py \
