@@ -89,6 +89,51 @@ static void check_slurm_size(const cai_app *app, const char *program) {
     finalize_and_exit(2);
 }
 
+/* The 1-based number and the text of the first line where a and b differ. */
+static int first_difference(const char *a, const char *b, char *la, char *lb, size_t cap) {
+    int line = 1;
+    const char *sa = a, *sb = b;
+    while (*a && *a == *b) {
+        if (*a == '\n') {
+            line++;
+            sa = a + 1;
+            sb = b + 1;
+        }
+        a++;
+        b++;
+    }
+    snprintf(la, cap, "%.*s", (int)strcspn(sa, "\n"), sa);
+    snprintf(lb, cap, "%.*s", (int)strcspn(sb, "\n"), sb);
+    return line;
+}
+
+/* Ranks started with different arguments or files would pair different
+ * collectives later and fail far away (MPI_ERR_TRUNCATE, a hang): every
+ * rank's effective config is compared with rank 0's first. Collective over
+ * MPI_COMM_WORLD. */
+static void check_same_config(const cai_app *app, const cai_config_schema *schema, const void *cfg) {
+    if (app->size == 1) return;
+    char *text = NULL;
+    cai_app_check_all(cai_config_write_string(schema, cfg, &text), 2);
+    int len = (int)strlen(text);
+    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    char *ref = app->rank == 0 ? text : malloc((size_t)len + 1);
+    if (!ref) cai_app_check(CAI_ERROR(CAI_ERR_NOMEM, "rank 0's config text (%d bytes)", len));
+    MPI_Bcast(ref, len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    ref[len] = '\0';
+    cai_status st = CAI_OK;
+    if (strcmp(ref, text) != 0) {
+        char mine[160], theirs[160];
+        int line = first_difference(text, ref, mine, theirs, sizeof mine);
+        st = CAI_ERROR(CAI_ERR_CONFIG, "%s: rank %d's effective config differs from rank 0's (every rank must be "
+                       "started with the same arguments and files): line %d is \"%s\" here and \"%s\" on rank 0",
+                       schema->program, app->rank, line, mine, theirs);
+    }
+    if (ref != text) free(ref);
+    free(text);
+    cai_app_check_all(st, 2);
+}
+
 void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema *schema, void *cfg,
                   size_t common_offset) {
     int provided = 0;
@@ -111,6 +156,7 @@ void cai_app_init(cai_app *app, int *argc, char ***argv, const cai_config_schema
         if (app->rank == 0) cai_config_print_help(schema, stdout);
         finalize_and_exit(0);
     }
+    check_same_config(app, schema, cfg);
 
     const cai_app_common *common = (const cai_app_common *)((const char *)cfg + common_offset);
     cai_log_options opt = {

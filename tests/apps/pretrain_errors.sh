@@ -40,6 +40,16 @@ run_np 1 --data.path "$TMP/nothing/here" --run.dir "$TMP/x"
 expect_rc 1
 expect_grep err "$TMP/nothing/here"
 
+# Ranks started with different arguments: refused before any collective
+# could pair up wrongly, naming the rank and the first differing key.
+echo "+ $MPIEXEC -n 1 colossal-pretrain --optim.lr 1e-3 : -n 1 colossal-pretrain --optim.lr 2e-3"
+RC=0
+$MPIEXEC -n 1 "$PRETRAIN_BIN" --optim.lr 1e-3 --run.dir "$TMP/mixed" : \
+    -n 1 "$PRETRAIN_BIN" --optim.lr 2e-3 --run.dir "$TMP/mixed" >"$TMP/out" 2>"$TMP/err" || RC=$?
+expect_rc 2
+expect_grep err "rank 1's effective config differs from rank 0's .*lr: 0.002.* here and .*lr: 0.001"
+expect_no_grep out '^step'
+
 # Under Slurm the world must have SLURM_NTASKS ranks (srun with the wrong
 # --mpi plugin starts every task as a world of its own).
 export SLURM_NTASKS=3
