@@ -15,6 +15,7 @@
 #include "cai_config.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -50,23 +51,27 @@ typedef struct {
     cai_app_common common;
 } ckpt_config;
 
-#define F(key, type, field, def, doc, ...) {key, type, offsetof(ckpt_config, field), def, doc, __VA_ARGS__}
+#define F(key, type, field, def, doc, ...) \
+    { key, type, offsetof(ckpt_config, field), def, doc, __VA_ARGS__ }
 #define BIG 1e15
-#define DTYPE_FIELD                                                                                        \
+#define DTYPE_FIELD                                                                                            \
     F("dtype", CAI_CFG_ENUM, dtype, "f32", "dtype of the exported weights (rounded to nearest even from f32)", \
       CAI_CFG_NO_RANGE, k_dtypes, NULL)
-#define SHARD_FIELD                                                                                         \
-    F("max_shard_size", CAI_CFG_BYTES, max_shard, "5GB",                                                    \
+#define SHARD_FIELD                                                                                          \
+    F("max_shard_size", CAI_CFG_BYTES, max_shard, "5GB",                                                     \
       "shard the weights above this size, with model.safetensors.index.json (5GB = 5e9 bytes, 2GiB = 2^31, " \
-      "plain numbers are bytes)", 1, 9.2e18, NULL, NULL)
-#define TOKENIZER_FIELD                                                                                       \
-    F("tokenizer", CAI_CFG_STRING, tokenizer, "",                                                            \
-      "directory with tokenizer.json or vocab.json + merges.txt to ship with the model (empty: none)",       \
+      "plain numbers are bytes)",                                                                            \
+      1, 9.2e18, NULL, NULL)
+#define TOKENIZER_FIELD                                                                                \
+    F("tokenizer", CAI_CFG_STRING, tokenizer, "",                                                      \
+      "directory with tokenizer.json or vocab.json + merges.txt to ship with the model (empty: none)", \
       CAI_CFG_NO_RANGE, NULL, NULL)
 
 static const cai_config_field k_inspect[] = {
-    F("path", CAI_CFG_STRING, path, NULL, "a .safetensors file, a Hugging Face directory or an HDF5 checkpoint "
-      "(file or directory with `latest`); also accepted as the first argument", CAI_CFG_NO_RANGE, NULL, NULL),
+    F("path", CAI_CFG_STRING, path, NULL,
+      "a .safetensors file, a Hugging Face directory or an HDF5 checkpoint "
+      "(file or directory with `latest`); also accepted as the first argument",
+      CAI_CFG_NO_RANGE, NULL, NULL),
     F("tensors", CAI_CFG_BOOL, tensors, "true", "list every tensor", CAI_CFG_NO_RANGE, NULL, NULL),
     CAI_APP_COMMON_FIELDS(ckpt_config, common),
 };
@@ -116,8 +121,8 @@ static const cai_config_field k_init[] = {
     F("model.d_model", CAI_CFG_INT64, d_model, "768", "hidden size", 1, 1 << 20, NULL, NULL),
     F("model.n_heads", CAI_CFG_INT64, n_heads, "12", "attention heads", 1, 1 << 16, NULL, NULL),
     F("model.n_kv_heads", CAI_CFG_INT64, n_kv_heads, "0", "key/value heads (0: n_heads)", 0, 1 << 16, NULL, NULL),
-    F("model.ffn_hidden", CAI_CFG_INT64, ffn_hidden, "0", "MLP hidden size (0: the family's default)", 0, 1 << 24,
-      NULL, NULL),
+    F("model.ffn_hidden", CAI_CFG_INT64, ffn_hidden, "0", "MLP hidden size (0: the family's default)", 0, 1 << 24, NULL,
+      NULL),
     F("model.max_seq_len", CAI_CFG_INT64, max_seq_len, "1024", "positions", 1, 1 << 24, NULL, NULL),
     F("model.rope_theta", CAI_CFG_DOUBLE, rope_theta, "10000", "Llama RoPE base", 1, 1e12, NULL, NULL),
     F("model.norm_eps", CAI_CFG_DOUBLE, norm_eps, "1e-5", "norm epsilon", 1e-12, 1, NULL, NULL),
@@ -157,8 +162,15 @@ static int has_file(const char *dir, const char *name) {
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-/* By content, not by name: HDF5's signature, or a safetensors header (a
- * little-endian length followed by '{'). */
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* By content first: HDF5's signature, or a safetensors header (a
+ * little-endian length followed by '{'); then by name, so that a damaged
+ * file meant to be one of them gets that format's reader and its precise
+ * message ("header length past the end of the file", "not an HDF5 file"). */
 static path_kind classify(const char *path) {
     struct stat sb;
     if (stat(path, &sb) != 0) return KIND_MISSING;
@@ -173,6 +185,8 @@ static path_kind classify(const char *path) {
     if (f) fclose(f);
     if (n >= 8 && !memcmp(head, "\x89HDF\r\n\x1a\n", 8)) return KIND_HDF5;
     if (n == 9 && head[8] == '{') return KIND_SAFETENSORS;
+    if (ends_with(path, ".safetensors")) return KIND_SAFETENSORS;
+    if (ends_with(path, ".h5") || ends_with(path, ".hdf5")) return KIND_HDF5;
     return KIND_OTHER;
 }
 
@@ -185,6 +199,55 @@ static const char *kind_name(path_kind k) {
     case KIND_MISSING: return "not there (no such file or directory)";
     default: return "neither safetensors, a Hugging Face directory nor an HDF5 checkpoint";
     }
+}
+
+/* Why a path of KIND_OTHER is neither: which check of each format failed. */
+static void other_detail(const char *path, char *buf, size_t cap) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        snprintf(buf, cap, "%s", strerror(errno));
+        return;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(buf, cap, "a directory with neither config.json (Hugging Face) nor `latest` (checkpoints)");
+        return;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        snprintf(buf, cap, "not a regular file");
+        return;
+    }
+    if (sb.st_size == 0) {
+        snprintf(buf, cap, "the file is empty (0 bytes)");
+        return;
+    }
+    unsigned char head[4096];
+    FILE *f = fopen(path, "rb");
+    size_t n = f ? fread(head, 1, sizeof head, f) : 0;
+    if (f) fclose(f);
+    size_t zeros = 0;
+    while (zeros < n && head[zeros] == 0) zeros++;
+    if (zeros == n && n > 0) {
+        snprintf(buf, cap, "its first %zu bytes are all zero (no HDF5 signature, no safetensors header)", n);
+        return;
+    }
+    /* the safetensors reader names the check that failed */
+    cai_safetensors_t *st = NULL;
+    if (cai_safetensors_open(&st, path) == CAI_OK) {
+        cai_safetensors_close(st);
+        snprintf(buf, cap, "no HDF5 signature at byte 0");
+        return;
+    }
+    snprintf(buf, cap, "no HDF5 signature at byte 0, and as safetensors: %s", cai_error_message());
+    cai_error_clear();
+}
+
+/* The error for a path that is not what `verb` takes. */
+static cai_status not_recognised(const char *verb, const char *path, path_kind k, cai_status code, const char *wanted) {
+    if (k == KIND_MISSING) return CAI_ERROR(CAI_ERR_IO, "%s: '%s' is %s", verb, path, kind_name(k));
+    char detail[1200] = "";
+    if (k == KIND_OTHER) other_detail(path, detail, sizeof detail);
+    return CAI_ERROR(code, "%s: '%s' is %s%s%s%s%s", verb, path, kind_name(k), *detail ? ": " : "", detail,
+                     wanted ? ", not " : "", wanted ? wanted : "");
 }
 
 static void print_shape(char *buf, size_t cap, int ndim, const uint64_t *shape) {
@@ -275,10 +338,9 @@ static cai_status inspect_hf(const char *dir, int list) {
             if (e->transform == CAI_HF_QKV_SLICE || e->transform == CAI_HF_VOCAB_ROWS)
                 snprintf(how, sizeof how, "%s %llu..%llu", cai_hf_transform_name(e->transform),
                          (unsigned long long)e->row_begin, (unsigned long long)(e->row_begin + e->rows));
-            else
-                snprintf(how, sizeof how, "%s", cai_hf_transform_name(e->transform));
-            printf("  %-48s %-5s %-14s %-32s %s (%s)\n", t->name, t->dtype_name, sh,
-                   base_name(cai_safetensors_path(f)), e->colossal, how);
+            else snprintf(how, sizeof how, "%s", cai_hf_transform_name(e->transform));
+            printf("  %-48s %-5s %-14s %-32s %s (%s)\n", t->name, t->dtype_name, sh, base_name(cai_safetensors_path(f)),
+                   e->colossal, how);
         }
     }
     cai_hf_close(h);
@@ -296,7 +358,8 @@ static cai_status count_finite(void *ctx, const cai_param_info *p, const float *
     fc->elements += p->numel;
     for (uint64_t i = 0; i < p->numel; i++)
         if (!isfinite(src[i])) {
-            if (!fc->nonfinite) snprintf(fc->first_bad, sizeof fc->first_bad, "%s[%llu]", p->name, (unsigned long long)i);
+            if (!fc->nonfinite)
+                snprintf(fc->first_bad, sizeof fc->first_bad, "%s[%llu]", p->name, (unsigned long long)i);
             fc->nonfinite++;
         }
     return CAI_OK;
@@ -313,10 +376,11 @@ static cai_status verify_hf(const char *dir) {
         st = CAI_ERROR(CAI_ERR_FORMAT, "HF model '%s': %llu weights are not finite, the first %s", dir,
                        (unsigned long long)fc.nonfinite, fc.first_bad);
     if (st == CAI_OK)
-        printf("%s: ok: %s with every tensor config.json needs (%d in %d file%s), nothing else, %llu weights all "
-               "finite (%.2f s)\n", dir, cai_hf_architecture(cai_hf_config(h)->family), cai_hf_map_count(cai_hf_map(h)),
-               cai_hf_file_count(h), cai_hf_file_count(h) == 1 ? "" : "s", (unsigned long long)fc.elements,
-               cai_time_now() - t0);
+        printf(
+            "%s: ok: %s with every tensor config.json needs (%d in %d file%s), nothing else, %llu weights all "
+            "finite (%.2f s)\n",
+            dir, cai_hf_architecture(cai_hf_config(h)->family), cai_hf_map_count(cai_hf_map(h)), cai_hf_file_count(h),
+            cai_hf_file_count(h) == 1 ? "" : "s", (unsigned long long)fc.elements, cai_time_now() - t0);
     cai_hf_close(h);
     CAI_CALL(st);
     return CAI_OK;
@@ -429,8 +493,7 @@ static cai_status inspect_hdf5(const cai_app *app, const char *path, int list) {
                 print_shape(sh, sizeof sh, e->ndim, e->shape);
                 if (e->has_checksum)
                     printf("  %-56s %-6s %-20s %016llx\n", e->name, e->dtype_desc, sh, (unsigned long long)e->checksum);
-                else
-                    printf("  %-56s %-6s %-20s none\n", e->name, e->dtype_desc, sh);
+                else printf("  %-56s %-6s %-20s none\n", e->name, e->dtype_desc, sh);
             }
         }
     }
@@ -493,10 +556,12 @@ static cai_status export_hdf5(const cai_app *app, const ckpt_config *c) {
                        cai_ckpt_path(f));
     if (st == CAI_OK) st = cai_hf_export(c->output, &m->model, ckpt_source, f, &o, &s);
     if (st == CAI_OK)
-        printf("export: %s (step %lld) -> %s: %s, %d tensors, %.1f MB of %s in %d file%s, %d tokenizer file%s, "
-               "%.2f s\n", cai_ckpt_path(f), (long long)m->step, c->output, cai_hf_architecture(m->model.family),
-               s.n_tensors, (double)s.total_bytes / 1e6, k_dtypes[c->dtype], s.n_files, s.n_files == 1 ? "" : "s",
-               s.tokenizer_files, s.tokenizer_files == 1 ? "" : "s", s.seconds);
+        printf(
+            "export: %s (step %lld) -> %s: %s, %d tensors, %.1f MB of %s in %d file%s, %d tokenizer file%s, "
+            "%.2f s\n",
+            cai_ckpt_path(f), (long long)m->step, c->output, cai_hf_architecture(m->model.family), s.n_tensors,
+            (double)s.total_bytes / 1e6, k_dtypes[c->dtype], s.n_files, s.n_files == 1 ? "" : "s", s.tokenizer_files,
+            s.tokenizer_files == 1 ? "" : "s", s.seconds);
     cai_ckpt_close(f);
     CAI_CALL(st);
     return CAI_OK;
@@ -523,8 +588,7 @@ static cai_status import_hdf5(const cai_app *app, const ckpt_config *c) {
     /* The checkpoint write is collective: stop together if any rank failed. */
     int ok = st == CAI_OK, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (st == CAI_OK && !all_ok)
-        st = CAI_ERROR(CAI_ERR_IO, "import: another rank could not read '%s'", c->input);
+    if (st == CAI_OK && !all_ok) st = CAI_ERROR(CAI_ERR_IO, "import: another rank could not read '%s'", c->input);
     if (all_ok) {
         cai_mesh_config mc;
         cai_mesh_config_init(&mc);
@@ -539,7 +603,8 @@ static cai_status import_hdf5(const cai_app *app, const ckpt_config *c) {
         meta.world_size = app->size;
         snprintf(meta.app, sizeof meta.app, "colossal-ckpt import");
         const cai_ckpt_layout L = {reg, single, ALIGN, CAI_AXIS_DP};
-        const cai_ckpt_buffer b = {.group = "model", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
+        const cai_ckpt_buffer b = {
+            .group = "model", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
         cai_ckpt_stats s;
         st = cai_ckpt_save_buffers(mesh, c->output, &L, &b, 1, &meta, &s);
         if (st == CAI_OK && app->rank == 0)
@@ -564,8 +629,7 @@ static cai_status run_inspect(const cai_app *app, const ckpt_config *c) {
     switch (k) {
     case KIND_SAFETENSORS: return inspect_safetensors(c->path, c->tensors);
     case KIND_HF_DIR: return inspect_hf(c->path, c->tensors);
-    default:
-        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_FORMAT, "inspect: '%s' is %s", c->path, kind_name(k));
+    default: return not_recognised("inspect", c->path, k, CAI_ERR_FORMAT, NULL);
     }
 }
 
@@ -577,8 +641,7 @@ static cai_status run_verify(const cai_app *app, const ckpt_config *c) {
     switch (k) {
     case KIND_SAFETENSORS: return verify_safetensors(c->path);
     case KIND_HF_DIR: return verify_hf(c->path);
-    default:
-        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_FORMAT, "verify: '%s' is %s", c->path, kind_name(k));
+    default: return not_recognised("verify", c->path, k, CAI_ERR_FORMAT, NULL);
     }
 }
 
@@ -587,8 +650,7 @@ static cai_status run_export(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->output, "output"));
     const path_kind k = classify(c->input);
     if (k != KIND_HDF5 && k != KIND_HDF5_DIR)
-        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_CONFIG, "export: input '%s' is %s, not an HDF5 "
-                         "checkpoint", c->input, kind_name(k));
+        return not_recognised("export: input", c->input, k, CAI_ERR_CONFIG, "an HDF5 checkpoint");
     return export_hdf5(app, c);
 }
 
@@ -597,8 +659,7 @@ static cai_status run_import(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->output, "output"));
     const path_kind k = classify(c->input);
     if (k != KIND_HF_DIR)
-        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_CONFIG, "import: input '%s' is %s, not a Hugging "
-                         "Face directory (config.json)", c->input, kind_name(k));
+        return not_recognised("import: input", c->input, k, CAI_ERR_CONFIG, "a Hugging Face directory (config.json)");
     return import_hdf5(app, c);
 }
 
@@ -607,8 +668,7 @@ static cai_status run_convert(const cai_app *app, const ckpt_config *c) {
     CAI_CALL(need(c->output, "output"));
     const path_kind k = classify(c->input);
     if (k != KIND_HF_DIR && k != KIND_HDF5 && k != KIND_HDF5_DIR)
-        return CAI_ERROR(k == KIND_MISSING ? CAI_ERR_IO : CAI_ERR_CONFIG, "convert: input '%s' is %s", c->input,
-                         kind_name(k));
+        return not_recognised("convert: input", c->input, k, CAI_ERR_CONFIG, NULL);
     const int to = c->to != TO_AUTO ? c->to : k == KIND_HF_DIR ? TO_HDF5 : TO_HF;
     if (k == KIND_HF_DIR && to == TO_HF) return app->rank == 0 ? convert_hf_to_hf(c) : CAI_OK;
     if (k == KIND_HF_DIR) return run_import(app, c);
@@ -676,7 +736,7 @@ typedef struct {
 } subcommand;
 
 #define SUB(name, summary, fields, run, pos) \
-    {name, {"colossal-ckpt " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run, pos}
+    { name, {"colossal-ckpt " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run, pos }
 static const subcommand k_subcommands[] = {
     SUB("inspect", "list what a safetensors file, Hugging Face directory or HDF5 checkpoint holds", k_inspect,
         run_inspect, 1),

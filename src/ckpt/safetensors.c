@@ -31,11 +31,11 @@ typedef struct {
 
 /* Every byte-sized dtype of the format (the reference implementation's list). */
 static const st_dtype k_dtypes[] = {
-    {"BOOL", 1, CAI_DTYPE_COUNT},    {"U8", 1, CAI_DTYPE_U8},           {"I8", 1, CAI_DTYPE_COUNT},
-    {"F8_E5M2", 1, CAI_DTYPE_COUNT}, {"F8_E4M3", 1, CAI_DTYPE_COUNT},   {"F8_E8M0", 1, CAI_DTYPE_COUNT},
-    {"I16", 2, CAI_DTYPE_COUNT},     {"U16", 2, CAI_DTYPE_U16},         {"F16", 2, CAI_DTYPE_F16},
-    {"BF16", 2, CAI_DTYPE_BF16},     {"I32", 4, CAI_DTYPE_I32},         {"U32", 4, CAI_DTYPE_COUNT},
-    {"F32", 4, CAI_DTYPE_F32},       {"F64", 8, CAI_DTYPE_F64},         {"I64", 8, CAI_DTYPE_I64},
+    {"BOOL", 1, CAI_DTYPE_COUNT},    {"U8", 1, CAI_DTYPE_U8},         {"I8", 1, CAI_DTYPE_COUNT},
+    {"F8_E5M2", 1, CAI_DTYPE_COUNT}, {"F8_E4M3", 1, CAI_DTYPE_COUNT}, {"F8_E8M0", 1, CAI_DTYPE_COUNT},
+    {"I16", 2, CAI_DTYPE_COUNT},     {"U16", 2, CAI_DTYPE_U16},       {"F16", 2, CAI_DTYPE_F16},
+    {"BF16", 2, CAI_DTYPE_BF16},     {"I32", 4, CAI_DTYPE_I32},       {"U32", 4, CAI_DTYPE_COUNT},
+    {"F32", 4, CAI_DTYPE_F32},       {"F64", 8, CAI_DTYPE_F64},       {"I64", 8, CAI_DTYPE_I64},
     {"U64", 8, CAI_DTYPE_COUNT},     {"C64", 8, CAI_DTYPE_COUNT},
 };
 #define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
@@ -85,7 +85,6 @@ static int name_index_find(const name_idx *ix, int n, const char *name) {
     const name_idx *hit = n > 0 ? bsearch(&key, ix, (size_t)n, sizeof *ix, cmp_name_idx) : NULL;
     return hit ? hit->index : -1;
 }
-
 
 struct cai_safetensors {
     char *path;
@@ -138,10 +137,14 @@ static cai_status parse_entry(const char *path, const char *name, json_t *obj, c
     if (!d) {
         const char *s = json_string_value(dt);
         if (strcmp(s, "F4") == 0 || strcmp(s, "F6_E2M3") == 0 || strcmp(s, "F6_E3M2") == 0)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "safetensors file '%s': tensor '%s': sub-byte dtype '%s' is not "
-                             "supported", path, name, s);
-        return FORMAT_ERR(path, "tensor '%s': unknown dtype '%s' (known: BOOL U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 "
-                          "F16 BF16 I32 U32 F32 F64 I64 U64 C64)", name, s);
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "safetensors file '%s': tensor '%s': sub-byte dtype '%s' is not "
+                             "supported",
+                             path, name, s);
+        return FORMAT_ERR(path,
+                          "tensor '%s': unknown dtype '%s' (known: BOOL U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 "
+                          "F16 BF16 I32 U32 F32 F64 I64 U64 C64)",
+                          name, s);
     }
     memset(e, 0, sizeof *e);
     e->name = name;
@@ -154,7 +157,8 @@ static cai_status parse_entry(const char *path, const char *name, json_t *obj, c
     e->ndim = (int)len;
     uint64_t offs[2];
     CAI_CALL(parse_u64_array(path, name, "data_offsets", json_object_get(obj, "data_offsets"), 2, offs, &len));
-    if (len != 2) return FORMAT_ERR(path, "tensor '%s': data_offsets has %zu entries (expected [begin, end])", name, len);
+    if (len != 2)
+        return FORMAT_ERR(path, "tensor '%s': data_offsets has %zu entries (expected [begin, end])", name, len);
     e->begin = offs[0];
     e->end = offs[1];
     if (e->begin > e->end)
@@ -206,8 +210,10 @@ static cai_status check_tiling(const cai_safetensors_t *st, uint64_t data_len) {
     for (int i = 0; i < st->n; i++) {
         const cai_st_entry *e = &st->entries[i];
         if (e->begin < pos)
-            return FORMAT_ERR(st->path, "tensor '%s' at data_offsets [%llu, %llu) overlaps tensor '%s' which ends at "
-                              "%llu", e->name, (unsigned long long)e->begin, (unsigned long long)e->end, prev,
+            return FORMAT_ERR(st->path,
+                              "tensor '%s' at data_offsets [%llu, %llu) overlaps tensor '%s' which ends at "
+                              "%llu",
+                              e->name, (unsigned long long)e->begin, (unsigned long long)e->end, prev,
                               (unsigned long long)pos);
         if (e->begin > pos)
             return FORMAT_ERR(st->path, "data bytes [%llu, %llu) before tensor '%s' belong to no tensor (gap)",
@@ -216,32 +222,87 @@ static cai_status check_tiling(const cai_safetensors_t *st, uint64_t data_len) {
         prev = e->name;
     }
     if (pos > data_len)
-        return FORMAT_ERR(st->path, "truncated: tensors need %llu data bytes but the file holds %llu after the header "
-                          "(last tensor '%s')", (unsigned long long)pos, (unsigned long long)data_len,
-                          prev ? prev : "");
+        return FORMAT_ERR(st->path,
+                          "truncated: tensors need %llu data bytes but the file holds %llu after the header "
+                          "(last tensor '%s')",
+                          (unsigned long long)pos, (unsigned long long)data_len, prev ? prev : "");
     if (pos < data_len)
         return FORMAT_ERR(st->path, "%llu trailing bytes after the last tensor (tensors cover %llu of %llu data bytes)",
-                          (unsigned long long)(data_len - pos), (unsigned long long)pos,
-                          (unsigned long long)data_len);
+                          (unsigned long long)(data_len - pos), (unsigned long long)pos, (unsigned long long)data_len);
     return CAI_OK;
 }
 
+/* What a header that is not a JSON object starts with instead. */
+static const char *non_object_kind(const unsigned char *h, uint64_t n) {
+    if (n >= 3 && h[0] == 0xef && h[1] == 0xbb && h[2] == 0xbf) return "a UTF-8 byte-order mark (EF BB BF)";
+    if (n >= 2 && ((h[0] == 0xfe && h[1] == 0xff) || (h[0] == 0xff && h[1] == 0xfe))) return "a UTF-16 byte-order mark";
+    switch (h[0]) {
+    case '[': return "a JSON array";
+    case '"': return "a JSON string";
+    case 't':
+    case 'f': return "a JSON boolean";
+    case 'n': return "JSON null";
+    case ' ':
+    case '\t':
+    case '\r':
+    case '\n': return "white space";
+    case '\0': return "a zero byte";
+    default: return (h[0] >= '0' && h[0] <= '9') || h[0] == '-' ? "a JSON number" : "something that is not JSON";
+    }
+}
+
+/* The header field an integer at byte `pos` of the header belongs to (the
+ * last "shape" or "data_offsets" key before it). */
+static const char *field_at(const char *hdr, size_t n, size_t pos) {
+    const char *best = "a header field";
+    size_t at = 0;
+    static const char *const keys[2] = {"\"shape\"", "\"data_offsets\""};
+    for (int k = 0; k < 2; k++) {
+        size_t kl = strlen(keys[k]);
+        for (size_t i = 0; i + kl <= pos && i + kl <= n; i++)
+            if (memcmp(hdr + i, keys[k], kl) == 0 && i >= at) {
+                at = i;
+                best = k == 0 ? "shape" : "data_offsets";
+            }
+    }
+    return best;
+}
+
 static cai_status parse_header(cai_safetensors_t *st) {
-    if (st->size < 8)
-        return FORMAT_ERR(st->path, "file is %zu bytes, shorter than the 8-byte header length", st->size);
+    if (st->size == 0)
+        return FORMAT_ERR(st->path,
+                          "file is empty (0 bytes); a safetensors file starts with an 8-byte header "
+                          "length%s",
+                          "");
+    if (st->size < 8) return FORMAT_ERR(st->path, "file is %zu bytes, shorter than the 8-byte header length", st->size);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | st->map[i];
     if (n > st->size - 8)
-        return FORMAT_ERR(st->path, "header length %llu exceeds the %zu bytes that follow it (bad header size or "
-                          "truncated file)", (unsigned long long)n, st->size - 8);
+        return FORMAT_ERR(st->path,
+                          "header length %llu exceeds the %zu bytes that follow it (header length past the "
+                          "end of the file: bad header size or truncated file)",
+                          (unsigned long long)n, st->size - 8);
     if (n > CAI_ST_MAX_HEADER)
         return FORMAT_ERR(st->path, "header length %llu exceeds the %u-byte limit", (unsigned long long)n,
                           CAI_ST_MAX_HEADER);
     const char *hdr = (const char *)st->map + 8;
-    if (n == 0 || hdr[0] != '{')
-        return FORMAT_ERR(st->path, "header does not start with '{' (header length %llu)", (unsigned long long)n);
+    if (n == 0)
+        return FORMAT_ERR(st->path,
+                          "header is not a JSON object: the header length is 0 (header does not start "
+                          "with '{')%s",
+                          "");
+    if (hdr[0] != '{')
+        return FORMAT_ERR(st->path,
+                          "header is not a JSON object: it starts with %s (header does not start with "
+                          "'{', header length %llu)",
+                          non_object_kind((const unsigned char *)hdr, n), (unsigned long long)n);
     json_error_t jerr;
     st->root = json_loadb(hdr, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!st->root && json_error_code(&jerr) == json_error_numeric_overflow)
+        return FORMAT_ERR(st->path,
+                          "header: an integer in '%s' near byte %d of the header is out of range (at or "
+                          "past 2^63; no tensor shape or offset can be that large)",
+                          field_at(hdr, (size_t)n, (size_t)(jerr.position > 0 ? jerr.position : 0)), jerr.position);
     if (!st->root)
         return FORMAT_ERR(st->path, "header is not valid JSON: %s (line %d, column %d, byte %d)", jerr.text, jerr.line,
                           jerr.column, jerr.position);
@@ -256,11 +317,28 @@ static cai_status parse_header(cai_safetensors_t *st) {
             CAI_CALL(parse_metadata(st, val));
             continue;
         }
+        if (!*key) return FORMAT_ERR(st->path, "a tensor has an empty name (the header key \"\"%s)", "");
         CAI_CALL(parse_entry(st->path, key, val, &st->entries[st->n]));
         st->n++;
     }
+    /* transformers refuses any other format; so does colossal, rather than
+     * load what the writer meant for another framework */
+    const char *format = cai_safetensors_meta(st, "format");
+    if (format && strcmp(format, "pt") != 0)
+        return FORMAT_ERR(st->path,
+                          "'__metadata__.format' is \"%s\"; only \"pt\" is accepted (transformers refuses "
+                          "other values)",
+                          format);
+    const uint64_t data_len = st->size - 8 - n;
+    for (int i = 0; i < st->n; i++)
+        if (st->entries[i].end > data_len)
+            return FORMAT_ERR(st->path,
+                              "tensor '%s': data_offsets [%llu, %llu) out of range: the file holds %llu data "
+                              "bytes after the header (truncated?)",
+                              st->entries[i].name, (unsigned long long)st->entries[i].begin,
+                              (unsigned long long)st->entries[i].end, (unsigned long long)data_len);
     qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_offsets);
-    CAI_CALL(check_tiling(st, st->size - 8 - n));
+    CAI_CALL(check_tiling(st, data_len));
     const unsigned char *data = st->map + 8 + n;
     for (int i = 0; i < st->n; i++) st->entries[i].data = data + st->entries[i].begin;
 
@@ -340,8 +418,7 @@ const cai_st_entry *cai_safetensors_find(const cai_safetensors_t *st, const char
 cai_status cai_safetensors_get(const cai_safetensors_t *st, const char *name, const cai_st_entry **out) {
     CAI_CHECK_ARG(st && name && out, "cai_safetensors_get: NULL argument");
     *out = cai_safetensors_find(st, name);
-    if (!*out)
-        return FORMAT_ERR(st->path, "no tensor named '%s' (the file has %d tensors)", name, st->n);
+    if (!*out) return FORMAT_ERR(st->path, "no tensor named '%s' (the file has %d tensors)", name, st->n);
     return CAI_OK;
 }
 
@@ -430,14 +507,15 @@ static cai_status check_descriptors(const char *path, const cai_st_tensor *t, in
         CAI_CHECK_ARG(cai_safetensors_dtype_name(t[i].dtype) != NULL, "safetensors '%s': tensor '%s' has dtype %d",
                       path, t[i].name, (int)t[i].dtype);
         CAI_CHECK_ARG(t[i].ndim >= 0 && t[i].ndim <= CAI_ST_MAX_DIMS,
-                      "safetensors '%s': tensor '%s' has %d dims (0..%d)", path, t[i].name, t[i].ndim,
-                      CAI_ST_MAX_DIMS);
+                      "safetensors '%s': tensor '%s' has %d dims (0..%d)", path, t[i].name, t[i].ndim, CAI_ST_MAX_DIMS);
     }
     for (int i = 0; i < n_meta; i++) {
         CAI_CHECK_ARG(meta[i].key && meta[i].value, "safetensors '%s': metadata entry %d is incomplete", path, i);
         if (strcmp(meta[i].key, "format") == 0 && strcmp(meta[i].value, "pt") != 0)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "safetensors '%s': metadata format '%s' would be rejected by "
-                             "transformers (it must be \"pt\")", path, meta[i].value);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "safetensors '%s': metadata format '%s' would be rejected by "
+                             "transformers (it must be \"pt\")",
+                             path, meta[i].value);
     }
     return CAI_OK;
 }
@@ -614,8 +692,10 @@ cai_status cai_safetensors_writer_close(cai_st_writer_t *w) {
     cai_status rc = CAI_OK;
     for (int i = 0; i < w->n; i++)
         if (!w->done[i]) {
-            rc = CAI_ERROR(CAI_ERR_INVALID_ARG, "safetensors '%s': tensor '%s' was declared but never written; "
-                           "nothing was saved", w->path, w->names[i]);
+            rc = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                           "safetensors '%s': tensor '%s' was declared but never written; "
+                           "nothing was saved",
+                           w->path, w->names[i]);
             goto fail;
         }
     if (fsync(w->fd) != 0) {

@@ -60,6 +60,59 @@ expect_grep err "no such file or directory"
 ckpt 1 verify "$TMP/c.jsonl"
 expect_fail
 expect_grep err "neither safetensors"
+expect_grep err "no HDF5 signature at byte 0, and as safetensors: .*c.jsonl"
+
+# malformed files: each names the file and the check that failed, whether
+# the name or the content says what the file was meant to be
+st_raw() { # st_raw PATH HEADER: an 8-byte little-endian length (< 256), then HEADER
+    len=$(printf %s "$2" | wc -c)
+    printf "$(printf '\\%03o' "$len")\000\000\000\000\000\000\000" >"$1"
+    printf %s "$2" >>"$1"
+}
+refused() { # refused PATH PATTERN: verify fails, naming the file and the check
+    ckpt 1 verify "$1"
+    expect_fail
+    expect_grep err "$(basename "$1")"
+    expect_grep err "$2"
+}
+: >"$TMP/empty.safetensors"
+refused "$TMP/empty.safetensors" "file is empty \(0 bytes\)"
+: >"$TMP/empty.bin"
+refused "$TMP/empty.bin" "neither safetensors.*: the file is empty \(0 bytes\)"
+printf 'abcde' >"$TMP/five.safetensors"
+refused "$TMP/five.safetensors" "file is 5 bytes, shorter than the 8-byte header length"
+printf 'abcde' >"$TMP/five"
+refused "$TMP/five" "neither safetensors.*file is 5 bytes, shorter than the 8-byte header length"
+st_raw "$TMP/past.safetensors" '{}'
+printf '\350\003' | dd of="$TMP/past.safetensors" conv=notrunc 2>/dev/null # length 1000
+refused "$TMP/past.safetensors" "header length 1000 exceeds .*header length past the end of the file"
+st_raw "$TMP/notjson" '{"a": nope}'
+refused "$TMP/notjson" "header is not valid JSON"
+st_raw "$TMP/words" 'hello'
+refused "$TMP/words" "header is not a JSON object: it starts with something that is not JSON"
+st_raw "$TMP/array" '[1, 2]'
+refused "$TMP/array" "neither safetensors.*header is not a JSON object: it starts with a JSON array"
+st_raw "$TMP/number.safetensors" '42'
+refused "$TMP/number.safetensors" "header is not a JSON object: it starts with a JSON number"
+st_raw "$TMP/bom.safetensors" "$(printf '\357\273\277'){}"
+refused "$TMP/bom.safetensors" "header is not a JSON object: it starts with a UTF-8 byte-order mark"
+st_raw "$TMP/huge.safetensors" '{"a":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}}'
+refused "$TMP/huge.safetensors" "an integer in 'shape' near byte [0-9]+ of the header is out of range"
+st_raw "$TMP/range.safetensors" '{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+refused "$TMP/range.safetensors" "tensor 'a': data_offsets \[0, 4\) out of range: the file holds 0 data bytes"
+st_raw "$TMP/dtype.safetensors" '{"a":{"dtype":"F33","shape":[0],"data_offsets":[0,0]}}'
+refused "$TMP/dtype.safetensors" "tensor 'a': unknown dtype 'F33'"
+st_raw "$TMP/noname.safetensors" '{"":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}'
+refused "$TMP/noname.safetensors" "a tensor has an empty name"
+st_raw "$TMP/tf.safetensors" '{"__metadata__":{"format":"tf"}}'
+refused "$TMP/tf.safetensors" "'__metadata__.format' is \"tf\"; only \"pt\" is accepted"
+head -c 4096 /dev/zero >"$TMP/zeros.h5"
+refused "$TMP/zeros.h5" "is not an HDF5 file: no HDF5 signature \(its first 4096 bytes are all zero\)"
+head -c 4096 /dev/zero >"$TMP/zeros"
+refused "$TMP/zeros" "neither safetensors.*its first 4096 bytes are all zero"
+mkdir -p "$TMP/twolines"
+printf 'step-00000002.h5\nstep-00000001.h5\n' >"$TMP/twolines/latest"
+refused "$TMP/twolines" "twolines/latest' should hold one line .* holds more than one"
 cp -r "$TMP/l16" "$TMP/broken"
 truncate -s 100 "$TMP/broken/$shard"
 ckpt 1 verify "$TMP/broken"

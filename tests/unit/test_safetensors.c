@@ -310,7 +310,8 @@ static void expect_rejected(const char *json, uint64_t header_len, size_t data_l
     ck_assert_msg(strstr(cai_error_message(), path), "message '%s' does not name the file", cai_error_message());
 }
 
-#define T1(name, dt, shape, b, e) "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":[" b "," e "]}"
+#define T1(name, dt, shape, b, e) \
+    "\"" name "\":{\"dtype\":\"" dt "\",\"shape\":" shape ",\"data_offsets\":[" b "," e "]}"
 
 START_TEST(corrupt_files_are_rejected_with_the_reason) {
     /* Length and framing. */
@@ -322,6 +323,13 @@ START_TEST(corrupt_files_are_rejected_with_the_reason) {
     cai_safetensors_t *st = NULL;
     ck_assert_int_eq(cai_safetensors_open(&st, path), CAI_ERR_FORMAT);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "file is 3 bytes, shorter than the 8-byte header length"));
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), path));
+    path_in(path, sizeof path, "empty.safetensors");
+    f = fopen(path, "wb");
+    fclose(f);
+    ck_assert_int_eq(cai_safetensors_open(&st, path), CAI_ERR_FORMAT);
+    ck_assert_msg(strstr(cai_error_message(), "file is empty (0 bytes)") && strstr(cai_error_message(), path), "%s",
+                  cai_error_message());
     path_in(path, sizeof path, "missing.safetensors");
     ck_assert_int_eq(cai_safetensors_open(&st, path), CAI_ERR_IO);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "cannot open safetensors file"));
@@ -329,10 +337,19 @@ START_TEST(corrupt_files_are_rejected_with_the_reason) {
     const char *good = "{" T1("a", "F32", "[2]", "0", "8") "}";
     expect_rejected(good, 1000, 8, CAI_ERR_FORMAT, "header length 1000 exceeds the");
     expect_rejected(good, (uint64_t)1 << 62, 8, CAI_ERR_FORMAT, "exceeds the");
-    expect_rejected(good, UINT64_MAX, 4, CAI_ERR_FORMAT, "truncated: tensors need 8 data bytes but the file holds 4");
+    expect_rejected(good, 1000, 8, CAI_ERR_FORMAT, "header length past the end of the file");
+    expect_rejected(good, UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "tensor 'a': data_offsets [0, 8) out of range: the file holds 4 data bytes");
     expect_rejected(good, UINT64_MAX, 12, CAI_ERR_FORMAT, "4 trailing bytes after the last tensor");
     expect_rejected("[1, 2]", UINT64_MAX, 0, CAI_ERR_FORMAT, "header does not start with '{'");
     expect_rejected("", UINT64_MAX, 0, CAI_ERR_FORMAT, "header does not start with '{'");
+    /* not a JSON object: named by what it is instead */
+    expect_rejected("[1, 2]", UINT64_MAX, 0, CAI_ERR_FORMAT,
+                    "header is not a JSON object: it starts with a JSON array");
+    expect_rejected("42", UINT64_MAX, 0, CAI_ERR_FORMAT, "header is not a JSON object: it starts with a JSON number");
+    expect_rejected("\xef\xbb\xbf{" T1("a", "F32", "[1]", "0", "4") "}", UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "header is not a JSON object: it starts with a UTF-8 byte-order mark (EF BB BF)");
+    expect_rejected("", UINT64_MAX, 0, CAI_ERR_FORMAT, "header is not a JSON object: the header length is 0");
 
     /* JSON syntax and structure. */
     expect_rejected("{\"a\": {\"dtype\": \"F32\",", UINT64_MAX, 0, CAI_ERR_FORMAT, "header is not valid JSON");
@@ -359,9 +376,20 @@ START_TEST(corrupt_files_are_rejected_with_the_reason) {
                     "tensor 'a': data_offsets has 1 entries");
     expect_rejected("{" T1("a", "F32", "[1]", "8", "4") "}", UINT64_MAX, 8, CAI_ERR_FORMAT,
                     "tensor 'a': data_offsets [8, 4) end before they begin");
-    expect_rejected("{\"__metadata__\":{\"format\":\"pt\",\"n\":3}," T1("a", "F32", "[1]", "0", "4") "}", UINT64_MAX,
-                    4, CAI_ERR_FORMAT, "'__metadata__' key 'n' is not a string");
+    expect_rejected("{\"__metadata__\":{\"format\":\"pt\",\"n\":3}," T1("a", "F32", "[1]", "0", "4") "}", UINT64_MAX, 4,
+                    CAI_ERR_FORMAT, "'__metadata__' key 'n' is not a string");
     expect_rejected("{\"__metadata__\":[]}", UINT64_MAX, 0, CAI_ERR_FORMAT, "'__metadata__' is not a JSON object");
+    expect_rejected("{\"__metadata__\":{\"format\":\"tf\"}," T1("a", "F32", "[1]", "0", "4") "}", UINT64_MAX, 4,
+                    CAI_ERR_FORMAT, "'__metadata__.format' is \"tf\"; only \"pt\" is accepted");
+    expect_rejected("{" T1("", "F32", "[1]", "0", "4") "}", UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "a tensor has an empty name");
+    /* integers of 2^64: a format message, not the JSON library's */
+    expect_rejected("{" T1("a", "F32", "[18446744073709551616]", "0", "4") "}", UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "an integer in 'shape' near byte");
+    expect_rejected("{" T1("a", "F32", "[1]", "0", "18446744073709551616") "}", UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "an integer in 'data_offsets' near byte");
+    expect_rejected("{" T1("a", "F32", "[1]", "0", "9223372036854775807") "}", UINT64_MAX, 4, CAI_ERR_FORMAT,
+                    "tensor 'a': shape [1] of F32 needs 4 bytes but data_offsets");
 
     /* Sizes and the tiling of the data section. */
     expect_rejected("{" T1("w", "F32", "[3]", "0", "8") "}", UINT64_MAX, 8, CAI_ERR_FORMAT,
@@ -387,7 +415,7 @@ START_TEST(foreign_but_valid_files_are_accepted) {
     path_in(path, sizeof path, "foreign.safetensors");
     write_raw(path,
               "{" T1("m", "BOOL", "[3]", "0", "3") "," T1("z", "F32", "[0]", "3", "3") "," T1("h", "F16", "[2]", "3",
-                                                                                             "7") "}",
+                                                                                              "7") "}",
               UINT64_MAX, 7);
     cai_safetensors_t *st = NULL;
     ck_assert_msg(cai_safetensors_open(&st, path) == CAI_OK, "%s", cai_error_message());
