@@ -6,6 +6,7 @@
 #include "colossal/ckpt.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +23,9 @@ struct cai_hf {
     int n_files;
     int sharded;
     uint64_t total_size;
-    json_t *index;        /* the index's root; weight_map values name files */
+    json_t *index; /* the index's root; weight_map values name files */
     json_t *weight_map;
-    int strip_transformer; /* GPT-2 saved from GPT2Model: names without "transformer." */
+    int strip_transformer;       /* GPT-2 saved from GPT2Model: names without "transformer." */
     const cai_st_entry **tensor; /* per mapping entry */
     int *tensor_file;
 };
@@ -142,8 +143,9 @@ static cai_status open_index(cai_hf_t *h, const char *index_path) {
             const char *t = cai_safetensors_entry(h->files[i], j)->name;
             const char *listed = json_string_value(json_object_get(h->weight_map, t));
             if (!listed || file_index(h, listed) != i) {
-                st = CAI_ERROR(CAI_ERR_FORMAT, "'%s' holds tensor '%s', which '%s' %s%s", cai_safetensors_path(h->files[i]),
-                               t, index_path, listed ? "assigns to " : "does not list", listed ? listed : "");
+                st = CAI_ERROR(CAI_ERR_FORMAT, "'%s' holds tensor '%s', which '%s' %s%s",
+                               cai_safetensors_path(h->files[i]), t, index_path,
+                               listed ? "assigns to " : "does not list", listed ? listed : "");
                 goto done;
             }
         }
@@ -186,9 +188,10 @@ static void config_summary(const cai_model_config *c, char *buf, size_t cap) {
         snprintf(buf, cap, "vocab_size=%d n_positions=%d n_embd=%d n_layer=%d n_head=%d n_inner=%d", c->vocab_size,
                  c->max_seq_len, c->d_model, c->n_layers, c->n_heads, c->ffn_hidden);
     else
-        snprintf(buf, cap, "vocab_size=%d hidden_size=%d intermediate_size=%d num_hidden_layers=%d "
-                 "num_attention_heads=%d num_key_value_heads=%d", c->vocab_size, c->d_model, c->ffn_hidden,
-                 c->n_layers, c->n_heads, c->n_kv_heads);
+        snprintf(buf, cap,
+                 "vocab_size=%d hidden_size=%d intermediate_size=%d num_hidden_layers=%d "
+                 "num_attention_heads=%d num_key_value_heads=%d",
+                 c->vocab_size, c->d_model, c->ffn_hidden, c->n_layers, c->n_heads, c->n_kv_heads);
 }
 
 static cai_status check_tensors(cai_hf_t *h, const char *where) {
@@ -227,20 +230,26 @@ static cai_status check_tensors(cai_hf_t *h, const char *where) {
     /* Anything else in the files means the directory is not the model
      * config.json describes (more layers, another architecture): refuse
      * rather than silently drop weights. */
-    for (int fi = 0; fi < h->n_files; fi++) {
+    cai_status st = CAI_OK;
+    for (int fi = 0; fi < h->n_files && st == CAI_OK; fi++) {
         const cai_safetensors_t *f = h->files[fi];
-        for (int j = 0; j < cai_safetensors_count(f); j++) {
+        const int count = cai_safetensors_count(f);
+        unsigned char *used = NULL;
+        CAI_CALL(cai_calloc((void **)&used, (size_t)count + 1, 1, "HF tensor flags"));
+        for (int i = 0; i < n; i++)
+            if (h->tensor_file[i] == fi) used[h->tensor[i] - cai_safetensors_entry(f, 0)] = 1;
+        for (int j = 0; j < count && st == CAI_OK; j++) {
             const cai_st_entry *t = cai_safetensors_entry(f, j);
-            int used = 0;
-            for (int i = 0; i < n && !used; i++) used = h->tensor[i] == t;
-            if (used || ignorable(h, t->name)) continue;
-            return CAI_ERROR(CAI_ERR_FORMAT, "'%s': unexpected tensor '%s': it is not part of a %s with config.json's "
-                             "sizes (%s%s)", cai_safetensors_path(f), t->name,
-                             cai_hf_architecture(cai_hf_map_config(m)->family), cfg_text,
-                             cai_hf_map_config(m)->tie_embeddings ? ", tied head" : "");
+            if (used[j] || ignorable(h, t->name)) continue;
+            st = CAI_ERROR(CAI_ERR_FORMAT,
+                           "'%s': unexpected tensor '%s': it is not part of a %s with config.json's "
+                           "sizes (%s%s)",
+                           cai_safetensors_path(f), t->name, cai_hf_architecture(cai_hf_map_config(m)->family),
+                           cfg_text, cai_hf_map_config(m)->tie_embeddings ? ", tied head" : "");
         }
+        cai_free(used);
     }
-    return CAI_OK;
+    return st;
 }
 
 cai_status cai_hf_open(cai_hf_t **out, const char *dir) {
@@ -272,8 +281,10 @@ cai_status cai_hf_open(cai_hf_t **out, const char *dir) {
             char bin[CAI_HF_PATH_MAX];
             CAI_CALL_GOTO(cai_hf_path(bin, sizeof bin, dir, "pytorch_model.bin"), st, fail);
             if (cai_hf_file_exists(bin))
-                st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF model '%s' has PyTorch pickle weights only (pytorch_model.bin); "
-                               "colossal reads safetensors: re-save with save_pretrained(safe_serialization=True)", dir);
+                st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                               "HF model '%s' has PyTorch pickle weights only (pytorch_model.bin); "
+                               "colossal reads safetensors: re-save with save_pretrained(safe_serialization=True)",
+                               dir);
             else
                 st = CAI_ERROR(CAI_ERR_IO, "HF model '%s' has no weights: neither %s nor %s", dir, CAI_HF_SINGLE_NAME,
                                CAI_HF_INDEX_NAME);
@@ -317,14 +328,38 @@ static int entries_for(const cai_hf_map_t *m, const char *name, const cai_hf_ent
     return n;
 }
 
+/* Weights that are not finite are refused on import, naming the HF tensor,
+ * its file and the first bad element (verify reports the same). */
+static cai_status check_finite(const cai_hf_t *h, const cai_param_info *param, const cai_hf_entry *e, int n,
+                               const float *dst) {
+    const uint64_t cols = param->ndim == 1 ? 1 : param->shape[1];
+    uint64_t bad = 0, first = 0;
+    for (uint64_t i = 0; i < param->numel; i++)
+        if (!isfinite(dst[i]) && !bad++) first = i;
+    if (!bad) return CAI_OK;
+    const uint64_t row = first / cols, col = first % cols;
+    int k = 0;
+    while (k + 1 < n && !(row >= e[k].row_begin && row < e[k].row_begin + e[k].rows)) k++;
+    const uint64_t r = row - e[k].row_begin;
+    const uint64_t at = e[k].transform == CAI_HF_TRANSPOSE ? col * e[k].rows + r : r * cols + col;
+    const cai_safetensors_t *f = NULL;
+    cai_hf_tensor(h, &e[k], &f);
+    return CAI_ERROR(CAI_ERR_FORMAT,
+                     "HF model '%s': tensor '%s' in '%s' holds %llu values that are not finite (the "
+                     "first, element %llu, is %g); refusing to import it",
+                     h->dir, e[k].hf, f ? cai_safetensors_path(f) : "?", (unsigned long long)bad,
+                     (unsigned long long)at, (double)dst[first]);
+}
+
 cai_status cai_hf_read_param(cai_hf_t *h, const cai_param_info *param, float *dst) {
     CAI_CHECK_ARG(h && param && dst, "cai_hf_read_param: NULL argument");
     const cai_hf_entry *e = NULL;
     const cai_param_info *want = NULL;
     const int n = entries_for(h->map, param->name, &e, &want);
     if (n == 0 || !want)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF model '%s': parameter '%s' is not part of the %s config.json describes",
-                         h->dir, param->name, cai_hf_architecture(cai_hf_map_config(h->map)->family));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "HF model '%s': parameter '%s' is not part of the %s config.json describes", h->dir,
+                         param->name, cai_hf_architecture(cai_hf_map_config(h->map)->family));
     /* vocabulary rows may be padded to another multiple than the mapping's */
     const int vocab = e[0].transform == CAI_HF_VOCAB_ROWS;
     int same = param->ndim == want->ndim && (vocab ? param->shape[0] >= e[0].rows : param->shape[0] == want->shape[0]);
@@ -333,8 +368,10 @@ cai_status cai_hf_read_param(cai_hf_t *h, const cai_param_info *param, float *ds
         char a[96], b[96];
         cai_hf_shape_str(a, sizeof a, param->ndim, param->shape);
         cai_hf_shape_str(b, sizeof b, want->ndim, want->shape);
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF model '%s': parameter '%s' is asked for as %s but config.json gives "
-                         "%s%s", h->dir, param->name, a, b, vocab ? " (any padding of the vocabulary rows)" : "");
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "HF model '%s': parameter '%s' is asked for as %s but config.json gives "
+                         "%s%s",
+                         h->dir, param->name, a, b, vocab ? " (any padding of the vocabulary rows)" : "");
     }
     const uint64_t cols = param->ndim == 1 ? 1 : param->shape[1];
     memset(dst, 0, (size_t)param->numel * sizeof *dst);
@@ -373,6 +410,7 @@ cai_status cai_hf_read_param(cai_hf_t *h, const cai_param_info *param, float *ds
         tmp = NULL;
     }
     CAI_CALL(st);
+    CAI_CALL(check_finite(h, param, e, n, dst));
     return CAI_OK;
 }
 
@@ -473,8 +511,8 @@ cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *fla
     CAI_CALL(cai_calloc((void **)&off, (size_t)cai_registry_count(reg) + 1, sizeof *off, "flat offsets"));
     cai_status st = cai_registry_local_layout(reg, &single, align_elems, off, &total);
     if (st == CAI_OK && total > flat_count)
-        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "HF import: the flat buffer has %zu floats, the registry's layout needs %zu",
-                       flat_count, total);
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                       "HF import: the flat buffer has %zu floats, the registry's layout needs %zu", flat_count, total);
     if (st == CAI_OK) memset(flat, 0, total * sizeof *flat);
     for (int i = 0; st == CAI_OK && i < cai_registry_count(reg); i++)
         st = cai_hf_read_param(h, cai_registry_param(reg, i), flat + off[i]);

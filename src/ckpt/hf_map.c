@@ -18,7 +18,44 @@ struct cai_hf_map {
     int n, cap;
     char *names; /* both names of every entry, packed */
     size_t names_used, names_cap;
+    /* open-addressing indexes (capacity a power of two, -1 empty): the first
+     * entry of each colossal name, and each HF name's entry */
+    int *by_colossal, *by_hf;
+    size_t slots;
 };
+
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The slot of `name` in `table`: where it is, or the empty slot it would take. */
+static size_t slot_of(const cai_hf_map_t *m, const int *table, const char *name, int hf) {
+    size_t i = (size_t)hash_name(name) & (m->slots - 1);
+    while (table[i] >= 0 && strcmp(hf ? m->e[table[i]].hf : m->e[table[i]].colossal, name) != 0)
+        i = (i + 1) & (m->slots - 1);
+    return i;
+}
+
+static cai_status build_index(cai_hf_map_t *m) {
+    m->slots = 16;
+    while (m->slots < 2 * (size_t)m->n) m->slots *= 2;
+    m->by_colossal = malloc(m->slots * sizeof *m->by_colossal);
+    m->by_hf = malloc(m->slots * sizeof *m->by_hf);
+    if (!m->by_colossal || !m->by_hf) return CAI_ERROR(CAI_ERR_NOMEM, "HF mapping: index of %d names", m->n);
+    for (size_t i = 0; i < m->slots; i++) m->by_colossal[i] = m->by_hf[i] = -1;
+    for (int i = 0; i < m->n; i++) {
+        size_t c = slot_of(m, m->by_colossal, m->e[i].colossal, 0);
+        if (m->by_colossal[c] < 0) m->by_colossal[c] = i;
+        else if (m->by_colossal[c] + 1 != i && strcmp(m->e[i - 1].colossal, m->e[i].colossal) != 0)
+            return CAI_ERROR(CAI_ERR_INTERNAL, "HF mapping: the entries of '%s' are not consecutive", m->e[i].colossal);
+        size_t h = slot_of(m, m->by_hf, m->e[i].hf, 1);
+        if (m->by_hf[h] >= 0) return CAI_ERROR(CAI_ERR_INTERNAL, "HF mapping: '%s' is mapped twice", m->e[i].hf);
+        m->by_hf[h] = i;
+    }
+    return CAI_OK;
+}
 
 const char *cai_hf_transform_name(cai_hf_transform t) {
     switch (t) {
@@ -194,6 +231,7 @@ cai_status cai_hf_map_create(cai_hf_map_t **out, const cai_model_config *cfg) {
         m->e[i].colossal = m->names + (uintptr_t)m->e[i].colossal;
         m->e[i].hf = m->names + (uintptr_t)m->e[i].hf;
     }
+    CAI_CALL_GOTO(build_index(m), st, fail);
     /* Every registered parameter must be reachable: directly, or through its
      * tie primary. A future layer (experts) without a table row fails here
      * instead of silently missing from the export. */
@@ -208,9 +246,10 @@ cai_status cai_hf_map_create(cai_hf_map_t **out, const cai_model_config *cfg) {
                                   ? (uint64_t)m->cfg.vocab_size
                                   : p->shape[0];
         if (n == 0 || covered != need) {
-            st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF mapping: parameter '%s' of this %s config has no Hugging Face "
-                           "counterpart in %s", p->name, cai_model_family_name(m->cfg.family),
-                           cai_hf_architecture(m->cfg.family));
+            st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                           "HF mapping: parameter '%s' of this %s config has no Hugging Face "
+                           "counterpart in %s",
+                           p->name, cai_model_family_name(m->cfg.family), cai_hf_architecture(m->cfg.family));
             goto fail;
         }
     }
@@ -226,6 +265,8 @@ void cai_hf_map_free(cai_hf_map_t *m) {
     cai_registry_free(m->reg);
     free(m->e);
     free(m->names);
+    free(m->by_colossal);
+    free(m->by_hf);
     cai_free(m);
 }
 
@@ -233,28 +274,24 @@ const cai_model_config *cai_hf_map_config(const cai_hf_map_t *m) { return m ? &m
 const cai_registry_t *cai_hf_map_registry(const cai_hf_map_t *m) { return m ? m->reg : NULL; }
 int cai_hf_map_count(const cai_hf_map_t *m) { return m ? m->n : 0; }
 
-const cai_hf_entry *cai_hf_map_entry(const cai_hf_map_t *m, int i) {
-    return m && i >= 0 && i < m->n ? &m->e[i] : NULL;
-}
+const cai_hf_entry *cai_hf_map_entry(const cai_hf_map_t *m, int i) { return m && i >= 0 && i < m->n ? &m->e[i] : NULL; }
 
-/* Tables are a few thousand entries at most (a 100-layer Llama: ~900); a
- * linear scan per lookup is far below the cost of the tensor it names. */
+/* Hashed: `colossal-ckpt init` of 65536 layers looks up every parameter. */
 const cai_hf_entry *cai_hf_map_find_hf(const cai_hf_map_t *m, const char *hf_name) {
-    for (int i = 0; m && hf_name && i < m->n; i++)
-        if (strcmp(m->e[i].hf, hf_name) == 0) return &m->e[i];
-    return NULL;
+    if (!m || !hf_name || !m->slots) return NULL;
+    const int i = m->by_hf[slot_of(m, m->by_hf, hf_name, 1)];
+    return i >= 0 ? &m->e[i] : NULL;
 }
 
 int cai_hf_map_find(const cai_hf_map_t *m, const char *name, const cai_hf_entry **first) {
     *first = NULL;
-    for (int i = 0; m && name && i < m->n; i++)
-        if (strcmp(m->e[i].colossal, name) == 0) {
-            int n = 1;
-            while (i + n < m->n && strcmp(m->e[i + n].colossal, name) == 0) n++;
-            *first = &m->e[i];
-            return n;
-        }
-    return 0;
+    if (!m || !name || !m->slots) return 0;
+    const int i = m->by_colossal[slot_of(m, m->by_colossal, name, 0)];
+    if (i < 0) return 0;
+    int n = 1;
+    while (i + n < m->n && strcmp(m->e[i + n].colossal, name) == 0) n++;
+    *first = &m->e[i];
+    return n;
 }
 
 void cai_hf_shape_str(char *buf, size_t cap, int ndim, const uint64_t *shape) {

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <mpi.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,24 +27,24 @@
 static char g_root[256];
 static cai_device_t *g_dev;
 
-#define OK(x)                                                                                 \
-    do {                                                                                      \
-        cai_status ok_st_ = (x);                                                              \
-        ck_assert_msg(ok_st_ == CAI_OK, "%s failed: %s", #x, cai_error_message());            \
+#define OK(x)                                                                      \
+    do {                                                                           \
+        cai_status ok_st_ = (x);                                                   \
+        ck_assert_msg(ok_st_ == CAI_OK, "%s failed: %s", #x, cai_error_message()); \
     } while (0)
 
 /* The call fails with `code` and its message contains each of the strings. */
-#define EXPECT_ERR(x, code, ...)                                                                           \
-    do {                                                                                                   \
-        cai_error_clear();                                                                                 \
-        cai_status e_st_ = (x);                                                                            \
-        ck_assert_msg(e_st_ == (code), "%s returned %s, expected %s (%s)", #x, cai_status_str(e_st_),      \
-                      cai_status_str(code), cai_error_message());                                          \
-        const char *e_want_[] = {__VA_ARGS__};                                                             \
-        for (size_t e_i_ = 0; e_i_ < sizeof e_want_ / sizeof e_want_[0]; e_i_++)                           \
+#define EXPECT_ERR(x, code, ...)                                                                                \
+    do {                                                                                                        \
+        cai_error_clear();                                                                                      \
+        cai_status e_st_ = (x);                                                                                 \
+        ck_assert_msg(e_st_ == (code), "%s returned %s, expected %s (%s)", #x, cai_status_str(e_st_),           \
+                      cai_status_str(code), cai_error_message());                                               \
+        const char *e_want_[] = {__VA_ARGS__};                                                                  \
+        for (size_t e_i_ = 0; e_i_ < sizeof e_want_ / sizeof e_want_[0]; e_i_++)                                \
             ck_assert_msg(strstr(cai_error_message(), e_want_[e_i_]) != NULL, "%s: message lacks '%s': %s", #x, \
-                          e_want_[e_i_], cai_error_message());                                             \
-        cai_error_clear();                                                                                 \
+                          e_want_[e_i_], cai_error_message());                                                  \
+        cai_error_clear();                                                                                      \
     } while (0)
 
 static void dir_in(char *buf, size_t cap, const char *name) {
@@ -51,7 +52,9 @@ static void dir_in(char *buf, size_t cap, const char *name) {
     mkdir(buf, 0755);
 }
 
-static void file_in(char *buf, size_t cap, const char *dir, const char *name) { snprintf(buf, cap, "%s/%s", dir, name); }
+static void file_in(char *buf, size_t cap, const char *dir, const char *name) {
+    snprintf(buf, cap, "%s/%s", dir, name);
+}
 
 /* ------------------------------------------------------------ tiny models */
 
@@ -167,7 +170,8 @@ typedef struct {
 static int want_gpt2(hf_want *w, int L, uint64_t V, uint64_t T, uint64_t C, int tied) {
     int n = 0;
 #define W1(nm, a) (snprintf(w[n].name, sizeof w[n].name, "%s", nm), w[n].ndim = 1, w[n].shape[0] = (a), n++)
-#define W2(nm, a, b) (snprintf(w[n].name, sizeof w[n].name, "%s", nm), w[n].ndim = 2, w[n].shape[0] = (a), w[n].shape[1] = (b), n++)
+#define W2(nm, a, b) \
+    (snprintf(w[n].name, sizeof w[n].name, "%s", nm), w[n].ndim = 2, w[n].shape[0] = (a), w[n].shape[1] = (b), n++)
     W2("transformer.wte.weight", V, C);
     W2("transformer.wpe.weight", T, C);
     char b[128];
@@ -297,7 +301,7 @@ static cai_model_t *import_fresh(const char *dir, const cai_model_config *like) 
     OK(cai_hf_open(&h, dir));
     cai_model_config c = *cai_hf_config(h);
     c.vocab_multiple = like->vocab_multiple; /* any padding imports */
-    c.seed = like->seed + 1000;               /* different init: the import must overwrite all */
+    c.seed = like->seed + 1000;              /* different init: the import must overwrite all */
     cai_model_t *m = make_model(&c, NULL);
     OK(cai_hf_import_model(h, m));
     cai_hf_close(h);
@@ -446,8 +450,8 @@ START_TEST(gpt2_directory_is_what_transformers_expects) {
             snprintf(hn, sizeof hn, "transformer.h.%d.%s", l, pairs[p][1]);
             uint64_t numel;
             float *src = master_copy(m, cn, &numel);
-            const cai_param_info *pi = cai_registry_param(cai_model_registry(m),
-                                                          cai_registry_find(cai_model_registry(m), cn));
+            const cai_param_info *pi =
+                cai_registry_param(cai_model_registry(m), cai_registry_find(cai_model_registry(m), cn));
             const uint64_t out = pi->shape[0], in = pi->shape[1];
             const float *hf = tensor_f32(st, hn, in, out);
             for (uint64_t i = 0; i < in; i++)
@@ -626,7 +630,8 @@ START_TEST(bf16_and_f16_exports_round_to_nearest_even) {
         file_in(f, sizeof f, dir, "model.safetensors");
         cai_safetensors_t *st;
         OK(cai_safetensors_open(&st, f));
-        for (int j = 0; j < cai_safetensors_count(st); j++) ck_assert_int_eq(cai_safetensors_entry(st, j)->dtype, dts[k]);
+        for (int j = 0; j < cai_safetensors_count(st); j++)
+            ck_assert_int_eq(cai_safetensors_entry(st, j)->dtype, dts[k]);
         /* one Conv1D weight element by element: RNE of the transposed master */
         uint64_t numel;
         float *src = master_copy(m, "h.0.mlp.fc.weight", &numel); /* [128, 32] */
@@ -905,6 +910,30 @@ START_TEST(missing_and_misshapen_tensors_name_file_and_tensor) {
     copy_write(&c, f);
     EXPECT_ERR(cai_hf_open(&h, dir), CAI_ERR_UNSUPPORTED, f, "model.norm.weight", "I32");
 
+    /* weights that are not finite: opening succeeds (values are not read),
+     * importing refuses, naming tensor, file and element */
+    fresh_export("err_nan", &cfg, 0, dir, sizeof dir);
+    file_in(f, sizeof f, dir, "model.safetensors");
+    copy_open(&c, f);
+    k = copy_find(&c, "model.layers.1.mlp.down_proj.weight");
+    const uint64_t nel = c.t[k].shape[0] * c.t[k].shape[1];
+    float *w = malloc(nel * sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    memcpy(w, c.t[k].data, nel * sizeof *w);
+    w[37] = NAN;
+    w[40] = INFINITY;
+    c.t[k].data = w;
+    copy_write(&c, f);
+    OK(cai_hf_open(&h, dir));
+    cai_model_config nc = *cai_hf_config(h);
+    cai_model_t *nm = make_model(&nc, NULL);
+    EXPECT_ERR(cai_hf_import_model(h, nm), CAI_ERR_FORMAT, "tensor 'model.layers.1.mlp.down_proj.weight'", f,
+               "holds 2 values that are not finite (the first, element 37, is nan)");
+    cai_model_free(nm);
+    cai_hf_close(h);
+    h = NULL;
+    free(w);
+
     /* a truncated file: the safetensors reader names it */
     fresh_export("err_trunc", &cfg, 0, dir, sizeof dir);
     file_in(f, sizeof f, dir, "model.safetensors");
@@ -987,7 +1016,8 @@ START_TEST(broken_index_is_named) {
 
     /* names a file that is not there */
     json_t *j = json_deep_copy(orig);
-    json_object_set_new(json_object_get(j, "weight_map"), "transformer.wte.weight", json_string("model-missing.safetensors"));
+    json_object_set_new(json_object_get(j, "weight_map"), "transformer.wte.weight",
+                        json_string("model-missing.safetensors"));
     write_json(dir, "model.safetensors.index.json", j);
     json_decref(j);
     EXPECT_ERR(cai_hf_open(&h, dir), CAI_ERR_IO, "model-missing.safetensors");
