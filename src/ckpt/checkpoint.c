@@ -181,6 +181,148 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
     return CAI_OK;
 }
 
+/* ------------------------------------------------------------ metadata checks
+ * Values no writer produces are refused on load, naming the file and the
+ * attribute: a hand-edited or damaged checkpoint must not resume quietly
+ * at step -7 or on a world of 0 ranks. */
+
+#define CK_MAX_COUNT ((int64_t)1 << 53) /* steps, tokens, samples: beyond any run, exact in a double */
+
+static cai_status bad_attr(const ck_h5 *h, const char *attr, long long value, const char *why) {
+    return CAI_ERROR(CAI_ERR_FORMAT,
+                     "checkpoint '%s': attribute '%s' is %lld: %s (no colossal writer produces it; "
+                     "the file is damaged or was edited)",
+                     h->path, attr, value, why);
+}
+
+static cai_status check_count(const ck_h5 *h, const char *attr, int64_t v) {
+    if (v < 0) return bad_attr(h, attr, (long long)v, "negative");
+    if (v > CK_MAX_COUNT) return bad_attr(h, attr, (long long)v, "past 2^53, more than any run reaches");
+    return CAI_OK;
+}
+
+static cai_status check_meta_values(const ck_h5 *h, const cai_ckpt_meta *m) {
+    CAI_CALL(check_count(h, "step", m->step));
+    CAI_CALL(check_count(h, "tokens", m->tokens));
+    CAI_CALL(check_count(h, "consumed_samples", m->consumed_samples));
+    if (m->has_optim) {
+        if (m->optim_step < 0) return bad_attr(h, "optim.step", (long long)m->optim_step, "negative");
+        if (m->optim_step > m->step)
+            return bad_attr(h, "optim.step", (long long)m->optim_step, "more optimizer updates than training steps");
+    }
+    const struct {
+        const char *attr;
+        int v;
+    } axes[] = {{"layout.world", m->world_size}, {"layout.pp", m->layout.pp}, {"layout.dp", m->layout.dp},
+                {"layout.sp", m->layout.sp},     {"layout.tp", m->layout.tp}, {"layout.ep", m->layout.ep}};
+    for (size_t i = 0; i < sizeof axes / sizeof axes[0]; i++)
+        if (axes[i].v <= 0) return bad_attr(h, axes[i].attr, axes[i].v, "a world or axis size must be at least 1");
+    const long long prod = (long long)m->layout.pp * m->layout.dp * m->layout.sp * m->layout.tp;
+    if (prod != m->world_size)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "checkpoint '%s': layout.pp*dp*sp*tp = %d*%d*%d*%d = %lld but layout.world is "
+                         "%d (the axes disagree; the file is damaged or was edited)",
+                         h->path, m->layout.pp, m->layout.dp, m->layout.sp, m->layout.tp, prod, m->world_size);
+    if (m->layout.dp % m->layout.ep != 0)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "checkpoint '%s': layout.ep = %d does not divide layout.dp = %d (the axes "
+                         "disagree; the file is damaged or was edited)",
+                         h->path, m->layout.ep, m->layout.dp);
+    if (!(m->loss_scale > 0 && m->loss_scale <= 1e300))
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "checkpoint '%s': attribute 'loss_scaler.scale' is %g, not a positive finite "
+                         "number",
+                         h->path, m->loss_scale);
+    return CAI_OK;
+}
+
+typedef struct {
+    hid_t storage;
+    char names[CAI_CKPT_NAME_MAX * 8];
+    size_t used;
+    int overflow;
+} group_list;
+
+/* The datasets under storage/ (each one tensor group's storage). */
+static herr_t storage_cb(hid_t g, const char *name, const H5L_info_t *info, void *data) {
+    (void)g;
+    group_list *l = data;
+    if (info->type != H5L_TYPE_HARD) return 0;
+    hid_t o = H5Oopen(l->storage, name, H5P_DEFAULT);
+    if (o < 0) return -1;
+    const int is_ds = H5Iget_type(o) == H5I_DATASET;
+    H5Oclose(o);
+    if (!is_ds) return 0;
+    size_t len = strlen(name) + 1;
+    if (l->used + len > sizeof l->names) {
+        l->overflow = 1;
+        return 0;
+    }
+    memcpy(l->names + l->used, name, len);
+    l->used += len;
+    return 0;
+}
+
+/* tensor_groups (written by every save) must list exactly the groups whose
+ * storage the file holds; a group the attribute does not list, or one it
+ * lists that is not there, is a file no writer produced. */
+static cai_status check_groups(ck_h5 *h) {
+    char listed[1024];
+    int found = 0;
+    CAI_CALL(ck_h5_get_str(h, h->file, "tensor_groups", listed, sizeof listed, &found));
+    if (!found) return CAI_OK; /* older files: nothing to compare with */
+    group_list l;
+    memset(&l, 0, sizeof l);
+    htri_t has_storage = H5Lexists(h->file, "storage", H5P_DEFAULT);
+    if (has_storage > 0) {
+        l.storage = H5Gopen2(h->file, "storage", H5P_DEFAULT);
+        if (l.storage < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open the group storage", h->path);
+        herr_t rc = H5Lvisit(l.storage, H5_INDEX_NAME, H5_ITER_INC, storage_cb, &l);
+        H5Gclose(l.storage);
+        if (rc < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot list the group storage", h->path);
+    }
+    /* every listed group: a name, once, with its storage */
+    char seen[1024] = ",";
+    for (const char *p = listed; *listed;) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        char g[CAI_CKPT_NAME_MAX], key[CAI_CKPT_NAME_MAX + 2];
+        if (len == 0 || len >= sizeof g)
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': attribute 'tensor_groups' (\"%s\") holds an empty or "
+                             "over-long group name",
+                             h->path, listed);
+        memcpy(g, p, len);
+        g[len] = '\0';
+        snprintf(key, sizeof key, ",%s,", g);
+        if (strstr(seen, key))
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': attribute 'tensor_groups' (\"%s\") lists group '%s' "
+                             "twice",
+                             h->path, listed, g);
+        snprintf(seen + strlen(seen), sizeof seen - strlen(seen), "%s,", g);
+        int stored = 0;
+        for (size_t k = 0; k < l.used; k += strlen(l.names + k) + 1) stored |= strcmp(l.names + k, g) == 0;
+        if (!stored && !l.overflow)
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': attribute 'tensor_groups' lists group '%s', but the "
+                             "file has no storage/%s (unknown tensor group; damaged or edited)",
+                             h->path, g, g);
+        if (!q) break;
+        p = q + 1;
+    }
+    for (size_t k = 0; k < l.used; k += strlen(l.names + k) + 1) {
+        char key[CAI_CKPT_NAME_MAX + 2];
+        snprintf(key, sizeof key, ",%s,", l.names + k);
+        if (!strstr(seen, key))
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s' holds storage/%s, a tensor group its attribute "
+                             "'tensor_groups' (\"%s\") does not list (unknown tensor group; damaged or edited)",
+                             h->path, l.names + k, listed);
+    }
+    return CAI_OK;
+}
+
 /* Reads and checks the root attributes. */
 cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
     *m = cai_ckpt_meta_init();
@@ -235,6 +377,8 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
         CAI_CALL(ck_h5_get_i64(h, h->file, "optim.step", &m->optim_step, &found));
         if (!found) m->optim_step = m->step;
     }
+    CAI_CALL(check_meta_values(h, m));
+    CAI_CALL(check_groups(h));
     int found_text = 0;
     CAI_CALL(ck_h5_text_read(h, CK_CONFIG_DATASET, &m->config_text, &found_text));
     return CAI_OK;

@@ -75,14 +75,36 @@ cai_status cai_ckpt_latest(const char *dir, char *out, size_t cap, int *found) {
         if (errno == ENOENT || errno == ENOTDIR) return CAI_OK;
         return CAI_ERROR(CAI_ERR_IO, "cannot read '%s': %s", path, strerror(errno));
     }
+    /* One line: the name of a file in the directory. Anything else (a second
+     * line, control bytes, a path) is not what write_latest produces. */
     char line[512] = "";
-    int ok = fgets(line, sizeof line, f) != NULL;
+    size_t n = fread(line, 1, sizeof line - 1, f);
+    const int longer = fgetc(f) != EOF;
     fclose(f);
-    size_t n = ok ? strlen(line) : 0;
+    line[n] = '\0';
+    if (longer || strlen(line) != n)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "'%s' should hold one line naming a checkpoint file (\"step-00000100.h5\"), "
+                         "but it %s",
+                         path, longer ? "is longer than 511 bytes" : "holds a zero byte");
     while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ')) line[--n] = '\0';
-    if (!n || strchr(line, '/'))
-        return CAI_ERROR(CAI_ERR_FORMAT, "'%s' should name a checkpoint file in its directory (\"step-00000100.h5\"), "
-                         "not \"%s\"", path, line);
+    const char *nl = strpbrk(line, "\r\n");
+    if (nl)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "'%s' should hold one line naming a checkpoint file (\"step-00000100.h5\"), "
+                         "but it holds more than one (line 2: \"%.60s\")",
+                         path, nl + strspn(nl, "\r\n"));
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "'%s' should name a checkpoint file (\"step-00000100.h5\"), but byte %zu "
+                             "is the control character 0x%02x",
+                             path, i, (unsigned)(unsigned char)line[i]);
+    if (!n || strchr(line, '/') || strcmp(line, ".") == 0 || strcmp(line, "..") == 0)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "'%s' should name a checkpoint file in its directory (\"step-00000100.h5\"), "
+                         "not \"%s\"",
+                         path, line);
     CAI_CALL(join(out, cap, dir, line));
     struct stat sb;
     if (stat(out, &sb) != 0)

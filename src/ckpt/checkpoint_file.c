@@ -27,6 +27,7 @@ struct cai_ckpt_file {
     int n, cap;
     char **keys, **values;
     int n_attr, attr_cap;
+    int *by_name; /* entry indices sorted by name, for cai_ckpt_find */
 };
 
 typedef struct {
@@ -118,8 +119,7 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         cai_ckpt_entry *e = &f->entries[f->n];
         memset(e, 0, sizeof *e);
         snprintf(e->name, sizeof e->name, "%s", l.names[i]);
-        st = ck_h5_dataset_info(&f->h, o, e->name, &e->ndim, e->shape, &e->dtype, e->dtype_desc,
-                                sizeof e->dtype_desc);
+        st = ck_h5_dataset_info(&f->h, o, e->name, &e->ndim, e->shape, &e->dtype, e->dtype_desc, sizeof e->dtype_desc);
         if (st == CAI_OK && !ck_file_dtype_ok(e->dtype)) e->dtype = CAI_DTYPE_COUNT;
         e->numel = 1;
         for (int d = 0; d < e->ndim; d++) e->numel *= e->shape[d];
@@ -129,8 +129,10 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         if (st == CAI_OK) st = ck_h5_get_str(&f->h, o, "storage", pl->storage, sizeof pl->storage, &has_place);
         if (st == CAI_OK && has_place) st = ck_h5_get_u64(&f->h, o, "storage_offset", &pl->offset, &has_place);
         if (st == CAI_OK && !has_place)
-            st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has no storage/storage_offset attributes (not "
-                           "written by colossal?)", f->h.path, e->name);
+            st = CAI_ERROR(CAI_ERR_FORMAT,
+                           "checkpoint '%s': tensor %s has no storage/storage_offset attributes (not "
+                           "written by colossal?)",
+                           f->h.path, e->name);
         H5Oclose(o);
         if (st == CAI_OK) f->n++;
     }
@@ -196,6 +198,22 @@ static cai_status list_attrs(cai_ckpt_file_t *f) {
     return st;
 }
 
+static const cai_ckpt_file_t *g_sorting; /* qsort has no context argument */
+
+static int cmp_by_name(const void *a, const void *b) {
+    return strcmp(g_sorting->entries[*(const int *)a].name, g_sorting->entries[*(const int *)b].name);
+}
+
+static cai_status index_entries(cai_ckpt_file_t *f) {
+    f->by_name = malloc(((size_t)f->n + 1) * sizeof *f->by_name);
+    if (!f->by_name) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': name index", f->h.path);
+    for (int i = 0; i < f->n; i++) f->by_name[i] = i;
+    g_sorting = f;
+    qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_by_name);
+    g_sorting = NULL;
+    return CAI_OK;
+}
+
 cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path) {
     CAI_CHECK_ARG(out && path && *path, "cai_ckpt_open: NULL argument");
     *out = NULL;
@@ -206,6 +224,7 @@ cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path)
     if (st == CAI_OK) st = ck_read_meta(&f->h, &f->meta);
     if (st == CAI_OK) st = list_datasets(f);
     if (st == CAI_OK) st = list_attrs(f);
+    if (st == CAI_OK) st = index_entries(f);
     if (st != CAI_OK) {
         cai_ckpt_close(f);
         return st;
@@ -220,6 +239,7 @@ void cai_ckpt_close(cai_ckpt_file_t *f) {
     cai_ckpt_meta_free(&f->meta);
     free(f->entries);
     free(f->places);
+    free(f->by_name);
     for (int i = 0; i < f->n_attr; i++) {
         free(f->keys[i]);
         free(f->values[i]);
@@ -236,9 +256,15 @@ const cai_ckpt_entry *cai_ckpt_entry_at(const cai_ckpt_file_t *f, int i) {
     return i >= 0 && i < f->n ? &f->entries[i] : NULL;
 }
 const cai_ckpt_entry *cai_ckpt_find(const cai_ckpt_file_t *f, const char *name) {
-    if (name && *name == '/') name++;
-    for (int i = 0; i < f->n; i++)
-        if (strcmp(f->entries[i].name, name) == 0) return &f->entries[i];
+    if (!f || !name) return NULL;
+    if (*name == '/') name++;
+    int lo = 0, hi = f->n; /* bisection over the sorted index */
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2, c = strcmp(f->entries[f->by_name[mid]].name, name);
+        if (c == 0) return &f->entries[f->by_name[mid]];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
     return NULL;
 }
 int cai_ckpt_attr_count(const cai_ckpt_file_t *f) { return f->n_attr; }
@@ -251,31 +277,44 @@ void cai_ckpt_attr_at(const cai_ckpt_file_t *f, int i, const char **key, const c
 /* Move every element of entry i in pieces: mem NULL hashes this rank's
  * share (a contiguous chunk per rank of the comm) into *xsum; otherwise
  * every rank reads the whole tensor into mem. */
-static cai_status scan_entry(cai_ckpt_file_t *f, int i, const ck_mem *mem, uint64_t *xsum) {
+/* The transfer pieces: at most CK_PIECE_BYTES, and no larger than `numel`
+ * elements needs, so that a small tensor does not map a 1 GiB staging
+ * buffer (once per tensor, that made verify cost the tensor count times a
+ * gigabyte's page faults). The same on every rank: numel is. */
+static uint64_t piece_for(uint64_t numel) {
+    const uint64_t most = CK_PIECE_BYTES / 4;
+    return numel == 0 ? 1 : numel < most ? numel : most;
+}
+
+static cai_status scan_entry(cai_ckpt_file_t *f, int i, const ck_mem *mem, uint64_t *xsum, ck_xfer *xp) {
     const cai_ckpt_entry *e = &f->entries[i];
     const entry_place *pl = &f->places[i];
     hid_t ds = H5Dopen2(f->h.file, pl->storage, H5P_DEFAULT);
     if (ds < 0)
         return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s: cannot open its storage %s", f->h.path, e->name,
                         pl->storage);
-    ck_xfer x;
-    ck_xfer_init(&x, &f->h, CK_PIECE_BYTES / 4);
+    ck_xfer own;
+    ck_xfer *xf = xp;
+    if (!xf) {
+        ck_xfer_init(&own, &f->h, piece_for(e->numel));
+        xf = &own;
+    }
     uint64_t a = 0, z = e->numel;
     if (!mem) ck_replica_chunk(0, e->numel, f->h.rank, f->h.size, &a, &z);
     /* The same number of transfers on every rank: the largest chunk's. */
     uint64_t biggest = mem ? e->numel : (e->numel + (uint64_t)f->h.size - 1) / (uint64_t)f->h.size;
-    uint64_t rounds = (biggest + x.piece - 1) / x.piece;
+    uint64_t rounds = (biggest + xf->piece - 1) / xf->piece;
     uint64_t off = pl->offset;
     cai_status st = CAI_OK;
     for (uint64_t r = 0; r < rounds; r++) {
-        uint64_t pa = a + r * x.piece, pz = pa + x.piece < z ? pa + x.piece : z;
+        uint64_t pa = a + r * xf->piece, pz = pa + xf->piece < z ? pa + xf->piece : z;
         ck_seg g = {off + pa, pa, pz > pa ? pz - pa : 0, 0, !mem};
         int some = st == CAI_OK && pa < z;
-        cai_status s = ck_xfer_segs(&x, ds, e->dtype, &g, some ? 1 : 0, 0, st == CAI_OK ? mem : NULL, 1, &off, xsum,
-                                    e->name);
+        cai_status s =
+            ck_xfer_segs(xf, ds, e->dtype, &g, some ? 1 : 0, 0, st == CAI_OK ? mem : NULL, 1, &off, xsum, e->name);
         if (s != CAI_OK && st == CAI_OK) st = s;
     }
-    ck_xfer_free(&x);
+    if (!xp) ck_xfer_free(&own);
     H5Dclose(ds);
     return st;
 }
@@ -290,7 +329,7 @@ cai_status cai_ckpt_read(cai_ckpt_file_t *f, const char *name, cai_dtype dtype, 
     CAI_CHECK_ARG(ck_file_dtype_ok(dtype), "cai_ckpt_read: dtype %s: only f32, bf16 and f16", cai_dtype_name(dtype));
     CAI_CHECK_ARG(dst || e->numel == 0, "cai_ckpt_read: NULL destination");
     ck_mem mem = {dst, e->numel, dtype, NULL};
-    cai_status st = scan_entry(f, (int)(e - f->entries), &mem, NULL);
+    cai_status st = scan_entry(f, (int)(e - f->entries), &mem, NULL, NULL);
     CAI_CALL(ck_agree(f->h.comm, st));
     return CAI_OK;
 }
@@ -300,11 +339,20 @@ cai_status cai_ckpt_verify(cai_ckpt_file_t *f, uint64_t *computed, int *n_bad) {
     uint64_t *xs = calloc((size_t)f->n + 1, sizeof *xs);
     if (!xs) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint verification sums");
     cai_status st = CAI_OK;
+    /* One staging buffer for every tensor: the largest share a rank hashes. */
+    uint64_t most = 0;
+    for (int i = 0; i < f->n; i++) {
+        const uint64_t share = (f->entries[i].numel + (uint64_t)f->h.size - 1) / (uint64_t)f->h.size;
+        if (share > most) most = share;
+    }
+    ck_xfer x;
+    ck_xfer_init(&x, &f->h, piece_for(most));
     for (int i = 0; i < f->n; i++) {
         if (f->entries[i].dtype == CAI_DTYPE_COUNT) continue; /* counted bad below */
-        cai_status s = scan_entry(f, i, NULL, &xs[i]);
+        cai_status s = scan_entry(f, i, NULL, &xs[i], &x);
         if (s != CAI_OK && st == CAI_OK) st = s;
     }
+    ck_xfer_free(&x);
     st = ck_agree(f->h.comm, st);
     if (st == CAI_OK && MPI_Allreduce(MPI_IN_PLACE, xs, f->n, MPI_UINT64_T, MPI_SUM, f->h.comm) != MPI_SUCCESS)
         st = CAI_ERROR(CAI_ERR_MPI, "checkpoint verification: summing the checksums failed");
@@ -323,8 +371,9 @@ cai_status cai_ckpt_verify(cai_ckpt_file_t *f, uint64_t *computed, int *n_bad) {
         char why[160];
         if (e->dtype == CAI_DTYPE_COUNT) snprintf(why, sizeof why, "has element type %s", e->dtype_desc);
         else if (!e->has_checksum) snprintf(why, sizeof why, "has no stored checksum (xsum64 attribute)");
-        else snprintf(why, sizeof why, "hashes to %016llx but %016llx was stored", (unsigned long long)xs[first],
-                      (unsigned long long)e->checksum);
+        else
+            snprintf(why, sizeof why, "hashes to %016llx but %016llx was stored", (unsigned long long)xs[first],
+                     (unsigned long long)e->checksum);
         st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s %s (%d of %d tensors fail verification)", f->h.path,
                        e->name, why, bad, f->n);
     }
@@ -340,8 +389,10 @@ struct cai_ckpt_file {
 
 cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path) {
     if (out) *out = NULL;
-    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cannot open checkpoint '%s': this build has no parallel HDF5 (install "
-                     "libhdf5-openmpi-dev and re-run configure)", path ? path : "(null)");
+    return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                     "cannot open checkpoint '%s': this build has no parallel HDF5 (install "
+                     "libhdf5-openmpi-dev and re-run configure)",
+                     path ? path : "(null)");
 }
 void cai_ckpt_close(cai_ckpt_file_t *f) { (void)f; }
 const char *cai_ckpt_path(const cai_ckpt_file_t *f) { return ""; }

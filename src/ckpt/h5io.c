@@ -207,6 +207,27 @@ cai_status ck_h5_create(ck_h5 *h, MPI_Comm comm, const char *path) {
     return CAI_OK;
 }
 
+/* Whether the file holds HDF5's signature where the format puts it (byte 0,
+ * or 512, 1024, 2048, ... after a user block); if not, why in words. */
+static int h5_signature(FILE *fp, char *why, size_t cap) {
+    static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    unsigned char b[8];
+    if (fseek(fp, 0, SEEK_END) != 0) return 1;
+    const long size = ftell(fp);
+    for (long at = 0; size >= 8 && at <= size - 8; at = at ? 2 * at : 512)
+        if (fseek(fp, at, SEEK_SET) == 0 && fread(b, 1, 8, fp) == 8 && memcmp(b, sig, 8) == 0) return 1;
+    if (size <= 0) {
+        snprintf(why, cap, "the file is empty (0 bytes)");
+        return 0;
+    }
+    unsigned char head[4096];
+    size_t n = fseek(fp, 0, SEEK_SET) == 0 ? fread(head, 1, sizeof head, fp) : 0, z = 0;
+    while (z < n && head[z] == 0) z++;
+    if (n && z == n) snprintf(why, cap, "no HDF5 signature (its first %zu bytes are all zero)", n);
+    else snprintf(why, cap, "no HDF5 signature at byte 0 (nor after a user block) in its %ld bytes", size);
+    return 0;
+}
+
 cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path) {
     ck_h5_quiet();
     CAI_CALL(set_comm(h, comm, path));
@@ -218,7 +239,10 @@ cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path) {
     if (h->file < 0) {
         FILE *fp = fopen(path, "rb");
         if (!fp) return CK_H5ERR(CAI_ERR_IO, "cannot open checkpoint '%s'", path);
+        char why[160];
+        const int has_signature = h5_signature(fp, why, sizeof why);
         fclose(fp);
+        if (!has_signature) return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' is not an HDF5 file: %s", path, why);
         return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path);
     }
     h->bf16 = make_float16(1);

@@ -35,12 +35,12 @@ cai_status cai_data_split_ranges(const char *spec, int64_t n, int64_t bounds[4])
         char *end;
         double v = strtod(p, &end);
         if (end == p || !isfinite(v) || v < 0)
-            return CAI_ERROR(CAI_ERR_CONFIG,
-                             "split \"%s\": expected up to 3 non-negative numbers separated by commas (train,valid,test), "
-                             "e.g. \"98,2,0\"",
-                             spec);
-        if (k == 3)
-            return CAI_ERROR(CAI_ERR_CONFIG, "split \"%s\": more than 3 parts (train,valid,test)", spec);
+            return CAI_ERROR(
+                CAI_ERR_CONFIG,
+                "split \"%s\": expected up to 3 non-negative numbers separated by commas (train,valid,test), "
+                "e.g. \"98,2,0\"",
+                spec);
+        if (k == 3) return CAI_ERROR(CAI_ERR_CONFIG, "split \"%s\": more than 3 parts (train,valid,test)", spec);
         w[k++] = v;
         p = end;
         while (isspace((unsigned char)*p)) p++;
@@ -71,7 +71,8 @@ cai_status cai_data_split_ranges(const char *spec, int64_t n, int64_t bounds[4])
 
 cai_status cai_data_blend_indices(const double *weights, int n, int64_t size, int16_t *dataset_index,
                                   int64_t *dataset_sample_index) {
-    CAI_CHECK_ARG(weights && n > 0 && n <= INT16_MAX && size >= 0 && (size == 0 || (dataset_index && dataset_sample_index)),
+    CAI_CHECK_ARG(weights && n > 0 && n <= INT16_MAX && size >= 0 &&
+                      (size == 0 || (dataset_index && dataset_sample_index)),
                   "cai_data_blend_indices: bad arguments (n = %d datasets, size %lld)", n, (long long)size);
     double sum = 0;
     for (int i = 0; i < n; i++) {
@@ -134,6 +135,21 @@ cai_status cai_sampler_init(cai_sampler_t **out, const cai_sampler_config *cfg, 
                   (long long)cfg->global_batch, cfg->dp_size,
                   (long long)((cfg->global_batch / cfg->dp_size + 1) * cfg->dp_size));
     CAI_CHECK_ARG(consumed_samples >= 0, "sampler: consumed samples %lld is negative", (long long)consumed_samples);
+    /* The position to resume at (a checkpoint's consumed_samples): epochs
+     * past the dataset repeat it, but the epoch number tags the shuffle's
+     * random stream in 32 bits, and no run makes 2^32 passes. */
+    const int64_t epochs = consumed_samples / cfg->dataset_size;
+    if (epochs >= ((int64_t)1 << 32) || consumed_samples > INT64_MAX / 2 - cfg->global_batch)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "sampler: consumed samples %lld (the resume position) is %lld passes over "
+                         "this %lld-sample dataset, past anything a run reaches: a checkpoint of another dataset, or "
+                         "a damaged one",
+                         (long long)consumed_samples, (long long)epochs, (long long)cfg->dataset_size);
+    if (epochs > 0)
+        CAI_WARN(
+            "sampler: resuming at consumed sample %lld of a %lld-sample dataset: pass %lld over the data (the "
+            "dataset repeats; a checkpoint of a larger dataset?)",
+            (long long)consumed_samples, (long long)cfg->dataset_size, (long long)epochs + 1);
     cai_sampler_t *s = calloc(1, sizeof *s);
     if (!s) return CAI_ERROR(CAI_ERR_NOMEM, "sampler");
     s->cfg = *cfg;
@@ -141,8 +157,8 @@ cai_status cai_sampler_init(cai_sampler_t **out, const cai_sampler_config *cfg, 
     s->local = cfg->global_batch / cfg->dp_size;
     s->perm_epoch = -1;
     if (cfg->shuffle) {
-        cai_status st = cai_malloc((void **)&s->perm, (size_t)cfg->dataset_size * sizeof *s->perm,
-                                   "sampler permutation");
+        cai_status st =
+            cai_malloc((void **)&s->perm, (size_t)cfg->dataset_size * sizeof *s->perm, "sampler permutation");
         if (st != CAI_OK) {
             free(s);
             CAI_CALL(st);

@@ -116,8 +116,7 @@ static cai_model_config gpt2_config(int n_layers, cai_dtype param_dtype) {
     return c;
 }
 
-static void make_model(cai_device_t *dev, const cai_model_config *c, uint64_t seed, cai_model_t **m,
-                       cai_optim_t **o) {
+static void make_model(cai_device_t *dev, const cai_model_config *c, uint64_t seed, cai_model_t **m, cai_optim_t **o) {
     cai_model_config cc = *c;
     cc.seed = seed;
     cai_model_options mo = cai_model_options_default(&cc);
@@ -223,9 +222,8 @@ static void plan_check(const cai_registry_t *reg, int tp, int replicas) {
                     for (uint64_t k = 0; k < runs[r].n; k++) {
                         uint64_t g = runs[r].g + k;
                         ck_assert_msg(cai_shard_global_index(&sh, runs[r].l + k) == g,
-                                      "%s tp=%d/%d: local %llu maps to global %llu, the registry says %llu",
-                                      info->name, t, tp, (unsigned long long)(runs[r].l + k),
-                                      (unsigned long long)g,
+                                      "%s tp=%d/%d: local %llu maps to global %llu, the registry says %llu", info->name,
+                                      t, tp, (unsigned long long)(runs[r].l + k), (unsigned long long)g,
                                       (unsigned long long)cai_shard_global_index(&sh, runs[r].l + k));
                         ck_assert_msg(hit[g]++ == 0, "%s: element %llu written twice (tp=%d, replicas=%d)", info->name,
                                       (unsigned long long)g, tp, replicas);
@@ -310,8 +308,8 @@ START_TEST(model_roundtrip_restores_every_tensor) {
     meta.config_text = "model:\n  d_model: 32\n";
     cai_ckpt_stats ss, ls;
     CK_CAI(cai_ckpt_save(mesh, path, a, oa, &meta, &ss));
-    ck_assert_msg(ss.n_transfers > 0 && ss.n_collective == ss.n_transfers,
-                  "save: %d of %d transfers were collective", ss.n_collective, ss.n_transfers);
+    ck_assert_msg(ss.n_transfers > 0 && ss.n_collective == ss.n_transfers, "save: %d of %d transfers were collective",
+                  ss.n_collective, ss.n_transfers);
     ck_assert_int_eq(access(path, R_OK), 0);
     char tmp[800];
     snprintf(tmp, sizeof tmp, "%s/.rt.h5.tmp", fx.dir);
@@ -319,8 +317,8 @@ START_TEST(model_roundtrip_restores_every_tensor) {
 
     cai_ckpt_meta got;
     CK_CAI(cai_ckpt_load(mesh, path, b, ob, &got, &ls));
-    ck_assert_msg(ls.n_transfers > 0 && ls.n_collective == ls.n_transfers,
-                  "load: %d of %d transfers were collective", ls.n_collective, ls.n_transfers);
+    ck_assert_msg(ls.n_transfers > 0 && ls.n_collective == ls.n_transfers, "load: %d of %d transfers were collective",
+                  ls.n_collective, ls.n_transfers);
     ck_assert_int_eq(ls.n_datasets, ss.n_datasets - (ss.n_datasets / 4)); /* masters, not the bf16 copy */
 
     cai_tensor pa, ga, la, pb, gb, lb, ma, va, mb, vb;
@@ -385,7 +383,7 @@ START_TEST(model_roundtrip_restores_every_tensor) {
             ck_assert_int_eq(e->dtype, k == 1 ? CAI_DTYPE_BF16 : CAI_DTYPE_F32);
             CK_CAI(cai_ckpt_read(f, nm, CAI_DTYPE_F32, buf));
             for (uint64_t g = 0; g < info->numel; g++) {
-                float want = k == 0 ? value_of(p, g, 0)
+                float want = k == 0   ? value_of(p, g, 0)
                              : k == 1 ? cai_bf16_to_f32(cai_f32_to_bf16(value_of(p, g, 0)))
                              : k == 2 ? value_of(p, g, 1)
                                       : fabsf(value_of(p, g, 2));
@@ -552,8 +550,10 @@ static void layout_case(const cai_model_config *cfg, lay s, lay l, const char *p
     ck_assert_int_eq(back.layout.pp, s.pp);
     cai_ckpt_meta_free(&back);
     for (size_t i = 0; i < nl; i++) {
-        ck_assert_msg(got[i] == want[i], "saved pp=%d dp=%d tp=%d, loaded pp=%d dp=%d tp=%d: element %zu is %g, "
-                      "expected %g", s.pp, s.dp, s.tp, l.pp, l.dp, l.tp, i, (double)got[i], (double)want[i]);
+        ck_assert_msg(got[i] == want[i],
+                      "saved pp=%d dp=%d tp=%d, loaded pp=%d dp=%d tp=%d: element %zu is %g, "
+                      "expected %g",
+                      s.pp, s.dp, s.tp, l.pp, l.dp, l.tp, i, (double)got[i], (double)want[i]);
         ck_assert_msg(got16[i] == want16[i], "bf16 group: element %zu is %g, expected %g", i, (double)got16[i],
                       (double)want16[i]);
     }
@@ -634,8 +634,8 @@ START_TEST(zero_shards_map_through_pieces) {
         ck_assert(shard && flat);
         cai_ckpt_buffer zb = {.group = "z", .data = shard, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32};
         const cai_ckpt_piece *pcs[1] = {pc};
-        cai_ckpt_buffer fb = {.group = "z", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32,
-                              .replicated = 1};
+        cai_ckpt_buffer fb = {
+            .group = "z", .data = flat, .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
         cai_ckpt_stats st;
         if (dir_ == 0) { /* shards -> file -> replicated */
             size_t *off = calloc((size_t)cai_registry_count(reg) + 1, sizeof *off), t2 = 0;
@@ -687,8 +687,8 @@ static void expect_same_tensors(const char *a, const char *b) {
         const cai_ckpt_entry *x = cai_ckpt_entry_at(fa, i), *y = cai_ckpt_entry_at(fb, i);
         ck_assert_str_eq(x->name, y->name);
         ck_assert_msg(x->dtype == y->dtype && x->numel == y->numel, "%s: %s has another type or size", b, x->name);
-        ck_assert_msg(x->has_checksum && y->has_checksum && x->checksum == y->checksum,
-                      "%s: %s differs from %s's", b, x->name, a);
+        ck_assert_msg(x->has_checksum && y->has_checksum && x->checksum == y->checksum, "%s: %s differs from %s's", b,
+                      x->name, a);
     }
     ck_assert_int_eq(cai_ckpt_file_meta(fa)->step, cai_ckpt_file_meta(fb)->step);
     ck_assert_int_eq(cai_ckpt_file_meta(fa)->optim_step, cai_ckpt_file_meta(fb)->optim_step);
@@ -811,6 +811,88 @@ static long data_offset(const char *path, const char *group, const char *name, l
 }
 #endif
 
+/* Serial edits of a copy's root attributes (rank 0), as a hand edit or a
+ * damaged file would leave them. */
+static int64_t get_attr_i64(const char *path, const char *name) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    int64_t v = 0;
+    ck_assert(a >= 0 && H5Aread(a, H5T_NATIVE_INT64, &v) >= 0);
+    H5Aclose(a);
+    H5Fclose(f);
+    return v;
+}
+
+static void set_attr_i64(const char *path, const char *name, int64_t v) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    ck_assert_msg(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &v) >= 0, "cannot set %s", name);
+    H5Aclose(a);
+    H5Fclose(f);
+}
+
+static void get_attr_str(const char *path, const char *name, char *out, size_t cap) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t a = H5Aopen(f, name, H5P_DEFAULT);
+    ck_assert(a >= 0);
+    hid_t t = H5Aget_type(a);
+    size_t n = H5Tget_size(t);
+    ck_assert(n < cap && H5Aread(a, t, out) >= 0);
+    out[n] = '\0';
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Fclose(f);
+}
+
+static void set_attr_str(const char *path, const char *name, const char *v) {
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    ck_assert(H5Adelete(f, name) >= 0);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(v) + 1);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(a >= 0 && H5Awrite(a, t, v) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+    H5Fclose(f);
+}
+
+typedef enum { EDIT_I64, EDIT_STR, EDIT_BYTES } edit_kind;
+
+/* A copy of `good` with one edit, then the load error it must give (and the
+ * same from cai_ckpt_open, what inspect and verify use). */
+static void expect_edit_refused(cai_mesh_t *mesh, cai_model_t *m, cai_optim_t *o, const char *good, const char *dir,
+                                const char *tag, edit_kind kind, const char *attr, int64_t iv, const char *sv,
+                                const char *needle1, const char *needle2) {
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/edit-%s.h5", dir, tag);
+    if (g_world_rank == 0) {
+        if (kind == EDIT_BYTES) { /* iv bytes of value sv[0] */
+            FILE *fp = fopen(bad, "wb");
+            ck_assert_ptr_nonnull(fp);
+            for (int64_t i = 0; i < iv; i++) fputc(sv[0], fp);
+            fclose(fp);
+        } else {
+            copy_file(good, bad, -1);
+            if (kind == EDIT_I64) set_attr_i64(bad, attr, iv);
+            else set_attr_str(bad, attr, sv);
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    expect_load_error(mesh, bad, m, o, CAI_ERR_FORMAT, needle1, needle2);
+    cai_ckpt_file_t *f = NULL;
+    ck_assert_int_eq(cai_ckpt_open(&f, MPI_COMM_WORLD, bad), CAI_ERR_FORMAT);
+    ck_assert_ptr_null(f);
+    ck_assert_msg(strstr(cai_error_message(), bad) && strstr(cai_error_message(), needle1), "open of %s: %s", bad,
+                  cai_error_message());
+    cai_error_clear();
+}
+
 START_TEST(bad_input_gives_its_own_error) {
 #if CAI_HAVE_HDF5
     fixture fx;
@@ -878,8 +960,7 @@ START_TEST(bad_input_gives_its_own_error) {
         H5Fclose(fh);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    expect_load_error(mesh, bad, m, o, CAI_ERR_FORMAT, "tensor model/h.0.ln_1.weight has shape [33]",
-                      "expects [32]");
+    expect_load_error(mesh, bad, m, o, CAI_ERR_FORMAT, "tensor model/h.0.ln_1.weight has shape [33]", "expects [32]");
 
     /* an HDF5 file that is not a colossal checkpoint */
     snprintf(bad, sizeof bad, "%s/foreign.h5", dir);
@@ -900,6 +981,53 @@ START_TEST(bad_input_gives_its_own_error) {
                       "model.n_layers is 2 in the file, 3 in this run");
     cai_optim_free(o3);
     cai_model_free(m3);
+
+    /* not HDF5 at all */
+    expect_edit_refused(mesh, m, o, good, dir, "zeros", EDIT_BYTES, NULL, 5000, "\0",
+                        "is not an HDF5 file: no HDF5 signature (its first 4096 bytes are all zero)", NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "empty", EDIT_BYTES, NULL, 0, "\0",
+                        "is not an HDF5 file: the file is empty (0 bytes)", NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "text", EDIT_BYTES, NULL, 100, "x",
+                        "is not an HDF5 file: no HDF5 signature at byte 0", NULL);
+
+    /* attribute values no writer produces */
+    int64_t step = 0, groups_ok = 0;
+    char groups[512] = "";
+    if (g_world_rank == 0) {
+        step = get_attr_i64(good, "step");
+        get_attr_str(good, "tensor_groups", groups, sizeof groups);
+        groups_ok = strstr(groups, "optim/exp_avg_sq") != NULL;
+    }
+    MPI_Bcast(&step, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    MPI_Bcast(groups, sizeof groups, MPI_CHAR, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&groups_ok, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    ck_assert_msg(groups_ok, "tensor_groups is \"%s\"", groups);
+    expect_edit_refused(mesh, m, o, good, dir, "step-neg", EDIT_I64, "step", -7, NULL,
+                        "attribute 'step' is -7: negative", "no colossal writer produces it");
+    expect_edit_refused(mesh, m, o, good, dir, "step-big", EDIT_I64, "step", INT64_C(4600000000000000000), NULL,
+                        "attribute 'step' is 4600000000000000000: past 2^53", NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "tokens", EDIT_I64, "tokens", -1, NULL, "attribute 'tokens' is -1",
+                        NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "samples", EDIT_I64, "consumed_samples", -5, NULL,
+                        "attribute 'consumed_samples' is -5: negative", NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "optim-neg", EDIT_I64, "optim.step", -3, NULL,
+                        "attribute 'optim.step' is -3: negative", NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "optim-past", EDIT_I64, "optim.step", step + 1, NULL,
+                        "attribute 'optim.step'", "more optimizer updates than training steps");
+    expect_edit_refused(mesh, m, o, good, dir, "world0", EDIT_I64, "layout.world", 0, NULL,
+                        "attribute 'layout.world' is 0", "at least 1");
+    expect_edit_refused(mesh, m, o, good, dir, "tp0", EDIT_I64, "layout.tp", 0, NULL, "attribute 'layout.tp' is 0",
+                        NULL);
+    expect_edit_refused(mesh, m, o, good, dir, "axes", EDIT_I64, "layout.world", g_world_size + 1, NULL,
+                        "layout.pp*dp*sp*tp", "the axes disagree");
+    char more[600];
+    snprintf(more, sizeof more, "%s,bogus", groups);
+    expect_edit_refused(mesh, m, o, good, dir, "group-extra", EDIT_STR, "tensor_groups", 0, more,
+                        "attribute 'tensor_groups' lists group 'bogus'", "unknown tensor group");
+    expect_edit_refused(mesh, m, o, good, dir, "group-unlisted", EDIT_STR, "tensor_groups", 0, "model",
+                        "holds storage/optim/exp_avg", "does not list");
+    expect_edit_refused(mesh, m, o, good, dir, "group-twice", EDIT_STR, "tensor_groups", 0, "model,model",
+                        "lists group 'model' twice", NULL);
 
     /* weights only, loaded to resume */
     snprintf(bad, sizeof bad, "%s/weights.h5", dir);
@@ -986,6 +1114,32 @@ START_TEST(directory_keeps_latest_and_k) {
     ck_assert_int_eq(back.step, 30);
     ck_assert_int_eq(cai_optim_step_count(o), 30);
     cai_ckpt_meta_free(&back);
+
+    /* a `latest` that is not one line naming a file */
+    static const struct {
+        const char *text, *needle;
+    } bad_latest[] = {
+        {"step-00000030.h5\nstep-00000020.h5\n", "holds more than one (line 2: \"step-00000020.h5\")"},
+        {"step-00000030.h5\x01\n", "is the control character 0x01"},
+        {"../elsewhere.h5\n", "should name a checkpoint file in its directory"},
+        {"\n", "should name a checkpoint file in its directory"},
+    };
+    snprintf(p2, sizeof p2, "%s/latest", dir);
+    for (size_t i = 0; i < sizeof bad_latest / sizeof bad_latest[0]; i++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (g_world_rank == 0) {
+            FILE *f = fopen(p2, "w");
+            ck_assert_ptr_nonnull(f);
+            fputs(bad_latest[i].text, f);
+            fclose(f);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        char out[800];
+        ck_assert_int_eq(cai_ckpt_resolve(dir, out, sizeof out), CAI_ERR_FORMAT);
+        ck_assert_msg(strstr(cai_error_message(), p2) && strstr(cai_error_message(), bad_latest[i].needle),
+                      "latest \"%s\": %s", bad_latest[i].text, cai_error_message());
+        cai_error_clear();
+    }
     fixture_down(&fx);
 #endif
 }
@@ -1016,10 +1170,13 @@ int main(int argc, char **argv) {
         if (rc == 0) fprintf(stderr, "SKIP: built without parallel HDF5 (no checkpoints)\n");
         return rc ? rc : 77;
     }
-    const TTest *tests[] = {plan_writes_every_element_once, model_roundtrip_restores_every_tensor,
-                            two_phase_mpiio_round_trip, zero_shards_map_through_pieces,
+    const TTest *tests[] = {plan_writes_every_element_once,
+                            model_roundtrip_restores_every_tensor,
+                            two_phase_mpiio_round_trip,
+                            zero_shards_map_through_pieces,
                             zero_engines_save_and_load_every_stage,
-                            layouts_load_under_other_layouts, bad_input_gives_its_own_error,
+                            layouts_load_under_other_layouts,
+                            bad_input_gives_its_own_error,
                             directory_keeps_latest_and_k};
     return test_mpi_main(argc, argv, "ckpt", tests, TEST_COUNT(tests));
 }
