@@ -348,33 +348,25 @@ static cai_status inspect_hf(const char *dir, int list) {
 }
 
 typedef struct {
-    uint64_t tensors, elements, nonfinite;
-    char first_bad[CAI_PARAM_NAME_MAX];
-} finite_count;
+    uint64_t tensors, elements;
+} weight_count;
 
-static cai_status count_finite(void *ctx, const cai_param_info *p, const float *src) {
-    finite_count *fc = ctx;
-    fc->tensors++;
-    fc->elements += p->numel;
-    for (uint64_t i = 0; i < p->numel; i++)
-        if (!isfinite(src[i])) {
-            if (!fc->nonfinite)
-                snprintf(fc->first_bad, sizeof fc->first_bad, "%s[%llu]", p->name, (unsigned long long)i);
-            fc->nonfinite++;
-        }
+/* The import refuses weights that are not finite (naming the tensor); this
+ * counts what passed. */
+static cai_status count_weights(void *ctx, const cai_param_info *p, const float *src) {
+    (void)src;
+    weight_count *wc = ctx;
+    wc->tensors++;
+    wc->elements += p->numel;
     return CAI_OK;
 }
 
 static cai_status verify_hf(const char *dir) {
     cai_hf_t *h;
     CAI_CALL(cai_hf_open(&h, dir));
-    finite_count fc;
-    memset(&fc, 0, sizeof fc);
+    weight_count fc = {0, 0};
     const double t0 = cai_time_now();
-    cai_status st = cai_hf_import(h, NULL, count_finite, &fc);
-    if (st == CAI_OK && fc.nonfinite)
-        st = CAI_ERROR(CAI_ERR_FORMAT, "HF model '%s': %llu weights are not finite, the first %s", dir,
-                       (unsigned long long)fc.nonfinite, fc.first_bad);
+    cai_status st = cai_hf_import(h, NULL, count_weights, &fc);
     if (st == CAI_OK)
         printf(
             "%s: ok: %s with every tensor config.json needs (%d in %d file%s), nothing else, %llu weights all "

@@ -110,6 +110,15 @@ head -c 4096 /dev/zero >"$TMP/zeros.h5"
 refused "$TMP/zeros.h5" "is not an HDF5 file: no HDF5 signature \(its first 4096 bytes are all zero\)"
 head -c 4096 /dev/zero >"$TMP/zeros"
 refused "$TMP/zeros" "neither safetensors.*its first 4096 bytes are all zero"
+# a NaN in the last weight of the file: verify and import name the tensor
+cp -r "$TMP/llama" "$TMP/nan"
+size=$(wc -c <"$TMP/nan/model.safetensors")
+printf '\000\000\300\177' | dd of="$TMP/nan/model.safetensors" bs=1 seek=$((size - 4)) conv=notrunc 2>/dev/null
+refused "$TMP/nan" "tensor '[a-z_.0-9]+' in '.*nan/model.safetensors' holds 1 values that are not finite"
+ckpt 1 import --input "$TMP/nan" --output "$TMP/nan.h5"
+expect_fail
+expect_grep err "holds 1 values that are not finite .*refusing to import it"
+[ ! -e "$TMP/nan.h5" ] || fail "a refused import wrote the checkpoint"
 mkdir -p "$TMP/twolines"
 printf 'step-00000002.h5\nstep-00000001.h5\n' >"$TMP/twolines/latest"
 refused "$TMP/twolines" "twolines/latest' should hold one line .* holds more than one"
