@@ -1,0 +1,32 @@
+# libFuzzer targets (tests/fuzz/README.md). build.sh compiles the library's
+# sources and the targets with $(FUZZ_CC) -fsanitize=fuzzer,address,undefined
+# into tests/fuzz/bin/ (apart from the mpicc-built library); each
+# tests/fuzz/NAME.fuzz marker runs tests/fuzz/run.sh: the regression inputs
+# of NAME, then a few seconds of fuzzing from the seed corpus. Without clang
+# and libFuzzer (configure's HAVE_FUZZ) the markers SKIP.
+FUZZ_TARGETS = safetensors hf_config ckpt_h5 indexed config_yaml config_args bpe_files bpe_hf bpe_encode
+FUZZ_MARKERS = $(FUZZ_TARGETS:%=tests/fuzz/%.fuzz)
+TEST_EXTENSIONS += .fuzz
+FUZZ_LOG_COMPILER = $(SHELL) $(top_srcdir)/tests/fuzz/run.sh
+TESTS += $(FUZZ_MARKERS)
+EXTRA_DIST += tests/fuzz
+CLEANFILES += $(FUZZ_MARKERS)
+
+$(FUZZ_MARKERS): tests/fuzz/.build
+	@$(MKDIR_P) $(@D) && : > $@
+
+.PHONY: tests/fuzz/.build
+tests/fuzz/.build:
+if HAVE_FUZZ
+	@FUZZ_CC="$(FUZZ_CC)" FUZZ_JOBS=2 \
+	FUZZ_DEP_CFLAGS="$(BLAS_CFLAGS) $(YAML_CFLAGS) $(JANSSON_CFLAGS) $(HDF5_CFLAGS)" \
+	FUZZ_DEP_LIBS="$(HDF5_LIBS) $(YAML_LIBS) $(JANSSON_LIBS) $(BLAS_LIBS) $(LIBS)" \
+	$(SHELL) $(top_srcdir)/tests/fuzz/build.sh $(top_srcdir) $(top_builddir) tests/fuzz
+else
+	@:
+endif
+
+clean-local: clean-fuzz
+clean-fuzz:
+	rm -rf tests/fuzz/bin tests/fuzz/obj tests/fuzz/libfuzzcore.a tests/fuzz/sources.txt tests/fuzz/.headers
+.PHONY: clean-fuzz
