@@ -129,6 +129,7 @@ struct cai_mesh {
     MPI_Win win;
     uint64_t *win_mem;
     int win_ok;     /* window exists and every read so far completed */
+    struct cai_guard *guard; /* heartbeats for the stretches MPI-IO owns (guard.c); NULL: off */
     cai_pending *orphans;
 
     size_t max_chunk; /* elements per MPI call (<= INT_MAX); tests lower it */
@@ -151,6 +152,10 @@ struct cai_mesh {
 
 cai_status cai_wd_init(cai_mesh_t *m);
 void cai_wd_free(cai_mesh_t *m);
+/* Collective over the mesh's node (guard.c); failures only turn the guard
+ * off, with a warning. */
+void cai_guard_init(cai_mesh_t *m);
+void cai_guard_free(cai_mesh_t *m);
 /* Called when this rank enters a collective on `axis`: returns its number. */
 uint64_t cai_wd_enter(cai_mesh_t *m, cai_axis axis);
 /* Poll until done(ctx) says 1 or the watchdog fires. done() returns 1 when

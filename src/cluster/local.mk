@@ -6,6 +6,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/mesh.c \
 	%reldir%/comm.c \
 	%reldir%/watchdog.c \
+	%reldir%/guard.c \
 	%reldir%/nccl.c \
 	%reldir%/bench.c
 

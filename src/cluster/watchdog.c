@@ -30,6 +30,7 @@ const char *cai_op_kind_name(cai_op_kind kind) {
 cai_status cai_wd_init(cai_mesh_t *m) {
     m->win_ok = 0;
     if (m->timeout_s <= 0) return CAI_OK;
+    cai_guard_init(m);
     int rc = MPI_Win_allocate((MPI_Aint)(CAI_WD_WORDS * sizeof(uint64_t)), (int)sizeof(uint64_t), MPI_INFO_NULL,
                               m->cart, &m->win_mem, &m->win);
     if (rc != MPI_SUCCESS) {
@@ -49,6 +50,7 @@ cai_status cai_wd_init(cai_mesh_t *m) {
 }
 
 void cai_wd_free(cai_mesh_t *m) {
+    cai_guard_free(m);
     if (m->win == MPI_WIN_NULL) return;
     MPI_Win_unlock_all(m->win);
     MPI_Win_free(&m->win);

@@ -132,8 +132,12 @@ static cai_status save_checkpoint(cai_run_t *r, const cai_run_hooks *h, int64_t 
     char path[4096] = "";
     cai_ckpt_stats st;
     memset(&st, 0, sizeof st);
+    char what[96];
+    snprintf(what, sizeof what, "the checkpoint write of step %lld", (long long)step);
     cai_timer_begin("run: checkpoint");
+    cai_mesh_guard_begin(r->mesh, what);
     cai_status s = h->save(h->ctx, r, &m, r->ckpt_dir, r->cfg.opt->ckpt_keep, path, sizeof path, &st);
+    cai_mesh_guard_end(r->mesh);
     cai_timer_end("run: checkpoint");
     free(text);
     CAI_CALL(s);
@@ -158,7 +162,9 @@ static cai_status load_agreed(cai_run_t *r, const cai_run_hooks *h, const char *
     cai_ckpt_meta_free(m);
     *m = cai_ckpt_meta_init();
     memset(st, 0, sizeof *st);
+    cai_mesh_guard_begin(r->mesh, "the checkpoint read");
     cai_status s = h->load(h->ctx, r, path, m, st);
+    cai_mesh_guard_end(r->mesh);
     int32_t bad = s != CAI_OK;
     CAI_CALL(cai_allreduce(r->mesh, CAI_AXIS_WORLD, &bad, &bad, 1, CAI_DTYPE_I32, CAI_RED_MAX));
     if (bad && s == CAI_OK) s = CAI_ERROR(CAI_ERR_IO, "%s: another rank could not load this checkpoint", path);

@@ -2,7 +2,9 @@
 # A rank that stops making progress (SIGSTOP) while the others wait for it
 # aborts the job through the watchdog, naming that rank: on 2 and on 4
 # ranks, whatever collective the others are in when it stops (the gradient
-# reductions, the agreed stop, the progress line's reduction).
+# reductions, the agreed stop, the progress line's reduction), and in the
+# middle of a checkpoint write, where the others wait inside MPI-IO (the
+# guard's heartbeats; needs the test hook that holds a rank mid-write).
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
 WD=5
@@ -42,4 +44,30 @@ stall() { # NP
 
 stall 2
 stall 4
+
+$MPIEXEC -n 1 "$top_builddir/apps/colossal-check" --info 2>/dev/null | grep -Eq '^  test hooks +compiled in' || {
+    echo "PASS (the checkpoint-write stall needs --enable-test-hooks: not run)"
+    exit 0
+}
+echo "+ CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 colossal-pretrain --checkpoint.every 2 (in the background)"
+# shellcheck disable=SC2086
+CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 --oversubscribe -x CAI_CKPT_TEST_STALL "$PRETRAIN_BIN" $TINY --train.steps 20 \
+    --eval.interval 0 --checkpoint.every 2 --mesh.watchdog_timeout $WD --run.dir "$TMP/ck" >"$TMP/out" 2>"$TMP/err" &
+launcher=$!
+while ! grep -q 'checkpoint test hook: rank 1' "$TMP/err" 2>/dev/null; do
+    kill -0 $launcher 2>/dev/null || fail "the run ended before the hook"
+    sleep 0.1
+done
+pid=$(sed -n 's/.*checkpoint test hook: rank 1 (pid \([0-9]*\)).*/\1/p' "$TMP/err")
+echo "+ kill -STOP $pid (rank 1, mid-write)"
+t0=$(date +%s)
+kill -STOP "$pid"
+RC=0
+wait $launcher || RC=$?
+waited=$(($(date +%s) - t0))
+kill -KILL "$pid" 2>/dev/null
+[ "$RC" -ne 0 ] || fail "the job ended with status 0 after rank 1 stopped mid-write"
+expect_grep err "watchdog: the checkpoint write of step 2 did not complete within [0-9.]+ s on rank 0; ranks not progressing: 1 "
+[ "$waited" -le $((WD + 120)) ] || fail "the job took $waited s to end after rank 1 stopped mid-write"
+echo "  ended after $waited s (watchdog $WD s)"
 echo "PASS"

@@ -176,6 +176,15 @@ cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t cou
 cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag);
 cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
 
+/* A stretch of blocking calls the watchdog cannot poll (collective MPI-IO
+ * inside HDF5): while it lasts, a rank on this node whose process stops
+ * beating (stopped, dead) for mesh.watchdog_timeout aborts the job with a
+ * report naming it and `what`; a rank that is only slow keeps beating.
+ * Not collective; stretches nest (the outermost counts). A no-op when the
+ * watchdog is off. */
+void cai_mesh_guard_begin(cai_mesh_t *mesh, const char *what);
+void cai_mesh_guard_end(cai_mesh_t *mesh);
+
 /* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient
  * buckets and weight gathers that overlap compute. Arguments, dtypes, ops,
  * in-place conventions, count limits and results are those of the blocking
