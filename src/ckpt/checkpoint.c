@@ -895,7 +895,8 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
 
     st = ck_h5_create(&e.h, e.comm, tmp);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
-    CAI_CALL_GOTO(ck_agree(e.comm, e.rank == 0 ? ck_h5_reserve_meta(&e.h, meta_bytes) : CAI_OK), st, fail);
+    st = e.rank == 0 ? ck_h5_reserve(&e.h, 0, meta_bytes, "its metadata") : CAI_OK;
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     {
         cai_ckpt_meta m = *meta;
         if (m.world_size == 0) {
@@ -905,6 +906,9 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
         CAI_CALL_GOTO(write_meta(&e.h, &m, created, groups), st, fail);
     }
     CAI_CALL_GOTO(create_datasets(&e), st, fail);
+    for (int b = 0; st == CAI_OK && e.rank == 0 && b < e.nb; b++)
+        st = ck_h5_reserve_dataset(&e.h, e.storage[b], e.slen[b] * cai_dtype_size(e.fdt[b]), e.group[b]);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     cai_status local = CAI_OK;
     for (int b = 0; b < n_bufs; b++) local = move_group(&e, b, -1, local, tmp);
     CAI_CALL_GOTO(ck_agree(e.comm, local), st, fail);

@@ -163,18 +163,20 @@ cai_status ck_h5_flush(ck_h5 *h);
 /* Collective; safe on a zeroed struct. Returns the first failure. */
 cai_status ck_h5_close(ck_h5 *h);
 
-/* A full disk must fail where every rank sees it. A metadata write that
- * fails inside H5Fflush/H5Fclose fails on the rank that wrote it only, and
- * HDF5 then skips collectives the other ranks wait in (a hang; a failed
- * H5Fclose also leaves a freed file behind that MPI_Finalize touches).
- * So a save first checks the free space (ck_space_check, rank 0), and right
- * after creating the file reserves the metadata's part of it
- * (ck_h5_reserve_meta, rank 0; posix_fallocate): writes there cannot run out
- * of space, and what remains to fail are the data transfers, whose errors
- * stay local and are agreed on before the file is closed. */
+/* A full disk must fail where every rank sees it. A write that fails
+ * inside HDF5 (a transfer, H5Fflush, H5Fclose) fails on the rank that made
+ * it only, and HDF5 then skips collectives the other ranks wait in (a hang;
+ * a failed H5Fclose also leaves a freed file behind that MPI_Finalize
+ * touches: the SIGSEGV). So a save first checks the free space
+ * (ck_space_check), reserves the metadata's part of the file right after
+ * creating it and the storage datasets' extents once they are placed
+ * (ck_h5_reserve, posix_fallocate), all on rank 0 and agreed: no HDF5 write
+ * can then run out of space, and a reservation that fails leaves only
+ * metadata to flush, into space already held. Not collective. */
 uint64_t ck_h5_meta_estimate(size_t n_objects);
 cai_status ck_space_check(const char *path, uint64_t bytes);
-cai_status ck_h5_reserve_meta(ck_h5 *h, uint64_t bytes);
+cai_status ck_h5_reserve(ck_h5 *h, uint64_t offset, uint64_t bytes, const char *what);
+cai_status ck_h5_reserve_dataset(ck_h5 *h, hid_t dset, uint64_t bytes, const char *name);
 
 /* The HDF5 type of a file element type (the bf16 custom float for BF16). */
 hid_t ck_h5_type(const ck_h5 *h, cai_dtype dt);

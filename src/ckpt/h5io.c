@@ -269,10 +269,10 @@ cai_status ck_h5_close(ck_h5 *h) {
 /* ------------------------------------------------------------ space */
 
 uint64_t ck_h5_meta_estimate(size_t n_objects) {
-    /* Measured: ~0.8 KiB of object headers, attributes and VDS mappings per
-     * tensor; 5x that, the superblock and the root group's heap besides.
+    /* Measured: ~0.55 KiB of object headers, attributes and VDS mappings
+     * per dataset; 2 KiB each, the superblock and the root group besides.
      * Metadata lives in the first META_BLOCK of the file. */
-    uint64_t b = ((uint64_t)128 << 10) + (uint64_t)n_objects * (4 << 10);
+    uint64_t b = ((uint64_t)64 << 10) + (uint64_t)n_objects * (2 << 10);
     return b < META_BLOCK ? b : META_BLOCK;
 }
 
@@ -288,15 +288,22 @@ cai_status ck_space_check(const char *path, uint64_t bytes) {
                      "%.2f MB)", path, strerror(ENOSPC), (double)avail / 1e6, dir, (double)bytes / 1e6);
 }
 
-cai_status ck_h5_reserve_meta(ck_h5 *h, uint64_t bytes) {
+cai_status ck_h5_reserve(ck_h5 *h, uint64_t offset, uint64_t bytes, const char *what) {
+    if (bytes == 0) return CAI_OK;
     int fd = open(h->path, O_WRONLY | O_CLOEXEC);
     if (fd < 0) return CAI_ERROR(CAI_ERR_IO, "cannot open checkpoint '%s' to reserve space: %s", h->path, strerror(errno));
-    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    int rc = posix_fallocate(fd, (off_t)offset, (off_t)bytes);
     close(fd);
     /* A file system without fallocate (EOPNOTSUPP, EINVAL) goes without. */
     if (rc == 0 || rc == EOPNOTSUPP || rc == EINVAL || rc == ENOSYS) return CAI_OK;
-    return CAI_ERROR(CAI_ERR_IO, "cannot write checkpoint '%s': reserving %.2f MB for its metadata: %s", h->path,
-                     (double)bytes / 1e6, strerror(rc));
+    return CAI_ERROR(CAI_ERR_IO, "cannot write checkpoint '%s': reserving %.2f MB for %s: %s", h->path,
+                     (double)bytes / 1e6, what, strerror(rc));
+}
+
+cai_status ck_h5_reserve_dataset(ck_h5 *h, hid_t dset, uint64_t bytes, const char *name) {
+    haddr_t a = H5Dget_offset(dset);
+    if (a == HADDR_UNDEF) return CAI_OK; /* not allocated yet: nothing to reserve */
+    return ck_h5_reserve(h, (uint64_t)a, bytes, name);
 }
 
 /* ------------------------------------------------------------ groups, datasets */

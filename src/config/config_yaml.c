@@ -367,7 +367,13 @@ cai_status cai_config_write_file(const cai_config_schema *schema, const void *cf
         st = CAI_ERROR(CAI_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
         goto done;
     }
-    CAI_CALL_GOTO(cai_config_write(schema, cfg, fp), st, done);
+    st = cai_config_write(schema, cfg, fp);
+    if (st != CAI_OK) { /* name the file (a full disk) */
+        char why[512];
+        snprintf(why, sizeof why, "%s", cai_error_message());
+        st = CAI_ERROR(st, "cannot write '%s': %s", tmp, why);
+        goto done;
+    }
     if (fsync(fileno(fp)) != 0) {
         st = CAI_ERROR(CAI_ERR_IO, "cannot sync '%s': %s", tmp, strerror(errno));
         goto done;

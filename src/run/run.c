@@ -70,7 +70,14 @@ cai_status cai_run_init(cai_run_t **out, const cai_run_config *cfg, MPI_Comm wor
     CAI_CALL_GOTO(cai_run_open_device((cai_run_device_kind)o->device, r->local_rank, o->threads, &r->dev), st, fail);
     snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s%s", *o->ckpt_dir ? o->ckpt_dir : o->dir,
              *o->ckpt_dir ? "" : "/checkpoints");
-    if (r->rank == 0) CAI_CALL_GOTO(cai_config_write_file(cfg->schema, cfg->app_cfg, o->dir), st, fail);
+    /* Agreed: the failure path frees the mesh, which is collective (a full
+     * run dir must not leave rank 0 there and the others in the caller). */
+    st = r->rank == 0 ? cai_config_write_file(cfg->schema, cfg->app_cfg, o->dir) : CAI_OK;
+    int ok = st == CAI_OK;
+    if (MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, world) != MPI_SUCCESS && st == CAI_OK)
+        st = CAI_ERROR(CAI_ERR_MPI, "agreeing on the write of %s/config.yaml failed", o->dir);
+    if (!ok && st == CAI_OK) st = CAI_ERROR(CAI_ERR_IO, "rank 0 could not write %s/config.yaml", o->dir);
+    if (st != CAI_OK) goto fail;
     *out = r;
     return CAI_OK;
 fail:

@@ -95,7 +95,7 @@ expect_grep err "checkpoint '$good' holds a different model: model.n_layers is 2
 
 # shellcheck disable=SC2086
 run_np 2 $CFG --checkpoint.every 0 --resume "$TMP/nothing-here"
-expect_rc 1
+expect_rc 4 # a file-system error (docs/run.md)
 expect_grep err "no checkpoint at '$TMP/nothing-here'"
 
 [ "$(cat "$D/latest")" = "step-00000004.h5" ] || fail "latest changed while loading bad checkpoints"

@@ -37,7 +37,7 @@ expect_no_grep out 'memory plan|^data:'
 [ ! -e "$TMP/opt/data" ] || fail "the optimizer's config error came after the data preparation"
 
 run_np 1 --data.path "$TMP/nothing/here" --run.dir "$TMP/x"
-expect_rc 1
+expect_rc 4 # a file-system error (docs/run.md)
 expect_grep err "$TMP/nothing/here"
 
 # Ranks started with different arguments: refused before any collective
