@@ -227,6 +227,15 @@ static cai_status build_table(const char *path, const vocab_list *l, int32_t min
     int64_t max_id = min_ids - 1;
     for (size_t k = 0; k < l->n; k++)
         if (l->v[k].id > max_id) max_id = l->v[k].id;
+    /* The table is dense in ids: a few entries with a huge id (a 30-byte
+     * file naming id 88888159) would cost gigabytes. Real vocabularies use
+     * (nearly) every id; allow gaps, not a table mostly empty. */
+    const int64_t dense_limit = 4 * (int64_t)l->n + 65536;
+    if (max_id >= dense_limit)
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "%s: the largest token id is %lld but there are only %zu tokens: ids must be (nearly) "
+                         "contiguous from 0 (at most %lld here)",
+                         path, (long long)max_id, l->n, (long long)dense_limit - 1);
     cai_bpe_t *t;
     CAI_CALL(cai_bpe_alloc((int32_t)(max_id + 1), &t));
     cai_status st = CAI_OK;

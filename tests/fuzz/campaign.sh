@@ -43,7 +43,7 @@ wait
         # shellcheck disable=SC2086
         n=$(cat $logs | sed -n 's/^stat::number_of_executed_units: *//p' | awk '{s += $1} END {print s + 0}')
         t=$(cat $logs | sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' | sort -n | tail -n 1)
-        c=$(ls "$out" | grep -c "^$name-" || true)
+        c=$(ls "$out" | grep -c "^$name-\(crash\|leak\|timeout\|oom\)-" || true)
         echo "$name executions=$n seconds=${t:-?} artifacts=$c"
     done
 } | tee "$out/summary.txt"

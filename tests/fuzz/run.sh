@@ -3,7 +3,7 @@
 #   run.sh tests/fuzz/NAME.fuzz      (the marker automake passes)
 # replays every file of tests/fuzz/regressions/NAME/ (inputs that once
 # crashed), then fuzzes briefly from tests/fuzz/corpus/NAME/ (FUZZ_RUNS
-# executions, default 2000, at most FUZZ_SECONDS, default 20, seconds).
+# executions, default 2000, at most FUZZ_SECONDS, default 10, seconds).
 # New inputs go to a scratch directory, never into the source tree. SKIP (77)
 # when the targets were not built (configure found no clang with libFuzzer).
 name=$(basename "$1" .fuzz)
@@ -33,7 +33,7 @@ if [ -d "$reg" ] && [ -n "$(ls "$reg")" ]; then
     }
 fi
 mkdir "$tmp/new"
-set -- -runs="${FUZZ_RUNS:-2000}" -max_total_time="${FUZZ_SECONDS:-20}" -timeout=20 -rss_limit_mb=2048 \
+set -- -runs="${FUZZ_RUNS:-2000}" -max_total_time="${FUZZ_SECONDS:-10}" -timeout=20 -rss_limit_mb=2048 \
     -artifact_prefix="$tmp/" -print_final_stats=1 "$tmp/new" "$srcdir/tests/fuzz/corpus/$name"
 echo "+ fuzz_$name $*"
 "$prog" "$@" >"$tmp/log" 2>&1
