@@ -1,9 +1,9 @@
 /* A full disk, simulated for the tests (tests/apps/disk_full.sh): an
  * LD_PRELOAD library that makes writes into files under one directory fail
- * with ENOSPC (or EIO) once a byte budget is spent or from the n-th write
- * call on, the way a file system that has run out of space does: a write
- * that crosses the limit is short, every later one fails, and the disk
- * stays full.
+ * with ENOSPC (or EIO) once a byte budget is spent, the way a file system
+ * that has run out of space does (a write that crosses the limit is short,
+ * every later one fails, and the disk stays full), or at the n-th write call
+ * only.
  *
  * Configured by the environment (read once, at the first intercepted call):
  *   CAI_ENOSPC_PATH   absolute directory (prefix); files whose path starts
