@@ -23,6 +23,7 @@
 #define GUARD_STRIDE 8
 
 struct cai_guard {
+    int keyval;    /* MPI_COMM_SELF attribute whose deletion stops the thread */
     MPI_Comm node;
     MPI_Win win;
     uint64_t **beat; /* [node rank] -> its heartbeat word */
@@ -96,11 +97,35 @@ out:
     return NULL;
 }
 
+static void stop_thread(struct cai_guard *g) {
+    if (!g->running) return;
+    pthread_mutex_lock(&g->mu);
+    g->stop = 1;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->thread, NULL);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    g->running = 0;
+}
+
+/* MPI_Finalize deletes MPI_COMM_SELF's attributes first: an app that exits
+ * without freeing its mesh still stops the thread before the shared window
+ * it reads goes away. */
+static int stop_at_finalize(MPI_Comm comm, int keyval, void *attr, void *extra) {
+    (void)comm;
+    (void)keyval;
+    (void)extra;
+    stop_thread(attr);
+    return MPI_SUCCESS;
+}
+
 void cai_guard_init(cai_mesh_t *m) {
     m->guard = NULL;
     if (m->timeout_s <= 0) return;
     struct cai_guard *g = calloc(1, sizeof *g);
     if (!g) return;
+    g->keyval = MPI_KEYVAL_INVALID;
     g->node = MPI_COMM_NULL;
     g->win = MPI_WIN_NULL;
     g->timeout_s = m->timeout_s;
@@ -141,11 +166,17 @@ void cai_guard_init(cai_mesh_t *m) {
     MPI_Barrier(g->node); /* every word zeroed before anyone reads it */
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
+    if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_at_finalize, &g->keyval, NULL) != MPI_SUCCESS) {
+        why = "MPI_Comm_create_keyval";
+        g->keyval = MPI_KEYVAL_INVALID;
+        goto fail;
+    }
     if (pthread_create(&g->thread, NULL, guard_main, g) != 0) {
         why = "pthread_create";
         goto fail;
     }
     g->running = 1;
+    MPI_Comm_set_attr(MPI_COMM_SELF, g->keyval, g);
     m->guard = g;
     return;
 fail:
@@ -158,15 +189,11 @@ fail:
 void cai_guard_free(cai_mesh_t *m) {
     struct cai_guard *g = m->guard;
     if (!g) return;
-    if (g->running) {
-        pthread_mutex_lock(&g->mu);
-        g->stop = 1;
-        pthread_cond_signal(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-        pthread_join(g->thread, NULL);
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->cv);
+    if (g->keyval != MPI_KEYVAL_INVALID) {
+        if (g->running) MPI_Comm_delete_attr(MPI_COMM_SELF, g->keyval); /* stops the thread */
+        MPI_Comm_free_keyval(&g->keyval);
     }
+    stop_thread(g);
     if (g->win != MPI_WIN_NULL) MPI_Win_free(&g->win);
     if (g->node != MPI_COMM_NULL) MPI_Comm_free(&g->node);
     free(g->beat);
