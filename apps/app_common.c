@@ -125,7 +125,8 @@ static void check_same_config(const cai_app *app, const cai_config_schema *schem
     if (strcmp(ref, text) != 0) {
         char mine[160], theirs[160];
         int line = first_difference(text, ref, mine, theirs, sizeof mine);
-        st = CAI_ERROR(CAI_ERR_CONFIG, "%s: rank %d's effective config differs from rank 0's (every rank must be "
+        st = CAI_ERROR(CAI_ERR_CONFIG,
+                       "%s: rank %d's effective config differs from rank 0's (every rank must be "
                        "started with the same arguments and files): line %d is \"%s\" here and \"%s\" on rank 0",
                        schema->program, app->rank, line, mine, theirs);
     }

@@ -56,7 +56,7 @@ static const char *const k_transports[] = {"auto", "nccl", "mpi", "stage", NULL}
  * flag, and a key cannot also be a section (YAML could not hold both). */
 /* Range last so CAI_CFG_NO_RANGE (two numbers) can stand in for it. */
 #define F(key, type, field, def, alias, doc, ...) \
-    {key, type, offsetof(check_config, field), def, doc, __VA_ARGS__, NULL, alias}
+    { key, type, offsetof(check_config, field), def, doc, __VA_ARGS__, NULL, alias }
 #define BIG (1 << 20)
 
 static const cai_config_field k_fields[] = {
@@ -126,10 +126,8 @@ static void print_cuda(int rank_prints, int *gpus_out) {
     *gpus_out = n;
     if (!rank_prints) return;
     printf("  CUDA runtime      %d.%d\n", rt / 1000, (rt % 1000) / 10);
-    if (drv)
-        printf("  CUDA driver       %d.%d\n", drv / 1000, (drv % 1000) / 10);
-    else
-        printf("  CUDA driver       none found\n");
+    if (drv) printf("  CUDA driver       %d.%d\n", drv / 1000, (drv % 1000) / 10);
+    else printf("  CUDA driver       none found\n");
     if (n == 0) {
         printf("  GPUs              no GPU visible (%s)\n",
                err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
@@ -201,10 +199,8 @@ static void print_threads(void) {
 static void print_pmix(void) {
     const char *ns = getenv("PMIX_NAMESPACE"), *rk = getenv("PMIX_RANK");
     printf("  PMIx              %s", CAI_HAVE_PMIX ? CAI_PMIX_DESC : "no headers at build time");
-    if (ns || rk)
-        printf("; launched under PMIx (namespace %s, rank %s)\n", ns ? ns : "?", rk ? rk : "?");
-    else
-        printf("; not launched under PMIx\n");
+    if (ns || rk) printf("; launched under PMIx (namespace %s, rank %s)\n", ns ? ns : "?", rk ? rk : "?");
+    else printf("; not launched under PMIx\n");
 }
 
 /* How device buffers travel: the forced path, or the one AUTO picks in the
@@ -300,8 +296,8 @@ done:
  * values and the meaning. A value that does not parse is shown with the
  * error the library gives when the knob is first used; --info still runs. */
 static void print_knobs(void) {
-    printf("  test hooks        %s\n", cai_test_hooks_built() ? "compiled in (configure --enable-test-hooks)"
-                                                               : "not compiled in");
+    printf("  test hooks        %s\n",
+           cai_test_hooks_built() ? "compiled in (configure --enable-test-hooks)" : "not compiled in");
     printf("  knobs             environment variables, as rank 0 sees them\n");
     for (size_t i = 0; i < cai_knob_count(); i++) {
         const cai_knob_info *k = cai_knob_at(i);
@@ -309,18 +305,17 @@ static void print_knobs(void) {
         cai_knob_source src = CAI_KNOB_FROM_DEFAULT;
         if (cai_knob_value(k->name, &v, &src) == CAI_OK) {
             printf("    %-26s %s (%s)\n", k->name, *v ? v : "\"\"",
-                   src == CAI_KNOB_FROM_ENV ? "environment" : src == CAI_KNOB_FROM_PROGRAM ? "set by the program"
-                                                                                      : "default");
+                   src == CAI_KNOB_FROM_ENV       ? "environment"
+                   : src == CAI_KNOB_FROM_PROGRAM ? "set by the program"
+                                                  : "default");
         } else {
             printf("    %-26s INVALID: %s\n", k->name, cai_error_message());
             cai_error_clear();
         }
         if (k->type == CAI_KNOB_INT)
             printf("      default %s, integer in [%lld, %lld]: %s\n", k->dflt, k->min, k->max, k->meaning);
-        else if (k->type == CAI_KNOB_ENUM)
-            printf("      default %s, one of %s: %s\n", k->dflt, k->choices, k->meaning);
-        else
-            printf("      default %s: %s\n", *k->dflt ? k->dflt : "unset", k->meaning);
+        else if (k->type == CAI_KNOB_ENUM) printf("      default %s, one of %s: %s\n", k->dflt, k->choices, k->meaning);
+        else printf("      default %s: %s\n", *k->dflt ? k->dflt : "unset", k->meaning);
     }
 }
 
@@ -342,7 +337,8 @@ static cai_status run_info(const cai_app *app) {
         printf("  colossal          %s\n", cai_version_string());
         printf("  MPI library       %s\n", lib);
         printf("  MPI standard      %d.%d\n", maj, min);
-        printf("  CUDA-aware MPI    %s\n", cai_mpi_cuda_aware() ? "yes" : "no (device buffers use NCCL or host staging)");
+        printf("  CUDA-aware MPI    %s\n",
+               cai_mpi_cuda_aware() ? "yes" : "no (device buffers use NCCL or host staging)");
         print_pmix();
         print_hdf5();
         print_nccl();
@@ -364,10 +360,8 @@ static cai_status run_info(const cai_app *app) {
     if (root) {
         printf("  world             %d rank%s on %d node%s, ", app->size, app->size == 1 ? "" : "s", app->n_nodes,
                app->n_nodes == 1 ? "" : "s");
-        if (per_node_min == per_node_max)
-            printf("%d rank%s per node\n", per_node_min, per_node_min == 1 ? "" : "s");
-        else
-            printf("%d-%d ranks per node\n", per_node_min, per_node_max);
+        if (per_node_min == per_node_max) printf("%d rank%s per node\n", per_node_min, per_node_min == 1 ? "" : "s");
+        else printf("%d-%d ranks per node\n", per_node_min, per_node_max);
         printf("  hosts\n");
         st = print_hosts(app, all);
         print_knobs();
@@ -443,8 +437,7 @@ static cai_status parse_ops(const char *list, int use[CAI_BENCH_COUNT]) {
         if (n) {
             int found = 0;
             for (int i = 0; i < CAI_BENCH_COUNT && !found; i++)
-                if (name_eq(p, cai_bench_op_name((cai_bench_op)i), n))
-                    use[i] = found = 1;
+                if (name_eq(p, cai_bench_op_name((cai_bench_op)i), n)) use[i] = found = 1;
             if (!found)
                 return CAI_ERROR(CAI_ERR_CONFIG,
                                  "sweep.ops: unknown collective '%.*s' (expected all, or a list of allreduce, "
@@ -469,14 +462,15 @@ static cai_status parse_axes(const char *list, cai_axis *axes, int *n_out) {
         size_t len = strcspn(p, ", ");
         if (len) {
             char name[32];
-            if (len >= sizeof name)
-                return CAI_ERROR(CAI_ERR_CONFIG, "sweep.axes: '%.*s' is not an axis", (int)len, p);
+            if (len >= sizeof name) return CAI_ERROR(CAI_ERR_CONFIG, "sweep.axes: '%.*s' is not an axis", (int)len, p);
             memcpy(name, p, len);
             name[len] = 0;
             cai_axis a;
             if (cai_axis_parse(name, &a) != CAI_OK)
-                return CAI_ERROR(CAI_ERR_CONFIG, "sweep.axes: unknown axis '%s' (expected all, or a list of pp, dp, "
-                                 "ep, sp, tp, edp, dp_sp, world)", name);
+                return CAI_ERROR(CAI_ERR_CONFIG,
+                                 "sweep.axes: unknown axis '%s' (expected all, or a list of pp, dp, "
+                                 "ep, sp, tp, edp, dp_sp, world)",
+                                 name);
             int dup = 0;
             for (int i = 0; i < n; i++) dup |= axes[i] == a;
             if (!dup && n < CAI_AXIS_COUNT) axes[n++] = a;
@@ -547,8 +541,8 @@ static cai_status bench_axis(cai_mesh_t *mesh, const check_config *c, const benc
             const size_t bytes = want / unit * unit;
             if (bytes && bytes != last) {
                 cai_bench_result r;
-                CAI_CALL(cai_mesh_bench(mesh, axis, op, bytes, scaled(c->warmup, bytes, 1),
-                                        scaled(c->iters, bytes, 2), c->device == DEVICE_CUDA, &r));
+                CAI_CALL(cai_mesh_bench(mesh, axis, op, bytes, scaled(c->warmup, bytes, 1), scaled(c->iters, bytes, 2),
+                                        c->device == DEVICE_CUDA, &r));
                 if (root) {
                     printf("  %-13s %12zu %12zu %5s %11.2f %12.3f %12.3f  %s\n", cai_bench_op_name(op), r.bytes,
                            op_count(op, r.bytes, n, elem), cai_dtype_name(CAI_DTYPE_F32), r.time_us, r.algbw_gbs,
@@ -562,7 +556,8 @@ static cai_status bench_axis(cai_mesh_t *mesh, const check_config *c, const benc
             if (want > p->max_bytes / (size_t)c->factor) break; /* the next step passes max_bytes */
         }
     }
-    if (root && rows) printf("# axis %s: average busbw %.3f GB/s over %d rows\n", cai_axis_name(axis), bus_sum / rows, rows);
+    if (root && rows)
+        printf("# axis %s: average busbw %.3f GB/s over %d rows\n", cai_axis_name(axis), bus_sum / rows, rows);
     return CAI_OK;
 }
 
@@ -589,10 +584,11 @@ static cai_status run_bench(const cai_app *app, const check_config *c) {
     cai_mesh_t *mesh = NULL;
     CAI_CALL(cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc));
     if (app->rank == 0) {
-        printf("colossal-check bench: %d ranks, device %s, dtype %s, warmup %d, iters %d (fewer above 16 MiB), "
-               "sizes %zu..%zu B x%d\n",
-               app->size, k_devices[c->device], cai_dtype_name(CAI_DTYPE_F32), c->warmup, c->iters, plan.min_bytes,
-               plan.max_bytes, c->factor);
+        printf(
+            "colossal-check bench: %d ranks, device %s, dtype %s, warmup %d, iters %d (fewer above 16 MiB), "
+            "sizes %zu..%zu B x%d\n",
+            app->size, k_devices[c->device], cai_dtype_name(CAI_DTYPE_F32), c->warmup, c->iters, plan.min_bytes,
+            plan.max_bytes, c->factor);
         print_layout_line(&L, app->size);
     }
     int measured = 0;

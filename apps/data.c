@@ -33,16 +33,17 @@ typedef struct {
     cai_app_common common;
 } data_config;
 
-#define F(key, type, field, def, doc, ...) {key, type, offsetof(data_config, field), def, doc, __VA_ARGS__}
-#define FORMAT_FIELD(doc)                                                                                \
-    {"format", CAI_CFG_ENUM, offsetof(data_config, format), "auto", doc, CAI_CFG_NO_RANGE, k_formats, NULL}
+#define F(key, type, field, def, doc, ...) \
+    { key, type, offsetof(data_config, field), def, doc, __VA_ARGS__ }
+#define FORMAT_FIELD(doc) \
+    { "format", CAI_CFG_ENUM, offsetof(data_config, format), "auto", doc, CAI_CFG_NO_RANGE, k_formats, NULL }
 #define BIG 1e15
 
 static const cai_config_field k_preprocess[] = {
     F("input", CAI_CFG_STRING, input, NULL, "input files, comma-separated, read as one stream in order",
       CAI_CFG_NO_RANGE, NULL, NULL),
-    F("output_prefix", CAI_CFG_STRING, output, NULL, "writes OUTPUT_PREFIX.bin and OUTPUT_PREFIX.idx",
-      CAI_CFG_NO_RANGE, NULL, "output"),
+    F("output_prefix", CAI_CFG_STRING, output, NULL, "writes OUTPUT_PREFIX.bin and OUTPUT_PREFIX.idx", CAI_CFG_NO_RANGE,
+      NULL, "output"),
     FORMAT_FIELD("text (documents separated by blank lines), jsonl, or auto (jsonl for .jsonl/.json files)"),
     F("json_key", CAI_CFG_STRING, json_key, "text", "JSONL: the key holding each document's text", CAI_CFG_NO_RANGE,
       NULL, NULL),
@@ -64,10 +65,10 @@ static const cai_config_field k_train[] = {
       NULL, NULL),
     F("vocab_size", CAI_CFG_INT64, vocab_size, "4096", "tokens in total: the special token, 256 bytes, then merges",
       257, 1 << 24, NULL, NULL),
-    F("min_frequency", CAI_CFG_INT64, min_frequency, "2", "stop merging when no pair occurs this often", 0, BIG,
-      NULL, NULL),
-    F("eod", CAI_CFG_STRING, eod, "<|endoftext|>", "the special end-of-document token (id 0)", CAI_CFG_NO_RANGE,
-      NULL, NULL),
+    F("min_frequency", CAI_CFG_INT64, min_frequency, "2", "stop merging when no pair occurs this often", 0, BIG, NULL,
+      NULL),
+    F("eod", CAI_CFG_STRING, eod, "<|endoftext|>", "the special end-of-document token (id 0)", CAI_CFG_NO_RANGE, NULL,
+      NULL),
     CAI_APP_COMMON_FIELDS(data_config, common),
 };
 
@@ -186,18 +187,27 @@ static cai_status run_preprocess(const cai_app *app, const data_config *cfg) {
     /* Every rank parsed the same arguments and read the same vocabulary, so
      * a failure so far is the same everywhere. */
     if (st == CAI_OK) {
-        cai_preprocess_config pc = {inputs, n,    pick_format(cfg->format, inputs[0]), cfg->json_key, cfg->output,
-                                    tok.fn, tok.ctx, tok.vocab_size,                     tok.eod,        cfg->progress};
+        cai_preprocess_config pc = {inputs,
+                                    n,
+                                    pick_format(cfg->format, inputs[0]),
+                                    cfg->json_key,
+                                    cfg->output,
+                                    tok.fn,
+                                    tok.ctx,
+                                    tok.vocab_size,
+                                    tok.eod,
+                                    cfg->progress};
         cai_preprocess_stats stats;
         st = cai_preprocess(&pc, MPI_COMM_WORLD, &stats);
         if (st == CAI_OK && app->rank == 0)
-            printf("preprocess: %lld documents, %lld tokens (%s, vocabulary %lld) from %.2f MB in %.2f s: %.2f MB/s "
-                   "on %d rank%s -> %s.bin, %s.idx\n",
-                   (long long)stats.documents, (long long)stats.tokens,
-                   cai_indexed_dtype_name(cai_indexed_dtype_for_vocab(tok.vocab_size)), (long long)tok.vocab_size,
-                   (double)stats.input_bytes / 1e6, stats.seconds,
-                   stats.seconds > 0 ? (double)stats.input_bytes / 1e6 / stats.seconds : 0.0, app->size,
-                   app->size == 1 ? "" : "s", cfg->output, cfg->output);
+            printf(
+                "preprocess: %lld documents, %lld tokens (%s, vocabulary %lld) from %.2f MB in %.2f s: %.2f MB/s "
+                "on %d rank%s -> %s.bin, %s.idx\n",
+                (long long)stats.documents, (long long)stats.tokens,
+                cai_indexed_dtype_name(cai_indexed_dtype_for_vocab(tok.vocab_size)), (long long)tok.vocab_size,
+                (double)stats.input_bytes / 1e6, stats.seconds,
+                stats.seconds > 0 ? (double)stats.input_bytes / 1e6 / stats.seconds : 0.0, app->size,
+                app->size == 1 ? "" : "s", cfg->output, cfg->output);
     }
     cai_bpe_free(tok.bpe);
     free(copy);
@@ -233,15 +243,15 @@ static cai_status run_train(const cai_app *app, const data_config *cfg) {
     cai_status st = parse_inputs(cfg, &copy, inputs, &n);
     if (st == CAI_OK) st = cai_bpe_trainer_init(&opts, &ts.tr);
     if (st == CAI_OK)
-        st = cai_preprocess_documents(inputs, n, pick_format(cfg->format, inputs[0]), cfg->json_key, feed_trainer,
-                                      &ts);
+        st = cai_preprocess_documents(inputs, n, pick_format(cfg->format, inputs[0]), cfg->json_key, feed_trainer, &ts);
     if (st == CAI_OK) st = cai_bpe_trainer_finish(ts.tr, &tok);
     if (st == CAI_OK) st = cai_bpe_save(tok, cfg->output);
     if (st == CAI_OK)
-        printf("train-tokenizer: %lld documents, %.2f MB -> %d tokens (%zu merges) in %.2f s -> %s/vocab.json, "
-               "%s/merges.txt, %s/tokenizer.json\n",
-               (long long)ts.docs, (double)ts.bytes / 1e6, cai_bpe_vocab_size(tok), cai_bpe_merge_count(tok),
-               cai_time_now() - t0, cfg->output, cfg->output, cfg->output);
+        printf(
+            "train-tokenizer: %lld documents, %.2f MB -> %d tokens (%zu merges) in %.2f s -> %s/vocab.json, "
+            "%s/merges.txt, %s/tokenizer.json\n",
+            (long long)ts.docs, (double)ts.bytes / 1e6, cai_bpe_vocab_size(tok), cai_bpe_merge_count(tok),
+            cai_time_now() - t0, cfg->output, cfg->output, cfg->output);
     cai_bpe_free(tok);
     cai_bpe_trainer_free(ts.tr);
     free(copy);
@@ -256,8 +266,8 @@ static cai_status run_corpus(const cai_app *app, const data_config *cfg) {
     CAI_CALL(cai_corpus_write(cfg->output, cfg->docs, (uint64_t)cfg->seed, fmt));
     struct stat st;
     const long long bytes = stat(cfg->output, &st) == 0 ? (long long)st.st_size : -1;
-    printf("corpus: %lld documents (seed %lld, %s) -> %s (%lld bytes)\n", (long long)cfg->docs,
-           (long long)cfg->seed, fmt == CAI_PREPROCESS_JSONL ? "jsonl" : "text", cfg->output, bytes);
+    printf("corpus: %lld documents (seed %lld, %s) -> %s (%lld bytes)\n", (long long)cfg->docs, (long long)cfg->seed,
+           fmt == CAI_PREPROCESS_JSONL ? "jsonl" : "text", cfg->output, bytes);
     return CAI_OK;
 }
 
@@ -293,13 +303,13 @@ static cai_status run_info(const cai_app *app, const data_config *cfg) {
     return st;
 }
 
-#define SUB(name, summary, fields, run) {name, {"colossal-data " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run}
+#define SUB(name, summary, fields, run) \
+    { name, {"colossal-data " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run }
 static const subcommand k_subcommands[] = {
     SUB("preprocess", "tokenize text or JSONL into a Megatron indexed dataset (.bin/.idx), in parallel over MPI ranks",
         k_preprocess, run_preprocess),
     SUB("train-tokenizer", "learn a byte-level BPE vocabulary from text or JSONL (rank 0)", k_train, run_train),
-    SUB("corpus", "write the embedded training corpus (stories and arithmetic) as JSONL or text", k_corpus,
-        run_corpus),
+    SUB("corpus", "write the embedded training corpus (stories and arithmetic) as JSONL or text", k_corpus, run_corpus),
     SUB("info", "validate an indexed dataset and print its size", k_info, run_info),
 };
 #undef SUB

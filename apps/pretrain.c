@@ -34,9 +34,10 @@ static const char *const k_tie[] = {"auto", "false", "true", NULL};
 static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
 static const char *const k_reduce_dtypes[] = {"f32", "bf16", NULL};
 
-#define F(key, type, field, def, doc, ...) {key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL}
+#define F(key, type, field, def, doc, ...) \
+    { key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL }
 #define E(key, field, def, doc, choices) \
-    {key, CAI_CFG_ENUM, offsetof(pt_config, field), def, doc, CAI_CFG_NO_RANGE, choices, NULL}
+    { key, CAI_CFG_ENUM, offsetof(pt_config, field), def, doc, CAI_CFG_NO_RANGE, choices, NULL }
 #define S(key, field, def, doc) F(key, CAI_CFG_STRING, field, def, doc, CAI_CFG_NO_RANGE)
 #define BIG 1e15
 
@@ -46,8 +47,8 @@ static const cai_config_field k_fields[] = {
     F("model.n_layers", CAI_CFG_INT, n_layers, "4", "transformer blocks", 1, 1024),
     F("model.d_model", CAI_CFG_INT, d_model, "128", "hidden size", 8, 1 << 16),
     F("model.n_heads", CAI_CFG_INT, n_heads, "4", "attention heads (must divide d_model)", 1, 4096),
-    F("model.n_kv_heads", CAI_CFG_INT, n_kv_heads, "0", "key/value heads for grouped-query attention (llama); 0: n_heads",
-      0, 4096),
+    F("model.n_kv_heads", CAI_CFG_INT, n_kv_heads, "0",
+      "key/value heads for grouped-query attention (llama); 0: n_heads", 0, 4096),
     F("model.ffn_hidden", CAI_CFG_INT, ffn_hidden, "0", "MLP hidden size; 0: 4*d_model (gpt2), 8/3*d_model (llama)", 0,
       1 << 20),
     F("model.vocab_size", CAI_CFG_INT, vocab_size, "0", "vocabulary; 0: the tokenizer's", 0, 1 << 24),
@@ -78,13 +79,12 @@ static const cai_config_field k_fields[] = {
     F("train.seq_len", CAI_CFG_INT, seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
     F("train.seed", CAI_CFG_INT64, data_seed, "1234", "sample order seed", 0, BIG),
 
-
     E("optim.schedule", schedule, "cosine", "learning rate after the linear warmup", k_schedules),
     F("optim.lr", CAI_CFG_DOUBLE, lr, "1e-3", "peak learning rate", 0, 10),
     F("optim.min_lr", CAI_CFG_DOUBLE, min_lr, "1e-4", "learning rate at the end of the decay", 0, 10),
     F("optim.warmup_steps", CAI_CFG_INT64, warmup, "20", "linear warmup steps", 0, BIG),
-    F("optim.decay_steps", CAI_CFG_INT64, decay_steps, "0", "step at which the decay reaches min_lr; 0: train.steps",
-      0, BIG),
+    F("optim.decay_steps", CAI_CFG_INT64, decay_steps, "0", "step at which the decay reaches min_lr; 0: train.steps", 0,
+      BIG),
     F("optim.beta1", CAI_CFG_DOUBLE, beta1, "0.9", "AdamW beta1", 0, 1),
     F("optim.beta2", CAI_CFG_DOUBLE, beta2, "0.95", "AdamW beta2", 0, 1),
     F("optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1),
@@ -103,17 +103,17 @@ static const cai_config_field k_fields[] = {
       "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
     F("zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",
       "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets all); 0: no "
-      "limit", 0, 64),
+      "limit",
+      0, 64),
     E("precision", precision, "auto",
       "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32", k_precisions),
     F("loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30),
     F("loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000", "f16: good steps before the scale doubles", 1,
       1 << 30),
-    F("loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2", "f16: overflows tolerated before the scale halves",
-      1, 1 << 20),
+    F("loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2", "f16: overflows tolerated before the scale halves", 1,
+      1 << 20),
     F("loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30),
     F("loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30, 1e30),
-
 
     F("eval.interval", CAI_CFG_INT64, eval_interval, "100", "validate every this many steps and at the end; 0: never",
       0, BIG),
@@ -130,8 +130,8 @@ static const cai_config_field k_fields[] = {
     F("data.corpus_vocab", CAI_CFG_INT, corpus_vocab, "1000",
       "embedded corpus: train a BPE tokenizer of this many tokens on it; 0: byte-level", 0, 1 << 24),
 
-    S("generate.prompts", prompts, "Once upon a time,|Q: What is 7 times 8? A:",
-      "prompts for the greedy samples at the end, separated by |"),
+    S("generate.prompts", prompts,
+      "Once upon a time,|Q: What is 7 times 8? A:", "prompts for the greedy samples at the end, separated by |"),
     F("generate.tokens", CAI_CFG_INT, gen_tokens, "48", "tokens per sample; 0: no samples", 0, 1 << 20),
 
     CAI_RUN_FIELDS(pt_config, run, "runs/pretrain"),
@@ -142,10 +142,9 @@ static const cai_config_field k_fields[] = {
 #undef S
 #undef BIG
 
-
-static const cai_config_schema k_schema = {
-    "colossal-pretrain", "train a GPT-2 or Llama model from scratch, data parallel", k_fields,
-    CAI_CFG_NFIELDS(k_fields)};
+static const cai_config_schema k_schema = {"colossal-pretrain",
+                                           "train a GPT-2 or Llama model from scratch, data parallel", k_fields,
+                                           CAI_CFG_NFIELDS(k_fields)};
 
 static void fill_choices(void) {
     for (int i = 0; i < CAI_MODEL_FAMILY_COUNT; i++) k_families[i] = cai_model_family_name((cai_model_family)i);
@@ -214,15 +213,16 @@ static cai_loss_scale_config loss_scale_config(const pt_config *c) {
  * in f32 over them, a GPU in the same dtype. */
 static void apply_precision(const pt_config *c, const cai_device_t *dev, cai_model_config *m) {
     if (c->precision == PT_PRECISION_AUTO) return;
-    cai_dtype dt = c->precision == PT_PRECISION_BF16 ? CAI_DTYPE_BF16
-                   : c->precision == PT_PRECISION_F16 ? CAI_DTYPE_F16 : CAI_DTYPE_F32;
+    cai_dtype dt = c->precision == PT_PRECISION_BF16  ? CAI_DTYPE_BF16
+                   : c->precision == PT_PRECISION_F16 ? CAI_DTYPE_F16
+                                                      : CAI_DTYPE_F32;
     m->param_dtype = dt;
     m->act_dtype = dev->kind == CAI_DEVICE_HOST ? CAI_DTYPE_F32 : dt;
 }
 
 static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
-    cai_run_config r = {.program = "colossal-pretrain", .schema = &k_schema, .app_cfg = c, .opt = &c->run,
-                        .steps = c->steps};
+    cai_run_config r = {
+        .program = "colossal-pretrain", .schema = &k_schema, .app_cfg = c, .opt = &c->run, .steps = c->steps};
     cai_mesh_config_init(&r.mesh);
     r.mesh.layout = *layout;
     r.mesh.watchdog_timeout_s = c->watchdog;
@@ -265,7 +265,7 @@ typedef struct {
     cai_adamw_config oc;
     cai_zero_config zc;
     cai_loss_scaler scaler;
-    int scaled;         /* f16: dynamic loss scaling */
+    int scaled; /* f16: dynamic loss scaling */
     pt_data data;
 } pt_job;
 
@@ -302,8 +302,8 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
         CAI_CALL(pt_data_valid_batch(&j->data, b, cai_mesh_rank(mesh, CAI_AXIS_DP)));
         for (int k = 0; k < j->cfg->grad_accum; k++) {
             float l = 0;
-            CAI_CALL(cai_model_forward(j->model, j->data.tokens + (size_t)k * per, j->data.targets + (size_t)k * per,
-                                       &l));
+            CAI_CALL(
+                cai_model_forward(j->model, j->data.tokens + (size_t)k * per, j->data.targets + (size_t)k * per, &l));
             sum += l;
         }
     }
@@ -359,9 +359,13 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
     apply_precision(c, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, resolved));
     j->zc = zero_config(c);
-    cai_mem_plan_request q = {.model = *resolved, .batch = c->micro_batch, .seq_len = c->seq_len,
-                              .view = cai_rank_view_single(), .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
-                              .zero = j->zc, .dev = cai_run_device(run)};
+    cai_mem_plan_request q = {.model = *resolved,
+                              .batch = c->micro_batch,
+                              .seq_len = c->seq_len,
+                              .view = cai_rank_view_single(),
+                              .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
+                              .zero = j->zc,
+                              .dev = cai_run_device(run)};
     return cai_run_plan_memory(run, &q);
 }
 
@@ -410,25 +414,28 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
            app->size == 1 ? "" : "s", app->n_nodes, app->n_nodes == 1 ? "" : "s", layout, cai_run_device(run)->name);
     /* Under ZeRO stages >= 1 the engine holds weights and gradients: the memory plan above counts them. */
     if (cai_model_external_params(j->model)) pbytes = 0;
-    printf("model: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d (padded %lld), %s%s: %.2fM "
-           "parameters; per rank %.1f MiB weights+grads in the model, %.1f MiB activations\n",
-           cai_model_family_name(mc->family), mc->n_layers, mc->d_model, mc->n_heads, mc->n_kv_heads, mc->ffn_hidden,
-           mc->vocab_size, (long long)cai_model_padded_vocab(j->model), mc->tie_embeddings ? "tied" : "untied",
-           mc->activation_checkpointing ? ", activation checkpointing" : "", (double)nparams / 1e6,
-           (double)pbytes / 1048576.0, (double)abytes / 1048576.0);
+    printf(
+        "model: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d (padded %lld), %s%s: %.2fM "
+        "parameters; per rank %.1f MiB weights+grads in the model, %.1f MiB activations\n",
+        cai_model_family_name(mc->family), mc->n_layers, mc->d_model, mc->n_heads, mc->n_kv_heads, mc->ffn_hidden,
+        mc->vocab_size, (long long)cai_model_padded_vocab(j->model), mc->tie_embeddings ? "tied" : "untied",
+        mc->activation_checkpointing ? ", activation checkpointing" : "", (double)nparams / 1e6,
+        (double)pbytes / 1048576.0, (double)abytes / 1048576.0);
     printf("data: %s\n", j->data.source);
-    printf("batch: %lld sequences x %d tokens = %lld tokens per step (micro_batch %d x grad_accum %d x dp %d); "
-           "%lld steps = %.2fM tokens\n",
-           (long long)j->data.global_batch, c->seq_len, (long long)tokens_per_step, c->micro_batch, c->grad_accum,
-           dp, (long long)c->steps, (double)(c->steps * tokens_per_step) / 1e6);
+    printf(
+        "batch: %lld sequences x %d tokens = %lld tokens per step (micro_batch %d x grad_accum %d x dp %d); "
+        "%lld steps = %.2fM tokens\n",
+        (long long)j->data.global_batch, c->seq_len, (long long)tokens_per_step, c->micro_batch, c->grad_accum, dp,
+        (long long)c->steps, (double)(c->steps * tokens_per_step) / 1e6);
     printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
            (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,
            (long long)oc->schedule.decay_steps, (long long)oc->schedule.warmup_steps, (double)oc->beta1,
            (double)oc->beta2, (double)oc->weight_decay, (double)oc->grad_clip);
-    printf("flops: %.3g per token = 6 x %.3gM matmul parameters + 12 x %d layers x %d tokens x %d d_model; peak "
-           "%.3g TFLOP/s over all ranks (%s)\n",
-           fpt, (double)mparams / 1e6, mc->n_layers, c->seq_len, mc->d_model, peak / 1e12,
-           c->run.peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
+    printf(
+        "flops: %.3g per token = 6 x %.3gM matmul parameters + 12 x %d layers x %d tokens x %d d_model; peak "
+        "%.3g TFLOP/s over all ranks (%s)\n",
+        fpt, (double)mparams / 1e6, mc->n_layers, c->seq_len, mc->d_model, peak / 1e12,
+        c->run.peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
     cai_zero_stats zs;
     cai_zero_get_stats(j->zero, &zs);
     printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB%s; weights %s, compute %s%s\n",

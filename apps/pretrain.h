@@ -64,13 +64,13 @@ typedef struct {
     pt_tokenizer tok;
     cai_gpt_data_t *data;
     cai_gpt_dataset_t *train, *valid;
-    cai_sampler_t *sampler; /* train: this rank's slice of every global batch */
-    int64_t global_batch;   /* samples per step */
-    int64_t local_batch;    /* this rank's samples per step: micro_batch * grad_accum */
-    int64_t valid_samples;  /* samples per evaluation (0: no validation split) */
-    int64_t *indices;       /* local_batch sample indices of the current step */
+    cai_sampler_t *sampler;    /* train: this rank's slice of every global batch */
+    int64_t global_batch;      /* samples per step */
+    int64_t local_batch;       /* this rank's samples per step: micro_batch * grad_accum */
+    int64_t valid_samples;     /* samples per evaluation (0: no validation split) */
+    int64_t *indices;          /* local_batch sample indices of the current step */
     int32_t *tokens, *targets; /* [local_batch, seq_len] */
-    char source[512];       /* what the data is, for the log */
+    char source[512];          /* what the data is, for the log */
 } pt_data;
 
 /* Collective over MPI_COMM_WORLD: tokenizer, then the embedded corpus

@@ -117,15 +117,15 @@ static void prepare_corpus(pt_data *d, const pt_config *cfg, int rank, char *pre
     int train_tok = !*cfg->tokenizer && cfg->corpus_vocab > 0;
     if (rank == 0) {
         st = mkdir_p(data_dir);
-        if (st == CAI_OK) st = cai_corpus_write(jsonl, cfg->corpus_docs, (uint64_t)cfg->corpus_seed,
-                                                CAI_PREPROCESS_JSONL);
+        if (st == CAI_OK)
+            st = cai_corpus_write(jsonl, cfg->corpus_docs, (uint64_t)cfg->corpus_seed, CAI_PREPROCESS_JSONL);
         if (st == CAI_OK && train_tok) st = train_corpus_tokenizer(cfg, tok_dir);
     }
     cai_app_check_all(st, 1);
     if (train_tok) cai_app_check_all(bpe_load_dir(&d->tok, tok_dir, cfg->eod), 1);
     const char *inputs[] = {jsonl};
-    cai_preprocess_config pc = {inputs, 1, CAI_PREPROCESS_JSONL, "text", prefix, encode_fn, &d->tok,
-                                d->tok.vocab_size, d->tok.eod, 0};
+    cai_preprocess_config pc = {inputs,    1,       CAI_PREPROCESS_JSONL, "text",     prefix,
+                                encode_fn, &d->tok, d->tok.vocab_size,    d->tok.eod, 0};
     cai_preprocess_stats ps;
     cai_app_check_all(cai_preprocess(&pc, MPI_COMM_WORLD, &ps), 1);
     snprintf(d->source, sizeof d->source,
@@ -164,14 +164,17 @@ cai_status pt_data_init(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int6
                          (long long)*vocab_size, (long long)d->tok.vocab_size);
 
     int64_t valid = cfg->eval_interval > 0 ? (int64_t)cfg->eval_batches * d->global_batch : 0;
-    cai_gpt_data_config gc = {paths, cfg->split, cfg->seq_len, (uint64_t)cfg->data_seed, *vocab_size,
+    cai_gpt_data_config gc = {paths,
+                              cfg->split,
+                              cfg->seq_len,
+                              (uint64_t)cfg->data_seed,
+                              *vocab_size,
                               {cfg->steps * d->global_batch, valid > 0 ? valid : d->global_batch, d->global_batch}};
     CAI_CALL(cai_gpt_data_init(&d->data, &gc));
     d->train = cai_gpt_data_get(d->data, CAI_SPLIT_TRAIN);
     d->valid = cai_gpt_data_get(d->data, CAI_SPLIT_VALID);
     if (!d->train)
-        return CAI_ERROR(CAI_ERR_CONFIG, "data.split=\"%s\" leaves no documents of %s for training", cfg->split,
-                         paths);
+        return CAI_ERROR(CAI_ERR_CONFIG, "data.split=\"%s\" leaves no documents of %s for training", cfg->split, paths);
     d->valid_samples = d->valid ? valid : 0;
     if (cfg->eval_interval > 0 && !d->valid)
         CAI_WARN("data.split=\"%s\" leaves no validation documents: validation is off", cfg->split);
@@ -185,8 +188,12 @@ cai_status pt_data_init(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int6
 }
 
 cai_status pt_data_seek(pt_data *d, const pt_config *cfg, cai_mesh_t *mesh, int64_t consumed) {
-    cai_sampler_config sc = {cai_gpt_dataset_size(d->train), d->global_batch, cai_mesh_size(mesh, CAI_AXIS_DP),
-                             cai_mesh_rank(mesh, CAI_AXIS_DP), 0, (uint64_t)cfg->data_seed};
+    cai_sampler_config sc = {cai_gpt_dataset_size(d->train),
+                             d->global_batch,
+                             cai_mesh_size(mesh, CAI_AXIS_DP),
+                             cai_mesh_rank(mesh, CAI_AXIS_DP),
+                             0,
+                             (uint64_t)cfg->data_seed};
     cai_sampler_free(d->sampler);
     d->sampler = NULL;
     CAI_CALL(cai_sampler_init(&d->sampler, &sc, consumed));

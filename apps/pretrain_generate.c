@@ -18,8 +18,8 @@ static cai_status next_token(cai_model_t *m, int64_t pos, float *row, void *raw,
     size_t es = cai_dtype_size(logits.dtype);
     const char *src = (const char *)logits.data + (size_t)(pos * logits.stride[1]) * es;
     cai_device_t *dev = cai_model_device(m);
-    CAI_CALL(cai_device_copy(dev, raw, src, (size_t)vpad * es,
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(
+        cai_device_copy(dev, raw, src, (size_t)vpad * es, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     CAI_CALL(cai_device_sync(dev));
     CAI_CALL(cai_convert_host(row, CAI_DTYPE_F32, raw, logits.dtype, (size_t)vpad));
     int32_t best = 0;
@@ -70,8 +70,7 @@ cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, 
     cai_byte_buf text = {0};
     cai_status st = prompts ? CAI_OK : CAI_ERROR(CAI_ERR_NOMEM, "prompts");
     if (st == CAI_OK)
-        CAI_CALL_GOTO(cai_malloc((void **)&window, (size_t)B * (size_t)T * sizeof *window, "sample window"), st,
-                      done);
+        CAI_CALL_GOTO(cai_malloc((void **)&window, (size_t)B * (size_t)T * sizeof *window, "sample window"), st, done);
     CAI_CALL_GOTO(cai_malloc((void **)&row, (size_t)vpad * sizeof *row, "logits row"), st, done);
     CAI_CALL_GOTO(cai_malloc(&raw, (size_t)vpad * sizeof(float), "logits row"), st, done);
     if (print) printf("samples (greedy, up to %d tokens each):\n", cfg->gen_tokens);

@@ -196,8 +196,12 @@ int main(int argc, char **argv) {
     const char *groups[3] = {"model", "optim/exp_avg", "optim/exp_avg_sq"};
     cai_ckpt_buffer cb[3];
     for (int b = 0; b < nb; b++)
-        cb[b] = (cai_ckpt_buffer){.group = groups[b], .data = bufs[b], .dtype = CAI_DTYPE_F32,
-                                  .file_dtype = CAI_DTYPE_F32, .replicated = 1, .skip_tie_copies = b > 0};
+        cb[b] = (cai_ckpt_buffer){.group = groups[b],
+                                  .data = bufs[b],
+                                  .dtype = CAI_DTYPE_F32,
+                                  .file_dtype = CAI_DTYPE_F32,
+                                  .replicated = 1,
+                                  .skip_tie_copies = b > 0};
     cai_ckpt_meta meta = cai_ckpt_meta_init();
     meta.model = rc;
     meta.has_model = 1;
@@ -209,13 +213,15 @@ int main(int argc, char **argv) {
     snprintf(raw, sizeof raw, "%s/ckpt_bench.raw", dir);
     double bytes = (double)total * sizeof(float) * nb;
     if (rank == 0) {
-        printf("model: GPT-2 d_model %d, %d layers, vocabulary %d, %.1fM parameters (%.2f GB f32 weights); "
-               "checkpoint %s = %.2f GB of tensors\n",
-               rc.d_model, rc.n_layers, rc.vocab_size, (double)cai_registry_global_numel(reg) / 1e6,
-               (double)total * 4 / 1e9, weights_only ? "weights" : "weights + exp_avg + exp_avg_sq", bytes / 1e9);
-        printf("%d ranks (data-parallel replicas, each writes half of every tensor); raw: one process, sequential "
-               "write+fsync / read; files in %s; page cache dropped before every read\n",
-               size, dir);
+        printf(
+            "model: GPT-2 d_model %d, %d layers, vocabulary %d, %.1fM parameters (%.2f GB f32 weights); "
+            "checkpoint %s = %.2f GB of tensors\n",
+            rc.d_model, rc.n_layers, rc.vocab_size, (double)cai_registry_global_numel(reg) / 1e6,
+            (double)total * 4 / 1e9, weights_only ? "weights" : "weights + exp_avg + exp_avg_sq", bytes / 1e9);
+        printf(
+            "%d ranks (data-parallel replicas, each writes half of every tensor); raw: one process, sequential "
+            "write+fsync / read; files in %s; page cache dropped before every read\n",
+            size, dir);
         printf("%-4s %-5s %10s %10s %8s %10s %10s %8s %6s\n", "rep", "first", "raw_w GB/s", "ckpt_w", "ratio",
                "raw_r GB/s", "ckpt_r", "ratio", "coll");
         fflush(stdout);
@@ -257,8 +263,10 @@ int main(int argc, char **argv) {
             }
         }
         if (getenv("CKPT_BENCH_VERBOSE"))
-            fprintf(stderr, "rank %d rep %d: write %.3f s (in H5Dwrite %.3f s, %d transfers), read %.3f s (in H5Dread "
-                    "%.3f s)\n", rank, r + 1, ws.seconds, ws.io_seconds, ws.n_transfers, rs.seconds, rs.io_seconds);
+            fprintf(stderr,
+                    "rank %d rep %d: write %.3f s (in H5Dwrite %.3f s, %d transfers), read %.3f s (in H5Dread "
+                    "%.3f s)\n",
+                    rank, r + 1, ws.seconds, ws.io_seconds, ws.n_transfers, rs.seconds, rs.io_seconds);
         int coll = ws.n_collective == ws.n_transfers && rs.n_collective == rs.n_transfers;
         MPI_Allreduce(MPI_IN_PLACE, &coll, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         all_coll &= coll;
@@ -278,12 +286,15 @@ int main(int argc, char **argv) {
     if (rank == 0) {
         double mtw = median(tw, reps), mcw = median(cw, reps), mtr = median(tr, reps), mcr = median(cr, reps);
         double gw = geomean(qw, reps), gr = geomean(qr, reps);
-        printf("median: write raw %.3f GB/s, checkpoint %.3f GB/s, ratio %.2fx; read raw %.3f GB/s, checkpoint %.3f "
-               "GB/s, ratio %.2fx (goal >= 0.8x; ratios: median of the per-repetition ratios)%s\n",
-               bytes / mtw / 1e9, bytes / mcw / 1e9, median(qw, reps), bytes / mtr / 1e9, bytes / mcr / 1e9,
-               median(qr, reps), all_coll ? "; every HDF5 transfer collective" : "; NOT ALL TRANSFERS COLLECTIVE");
-        printf("geometric mean of the per-repetition ratios (each order equally often when reps is even): write "
-               "%.2fx, read %.2fx\n", gw, gr);
+        printf(
+            "median: write raw %.3f GB/s, checkpoint %.3f GB/s, ratio %.2fx; read raw %.3f GB/s, checkpoint %.3f "
+            "GB/s, ratio %.2fx (goal >= 0.8x; ratios: median of the per-repetition ratios)%s\n",
+            bytes / mtw / 1e9, bytes / mcw / 1e9, median(qw, reps), bytes / mtr / 1e9, bytes / mcr / 1e9,
+            median(qr, reps), all_coll ? "; every HDF5 transfer collective" : "; NOT ALL TRANSFERS COLLECTIVE");
+        printf(
+            "geometric mean of the per-repetition ratios (each order equally often when reps is even): write "
+            "%.2fx, read %.2fx\n",
+            gw, gr);
         unlink(ck);
         unlink(raw);
     }

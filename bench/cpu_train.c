@@ -61,8 +61,8 @@ static int parse(int argc, char **argv, bench_opts *o) {
 
 /* cai_train_step's sequence (optim/train.c) timed piece by piece: the split
  * tells the ops owner which side of the step to look at. */
-static cai_status time_phases(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets,
-                              int steps, size_t n_tokens) {
+static cai_status time_phases(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets, int steps,
+                              size_t n_tokens) {
     double t[5] = {0};
     const char *names[5] = {"zero_grad", "forward", "backward", "grad_norm", "adamw+refresh"};
     for (int s = 0; s < steps; s++) {
@@ -161,14 +161,17 @@ static cai_status run(const bench_opts *bo) {
     getrusage(RUSAGE_SELF, &ru);
     size_t pbytes = 0, abytes = 0;
     cai_model_memory(m, &pbytes, &abytes);
-    printf("colossal: %s, GPT-2 L=%d d=%d heads=%d T=%d B=%d vocab %d (padded %lld), %lld params, "
-           "params+grads %.1f MB, activations %.1f MB, setup %.2f s\n",
-           dev->name, bo->layers, bo->d_model, bo->heads, bo->seq, bo->batch, bo->vocab,
-           (long long)cai_model_padded_vocab(m), (long long)cai_registry_global_numel(cai_model_registry(m)),
-           (double)pbytes / 1e6, (double)abytes / 1e6, t_setup);
-    printf("colossal tokens/s=%.1f step_ms=%.1f cpu_ms_per_step=%.1f peak_rss_mb=%.1f loss0=%.4f loss=%.4f steps=%d "
-           "warmup=%d\n", (double)n * bo->steps / dt, 1e3 * dt / bo->steps, 1e3 * dc / bo->steps,
-           (double)ru.ru_maxrss / 1024.0, (double)loss0, (double)ss.loss, bo->steps, bo->warmup);
+    printf(
+        "colossal: %s, GPT-2 L=%d d=%d heads=%d T=%d B=%d vocab %d (padded %lld), %lld params, "
+        "params+grads %.1f MB, activations %.1f MB, setup %.2f s\n",
+        dev->name, bo->layers, bo->d_model, bo->heads, bo->seq, bo->batch, bo->vocab,
+        (long long)cai_model_padded_vocab(m), (long long)cai_registry_global_numel(cai_model_registry(m)),
+        (double)pbytes / 1e6, (double)abytes / 1e6, t_setup);
+    printf(
+        "colossal tokens/s=%.1f step_ms=%.1f cpu_ms_per_step=%.1f peak_rss_mb=%.1f loss0=%.4f loss=%.4f steps=%d "
+        "warmup=%d\n",
+        (double)n * bo->steps / dt, 1e3 * dt / bo->steps, 1e3 * dc / bo->steps, (double)ru.ru_maxrss / 1024.0,
+        (double)loss0, (double)ss.loss, bo->steps, bo->warmup);
 done:
     free(tokens);
     free(targets);

@@ -79,8 +79,8 @@ static cai_status run(size_t n, int threads, double ref_ns) {
     }
     memset(g, 0, n * 4);
     memset(lp, 0, n * 2);
-    cai_adamw_params p = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                          .step = 1, .grad_scale = 1.0f};
+    cai_adamw_params p = {
+        .lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 1, .grad_scale = 1.0f};
     double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
     /* The engine's segments: the same GPT-2 pattern, decay on the large ones. */
     const size_t nsz = sizeof seg_sizes / sizeof *seg_sizes;
@@ -104,8 +104,8 @@ static cai_status run(size_t n, int threads, double ref_ns) {
         CAI_CALL_GOTO(seg_adamw(d, w, g, m, v, NULL, n, &p), st, done);
         p.step++;
         double t2 = now();
-        cai_tensor tl = cai_tensor_1d(d, lp, CAI_DTYPE_BF16, (int64_t)n), tw = cai_tensor_1d(d, w, CAI_DTYPE_F32,
-                                                                                           (int64_t)n);
+        cai_tensor tl = cai_tensor_1d(d, lp, CAI_DTYPE_BF16, (int64_t)n),
+                   tw = cai_tensor_1d(d, w, CAI_DTYPE_F32, (int64_t)n);
         CAI_CALL_GOTO(d->ops->copy(d, &tl, &tw), st, done);
         double t3 = now();
         CAI_CALL_GOTO(seg_adamw(d, w, g, m, v, lp, n, &p), st, done);
@@ -118,10 +118,11 @@ static cai_status run(size_t n, int threads, double ref_ns) {
             if (dt[k] < best[k]) best[k] = dt[k];
     }
     double ns = 1e9 / (double)n;
-    printf("threads %3d  memcpy %.3f  grads %.3f  adamw %.3f  round %.3f  adamw+round %.3f  fused %.3f  engine %.3f "
-           "ns/param  (grads + engine: %.2f x memcpy; grads + adamw + separate round: %.2f x)\n", threads, ref_ns,
-           best[0] * ns, best[1] * ns, best[2] * ns, (best[1] + best[2]) * ns, best[3] * ns, best[4] * ns,
-           (best[0] + best[4]) * ns / ref_ns, (best[0] + best[1] + best[2]) * ns / ref_ns);
+    printf(
+        "threads %3d  memcpy %.3f  grads %.3f  adamw %.3f  round %.3f  adamw+round %.3f  fused %.3f  engine %.3f "
+        "ns/param  (grads + engine: %.2f x memcpy; grads + adamw + separate round: %.2f x)\n",
+        threads, ref_ns, best[0] * ns, best[1] * ns, best[2] * ns, (best[1] + best[2]) * ns, best[3] * ns, best[4] * ns,
+        (best[0] + best[4]) * ns / ref_ns, (best[0] + best[1] + best[2]) * ns / ref_ns);
 done:
     free(seg);
     cai_device_dealloc_staging(d, w);
@@ -156,8 +157,8 @@ static size_t check_fused(void) {
         v0[i] = v1[i] = 1e-6f * (float)(i % 17);
         w1[i] = wr[i] = w0[i];
     }
-    cai_adamw_params p = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                          .step = 3, .grad_scale = 1.0f};
+    cai_adamw_params p = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3, .grad_scale = 1.0f};
     cai_tensor tw0 = cai_tensor_1d(d, w0, CAI_DTYPE_F32, N), tw1 = cai_tensor_1d(d, w1, CAI_DTYPE_F32, N);
     cai_tensor tg = cai_tensor_1d(d, g, CAI_DTYPE_F32, N), tl = cai_tensor_1d(d, a, CAI_DTYPE_BF16, N);
     cai_tensor tm0 = cai_tensor_1d(d, m0, CAI_DTYPE_F32, N), tv0 = cai_tensor_1d(d, v0, CAI_DTYPE_F32, N);
@@ -184,8 +185,8 @@ static size_t check_fused(void) {
 
 int main(int argc, char **argv) {
     size_t bad = check_fused();
-    printf("fused AdamW + bf16 rounding vs AdamW then the copy op, and vs the scalar formula: %s (%zu mismatches)\n", bad ? "MISMATCH" : "identical",
-           bad);
+    printf("fused AdamW + bf16 rounding vs AdamW then the copy op, and vs the scalar formula: %s (%zu mismatches)\n",
+           bad ? "MISMATCH" : "identical", bad);
     if (bad) return 1;
     size_t n = argc > 1 ? strtoull(argv[1], NULL, 10) : 100000000u;
     if (n == 0) n = 100000000u;

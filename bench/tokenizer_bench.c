@@ -134,8 +134,8 @@ static double encode_all(cai_bpe_t *tok, const corpus *c, cai_token_buf *ids, si
 
 /* The reference encoder on the first documents up to `mb` MB; returns its
  * encoding seconds (start-up excluded) or -1. Checks its ids against ours. */
-static double run_reference(const corpus *c, const cai_token_buf *ids, const size_t *doc_tok_end,
-                            const char *vocab_dir, const char *srcdir, double mb, size_t *ref_bytes) {
+static double run_reference(const corpus *c, const cai_token_buf *ids, const size_t *doc_tok_end, const char *vocab_dir,
+                            const char *srcdir, double mb, size_t *ref_bytes) {
     char cases[] = "/tmp/cai_tokbench_XXXXXX";
     int fd = mkstemp(cases);
     if (fd < 0) return -1;
@@ -150,8 +150,8 @@ static double run_reference(const corpus *c, const cai_token_buf *ids, const siz
     }
     fclose(f);
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "CAI_REF_TIMING=1 python3 '%s/tests/data/bpe/ref_encode.py' '%s' '%s'", srcdir,
-             vocab_dir, cases);
+    snprintf(cmd, sizeof cmd, "CAI_REF_TIMING=1 python3 '%s/tests/data/bpe/ref_encode.py' '%s' '%s'", srcdir, vocab_dir,
+             cases);
     FILE *p = popen(cmd, "r");
     if (!p) {
         remove(cases);
@@ -177,10 +177,8 @@ static double run_reference(const corpus *c, const cai_token_buf *ids, const siz
     int rc = pclose(p);
     remove(cases);
     if (rc != 0 || d != ndocs) return -1;
-    if (mismatches)
-        printf("reference ids: %zu documents, %zu ids DIFFER from colossal's\n", ndocs, mismatches);
-    else
-        printf("reference ids: %zu documents, identical to colossal's\n", ndocs);
+    if (mismatches) printf("reference ids: %zu documents, %zu ids DIFFER from colossal's\n", ndocs, mismatches);
+    else printf("reference ids: %zu documents, identical to colossal's\n", ndocs);
     return secs;
 }
 
@@ -207,8 +205,10 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--out") == 0) out_dir = argv[++i];
         else if (strcmp(a, "--suffix") == 0 && c.nsuffix < 8) c.suffix[c.nsuffix++] = argv[++i];
         else if (a[0] == '-') {
-            fprintf(stderr, "usage: %s [--vocab DIR] [--mb 32] [--train-mb 8] [--train-vocab 8192] "
-                            "[--reference-mb 2] [--suffix .txt]... [--out DIR] [PATH...]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--vocab DIR] [--mb 32] [--train-mb 8] [--train-vocab 8192] "
+                    "[--reference-mb 2] [--suffix .txt]... [--out DIR] [PATH...]\n",
+                    argv[0]);
             return 2;
         } else if (npaths < 256) paths[npaths++] = a;
     }
@@ -259,7 +259,8 @@ int main(int argc, char **argv) {
     printf("decode: %.1f MB/s (round trip exact)\n", c.len / 1e6 / dsec);
 
     /* Training on a prefix of the corpus. */
-    cai_bpe_train_opts o = {.vocab_size = train_vocab, .special_tokens = (const char *[]){"<|endoftext|>"},
+    cai_bpe_train_opts o = {.vocab_size = train_vocab,
+                            .special_tokens = (const char *[]){"<|endoftext|>"},
                             .n_special = 1};
     cai_bpe_trainer_t *tr;
     size_t tlen = c.len < (size_t)(train_mb * 1e6) ? c.len : (size_t)(train_mb * 1e6);

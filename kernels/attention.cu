@@ -92,8 +92,8 @@ template <int DMAX> static constexpr size_t q_smem() {
 /* ---------------------------------------------------------------- forward */
 
 template <int DMAX>
-__global__ void __launch_bounds__(NTH) k_attn_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                                                  cuk_attn a, int64_t ntiles) {
+__global__ void __launch_bounds__(NTH)
+    k_attn_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a, int64_t ntiles) {
     constexpr int LDS = DMAX + 4, NK = DMAX / 32;
     extern __shared__ float4 smem4[];
     float *Qs = (float *)smem4, *Ks = Qs + TILE * LDS, *Vs = Ks + TILE * LDS, *Ss = Vs + TILE * LDS;
@@ -211,9 +211,9 @@ __global__ void k_attn_dvec(float *dvec, cuk_bthd g, cuk_bthd o) {
 }
 
 template <int DMAX>
-__global__ void __launch_bounds__(NTH) k_attn_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
-                                                     cuk_bthd v, const float *lse, const float *dvec, cuk_attn a,
-                                                     int64_t ntiles) {
+__global__ void __launch_bounds__(NTH)
+    k_attn_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v, const float *lse,
+                  const float *dvec, cuk_attn a, int64_t ntiles) {
     constexpr int LDS = DMAX + 4, NK = DMAX / 32;
     extern __shared__ float4 smem4[];
     float *Ks = (float *)smem4, *Vs = Ks + TILE * LDS, *Qs = Vs + TILE * LDS, *Gs = Qs + TILE * LDS;
@@ -367,8 +367,8 @@ __global__ void __launch_bounds__(NTH) k_attn_bwd_q(cuk_bthd dq, cuk_bthd g, cuk
 /* ---------------------------------------------------------------- launchers */
 
 template <int DMAX> static cudaError_t setup_one(void) {
-    return cuk_smem_limits(k_attn_fwd<DMAX>, fwd_smem<DMAX>(), k_attn_bwd_kv<DMAX>, kv_smem<DMAX>(),
-                           k_attn_bwd_q<DMAX>, q_smem<DMAX>());
+    return cuk_smem_limits(k_attn_fwd<DMAX>, fwd_smem<DMAX>(), k_attn_bwd_kv<DMAX>, kv_smem<DMAX>(), k_attn_bwd_q<DMAX>,
+                           q_smem<DMAX>());
 }
 
 extern "C" cudaError_t cuk_attn_setup(void) {
@@ -379,8 +379,8 @@ extern "C" cudaError_t cuk_attn_setup(void) {
     return e;
 }
 
-template <int DMAX> static cudaError_t fwd_launch(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k,
-                                                  cuk_bthd v, cuk_attn a) {
+template <int DMAX>
+static cudaError_t fwd_launch(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a) {
     int64_t nt = cuk_cdiv(q.T, TILE);
     k_attn_fwd<DMAX><<<(unsigned)(q.B * q.H * nt), NTH, fwd_smem<DMAX>(), s>>>(o, lse, q, k, v, a, nt);
     return cudaGetLastError();
@@ -397,12 +397,12 @@ extern "C" cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_
 }
 
 template <int DMAX>
-static cudaError_t bwd_launch(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q,
-                              cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec, cuk_attn a) {
+static cudaError_t bwd_launch(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
+                              cuk_bthd v, const float *lse, const float *dvec, cuk_attn a) {
     if ((dk.p || dv.p) && k.B * k.H * k.T > 0) {
         int64_t nt = cuk_cdiv(k.T, TILE);
-        k_attn_bwd_kv<DMAX><<<(unsigned)(k.B * k.H * nt), NTH, kv_smem<DMAX>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a,
-                                                                                     nt);
+        k_attn_bwd_kv<DMAX>
+            <<<(unsigned)(k.B * k.H * nt), NTH, kv_smem<DMAX>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a, nt);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }

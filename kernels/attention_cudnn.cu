@@ -174,8 +174,8 @@ std::shared_ptr<fe::graph::Graph> graph_for(DeviceState &d, const GraphKey &key,
         d.workspace_bytes = 0;
         cudaError_t ce = cudaMalloc(&d.workspace, (size_t)ws);
         if (ce != cudaSuccess) {
-            say(err, errlen, "workspace", std::string("cudaMalloc of ") + std::to_string(ws) + " bytes: " +
-                                              cudaGetErrorString(ce));
+            say(err, errlen, "workspace",
+                std::string("cudaMalloc of ") + std::to_string(ws) + " bytes: " + cudaGetErrorString(ce));
             return nullptr;
         }
         d.workspace_bytes = ws;
@@ -244,7 +244,9 @@ extern "C" int cuk_attn_cudnn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bt
         [&](fe::graph::Graph &gr) {
             auto Q = gr.tensor(bhtd("Q", UID_Q, q)), K = gr.tensor(bhtd("K", UID_K, k)),
                  V = gr.tensor(bhtd("V", UID_V, v));
-            auto opts = fe::graph::SDPA_attributes().set_name("attention_fwd").set_generate_stats(lse != nullptr)
+            auto opts = fe::graph::SDPA_attributes()
+                            .set_name("attention_fwd")
+                            .set_generate_stats(lse != nullptr)
                             .set_attn_scale(a.scale);
             set_mask(opts, key.mask);
             auto [O, L] = gr.sdpa(Q, K, V, opts);
@@ -278,7 +280,9 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
             lse_in.set_name("lse");
             place_lse(lse_in, q);
             auto L = gr.tensor(lse_in);
-            auto opts = fe::graph::SDPA_backward_attributes().set_name("attention_bwd").set_attn_scale(a.scale)
+            auto opts = fe::graph::SDPA_backward_attributes()
+                            .set_name("attention_bwd")
+                            .set_attn_scale(a.scale)
                             .set_deterministic_algorithm(det);
             set_mask(opts, key.mask);
             auto [dQ, dK, dV] = gr.sdpa_backward(Q, K, V, O, dO, L, opts);
@@ -288,9 +292,9 @@ extern "C" int cuk_attn_cudnn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_
         },
         &declined, err, errlen);
     if (!g) return declined ? 2 : 1;
-    std::unordered_map<int64_t, void *> pack = {{UID_Q, q.p},   {UID_K, k.p},    {UID_V, v.p},
+    std::unordered_map<int64_t, void *> pack = {{UID_Q, q.p},   {UID_K, k.p},     {UID_V, v.p},
                                                 {UID_O, o.p},   {UID_DO, dout.p}, {UID_LSE, (void *)lse},
-                                                {UID_DQ, dq.p}, {UID_DK, dk.p},  {UID_DV, dv.p}};
+                                                {UID_DQ, dq.p}, {UID_DK, dk.p},   {UID_DV, dv.p}};
     return execute(*d, *g, pack, err, errlen);
 }
 

@@ -67,15 +67,17 @@ CUK_INLINE void fl_ldsm_t(uint32_t (&r)[4], const e16 *p) {
 /* c (16x8 f32) += a (16x16) b (16x8) */
 template <bool F16> CUK_INLINE void fl_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     if (F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* 2^x on the MUFU unit with denormal results flushed to zero: exp2f()
@@ -300,8 +302,8 @@ template <int D> static constexpr size_t fl_q_smem() { return (size_t)6 * 64 * (
 /* ---------------------------------------------------------------- forward */
 
 template <int D, bool F16, int MINB = 1>
-__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                                                   cuk_attn a, int64_t ntiles, float sl2) {
+__global__ void __launch_bounds__(FL_NTH, MINB)
+    k_fl_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a, int64_t ntiles, float sl2) {
     constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
     e16 *Qs = (e16 *)fl_sm, *Ks = Qs + BM * LD, *Vs = Ks + 2 * BN * LD; /* K/V buffer x at +x*BN*LD */
@@ -364,7 +366,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_fwd(cuk_bthd o, float *lse,
             /* the 4 threads of a quad (same g) hold a row's 64 scores */
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mnew = fmaxf(mrow[r], mx * sl2); /* running max in the log2 domain */
+            const float mnew = fmaxf(mrow[r], mx * sl2);      /* running max in the log2 domain */
             const float mu = mnew == -INFINITY ? 0.0f : mnew; /* a row with no key yet: p = 0, no NaN */
             const float corr = fl_ex2(mrow[r] - mu);
             mrow[r] = mnew;
@@ -442,13 +444,14 @@ template <bool F16> __global__ void k_fl_dvec_vec(float *dvec, cuk_bthd g, cuk_b
  * transposed (keys are the mma rows): S^T = K Q^T, dP^T = V dO^T,
  * dV += P^T dO, dK += dS^T Q. */
 template <int D, int QC, bool F16, int MINB = 1>
-__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
-                                                      cuk_bthd v, const float *lse, const float *dvec, cuk_attn a,
-                                                      int64_t ntiles, float sl2) {
+__global__ void __launch_bounds__(FL_NTH, MINB)
+    k_fl_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v, const float *lse,
+                const float *dvec, cuk_attn a, int64_t ntiles, float sl2) {
     constexpr int LD = D + 8, BN = 64, KD = D / 16, ND = D / 8, NQ = QC / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
-    e16 *Ks = (e16 *)fl_sm, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *Gs = Qs + 2 * QC * LD; /* Q/dO buffer x at +x*QC*LD */
-    float *Ls = (float *)(Gs + 2 * QC * LD), *Ds = Ls + 2 * QC;                         /* buffer x at +x*QC */
+    e16 *Ks = (e16 *)fl_sm, *Vs = Ks + BN * LD, *Qs = Vs + BN * LD,
+        *Gs = Qs + 2 * QC * LD;                                 /* Q/dO buffer x at +x*QC*LD */
+    float *Ls = (float *)(Gs + 2 * QC * LD), *Ds = Ls + 2 * QC; /* buffer x at +x*QC */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
     const int64_t kt = (int64_t)blockIdx.x % ntiles, bh = (int64_t)blockIdx.x / ntiles;
     const int64_t b = bh / k.H, hk = bh % k.H, group = q.H / k.H;
@@ -523,7 +526,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bth
             }
         fl_gemm_pk<F16, LD, ND, QC / 16>(vacc, s, Gb, lane);  /* dV += P^T dO */
         fl_gemm_pk<F16, LD, ND, QC / 16>(kacc, dp, Qb, lane); /* dK += dS^T Q */
-        if (it + 1 < total && tid < QC) { /* buffer buf^1 was last read in it - 1 */
+        if (it + 1 < total && tid < QC) {                     /* buffer buf^1 was last read in it - 1 */
             Ls[(buf ^ 1) * QC + tid] = nl;
             Ds[(buf ^ 1) * QC + tid] = nd;
         }
@@ -542,9 +545,9 @@ __global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_kv(cuk_bthd dk, cuk_bth
 /* dQ for 64 query rows (16 per warp), looping over key tiles of 64:
  * S = Q K^T, dP = dO V^T, dQ += dS K. */
 template <int D, bool F16, int MINB = 1>
-__global__ void __launch_bounds__(FL_NTH, MINB) k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                                                     const float *lse, const float *dvec, cuk_attn a, int64_t ntiles,
-                                                     float sl2) {
+__global__ void __launch_bounds__(FL_NTH, MINB)
+    k_fl_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec,
+               cuk_attn a, int64_t ntiles, float sl2) {
     constexpr int LD = D + 8, BM = 64, BN = 64, KD = D / 16, ND = D / 8, NN = BN / 8;
     extern __shared__ __align__(128) unsigned char fl_sm[];
     e16 *Qs = (e16 *)fl_sm, *Gs = Qs + BM * LD, *Ks = Gs + BM * LD, *Vs = Ks + 2 * BN * LD;
@@ -662,8 +665,8 @@ template <int D, bool F16>
 static cudaError_t fl_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a) {
     const int64_t nt = cuk_cdiv(q.T, 64);
     const unsigned grid = (unsigned)(q.B * q.H * nt);
-    k_fl_fwd<D, F16, fl_minb<D>::fwd><<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt,
-                                                                            a.scale * FL_LOG2E);
+    k_fl_fwd<D, F16, fl_minb<D>::fwd>
+        <<<grid, FL_NTH, fl_fwd_smem<D>(), s>>>(o, lse, q, k, v, a, nt, a.scale * FL_LOG2E);
     return cudaGetLastError();
 }
 
@@ -684,8 +687,8 @@ static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
     if ((dk.p || dv.p) && k.B * k.H * k.T > 0) {
         const int64_t nt = cuk_cdiv(k.T, 64);
         const unsigned grid = (unsigned)(k.B * k.H * nt);
-        k_fl_bwd_kv<D, FL_KV_QC, F16, fl_minb<D>::kv><<<grid, FL_NTH, fl_kv_smem<D, FL_KV_QC>(), s>>>(
-            dk, dv, g, q, k, v, lse, dvec, a, nt, sl2);
+        k_fl_bwd_kv<D, FL_KV_QC, F16, fl_minb<D>::kv>
+            <<<grid, FL_NTH, fl_kv_smem<D, FL_KV_QC>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a, nt, sl2);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -698,13 +701,14 @@ static cudaError_t fl_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
 }
 
 extern "C" cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout,
-                                          cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse,
-                                          float *dvec, cuk_attn a) {
+                                          cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec,
+                                          cuk_attn a) {
     const int64_t rows = q.B * q.H * q.T;
     if (rows > 0) {
         if (dout.dt == o.dt && fl_view_ok(&dout, dout.dt) && fl_view_ok(&o, o.dt) && (q.D == 64 || q.D == 128)) {
             const int64_t lanes = rows * (q.D >> 3);
-            if (o.dt == CUK_F16) k_fl_dvec_vec<true><<<(unsigned)cuk_cdiv(lanes, 256), 256, 0, s>>>(dvec, dout, o, rows);
+            if (o.dt == CUK_F16)
+                k_fl_dvec_vec<true><<<(unsigned)cuk_cdiv(lanes, 256), 256, 0, s>>>(dvec, dout, o, rows);
             else k_fl_dvec_vec<false><<<(unsigned)cuk_cdiv(lanes, 256), 256, 0, s>>>(dvec, dout, o, rows);
         } else {
             k_fl_dvec<<<(unsigned)cuk_cdiv(rows, 8), 256, 0, s>>>(dvec, dout, o, rows);

@@ -20,9 +20,9 @@ using namespace nvcuda;
 
 #define TILE 32
 #define NTH 128
-#define RPW 8   /* rows per warp in the softmax pass */
-#define SLD 36  /* f32 score rows (multiple of 4 floats for WMMA) */
-#define PLD 40  /* bf16 probability rows (multiple of 8 elements) */
+#define RPW 8  /* rows per warp in the softmax pass */
+#define SLD 36 /* f32 score rows (multiple of 4 floats for WMMA) */
+#define PLD 40 /* bf16 probability rows (multiple of 8 elements) */
 
 typedef __nv_bfloat16 bf16;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
@@ -30,8 +30,7 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc_frag;
 /* Rows [r0, r0 + 32) of head h as bf16 into tile[32][DMAX + 8]; rows >=
  * rlim and dims >= D are zero. bf16 inputs convert exactly. */
 template <int DMAX>
-__device__ __forceinline__ void load_bf(bf16 *tile, const cuk_bthd &t, int64_t b, int64_t h, int64_t r0,
-                                        int64_t rlim) {
+__device__ __forceinline__ void load_bf(bf16 *tile, const cuk_bthd &t, int64_t b, int64_t h, int64_t r0, int64_t rlim) {
     constexpr int LDE = DMAX + 8;
     for (int e = threadIdx.x; e < TILE * DMAX; e += NTH) {
         int rr = e / DMAX, d = e % DMAX;
@@ -146,11 +145,12 @@ template <int DMAX> static constexpr size_t tc_q_smem() {
 /* ---------------------------------------------------------------- forward */
 
 template <int DMAX>
-__global__ void __launch_bounds__(NTH) k_tc_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                                                cuk_attn a, int64_t ntiles) {
+__global__ void __launch_bounds__(NTH)
+    k_tc_fwd(cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a, int64_t ntiles) {
     constexpr int OLD = DMAX + 4, NF = 2 * DMAX / 16;
     extern __shared__ __align__(128) unsigned char smem_tc[];
-    bf16 *Qe = (bf16 *)smem_tc, *Ke = (bf16 *)(smem_tc + tile_bf<DMAX>()), *Ve = (bf16 *)(smem_tc + 2 * tile_bf<DMAX>());
+    bf16 *Qe = (bf16 *)smem_tc, *Ke = (bf16 *)(smem_tc + tile_bf<DMAX>()),
+         *Ve = (bf16 *)(smem_tc + 2 * tile_bf<DMAX>());
     float *Sf = (float *)(smem_tc + 3 * tile_bf<DMAX>());
     float *Of = (float *)((unsigned char *)Sf + tile_s());
     bf16 *Pe = (bf16 *)((unsigned char *)Of + tile_o<DMAX>());
@@ -226,9 +226,9 @@ __global__ void __launch_bounds__(NTH) k_tc_fwd(cuk_bthd o, float *lse, cuk_bthd
 /* ---------------------------------------------------------------- backward */
 
 template <int DMAX>
-__global__ void __launch_bounds__(NTH) k_tc_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k,
-                                                   cuk_bthd v, const float *lse, const float *dvec, cuk_attn a,
-                                                   int64_t ntiles) {
+__global__ void __launch_bounds__(NTH)
+    k_tc_bwd_kv(cuk_bthd dk, cuk_bthd dv, cuk_bthd g, cuk_bthd q, cuk_bthd k, cuk_bthd v, const float *lse,
+                const float *dvec, cuk_attn a, int64_t ntiles) {
     extern __shared__ __align__(128) unsigned char smem_tc[];
     unsigned char *p = smem_tc;
     bf16 *Ke = (bf16 *)p, *Ve = (bf16 *)(p + tile_bf<DMAX>()), *Qe = (bf16 *)(p + 2 * tile_bf<DMAX>());
@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(NTH) k_tc_bwd_q(cuk_bthd dq, cuk_bthd g, cuk_b
 /* ---------------------------------------------------------------- launchers */
 
 template <int DMAX> static cudaError_t tc_setup_one(void) {
-    return cuk_smem_limits(k_tc_fwd<DMAX>, tc_fwd_smem<DMAX>(), k_tc_bwd_kv<DMAX>, tc_kv_smem<DMAX>(),
-                           k_tc_bwd_q<DMAX>, tc_q_smem<DMAX>());
+    return cuk_smem_limits(k_tc_fwd<DMAX>, tc_fwd_smem<DMAX>(), k_tc_bwd_kv<DMAX>, tc_kv_smem<DMAX>(), k_tc_bwd_q<DMAX>,
+                           tc_q_smem<DMAX>());
 }
 
 extern "C" cudaError_t cuk_attn_tc_setup(void) {
@@ -373,8 +373,8 @@ static cudaError_t tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
                           cuk_bthd v, const float *lse, const float *dvec, cuk_attn a) {
     if ((dk.p || dv.p) && k.B * k.H * k.T > 0) {
         int64_t nt = cuk_cdiv(k.T, TILE);
-        k_tc_bwd_kv<DMAX><<<(unsigned)(k.B * k.H * nt), NTH, tc_kv_smem<DMAX>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a,
-                                                                                      nt);
+        k_tc_bwd_kv<DMAX>
+            <<<(unsigned)(k.B * k.H * nt), NTH, tc_kv_smem<DMAX>(), s>>>(dk, dv, g, q, k, v, lse, dvec, a, nt);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -385,9 +385,8 @@ static cudaError_t tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv,
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout,
-                                       cuk_bthd q, cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec,
-                                       cuk_attn a) {
+extern "C" cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
+                                       cuk_bthd k, cuk_bthd v, const float *lse, const float *dvec, cuk_attn a) {
     if (q.D <= 64) return tc_bwd<64>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     if (q.D <= 128) return tc_bwd<128>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     return tc_bwd<256>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);

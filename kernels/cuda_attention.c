@@ -47,7 +47,7 @@ static cai_status attn_settings(int *mode, int *det) {
     if (m < 0) {
         const char *v = NULL;
         CAI_CALL(cai_knob_str("CAI_CUDA_ATTN", &v));
-        m = strcmp(v, "cudnn") == 0 ? CAI_CUDA_ATTN_CUDNN
+        m = strcmp(v, "cudnn") == 0   ? CAI_CUDA_ATTN_CUDNN
             : strcmp(v, "flash") == 0 ? CAI_CUDA_ATTN_FLASH
                                       : CAI_CUDA_ATTN_AUTO;
         int unset = -1; /* a forced path set meanwhile wins */
@@ -104,8 +104,9 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q is %s and k %s: batch and head_dim must match", op,
                          CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k));
     if (a->k.H <= 0 || a->q.H % a->k.H != 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %" PRId64 " query heads do not divide into groups over %" PRId64
-                         " kv heads", op, a->q.H, a->k.H);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %" PRId64 " query heads do not divide into groups over %" PRId64 " kv heads", op, a->q.H,
+                         a->k.H);
     if (a->q.D > CUK_ATTN_MAX_D)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: head_dim %" PRId64 " exceeds the CUDA kernels' maximum of %d", op,
                          a->q.D, CUK_ATTN_MAX_D);
@@ -158,10 +159,8 @@ cai_status cai_cuda_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor
         if (rc == 0) return CAI_OK;
         r = attn_route(&a, &kq, &kk, &kv, &ko, NULL, NULL, NULL, NULL, 1);
     }
-    if (r == ROUTE_FLASH)
-        CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
-    else
-        CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
+    if (r == ROUTE_FLASH) CUK_LAUNCH(op, cuk_attn_flash_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
+    else CUK_LAUNCH(op, cuk_attn_fwd(cai_cuda_of(dev)->stream, ko, a.lse, kq, kk, kv, a.p));
     return CAI_OK;
 }
 
@@ -194,8 +193,10 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     CAI_CALL(grad_view(op, "dv", dv, "v", v, &gdv));
     size_t need = cai_cuda_attention_workspace_bytes(dev, a.q.B, a.q.T, a.k.T, a.q.H, a.k.H, a.q.D);
     if (workspace_bytes < need || !workspace)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes is too small, %zu needed (ask "
-                         "attention_workspace_bytes for these sizes and this device)", op, workspace_bytes, need);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: workspace of %zu bytes is too small, %zu needed (ask "
+                         "attention_workspace_bytes for these sizes and this device)",
+                         op, workspace_bytes, need);
     float *dvec = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     cuk_bthd kq = cai_cuda_bthd(&a.q), kk = cai_cuda_bthd(&a.k), kv = cai_cuda_bthd(&a.v), kg = cai_cuda_bthd(&gdo);
@@ -210,9 +211,8 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
         r = attn_route(&a, &kq, &kk, &kv, &ko, &kg, &kdq, &kdk, &kdv, 1);
     }
     if (r == ROUTE_FLASH)
-        CUK_LAUNCH(op, cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec,
-                                          a.p));
-    else
-        CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec, a.p));
+        CUK_LAUNCH(op,
+                   cuk_attn_flash_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec, a.p));
+    else CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec, a.p));
     return CAI_OK;
 }

@@ -68,16 +68,15 @@ cai_status cai_cuda_copy(cai_device_t *dev, cai_tensor *dst, const cai_tensor *s
         return CAI_OK;
     }
     cai_rows rd, rs;
-    if (both_rows(op, dst, src, &rd, &rs))
-        CUK_LAUNCH(op, cuk_copy_rows(s, cai_cuda_mat(&rd), cai_cuda_mat(&rs)));
+    if (both_rows(op, dst, src, &rd, &rs)) CUK_LAUNCH(op, cuk_copy_rows(s, cai_cuda_mat(&rd), cai_cuda_mat(&rs)));
     else
-        CUK_LAUNCH(op, cuk_copy_strided(s, dst->data, (int)dst->dtype, src->data, (int)src->dtype,
-                                        strided_of(dst, src), n));
+        CUK_LAUNCH(op, cuk_copy_strided(s, dst->data, (int)dst->dtype, src->data, (int)src->dtype, strided_of(dst, src),
+                                        n));
     return CAI_OK;
 }
 
-cai_status cai_cuda_copy_sr(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed,
-                            uint64_t stream, uint64_t index_offset) {
+cai_status cai_cuda_copy_sr(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream,
+                            uint64_t index_offset) {
     static const char *op = "copy_sr";
     CAI_CALL(check_copy(op, dst, src, CAI_F32));
     int64_t n = cai_tensor_numel(src);
@@ -85,8 +84,7 @@ cai_status cai_cuda_copy_sr(cai_device_t *dev, cai_tensor *dst, const cai_tensor
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_rows rd, rs;
     if (both_rows(op, dst, src, &rd, &rs))
-        CUK_LAUNCH(op, cuk_copy_sr_rows(STREAM(dev), cai_cuda_mat(&rd), cai_cuda_mat(&rs), seed, stream,
-                                        index_offset));
+        CUK_LAUNCH(op, cuk_copy_sr_rows(STREAM(dev), cai_cuda_mat(&rd), cai_cuda_mat(&rs), seed, stream, index_offset));
     else
         CUK_LAUNCH(op, cuk_copy_sr_strided(STREAM(dev), dst->data, (int)dst->dtype, (const float *)src->data,
                                            strided_of(dst, src), n, seed, stream, index_offset));
@@ -131,8 +129,7 @@ static cai_status reduce(const char *op, cai_device_t *dev, cai_tensor *out, con
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: out is %s, expected a single element", op, CAI_OPS_DESCRIBE(out));
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *c = cai_cuda_of(dev);
-    CUK_LAUNCH(op, cuk_reduce(c->stream, cai_cuda_mat(&r), squares, out->data, (int)out->dtype,
-                              (double *)c->scratch));
+    CUK_LAUNCH(op, cuk_reduce(c->stream, cai_cuda_mat(&r), squares, out->data, (int)out->dtype, (double *)c->scratch));
     return CAI_OK;
 }
 
@@ -153,9 +150,11 @@ cai_status cai_cuda_colsums(cai_device_t *dev, const char *op, float *dw, float 
     size_t nf;
     float *scratch = cai_cuda_scratch_f(dev, &nf);
     if ((size_t)per * (size_t)dy->cols > nf)
-        return CAI_ERROR(CAI_ERR_NOMEM, "%s: column sums over %" PRId64 " columns need %zu bytes of device scratch, "
-                         "this device has %zu (raise CAI_CUDA_SCRATCH_MB)", op, dy->cols,
-                         (size_t)per * (size_t)dy->cols * sizeof(float), nf * sizeof(float));
+        return CAI_ERROR(CAI_ERR_NOMEM,
+                         "%s: column sums over %" PRId64
+                         " columns need %zu bytes of device scratch, "
+                         "this device has %zu (raise CAI_CUDA_SCRATCH_MB)",
+                         op, dy->cols, (size_t)per * (size_t)dy->cols * sizeof(float), nf * sizeof(float));
     cuk_mat mx = {NULL, 0, 0, 0, 0};
     if (x) mx = cai_cuda_mat(x);
     CUK_LAUNCH(op, cuk_colsums(cai_cuda_of(dev)->stream, dw, db, cai_cuda_mat(dy), mx, mean, rstd, scratch, nf));

@@ -237,13 +237,12 @@ static inline dim3 cuk_rows_grid(int64_t rows, int64_t cols, int threads) {
     return dim3((unsigned)gx, (unsigned)gy, 1);
 }
 
-#define CUK_FOR_RC(rows_, cols_)                                                                       \
-    for (int64_t r = blockIdx.y; r < (rows_); r += gridDim.y)                                         \
-        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < (cols_);                 \
+#define CUK_FOR_RC(rows_, cols_)                                                      \
+    for (int64_t r = blockIdx.y; r < (rows_); r += gridDim.y)                         \
+        for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < (cols_); \
              c += (int64_t)gridDim.x * blockDim.x)
 
 static inline int64_t cuk_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 
 /* ---------------------------------------------------------------- 16-byte vector access (fast paths) */
 
@@ -269,8 +268,14 @@ template <int DT> CUK_INLINE void cuk_ld8(const void *p, int64_t i, float *v) {
     if (DT == CUK_F32) {
         const float4 *q = (const float4 *)((const float *)p + i);
         float4 a = q[0], b = q[1];
-        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = a.z;
+        v[3] = a.w;
+        v[4] = b.x;
+        v[5] = b.y;
+        v[6] = b.z;
+        v[7] = b.w;
     } else {
         uint4 u = *(const uint4 *)((const uint16_t *)p + i);
         uint32_t w[4] = {u.x, u.y, u.z, u.w};

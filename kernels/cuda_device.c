@@ -8,8 +8,10 @@
 
 cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) {
     if (out) *out = NULL;
-    return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but this build has no CUDA backend "
-                     "(configure --with-cuda on a machine with the CUDA toolkit)", ordinal);
+    return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                     "CUDA device %d requested, but this build has no CUDA backend "
+                     "(configure --with-cuda on a machine with the CUDA toolkit)",
+                     ordinal);
 }
 
 void cai_cuda_device_free(cai_device_t *dev) { (void)dev; }
@@ -31,12 +33,12 @@ cai_status cai_cuda_mem_info(cai_device_t *dev, size_t *free_bytes, size_t *tota
 #include <stdlib.h>
 #include <string.h>
 
-#define CU(what, expr)                                                                                        \
-    do {                                                                                                      \
-        cudaError_t cu_e_ = (expr);                                                                           \
-        if (cu_e_ != cudaSuccess)                                                                             \
+#define CU(what, expr)                                                                                         \
+    do {                                                                                                       \
+        cudaError_t cu_e_ = (expr);                                                                            \
+        if (cu_e_ != cudaSuccess)                                                                              \
             return CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed: %s (%s)", (what), #expr, cudaGetErrorString(cu_e_), \
-                             cudaGetErrorName(cu_e_));                                                        \
+                             cudaGetErrorName(cu_e_));                                                         \
     } while (0)
 
 /* Every cudaMalloc / cudaHostAlloc of the backend is counted in the
@@ -67,8 +69,10 @@ cai_status cai_cuda_enter(cai_device_t *dev, const char *op) {
 
 cai_status cai_cuda_launch_status(cudaError_t e, const char *op, const char *what, const char *file, int line) {
     if (e == cudaErrorMemoryAllocation)
-        return cai_error_set(CAI_ERR_NOMEM, file, line, op, "%s: %s: the device scratch (CAI_CUDA_SCRATCH_MB) is too "
-                             "small for this size, or device memory ran out (%s)", op, what, cudaGetErrorString(e));
+        return cai_error_set(CAI_ERR_NOMEM, file, line, op,
+                             "%s: %s: the device scratch (CAI_CUDA_SCRATCH_MB) is too "
+                             "small for this size, or device memory ran out (%s)",
+                             op, what, cudaGetErrorString(e));
     return cai_error_set(CAI_ERR_CUDA, file, line, op, "%s: %s failed: %s (%s)", op, what, cudaGetErrorString(e),
                          cudaGetErrorName(e));
 }
@@ -92,17 +96,23 @@ cai_status cai_cuda_take_device_error(cai_device_t *dev) {
                          cudaGetErrorString(e));
     switch (code) {
     case CUK_ERR_TOKEN:
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "embedding_fwd on cuda:%d: token id %lld at batch %lld, position %lld "
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "embedding_fwd on cuda:%d: token id %lld at batch %lld, position %lld "
                          "is outside the vocabulary [0, %lld) (found by the kernel, reported at this synchronisation; "
-                         "its row was written as zeros)", dev->ordinal, cc, a, b, d);
+                         "its row was written as zeros)",
+                         dev->ordinal, cc, a, b, d);
     case CUK_ERR_TARGET:
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "xent_fwd on cuda:%d: target %lld of row %lld is outside the valid "
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "xent_fwd on cuda:%d: target %lld of row %lld is outside the valid "
                          "vocabulary [%lld, %lld) of these logits (found by the kernel, reported at this "
-                         "synchronisation; its loss was written as 0)", dev->ordinal, b, a, cc, d);
+                         "synchronisation; its loss was written as 0)",
+                         dev->ordinal, b, a, cc, d);
     case CUK_ERR_POSITION:
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "rope on cuda:%d: position %lld of token %lld is outside the tables' "
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "rope on cuda:%d: position %lld of token %lld is outside the tables' "
                          "[0, %lld) (found by the kernel, reported at this synchronisation; its head rows were written "
-                         "as zeros)", dev->ordinal, b, a, cc);
+                         "as zeros)",
+                         dev->ordinal, b, a, cc);
     }
     return CAI_ERROR(CAI_ERR_INTERNAL, "cuda:%d: unknown device error code %d", dev->ordinal, code);
 }
@@ -171,8 +181,10 @@ cai_status cai_cuda_device_init(cai_device_t **out, int ordinal) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         cudaGetLastError();
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but no GPU is visible (%s; "
-                         "CUDA_VISIBLE_DEVICES=%s)", ordinal, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices",
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "CUDA device %d requested, but no GPU is visible (%s; "
+                         "CUDA_VISIBLE_DEVICES=%s)",
+                         ordinal, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices",
                          getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
     }
     CAI_CHECK_ARG(ordinal >= 0 && ordinal < n, "CUDA device %d requested, but %d GPU%s visible (ordinals 0..%d)",
@@ -258,15 +270,9 @@ cai_status cai_cuda_memcpy(cai_device_t *dev, void *dst, const void *src, size_t
     cudaStream_t s = cai_cuda_of(dev)->stream;
     CAI_CALL(cai_cuda_enter(dev, op));
     switch (kind) {
-    case CAI_COPY_H2H:
-        memmove(dst, src, bytes);
-        return CAI_OK;
-    case CAI_COPY_H2D:
-        CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
-        return CAI_OK;
-    case CAI_COPY_D2D:
-        CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-        return CAI_OK;
+    case CAI_COPY_H2H: memmove(dst, src, bytes); return CAI_OK;
+    case CAI_COPY_H2D: CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s)); return CAI_OK;
+    case CAI_COPY_D2D: CU(op, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); return CAI_OK;
     case CAI_COPY_D2H:
         /* The caller reads the host buffer next: finish the copy (and
          * everything before it) and surface any error the kernels found. */
@@ -281,9 +287,10 @@ cai_status cai_cuda_sync(cai_device_t *dev) {
     CAI_CALL(cai_cuda_enter(dev, "sync"));
     cudaError_t e = cudaStreamSynchronize(cai_cuda_of(dev)->stream);
     if (e != cudaSuccess)
-        return CAI_ERROR(CAI_ERR_CUDA, "cuda:%d: a kernel of an earlier op failed: %s (%s); run with "
-                         "CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find which", dev->ordinal,
-                         cudaGetErrorString(e), cudaGetErrorName(e));
+        return CAI_ERROR(CAI_ERR_CUDA,
+                         "cuda:%d: a kernel of an earlier op failed: %s (%s); run with "
+                         "CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find which",
+                         dev->ordinal, cudaGetErrorString(e), cudaGetErrorName(e));
     CAI_CALL(cai_cuda_take_device_error(dev));
     return CAI_OK;
 }

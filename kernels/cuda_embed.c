@@ -27,8 +27,10 @@ cai_status cai_cuda_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_
     if (wpe) {
         CAI_CALL(cai_ops_rows(op, "wpe", wpe, CAI_CUDA, CAI_ANYF, e.cols, &p));
         if (pos_offset < 0 || pos_offset + T > p.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed wpe's %" PRId64
-                             " rows (the model's maximum sequence length)", op, pos_offset, pos_offset + T, p.rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions [%" PRId64 ", %" PRId64 ") exceed wpe's %" PRId64
+                             " rows (the model's maximum sequence length)",
+                             op, pos_offset, pos_offset + T, p.rows);
     }
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_embedding_fwd(STREAM(dev), cai_cuda_mat(&y), tok, T > 0 ? T : 1, cai_cuda_mat(&e),
@@ -53,17 +55,22 @@ cai_status cai_cuda_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tenso
     if (dwpe) {
         CAI_CALL(cai_ops_rows(op, "dwpe", dwpe, CAI_CUDA, CAI_F32, dy.cols, &dp));
         if (pos_offset < 0 || pos_offset + T > dp.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed dwpe's %" PRId64
-                             " rows", op, pos_offset, pos_offset + T, dp.rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions [%" PRId64 ", %" PRId64 ") exceed dwpe's %" PRId64 " rows", op, pos_offset,
+                             pos_offset + T, dp.rows);
     }
     cai_cuda_impl *c = cai_cuda_of(dev);
     if (dwte) {
         size_t need = cuk_embedding_bwd_scratch(dy.rows, de.rows, dy.cols);
         if (need > c->scratch_bytes)
-            return CAI_ERROR(CAI_ERR_NOMEM, "%s: sorting %" PRId64 " tokens needs %zu bytes of device scratch, this "
-                             "device has %zu (raise CAI_CUDA_SCRATCH_MB)", op, dy.rows, need, c->scratch_bytes);
-        CAI_CHECK_ARG(dy.rows < INT32_MAX && de.rows < INT32_MAX, "%s: %" PRId64 " tokens or %" PRId64
-                      " vocabulary rows exceed the sort's 32-bit indices", op, dy.rows, de.rows);
+            return CAI_ERROR(CAI_ERR_NOMEM,
+                             "%s: sorting %" PRId64
+                             " tokens needs %zu bytes of device scratch, this "
+                             "device has %zu (raise CAI_CUDA_SCRATCH_MB)",
+                             op, dy.rows, need, c->scratch_bytes);
+        CAI_CHECK_ARG(dy.rows < INT32_MAX && de.rows < INT32_MAX,
+                      "%s: %" PRId64 " tokens or %" PRId64 " vocabulary rows exceed the sort's 32-bit indices", op,
+                      dy.rows, de.rows);
     }
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_embedding_bwd(c->stream, cai_cuda_mat(&de), cai_cuda_mat(&dp), cai_cuda_mat(&dy), tok,
@@ -142,8 +149,8 @@ cai_status cai_cuda_xent_bwd(cai_device_t *dev, cai_tensor *dlogits, const cai_t
     CAI_CALL(cai_ops_vec(op, "lse", lse, CAI_CUDA, CAI_F32, a.x.rows, &pl));
     if (dlosses) CAI_CALL(cai_ops_vec(op, "dlosses", dlosses, CAI_CUDA, CAI_F32, a.x.rows, &pd));
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_xent_bwd(STREAM(dev), cai_cuda_mat(&dx), cai_cuda_mat(&a.x), (const float *)pl,
-                                a.tgt, (const float *)pd, dloss_scale, a.off, a.ncols, ignore_index));
+    CUK_LAUNCH(op, cuk_xent_bwd(STREAM(dev), cai_cuda_mat(&dx), cai_cuda_mat(&a.x), (const float *)pl, a.tgt,
+                                (const float *)pd, dloss_scale, a.off, a.ncols, ignore_index));
     return CAI_OK;
 }
 

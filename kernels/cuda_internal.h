@@ -34,15 +34,15 @@ typedef struct {
 typedef struct cai_cuda_impl {
     cudaStream_t stream; /* first member on purpose: docs/cuda.md lets other modules read it */
     int ordinal;
-    int allow_tf32;      /* CAI_CUDA_TF32=1: f32 matmuls on tensor cores (10-bit mantissa) */
-    int lt_autotune;     /* CAI_CUBLASLT_AUTOTUNE: candidates timed per new gemm shape (0: heuristic's first) */
+    int allow_tf32;  /* CAI_CUDA_TF32=1: f32 matmuls on tensor cores (10-bit mantissa) */
+    int lt_autotune; /* CAI_CUBLASLT_AUTOTUNE: candidates timed per new gemm shape (0: heuristic's first) */
     int num_sms;
     cublasLtHandle_t lt;
     void *lt_ws;
     size_t lt_ws_bytes;
-    void *scratch;       /* reduction partials, embedding sort buffers */
+    void *scratch; /* reduction partials, embedding sort buffers */
     size_t scratch_bytes;
-    cuk_errrec *err;     /* device memory the kernels write; read back at synchronisation */
+    cuk_errrec *err;      /* device memory the kernels write; read back at synchronisation */
     cuk_errrec *err_host; /* pinned mirror of *err */
     cai_cuda_plan plans[CAI_CUDA_PLANS];
     int next_plan;
@@ -54,9 +54,9 @@ static inline cai_cuda_impl *cai_cuda_of(const cai_device_t *dev) { return (cai_
 cai_status cai_cuda_enter(cai_device_t *dev, const char *op);
 /* Turn a launcher's result into a status naming the op. */
 cai_status cai_cuda_launch_status(cudaError_t e, const char *op, const char *what, const char *file, int line);
-#define CUK_LAUNCH(op, expr)                                                                           \
-    do {                                                                                               \
-        cudaError_t cuk_e_ = (expr);                                                                   \
+#define CUK_LAUNCH(op, expr)                                                                               \
+    do {                                                                                                   \
+        cudaError_t cuk_e_ = (expr);                                                                       \
         if (cuk_e_ != cudaSuccess) return cai_cuda_launch_status(cuk_e_, (op), #expr, __FILE__, __LINE__); \
     } while (0)
 
@@ -102,77 +102,91 @@ CUDA_OP(sync)(cai_device_t *dev);
 /* elementwise and reductions (cuda_basic.c) */
 CUDA_OP(fill)(cai_device_t *dev, cai_tensor *x, float value);
 CUDA_OP(copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
-CUDA_OP(copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream,
-                 uint64_t index_offset);
+CUDA_OP(copy_sr)
+(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream, uint64_t index_offset);
 CUDA_OP(scale)(cai_device_t *dev, cai_tensor *x, float alpha);
 CUDA_OP(axpy)(cai_device_t *dev, cai_tensor *y, float alpha, const cai_tensor *x);
 CUDA_OP(add)(cai_device_t *dev, cai_tensor *out, const cai_tensor *a, const cai_tensor *b);
 CUDA_OP(sum)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
 CUDA_OP(sumsq)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
-CUDA_OP(adamw)(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v,
-               cai_tensor *param_lowp, const cai_adamw_params *p, int apply_decay);
+CUDA_OP(adamw)
+(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v, cai_tensor *param_lowp,
+ const cai_adamw_params *p, int apply_decay);
 
 /* matmul family (cuda_matmul.c) */
-CUDA_OP(matmul)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b, int trans_b,
-                float alpha, float beta);
-CUDA_OP(linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
-                    const cai_tensor *bias);
-CUDA_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                    const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
-CUDA_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
-                         const cai_tensor *weight, const cai_tensor *bias);
-CUDA_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
-                          const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                          const cai_tensor *pre);
-CUDA_OP(linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
-                             const cai_tensor *bias, const cai_tensor *residual);
+CUDA_OP(matmul)
+(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b, int trans_b, float alpha,
+ float beta);
+CUDA_OP(linear_fwd)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias);
+CUDA_OP(linear_bwd)
+(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias, const cai_tensor *dout,
+ const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
+CUDA_OP(linear_gelu_fwd)
+(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp, const cai_tensor *weight,
+ const cai_tensor *bias);
+CUDA_OP(linear_bwd_dgelu)
+(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias, const cai_tensor *dout,
+ const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *pre);
+CUDA_OP(linear_residual_fwd)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias,
+ const cai_tensor *residual);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 
 /* norms, activations, RoPE (cuda_pointwise.c) */
-CUDA_OP(layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd, const cai_tensor *inp,
-                       const cai_tensor *weight, const cai_tensor *bias, float eps);
-CUDA_OP(layernorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                       const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                       const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp);
-CUDA_OP(rmsnorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp,
-                     const cai_tensor *weight, float eps);
-CUDA_OP(rmsnorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
-                     const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *rstd, int accum_dinp);
+CUDA_OP(layernorm_fwd)
+(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd, const cai_tensor *inp,
+ const cai_tensor *weight, const cai_tensor *bias, float eps);
+CUDA_OP(layernorm_bwd)
+(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias, const cai_tensor *dout,
+ const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp);
+CUDA_OP(rmsnorm_fwd)
+(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp, const cai_tensor *weight, float eps);
+CUDA_OP(rmsnorm_bwd)
+(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout, const cai_tensor *inp,
+ const cai_tensor *weight, const cai_tensor *rstd, int accum_dinp);
 CUDA_OP(gelu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp);
 CUDA_OP(gelu_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *inp, const cai_tensor *dout);
 CUDA_OP(swiglu_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *gate, const cai_tensor *up);
-CUDA_OP(swiglu_bwd)(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
-                    const cai_tensor *gate, const cai_tensor *up);
+CUDA_OP(swiglu_bwd)
+(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout, const cai_tensor *gate,
+ const cai_tensor *up);
 CUDA_OP(rope_tables)(cai_device_t *dev, cai_tensor *cos, cai_tensor *sin, double theta);
-CUDA_OP(rope_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *cos,
-                  const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
-CUDA_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos,
-                  const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
+CUDA_OP(rope_fwd)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *cos, const cai_tensor *sin,
+ const cai_tensor *positions, int64_t pos_offset);
+CUDA_OP(rope_bwd)
+(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos, const cai_tensor *sin,
+ const cai_tensor *positions, int64_t pos_offset);
 
 /* attention, embeddings, cross-entropy (cuda_attention.c, cuda_embed.c) */
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                           int64_t Hkv, int64_t D);
-CUDA_OP(attention_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q, const cai_tensor *k,
-                       const cai_tensor *v, const cai_attn_params *params, void *workspace, size_t workspace_bytes);
-CUDA_OP(attention_bwd)(cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout,
-                       const cai_tensor *q, const cai_tensor *k, const cai_tensor *v, const cai_tensor *out,
-                       const cai_tensor *lse, const cai_attn_params *params, void *workspace,
-                       size_t workspace_bytes);
-CUDA_OP(embedding_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
-                       const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset);
-CUDA_OP(embedding_bwd)(cai_device_t *dev, cai_tensor *dwte, cai_tensor *dwpe, const cai_tensor *dout,
-                       const cai_tensor *tokens, int64_t vocab_offset, int64_t pos_offset);
-CUDA_OP(xent_fwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, const cai_tensor *logits,
-                  const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
-CUDA_OP(xent_stats)(cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai_tensor *target_logit,
-                    const cai_tensor *logits, const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab,
-                    int ignore_index);
-CUDA_OP(xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse,
-                  const cai_tensor *targets, const cai_tensor *dlosses, float dloss_scale, int64_t vocab_offset,
-                  int64_t valid_vocab, int ignore_index);
-CUDA_OP(xent_fwd_bwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
-                      const cai_tensor *logits, const cai_tensor *targets, float dloss_scale, int64_t vocab_offset,
-                      int64_t valid_vocab, int ignore_index);
+CUDA_OP(attention_fwd)
+(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q, const cai_tensor *k, const cai_tensor *v,
+ const cai_attn_params *params, void *workspace, size_t workspace_bytes);
+CUDA_OP(attention_bwd)
+(cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout, const cai_tensor *q,
+ const cai_tensor *k, const cai_tensor *v, const cai_tensor *out, const cai_tensor *lse, const cai_attn_params *params,
+ void *workspace, size_t workspace_bytes);
+CUDA_OP(embedding_fwd)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte, const cai_tensor *wpe,
+ int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset);
+CUDA_OP(embedding_bwd)
+(cai_device_t *dev, cai_tensor *dwte, cai_tensor *dwpe, const cai_tensor *dout, const cai_tensor *tokens,
+ int64_t vocab_offset, int64_t pos_offset);
+CUDA_OP(xent_fwd)
+(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, const cai_tensor *logits, const cai_tensor *targets,
+ int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+CUDA_OP(xent_stats)
+(cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai_tensor *target_logit, const cai_tensor *logits,
+ const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+CUDA_OP(xent_bwd)
+(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse, const cai_tensor *targets,
+ const cai_tensor *dlosses, float dloss_scale, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+CUDA_OP(xent_fwd_bwd)
+(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits, const cai_tensor *logits,
+ const cai_tensor *targets, float dloss_scale, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
 
 #endif

@@ -53,7 +53,7 @@ typedef struct {
     float scale;
     int causal;
     int64_t off, window;
-    int tc; /* allow the tensor-core kernels (bf16 inputs); 0 forces the f32 CUDA-core ones */
+    int tc;            /* allow the tensor-core kernels (bf16 inputs); 0 forces the f32 CUDA-core ones */
     int deterministic; /* cuDNN's backward: its bitwise repeatable algorithm (CAI_CUDNN_DETERMINISTIC) */
 } cuk_attn;
 
@@ -122,8 +122,8 @@ cudaError_t cuk_norm_bwd_dinp(cudaStream_t s, cuk_mat dx, cuk_mat dy, cuk_mat x,
 cudaError_t cuk_attn_setup(void);
 cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a);
 /* dq.p / dk.p / dv.p may be NULL; dvec is a [B,Hq,Tq] f32 workspace. */
-cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
-                         cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
+cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q, cuk_bthd k,
+                         cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
 
 /* attention_tc.cu: the bf16 tensor-core variants, called by the launchers above
  * when a.tc is set and q, k, v (and dout) are bf16; dvec is already computed. */
@@ -140,8 +140,7 @@ cudaError_t cuk_attn_tc_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd d
  * (pass dout NULL for the forward) and the CAI_CUDA_ATTN knob allows. The backward
  * computes dvec itself, like cuk_attn_bwd. */
 int cuk_attn_flash_ok(const cuk_bthd *q, const cuk_bthd *k, const cuk_bthd *v, const cuk_bthd *dout);
-cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v,
-                               cuk_attn a);
+cudaError_t cuk_attn_flash_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk_bthd k, cuk_bthd v, cuk_attn a);
 cudaError_t cuk_attn_flash_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q,
                                cuk_bthd k, cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
 
@@ -167,9 +166,8 @@ cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int32_t *tok, i
  * of v rows and rows of cols columns (more scratch: shorter summing tiles). */
 size_t cuk_embedding_bwd_scratch(int64_t n, int64_t v, int64_t cols);
 /* dwte.p / dwpe.p may be NULL. */
-cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok,
-                              int64_t T, int64_t vocab_offset, int64_t pos_offset, void *scratch,
-                              size_t scratch_bytes);
+cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat dwpe, cuk_mat dout, const int32_t *tok, int64_t T,
+                              int64_t vocab_offset, int64_t pos_offset, void *scratch, size_t scratch_bytes);
 /* Row statistics of logits over columns [0, ncols): writes whichever of
  * losses (lse - x[target], 0 for ignored rows), lse, maxv, sumexp, tlogit
  * are non-NULL. strict: a target outside [off, off + ncols) that is not

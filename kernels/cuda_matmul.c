@@ -34,8 +34,10 @@ static cai_status as_cmat(const char *op, const char *arg, const cai_tensor *t, 
     int nd = t->ndim;
     cmat r = {.data = t->data, .batch = 1, .rows = t->shape[nd - 2], .cols = t->shape[nd - 1], .dt = t->dtype};
     if (r.cols > 1 && t->stride[nd - 1] != 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous last dimension (transpose through "
-                         "trans_a/trans_b instead)", op, arg, CAI_OPS_DESCRIBE(t));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %s (%s) needs a contiguous last dimension (transpose through "
+                         "trans_a/trans_b instead)",
+                         op, arg, CAI_OPS_DESCRIBE(t));
     r.ld = r.rows > 1 ? t->stride[nd - 2] : (r.cols > 0 ? r.cols : 1);
     if (r.ld < r.cols)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg, CAI_OPS_DESCRIBE(t));
@@ -45,8 +47,8 @@ static cai_status as_cmat(const char *op, const char *arg, const cai_tensor *t, 
         if (t->shape[i] == 1) continue;
         if (expect < 0) r.bs = t->stride[i];
         else if (t->stride[i] != expect)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one", op,
-                             arg, CAI_OPS_DESCRIBE(t));
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one", op, arg,
+                             CAI_OPS_DESCRIBE(t));
         expect = t->stride[i] * t->shape[i];
         r.batch *= t->shape[i];
     }
@@ -89,8 +91,8 @@ typedef struct {
     float alpha, beta;
     const void *bias; /* epilogue bias [N] (NULL: none) */
     cai_dtype bias_dt;
-    int gelu;         /* GELU_NONE / GELU_FWD / GELU_BWD (single gemm only, batch 1) */
-    void *aux;        /* the GELU input matrix when gelu != GELU_NONE */
+    int gelu;  /* GELU_NONE / GELU_FWD / GELU_BWD (single gemm only, batch 1) */
+    void *aux; /* the GELU input matrix when gelu != GELU_NONE */
     int64_t aux_ld;
     /* cuBLASLt's C input when it is not the output: D = alpha AB + beta Cin
      * (+ bias), and the member C above is then the output D only. NULL: C
@@ -99,19 +101,20 @@ typedef struct {
     const cmat *Cin;
 } gemm_req;
 
-#define LT(what, expr)                                                                                      \
-    do {                                                                                                    \
-        cublasStatus_t lt_s_ = (expr);                                                                      \
-        if (lt_s_ != CUBLAS_STATUS_SUCCESS) {                                                               \
-            st = CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed with cuBLAS status %d (%s)", op, what, (int)lt_s_,  \
-                           cublasLtGetStatusString(lt_s_));                                                 \
-            goto done;                                                                                      \
-        }                                                                                                   \
+#define LT(what, expr)                                                                                     \
+    do {                                                                                                   \
+        cublasStatus_t lt_s_ = (expr);                                                                     \
+        if (lt_s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+            st = CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed with cuBLAS status %d (%s)", op, what, (int)lt_s_, \
+                           cublasLtGetStatusString(lt_s_));                                                \
+            goto done;                                                                                     \
+        }                                                                                                  \
     } while (0)
 
 static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
     int32_t n = (int32_t)batch;
-    if (cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n) != CUBLAS_STATUS_SUCCESS ||
+    if (cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n) !=
+            CUBLAS_STATUS_SUCCESS ||
         cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride) !=
             CUBLAS_STATUS_SUCCESS)
         return CAI_ERROR(CAI_ERR_CUDA, "%s: setting a batch of %" PRId64 " on a cuBLASLt layout failed", op, batch);
@@ -136,8 +139,8 @@ static size_t layout_span(int64_t rows, int64_t cols, int64_t ld, int64_t batch,
  * to the index of the fastest candidate that ran. */
 static cai_status autotune(cai_device_t *dev, const char *op, const gemm_req *g, cublasLtMatmulDesc_t desc,
                            cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc_in,
-                           cublasLtMatrixLayout_t lc, const cublasLtMatmulHeuristicResult_t *res, int nres,
-                           int64_t sc, int *best) {
+                           cublasLtMatrixLayout_t lc, const cublasLtMatmulHeuristicResult_t *res, int nres, int64_t sc,
+                           int *best) {
     cai_cuda_impl *c = cai_cuda_of(dev);
     const cmat *A = g->A, *B = g->B, *C = g->C, *Ci = g->Cin ? g->Cin : g->C;
     *best = 0;
@@ -186,9 +189,10 @@ static cai_status autotune(cai_device_t *dev, const char *op, const gemm_req *g,
         ran = 1;
     }
     if (ran)
-        cai_log(CAI_LOG_INFO, "%s: cuBLASLt autotune M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " batch %" PRId64
-                ": candidate %d of %d, %.3f ms (the heuristic's first: %.3f ms)", op, g->M, g->N, g->K, g->batch,
-                *best + 1, nres, best_ms, first_ms);
+        cai_log(CAI_LOG_INFO,
+                "%s: cuBLASLt autotune M=%" PRId64 " N=%" PRId64 " K=%" PRId64 " batch %" PRId64
+                ": candidate %d of %d, %.3f ms (the heuristic's first: %.3f ms)",
+                op, g->M, g->N, g->K, g->batch, *best + 1, nres, best_ms, first_ms);
 done:
     if (copy) cudaFreeAsync(copy, c->stream);
     if (t0) cudaEventDestroy(t0);
@@ -231,13 +235,15 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         int32_t bt = (int32_t)cuda_type(g->bias_dt);
         LT("set BIAS_POINTER",
            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
-        LT("set BIAS_DATA_TYPE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+        LT("set BIAS_DATA_TYPE",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (g->gelu) {
         const int64_t ald = g->aux_ld;
         LT("set EPILOGUE_AUX_POINTER",
            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
-        LT("set EPILOGUE_AUX_LD", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald));
+        LT("set EPILOGUE_AUX_LD",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald));
     }
     /* column-major views: Lt's A is our B, Lt's B our A, Lt's C is C^T */
     LT("layout A", cublasLtMatrixLayoutCreate(&la, cuda_type(B->dt), (uint64_t)B->cols, (uint64_t)B->rows, B->ld));
@@ -256,11 +262,32 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     /* epi tells every epilogue apart (bias or not, GELU forward or backward);
      * the aux dtype is D's, already in the key; a separate C input adds
      * its dtype, row stride, batch stride and alignment (0s when C is D) */
-    int64_t key[CAI_CUDA_PLAN_KEY] = {g->M, g->N, g->K, g->ta, g->tb, g->batch, A->ld, B->ld, C->ld, sa, sb, sc,
-                                      (int64_t)A->dt, (int64_t)C->dt, (int64_t)ct, al_a, al_b, al_c,
+    int64_t key[CAI_CUDA_PLAN_KEY] = {g->M,
+                                      g->N,
+                                      g->K,
+                                      g->ta,
+                                      g->tb,
+                                      g->batch,
+                                      A->ld,
+                                      B->ld,
+                                      C->ld,
+                                      sa,
+                                      sb,
+                                      sc,
+                                      (int64_t)A->dt,
+                                      (int64_t)C->dt,
+                                      (int64_t)ct,
+                                      al_a,
+                                      al_b,
+                                      al_c,
                                       (int64_t)epi * 16 + (g->bias ? (int64_t)g->bias_dt : 0),
-                                      (int64_t)c->lt_ws_bytes, al_bias, g->gelu ? g->aux_ld : 0, al_aux,
-                                      g->Cin ? 1 + (int64_t)Ci->dt : 0, g->Cin ? Ci->ld : 0, g->Cin ? sci : 0,
+                                      (int64_t)c->lt_ws_bytes,
+                                      al_bias,
+                                      g->gelu ? g->aux_ld : 0,
+                                      al_aux,
+                                      g->Cin ? 1 + (int64_t)Ci->dt : 0,
+                                      g->Cin ? Ci->ld : 0,
+                                      g->Cin ? sci : 0,
                                       g->Cin ? (int64_t)al_ci : 0};
     cai_cuda_plan *plan = NULL;
     for (int i = 0; i < CAI_CUDA_PLANS; i++)
@@ -270,14 +297,14 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         LT("cublasLtMatmulPreferenceCreate", cublasLtMatmulPreferenceCreate(&pref));
         LT("set MAX_WORKSPACE_BYTES",
            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        LT("set MIN_ALIGNMENT_A", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                                       &al_a, sizeof al_a));
-        LT("set MIN_ALIGNMENT_B", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                                       &al_b, sizeof al_b));
+        LT("set MIN_ALIGNMENT_A",
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+        LT("set MIN_ALIGNMENT_B",
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
         LT("set MIN_ALIGNMENT_C", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                                                        &al_ci, sizeof al_ci));
-        LT("set MIN_ALIGNMENT_D", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                                       &al_c, sizeof al_c));
+        LT("set MIN_ALIGNMENT_D",
+           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
         cublasLtMatmulHeuristicResult_t res[16];
         int nres = 0, best = 0;
         memset(res, 0, sizeof res);
@@ -300,9 +327,10 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
         plan->valid = 0;
         *no_algo = 1;
     } else if (ms != CUBLAS_STATUS_SUCCESS) {
-        st = CAI_ERROR(CAI_ERR_CUDA, "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ", batch %" PRId64
-                       ") failed with status %d (%s)", op, g->M, g->N, g->K, g->batch, (int)ms,
-                       cublasLtGetStatusString(ms));
+        st = CAI_ERROR(CAI_ERR_CUDA,
+                       "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ", batch %" PRId64
+                       ") failed with status %d (%s)",
+                       op, g->M, g->N, g->K, g->batch, (int)ms, cublasLtGetStatusString(ms));
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -316,8 +344,10 @@ done:
 
 static cai_status check_types(const char *op, const cmat *A, const cmat *B, const cmat *C) {
     if (A->dt != B->dt)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: the inputs are %s and %s; cuBLASLt multiplies one input dtype "
-                         "(convert one with ops->copy)", op, cai_dtype_name(A->dt), cai_dtype_name(B->dt));
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: the inputs are %s and %s; cuBLASLt multiplies one input dtype "
+                         "(convert one with ops->copy)",
+                         op, cai_dtype_name(A->dt), cai_dtype_name(B->dt));
     if (C->dt != CAI_DTYPE_F32 && C->dt != A->dt)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: output is %s for %s inputs; expected f32 or %s", op,
                          cai_dtype_name(C->dt), cai_dtype_name(A->dt), cai_dtype_name(A->dt));
@@ -346,14 +376,24 @@ static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_
         CAI_CALL(scale_only(dev, op, &cc, M, N, beta));
         return CAI_OK;
     }
-    gemm_req g = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .batch = batch, .A = A, .B = B, .C = C,
-                  .alpha = alpha, .beta = beta};
+    gemm_req g = {.ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .batch = batch,
+                  .A = A,
+                  .B = B,
+                  .C = C,
+                  .alpha = alpha,
+                  .beta = beta};
     int no_algo = 0;
     CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
     if (!no_algo) return CAI_OK;
     if (batch == 1)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for M=%" PRId64 " N=%" PRId64
-                         " K=%" PRId64 " (%s inputs, %s output, row strides %" PRId64 "/%" PRId64 "/%" PRId64 ")",
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: cuBLASLt has no algorithm for M=%" PRId64 " N=%" PRId64 " K=%" PRId64
+                         " (%s inputs, %s output, row strides %" PRId64 "/%" PRId64 "/%" PRId64 ")",
                          op, M, N, K, cai_dtype_name(A->dt), cai_dtype_name(C->dt), A->ld, B->ld, C->ld);
     for (int64_t i = 0; i < batch; i++) {
         cmat a1 = *A, b1 = *B, c1 = *C;
@@ -376,14 +416,17 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
     int64_t M = trans_a ? A.cols : A.rows, K = trans_a ? A.rows : A.cols;
     int64_t Kb = trans_b ? B.cols : B.rows, N = trans_b ? B.rows : B.cols;
     if (K != Kb || C.rows != M || C.cols != N)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64
-                         "], c [%" PRId64 ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit", op,
-                         M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "",
-                         CAI_OPS_DESCRIBE(b), trans_b ? "^T" : "");
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64 "], c [%" PRId64
+                         ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit",
+                         op, M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "", CAI_OPS_DESCRIBE(b),
+                         trans_b ? "^T" : "");
     if ((A.batch != 1 && A.batch != C.batch) || (B.batch != 1 && B.batch != C.batch) ||
         (C.batch != (A.batch > B.batch ? A.batch : B.batch)))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
-                         " do not match (a or b may be unbatched)", op, A.batch, B.batch, C.batch);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
+                         " do not match (a or b may be unbatched)",
+                         op, A.batch, B.batch, C.batch);
     CAI_CALL(check_types(op, &A, &B, &C));
     CAI_CALL(cai_cuda_enter(dev, op));
     /* A shared b with a plain a: the batch is just more rows of one gemm. */
@@ -406,8 +449,19 @@ static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows 
                               const cai_rows *y, const void *bd, cai_dtype bias_dt) {
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
     if (bd && x->rows > 0 && w->rows > 0 && w->cols > 0) {
-        gemm_req g = {.ta = 0, .tb = 1, .M = x->rows, .N = w->rows, .K = w->cols, .batch = 1, .A = &A, .B = &B,
-                      .C = &C, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias_dt};
+        gemm_req g = {.ta = 0,
+                      .tb = 1,
+                      .M = x->rows,
+                      .N = w->rows,
+                      .K = w->cols,
+                      .batch = 1,
+                      .A = &A,
+                      .B = &B,
+                      .C = &C,
+                      .alpha = 1.0f,
+                      .beta = 0.0f,
+                      .bias = bd,
+                      .bias_dt = bias_dt};
         int no_algo = 0;
         CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
         if (!no_algo) return CAI_OK;
@@ -464,9 +518,22 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     if (gelu_epilogue_ok(&a, &p, w.cols) && A.dt == X.dt) {
         /* act is cuBLASLt's D, pre its aux: pre row-major [N,OC] is the
          * column-major [OC,N] aux matrix with ld = pre's row stride */
-        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &X, .B = &W,
-                      .C = &A, .alpha = 1.0f, .beta = 0.0f, .bias = bd, .bias_dt = bias_dt, .gelu = GELU_FWD,
-                      .aux = p.data, .aux_ld = p.ld};
+        gemm_req g = {.ta = 0,
+                      .tb = 1,
+                      .M = x.rows,
+                      .N = w.rows,
+                      .K = w.cols,
+                      .batch = 1,
+                      .A = &X,
+                      .B = &W,
+                      .C = &A,
+                      .alpha = 1.0f,
+                      .beta = 0.0f,
+                      .bias = bd,
+                      .bias_dt = bias_dt,
+                      .gelu = GELU_FWD,
+                      .aux = p.data,
+                      .aux_ld = p.ld};
         int no_algo = 0;
         CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
         if (!no_algo) return CAI_OK;
@@ -495,16 +562,28 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     CAI_CALL(cai_cuda_rows_like(op, "residual", residual, "out", &y, &r));
     const int in_place = r.data == y.data;
     if (in_place && y.rows > 1 && (r.ld != y.ld || r.dtype != y.dtype))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: out (%s) and residual (%s) start at the same address but are "
-                         "different views; in place needs the same view", op, CAI_OPS_DESCRIBE(out),
-                         CAI_OPS_DESCRIBE(residual));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: out (%s) and residual (%s) start at the same address but are "
+                         "different views; in place needs the same view",
+                         op, CAI_OPS_DESCRIBE(out), CAI_OPS_DESCRIBE(residual));
     cmat X = cmat_of_rows(&x), W = cmat_of_rows(&w), Y = cmat_of_rows(&y), R = cmat_of_rows(&r);
     CAI_CALL(cai_cuda_enter(dev, op));
     if (y.rows == 0 || y.cols == 0) return CAI_OK;
     const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
     if (r.dtype == y.dtype && w.cols > 0) {
-        gemm_req g = {.ta = 0, .tb = 1, .M = x.rows, .N = w.rows, .K = w.cols, .batch = 1, .A = &X, .B = &W,
-                      .C = &Y, .alpha = 1.0f, .beta = 1.0f, .bias = bd, .bias_dt = bias_dt,
+        gemm_req g = {.ta = 0,
+                      .tb = 1,
+                      .M = x.rows,
+                      .N = w.rows,
+                      .K = w.cols,
+                      .batch = 1,
+                      .A = &X,
+                      .B = &W,
+                      .C = &Y,
+                      .alpha = 1.0f,
+                      .beta = 1.0f,
+                      .bias = bd,
+                      .bias_dt = bias_dt,
                       .Cin = in_place ? NULL : &R};
         int no_algo = 0;
         CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
@@ -556,8 +635,10 @@ static cai_status linear_bwd_args(const char *op, const char *dinp_arg, cai_tens
         CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, w->cols, x));
         CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_CUDA, CAI_ANYF, w->cols, dw));
         if (x->rows != dy->rows || dw->rows != w->rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64
-                             " (weight %" PRId64 ")", op, x->rows, dy->rows, dw->rows, w->rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64 " (weight %" PRId64
+                             ")",
+                             op, x->rows, dy->rows, dw->rows, w->rows);
         cmat X = cmat_of_rows(x), DW = cmat_of_rows(dw);
         CAI_CALL(check_types(op, &DY, &X, &DW));
     }
@@ -595,8 +676,20 @@ cai_status cai_cuda_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_te
     int fused = 0;
     if (gelu_epilogue_ok(&dx, &p, w.rows)) {
         /* dpre is D, pre the aux input, both row-major [N,IC] */
-        gemm_req g = {.ta = 0, .tb = 0, .M = dy.rows, .N = w.cols, .K = w.rows, .batch = 1, .A = &DY, .B = &W,
-                      .C = &DX, .alpha = 1.0f, .beta = 0.0f, .gelu = GELU_BWD, .aux = p.data, .aux_ld = p.ld};
+        gemm_req g = {.ta = 0,
+                      .tb = 0,
+                      .M = dy.rows,
+                      .N = w.cols,
+                      .K = w.rows,
+                      .batch = 1,
+                      .A = &DY,
+                      .B = &W,
+                      .C = &DX,
+                      .alpha = 1.0f,
+                      .beta = 0.0f,
+                      .gelu = GELU_BWD,
+                      .aux = p.data,
+                      .aux_ld = p.ld};
         int no_algo = 0;
         CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
         fused = !no_algo;

@@ -62,8 +62,7 @@ static cai_status norm_fwd(const char *op, cai_device_t *dev, cai_tensor *out, c
 }
 
 cai_status cai_cuda_layernorm_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd,
-                                  const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias,
-                                  float eps) {
+                                  const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias, float eps) {
     CAI_CALL(norm_fwd("layernorm_fwd", dev, out, mean, rstd, inp, weight, bias, eps, 0));
     return CAI_OK;
 }
@@ -74,8 +73,8 @@ cai_status cai_cuda_rmsnorm_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *
     return CAI_OK;
 }
 
-static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight,
-                           cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                            const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp, int rms) {
     norm_args a;
     CAI_CALL(norm_common(op, &a, NULL, (cai_tensor *)mean, (cai_tensor *)rstd, inp, weight, NULL));
@@ -99,9 +98,8 @@ static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, 
     cuk_mat mdx = {NULL, 0, 0, 0, 0};
     if (dinp) mdx = cai_cuda_mat(&dx);
     int done = 0;
-    CUK_LAUNCH(op, cuk_norm_bwd_fast(STREAM(dev), mdx, (float *)pw, (float *)pb, cai_cuda_mat(&dy),
-                                     cai_cuda_mat(&a.x), a.w, (int)a.wdt, a.mean, a.rstd, accum_dinp, scratch, nf,
-                                     &done));
+    CUK_LAUNCH(op, cuk_norm_bwd_fast(STREAM(dev), mdx, (float *)pw, (float *)pb, cai_cuda_mat(&dy), cai_cuda_mat(&a.x),
+                                     a.w, (int)a.wdt, a.mean, a.rstd, accum_dinp, scratch, nf, &done));
     if (done) return CAI_OK;
     /* Parameter gradients first: they read dout, which dinp may overwrite (same stream). */
     if (pw || pb) CAI_CALL(cai_cuda_colsums(dev, op, (float *)pw, (float *)pb, &dy, &a.x, a.mean, a.rstd));
@@ -210,8 +208,9 @@ static cai_status rope_run(const char *op, cai_device_t *dev, cai_tensor *out, c
     CAI_CALL(cai_ops_rows(op, "sin", sin, CAI_CUDA, CAI_F32, c.cols, &s));
     CAI_CALL(cai_ops_same_rows(op, "sin", &s, "cos", &c));
     if (2 * c.cols > x.D || c.cols == 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: tables of %" PRId64 " frequencies rotate %" PRId64
-                         " dims but head_dim is %" PRId64, op, c.cols, 2 * c.cols, x.D);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: tables of %" PRId64 " frequencies rotate %" PRId64 " dims but head_dim is %" PRId64, op,
+                         c.cols, 2 * c.cols, x.D);
     const int32_t *pos = NULL;
     int per_batch = 0;
     if (positions) {
@@ -219,17 +218,20 @@ static cai_status rope_run(const char *op, cai_device_t *dev, cai_tensor *out, c
         CAI_CALL(cai_ops_vec(op, "positions", positions, CAI_CUDA, CAI_I32, -1, &pp));
         int64_t n = cai_tensor_numel(positions);
         if (n != x.T && n != x.B * x.T)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions is %s, expected [B,T] = [%" PRId64 ",%" PRId64
-                             "] or [T]", op, CAI_OPS_DESCRIBE(positions), x.B, x.T);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions is %s, expected [B,T] = [%" PRId64 ",%" PRId64 "] or [T]", op,
+                             CAI_OPS_DESCRIBE(positions), x.B, x.T);
         pos = (const int32_t *)pp;
         per_batch = n != x.T || x.B == 1;
     } else if (pos_offset < 0 || pos_offset + x.T > c.rows) {
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed the tables' %" PRId64
-                         " rows (build them for a longer max_pos)", op, pos_offset, pos_offset + x.T, c.rows);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: positions [%" PRId64 ", %" PRId64 ") exceed the tables' %" PRId64
+                         " rows (build them for a longer max_pos)",
+                         op, pos_offset, pos_offset + x.T, c.rows);
     }
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_rope(STREAM(dev), cai_cuda_bthd(&y), cai_cuda_bthd(&x), cai_cuda_mat(&c), cai_cuda_mat(&s),
-                            pos, per_batch, pos_offset, sign, cai_cuda_of(dev)->err));
+    CUK_LAUNCH(op, cuk_rope(STREAM(dev), cai_cuda_bthd(&y), cai_cuda_bthd(&x), cai_cuda_mat(&c), cai_cuda_mat(&s), pos,
+                            per_batch, pos_offset, sign, cai_cuda_of(dev)->err));
     return CAI_OK;
 }
 

@@ -12,11 +12,11 @@
 static cudaError_t launched(void) { return cudaGetLastError(); }
 
 /* Launch a row-view kernel over m's rows and columns (nothing for an empty view). */
-#define LAUNCH_ROWS(kern, m, ...)                                                                      \
-    do {                                                                                               \
-        if ((m).rows <= 0 || (m).cols <= 0) return cudaSuccess;                                        \
-        kern<<<cuk_rows_grid((m).rows, (m).cols, NT), NT, 0, s>>>(__VA_ARGS__);                        \
-        return launched();                                                                             \
+#define LAUNCH_ROWS(kern, m, ...)                                               \
+    do {                                                                        \
+        if ((m).rows <= 0 || (m).cols <= 0) return cudaSuccess;                 \
+        kern<<<cuk_rows_grid((m).rows, (m).cols, NT), NT, 0, s>>>(__VA_ARGS__); \
+        return launched();                                                      \
     } while (0)
 
 /* The elementwise ops as functors over (row, column): load() reads an
@@ -53,11 +53,11 @@ static dim3 map_grid(int64_t rows, int64_t cols) {
     return dim3((unsigned)gx, (unsigned)gy, 1);
 }
 
-#define LAUNCH_MAP(m, ...)                                                                             \
-    do {                                                                                               \
-        if ((m).rows <= 0 || (m).cols <= 0) return cudaSuccess;                                        \
-        k_map<<<map_grid((m).rows, (m).cols), NT, 0, s>>>(__VA_ARGS__, (m).rows, (m).cols);            \
-        return launched();                                                                             \
+#define LAUNCH_MAP(m, ...)                                                                  \
+    do {                                                                                    \
+        if ((m).rows <= 0 || (m).cols <= 0) return cudaSuccess;                             \
+        k_map<<<map_grid((m).rows, (m).cols), NT, 0, s>>>(__VA_ARGS__, (m).rows, (m).cols); \
+        return launched();                                                                  \
     } while (0)
 
 #define AT(m, r, c) ((r) * (m).ld + (c))
@@ -180,7 +180,8 @@ static cudaError_t try_vec(cudaStream_t s, Op op, vargs<NIN, NOUT> a, int64_t ro
 }
 
 /* Inputs/outputs of a vector op from the op's views. */
-template <int NIN, int NOUT> static vargs<NIN, NOUT> va(std::initializer_list<cuk_mat> in, std::initializer_list<cuk_mat> out) {
+template <int NIN, int NOUT>
+static vargs<NIN, NOUT> va(std::initializer_list<cuk_mat> in, std::initializer_list<cuk_mat> out) {
     vargs<NIN, NOUT> a;
     memset(&a, 0, sizeof a);
     int k = 0;
@@ -190,11 +191,11 @@ template <int NIN, int NOUT> static vargs<NIN, NOUT> va(std::initializer_list<cu
     return a;
 }
 
-#define TRY_VEC(op_, args_, m_)                                                                        \
-    do {                                                                                               \
-        bool done_;                                                                                    \
-        cudaError_t e_ = try_vec(s, op_, args_, (m_).rows, (m_).cols, &done_);                         \
-        if (done_ || e_ != cudaSuccess) return e_;                                                     \
+#define TRY_VEC(op_, args_, m_)                                                \
+    do {                                                                       \
+        bool done_;                                                            \
+        cudaError_t e_ = try_vec(s, op_, args_, (m_).rows, (m_).cols, &done_); \
+        if (done_ || e_ != cudaSuccess) return e_;                             \
     } while (0)
 
 /* ---------------------------------------------------------------- fill, copy */
@@ -230,7 +231,8 @@ __global__ void k_copy_rows(cuk_mat d, cuk_mat s) {
 /* The fast path of conversions between 16-byte aligned rows: both dtypes
  * are template parameters, 8-element chunks, VU chunks in flight per thread;
  * the same scalar conversions (same bits). */
-template <int SDT, int DDT> __global__ void __launch_bounds__(NT) k_copy_vec(cuk_mat d, cuk_mat sm, int64_t rows, int64_t cols) {
+template <int SDT, int DDT>
+__global__ void __launch_bounds__(NT) k_copy_vec(cuk_mat d, cuk_mat sm, int64_t rows, int64_t cols) {
     const int64_t cpr = (cols + 7) >> 3, total = rows * cpr, st = (int64_t)gridDim.x * NT;
     for (int64_t i0 = blockIdx.x * (int64_t)NT + threadIdx.x; i0 < total; i0 += VU * st) {
         float v[VU][8];
@@ -247,8 +249,8 @@ template <int SDT, int DDT> __global__ void __launch_bounds__(NT) k_copy_vec(cuk
     }
 }
 
-template <int SDT> static void launch_copy_vec(cudaStream_t s, unsigned nb, cuk_mat d, cuk_mat sm, int64_t rows,
-                                               int64_t cols) {
+template <int SDT>
+static void launch_copy_vec(cudaStream_t s, unsigned nb, cuk_mat d, cuk_mat sm, int64_t rows, int64_t cols) {
     if (d.dt == CUK_F32) k_copy_vec<SDT, CUK_F32><<<nb, NT, 0, s>>>(d, sm, rows, cols);
     else if (d.dt == CUK_BF16) k_copy_vec<SDT, CUK_BF16><<<nb, NT, 0, s>>>(d, sm, rows, cols);
     else k_copy_vec<SDT, CUK_F16><<<nb, NT, 0, s>>>(d, sm, rows, cols);
@@ -480,8 +482,8 @@ extern "C" cudaError_t cuk_reduce(cudaStream_t s, cuk_mat x, int squares, void *
 #define CS_COLS 32
 #define CS_LANES 8
 
-__global__ void k_colsum_partial(cuk_mat dy, cuk_mat x, const float *mean, const float *rstd, int64_t rpc,
-                                 float *pw, float *pb) {
+__global__ void k_colsum_partial(cuk_mat dy, cuk_mat x, const float *mean, const float *rstd, int64_t rpc, float *pw,
+                                 float *pb) {
     __shared__ float sw[CS_LANES][CS_COLS + 1], sb[CS_LANES][CS_COLS + 1];
     int tx = threadIdx.x, ty = threadIdx.y;
     int64_t c = blockIdx.x * (int64_t)CS_COLS + tx, chunk = blockIdx.y;
@@ -806,7 +808,8 @@ __global__ void k_rope(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int
         int64_t p = pos ? (int64_t)pos[per_batch ? bt : t] : pos_offset + t;
         int bad = p < 0 || p >= cs.rows;
         if (bad && blockIdx.x == 0 && threadIdx.x == 0) cuk_report(err, CUK_ERR_POSITION, bt, p, cs.rows, 0);
-        for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < work; w += (int64_t)gridDim.x * blockDim.x) {
+        for (int64_t w = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; w < work;
+             w += (int64_t)gridDim.x * blockDim.x) {
             int64_t h, i;
             if (w < npair) {
                 h = w / half;
@@ -891,17 +894,16 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
     int64_t half = cos.cols, work = x.H * half + (y.p != x.p ? x.H * (x.D - 2 * half) : 0);
     if (x.B * x.T <= 0 || work <= 0) return cudaSuccess;
     const int64_t chunks = x.B * x.T * x.H * (half / 8);
-    if (x.D == 2 * half && half % 8 == 0 && y.dt == x.dt && rope_view_ok(x) && rope_view_ok(y) &&
-        rope_table_ok(cos) && rope_table_ok(sin) && chunks < ((int64_t)1 << 31)) {
+    if (x.D == 2 * half && half % 8 == 0 && y.dt == x.dt && rope_view_ok(x) && rope_view_ok(y) && rope_table_ok(cos) &&
+        rope_table_ok(sin) && chunks < ((int64_t)1 << 31)) {
         const unsigned grid = (unsigned)((chunks + 255) / 256 < 65536 * 8 ? (chunks + 255) / 256 : 65536 * 8);
         if (x.dt == CUK_BF16)
             k_rope_vec<CUK_BF16><<<grid, 256, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign, err);
-        else
-            k_rope_vec<CUK_F16><<<grid, 256, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign, err);
+        else k_rope_vec<CUK_F16><<<grid, 256, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign, err);
         return launched();
     }
     k_rope<<<cuk_rows_grid(x.B * x.T, work, 128), 128, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign,
-                                                                err);
+                                                               err);
     return launched();
 }
 
@@ -994,8 +996,8 @@ extern "C" cudaError_t cuk_adamw(cudaStream_t s, float *p, const void *g, int gd
             k_adamw_vec<CUK_BF16><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, (uint16_t *)lowp, (uint32_t)n, head,
                                                       b1, b2, eps, step_size, bc2_sqrt, decay, grad_scale);
         else
-            k_adamw_vec<CUK_F16><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, (uint16_t *)lowp, (uint32_t)n, head,
-                                                     b1, b2, eps, step_size, bc2_sqrt, decay, grad_scale);
+            k_adamw_vec<CUK_F16><<<grid, NT, 0, s>>>(p, (const float *)g, m, v, (uint16_t *)lowp, (uint32_t)n, head, b1,
+                                                     b2, eps, step_size, bc2_sqrt, decay, grad_scale);
         return launched();
     }
     k_adamw<<<flat_blocks(n), NT, 0, s>>>(p, g, gdt, m, v, lowp, ldt, n, b1, b2, eps, step_size, bc2_sqrt, decay,

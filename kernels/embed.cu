@@ -41,9 +41,9 @@ __global__ void k_embedding_fwd(cuk_mat out, const int32_t *tok, int64_t T, cuk_
 /* Fast path: out, wte (and wpe) of one dtype with 16-byte aligned rows;
  * (token, 8-column chunk) pairs flattened over the grid. */
 template <int DT>
-__global__ void __launch_bounds__(NT) k_embedding_fwd_vec(cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte,
-                                                          cuk_mat wpe, int64_t voff, int64_t vtotal,
-                                                          int64_t pos_offset, cuk_errrec *err) {
+__global__ void __launch_bounds__(NT)
+    k_embedding_fwd_vec(cuk_mat out, const int32_t *tok, int64_t T, cuk_mat wte, cuk_mat wpe, int64_t voff,
+                        int64_t vtotal, int64_t pos_offset, cuk_errrec *err) {
     const int64_t cpr = (out.cols + 7) >> 3, total = out.rows * cpr;
     for (int64_t i = blockIdx.x * (int64_t)NT + threadIdx.x; i < total; i += (int64_t)gridDim.x * NT) {
         const int64_t n = i / cpr, c = (i - n * cpr) * 8;
@@ -75,15 +75,18 @@ extern "C" cudaError_t cuk_embedding_fwd(cudaStream_t s, cuk_mat out, const int3
         int64_t nb = cuk_cdiv(out.rows * ((out.cols + 7) >> 3), NT), cap = 8 * (int64_t)cuk_sm_count();
         const unsigned g = (unsigned)(nb > cap ? cap : nb < 1 ? 1 : nb);
         if (out.dt == CUK_F32)
-            k_embedding_fwd_vec<CUK_F32><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+            k_embedding_fwd_vec<CUK_F32>
+                <<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
         else if (out.dt == CUK_BF16)
-            k_embedding_fwd_vec<CUK_BF16><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+            k_embedding_fwd_vec<CUK_BF16>
+                <<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
         else
-            k_embedding_fwd_vec<CUK_F16><<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
+            k_embedding_fwd_vec<CUK_F16>
+                <<<g, NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset, vocab_total, pos_offset, err);
         return cudaGetLastError();
     }
     k_embedding_fwd<<<cuk_rows_grid(out.rows, out.cols, NT), NT, 0, s>>>(out, tok, T, wte, wpe, vocab_offset,
-                                                                          vocab_total, pos_offset, err);
+                                                                         vocab_total, pos_offset, err);
     return cudaGetLastError();
 }
 
@@ -164,15 +167,11 @@ struct emb_tiles {
  * (one uint4 of bf16/f16, two of f32) and convert when added, so a batch of
  * rows costs half the registers in 16-bit dtypes; a row's partial last
  * chunk (cnt < 8) is loaded element-wise as floats. */
-template <int DT, bool FULL> struct emb_row {
-    uint4 q[DT == CUK_F32 ? 2 : 1];
-};
-template <int DT> struct emb_row<DT, false> {
-    float f[8];
-};
+template <int DT, bool FULL> struct emb_row { uint4 q[DT == CUK_F32 ? 2 : 1]; };
+template <int DT> struct emb_row<DT, false> { float f[8]; };
 
-template <int DT, bool FULL> CUK_INLINE void emb_ld(emb_row<DT, FULL> &r, const cuk_mat &m, int64_t row, int64_t c,
-                                                    int cnt) {
+template <int DT, bool FULL>
+CUK_INLINE void emb_ld(emb_row<DT, FULL> &r, const cuk_mat &m, int64_t row, int64_t c, int cnt) {
     if constexpr (FULL) {
         const uint4 *q = (const uint4 *)((const char *)m.p + (row * m.ld + c) * (DT == CUK_F32 ? 4 : 2));
         r.q[0] = q[0];
@@ -242,7 +241,7 @@ CUK_INLINE void emb_tile_cols(const cuk_mat &dwte, const cuk_mat &dout, const em
                 cur = K;
                 if (direct[u]) dst = (float *)dwte.p + (int64_t)K * dwte.ld;
                 else if (b0 + i == t0 && kbefore == K) dst = tl.part + 2 * t * tl.ldp; /* run began earlier */
-                else dst = tl.part + (2 * t + 1) * tl.ldp;                            /* run goes on past */
+                else dst = tl.part + (2 * t + 1) * tl.ldp;                             /* run goes on past */
 #pragma unroll
                 for (int e = 0; e < 8; e++) acc[e] = direct[u] ? w[u][e] : 0.0f;
             }
@@ -255,8 +254,8 @@ CUK_INLINE void emb_tile_cols(const cuk_mat &dwte, const cuk_mat &dout, const em
  * 168 registers (no spills): 4 blocks of 96 threads (d_model 768) per SM,
  * so GPT-2's 512 tiles of 32768 tokens are one wave on 132 SMs. */
 template <int DT>
-__global__ void __launch_bounds__(EMB_NT, 3) k_embed_tiles(cuk_mat dwte, cuk_mat dout, const uint32_t *keys,
-                                                    const int32_t *vals, emb_tiles tl) {
+__global__ void __launch_bounds__(EMB_NT, 3)
+    k_embed_tiles(cuk_mat dwte, cuk_mat dout, const uint32_t *keys, const int32_t *vals, emb_tiles tl) {
     __shared__ uint32_t sk[EMB_CHUNK];
     __shared__ int32_t sv[EMB_CHUNK];
     const uint32_t v = (uint32_t)dwte.rows;
@@ -417,8 +416,8 @@ extern "C" cudaError_t cuk_embedding_bwd(cudaStream_t s, cuk_mat dwte, cuk_mat d
         void *temp = sp + 4 * ib;
         int64_t nb = cuk_cdiv(n, NT);
         k_embed_keys<<<(unsigned)(nb > 65536 ? 65536 : nb), NT, 0, s>>>(tok, n, vocab_offset, dwte.rows, kin, vin);
-        cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, tb, kin, kout, vin, vout, (int)n, 0,
-                                                        bits_for(dwte.rows), s);
+        cudaError_t e =
+            cub::DeviceRadixSort::SortPairs(temp, tb, kin, kout, vin, vout, (int)n, 0, bits_for(dwte.rows), s);
         if (e != cudaSuccess) return e;
         if (embed_vec_ok(dout, dwte)) {
             emb_tiles tl;
@@ -509,9 +508,7 @@ CUK_INLINE float xex2(float t) {
 }
 
 /* 8 logits as stored: one uint4 of bf16/f16, two of f32. */
-template <int DT> struct xraw {
-    uint4 q[DT == CUK_F32 ? 2 : 1];
-};
+template <int DT> struct xraw { uint4 q[DT == CUK_F32 ? 2 : 1]; };
 
 /* Full chunk j of the row at p (16-byte aligned). */
 template <int DT> CUK_INLINE void xraw_ld(xraw<DT> &r, const void *p, int j) {
@@ -641,10 +638,9 @@ CUK_INLINE void xent_grad_row(cuk_mat dx, const char *row, int64_t go, int nc, i
  * through shl. (Keeping the row in shared memory instead, to read DRAM
  * once, was slower: docs/cuda.md.) */
 template <int DT, bool FUSED>
-__global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp,
-                                                      float *tlogit, cuk_mat x, const int32_t *tgt, int64_t off,
-                                                      int64_t ncols, int ignore, int strict, cuk_errrec *err,
-                                                      cuk_mat dx, float dscale) {
+__global__ void __launch_bounds__(XNT, 2)
+    k_xent_fwd_vec(float *losses, float *lse, float *maxv, float *sumexp, float *tlogit, cuk_mat x, const int32_t *tgt,
+                   int64_t off, int64_t ncols, int ignore, int strict, cuk_errrec *err, cuk_mat dx, float dscale) {
     __shared__ float shm[32], shs[32], shx;
     __shared__ float shl;
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = XNT / 32;
@@ -705,9 +701,9 @@ __global__ void __launch_bounds__(XNT, 2) k_xent_fwd_vec(float *losses, float *l
 
 /* No block-wide step: warps run ahead freely. */
 template <int DT>
-__global__ void __launch_bounds__(XNT, 2) k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt,
-                                                      const float *dl, float dscale, int64_t off, int64_t ncols,
-                                                      int ignore) {
+__global__ void __launch_bounds__(XNT, 2)
+    k_xent_bwd_vec(cuk_mat dx, cuk_mat x, const float *lse, const int32_t *tgt, const float *dl, float dscale,
+                   int64_t off, int64_t ncols, int ignore) {
     for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
         const char *row = (const char *)x.p + n * x.ld * (DT == CUK_F32 ? 4 : 2);
         const int64_t t = tgt[n], tl = t - off;
@@ -734,14 +730,14 @@ extern "C" cudaError_t cuk_xent_fwd(cudaStream_t s, float *losses, float *lse, f
         const unsigned g = row_blocks(logits.rows);
         const cuk_mat none = {nullptr, 0, 0, 0, logits.dt};
         if (logits.dt == CUK_F32)
-            k_xent_fwd_vec<CUK_F32, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
-                                                             ncols, ignore_index, strict, err, none, 0.0f);
+            k_xent_fwd_vec<CUK_F32, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                             ignore_index, strict, err, none, 0.0f);
         else if (logits.dt == CUK_BF16)
             k_xent_fwd_vec<CUK_BF16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
                                                               ncols, ignore_index, strict, err, none, 0.0f);
         else
-            k_xent_fwd_vec<CUK_F16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off,
-                                                             ncols, ignore_index, strict, err, none, 0.0f);
+            k_xent_fwd_vec<CUK_F16, false><<<g, XNT, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
+                                                             ignore_index, strict, err, none, 0.0f);
         return cudaGetLastError();
     }
     k_xent_fwd<<<row_blocks(logits.rows), 512, 0, s>>>(losses, lse, maxv, sumexp, tlogit, logits, tgt, off, ncols,
@@ -773,14 +769,14 @@ extern "C" cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat log
     if (logits.dt == dlogits.dt && xent_vec_ok(logits) && xent_vec_ok(dlogits)) {
         const unsigned g = row_blocks(logits.rows);
         if (logits.dt == CUK_F32)
-            k_xent_bwd_vec<CUK_F32><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
-                                                      ignore_index);
+            k_xent_bwd_vec<CUK_F32>
+                <<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols, ignore_index);
         else if (logits.dt == CUK_BF16)
-            k_xent_bwd_vec<CUK_BF16><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
-                                                       ignore_index);
+            k_xent_bwd_vec<CUK_BF16>
+                <<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols, ignore_index);
         else
-            k_xent_bwd_vec<CUK_F16><<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
-                                                      ignore_index);
+            k_xent_bwd_vec<CUK_F16>
+                <<<g, XNT, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols, ignore_index);
         return cudaGetLastError();
     }
     k_xent_bwd<<<row_blocks(logits.rows), 512, 0, s>>>(dlogits, logits, lse, tgt, dlosses, dloss_scale, off, ncols,
@@ -808,8 +804,7 @@ extern "C" cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *ls
         if (logits.dt == CUK_BF16)
             return launch_fused<CUK_BF16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
                                           err);
-        return launch_fused<CUK_F16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index,
-                                     err);
+        return launch_fused<CUK_F16>(s, losses, lse, dlogits, logits, tgt, dloss_scale, off, ncols, ignore_index, err);
     }
     /* views the fast paths do not take: the two kernels */
     cudaError_t e =

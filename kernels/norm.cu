@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK)
 extern "C" cudaError_t cuk_norm_bwd_dinp(cudaStream_t s, cuk_mat dx, cuk_mat dy, cuk_mat x, const void *w, int wdt,
                                          const float *mean, const float *rstd, int accum) {
     if (x.rows <= 0) return cudaSuccess;
-    k_norm_bwd<<<(unsigned)cuk_cdiv(x.rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, s>>>(dx, dy, x, w, wdt, mean,
-                                                                                          rstd, accum);
+    k_norm_bwd<<<(unsigned)cuk_cdiv(x.rows, ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK, 0, s>>>(dx, dy, x, w, wdt, mean, rstd,
+                                                                                          accum);
     return cudaGetLastError();
 }
 
@@ -103,9 +103,7 @@ CUK_EMU_BEGIN(norm_fwd);
  * f32). A row's loads go into these raw registers and are converted only
  * afterwards: a conversion right after each load (inside its bounds
  * branch) made every 16-byte load of a lane wait for the one before. */
-template <int DT> struct raw8 {
-    uint4 q[DT == CUK_F32 ? 2 : 1];
-};
+template <int DT> struct raw8 { uint4 q[DT == CUK_F32 ? 2 : 1]; };
 
 template <int DT> CUK_INLINE void raw_zero(raw8<DT> &r) {
     r.q[0] = make_uint4(0u, 0u, 0u, 0u);
@@ -139,8 +137,14 @@ template <int DT> CUK_INLINE void raw_ld(raw8<DT> &r, const void *p, int64_t i, 
 template <int DT> CUK_INLINE void raw_cvt(const raw8<DT> &r, float *v) {
     if constexpr (DT == CUK_F32) {
         const uint4 a = r.q[0], b = r.q[1];
-        v[0] = __uint_as_float(a.x); v[1] = __uint_as_float(a.y); v[2] = __uint_as_float(a.z); v[3] = __uint_as_float(a.w);
-        v[4] = __uint_as_float(b.x); v[5] = __uint_as_float(b.y); v[6] = __uint_as_float(b.z); v[7] = __uint_as_float(b.w);
+        v[0] = __uint_as_float(a.x);
+        v[1] = __uint_as_float(a.y);
+        v[2] = __uint_as_float(a.z);
+        v[3] = __uint_as_float(a.w);
+        v[4] = __uint_as_float(b.x);
+        v[5] = __uint_as_float(b.y);
+        v[6] = __uint_as_float(b.z);
+        v[7] = __uint_as_float(b.w);
     } else {
         const uint32_t w[4] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w};
 #pragma unroll
@@ -178,8 +182,14 @@ CUK_INLINE void param_to_smem(float4 *s, const void *p, int dt, int C, int K) {
 
 CUK_INLINE void smem_ld8(const float4 *s, int k, int lane, float *v) {
     const float4 a = s[64 * k + lane], b = s[64 * k + 32 + lane];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+    v[4] = b.x;
+    v[5] = b.y;
+    v[6] = b.z;
+    v[7] = b.w;
 }
 
 CUK_INLINE void smem_st8(float4 *s, int k, int lane, const float *v) {
@@ -198,7 +208,7 @@ CUK_INLINE void smem_st8(float4 *s, int k, int lane, const float *v) {
  * spilling, as -Xptxas -v reports): 4 blocks (64 registers) up to 48
  * bytes (d_model 768 in bf16), 3 up to 64, 2 up to 96. */
 #define FWD_LANE_BYTES(DT, K) ((K) * ((DT) == CUK_F32 ? 32 : 16))
-#define FWD_MINB(DT, K)                                                                                             \
+#define FWD_MINB(DT, K) \
     (FWD_LANE_BYTES(DT, K) <= 48 ? 4 : FWD_LANE_BYTES(DT, K) <= 64 ? 3 : FWD_LANE_BYTES(DT, K) <= 96 ? 2 : 1)
 
 template <int DT, int K, bool RMS>
@@ -292,8 +302,8 @@ static void launch_fwd_k(cudaStream_t s, cuk_mat y, float *mean, float *rstd, cu
     static int occ[NDEV_CACHE];
     const size_t smem = (RMS ? 1 : 2) * (size_t)K * 64 * sizeof(float4);
     const int64_t nb = cuk_cdiv(x.rows, NW), cap = resident_blocks(k_norm_fwd_reg<DT, K, RMS>, smem, occ);
-    k_norm_fwd_reg<DT, K, RMS><<<(unsigned)(nb < cap ? nb : cap), 32 * NW, smem, s>>>(y, mean, rstd, x, w, wdt, b,
-                                                                                      bdt, eps);
+    k_norm_fwd_reg<DT, K, RMS>
+        <<<(unsigned)(nb < cap ? nb : cap), 32 * NW, smem, s>>>(y, mean, rstd, x, w, wdt, b, bdt, eps);
 }
 
 template <int DT, int K>
@@ -326,7 +336,8 @@ extern "C" cudaError_t cuk_norm_fwd_fast(cudaStream_t s, cuk_mat y, float *mean,
     *done = 0;
     if (x.rows <= 0 || x.cols <= 0) return cudaSuccess;
     const int64_t kneed = lane_chunks(x.cols);
-    if (kneed > 8 || x.dt != y.dt || !float_dt(x.dt) || !float_dt(wdt) || (b && !rms && !float_dt(bdt))) return cudaSuccess;
+    if (kneed > 8 || x.dt != y.dt || !float_dt(x.dt) || !float_dt(wdt) || (b && !rms && !float_dt(bdt)))
+        return cudaSuccess;
     if (!cuk_vec_ok(x) || !cuk_vec_ok(y)) return cudaSuccess;
     if (rms) b = NULL;
     bool ok = x.dt == CUK_F32    ? fwd_reg<CUK_F32>(s, kneed, y, mean, rstd, x, w, wdt, b, bdt, eps, rms)
@@ -494,8 +505,8 @@ static cudaError_t launch_bwd_k(cudaStream_t s, unsigned nb, bool par, cuk_mat d
     static size_t allowed[NDEV_CACHE]; /* the limit raised so far on each device (0: the default 48 KB) */
     const int dev = cur_dev();
     if (smem > 48 * 1024 && (dev < 0 || smem > allowed[dev])) {
-        cudaError_t e = cudaFuncSetAttribute(k_norm_bwd_reg<DT, K, RMS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
+        cudaError_t e =
+            cudaFuncSetAttribute(k_norm_bwd_reg<DT, K, RMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         if (dev >= 0) allowed[dev] = smem;
     }
@@ -553,7 +564,8 @@ extern "C" cudaError_t cuk_norm_bwd_fast(cudaStream_t s, cuk_mat dx, float *dw, 
     if (nb > 2147483647) return cudaSuccess;
     float *pw = dw ? scratch : NULL, *pb = db ? scratch + (dw ? nb * C : 0) : NULL;
     cudaError_t e;
-    if (x.dt == CUK_F32) e = bwd_reg<CUK_F32>(s, kneed, (unsigned)nb, per > 0, dx, pw, pb, dy, x, w, wdt, mean, rstd, accum, rpb);
+    if (x.dt == CUK_F32)
+        e = bwd_reg<CUK_F32>(s, kneed, (unsigned)nb, per > 0, dx, pw, pb, dy, x, w, wdt, mean, rstd, accum, rpb);
     else if (x.dt == CUK_BF16)
         e = bwd_reg<CUK_BF16>(s, kneed, (unsigned)nb, per > 0, dx, pw, pb, dy, x, w, wdt, mean, rstd, accum, rpb);
     else e = bwd_reg<CUK_F16>(s, kneed, (unsigned)nb, per > 0, dx, pw, pb, dy, x, w, wdt, mean, rstd, accum, rpb);

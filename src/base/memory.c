@@ -13,8 +13,7 @@ cai_status cai_malloc(void **out, size_t bytes, const char *what) {
     if (bytes == 0) return CAI_OK;
     size_t rounded = (bytes + CAI_DEFAULT_ALIGN - 1) / CAI_DEFAULT_ALIGN * CAI_DEFAULT_ALIGN;
     void *p = aligned_alloc(CAI_DEFAULT_ALIGN, rounded);
-    if (!p)
-        return CAI_ERROR(CAI_ERR_NOMEM, "cannot allocate %zu bytes for %s", bytes, what ? what : "(unnamed)");
+    if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "cannot allocate %zu bytes for %s", bytes, what ? what : "(unnamed)");
     *out = p;
     return CAI_OK;
 }
@@ -45,9 +44,10 @@ cai_status cai_arena_alloc(cai_arena_t *arena, size_t bytes, size_t align, void 
     uintptr_t addr = (uintptr_t)(arena->base + arena->used);
     size_t start = arena->used + (size_t)(((addr + align - 1) & ~(uintptr_t)(align - 1)) - addr);
     if (start + bytes > arena->capacity)
-        return CAI_ERROR(CAI_ERR_NOMEM, "arena '%s' exhausted: %zu bytes requested, %zu of %zu in use "
-                         "(raise its size to at least %zu)", arena->name, bytes, arena->used,
-                         arena->capacity, start + bytes);
+        return CAI_ERROR(CAI_ERR_NOMEM,
+                         "arena '%s' exhausted: %zu bytes requested, %zu of %zu in use "
+                         "(raise its size to at least %zu)",
+                         arena->name, bytes, arena->used, arena->capacity, start + bytes);
     *out = arena->base + start;
     arena->used = start + bytes;
     if (arena->used > arena->high_water) arena->high_water = arena->used;

@@ -25,7 +25,10 @@ cai_philox_block cai_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t coun
         mulhilo(PHILOX_M0, c0, &hi0, &lo0);
         mulhilo(PHILOX_M1, c2, &hi1, &lo1);
         uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-        c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+        c0 = n0;
+        c1 = n1;
+        c2 = n2;
+        c3 = n3;
         k0 += PHILOX_W0;
         k1 += PHILOX_W1;
     }

@@ -65,8 +65,7 @@ static void push_frame(const char *file, int line, const char *func, const char 
     copy_trunc(f->expr, sizeof f->expr, expr);
 }
 
-cai_status cai_error_set(cai_status st, const char *file, int line, const char *func,
-                         const char *fmt, ...) {
+cai_status cai_error_set(cai_status st, const char *file, int line, const char *func, const char *fmt, ...) {
     g_trace.status = st;
     g_trace.depth = 0;
     va_list ap;
@@ -87,8 +86,8 @@ cai_status cai_error_mpi(int mpi_err, const char *file, int line, const char *fu
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) MPI_Error_string(mpi_err, text, &len);
-    return cai_error_set(CAI_ERR_MPI, file, line, func, "%s failed: %s (MPI error %d)", expr,
-                         len ? text : "unknown", mpi_err);
+    return cai_error_set(CAI_ERR_MPI, file, line, func, "%s failed: %s (MPI error %d)", expr, len ? text : "unknown",
+                         mpi_err);
 }
 
 const char *cai_error_message(void) { return g_trace.message; }
@@ -119,8 +118,7 @@ void cai_error_print(FILE *out) {
         const cai_frame *f = &g_trace.frames[i];
         if (f->expr[0])
             fprintf(out, "[rank %d]   at %s:%d in %s() calling %s\n", rank, f->file, f->line, f->func, f->expr);
-        else
-            fprintf(out, "[rank %d]   at %s:%d in %s()\n", rank, f->file, f->line, f->func);
+        else fprintf(out, "[rank %d]   at %s:%d in %s()\n", rank, f->file, f->line, f->func);
     }
     fflush(out);
 }

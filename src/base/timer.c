@@ -78,8 +78,8 @@ void cai_timer_report(FILE *out) {
         }
         if (rank == 0) {
             double avg = sum / size;
-            fprintf(out, "%-40s %8ld %12.4f %12.4f %12.4f\n", name, count, avg,
-                    count ? 1e3 * avg / (double)count : 0.0, max);
+            fprintf(out, "%-40s %8ld %12.4f %12.4f %12.4f\n", name, count, avg, count ? 1e3 * avg / (double)count : 0.0,
+                    max);
         }
     }
     if (rank == 0) fflush(out);

@@ -109,7 +109,6 @@ static const field k_optim_fields[] = {
 
 #define NF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
-
 static cai_status write_fields(ck_h5 *h, const field *f, int n, const void *base) {
     const char *b = base;
     for (int i = 0; i < n; i++) {
@@ -160,8 +159,8 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
     CAI_CALL(ck_h5_attr_str(h, r, "checksum", "xsum64"));
     CAI_CALL(ck_h5_attr_str(h, r, "tensor_groups", groups));
     CAI_CALL(write_fields(h, k_meta_fields, NF(k_meta_fields), m));
-    CAI_CALL(ck_h5_attr_str(h, r, "layout.order", m->layout.order && *m->layout.order ? m->layout.order
-                                                                                         : "pp,dp,ep,sp,tp"));
+    CAI_CALL(
+        ck_h5_attr_str(h, r, "layout.order", m->layout.order && *m->layout.order ? m->layout.order : "pp,dp,ep,sp,tp"));
     CAI_CALL(ck_h5_attr_i64(h, r, "has_model", m->has_model));
     if (m->has_model) {
         CAI_CALL(ck_h5_attr_str(h, r, "model.family", cai_model_family_name(m->model.family)));
@@ -330,14 +329,17 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
     int found = 0;
     CAI_CALL(ck_h5_get_str(h, h->file, "format", buf, sizeof buf, &found));
     if (!found || strcmp(buf, CAI_CKPT_FORMAT) != 0)
-        return CAI_ERROR(CAI_ERR_FORMAT, "'%s' is an HDF5 file but not a colossal checkpoint (its root attribute "
-                         "'format' is %s%s%s, expected \"%s\")", h->path, found ? "\"" : "missing", found ? buf : "",
-                         found ? "\"" : "", CAI_CKPT_FORMAT);
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "'%s' is an HDF5 file but not a colossal checkpoint (its root attribute "
+                         "'format' is %s%s%s, expected \"%s\")",
+                         h->path, found ? "\"" : "missing", found ? buf : "", found ? "\"" : "", CAI_CKPT_FORMAT);
     int64_t v = 0;
     CAI_CALL(ck_h5_get_i64(h, h->file, "format_version", &v, NULL));
     if (v < 1 || v > CAI_CKPT_VERSION)
-        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has format version %lld; this build reads version 1 to %d "
-                         "(written by a newer colossal?)", h->path, (long long)v, CAI_CKPT_VERSION);
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "checkpoint '%s' has format version %lld; this build reads version 1 to %d "
+                         "(written by a newer colossal?)",
+                         h->path, (long long)v, CAI_CKPT_VERSION);
     m->format_version = (int)v;
     CAI_CALL(ck_h5_get_str(h, h->file, "colossal_version", m->colossal_version, sizeof m->colossal_version, NULL));
     CAI_CALL(ck_h5_get_i64(h, h->file, "created_unix", &m->created_unix, NULL));
@@ -349,8 +351,10 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
         CAI_CALL(ck_h5_get_str(h, h->file, "model.family", buf, sizeof buf, NULL));
         if (cai_model_family_parse(buf, &m->model.family) != CAI_OK) {
             cai_error_clear();
-            return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': model.family \"%s\" is not a model family this build "
-                             "knows", h->path, buf);
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': model.family \"%s\" is not a model family this build "
+                             "knows",
+                             h->path, buf);
         }
         CAI_CALL(read_fields(h, k_model_fields, NF(k_model_fields), &m->model));
         const char *dk[2] = {"model.param_dtype", "model.act_dtype"};
@@ -414,11 +418,12 @@ static cai_status check_model(const char *path, const cai_ckpt_meta *m, const ca
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].file != f[i].here)
-            return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' holds a different model: %s is %lld in the file, %lld "
-                             "in this run", path, f[i].key, f[i].file, f[i].here);
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s' holds a different model: %s is %lld in the file, %lld "
+                             "in this run",
+                             path, f[i].key, f[i].file, f[i].here);
     if (got->norm_eps != want->norm_eps)
-        CAI_WARN("checkpoint '%s': model.norm_eps was %g, now %g", path, (double)got->norm_eps,
-                 (double)want->norm_eps);
+        CAI_WARN("checkpoint '%s': model.norm_eps was %g, now %g", path, (double)got->norm_eps, (double)want->norm_eps);
     if (want->family == CAI_MODEL_LLAMA && got->rope_theta != want->rope_theta)
         CAI_WARN("checkpoint '%s': model.rope_theta was %g, now %g", path, (double)got->rope_theta,
                  (double)want->rope_theta);
@@ -526,8 +531,8 @@ static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout
         CAI_CHECK_ARG(ck_file_dtype_ok(B->dtype) && ck_file_dtype_ok(B->file_dtype),
                       "checkpoint buffer %s: dtypes %s (memory) and %s (file) must be f32, bf16 or f16", B->group,
                       cai_dtype_name(B->dtype), cai_dtype_name(B->file_dtype));
-        CAI_CHECK_ARG(B->flat_begin <= B->flat_end, "checkpoint buffer %s: flat range [%zu, %zu) is reversed",
-                      B->group, B->flat_begin, B->flat_end);
+        CAI_CHECK_ARG(B->flat_begin <= B->flat_end, "checkpoint buffer %s: flat range [%zu, %zu) is reversed", B->group,
+                      B->flat_begin, B->flat_end);
     }
     CAI_CALL(cai_calloc((void **)&e->off, (size_t)np + 1, sizeof *e->off, "checkpoint offsets"));
     CAI_CALL(cai_calloc((void **)&e->sh, (size_t)np + 1, sizeof *e->sh, "checkpoint shards"));
@@ -549,8 +554,7 @@ static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout
         const cai_param_info *info = cai_registry_param(L->reg, i);
         CAI_CALL(cai_registry_shard(L->reg, i, &L->view, &e->sh[i]));
         replica_slot(e, info, &e->rep_q[i], &e->rep_r[i]);
-        if (e->off[i] == SIZE_MAX || e->sh[i].local_numel != info->numel || info->spec.expert >= 0)
-            e->flat_split = 0;
+        if (e->off[i] == SIZE_MAX || e->sh[i].local_numel != info->numel || info->spec.expert >= 0) e->flat_split = 0;
     }
     /* The storage a save writes: tensors in registration order, each
      * starting at a multiple of align_elems like the flat buffers, so a
@@ -561,8 +565,10 @@ static cai_status engine_init(engine *e, cai_mesh_t *mesh, const cai_ckpt_layout
     for (int b = 0; b < nb; b++) {
         const cai_ckpt_buffer *B = &bufs[b];
         if (B->flat_end > e->total)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint buffer %s: flat range ends at %zu beyond the layout's "
-                             "%zu elements", B->group, B->flat_end, e->total);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "checkpoint buffer %s: flat range ends at %zu beyond the layout's "
+                             "%zu elements",
+                             B->group, B->flat_end, e->total);
         e->group[b] = B->group;
         e->fdt[b] = B->file_dtype;
         for (int p = 0; p < np; p++)
@@ -648,8 +654,8 @@ static void storage_name(const char *group, char *out, size_t cap) { snprintf(ou
  * tensor (that of its tie primary p), memory index in buffer b. On a read
  * the part inside the write window [wa, wz) of replica-0 slabs is hashed;
  * on a write (writers_only) all of it. */
-static cai_status add_segments(engine *e, int b, int i, uint64_t a, uint64_t z, uint64_t m_at_a, int write,
-                               uint64_t wa, uint64_t wz, ck_run **runs, size_t *cap, ck_segs *out) {
+static cai_status add_segments(engine *e, int b, int i, uint64_t a, uint64_t z, uint64_t m_at_a, int write, uint64_t wa,
+                               uint64_t wz, ck_run **runs, size_t *cap, ck_segs *out) {
     if (a >= z) return CAI_OK;
     int p = cai_registry_param(e->L->reg, i)->tie_primary;
     ck_box boxes[CK_MAX_BOXES];
@@ -692,9 +698,10 @@ static cai_status group_segments(engine *e, int b, int pass, ck_segs *out, int *
             const cai_ckpt_piece *pc = &pcs[k];
             int i = pc->index;
             if (i < 0 || i >= e->np || e->off[i] == SIZE_MAX || pc->param_offset + pc->count > e->sh[i].local_numel) {
-                st = CAI_ERROR(CAI_ERR_INVALID_ARG, "checkpoint buffer %s: piece %d (parameter %d, elements [%zu, "
-                               "%zu)) is not a held parameter's range", B->group, k, i, pc->param_offset,
-                               pc->param_offset + pc->count);
+                st = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                               "checkpoint buffer %s: piece %d (parameter %d, elements [%zu, "
+                               "%zu)) is not a held parameter's range",
+                               B->group, k, i, pc->param_offset, pc->param_offset + pc->count);
                 break;
             }
             if ((pass < 0 || pass == 0) != is_primary(e, i)) continue;
@@ -732,8 +739,10 @@ static cai_status test_stall(const engine *e, const char *tmp) {
     int want = -1, who = e->size - 1;
     if (!*v) return CAI_OK;
     if (sscanf(v, "%d:%d", &want, &who) < 1 || want < 1)
-        return CAI_ERROR(CAI_ERR_CONFIG, "CAI_CKPT_TEST_STALL='%s': expected N[:R], a transfer count N >= 1 and "
-                         "optionally the rank R that stalls", v);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "CAI_CKPT_TEST_STALL='%s': expected N[:R], a transfer count N >= 1 and "
+                         "optionally the rank R that stalls",
+                         v);
     if (e->x.io.n_transfers == want && e->rank == who) {
         fprintf(stderr, "checkpoint test hook: rank %d (pid %ld) stalls after %d transfer%s of %s\n", e->rank,
                 (long)getpid(), want, want == 1 ? "" : "s", tmp);
@@ -864,11 +873,13 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
 }
 
 cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0 && meta &&
-                  (!pieces || n_pieces), "cai_ckpt_save_buffers: NULL argument");
-    CAI_CHECK_ARG(meta->has_model, "cai_ckpt_save_buffers: meta->has_model must be set (the model config is part of "
+                      (!pieces || n_pieces),
+                  "cai_ckpt_save_buffers: NULL argument");
+    CAI_CHECK_ARG(meta->has_model,
+                  "cai_ckpt_save_buffers: meta->has_model must be set (the model config is part of "
                   "every checkpoint)");
     double t0 = cai_time_now();
     engine e;
@@ -925,8 +936,7 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     if (e.rank == 0) {
         if (rename(tmp, path) != 0)
             st = CAI_ERROR(CAI_ERR_IO, "cannot rename checkpoint '%s' to '%s': %s", tmp, path, strerror(errno));
-        else
-            st = sync_dir_of(path);
+        else st = sync_dir_of(path);
     }
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     if (stats) stats->seconds = cai_time_now() - t0;
@@ -957,8 +967,7 @@ static cai_status open_datasets(engine *e) {
         }
         if (!ex)
             return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor group '%s'%s%s%s", e->h.path, B->group,
-                             B->alt_group ? " (nor '" : "", B->alt_group ? B->alt_group : "",
-                             B->alt_group ? "')" : "");
+                             B->alt_group ? " (nor '" : "", B->alt_group ? B->alt_group : "", B->alt_group ? "')" : "");
         e->storage[b] = H5Dopen2(e->h.file, sname, H5P_DEFAULT);
         if (e->storage[b] < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open %s", e->h.path, sname);
         int nd = 0;
@@ -966,8 +975,10 @@ static cai_status open_datasets(engine *e) {
         char desc[96];
         CAI_CALL(ck_h5_dataset_info(&e->h, e->storage[b], sname, &nd, shape, &e->fdt[b], desc, sizeof desc));
         if (nd != 1 || !ck_file_dtype_ok(e->fdt[b]))
-            return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': %s should be one-dimensional f32, bf16 or f16, not "
-                             "%d-dimensional %s", e->h.path, sname, nd, desc);
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': %s should be one-dimensional f32, bf16 or f16, not "
+                             "%d-dimensional %s",
+                             e->h.path, sname, nd, desc);
         e->slen[b] = shape[0];
         for (int p = 0; p < e->np; p++) {
             if (!is_primary(e, p)) continue;
@@ -976,8 +987,10 @@ static cai_status open_datasets(engine *e) {
             int has = 0;
             CAI_CALL(path_exists(&e->h, name, &has));
             if (!has)
-                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor %s (a checkpoint of another model, or "
-                                 "damaged)", e->h.path, name);
+                return CAI_ERROR(CAI_ERR_FORMAT,
+                                 "checkpoint '%s' has no tensor %s (a checkpoint of another model, or "
+                                 "damaged)",
+                                 e->h.path, name);
             hid_t ds = H5Dopen2(e->h.file, name, H5P_DEFAULT);
             if (ds < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open tensor %s", e->h.path, name);
             e->ds[b * e->np + p] = ds;
@@ -993,8 +1006,10 @@ static cai_status open_datasets(engine *e) {
                 for (int d = 0; d < info->ndim; d++)
                     snprintf(ms + strlen(ms), sizeof ms - strlen(ms), "%s%llu", d ? ", " : "",
                              (unsigned long long)info->shape[d]);
-                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has shape [%s] but the model expects "
-                                 "[%s]", e->h.path, name, fs, ms);
+                return CAI_ERROR(CAI_ERR_FORMAT,
+                                 "checkpoint '%s': tensor %s has shape [%s] but the model expects "
+                                 "[%s]",
+                                 e->h.path, name, fs, ms);
             }
             if (dt != e->fdt[b])
                 return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s has element type %s, its storage %s",
@@ -1002,9 +1017,11 @@ static cai_status open_datasets(engine *e) {
             uint64_t so = 0;
             CAI_CALL(ck_h5_get_u64(&e->h, ds, "storage_offset", &so, NULL));
             if (so > e->slen[b] || info->numel > e->slen[b] - so)
-                return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s claims elements [%llu, %llu) of %s, which "
-                                 "holds %llu", e->h.path, name, (unsigned long long)so,
-                                 (unsigned long long)(so + info->numel), sname, (unsigned long long)e->slen[b]);
+                return CAI_ERROR(CAI_ERR_FORMAT,
+                                 "checkpoint '%s': tensor %s claims elements [%llu, %llu) of %s, which "
+                                 "holds %llu",
+                                 e->h.path, name, (unsigned long long)so, (unsigned long long)(so + info->numel), sname,
+                                 (unsigned long long)e->slen[b]);
             e->soff[b * e->np + p] = so;
         }
     }
@@ -1048,9 +1065,10 @@ static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_l
             }
         }
     if (n_bad) {
-        st = CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s is corrupt: its data hashes to %016llx but "
-                       "%016llx was stored when it was written (%d tensor%s bad)", path, first,
-                       (unsigned long long)got, (unsigned long long)want, n_bad, n_bad == 1 ? "" : "s");
+        st = CAI_ERROR(CAI_ERR_FORMAT,
+                       "checkpoint '%s': tensor %s is corrupt: its data hashes to %016llx but "
+                       "%016llx was stored when it was written (%d tensor%s bad)",
+                       path, first, (unsigned long long)got, (unsigned long long)want, n_bad, n_bad == 1 ? "" : "s");
         goto fail;
     }
     stats_fill(&e, stats, t0);
@@ -1072,16 +1090,16 @@ out:
 }
 
 cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
-                                 cai_ckpt_stats *stats) {
+                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     return cai_ckpt_load_pieces(mesh, path, layout, bufs, NULL, NULL, n_bufs, meta, stats);
 }
 
 cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && path && *path && layout && layout->reg && (bufs || n_bufs == 0) && n_bufs >= 0 &&
-                  (!pieces || n_pieces), "cai_ckpt_load_buffers: NULL argument");
+                      (!pieces || n_pieces),
+                  "cai_ckpt_load_buffers: NULL argument");
     return load_impl(mesh, path, layout, bufs, pieces, n_pieces, n_bufs, meta, NULL, stats);
 }
 
@@ -1101,7 +1119,6 @@ cai_status ck_load_checked(cai_mesh_t *mesh, const char *path, const cai_ckpt_la
 
 /* ------------------------------------------------------------ model + optimizer */
 
-
 static cai_device_t *buffer_device(cai_model_t *model) {
     cai_device_t *dev = cai_model_device(model);
     return dev->kind == CAI_DEVICE_HOST ? NULL : dev;
@@ -1112,8 +1129,13 @@ static cai_device_t *buffer_device(cai_model_t *model) {
 static int optim_buffers(cai_optim_t *optim, cai_device_t *dev, cai_ckpt_buffer *out) {
     cai_tensor mt, vt;
     cai_optim_state(optim, &mt, &vt);
-    out[0] = (cai_ckpt_buffer){.group = "optim/exp_avg", .data = mt.data, .dev = dev, .dtype = CAI_DTYPE_F32,
-                               .file_dtype = CAI_DTYPE_F32, .replicated = 1, .skip_tie_copies = 1};
+    out[0] = (cai_ckpt_buffer){.group = "optim/exp_avg",
+                               .data = mt.data,
+                               .dev = dev,
+                               .dtype = CAI_DTYPE_F32,
+                               .file_dtype = CAI_DTYPE_F32,
+                               .replicated = 1,
+                               .skip_tie_copies = 1};
     out[1] = out[0];
     out[1].group = "optim/exp_avg_sq";
     out[1].data = vt.data;
@@ -1140,10 +1162,18 @@ cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     cai_ckpt_buffer bufs[4];
     int n = 0;
     if (lowp.data)
-        bufs[n++] = (cai_ckpt_buffer){.group = "model", .data = lowp.data, .dev = dev, .dtype = lowp.dtype,
-                                      .file_dtype = lowp.dtype, .replicated = 1};
-    bufs[n++] = (cai_ckpt_buffer){.group = lowp.data ? "master" : "model", .data = params.data, .dev = dev,
-                                  .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
+        bufs[n++] = (cai_ckpt_buffer){.group = "model",
+                                      .data = lowp.data,
+                                      .dev = dev,
+                                      .dtype = lowp.dtype,
+                                      .file_dtype = lowp.dtype,
+                                      .replicated = 1};
+    bufs[n++] = (cai_ckpt_buffer){.group = lowp.data ? "master" : "model",
+                                  .data = params.data,
+                                  .dev = dev,
+                                  .dtype = CAI_DTYPE_F32,
+                                  .file_dtype = CAI_DTYPE_F32,
+                                  .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
     cai_ckpt_layout L = ck_model_layout(model);
     CAI_CALL(cai_device_sync(cai_model_device(model)));
@@ -1161,8 +1191,13 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
     int n = 0;
     /* The fp32 masters are the state; the working copy is refreshed from
      * them below. An f32 run's file has only "model". */
-    bufs[n++] = (cai_ckpt_buffer){.group = "master", .alt_group = "model", .data = params.data, .dev = dev,
-                                  .dtype = CAI_DTYPE_F32, .file_dtype = CAI_DTYPE_F32, .replicated = 1};
+    bufs[n++] = (cai_ckpt_buffer){.group = "master",
+                                  .alt_group = "model",
+                                  .data = params.data,
+                                  .dev = dev,
+                                  .dtype = CAI_DTYPE_F32,
+                                  .file_dtype = CAI_DTYPE_F32,
+                                  .replicated = 1};
     if (optim) n += optim_buffers(optim, dev, bufs + n);
     cai_ckpt_layout L = ck_model_layout(model);
     cai_ckpt_meta m;
@@ -1178,9 +1213,11 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 
 #else /* !CAI_HAVE_HDF5 */
 
-#define NO_HDF5(fn)                                                                                                 \
-    CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: this build has no parallel HDF5, so no checkpoints (install "               \
-              "libhdf5-openmpi-dev and re-run configure)", fn)
+#define NO_HDF5(fn)                                                              \
+    CAI_ERROR(CAI_ERR_UNSUPPORTED,                                               \
+              "%s: this build has no parallel HDF5, so no checkpoints (install " \
+              "libhdf5-openmpi-dev and re-run configure)",                       \
+              fn)
 
 cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
                                  const cai_ckpt_buffer *bufs, int n_bufs, const cai_ckpt_meta *meta,
@@ -1188,18 +1225,17 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
     return NO_HDF5("cai_ckpt_save_buffers");
 }
 cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
-                                 cai_ckpt_stats *stats) {
+                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     return NO_HDF5("cai_ckpt_load_buffers");
 }
 cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     return NO_HDF5("cai_ckpt_save_pieces");
 }
 cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     return NO_HDF5("cai_ckpt_load_pieces");
 }
 cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,

@@ -52,8 +52,7 @@ int ck_range_boxes(const cai_param_shard *sh, uint64_t a, uint64_t b, int writer
  * hyperslab selection is iterated in), merged where contiguous in both.
  * *runs is malloc'd (grown as needed; *cap its capacity); returns the count
  * through *n. */
-cai_status ck_box_runs(const cai_param_shard *sh, const ck_box *boxes, int nbox, ck_run **runs, size_t *cap,
-                       size_t *n);
+cai_status ck_box_runs(const cai_param_shard *sh, const ck_box *boxes, int nbox, ck_run **runs, size_t *cap, size_t *n);
 /* The part [*a, *b) of the local elements [0, local_numel) ∩ [lo, hi)
  * (local linear indices) that rank q of a group of r replicas writes:
  * contiguous, balanced chunks. r = 1: the whole intersection. */
@@ -135,7 +134,7 @@ cai_status ck_load_checked(cai_mesh_t *mesh, const char *path, const cai_ckpt_la
 /* A file opened or created collectively over `comm`. */
 typedef struct {
     hid_t file;
-    hid_t bf16; /* the file's bf16 type (a transient copy when opened read-only) */
+    hid_t bf16;            /* the file's bf16 type (a transient copy when opened read-only) */
     int independent_mpiio; /* collective H5Dwrite/H5Dread, independent MPI-IO underneath (CAI_CKPT_MPIIO) */
     MPI_Comm comm;
     int rank, size;
@@ -236,9 +235,9 @@ cai_status ck_h5_dataset_info(ck_h5 *h, hid_t dset, const char *name, int *ndim,
 /* Reusable state of a sequence of transfers on one file. */
 typedef struct {
     ck_h5 *h;
-    uint64_t piece;    /* elements per transfer at most */
-    void *stage;       /* piece elements of up to 4 bytes, in the file type (lazy) */
-    void *host;        /* piece elements of up to 4 bytes: device data staged on the host (lazy) */
+    uint64_t piece; /* elements per transfer at most */
+    void *stage;    /* piece elements of up to 4 bytes, in the file type (lazy) */
+    void *host;     /* piece elements of up to 4 bytes: device data staged on the host (lazy) */
     cai_device_t *host_dev;
     ck_io_counts io;
 } ck_xfer;

@@ -93,8 +93,7 @@ int ck_range_boxes(const cai_param_shard *sh, uint64_t a, uint64_t b, int writer
     c.block[c.ndim] = 1;
     for (int d = c.ndim - 1; d >= 0; d--) c.block[d] = c.block[d + 1] * sh->local_shape[d];
     if (sh->split_dim >= 0)
-        for (int k = 1; k < sh->n_slabs; k++)
-            c.prefix[k] = c.prefix[k - 1] + sh->slab[k - 1].count[sh->split_dim];
+        for (int k = 1; k < sh->n_slabs; k++) c.prefix[k] = c.prefix[k - 1] + sh->slab[k - 1].count[sh->split_dim];
     uint64_t lo[CAI_PARAM_MAX_DIMS] = {0};
     if (b > sh->local_numel) b = sh->local_numel;
     split_range(&c, 0, lo, a, b);
@@ -174,8 +173,7 @@ cai_status ck_box_runs(const cai_param_shard *sh, const ck_box *boxes, int nbox,
             if (m && (*runs)[m - 1].g + (*runs)[m - 1].n == r.g && (*runs)[m - 1].l + (*runs)[m - 1].n == r.l &&
                 (*runs)[m - 1].writer == r.writer)
                 (*runs)[m - 1].n += r.n;
-            else
-                (*runs)[m++] = r;
+            else (*runs)[m++] = r;
         }
         *n = m;
     }
@@ -204,9 +202,9 @@ static inline uint64_t mix64(uint64_t z) {
 
 /* One loop per element size so each vectorises (64-bit lanes; AVX-512 has
  * the 64-bit multiply). */
-#define XSUM_LOOP(T)                                                            \
-    do {                                                                        \
-        const T *p = data;                                                      \
+#define XSUM_LOOP(T)                                                           \
+    do {                                                                       \
+        const T *p = data;                                                     \
         for (uint64_t i = 0; i < n; i++) s += mix64((g0 + i) * XSUM_K + p[i]); \
     } while (0)
 
@@ -216,7 +214,8 @@ static inline uint64_t mix64(uint64_t z) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 __attribute__((target_clones("avx512f", "avx2", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic")))
 #endif
-uint64_t ck_xsum(const void *data, size_t elem_size, uint64_t g0, uint64_t n) {
+uint64_t
+ck_xsum(const void *data, size_t elem_size, uint64_t g0, uint64_t n) {
     uint64_t s = 0;
     switch (elem_size) {
     case 1: XSUM_LOOP(uint8_t); break;

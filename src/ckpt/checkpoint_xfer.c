@@ -184,8 +184,8 @@ cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *
         return ck_h5_transfer(x->h, storage, fdt, segs, n, nsel, direct ? mem : NULL, direct ? mem->base : stage, 1,
                               what, &x->io);
     }
-    CAI_CALL(ck_h5_transfer(x->h, storage, fdt, segs, n, nsel, direct ? mem : NULL, direct ? mem->base : stage, 0,
-                            what, &x->io));
+    CAI_CALL(ck_h5_transfer(x->h, storage, fdt, segs, n, nsel, direct ? mem : NULL, direct ? mem->base : stage, 0, what,
+                            &x->io));
     if (!nsel) return CAI_OK;
     if (xsum) hash_segs(segs, n, direct ? mem->base : stage, !direct, fsz, tensor_off, xsum);
     if (mem && !direct) {

@@ -61,8 +61,12 @@ static cai_status zstate_init(zstate *s, cai_zero_t *z, int save) {
         sp = s->own[1];
     }
     /* `replicated` matters only at stage 0 (pieces are held by one rank). */
-    cai_ckpt_buffer mb = {.group = "model", .data = master.data, .dev = dev, .dtype = CAI_DTYPE_F32,
-                          .file_dtype = CAI_DTYPE_F32, .replicated = 1};
+    cai_ckpt_buffer mb = {.group = "model",
+                          .data = master.data,
+                          .dev = dev,
+                          .dtype = CAI_DTYPE_F32,
+                          .file_dtype = CAI_DTYPE_F32,
+                          .replicated = 1};
     if (save && pdt != CAI_DTYPE_F32) {
         cai_ckpt_buffer w = mb;
         w.file_dtype = pdt;
@@ -74,8 +78,13 @@ static cai_status zstate_init(zstate *s, cai_zero_t *z, int save) {
     }
     push(s, mb, mp, count);
     /* A tie copy held with its primary keeps its (unused) moments. */
-    cai_ckpt_buffer ob = {.group = "optim/exp_avg", .data = m.data, .dev = dev, .dtype = CAI_DTYPE_F32,
-                          .file_dtype = CAI_DTYPE_F32, .replicated = 1, .skip_tie_copies = 1};
+    cai_ckpt_buffer ob = {.group = "optim/exp_avg",
+                          .data = m.data,
+                          .dev = dev,
+                          .dtype = CAI_DTYPE_F32,
+                          .file_dtype = CAI_DTYPE_F32,
+                          .replicated = 1,
+                          .skip_tie_copies = 1};
     push(s, ob, sp, count);
     ob.group = "optim/exp_avg_sq";
     ob.data = v.data;

@@ -127,12 +127,15 @@ cai_dtype ck_h5_dtype_of(hid_t type, char *desc, size_t cap) {
         else if (le && size == 8 && esize == 11 && msize == 52 && ebias == 1023) dt = CAI_DTYPE_F64;
         if (desc) {
             if (dt != CAI_DTYPE_COUNT) snprintf(desc, cap, "%s", cai_dtype_name(dt));
-            else snprintf(desc, cap, "float(size %zu, exponent %zu bits bias %zu, mantissa %zu bits%s)", size, esize,
-                          ebias, msize, le ? "" : ", big-endian");
+            else
+                snprintf(desc, cap, "float(size %zu, exponent %zu bits bias %zu, mantissa %zu bits%s)", size, esize,
+                         ebias, msize, le ? "" : ", big-endian");
         }
     } else if (desc) {
-        const char *c = cls == H5T_INTEGER ? "int" : cls == H5T_STRING ? "string" : cls == H5T_COMPOUND ? "compound"
-                                                                                                          : "other";
+        const char *c = cls == H5T_INTEGER    ? "int"
+                        : cls == H5T_STRING   ? "string"
+                        : cls == H5T_COMPOUND ? "compound"
+                                              : "other";
         snprintf(desc, cap, "%s(size %zu)", c, size);
     }
     return dt;
@@ -284,14 +287,17 @@ cai_status ck_space_check(const char *path, uint64_t bytes) {
     if (statvfs(dir, &sv) != 0) return CAI_OK; /* nothing known: the writes will tell */
     uint64_t avail = (uint64_t)sv.f_bavail * (uint64_t)(sv.f_frsize ? sv.f_frsize : sv.f_bsize);
     if (avail >= bytes) return CAI_OK;
-    return CAI_ERROR(CAI_ERR_IO, "cannot write checkpoint '%s': %s (%.2f MB free in %s, the checkpoint needs about "
-                     "%.2f MB)", path, strerror(ENOSPC), (double)avail / 1e6, dir, (double)bytes / 1e6);
+    return CAI_ERROR(CAI_ERR_IO,
+                     "cannot write checkpoint '%s': %s (%.2f MB free in %s, the checkpoint needs about "
+                     "%.2f MB)",
+                     path, strerror(ENOSPC), (double)avail / 1e6, dir, (double)bytes / 1e6);
 }
 
 cai_status ck_h5_reserve(ck_h5 *h, uint64_t offset, uint64_t bytes, const char *what) {
     if (bytes == 0) return CAI_OK;
     int fd = open(h->path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return CAI_ERROR(CAI_ERR_IO, "cannot open checkpoint '%s' to reserve space: %s", h->path, strerror(errno));
+    if (fd < 0)
+        return CAI_ERROR(CAI_ERR_IO, "cannot open checkpoint '%s' to reserve space: %s", h->path, strerror(errno));
     int rc = posix_fallocate(fd, (off_t)offset, (off_t)bytes);
     close(fd);
     /* A file system without fallocate (EOPNOTSUPP, EINVAL) goes without. */
@@ -340,12 +346,14 @@ static hid_t contiguous_dcpl(void) {
 cai_status ck_h5_storage_create(ck_h5 *h, const char *name, cai_dtype dt, uint64_t len, hid_t *out) {
     hsize_t dim = len ? len : 1;
     hid_t space = H5Screate_simple(1, &dim, NULL), dcpl = contiguous_dcpl(), ds = -1;
-    if (space >= 0 && dcpl >= 0) ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (space >= 0 && dcpl >= 0)
+        ds = H5Dcreate2(h->file, name, ck_h5_type(h, dt), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
     if (ds < 0) ck_h5_capture();
     if (dcpl >= 0) H5Pclose(dcpl);
     if (space >= 0) H5Sclose(space);
-    if (ds < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create %s (%llu elements)", h->path, name,
-                                (unsigned long long)len);
+    if (ds < 0)
+        return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create %s (%llu elements)", h->path, name,
+                        (unsigned long long)len);
     *out = ds;
     return CAI_OK;
 }
@@ -451,8 +459,10 @@ static cai_status attr_open(ck_h5 *h, hid_t obj, const char *name, hid_t *a, int
     if (found) *found = ex > 0;
     if (ex == 0) {
         if (found) return CAI_OK;
-        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' lacks the attribute %s (not written by colossal, or "
-                         "damaged)", h->path, name);
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "checkpoint '%s' lacks the attribute %s (not written by colossal, or "
+                         "damaged)",
+                         h->path, name);
     }
     *a = H5Aopen(obj, name, H5P_DEFAULT);
     if (*a < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open attribute %s", h->path, name);
@@ -529,8 +539,7 @@ cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text) {
         /* One writer; the others take part with empty selections. */
         fsel = H5Scopy(space);
         msel = H5Scopy(space);
-        if (fsel >= 0 && msel >= 0 &&
-            (h->rank == 0 || (H5Sselect_none(fsel) >= 0 && H5Sselect_none(msel) >= 0)))
+        if (fsel >= 0 && msel >= 0 && (h->rank == 0 || (H5Sselect_none(fsel) >= 0 && H5Sselect_none(msel) >= 0)))
             rc = H5Dwrite(ds, t, msel, fsel, dxpl, text);
     }
     if (rc < 0) ck_h5_capture();
@@ -593,8 +602,7 @@ static herr_t select_ranges(hid_t space, const ck_seg *segs, size_t n, int use_m
         size_t k = 1;
         if (i + 1 < n && segs[i + 1].n == block) {
             stride = (use_m ? segs[i + 1].m : segs[i + 1].s) - start;
-            while (i + k < n && segs[i + k].n == block &&
-                   (use_m ? segs[i + k].m : segs[i + k].s) == start + k * stride)
+            while (i + k < n && segs[i + k].n == block && (use_m ? segs[i + k].m : segs[i + k].s) == start + k * stride)
                 k++;
         }
         hsize_t st = start, sd = k > 1 ? stride : 1, ct = k, bl = block;
@@ -624,8 +632,7 @@ cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, const ck_seg *segs
     cai_status st = CAI_OK;
     herr_t rc = fspace < 0 || mspace < 0 || dxpl < 0 ? -1 : H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
     if (rc >= 0 && h->independent_mpiio) rc = H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
-    if (rc >= 0 && (n == 0 || nsel == 0))
-        rc = H5Sselect_none(fspace) < 0 || H5Sselect_none(mspace) < 0 ? -1 : 0;
+    if (rc >= 0 && (n == 0 || nsel == 0)) rc = H5Sselect_none(fspace) < 0 || H5Sselect_none(mspace) < 0 ? -1 : 0;
     else if (rc >= 0)
         rc = select_ranges(fspace, segs, n, 0) < 0 || (mem && select_ranges(mspace, segs, n, 1) < 0) ? -1 : 0;
     if (rc < 0) {

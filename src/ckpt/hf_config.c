@@ -147,8 +147,9 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
     cai_model_config c;
     CAI_CALL(cai_model_config_resolve(cfg_in, &c));
     const char *arch = cai_hf_architecture(c.family), *tdt = torch_dtype_name(dtype);
-    if (!arch) return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json: family %s has no HF architecture",
-                                cai_model_family_name(c.family));
+    if (!arch)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json: family %s has no HF architecture",
+                         cai_model_family_name(c.family));
     if (!tdt)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "config.json: export dtype %s (F32, BF16 or F16)", cai_dtype_name(dtype));
     json_t *o = json_object(), *archs = json_array();
@@ -232,8 +233,8 @@ static cai_status get_int(const cfg_reader *r, const char *key, int required, lo
     json_t *v = present(r, key);
     if (!v) {
         if (required)
-            return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': key \"%s\" is missing (an integer is required)", r->path,
-                             key);
+            return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': key \"%s\" is missing (an integer is required)",
+                             r->path, key);
         *out = (int)def;
         return CAI_OK;
     }
@@ -319,7 +320,8 @@ static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
         const char *first = NULL;
         for (size_t i = 0; i < json_array_size(archs) && !found; i++) {
             const char *a = json_string_value(json_array_get(archs, i));
-            if (!a) return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': architectures[%zu] is not a string", r->path, i);
+            if (!a)
+                return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': architectures[%zu] is not a string", r->path, i);
             if (!first) first = a;
             for (size_t k = 0; k < N_ARCHS && !found; k++)
                 if (strcmp(a, k_archs[k].arch) == 0) {
@@ -338,8 +340,10 @@ static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
         } else if (strcmp(mt, "llama") == 0) {
             f = CAI_MODEL_LLAMA;
         } else {
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json '%s': unknown model_type \"%s\" (colossal reads gpt2 and "
-                             "llama)", r->path, mt);
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "config.json '%s': unknown model_type \"%s\" (colossal reads gpt2 and "
+                             "llama)",
+                             r->path, mt);
         }
         if (found && f != *family)
             return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': model_type \"%s\" contradicts architectures (%s)",
@@ -348,8 +352,10 @@ static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
         found = 1;
     }
     if (!found)
-        return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': neither \"architectures\" nor \"model_type\" says what "
-                         "model this is", r->path);
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "config.json '%s': neither \"architectures\" nor \"model_type\" says what "
+                         "model this is",
+                         r->path);
     return CAI_OK;
 }
 
@@ -359,8 +365,7 @@ static cai_status parse_gpt2(const cfg_reader *r, cai_model_config *c) {
     CAI_CALL(get_int(r, "vocab_size", 1, 0, 1, BIG, &c->vocab_size));
     if (present(r, "n_positions") || !present(r, "n_ctx"))
         CAI_CALL(get_int(r, "n_positions", 1, 0, 1, BIG, &c->max_seq_len));
-    else
-        CAI_CALL(get_int(r, "n_ctx", 1, 0, 1, BIG, &c->max_seq_len)); /* configs older than transformers 4 */
+    else CAI_CALL(get_int(r, "n_ctx", 1, 0, 1, BIG, &c->max_seq_len)); /* configs older than transformers 4 */
     CAI_CALL(get_int(r, "n_embd", 1, 0, 1, BIG, &c->d_model));
     CAI_CALL(get_int(r, "n_layer", 1, 0, 1, BIG, &c->n_layers));
     CAI_CALL(get_int(r, "n_head", 1, 0, 1, BIG, &c->n_heads));
@@ -370,8 +375,10 @@ static cai_status parse_gpt2(const cfg_reader *r, cai_model_config *c) {
     CAI_CALL(get_str(r, "activation_function", "gelu_new", &act));
     /* gelu_pytorch_tanh is the same function as gelu_new, computed by one torch kernel */
     if (strcmp(act, "gelu_new") != 0 && strcmp(act, "gelu_pytorch_tanh") != 0)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json '%s': activation_function \"%s\" is not supported (colossal's "
-                         "GPT-2 uses the tanh GELU, \"gelu_new\")", r->path, act);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "config.json '%s': activation_function \"%s\" is not supported (colossal's "
+                         "GPT-2 uses the tanh GELU, \"gelu_new\")",
+                         r->path, act);
     CAI_CALL(get_float(r, "layer_norm_epsilon", 1e-5, &c->norm_eps));
     CAI_CALL(get_float(r, "initializer_range", 0.02, &c->init_std));
     CAI_CALL(get_bool(r, "tie_word_embeddings", 1, &c->tie_embeddings));
@@ -392,21 +399,26 @@ static cai_status parse_llama(const cfg_reader *r, cai_model_config *c) {
     int head_dim = 0;
     CAI_CALL(get_int(r, "head_dim", 0, 0, 1, BIG, &head_dim));
     if (head_dim && (long long)head_dim * c->n_heads != c->d_model)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json '%s': head_dim %d differs from hidden_size / "
-                         "num_attention_heads = %d / %d (colossal derives the head size)", r->path, head_dim,
-                         c->d_model, c->n_heads);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "config.json '%s': head_dim %d differs from hidden_size / "
+                         "num_attention_heads = %d / %d (colossal derives the head size)",
+                         r->path, head_dim, c->d_model, c->n_heads);
     const char *act;
     CAI_CALL(get_str(r, "hidden_act", "silu", &act));
     if (strcmp(act, "silu") != 0)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json '%s': hidden_act \"%s\" is not supported (colossal's Llama "
-                         "MLP is SwiGLU, \"silu\")", r->path, act);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "config.json '%s': hidden_act \"%s\" is not supported (colossal's Llama "
+                         "MLP is SwiGLU, \"silu\")",
+                         r->path, act);
     CAI_CALL(get_float(r, "rms_norm_eps", 1e-6, &c->norm_eps));
     CAI_CALL(get_float(r, "rope_theta", 10000.0, &c->rope_theta));
     CAI_CALL(get_float(r, "initializer_range", 0.02, &c->init_std));
     CAI_CALL(get_bool(r, "tie_word_embeddings", 0, &c->tie_embeddings));
     if (present(r, "rope_scaling"))
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json '%s': \"rope_scaling\" is set; colossal implements plain "
-                         "RoPE only", r->path);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "config.json '%s': \"rope_scaling\" is set; colossal implements plain "
+                         "RoPE only",
+                         r->path);
     CAI_CALL(want_bool(r, "attention_bias", 0, "colossal's Llama has no attention biases"));
     CAI_CALL(want_bool(r, "mlp_bias", 0, "colossal's Llama has no MLP biases"));
     int tp = 1;

@@ -24,7 +24,9 @@ cai_hf_export_options cai_hf_export_options_default(void) {
     return o;
 }
 
-static uint64_t entry_numel(const cai_hf_entry *e) { return e->ndim == 1 ? e->hf_shape[0] : e->hf_shape[0] * e->hf_shape[1]; }
+static uint64_t entry_numel(const cai_hf_entry *e) {
+    return e->ndim == 1 ? e->hf_shape[0] : e->hf_shape[0] * e->hf_shape[1];
+}
 
 /* src is the colossal tensor [R, cols] (or [R]); out gets the entry's HF
  * layout in F32. */
@@ -157,8 +159,9 @@ static cai_status remove_stale(const char *dir, int n_shards) {
 
 /* ------------------------------------------------------------ tokenizer */
 
-static const char *const k_tok_files[] = {"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                                          "special_tokens_map.json", "added_tokens.json"};
+static const char *const k_tok_files[] = {
+    "tokenizer.json",          "vocab.json",       "merges.txt", "tokenizer_config.json",
+    "special_tokens_map.json", "added_tokens.json"};
 #define N_TOK_FILES (sizeof k_tok_files / sizeof k_tok_files[0])
 
 typedef struct {
@@ -173,8 +176,8 @@ static void note_token(tok_info *t, const char *text, long long id) {
     static const struct {
         const char *text;
         int bos, eos;
-    } k_special[] = {{"<|endoftext|>", 1, 1}, {"<s>", 1, 0}, {"</s>", 0, 1},
-                     {"<|begin_of_text|>", 1, 0}, {"<|end_of_text|>", 0, 1}};
+    } k_special[] = {
+        {"<|endoftext|>", 1, 1}, {"<s>", 1, 0}, {"</s>", 0, 1}, {"<|begin_of_text|>", 1, 0}, {"<|end_of_text|>", 0, 1}};
     if (id > t->max_id) {
         t->max_id = id;
         snprintf(t->max_tok, sizeof t->max_tok, "%s", text);
@@ -187,7 +190,8 @@ static void note_token(tok_info *t, const char *text, long long id) {
 }
 
 static cai_status scan_vocab(const char *path, json_t *vocab, tok_info *t) {
-    if (!json_is_object(vocab)) return CAI_ERROR(CAI_ERR_FORMAT, "tokenizer '%s': the vocabulary is not an object", path);
+    if (!json_is_object(vocab))
+        return CAI_ERROR(CAI_ERR_FORMAT, "tokenizer '%s': the vocabulary is not an object", path);
     const char *k;
     json_t *v;
     json_object_foreach(vocab, k, v) {
@@ -220,8 +224,7 @@ static cai_status scan_tokenizer(const char *tok_dir, tok_info *t) {
             if (!json_is_integer(id) || !json_is_string(content))
                 st = CAI_ERROR(CAI_ERR_FORMAT, "tokenizer '%s': added_tokens[%zu] lacks an integer id or a content",
                                path, i);
-            else
-                note_token(t, json_string_value(content), (long long)json_integer_value(id));
+            else note_token(t, json_string_value(content), (long long)json_integer_value(id));
         }
     } else {
         st = scan_vocab(path, root, t);
@@ -245,8 +248,8 @@ static cai_status write_tokenizer_config(const char *path, const cai_model_confi
     json_t *o = json_object();
     /* GPT2Tokenizer(Fast) reads vocab.json + merges.txt or tokenizer.json;
      * without the pair, the generic fast class reads tokenizer.json. */
-    int bad = !o || json_object_set_new(o, "tokenizer_class", json_string(have_vocab_merges ? "GPT2Tokenizer"
-                                                                                              : "PreTrainedTokenizerFast"));
+    int bad = !o || json_object_set_new(o, "tokenizer_class",
+                                        json_string(have_vocab_merges ? "GPT2Tokenizer" : "PreTrainedTokenizerFast"));
     bad |= json_object_set_new(o, "model_max_length", json_integer(cfg->max_seq_len));
     if (t->bos >= 0) bad |= json_object_set_new(o, "bos_token", json_string(t->bos_text));
     if (t->eos >= 0) bad |= json_object_set_new(o, "eos_token", json_string(t->eos_text));
@@ -272,17 +275,21 @@ static cai_status check_tokenizer(const char *tok_dir, const cai_model_config *c
         t->have[i] = cai_hf_file_exists(path);
     }
     if (!t->have[0] && !(t->have[1] && t->have[2]))
-        return CAI_ERROR(CAI_ERR_IO, "tokenizer directory '%s' holds neither tokenizer.json nor vocab.json + "
-                         "merges.txt", tok_dir);
+        return CAI_ERROR(CAI_ERR_IO,
+                         "tokenizer directory '%s' holds neither tokenizer.json nor vocab.json + "
+                         "merges.txt",
+                         tok_dir);
     CAI_CALL(scan_tokenizer(tok_dir, t));
     if (t->max_id >= cfg->vocab_size)
-        return CAI_ERROR(CAI_ERR_CONFIG, "tokenizer '%s' has token id %lld (\"%s\") but the model's vocab_size is %d: "
-                         "its logits could never produce that token", tok_dir, t->max_id, t->max_tok, cfg->vocab_size);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "tokenizer '%s' has token id %lld (\"%s\") but the model's vocab_size is %d: "
+                         "its logits could never produce that token",
+                         tok_dir, t->max_id, t->max_tok, cfg->vocab_size);
     return CAI_OK;
 }
 
-static cai_status copy_tokenizer(const char *dir, const char *tok_dir, const cai_model_config *cfg,
-                                 const tok_info *t, int *n_files) {
+static cai_status copy_tokenizer(const char *dir, const char *tok_dir, const cai_model_config *cfg, const tok_info *t,
+                                 int *n_files) {
     char from[CAI_HF_PATH_MAX], to[CAI_HF_PATH_MAX];
     char real_from[CAI_HF_PATH_MAX], real_to[CAI_HF_PATH_MAX];
     const int same_dir = realpath(tok_dir, real_from) && realpath(dir, real_to) && strcmp(real_from, real_to) == 0;
@@ -422,9 +429,11 @@ cai_status cai_hf_export_model(const char *dir, cai_model_t *m, const cai_hf_exp
         cai_param_shard sh;
         CAI_CALL(cai_registry_shard(reg, i, cai_model_view(m), &sh));
         if (!sh.held || sh.local_numel != p->numel)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF export to '%s': this rank holds %s of parameter '%s' (pipeline "
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "HF export to '%s': this rank holds %s of parameter '%s' (pipeline "
                              "or tensor-parallel shard); export from a model holding every parameter whole, or from "
-                             "a checkpoint (colossal-ckpt export)", dir, sh.held ? "part" : "none", p->name);
+                             "a checkpoint (colossal-ckpt export)",
+                             dir, sh.held ? "part" : "none", p->name);
     }
     CAI_CALL(cai_hf_export(dir, cai_model_config_of(m), model_source, m, opt, stats));
     return CAI_OK;
@@ -449,17 +458,20 @@ static cai_status check_registry(const cai_registry_t *want, const cai_registry_
         const cai_param_info *w = cai_registry_param(want, i);
         const int j = cai_registry_find(reg, w->name);
         if (j < 0)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF export: parameter '%s' of the %s config (%d layers) is not in the "
-                             "registry", w->name, cai_model_family_name(cfg->family), cfg->n_layers);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "HF export: parameter '%s' of the %s config (%d layers) is not in the "
+                             "registry",
+                             w->name, cai_model_family_name(cfg->family), cfg->n_layers);
         const cai_param_info *p = cai_registry_param(reg, j);
         if (p->ndim != w->ndim || memcmp(p->shape, w->shape, sizeof p->shape) != 0) {
             char a[96], b[96];
             cai_hf_shape_str(a, sizeof a, p->ndim, p->shape);
             cai_hf_shape_str(b, sizeof b, w->ndim, w->shape);
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF export: parameter '%s' is %s in the registry but the config "
-                             "(vocab %d padded to a multiple of %d, d_model %d, %d/%d heads, ffn %d) gives %s", w->name,
-                             a, cfg->vocab_size, cfg->vocab_multiple, cfg->d_model, cfg->n_heads, cfg->n_kv_heads,
-                             cfg->ffn_hidden, b);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "HF export: parameter '%s' is %s in the registry but the config "
+                             "(vocab %d padded to a multiple of %d, d_model %d, %d/%d heads, ffn %d) gives %s",
+                             w->name, a, cfg->vocab_size, cfg->vocab_multiple, cfg->d_model, cfg->n_heads,
+                             cfg->n_kv_heads, cfg->ffn_hidden, b);
         }
     }
     return CAI_OK;
@@ -478,8 +490,8 @@ cai_status cai_hf_export_flat(const char *dir, const cai_model_config *cfg, cons
         st = cai_calloc((void **)&offsets, (size_t)cai_registry_count(reg) + 1, sizeof *offsets, "flat offsets");
     if (st == CAI_OK) st = cai_registry_local_layout(reg, &single, align_elems, offsets, &total);
     if (st == CAI_OK && total > flat_count)
-        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "HF export: the flat buffer has %zu floats, the registry's layout needs %zu",
-                       flat_count, total);
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                       "HF export: the flat buffer has %zu floats, the registry's layout needs %zu", flat_count, total);
     if (st == CAI_OK) {
         flat_src f = {reg, flat, offsets};
         st = cai_hf_export(dir, cfg, flat_source, &f, opt, stats);

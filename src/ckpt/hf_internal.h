@@ -8,7 +8,7 @@
 
 #include "colossal/base.h"
 
-#define CAI_HF_NAME_MAX 256  /* HF tensor names built here */
+#define CAI_HF_NAME_MAX 256 /* HF tensor names built here */
 #define CAI_HF_PATH_MAX 4096
 
 #define CAI_HF_INDEX_NAME "model.safetensors.index.json"

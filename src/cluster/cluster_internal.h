@@ -84,10 +84,10 @@ enum { CAI_DEV_NONE = 0, CAI_DEV_NCCL, CAI_DEV_MPI, CAI_DEV_STAGE };
  * the mesh's orphan list, because MPI cannot cancel a collective: their
  * temporaries are released only when the late peers finally let them finish. */
 typedef struct cai_pending {
-    cai_coll c;     /* as issued (host pointers when staged) */
-    cai_coll user;  /* as the caller gave it */
+    cai_coll c;    /* as issued (host pointers when staged) */
+    cai_coll user; /* as the caller gave it */
     uint64_t seq;
-    int device;     /* CAI_DEV_* */
+    int device; /* CAI_DEV_* */
     int nreq;
     MPI_Request *reqs;
     void *tmp_send, *tmp_recv; /* host staging / in-place copies (cai_malloc) */
@@ -128,7 +128,7 @@ struct cai_mesh {
     uint64_t p2p_seq[CAI_AXIS_COUNT];
     MPI_Win win;
     uint64_t *win_mem;
-    int win_ok;     /* window exists and every read so far completed */
+    int win_ok;              /* window exists and every read so far completed */
     struct cai_guard *guard; /* heartbeats for the stretches MPI-IO owns (guard.c); NULL: off */
     cai_pending *orphans;
 

@@ -278,8 +278,7 @@ static cai_status mpi_issue(cai_mesh_t *m, cai_pending *p, size_t piece, MPI_Req
 
 static int splittable(cai_op_kind k) {
     k = cai_op_base(k);
-    return k == CAI_OP_ALLREDUCE || k == CAI_OP_BCAST || k == CAI_OP_SEND || k == CAI_OP_RECV ||
-           k == CAI_OP_NCCL_INIT;
+    return k == CAI_OP_ALLREDUCE || k == CAI_OP_BCAST || k == CAI_OP_SEND || k == CAI_OP_RECV || k == CAI_OP_NCCL_INIT;
 }
 
 static size_t pieces(const cai_mesh_t *m, const cai_coll *c) {
@@ -417,8 +416,9 @@ cai_status cai_mesh_drain(cai_mesh_t *m, double timeout_s) {
     }
     int n = 0;
     for (cai_pending *o = m->orphans; o; o = o->next) n++;
-    return CAI_ERROR(CAI_ERR_TIMEOUT, "%d timed-out operation(s) still pending after %.1f s (first: %s #%llu on axis %s)",
-                     n, timeout_s, cai_op_kind_name(m->orphans->c.kind), (unsigned long long)m->orphans->seq,
+    return CAI_ERROR(CAI_ERR_TIMEOUT,
+                     "%d timed-out operation(s) still pending after %.1f s (first: %s #%llu on axis %s)", n, timeout_s,
+                     cai_op_kind_name(m->orphans->c.kind), (unsigned long long)m->orphans->seq,
                      cai_axis_name(m->orphans->c.axis));
 }
 
@@ -461,8 +461,8 @@ static cai_status host_run(cai_mesh_t *m, cai_pending *p) {
 
 static cai_status check_common(cai_mesh_t *m, const cai_coll *c) {
     CAI_CHECK_ARG(m, "%s: mesh is NULL", cai_op_kind_name(c->kind));
-    CAI_CHECK_ARG((int)c->axis >= 0 && c->axis < CAI_AXIS_COUNT, "%s: axis %d out of range",
-                  cai_op_kind_name(c->kind), (int)c->axis);
+    CAI_CHECK_ARG((int)c->axis >= 0 && c->axis < CAI_AXIS_COUNT, "%s: axis %d out of range", cai_op_kind_name(c->kind),
+                  (int)c->axis);
     CAI_CHECK_ARG(cai_dtype_size(c->dtype) > 0, "%s on axis %s: invalid dtype %d", cai_op_kind_name(c->kind),
                   cai_axis_name(c->axis), (int)c->dtype);
     CAI_CHECK_ARG(!is_reduction(c->kind) || ((int)c->op >= CAI_RED_SUM && c->op <= CAI_RED_MIN),
@@ -498,27 +498,26 @@ static cai_status classify(const cai_mesh_t *m, const cai_coll *c, int *dev) {
     if (!sd && !rd) return CAI_OK;
     if (se && re && sd != rd)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s on axis %s: send buffer is %s memory but receive buffer is %s memory",
-                         cai_op_kind_name(c->kind), cai_axis_name(c->axis), sd ? "device" : "host", rd ? "device" : "host");
-    int host_math = is_reduction(c->kind) &&
-                    (c->op == CAI_RED_AVG || c->dtype == CAI_DTYPE_BF16 || c->dtype == CAI_DTYPE_F16);
+                         cai_op_kind_name(c->kind), cai_axis_name(c->axis), sd ? "device" : "host",
+                         rd ? "device" : "host");
+    int host_math =
+        is_reduction(c->kind) && (c->op == CAI_RED_AVG || c->dtype == CAI_DTYPE_BF16 || c->dtype == CAI_DTYPE_F16);
     switch (m->device_comm) {
     case CAI_DEVICE_COMM_STAGE: *dev = CAI_DEV_STAGE; break;
     case CAI_DEVICE_COMM_MPI:
         if (!cai_mpi_cuda_aware())
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "device_comm=mpi but this MPI is not CUDA-aware (MPIX_Query_cuda_support)");
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "device_comm=mpi but this MPI is not CUDA-aware (MPIX_Query_cuda_support)");
         *dev = host_math ? CAI_DEV_STAGE : CAI_DEV_MPI;
         break;
     case CAI_DEVICE_COMM_NCCL:
         if (!CAI_HAVE_NCCL) return CAI_ERROR(CAI_ERR_UNSUPPORTED, "device_comm=nccl but this build has no NCCL");
         /* fall through */
     default:
-        if (CAI_HAVE_NCCL)
-            /* NCCL has no 16-bit unsigned type to reduce. */
+        if (CAI_HAVE_NCCL) /* NCCL has no 16-bit unsigned type to reduce. */
             *dev = is_reduction(c->kind) && c->dtype == CAI_DTYPE_U16 ? CAI_DEV_STAGE : CAI_DEV_NCCL;
-        else if (cai_mpi_cuda_aware())
-            *dev = host_math ? CAI_DEV_STAGE : CAI_DEV_MPI;
-        else
-            *dev = CAI_DEV_STAGE;
+        else if (cai_mpi_cuda_aware()) *dev = host_math ? CAI_DEV_STAGE : CAI_DEV_MPI;
+        else *dev = CAI_DEV_STAGE;
     }
     return CAI_OK;
 }
@@ -533,10 +532,8 @@ static cai_status start(cai_mesh_t *m, const cai_coll *c, cai_pending *p) {
     p->c = p->user = *c;
     p->device = dev;
     p->group_size = m->size[c->axis];
-    if (c->kind == CAI_OP_SEND || c->kind == CAI_OP_RECV)
-        p->seq = ++m->p2p_seq[c->axis];
-    else
-        p->seq = cai_wd_enter(m, c->axis);
+    if (c->kind == CAI_OP_SEND || c->kind == CAI_OP_RECV) p->seq = ++m->p2p_seq[c->axis];
+    else p->seq = cai_wd_enter(m, c->axis);
     if (dev == CAI_DEV_NCCL) return CAI_OK;
     /* MPI and the staging copies read device memory outside the caller's
      * stream order (the NCCL path orders its stream after it instead). */
@@ -586,32 +583,42 @@ cai_status cai_host_bcast_bytes(cai_mesh_t *m, cai_axis axis, void *buf, size_t 
 
 cai_status cai_allreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                          cai_dtype dtype, cai_reduce_op op) {
-    cai_coll c = {.kind = CAI_OP_ALLREDUCE, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count,
-                  .dtype = dtype, .op = op};
+    cai_coll c = {.kind = CAI_OP_ALLREDUCE,
+                  .axis = axis,
+                  .send = sendbuf,
+                  .recv = recvbuf,
+                  .count = count,
+                  .dtype = dtype,
+                  .op = op};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
-cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
-                              size_t recv_count, cai_dtype dtype, cai_reduce_op op) {
-    cai_coll c = {.kind = CAI_OP_REDUCE_SCATTER, .axis = axis, .send = sendbuf, .recv = recvbuf,
-                  .count = recv_count, .dtype = dtype, .op = op};
+cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t recv_count,
+                              cai_dtype dtype, cai_reduce_op op) {
+    cai_coll c = {.kind = CAI_OP_REDUCE_SCATTER,
+                  .axis = axis,
+                  .send = sendbuf,
+                  .recv = recvbuf,
+                  .count = recv_count,
+                  .dtype = dtype,
+                  .op = op};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
 cai_status cai_all_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
                           cai_dtype dtype) {
-    cai_coll c = {.kind = CAI_OP_ALLGATHER, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = send_count,
-                  .dtype = dtype};
+    cai_coll c = {
+        .kind = CAI_OP_ALLGATHER, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = send_count, .dtype = dtype};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
 cai_status cai_all_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype) {
-    cai_coll c = {.kind = CAI_OP_ALLTOALL, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count,
-                  .dtype = dtype};
+    cai_coll c = {
+        .kind = CAI_OP_ALLTOALL, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count, .dtype = dtype};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
@@ -619,30 +626,37 @@ cai_status cai_all_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, 
 cai_status cai_all_to_allv(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, const size_t *send_counts,
                            const size_t *send_displs, void *recvbuf, const size_t *recv_counts,
                            const size_t *recv_displs, cai_dtype dtype) {
-    cai_coll c = {.kind = CAI_OP_ALLTOALLV, .axis = axis, .send = sendbuf, .recv = recvbuf, .dtype = dtype,
-                  .scounts = send_counts, .sdispls = send_displs, .rcounts = recv_counts, .rdispls = recv_displs};
+    cai_coll c = {.kind = CAI_OP_ALLTOALLV,
+                  .axis = axis,
+                  .send = sendbuf,
+                  .recv = recvbuf,
+                  .dtype = dtype,
+                  .scounts = send_counts,
+                  .sdispls = send_displs,
+                  .rcounts = recv_counts,
+                  .rdispls = recv_displs};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
 cai_status cai_broadcast(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int root) {
-    cai_coll c = {.kind = CAI_OP_BCAST, .axis = axis, .send = buf, .recv = buf, .count = count, .dtype = dtype,
-                  .peer = root};
+    cai_coll c = {
+        .kind = CAI_OP_BCAST, .axis = axis, .send = buf, .recv = buf, .count = count, .dtype = dtype, .peer = root};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
 cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer,
                     int tag) {
-    cai_coll c = {.kind = CAI_OP_SEND, .axis = axis, .send = buf, .count = count, .dtype = dtype, .peer = peer,
-                  .tag = tag};
+    cai_coll c = {
+        .kind = CAI_OP_SEND, .axis = axis, .send = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
 
 cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag) {
-    cai_coll c = {.kind = CAI_OP_RECV, .axis = axis, .recv = buf, .count = count, .dtype = dtype, .peer = peer,
-                  .tag = tag};
+    cai_coll c = {
+        .kind = CAI_OP_RECV, .axis = axis, .recv = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
     CAI_CALL(run(mesh, &c));
     return CAI_OK;
 }
@@ -689,24 +703,34 @@ fail:
 
 cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
-    cai_coll c = {.kind = CAI_OP_IALLREDUCE, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count,
-                  .dtype = dtype, .op = op};
+    cai_coll c = {.kind = CAI_OP_IALLREDUCE,
+                  .axis = axis,
+                  .send = sendbuf,
+                  .recv = recvbuf,
+                  .count = count,
+                  .dtype = dtype,
+                  .op = op};
     CAI_CALL(istart(mesh, &c, req));
     return CAI_OK;
 }
 
-cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
-                               size_t recv_count, cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
-    cai_coll c = {.kind = CAI_OP_IREDUCE_SCATTER, .axis = axis, .send = sendbuf, .recv = recvbuf,
-                  .count = recv_count, .dtype = dtype, .op = op};
+cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t recv_count,
+                               cai_dtype dtype, cai_reduce_op op, cai_request_t **req) {
+    cai_coll c = {.kind = CAI_OP_IREDUCE_SCATTER,
+                  .axis = axis,
+                  .send = sendbuf,
+                  .recv = recvbuf,
+                  .count = recv_count,
+                  .dtype = dtype,
+                  .op = op};
     CAI_CALL(istart(mesh, &c, req));
     return CAI_OK;
 }
 
 cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
                            cai_dtype dtype, cai_request_t **req) {
-    cai_coll c = {.kind = CAI_OP_IALLGATHER, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = send_count,
-                  .dtype = dtype};
+    cai_coll c = {
+        .kind = CAI_OP_IALLGATHER, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = send_count, .dtype = dtype};
     CAI_CALL(istart(mesh, &c, req));
     return CAI_OK;
 }
@@ -724,10 +748,8 @@ static cai_status wait_request(cai_request_t *req, double limit_s) {
     cai_mesh_t *m = req->mesh;
     cai_pending *p = &req->op;
     cai_status st;
-    if (p->device == CAI_DEV_NCCL)
-        st = cai_cl_nccl_finish(m, p, limit_s);
-    else
-        st = host_conclude(m, p, cai_wd_wait_limit(m, &p->c, p->seq, poll_requests, p, limit_s));
+    if (p->device == CAI_DEV_NCCL) st = cai_cl_nccl_finish(m, p, limit_s);
+    else st = host_conclude(m, p, cai_wd_wait_limit(m, &p->c, p->seq, poll_requests, p, limit_s));
     return request_free(req, st);
 }
 
@@ -743,8 +765,10 @@ cai_status cai_wait_timeout(cai_request_t *req, double timeout_s) {
     if (!(timeout_s > 0)) {
         cai_status st = wait_request(req, 0);
         if (st != CAI_OK) return st;
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_wait_timeout: timeout %g s must be > 0 (the request was waited "
-                         "for under the mesh's watchdog alone)", timeout_s);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_wait_timeout: timeout %g s must be > 0 (the request was waited "
+                         "for under the mesh's watchdog alone)",
+                         timeout_s);
     }
     CAI_CALL(wait_request(req, timeout_s));
     return CAI_OK;

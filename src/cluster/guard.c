@@ -23,7 +23,7 @@
 #define GUARD_STRIDE 8
 
 struct cai_guard {
-    int keyval;    /* MPI_COMM_SELF attribute whose deletion stops the thread */
+    int keyval; /* MPI_COMM_SELF attribute whose deletion stops the thread */
     MPI_Comm node;
     MPI_Win win;
     uint64_t **beat; /* [node rank] -> its heartbeat word */

@@ -13,8 +13,8 @@
 #include "cluster_internal.h"
 
 static const char *const k_axis_names[CAI_AXIS_COUNT] = {
-    [CAI_AXIS_PP] = "pp",   [CAI_AXIS_DP] = "dp",       [CAI_AXIS_EP] = "ep",       [CAI_AXIS_SP] = "sp",
-    [CAI_AXIS_TP] = "tp",   [CAI_AXIS_EDP] = "edp",     [CAI_AXIS_DP_SP] = "dp_sp", [CAI_AXIS_WORLD] = "world",
+    [CAI_AXIS_PP] = "pp", [CAI_AXIS_DP] = "dp",   [CAI_AXIS_EP] = "ep",       [CAI_AXIS_SP] = "sp",
+    [CAI_AXIS_TP] = "tp", [CAI_AXIS_EDP] = "edp", [CAI_AXIS_DP_SP] = "dp_sp", [CAI_AXIS_WORLD] = "world",
 };
 
 /* Names of the grid dimensions in order strings; the edp dimension is
@@ -96,7 +96,8 @@ static int parse_order(const char *order, int out[CAI_GRID_N], char *msg, size_t
                 strcat(missing, missing[0] ? ", " : "");
                 strcat(missing, k_grid_names[d]);
             }
-        snprintf(msg, msgcap, "mesh order '%s' must name each of pp, dp, ep, sp, tp once, outermost first (e.g. %s); missing: %s",
+        snprintf(msg, msgcap,
+                 "mesh order '%s' must name each of pp, dp, ep, sp, tp once, outermost first (e.g. %s); missing: %s",
                  order, DEFAULT_ORDER, missing);
         return 0;
     }
@@ -184,7 +185,9 @@ static int check_model(const cai_layout *l, const cai_layout_model *mo, msgbuf *
     int bad = 0;
     if (mo->n_heads > 0 && mo->n_heads % l->tp != 0) {
         bad++;
-        if (m) msg_add(m, "n_heads=%d is not divisible by tp=%d (each TP rank owns whole query heads)", mo->n_heads, l->tp);
+        if (m)
+            msg_add(m, "n_heads=%d is not divisible by tp=%d (each TP rank owns whole query heads)", mo->n_heads,
+                    l->tp);
     }
     if (mo->n_kv_heads > 0 && mo->n_kv_heads % l->tp != 0 && l->tp % mo->n_kv_heads != 0) {
         bad++;
@@ -199,12 +202,16 @@ static int check_model(const cai_layout *l, const cai_layout_model *mo, msgbuf *
     if (mo->n_layers > 0 && mo->n_layers % stages != 0) {
         bad++;
         if (m)
-            msg_add(m, "n_layers=%d is not divisible by pp*chunks=%d*%d=%lld (every pipeline stage owns the same number of layers)",
-                    mo->n_layers, l->pp, chunks, stages);
+            msg_add(
+                m,
+                "n_layers=%d is not divisible by pp*chunks=%d*%d=%lld (every pipeline stage owns the same number of layers)",
+                mo->n_layers, l->pp, chunks, stages);
     }
     if (mo->n_experts > 0 && mo->n_experts % l->ep != 0) {
         bad++;
-        if (m) msg_add(m, "n_experts=%d is not divisible by ep=%d (each EP rank owns whole experts)", mo->n_experts, l->ep);
+        if (m)
+            msg_add(m, "n_experts=%d is not divisible by ep=%d (each EP rank owns whole experts)", mo->n_experts,
+                    l->ep);
     }
     return bad;
 }
@@ -238,8 +245,7 @@ cai_status cai_layout_validate(int world_size, const cai_layout *layout, const c
             long long fixed = (long long)layout->pp * layout->sp * layout->tp;
             if (world_size % fixed != 0)
                 msg_add(&m, "pp*sp*tp = %lld does not divide %d, so no dp fits", fixed, world_size);
-            else if (world_size / fixed % layout->ep == 0)
-                msg_add(&m, "dp=%lld would fit", world_size / fixed);
+            else if (world_size / fixed % layout->ep == 0) msg_add(&m, "dp=%lld would fit", world_size / fixed);
         }
         check_model(layout, model, &m);
     }

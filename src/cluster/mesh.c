@@ -33,15 +33,15 @@ int cai_mpi_cuda_aware(void) {
 
 /* User reduction functions for bf16/f16: each pair is combined in fp32 and
  * rounded back to nearest even. */
-#define HALF_OP(name, to_f, from_f, combine)                                         \
-    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {           \
-        (void)dt;                                                                    \
-        const uint16_t *a = in;                                                      \
-        uint16_t *b = inout;                                                         \
-        for (int i = 0; i < *len; i++) {                                             \
-            float x = to_f(a[i]), y = to_f(b[i]);                                    \
-            b[i] = from_f(combine);                                                  \
-        }                                                                            \
+#define HALF_OP(name, to_f, from_f, combine)                              \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *dt) { \
+        (void)dt;                                                         \
+        const uint16_t *a = in;                                           \
+        uint16_t *b = inout;                                              \
+        for (int i = 0; i < *len; i++) {                                  \
+            float x = to_f(a[i]), y = to_f(b[i]);                         \
+            b[i] = from_f(combine);                                       \
+        }                                                                 \
     }
 /* max/min propagate NaN: an overflowed gradient must not vanish in a max. */
 #define COMB_SUM (x + y)

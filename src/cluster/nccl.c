@@ -55,12 +55,12 @@ struct cai_nccl_state {
     int tr_kind[TRACE_SLOTS], tr_on[TRACE_SLOTS];
 };
 
-#define CUDA_OK(expr)                                                                                          \
-    do {                                                                                                       \
-        cudaError_t cai_cu_ = (expr);                                                                          \
-        if (cai_cu_ != cudaSuccess)                                                                            \
-            return CAI_ERROR(CAI_ERR_CUDA, "%s failed: %s (%s)", #expr, cudaGetErrorString(cai_cu_),         \
-                             cudaGetErrorName(cai_cu_));                                                       \
+#define CUDA_OK(expr)                                                                                \
+    do {                                                                                             \
+        cudaError_t cai_cu_ = (expr);                                                                \
+        if (cai_cu_ != cudaSuccess)                                                                  \
+            return CAI_ERROR(CAI_ERR_CUDA, "%s failed: %s (%s)", #expr, cudaGetErrorString(cai_cu_), \
+                             cudaGetErrorName(cai_cu_));                                             \
     } while (0)
 
 typedef struct {
@@ -223,10 +223,11 @@ static void trace_report(struct cai_nccl_state *s, cai_mesh_t *m, int slot) {
     cudaEventElapsedTime(&at, s->tr_t0, s->tr_ready[slot]);
     cudaEventElapsedTime(&wait, s->tr_ready[slot], s->tr_start[slot]);
     cudaEventElapsedTime(&ran, s->tr_start[slot], s->tr_end[slot]);
-    fprintf(stderr,
-            "[nccl trace, world rank %d] %s %.2f MB: ready at %.3f ms, started %.3f ms later, ran %.3f ms (%.0f GB/s)\n",
-            m->world_rank, cai_op_kind_name((cai_op_kind)s->tr_kind[slot]), (double)s->tr_bytes[slot] / 1e6, (double)at,
-            (double)wait, (double)ran, ran > 0 ? (double)s->tr_bytes[slot] / (ran * 1e6) : 0.0);
+    fprintf(
+        stderr,
+        "[nccl trace, world rank %d] %s %.2f MB: ready at %.3f ms, started %.3f ms later, ran %.3f ms (%.0f GB/s)\n",
+        m->world_rank, cai_op_kind_name((cai_op_kind)s->tr_kind[slot]), (double)s->tr_bytes[slot] / 1e6, (double)at,
+        (double)wait, (double)ran, ran > 0 ? (double)s->tr_bytes[slot] / (ran * 1e6) : 0.0);
 }
 
 static void state_destroy(struct cai_nccl_state *s) {
@@ -302,9 +303,10 @@ static cai_status ensure_overlap_comm(cai_mesh_t *m, struct cai_nccl_state *s, c
     if (r != ncclSuccess) {
         if (comm) ncclCommAbort(comm);
         s->failed[axis] = 1;
-        return CAI_ERROR(CAI_ERR_NCCL, "ncclCommSplit for axis %s with at most %d CTAs (nccl_overlap_ctas) failed "
-                         "on rank %d of %d: %s", cai_axis_name(axis), m->overlap_ctas, m->rank[axis], m->size[axis],
-                         ncclGetErrorString(r));
+        return CAI_ERROR(CAI_ERR_NCCL,
+                         "ncclCommSplit for axis %s with at most %d CTAs (nccl_overlap_ctas) failed "
+                         "on rank %d of %d: %s",
+                         cai_axis_name(axis), m->overlap_ctas, m->rank[axis], m->size[axis], ncclGetErrorString(r));
     }
     s->overlap_comm[axis] = comm;
     return CAI_OK;
@@ -403,9 +405,7 @@ static cai_status enqueue(cai_mesh_t *m, const cai_coll *c, uint64_t seq, void *
     const char *sb = c->send;
     char *rb = c->recv;
     switch (cai_op_base(c->kind)) {
-    case CAI_OP_ALLREDUCE:
-        NCCL_Q(ncclAllReduce(sb, rb, c->count, t, nccl_op(c->op), comm, st));
-        break;
+    case CAI_OP_ALLREDUCE: NCCL_Q(ncclAllReduce(sb, rb, c->count, t, nccl_op(c->op), comm, st)); break;
     case CAI_OP_REDUCE_SCATTER:
         if (sb == rb) {
             /* NCCL's in place writes the rank's own block; the API's lands at the start. */
@@ -580,10 +580,8 @@ void cai_cl_nccl_free(cai_mesh_t *m) {
         ncclComm_t comms[2] = {s->overlap_comm[a], s->comm[a]};
         for (int k = 0; k < 2; k++) {
             if (!comms[k]) continue;
-            if (any[a])
-                ncclCommAbort(comms[k]);
-            else
-                ncclCommDestroy(comms[k]);
+            if (any[a]) ncclCommAbort(comms[k]);
+            else ncclCommDestroy(comms[k]);
         }
     }
     state_destroy(s);
@@ -615,9 +613,7 @@ cai_status cai_cl_nccl_test(cai_mesh_t *m, cai_pending *p, int *done) {
     *done = 1;
     return no_cuda("NCCL");
 }
-void cai_cl_nccl_event_stats(const cai_mesh_t *m, int *created, int *in_use) {
-    *created = *in_use = 0;
-}
+void cai_cl_nccl_event_stats(const cai_mesh_t *m, int *created, int *in_use) { *created = *in_use = 0; }
 void cai_cl_nccl_free(cai_mesh_t *m) {}
 
 #endif

@@ -15,11 +15,19 @@
 #include "cluster_internal.h"
 
 static const char *const k_kind_names[CAI_OP_KIND_COUNT] = {
-    [CAI_OP_ALLREDUCE] = "allreduce", [CAI_OP_REDUCE_SCATTER] = "reduce_scatter", [CAI_OP_ALLGATHER] = "all_gather",
-    [CAI_OP_ALLTOALL] = "all_to_all", [CAI_OP_ALLTOALLV] = "all_to_allv",         [CAI_OP_BCAST] = "broadcast",
-    [CAI_OP_BARRIER] = "barrier",     [CAI_OP_IALLREDUCE] = "iallreduce",         [CAI_OP_SEND] = "send",
-    [CAI_OP_RECV] = "recv",           [CAI_OP_NCCL_INIT] = "nccl-init",
-    [CAI_OP_IREDUCE_SCATTER] = "ireduce_scatter", [CAI_OP_IALLGATHER] = "iall_gather",
+    [CAI_OP_ALLREDUCE] = "allreduce",
+    [CAI_OP_REDUCE_SCATTER] = "reduce_scatter",
+    [CAI_OP_ALLGATHER] = "all_gather",
+    [CAI_OP_ALLTOALL] = "all_to_all",
+    [CAI_OP_ALLTOALLV] = "all_to_allv",
+    [CAI_OP_BCAST] = "broadcast",
+    [CAI_OP_BARRIER] = "barrier",
+    [CAI_OP_IALLREDUCE] = "iallreduce",
+    [CAI_OP_SEND] = "send",
+    [CAI_OP_RECV] = "recv",
+    [CAI_OP_NCCL_INIT] = "nccl-init",
+    [CAI_OP_IREDUCE_SCATTER] = "ireduce_scatter",
+    [CAI_OP_IALLGATHER] = "iall_gather",
 };
 
 const char *cai_op_kind_name(cai_op_kind kind) {
@@ -35,7 +43,8 @@ cai_status cai_wd_init(cai_mesh_t *m) {
                               m->cart, &m->win_mem, &m->win);
     if (rc != MPI_SUCCESS) {
         /* The watchdog still times out; it just cannot say who is behind. */
-        cai_log_rank(CAI_LOG_WARN, "watchdog: MPI_Win_allocate failed (MPI error %d): timeouts will not name the stuck ranks", rc);
+        cai_log_rank(CAI_LOG_WARN,
+                     "watchdog: MPI_Win_allocate failed (MPI error %d): timeouts will not name the stuck ranks", rc);
         m->win = MPI_WIN_NULL;
         m->win_mem = NULL;
         return CAI_OK;
@@ -89,7 +98,8 @@ static void describe_activity(uint64_t w, char *buf, size_t cap) {
     int kind = (int)((w >> 8) & 0xff);
     unsigned long long seq = (unsigned long long)(w >> 16);
     if (kind == CAI_OP_SEND || kind == CAI_OP_RECV)
-        snprintf(buf, cap, "blocked in %s on axis %s", cai_op_kind_name((cai_op_kind)kind), cai_axis_name((cai_axis)axis));
+        snprintf(buf, cap, "blocked in %s on axis %s", cai_op_kind_name((cai_op_kind)kind),
+                 cai_axis_name((cai_axis)axis));
     else
         snprintf(buf, cap, "blocked in %s #%llu on axis %s", cai_op_kind_name((cai_op_kind)kind), seq,
                  cai_axis_name((cai_axis)axis));
@@ -121,10 +131,8 @@ static void read_peers(cai_mesh_t *m, const int *ranks, int n, uint64_t *vals, i
                 req[k] = MPI_REQUEST_NULL;
                 continue;
             }
-            if (flag)
-                answered[k] = 1;
-            else
-                pending++;
+            if (flag) answered[k] = 1;
+            else pending++;
         }
         if (!pending || cai_time_now() - t0 > wait_s) break;
         sched_yield();
@@ -150,8 +158,8 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
     if (p2p) {
         int peer = group[c->peer];
         cai_sbuf_add(&s, "watchdog: %s %s rank %d (axis %s rank %d, tag %d) did not complete within %.1f s on rank %d",
-               cai_op_kind_name(c->kind), c->kind == CAI_OP_SEND ? "to" : "from", peer, cai_axis_name(c->axis),
-               c->peer, c->tag, waited, m->world_rank);
+                     cai_op_kind_name(c->kind), c->kind == CAI_OP_SEND ? "to" : "from", peer, cai_axis_name(c->axis),
+                     c->peer, c->tag, waited, m->world_rank);
         if (!m->win_ok) return;
         uint64_t vals[CAI_WD_WORDS];
         int answered = 0;
@@ -166,7 +174,7 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
         return;
     }
     cai_sbuf_add(&s, "watchdog: %s #%llu on axis %s (group of %d) did not complete within %.1f s on rank %d",
-           cai_op_kind_name(c->kind), (unsigned long long)seq, cai_axis_name(c->axis), n, waited, m->world_rank);
+                 cai_op_kind_name(c->kind), (unsigned long long)seq, cai_axis_name(c->axis), n, waited, m->world_rank);
     if (!m->win_ok) {
         cai_sbuf_add(&s, "; peers' progress unknown (no RMA window)");
         return;
@@ -188,13 +196,15 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
         } else if (behind < REPORT_MAX_RANKS) {
             char what[96];
             describe_activity(vals[(size_t)k * CAI_WD_WORDS + CAI_WD_ACTIVITY], what, sizeof what);
-            cai_sbuf_add(&s, "%s%d (at #%llu, %s)", behind ? ", " : "; ranks behind: ", group[k], (unsigned long long)at, what);
+            cai_sbuf_add(&s, "%s%d (at #%llu, %s)", behind ? ", " : "; ranks behind: ", group[k],
+                         (unsigned long long)at, what);
         }
         behind++;
     }
     for (int k = 0; k < n; k++) {
         if (answered[k]) continue;
-        if (silent < REPORT_MAX_RANKS) cai_sbuf_add(&s, "%s%d", silent ? ", " : "; ranks not answering (stuck): ", group[k]);
+        if (silent < REPORT_MAX_RANKS)
+            cai_sbuf_add(&s, "%s%d", silent ? ", " : "; ranks not answering (stuck): ", group[k]);
         silent++;
     }
     if (!behind && !silent) {
@@ -217,8 +227,8 @@ static void report(cai_mesh_t *m, const cai_coll *c, uint64_t seq, double waited
                 if (still < REPORT_MAX_RANKS) {
                     char what[96];
                     describe_activity(again[(size_t)k * CAI_WD_WORDS + CAI_WD_ACTIVITY], what, sizeof what);
-                    cai_sbuf_add(&s, "%s%d (%s)", still ? ", " : "; ranks not progressing: ",
-                                 group[k], answered2[k] ? what : "not answering");
+                    cai_sbuf_add(&s, "%s%d (%s)", still ? ", " : "; ranks not progressing: ", group[k],
+                                 answered2[k] ? what : "not answering");
                 }
                 still++;
             }
@@ -259,7 +269,8 @@ cai_status cai_wd_wait_nap(cai_mesh_t *m, const cai_coll *c, uint64_t seq, cai_w
         if (r == 1) break;
         if (r < 0) {
             st = cai_error_status();
-            if (st == CAI_OK) st = CAI_ERROR(CAI_ERR_INTERNAL, "%s poll failed without a message", cai_op_kind_name(c->kind));
+            if (st == CAI_OK)
+                st = CAI_ERROR(CAI_ERR_INTERNAL, "%s poll failed without a message", cai_op_kind_name(c->kind));
             break;
         }
         double waited = cai_time_now() - t0;

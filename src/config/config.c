@@ -163,14 +163,14 @@ cai_status cai_cfg_unknown_key(const cai_config_schema *schema, const char *sour
             if (!is_prefix_of(schema->fields[i].key, name, len)) continue;
             total++;
             if (shown < 8 && used < sizeof keys) {
-                int w = snprintf(keys + used, sizeof keys - used, "%s%s%s", shown ? ", " : "", flag,
-                                 schema->fields[i].key);
+                int w =
+                    snprintf(keys + used, sizeof keys - used, "%s%s%s", shown ? ", " : "", flag, schema->fields[i].key);
                 if (w > 0) used += (size_t)w;
                 shown++;
             }
         }
-        return CAI_ERROR(CAI_ERR_CONFIG, "%s: '%s%s' is a section, not a key; set one of its keys: %s%s", source,
-                         flag, name, keys, total > shown ? ", ..." : "");
+        return CAI_ERROR(CAI_ERR_CONFIG, "%s: '%s%s' is a section, not a key; set one of its keys: %s%s", source, flag,
+                         name, keys, total > shown ? ", ..." : "");
     }
     const cai_config_field *s = suggest(schema, name);
     if (s)
@@ -207,10 +207,8 @@ static void quote_for_message(const char *text, char *buf, size_t cap) {
             snprintf(buf + o, cap - o, "...");
             return;
         }
-        if (c < 0x20 || c == 0x7f)
-            o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
-        else
-            buf[o++] = (char)c;
+        if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(buf + o, cap - o, "\\x%02x", c);
+        else buf[o++] = (char)c;
     }
     buf[o] = 0;
 }
@@ -249,9 +247,20 @@ static const struct {
     double scale;
 } k_byte_units[] = {
     /* Largest first: cai_config_format_bytes takes the first that divides. */
-    {"TiB", 1099511627776.0}, {"TB", 1e12}, {"GiB", 1073741824.0}, {"GB", 1e9}, {"MiB", 1048576.0},
-    {"MB", 1e6}, {"KiB", 1024.0}, {"KB", 1e3}, {"T", 1099511627776.0}, {"G", 1073741824.0},
-    {"M", 1048576.0}, {"K", 1024.0}, {"B", 1}, {"", 1},
+    {"TiB", 1099511627776.0},
+    {"TB", 1e12},
+    {"GiB", 1073741824.0},
+    {"GB", 1e9},
+    {"MiB", 1048576.0},
+    {"MB", 1e6},
+    {"KiB", 1024.0},
+    {"KB", 1e3},
+    {"T", 1099511627776.0},
+    {"G", 1073741824.0},
+    {"M", 1048576.0},
+    {"K", 1024.0},
+    {"B", 1},
+    {"", 1},
 };
 #define N_BYTE_UNITS (sizeof k_byte_units / sizeof k_byte_units[0])
 
@@ -282,9 +291,10 @@ static cai_status bytes_error(const char *source, const char *key, const char *t
     if (why == 3) return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is too large (at most 8EiB)", lead, key, shown);
     if (why == 2) {
         quote_for_message(unit, ushown, sizeof ushown);
-        return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is not a size (%s: unknown unit '%s'; K/M/G/T and KiB/MiB/GiB/"
-                         "TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or none bytes)", lead, key, shown,
-                         key, ushown);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "%s%s='%s' is not a size (%s: unknown unit '%s'; K/M/G/T and KiB/MiB/GiB/"
+                         "TiB are powers of 1024, KB/MB/GB/TB powers of 1000, B or none bytes)",
+                         lead, key, shown, key, ushown);
     }
     return CAI_ERROR(CAI_ERR_CONFIG, "%s%s='%s' is not a size (e.g. 3GiB, 800M, 5GB, 4096)", lead, key, shown);
 }
@@ -324,8 +334,7 @@ static void choices_list(const cai_config_field *f, char *buf, size_t cap) {
 
 static int range_checked(const cai_config_field *f) { return f->min < f->max; }
 
-cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text, const char *source,
-                         int dry_run) {
+cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text, const char *source, int dry_run) {
     char shown[256];
     quote_for_message(text, shown, sizeof shown);
     const char *tname = cai_cfg_type_phrase(f->type);
@@ -335,8 +344,9 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
     switch (f->type) {
     case CAI_CFG_BOOL:
         if (!cai_cfg_parse_bool(text, &v.i))
-            return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected a bool (true/false, yes/no, on/off, 1/0), got '%s'",
-                             source, f->key, shown);
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "%s: key '%s': expected a bool (true/false, yes/no, on/off, 1/0), got '%s'", source,
+                             f->key, shown);
         break;
     case CAI_CFG_INT:
     case CAI_CFG_INT64: {
@@ -344,12 +354,10 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
         long long hi = f->type == CAI_CFG_INT ? INT_MAX : INT64_MAX;
         long long n = 0;
         if (!parse_integer(text, lo, hi, &n, &why))
-            return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected %s (%s), got '%s'", source, f->key, tname,
-                             why, shown);
-        if (f->type == CAI_CFG_INT)
-            v.i = (int)n;
-        else
-            v.l = (int64_t)n;
+            return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected %s (%s), got '%s'", source, f->key, tname, why,
+                             shown);
+        if (f->type == CAI_CFG_INT) v.i = (int)n;
+        else v.l = (int64_t)n;
         as_number = (double)n;
         break;
     }
@@ -360,14 +368,12 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
         if (!end || end == text || *end)
             return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected a double, got '%s'", source, f->key, shown);
         if (!isfinite(d))
-            return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected a finite double, got '%s'", source, f->key,
-                             shown);
+            return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected a finite double, got '%s'", source, f->key, shown);
         v.d = d;
         as_number = d;
         break;
     }
-    case CAI_CFG_STRING:
-        break;
+    case CAI_CFG_STRING: break;
     case CAI_CFG_ENUM: {
         int found = -1;
         for (int i = 0; f->choices && f->choices[i]; i++)
@@ -394,8 +400,7 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
         as_number = (double)v.l;
         break;
     }
-    default:
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "key '%s' has unknown type %d", f->key, (int)f->type);
+    default: return CAI_ERROR(CAI_ERR_INVALID_ARG, "key '%s' has unknown type %d", f->key, (int)f->type);
     }
     int numeric = f->type == CAI_CFG_INT || f->type == CAI_CFG_INT64 || f->type == CAI_CFG_DOUBLE ||
                   (f->type == CAI_CFG_BYTES && v.l >= 0);
@@ -417,8 +422,9 @@ cai_status cai_cfg_apply(const cai_config_field *f, void *cfg, const char *text,
     case CAI_CFG_DOUBLE: *(double *)slot = v.d; break;
     case CAI_CFG_STRING: {
         char *copy = strdup(text);
-        if (!copy) return CAI_ERROR(CAI_ERR_NOMEM, "%s: key '%s': cannot copy a %zu-byte string", source, f->key,
-                                    strlen(text));
+        if (!copy)
+            return CAI_ERROR(CAI_ERR_NOMEM, "%s: key '%s': cannot copy a %zu-byte string", source, f->key,
+                             strlen(text));
         free(*(char **)slot);
         *(char **)slot = copy;
         break;
@@ -494,8 +500,8 @@ static cai_status check_field(const cai_config_schema *schema, size_t idx) {
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: key '%s' has a bad or reserved alias '%s'", prog, f->key,
                              f->alias);
         if (cai_cfg_is_section(schema, f->alias, strlen(f->alias)))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: alias '%s' of '%s' is also a section name", prog, f->alias,
-                             f->key);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s schema: alias '%s' of '%s' is also a section name", prog,
+                             f->alias, f->key);
     }
     for (size_t j = 0; j < idx; j++) {
         const cai_config_field *g = &schema->fields[j];
@@ -557,12 +563,9 @@ static void format_double(double v, char *buf, size_t cap) {
         if (strtod(tmp, NULL) == v) break;
     }
     char *e = strchr(tmp, 'e');
-    if (strchr(tmp, '.'))
-        snprintf(buf, cap, "%s", tmp);
-    else if (e)
-        snprintf(buf, cap, "%.*s.0%s", (int)(e - tmp), tmp, e);
-    else
-        snprintf(buf, cap, "%s.0", tmp);
+    if (strchr(tmp, '.')) snprintf(buf, cap, "%s", tmp);
+    else if (e) snprintf(buf, cap, "%.*s.0%s", (int)(e - tmp), tmp, e);
+    else snprintf(buf, cap, "%s.0", tmp);
 }
 
 const char *cai_config_format(const cai_config_field *f, const void *cfg, char *buf, size_t cap) {
@@ -577,12 +580,9 @@ const char *cai_config_format(const cai_config_field *f, const void *cfg, char *
         int64_t b = *(const int64_t *)slot;
         int n = 0;
         while (f->choices && f->choices[n]) n++;
-        if (b >= 0)
-            cai_config_format_bytes(b, buf, cap);
-        else if (-1 - b < n)
-            snprintf(buf, cap, "%s", f->choices[-1 - b]);
-        else
-            snprintf(buf, cap, "<invalid %" PRId64 ">", b);
+        if (b >= 0) cai_config_format_bytes(b, buf, cap);
+        else if (-1 - b < n) snprintf(buf, cap, "%s", f->choices[-1 - b]);
+        else snprintf(buf, cap, "<invalid %" PRId64 ">", b);
         break;
     }
     case CAI_CFG_DOUBLE: format_double(*(const double *)slot, buf, cap); break;
@@ -594,10 +594,8 @@ const char *cai_config_format(const cai_config_field *f, const void *cfg, char *
     case CAI_CFG_ENUM: {
         int i = *(const int *)slot, n = 0;
         while (f->choices && f->choices[n]) n++;
-        if (i >= 0 && i < n)
-            snprintf(buf, cap, "%s", f->choices[i]);
-        else
-            snprintf(buf, cap, "<invalid %d>", i);
+        if (i >= 0 && i < n) snprintf(buf, cap, "%s", f->choices[i]);
+        else snprintf(buf, cap, "<invalid %d>", i);
         break;
     }
     }
@@ -648,8 +646,6 @@ void cai_cfg_format_default(const cai_config_field *f, char *buf, size_t cap) {
     cfg_value tmp = {0};
     cai_config_field one = *f;
     one.offset = 0;
-    if (cai_cfg_apply(&one, &tmp, text, "default", 0) == CAI_OK)
-        cai_config_format(&one, &tmp, buf, cap);
-    else
-        snprintf(buf, cap, "%s (invalid: %s)", text, cai_error_message());
+    if (cai_cfg_apply(&one, &tmp, text, "default", 0) == CAI_OK) cai_config_format(&one, &tmp, buf, cap);
+    else snprintf(buf, cap, "%s (invalid: %s)", text, cai_error_message());
 }

@@ -23,8 +23,11 @@ static int is_config_flag(const char *name, size_t len) { return len == 6 && !st
 static cai_status next_item(const cai_config_schema *schema, int argc, char **argv, int *i, cli_item *item) {
     const char *arg = argv[*i];
     if (arg[0] != '-' || arg[1] == 0 || (arg[1] != '-' && (arg[1] == '.' || (arg[1] >= '0' && arg[1] <= '9'))))
-        return CAI_ERROR(CAI_ERR_CONFIG, CLI ": unexpected positional argument '%s' (settings are --KEY=VALUE; "
-                                            "see --help)", arg);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         CLI
+                         ": unexpected positional argument '%s' (settings are --KEY=VALUE; "
+                         "see --help)",
+                         arg);
     if (arg[1] != '-')
         return CAI_ERROR(CAI_ERR_CONFIG, CLI ": unknown option '%s' (options are --KEY=VALUE; see --help)", arg);
     if (arg[2] == 0) {
@@ -68,12 +71,10 @@ static cai_status next_item(const cai_config_schema *schema, int argc, char **ar
             return CAI_OK;
         }
         int dummy;
-        if (attached)
-            item->value = attached;
+        if (attached) item->value = attached;
         else if (*i < argc && cai_cfg_parse_bool(argv[*i], &dummy))
             item->value = argv[(*i)++]; /* "--fused false": no positionals exist, so this is unambiguous */
-        else
-            item->value = "true";
+        else item->value = "true";
         return CAI_OK;
     }
     if (attached) {
@@ -135,10 +136,8 @@ static void flag_text(const cai_config_field *f, char *buf, size_t cap) {
         snprintf(type, sizeof type, "%s", cai_cfg_type_name(f->type));
     }
     const char *sep = f->type == CAI_CFG_BOOL ? "" : " ";
-    if (f->alias)
-        snprintf(buf, cap, "--%s, --%s%s%s", f->key, f->alias, sep, type);
-    else
-        snprintf(buf, cap, "--%s%s%s", f->key, sep, type);
+    if (f->alias) snprintf(buf, cap, "--%s, --%s%s%s", f->key, f->alias, sep, type);
+    else snprintf(buf, cap, "--%s%s%s", f->key, sep, type);
 }
 
 static size_t section_len(const char *key) {
@@ -149,13 +148,13 @@ static size_t section_len(const char *key) {
 void cai_config_print_help(const cai_config_schema *schema, FILE *out) {
     if (!schema || !out) return;
     const char *prog = schema->program ? schema->program : "program";
-    fprintf(out, "Usage: %s [--config FILE.yaml] [--KEY=VALUE | --KEY VALUE | --BOOL-KEY | --no-BOOL-KEY]...\n",
-            prog);
+    fprintf(out, "Usage: %s [--config FILE.yaml] [--KEY=VALUE | --KEY VALUE | --BOOL-KEY | --no-BOOL-KEY]...\n", prog);
     if (schema->summary) fprintf(out, "%s\n", schema->summary);
-    fprintf(out, "\nPrecedence: defaults < --config files (in order) < command-line settings (in order).\n"
-                 "In YAML, nested mappings spell the dotted key: train: {lr: 3e-4} sets train.lr.\n\n"
-                 "  --config FILE       YAML file of settings (may repeat)\n"
-                 "  --help, -h          print this help and exit\n");
+    fprintf(out,
+            "\nPrecedence: defaults < --config files (in order) < command-line settings (in order).\n"
+            "In YAML, nested mappings spell the dotted key: train: {lr: 3e-4} sets train.lr.\n\n"
+            "  --config FILE       YAML file of settings (may repeat)\n"
+            "  --help, -h          print this help and exit\n");
     /* Group by first dotted part in order of first appearance; the
      * top-level keys (no dot) come first. */
     int width = 20;
@@ -186,8 +185,7 @@ void cai_config_print_help(const cai_config_schema *schema, FILE *out) {
                 flag_text(g, flag, sizeof flag);
                 if ((int)strlen(flag) > width)
                     fprintf(out, "  %s\n  %*s  %s (default: %s%s)\n", flag, width, "", g->doc, def, range);
-                else
-                    fprintf(out, "  %-*s  %s (default: %s%s)\n", width, flag, g->doc, def, range);
+                else fprintf(out, "  %-*s  %s (default: %s%s)\n", width, flag, g->doc, def, range);
             }
         }
     }

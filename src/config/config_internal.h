@@ -16,12 +16,10 @@ int cai_cfg_is_section(const cai_config_schema *schema, const char *name, size_t
 /* CAI_ERR_CONFIG for a name that is no key: says so, suggests the closest key
  * (or, for a section, lists its keys). `flag` is "--" on the command line so
  * suggestions read as options, "" in YAML. */
-cai_status cai_cfg_unknown_key(const cai_config_schema *schema, const char *source, const char *name,
-                               const char *flag);
+cai_status cai_cfg_unknown_key(const cai_config_schema *schema, const char *source, const char *name, const char *flag);
 /* Parse `text` for `field`, check type and range, then store it unless
  * `dry_run`. Errors start with "<source>: key '<key>': ". */
-cai_status cai_cfg_apply(const cai_config_field *field, void *cfg, const char *text, const char *source,
-                         int dry_run);
+cai_status cai_cfg_apply(const cai_config_field *field, void *cfg, const char *text, const char *source, int dry_run);
 /* 1 and *out set when `text` is a boolean literal, else 0. */
 int cai_cfg_parse_bool(const char *text, int *out);
 const char *cai_cfg_type_name(cai_config_type type);

@@ -56,8 +56,8 @@ static cai_status walk_leaf(walk_ctx *c, const cai_config_field *f, const yaml_n
                          c->set_line[idx]);
     c->set_line[idx] = line_of(val);
     if (val->type != YAML_SCALAR_NODE)
-        return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected %s, got %s", src, f->key,
-                         cai_cfg_type_phrase(f->type), node_kind(val));
+        return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': expected %s, got %s", src, f->key, cai_cfg_type_phrase(f->type),
+                         node_kind(val));
     if (has_nul(val)) return CAI_ERROR(CAI_ERR_CONFIG, "%s: key '%s': value contains a NUL character", src, f->key);
     const char *text = (const char *)val->data.scalar.value;
     if (is_null_scalar(val)) {
@@ -81,8 +81,8 @@ static cai_status walk_pair(walk_ctx *c, const yaml_node_pair_t *pair, const yam
     const char *name = (const char *)key->data.scalar.value;
     for (const yaml_node_pair_t *p = first; p < pair; p++) {
         const yaml_node_t *other = yaml_document_get_node(c->doc, p->key);
-        if (other->type == YAML_SCALAR_NODE && cai_cfg_key_eq((const char *)other->data.scalar.value, name,
-                                                               strlen(name)))
+        if (other->type == YAML_SCALAR_NODE &&
+            cai_cfg_key_eq((const char *)other->data.scalar.value, name, strlen(name)))
             return CAI_ERROR(CAI_ERR_CONFIG, "%s: duplicate key '%s%s%s' (first at line %zu)", src, prefix,
                              *prefix ? "." : "", name, line_of(other));
     }
@@ -110,7 +110,8 @@ static cai_status walk_pair(walk_ctx *c, const yaml_node_pair_t *pair, const yam
 
 static cai_status walk_mapping(walk_ctx *c, const yaml_node_t *map, const char *prefix) {
     const yaml_node_pair_t *first = map->data.mapping.pairs.start;
-    for (const yaml_node_pair_t *p = first; p < map->data.mapping.pairs.top; p++) CAI_CALL(walk_pair(c, p, first, prefix));
+    for (const yaml_node_pair_t *p = first; p < map->data.mapping.pairs.top; p++)
+        CAI_CALL(walk_pair(c, p, first, prefix));
     return CAI_OK;
 }
 
@@ -120,8 +121,7 @@ static cai_status parser_error(const yaml_parser_t *p, const char *name) {
         return CAI_ERROR(CAI_ERR_CONFIG, "%s: malformed YAML at byte %zu: %s", name, p->problem_offset,
                          p->problem ? p->problem : "unreadable input");
     char context[160] = "";
-    if (p->context)
-        snprintf(context, sizeof context, " (%s at line %zu)", p->context, p->context_mark.line + 1);
+    if (p->context) snprintf(context, sizeof context, " (%s at line %zu)", p->context, p->context_mark.line + 1);
     return CAI_ERROR(CAI_ERR_CONFIG, "%s:%zu:%zu: malformed YAML: %s%s", name, p->problem_mark.line + 1,
                      p->problem_mark.column + 1, p->problem ? p->problem : "syntax error", context);
 }
@@ -173,8 +173,7 @@ done:
     return st;
 }
 
-cai_status cai_config_load_yaml_string(const cai_config_schema *schema, void *cfg, const char *text,
-                                       const char *name) {
+cai_status cai_config_load_yaml_string(const cai_config_schema *schema, void *cfg, const char *text, const char *name) {
     CAI_CHECK_ARG(schema && cfg && text, "cai_config_load_yaml_string: NULL schema, cfg or text");
     if (!name) name = "<string>";
     yaml_parser_t parser;
@@ -384,8 +383,8 @@ cai_status cai_config_write_file(const cai_config_schema *schema, const void *cf
         st = CAI_ERROR(CAI_ERR_IO, "cannot close '%s': %s", tmp, strerror(errno));
         goto done;
     }
-    if (rename(tmp, final) != 0) st = CAI_ERROR(CAI_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final,
-                                               strerror(errno));
+    if (rename(tmp, final) != 0)
+        st = CAI_ERROR(CAI_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, final, strerror(errno));
 done:
     if (fp) fclose(fp);
     if (st != CAI_OK && tmp) remove(tmp);

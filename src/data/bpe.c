@@ -21,8 +21,8 @@ cai_status cai_bpe_grow(cai_bpe_t *t, int32_t n_ids) {
         size_t cap = (size_t)(t->ids_cap ? t->ids_cap : 256);
         while (cap < (size_t)n_ids) cap *= 2;
         if (cap > INT32_MAX) cap = INT32_MAX;
-        void **const arrays[] = {(void **)&t->flags, (void **)&t->str_off, (void **)&t->str_len,
-                                 (void **)&t->bytes_off, (void **)&t->bytes_len};
+        void **const arrays[] = {(void **)&t->flags, (void **)&t->str_off, (void **)&t->str_len, (void **)&t->bytes_off,
+                                 (void **)&t->bytes_len};
         const size_t elem[] = {sizeof *t->flags, sizeof *t->str_off, sizeof *t->str_len, sizeof *t->bytes_off,
                                sizeof *t->bytes_len};
         CAI_CALL(cai_bpe_resize_arrays(cap, 5, arrays, elem, "the token table"));
@@ -171,11 +171,10 @@ cai_status cai_bpe_push_merge(cai_bpe_t *t, int32_t a, int32_t b, int32_t result
 }
 
 cai_status cai_bpe_mark_special(cai_bpe_t *t, int32_t id) {
-    CAI_CHECK_ARG(id >= 0 && id < t->n_ids && (t->flags[id] & BPE_TOKEN_PRESENT), "no token with id %d",
-                  (int)id);
+    CAI_CHECK_ARG(id >= 0 && id < t->n_ids && (t->flags[id] & BPE_TOKEN_PRESENT), "no token with id %d", (int)id);
     if (t->flags[id] & BPE_TOKEN_SPECIAL) return CAI_OK;
-    CAI_CALL(cai_bpe_reserve((void **)&t->special_ids, &t->special_cap, t->n_special + 1,
-                             sizeof *t->special_ids, "special tokens"));
+    CAI_CALL(cai_bpe_reserve((void **)&t->special_ids, &t->special_cap, t->n_special + 1, sizeof *t->special_ids,
+                             "special tokens"));
     t->special_ids[t->n_special++] = id;
     t->flags[id] |= BPE_TOKEN_SPECIAL;
     t->bytes_off[id] = t->str_off[id];
@@ -251,8 +250,7 @@ cai_status cai_bpe_token_id(const cai_bpe_t *t, const char *spelling, int32_t *i
 
 cai_status cai_bpe_token_bytes(const cai_bpe_t *t, int32_t id, const char **bytes, size_t *len) {
     if (id < 0 || id >= t->n_ids || !(t->flags[id] & BPE_TOKEN_PRESENT))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "token id %d is not in the vocabulary (size %d)", (int)id,
-                         (int)t->n_ids);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "token id %d is not in the vocabulary (size %d)", (int)id, (int)t->n_ids);
     *bytes = bpe_tok_bytes(t, id, len);
     return CAI_OK;
 }
@@ -296,8 +294,10 @@ static inline void push_pair(const cai_bpe_t *t, uint64_t *heap, size_t *nh, con
 static cai_status bpe_word(cai_bpe_t *t, const uint8_t *w, size_t n, cai_token_buf *out) {
     for (size_t k = 0; k < n; k++)
         if (t->byte_id[w[k]] < 0)
-            return CAI_ERROR(CAI_ERR_FORMAT, "the vocabulary has no token for byte 0x%02x, so text containing "
-                             "it cannot be encoded", w[k]);
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "the vocabulary has no token for byte 0x%02x, so text containing "
+                             "it cannot be encoded",
+                             w[k]);
     if (n == 1) return cai_token_buf_append(out, &t->byte_id[w[0]], 1);
     if (t->ignore_merges) {
         int64_t e = bpe_strmap_find(&t->by_bytes, w, n, cai_bpe_hash_bytes(w, n));
@@ -357,8 +357,8 @@ static cai_status encode_word(cai_bpe_t *t, const uint8_t *w, size_t n, cai_toke
         t->cache_ids_len = 0;
     }
     if (!t->cache.cap) CAI_CALL(bpe_strmap_init(&t->cache, 4096));
-    CAI_CALL(cai_bpe_reserve((void **)&t->cache_ids, &t->cache_ids_cap, t->cache_ids_len + count,
-                             sizeof(int32_t), "BPE word cache"));
+    CAI_CALL(cai_bpe_reserve((void **)&t->cache_ids, &t->cache_ids_cap, t->cache_ids_len + count, sizeof(int32_t),
+                             "BPE word cache"));
     memcpy(t->cache_ids + t->cache_ids_len, out->ids + before, count * sizeof(int32_t));
     CAI_CALL(bpe_strmap_insert(&t->cache, w, n, h, ((uint64_t)t->cache_ids_len << 24) | count, NULL, NULL));
     t->cache_ids_len += count;

@@ -59,9 +59,7 @@ uint64_t *bpe_u64map_get(const bpe_u64map *m, uint64_t key);
 /* Insert or overwrite. */
 cai_status bpe_u64map_put(bpe_u64map *m, uint64_t key, uint64_t val);
 
-static inline uint64_t bpe_pair_key(int32_t a, int32_t b) {
-    return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-}
+static inline uint64_t bpe_pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
 
 /* Open-addressing map from byte strings (copied into an owned pool) to
  * 64-bit values. */
@@ -84,8 +82,8 @@ void bpe_strmap_clear(bpe_strmap *m);
 int64_t bpe_strmap_find(const bpe_strmap *m, const void *key, size_t len, uint64_t hash);
 /* Index of the entry for key, inserted with value `val` when absent
  * (*inserted says which). */
-cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_t hash, uint64_t val,
-                             int64_t *index, int *inserted);
+cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_t hash, uint64_t val, int64_t *index,
+                             int *inserted);
 static inline const char *bpe_strmap_key(const bpe_strmap *m, int64_t i) { return m->pool + m->key_off[i]; }
 
 /* ------------------------------------------------------------ byte buffers */
@@ -106,36 +104,36 @@ typedef struct {
 struct cai_bpe {
     /* Tokens by id. `str` is the vocabulary's spelling (GPT-2's mapped
      * characters, e.g. "\u0120world"); `bytes` is what the token decodes to. */
-    int32_t n_ids;           /* largest id + 1 */
+    int32_t n_ids; /* largest id + 1 */
     int32_t ids_cap;
-    uint8_t *flags;          /* BPE_TOKEN_* per id */
-    uint64_t *str_off;       /* into pool */
+    uint8_t *flags;    /* BPE_TOKEN_* per id */
+    uint64_t *str_off; /* into pool */
     uint32_t *str_len;
-    uint64_t *bytes_off;     /* into pool */
+    uint64_t *bytes_off; /* into pool */
     uint32_t *bytes_len;
-    char *pool;              /* spellings and bytes, appended */
+    char *pool; /* spellings and bytes, appended */
     size_t pool_len, pool_cap;
-    bpe_strmap by_str;       /* vocabulary spelling -> id */
-    int32_t byte_id[256];    /* single-byte token of each byte, -1 if none */
+    bpe_strmap by_str;    /* vocabulary spelling -> id */
+    int32_t byte_id[256]; /* single-byte token of each byte, -1 if none */
 
-    bpe_merge *merges;       /* in rank order */
+    bpe_merge *merges; /* in rank order */
     size_t n_merges, merges_cap;
-    bpe_u64map pair_rank;    /* (a, b) -> rank */
+    bpe_u64map pair_rank; /* (a, b) -> rank */
 
     /* Special (added) tokens, matched verbatim before pre-tokenisation. */
     int32_t *special_ids;
     size_t n_special, special_cap;
     uint8_t special_first[256]; /* a special token starts with this byte */
 
-    int add_prefix_space;    /* HF ByteLevel option: prepend ' ' to each segment */
-    int ignore_merges;       /* HF BPE option: a word that is a token is kept whole */
-    bpe_strmap by_bytes;     /* decoded bytes -> id, only when ignore_merges */
+    int add_prefix_space; /* HF ByteLevel option: prepend ' ' to each segment */
+    int ignore_merges;    /* HF BPE option: a word that is a token is kept whole */
+    bpe_strmap by_bytes;  /* decoded bytes -> id, only when ignore_merges */
 
     /* Encoder state (the reason encode needs a non-const handle). */
-    bpe_strmap cache;        /* word bytes -> (offset << 24 | count) into cache_ids */
+    bpe_strmap cache; /* word bytes -> (offset << 24 | count) into cache_ids */
     int32_t *cache_ids;
     size_t cache_ids_len, cache_ids_cap;
-    void *scratch;           /* merge workspace, grown on demand */
+    void *scratch; /* merge workspace, grown on demand */
     size_t scratch_cap;
 };
 

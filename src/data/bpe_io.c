@@ -45,10 +45,8 @@ typedef struct {
 static void js_skip(jscan *j) {
     while (j->i < j->n) {
         char c = j->s[j->i];
-        if (c == '\n')
-            j->line++;
-        else if (c != ' ' && c != '\t' && c != '\r')
-            break;
+        if (c == '\n') j->line++;
+        else if (c != ' ' && c != '\t' && c != '\r') break;
         j->i++;
     }
 }
@@ -62,7 +60,10 @@ static int hex4(const char *p, uint32_t *v) {
     *v = 0;
     for (int k = 0; k < 4; k++) {
         char c = p[k];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (d < 0) return 0;
         *v = *v * 16 + (uint32_t)d;
     }
@@ -82,8 +83,8 @@ static cai_status js_string(jscan *j, cai_byte_buf *out) {
             return CAI_OK;
         }
         if (c < 0x20)
-            return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: raw control character 0x%02x inside a string", j->path,
-                             j->line, c);
+            return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: raw control character 0x%02x inside a string", j->path, j->line,
+                             c);
         if (c != '\\') {
             size_t k = j->i;
             while (k < j->n && j->s[k] != '"' && j->s[k] != '\\' && (unsigned char)j->s[k] >= 0x20) k++;
@@ -111,8 +112,8 @@ static cai_status js_string(jscan *j, cai_byte_buf *out) {
             if (cp >= 0xD800 && cp < 0xDC00) {
                 if (j->i + 6 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u' || !hex4(j->s + j->i + 2, &lo) ||
                     lo < 0xDC00 || lo >= 0xE000)
-                    return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: \\u%04X is a high surrogate without its low half",
-                                     j->path, j->line, (unsigned)cp);
+                    return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: \\u%04X is a high surrogate without its low half", j->path,
+                                     j->line, (unsigned)cp);
                 j->i += 6;
                 cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
             } else if (cp >= 0xDC00 && cp < 0xE000) {
@@ -122,8 +123,7 @@ static cai_status js_string(jscan *j, cai_byte_buf *out) {
             CAI_CALL(cai_byte_buf_append(out, u, cai_bpe_utf8_encode(cp, u)));
             continue;
         }
-        default:
-            return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: unknown escape \\%c", j->path, j->line, e);
+        default: return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: unknown escape \\%c", j->path, j->line, e);
         }
         CAI_CALL(cai_byte_buf_append(out, &ch, 1));
     }
@@ -183,9 +183,10 @@ static cai_status parse_vocab_json(const char *path, const char *s, size_t n, vo
             if (k < j.n && s[k] == '-') k++;
             size_t digits = k;
             while (k < j.n && s[k] >= '0' && s[k] <= '9' && k - digits < 12) k++;
-            if (k == digits || (k < j.n && (s[k] == '.' || s[k] == 'e' || s[k] == 'E' || (s[k] >= '0' && s[k] <= '9')))) {
-                st = CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: the id of token \"%.*s\" must be an integer below 2^31",
-                               path, j.line, (int)key.len, key.data);
+            if (k == digits ||
+                (k < j.n && (s[k] == '.' || s[k] == 'e' || s[k] == 'E' || (s[k] >= '0' && s[k] <= '9')))) {
+                st = CAI_ERROR(CAI_ERR_FORMAT, "%s:%d: the id of token \"%.*s\" must be an integer below 2^31", path,
+                               j.line, (int)key.len, key.data);
                 goto done;
             }
             int64_t id = strtoll(s + j.i, NULL, 10);
@@ -381,8 +382,8 @@ static cai_status check_byte_level(const char *path, const json_t *root, const c
     const json_t *v = json_object_get(root, field);
     if (json_is_absent(v)) {
         if (required)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s is missing; only GPT-2's ByteLevel pre-tokenizer is supported",
-                             path, field);
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "%s: %s is missing; only GPT-2's ByteLevel pre-tokenizer is supported", path, field);
         return CAI_OK;
     }
     const char *type = json_string_value(json_object_get(v, "type"));
@@ -391,8 +392,10 @@ static cai_status check_byte_level(const char *path, const json_t *root, const c
                          path, field, type ? type : "(none)");
     const json_t *re = json_object_get(v, "use_regex");
     if (re && json_is_false(re))
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s.use_regex is false; only GPT-2's pre-tokenisation pattern is "
-                         "supported", path, field);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: %s.use_regex is false; only GPT-2's pre-tokenisation pattern is "
+                         "supported",
+                         path, field);
     if (add_prefix_space) *add_prefix_space = json_is_true(json_object_get(v, "add_prefix_space"));
     return CAI_OK;
 }
@@ -443,8 +446,8 @@ static cai_status load_hf_json(const char *path, json_t *root, cai_bpe_t **out) 
         json_t *jid = json_object_get(at, "id");
         const char *content = json_string_value(json_object_get(at, "content"));
         if (st != CAI_OK) break;
-        if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= INT32_MAX ||
-            !content || !content[0]) {
+        if (!json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= INT32_MAX || !content ||
+            !content[0]) {
             st = CAI_ERROR(CAI_ERR_FORMAT, "%s: added_tokens[%zu] needs an integer \"id\" and a non-empty \"content\"",
                            path, ai);
             break;
@@ -472,8 +475,10 @@ static cai_status load_hf_json(const char *path, json_t *root, cai_bpe_t **out) 
             size_t len;
             const char *s = bpe_tok_str(t, id, &len);
             if (len != strlen(content) || memcmp(s, content, len) != 0) {
-                st = CAI_ERROR(CAI_ERR_FORMAT, "%s: added_tokens[%zu] gives id %d to \"%s\", but model.vocab gives "
-                               "it to \"%.*s\"", path, ai, (int)id, content, (int)len, s);
+                st = CAI_ERROR(CAI_ERR_FORMAT,
+                               "%s: added_tokens[%zu] gives id %d to \"%s\", but model.vocab gives "
+                               "it to \"%.*s\"",
+                               path, ai, (int)id, content, (int)len, s);
                 goto done;
             }
         }
@@ -628,8 +633,8 @@ static cai_status set_new(json_t *obj, const char *key, json_t *v) {
 }
 
 static json_t *byte_level(int add_prefix_space, int trim_offsets) {
-    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", add_prefix_space,
-                     "trim_offsets", trim_offsets, "use_regex", 1);
+    return json_pack("{s:s, s:b, s:b, s:b}", "type", "ByteLevel", "add_prefix_space", add_prefix_space, "trim_offsets",
+                     trim_offsets, "use_regex", 1);
 }
 
 static cai_status render_hf(const cai_bpe_t *t, char **text) {
@@ -655,10 +660,11 @@ static cai_status render_hf(const cai_bpe_t *t, char **text) {
         size_t len;
         int32_t id = t->special_ids[k];
         const char *s = bpe_tok_str(t, id, &len);
-        json_t *e = json_pack("{s:i, s:s%, s:b, s:b, s:b, s:b, s:b}", "id", (int)id, "content", s, len,
-                              "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
+        json_t *e = json_pack("{s:i, s:s%, s:b, s:b, s:b, s:b, s:b}", "id", (int)id, "content", s, len, "single_word",
+                              0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
         if (!e || json_array_append_new(added, e) != 0) {
-            st = CAI_ERROR(CAI_ERR_FORMAT, "special token %d is not valid UTF-8; tokenizer.json cannot hold it", (int)id);
+            st = CAI_ERROR(CAI_ERR_FORMAT, "special token %d is not valid UTF-8; tokenizer.json cannot hold it",
+                           (int)id);
             goto done;
         }
     }

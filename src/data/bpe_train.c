@@ -300,8 +300,7 @@ static cai_status load_words(train_state *s, const bpe_strmap *words, const int3
     }
     s->n_touched = 0;
     CAI_CALL(cai_bpe_reserve((void **)&s->heap, &s->heap_cap, s->n_pairs + 1, sizeof *s->heap, "BPE pair heap"));
-    for (size_t p = 0; p < s->n_pairs; p++)
-        s->heap[p] = (heap_entry){s->pcount[p], s->pa[p], s->pb[p], (uint32_t)p};
+    for (size_t p = 0; p < s->n_pairs; p++) s->heap[p] = (heap_entry){s->pcount[p], s->pa[p], s->pb[p], (uint32_t)p};
     s->n_heap = s->n_pairs;
     for (size_t i = s->n_heap / 2; i-- > 0;) sift_down(s->heap, s->n_heap, i);
     return CAI_OK;
@@ -309,8 +308,7 @@ static cai_status load_words(train_state *s, const bpe_strmap *words, const int3
 
 /* Token for the concatenation of a and b: an existing one when another merge
  * already spelled the same bytes (Hugging Face's trainer does the same). */
-static cai_status token_for(cai_bpe_t *t, bpe_strmap *by_bytes, int32_t a, int32_t b, cai_byte_buf *tmp,
-                            int32_t *id) {
+static cai_status token_for(cai_bpe_t *t, bpe_strmap *by_bytes, int32_t a, int32_t b, cai_byte_buf *tmp, int32_t *id) {
     size_t la, lb;
     const char *pa = bpe_tok_bytes(t, a, &la);
     tmp->len = 0;
@@ -347,7 +345,8 @@ static cai_status train(cai_bpe_trainer_t *tr, cai_bpe_t *t, train_state *s, siz
         uint8_t byte = (uint8_t)b;
         CAI_CALL_GOTO(cai_bpe_define_bytes(t, byte_id[b], &byte, 1), st, done);
         CAI_CALL_GOTO(bpe_strmap_insert(&by_bytes, &byte, 1, cai_bpe_hash_bytes(&byte, 1), (uint64_t)byte_id[b], NULL,
-                                        NULL), st, done);
+                                        NULL),
+                      st, done);
     }
     CAI_CALL_GOTO(load_words(s, &tr->words, byte_id), st, done);
     size_t tokens = tr->n_special + 256;
@@ -403,11 +402,12 @@ cai_status cai_bpe_trainer_finish(cai_bpe_trainer_t *tr, cai_bpe_t **out) {
     CAI_CALL_GOTO(cai_bpe_index(t, "trained vocabulary"), st, fail);
     for (size_t k = 0; k < tr->n_special; k++) CAI_CALL_GOTO(cai_bpe_mark_special(t, (int32_t)k), st, fail);
     if (tokens < tr->vocab_size)
-        CAI_WARN("BPE training stopped at %zu tokens of the %zu asked for: no pair occurs %llu or more times in "
-                 "the corpus (%zu distinct words)", tokens, tr->vocab_size, (unsigned long long)tr->min_frequency,
-                 s.n_words);
-    CAI_DEBUG("trained byte-level BPE: %zu tokens, %zu merges from %zu distinct words in %.2f s", tokens,
-              t->n_merges, s.n_words, cai_time_now() - t0);
+        CAI_WARN(
+            "BPE training stopped at %zu tokens of the %zu asked for: no pair occurs %llu or more times in "
+            "the corpus (%zu distinct words)",
+            tokens, tr->vocab_size, (unsigned long long)tr->min_frequency, s.n_words);
+    CAI_DEBUG("trained byte-level BPE: %zu tokens, %zu merges from %zu distinct words in %.2f s", tokens, t->n_merges,
+              s.n_words, cai_time_now() - t0);
     state_free(&s);
     *out = t;
     return CAI_OK;

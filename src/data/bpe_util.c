@@ -78,10 +78,8 @@ int cai_bpe_codepoint_class(uint32_t cp) {
     size_t lo = 0, hi = cai_bpe_class_run_count;
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
-        if ((cai_bpe_class_runs[mid] >> 2) <= cp)
-            lo = mid;
-        else
-            hi = mid;
+        if ((cai_bpe_class_runs[mid] >> 2) <= cp) lo = mid;
+        else hi = mid;
     }
     return (int)(cai_bpe_class_runs[lo] & 3u);
 }
@@ -146,9 +144,9 @@ static int printable_latin1(unsigned b) {
 
 uint32_t cai_bpe_byte_to_char(uint8_t b) {
     if (printable_latin1(b)) return b;
-    if (b <= 0x20) return 256u + b;              /* 33 controls and space */
+    if (b <= 0x20) return 256u + b;                              /* 33 controls and space */
     if (b >= 0x7F && b <= 0xA0) return 256u + 33u + (b - 0x7Fu); /* DEL, C1, NBSP */
-    return 256u + 67u;                           /* 0xAD, soft hyphen */
+    return 256u + 67u;                                           /* 0xAD, soft hyphen */
 }
 
 int cai_bpe_char_to_byte(uint32_t cp) {
@@ -172,8 +170,7 @@ cai_status cai_bpe_reserve(void **buf, size_t *cap, size_t need, size_t elem, co
     if (need <= *cap) return CAI_OK;
     size_t nc = *cap ? *cap : 64;
     while (nc < need) nc *= 2;
-    if (nc > SIZE_MAX / elem)
-        return CAI_ERROR(CAI_ERR_NOMEM, "%s: %zu elements of %zu bytes overflow", what, nc, elem);
+    if (nc > SIZE_MAX / elem) return CAI_ERROR(CAI_ERR_NOMEM, "%s: %zu elements of %zu bytes overflow", what, nc, elem);
     void *p = realloc(*buf, nc * elem);
     if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "cannot grow %s to %zu bytes", what, nc * elem);
     *buf = p;
@@ -383,8 +380,8 @@ static cai_status strmap_rehash(bpe_strmap *m, size_t nc) {
     return CAI_OK;
 }
 
-cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_t hash, uint64_t val,
-                             int64_t *index, int *inserted) {
+cai_status bpe_strmap_insert(bpe_strmap *m, const void *key, size_t len, uint64_t hash, uint64_t val, int64_t *index,
+                             int *inserted) {
     int64_t e = bpe_strmap_find(m, key, len, hash);
     if (inserted) *inserted = e < 0;
     if (e >= 0) {

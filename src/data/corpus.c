@@ -47,24 +47,24 @@ static void put(gen *g, const char *fmt, ...) {
     g->len += (size_t)n;
 }
 
-static const char *const k_girls[] = {"Mia", "Lily", "Emma", "Zoe", "Anna", "Sara", "Lucy", "Nora", "Ella", "Ruby",
-                                       "Maya", "Ava", "Iris", "Hana", "Rosa", "Leila"};
-static const char *const k_boys[] = {"Tom", "Ben", "Sam", "Leo", "Max", "Jack", "Omar", "Finn", "Noah", "Theo",
-                                      "Ravi", "Kai", "Luis", "Eli", "Ivan", "Hugo"};
-static const char *const k_animals[] = {"dog", "cat", "rabbit", "bird", "duck", "fox", "frog", "turtle", "horse", "owl",
-                                         "mouse", "bear"};
-static const char *const k_adj[] = {"little", "small", "big", "happy", "curious", "brave", "shy", "kind", "sleepy",
-                                     "clever"};
+static const char *const k_girls[] = {"Mia",  "Lily", "Emma", "Zoe", "Anna", "Sara", "Lucy", "Nora",
+                                      "Ella", "Ruby", "Maya", "Ava", "Iris", "Hana", "Rosa", "Leila"};
+static const char *const k_boys[] = {"Tom",  "Ben",  "Sam",  "Leo", "Max",  "Jack", "Omar", "Finn",
+                                     "Noah", "Theo", "Ravi", "Kai", "Luis", "Eli",  "Ivan", "Hugo"};
+static const char *const k_animals[] = {"dog",  "cat",    "rabbit", "bird", "duck",  "fox",
+                                        "frog", "turtle", "horse",  "owl",  "mouse", "bear"};
+static const char *const k_adj[] = {"little", "small", "big",  "happy",  "curious",
+                                    "brave",  "shy",   "kind", "sleepy", "clever"};
 static const char *const k_colors[] = {"red", "blue", "green", "yellow", "orange", "purple", "pink", "white"};
-static const char *const k_objects[] = {"ball", "kite", "box", "hat", "book", "boat", "cup", "drum", "key", "map",
-                                         "shell", "stone", "flower", "balloon"};
-static const char *const k_places[] = {"the park", "the forest", "the beach", "the garden", "the market", "the river",
-                                        "the hill", "the farm", "the library", "the old barn"};
-static const char *const k_times[] = {"One sunny morning", "One rainy day", "One cold evening", "On a windy afternoon",
-                                       "Early one day", "One quiet night"};
+static const char *const k_objects[] = {"ball", "kite", "box", "hat",   "book",  "boat",   "cup",
+                                        "drum", "key",  "map", "shell", "stone", "flower", "balloon"};
+static const char *const k_places[] = {"the park",  "the forest", "the beach", "the garden",  "the market",
+                                       "the river", "the hill",   "the farm",  "the library", "the old barn"};
+static const char *const k_times[] = {"One sunny morning",    "One rainy day", "One cold evening",
+                                      "On a windy afternoon", "Early one day", "One quiet night"};
 static const char *const k_feel[] = {"happy", "sad", "surprised", "scared", "proud", "excited", "tired", "worried"};
-static const char *const k_fruits[] = {"apples", "oranges", "pears", "cookies", "marbles", "stickers", "pencils",
-                                        "eggs", "cards", "shells"};
+static const char *const k_fruits[] = {"apples",   "oranges", "pears", "cookies", "marbles",
+                                       "stickers", "pencils", "eggs",  "cards",   "shells"};
 
 static void story(gen *g) {
     const int girl = pick(g, 2);
@@ -75,9 +75,15 @@ static void story(gen *g) {
     const char *animal = ONE_OF(g, k_animals), *color = ONE_OF(g, k_colors), *obj = ONE_OF(g, k_objects);
     const char *place = ONE_OF(g, k_places);
     switch (pick(g, 3)) {
-    case 0: put(g, "Once upon a time, there was a %s %s named %s.", ONE_OF(g, k_adj), girl ? "girl" : "boy", hero); break;
-    case 1: put(g, "%s was a %s %s who loved to play near %s.", hero, ONE_OF(g, k_adj), girl ? "girl" : "boy", place); break;
-    default: put(g, "There once lived a %s %s and a %s %s.", ONE_OF(g, k_adj), animal, ONE_OF(g, k_adj), girl ? "girl" : "boy");
+    case 0:
+        put(g, "Once upon a time, there was a %s %s named %s.", ONE_OF(g, k_adj), girl ? "girl" : "boy", hero);
+        break;
+    case 1:
+        put(g, "%s was a %s %s who loved to play near %s.", hero, ONE_OF(g, k_adj), girl ? "girl" : "boy", place);
+        break;
+    default:
+        put(g, "There once lived a %s %s and a %s %s.", ONE_OF(g, k_adj), animal, ONE_OF(g, k_adj),
+            girl ? "girl" : "boy");
         put(g, " The %s was called %s.", girl ? "girl" : "boy", hero);
     }
     put(g, "\n%s, %s went to %s with %s friend %s.", ONE_OF(g, k_times), hero, place, his, friend);
@@ -97,7 +103,10 @@ static void story(gen *g) {
     }
     switch (pick(g, 4)) {
     case 0: put(g, "\nIn the end, %s and %s played together until the sun went down.", hero, friend); break;
-    case 1: put(g, "\nThat night, %s told %s mom about the %s %s. %s felt %s.", hero, his, color, obj, He, ONE_OF(g, k_feel)); break;
+    case 1:
+        put(g, "\nThat night, %s told %s mom about the %s %s. %s felt %s.", hero, his, color, obj, He,
+            ONE_OF(g, k_feel));
+        break;
     case 2: put(g, "\nFrom that day on, %s and the %s were best friends.", hero, animal); break;
     default: put(g, "\n%s learned that sharing makes everyone happy. The end.", hero);
     }
@@ -109,10 +118,25 @@ static void drill(gen *g) {
         if (i) put(g, "\n");
         int a, b;
         switch (pick(g, 4)) {
-        case 0: a = range(g, 0, 99); b = range(g, 0, 99); put(g, "Q: What is %d + %d? A: %d", a, b, a + b); break;
-        case 1: a = range(g, 0, 99); b = range(g, 0, a); put(g, "Q: What is %d - %d? A: %d", a, b, a - b); break;
-        case 2: a = range(g, 0, 12); b = range(g, 0, 12); put(g, "Q: What is %d times %d? A: %d", a, b, a * b); break;
-        default: b = range(g, 1, 12); a = b * range(g, 0, 12); put(g, "Q: What is %d divided by %d? A: %d", a, b, a / b);
+        case 0:
+            a = range(g, 0, 99);
+            b = range(g, 0, 99);
+            put(g, "Q: What is %d + %d? A: %d", a, b, a + b);
+            break;
+        case 1:
+            a = range(g, 0, 99);
+            b = range(g, 0, a);
+            put(g, "Q: What is %d - %d? A: %d", a, b, a - b);
+            break;
+        case 2:
+            a = range(g, 0, 12);
+            b = range(g, 0, 12);
+            put(g, "Q: What is %d times %d? A: %d", a, b, a * b);
+            break;
+        default:
+            b = range(g, 1, 12);
+            a = b * range(g, 0, 12);
+            put(g, "Q: What is %d divided by %d? A: %d", a, b, a / b);
         }
     }
 }
@@ -147,10 +171,8 @@ static void word_problem(gen *g) {
     default:
         r = a > b ? a - b : b - a;
         put(g, "%s has %d %s and %s has %d %s. Who has more, and by how many?", who, a, thing, other, b, thing);
-        if (a == b)
-            put(g, "\nAnswer: They have the same number of %s.", thing);
-        else
-            put(g, "\nAnswer: %s has %d more %s than %s.", a > b ? who : other, r, thing, a > b ? other : who);
+        if (a == b) put(g, "\nAnswer: They have the same number of %s.", thing);
+        else put(g, "\nAnswer: %s has %d more %s than %s.", a > b ? who : other, r, thing, a > b ? other : who);
     }
 }
 
@@ -161,12 +183,9 @@ cai_status cai_corpus_document(uint64_t seed, int64_t index, char *buf, size_t c
     gen g = {seed, (uint64_t)index, 0, buf, CAI_CORPUS_MAX_DOC, 0, 0};
     buf[0] = 0;
     const int kind = pick(&g, 10);
-    if (kind < 5)
-        story(&g);
-    else if (kind < 8)
-        word_problem(&g);
-    else
-        drill(&g);
+    if (kind < 5) story(&g);
+    else if (kind < 8) word_problem(&g);
+    else drill(&g);
     if (g.overflow) return CAI_ERROR(CAI_ERR_INTERNAL, "corpus document %lld overflowed its buffer", (long long)index);
     *len = g.len;
     return CAI_OK;
@@ -200,8 +219,8 @@ cai_status cai_corpus_write(const char *path, int64_t n_docs, uint64_t seed, cai
             json_t *o = json_pack("{s:s%}", "text", doc, len);
             char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
             if (!line || fprintf(f, "%s\n", line) < 0)
-                st = CAI_ERROR(line ? CAI_ERR_IO : CAI_ERR_NOMEM, "%s: writing document %lld failed", tmp,
-                               (long long)i);
+                st =
+                    CAI_ERROR(line ? CAI_ERR_IO : CAI_ERR_NOMEM, "%s: writing document %lld failed", tmp, (long long)i);
             free(line);
             json_decref(o);
         } else if (fprintf(f, "%s%s\n", i ? "\n" : "", doc) < 0) {

@@ -67,28 +67,64 @@ cai_indexed_dtype cai_indexed_dtype_for_vocab(int64_t vocab_size) {
     return vocab_size > 0 && vocab_size < 65500 ? CAI_INDEXED_U16 : CAI_INDEXED_I32;
 }
 
-static int dtype_is_integer(int code) { return code != CAI_INDEXED_F32 && code != CAI_INDEXED_F64 && cai_indexed_dtype_size(code); }
+static int dtype_is_integer(int code) {
+    return code != CAI_INDEXED_F32 && code != CAI_INDEXED_F64 && cai_indexed_dtype_size(code);
+}
 
 /* Token `i` of a .bin region as int64 (the widest integer type). */
 static inline int64_t load_token(const unsigned char *p, int code, int64_t i) {
     switch (code) {
     case CAI_INDEXED_U8: return p[i];
     case CAI_INDEXED_I8: return (int8_t)p[i];
-    case CAI_INDEXED_I16: { int16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case CAI_INDEXED_U16: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    case CAI_INDEXED_I32: { int32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    default: { int64_t v; memcpy(&v, p + 8 * i, 8); return v; }
+    case CAI_INDEXED_I16: {
+        int16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case CAI_INDEXED_U16: {
+        uint16_t v;
+        memcpy(&v, p + 2 * i, 2);
+        return v;
+    }
+    case CAI_INDEXED_I32: {
+        int32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    default: {
+        int64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        return v;
+    }
     }
 }
 
 static void dtype_range(int code, int64_t *lo, int64_t *hi) {
     switch (code) {
-    case CAI_INDEXED_U8: *lo = 0; *hi = UINT8_MAX; break;
-    case CAI_INDEXED_I8: *lo = INT8_MIN; *hi = INT8_MAX; break;
-    case CAI_INDEXED_I16: *lo = INT16_MIN; *hi = INT16_MAX; break;
-    case CAI_INDEXED_U16: *lo = 0; *hi = UINT16_MAX; break;
-    case CAI_INDEXED_I32: *lo = INT32_MIN; *hi = INT32_MAX; break;
-    default: *lo = INT64_MIN; *hi = INT64_MAX; break;
+    case CAI_INDEXED_U8:
+        *lo = 0;
+        *hi = UINT8_MAX;
+        break;
+    case CAI_INDEXED_I8:
+        *lo = INT8_MIN;
+        *hi = INT8_MAX;
+        break;
+    case CAI_INDEXED_I16:
+        *lo = INT16_MIN;
+        *hi = INT16_MAX;
+        break;
+    case CAI_INDEXED_U16:
+        *lo = 0;
+        *hi = UINT16_MAX;
+        break;
+    case CAI_INDEXED_I32:
+        *lo = INT32_MIN;
+        *hi = INT32_MAX;
+        break;
+    default:
+        *lo = INT64_MIN;
+        *hi = INT64_MAX;
+        break;
     }
 }
 
@@ -196,14 +232,13 @@ static cai_status validate_header(cai_indexed_dataset_t *ds) {
     const uint64_t want = CAI_INDEXED_HEADER_BYTES + 12 * s + 8 * d;
     /* Megatron's multimodal indexes append one int8 mode per sequence. */
     if ((uint64_t)ds->idx_size != want && (uint64_t)ds->idx_size != want + s)
-        return CAI_ERROR(CAI_ERR_FORMAT,
-                         "%s: %zu bytes, but %llu sequences and %llu document entries make %llu (%s)", f,
-                         ds->idx_size, (unsigned long long)s, (unsigned long long)d, (unsigned long long)want,
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s: %zu bytes, but %llu sequences and %llu document entries make %llu (%s)",
+                         f, ds->idx_size, (unsigned long long)s, (unsigned long long)d, (unsigned long long)want,
                          (uint64_t)ds->idx_size < want ? "truncated arrays" : "trailing bytes");
     if (d < 1)
-        return CAI_ERROR(CAI_ERR_FORMAT,
-                         "%s: document count is 0; the document indices always hold a leading 0 (count = documents + 1)",
-                         f);
+        return CAI_ERROR(
+            CAI_ERR_FORMAT,
+            "%s: document count is 0; the document indices always hold a leading 0 (count = documents + 1)", f);
     ds->n_seq = (int64_t)s;
     ds->n_doc_entries = (int64_t)d;
     ds->lengths = ds->idx + CAI_INDEXED_HEADER_BYTES;
@@ -216,8 +251,7 @@ static cai_status validate_arrays(cai_indexed_dataset_t *ds) {
     const char *f = ds->idx_path;
     const int64_t S = ds->n_seq, D = ds->n_doc_entries;
     int64_t prev = ld_i64(ds->docs, 0);
-    if (prev != 0)
-        return CAI_ERROR(CAI_ERR_FORMAT, "%s: document_indices[0] is %lld, must be 0", f, (long long)prev);
+    if (prev != 0) return CAI_ERROR(CAI_ERR_FORMAT, "%s: document_indices[0] is %lld, must be 0", f, (long long)prev);
     for (int64_t d = 1; d < D; d++) {
         int64_t v = ld_i64(ds->docs, d);
         if (v < prev || v > S)
@@ -239,8 +273,8 @@ static cai_status validate_arrays(cai_indexed_dataset_t *ds) {
             return CAI_ERROR(CAI_ERR_FORMAT, "%s: sequence_lengths[%lld] is %d (negative)", f, (long long)i, len);
         if (ptr < 0 || (uint64_t)ptr > ds->bin_size || (uint64_t)len * (uint64_t)isz > ds->bin_size - (uint64_t)ptr)
             return CAI_ERROR(CAI_ERR_FORMAT,
-                             "%s: sequence_pointers[%lld] = %lld with length %d runs past the end of %s (%zu bytes)",
-                             f, (long long)i, (long long)ptr, len, ds->bin_path, ds->bin_size);
+                             "%s: sequence_pointers[%lld] = %lld with length %d runs past the end of %s (%zu bytes)", f,
+                             (long long)i, (long long)ptr, len, ds->bin_path, ds->bin_size);
         if (ptr != expect)
             return CAI_ERROR(CAI_ERR_FORMAT,
                              "%s: sequence_pointers[%lld] is %lld but the lengths before it put it at %lld "
@@ -317,8 +351,7 @@ int32_t cai_indexed_sequence_length(const cai_indexed_dataset_t *ds, int64_t i) 
 int64_t cai_indexed_sequence_pointer(const cai_indexed_dataset_t *ds, int64_t i) { return ld_i64(ds->pointers, i); }
 int64_t cai_indexed_document_start(const cai_indexed_dataset_t *ds, int64_t d) { return ld_i64(ds->docs, d); }
 
-cai_status cai_indexed_read(const cai_indexed_dataset_t *ds, int64_t seq, int64_t offset, int64_t count,
-                            int32_t *out) {
+cai_status cai_indexed_read(const cai_indexed_dataset_t *ds, int64_t seq, int64_t offset, int64_t count, int32_t *out) {
     CAI_CHECK_ARG(ds && (out || count == 0), "cai_indexed_read: NULL argument");
     CAI_CHECK_ARG(seq >= 0 && seq < ds->n_seq, "%s: sequence %lld out of range [0, %lld)", ds->prefix, (long long)seq,
                   (long long)ds->n_seq);
@@ -439,10 +472,26 @@ cai_status cai_indexed_builder_add(cai_indexed_builder_t *b, const int32_t *ids,
         for (int64_t i = 0; i < n; i++) {
             switch (b->dtype) {
             case CAI_INDEXED_U8: b->scratch[i] = (uint8_t)ids[i]; break;
-            case CAI_INDEXED_I8: { int8_t v = (int8_t)ids[i]; memcpy(b->scratch + i, &v, 1); break; }
-            case CAI_INDEXED_I16: { int16_t v = (int16_t)ids[i]; memcpy(b->scratch + 2 * i, &v, 2); break; }
-            case CAI_INDEXED_U16: { uint16_t v = (uint16_t)ids[i]; memcpy(b->scratch + 2 * i, &v, 2); break; }
-            default: { int64_t v = ids[i]; memcpy(b->scratch + 8 * i, &v, 8); break; }
+            case CAI_INDEXED_I8: {
+                int8_t v = (int8_t)ids[i];
+                memcpy(b->scratch + i, &v, 1);
+                break;
+            }
+            case CAI_INDEXED_I16: {
+                int16_t v = (int16_t)ids[i];
+                memcpy(b->scratch + 2 * i, &v, 2);
+                break;
+            }
+            case CAI_INDEXED_U16: {
+                uint16_t v = (uint16_t)ids[i];
+                memcpy(b->scratch + 2 * i, &v, 2);
+                break;
+            }
+            default: {
+                int64_t v = ids[i];
+                memcpy(b->scratch + 8 * i, &v, 8);
+                break;
+            }
             }
         }
         src = b->scratch;
@@ -472,8 +521,8 @@ cai_status cai_indexed_builder_append(cai_indexed_builder_t *b, const cai_indexe
     CAI_CHECK_ARG(ds->dtype == b->dtype, "%s: cannot append %s (%s) to a %s dataset", b->prefix, ds->prefix,
                   cai_indexed_dtype_name(ds->dtype), cai_indexed_dtype_name(b->dtype));
     CAI_CHECK_ARG(b->docs[b->n_docs - 1] == b->n_seq,
-                  "%s: a document is still open (%lld sequences after the last end_document); end it first",
-                  b->prefix, (long long)(b->n_seq - b->docs[b->n_docs - 1]));
+                  "%s: a document is still open (%lld sequences after the last end_document); end it first", b->prefix,
+                  (long long)(b->n_seq - b->docs[b->n_docs - 1]));
     const int64_t S = ds->n_seq, D = ds->n_doc_entries;
     CAI_CHECK_ARG(S <= INT64_MAX - b->n_seq, "%s: too many sequences", b->prefix);
     if (b->vocab > 0)
@@ -526,8 +575,7 @@ static cai_status write_index(cai_indexed_builder_t *b) {
     }
     CAI_CALL_GOTO(write_all(f, b->docs, (size_t)b->n_docs * 8, b->idx_tmp), st, done);
 done:
-    if (fclose(f) != 0 && st == CAI_OK)
-        st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", b->idx_tmp, strerror(errno));
+    if (fclose(f) != 0 && st == CAI_OK) st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", b->idx_tmp, strerror(errno));
     return st;
 }
 

@@ -58,10 +58,8 @@ static cai_status stream_open(in_stream *s, const char *const *paths, int n) {
         int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
         struct stat st;
         const char *why = NULL;
-        if (fd < 0 || fstat(fd, &st) != 0)
-            why = strerror(errno);
-        else if (!S_ISREG(st.st_mode))
-            why = "not a regular file";
+        if (fd < 0 || fstat(fd, &st) != 0) why = strerror(errno);
+        else if (!S_ISREG(st.st_mode)) why = "not a regular file";
         if (why) {
             if (fd >= 0) close(fd);
             stream_close(s);
@@ -192,8 +190,8 @@ static cai_status next_document(doc_reader *r, size_t *pos, size_t end, const ch
                          (long long)line_number(f, q), r->key);
     json_t *v = json_object_get(r->json, r->key);
     if (!v)
-        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: no \"%s\" key in this object (set the key with --json-key)",
-                         f->path, (long long)line_number(f, q), r->key);
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: no \"%s\" key in this object (set the key with --json-key)", f->path,
+                         (long long)line_number(f, q), r->key);
     if (!json_is_string(v))
         return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: \"%s\" is not a string", f->path, (long long)line_number(f, q),
                          r->key);
@@ -477,8 +475,7 @@ static void remove_part(const char *part) {
 }
 
 cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_preprocess_stats *stats) {
-    CAI_CHECK_ARG(cfg && cfg->inputs && cfg->n_inputs > 0 && cfg->output_prefix && *cfg->output_prefix &&
-                      cfg->tokenize,
+    CAI_CHECK_ARG(cfg && cfg->inputs && cfg->n_inputs > 0 && cfg->output_prefix && *cfg->output_prefix && cfg->tokenize,
                   "cai_preprocess needs inputs, an output prefix and a tokenizer");
     CAI_CHECK_ARG(cfg->format == CAI_PREPROCESS_TEXT || cfg->format == CAI_PREPROCESS_JSONL,
                   "preprocess: unknown input format %d", (int)cfg->format);
@@ -517,11 +514,12 @@ cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_p
     CAI_CALL_MPI(MPI_Allreduce(loc, glob, 2, MPI_INT64_T, MPI_SUM, comm));
     double dt = cai_time_now() - t0, dtmax = dt;
     CAI_CALL_MPI(MPI_Allreduce(&dt, &dtmax, 1, MPI_DOUBLE, MPI_MAX, comm));
-    cai_log(CAI_LOG_DEBUG,
-            "preprocess: %lld documents, %lld tokens (%s) from %.2f MB in %.2f s: %.2f MB/s on %d rank%s -> %s.{bin,idx}",
-            (long long)tot[2], (long long)glob[0], cai_indexed_dtype_name(cai_indexed_dtype_for_vocab(cfg->vocab_size)),
-            (double)glob[1] / 1e6, dtmax, dtmax > 0 ? (double)glob[1] / 1e6 / dtmax : 0.0, S.size,
-            S.size == 1 ? "" : "s", cfg->output_prefix);
+    cai_log(
+        CAI_LOG_DEBUG,
+        "preprocess: %lld documents, %lld tokens (%s) from %.2f MB in %.2f s: %.2f MB/s on %d rank%s -> %s.{bin,idx}",
+        (long long)tot[2], (long long)glob[0], cai_indexed_dtype_name(cai_indexed_dtype_for_vocab(cfg->vocab_size)),
+        (double)glob[1] / 1e6, dtmax, dtmax > 0 ? (double)glob[1] / 1e6 / dtmax : 0.0, S.size, S.size == 1 ? "" : "s",
+        cfg->output_prefix);
     if (stats) {
         stats->documents = tot[2];
         stats->tokens = glob[0];

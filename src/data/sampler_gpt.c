@@ -161,8 +161,7 @@ cai_status cai_gpt_blend_init(cai_gpt_dataset_t **out, int n, const cai_indexed_
                               const int64_t *doc_ranges, const double *weights, const cai_gpt_config *cfg) {
     CAI_CHECK_ARG(out && ds && doc_ranges && weights && cfg && n > 0, "cai_gpt_blend_init: bad arguments");
     *out = NULL;
-    CAI_CHECK_ARG(cfg->num_samples > 0, "a blend needs a sample count (num_samples %lld)",
-                  (long long)cfg->num_samples);
+    CAI_CHECK_ARG(cfg->num_samples > 0, "a blend needs a sample count (num_samples %lld)", (long long)cfg->num_samples);
     cai_gpt_dataset_t *g = calloc(1, sizeof *g);
     if (!g) return CAI_ERROR(CAI_ERR_NOMEM, "blended GPT dataset");
     cai_status st = CAI_OK;
@@ -340,16 +339,18 @@ cai_status cai_gpt_data_init(cai_gpt_data_t **out, const cai_gpt_data_config *cf
         prefixes[0] = words[0];
     } else {
         if (nw % 2) {
-            st = CAI_ERROR(CAI_ERR_CONFIG,
-                           "data path \"%s\": %d entries; a blend is pairs of weight and prefix (W1 PREFIX1 W2 PREFIX2)",
-                           cfg->paths, nw);
+            st =
+                CAI_ERROR(CAI_ERR_CONFIG,
+                          "data path \"%s\": %d entries; a blend is pairs of weight and prefix (W1 PREFIX1 W2 PREFIX2)",
+                          cfg->paths, nw);
             goto fail;
         }
         for (int i = 0; i < n; i++) {
             char *end;
             weights[i] = strtod(words[2 * i], &end);
             if (end == words[2 * i] || *end || !isfinite(weights[i]) || weights[i] < 0) {
-                st = CAI_ERROR(CAI_ERR_CONFIG, "data path \"%s\": \"%s\" is not a weight (a blend is W1 PREFIX1 W2 PREFIX2)",
+                st = CAI_ERROR(CAI_ERR_CONFIG,
+                               "data path \"%s\": \"%s\" is not a weight (a blend is W1 PREFIX1 W2 PREFIX2)",
                                cfg->paths, words[2 * i]);
                 goto fail;
             }
@@ -360,7 +361,7 @@ cai_status cai_gpt_data_init(cai_gpt_data_t **out, const cai_gpt_data_config *cf
         CAI_CALL_GOTO(cai_indexed_open(&d->ds[i], prefixes[i], cfg->vocab_size), st, fail);
         d->n = i + 1;
     }
-    int64_t (*bounds)[4] = malloc((size_t)n * sizeof *bounds);
+    int64_t(*bounds)[4] = malloc((size_t)n * sizeof *bounds);
     if (!bounds) {
         st = CAI_ERROR(CAI_ERR_NOMEM, "split bounds");
         goto fail;
@@ -406,9 +407,7 @@ fail:
     free(prefixes);
     free(ranges);
     free(w_split);
-    if (st == CAI_OK)
-        *out = d;
-    else
-        cai_gpt_data_free(d);
+    if (st == CAI_OK) *out = d;
+    else cai_gpt_data_free(d);
     return st;
 }

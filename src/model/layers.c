@@ -50,9 +50,9 @@ static cai_status norm_fwd(cai_device_t *dev, const cai_layer_dims *d, cai_tenso
     return dev->ops->rmsnorm_fwd(dev, out, rstd, inp, w, d->norm_eps);
 }
 
-static cai_status norm_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
-                           cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
-                           const cai_tensor *mean, const cai_tensor *rstd, int accum) {
+static cai_status norm_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw, cai_tensor *db,
+                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w, const cai_tensor *mean,
+                           const cai_tensor *rstd, int accum) {
     if (is_gpt2(d))
         return dev->ops->layernorm_bwd(dev, dinp, opt_out(dw), opt_out(db), dout, inp, w, mean, rstd, accum);
     return dev->ops->rmsnorm_bwd(dev, dinp, opt_out(dw), dout, inp, w, rstd, accum);
@@ -90,8 +90,8 @@ cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
                         const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
     const cai_ops *ops = dev->ops;
     /* d(out) reaches both the residual (unchanged, stays in d_stream) and the projection. */
-    CAI_CALL(ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), d_stream, &a->att,
-                             &p->proj_w, 0));
+    CAI_CALL(
+        ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), d_stream, &a->att, &p->proj_w, 0));
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
     CAI_CALL(split_qkv(d, &s->dqkv, &dq, &dk, &dv));
@@ -104,11 +104,9 @@ cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
         CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
     }
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, &a->ln1, &p->qkv_w,
-                             0));
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, &a->ln1, &p->qkv_w, 0));
     /* TP: all-reduce s->dln over tp (SP: reduce-scatter) -- the column-parallel input gradient is partial. */
-    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln1_w, &g->ln1_b, &s->dln, inp, &p->ln1_w, &a->ln1_mean,
-                      &a->ln1_rstd, 1));
+    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln1_w, &g->ln1_b, &s->dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
 }
 
@@ -149,8 +147,7 @@ cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
          * SP: all-gather d_stream before this op. */
         CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream,
                                        &a->act, &p->mlp_proj_w, &a->fc));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, &a->ln2, &p->fc_w,
-                                 0));
+        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, &a->ln2, &p->fc_w, 0));
     } else {
         CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream, &a->act,
                                  &p->mlp_proj_w, 0));
@@ -159,8 +156,7 @@ cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, &a->ln2, &p->up_w, 1));
     }
     /* TP: all-reduce s->dln over tp (SP: reduce-scatter). */
-    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln2_w, &g->ln2_b, &s->dln, inp, &p->ln2_w, &a->ln2_mean,
-                      &a->ln2_rstd, 1));
+    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln2_w, &g->ln2_b, &s->dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
 }
 
@@ -185,8 +181,7 @@ cai_status cai_block_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_b
 cai_status cai_embed_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
                          const cai_tensor *tokens, cai_tensor *out) {
     /* TP: vocab-parallel rows outside this shard come out zero; all-reduce out over tp. */
-    return dev->ops->embedding_fwd(dev, out, tokens, wte, opt_in(wpe), d->vocab_offset, d->vocab_valid,
-                                   d->pos_offset);
+    return dev->ops->embedding_fwd(dev, out, tokens, wte, opt_in(wpe), d->vocab_offset, d->vocab_valid, d->pos_offset);
 }
 
 cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
@@ -198,9 +193,9 @@ cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor 
 
 /* The head's forward; grad_scale non-NULL: the loss gradient too, in the
  * same pass over the logits (in place). */
-static cai_status head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
-                           const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
-                           const cai_tensor *targets, const float *grad_scale) {
+static cai_status head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
+                           const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets,
+                           const float *grad_scale) {
     const cai_ops *ops = dev->ops;
     h->logits_hold_grad = 0;
     CAI_CALL(norm_fwd(dev, d, &h->lnf, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
@@ -331,8 +326,7 @@ size_t cai_block_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d) {
     return c.bytes;
 }
 
-cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d,
-                                cai_block_acts *acts) {
+cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_block_acts *acts) {
     CAI_CHECK_ARG(dev && arena && acts, "cai_block_acts_carve: NULL argument");
     carver c = {dev, arena, 0};
     CAI_CALL(carve_acts(&c, d, acts));
@@ -355,13 +349,14 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
         CAI_CALL(carve(c, &s->dup, at, 3, B, T, F));
         CAI_CHECK_ARG(d->head_dim % 2 == 0, "layer dims: RoPE needs an even head_dim, got %lld",
                       (long long)d->head_dim);
-        CAI_CHECK_ARG(max_pos >= d->pos_offset + d->T, "layer dims: RoPE tables for %lld positions cannot cover "
-                      "positions up to %lld", (long long)max_pos, (long long)(d->pos_offset + d->T));
+        CAI_CHECK_ARG(max_pos >= d->pos_offset + d->T,
+                      "layer dims: RoPE tables for %lld positions cannot cover "
+                      "positions up to %lld",
+                      (long long)max_pos, (long long)(d->pos_offset + d->T));
         CAI_CALL(carve(c, &s->rope_cos, CAI_DTYPE_F32, 2, max_pos, d->head_dim / 2, 0));
         CAI_CALL(carve(c, &s->rope_sin, CAI_DTYPE_F32, 2, max_pos, d->head_dim / 2, 0));
     }
-    s->attn_ws_bytes =
-        c->dev->ops->attention_workspace_bytes(c->dev, B, T, T, d->n_heads, d->n_kv_heads, d->head_dim);
+    s->attn_ws_bytes = c->dev->ops->attention_workspace_bytes(c->dev, B, T, T, d->n_heads, d->n_kv_heads, d->head_dim);
     CAI_CALL(carve_raw(c, s->attn_ws_bytes, &s->attn_ws));
     return CAI_OK;
 }
@@ -384,8 +379,10 @@ cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const 
 
 static cai_status carve_head(carver *c, const cai_layer_dims *d, cai_head_acts *h) {
     CAI_CALL(check_dims(d));
-    CAI_CHECK_ARG(d->vocab_local >= 1 && d->vocab_valid >= 1, "layer dims: vocab_local=%lld vocab_valid=%lld must "
-                  "be >= 1", (long long)d->vocab_local, (long long)d->vocab_valid);
+    CAI_CHECK_ARG(d->vocab_local >= 1 && d->vocab_valid >= 1,
+                  "layer dims: vocab_local=%lld vocab_valid=%lld must "
+                  "be >= 1",
+                  (long long)d->vocab_local, (long long)d->vocab_valid);
     memset(h, 0, sizeof *h);
     const cai_dtype at = d->act_dtype, f32 = CAI_DTYPE_F32;
     const int64_t B = d->B, T = d->T, N = B * T;

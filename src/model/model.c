@@ -61,9 +61,7 @@ cai_model_config cai_model_config_default(cai_model_family family) {
     return c;
 }
 
-static int is_float_dtype(cai_dtype dt) {
-    return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16;
-}
+static int is_float_dtype(cai_dtype dt) { return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16; }
 
 cai_status cai_model_config_resolve(const cai_model_config *in, cai_model_config *out) {
     CAI_CHECK_ARG(in && out, "cai_model_config_resolve: NULL argument");
@@ -90,17 +88,18 @@ cai_status cai_model_config_resolve(const cai_model_config *in, cai_model_config
     if (c.d_model < 1 || c.n_heads < 1)
         return CAI_ERROR(CAI_ERR_CONFIG, "model.d_model=%d and model.n_heads=%d must be >= 1", c.d_model, c.n_heads);
     if (c.d_model % c.n_heads != 0)
-        return CAI_ERROR(CAI_ERR_CONFIG, "model.d_model=%d is not a multiple of model.n_heads=%d (head_dim would not "
-                         "be whole; e.g. n_heads=%d fits)", c.d_model, c.n_heads,
-                         c.d_model % 64 == 0 ? c.d_model / 64 : 1);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "model.d_model=%d is not a multiple of model.n_heads=%d (head_dim would not "
+                         "be whole; e.g. n_heads=%d fits)",
+                         c.d_model, c.n_heads, c.d_model % 64 == 0 ? c.d_model / 64 : 1);
     if (c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0)
         return CAI_ERROR(CAI_ERR_CONFIG, "model.n_kv_heads=%d must divide model.n_heads=%d", c.n_kv_heads, c.n_heads);
     if (c.family == CAI_MODEL_GPT2 && c.n_kv_heads != c.n_heads)
         return CAI_ERROR(CAI_ERR_CONFIG, "model.n_kv_heads=%d: GPT-2 has no grouped-query attention (use %d or 0)",
                          c.n_kv_heads, c.n_heads);
     if (c.family == CAI_MODEL_LLAMA && (c.d_model / c.n_heads) % 2 != 0)
-        return CAI_ERROR(CAI_ERR_CONFIG, "model: RoPE needs an even head_dim, d_model/n_heads = %d/%d = %d",
-                         c.d_model, c.n_heads, c.d_model / c.n_heads);
+        return CAI_ERROR(CAI_ERR_CONFIG, "model: RoPE needs an even head_dim, d_model/n_heads = %d/%d = %d", c.d_model,
+                         c.n_heads, c.d_model / c.n_heads);
     if (c.ffn_hidden < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.ffn_hidden=%d must be >= 1", c.ffn_hidden);
     if (c.max_seq_len < 1) return CAI_ERROR(CAI_ERR_CONFIG, "model.max_seq_len=%d must be >= 1", c.max_seq_len);
     if (!(c.rope_theta > 0) || !isfinite(c.rope_theta))
@@ -136,8 +135,7 @@ typedef struct {
     const cai_model_config *cfg;
 } reg_ctx;
 
-static cai_status add_param(reg_ctx *r, const char *name, int ndim, uint64_t d0, uint64_t d1,
-                            const cai_param_spec *s) {
+static cai_status add_param(reg_ctx *r, const char *name, int ndim, uint64_t d0, uint64_t d1, const cai_param_spec *s) {
     uint64_t shape[2] = {d0, d1};
     CAI_CALL(cai_registry_add(r->reg, name, ndim, shape, CAI_DTYPE_F32, s, NULL));
     return CAI_OK;
@@ -191,8 +189,10 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
     cai_model_config cfg;
     CAI_CALL(cai_model_config_resolve(cfg_in, &cfg));
     if (cai_registry_n_layers(reg) != cfg.n_layers)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "model registration: the registry was created for %d layers but the "
-                         "model has n_layers=%d", cai_registry_n_layers(reg), cfg.n_layers);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "model registration: the registry was created for %d layers but the "
+                         "model has n_layers=%d",
+                         cai_registry_n_layers(reg), cfg.n_layers);
     reg_ctx r = {reg, &cfg};
     const uint64_t V = (uint64_t)cai_model_config_padded_vocab(&cfg), C = (uint64_t)cfg.d_model;
     const uint64_t D = C / (uint64_t)cfg.n_heads, F = (uint64_t)cfg.ffn_hidden;
@@ -250,13 +250,13 @@ struct cai_model {
 
     /* Flat parameter buffers in the registry's local layout. */
     int n_params;
-    size_t *offsets;        /* per registry index; SIZE_MAX when not held */
+    size_t *offsets; /* per registry index; SIZE_MAX when not held */
     cai_param_shard *shards;
     size_t n_flat;
-    float *master, *grads;  /* F32 */
-    void *lowp;             /* param_dtype working copy (NULL when F32) */
-    void *work;             /* act_dtype compute copy when act_dtype differs from the working dtype */
-    void *compute;          /* what the layers read: master, lowp or work */
+    float *master, *grads; /* F32 */
+    void *lowp;            /* param_dtype working copy (NULL when F32) */
+    void *work;            /* act_dtype compute copy when act_dtype differs from the working dtype */
+    void *compute;         /* what the layers read: master, lowp or work */
 
     cai_layer_dims dims;
     cai_block_params *wp, *gp; /* per local layer: compute-weight and gradient views */
@@ -264,27 +264,27 @@ struct cai_model {
     cai_tensor g_wte, g_wpe, g_lnf_w, g_lnf_b, g_head_w;
 
     cai_arena_t arena;
-    cai_tensor *resid;      /* n_local + 1: resid[i] is local layer i's input */
+    cai_tensor *resid; /* n_local + 1: resid[i] is local layer i's input */
     cai_tensor d_stream;
-    cai_block_acts *acts;   /* n_local sets, or 1 with activation checkpointing */
+    cai_block_acts *acts; /* n_local sets, or 1 with activation checkpointing */
     int n_acts;
     cai_block_scratch scratch;
     cai_head_acts head;
     cai_tensor tokens, targets; /* I32 [B,T] on the device */
     size_t act_bytes;
 
-    int64_t n_valid;        /* non-ignored targets of the last forward */
-    int pending_backward;   /* a forward with targets ran and its backward has not */
-    float train_scale;      /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
+    int64_t n_valid;      /* non-ignored targets of the last forward */
+    int pending_backward; /* a forward with targets ran and its backward has not */
+    float train_scale;    /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
 
     /* Every weight/gradient view, with the parameter and unit it belongs
      * to: what cai_model_bind_param rebinds and unit queries read. */
     struct view_ref {
         int index, unit;
         cai_tensor *w, *g;
-    } *refs;
+    } * refs;
     int n_refs;
-    int external;           /* the caller owns parameter storage */
+    int external; /* the caller owns parameter storage */
     cai_model_hook_fn hook;
     void *hook_ctx;
 };
@@ -405,14 +405,15 @@ static cai_status resolve_stage(cai_model_t *m) {
         if (stage != m->view.pp_rank) continue;
         if (begin < 0) begin = l;
         else if (end != l)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline rank %d owns layers that are not one contiguous range "
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "pipeline rank %d owns layers that are not one contiguous range "
                              "(layer %d after %d): interleaved stages are not supported by the model yet",
                              m->view.pp_rank, l, end - 1);
         end = l + 1;
     }
     if (begin < 0)
-        return CAI_ERROR(CAI_ERR_LAYOUT, "pipeline rank %d of %d owns no layer of %d", m->view.pp_rank,
-                         m->view.pp_size, L);
+        return CAI_ERROR(CAI_ERR_LAYOUT, "pipeline rank %d of %d owns no layer of %d", m->view.pp_rank, m->view.pp_size,
+                         L);
     m->layer_begin = begin;
     m->layer_end = end;
     m->n_local = end - begin;
@@ -477,8 +478,8 @@ static cai_status bind_params(cai_model_t *m) {
         /* Tied and the embedding is here too: the head reads and accumulates
          * into wte itself, so gradient accumulation needs no extra pass and
          * the lm_head copy is only kept equal for checkpoints and export. */
-        CAI_CALL(bind(m, unit, local_tie_primary(m, head) >= 0 ? "wte.weight" : "lm_head.weight", &m->head_w,
-                      &m->g_head_w));
+        CAI_CALL(
+            bind(m, unit, local_tie_primary(m, head) >= 0 ? "wte.weight" : "lm_head.weight", &m->head_w, &m->g_head_w));
     }
     return CAI_OK;
 }
@@ -531,13 +532,17 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     m->dev = dev;
     CAI_CALL_GOTO(cai_model_config_resolve(cfg, &m->cfg), st, fail);
     if (opt.batch < 1 || opt.seq_len < 1 || opt.seq_len > m->cfg.max_seq_len) {
-        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "model: batch=%d seq_len=%d (need batch >= 1 and 1 <= seq_len <= "
-                       "max_seq_len=%d)", opt.batch, opt.seq_len, m->cfg.max_seq_len);
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                       "model: batch=%d seq_len=%d (need batch >= 1 and 1 <= seq_len <= "
+                       "max_seq_len=%d)",
+                       opt.batch, opt.seq_len, m->cfg.max_seq_len);
         goto fail;
     }
     if (opt.view.tp_size > 1 || opt.view.ep_size > 1) {
-        st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "model: tensor parallel (tp=%d) and expert parallel (ep=%d) layers are "
-                       "not implemented yet; run with tp=1 and ep=1", opt.view.tp_size, opt.view.ep_size);
+        st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                       "model: tensor parallel (tp=%d) and expert parallel (ep=%d) layers are "
+                       "not implemented yet; run with tp=1 and ep=1",
+                       opt.view.tp_size, opt.view.ep_size);
         goto fail;
     }
     m->view = opt.view;
@@ -608,10 +613,8 @@ void cai_model_flat(cai_model_t *m, cai_tensor *params, cai_tensor *grads, cai_t
     if (params) *params = flat_view(m->dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
     if (grads) *grads = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
     if (params_lowp) {
-        if (m->lowp)
-            *params_lowp = flat_view(m->dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
-        else
-            memset(params_lowp, 0, sizeof *params_lowp);
+        if (m->lowp) *params_lowp = flat_view(m->dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
+        else memset(params_lowp, 0, sizeof *params_lowp);
     }
 }
 
@@ -620,8 +623,10 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
     int idx = 0;
     CAI_CALL(cai_registry_lookup(m->reg, name, &idx));
     if (m->external)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "parameter '%s': this model's parameters live in external storage "
-                         "(ZeRO); ask the owner of that storage", name);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "parameter '%s': this model's parameters live in external storage "
+                         "(ZeRO); ask the owner of that storage",
+                         name);
     if (m->offsets[idx] == SIZE_MAX)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' is not held by this rank (pipeline rank %d of %d)", name,
                          m->view.pp_rank, m->view.pp_size);
@@ -708,7 +713,8 @@ int cai_model_unit_params(const cai_model_t *m, int unit, int *indices, int max)
 
 cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float *grad) {
     CAI_CHECK_ARG(m, "cai_model_bind_param: NULL model");
-    CAI_CHECK_ARG(m->external, "cai_model_bind_param: the model owns its parameters (create it with "
+    CAI_CHECK_ARG(m->external,
+                  "cai_model_bind_param: the model owns its parameters (create it with "
                   "external_params = 1 to bind storage)");
     CAI_CHECK_ARG(index >= 0 && index < m->n_params && m->offsets[index] != SIZE_MAX,
                   "cai_model_bind_param: parameter %d is not held by this rank", index);
@@ -727,9 +733,10 @@ static cai_status fire(cai_model_t *m, cai_model_event ev, int unit) {
     for (int i = 0; i < m->n_refs; i++) {
         const struct view_ref *r = &m->refs[i];
         if (r->unit == unit && (!r->w->data || (ev == CAI_MODEL_PRE_BACKWARD && !r->g->data)))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "model unit %d: parameter '%s' has no bound %s before its %s "
-                             "(external storage: bind it with cai_model_bind_param, e.g. from the hook)", unit,
-                             cai_registry_param(m->reg, r->index)->name, r->w->data ? "gradient" : "weights",
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "model unit %d: parameter '%s' has no bound %s before its %s "
+                             "(external storage: bind it with cai_model_bind_param, e.g. from the hook)",
+                             unit, cai_registry_param(m->reg, r->index)->name, r->w->data ? "gradient" : "weights",
                              ev == CAI_MODEL_PRE_FORWARD ? "forward" : "backward");
     }
     return CAI_OK;
@@ -765,8 +772,8 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     for (int i = 0; i < m->n_local; i++) {
         int unit = block_unit(m, m->layer_begin + i);
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, unit));
-        CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i],
-                               &m->resid[i + 1]));
+        CAI_CALL(
+            cai_block_fwd(dev, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i], &m->resid[i + 1]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, unit));
     }
     if (!m->last) return CAI_OK;
@@ -818,7 +825,8 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "logits live on the last pipeline stage; this is rank %d of %d",
                          m->view.pp_rank, m->view.pp_size);
     if (m->head.logits_hold_grad)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_logits: cai_model_forward_train replaced the logits by their "
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_logits: cai_model_forward_train replaced the logits by their "
                          "gradient; use cai_model_forward to read logits");
     *logits = m->head.logits;
     return CAI_OK;
@@ -829,12 +837,14 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
     cai_device_t *dev = m->dev;
     if (m->last) {
         if (!m->pending_backward)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: needs a forward with targets first (and runs "
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "cai_model_backward: needs a forward with targets first (and runs "
                              "once per forward: it overwrites the logits with their gradient)");
         if (m->head.logits_hold_grad && grad_scale != m->train_scale)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_backward: grad_scale %g differs from the %g that "
-                             "cai_model_forward_train made the loss gradient with", (double)grad_scale,
-                             (double)m->train_scale);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "cai_model_backward: grad_scale %g differs from the %g that "
+                             "cai_model_forward_train made the loss gradient with",
+                             (double)grad_scale, (double)m->train_scale);
         const float scale = dloss_scale(m, grad_scale);
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));

@@ -178,8 +178,10 @@ static cai_status check_qkv(const char *name, int ndim, const uint64_t *shape, c
     const cai_qkv_groups *q = &s->qkv;
     if (q->n_q_heads == 0 && q->n_kv_heads == 0 && q->head_dim == 0) return CAI_OK;
     if (q->n_q_heads <= 0 || q->n_kv_heads <= 0 || q->head_dim <= 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': qkv grouping needs n_q_heads, n_kv_heads, head_dim > 0 "
-                         "(got %d, %d, %d)", name, q->n_q_heads, q->n_kv_heads, q->head_dim);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': qkv grouping needs n_q_heads, n_kv_heads, head_dim > 0 "
+                         "(got %d, %d, %d)",
+                         name, q->n_q_heads, q->n_kv_heads, q->head_dim);
     if (s->tp_split_dim < 0)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': a fused QKV parameter needs tp_split_dim >= 0", name);
     if (s->vocab_parallel)
@@ -192,9 +194,8 @@ static cai_status check_qkv(const char *name, int ndim, const uint64_t *shape, c
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "parameter '%s': dim %d has size %llu but fused QKV with %d q heads, %d kv heads of "
                          "size %d needs (%d + 2*%d)*%d = %llu",
-                         name, s->tp_split_dim, (unsigned long long)shape[s->tp_split_dim], q->n_q_heads,
-                         q->n_kv_heads, q->head_dim, q->n_q_heads, q->n_kv_heads, q->head_dim,
-                         (unsigned long long)want);
+                         name, s->tp_split_dim, (unsigned long long)shape[s->tp_split_dim], q->n_q_heads, q->n_kv_heads,
+                         q->head_dim, q->n_q_heads, q->n_kv_heads, q->head_dim, (unsigned long long)want);
     return CAI_OK;
 }
 
@@ -205,28 +206,35 @@ static cai_status check_spec(const cai_registry_t *reg, const char *name, int nd
                          CAI_PARAM_MAX_DIMS);
     CAI_CHECK_ARG(shape != NULL, "parameter '%s': shape is NULL", name);
     for (int d = 0; d < ndim; d++)
-        if (shape[d] == 0)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': dim %d has size 0", name, d);
+        if (shape[d] == 0) return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': dim %d has size 0", name, d);
     if ((int)dtype < 0 || dtype >= CAI_DTYPE_COUNT)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': unknown dtype %d", name, (int)dtype);
     if (s->tp_split_dim < -1 || s->tp_split_dim >= ndim)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': tp_split_dim=%d but the parameter has %d dims "
-                         "(use -1 for replicated, 0..%d to split)", name, s->tp_split_dim, ndim, ndim - 1);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': tp_split_dim=%d but the parameter has %d dims "
+                         "(use -1 for replicated, 0..%d to split)",
+                         name, s->tp_split_dim, ndim, ndim - 1);
     if (s->vocab_parallel && s->tp_split_dim < 0)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': vocab_parallel needs tp_split_dim >= 0", name);
     CAI_CALL(check_qkv(name, ndim, shape, s));
     if ((int)s->pp_place < 0 || s->pp_place >= CAI_PP_COUNT)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': unknown pp_place %d", name, (int)s->pp_place);
     if (s->layer < -1 || s->layer >= reg->n_layers)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': layer %d out of range (registry has %d layers; -1 "
-                         "for none)", name, s->layer, reg->n_layers);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': layer %d out of range (registry has %d layers; -1 "
+                         "for none)",
+                         name, s->layer, reg->n_layers);
     if (s->pp_place == CAI_PP_LAYER && s->layer < 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': no pipeline placement (set layer >= 0, or pp_place "
-                         "CAI_PP_FIRST / CAI_PP_LAST)", name);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': no pipeline placement (set layer >= 0, or pp_place "
+                         "CAI_PP_FIRST / CAI_PP_LAST)",
+                         name);
     if (s->expert != -1 || s->n_experts != 0) {
         if (s->n_experts <= 0 || s->expert < 0 || s->expert >= s->n_experts)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': expert %d of %d is out of range (dense: expert "
-                             "-1, n_experts 0)", name, s->expert, s->n_experts);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "parameter '%s': expert %d of %d is out of range (dense: expert "
+                             "-1, n_experts 0)",
+                             name, s->expert, s->n_experts);
     }
     if (s->weight_decay < -1 || s->weight_decay > 1)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': weight_decay=%d (use 1, 0 or -1 for auto)", name,
@@ -238,8 +246,10 @@ static cai_status check_spec(const cai_registry_t *reg, const char *name, int nd
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': %s init needs a finite std > 0, got %g", name,
                          cai_init_kind_name(s->init.kind), (double)s->init.std);
     if (s->init.kind == CAI_INIT_NORMAL_RESIDUAL && reg->n_layers < 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': normal_residual init scales by the layer count, but "
-                         "the registry was created with n_layers=0", name);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': normal_residual init scales by the layer count, but "
+                         "the registry was created with n_layers=0",
+                         name);
     if (s->tie_group < 0)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s': tie_group=%d (0 for untied)", name, s->tie_group);
     return CAI_OK;
@@ -257,16 +267,19 @@ static cai_status check_tie(const cai_param_info *p, const cai_param_info *prima
     if (a->tp_split_dim != b->tp_split_dim || a->vocab_parallel != b->vocab_parallel ||
         a->qkv.n_q_heads != b->qkv.n_q_heads || a->qkv.n_kv_heads != b->qkv.n_kv_heads ||
         a->qkv.head_dim != b->qkv.head_dim)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' in tie group %d is sharded differently from '%s' "
-                         "(tp_split_dim %d vs %d)", p->name, a->tie_group, primary->name, a->tp_split_dim,
-                         b->tp_split_dim);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s' in tie group %d is sharded differently from '%s' "
+                         "(tp_split_dim %d vs %d)",
+                         p->name, a->tie_group, primary->name, a->tp_split_dim, b->tp_split_dim);
     if (a->init.kind != b->init.kind || a->init.std != b->init.std)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' in tie group %d has init %s(%g) but '%s' has %s(%g)",
-                         p->name, a->tie_group, cai_init_kind_name(a->init.kind), (double)a->init.std,
-                         primary->name, cai_init_kind_name(b->init.kind), (double)b->init.std);
+                         p->name, a->tie_group, cai_init_kind_name(a->init.kind), (double)a->init.std, primary->name,
+                         cai_init_kind_name(b->init.kind), (double)b->init.std);
     if (a->expert != b->expert || a->n_experts != b->n_experts)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' in tie group %d has a different expert placement "
-                         "from '%s'", p->name, a->tie_group, primary->name);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s' in tie group %d has a different expert placement "
+                         "from '%s'",
+                         p->name, a->tie_group, primary->name);
     return CAI_OK;
 }
 
@@ -329,8 +342,10 @@ static cai_status check_view_basic(const cai_registry_t *reg, const cai_rank_vie
     } ax[3] = {{"tp", v->tp_size, v->tp_rank}, {"pp", v->pp_size, v->pp_rank}, {"ep", v->ep_size, v->ep_rank}};
     for (int i = 0; i < 3; i++)
         if (ax[i].size < 1 || ax[i].rank < 0 || ax[i].rank >= ax[i].size)
-            return CAI_ERROR(CAI_ERR_LAYOUT, "rank view: %s rank %d of size %d is impossible (need size >= 1 and "
-                             "0 <= rank < size)", ax[i].axis, ax[i].rank, ax[i].size);
+            return CAI_ERROR(CAI_ERR_LAYOUT,
+                             "rank view: %s rank %d of size %d is impossible (need size >= 1 and "
+                             "0 <= rank < size)",
+                             ax[i].axis, ax[i].rank, ax[i].size);
     if (v->pp_chunks < 0)
         return CAI_ERROR(CAI_ERR_LAYOUT, "rank view: pp_chunks=%d (must be >= 1, or 0 for 1)", v->pp_chunks);
     if (v->layer_stage) {
@@ -355,8 +370,10 @@ static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view 
     int chunks = view->pp_chunks > 0 ? view->pp_chunks : 1;
     int64_t n_virtual = (int64_t)view->pp_size * chunks, L = reg->n_layers;
     if (L < n_virtual)
-        return CAI_ERROR(CAI_ERR_LAYOUT, "%d layers cannot fill pp=%d x %d chunk(s) = %lld pipeline stages; use pp "
-                         "* chunks <= %d", reg->n_layers, view->pp_size, chunks, (long long)n_virtual, reg->n_layers);
+        return CAI_ERROR(CAI_ERR_LAYOUT,
+                         "%d layers cannot fill pp=%d x %d chunk(s) = %lld pipeline stages; use pp "
+                         "* chunks <= %d",
+                         reg->n_layers, view->pp_size, chunks, (long long)n_virtual, reg->n_layers);
     /* Virtual stage v holds layers [v*L/V, (v+1)*L/V): balanced, contiguous. */
     int64_t v = 0;
     while ((v + 1) * L / n_virtual <= layer) v++;
@@ -398,7 +415,8 @@ static void fitting_sizes(uint64_t n, char *buf, size_t cap) {
     size_t used = 0;
     buf[0] = '\0';
     for (uint64_t t = 1; t <= n && t <= 1024 && used + 8 < cap; t++)
-        if (n % t == 0) used += (size_t)snprintf(buf + used, cap - used, "%s%llu", used ? " " : "", (unsigned long long)t);
+        if (n % t == 0)
+            used += (size_t)snprintf(buf + used, cap - used, "%s%llu", used ? " " : "", (unsigned long long)t);
 }
 
 static void set_full(cai_hyperslab *s, const cai_param_info *p) {
@@ -425,13 +443,16 @@ static cai_status tp_slabs(const cai_param_info *p, const cai_rank_view *v, cai_
         const cai_qkv_groups *q = &s->qkv;
         if (q->n_q_heads % tp != 0) {
             fitting_sizes((uint64_t)q->n_q_heads, fit, sizeof fit);
-            return CAI_ERROR(CAI_ERR_LAYOUT, "parameter '%s': %d query heads do not split over tp=%d (tp that fit: "
-                             "%s)", p->name, q->n_q_heads, tp, fit);
+            return CAI_ERROR(CAI_ERR_LAYOUT,
+                             "parameter '%s': %d query heads do not split over tp=%d (tp that fit: "
+                             "%s)",
+                             p->name, q->n_q_heads, tp, fit);
         }
         if (q->n_kv_heads % tp != 0 && tp % q->n_kv_heads != 0)
-            return CAI_ERROR(CAI_ERR_LAYOUT, "parameter '%s': %d kv heads neither split over tp=%d nor replicate "
-                             "evenly (tp must divide or be a multiple of %d)", p->name, q->n_kv_heads, tp,
-                             q->n_kv_heads);
+            return CAI_ERROR(CAI_ERR_LAYOUT,
+                             "parameter '%s': %d kv heads neither split over tp=%d nor replicate "
+                             "evenly (tp must divide or be a multiple of %d)",
+                             p->name, q->n_kv_heads, tp, q->n_kv_heads);
         uint64_t hd = (uint64_t)q->head_dim, nq = (uint64_t)q->n_q_heads, nkv = (uint64_t)q->n_kv_heads;
         uint64_t q_local = nq / (uint64_t)tp;
         uint64_t kv_local, kv_first;
@@ -469,8 +490,10 @@ static cai_status tp_slabs(const cai_param_info *p, const cai_rank_view *v, cai_
     }
     if (n % (uint64_t)tp != 0) {
         fitting_sizes(n, fit, sizeof fit);
-        return CAI_ERROR(CAI_ERR_LAYOUT, "parameter '%s': dim %d of size %llu does not split over tp=%d (tp that "
-                         "fit: %s)", p->name, d, (unsigned long long)n, tp, fit);
+        return CAI_ERROR(CAI_ERR_LAYOUT,
+                         "parameter '%s': dim %d of size %llu does not split over tp=%d (tp that "
+                         "fit: %s)",
+                         p->name, d, (unsigned long long)n, tp, fit);
     }
     out->slab[0].offset[d] = n / (uint64_t)tp * (uint64_t)r;
     out->slab[0].count[d] = n / (uint64_t)tp;

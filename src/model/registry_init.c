@@ -110,12 +110,9 @@ float cai_registry_init_std(const cai_registry_t *reg, int index) {
     const cai_param_info *p = cai_registry_param(reg, index);
     if (!p) return 0.0f;
     switch (p->spec.init.kind) {
-    case CAI_INIT_NORMAL:
-        return p->spec.init.std;
-    case CAI_INIT_NORMAL_RESIDUAL:
-        return (float)((double)p->spec.init.std / sqrt(2.0 * cai_registry_n_layers(reg)));
-    default:
-        return 0.0f;
+    case CAI_INIT_NORMAL: return p->spec.init.std;
+    case CAI_INIT_NORMAL_RESIDUAL: return (float)((double)p->spec.init.std / sqrt(2.0 * cai_registry_n_layers(reg)));
+    default: return 0.0f;
     }
 }
 
@@ -197,8 +194,8 @@ cai_status cai_registry_init_flat(const cai_registry_t *reg, const cai_rank_view
     CAI_CALL(cai_calloc((void **)&offsets, (size_t)cai_registry_count(reg) + 1, sizeof *offsets, "init offsets"));
     CAI_CALL_GOTO(cai_registry_local_layout(reg, view, align_elems, offsets, &total), st, done);
     if (total > flat_count) {
-        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "flat init: the local parameters need %zu elements but the buffer holds %zu",
-                       total, flat_count);
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG,
+                       "flat init: the local parameters need %zu elements but the buffer holds %zu", total, flat_count);
         goto done;
     }
     if (total) memset(flat, 0, total * sizeof *flat);

@@ -57,8 +57,9 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q is %s and k %s: batch and head_dim must match", op,
                          CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k));
     if (a->k.H <= 0 || a->q.H % a->k.H != 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %" PRId64 " query heads do not divide into groups over %" PRId64
-                         " kv heads", op, a->q.H, a->k.H);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %" PRId64 " query heads do not divide into groups over %" PRId64 " kv heads", op, a->q.H,
+                         a->k.H);
     if (a->q.D < 1 || a->q.B < 1 || a->q.T < 1 || a->k.T < 1)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: empty attention (q %s, k %s)", op, CAI_OPS_DESCRIBE(q),
                          CAI_OPS_DESCRIBE(k));
@@ -75,8 +76,10 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     CAI_CHECK_ARG(a->window >= 0, "%s: window %" PRId64 " must be >= 0", op, a->window);
     size_t need = cai_cpu_attention_workspace_bytes(dev, a->q.B, a->q.T, a->k.T, a->q.H, a->k.H, a->q.D);
     if (workspace_bytes < need || !workspace)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes is too small, %zu needed (ask "
-                         "attention_workspace_bytes for these sizes and this device)", op, workspace_bytes, need);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: workspace of %zu bytes is too small, %zu needed (ask "
+                         "attention_workspace_bytes for these sizes and this device)",
+                         op, workspace_bytes, need);
     uintptr_t w = ((uintptr_t)workspace + 63) & ~(uintptr_t)63;
     a->ws = (float *)w;
     return CAI_OK;
@@ -107,8 +110,8 @@ static inline float dot(const float *x, const float *y, int64_t n) {
 
 static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
-                (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+                (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
 }
 
 /* Probabilities of query rows [i0, i0+m) of head (b, h) over keys [klo, klo+nk):
@@ -118,8 +121,7 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
 static void block_probs(const attn_args *a, int64_t b, int64_t h, int64_t i0, int64_t m, int64_t klo, int64_t nk,
                         float *p, int64_t ld, const float *lse, float *lse_out) {
     int64_t hk = h / a->group;
-    gemm(0, 1, m, nk, a->q.D, a->scale, rowp(&a->q, b, i0, h), a->q.st, rowp(&a->k, b, klo, hk), a->k.st, 0.0f, p,
-         ld);
+    gemm(0, 1, m, nk, a->q.D, a->scale, rowp(&a->q, b, i0, h), a->q.st, rowp(&a->k, b, klo, hk), a->k.st, 0.0f, p, ld);
     for (int64_t r = 0; r < m; r++) {
         float *pr = p + r * ld;
         int64_t lo, hi;
@@ -212,7 +214,7 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
     }
     const int64_t B = a.q.B, Hq = a.q.H, Hkv = a.k.H, Tq = a.q.T, Tk = a.k.T, D = a.q.D;
     const int64_t nblk = (Tq + QB - 1) / QB, ld = row_floats(Tk), rows = Tq < QB ? Tq : QB, per_thread = 2 * rows * ld;
-#pragma omp parallel for num_threads(cai_cpu_threads(dev, B * Hkv)) schedule(dynamic, 1)
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, B *Hkv)) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < B * Hkv; bk++) {
         int64_t b = bk / Hkv, hk = bk % Hkv;
         float *p = a.ws + (int64_t)CAI_THREAD_ID() * per_thread, *ds = p + rows * ld;

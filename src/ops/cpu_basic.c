@@ -50,8 +50,8 @@ cai_status cai_cpu_fill(cai_device_t *dev, cai_tensor *x, float value) {
 
 /* Strided element walk shared by copy and copy_sr: the tensor is split into
  * `outer` runs along its last dimension; run o starts at these offsets. */
-static void run_offsets(const cai_tensor *shape_of, const cai_tensor *a, const cai_tensor *b, int64_t o,
-                        int64_t *oa, int64_t *ob) {
+static void run_offsets(const cai_tensor *shape_of, const cai_tensor *a, const cai_tensor *b, int64_t o, int64_t *oa,
+                        int64_t *ob) {
     int64_t ra = 0, rb = 0;
     for (int d = shape_of->ndim - 2; d >= 0; d--) {
         int64_t idx = o % shape_of->shape[d];
@@ -107,8 +107,8 @@ cai_status cai_cpu_copy(cai_device_t *dev, cai_tensor *dst, const cai_tensor *sr
     return CAI_OK;
 }
 
-cai_status cai_cpu_copy_sr(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed,
-                           uint64_t stream, uint64_t index_offset) {
+cai_status cai_cpu_copy_sr(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream,
+                           uint64_t index_offset) {
     CAI_CALL(check_copy("copy_sr", dst, src, CAI_F32));
     int64_t n = cai_tensor_numel(src);
     if (n == 0) return CAI_OK;

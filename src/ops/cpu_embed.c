@@ -8,8 +8,7 @@
 #include <string.h>
 
 cai_status cai_cpu_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,
-                                 const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total,
-                                 int64_t pos_offset) {
+                                 const cai_tensor *wpe, int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset) {
     static const char *op = "embedding_fwd";
     int64_t B, T;
     const int32_t *tok;
@@ -23,16 +22,19 @@ cai_status cai_cpu_embedding_fwd(cai_device_t *dev, cai_tensor *out, const cai_t
     if (wpe) {
         CAI_CALL(cai_ops_rows(op, "wpe", wpe, CAI_HOST, CAI_F32, e.cols, &p));
         if (pos_offset < 0 || pos_offset + T > p.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed wpe's %" PRId64
-                             " rows (the model's maximum sequence length)", op, pos_offset, pos_offset + T, p.rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions [%" PRId64 ", %" PRId64 ") exceed wpe's %" PRId64
+                             " rows (the model's maximum sequence length)",
+                             op, pos_offset, pos_offset + T, p.rows);
     }
     for (int64_t n = 0; n < B * T; n++)
         if (tok[n] < 0 || (vocab_total > 0 && tok[n] >= vocab_total))
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: token id %d at batch %" PRId64 ", position %" PRId64
-                             " is outside the vocabulary [0, %" PRId64 ")", op, (int)tok[n], n / T, n % T,
-                             vocab_total);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: token id %d at batch %" PRId64 ", position %" PRId64
+                             " is outside the vocabulary [0, %" PRId64 ")",
+                             op, (int)tok[n], n / T, n % T, vocab_total);
     const int64_t C = e.cols;
-#pragma omp parallel for num_threads(cai_cpu_threads(dev, B * T)) schedule(static)
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, B *T)) schedule(static)
     for (int64_t n = 0; n < B * T; n++) {
         float *yr = cai_row_f32(&y, n);
         int64_t id = (int64_t)tok[n] - vocab_offset;
@@ -62,8 +64,9 @@ cai_status cai_cpu_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tensor
     if (dwpe) {
         CAI_CALL(cai_ops_rows(op, "dwpe", dwpe, CAI_HOST, CAI_F32, dy.cols, &dp));
         if (pos_offset < 0 || pos_offset + T > dp.rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed dwpe's %" PRId64
-                             " rows", op, pos_offset, pos_offset + T, dp.rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions [%" PRId64 ", %" PRId64 ") exceed dwpe's %" PRId64 " rows", op, pos_offset,
+                             pos_offset + T, dp.rows);
     }
     const int64_t C = dy.cols, BLK = cai_cpu_colblk(dev, C), nblk = (C + BLK - 1) / BLK;
     /* Column blocks: every thread walks all tokens in order for its columns,
@@ -94,9 +97,9 @@ cai_status cai_cpu_embedding_bwd(cai_device_t *dev, cai_tensor *dwte, cai_tensor
 /* ---------------------------------------------------------------- cross-entropy */
 
 typedef struct {
-    cai_rows x;          /* logits */
+    cai_rows x; /* logits */
     const int32_t *tgt;
-    int64_t off, ncols;  /* columns [0, ncols) are real vocabulary */
+    int64_t off, ncols; /* columns [0, ncols) are real vocabulary */
 } xent_args;
 
 static cai_status xent_check(const char *op, xent_args *a, const cai_tensor *logits, const cai_tensor *targets,
@@ -138,9 +141,11 @@ cai_status cai_cpu_xent_fwd(cai_device_t *dev, cai_tensor *losses, cai_tensor *l
         int64_t t = a.tgt[n];
         if (t == ignore_index) continue;
         if (t < a.off || t - a.off >= a.ncols)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: target %" PRId64 " of row %" PRId64 " is outside the valid "
-                             "vocabulary [%" PRId64 ", %" PRId64 ") of these logits (ignore_index is %d)", op, t, n,
-                             a.off, a.off + a.ncols, ignore_index);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: target %" PRId64 " of row %" PRId64
+                             " is outside the valid "
+                             "vocabulary [%" PRId64 ", %" PRId64 ") of these logits (ignore_index is %d)",
+                             op, t, n, a.off, a.off + a.ncols, ignore_index);
     }
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, a.x.rows)) schedule(static)
     for (int64_t n = 0; n < a.x.rows; n++) {

@@ -44,12 +44,12 @@ CPU_OP(sum)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
 CPU_OP(sumsq)(cai_device_t *dev, cai_tensor *out, const cai_tensor *x);
 
 /* matmul family (cpu_matmul.c) */
-CPU_OP(matmul)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
-               int trans_b, float alpha, float beta);
+CPU_OP(matmul)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b, int trans_b,
+               float alpha, float beta);
 CPU_OP(linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
                    const cai_tensor *bias);
-CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                   const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
+CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias, const cai_tensor *dout,
+                   const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
 /* the fused compositions of linear with GELU and with the residual add (cpu_matmul.c) */
 CPU_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
                         const cai_tensor *weight, const cai_tensor *bias);
@@ -62,11 +62,11 @@ CPU_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CPU_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 
 /* norms (cpu_norm.c) */
-CPU_OP(layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd,
-                      const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias, float eps);
+CPU_OP(layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd, const cai_tensor *inp,
+                      const cai_tensor *weight, const cai_tensor *bias, float eps);
 CPU_OP(layernorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                      const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                      const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp);
+                      const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *mean,
+                      const cai_tensor *rstd, int accum_dinp);
 CPU_OP(rmsnorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp,
                     const cai_tensor *weight, float eps);
 CPU_OP(rmsnorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
@@ -87,13 +87,11 @@ CPU_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, co
 /* attention (cpu_attention.c) */
 size_t cai_cpu_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                          int64_t Hkv, int64_t D);
-CPU_OP(attention_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q,
-                      const cai_tensor *k, const cai_tensor *v, const cai_attn_params *params, void *workspace,
-                      size_t workspace_bytes);
+CPU_OP(attention_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *q, const cai_tensor *k,
+                      const cai_tensor *v, const cai_attn_params *params, void *workspace, size_t workspace_bytes);
 CPU_OP(attention_bwd)(cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout,
                       const cai_tensor *q, const cai_tensor *k, const cai_tensor *v, const cai_tensor *out,
-                      const cai_tensor *lse, const cai_attn_params *params, void *workspace,
-                      size_t workspace_bytes);
+                      const cai_tensor *lse, const cai_attn_params *params, void *workspace, size_t workspace_bytes);
 
 /* embeddings and cross-entropy (cpu_embed.c) */
 CPU_OP(embedding_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte,

@@ -31,8 +31,10 @@ static cai_status as_bmat(const char *op, const char *arg, const cai_tensor *t, 
     int nd = t->ndim;
     bmat r = {.data = t->data, .batch = 1, .rows = t->shape[nd - 2], .cols = t->shape[nd - 1]};
     if (r.cols > 1 && t->stride[nd - 1] != 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous last dimension (transpose through "
-                         "trans_a/trans_b instead)", op, arg, CAI_OPS_DESCRIBE(t));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %s (%s) needs a contiguous last dimension (transpose through "
+                         "trans_a/trans_b instead)",
+                         op, arg, CAI_OPS_DESCRIBE(t));
     r.ld = r.rows > 1 ? t->stride[nd - 2] : (r.cols > 0 ? r.cols : 1);
     if (r.ld < r.cols)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg, CAI_OPS_DESCRIBE(t));
@@ -42,8 +44,8 @@ static cai_status as_bmat(const char *op, const char *arg, const cai_tensor *t, 
         if (t->shape[i] == 1) continue;
         if (expect < 0) r.bs = t->stride[i];
         else if (t->stride[i] != expect)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one",
-                             op, arg, CAI_OPS_DESCRIBE(t));
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s): its batch dimensions do not collapse into one", op, arg,
+                             CAI_OPS_DESCRIBE(t));
         expect = t->stride[i] * t->shape[i];
         r.batch *= t->shape[i];
     }
@@ -66,15 +68,15 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
         scale_matrix(C, M, N, ldc, beta);
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M,
-                (blasint)N, (blasint)K, alpha, A, (blasint)(lda > 0 ? lda : 1), B, (blasint)(ldb > 0 ? ldb : 1),
-                beta, C, (blasint)(ldc > 0 ? ldc : 1));
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
+                (blasint)K, alpha, A, (blasint)(lda > 0 ? lda : 1), B, (blasint)(ldb > 0 ? ldb : 1), beta, C,
+                (blasint)(ldc > 0 ? ldc : 1));
 }
 
 /* gemm split over the device's threads: panels of the larger of M and N, in
  * multiples of 16 rows/columns (kernel-friendly). */
-static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int nt = dev->num_threads;
     if (nt <= 1 || (double)M * (double)N * (double)K < 262144.0) {
         gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -89,10 +91,8 @@ static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N,
     for (int64_t p = 0; p < parts; p++) {
         int64_t s = p * chunk, len = total - s < chunk ? total - s : chunk;
         if (len <= 0) continue;
-        if (split_m)
-            gemm(ta, tb, len, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
-        else
-            gemm(ta, tb, M, len, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
+        if (split_m) gemm(ta, tb, len, N, K, alpha, ta ? A + s : A + s * lda, lda, B, ldb, beta, C + s * ldc, ldc);
+        else gemm(ta, tb, M, len, K, alpha, A, lda, tb ? B + s * ldb : B + s, ldb, beta, C + s, ldc);
     }
 }
 
@@ -106,14 +106,17 @@ cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a,
     int64_t M = trans_a ? A.cols : A.rows, K = trans_a ? A.rows : A.cols;
     int64_t Kb = trans_b ? B.cols : B.rows, N = trans_b ? B.rows : B.cols;
     if (K != Kb || C.rows != M || C.cols != N)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64
-                         "], c [%" PRId64 ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit", op,
-                         M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "",
-                         CAI_OPS_DESCRIBE(b), trans_b ? "^T" : "");
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: op(a) is [%" PRId64 ",%" PRId64 "], op(b) [%" PRId64 ",%" PRId64 "], c [%" PRId64
+                         ",%" PRId64 "] (a %s%s, b %s%s): inner sizes or c's shape do not fit",
+                         op, M, K, Kb, N, C.rows, C.cols, CAI_OPS_DESCRIBE(a), trans_a ? "^T" : "", CAI_OPS_DESCRIBE(b),
+                         trans_b ? "^T" : "");
     if ((A.batch != 1 && A.batch != C.batch) || (B.batch != 1 && B.batch != C.batch) ||
         (C.batch != (A.batch > B.batch ? A.batch : B.batch)))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
-                         " do not match (a or b may be unbatched)", op, A.batch, B.batch, C.batch);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: batch sizes a=%" PRId64 ", b=%" PRId64 ", c=%" PRId64
+                         " do not match (a or b may be unbatched)",
+                         op, A.batch, B.batch, C.batch);
     /* A shared b with a plain a: the batch is just more rows of one gemm. */
     if (C.batch > 1 && B.batch == 1 && !trans_a && A.bs == A.rows * A.ld && C.bs == C.rows * C.ld) {
         pgemm(dev, 0, trans_b, M * C.batch, N, K, alpha, A.data, A.ld, B.data, B.ld, beta, C.data, C.ld);
@@ -121,7 +124,7 @@ cai_status cai_cpu_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a,
     }
     for (int64_t i = 0; i < C.batch; i++)
         pgemm(dev, trans_a, trans_b, M, N, K, alpha, A.data + (A.batch > 1 ? i * A.bs : 0), A.ld,
-             B.data + (B.batch > 1 ? i * B.bs : 0), B.ld, beta, C.data + i * C.bs, C.ld);
+              B.data + (B.batch > 1 ? i * B.bs : 0), B.ld, beta, C.data + i * C.bs, C.ld);
     return CAI_OK;
 }
 
@@ -133,8 +136,7 @@ static cai_status linear_fwd_args(const char *op, const char *out_arg, const cai
     return cai_ops_linear_args(op, out_arg, out, inp, weight, bias, CAI_HOST, CAI_F32, x, w, y, bd);
 }
 
-static void linear_fwd_run(cai_device_t *dev, const cai_rows *x, const cai_rows *w, const cai_rows *y,
-                           const char *bd) {
+static void linear_fwd_run(cai_device_t *dev, const cai_rows *x, const cai_rows *w, const cai_rows *y, const char *bd) {
     if (bd) {
         const float *pb = (const float *)bd;
 #pragma omp parallel for num_threads(cai_cpu_threads(dev, y->rows)) schedule(static)
@@ -171,8 +173,10 @@ static cai_status linear_bwd_args(const char *op, const char *dinp_arg, const ca
         CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_HOST, CAI_F32, w->cols, x));
         CAI_CALL(cai_ops_rows(op, "dweight", dweight, CAI_HOST, CAI_F32, w->cols, dw));
         if (x->rows != dy->rows || dw->rows != w->rows)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %"
-                             PRId64 " (weight %" PRId64 ")", op, x->rows, dy->rows, dw->rows, w->rows);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: inp has %" PRId64 " rows (dout %" PRId64 "), dweight %" PRId64 " (weight %" PRId64
+                             ")",
+                             op, x->rows, dy->rows, dw->rows, w->rows);
     }
     *bd = NULL;
     if (dbias) CAI_CALL(cai_ops_vec(op, "dbias", dbias, CAI_HOST, CAI_F32, w->rows, bd));
@@ -193,12 +197,11 @@ static void linear_bwd_run(cai_device_t *dev, const cai_rows *dx, const cai_rows
 }
 
 cai_status cai_cpu_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                              const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                              int accum_dinp) {
+                              const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp) {
     cai_rows dx, dw, dy, x, w;
     char *bd;
-    CAI_CALL(linear_bwd_args("linear_bwd", "dinp", dinp, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w,
-                             &bd));
+    CAI_CALL(
+        linear_bwd_args("linear_bwd", "dinp", dinp, dweight, dbias, dout, inp, weight, &dx, &dw, &dy, &x, &w, &bd));
     linear_bwd_run(dev, dinp ? &dx : NULL, dweight ? &dw : NULL, bd, &dy, &x, &w, accum_dinp);
     return CAI_OK;
 }
@@ -242,8 +245,7 @@ cai_status cai_cpu_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_ten
  * cost of an allocation, which the model never pays (its out and residual
  * are different buffers). */
 cai_status cai_cpu_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
-                                       const cai_tensor *weight, const cai_tensor *bias,
-                                       const cai_tensor *residual) {
+                                       const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual) {
     static const char *op = "linear_residual_fwd";
     cai_rows x, w, y, r;
     char *bd;
@@ -256,9 +258,10 @@ cai_status cai_cpu_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const
         return cai_cpu_add(dev, out, residual, out);
     }
     if (y.rows > 1 && r.ld != y.ld)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: out (%s) and residual (%s) start at the same address with "
-                         "different row strides; in place needs the same view", op, CAI_OPS_DESCRIBE(out),
-                         CAI_OPS_DESCRIBE(residual));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: out (%s) and residual (%s) start at the same address with "
+                         "different row strides; in place needs the same view",
+                         op, CAI_OPS_DESCRIBE(out), CAI_OPS_DESCRIBE(residual));
     void *buf = NULL;
     CAI_CALL(cai_malloc(&buf, (size_t)(y.rows * y.cols) * sizeof(float), "linear_residual_fwd in-place product"));
     cai_rows t = {.data = buf, .rows = y.rows, .cols = y.cols, .ld = y.cols, .dtype = CAI_DTYPE_F32};

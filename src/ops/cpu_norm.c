@@ -9,7 +9,7 @@
 #include <string.h>
 
 typedef struct {
-    cai_rows x, y;     /* input and output rows */
+    cai_rows x, y; /* input and output rows */
     const float *w, *b;
     float *mean, *rstd;
 } norm_args;
@@ -122,8 +122,8 @@ static void norm_input_grads(const cai_device_t *dev, cai_rows *dx, const cai_ro
     }
 }
 
-static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight,
-                           cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+static cai_status norm_bwd(const char *op, cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
+                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                            const cai_tensor *mean, const cai_tensor *rstd, int accum_dinp) {
     norm_args a;
     CAI_CALL(norm_common(op, &a, NULL, (cai_tensor *)mean, (cai_tensor *)rstd, inp, weight, NULL));

@@ -94,8 +94,8 @@ typedef struct {
 } rope_args;
 
 static cai_status rope_check(const char *op, rope_args *a, const cai_tensor *out, const char *out_name,
-                             const cai_tensor *inp, const char *inp_name, const cai_tensor *cos,
-                             const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset) {
+                             const cai_tensor *inp, const char *inp_name, const cai_tensor *cos, const cai_tensor *sin,
+                             const cai_tensor *positions, int64_t pos_offset) {
     memset(a, 0, sizeof *a);
     CAI_CALL(cai_ops_bthd(op, inp_name, inp, CAI_HOST, CAI_F32, &a->x));
     CAI_CALL(cai_ops_bthd(op, out_name, out, CAI_HOST, CAI_F32, &a->y));
@@ -106,25 +106,32 @@ static cai_status rope_check(const char *op, rope_args *a, const cai_tensor *out
     CAI_CALL(cai_ops_rows(op, "sin", sin, CAI_HOST, CAI_F32, a->c.cols, &a->s));
     CAI_CALL(cai_ops_same_rows(op, "sin", &a->s, "cos", &a->c));
     if (2 * a->c.cols > a->x.D || a->c.cols == 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: tables of %" PRId64 " frequencies rotate %" PRId64
-                         " dims but head_dim is %" PRId64, op, a->c.cols, 2 * a->c.cols, a->x.D);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: tables of %" PRId64 " frequencies rotate %" PRId64 " dims but head_dim is %" PRId64, op,
+                         a->c.cols, 2 * a->c.cols, a->x.D);
     const int64_t P = a->c.rows;
     if (positions) {
         char *pp;
         CAI_CALL(cai_ops_vec(op, "positions", positions, CAI_HOST, CAI_I32, -1, &pp));
         int64_t n = cai_tensor_numel(positions);
         if (n != a->x.T && n != a->x.B * a->x.T)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions is %s, expected [B,T] = [%" PRId64 ",%" PRId64
-                             "] or [T]", op, CAI_OPS_DESCRIBE(positions), a->x.B, a->x.T);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions is %s, expected [B,T] = [%" PRId64 ",%" PRId64 "] or [T]", op,
+                             CAI_OPS_DESCRIBE(positions), a->x.B, a->x.T);
         a->pos = (const int32_t *)pp;
         a->pos_per_batch = n != a->x.T || a->x.B == 1;
         for (int64_t i = 0; i < n; i++)
             if (a->pos[i] < 0 || a->pos[i] >= P)
-                return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions[%" PRId64 "] = %d is outside the tables' "
-                                 "[0, %" PRId64 ")", op, i, (int)a->pos[i], P);
+                return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                                 "%s: positions[%" PRId64
+                                 "] = %d is outside the tables' "
+                                 "[0, %" PRId64 ")",
+                                 op, i, (int)a->pos[i], P);
     } else if (pos_offset < 0 || pos_offset + a->x.T > P) {
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: positions [%" PRId64 ", %" PRId64 ") exceed the tables' %" PRId64
-                         " rows (build them for a longer max_pos)", op, pos_offset, pos_offset + a->x.T, P);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: positions [%" PRId64 ", %" PRId64 ") exceed the tables' %" PRId64
+                         " rows (build them for a longer max_pos)",
+                         op, pos_offset, pos_offset + a->x.T, P);
     }
     return CAI_OK;
 }
@@ -132,7 +139,7 @@ static cai_status rope_check(const char *op, rope_args *a, const cai_tensor *out
 /* sign = +1 rotates forward, -1 applies the transpose (backward). */
 static void rope_apply(const cai_device_t *dev, const rope_args *a, int64_t pos_offset, float sign) {
     const int64_t B = a->x.B, T = a->x.T, H = a->x.H, D = a->x.D, half = a->c.cols;
-#pragma omp parallel for num_threads(cai_cpu_threads(dev, B * T)) schedule(static)
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, B *T)) schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         int64_t p = a->pos ? a->pos[a->pos_per_batch ? bt : t] : pos_offset + t;

@@ -17,8 +17,10 @@ cai_status cai_ops_check(const char *op, const char *arg, const cai_tensor *t, c
                          cai_device_kind_name(have), cai_device_kind_name(kind));
     if (want >= 0 && t->dtype != (cai_dtype)want) {
         if (want == CAI_DTYPE_F32 && (t->dtype == CAI_DTYPE_BF16 || t->dtype == CAI_DTYPE_F16))
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s is %s; this backend computes in f32 (convert with "
-                             "ops->copy at the boundary, see docs/ops.md)", op, arg, CAI_OPS_DESCRIBE(t));
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "%s: %s is %s; this backend computes in f32 (convert with "
+                             "ops->copy at the boundary, see docs/ops.md)",
+                             op, arg, CAI_OPS_DESCRIBE(t));
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected dtype %s", op, arg, CAI_OPS_DESCRIBE(t),
                          cai_dtype_name((cai_dtype)want));
     }
@@ -49,8 +51,10 @@ cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, ca
             if (ld < 0) {
                 ld = t->stride[i];
             } else if (t->stride[i] != expect) {
-                return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) cannot be viewed as rows: its leading "
-                                 "dimensions are not contiguous with each other", op, arg, CAI_OPS_DESCRIBE(t));
+                return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                                 "%s: %s (%s) cannot be viewed as rows: its leading "
+                                 "dimensions are not contiguous with each other",
+                                 op, arg, CAI_OPS_DESCRIBE(t));
             }
             expect = t->stride[i] * t->shape[i];
             rows *= t->shape[i];
@@ -60,8 +64,7 @@ cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, ca
         r.rows = rows;
         if (ld >= 0) r.ld = ld;
         if (r.rows > 1 && r.ld < r.cols)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg,
-                             CAI_OPS_DESCRIBE(t));
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) has overlapping rows", op, arg, CAI_OPS_DESCRIBE(t));
     }
     if (cols >= 0 && r.cols != cols)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a last dimension of %" PRId64, op, arg,
@@ -70,8 +73,8 @@ cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, ca
     return CAI_OK;
 }
 
-cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
-                       int64_t n, char **data) {
+cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want, int64_t n,
+                       char **data) {
     CAI_CALL(cai_ops_check(op, arg, t, kind, want));
     if (!cai_tensor_is_contiguous(t))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous", op, arg, CAI_OPS_DESCRIBE(t));
@@ -89,10 +92,16 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected 4 dimensions [B,T,heads,head_dim]", op, arg,
                          CAI_OPS_DESCRIBE(t));
     if (t->shape[3] > 1 && t->stride[3] != 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous head_dim", op, arg,
-                         CAI_OPS_DESCRIBE(t));
-    cai_bthd r = {.data = t->data, .B = t->shape[0], .T = t->shape[1], .H = t->shape[2], .D = t->shape[3],
-                  .sb = t->stride[0], .st = t->stride[1], .sh = t->stride[2], .dtype = t->dtype};
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) needs a contiguous head_dim", op, arg, CAI_OPS_DESCRIBE(t));
+    cai_bthd r = {.data = t->data,
+                  .B = t->shape[0],
+                  .T = t->shape[1],
+                  .H = t->shape[2],
+                  .D = t->shape[3],
+                  .sb = t->stride[0],
+                  .st = t->stride[1],
+                  .sh = t->stride[2],
+                  .dtype = t->dtype};
     *out = r;
     return CAI_OK;
 }
@@ -100,9 +109,10 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
 cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
                              const cai_rows *ref) {
     if (r->rows != ref->rows || r->cols != ref->cols)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s has %" PRId64 " rows of %" PRId64 " but %s has %" PRId64
-                         " rows of %" PRId64 "; they must match", op, arg, r->rows, r->cols, ref_arg, ref->rows,
-                         ref->cols);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %s has %" PRId64 " rows of %" PRId64 " but %s has %" PRId64 " rows of %" PRId64
+                         "; they must match",
+                         op, arg, r->rows, r->cols, ref_arg, ref->rows, ref->cols);
     return CAI_OK;
 }
 

@@ -30,8 +30,8 @@ cai_status cai_ops_check(const char *op, const char *arg, const cai_tensor *t, c
 cai_status cai_ops_rows(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
                         int64_t cols, cai_rows *out);
 /* cai_ops_check plus a 1-D contiguous view of `n` elements (n < 0: any). */
-cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
-                       int64_t n, char **data);
+cai_status cai_ops_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want, int64_t n,
+                       char **data);
 /* Token ids: an I32 [B,T] or [T] tensor (then B = 1), contiguous. */
 cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int64_t *B,
                           int64_t *T, const int32_t **data);

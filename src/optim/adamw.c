@@ -58,15 +58,18 @@ cai_adamw_config cai_adamw_config_default(void) {
 cai_status cai_adamw_config_check(const cai_adamw_config *c) {
     const cai_lr_schedule *s = &c->schedule;
     if ((int)s->kind < 0 || s->kind >= CAI_LR_KIND_COUNT)
-        return CAI_ERROR(CAI_ERR_CONFIG, "optim.schedule=%d is not a schedule (constant, cosine, linear)", (int)s->kind);
+        return CAI_ERROR(CAI_ERR_CONFIG, "optim.schedule=%d is not a schedule (constant, cosine, linear)",
+                         (int)s->kind);
     if (!(s->lr >= 0) || !isfinite(s->lr) || !(s->min_lr >= 0) || !isfinite(s->min_lr))
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.lr=%g and optim.min_lr=%g must be finite and >= 0", (double)s->lr,
                          (double)s->min_lr);
     if (s->warmup_steps < 0)
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.warmup_steps=%lld must be >= 0", (long long)s->warmup_steps);
     if (s->kind != CAI_LR_CONSTANT && s->decay_steps < s->warmup_steps)
-        return CAI_ERROR(CAI_ERR_CONFIG, "optim.decay_steps=%lld must be >= optim.warmup_steps=%lld for the cosine "
-                         "decaying schedules", (long long)s->decay_steps, (long long)s->warmup_steps);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "optim.decay_steps=%lld must be >= optim.warmup_steps=%lld for the cosine "
+                         "decaying schedules",
+                         (long long)s->decay_steps, (long long)s->warmup_steps);
     if (!(c->beta1 >= 0 && c->beta1 < 1) || !(c->beta2 >= 0 && c->beta2 < 1))
         return CAI_ERROR(CAI_ERR_CONFIG, "optim.beta1=%g, optim.beta2=%g must lie in [0, 1)", (double)c->beta1,
                          (double)c->beta2);
@@ -142,8 +145,8 @@ void cai_optim_free(cai_optim_t *o) {
     cai_free(o);
 }
 
-cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_registry_t *reg,
-                            const cai_rank_view *view, size_t align_elems, const cai_adamw_config *cfg) {
+cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_registry_t *reg, const cai_rank_view *view,
+                            size_t align_elems, const cai_adamw_config *cfg) {
     CAI_CHECK_ARG(out && dev && reg && view && cfg, "cai_optim_create: NULL argument");
     *out = NULL;
     CAI_CALL(cai_adamw_config_check(cfg));
@@ -158,7 +161,8 @@ cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_regi
     CAI_CALL_GOTO(cai_registry_local_layout(reg, view, align_elems, offsets, &o->n_flat), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&o->segs, (size_t)n + 1, sizeof *o->segs, "optimizer segments"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&o->norm, (size_t)n * CAI_SHARD_MAX_SLABS + 1, sizeof *o->norm,
-                             "optimizer norm ranges"), st, fail);
+                             "optimizer norm ranges"),
+                  st, fail);
     for (int i = 0; i < n; i++) {
         if (offsets[i] == SIZE_MAX) continue;
         const cai_param_info *info = cai_registry_param(reg, i);
@@ -173,8 +177,7 @@ cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_regi
         o->n_norm += norm_ranges(info, &sh, offsets[i], o->norm + o->n_norm);
     }
     if (o->n_flat) {
-        CAI_CALL_GOTO(cai_device_alloc(dev, o->n_flat * sizeof(float), "AdamW first moment", (void **)&o->m), st,
-                      fail);
+        CAI_CALL_GOTO(cai_device_alloc(dev, o->n_flat * sizeof(float), "AdamW first moment", (void **)&o->m), st, fail);
         CAI_CALL_GOTO(cai_device_alloc(dev, o->n_flat * sizeof(float), "AdamW second moment", (void **)&o->v), st,
                       fail);
         cai_tensor tm = cai_tensor_1d(dev, o->m, CAI_DTYPE_F32, (int64_t)o->n_flat);
@@ -213,9 +216,10 @@ static cai_status check_flat(const cai_optim_t *o, const char *what, const cai_t
     if (cai_tensor_numel(t) != (int64_t)o->n_flat || !cai_tensor_is_contiguous(t) ||
         (want_f32 && t->dtype != CAI_DTYPE_F32)) {
         char buf[160];
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "optimizer: %s is %s, expected a contiguous %s[%zu] in the flat "
-                         "parameter layout", what, cai_tensor_describe(t, buf, sizeof buf),
-                         want_f32 ? "f32" : "bf16/f16", o->n_flat);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "optimizer: %s is %s, expected a contiguous %s[%zu] in the flat "
+                         "parameter layout",
+                         what, cai_tensor_describe(t, buf, sizeof buf), want_f32 ? "f32" : "bf16/f16", o->n_flat);
     }
     return CAI_OK;
 }
@@ -230,14 +234,14 @@ cai_status cai_optim_grad_sumsq(cai_optim_t *o, const cai_tensor *grads, double 
     cai_device_t *dev = o->dev;
     cai_tensor acc = cai_tensor_1d(dev, o->acc, CAI_DTYPE_F64, 1);
     const double zero = 0.0; /* fill takes float dtypes only; the accumulator is f64 */
-    CAI_CALL(cai_device_copy(dev, o->acc, &zero, sizeof zero,
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
+    CAI_CALL(
+        cai_device_copy(dev, o->acc, &zero, sizeof zero, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     for (int i = 0; i < o->n_norm; i++) {
         cai_tensor g = sub(o, grads, o->norm[i].off, o->norm[i].n);
         CAI_CALL(dev->ops->sumsq(dev, &acc, &g));
     }
-    CAI_CALL(cai_device_copy(dev, sumsq, o->acc, sizeof *sumsq,
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(
+        cai_device_copy(dev, sumsq, o->acc, sizeof *sumsq, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     return CAI_OK;
 }
 

@@ -12,9 +12,10 @@ cai_status cai_train_step_zero(cai_zero_t *z, cai_optim_t *o, const cai_adamw_co
                                const int32_t *tokens, const int32_t *targets, int n_micro, cai_zero_step_stats *out) {
     CAI_CHECK_ARG(z && (cfg || o), "cai_train_step_zero: NULL argument");
     const int own = cai_zero_get_config(z)->reduce_only;
-    CAI_CHECK_ARG(own == (o != NULL), "cai_train_step_zero: %s", own ? "a reduce-only engine needs the optimizer o"
-                                                                     : "o is for reduce-only engines; this engine "
-                                                                       "steps its own shards");
+    CAI_CHECK_ARG(own == (o != NULL), "cai_train_step_zero: %s",
+                  own ? "a reduce-only engine needs the optimizer o"
+                      : "o is for reduce-only engines; this engine "
+                        "steps its own shards");
     if (o) cfg = cai_optim_config(o);
     CAI_CHECK_ARG(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0,
                   "cai_train_step_zero: betas (%g, %g) must lie in [0, 1) and eps %g be > 0", (double)cfg->beta1,

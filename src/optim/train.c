@@ -12,7 +12,8 @@ cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens,
     int first = 0, last = 0;
     cai_model_stage(m, NULL, NULL, &first, &last);
     if (!first || !last)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_train_step runs a whole model on one rank; this model is one "
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "cai_train_step runs a whole model on one rank; this model is one "
                          "pipeline stage (use the pipeline executor)");
     CAI_CALL(cai_model_zero_grad(m));
     int B = 0, T = 0;
@@ -32,7 +33,8 @@ cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens,
     CAI_CALL(cai_optim_grad_sumsq(o, &grads, &sumsq));
     double norm = sqrt(sumsq);
     if (!isfinite(norm) || !isfinite(loss))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "training step %lld: loss %g, gradient norm %g is not finite; the "
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "training step %lld: loss %g, gradient norm %g is not finite; the "
                          "update was skipped (lower the learning rate, check the data, or use bf16 over f16)",
                          (long long)cai_optim_step_count(o) + 1, loss, norm);
     float coef = cai_clip_coef(norm, (double)cai_optim_config(o)->grad_clip);

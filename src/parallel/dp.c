@@ -9,7 +9,8 @@
 
 cai_status cai_dp_allreduce_grads(cai_mesh_t *mesh, cai_model_t *m) {
     CAI_CHECK_ARG(mesh && m, "cai_dp_allreduce_grads: NULL argument");
-    CAI_CHECK_ARG(!cai_model_external_params(m), "cai_dp_allreduce_grads: the model's gradients live in a ZeRO "
+    CAI_CHECK_ARG(!cai_model_external_params(m),
+                  "cai_dp_allreduce_grads: the model's gradients live in a ZeRO "
                   "engine, which reduces them itself");
     if (cai_mesh_size(mesh, CAI_AXIS_DP) == 1) return CAI_OK;
     cai_tensor params, grads, lowp;
@@ -63,7 +64,8 @@ static cai_status hash_params(cai_device_t *dev, const float *src, size_t count,
 
 cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m) {
     CAI_CHECK_ARG(mesh && m, "cai_dp_check_replicas: NULL argument");
-    CAI_CHECK_ARG(!cai_model_external_params(m), "cai_dp_check_replicas: the model's weights live in a ZeRO engine "
+    CAI_CHECK_ARG(!cai_model_external_params(m),
+                  "cai_dp_check_replicas: the model's weights live in a ZeRO engine "
                   "(sharded from stage 1 on), not in replicas");
     if (cai_mesh_size(mesh, CAI_AXIS_DP) == 1) return CAI_OK;
     const cai_registry_t *reg = cai_model_registry(m);

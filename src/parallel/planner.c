@@ -61,7 +61,8 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     const cai_zero_config *z = &req->zero;
     size_t align = req->align_elems ? req->align_elems : 16;
     CAI_CALL_GOTO(zl_build(&L, reg, &req->view, align, n_units, units, np, z->stage, req->dp, 0,
-                           z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20), st, done);
+                           z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20),
+                  st, done);
 
     const size_t act = cai_dtype_size(c.act_dtype), pds = cai_dtype_size(c.param_dtype), f4 = sizeof(float);
     const int lowp = c.param_dtype != CAI_DTYPE_F32, work = c.act_dtype != c.param_dtype;
@@ -101,8 +102,8 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     CAI_CALL_GOTO(act_bytes(req, &c, nl, last, &out->acts_full, &out->acts_recompute), st, done);
     out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
-    out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts -
-                  out->host;
+    out->device =
+        out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts - out->host;
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -120,8 +121,7 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
             p->stage == 3 ? " (shard)" : "");
     fprintf(out, "  gradients                    %10.2f MiB  device%s\n", mib(p->grads),
             p->stage >= 2 ? " (shard)" : "");
-    if (p->windows)
-        fprintf(out, "  gather/gradient windows      %10.2f MiB  device (peak)\n", mib(p->windows));
+    if (p->windows) fprintf(out, "  gather/gradient windows      %10.2f MiB  device (peak)\n", mib(p->windows));
     if (p->stage >= 1 && !p->master)
         fprintf(out, "  master weights (f32)         %10.2f MiB  (the f32 working weights' own shard, no copy)\n", 0.0);
     else
@@ -140,8 +140,8 @@ static int fits(const cai_device_t *dev, const cai_mem_plan *p, size_t dl, size_
 }
 
 /* "name (total)" of one variant into buf when it fits; returns chars added. */
-static size_t try_variant(const cai_mem_plan_request *r, size_t dl, size_t hl, const char *name, char *buf,
-                          size_t cap, int first) {
+static size_t try_variant(const cai_mem_plan_request *r, size_t dl, size_t hl, const char *name, char *buf, size_t cap,
+                          int first) {
     cai_mem_plan p;
     if (cai_mem_plan_compute(r, &p) != CAI_OK) {
         cai_error_clear();
@@ -170,7 +170,8 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
     if (!req->zero.offload) {
         r = *req;
         r.zero.offload = 1;
-        used += try_variant(&r, device_limit, host_limit, "zero.offload=true", sug + used, sizeof sug - used, used == 1);
+        used +=
+            try_variant(&r, device_limit, host_limit, "zero.offload=true", sug + used, sizeof sug - used, used == 1);
         if (req->zero.stage < 3) {
             r.zero.stage = 3;
             used += try_variant(&r, device_limit, host_limit, "zero.stage=3 with zero.offload=true", sug + used,
@@ -204,8 +205,12 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
                      "limit of %.1f MiB; %s%s",
                      mib(need), mib(p->device), mib(p->host), mib(p->params), mib(p->grads), mib(p->windows),
                      mib(p->master), mib(p->optim), mib(p->staging), mib(p->acts),
-                     host ? "memory" : lim == device_limit ? "device memory" : "host memory", mib(lim),
-                     used > 1 ? "it would fit with:" : "no single change fits (more dp ranks, a smaller model or a "
-                                                       "shorter sequence would)",
+                     host                  ? "memory"
+                     : lim == device_limit ? "device memory"
+                                           : "host memory",
+                     mib(lim),
+                     used > 1 ? "it would fit with:"
+                              : "no single change fits (more dp ranks, a smaller model or a "
+                                "shorter sequence would)",
                      used > 1 ? sug : "");
 }

@@ -41,23 +41,23 @@ struct cai_zero {
     cai_dtype act, pdt;
     size_t act_size;
 
-    void *W;        /* working weights, act dtype: stage 1/2 [n_pad], stage 3 [shard] */
-    float *G;       /* stage 1: full gradients [n_pad]; each bucket's reduced chunk lands at its start */
-    float *GS;      /* stage 2/3: reduced gradient shard [shard]; stage 0: the model's gradients */
+    void *W;            /* working weights, act dtype: stage 1/2 [n_pad], stage 3 [shard] */
+    float *G;           /* stage 1: full gradients [n_pad]; each bucket's reduced chunk lands at its start */
+    float *GS;          /* stage 2/3: reduced gradient shard [shard]; stage 0: the model's gradients */
     float *M, *Mm, *Mv; /* masters and moments [shard] (stage 0 without offload: M is the model's master) */
-    int alias;      /* f32 weights without offload: the masters are the working weights' own chunks
-                     * (stage 1/2: inside W, M unused; stage 3: M == W) */
-    float *GSh;     /* offload: host copy of GS */
-    void *Wh;       /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
-    void *LP;       /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
-    double *acc;    /* device sumsq accumulator */
-    uint16_t *RB;   /* zero.reduce_dtype bf16: the bf16 copy reductions move, engine layout [n_pad] */
+    int alias;          /* f32 weights without offload: the masters are the working weights' own chunks
+                         * (stage 1/2: inside W, M unused; stage 3: M == W) */
+    float *GSh;         /* offload: host copy of GS */
+    void *Wh;           /* offload, stage >= 1: host staging of the refreshed working shard (act dtype) */
+    void *LP;           /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
+    double *acc;        /* device sumsq accumulator */
+    uint16_t *RB;       /* zero.reduce_dtype bf16: the bf16 copy reductions move, engine layout [n_pad] */
     cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP in one staging (pinned on a GPU) block */
     size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host, mem_rb;
 
     zpool pool;
     zbucket_rt *rt;
-    int *fifo;      /* stage 2/3 buckets with reductions in flight, oldest first */
+    int *fifo; /* stage 2/3 buckets with reductions in flight, oldest first */
     int fifo_head, fifo_n;
 
     int in_step, micro, n_micro, in_bwd, bwd_last_started;
@@ -83,24 +83,25 @@ void cai_zero_config_init(cai_zero_config *c) {
 cai_status cai_zero_config_check(const cai_zero_config *c) {
     CAI_CHECK_ARG(c, "cai_zero_config_check: NULL config");
     if (c->stage < 0 || c->stage > 3)
-        return CAI_ERROR(CAI_ERR_CONFIG, "zero.stage=%d: stages are 0 (plain data parallel), 1 (optimizer state "
-                         "sharded), 2 (+ gradients), 3 (+ parameters)", c->stage);
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "zero.stage=%d: stages are 0 (plain data parallel), 1 (optimizer state "
+                         "sharded), 2 (+ gradients), 3 (+ parameters)",
+                         c->stage);
     if (c->offload != 0 && c->offload != 1)
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.offload=%d must be 0 or 1", c->offload);
-    if (!(c->timeout_s > 0))
-        return CAI_ERROR(CAI_ERR_CONFIG, "zero.timeout=%g s must be > 0", c->timeout_s);
+    if (!(c->timeout_s > 0)) return CAI_ERROR(CAI_ERR_CONFIG, "zero.timeout=%g s must be > 0", c->timeout_s);
     if (c->reduce_dtype != CAI_DTYPE_F32 && c->reduce_dtype != CAI_DTYPE_BF16)
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=%s: gradients reduce in f32 or bf16",
                          cai_dtype_name(c->reduce_dtype));
     if (c->reduce_only && (c->stage != 0 || c->offload))
-        return CAI_ERROR(CAI_ERR_CONFIG, "a reduce-only engine (the caller's optimizer steps the model's buffers) "
-                         "is stage 0 without offload, not zero.stage=%d%s", c->stage, c->offload ? " + offload" : "");
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "a reduce-only engine (the caller's optimizer steps the model's buffers) "
+                         "is stage 0 without offload, not zero.stage=%d%s",
+                         c->stage, c->offload ? " + offload" : "");
     return CAI_OK;
 }
 
-void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo) {
-    mo->external_params = c->stage >= 1;
-}
+void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo) { mo->external_params = c->stage >= 1; }
 
 const cai_zero_config *cai_zero_get_config(const cai_zero_t *z) { return &z->cfg; }
 cai_model_t *cai_zero_model(const cai_zero_t *z) { return z->model; }
@@ -377,11 +378,10 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
             cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, n);
             cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
             CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
-            if (z->L.stage == 0)
-                CAI_CALL(zc_allreduce_sum(&z->comm, narrow.data, CAI_DTYPE_BF16, n, k, &r->greq));
+            if (z->L.stage == 0) CAI_CALL(zc_allreduce_sum(&z->comm, narrow.data, CAI_DTYPE_BF16, n, k, &r->greq));
             else
-                CAI_CALL(zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k,
-                                               &r->greq));
+                CAI_CALL(
+                    zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k, &r->greq));
         } else if (z->L.stage == 0) {
             CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, CAI_DTYPE_F32, b->hi - b->lo, k, &r->greq));
         } else {
@@ -421,8 +421,7 @@ static cai_status call_grad_hook(cai_zero_t *z, int u) {
     for (int k = 0; k < n; k++) {
         int i = z->L.unit_params[u][k], bk = z->L.bucket_of[i];
         z->hook_idx[k] = i;
-        z->hook_grads[k] =
-            vec(z->dev, grads_of(z, bk), CAI_DTYPE_F32, z->L.eoff[i] - z->L.b[bk].elo, z->L.numel[i]);
+        z->hook_grads[k] = vec(z->dev, grads_of(z, bk), CAI_DTYPE_F32, z->L.eoff[i] - z->L.b[bk].elo, z->L.numel[i]);
     }
     CAI_CALL(z->ghook(z->ghook_ctx, z, u, z->hook_idx, z->hook_grads, n));
     return CAI_OK;
@@ -448,8 +447,10 @@ static cai_status on_event(cai_zero_t *z, cai_model_event ev, int u) {
         break;
     case CAI_MODEL_PRE_BACKWARD:
         if (!z->in_step && z->L.stage >= 2)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "ZeRO stage %d: a backward outside cai_zero_forward_backward has "
-                             "nowhere to put its gradients", z->L.stage);
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "ZeRO stage %d: a backward outside cai_zero_forward_backward has "
+                             "nowhere to put its gradients",
+                             z->L.stage);
         if (u == 0) z->bwd_last_started = 1;
         if (s3) {
             CAI_CALL(acquire_weights(z, u));
@@ -476,8 +477,7 @@ static cai_status on_event(cai_zero_t *z, cai_model_event ev, int u) {
                 CAI_CALL(st);
             }
         break;
-    default:
-        break;
+    default: break;
     }
     progress(z);
     return CAI_OK;
@@ -642,8 +642,7 @@ static cai_status publish(cai_zero_t *z, int rounded) {
     if (z->cfg.offload) CAI_CALL(cai_device_sync(z->dev));
     if (L->stage == 3) return CAI_OK;
     for (int k = 0; k < L->nb; k++)
-        CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k,
-                               &z->rt[k].preq));
+        CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k, &z->rt[k].preq));
     for (int k = 0; k < L->nb; k++) CAI_CALL(zc_wait(&z->comm, &z->rt[k].preq));
     return CAI_OK;
 }
@@ -673,8 +672,8 @@ static cai_status init_masters(cai_zero_t *z) {
     float *tmp = NULL;
     cai_status st = CAI_OK;
     if (L->max_param_numel)
-        CAI_CALL(cai_device_alloc_staging(z->dev, L->max_param_numel * sizeof(float), "ZeRO init staging",
-                                          (void **)&tmp));
+        CAI_CALL(
+            cai_device_alloc_staging(z->dev, L->max_param_numel * sizeof(float), "ZeRO init staging", (void **)&tmp));
     const cai_registry_t *reg = cai_model_registry(z->model);
     const cai_model_config *mc = cai_model_config_of(z->model);
     int last = -1;
@@ -684,12 +683,14 @@ static cai_status init_masters(cai_zero_t *z) {
             /* Copies out of the pinned buffer may still be in flight on a GPU. */
             CAI_CALL_GOTO(cai_device_sync(z->dev), st, done);
             CAI_CALL_GOTO(cai_registry_init_local(reg, g->index, cai_model_view(z->model), mc->seed, tmp,
-                                                  L->max_param_numel), st, done);
+                                                  L->max_param_numel),
+                          st, done);
             last = g->index;
         }
         float *dst = master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff);
         CAI_CALL_GOTO(cai_device_copy(d, dst, tmp + g->poff, g->n * sizeof(float),
-                                      d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D), st, done);
+                                      d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D),
+                      st, done);
     }
 done:
     if (cai_device_sync(z->dev) != CAI_OK && st == CAI_OK) st = cai_error_status();
@@ -780,8 +781,8 @@ static cai_status build_layout(cai_zero_t *z) {
                            z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20),
                   st, done);
     if (z->L.stage == 0 && z->L.n_pad != z->L.n_flat)
-        st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)",
-                       z->L.n_pad, z->L.n_flat);
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)", z->L.n_pad,
+                       z->L.n_flat);
 done:
     zl_units_free(nu, units, cnt);
     return st;
@@ -792,9 +793,10 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
     *out = NULL;
     CAI_CALL(cai_zero_config_check(cfg));
     if ((cfg->stage >= 1) != (cai_model_external_params(m) != 0))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "ZeRO stage %d needs a model created with external_params=%d (it was "
-                         "created with %d): set the model options with cai_zero_model_options", cfg->stage,
-                         cfg->stage >= 1, cai_model_external_params(m));
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "ZeRO stage %d needs a model created with external_params=%d (it was "
+                         "created with %d): set the model options with cai_zero_model_options",
+                         cfg->stage, cfg->stage >= 1, cai_model_external_params(m));
     cai_zero_t *z = NULL;
     CAI_CALL(cai_calloc((void **)&z, 1, sizeof *z, "ZeRO engine"));
     cai_status st = CAI_OK;
@@ -807,9 +809,13 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
     z->pdt = mc->param_dtype;
     z->act_size = cai_dtype_size(z->act);
     z->alias = cfg->stage >= 1 && !cfg->offload && z->pdt == CAI_DTYPE_F32 && z->act == CAI_DTYPE_F32;
-    z->comm = (zc_ctx){.mesh = mesh, .dev = z->dev, .comm = cai_mesh_comm(mesh, CAI_AXIS_DP),
-                       .size = cai_mesh_size(mesh, CAI_AXIS_DP), .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
-                       .host = z->dev->kind == CAI_DEVICE_HOST, .timeout_s = cfg->timeout_s};
+    z->comm = (zc_ctx){.mesh = mesh,
+                       .dev = z->dev,
+                       .comm = cai_mesh_comm(mesh, CAI_AXIS_DP),
+                       .size = cai_mesh_size(mesh, CAI_AXIS_DP),
+                       .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
+                       .host = z->dev->kind == CAI_DEVICE_HOST,
+                       .timeout_s = cfg->timeout_s};
     z->pool.dev = z->dev;
     /* Device collectives follow the compute stream through an event (see
      * cai_iallreduce): the engine issues them right after the kernels that
@@ -833,7 +839,8 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
         for (int i = 0; i < z->L.n_params; i++) {
             if (z->L.offsets[i] == SIZE_MAX) continue;
             CAI_CALL_GOTO(cai_model_bind_param(m, i, at(z->W, z->L.eoff[i], z->act_size),
-                                               z->L.stage == 1 ? z->G + z->L.eoff[i] : NULL), st, fail);
+                                               z->L.stage == 1 ? z->G + z->L.eoff[i] : NULL),
+                          st, fail);
         }
     CAI_CALL_GOTO(publish(z, 0), st, fail);
     cai_model_set_hook(m, hook, z);
@@ -896,7 +903,8 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
     int first = 0, last = 0, B = 0, T = 0;
     cai_model_stage(m, NULL, NULL, &first, &last);
     if (!first || !last)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "cai_zero_forward_backward runs whole models; this model is one "
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "cai_zero_forward_backward runs whole models; this model is one "
                          "pipeline stage (the pipeline executor drives ZeRO per stage)");
     cai_model_shape(m, &B, &T);
     size_t per = (size_t)B * (size_t)T;
@@ -911,8 +919,7 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
     for (int k = 0; k < n_micro; k++) {
         z->micro = k;
         float l = 0;
-        CAI_CALL_GOTO(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, w, &l), st,
-                      done);
+        CAI_CALL_GOTO(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, w, &l), st, done);
         z->in_bwd = 1;
         z->bwd_last_started = 0;
         CAI_CALL_GOTO(cai_model_backward(m, w), st, done);
@@ -920,8 +927,8 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
         sum += (double)l;
     }
     sum /= n_micro;
-    if (z->comm.size > 1) CAI_CALL_GOTO(cai_allreduce(z->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG),
-                                        st, done);
+    if (z->comm.size > 1)
+        CAI_CALL_GOTO(cai_allreduce(z->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
     if (loss) *loss = sum;
 done:
     z->in_step = 0;
@@ -934,8 +941,8 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
     cai_device_t *dev = z->dev;
     cai_tensor acc = cai_tensor_1d(dev, z->acc, CAI_DTYPE_F64, 1);
     const double zero = 0.0;
-    CAI_CALL(cai_device_copy(dev, z->acc, &zero, sizeof zero,
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
+    CAI_CALL(
+        cai_device_copy(dev, z->acc, &zero, sizeof zero, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     /* One reduction per run of adjacent counted segments of a bucket, not
      * one per parameter: GPT-2 124M has 148 parameters, and the launches,
      * not the bytes, are the cost on a GPU (~1 ms a step). */
@@ -984,8 +991,8 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
                                      kind_of(z->hdev, z->dev)));
         else
             for (int k = 0; k < L->nb; k++)
-                CAI_CALL(cai_device_copy(z->dev, z->GSh + L->b[k].soff, reduced_of(z, k),
-                                         L->b[k].chunk * sizeof(float), kind_of(z->hdev, z->dev)));
+                CAI_CALL(cai_device_copy(z->dev, z->GSh + L->b[k].soff, reduced_of(z, k), L->b[k].chunk * sizeof(float),
+                                         kind_of(z->hdev, z->dev)));
     }
     /* Offload, stage >= 1: the host op writes the rounded working shard in
      * the same pass over memory (publish then only copies it up), when the
@@ -1065,9 +1072,10 @@ cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float 
         }
     }
     if (failed >= 0)
-        return CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO offload step: the host AdamW failed on segment %d (parameter %d, "
-                         "%zu elements at shard offset %zu)", failed, seg[failed].index, seg[failed].n,
-                         seg[failed].soff);
+        return CAI_ERROR(CAI_ERR_INTERNAL,
+                         "ZeRO offload step: the host AdamW failed on segment %d (parameter %d, "
+                         "%zu elements at shard offset %zu)",
+                         failed, seg[failed].index, seg[failed].n, seg[failed].soff);
     return CAI_OK;
 }
 
@@ -1076,7 +1084,8 @@ void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_
     size_t nm = z->cfg.reduce_only ? 0 : z->L.shard; /* reduce-only: the moments are the caller's */
     /* Stage 1/2 f32 masters are this rank's chunks of the working weights. */
     const int inside = z->alias && z->L.stage >= 1 && z->L.stage < 3;
-    if (master) *master = inside ? vec(d, z->W, CAI_DTYPE_F32, 0, z->L.n_pad) : vec(d, z->M, CAI_DTYPE_F32, 0, z->L.shard);
+    if (master)
+        *master = inside ? vec(d, z->W, CAI_DTYPE_F32, 0, z->L.n_pad) : vec(d, z->M, CAI_DTYPE_F32, 0, z->L.shard);
     if (m) *m = vec(d, z->Mm, CAI_DTYPE_F32, 0, nm);
     if (v) *v = vec(d, z->Mv, CAI_DTYPE_F32, 0, nm);
 }
@@ -1144,6 +1153,6 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out) {
     out->staging = z->mem_staging;
     out->windows = z->pool.total;
     out->host = z->cfg.offload ? z->mem_master + z->mem_optim + z->mem_staging : 0;
-    out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts -
-                  out->host;
+    out->device =
+        out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts - out->host;
 }

@@ -16,8 +16,10 @@
  * this names the setting that fixes it. NCCL takes any count. */
 static cai_status check_count(const zc_ctx *c, size_t n, const char *what, int bucket) {
     if (c->host && n > (size_t)INT_MAX)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "ZeRO %s of bucket %d: %zu elements per rank exceed MPI's int count; "
-                         "use a smaller zero.bucket_mb", what, bucket, n);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "ZeRO %s of bucket %d: %zu elements per rank exceed MPI's int count; "
+                         "use a smaller zero.bucket_mb",
+                         what, bucket, n);
     return CAI_OK;
 }
 
@@ -76,16 +78,18 @@ cai_status zc_wait(zc_ctx *c, zc_req *r) {
     r->creq = NULL;
     if (kind == ZC_NONE) return CAI_OK;
     if (kind == ZC_FAILED)
-        return CAI_ERROR(r->err, "ZeRO %s of bucket %d over the dp axis failed while in flight: %s", r->what,
-                         r->bucket, r->msg);
+        return CAI_ERROR(r->err, "ZeRO %s of bucket %d over the dp axis failed while in flight: %s", r->what, r->bucket,
+                         r->msg);
     /* The request is freed whatever the wait returns; after a timeout the
      * mesh keeps the operation (MPI cannot cancel a collective). */
     cai_status st = cai_wait_timeout(q, c->timeout_s);
     if (st == CAI_ERR_TIMEOUT) {
         char why[1024];
         snprintf(why, sizeof why, "%s", cai_error_message());
-        return CAI_ERROR(CAI_ERR_TIMEOUT, "ZeRO %s of bucket %d over the dp axis (%d ranks) timed out (zero.timeout "
-                         "%g s; raise it if a rank is only slow): %s", r->what, r->bucket, c->size, c->timeout_s, why);
+        return CAI_ERROR(CAI_ERR_TIMEOUT,
+                         "ZeRO %s of bucket %d over the dp axis (%d ranks) timed out (zero.timeout "
+                         "%g s; raise it if a rank is only slow): %s",
+                         r->what, r->bucket, c->size, c->timeout_s, why);
     }
     CAI_CALL(st);
     return CAI_OK;

@@ -16,11 +16,11 @@
 /* A bucket: whole units' parameters, a contiguous range of the model's flat
  * layout, padded so every dp rank owns one chunk of it. */
 typedef struct {
-    size_t lo, hi;     /* model flat range [lo, hi) */
-    size_t elo;        /* start in the engine's padded layout */
-    size_t len;        /* padded length, a multiple of nshard * align */
-    size_t chunk;      /* len / nshard */
-    size_t soff;       /* this rank's chunk in the shard buffers */
+    size_t lo, hi;        /* model flat range [lo, hi) */
+    size_t elo;           /* start in the engine's padded layout */
+    size_t len;           /* padded length, a multiple of nshard * align */
+    size_t chunk;         /* len / nshard */
+    size_t soff;          /* this rank's chunk in the shard buffers */
     int unit_lo, unit_hi; /* home units it holds: gradients final after unit_lo's backward */
 } zl_bucket;
 
@@ -29,13 +29,13 @@ typedef struct {
 typedef struct {
     int index;
     int bucket;
-    size_t poff;   /* offset inside the parameter's local elements */
-    size_t soff;   /* offset in the shard buffers */
-    size_t eoff;   /* offset in the engine layout */
+    size_t poff; /* offset inside the parameter's local elements */
+    size_t soff; /* offset in the shard buffers */
+    size_t eoff; /* offset in the engine layout */
     size_t n;
-    int decay;     /* registry weight-decay flag */
-    int update;    /* 0: a tie copy whose primary is held here (it is never read) */
-    int norm;      /* counts toward the global gradient norm */
+    int decay;  /* registry weight-decay flag */
+    int update; /* 0: a tie copy whose primary is held here (it is never read) */
+    int norm;   /* counts toward the global gradient norm */
 } zl_seg;
 
 typedef struct {
@@ -46,17 +46,17 @@ typedef struct {
     int *home;       /* unit whose backward finishes the gradient, -1 when not held */
     int *bucket_of;  /* -1 when not held */
     int n_units;
-    int *unit_np;    /* parameters each unit reads */
+    int *unit_np; /* parameters each unit reads */
     int **unit_params;
-    int *unit_nb;    /* buckets each unit reads */
+    int *unit_nb; /* buckets each unit reads */
     int (*unit_buckets)[ZL_MAX_UNIT_BUCKETS];
     zl_bucket *b;
     int nb;
     zl_seg *seg;
     int nseg;
-    size_t n_flat;   /* model flat elements */
-    size_t n_pad;    /* engine layout elements (sum of bucket lengths) */
-    size_t shard;    /* this rank's shard elements (sum of chunks) */
+    size_t n_flat; /* model flat elements */
+    size_t n_pad;  /* engine layout elements (sum of bucket lengths) */
+    size_t shard;  /* this rank's shard elements (sum of chunks) */
     size_t align;
     int nshard, srank, stage;
     size_t max_param_numel;
@@ -69,8 +69,8 @@ void zl_free(zl_layout *L);
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.
  * *units_out / *np_out are allocated (free with zl_units_free). */
-cai_status zl_units_from_registry(const cai_registry_t *reg, const cai_rank_view *view, int *n_units,
-                                  int ***units_out, int **np_out);
+cai_status zl_units_from_registry(const cai_registry_t *reg, const cai_rank_view *view, int *n_units, int ***units_out,
+                                  int **np_out);
 void zl_units_free(int n_units, int **units, int *np);
 
 /* An exact-size block cache for windows: blocks are never returned to the
@@ -102,8 +102,8 @@ void zp_free(zpool *p);
 typedef struct {
     int kind; /* ZC_NONE, ZC_CAI, ZC_FAILED */
     cai_request_t *creq;
-    cai_status err;  /* ZC_FAILED: what the test returned */
-    char msg[256];   /* ZC_FAILED: its message (the trace is not kept that long) */
+    cai_status err; /* ZC_FAILED: what the test returned */
+    char msg[256];  /* ZC_FAILED: its message (the trace is not kept that long) */
     const char *what;
     int bucket;
 } zc_req;
@@ -113,11 +113,11 @@ enum { ZC_NONE = 0, ZC_CAI, ZC_FAILED };
 typedef struct {
     cai_mesh_t *mesh;
     cai_device_t *dev; /* where the buffers live */
-    MPI_Comm comm;   /* the dp axis (the collectives go through the mesh) */
+    MPI_Comm comm;     /* the dp axis (the collectives go through the mesh) */
     int size, rank;
-    int host;        /* buffers are host memory (zc_progress has work to do) */
+    int host;         /* buffers are host memory (zc_progress has work to do) */
     double timeout_s; /* each wait's deadline (cai_wait_timeout) */
-    double bytes;    /* sent, algorithm bytes */
+    double bytes;     /* sent, algorithm bytes */
 } zc_ctx;
 
 /* Sum `count` elements (F32 or BF16) of buf over dp, in place. */

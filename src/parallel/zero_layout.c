@@ -138,8 +138,10 @@ static cai_status assign_homes(zl_layout *L, const cai_registry_t *reg) {
         for (int k = 0; k < L->unit_np[u]; k++) {
             int i = L->unit_params[u][k];
             if (i < 0 || i >= L->n_params || L->offsets[i] == SIZE_MAX)
-                return CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO layout: unit %d reads parameter %d, which this rank does not "
-                                 "hold", u, i);
+                return CAI_ERROR(CAI_ERR_INTERNAL,
+                                 "ZeRO layout: unit %d reads parameter %d, which this rank does not "
+                                 "hold",
+                                 u, i);
             L->home[i] = u;
         }
     int prev = 0, prev_index = -1;
@@ -147,7 +149,8 @@ static cai_status assign_homes(zl_layout *L, const cai_registry_t *reg) {
         if (L->offsets[i] == SIZE_MAX) continue;
         if (L->home[i] < 0) L->home[i] = prev;
         if (L->home[i] < prev)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED, "ZeRO layout: parameter %s (first read by unit %d) is registered after "
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "ZeRO layout: parameter %s (first read by unit %d) is registered after "
                              "%s (unit %d); buckets need units' parameters in registration order",
                              cai_registry_param(reg, i)->name, L->home[i], cai_registry_param(reg, prev_index)->name,
                              prev);
@@ -193,8 +196,10 @@ static cai_status make_buckets(zl_layout *L, size_t bucket_bytes) {
             open = 1;
         } else {
             if (uhi[u] != cur.lo) {
-                st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO layout: unit %d's parameters [%zu, %zu) are not adjacent to "
-                               "unit %d's [%zu, ...)", u, ulo[u], uhi[u], cur.unit_lo, cur.lo);
+                st = CAI_ERROR(CAI_ERR_INTERNAL,
+                               "ZeRO layout: unit %d's parameters [%zu, %zu) are not adjacent to "
+                               "unit %d's [%zu, ...)",
+                               u, ulo[u], uhi[u], cur.unit_lo, cur.lo);
                 goto done;
             }
             cur.lo = ulo[u];
@@ -306,16 +311,17 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
         L->numel[i] = (size_t)sh.local_numel;
         if (L->numel[i] > L->max_param_numel) L->max_param_numel = L->numel[i];
     }
-    CAI_CALL_GOTO(cai_calloc((void **)&L->unit_params, (size_t)n_units + 1, sizeof *L->unit_params, "ZeRO units"),
-                  st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&L->unit_params, (size_t)n_units + 1, sizeof *L->unit_params, "ZeRO units"), st,
+                  fail);
     CAI_CALL_GOTO(cai_calloc((void **)&L->unit_np, (size_t)n_units + 1, sizeof *L->unit_np, "ZeRO units"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&L->unit_nb, (size_t)n_units + 1, sizeof *L->unit_nb, "ZeRO units"), st, fail);
-    CAI_CALL_GOTO(cai_calloc((void **)&L->unit_buckets, (size_t)n_units + 1, sizeof *L->unit_buckets, "ZeRO units"),
-                  st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&L->unit_buckets, (size_t)n_units + 1, sizeof *L->unit_buckets, "ZeRO units"), st,
+                  fail);
     for (int u = 0; u < n_units; u++) {
         L->unit_np[u] = unit_np[u];
         CAI_CALL_GOTO(cai_calloc((void **)&L->unit_params[u], (size_t)unit_np[u] + 1, sizeof **L->unit_params,
-                                 "ZeRO unit"), st, fail);
+                                 "ZeRO unit"),
+                      st, fail);
         if (unit_np[u]) memcpy(L->unit_params[u], units[u], (size_t)unit_np[u] * sizeof **units);
     }
     CAI_CALL_GOTO(assign_homes(L, reg), st, fail);

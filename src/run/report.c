@@ -243,6 +243,6 @@ void cai_run_report_eval(cai_run_report *r, int64_t step, double loss) {
     if (r->rank != 0) return;
     printf("eval at step %lld | val loss %.4f | val ppl %.3f\n", (long long)step, loss, exp(loss));
     fflush(stdout);
-    cai_run_report_json(r, "\"kind\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_ppl\":%.9g", (long long)step,
-                        loss, exp(loss));
+    cai_run_report_json(r, "\"kind\":\"eval\",\"step\":%lld,\"val_loss\":%.9g,\"val_ppl\":%.9g", (long long)step, loss,
+                        exp(loss));
 }

@@ -111,8 +111,8 @@ cai_status cai_run_plan_memory(cai_run_t *r, const cai_mem_plan_request *req) {
         char text[64];
         if (limit)
             printf("  limit                        %10.2f MiB  (train.mem_limit=%s)\n", limit / 1048576.0,
-                   r->cfg.opt->mem_limit < 0 ? "auto" : cai_config_format_bytes(r->cfg.opt->mem_limit, text,
-                                                                                 sizeof text));
+                   r->cfg.opt->mem_limit < 0 ? "auto"
+                                             : cai_config_format_bytes(r->cfg.opt->mem_limit, text, sizeof text));
         fflush(stdout);
     }
     CAI_CALL(cai_mem_plan_check(req, &p, limit, 0));
@@ -191,9 +191,11 @@ static cai_status find_latest(cai_run_t *r, const char *resume, char *path, size
     if (n) {
         char p[4096];
         CAI_CALL(cai_ckpt_step_path(r->ckpt_dir, newest, p, sizeof p));
-        return CAI_ERROR(CAI_ERR_CONFIG, "checkpoint.resume=%s: %s holds %zu step file%s (the newest %s) but no "
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "checkpoint.resume=%s: %s holds %zu step file%s (the newest %s) but no "
                          "'latest'; starting from step 1 would overwrite them: resume one with "
-                         "checkpoint.resume=FILE, or move them away", resume, r->ckpt_dir, n, n == 1 ? "" : "s", p);
+                         "checkpoint.resume=FILE, or move them away",
+                         resume, r->ckpt_dir, n, n == 1 ? "" : "s", p);
     }
     return CAI_OK;
 }
@@ -214,8 +216,10 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
             return CAI_OK;
         }
         if (!found)
-            return CAI_ERROR(CAI_ERR_CONFIG, "checkpoint.resume=latest: %s holds no checkpoint (no 'latest' file); "
-                             "resume=auto starts from step 1 when there is none", r->ckpt_dir);
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "checkpoint.resume=latest: %s holds no checkpoint (no 'latest' file); "
+                             "resume=auto starts from step 1 when there is none",
+                             r->ckpt_dir);
     } else {
         CAI_CALL(cai_ckpt_resolve(resume, path, sizeof path));
     }
@@ -248,9 +252,11 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
         r->first_step = m.step + 1;
         char was[128];
         cai_layout_str(&m.layout, was, sizeof was);
-        CAI_INFO("resumed from %s: step %lld, %.2fM tokens, %lld samples consumed; saved on %d rank%s (%s) (%.1f MB "
-                 "in %.2f s)", path, (long long)m.step, (double)m.tokens / 1e6, (long long)m.consumed_samples,
-                 m.world_size, m.world_size == 1 ? "" : "s", was, (double)st.bytes / 1e6, st.seconds);
+        CAI_INFO(
+            "resumed from %s: step %lld, %.2fM tokens, %lld samples consumed; saved on %d rank%s (%s) (%.1f MB "
+            "in %.2f s)",
+            path, (long long)m.step, (double)m.tokens / 1e6, (long long)m.consumed_samples, m.world_size,
+            m.world_size == 1 ? "" : "s", was, (double)st.bytes / 1e6, st.seconds);
     }
     cai_ckpt_meta_free(&m);
     return s;
@@ -327,10 +333,11 @@ cai_status cai_run_finish(cai_run_t *r) {
     const int64_t done = r->last_step - r->first_step + 1;
     const double tokens = (double)done * (double)r->report.tokens_per_step, s = r->seconds;
     if (r->stopped_by)
-        printf("stopped by %s after step %lld of %lld (all ranks at the same step boundary); %.2fM tokens in %.1f "
-               "s%s\n",
-               cai_run_stop_name(r->stopped_by), (long long)r->last_step, (long long)r->cfg.steps, tokens / 1e6, s,
-               r->checkpointed ? "; checkpoint written, continue with --resume latest" : "");
+        printf(
+            "stopped by %s after step %lld of %lld (all ranks at the same step boundary); %.2fM tokens in %.1f "
+            "s%s\n",
+            cai_run_stop_name(r->stopped_by), (long long)r->last_step, (long long)r->cfg.steps, tokens / 1e6, s,
+            r->checkpointed ? "; checkpoint written, continue with --resume latest" : "");
     else
         printf("done: %lld steps, %.2fM tokens in %.1f s (%.0f tokens/s)\n", (long long)done, tokens / 1e6, s,
                s > 0 ? tokens / s : 0.0);

@@ -8,7 +8,7 @@
 #include "colossal/run.h"
 
 typedef struct {
-    FILE *metrics;          /* rank 0: run.dir/metrics.jsonl */
+    FILE *metrics; /* rank 0: run.dir/metrics.jsonl */
     char metrics_path[4200];
     int metrics_errno;      /* the first failed write of a record (0: none) */
     double flops_per_token; /* 6 N + 12 L T d */
@@ -18,11 +18,11 @@ typedef struct {
     int64_t step_last;
     int64_t tokens_per_step;
     int rank;
-    cai_mesh_t *mesh;       /* reductions over the world, watched by its watchdog */
-    cai_device_t *dev;      /* for the device-memory samples */
-    double *step_s;         /* this run's step times, for the steady-state summary */
+    cai_mesh_t *mesh;  /* reductions over the world, watched by its watchdog */
+    cai_device_t *dev; /* for the device-memory samples */
+    double *step_s;    /* this run's step times, for the steady-state summary */
     int64_t n_steps, cap_steps;
-    double dev_used_max;    /* largest device memory in use seen (bytes; GPUs: whole device) */
+    double dev_used_max; /* largest device memory in use seen (bytes; GPUs: whole device) */
     double dev_total;
 } cai_run_report;
 
@@ -56,8 +56,8 @@ struct cai_run {
     int64_t last_saved; /* step of the newest checkpoint (0: none) */
     int64_t tokens;     /* trained on so far, across resumes */
     cai_step_stats last;
-    int stopped_by;     /* 0, a signal, CAI_RUN_STOP_AT */
-    int checkpointed;   /* the stop wrote a checkpoint */
+    int stopped_by;   /* 0, a signal, CAI_RUN_STOP_AT */
+    int checkpointed; /* the stop wrote a checkpoint */
     double t_train, seconds;
     int started;
     cai_run_report report;

@@ -81,10 +81,8 @@ cai_status cai_convert_host_sr(void *dst, cai_dtype dst_dtype, const float *src,
         uint64_t g = index_offset + i;
         cai_philox_block b = cai_philox4x32(seed, stream, g >> 2);
         for (unsigned lane = (unsigned)(g & 3); lane < 4 && i < n; lane++, i++) {
-            if (dst_dtype == CAI_DTYPE_BF16)
-                ((cai_bf16 *)dst)[i] = cai_f32_to_bf16_sr(src[i], b.v[lane]);
-            else
-                ((cai_f16 *)dst)[i] = cai_f32_to_f16_sr(src[i], b.v[lane]);
+            if (dst_dtype == CAI_DTYPE_BF16) ((cai_bf16 *)dst)[i] = cai_f32_to_bf16_sr(src[i], b.v[lane]);
+            else ((cai_f16 *)dst)[i] = cai_f32_to_f16_sr(src[i], b.v[lane]);
         }
     }
     return CAI_OK;

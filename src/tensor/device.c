@@ -35,8 +35,10 @@ cai_status cai_device_init(cai_device_t **out, cai_device_kind kind, int ordinal
             CAI_CALL(cai_cuda_device_init(out, ordinal));
             return CAI_OK;
         }
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "CUDA device %d requested, but this build has no CUDA backend "
-                         "(configure --with-cuda on a machine with the CUDA toolkit)", ordinal);
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "CUDA device %d requested, but this build has no CUDA backend "
+                         "(configure --with-cuda on a machine with the CUDA toolkit)",
+                         ordinal);
     }
     CAI_CHECK_ARG(kind == CAI_DEVICE_HOST, "cai_device_init: unknown device kind %d", (int)kind);
     cai_device_t *dev = NULL;

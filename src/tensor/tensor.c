@@ -15,8 +15,8 @@ static void set_contiguous_strides(cai_tensor *t) {
 }
 
 static cai_status check_shape(int ndim, const int64_t *shape, const char *what) {
-    CAI_CHECK_ARG(ndim >= 0 && ndim <= CAI_TENSOR_MAX_DIMS, "%s: %d dimensions (at most %d supported)", what,
-                  ndim, CAI_TENSOR_MAX_DIMS);
+    CAI_CHECK_ARG(ndim >= 0 && ndim <= CAI_TENSOR_MAX_DIMS, "%s: %d dimensions (at most %d supported)", what, ndim,
+                  CAI_TENSOR_MAX_DIMS);
     CAI_CHECK_ARG(ndim == 0 || shape, "%s: NULL shape for %d dimensions", what, ndim);
     for (int i = 0; i < ndim; i++)
         CAI_CHECK_ARG(shape[i] >= 0, "%s: dimension %d has negative size %" PRId64, what, i, shape[i]);
@@ -74,10 +74,8 @@ cai_status cai_tensor_arena(cai_tensor *t, cai_arena_t *arena, cai_device_t *dev
 void cai_tensor_free(cai_tensor *t) {
     if (!t) return;
     if (t->owns_data && t->data) {
-        if (t->device)
-            cai_device_dealloc(t->device, t->data);
-        else
-            cai_free(t->data);
+        if (t->device) cai_device_dealloc(t->device, t->data);
+        else cai_free(t->data);
     }
     memset(t, 0, sizeof *t);
 }
@@ -179,11 +177,10 @@ cai_status cai_tensor_narrow(const cai_tensor *t, int dim, int64_t start, int64_
 
 cai_status cai_tensor_unflatten(const cai_tensor *t, int dim, int64_t inner, cai_tensor *out) {
     CAI_CALL(norm_dim(t, &dim, "cai_tensor_unflatten"));
-    CAI_CHECK_ARG(t->ndim < CAI_TENSOR_MAX_DIMS, "cai_tensor_unflatten: already %d dimensions (the maximum)",
-                  t->ndim);
+    CAI_CHECK_ARG(t->ndim < CAI_TENSOR_MAX_DIMS, "cai_tensor_unflatten: already %d dimensions (the maximum)", t->ndim);
     CAI_CHECK_ARG(inner > 0 && t->shape[dim] % inner == 0,
-                  "cai_tensor_unflatten: dimension %d of size %" PRId64 " does not split into rows of %" PRId64,
-                  dim, t->shape[dim], inner);
+                  "cai_tensor_unflatten: dimension %d of size %" PRId64 " does not split into rows of %" PRId64, dim,
+                  t->shape[dim], inner);
     cai_tensor r = *t;
     r.owns_data = 0;
     for (int i = t->ndim; i > dim + 1; i--) {
@@ -219,8 +216,9 @@ cai_status cai_tensor_reshape(const cai_tensor *t, int ndim, const int64_t *shap
     int64_t s[CAI_TENSOR_MAX_DIMS];
     for (int i = 0; i < ndim; i++) s[i] = shape[i];
     if (infer >= 0) {
-        CAI_CHECK_ARG(known > 0 && n % known == 0, "cai_tensor_reshape: cannot infer a size: %" PRId64
-                      " elements are not a multiple of %" PRId64, n, known);
+        CAI_CHECK_ARG(known > 0 && n % known == 0,
+                      "cai_tensor_reshape: cannot infer a size: %" PRId64 " elements are not a multiple of %" PRId64, n,
+                      known);
         s[infer] = n / known;
         known *= s[infer];
     }

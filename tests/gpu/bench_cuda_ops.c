@@ -20,12 +20,12 @@ static cai_device_t *G;
 static int g_reps = 20;
 static double g_bw = 0, g_mm = 0; /* measured ceilings: bytes/s, flop/s */
 
-#define OK(expr)                                                                                   \
-    do {                                                                                           \
-        if ((expr) != CAI_OK) {                                                                    \
-            fprintf(stderr, "FATAL: %s: %s\n", #expr, cai_error_message());                       \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define OK(expr)                                                            \
+    do {                                                                    \
+        if ((expr) != CAI_OK) {                                             \
+            fprintf(stderr, "FATAL: %s: %s\n", #expr, cai_error_message()); \
+            exit(1);                                                        \
+        }                                                                   \
     } while (0)
 
 #define NDEV 64
@@ -100,20 +100,38 @@ typedef struct {
     cai_adamw_params hp;
 } ctx_t;
 
-static void f_copy(void *x) { ctx_t *c = x; OK(G->ops->copy(G, &c->b, &c->a)); }
-static void f_matmul(void *x) { ctx_t *c = x; OK(G->ops->matmul(G, &c->c, &c->a, 0, &c->b, 1, 1.0f, 0.0f)); }
-static void f_linear(void *x) { ctx_t *c = x; OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, c->d.data ? &c->d : NULL)); }
+static void f_copy(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->copy(G, &c->b, &c->a));
+}
+static void f_matmul(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->matmul(G, &c->c, &c->a, 0, &c->b, 1, 1.0f, 0.0f));
+}
+static void f_linear(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, c->d.data ? &c->d : NULL));
+}
 static void f_linear_bwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->linear_bwd(G, &c->e, &c->f, &c->g, &c->c, &c->a, &c->b, 0));
 }
-static void f_ln_fwd(void *x) { ctx_t *c = x; OK(G->ops->layernorm_fwd(G, &c->b, &c->e, &c->f, &c->a, &c->c, &c->d, 1e-5f)); }
+static void f_ln_fwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->layernorm_fwd(G, &c->b, &c->e, &c->f, &c->a, &c->c, &c->d, 1e-5f));
+}
 static void f_ln_bwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->layernorm_bwd(G, &c->g, &c->h, NULL, &c->b, &c->a, &c->c, &c->e, &c->f, 1));
 }
-static void f_gelu(void *x) { ctx_t *c = x; OK(G->ops->gelu_fwd(G, &c->b, &c->a)); }
-static void f_gelu_bwd(void *x) { ctx_t *c = x; OK(G->ops->gelu_bwd(G, &c->c, &c->a, &c->b)); }
+static void f_gelu(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->gelu_fwd(G, &c->b, &c->a));
+}
+static void f_gelu_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->gelu_bwd(G, &c->c, &c->a, &c->b));
+}
 /* fused linear + GELU: a inp, b fc weight, c pre, d fc bias, e act; f mlp_proj
  * weight, g its dout, h dpre; g_dw2/g_db2 mlp_proj's f32 gradients */
 static cai_tensor g_dw2, g_db2;
@@ -122,14 +140,20 @@ static void f_lin_then_gelu(void *x) {
     OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, &c->d));
     OK(G->ops->gelu_fwd(G, &c->e, &c->c));
 }
-static void f_lin_gelu(void *x) { ctx_t *c = x; OK(G->ops->linear_gelu_fwd(G, &c->e, &c->c, &c->a, &c->b, &c->d)); }
+static void f_lin_gelu(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_gelu_fwd(G, &c->e, &c->c, &c->a, &c->b, &c->d));
+}
 /* fused linear + residual: a inp, b weight, c tmp, d bias, e residual, f out */
 static void f_lin_then_add(void *x) {
     ctx_t *c = x; /* the unfused path: linear_fwd, then add */
     OK(G->ops->linear_fwd(G, &c->c, &c->a, &c->b, &c->d));
     OK(G->ops->add(G, &c->f, &c->e, &c->c));
 }
-static void f_lin_resid(void *x) { ctx_t *c = x; OK(G->ops->linear_residual_fwd(G, &c->f, &c->a, &c->b, &c->d, &c->e)); }
+static void f_lin_resid(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->linear_residual_fwd(G, &c->f, &c->a, &c->b, &c->d, &c->e));
+}
 static void f_lin_bwd_then_gelu_bwd(void *x) {
     ctx_t *c = x; /* the unfused path: linear_bwd, then gelu_bwd in place on dact */
     OK(G->ops->linear_bwd(G, &c->h, &g_dw2, &g_db2, &c->g, &c->e, &c->f, 0));
@@ -144,10 +168,22 @@ static void f_ln_bwd_full(void *x) {
     ctx_t *c = x;
     OK(G->ops->layernorm_bwd(G, &c->g, &c->h, &g_dbias, &c->b, &c->a, &c->c, &c->e, &c->f, 1));
 }
-static void f_rms_fwd(void *x) { ctx_t *c = x; OK(G->ops->rmsnorm_fwd(G, &c->b, &c->f, &c->a, &c->c, 1e-6f)); }
-static void f_rms_bwd(void *x) { ctx_t *c = x; OK(G->ops->rmsnorm_bwd(G, &c->g, &c->h, &c->b, &c->a, &c->c, &c->f, 0)); }
-static void f_add(void *x) { ctx_t *c = x; OK(G->ops->add(G, &c->g, &c->a, &c->b)); }
-static void f_xent_fwd(void *x) { ctx_t *c = x; OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100)); }
+static void f_rms_fwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->rmsnorm_fwd(G, &c->b, &c->f, &c->a, &c->c, 1e-6f));
+}
+static void f_rms_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->rmsnorm_bwd(G, &c->g, &c->h, &c->b, &c->a, &c->c, &c->f, 0));
+}
+static void f_add(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->add(G, &c->g, &c->a, &c->b));
+}
+static void f_xent_fwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->xent_fwd(G, &c->c, &c->d, &c->a, &c->b, 0, 50257, -100));
+}
 static void f_xent_bwd(void *x) {
     ctx_t *c = x;
     OK(G->ops->xent_bwd(G, &c->a, &c->a, &c->d, &c->b, NULL, 1.0f / 8192, 0, 50257, -100));
@@ -184,13 +220,22 @@ static void f_xent_fused(void *x) {
     ctx_t *c = x;
     OK(G->ops->xent_fwd_bwd(G, &c->c, &c->d, &c->a, &c->a, &c->b, 1.0f / 8192, 0, 50257, -100));
 }
-static void f_emb_fwd(void *x) { ctx_t *c = x; OK(G->ops->embedding_fwd(G, &c->d, &c->a, &c->b, &c->c, 0, 50304, 0)); }
-static void f_emb_bwd(void *x) { ctx_t *c = x; OK(G->ops->embedding_bwd(G, &c->e, &c->f, &c->h, &c->g, 0, 0)); }
+static void f_emb_fwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->embedding_fwd(G, &c->d, &c->a, &c->b, &c->c, 0, 50304, 0));
+}
+static void f_emb_bwd(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->embedding_bwd(G, &c->e, &c->f, &c->h, &c->g, 0, 0));
+}
 static void f_adamw(void *x) {
     ctx_t *c = x;
     OK(G->ops->adamw(G, &c->a, &c->b, &c->c, &c->d, &c->e, &c->hp, 1));
 }
-static void f_sumsq(void *x) { ctx_t *c = x; OK(G->ops->sumsq(G, &c->b, &c->a)); }
+static void f_sumsq(void *x) {
+    ctx_t *c = x;
+    OK(G->ops->sumsq(G, &c->b, &c->a));
+}
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -450,8 +495,8 @@ int main(int argc, char **argv) {
     OK(G->ops->fill(G, &c.d, 1e-6f));
     c.e = dev_tensor(BF, 1, SHP(P), 1.0f);
     c.f = dev_tensor(F32, 1, SHP(1), 0.0f);
-    c.hp = (cai_adamw_params){.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                              .step = 10, .grad_scale = 1.0f};
+    c.hp = (cai_adamw_params){
+        .lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 10, .grad_scale = 1.0f};
     report("adamw 124M f32 + bf16 copy", time_it(f_adamw, &c), 30.0 * P, 0);
     c.b = c.f;
     report("sumsq 124M f32 (grad norm)", time_it(f_sumsq, &c), 4.0 * P, 0);

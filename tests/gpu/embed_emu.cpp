@@ -33,7 +33,11 @@
 #include "emu_cuda.h"
 #define NT 256
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
-typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
+typedef struct {
+    void *p;
+    int64_t rows, cols, ld;
+    int dt;
+} cuk_mat;
 
 struct Block {
     std::barrier<> bar;

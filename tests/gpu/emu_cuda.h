@@ -27,13 +27,27 @@ thread_local unsigned char *g_smem; /* the emulated block's dynamic shared memor
 #define CUK_EMU_END(name) static_assert(cuk_emu_begin_##name == 1, "CUK_EMU_END(" #name ") after its BEGIN")
 
 /* CUDA's vector types and bit casts that the kernels use */
-struct uint2 { uint32_t x, y; };
-struct uint4 { uint32_t x, y, z, w; };
+struct uint2 {
+    uint32_t x, y;
+};
+struct uint4 {
+    uint32_t x, y, z, w;
+};
 static inline uint2 make_uint2(uint32_t a, uint32_t b) { return uint2{a, b}; }
-struct float4 { float x, y, z, w; };
+struct float4 {
+    float x, y, z, w;
+};
 static inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return uint4{a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
-static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 #endif

@@ -28,71 +28,162 @@
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
-typedef struct { void *p; int64_t B, T, H, D, sb, st, sh; int dt; } cuk_bthd;
-typedef struct { float scale; int causal; int64_t off, window; int tc; } cuk_attn;
+typedef struct {
+    void *p;
+    int64_t B, T, H, D, sb, st, sh;
+    int dt;
+} cuk_bthd;
+typedef struct {
+    float scale;
+    int causal;
+    int64_t off, window;
+    int tc;
+} cuk_attn;
 typedef uint16_t e16;
-static inline float bf2f(uint16_t h) { uint32_t x = (uint32_t)h << 16; float f; memcpy(&f, &x, 4); return f; }
-static inline uint16_t f2bf(float f) { uint32_t x; memcpy(&x, &f, 4); if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40; uint32_t r = x >> 16, d = x & 0xffff; if (d > 0x8000 || (d == 0x8000 && (r & 1))) r++; return (uint16_t)r; }
+static inline float bf2f(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline uint16_t f2bf(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40;
+    uint32_t r = x >> 16, d = x & 0xffff;
+    if (d > 0x8000 || (d == 0x8000 && (r & 1))) r++;
+    return (uint16_t)r;
+}
 static inline uint16_t cuk_f32_to_bf16(float f) { return f2bf(f); }
-struct float2 { float x, y; };
+struct float2 {
+    float x, y;
+};
 static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 
 static inline uint16_t cuk_f32_to_f16_mode(float, int, int) { abort(); } /* the emulation runs bf16 only */
-static inline float ldf(const void *p, int dt, int64_t i) { if (dt == CUK_F32) return ((const float *)p)[i]; return bf2f(((const uint16_t *)p)[i]); }
-static inline void stf(void *p, int dt, int64_t i, float v) { if (dt == CUK_F32) ((float *)p)[i] = v; else ((uint16_t *)p)[i] = f2bf(v); }
-static inline int64_t cuk_roff(const cuk_bthd &t, int64_t b, int64_t s, int64_t h) { return b * t.sb + s * t.st + h * t.sh; }
+static inline float ldf(const void *p, int dt, int64_t i) {
+    if (dt == CUK_F32) return ((const float *)p)[i];
+    return bf2f(((const uint16_t *)p)[i]);
+}
+static inline void stf(void *p, int dt, int64_t i, float v) {
+    if (dt == CUK_F32) ((float *)p)[i] = v;
+    else ((uint16_t *)p)[i] = f2bf(v);
+}
+static inline int64_t cuk_roff(const cuk_bthd &t, int64_t b, int64_t s, int64_t h) {
+    return b * t.sb + s * t.st + h * t.sh;
+}
 static inline bool cuk_visible(const cuk_attn &a, int64_t i, int64_t j) {
-    if (!a.causal) return true; int64_t lim = i + a.off; if (j > lim) return false;
-    if (a.window > 0 && j < lim - a.window + 1) return false; return true; }
+    if (!a.causal) return true;
+    int64_t lim = i + a.off;
+    if (j > lim) return false;
+    if (a.window > 0 && j < lim - a.window + 1) return false;
+    return true;
+}
 static inline void cuk_key_span(const cuk_attn &a, int64_t i0, int64_t ilast, int64_t Tk, int64_t *jlo, int64_t *jhi) {
-    *jlo = 0; *jhi = Tk - 1;
-    if (a.causal) { if (ilast + a.off < *jhi) *jhi = ilast + a.off; if (a.window > 0 && i0 + a.off - a.window + 1 > *jlo) *jlo = i0 + a.off - a.window + 1; } }
-static inline void cuk_query_span(const cuk_attn &a, int64_t j0, int64_t jlast, int64_t Tq, int64_t *ilo, int64_t *ihi) {
-    *ilo = 0; *ihi = Tq - 1;
-    if (a.causal) { if (j0 - a.off > *ilo) *ilo = j0 - a.off; if (a.window > 0 && jlast - a.off + a.window - 1 < *ihi) *ihi = jlast - a.off + a.window - 1; } }
+    *jlo = 0;
+    *jhi = Tk - 1;
+    if (a.causal) {
+        if (ilast + a.off < *jhi) *jhi = ilast + a.off;
+        if (a.window > 0 && i0 + a.off - a.window + 1 > *jlo) *jlo = i0 + a.off - a.window + 1;
+    }
+}
+static inline void cuk_query_span(const cuk_attn &a, int64_t j0, int64_t jlast, int64_t Tq, int64_t *ilo,
+                                  int64_t *ihi) {
+    *ilo = 0;
+    *ihi = Tq - 1;
+    if (a.causal) {
+        if (j0 - a.off > *ilo) *ilo = j0 - a.off;
+        if (a.window > 0 && jlast - a.off + a.window - 1 < *ihi) *ihi = jlast - a.off + a.window - 1;
+    }
+}
 
 // ---- block / warp machinery
-struct Warp { std::barrier<> bar{32}; uint64_t slot[32][12]; };
-struct Block { std::barrier<> bar{128}; Warp w[4]; };
+struct Warp {
+    std::barrier<> bar{32};
+    uint64_t slot[32][12];
+};
+struct Block {
+    std::barrier<> bar{128};
+    Warp w[4];
+};
 thread_local Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
 static inline int lane_() { return threadIdx.x & 31; }
 static inline Warp &warp_() { return g_blk->w[threadIdx.x >> 5]; }
 static inline float __shfl_xor_sync(unsigned, float v, int m) {
-    Warp &w = warp_(); int l = lane_(); memcpy(&w.slot[l][0], &v, 4); w.bar.arrive_and_wait();
-    float r; memcpy(&r, &w.slot[l ^ m][0], 4); w.bar.arrive_and_wait(); return r; }
-static inline float warp_sum(float v) { for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o); return v; }
+    Warp &w = warp_();
+    int l = lane_();
+    memcpy(&w.slot[l][0], &v, 4);
+    w.bar.arrive_and_wait();
+    float r;
+    memcpy(&r, &w.slot[l ^ m][0], 4);
+    w.bar.arrive_and_wait();
+    return r;
+}
+static inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
+    return v;
+}
 static inline void fl_cp16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline void fl_commit() {}
 template <int N> static inline void fl_wait() {}
 static inline void ldsm_(uint32_t (&r)[4], const e16 *p, bool trans) {
-    Warp &w = warp_(); int l = lane_(); w.slot[l][0] = (uint64_t)(uintptr_t)p; w.bar.arrive_and_wait();
+    Warp &w = warp_();
+    int l = lane_();
+    w.slot[l][0] = (uint64_t)(uintptr_t)p;
+    w.bar.arrive_and_wait();
     for (int m = 0; m < 4; m++) {
         uint16_t v[2];
         for (int q = 0; q < 2; q++) {
-            const e16 *row; int col;
-            if (!trans) { row = (const e16 *)(uintptr_t)w.slot[8 * m + l / 4][0]; col = 2 * (l % 4) + q; }
-            else { row = (const e16 *)(uintptr_t)w.slot[8 * m + 2 * (l % 4) + q][0]; col = l / 4; }
+            const e16 *row;
+            int col;
+            if (!trans) {
+                row = (const e16 *)(uintptr_t)w.slot[8 * m + l / 4][0];
+                col = 2 * (l % 4) + q;
+            } else {
+                row = (const e16 *)(uintptr_t)w.slot[8 * m + 2 * (l % 4) + q][0];
+                col = l / 4;
+            }
             v[q] = row[col];
         }
         r[m] = v[0] | ((uint32_t)v[1] << 16);
     }
-    w.bar.arrive_and_wait(); }
+    w.bar.arrive_and_wait();
+}
 static inline void fl_ldsm(uint32_t (&r)[4], const e16 *p) { ldsm_(r, p, false); }
 static inline void fl_ldsm_t(uint32_t (&r)[4], const e16 *p) { ldsm_(r, p, true); }
 template <bool F16> static inline void fl_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    Warp &w = warp_(); int l = lane_();
-    for (int i = 0; i < 4; i++) w.slot[l][i] = a[i]; w.slot[l][4] = b0; w.slot[l][5] = b1; w.bar.arrive_and_wait();
+    Warp &w = warp_();
+    int l = lane_();
+    for (int i = 0; i < 4; i++) w.slot[l][i] = a[i];
+    w.slot[l][4] = b0;
+    w.slot[l][5] = b1;
+    w.bar.arrive_and_wait();
     float A[16][16], B[16][8];
-    for (int t = 0; t < 32; t++) { int g = t >> 2, tq = t & 3;
-        for (int i = 0; i < 4; i++) { uint32_t x = (uint32_t)w.slot[t][i]; int row = g + ((i & 1) ? 8 : 0), k = 2 * tq + ((i & 2) ? 8 : 0);
-            A[row][k] = bf2f(x & 0xffff); A[row][k + 1] = bf2f(x >> 16); }
-        for (int i = 0; i < 2; i++) { uint32_t x = (uint32_t)w.slot[t][4 + i]; int k = 2 * tq + 8 * i;
-            B[k][g] = bf2f(x & 0xffff); B[k + 1][g] = bf2f(x >> 16); } }
+    for (int t = 0; t < 32; t++) {
+        int g = t >> 2, tq = t & 3;
+        for (int i = 0; i < 4; i++) {
+            uint32_t x = (uint32_t)w.slot[t][i];
+            int row = g + ((i & 1) ? 8 : 0), k = 2 * tq + ((i & 2) ? 8 : 0);
+            A[row][k] = bf2f(x & 0xffff);
+            A[row][k + 1] = bf2f(x >> 16);
+        }
+        for (int i = 0; i < 2; i++) {
+            uint32_t x = (uint32_t)w.slot[t][4 + i];
+            int k = 2 * tq + 8 * i;
+            B[k][g] = bf2f(x & 0xffff);
+            B[k + 1][g] = bf2f(x >> 16);
+        }
+    }
     w.bar.arrive_and_wait();
     int g = l >> 2, tq = l & 3;
-    for (int e = 0; e < 4; e++) { int row = g + (e >= 2 ? 8 : 0), col = 2 * tq + (e & 1); float s = c[e];
-        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col]; c[e] = s; } }
+    for (int e = 0; e < 4; e++) {
+        int row = g + (e >= 2 ? 8 : 0), col = 2 * tq + (e & 1);
+        float s = c[e];
+        for (int k = 0; k < 16; k++) s += A[row][k] * B[k][col];
+        c[e] = s;
+    }
+}
 template <bool F16> static inline uint32_t fl_pack(float lo, float hi) { return f2bf(lo) | ((uint32_t)f2bf(hi) << 16); }
 static inline float fl_ex2(float x) { return exp2f(x); } /* ex2.approx.ftz on the GPU */
 template <class A, class B, class C> static int cuk_smem_limits(A *, size_t, B *, size_t, C *, size_t) { return 0; }
@@ -107,33 +198,63 @@ template <class F> static void launch(int64_t nblocks, size_t smem, F f) {
         unsigned char *base = (unsigned char *)(((uintptr_t)sm.data() + 127) & ~(uintptr_t)127);
         std::vector<std::thread> th;
         for (unsigned t = 0; t < 128; t++)
-            th.emplace_back([&, t] { threadIdx = {t, 0, 0}; blockIdx = {(unsigned)bi, 0, 0}; blockDim = {128, 1, 1};
-                                      g_blk = blk.get(); g_smem = base; f(); });
+            th.emplace_back([&, t] {
+                threadIdx = {t, 0, 0};
+                blockIdx = {(unsigned)bi, 0, 0};
+                blockDim = {128, 1, 1};
+                g_blk = blk.get();
+                g_smem = base;
+                f();
+            });
         for (auto &x : th) x.join();
     }
 }
 
 static double maxrel(const std::vector<float> &got, const std::vector<double> &ref, const char *what) {
-    double mx = 0, me = 0; int64_t bad = -1;
-    for (size_t i = 0; i < ref.size(); i++) { mx = std::max(mx, std::fabs(ref[i]));
-        double e = std::fabs(got[i] - ref[i]); if (!(e <= me)) { if (std::isnan(e) && bad < 0) bad = i; if (!std::isnan(e)) me = e; } }
+    double mx = 0, me = 0;
+    int64_t bad = -1;
+    for (size_t i = 0; i < ref.size(); i++) {
+        mx = std::max(mx, std::fabs(ref[i]));
+        double e = std::fabs(got[i] - ref[i]);
+        if (!(e <= me)) {
+            if (std::isnan(e) && bad < 0) bad = i;
+            if (!std::isnan(e)) me = e;
+        }
+    }
     double r = mx > 0 ? me / mx : me;
     printf("  %-6s err %.2e%s\n", what, r, bad >= 0 ? "  NaN!" : "");
     return bad >= 0 ? 1e9 : r;
 }
 
-static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, int64_t off, int64_t window, bool fused) {
-    printf("case B%d T%d/%d H%d/%d D%d causal %d off %lld win %lld fused %d\n", B, Tq, Tk, Hq, Hkv, D, causal, (long long)off, (long long)window, fused);
+static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, int64_t off, int64_t window,
+                    bool fused) {
+    printf("case B%d T%d/%d H%d/%d D%d causal %d off %lld win %lld fused %d\n", B, Tq, Tk, Hq, Hkv, D, causal,
+           (long long)off, (long long)window, fused);
     std::mt19937 rng(B * 1000 + Tq + D);
     std::normal_distribution<float> nd(0, 1);
     auto mk = [&](int T, int H, std::vector<uint16_t> &buf, cuk_bthd &t, int64_t rowlen, int64_t coloff, bool own) {
-        if (own) { buf.resize((size_t)B * T * H * D); for (auto &x : buf) x = f2bf(nd(rng)); rowlen = H * D; coloff = 0; }
-        t = cuk_bthd{buf.data() + coloff, B, T, H, D, (int64_t)T * rowlen, rowlen, D, CUK_BF16}; };
+        if (own) {
+            buf.resize((size_t)B * T * H * D);
+            for (auto &x : buf) x = f2bf(nd(rng));
+            rowlen = H * D;
+            coloff = 0;
+        }
+        t = cuk_bthd{buf.data() + coloff, B, T, H, D, (int64_t)T * rowlen, rowlen, D, CUK_BF16};
+    };
     std::vector<uint16_t> qb, kb, vb, gb, fb;
     cuk_bthd q, k, v, g;
-    if (fused) { int64_t W = (Hq + 2 * Hkv) * D; fb.resize((size_t)B * Tq * W); for (auto &x : fb) x = f2bf(nd(rng));
-        mk(Tq, Hq, fb, q, W, 0, false); mk(Tk, Hkv, fb, k, W, Hq * D, false); mk(Tk, Hkv, fb, v, W, (Hq + Hkv) * D, false); }
-    else { mk(Tq, Hq, qb, q, 0, 0, true); mk(Tk, Hkv, kb, k, 0, 0, true); mk(Tk, Hkv, vb, v, 0, 0, true); }
+    if (fused) {
+        int64_t W = (Hq + 2 * Hkv) * D;
+        fb.resize((size_t)B * Tq * W);
+        for (auto &x : fb) x = f2bf(nd(rng));
+        mk(Tq, Hq, fb, q, W, 0, false);
+        mk(Tk, Hkv, fb, k, W, Hq * D, false);
+        mk(Tk, Hkv, fb, v, W, (Hq + Hkv) * D, false);
+    } else {
+        mk(Tq, Hq, qb, q, 0, 0, true);
+        mk(Tk, Hkv, kb, k, 0, 0, true);
+        mk(Tk, Hkv, vb, v, 0, 0, true);
+    }
     mk(Tq, Hq, gb, g, 0, 0, true);
     cuk_attn a{1.0f / std::sqrt((float)D), causal, off, window, 1};
     std::vector<float> o((size_t)B * Tq * Hq * D, NAN), lse((size_t)B * Hq * Tq, NAN), dq((size_t)B * Tq * Hq * D, NAN),
@@ -149,37 +270,84 @@ static int run_case(int B, int Tq, int Tk, int Hq, int Hkv, int D, int causal, i
     } else {
         launch(B * Hq * ntq, fl_fwd_smem<128>(), [&] { k_fl_fwd<128, false>(to, lse.data(), q, k, v, a, ntq, sl2); });
     }
-    for (int b = 0; b < B; b++) for (int h = 0; h < Hq; h++) for (int i = 0; i < Tq; i++) {
-        double s = 0; for (int d = 0; d < D; d++) s += (double)ldf(g.p, 1, cuk_roff(g, b, i, h) + d) * o[cuk_roff(to, b, i, h) + d];
-        dvec[((size_t)b * Hq + h) * Tq + i] = (float)s; }
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int i = 0; i < Tq; i++) {
+                double s = 0;
+                for (int d = 0; d < D; d++)
+                    s += (double)ldf(g.p, 1, cuk_roff(g, b, i, h) + d) * o[cuk_roff(to, b, i, h) + d];
+                dvec[((size_t)b * Hq + h) * Tq + i] = (float)s;
+            }
     if (D == 64) {
-        launch(B * Hkv * ntk, fl_kv_smem<64, 32>(), [&] { k_fl_bwd_kv<64, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
-        launch(B * Hq * ntq, fl_q_smem<64>(), [&] { k_fl_bwd_q<64, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
+        launch(B * Hkv * ntk, fl_kv_smem<64, 32>(),
+               [&] { k_fl_bwd_kv<64, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
+        launch(B * Hq * ntq, fl_q_smem<64>(),
+               [&] { k_fl_bwd_q<64, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
     } else {
-        launch(B * Hkv * ntk, fl_kv_smem<128, 32>(), [&] { k_fl_bwd_kv<128, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
-        launch(B * Hq * ntq, fl_q_smem<128>(), [&] { k_fl_bwd_q<128, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
+        launch(B * Hkv * ntk, fl_kv_smem<128, 32>(),
+               [&] { k_fl_bwd_kv<128, 32, false>(tdk, tdv, g, q, k, v, lse.data(), dvec.data(), a, ntk, sl2); });
+        launch(B * Hq * ntq, fl_q_smem<128>(),
+               [&] { k_fl_bwd_q<128, false>(tdq, g, q, k, v, lse.data(), dvec.data(), a, ntq, sl2); });
     }
     // reference in double
     std::vector<double> ro(o.size(), 0), rl(lse.size()), rdq(dq.size(), 0), rdk(dk.size(), 0), rdv(dv.size(), 0);
     int grp = Hq / Hkv;
-    auto L = [&](const cuk_bthd &t, int b, int i, int h, int d) { return (double)ldf(t.p, 1, cuk_roff(t, b, i, h) + d); };
-    for (int b = 0; b < B; b++) for (int h = 0; h < Hq; h++) { int hk = h / grp;
-        for (int i = 0; i < Tq; i++) {
-            std::vector<double> s(Tk, -INFINITY); double mx = -INFINITY;
-            for (int j = 0; j < Tk; j++) if (cuk_visible(a, i, j)) { double x = 0; for (int d = 0; d < D; d++) x += L(q, b, i, h, d) * L(k, b, j, hk, d); s[j] = x * a.scale; mx = std::max(mx, s[j]); }
-            size_t li = ((size_t)b * Hq + h) * Tq + i;
-            if (mx == -INFINITY) { rl[li] = -INFINITY; continue; }
-            double sum = 0; for (int j = 0; j < Tk; j++) if (s[j] > -INFINITY) sum += std::exp(s[j] - mx);
-            rl[li] = mx + std::log(sum);
-            std::vector<double> p(Tk, 0); for (int j = 0; j < Tk; j++) if (s[j] > -INFINITY) p[j] = std::exp(s[j] - rl[li]);
-            for (int d = 0; d < D; d++) { double acc = 0; for (int j = 0; j < Tk; j++) acc += p[j] * L(v, b, j, hk, d); ro[cuk_roff(to, b, i, h) + d] = acc; }
-            double Di = 0; for (int d = 0; d < D; d++) Di += L(g, b, i, h, d) * ro[cuk_roff(to, b, i, h) + d];
-            for (int j = 0; j < Tk; j++) { if (p[j] == 0) continue; double dp = 0; for (int d = 0; d < D; d++) dp += L(g, b, i, h, d) * L(v, b, j, hk, d);
-                double ds = p[j] * (dp - Di);
-                for (int d = 0; d < D; d++) { rdq[cuk_roff(tdq, b, i, h) + d] += a.scale * ds * L(k, b, j, hk, d);
-                    rdk[cuk_roff(tdk, b, j, hk) + d] += a.scale * ds * L(q, b, i, h, d); rdv[cuk_roff(tdv, b, j, hk) + d] += p[j] * L(g, b, i, h, d); } } } }
+    auto L = [&](const cuk_bthd &t, int b, int i, int h, int d) {
+        return (double)ldf(t.p, 1, cuk_roff(t, b, i, h) + d);
+    };
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++) {
+            int hk = h / grp;
+            for (int i = 0; i < Tq; i++) {
+                std::vector<double> s(Tk, -INFINITY);
+                double mx = -INFINITY;
+                for (int j = 0; j < Tk; j++)
+                    if (cuk_visible(a, i, j)) {
+                        double x = 0;
+                        for (int d = 0; d < D; d++) x += L(q, b, i, h, d) * L(k, b, j, hk, d);
+                        s[j] = x * a.scale;
+                        mx = std::max(mx, s[j]);
+                    }
+                size_t li = ((size_t)b * Hq + h) * Tq + i;
+                if (mx == -INFINITY) {
+                    rl[li] = -INFINITY;
+                    continue;
+                }
+                double sum = 0;
+                for (int j = 0; j < Tk; j++)
+                    if (s[j] > -INFINITY) sum += std::exp(s[j] - mx);
+                rl[li] = mx + std::log(sum);
+                std::vector<double> p(Tk, 0);
+                for (int j = 0; j < Tk; j++)
+                    if (s[j] > -INFINITY) p[j] = std::exp(s[j] - rl[li]);
+                for (int d = 0; d < D; d++) {
+                    double acc = 0;
+                    for (int j = 0; j < Tk; j++) acc += p[j] * L(v, b, j, hk, d);
+                    ro[cuk_roff(to, b, i, h) + d] = acc;
+                }
+                double Di = 0;
+                for (int d = 0; d < D; d++) Di += L(g, b, i, h, d) * ro[cuk_roff(to, b, i, h) + d];
+                for (int j = 0; j < Tk; j++) {
+                    if (p[j] == 0) continue;
+                    double dp = 0;
+                    for (int d = 0; d < D; d++) dp += L(g, b, i, h, d) * L(v, b, j, hk, d);
+                    double ds = p[j] * (dp - Di);
+                    for (int d = 0; d < D; d++) {
+                        rdq[cuk_roff(tdq, b, i, h) + d] += a.scale * ds * L(k, b, j, hk, d);
+                        rdk[cuk_roff(tdk, b, j, hk) + d] += a.scale * ds * L(q, b, i, h, d);
+                        rdv[cuk_roff(tdv, b, j, hk) + d] += p[j] * L(g, b, i, h, d);
+                    }
+                }
+            }
+        }
     // lse: compare with -inf handled
-    int lbad = 0; double lerr = 0; for (size_t i = 0; i < rl.size(); i++) { if (std::isinf(rl[i]) || std::isinf(lse[i])) { if (rl[i] != lse[i]) lbad++; } else lerr = std::max(lerr, std::fabs(rl[i] - lse[i])); }
+    int lbad = 0;
+    double lerr = 0;
+    for (size_t i = 0; i < rl.size(); i++) {
+        if (std::isinf(rl[i]) || std::isinf(lse[i])) {
+            if (rl[i] != lse[i]) lbad++;
+        } else lerr = std::max(lerr, std::fabs(rl[i] - lse[i]));
+    }
     printf("  lse    abs err %.2e, inf mismatches %d\n", lerr, lbad);
     double e = std::max({maxrel(o, ro, "out"), maxrel(dq, rdq, "dq"), maxrel(dk, rdk, "dk"), maxrel(dv, rdv, "dv")});
     bool ok = e < 1e-2 && lbad == 0 && lerr < 1e-4;
@@ -191,7 +359,9 @@ int main(int argc, char **argv) {
     int fails = 0;
     int which = argc > 1 ? atoi(argv[1]) : -1;
     int c = 0;
-#define CASE(...) if (which < 0 || which == c) fails += run_case(__VA_ARGS__); c++;
+#define CASE(...)                                                \
+    if (which < 0 || which == c) fails += run_case(__VA_ARGS__); \
+    c++;
     CASE(1, 77, 77, 2, 1, 64, 1, 0, 0, true)
     CASE(1, 130, 130, 2, 2, 128, 1, 0, 0, true)
     CASE(1, 40, 70, 2, 2, 128, 0, 0, 0, false)

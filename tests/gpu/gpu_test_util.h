@@ -25,8 +25,8 @@ static uint64_t g_stream = 1000;
 typedef struct {
     cai_dtype dt;
     int64_t n;
-    float *hbuf;  /* host values as f32 (raw int32 for I32) */
-    void *gbuf;   /* device buffer in dtype dt */
+    float *hbuf; /* host values as f32 (raw int32 for I32) */
+    void *gbuf;  /* device buffer in dtype dt */
 } gt_buf;
 
 /* A view pair over one gt_buf: h on the host, g on the device. */
@@ -45,9 +45,9 @@ static void gt_die(const char *what) {
     exit(1);
 }
 
-#define GT_OK(expr)                                                                 \
-    do {                                                                            \
-        if ((expr) != CAI_OK) gt_die(#expr);                                        \
+#define GT_OK(expr)                          \
+    do {                                     \
+        if ((expr) != CAI_OK) gt_die(#expr); \
     } while (0)
 
 static size_t gt_es(cai_dtype dt) { return cai_dtype_size(dt); }
@@ -182,8 +182,8 @@ static void gt_release_all(void) {
 static double gt_tol(cai_dtype dt) { return dt == CAI_DTYPE_BF16 ? 1e-2 : dt == CAI_DTYPE_F16 ? 2e-3 : 1e-5; }
 
 static void gt_report(const char *name, const char *dtn, double err, double tol, int ok, const char *note) {
-    printf("  %-46s %-5s err %9.2e  tol %7.1e  %s%s%s\n", name, dtn, err, tol, ok ? "ok" : "FAIL",
-           note ? "  " : "", note ? note : "");
+    printf("  %-46s %-5s err %9.2e  tol %7.1e  %s%s%s\n", name, dtn, err, tol, ok ? "ok" : "FAIL", note ? "  " : "",
+           note ? note : "");
     if (ok) g_pass++;
     else g_fail++;
 }

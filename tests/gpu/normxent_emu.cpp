@@ -27,9 +27,21 @@
 #include "emu_cuda.h"
 enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
 enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
-typedef struct { void *p; int64_t rows, cols, ld; int dt; } cuk_mat;
-typedef struct { void *p; int64_t B, T, H, D, sb, st, sh; int dt; } cuk_bthd;
-typedef struct { int code; int pad_; int64_t a, b, c, d; } cuk_errrec;
+typedef struct {
+    void *p;
+    int64_t rows, cols, ld;
+    int dt;
+} cuk_mat;
+typedef struct {
+    void *p;
+    int64_t B, T, H, D, sb, st, sh;
+    int dt;
+} cuk_bthd;
+typedef struct {
+    int code;
+    int pad_;
+    int64_t a, b, c, d;
+} cuk_errrec;
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 static std::mutex g_err_mu;
 static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
@@ -38,7 +50,10 @@ static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int
     if (e->code == 0) *e = cuk_errrec{code, 0, a, b, c, d};
 }
 
-struct Warp { std::barrier<> bar{32}; float slot[32]; };
+struct Warp {
+    std::barrier<> bar{32};
+    float slot[32];
+};
 struct Block {
     std::barrier<> bar;
     std::unique_ptr<Warp[]> w;
@@ -100,7 +115,9 @@ struct Buf {
     void *p() { return b.data(); }
     float get(int64_t i) const { return ldf(b.data(), dt, i); }
     void set(int64_t i, float v) { stf(b.data(), dt, i, v); }
-    void poison() { for (int64_t i = 0; i < n; i++) set(i, NAN); }
+    void poison() {
+        for (int64_t i = 0; i < n; i++) set(i, NAN);
+    }
 };
 
 static std::mt19937 g_rng(12345);
@@ -152,9 +169,10 @@ template <int DT, int K>
 static void norm_case(int64_t N, int64_t C, int64_t ld, int wdt, bool rms, bool bias, unsigned fgrid, int64_t rpb,
                       bool accum, bool inplace, bool dparams) {
     char name[200];
-    snprintf(name, sizeof name, "%s %s K%d N%lld C%lld ld%lld w %s%s grid %u rpb %lld%s%s%s", rms ? "rmsnorm" : "layernorm",
-             dtname(DT), K, (long long)N, (long long)C, (long long)ld, dtname(wdt), bias ? " bias" : "", fgrid,
-             (long long)rpb, accum ? " +=" : "", inplace ? " in-place" : "", dparams ? " dparams" : "");
+    snprintf(name, sizeof name, "%s %s K%d N%lld C%lld ld%lld w %s%s grid %u rpb %lld%s%s%s",
+             rms ? "rmsnorm" : "layernorm", dtname(DT), K, (long long)N, (long long)C, (long long)ld, dtname(wdt),
+             bias ? " bias" : "", fgrid, (long long)rpb, accum ? " +=" : "", inplace ? " in-place" : "",
+             dparams ? " dparams" : "");
     Buf x(DT, N * ld), y(DT, N * ld), w(wdt, C), b(wdt, C);
     fill_rand(x, 2.0, 0.5);
     fill_rand(w, 1.0);
@@ -164,7 +182,8 @@ static void norm_case(int64_t N, int64_t C, int64_t ld, int wdt, bool rms, bool 
     const size_t fsm = (rms ? 1 : 2) * (size_t)K * 64 * 16;
     const float eps = 1e-5f;
     if (rms)
-        launch(fgrid, 32 * NW, fsm, [&] { k_norm_fwd_reg<DT, K, true>(my, NULL, rstd.data(), mx, w.p(), wdt, NULL, 0, eps); });
+        launch(fgrid, 32 * NW, fsm,
+               [&] { k_norm_fwd_reg<DT, K, true>(my, NULL, rstd.data(), mx, w.p(), wdt, NULL, 0, eps); });
     else
         launch(fgrid, 32 * NW, fsm, [&] {
             k_norm_fwd_reg<DT, K, false>(my, mean.data(), rstd.data(), mx, w.p(), wdt, bias ? b.p() : NULL, wdt, eps);
@@ -220,9 +239,8 @@ static void norm_case(int64_t N, int64_t C, int64_t ld, int wdt, bool rms, bool 
     const size_t bsm = (size_t)K * 64 * 16 * (1 + (dparams ? 2 * NW : 0));
     float *ppw = dparams ? pw.data() : NULL, *ppb = dparams && !rms ? pb.data() : NULL;
     if (rms)
-        launch((unsigned)nb, 32 * NW, bsm, [&] {
-            k_norm_bwd_reg<DT, K, true>(mdx, ppw, ppb, mdy, mx, w.p(), wdt, NULL, rstd.data(), accum, rpb);
-        });
+        launch((unsigned)nb, 32 * NW, bsm,
+               [&] { k_norm_bwd_reg<DT, K, true>(mdx, ppw, ppb, mdy, mx, w.p(), wdt, NULL, rstd.data(), accum, rpb); });
     else
         launch((unsigned)nb, 32 * NW, bsm, [&] {
             k_norm_bwd_reg<DT, K, false>(mdx, ppw, ppb, mdy, mx, w.p(), wdt, mean.data(), rstd.data(), accum, rpb);
@@ -304,8 +322,8 @@ static void fill_logits(Buf &x, int64_t N, int64_t V, int64_t ld, int64_t ncols)
 }
 
 template <int DT>
-static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt, int strict,
-                      bool inplace) {
+static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t ncols, std::vector<int32_t> tgt,
+                      int strict, bool inplace) {
     char name[200];
     snprintf(name, sizeof name, "xent %s N%lld V%lld ld%lld off %lld ncols %lld%s", dtname(DT), (long long)N,
              (long long)V, (long long)ld, (long long)off, (long long)ncols, inplace ? " in-place" : "");
@@ -375,9 +393,8 @@ static void xent_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64_t nco
         for (int64_t r = 0; r < N; r++)
             for (int64_t c = V; c < ld; c++) x.set(r * ld + c, NAN);
     cuk_mat mdx{dx.p(), N, V, ld, DT};
-    launch((unsigned)N, XNT, 0, [&] {
-        k_xent_bwd_vec<DT>(mdx, mx, lse.data(), tgt.data(), dl.data(), 0.0f, off, ncols, ignore);
-    });
+    launch((unsigned)N, XNT, 0,
+           [&] { k_xent_bwd_vec<DT>(mdx, mx, lse.data(), tgt.data(), dl.data(), 0.0f, off, ncols, ignore); });
     snprintf(what, sizeof what, "%s bwd dlogits", name);
     check(what, relerr(dx, ref, N, V, ld), tol_of(DT));
     snprintf(what, sizeof what, "%s bwd padding untouched", name);
@@ -421,8 +438,8 @@ static void xent_fused_case(int64_t N, int64_t V, int64_t ld, int64_t off, int64
     cuk_errrec err{};
     cuk_mat mx{x.p(), N, V, ld, DT}, mdx{dx.p(), N, V, ld, DT};
     launch((unsigned)N, XNT, 0, [&] {
-        k_xent_fwd_vec<DT, true>(loss.data(), lse.data(), nullptr, nullptr, nullptr, mx, tgt.data(), off, ncols,
-                                 ignore, 1, &err, mdx, sc);
+        k_xent_fwd_vec<DT, true>(loss.data(), lse.data(), nullptr, nullptr, nullptr, mx, tgt.data(), off, ncols, ignore,
+                                 1, &err, mdx, sc);
     });
     double el = 0, ml = 0, ell = 0, mll = 0;
     for (int64_t r = 0; r < N; r++) {
@@ -472,14 +489,13 @@ template <int LDT> static void adamw_case(int64_t n, int mis) {
              *l2 = (uint16_t *)(((uintptr_t)sl2.data() + 7) & ~(uintptr_t)7) + mis;
     void *lp1 = LDT == CUK_F32 ? nullptr : l1;
     const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, step = 6e-4f / 0.1f, bc2 = std::sqrt(0.0975f), decay = 0.99994f;
-    launch((unsigned)((n + 63) / 64), 64, 0, [&] {
-        k_adamw(w1, g, CUK_F32, m1, v1, lp1, LDT, n, b1, b2, eps, step, bc2, decay, 0.5f);
-    });
+    launch((unsigned)((n + 63) / 64), 64, 0,
+           [&] { k_adamw(w1, g, CUK_F32, m1, v1, lp1, LDT, n, b1, b2, eps, step, bc2, decay, 0.5f); });
     const uint32_t head = (uint32_t)std::min<int64_t>(mis ? 4 - mis : 0, n);
     const int64_t quads = (n - head) / 4, threads = quads > 8 ? quads : 8;
     launch((unsigned)((threads + 63) / 64), 64, 0, [&] {
-        k_adamw_vec<LDT>(w2, g, m2, v2, LDT == CUK_F32 ? nullptr : l2, (uint32_t)n, head, b1, b2, eps, step, bc2,
-                         decay, 0.5f);
+        k_adamw_vec<LDT>(w2, g, m2, v2, LDT == CUK_F32 ? nullptr : l2, (uint32_t)n, head, b1, b2, eps, step, bc2, decay,
+                         0.5f);
     });
     bool same = std::memcmp(w1, w2, (size_t)n * 4) == 0 && std::memcmp(m1, m2, (size_t)n * 4) == 0 &&
                 std::memcmp(v1, v2, (size_t)n * 4) == 0 && std::memcmp(w1 + n, w2 + n, 4 * 4) == 0;
@@ -525,9 +541,8 @@ template <int DT> static void rope_case(int64_t B, int64_t T, int64_t Hq, int64_
         const int64_t H = which ? Hkv : Hq, c0 = which ? Hq * D : 0;
         cuk_bthd v{(unsigned char *)qkv.p() + c0 * (DT == CUK_F32 ? 4 : 2), B, T, H, D, T * W, W, D, DT};
         const int64_t chunks = B * T * H * (half / 8);
-        launch((unsigned)((chunks + 63) / 64), 64, 0, [&] {
-            k_rope_vec<DT>(v, v, mc, ms, pos.data(), 1, 0, sign, &err);
-        });
+        launch((unsigned)((chunks + 63) / 64), 64, 0,
+               [&] { k_rope_vec<DT>(v, v, mc, ms, pos.data(), 1, 0, sign, &err); });
     }
     bool exact = true, rest = true;
     for (int64_t bt = 0; bt < B * T; bt++)

@@ -97,7 +97,7 @@ static void t_copy_sr(void) {
         /* the general strided path must give the same bits (index = row-major element index) */
         gt_t big2 = O3(dts[k], 57, 11, 1);
         gt_t d2 = gt_transpose(gt_narrow(big2, 2, 0, 1), 0, 1); /* [11,57,1] with strides */
-        gt_t s3 = gt_unflatten(src, 1, 1);                        /* [11,57,1] */
+        gt_t s3 = gt_unflatten(src, 1, 1);                      /* [11,57,1] */
         GT_OK(G->ops->copy_sr(G, &d2.g, &s3.g, 77, 5, 1000));
         for (int64_t r = 0; r < 11; r++)
             for (int64_t c = 0; c < 57; c++) big2.b->hbuf[c * 11 + r] = big.b->hbuf[r * 64 + 3 + c];
@@ -461,8 +461,8 @@ static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t H
     void *hw = malloc(hws), *gw = NULL;
     GT_OK(cai_device_alloc(G, gws, "attention workspace", &gw));
     char tag[96];
-    snprintf(tag, sizeof tag, "B%" PRId64 " T%" PRId64 "/%" PRId64 " H%" PRId64 "/%" PRId64 " D%" PRId64 "%s%s%s",
-             B, Tq, Tk, Hq, Hkv, D, causal ? " causal" : "", window ? " window" : "", fused ? " fusedQKV" : "");
+    snprintf(tag, sizeof tag, "B%" PRId64 " T%" PRId64 "/%" PRId64 " H%" PRId64 "/%" PRId64 " D%" PRId64 "%s%s%s", B,
+             Tq, Tk, Hq, Hkv, D, causal ? " causal" : "", window ? " window" : "", fused ? " fusedQKV" : "");
     BOTH("attention_fwd", H->ops->attention_fwd(H, &o.h, &lse.h, &q.h, &k.h, &v.h, &p, hw, hws),
          G->ops->attention_fwd(G, &o.g, &lse.g, &q.g, &k.g, &v.g, &p, gw, gws));
     gt_check(nm("attn fwd out   %s", tag), o, tol);
@@ -504,12 +504,12 @@ static void attn_case(cai_dtype dt, int64_t B, int64_t Tq, int64_t Tk, int64_t H
 }
 
 static void t_attention(cai_dtype dt) {
-    attn_case(dt, 2, 77, 77, 6, 2, 64, 1, 0, 0, 1);     /* GPT-style causal, GQA 3:1, fused QKV */
-    attn_case(dt, 2, 130, 130, 4, 2, 128, 1, 0, 0, 1);  /* Llama-style head_dim 128, several tiles */
-    attn_case(dt, 1, 40, 70, 4, 4, 128, 0, 0, 0, 0);    /* full attention, Tq != Tk, D 128 */
-    attn_case(dt, 2, 33, 50, 4, 1, 40, 1, 17, 16, 0);   /* decode-style offset, window, MQA, odd D */
-    attn_case(dt, 1, 20, 20, 2, 2, 256, 1, -5, 0, 0);   /* first rows see no key: out 0, lse -inf */
-    attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1);   /* many tiles */
+    attn_case(dt, 2, 77, 77, 6, 2, 64, 1, 0, 0, 1);    /* GPT-style causal, GQA 3:1, fused QKV */
+    attn_case(dt, 2, 130, 130, 4, 2, 128, 1, 0, 0, 1); /* Llama-style head_dim 128, several tiles */
+    attn_case(dt, 1, 40, 70, 4, 4, 128, 0, 0, 0, 0);   /* full attention, Tq != Tk, D 128 */
+    attn_case(dt, 2, 33, 50, 4, 1, 40, 1, 17, 16, 0);  /* decode-style offset, window, MQA, odd D */
+    attn_case(dt, 1, 20, 20, 2, 2, 256, 1, -5, 0, 0);  /* first rows see no key: out 0, lse -inf */
+    attn_case(dt, 1, 300, 300, 4, 1, 64, 1, 0, 0, 1);  /* many tiles */
     /* shapes for the flash kernels (head_dim 64/128; bf16 and f16 go there
      * by default): offsets and windows not aligned to their 64-row tiles,
      * rows with no key, GQA with fused QKV, Tq != Tk both ways */
@@ -556,8 +556,8 @@ static void t_embedding(cai_dtype dt) {
     cai_status sg = G->ops->embedding_fwd(G, &out.g, &bad.g, &wte.g, &wpe.g, voff, Vt, 4);
     cai_status ss = cai_device_sync(G);
     int named = strstr(cai_error_message(), "token id 150 at batch 1, position 12") != NULL;
-    gt_expect("embedding_fwd bad token: reported at sync", sh == CAI_ERR_INVALID_ARG && sg == CAI_OK &&
-              ss == CAI_ERR_INVALID_ARG && named, cai_error_message());
+    gt_expect("embedding_fwd bad token: reported at sync",
+              sh == CAI_ERR_INVALID_ARG && sg == CAI_OK && ss == CAI_ERR_INVALID_ARG && named, cai_error_message());
     cai_error_clear();
     gt_expect("device error record cleared after report", cai_device_sync(G) == CAI_OK, NULL);
 }
@@ -610,8 +610,10 @@ static void t_xent(cai_dtype dt) {
     cai_error_clear();
     cai_status sg = G->ops->xent_fwd(G, &loss.g, NULL, &lg2.g, &bad.g, 0, valid, -100);
     cai_status ss = cai_device_sync(G);
-    gt_expect("xent_fwd bad target: reported at sync", sh1 == CAI_ERR_INVALID_ARG && sg == CAI_OK &&
-              ss == CAI_ERR_INVALID_ARG && strstr(cai_error_message(), "target 295 of row 9"), cai_error_message());
+    gt_expect("xent_fwd bad target: reported at sync",
+              sh1 == CAI_ERR_INVALID_ARG && sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "target 295 of row 9"),
+              cai_error_message());
     cai_error_clear();
 }
 
@@ -633,8 +635,13 @@ static void t_adamw(void) {
     gt_t lowp = O1(CAI_DTYPE_BF16, n);
     for (int step = 1; step <= 3; step++) {
         gt_t g = R1(CAI_DTYPE_F32, n, 1.0);
-        cai_adamw_params hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                               .step = step, .grad_scale = 0.5f};
+        cai_adamw_params hp = {.lr = 1e-3f,
+                               .beta1 = 0.9f,
+                               .beta2 = 0.95f,
+                               .eps = 1e-8f,
+                               .weight_decay = 0.1f,
+                               .step = step,
+                               .grad_scale = 0.5f};
         BOTH("adamw", H->ops->adamw(H, &p.h, &g.h, &m.h, &v.h, &lowp.h, &hp, 1),
              G->ops->adamw(G, &p.g, &g.g, &m.g, &v.g, &lowp.g, &hp, 1));
     }
@@ -651,8 +658,8 @@ static void t_adamw(void) {
     const int64_t off = 3, len = n - 9;
     gt_t pv = gt_narrow(p2, 0, off, len), mv = gt_narrow(m2, 0, off, len), vv = gt_narrow(v2, 0, off, len);
     gt_t gv = gt_narrow(g2, 0, off, len), lv = gt_narrow(l2, 0, off, len);
-    cai_adamw_params hp2 = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                            .step = 2, .grad_scale = 1.0f};
+    cai_adamw_params hp2 = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 2, .grad_scale = 1.0f};
     BOTH("adamw", H->ops->adamw(H, &pv.h, &gv.h, &mv.h, &vv.h, &lv.h, &hp2, 0),
          G->ops->adamw(G, &pv.g, &gv.g, &mv.g, &vv.g, &lv.g, &hp2, 0));
     gt_check("adamw offset run: param (outside untouched)", p2, 1e-6);
@@ -1185,24 +1192,46 @@ static void matmuls_on_a_device_with(const char *env, const char *value) {
 static void tuned_matmuls(void) { matmuls_on_a_device_with("CAI_CUBLASLT_AUTOTUNE", "8"); }
 
 static const test_entry tests[] = {
-    {"fill/copy", t_fill_copy},   {"copy_sr", t_copy_sr},       {"blas1 f32", f32_blas1},
-    {"blas1 bf16", bf16_blas1},   {"reduce f32", f32_reduce},   {"reduce bf16", bf16_reduce},
-    {"matmul f32", f32_matmul},   {"matmul large", t_matmul_large}, {"matmul bf16", bf16_matmul},
-    {"matmul f16", f16_matmul},   {"linear f32", f32_linear},   {"linear bf16", bf16_linear},
-    {"linear+gelu f32", f32_linear_gelu}, {"linear+gelu bf16", bf16_linear_gelu},
-    {"norms f32", f32_norms},     {"norms bf16", bf16_norms},   {"act/rope f32", f32_act},
-    {"act/rope bf16", bf16_act},  {"attention f32", f32_attn},  {"attention bf16", bf16_attn},
-    {"attention flash bf16/f16", bf16_attn_flash}, {"attention tc bf16", bf16_attn_tc}, {"attention f16", f16_attn},
+    {"fill/copy", t_fill_copy},
+    {"copy_sr", t_copy_sr},
+    {"blas1 f32", f32_blas1},
+    {"blas1 bf16", bf16_blas1},
+    {"reduce f32", f32_reduce},
+    {"reduce bf16", bf16_reduce},
+    {"matmul f32", f32_matmul},
+    {"matmul large", t_matmul_large},
+    {"matmul bf16", bf16_matmul},
+    {"matmul f16", f16_matmul},
+    {"linear f32", f32_linear},
+    {"linear bf16", bf16_linear},
+    {"linear+gelu f32", f32_linear_gelu},
+    {"linear+gelu bf16", bf16_linear_gelu},
+    {"norms f32", f32_norms},
+    {"norms bf16", bf16_norms},
+    {"act/rope f32", f32_act},
+    {"act/rope bf16", bf16_act},
+    {"attention f32", f32_attn},
+    {"attention bf16", bf16_attn},
+    {"attention flash bf16/f16", bf16_attn_flash},
+    {"attention tc bf16", bf16_attn_tc},
+    {"attention f16", f16_attn},
     {"attention simt bf16", bf16_attn_simt},
-    {"embed/xent f32", f32_embed}, {"embed/xent bf16", bf16_embed}, {"adamw", t_adamw},
-    {"fast f32", f32_fast}, {"fast bf16", bf16_fast}, {"fast f16", f16_fast},
+    {"embed/xent f32", f32_embed},
+    {"embed/xent bf16", bf16_embed},
+    {"adamw", t_adamw},
+    {"fast f32", f32_fast},
+    {"fast bf16", bf16_fast},
+    {"fast f16", f16_fast},
     {"errors", t_errors},
     /* issue #10: norm and cross-entropy fast paths at training shapes */
-    {"norms large f32/bf16/f16", i10_norms}, {"xent large f32/bf16/f16", i10_xent},
+    {"norms large f32/bf16/f16", i10_norms},
+    {"xent large f32/bf16/f16", i10_xent},
     /* issue #10: residual add fused into the output projections */
-    {"linear+residual f32", f32_linear_residual}, {"linear+residual bf16", bf16_linear_residual},
+    {"linear+residual f32", f32_linear_residual},
+    {"linear+residual bf16", bf16_linear_residual},
     /* issue #10: embedding_bwd with runs of thousands of rows (tiled dwte sums) */
-    {"embedding long runs f32", f32_emb_long}, {"embedding long runs bf16", bf16_emb_long},
+    {"embedding long runs f32", f32_emb_long},
+    {"embedding long runs bf16", bf16_emb_long},
     /* issue #10: cuBLASLt algorithms chosen by timing */
     {"matmuls autotuned bf16/f32", tuned_matmuls},
 };

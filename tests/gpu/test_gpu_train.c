@@ -50,12 +50,9 @@ typedef struct {
 } row;
 
 static const row k_rows[] = {
-    {"stage 0 f32", 0, 0, CAI_DTYPE_F32},
-    {"stage 3 f32", 3, 0, CAI_DTYPE_F32},
-    {"stage 0 + offload f32", 0, 1, CAI_DTYPE_F32},
-    {"stage 3 + offload f32", 3, 1, CAI_DTYPE_F32},
-    {"stage 0 bf16", 0, 0, CAI_DTYPE_BF16},
-    {"stage 1 bf16", 1, 0, CAI_DTYPE_BF16},
+    {"stage 0 f32", 0, 0, CAI_DTYPE_F32},           {"stage 3 f32", 3, 0, CAI_DTYPE_F32},
+    {"stage 0 + offload f32", 0, 1, CAI_DTYPE_F32}, {"stage 3 + offload f32", 3, 1, CAI_DTYPE_F32},
+    {"stage 0 bf16", 0, 0, CAI_DTYPE_BF16},         {"stage 1 bf16", 1, 0, CAI_DTYPE_BF16},
     {"stage 3 bf16", 3, 0, CAI_DTYPE_BF16},
 };
 
@@ -151,8 +148,8 @@ static cai_status run_row(cai_device_t *dev, const row *r, int *ok) {
         }
         if (s > 1 && fr < free_min) free_min = fr;
         if (!isfinite(ss.loss) || !isfinite(ss.grad_norm) || ss.skipped) {
-            fprintf(stderr, "[rank %d] FAIL %s: step %d loss %g grad norm %g%s\n", g_rank, r->name, s,
-                    (double)ss.loss, (double)ss.grad_norm, ss.skipped ? " (skipped)" : "");
+            fprintf(stderr, "[rank %d] FAIL %s: step %d loss %g grad norm %g%s\n", g_rank, r->name, s, (double)ss.loss,
+                    (double)ss.grad_norm, ss.skipped ? " (skipped)" : "");
             *ok = 0;
         }
         if (s == 1) first = ss.loss;
@@ -163,8 +160,10 @@ static cai_status run_row(cai_device_t *dev, const row *r, int *ok) {
                    fr / 1048576.0);
     }
     if (!g_host && free_min != (size_t)-1 && free_min + FREE_SLACK < free0) {
-        fprintf(stderr, "[rank %d] FAIL %s: free GPU memory fell by %.1f MiB after step 1 (allocations outside the "
-                "device API?)\n", g_rank, r->name, (free0 - free_min) / 1048576.0);
+        fprintf(stderr,
+                "[rank %d] FAIL %s: free GPU memory fell by %.1f MiB after step 1 (allocations outside the "
+                "device API?)\n",
+                g_rank, r->name, (free0 - free_min) / 1048576.0);
         *ok = 0;
     }
     if (!(last < 0.9f * first)) {
@@ -173,10 +172,12 @@ static cai_status run_row(cai_device_t *dev, const row *r, int *ok) {
         *ok = 0;
     }
     if (g_rank == 0)
-        printf("%s %s: loss %.4f -> %.4f; device allocations: %llu at create (%.1f MiB), %llu in step 1 (%.1f MiB), "
-               "%s after; dp %d\n", *ok ? "ok  " : "FAIL", r->name, (double)first, (double)last,
-               (unsigned long long)(ni - ns), (bi - bs) / 1048576.0, (unsigned long long)(n0 - ni),
-               (b0 - bi) / 1048576.0, *ok ? "none" : "see above", g_size);
+        printf(
+            "%s %s: loss %.4f -> %.4f; device allocations: %llu at create (%.1f MiB), %llu in step 1 (%.1f MiB), "
+            "%s after; dp %d\n",
+            *ok ? "ok  " : "FAIL", r->name, (double)first, (double)last, (unsigned long long)(ni - ns),
+            (bi - bs) / 1048576.0, (unsigned long long)(n0 - ni), (b0 - bi) / 1048576.0, *ok ? "none" : "see above",
+            g_size);
 done:
     cai_zero_free(z);
     cai_optim_free(o);

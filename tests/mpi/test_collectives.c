@@ -244,7 +244,8 @@ static void check_iallreduce(const ax_t *x) {
     CK_CAI(cai_wait(r1));
     CK_CAI(cai_wait(r2));
     for (size_t i = 0; i < 5; i++)
-        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, ar[i], reduce_ref(x, i, 300, CAI_DTYPE_F32, CAI_RED_SUM), "iallreduce", i);
+        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, ar[i], reduce_ref(x, i, 300, CAI_DTYPE_F32, CAI_RED_SUM),
+                       "iallreduce", i);
     for (size_t i = 0; i < 9; i++)
         expect_reduced(x, CAI_DTYPE_BF16, CAI_RED_AVG, get(CAI_DTYPE_BF16, b, i),
                        reduce_ref(x, i, 301, CAI_DTYPE_BF16, CAI_RED_AVG), "iallreduce", i);
@@ -307,8 +308,9 @@ static void check_ireduce_scatter(const ax_t *x) {
                         complete(q, how++);
                         ck_assert_msg(memcmp(br, nr, c * es) == 0,
                                       "ireduce_scatter%s axis %s %s op %d count %zu (%s inputs) differs from the "
-                                      "blocking form", in_place ? " in place" : "", cai_axis_name(x->a),
-                                      cai_dtype_name(d), op, c, exact ? "exact" : "inexact");
+                                      "blocking form",
+                                      in_place ? " in place" : "", cai_axis_name(x->a), cai_dtype_name(d), op, c,
+                                      exact ? "exact" : "inexact");
                         for (size_t j = 0; exact && j < c; j++)
                             expect_reduced(x, d, (cai_reduce_op)op, get(d, nr, j),
                                            reduce_ref(x, (size_t)x->k * c + j, salt, d, (cai_reduce_op)op),
@@ -330,8 +332,7 @@ static void check_iall_gather(const ax_t *x) {
     for (int t = 0; t < NDT; t++) {
         cai_dtype d = k_all_dtypes[t];
         size_t es = cai_dtype_size(d);
-        for (int ci = 0; ci < 3; ci++)
-            /* out of place, in place (own block), in place (same pointer) */
+        for (int ci = 0; ci < 3; ci++) /* out of place, in place (own block), in place (same pointer) */
             for (int mode = 0; mode < 3; mode++, salt++) {
                 size_t c = counts[ci], total = c * (size_t)x->n;
                 void *mine = alloc(c, d), *r[2];
@@ -404,11 +405,13 @@ static void check_nonblocking_mixed(const ax_t *x) {
     ck_assert(total == x->n);
     for (size_t j = 0; j < c; j++) {
         expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, rs_out[j],
-                       reduce_ref(x, (size_t)x->k * c + j, 800, CAI_DTYPE_F32, CAI_RED_SUM), "mixed ireduce_scatter", j);
+                       reduce_ref(x, (size_t)x->k * c + j, 800, CAI_DTYPE_F32, CAI_RED_SUM), "mixed ireduce_scatter",
+                       j);
         expect_reduced(x, CAI_DTYPE_I64, CAI_RED_MAX, (double)ar[j], reduce_ref(x, j, 802, CAI_DTYPE_I64, CAI_RED_MAX),
                        "mixed iallreduce", j);
         expect_reduced(x, CAI_DTYPE_F16, CAI_RED_AVG, get(CAI_DTYPE_F16, h, j),
-                       reduce_ref(x, (size_t)x->k * c + j, 803, CAI_DTYPE_F16, CAI_RED_AVG), "mixed ireduce_scatter f16", j);
+                       reduce_ref(x, (size_t)x->k * c + j, 803, CAI_DTYPE_F16, CAI_RED_AVG),
+                       "mixed ireduce_scatter f16", j);
         for (int b = 0; b < x->n; b++) {
             ck_assert(get(CAI_DTYPE_BF16, ag, (size_t)b * c + j) == val(x->grp[b], j, 801, CAI_DTYPE_BF16));
             ck_assert(get(CAI_DTYPE_U8, ag8, (size_t)b * c + j) == val(x->grp[b], j, 804, CAI_DTYPE_U8));
@@ -439,7 +442,8 @@ static void check_split_operations(const ax_t *x) {
     for (size_t i = 0; i < big; i++) s[i] = (float)val(x->me, i, 400, CAI_DTYPE_F32);
     CK_CAI(cai_allreduce(x->m, x->a, s, r, big, CAI_DTYPE_F32, CAI_RED_AVG));
     for (size_t i = 0; i < big; i++)
-        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_AVG, r[i], reduce_ref(x, i, 400, CAI_DTYPE_F32, CAI_RED_AVG), "split allreduce", i);
+        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_AVG, r[i], reduce_ref(x, i, 400, CAI_DTYPE_F32, CAI_RED_AVG),
+                       "split allreduce", i);
     int root = x->n - 1;
     for (size_t i = 0; i < big; i++) r[i] = x->k == root ? s[i] : -1.0f;
     CK_CAI(cai_broadcast(x->m, x->a, r, big, CAI_DTYPE_F32, root));
@@ -448,7 +452,8 @@ static void check_split_operations(const ax_t *x) {
     CK_CAI(cai_iallreduce(x->m, x->a, s, r, 300, CAI_DTYPE_F32, CAI_RED_SUM, &req));
     CK_CAI(cai_wait(req));
     for (size_t i = 0; i < 300; i++)
-        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, r[i], reduce_ref(x, i, 400, CAI_DTYPE_F32, CAI_RED_SUM), "split iallreduce", i);
+        expect_reduced(x, CAI_DTYPE_F32, CAI_RED_SUM, r[i], reduce_ref(x, i, 400, CAI_DTYPE_F32, CAI_RED_SUM),
+                       "split iallreduce", i);
     ring(x, 500, CAI_DTYPE_U16, 401);
     cai_error_clear();
     ck_assert_int_eq(cai_all_gather(x->m, x->a, s, r, 100, CAI_DTYPE_F32), CAI_ERR_UNSUPPORTED);
@@ -460,8 +465,7 @@ static void check_split_operations(const ax_t *x) {
     ck_assert_ptr_null(req);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "iall_gather on axis"));
     cai_error_clear();
-    ck_assert_int_eq(cai_ireduce_scatter(x->m, x->a, s, r, 65, CAI_DTYPE_F32, CAI_RED_SUM, &req),
-                     CAI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(cai_ireduce_scatter(x->m, x->a, s, r, 65, CAI_DTYPE_F32, CAI_RED_SUM, &req), CAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "65 elements per rank exceed 64"));
     cai_error_clear();
     if ((size_t)x->n * 65 <= big) {
@@ -510,8 +514,12 @@ static void for_each_axis(void (*fn)(const ax_t *)) {
         cai_mesh_t *m = NULL;
         CK_CAI(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg));
         for (int a = 0; a < CAI_AXIS_COUNT; a++) {
-            ax_t x = {m, (cai_axis)a, cai_mesh_size(m, (cai_axis)a), cai_mesh_rank(m, (cai_axis)a),
-                      cai_mesh_group(m, (cai_axis)a), g_world_rank};
+            ax_t x = {m,
+                      (cai_axis)a,
+                      cai_mesh_size(m, (cai_axis)a),
+                      cai_mesh_rank(m, (cai_axis)a),
+                      cai_mesh_group(m, (cai_axis)a),
+                      g_world_rank};
             fn(&x);
         }
         cai_mesh_free(m);
@@ -578,10 +586,8 @@ START_TEST(wait_timeout_own_deadline) {
             char want[96];
             snprintf(want, sizeof want, "watchdog: ireduce_scatter #1 on axis world (group of %d) did not complete", n);
             ck_assert_msg(strstr(cai_error_message(), want), "report lacks '%s': %s", want, cai_error_message());
-            if (wd)
-                snprintf(want, sizeof want, "ranks behind: %d (at #0, not in a communication call)", late);
-            else
-                snprintf(want, sizeof want, "peers' progress unknown");
+            if (wd) snprintf(want, sizeof want, "ranks behind: %d (at #0, not in a communication call)", late);
+            else snprintf(want, sizeof want, "peers' progress unknown");
             ck_assert_msg(strstr(cai_error_message(), want), "report lacks '%s': %s", want, cai_error_message());
             cai_error_clear();
             CK_CAI(cai_mesh_drain(m, 30));
@@ -589,8 +595,9 @@ START_TEST(wait_timeout_own_deadline) {
             CK_CAI(cai_wait(q));
         }
         for (size_t j = 0; j < 3; j++)
-            expect_reduced(&x, CAI_DTYPE_F32, CAI_RED_SUM, r[j], reduce_ref(&x, (size_t)g_world_rank * 3 + j, 900,
-                           CAI_DTYPE_F32, CAI_RED_SUM), "ireduce_scatter after drain", j);
+            expect_reduced(&x, CAI_DTYPE_F32, CAI_RED_SUM, r[j],
+                           reduce_ref(&x, (size_t)g_world_rank * 3 + j, 900, CAI_DTYPE_F32, CAI_RED_SUM),
+                           "ireduce_scatter after drain", j);
         /* A limit that is not positive is refused, but the request is still
          * completed and freed (as every wait does). */
         CK_CAI(cai_iall_gather(m, CAI_AXIS_WORLD, s + (size_t)g_world_rank * 3, s, 3, CAI_DTYPE_F32, &q));
@@ -636,11 +643,20 @@ START_TEST(bench_reports_bandwidth) {
 END_TEST
 
 int main(int argc, char **argv) {
-    const TTest *tests[] = {allreduce_all_dtypes_and_ops, half_precision_accuracy, reduce_scatter,
-                            all_gather,                   all_to_all,              all_to_allv_uneven,
-                            broadcast_every_root,         send_recv_barrier,       iallreduce_out_of_order,
-                            split_large_operations,       ireduce_scatter_matches_blocking,
-                            iall_gather_matches_blocking, nonblocking_mixed_in_flight,
-                            wait_timeout_own_deadline,    bench_reports_bandwidth};
+    const TTest *tests[] = {allreduce_all_dtypes_and_ops,
+                            half_precision_accuracy,
+                            reduce_scatter,
+                            all_gather,
+                            all_to_all,
+                            all_to_allv_uneven,
+                            broadcast_every_root,
+                            send_recv_barrier,
+                            iallreduce_out_of_order,
+                            split_large_operations,
+                            ireduce_scatter_matches_blocking,
+                            iall_gather_matches_blocking,
+                            nonblocking_mixed_in_flight,
+                            wait_timeout_own_deadline,
+                            bench_reports_bandwidth};
     return test_mpi_main(argc, argv, "collectives", tests, TEST_COUNT(tests));
 }

@@ -20,24 +20,24 @@
 
 static int g_rank, g_size, g_fails;
 
-#define EXPECT(cond, ...)                                                                \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            if (g_fails++ < 30) {                                                        \
-                fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);   \
-                fprintf(stderr, __VA_ARGS__);                                            \
-                fputc('\n', stderr);                                                     \
-            }                                                                            \
-        }                                                                                \
+#define EXPECT(cond, ...)                                                              \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            if (g_fails++ < 30) {                                                      \
+                fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__); \
+                fprintf(stderr, __VA_ARGS__);                                          \
+                fputc('\n', stderr);                                                   \
+            }                                                                          \
+        }                                                                              \
     } while (0)
 
-#define CALL(expr)                                                                       \
-    do {                                                                                 \
-        cai_status call_st_ = (expr);                                                    \
-        if (call_st_ != CAI_OK) {                                                        \
-            g_fails++;                                                                   \
-            cai_error_print(stderr);                                                     \
-        }                                                                                \
+#define CALL(expr)                    \
+    do {                              \
+        cai_status call_st_ = (expr); \
+        if (call_st_ != CAI_OK) {     \
+            g_fails++;                \
+            cai_error_print(stderr);  \
+        }                             \
     } while (0)
 
 #if CAI_HAVE_CUDA
@@ -129,8 +129,8 @@ static void check_movement(const ax_t *x) {
             to_host(h, r, total * es);
             for (int b = 0; b < x->n; b++)
                 for (size_t j = 0; j < c; j++)
-                    EXPECT(get(d, h, (size_t)b * c + j) == val(x->grp[b], j, salt, d), "%s all_gather mode %d axis %s %s",
-                           g_mode, mode, cai_axis_name(x->a), cai_dtype_name(d));
+                    EXPECT(get(d, h, (size_t)b * c + j) == val(x->grp[b], j, salt, d),
+                           "%s all_gather mode %d axis %s %s", g_mode, mode, cai_axis_name(x->a), cai_dtype_name(d));
             cudaFree(r);
             cudaFree(s);
             free(h);
@@ -339,8 +339,8 @@ static void check_nonblocking(const ax_t *x) {
                     for (size_t j = 0; j < c; j++) {
                         double one; /* what peer b sent, after its rounding to the dtype */
                         put(d, &one, 0, val_inexact(x->grp[b], j, salt, d));
-                        EXPECT(get(d, res[1], (size_t)b * c + j) == get(d, &one, 0), "%s iall_gather axis %s %s block %d",
-                               g_mode, cai_axis_name(x->a), cai_dtype_name(d), b);
+                        EXPECT(get(d, res[1], (size_t)b * c + j) == get(d, &one, 0),
+                               "%s iall_gather axis %s %s block %d", g_mode, cai_axis_name(x->a), cai_dtype_name(d), b);
                     }
                 free(res[0]);
                 free(res[1]);
@@ -369,11 +369,10 @@ static void check_in_flight_and_ordering(const ax_t *x, int nccl) {
             for (size_t j = 0; j < n * c; j++) h[j] = (float)val(x->me, j, 700 + i, CAI_DTYPE_F32);
             bufs[i] = dev_copy(h, n * c * sizeof *h);
             q[i] = NULL;
-            if (i % 2)
-                CALL(cai_ireduce_scatter(x->m, x->a, bufs[i], bufs[i], c, CAI_DTYPE_F32, CAI_RED_SUM, &q[i]));
+            if (i % 2) CALL(cai_ireduce_scatter(x->m, x->a, bufs[i], bufs[i], c, CAI_DTYPE_F32, CAI_RED_SUM, &q[i]));
             else
-                CALL(cai_iall_gather(x->m, x->a, (float *)bufs[i] + (size_t)x->k * c, bufs[i], c, CAI_DTYPE_F32,
-                                     &q[i]));
+                CALL(
+                    cai_iall_gather(x->m, x->a, (float *)bufs[i] + (size_t)x->k * c, bufs[i], c, CAI_DTYPE_F32, &q[i]));
         }
         for (int i = NQ - 1; i >= 0; i--) complete(q[i], i);
         for (int i = 0; i < NQ; i++) {
@@ -395,7 +394,8 @@ static void check_in_flight_and_ordering(const ax_t *x, int nccl) {
     if (nccl && x->n > 1)
         EXPECT(created[0] >= NQ && created[1] == created[0],
                "%s event pool: %d events after the first round of %d requests, %d after the second (want >= %d, "
-               "then unchanged)", g_mode, created[0], NQ, created[1], NQ);
+               "then unchanged)",
+               g_mode, created[0], NQ, created[1], NQ);
 
     cudaStream_t us;
     cudaStreamCreateWithFlags(&us, cudaStreamNonBlocking);
@@ -447,8 +447,12 @@ static void run_checks(cai_device_comm mode, const char *name) {
         CALL(cai_mesh_init(&m, MPI_COMM_WORLD, &cfg));
         if (!m) return;
         for (int a = 0; a < CAI_AXIS_COUNT; a++) {
-            ax_t x = {m, (cai_axis)a, cai_mesh_size(m, (cai_axis)a), cai_mesh_rank(m, (cai_axis)a),
-                      cai_mesh_group(m, (cai_axis)a), g_rank};
+            ax_t x = {m,
+                      (cai_axis)a,
+                      cai_mesh_size(m, (cai_axis)a),
+                      cai_mesh_rank(m, (cai_axis)a),
+                      cai_mesh_group(m, (cai_axis)a),
+                      g_rank};
             check_allreduce(&x);
             check_reduce_scatter(&x);
             check_movement(&x);
@@ -646,7 +650,8 @@ static void bench(void) {
         cai_bench_result dev, nowd;
         CALL(cai_mesh_bench(m, CAI_AXIS_DP, CAI_BENCH_ALLREDUCE, sizes[s], 5, iters, 1, &dev));
         CALL(cai_mesh_bench(quiet, CAI_AXIS_DP, CAI_BENCH_ALLREDUCE, sizes[s], 5, iters, 1, &nowd));
-        double pipe = raw_nccl_allreduce_us(dev.bytes, iters, 0, 1), sync_b = raw_nccl_allreduce_us(dev.bytes, iters, 0, 0),
+        double pipe = raw_nccl_allreduce_us(dev.bytes, iters, 0, 1),
+               sync_b = raw_nccl_allreduce_us(dev.bytes, iters, 0, 0),
                sync_nb = raw_nccl_allreduce_us(dev.bytes, iters, 1, 0);
         if (g_rank == 0)
             fprintf(stderr,

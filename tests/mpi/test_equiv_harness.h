@@ -27,9 +27,9 @@ typedef struct {
     size_t bucket_bytes;
     cai_dtype param_dtype;
     int recompute;
-    int hysteresis;   /* f16 rows: loss-scale hysteresis */
-    int layers;       /* 0: 2 */
-    int reduce_only;  /* stage 0: the engine reduces, a cai_optim_t over the model steps */
+    int hysteresis;  /* f16 rows: loss-scale hysteresis */
+    int layers;      /* 0: 2 */
+    int reduce_only; /* stage 0: the engine reduces, a cai_optim_t over the model steps */
 } eq_row;
 
 typedef struct {
@@ -187,8 +187,9 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < local; s++) eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_zero_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step_zero(z, o, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt,
-                                          ga, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step_zero(z, o, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt, ga,
+                                          &ss),
+                      st, done);
         out->loss[step] = ss.loss;
         out->norm[step] = ss.grad_norm;
         out->scale[step] = ss.loss_scale;
@@ -250,8 +251,8 @@ static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_r
 }
 
 static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp,
-             r->stage, r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload, r->grad_accum,
+    snprintf(buf, cap, "%s dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp, r->stage,
+             r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload, r->grad_accum,
              r->param_dtype != CAI_DTYPE_F32 ? " " : "",
              r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
     return buf;

@@ -13,13 +13,16 @@ static const char *const k_orders[] = {"pp,dp,ep,sp,tp", "tp,sp,ep,dp,pp", "dp,t
 /* Which grid positions (in `order`) an axis spans, from the names alone. */
 static void spanned_positions(const char *order, cai_axis axis, int span[5]) {
     static const char *const spans[CAI_AXIS_COUNT] = {
-        [CAI_AXIS_PP] = "pp", [CAI_AXIS_DP] = "dp ep", [CAI_AXIS_EP] = "ep",         [CAI_AXIS_SP] = "sp",
-        [CAI_AXIS_TP] = "tp", [CAI_AXIS_EDP] = "dp",   [CAI_AXIS_DP_SP] = "dp ep sp", [CAI_AXIS_WORLD] = "pp dp ep sp tp",
+        [CAI_AXIS_PP] = "pp",          [CAI_AXIS_DP] = "dp ep",
+        [CAI_AXIS_EP] = "ep",          [CAI_AXIS_SP] = "sp",
+        [CAI_AXIS_TP] = "tp",          [CAI_AXIS_EDP] = "dp",
+        [CAI_AXIS_DP_SP] = "dp ep sp", [CAI_AXIS_WORLD] = "pp dp ep sp tp",
     };
     char buf[64];
     snprintf(buf, sizeof buf, "%s", order);
     int i = 0;
-    for (char *tok = strtok(buf, ","); tok && i < 5; tok = strtok(NULL, ","), i++) span[i] = strstr(spans[axis], tok) != NULL;
+    for (char *tok = strtok(buf, ","); tok && i < 5; tok = strtok(NULL, ","), i++)
+        span[i] = strstr(spans[axis], tok) != NULL;
 }
 
 static void check_mesh(cai_mesh_t *m, const cai_layout *l, MPI_Comm world) {

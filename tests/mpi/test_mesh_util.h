@@ -16,13 +16,13 @@
 static int g_world_rank, g_world_size;
 
 /* Fails the test with the error trace when a colossal call does not succeed. */
-#define CK_CAI(expr)                                                                                   \
-    do {                                                                                               \
-        cai_status ck_st_ = (expr);                                                                    \
-        if (ck_st_ != CAI_OK) {                                                                        \
-            cai_error_print(stderr);                                                                   \
-            ck_abort_msg("%s -> %s: %s", #expr, cai_status_str(ck_st_), cai_error_message());          \
-        }                                                                                              \
+#define CK_CAI(expr)                                                                          \
+    do {                                                                                      \
+        cai_status ck_st_ = (expr);                                                           \
+        if (ck_st_ != CAI_OK) {                                                               \
+            cai_error_print(stderr);                                                          \
+            ck_abort_msg("%s -> %s: %s", #expr, cai_status_str(ck_st_), cai_error_message()); \
+        }                                                                                     \
     } while (0)
 
 /* A mesh config for tests: a watchdog that aborts instead of letting a

@@ -40,7 +40,7 @@ static cai_status run_on(int k, const char *const *inputs, int n, cai_preprocess
     MPI_Comm_split(MPI_COMM_WORLD, g_rank < k ? 0 : MPI_UNDEFINED, g_rank, &sub);
     cai_status st = CAI_OK;
     if (sub != MPI_COMM_NULL) {
-        cai_preprocess_config cfg = {inputs, n, fmt, "text", out, cai_byte_tokenize, NULL, CAI_BYTE_VOCAB,
+        cai_preprocess_config cfg = {inputs,       n, fmt, "text", out, cai_byte_tokenize, NULL, CAI_BYTE_VOCAB,
                                      CAI_BYTE_EOD, 0};
         st = cai_preprocess(&cfg, sub, stats);
         MPI_Comm_free(&sub);
@@ -239,8 +239,8 @@ START_TEST(bpe_tokenization_matches_the_tokenizer) {
         MPI_Comm sub;
         MPI_Comm_split(MPI_COMM_WORLD, k || g_rank == 0 ? 0 : MPI_UNDEFINED, g_rank, &sub);
         if (sub != MPI_COMM_NULL) {
-            cai_preprocess_config cfg = {inputs, 1, CAI_PREPROCESS_JSONL, NULL, out[k], bpe_tok, bpe,
-                                         cai_bpe_vocab_size(bpe), eod, 0};
+            cai_preprocess_config cfg = {inputs,  1,   CAI_PREPROCESS_JSONL,    NULL, out[k],
+                                         bpe_tok, bpe, cai_bpe_vocab_size(bpe), eod,  0};
             CK_CAI(cai_preprocess(&cfg, sub, NULL));
             MPI_Comm_free(&sub);
         }
@@ -299,10 +299,8 @@ START_TEST(a_bad_line_stops_every_rank) {
             int line = 1;
             for (size_t i = 0, start = 0; i < n; i++)
                 if (all[i] == '\n') {
-                    if (line == NDOCS - 2)
-                        fprintf(f, "%s\n", k[c].line);
-                    else
-                        fwrite(all + start, 1, i + 1 - start, f);
+                    if (line == NDOCS - 2) fprintf(f, "%s\n", k[c].line);
+                    else fwrite(all + start, 1, i + 1 - start, f);
                     start = i + 1;
                     line++;
                 }
@@ -320,13 +318,11 @@ START_TEST(a_bad_line_stops_every_rank) {
         ck_assert_msg(strstr(cai_error_message(), k[c].needle) != NULL, "%s", cai_error_message());
         char who[32];
         snprintf(who, sizeof who, "rank %d failed", g_size - 1);
-        ck_assert_msg((strstr(cai_error_message(), who) != NULL) == (g_rank != g_size - 1), "%s",
-                      cai_error_message());
+        ck_assert_msg((strstr(cai_error_message(), who) != NULL) == (g_rank != g_size - 1), "%s", cai_error_message());
         if (g_rank == 0) {
             DIR *d = opendir(g_dir);
             struct dirent *e;
-            while ((e = readdir(d)))
-                ck_assert_msg(strncmp(e->d_name, "bad_out", 7) != 0, "left behind: %s", e->d_name);
+            while ((e = readdir(d))) ck_assert_msg(strncmp(e->d_name, "bad_out", 7) != 0, "left behind: %s", e->d_name);
             closedir(d);
         }
         MPI_Barrier(MPI_COMM_WORLD);

@@ -61,8 +61,8 @@ static cai_status f_eval(void *ctx, cai_run_t *run, int64_t step, double *loss, 
     return CAI_OK;
 }
 
-static cai_status f_save(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const char *dir, int keep, char *path,
-                         size_t cap, cai_ckpt_stats *st) {
+static cai_status f_save(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const char *dir, int keep, char *path, size_t cap,
+                         cai_ckpt_stats *st) {
     fake *f = ctx;
     if (f->n_saved < 64) f->saved[f->n_saved++] = m->step;
     m->consumed_samples = m->step * 8;
@@ -167,8 +167,9 @@ static void end_job(cai_run_t *run, fake *f, tcfg *c) {
 
 static void expect_steps(const int64_t *got, int n, const int64_t *want, int nw, const char *what) {
     ck_assert_msg(n == nw, "%s: %d entries, expected %d", what, n, nw);
-    for (int i = 0; i < n; i++) ck_assert_msg(got[i] == want[i], "%s[%d] = %lld, expected %lld", what, i,
-                                              (long long)got[i], (long long)want[i]);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(got[i] == want[i], "%s[%d] = %lld, expected %lld", what, i, (long long)got[i],
+                      (long long)want[i]);
 }
 
 /* Lines of run_dir/metrics.jsonl holding `needle`. */
@@ -425,7 +426,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "SKIP: this build has no parallel HDF5 (checkpoints)\n");
         return 77;
     }
-    const TTest *const tests[] = {signals_agree, cadence_keep_and_records, stop_at_checkpoints_and_exits_3,
-                                         signal_stops_every_rank, resume_modes, memory_limit};
+    const TTest *const tests[] = {
+        signals_agree, cadence_keep_and_records, stop_at_checkpoints_and_exits_3, signal_stops_every_rank, resume_modes,
+        memory_limit};
     return test_mpi_main_fixture(argc, argv, "run", tests, TEST_COUNT(tests), setup, teardown);
 }

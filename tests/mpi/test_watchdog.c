@@ -109,10 +109,8 @@ START_TEST(late_rank_on_the_world_axis) {
     cai_mesh_t *m = mesh_return_mode(4, 1, TIMEOUT);
     CK_CAI(cai_barrier(m, CAI_AXIS_WORLD));
     CK_CAI(cai_barrier(m, CAI_AXIS_WORLD));
-    if (g_world_rank == 1)
-        wait_until_released(3);
-    else
-        wait_for_peer_state(m, 1, CAI_AXIS_WORLD, 2, -1);
+    if (g_world_rank == 1) wait_until_released(3);
+    else wait_for_peer_state(m, 1, CAI_AXIS_WORLD, 2, -1);
     cai_error_clear();
     cai_status st = cai_barrier(m, CAI_AXIS_WORLD); /* #3 */
     if (g_world_rank != 1) {
@@ -185,10 +183,8 @@ START_TEST(late_iallreduce_wait) {
     cai_mesh_t *m = mesh_return_mode(4, 1, TIMEOUT);
     g_xf = 1.0f;
     g_sumf = 0;
-    if (g_world_rank == 2)
-        wait_until_released(3);
-    else
-        wait_for_peer_state(m, 2, CAI_AXIS_DP, 0, -1);
+    if (g_world_rank == 2) wait_until_released(3);
+    else wait_for_peer_state(m, 2, CAI_AXIS_DP, 0, -1);
     cai_request_t *req = NULL;
     CK_CAI(cai_iallreduce(m, CAI_AXIS_DP, &g_xf, &g_sumf, 1, CAI_DTYPE_F32, CAI_RED_SUM, &req));
     cai_error_clear();

@@ -190,8 +190,12 @@ START_TEST(buckets_reduce_during_backward_on_the_last_microbatch) {
             }
             /* The planner replays this schedule: windows (all of a
              * backward's without overlap) exactly as allocated. */
-            cai_mem_plan_request q = {.model = eq_model_config(&row), .batch = g.B, .seq_len = row.T,
-                                      .view = cai_rank_view_single(), .dp = g_world_size, .dev = g.dev};
+            cai_mem_plan_request q = {.model = eq_model_config(&row),
+                                      .batch = g.B,
+                                      .seq_len = row.T,
+                                      .view = cai_rank_view_single(),
+                                      .dp = g_world_size,
+                                      .dev = g.dev};
             q.zero = *cai_zero_get_config(g.z);
             cai_mem_plan plan, used;
             CK_CAI(cai_mem_plan_compute(&q, &plan));
@@ -448,8 +452,13 @@ static void check_plan(const char *what, cai_model_config c, int B, int T, int s
     zc.bucket_bytes = 256 * 1024;
     cai_device_t *dev = NULL;
     CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
-    cai_mem_plan_request req = {.model = c, .batch = B, .seq_len = T, .view = cai_rank_view_single(),
-                                .dp = g_world_size, .zero = zc, .dev = dev};
+    cai_mem_plan_request req = {.model = c,
+                                .batch = B,
+                                .seq_len = T,
+                                .view = cai_rank_view_single(),
+                                .dp = g_world_size,
+                                .zero = zc,
+                                .dev = dev};
     cai_mem_plan plan, used;
     CK_CAI(cai_mem_plan_compute(&req, &plan));
 
@@ -475,10 +484,10 @@ static void check_plan(const char *what, cai_model_config c, int B, int T, int s
     const struct {
         const char *name;
         size_t planned, used;
-    } rows[] = {{"params", plan.params, used.params},   {"grads", plan.grads, used.grads},
-                {"master", plan.master, used.master},   {"optim", plan.optim, used.optim},
+    } rows[] = {{"params", plan.params, used.params},    {"grads", plan.grads, used.grads},
+                {"master", plan.master, used.master},    {"optim", plan.optim, used.optim},
                 {"staging", plan.staging, used.staging}, {"windows", plan.windows, used.windows},
-                {"acts", plan.acts, used.acts},         {"host", plan.host, used.host}};
+                {"acts", plan.acts, used.acts},          {"host", plan.host, used.host}};
     for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
         ck_assert_msg(rows[k].planned == rows[k].used, "%s stage %d offload %d: planned %s %zu bytes, measured %zu",
                       what, stage, offload, rows[k].name, rows[k].planned, rows[k].used);

@@ -74,8 +74,8 @@ typedef struct {
     int n_meta;
 } out_file;
 
-static cai_status out_add(out_file *f, const char *name, cai_dtype dt, int ndim, const uint64_t *shape,
-                          const void *src, size_t bytes) {
+static cai_status out_add(out_file *f, const char *name, cai_dtype dt, int ndim, const uint64_t *shape, const void *src,
+                          size_t bytes) {
     if (f->n == f->cap) {
         int cap = f->cap ? 2 * f->cap : 64;
         void *p = realloc(f->t, (size_t)cap * sizeof *f->t);
@@ -333,7 +333,8 @@ static cai_status run(const drv_opts *op) {
     for (int s = 0; s < STEPS; s++) {
         cai_step_stats ss;
         CAI_CALL_GOTO(cai_train_step(m, o, ttok + (size_t)s * N_MICRO * bt_n, ttgt + (size_t)s * N_MICRO * bt_n,
-                                     N_MICRO, &ss), st, done);
+                                     N_MICRO, &ss),
+                      st, done);
         s_loss[s] = ss.loss;
         s_norm[s] = ss.grad_norm;
         s_lr[s] = ss.lr;
@@ -395,8 +396,10 @@ done:
 }
 
 static int usage(const char *prog) {
-    fprintf(stderr, "usage: %s gpt2|llama OUT.safetensors [SEED] [--device host|cuda[:N]] [--precision fp32|bf16] "
-                    "[--size tiny|gpu]\n", prog);
+    fprintf(stderr,
+            "usage: %s gpt2|llama OUT.safetensors [SEED] [--device host|cuda[:N]] [--precision fp32|bf16] "
+            "[--size tiny|gpu]\n",
+            prog);
     return 2;
 }
 

@@ -26,8 +26,8 @@ static void expect_ids(cai_bpe_t *t, const char *text, const int32_t *want, size
     cai_token_buf ids = {0};
     ck_assert_msg(cai_bpe_encode(t, text, strlen(text), &ids) == CAI_OK, "%s", cai_error_message());
     ck_assert_msg(ids.len == n, "\"%s\": %zu ids, want %zu", text, ids.len, n);
-    for (size_t i = 0; i < n; i++) ck_assert_msg(ids.ids[i] == want[i], "\"%s\": id %zu is %d, want %d", text, i,
-                                                 ids.ids[i], want[i]);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(ids.ids[i] == want[i], "\"%s\": id %zu is %d, want %d", text, i, ids.ids[i], want[i]);
     cai_byte_buf back = {0};
     ck_assert_int_eq(cai_bpe_decode(t, ids.ids, ids.len, &back), CAI_OK);
     ck_assert_uint_eq(back.len, strlen(text));
@@ -107,8 +107,11 @@ START_TEST(pretokenizer_follows_gpt2_pattern) {
                  (const char *[]){"Hello", " world", "'s", "  \n\n", " x", " 123", "abc", "   "}, 8);
     expect_split("I'm can'T we'LL 'll'd",
                  (const char *[]){"I", "'m", " can", "'", "T", " we", "'", "LL", " '", "ll", "'d"}, 11);
-    expect_split(" \xc2\xa0" "a\xe3\x80\x80\xe3\x80\x80" "b\t\n",
-                 (const char *[]){" ", "\xc2\xa0", "a", "\xe3\x80\x80", "\xe3\x80\x80", "b", "\t\n"}, 7);
+    expect_split(
+        " \xc2\xa0"
+        "a\xe3\x80\x80\xe3\x80\x80"
+        "b\t\n",
+        (const char *[]){" ", "\xc2\xa0", "a", "\xe3\x80\x80", "\xe3\x80\x80", "b", "\t\n"}, 7);
     expect_split("a\n\nb", (const char *[]){"a", "\n", "\n", "b"}, 4);
     expect_split("?\?!! ...'s", (const char *[]){"?\?!!", " ...'", "s"}, 3);
     /* e + combining acute (a mark, not a letter); Arabic-Indic digits; vulgar
@@ -120,24 +123,27 @@ START_TEST(pretokenizer_follows_gpt2_pattern) {
     expect_split("x  ", (const char *[]){"x", "  "}, 2);
     /* Invalid bytes are punctuation-like characters, one byte each. */
     expect_split("ab\xff\xfe cd \xc3", (const char *[]){"ab", "\xff\xfe", " cd", " \xc3"}, 4);
-    expect_split("\xe2\x82" "A", (const char *[]){"\xe2\x82", "A"}, 2);
+    expect_split(
+        "\xe2\x82"
+        "A",
+        (const char *[]){"\xe2\x82", "A"}, 2);
 }
 END_TEST
 
 START_TEST(unicode_classes_and_byte_map) {
-    ck_assert_int_eq(cai_bpe_codepoint_class(0xE9), BPE_CLASS_LETTER);     /* é */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x65E5), BPE_CLASS_LETTER);   /* 日 */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x0661), BPE_CLASS_NUMBER);   /* Arabic-Indic 1 */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x2163), BPE_CLASS_NUMBER);   /* Roman numeral four (Nl) */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x00BD), BPE_CLASS_NUMBER);   /* ½ (No) */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0xE9), BPE_CLASS_LETTER);   /* é */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x65E5), BPE_CLASS_LETTER); /* 日 */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x0661), BPE_CLASS_NUMBER); /* Arabic-Indic 1 */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x2163), BPE_CLASS_NUMBER); /* Roman numeral four (Nl) */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x00BD), BPE_CLASS_NUMBER); /* ½ (No) */
     ck_assert_int_eq(cai_bpe_codepoint_class(0x00A0), BPE_CLASS_SPACE);
     ck_assert_int_eq(cai_bpe_codepoint_class(0x0085), BPE_CLASS_SPACE);
     ck_assert_int_eq(cai_bpe_codepoint_class(0x3000), BPE_CLASS_SPACE);
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x200B), BPE_CLASS_OTHER);    /* zero width space: Cf */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x0301), BPE_CLASS_OTHER);    /* combining acute: Mn */
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x1F642), BPE_CLASS_OTHER);   /* emoji */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x200B), BPE_CLASS_OTHER);  /* zero width space: Cf */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x0301), BPE_CLASS_OTHER);  /* combining acute: Mn */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x1F642), BPE_CLASS_OTHER); /* emoji */
     ck_assert_int_eq(cai_bpe_codepoint_class(0x10FFFF), BPE_CLASS_OTHER);
-    ck_assert_int_eq(cai_bpe_codepoint_class(0x1D7CE), BPE_CLASS_NUMBER);  /* mathematical bold digit zero */
+    ck_assert_int_eq(cai_bpe_codepoint_class(0x1D7CE), BPE_CLASS_NUMBER); /* mathematical bold digit zero */
     /* GPT-2's printable stand-ins: space is U+0120, newline U+010A, soft hyphen U+0143. */
     ck_assert_uint_eq(cai_bpe_byte_to_char(' '), 0x120);
     ck_assert_uint_eq(cai_bpe_byte_to_char('\n'), 0x10A);
@@ -338,10 +344,34 @@ START_TEST(random_bytes_round_trip) {
     cai_bpe_t *t = load_tiny();
     ck_assert_int_eq(cai_bpe_add_special(t, "<s>", NULL), CAI_OK);
     /* Pieces that stress every branch of the pattern, plus raw random bytes. */
-    static const char *const pieces[] = {
-        " ", "  ", "\n", "\t", "'s", "'ll", "'", "lower", "the", "é", "\xcc\x81", "日本", "١٢", "½", "🙂",
-        "\xc2\xa0", "\xe3\x80\x80", "\xff", "\xc3", "\xe2\x82", "\xed\xa0\x80", "\xf4\x90\x80\x80", "<s>", "<",
-        "123", "?!", "\r\n", "\xc0\xaf"};
+    static const char *const pieces[] = {" ",
+                                         "  ",
+                                         "\n",
+                                         "\t",
+                                         "'s",
+                                         "'ll",
+                                         "'",
+                                         "lower",
+                                         "the",
+                                         "é",
+                                         "\xcc\x81",
+                                         "日本",
+                                         "١٢",
+                                         "½",
+                                         "🙂",
+                                         "\xc2\xa0",
+                                         "\xe3\x80\x80",
+                                         "\xff",
+                                         "\xc3",
+                                         "\xe2\x82",
+                                         "\xed\xa0\x80",
+                                         "\xf4\x90\x80\x80",
+                                         "<s>",
+                                         "<",
+                                         "123",
+                                         "?!",
+                                         "\r\n",
+                                         "\xc0\xaf"};
     const size_t np = sizeof pieces / sizeof *pieces;
     char buf[4096];
     for (uint64_t c = 0; c < 3000; c++) {
@@ -386,8 +416,9 @@ START_TEST(save_reloads_in_both_formats) {
     snprintf(mp, sizeof mp, "%s/merges.txt", dir);
     snprintf(hp, sizeof hp, "%s/tokenizer.json", dir);
     char *merges = read_text(mp);
-    ck_assert_str_eq(merges, "#version: 0.2\n\xc4\xa0 t\nh e\n\xc4\xa0t he\nl o\nlo w\ne r\nlow er\n\xc4\xa0 low\n"
-                             "\xc4\xa0low er\n' s\n");
+    ck_assert_str_eq(merges,
+                     "#version: 0.2\n\xc4\xa0 t\nh e\n\xc4\xa0t he\nl o\nlo w\ne r\nlow er\n\xc4\xa0 low\n"
+                     "\xc4\xa0low er\n' s\n");
     free(merges);
     cai_bpe_t *a, *b;
     ck_assert_msg(cai_bpe_load(vp, mp, &a) == CAI_OK, "%s", cai_error_message());
@@ -539,10 +570,8 @@ START_TEST(train_matches_naive_recount) {
         for (int w = 0; w < nw; w++) {
             int o2 = 0;
             for (int i = 0; i < len[w];) {
-                if (i + 1 < len[w] && sym[w][i] == ba && sym[w][i + 1] == bb)
-                    sym[w][o2++] = x, i += 2;
-                else
-                    sym[w][o2++] = sym[w][i++];
+                if (i + 1 < len[w] && sym[w][i] == ba && sym[w][i + 1] == bb) sym[w][o2++] = x, i += 2;
+                else sym[w][o2++] = sym[w][i++];
             }
             len[w] = o2;
         }
@@ -557,7 +586,8 @@ START_TEST(trained_tokenizer_reaches_size_and_is_lossless) {
     enum { DOCS = 40 };
     char *docs[DOCS];
     size_t total = 0;
-    cai_bpe_train_opts o = {.vocab_size = 1200, .special_tokens = (const char *[]){"<|endoftext|>", "<pad>"},
+    cai_bpe_train_opts o = {.vocab_size = 1200,
+                            .special_tokens = (const char *[]){"<|endoftext|>", "<pad>"},
                             .n_special = 2};
     cai_bpe_trainer_t *tr;
     ck_assert_int_eq(cai_bpe_trainer_init(&o, &tr), CAI_OK);

@@ -73,7 +73,8 @@ static void make_cases(void) {
     ADD("3.14159 1,000,000 2024-11-29 0x7fff 1e-5 123456789012345678901234567890 42nd");
     ADD("\xd9\xa1\xd9\xa2\xd9\xa3 \xe0\xa5\xa8\xe0\xa5\xaa \xc2\xbd \xe2\x85\xab \xc2\xb2\xc2\xb3");
     /* letters beyond ASCII */
-    ADD("Gr\xc3\xbc\xc3\x9f" "e, na\xc3\xafve caf\xc3\xa9; \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 "
+    ADD("Gr\xc3\xbc\xc3\x9f"
+        "e, na\xc3\xafve caf\xc3\xa9; \xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 "
         "\xd0\xbc\xd0\xb8\xd1\x80; \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9"
         "\xe3\x83\x88; \xce\xb5\xce\xbb\xce\xbb\xce\xb7\xce\xbd\xce\xb9\xce\xba\xce\xac; \xd8\xb9\xd8\xb1\xd8\xa8\xd9\x8a");
     ADD("e\xcc\x81t\xc3\xa9 \xe1\x84\x80\xe1\x85\xa1 \xf0\x9d\x90\x80\xf0\x9d\x90\x81");
@@ -81,7 +82,13 @@ static void make_cases(void) {
     ADD("\xf0\x9f\x99\x82 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd family: \xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d"
         "\xf0\x9f\x91\xa7 \xf0\x9f\x87\xab\xf0\x9f\x87\xb7!!");
     /* unusual spaces */
-    ADD("a\xc2\xa0" "b\xe2\x80\x83" "c\xe3\x80\x80" "d\xe2\x80\xa8" "e\xc2\x85" "f\xe2\x80\x8b" "g");
+    ADD("a\xc2\xa0"
+        "b\xe2\x80\x83"
+        "c\xe3\x80\x80"
+        "d\xe2\x80\xa8"
+        "e\xc2\x85"
+        "f\xe2\x80\x8b"
+        "g");
     /* invalid UTF-8 */
     ADD("\xff\xfe abc \xc3 \xe2\x82 \xed\xa0\x80 \xc0\xaf \xf4\x90\x80\x80 ok\x80");
     ADD("<|endoftext|> is text here");
@@ -99,12 +106,62 @@ static void make_cases(void) {
         add_case(buf, 900);
     }
     /* random mixtures of the above */
-    static const char *const pieces[] = {
-        " ", "  ", "\n", "\n\n", "\t", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'", "'S", "the", "The", " of",
-        "ing", "tion", "Hello", "world", "caf\xc3\xa9", "\xcc\x81", "\xe6\x97\xa5\xe6\x9c\xac", "\xd9\xa1\xd9\xa2",
-        "\xc2\xbd", "\xf0\x9f\x99\x82", "\xe2\x80\x8d", "\xc2\xa0", "\xe3\x80\x80", "\xe2\x80\xa8", "\xff", "\xc3",
-        "\xe2\x82", "123", "4", "3.5", "?!", "...", "--", "(", ")", "\"", "\r\n", "<|", "|>", "\xd0\x9f\xd1\x80",
-        "x", "Z", "_", "@", "#", "$", "%", "\xe2\x82\xac", "\xce\xb1\xce\xb2"};
+    static const char *const pieces[] = {" ",
+                                         "  ",
+                                         "\n",
+                                         "\n\n",
+                                         "\t",
+                                         "'s",
+                                         "'t",
+                                         "'re",
+                                         "'ve",
+                                         "'m",
+                                         "'ll",
+                                         "'d",
+                                         "'",
+                                         "'S",
+                                         "the",
+                                         "The",
+                                         " of",
+                                         "ing",
+                                         "tion",
+                                         "Hello",
+                                         "world",
+                                         "caf\xc3\xa9",
+                                         "\xcc\x81",
+                                         "\xe6\x97\xa5\xe6\x9c\xac",
+                                         "\xd9\xa1\xd9\xa2",
+                                         "\xc2\xbd",
+                                         "\xf0\x9f\x99\x82",
+                                         "\xe2\x80\x8d",
+                                         "\xc2\xa0",
+                                         "\xe3\x80\x80",
+                                         "\xe2\x80\xa8",
+                                         "\xff",
+                                         "\xc3",
+                                         "\xe2\x82",
+                                         "123",
+                                         "4",
+                                         "3.5",
+                                         "?!",
+                                         "...",
+                                         "--",
+                                         "(",
+                                         ")",
+                                         "\"",
+                                         "\r\n",
+                                         "<|",
+                                         "|>",
+                                         "\xd0\x9f\xd1\x80",
+                                         "x",
+                                         "Z",
+                                         "_",
+                                         "@",
+                                         "#",
+                                         "$",
+                                         "%",
+                                         "\xe2\x82\xac",
+                                         "\xce\xb1\xce\xb2"};
     const uint32_t np = sizeof pieces / sizeof *pieces;
     char buf[8192];
     for (uint64_t c = 0; c < 300; c++) {
@@ -203,8 +260,8 @@ START_TEST(matches_reference_encoder) {
         size_t first = 0;
         while (first < ids.len && first < g_nwant[c] && ids.ids[first] == g_want[c][first]) first++;
         ck_assert_msg(ids.len == g_nwant[c] && first == ids.len,
-                      "case %zu (%zu bytes): %zu ids vs reference %zu; first difference at %zu (%d vs %d)", c,
-                      g_len[c], ids.len, g_nwant[c], first, first < ids.len ? ids.ids[first] : -1,
+                      "case %zu (%zu bytes): %zu ids vs reference %zu; first difference at %zu (%d vs %d)", c, g_len[c],
+                      ids.len, g_nwant[c], first, first < ids.len ? ids.ids[first] : -1,
                       first < g_nwant[c] ? g_want[c][first] : -1);
         total += ids.len;
     }

@@ -49,8 +49,7 @@ static const cai_config_field fields[] = {
      NULL, NULL},
     {"train.fused", CAI_CFG_BOOL, offsetof(tcfg, train.fused), "true", "use fused kernels", CAI_CFG_NO_RANGE, NULL,
      NULL},
-    {"train.dtype", CAI_CFG_ENUM, offsetof(tcfg, train.dtype), "bf16", "compute dtype", CAI_CFG_NO_RANGE, dtypes,
-     NULL},
+    {"train.dtype", CAI_CFG_ENUM, offsetof(tcfg, train.dtype), "bf16", "compute dtype", CAI_CFG_NO_RANGE, dtypes, NULL},
     {"train.name", CAI_CFG_STRING, offsetof(tcfg, train.name), "run", "run name", CAI_CFG_NO_RANGE, NULL, NULL},
     {"mesh.tp", CAI_CFG_INT, offsetof(tcfg, mesh.tp), "1", "tensor-parallel size", 1, 64, NULL, "tp"},
     {"mesh.pp", CAI_CFG_INT, offsetof(tcfg, mesh.pp), "1", "pipeline stages", 1, 64, NULL, "pp"},
@@ -68,19 +67,26 @@ static const cai_config_schema schema = {"colossal-test", "config module test pr
 static const struct {
     const char *type, *def;
 } help_expect[] = {
-    {"double", "0.0003"}, {"int", "100"},   {"int64", "1000000000000"}, {"[=bool]", "true"},
-    {"{f32|bf16|f16}", "bf16"}, {"string", "\"run\""}, {"int", "1"}, {"int", "1"},
-    {"{1f1b|interleaved|zb-v}", "1f1b"}, {"double", "1.0e-05"}, {"string", "\"\""}, {"int64", "1234"},
+    {"double", "0.0003"},
+    {"int", "100"},
+    {"int64", "1000000000000"},
+    {"[=bool]", "true"},
+    {"{f32|bf16|f16}", "bf16"},
+    {"string", "\"run\""},
+    {"int", "1"},
+    {"int", "1"},
+    {"{1f1b|interleaved|zb-v}", "1f1b"},
+    {"double", "1.0e-05"},
+    {"string", "\"\""},
+    {"int64", "1234"},
 };
 
 static char data_path[PATH_MAX];
 
 static const char *data_file(const char *name) {
     const char *top = getenv("top_srcdir");
-    if (top && *top)
-        snprintf(data_path, sizeof data_path, "%s/tests/data/config/%s", top, name);
-    else
-        snprintf(data_path, sizeof data_path, "%s/%s", CAI_CONFIG_TEST_DATA, name);
+    if (top && *top) snprintf(data_path, sizeof data_path, "%s/tests/data/config/%s", top, name);
+    else snprintf(data_path, sizeof data_path, "%s/%s", CAI_CONFIG_TEST_DATA, name);
     return data_path;
 }
 
@@ -103,7 +109,7 @@ static int line_containing(const char *path, const char *needle) {
     return found;
 }
 
-#define ASSERT_MSG_HAS(text)                                                                                   \
+#define ASSERT_MSG_HAS(text)                                                                                         \
     ck_assert_msg(strstr(cai_error_message(), (text)) != NULL, "error message '%s' lacks '%s'", cai_error_message(), \
                   (text))
 
@@ -174,13 +180,13 @@ START_TEST(cli_overrides_beat_yaml_in_argv_order) {
     char cfgarg[PATH_MAX + 16];
     snprintf(cfgarg, sizeof cfgarg, "--config=%s", data_file("good.yaml"));
     /* The lr override stands before --config and still wins. */
-    const char *argv[] = {"prog", "--train.lr=0.5", cfgarg, "--tp", "4", "--mesh.tp=8", "--train.steps", "7",
-                          "--out-dir", "x/y", "--seed", "-3", "--train.name=", "--train.fused"};
+    const char *argv[] = {"prog", "--train.lr=0.5", cfgarg, "--tp",   "4",  "--mesh.tp=8",   "--train.steps",
+                          "7",    "--out-dir",      "x/y",  "--seed", "-3", "--train.name=", "--train.fused"};
     int help = -1;
     ck_assert_int_eq(parse(&c, 14, argv, &help), CAI_OK);
     ck_assert_int_eq(help, 0);
     ck_assert(c.train.lr == 0.5);
-    ck_assert_int_eq(c.mesh.tp, 8);  /* alias then key: the later one wins */
+    ck_assert_int_eq(c.mesh.tp, 8); /* alias then key: the later one wins */
     ck_assert_int_eq(c.train.steps, 7);
     ck_assert(c.train.tokens == INT64_C(5000000000)); /* from YAML */
     ck_assert_int_eq(c.train.dtype, DT_F16);          /* from YAML */
@@ -256,12 +262,23 @@ START_TEST(wrong_types_are_errors) {
     static const struct {
         const char *key, *value;
     } bad[] = {
-        {"train.lr", "abc"},       {"train.lr", "1.0x"},         {"train.lr", ""},
-        {"train.lr", "nan"},       {"train.lr", "1e999"},        {"train.steps", "1.5"},
-        {"train.steps", "1e3"},    {"train.steps", "12abc"},     {"train.steps", " 12"},
-        {"train.steps", ""},       {"train.steps", "99999999999"}, {"train.steps", "2147483648"},
-        {"train.tokens", "9223372036854775808"}, {"train.tokens", "-9223372036854775809"},
-        {"train.fused", "maybe"},  {"train.fused", "2"},         {"train.dtype", "fp8"},
+        {"train.lr", "abc"},
+        {"train.lr", "1.0x"},
+        {"train.lr", ""},
+        {"train.lr", "nan"},
+        {"train.lr", "1e999"},
+        {"train.steps", "1.5"},
+        {"train.steps", "1e3"},
+        {"train.steps", "12abc"},
+        {"train.steps", " 12"},
+        {"train.steps", ""},
+        {"train.steps", "99999999999"},
+        {"train.steps", "2147483648"},
+        {"train.tokens", "9223372036854775808"},
+        {"train.tokens", "-9223372036854775809"},
+        {"train.fused", "maybe"},
+        {"train.fused", "2"},
+        {"train.dtype", "fp8"},
     };
     tcfg c;
     ck_assert_int_eq(cai_config_defaults(&schema, &c), CAI_OK);
@@ -428,11 +445,16 @@ static const char *const tricky_name =
 static void set_tricky(tcfg *c) {
     ck_assert_int_eq(cai_config_defaults(&schema, c), CAI_OK);
     static const char *const kv[][2] = {
-        {"train.lr", "0.30000000000000004"}, {"train.steps", "999999"},
-        {"train.tokens", "-9223372036854775808"}, {"train.fused", "false"},
-        {"train.dtype", "f32"},            {"mesh.tp", "64"},
-        {"pp", "3"},                       {"mesh.schedule", "1f1b"},
-        {"model.norm.eps", "4.9406564584124654e-324"}, {"out_dir", "null"},
+        {"train.lr", "0.30000000000000004"},
+        {"train.steps", "999999"},
+        {"train.tokens", "-9223372036854775808"},
+        {"train.fused", "false"},
+        {"train.dtype", "f32"},
+        {"mesh.tp", "64"},
+        {"pp", "3"},
+        {"mesh.schedule", "1f1b"},
+        {"model.norm.eps", "4.9406564584124654e-324"},
+        {"out_dir", "null"},
         {"seed", "123"},
     };
     for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
@@ -571,28 +593,36 @@ START_TEST(bad_tables_are_rejected) {
     } cases[] = {
         {{{"x.a", CAI_CFG_INT, offsetof(small, a), "1", "a", CAI_CFG_NO_RANGE, NULL, NULL},
           {"x.a", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "names both"},
+         CAI_ERR_INVALID_ARG,
+         "names both"},
         {{{"x", CAI_CFG_INT, offsetof(small, a), "1", "a", CAI_CFG_NO_RANGE, NULL, NULL},
           {"x.b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "cannot also be a section"},
+         CAI_ERR_INVALID_ARG,
+         "cannot also be a section"},
         {{{"x.a", CAI_CFG_INT, offsetof(small, a), "1", NULL, CAI_CFG_NO_RANGE, NULL, NULL},
           {"x.b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "doc"},
+         CAI_ERR_INVALID_ARG,
+         "doc"},
         {{{"x.a", CAI_CFG_INT, offsetof(small, a), "0", "a", 1, 8, NULL, NULL},
           {"x.b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_CONFIG, "out of range"},
+         CAI_ERR_CONFIG,
+         "out of range"},
         {{{"x.a", CAI_CFG_ENUM, offsetof(small, a), NULL, "a", CAI_CFG_NO_RANGE, none, NULL},
           {"x.b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "no choices"},
+         CAI_ERR_INVALID_ARG,
+         "no choices"},
         {{{"x.a", CAI_CFG_INT, offsetof(small, a), "1", "a", CAI_CFG_NO_RANGE, NULL, "b"},
           {"b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "names both"},
+         CAI_ERR_INVALID_ARG,
+         "names both"},
         {{{"x.a", CAI_CFG_INT, offsetof(small, a), "1", "a", CAI_CFG_NO_RANGE, NULL, NULL},
           {"config", CAI_CFG_STRING, offsetof(small, s), NULL, "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "reserved"},
+         CAI_ERR_INVALID_ARG,
+         "reserved"},
         {{{"x..a", CAI_CFG_INT, offsetof(small, a), "1", "a", CAI_CFG_NO_RANGE, NULL, NULL},
           {"x.b", CAI_CFG_INT, offsetof(small, b), "1", "b", CAI_CFG_NO_RANGE, NULL, NULL}},
-         CAI_ERR_INVALID_ARG, "x..a"},
+         CAI_ERR_INVALID_ARG,
+         "x..a"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cai_config_schema s = {"bad", NULL, cases[i].f, 2};
@@ -603,8 +633,8 @@ START_TEST(bad_tables_are_rejected) {
         cai_config_free(&s, &v);
     }
     /* Zero min and max (designated initialisers leaving them out) mean no range. */
-    const cai_config_field f[] = {{.key = "n", .type = CAI_CFG_INT, .offset = offsetof(small, a), .default_value = "-5",
-                                   .doc = "a number"}};
+    const cai_config_field f[] = {
+        {.key = "n", .type = CAI_CFG_INT, .offset = offsetof(small, a), .default_value = "-5", .doc = "a number"}};
     cai_config_schema s = {"ok", NULL, f, 1};
     small v;
     ck_assert_int_eq(cai_config_defaults(&s, &v), CAI_OK);
@@ -618,10 +648,21 @@ START_TEST(byte_sizes) {
     static const struct {
         const char *text;
         int64_t bytes;
-    } good[] = {{"0", 0},           {"4096", 4096},          {"1K", 1024},           {"800M", 800LL << 20},
-                {"3GiB", 3LL << 30}, {"3gib", 3LL << 30},     {"5GB", 5000000000LL},  {"500MB", 500000000LL},
-                {"64KiB", 65536},    {"1.5GB", 1500000000LL}, {"2T", 2LL << 40},      {"123B", 123},
-                {"1.5K", 1536},      {"0.6", 1},              {"7 MiB", 7LL << 20}};
+    } good[] = {{"0", 0},
+                {"4096", 4096},
+                {"1K", 1024},
+                {"800M", 800LL << 20},
+                {"3GiB", 3LL << 30},
+                {"3gib", 3LL << 30},
+                {"5GB", 5000000000LL},
+                {"500MB", 500000000LL},
+                {"64KiB", 65536},
+                {"1.5GB", 1500000000LL},
+                {"2T", 2LL << 40},
+                {"123B", 123},
+                {"1.5K", 1536},
+                {"0.6", 1},
+                {"7 MiB", 7LL << 20}};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         int64_t v = -7;
         ck_assert_msg(cai_config_parse_bytes("x", good[i].text, &v) == CAI_OK, "%s: %s", good[i].text,
@@ -642,8 +683,7 @@ START_TEST(byte_sizes) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int64_t v = 42;
         cai_error_clear();
-        ck_assert_msg(cai_config_parse_bytes("train.mem_limit", bad[i], &v) == CAI_ERR_CONFIG, "'%s' accepted",
-                      bad[i]);
+        ck_assert_msg(cai_config_parse_bytes("train.mem_limit", bad[i], &v) == CAI_ERR_CONFIG, "'%s' accepted", bad[i]);
         ck_assert_int_eq(v, 42);
         ASSERT_MSG_HAS("train.mem_limit=");
     }

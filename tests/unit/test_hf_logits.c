@@ -189,8 +189,10 @@ int main(int argc, char **argv) {
     } else if (argc == 5 && !strcmp(argv[1], "import")) {
         st = run_import(argv[2], argv[3], argv[4]);
     } else {
-        fprintf(stderr, "usage: %s export gpt2|llama DIR OUT [dtype [max_shard_bytes]]\n"
-                        "       %s import DIR TOKENS OUT\n", argv[0], argv[0]);
+        fprintf(stderr,
+                "usage: %s export gpt2|llama DIR OUT [dtype [max_shard_bytes]]\n"
+                "       %s import DIR TOKENS OUT\n",
+                argv[0], argv[0]);
         return 2;
     }
     if (st != CAI_OK) {

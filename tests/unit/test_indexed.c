@@ -68,8 +68,8 @@ START_TEST(dtype_codes_are_megatrons) {
         int code;
         const char *name;
         size_t size;
-    } k[] = {{1, "uint8", 1},   {2, "int8", 1},    {3, "int16", 2},   {4, "int32", 4},
-             {5, "int64", 8},   {6, "float64", 8}, {7, "float32", 4}, {8, "uint16", 2}};
+    } k[] = {{1, "uint8", 1}, {2, "int8", 1},    {3, "int16", 2},   {4, "int32", 4},
+             {5, "int64", 8}, {6, "float64", 8}, {7, "float32", 4}, {8, "uint16", 2}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         ck_assert_str_eq(cai_indexed_dtype_name(k[i].code), k[i].name);
         ck_assert_uint_eq(cai_indexed_dtype_size(k[i].code), k[i].size);
@@ -278,9 +278,9 @@ END_TEST
 
 typedef struct {
     const char *what;
-    int file;        /* 0: .idx, 1: .bin */
-    long at;         /* byte offset to overwrite (-1: none) */
-    int nbytes;      /* 1 or 8 or 4 */
+    int file;   /* 0: .idx, 1: .bin */
+    long at;    /* byte offset to overwrite (-1: none) */
+    int nbytes; /* 1 or 8 or 4 */
     int64_t value;
     long truncate_to; /* -1: keep size; else new size (negative counts from the end: -2 - n) */
     long append;      /* extra zero bytes at the end */
@@ -333,7 +333,8 @@ START_TEST(each_corruption_gets_its_own_error) {
         {"pointer inconsistent", 0, P + 8, 8, 8, -1, 0, 0, CAI_ERR_FORMAT, "inconsistent"},
         {"bin truncated", 1, -1, 0, 0, -2 - 2, 0, 0, CAI_ERR_FORMAT, "runs past the end"},
         {"bin trailing", 1, -1, 0, 0, -1, 2, 0, CAI_ERR_FORMAT, "describes 20 bytes"},
-        {"token outside vocabulary", 1, 18, 2, 500, -1, 0, 500, CAI_ERR_FORMAT, "token 500 at position 0 of sequence 3"},
+        {"token outside vocabulary", 1, 18, 2, 500, -1, 0, 500, CAI_ERR_FORMAT,
+         "token 500 at position 0 of sequence 3"},
     };
     char bad[300];
     path_in(bad, sizeof bad, "bad");

@@ -18,13 +18,13 @@ static char g_dir[256];
 static int g_rank, g_size = 1;
 
 /* Fails the test with the error trace when a colossal call does not succeed. */
-#define CK_CAI(expr)                                                                                   \
-    do {                                                                                               \
-        cai_status ck_st_ = (expr);                                                                    \
-        if (ck_st_ != CAI_OK) {                                                                        \
-            cai_error_print(stderr);                                                                   \
-            ck_abort_msg("%s -> %s: %s", #expr, cai_status_str(ck_st_), cai_error_message());          \
-        }                                                                                              \
+#define CK_CAI(expr)                                                                          \
+    do {                                                                                      \
+        cai_status ck_st_ = (expr);                                                           \
+        if (ck_st_ != CAI_OK) {                                                               \
+            cai_error_print(stderr);                                                          \
+            ck_abort_msg("%s -> %s: %s", #expr, cai_status_str(ck_st_), cai_error_message()); \
+        }                                                                                     \
     } while (0)
 
 static inline void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", g_dir, name); }

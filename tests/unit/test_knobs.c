@@ -89,7 +89,7 @@ START_TEST(bad_values_are_errors_naming_what_fits) {
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "[0, 1]"));
     cai_error_clear();
     const char *s = NULL;
-    ck_assert_int_eq(cai_knob_str("CAI_CKPT_MPIIO", &s), CAI_OK); /* read before, in defaults_when_unset */
+    ck_assert_int_eq(cai_knob_str("CAI_CKPT_MPIIO", &s), CAI_OK);   /* read before, in defaults_when_unset */
     ck_assert_int_eq(cai_knob_set("CAI_CKPT_MPIIO", NULL), CAI_OK); /* back to the environment: now the bad one */
     ck_assert_int_eq(cai_knob_str("CAI_CKPT_MPIIO", &s), CAI_ERR_CONFIG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "one of independent|two-phase"));

@@ -44,15 +44,14 @@ typedef struct {
 
 #define N_FIELDS 14
 static cai_tensor *field(cai_block_params *p, int i) {
-    cai_tensor *f[N_FIELDS] = {&p->ln1_w, &p->ln1_b, &p->qkv_w, &p->qkv_b, &p->proj_w, &p->proj_b, &p->ln2_w,
-                               &p->ln2_b, &p->fc_w,  &p->fc_b,  &p->up_w,   &p->mlp_proj_w, &p->mlp_proj_b, NULL};
+    cai_tensor *f[N_FIELDS] = {&p->ln1_w, &p->ln1_b, &p->qkv_w, &p->qkv_b, &p->proj_w,     &p->proj_b,     &p->ln2_w,
+                               &p->ln2_b, &p->fc_w,  &p->fc_b,  &p->up_w,  &p->mlp_proj_w, &p->mlp_proj_b, NULL};
     return f[i];
 }
-static const char *field_name[N_FIELDS] = {"ln1_w", "ln1_b", "qkv_w",   "qkv_b",   "proj_w",    "proj_b", "ln2_w",
-                                           "ln2_b", "fc_w",  "fc_b",    "up_w",    "mlp_proj_w", "mlp_proj_b", NULL};
+static const char *field_name[N_FIELDS] = {"ln1_w", "ln1_b", "qkv_w", "qkv_b", "proj_w",     "proj_b",     "ln2_w",
+                                           "ln2_b", "fc_w",  "fc_b",  "up_w",  "mlp_proj_w", "mlp_proj_b", NULL};
 
-static cai_layer_dims dims_for(cai_model_family f, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
-                               int64_t F) {
+static cai_layer_dims dims_for(cai_model_family f, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t F) {
     cai_layer_dims d;
     memset(&d, 0, sizeof d);
     d.family = f;
@@ -168,9 +167,13 @@ static void check_sublayer(cai_model_family fam, sublayer which, const cai_layer
     char what[96];
     snprintf(what, sizeof what, "%s/%d d(inp)", cai_model_family_name(fam), (int)which);
     check_fd(what, fx.inp.data, fx.dstream.data, cai_tensor_numel(&fx.inp), sub_obj, &ctx, 1e-2f, 2e-3, 1e-2, 40);
-    int uses[N_FIELDS] = {which != SUB_MLP, which != SUB_MLP, which != SUB_MLP, which != SUB_MLP, which != SUB_MLP,
-                          which != SUB_MLP, which != SUB_ATTN, which != SUB_ATTN, which != SUB_ATTN,
-                          which != SUB_ATTN, which != SUB_ATTN, which != SUB_ATTN, which != SUB_ATTN, 0};
+    int uses[N_FIELDS] = {which != SUB_MLP,  which != SUB_MLP,
+                          which != SUB_MLP,  which != SUB_MLP,
+                          which != SUB_MLP,  which != SUB_MLP,
+                          which != SUB_ATTN, which != SUB_ATTN,
+                          which != SUB_ATTN, which != SUB_ATTN,
+                          which != SUB_ATTN, which != SUB_ATTN,
+                          which != SUB_ATTN, 0};
     for (int i = 0; field(&fx.w, i); i++) {
         cai_tensor *w = field(&fx.w, i), *g = field(&fx.g, i);
         if (!w->data) continue;
@@ -282,8 +285,7 @@ typedef struct {
 
 static double head_obj(void *c) {
     head_ctx *e = c;
-    ck_assert_int_eq(cai_head_fwd(dev, &e->d, &e->lnf_w, &e->lnf_b, &e->head_w, &e->h, &e->inp, &e->targets),
-                     CAI_OK);
+    ck_assert_int_eq(cai_head_fwd(dev, &e->d, &e->lnf_w, &e->lnf_b, &e->head_w, &e->h, &e->inp, &e->targets), CAI_OK);
     const float *l = e->h.losses.data;
     double s = 0;
     for (int64_t i = 0; i < cai_tensor_numel(&e->h.losses); i++) s += l[i];

@@ -224,8 +224,8 @@ START_TEST(coords_and_groups_match_brute_force) {
     for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
         for (size_t oi = 0; oi < sizeof orders / sizeof orders[0]; oi++) {
             char order[64];
-            snprintf(order, sizeof order, "%s,%s,%s,%s,%s", orders[oi][0], orders[oi][1], orders[oi][2],
-                     orders[oi][3], orders[oi][4]);
+            snprintf(order, sizeof order, "%s,%s,%s,%s,%s", orders[oi][0], orders[oi][1], orders[oi][2], orders[oi][3],
+                     orders[oi][4]);
             cai_layout l = layouts[li];
             l.order = order;
             int world = l.pp * l.dp * l.sp * l.tp;
@@ -240,8 +240,9 @@ START_TEST(coords_and_groups_match_brute_force) {
                     ck_assert_int_eq(n, cai_layout_axis_size(&l, (cai_axis)a));
                     ck_assert_int_eq(cai_layout_group(&l, (cai_axis)a, r, got), CAI_OK);
                     for (int k = 0; k < n; k++)
-                        ck_assert_msg(got[k] == want[k], "layout %zu order %s axis %s rank %d: member %d is %d, want %d",
-                                      li, order, cai_axis_name((cai_axis)a), r, k, got[k], want[k]);
+                        ck_assert_msg(got[k] == want[k],
+                                      "layout %zu order %s axis %s rank %d: member %d is %d, want %d", li, order,
+                                      cai_axis_name((cai_axis)a), r, k, got[k], want[k]);
                     int pos = -1;
                     for (int k = 0; k < n; k++)
                         if (want[k] == r) pos = k;
@@ -332,10 +333,8 @@ START_TEST(half_conversions_round_to_nearest_even) {
         float x = bits_to_float(b.v[0]);
         if (isinf(x)) continue;
         uint16_t got = cai_cl_f32_to_bf16(x);
-        if (isnan(x))
-            ck_assert(isnan(cai_cl_bf16_to_f32(got)));
-        else
-            ck_assert_msg(got == ref_bf16(x), "bf16(%a): got %04x want %04x", x, got, ref_bf16(x));
+        if (isnan(x)) ck_assert(isnan(cai_cl_bf16_to_f32(got)));
+        else ck_assert_msg(got == ref_bf16(x), "bf16(%a): got %04x want %04x", x, got, ref_bf16(x));
 #ifdef __FLT16_MANT_DIG__
         /* A value in the half range, with every low bit pattern exercised. */
         float y = bits_to_float((b.v[1] & 0x807fffffu) | ((100u + b.v[2] % 45u) << 23));
@@ -357,8 +356,8 @@ START_TEST(half_conversions_round_to_nearest_even) {
     ck_assert_uint_eq(cai_cl_f32_to_f16(65504.0f), 0x7bff);
     ck_assert_uint_eq(cai_cl_f32_to_f16(65519.99f), 0x7bff);
     ck_assert_uint_eq(cai_cl_f32_to_f16(65520.0f), 0x7c00);
-    ck_assert_uint_eq(cai_cl_f32_to_f16(0x1p-25f), 0x0000);       /* half of the smallest subnormal: to even */
-    ck_assert_uint_eq(cai_cl_f32_to_f16(0x1.8p-24f), 0x0002);     /* 1.5 steps: to even (2) */
+    ck_assert_uint_eq(cai_cl_f32_to_f16(0x1p-25f), 0x0000);        /* half of the smallest subnormal: to even */
+    ck_assert_uint_eq(cai_cl_f32_to_f16(0x1.8p-24f), 0x0002);      /* 1.5 steps: to even (2) */
     ck_assert_uint_eq(cai_cl_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80); /* tie: stays even */
     ck_assert_uint_eq(cai_cl_f32_to_bf16(1.0f + 0x1.8p-8f), 0x3f81);
 }

@@ -17,10 +17,10 @@
 
 static cai_device_t *dev;
 
-#define OK(expr)                                                                          \
-    do {                                                                                  \
-        cai_status st_ = (expr);                                                          \
-        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message());        \
+#define OK(expr)                                                                   \
+    do {                                                                           \
+        cai_status st_ = (expr);                                                   \
+        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message()); \
     } while (0)
 
 static cai_model_config tiny_gpt2(void) {
@@ -134,14 +134,13 @@ static int expected_names(const cai_model_config *c, char names[][CAI_PARAM_NAME
     snprintf(names[n++], CAI_PARAM_NAME_MAX, "wte.weight");
     if (gpt2) snprintf(names[n++], CAI_PARAM_NAME_MAX, "wpe.weight");
     for (int l = 0; l < c->n_layers; l++) {
-        const char *g[] = {"ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-                           "attn.proj.bias", "ln_2.weight", "ln_2.bias", "mlp.fc.weight", "mlp.fc.bias",
-                           "mlp.proj.weight", "mlp.proj.bias"};
-        const char *ll[] = {"ln_1.weight", "attn.qkv.weight", "attn.proj.weight", "ln_2.weight",
-                            "mlp.fc.weight", "mlp.up.weight", "mlp.proj.weight"};
+        const char *g[] = {"ln_1.weight",      "ln_1.bias",      "attn.qkv.weight", "attn.qkv.bias",
+                           "attn.proj.weight", "attn.proj.bias", "ln_2.weight",     "ln_2.bias",
+                           "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
+        const char *ll[] = {"ln_1.weight",   "attn.qkv.weight", "attn.proj.weight", "ln_2.weight",
+                            "mlp.fc.weight", "mlp.up.weight",   "mlp.proj.weight"};
         int k = gpt2 ? 12 : 7;
-        for (int i = 0; i < k; i++)
-            snprintf(names[n++], CAI_PARAM_NAME_MAX, "h.%d.%s", l, gpt2 ? g[i] : ll[i]);
+        for (int i = 0; i < k; i++) snprintf(names[n++], CAI_PARAM_NAME_MAX, "h.%d.%s", l, gpt2 ? g[i] : ll[i]);
         total += W * C + C * (uint64_t)c->n_heads * D + (gpt2 ? 2 : 3) * F * C + 2 * C;
         if (gpt2) total += W + C + F + C + 2 * C;
     }
@@ -172,7 +171,7 @@ START_TEST(registration_names_every_parameter_once) {
             ck_assert_int_eq(p->spec.weight_decay, !is_vec); /* no decay on norms and biases */
             if (strstr(p->name, "attn.qkv")) ck_assert_int_eq(p->spec.qkv.n_kv_heads, k ? 2 : 3);
             if (strstr(p->name, "proj.weight")) {
-                ck_assert_int_eq(p->spec.tp_split_dim, 1); /* row parallel */
+                ck_assert_int_eq(p->spec.tp_split_dim, 1);                                  /* row parallel */
                 ck_assert_float_eq_tol(cai_registry_init_std(reg, i), 0.02f / 2.0f, 1e-7f); /* 1/sqrt(2*2) */
             }
             if (strstr(p->name, "qkv.weight") || strstr(p->name, "fc.weight") || strstr(p->name, "up.weight"))
@@ -264,8 +263,7 @@ static void check_model_fd(cai_model_config cfg, int B, int T) {
         /* Six samples per parameter; for the embeddings pick rows of tokens in the batch. */
         for (int s = 0; s < 6; s++) {
             int64_t k = (int64_t)(cai_rng_uniform(5, (uint64_t)i, (uint64_t)s) * (float)n) % n;
-            if (strcmp(p->name, "wte.weight") == 0)
-                k = (int64_t)tok[(s * 5) % (B * T)] * cfg.d_model + s % cfg.d_model;
+            if (strcmp(p->name, "wte.weight") == 0) k = (int64_t)tok[(s * 5) % (B * T)] * cfg.d_model + s % cfg.d_model;
             float save = wp[k];
             const float eps = 1e-2f;
             wp[k] = save + eps;
@@ -321,10 +319,8 @@ static void grads_of_scaled(cai_model_config c, int ckpt, int fused, float scale
     c.activation_checkpointing = ckpt;
     cai_model_t *m = make_model(&c, 2, 6);
     OK(cai_model_zero_grad(m));
-    if (fused)
-        OK(cai_model_forward_train(m, tok, tgt, scale, loss));
-    else
-        OK(cai_model_forward(m, tok, tgt, loss));
+    if (fused) OK(cai_model_forward_train(m, tok, tgt, scale, loss));
+    else OK(cai_model_forward(m, tok, tgt, loss));
     OK(cai_model_backward(m, scale));
     cai_tensor grads;
     cai_model_flat(m, NULL, &grads, NULL);

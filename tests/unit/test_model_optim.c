@@ -16,10 +16,10 @@
 
 static cai_device_t *dev;
 
-#define OK(expr)                                                                          \
-    do {                                                                                  \
-        cai_status st_ = (expr);                                                          \
-        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message());        \
+#define OK(expr)                                                                   \
+    do {                                                                           \
+        cai_status st_ = (expr);                                                   \
+        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message()); \
     } while (0)
 
 static cai_model_config tiny(cai_model_family f) {
@@ -67,7 +67,7 @@ START_TEST(lr_schedules) {
     ck_assert_float_eq_tol(cai_lr_at(&s, 1), 0.1f, 1e-7f);
     ck_assert_float_eq_tol(cai_lr_at(&s, 5), 0.5f, 1e-7f);
     ck_assert_float_eq_tol(cai_lr_at(&s, 10), 1.0f, 1e-7f);
-    ck_assert_float_eq_tol(cai_lr_at(&s, 60), 0.55f, 1e-6f);                      /* half way: the mean */
+    ck_assert_float_eq_tol(cai_lr_at(&s, 60), 0.55f, 1e-6f);                               /* half way: the mean */
     ck_assert_float_eq_tol(cai_lr_at(&s, 35), 0.1f + 0.45f * (1.0f + sqrtf(0.5f)), 1e-6f); /* a quarter */
     ck_assert_float_eq_tol(cai_lr_at(&s, 110), 0.1f, 1e-7f);
     ck_assert_float_eq_tol(cai_lr_at(&s, 1000), 0.1f, 1e-7f);
@@ -92,8 +92,7 @@ START_TEST(lr_schedules) {
     ck_assert_float_eq_tol(cai_lr_at(&l, 60), 0.55f, 1e-6f);
     ck_assert_float_eq_tol(cai_lr_at(&l, 110), 0.1f, 1e-7f);
     ck_assert_float_eq_tol(cai_lr_at(&l, 500), 0.1f, 1e-7f);
-    for (int64_t j = 11; j < 110; j++)
-        ck_assert_float_eq_tol(cai_lr_at(&l, j) - cai_lr_at(&l, j + 1), 0.009f, 1e-6f);
+    for (int64_t j = 11; j < 110; j++) ck_assert_float_eq_tol(cai_lr_at(&l, j) - cai_lr_at(&l, j + 1), 0.009f, 1e-6f);
 
     /* A cosine that ends before its warmup is a configuration error. */
     cai_model_config mc = tiny(CAI_MODEL_LLAMA);
@@ -176,8 +175,8 @@ START_TEST(adamw_matches_reference_with_decay_flags_and_ties) {
                     if (decay) ref[i][k] *= 1.0 - 1e-2 * 0.5;
                     ref[i][k] -= 1e-2 * (rm[i][k] / bc1) / (sqrt(rv[i][k] / bc2) + 1e-8);
                     ck_assert_msg(fabs(wp[k] - ref[i][k]) <= 2e-6 * (1 + fabs(ref[i][k])),
-                                  "%s step %d %s[%lld]: %.8g vs reference %.8g", cai_model_family_name(c.family),
-                                  step, p->name, (long long)k, (double)wp[k], ref[i][k]);
+                                  "%s step %d %s[%lld]: %.8g vs reference %.8g", cai_model_family_name(c.family), step,
+                                  p->name, (long long)k, (double)wp[k], ref[i][k]);
                 }
             }
             free(hb);

@@ -35,11 +35,18 @@ static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double s = 0;
-            for (int64_t k = 0; k < K; k++) s += (ta ? a[k * M + m] : a[m * K + k]) * (tb ? b[n * K + k] : b[k * N + n]);
+            for (int64_t k = 0; k < K; k++)
+                s += (ta ? a[k * M + m] : a[m * K + k]) * (tb ? b[n * K + k] : b[k * N + n]);
             ref[m * N + n] = 0.7 * s + 0.3 * c0[m * N + n];
         }
     ASSERT_REL(fc, ref, M * N, 1e-5);
-    free(a); free(b); free(c0); free(fa); free(fb); free(fc); free(ref);
+    free(a);
+    free(b);
+    free(c0);
+    free(fa);
+    free(fb);
+    free(fc);
+    free(ref);
 }
 
 START_TEST(matmul_all_transposes) {
@@ -76,7 +83,14 @@ START_TEST(matmul_panels_match_reference_and_repeat_exactly) {
                 cai_tensor C3b = cai_tensor_2d(d3, c3b, F32, M, N);
                 ASSERT_OK(d3->ops->matmul(d3, &C3b, &A, ta, &Bt, tb, 1.0f, 0.0f));
                 ck_assert_mem_eq(c3, c3b, (size_t)(M * N) * sizeof(float));
-                free(a); free(b); free(fa); free(fb); free(c1); free(c3); free(c3b); free(r1);
+                free(a);
+                free(b);
+                free(fa);
+                free(fb);
+                free(c1);
+                free(c3);
+                free(c3b);
+                free(r1);
             }
     cai_device_free(d1);
     cai_device_free(d3);
@@ -122,7 +136,12 @@ START_TEST(matmul_batched_strided_and_beta_zero) {
     ck_assert_int_eq(ops->matmul(dev, &tc, &ac, 0, &bad, 0, 1.0f, 0.0f), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "matmul: op(a) is [7,5], op(b) [6,4]"));
     cai_error_clear();
-    free(a); free(b); free(fa); free(fb); free(fc); free(ref);
+    free(a);
+    free(b);
+    free(fa);
+    free(fb);
+    free(fc);
+    free(ref);
 }
 END_TEST
 
@@ -169,9 +188,25 @@ START_TEST(linear_fwd_bwd_match_reference) {
     for (int64_t i = 0; i < N * IC; i++) rdx[i] -= dx0[i];
     ASSERT_REL(fdx, rdx, N * IC, 1e-5);
     ASSERT_REL(fdw, rdw, OC * IC, 1e-5); /* untouched */
-    free(x); free(w); free(bias); free(dy); free(dw0); free(db0); free(dx0);
-    free(fx); free(fw); free(fb); free(fdy); free(fdw); free(fdb); free(fdx); free(fy);
-    free(ry); free(rdx); free(rdw); free(rdb);
+    free(x);
+    free(w);
+    free(bias);
+    free(dy);
+    free(dw0);
+    free(db0);
+    free(dx0);
+    free(fx);
+    free(fw);
+    free(fb);
+    free(fdy);
+    free(fdw);
+    free(fdb);
+    free(fdx);
+    free(fy);
+    free(ry);
+    free(rdx);
+    free(rdw);
+    free(rdb);
 }
 END_TEST
 
@@ -192,7 +227,14 @@ START_TEST(bias_ops_match_reference) {
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) rx[n * C + c] = x[n * C + c] + b[c];
     ASSERT_REL(fx, rx, N * C, 1e-7);
-    free(x); free(b); free(d0); free(fx); free(fb); free(fd); free(rd); free(rx);
+    free(x);
+    free(b);
+    free(d0);
+    free(fx);
+    free(fb);
+    free(fd);
+    free(rd);
+    free(rx);
 }
 END_TEST
 
@@ -272,9 +314,29 @@ static void norm_case(int64_t N, int64_t C, int rms, int has_bias, int accum) {
     ASSERT_REL(fdw, gw, C, 1e-4);
     if (!rms && has_bias) ASSERT_REL(fdb, gb, C, 1e-4);
     else ASSERT_REL(fdb, db0, C, 0.0); /* no bias gradient requested: untouched */
-    free(r.x); free(r.w); free(r.b); free(r.W); free(r.y); free(r.mean); free(r.rstd);
-    free(fx); free(fw); free(fb); free(fW); free(fy); free(fm); free(fr);
-    free(dx0); free(dw0); free(db0); free(fdx); free(fdw); free(fdb); free(gx); free(gw); free(gb);
+    free(r.x);
+    free(r.w);
+    free(r.b);
+    free(r.W);
+    free(r.y);
+    free(r.mean);
+    free(r.rstd);
+    free(fx);
+    free(fw);
+    free(fb);
+    free(fW);
+    free(fy);
+    free(fm);
+    free(fr);
+    free(dx0);
+    free(dw0);
+    free(db0);
+    free(fdx);
+    free(fdw);
+    free(fdb);
+    free(gx);
+    free(gw);
+    free(gb);
 }
 
 START_TEST(layernorm_fwd_bwd) {
@@ -323,7 +385,14 @@ START_TEST(gelu_fwd_bwd) {
     /* in place: dinp over dout */
     ASSERT_OK(ops->gelu_bwd(dev, &tW, &tx, &tW));
     ASSERT_REL(fW, g, N * C, 1e-5);
-    free(r.x); free(r.W); free(r.y); free(fx); free(fW); free(fy); free(fdx); free(g);
+    free(r.x);
+    free(r.W);
+    free(r.y);
+    free(fx);
+    free(fW);
+    free(fy);
+    free(fdx);
+    free(g);
 }
 END_TEST
 
@@ -419,21 +488,53 @@ START_TEST(linear_gelu_fused_ops_match_composition) {
     uint16_t *hw2 = calloc(IC * OC, 2), *hd = calloc(N * IC, 2), *hdp = calloc(N * OC, 2);
     cai_tensor bx = cai_tensor_2d(dev, hx, CAI_DTYPE_BF16, N, IC), bw = cai_tensor_2d(dev, hw, CAI_DTYPE_BF16, OC, IC);
     cai_tensor ba = cai_tensor_2d(dev, ha, CAI_DTYPE_BF16, N, OC), bp = cai_tensor_2d(dev, hp, CAI_DTYPE_BF16, N, OC);
-    cai_tensor bw2 = cai_tensor_2d(dev, hw2, CAI_DTYPE_BF16, IC, OC), bd = cai_tensor_2d(dev, hd, CAI_DTYPE_BF16, N, IC);
+    cai_tensor bw2 = cai_tensor_2d(dev, hw2, CAI_DTYPE_BF16, IC, OC),
+               bd = cai_tensor_2d(dev, hd, CAI_DTYPE_BF16, N, IC);
     cai_tensor bdp = cai_tensor_2d(dev, hdp, CAI_DTYPE_BF16, N, OC);
     ck_assert_int_eq(ops->linear_gelu_fwd(dev, &ba, &bp, &bx, &bw, NULL), CAI_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_gelu_fwd: weight is bf16[11,13]; this backend computes in f32"));
+    ck_assert_ptr_nonnull(
+        strstr(cai_error_message(), "linear_gelu_fwd: weight is bf16[11,13]; this backend computes in f32"));
     cai_tensor bb = cai_tensor_1d(dev, hp, CAI_DTYPE_BF16, OC);
     ck_assert_int_eq(ops->linear_gelu_fwd(dev, &tact, &tpre, &tx, &tw, &bb), CAI_ERR_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_gelu_fwd: bias is bf16[11]"));
     ck_assert_int_eq(ops->linear_bwd_dgelu(dev, &bdp, NULL, NULL, &bd, &ba, &bw2, &bp), CAI_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "linear_bwd_dgelu: weight is bf16[13,11]; this backend computes in f32"));
+    ck_assert_ptr_nonnull(
+        strstr(cai_error_message(), "linear_bwd_dgelu: weight is bf16[13,11]; this backend computes in f32"));
     cai_error_clear();
-    free(hx); free(hw); free(ha); free(hp); free(hw2); free(hd); free(hdp);
-    free(x); free(w); free(bias); free(dw0); free(db0); free(w2); free(dout2);
-    free(fx); free(fw); free(fb); free(fw2); free(fdout2); free(act); free(pre); free(ract); free(rpre);
-    free(rp); free(ra); free(dpre); free(rdpre); free(fdw); free(rfdw); free(fdb); free(rfdb);
-    free(rdp); free(rdw); free(rdb);
+    free(hx);
+    free(hw);
+    free(ha);
+    free(hp);
+    free(hw2);
+    free(hd);
+    free(hdp);
+    free(x);
+    free(w);
+    free(bias);
+    free(dw0);
+    free(db0);
+    free(w2);
+    free(dout2);
+    free(fx);
+    free(fw);
+    free(fb);
+    free(fw2);
+    free(fdout2);
+    free(act);
+    free(pre);
+    free(ract);
+    free(rpre);
+    free(rp);
+    free(ra);
+    free(dpre);
+    free(rdpre);
+    free(fdw);
+    free(rfdw);
+    free(fdb);
+    free(rfdb);
+    free(rdp);
+    free(rdw);
+    free(rdb);
 }
 END_TEST
 
@@ -465,8 +566,8 @@ START_TEST(linear_residual_fused_op_matches_composition) {
         ck_assert_mem_eq(inpl, ref, sizeof(float) * N * OC);
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++)
-                rd[n * OC + o] = (with_bias ? bias[o] : 0) + dot_d(x + n * IC, w + o * IC, IC) +
-                                 (double)fres[n * RW + 3 + o];
+                rd[n * OC + o] =
+                    (with_bias ? bias[o] : 0) + dot_d(x + n * IC, w + o * IC, IC) + (double)fres[n * RW + 3 + o];
         ASSERT_REL(out, rd, N * OC, 1e-5);
     }
     /* argument errors name the op and argument and write nothing */
@@ -482,8 +583,19 @@ START_TEST(linear_residual_fused_op_matches_composition) {
     ck_assert_int_eq(ops->linear_residual_fwd(dev, &tout, &tx, &tw, NULL, NULL), CAI_ERR_INVALID_ARG);
     for (int64_t i = 0; i < N * OC; i++) ck_assert(out[i] == 42.0f);
     cai_error_clear();
-    free(x); free(w); free(bias); free(res); free(fx); free(fw); free(fb); free(fres);
-    free(out); free(tmp); free(ref); free(inpl); free(rd);
+    free(x);
+    free(w);
+    free(bias);
+    free(res);
+    free(fx);
+    free(fw);
+    free(fb);
+    free(fres);
+    free(out);
+    free(tmp);
+    free(ref);
+    free(inpl);
+    free(rd);
 }
 END_TEST
 
@@ -492,8 +604,12 @@ START_TEST(swiglu_fwd_bwd_on_fused_views) {
     /* gate | up halves of one [N, 2F] buffer, as a fused up projection gives */
     double *gu = drandn(N * 2 * F, 42, 2.0);
     float *fgu = to_f(gu, N * 2 * F), *fdgu = falloc(N * 2 * F), *fy = falloc(N * F);
-    act_ref r = {.n = N * F, .x = dalloc(N * F), .u = dalloc(N * F), .W = drandn(N * F, 43, 1.0),
-                 .y = dalloc(N * F), .swiglu = 1};
+    act_ref r = {.n = N * F,
+                 .x = dalloc(N * F),
+                 .u = dalloc(N * F),
+                 .W = drandn(N * F, 43, 1.0),
+                 .y = dalloc(N * F),
+                 .swiglu = 1};
     for (int n = 0; n < N; n++)
         for (int j = 0; j < F; j++) {
             r.x[n * F + j] = gu[n * 2 * F + j];
@@ -521,8 +637,19 @@ START_TEST(swiglu_fwd_bwd_on_fused_views) {
         }
     ASSERT_REL(got_g, gx, N * F, 1e-5);
     ASSERT_REL(got_u, guu, N * F, 1e-5);
-    free(gu); free(fgu); free(fdgu); free(fy); free(r.x); free(r.u); free(r.W); free(r.y); free(fW);
-    free(gx); free(guu); free(got_g); free(got_u);
+    free(gu);
+    free(fgu);
+    free(fdgu);
+    free(fy);
+    free(r.x);
+    free(r.u);
+    free(r.W);
+    free(r.y);
+    free(fW);
+    free(gx);
+    free(guu);
+    free(got_g);
+    free(got_u);
 }
 END_TEST
 
@@ -564,8 +691,17 @@ static void rope_case(int64_t R, int use_positions) {
     const int64_t n = B * T * H * D;
     int32_t pos[B * T];
     for (int i = 0; i < B * T; i++) pos[i] = (int32_t)((i * 7 + 3) % P);
-    rope_ref r = {.B = B, .T = T, .H = H, .D = D, .R = R, .off = 5, .pos = use_positions ? pos : NULL,
-                  .theta = 500.0, .x = drandn(n, 50, 1.0), .W = drandn(n, 51, 1.0), .y = dalloc(n)};
+    rope_ref r = {.B = B,
+                  .T = T,
+                  .H = H,
+                  .D = D,
+                  .R = R,
+                  .off = 5,
+                  .pos = use_positions ? pos : NULL,
+                  .theta = 500.0,
+                  .x = drandn(n, 50, 1.0),
+                  .W = drandn(n, 51, 1.0),
+                  .y = dalloc(n)};
     float *fx = to_f(r.x, n), *fW = to_f(r.W, n), *fy = falloc(n), *fcos = falloc(P * R / 2), *fsin = falloc(P * R / 2);
     cai_tensor tc = cai_tensor_2d(dev, fcos, F32, P, R / 2), ts = cai_tensor_2d(dev, fsin, F32, P, R / 2);
     cai_tensor tp = cai_tensor_2d(dev, pos, CAI_DTYPE_I32, B, T);
@@ -589,7 +725,15 @@ static void rope_case(int64_t R, int use_positions) {
     /* in-place forward equals out-of-place */
     ASSERT_OK(ops->rope_fwd(dev, &tx, &tx, &tc, &ts, use_positions ? &tp : NULL, r.off));
     ck_assert_mem_eq(fx, fy, (size_t)n * sizeof(float));
-    free(r.x); free(r.W); free(r.y); free(fx); free(fW); free(fy); free(fcos); free(fsin); free(g);
+    free(r.x);
+    free(r.W);
+    free(r.y);
+    free(fx);
+    free(fW);
+    free(fy);
+    free(fcos);
+    free(fsin);
+    free(g);
 }
 
 START_TEST(rope_fwd_bwd) {
@@ -602,7 +746,8 @@ END_TEST
 START_TEST(rope_on_fused_qkv_view_and_errors) {
     enum { B = 1, T = 5, H = 2, D = 4, C = H * D, P = 8 };
     double *qkv = drandn(B * T * 3 * C, 52, 1.0);
-    float *f = to_f(qkv, B * T * 3 * C), *orig = falloc(B * T * 3 * C), *fc = falloc(P * D / 2), *fs = falloc(P * D / 2);
+    float *f = to_f(qkv, B * T * 3 * C), *orig = falloc(B * T * 3 * C), *fc = falloc(P * D / 2),
+          *fs = falloc(P * D / 2);
     memcpy(orig, f, sizeof(float) * B * T * 3 * C);
     cai_tensor t = cai_tensor_3d(dev, f, F32, B, T, 3 * C), k, k4;
     cai_tensor tc = cai_tensor_2d(dev, fc, F32, P, D / 2), ts = cai_tensor_2d(dev, fs, F32, P, D / 2);
@@ -614,13 +759,17 @@ START_TEST(rope_on_fused_qkv_view_and_errors) {
         for (int j = 0; j < 3 * C; j++) {
             int i = tt * 3 * C + j;
             if (j < C || j >= 2 * C) ck_assert(f[i] == orig[i]); /* q and v untouched */
-            else if (tt == 0) ck_assert(f[i] == orig[i]);         /* position 0: identity */
+            else if (tt == 0) ck_assert(f[i] == orig[i]);        /* position 0: identity */
         }
     ck_assert(f[1 * 3 * C + C] != orig[1 * 3 * C + C]);
     ck_assert_int_eq(ops->rope_fwd(dev, &k4, &k4, &tc, &ts, NULL, 4), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "exceed the tables' 8 rows"));
     cai_error_clear();
-    free(qkv); free(f); free(orig); free(fc); free(fs);
+    free(qkv);
+    free(f);
+    free(orig);
+    free(fc);
+    free(fs);
 }
 END_TEST
 
@@ -673,8 +822,20 @@ START_TEST(embedding_fwd_bwd_and_vocab_shards) {
     ck_assert_int_eq(ops->embedding_fwd(dev, &ty, &tt, &te, &tp, 0, 0, 6), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "exceed wpe's 12 rows"));
     cai_error_clear();
-    free(wte); free(wpe); free(dy); free(fe); free(fp); free(fdy); free(fy); free(fy2); free(fde); free(fdp);
-    free(ry); free(rde); free(rdp); free(fdeb);
+    free(wte);
+    free(wpe);
+    free(dy);
+    free(fe);
+    free(fp);
+    free(fdy);
+    free(fy);
+    free(fy2);
+    free(fde);
+    free(fdp);
+    free(ry);
+    free(rde);
+    free(rdp);
+    free(fdeb);
 }
 END_TEST
 
@@ -707,8 +868,15 @@ START_TEST(xent_fwd_bwd_with_padding_and_ignore) {
     int32_t tgt[N];
     for (int n = 0; n < N; n++) tgt[n] = (int32_t)((n * 7 + 2) % VALID);
     tgt[3] = tgt[10] = IGN;
-    xent_ref r = {.N = N, .V = V, .valid = VALID, .tgt = tgt, .ignore = IGN, .x = drandn(N * V, 70, 3.0),
-                  .w = drandn(N, 71, 1.0), .loss = dalloc(N), .lse = dalloc(N)};
+    xent_ref r = {.N = N,
+                  .V = V,
+                  .valid = VALID,
+                  .tgt = tgt,
+                  .ignore = IGN,
+                  .x = drandn(N * V, 70, 3.0),
+                  .w = drandn(N, 71, 1.0),
+                  .loss = dalloc(N),
+                  .lse = dalloc(N)};
     for (int n = 0; n < N; n++) r.x[n * V + VALID] = 50.0; /* padding: must not count */
     float *fx = to_f(r.x, N * V), *fw = to_f(r.w, N), *fl = falloc(N), *flse = falloc(N), *fdx = falloc(N * V);
     cai_tensor tx = cai_tensor_2d(dev, fx, F32, N, V), tt = cai_tensor_1d(dev, tgt, CAI_DTYPE_I32, N);
@@ -744,7 +912,9 @@ START_TEST(xent_fwd_bwd_with_padding_and_ignore) {
     ck_assert_int_eq(ops->xent_fwd_bwd(dev, &tl3, NULL, &tx3, &tx3, &tt, 0.25f, 0, VALID, IGN), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "xent_fwd_bwd: lse is NULL"));
     cai_error_clear();
-    free(fx3); free(fl3); free(flse3);
+    free(fx3);
+    free(fl3);
+    free(flse3);
     /* vocab-parallel statistics: shards [0,7) and [7,16) combine to the full result */
     float mx[2][N], se[2][N], tl2[2][N];
     for (int s = 0; s < 2; s++) {
@@ -765,8 +935,17 @@ START_TEST(xent_fwd_bwd_with_padding_and_ignore) {
     ck_assert_int_eq(ops->xent_fwd(dev, &tl, &tlse, &tx, &tt, 0, VALID, IGN), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "target 13 of row 0"));
     cai_error_clear();
-    free(r.x); free(r.w); free(r.loss); free(r.lse); free(fx); free(fw); free(fl); free(flse); free(fdx);
-    free(g); free(fx2);
+    free(r.x);
+    free(r.w);
+    free(r.loss);
+    free(r.lse);
+    free(fx);
+    free(fw);
+    free(fl);
+    free(flse);
+    free(fdx);
+    free(g);
+    free(fx2);
 }
 END_TEST
 
@@ -781,8 +960,8 @@ START_TEST(adamw_matches_reference_over_steps) {
         cai_tensor tp = cai_tensor_1d(dev, fp, F32, N), tm = cai_tensor_1d(dev, fm, F32, N);
         cai_tensor tv = cai_tensor_1d(dev, fv, F32, N), tg = cai_tensor_1d(dev, fg, F32, N);
         cai_tensor tl = cai_tensor_1d(dev, lowp, CAI_DTYPE_BF16, N);
-        cai_adamw_params hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                               .grad_scale = 0.5f};
+        cai_adamw_params hp = {
+            .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 0.5f};
         for (int t = 1; t <= STEPS; t++) {
             double *g = drandn(N, 81 + (uint64_t)t, 1.0);
             for (int i = 0; i < N; i++) fg[i] = (float)g[i];
@@ -879,7 +1058,12 @@ START_TEST(elementwise_ops) {
     cai_tensor ti = cai_tensor_1d(dev, ids, CAI_DTYPE_I32, 4);
     ASSERT_OK(ops->fill(dev, &ti, -100.0f));
     ck_assert_int_eq(ids[3], -100);
-    free(a); free(b); free(fa); free(fb); free(fo); free(ref);
+    free(a);
+    free(b);
+    free(fa);
+    free(fb);
+    free(fo);
+    free(ref);
 }
 END_TEST
 
@@ -893,11 +1077,13 @@ START_TEST(argument_errors_name_op_and_argument) {
     ck_assert_str_eq(cai_error_message(), "layernorm_fwd: weight is f32[12], expected 13 elements");
     tw.shape[0] = 13;
     ck_assert_int_eq(ops->layernorm_fwd(dev, &txb, &tm, &tr, &txb, &tw, NULL, 1e-5f), CAI_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "layernorm_fwd: inp is bf16[2,13]; this backend computes in f32"));
+    ck_assert_ptr_nonnull(
+        strstr(cai_error_message(), "layernorm_fwd: inp is bf16[2,13]; this backend computes in f32"));
     cai_tensor tT;
     ASSERT_OK(cai_tensor_transpose(&tx, 0, 1, &tT));
     ck_assert_int_eq(ops->gelu_fwd(dev, &tT, &tT), CAI_ERR_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "gelu_fwd: inp (f32[13,2] strides [1,13]) needs a contiguous last"));
+    ck_assert_ptr_nonnull(
+        strstr(cai_error_message(), "gelu_fwd: inp (f32[13,2] strides [1,13]) needs a contiguous last"));
     ck_assert_int_eq(ops->add(dev, &tx, &tx, NULL), CAI_ERR_INVALID_ARG);
     ck_assert_str_eq(cai_error_message(), "add: b is NULL");
     cai_error_clear();

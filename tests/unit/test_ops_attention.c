@@ -163,22 +163,32 @@ static attn_result run_attention(cai_device_t *dev, const attn_case *c, attn_ref
 }
 
 static void free_result(attn_result *r) {
-    free(r->out); free(r->lse); free(r->dq); free(r->dk); free(r->dv);
+    free(r->out);
+    free(r->lse);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
 }
 
 static void check_case(const attn_case *c) {
     cai_device_t *dev = test_device(2), *dev1 = test_device(1), *dev3 = test_device(3);
     ck_assert(dev && dev1 && dev3);
     int64_t nq = c->B * c->Tq * c->Hq * c->D, nk = c->B * c->Tk * c->Hkv * c->D, nl = c->B * c->Hq * c->Tq;
-    attn_ref r = {.c = c, .q = drandn(nq, 100, 1.0), .k = drandn(nk, 101, 1.0), .v = drandn(nk, 102, 1.0),
-                  .W = drandn(nq, 103, 1.0), .out = dalloc(nq), .lse = dalloc(nl)};
+    attn_ref r = {.c = c,
+                  .q = drandn(nq, 100, 1.0),
+                  .k = drandn(nk, 101, 1.0),
+                  .v = drandn(nk, 102, 1.0),
+                  .W = drandn(nq, 103, 1.0),
+                  .out = dalloc(nq),
+                  .lse = dalloc(nl)};
     attn_result got = run_attention(dev, c, &r);
     attn_forward(&r);
     ASSERT_REL(got.out, r.out, nq, 2e-6);
     for (int64_t i = 0; i < nl; i++) {
         if (isinf(r.lse[i])) ck_assert(isinf(got.lse[i]) && got.lse[i] < 0);
-        else ck_assert_msg(fabs(got.lse[i] - r.lse[i]) <= 1e-6 * fmax(1.0, fabs(r.lse[i])), "lse[%ld] %g vs %g",
-                           (long)i, (double)got.lse[i], r.lse[i]);
+        else
+            ck_assert_msg(fabs(got.lse[i] - r.lse[i]) <= 1e-6 * fmax(1.0, fabs(r.lse[i])), "lse[%ld] %g vs %g", (long)i,
+                          (double)got.lse[i], r.lse[i]);
     }
     double *gq = dalloc(nq), *gk = dalloc(nk), *gv = dalloc(nk);
     fd_grad(attn_loss, &r, r.q, nq, 1e-5, gq);
@@ -193,20 +203,32 @@ static void check_case(const attn_case *c) {
     ck_assert_mem_eq(g1.dq, g3.dq, (size_t)nq * 4);
     ck_assert_mem_eq(g1.dk, g3.dk, (size_t)nk * 4);
     ck_assert_mem_eq(g1.dv, g3.dv, (size_t)nk * 4);
-    free_result(&got); free_result(&g1); free_result(&g3);
-    free(r.q); free(r.k); free(r.v); free(r.W); free(r.out); free(r.lse); free(gq); free(gk); free(gv);
-    cai_device_free(dev); cai_device_free(dev1); cai_device_free(dev3);
+    free_result(&got);
+    free_result(&g1);
+    free_result(&g3);
+    free(r.q);
+    free(r.k);
+    free(r.v);
+    free(r.W);
+    free(r.out);
+    free(r.lse);
+    free(gq);
+    free(gk);
+    free(gv);
+    cai_device_free(dev);
+    cai_device_free(dev1);
+    cai_device_free(dev3);
 }
 
 /*                          B  Tq  Tk  Hq Hkv D  causal off win fused */
 static const attn_case cases[] = {
-    {2, 7, 7, 3, 3, 8, 1, 0, 0, 1},   /* GPT-2: MHA on fused QKV, odd T and heads */
-    {1, 13, 13, 6, 2, 4, 1, 0, 0, 1}, /* Llama: GQA 6 query / 2 kv heads, fused */
-    {2, 3, 9, 4, 2, 5, 1, 6, 0, 0},   /* decode 3 new tokens against 9 cached keys */
-    {1, 9, 9, 2, 1, 6, 1, 0, 3, 0},   /* multi-query with a 3-key sliding window */
-    {2, 5, 6, 2, 2, 3, 0, 0, 0, 0},   /* non-causal, Tq != Tk */
-    {1, 4, 4, 2, 2, 4, 1, -2, 0, 0},  /* the first two rows see no key at all */
-    {1, 70, 70, 2, 1, 4, 1, 0, 0, 1}, /* more query rows than one CPU block (64) */
+    {2, 7, 7, 3, 3, 8, 1, 0, 0, 1},     /* GPT-2: MHA on fused QKV, odd T and heads */
+    {1, 13, 13, 6, 2, 4, 1, 0, 0, 1},   /* Llama: GQA 6 query / 2 kv heads, fused */
+    {2, 3, 9, 4, 2, 5, 1, 6, 0, 0},     /* decode 3 new tokens against 9 cached keys */
+    {1, 9, 9, 2, 1, 6, 1, 0, 3, 0},     /* multi-query with a 3-key sliding window */
+    {2, 5, 6, 2, 2, 3, 0, 0, 0, 0},     /* non-causal, Tq != Tk */
+    {1, 4, 4, 2, 2, 4, 1, -2, 0, 0},    /* the first two rows see no key at all */
+    {1, 70, 70, 2, 1, 4, 1, 0, 0, 1},   /* more query rows than one CPU block (64) */
     {1, 67, 90, 2, 2, 3, 1, 23, 40, 0}, /* several blocks, offset and window together */
 };
 
@@ -217,7 +239,8 @@ START_TEST(attention_shape_errors) {
     cai_device_t *dev = test_device(1);
     float buf[256] = {0};
     char ws[1024];
-    cai_tensor q = cai_tensor_4d(dev, buf, CAI_DTYPE_F32, 1, 2, 3, 4), k = cai_tensor_4d(dev, buf, CAI_DTYPE_F32, 1, 2, 2, 4);
+    cai_tensor q = cai_tensor_4d(dev, buf, CAI_DTYPE_F32, 1, 2, 3, 4),
+               k = cai_tensor_4d(dev, buf, CAI_DTYPE_F32, 1, 2, 2, 4);
     cai_tensor o = cai_tensor_4d(dev, buf + 64, CAI_DTYPE_F32, 1, 2, 3, 4);
     cai_attn_params p = {.causal = 1};
     ck_assert_int_eq(dev->ops->attention_fwd(dev, &o, NULL, &q, &k, &k, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);

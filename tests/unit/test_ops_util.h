@@ -60,24 +60,24 @@ static inline double rel_err(const float *got, const double *ref, int64_t n) {
     return num / den;
 }
 
-#define ASSERT_REL(got, ref, n, tol)                                                                        \
-    do {                                                                                                    \
-        double e_ = rel_err((got), (ref), (n));                                                             \
+#define ASSERT_REL(got, ref, n, tol)                                                                             \
+    do {                                                                                                         \
+        double e_ = rel_err((got), (ref), (n));                                                                  \
         ck_assert_msg(e_ <= (tol), "%s vs %s: relative error %.3g exceeds %.3g", #got, #ref, e_, (double)(tol)); \
     } while (0)
 
-#define ASSERT_OK(expr)                                                                                     \
-    do {                                                                                                    \
-        cai_status s_ = (expr);                                                                             \
-        ck_assert_msg(s_ == CAI_OK, "%s failed: %s", #expr, cai_error_message());                          \
+#define ASSERT_OK(expr)                                                           \
+    do {                                                                          \
+        cai_status s_ = (expr);                                                   \
+        ck_assert_msg(s_ == CAI_OK, "%s failed: %s", #expr, cai_error_message()); \
     } while (0)
 
 /* For assertions inside element loops: Check's ck_assert records every
  * passing check (a write per call when not forking), which is slow for
  * millions of elements; this only calls into Check on failure. */
-#define EXPECT(cond, ...)                                                                                   \
-    do {                                                                                                    \
-        if (!(cond)) ck_abort_msg(__VA_ARGS__);                                                             \
+#define EXPECT(cond, ...)                       \
+    do {                                        \
+        if (!(cond)) ck_abort_msg(__VA_ARGS__); \
     } while (0)
 
 typedef double (*test_loss_fn)(void *ctx);

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define OK(expr)                                                                          \
-    do {                                                                                  \
-        cai_status st_ = (expr);                                                          \
-        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message());        \
+#define OK(expr)                                                                   \
+    do {                                                                           \
+        cai_status st_ = (expr);                                                   \
+        ck_assert_msg(st_ == CAI_OK, "%s failed: %s", #expr, cai_error_message()); \
     } while (0)
 
 static cai_device_t *dev;
@@ -61,8 +61,8 @@ static size_t flat_by_hand(const cai_model_config *c) {
     if (c->family == CAI_MODEL_GPT2) {
         size_t F = 4 * C;
         n += r16(T * C);
-        size_t layer = 4 * r16(C) + r16(W * C) + r16(W) + r16(C * C) + r16(C) + r16(F * C) + r16(F) + r16(C * F) +
-                       r16(C);
+        size_t layer =
+            4 * r16(C) + r16(W * C) + r16(W) + r16(C * C) + r16(C) + r16(F * C) + r16(F) + r16(C * F) + r16(C);
         n += (size_t)c->n_layers * layer + 2 * r16(C);
     } else {
         size_t F = (size_t)c->ffn_hidden;
@@ -102,8 +102,8 @@ START_TEST(plan_matches_the_shapes) {
             ck_assert_uint_eq(p.params, s == 3 ? 4 * S : 4 * p.n_flat);
             ck_assert_uint_eq(p.grads, s == 1 ? 4 * p.n_flat : 4 * S); /* stage 1 reduces in place */
             ck_assert_uint_eq(p.windows == 0, s < 2);
-            ck_assert_msg(p.device < prev, "stage %d (%zu bytes) does not save over stage %d (%zu)", s, p.device,
-                          s - 1, prev);
+            ck_assert_msg(p.device < prev, "stage %d (%zu bytes) does not save over stage %d (%zu)", s, p.device, s - 1,
+                          prev);
             prev = p.device;
         }
         /* Without overlap every gradient window lives to the end of backward. */
@@ -128,7 +128,7 @@ START_TEST(plan_matches_the_shapes) {
         r = request(c, 2, 0, 2);
         OK(cai_mem_plan_compute(&r, &p));
         ck_assert_uint_eq(p.staging, 2 * (p.n_flat / 2)); /* the rounding scratch */
-        ck_assert_uint_eq(p.master, 4 * (p.n_flat / 2));   /* bf16 working weights: separate f32 masters */
+        ck_assert_uint_eq(p.master, 4 * (p.n_flat / 2));  /* bf16 working weights: separate f32 masters */
     }
 }
 END_TEST
@@ -274,8 +274,15 @@ START_TEST(plan_prints_every_line) {
     FILE *f = open_memstream(&buf, &len);
     cai_mem_plan_print(&p, f);
     fclose(f);
-    const char *want[] = {"ZeRO stage 3 + CPU offload over dp 4", "parameters", "gradients", "windows",
-                          "master weights", "optimizer state", "activations", "without recompute", "total"};
+    const char *want[] = {"ZeRO stage 3 + CPU offload over dp 4",
+                          "parameters",
+                          "gradients",
+                          "windows",
+                          "master weights",
+                          "optimizer state",
+                          "activations",
+                          "without recompute",
+                          "total"};
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
         ck_assert_msg(strstr(buf, want[k]) != NULL, "missing '%s' in:\n%s", want[k], buf);
     free(buf);

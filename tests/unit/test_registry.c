@@ -108,8 +108,9 @@ START_TEST(column_row_and_replicated_splits) {
     cai_param_spec bad = row;
     add2(reg, "h.0.attn.proj.weight", 8, 6, &bad);
     ck_assert_int_eq(cai_registry_check_view(reg, &v4), CAI_ERR_LAYOUT);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "'h.0.attn.proj.weight': dim 1 of size 6 does not split "
-                                                      "over tp=4 (tp that fit: 1 2 3 6)"));
+    ck_assert_ptr_nonnull(strstr(cai_error_message(),
+                                 "'h.0.attn.proj.weight': dim 1 of size 6 does not split "
+                                 "over tp=4 (tp that fit: 1 2 3 6)"));
     cai_error_clear();
     cai_registry_free(reg);
 }
@@ -220,8 +221,7 @@ START_TEST(fused_qkv_takes_whole_heads) {
     /* Shape must agree with the grouping. */
     int bad_idx;
     ck_assert_int_eq(cai_registry_add(reg, "h.0.attn.qkv2.weight", 1, &blen, CAI_DTYPE_F32,
-                                      &(cai_param_spec){.tp_split_dim = 0, .layer = 0, .expert = -1,
-                                                        .qkv = {4, 2, 2}},
+                                      &(cai_param_spec){.tp_split_dim = 0, .layer = 0, .expert = -1, .qkv = {4, 2, 2}},
                                       &bad_idx),
                      CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "needs (4 + 2*2)*2 = 16"));
@@ -398,9 +398,10 @@ START_TEST(table_lookup_and_validation) {
         const char *name;
         const char *msg;
     } bad_names[] = {{"h..x", "empty segment"}, {"H.0.x", "character 'H'"}, {".x", "empty segment"},
-                     {"x.", "empty segment"},  {"", "length 0"},           {"h.0-x", "character '-'"}};
+                     {"x.", "empty segment"},   {"", "length 0"},           {"h.0-x", "character '-'"}};
     for (size_t i = 0; i < sizeof bad_names / sizeof bad_names[0]; i++) {
-        ck_assert_int_eq(cai_registry_add(reg, bad_names[i].name, 1, sh4, CAI_DTYPE_F32, &s, NULL), CAI_ERR_INVALID_ARG);
+        ck_assert_int_eq(cai_registry_add(reg, bad_names[i].name, 1, sh4, CAI_DTYPE_F32, &s, NULL),
+                         CAI_ERR_INVALID_ARG);
         ck_assert_msg(strstr(cai_error_message(), bad_names[i].msg), "%s: %s", bad_names[i].name, cai_error_message());
     }
     ck_assert_int_eq(cai_registry_add(reg, "h.0.attn.proj.bias", 1, sh4, CAI_DTYPE_F32, &s, NULL), CAI_ERR_INVALID_ARG);
@@ -754,7 +755,8 @@ START_TEST(insert_is_the_inverse_of_extract) {
         cai_param_shard sh = shard(reg, qkv, view_of(2, r, 1, 0, 1, 0));
         double *local = malloc(sizeof(double) * sh.local_numel);
         cai_shard_extract(&sh, sizeof(double), src, local);
-        for (uint64_t l = 0; l < sh.local_numel; l++) ck_assert_double_eq(local[l], (double)cai_shard_global_index(&sh, l) + 0.5);
+        for (uint64_t l = 0; l < sh.local_numel; l++)
+            ck_assert_double_eq(local[l], (double)cai_shard_global_index(&sh, l) + 0.5);
         cai_shard_insert(&sh, sizeof(double), local, dst);
         free(local);
     }

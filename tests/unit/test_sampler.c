@@ -142,8 +142,8 @@ START_TEST(blending_realises_the_weights_at_every_prefix) {
         count[di[i]]++;
         for (int k = 0; k < 3; k++) {
             const double want = w[k] / 10.0 * (i + 1);
-            ck_assert_msg(fabs((double)count[k] - want) <= 1.0 + 1e-9, "prefix %d dataset %d: %lld vs %.2f", i + 1,
-                          k, (long long)count[k], want);
+            ck_assert_msg(fabs((double)count[k] - want) <= 1.0 + 1e-9, "prefix %d dataset %d: %lld vs %.2f", i + 1, k,
+                          (long long)count[k], want);
         }
     }
     ck_assert_int_eq(count[0], 1000);

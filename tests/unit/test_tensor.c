@@ -165,18 +165,18 @@ START_TEST(f16_all_patterns_round_trip) {
 END_TEST
 
 START_TEST(f16_rne_ties_specials_subnormals) {
-    ck_assert_uint_eq(cai_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);              /* tie -> even */
-    ck_assert_uint_eq(cai_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);          /* tie -> even */
+    ck_assert_uint_eq(cai_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);     /* tie -> even */
+    ck_assert_uint_eq(cai_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02); /* tie -> even */
     ck_assert_uint_eq(cai_f32_to_f16(65504.0f), 0x7bff);
     ck_assert_uint_eq(cai_f32_to_f16(65519.99f), 0x7bff);
     ck_assert_uint_eq(cai_f32_to_f16(65520.0f), 0x7c00); /* midpoint to 2^16: even is infinity */
     ck_assert_uint_eq(cai_f32_to_f16(1e10f), 0x7c00);
     ck_assert_uint_eq(cai_f32_to_f16(-1e10f), 0xfc00);
-    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1.0f, -24)), 0x0001);       /* smallest subnormal */
-    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);       /* tie with 0 -> 0 */
+    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1.0f, -24)), 0x0001); /* smallest subnormal */
+    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* tie with 0 -> 0 */
     ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
-    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);       /* 1.5 units: tie -> 2 */
-    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400);    /* -> smallest normal */
+    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);         /* 1.5 units: tie -> 2 */
+    ck_assert_uint_eq(cai_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400);      /* -> smallest normal */
     ck_assert_uint_eq(cai_f32_to_f16(cai_bits_f32(0x00000001u)), 0x0000); /* f32 subnormal */
     ck_assert_uint_eq(cai_f32_to_f16(-0.0f), 0x8000);
     ck_assert(is_nan_f(cai_f16_to_f32(cai_f32_to_f16(cai_bits_f32(0x7f800001u)))));
@@ -223,19 +223,24 @@ static void sr_mean_check(float x, int f16) {
 }
 
 START_TEST(stochastic_rounding_is_unbiased) {
-    sr_mean_check(1.0f + ldexpf(1.0f, -9), 0);             /* 1/4 of a bf16 ulp */
+    sr_mean_check(1.0f + ldexpf(1.0f, -9), 0); /* 1/4 of a bf16 ulp */
     sr_mean_check(-3.14159265f, 0);
-    sr_mean_check(1.0f + ldexpf(1.0f, -13) * 3, 1);        /* 3/8 of an f16 ulp */
-    sr_mean_check(ldexpf(0.3f, -24), 1);                   /* below the smallest f16 subnormal */
-    sr_mean_check(ldexpf(700.7f, -24), 1);                 /* f16 subnormal range */
-    sr_mean_check(cai_bits_f32(0x00012345u), 0);           /* f32 subnormal */
+    sr_mean_check(1.0f + ldexpf(1.0f, -13) * 3, 1); /* 3/8 of an f16 ulp */
+    sr_mean_check(ldexpf(0.3f, -24), 1);            /* below the smallest f16 subnormal */
+    sr_mean_check(ldexpf(700.7f, -24), 1);          /* f16 subnormal range */
+    sr_mean_check(cai_bits_f32(0x00012345u), 0);    /* f32 subnormal */
     /* Exactly representable values never move; specials stay special. */
     for (uint32_t r = 0; r < 1000; r++) {
-        EXPECT((cai_f32_to_bf16_sr(1.5f, r * 2654435761u)) == (0x3fc0), "%s", "cai_f32_to_bf16_sr(1.5f, r * 2654435761u) == 0x3fc0");
-        EXPECT((cai_f32_to_f16_sr(1.5f, r * 2654435761u)) == (0x3e00), "%s", "cai_f32_to_f16_sr(1.5f, r * 2654435761u) == 0x3e00");
-        EXPECT((cai_f32_to_bf16_sr(INFINITY, r * 2654435761u)) == (0x7f80), "%s", "cai_f32_to_bf16_sr(INFINITY, r * 2654435761u) == 0x7f80");
-        EXPECT(is_nan_f(cai_bf16_to_f32(cai_f32_to_bf16_sr(cai_bits_f32(0x7f800001u), r * 2654435761u))), "%s", "is_nan_f(cai_bf16_to_f32(cai_f32_to_bf16_sr(cai_bits_f32(0x7f800001u), r * 2654435761u)))");
-        EXPECT(is_nan_f(cai_f16_to_f32(cai_f32_to_f16_sr(NAN, r))), "%s", "is_nan_f(cai_f16_to_f32(cai_f32_to_f16_sr(NAN, r)))");
+        EXPECT((cai_f32_to_bf16_sr(1.5f, r * 2654435761u)) == (0x3fc0), "%s",
+               "cai_f32_to_bf16_sr(1.5f, r * 2654435761u) == 0x3fc0");
+        EXPECT((cai_f32_to_f16_sr(1.5f, r * 2654435761u)) == (0x3e00), "%s",
+               "cai_f32_to_f16_sr(1.5f, r * 2654435761u) == 0x3e00");
+        EXPECT((cai_f32_to_bf16_sr(INFINITY, r * 2654435761u)) == (0x7f80), "%s",
+               "cai_f32_to_bf16_sr(INFINITY, r * 2654435761u) == 0x7f80");
+        EXPECT(is_nan_f(cai_bf16_to_f32(cai_f32_to_bf16_sr(cai_bits_f32(0x7f800001u), r * 2654435761u))), "%s",
+               "is_nan_f(cai_bf16_to_f32(cai_f32_to_bf16_sr(cai_bits_f32(0x7f800001u), r * 2654435761u)))");
+        EXPECT(is_nan_f(cai_f16_to_f32(cai_f32_to_f16_sr(NAN, r))), "%s",
+               "is_nan_f(cai_f16_to_f32(cai_f32_to_f16_sr(NAN, r)))");
     }
 }
 END_TEST
@@ -251,7 +256,8 @@ START_TEST(buffer_conversions_match_scalar_rules) {
     for (size_t i = 0; i < n; i++) {
         EXPECT((b[i]) == (cai_f32_to_bf16(f[i])), "%s", "b[i] == cai_f32_to_bf16(f[i])");
         EXPECT((h[i]) == (cai_f32_to_f16(f[i])), "%s", "h[i] == cai_f32_to_f16(f[i])");
-        EXPECT((hb[i]) == (cai_f32_to_f16(cai_bf16_to_f32(b[i]))), "%s", "hb[i] == cai_f32_to_f16(cai_bf16_to_f32(b[i]))");
+        EXPECT((hb[i]) == (cai_f32_to_f16(cai_bf16_to_f32(b[i]))), "%s",
+               "hb[i] == cai_f32_to_f16(cai_bf16_to_f32(b[i]))");
     }
     ASSERT_OK(cai_convert_host(back, CAI_DTYPE_F32, h, CAI_DTYPE_F16, n));
     for (size_t i = 0; i < n; i++) EXPECT(back[i] == cai_f16_to_f32(h[i]), "%s", "back[i] == cai_f16_to_f32(h[i])");
@@ -266,7 +272,14 @@ START_TEST(buffer_conversions_match_scalar_rules) {
     ck_assert_mem_eq(s1, s2, n * 2);
     for (size_t i = 0; i < n; i++)
         EXPECT(s1[i] == cai_f32_to_bf16_sr(f[i], cai_sr_bits(5, 6, 1000 + i)), "stochastic bf16 %zu differs", i);
-    free(d); free(f); free(back); free(b); free(h); free(hb); free(s1); free(s2);
+    free(d);
+    free(f);
+    free(back);
+    free(b);
+    free(h);
+    free(hb);
+    free(s1);
+    free(s2);
 }
 END_TEST
 

@@ -17,19 +17,19 @@ extern "C" {
 
 typedef enum {
     CAI_OK = 0,
-    CAI_ERR_INVALID_ARG,  /* a caller passed something impossible */
-    CAI_ERR_CONFIG,       /* a configuration key, type or value is wrong */
-    CAI_ERR_LAYOUT,       /* parallel layout does not fit world size or model */
-    CAI_ERR_IO,           /* file system */
-    CAI_ERR_FORMAT,       /* a file exists but its contents are malformed */
-    CAI_ERR_NOMEM,        /* allocation failed or an arena is exhausted */
+    CAI_ERR_INVALID_ARG, /* a caller passed something impossible */
+    CAI_ERR_CONFIG,      /* a configuration key, type or value is wrong */
+    CAI_ERR_LAYOUT,      /* parallel layout does not fit world size or model */
+    CAI_ERR_IO,          /* file system */
+    CAI_ERR_FORMAT,      /* a file exists but its contents are malformed */
+    CAI_ERR_NOMEM,       /* allocation failed or an arena is exhausted */
     CAI_ERR_MPI,
     CAI_ERR_CUDA,
     CAI_ERR_NCCL,
     CAI_ERR_HDF5,
-    CAI_ERR_TIMEOUT,      /* the watchdog gave up on a collective */
-    CAI_ERR_UNSUPPORTED,  /* valid request this build or backend cannot serve */
-    CAI_ERR_INTERNAL,     /* an invariant broke: a bug in colossal */
+    CAI_ERR_TIMEOUT,     /* the watchdog gave up on a collective */
+    CAI_ERR_UNSUPPORTED, /* valid request this build or backend cannot serve */
+    CAI_ERR_INTERNAL,    /* an invariant broke: a bug in colossal */
     CAI_STATUS_COUNT
 } cai_status;
 
@@ -38,8 +38,8 @@ const char *cai_status_str(cai_status st);
 /* Errors are reported where they happen with a formatted message (what failed,
  * which file/field/rank, what would fit) and then unwound by CAI_CALL, which
  * appends a frame per level, like PETSc's traceback. The trace is per thread. */
-cai_status cai_error_set(cai_status st, const char *file, int line, const char *func,
-                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+cai_status cai_error_set(cai_status st, const char *file, int line, const char *func, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 void cai_error_push(const char *file, int line, const char *func, const char *expr);
 cai_status cai_error_mpi(int mpi_err, const char *file, int line, const char *func, const char *expr);
 /* The first message of the current trace ("" when none). */
@@ -51,47 +51,47 @@ void cai_error_clear(void);
 
 #define CAI_ERROR(st, ...) cai_error_set((st), __FILE__, __LINE__, __func__, __VA_ARGS__)
 
-#define CAI_CALL(expr)                                                    \
-    do {                                                                  \
-        cai_status cai_call_st_ = (expr);                                 \
-        if (cai_call_st_ != CAI_OK) {                                     \
-            cai_error_push(__FILE__, __LINE__, __func__, #expr);          \
-            return cai_call_st_;                                          \
-        }                                                                 \
+#define CAI_CALL(expr)                                           \
+    do {                                                         \
+        cai_status cai_call_st_ = (expr);                        \
+        if (cai_call_st_ != CAI_OK) {                            \
+            cai_error_push(__FILE__, __LINE__, __func__, #expr); \
+            return cai_call_st_;                                 \
+        }                                                        \
     } while (0)
 
 /* Propagate but run cleanup first: CAI_CALL_GOTO(x, st, fail). */
-#define CAI_CALL_GOTO(expr, st_var, label)                                \
-    do {                                                                  \
-        (st_var) = (expr);                                                \
-        if ((st_var) != CAI_OK) {                                         \
-            cai_error_push(__FILE__, __LINE__, __func__, #expr);          \
-            goto label;                                                   \
-        }                                                                 \
+#define CAI_CALL_GOTO(expr, st_var, label)                       \
+    do {                                                         \
+        (st_var) = (expr);                                       \
+        if ((st_var) != CAI_OK) {                                \
+            cai_error_push(__FILE__, __LINE__, __func__, #expr); \
+            goto label;                                          \
+        }                                                        \
     } while (0)
 
-#define CAI_CALL_MPI(expr)                                                \
-    do {                                                                  \
-        int cai_mpi_rc_ = (expr);                                         \
-        if (cai_mpi_rc_ != 0 /* MPI_SUCCESS */)                           \
+#define CAI_CALL_MPI(expr)                                                          \
+    do {                                                                            \
+        int cai_mpi_rc_ = (expr);                                                   \
+        if (cai_mpi_rc_ != 0 /* MPI_SUCCESS */)                                     \
             return cai_error_mpi(cai_mpi_rc_, __FILE__, __LINE__, __func__, #expr); \
     } while (0)
 
-#define CAI_CHECK_ARG(cond, ...)                                          \
-    do {                                                                  \
-        if (!(cond)) return CAI_ERROR(CAI_ERR_INVALID_ARG, __VA_ARGS__);  \
+#define CAI_CHECK_ARG(cond, ...)                                         \
+    do {                                                                 \
+        if (!(cond)) return CAI_ERROR(CAI_ERR_INVALID_ARG, __VA_ARGS__); \
     } while (0)
 
 /* Print the current error trace from this rank and abort every rank.
  * Used by apps (and by invariant checks) instead of exit() or assert(). */
 void cai_abort(cai_status st) __attribute__((noreturn));
 /* Abort with a message when an invariant does not hold (never compiled out). */
-#define CAI_INVARIANT(cond, ...)                                          \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
+#define CAI_INVARIANT(cond, ...)                                                        \
+    do {                                                                                \
+        if (!(cond)) {                                                                  \
             cai_error_set(CAI_ERR_INTERNAL, __FILE__, __LINE__, __func__, __VA_ARGS__); \
-            cai_abort(CAI_ERR_INTERNAL);                                  \
-        }                                                                 \
+            cai_abort(CAI_ERR_INTERNAL);                                                \
+        }                                                                               \
     } while (0)
 
 /* ------------------------------------------------------------------ logging */
@@ -110,9 +110,9 @@ typedef enum {
 
 typedef struct {
     cai_log_level level;
-    int rank_filter;   /* default 0: log once per job */
-    int timestamps;    /* ISO-8601 wall clock with milliseconds */
-    FILE *out;         /* default stderr */
+    int rank_filter; /* default 0: log once per job */
+    int timestamps;  /* ISO-8601 wall clock with milliseconds */
+    FILE *out;       /* default stderr */
 } cai_log_options;
 
 void cai_log_configure(const cai_log_options *opt);
@@ -217,7 +217,7 @@ typedef enum {
 } cai_knob_type;
 
 typedef struct {
-    const char *name;    /* the environment variable */
+    const char *name; /* the environment variable */
     cai_knob_type type;
     const char *dflt;    /* the default, as text */
     const char *choices; /* ENUM: "a|b|c"; otherwise NULL */

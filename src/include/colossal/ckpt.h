@@ -12,10 +12,10 @@
 #include <stdint.h>
 
 #include "colossal/base.h"
-#include "colossal/cluster.h" /* Checkpoints section: meshes */
-#include "colossal/optim.h"   /* Checkpoints section: model, registry and optimizer */
+#include "colossal/cluster.h"  /* Checkpoints section: meshes */
+#include "colossal/optim.h"    /* Checkpoints section: model, registry and optimizer */
 #include "colossal/parallel.h" /* Checkpoints section: ZeRO engines */
-#include "colossal/model.h" /* Hugging Face section: model configs and registries */
+#include "colossal/model.h"    /* Hugging Face section: model configs and registries */
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,8 +74,8 @@ typedef struct {
     int ndim;
     uint64_t shape[CAI_ST_MAX_DIMS];
     uint64_t numel;
-    uint64_t begin, end;    /* data_offsets, relative to the start of the data section */
-    const void *data;       /* in the read-only mapping; may be unaligned for foreign files */
+    uint64_t begin, end; /* data_offsets, relative to the start of the data section */
+    const void *data;    /* in the read-only mapping; may be unaligned for foreign files */
 } cai_st_entry;
 
 typedef struct cai_safetensors cai_safetensors_t;
@@ -183,17 +183,17 @@ cai_status cai_hf_config_load(const char *path, cai_model_config *out);
 #define CAI_HF_DEFAULT_SHARD_BYTES 5000000000ull /* transformers' default max_shard_size "5GB" */
 
 typedef struct {
-    cai_dtype dtype;          /* F32, BF16 or F16 (round to nearest even from the F32 masters) */
-    uint64_t max_shard_bytes; /* tensor bytes per file; a larger total is sharded with an index.
-                               * 0: CAI_HF_DEFAULT_SHARD_BYTES */
-    const char *tokenizer_dir;/* copy the tokenizer files found here; NULL or "": none */
+    cai_dtype dtype;           /* F32, BF16 or F16 (round to nearest even from the F32 masters) */
+    uint64_t max_shard_bytes;  /* tensor bytes per file; a larger total is sharded with an index.
+                                * 0: CAI_HF_DEFAULT_SHARD_BYTES */
+    const char *tokenizer_dir; /* copy the tokenizer files found here; NULL or "": none */
 } cai_hf_export_options;
 
 /* F32, default shard size, no tokenizer. */
 cai_hf_export_options cai_hf_export_options_default(void);
 
 typedef struct {
-    int n_files;          /* weight files (1 when not sharded) */
+    int n_files; /* weight files (1 when not sharded) */
     int n_tensors;
     uint64_t total_bytes; /* tensor bytes (the index's total_size) */
     int tokenizer_files;  /* copied or written */
@@ -320,15 +320,15 @@ typedef struct {
     int64_t loss_scale_hysteresis_left, loss_scale_overflows;
     /* in: informational */
     double last_lr, last_loss;
-    char app[64];             /* the writer, e.g. "colossal-pretrain" */
-    char *config_text;        /* the app's effective config (YAML) or NULL; on load malloc'd
-                               * (cai_ckpt_meta_free), NULL when the file has none */
+    char app[64];      /* the writer, e.g. "colossal-pretrain" */
+    char *config_text; /* the app's effective config (YAML) or NULL; on load malloc'd
+                        * (cai_ckpt_meta_free), NULL when the file has none */
     /* in (cai_ckpt_save fills them from the model, optimizer and mesh) */
-    cai_model_config model;   /* resolved */
+    cai_model_config model; /* resolved */
     int has_model;
-    cai_adamw_config optim;   /* including the LR schedule */
-    int has_optim;            /* the file holds optimizer moments */
-    cai_layout layout;        /* the layout at save (order NULL on load) */
+    cai_adamw_config optim; /* including the LR schedule */
+    int has_optim;          /* the file holds optimizer moments */
+    cai_layout layout;      /* the layout at save (order NULL on load) */
     int world_size;
     /* out (load only) */
     int format_version;
@@ -345,13 +345,13 @@ void cai_ckpt_meta_free(cai_ckpt_meta *meta);
 
 /* Measured by a save or load (this rank's view; times are this rank's). */
 typedef struct {
-    double seconds;    /* the whole call */
-    double io_seconds; /* inside H5Dwrite / H5Dread */
-    uint64_t bytes;    /* tensor bytes in the file (each element once) */
+    double seconds;      /* the whole call */
+    double io_seconds;   /* inside H5Dwrite / H5Dread */
+    uint64_t bytes;      /* tensor bytes in the file (each element once) */
     uint64_t rank_bytes; /* tensor bytes this rank moved */
     int n_datasets;
-    int n_transfers;   /* H5Dwrite / H5Dread calls on this rank */
-    int n_collective;  /* of them, those HDF5 performed collectively (H5Pget_mpio_actual_io_mode) */
+    int n_transfers;  /* H5Dwrite / H5Dread calls on this rank */
+    int n_collective; /* of them, those HDF5 performed collectively (H5Pget_mpio_actual_io_mode) */
 } cai_ckpt_stats;
 
 /* ---------------------------------------------------------- model + optimizer */
@@ -475,9 +475,9 @@ typedef struct {
      * is a range of its shard's local elements, which the plan maps to
      * global hyperslabs like any other. */
     size_t flat_begin, flat_end;
-    int replicated;        /* 1: the replica_axis peers hold the same elements (they split the writing) */
-    int skip_tie_copies;   /* load: leave tie copies whose primary this rank holds untouched (their
-                            * optimizer moments are unused) */
+    int replicated;      /* 1: the replica_axis peers hold the same elements (they split the writing) */
+    int skip_tie_copies; /* load: leave tie copies whose primary this rank holds untouched (their
+                          * optimizer moments are unused) */
 } cai_ckpt_buffer;
 
 /* Collective over the mesh's world. meta (not NULL) must have has_model
@@ -488,19 +488,18 @@ cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_c
 /* Collective over the mesh's world; checks format and tensors (shape,
  * element type, checksum) as cai_ckpt_load does, but not the model config. */
 cai_status cai_ckpt_load_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta,
-                                 cai_ckpt_stats *stats);
+                                 const cai_ckpt_buffer *bufs, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats);
 /* The same with ZeRO shards: pieces[b] (NULL for a flat buffer) lists the
  * runs buffer b holds, n_pieces[b] of them; such a buffer holds exactly
  * these elements (its flat_begin/flat_end and `replicated` are ignored;
  * each element lives on one rank of its replica group, which writes it).
  * Pass cai_zero_pieces' list cast element-wise: it has the same fields. */
 cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, const cai_ckpt_meta *meta, cai_ckpt_stats *stats);
 cai_status cai_ckpt_load_pieces(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
-                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces,
-                                const int *n_pieces, int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+                                const cai_ckpt_buffer *bufs, const cai_ckpt_piece *const *pieces, const int *n_pieces,
+                                int n_bufs, cai_ckpt_meta *meta, cai_ckpt_stats *stats);
 
 /* ---------------------------------------------------------- inspection
  * For tools (colossal-ckpt inspect / verify / export): open a checkpoint on

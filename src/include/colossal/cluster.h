@@ -22,7 +22,7 @@ extern "C" {
 
 typedef enum {
     CAI_AXIS_PP = 0,
-    CAI_AXIS_DP,    /* edp x ep: all data-parallel replicas of dense weights */
+    CAI_AXIS_DP, /* edp x ep: all data-parallel replicas of dense weights */
     CAI_AXIS_EP,
     CAI_AXIS_SP,
     CAI_AXIS_TP,
@@ -64,8 +64,7 @@ cai_status cai_layout_validate(int world_size, const cai_layout *layout, const c
  * hint's, sp and pp as hinted, dp absorbing the rest; the hint's ep where it
  * divides dp); the hinted layout itself is left out. Returns the count
  * written; out may be NULL to count. hint may be NULL. Not collective. */
-int cai_layout_suggest(int world_size, const cai_layout *hint, const cai_layout_model *model,
-                       cai_layout *out, int max);
+int cai_layout_suggest(int world_size, const cai_layout *hint, const cai_layout_model *model, cai_layout *out, int max);
 /* Coordinates of world rank r along each axis (index in its axis group). */
 cai_status cai_layout_coords(const cai_layout *layout, int world_rank, int coords[CAI_AXIS_COUNT]);
 int cai_layout_axis_size(const cai_layout *layout, cai_axis axis);
@@ -91,8 +90,8 @@ typedef enum {
 
 typedef struct {
     cai_layout layout;
-    double watchdog_timeout_s;  /* 0 disables the watchdog */
-    int watchdog_abort;         /* 1: abort all ranks on timeout (default); 0: return CAI_ERR_TIMEOUT */
+    double watchdog_timeout_s; /* 0 disables the watchdog */
+    int watchdog_abort;        /* 1: abort all ranks on timeout (default); 0: return CAI_ERR_TIMEOUT */
     cai_device_comm device_comm;
     /* Thread blocks (CTAs) NCCL may use for device collectives started while
      * cai_mesh_overlap_compute is on: they then run on a second communicator
@@ -155,13 +154,13 @@ cai_status cai_allreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, v
 /* sendbuf holds size*recv_count elements; rank i receives block i reduced.
  * In place (sendbuf == recvbuf): the buffer holds all blocks and the result
  * lands at its start, as MPI_IN_PLACE does. */
-cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
-                              size_t recv_count, cai_dtype dtype, cai_reduce_op op);
+cai_status cai_reduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t recv_count,
+                              cai_dtype dtype, cai_reduce_op op);
 /* recvbuf holds size*send_count elements, block i from axis rank i.
  * In place: sendbuf == recvbuf, or sendbuf == the rank's own block of recvbuf;
  * either way the contribution is read from that own block. */
-cai_status cai_all_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
-                          size_t send_count, cai_dtype dtype);
+cai_status cai_all_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
+                          cai_dtype dtype);
 /* Block i of sendbuf (count elements) goes to axis rank i; in place allowed. */
 cai_status cai_all_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype);
@@ -171,8 +170,7 @@ cai_status cai_all_to_allv(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf,
                            const size_t *recv_displs, cai_dtype dtype);
 cai_status cai_broadcast(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int root);
 /* Point to point along an axis; `peer` is an axis rank. Not collective. */
-cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer,
-                    int tag);
+cai_status cai_send(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer, int tag);
 cai_status cai_recv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag);
 cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
 
@@ -200,8 +198,8 @@ void cai_mesh_guard_end(cai_mesh_t *mesh);
 typedef struct cai_request cai_request_t;
 cai_status cai_iallreduce(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
                           cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
-cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf,
-                               size_t recv_count, cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
+cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t recv_count,
+                               cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
 cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
                            cai_dtype dtype, cai_request_t **req);
 /* Completes a request and frees it whatever it returns. The watchdog applies
@@ -222,12 +220,18 @@ cai_status cai_test(cai_request_t *req, int *done);
 
 /* Bandwidth measurement as nccl-tests does it: algorithm bandwidth
  * bytes/time and bus bandwidth scaled by the collective's traffic factor. */
-typedef enum { CAI_BENCH_ALLREDUCE = 0, CAI_BENCH_ALLGATHER, CAI_BENCH_REDUCE_SCATTER, CAI_BENCH_ALLTOALL, CAI_BENCH_COUNT } cai_bench_op;
+typedef enum {
+    CAI_BENCH_ALLREDUCE = 0,
+    CAI_BENCH_ALLGATHER,
+    CAI_BENCH_REDUCE_SCATTER,
+    CAI_BENCH_ALLTOALL,
+    CAI_BENCH_COUNT
+} cai_bench_op;
 typedef struct {
     cai_bench_op op;
     cai_axis axis;
-    size_t bytes;      /* total message size in bytes (nccl-tests' "size") */
-    double time_us;    /* mean over iterations, max over the axis group */
+    size_t bytes;   /* total message size in bytes (nccl-tests' "size") */
+    double time_us; /* mean over iterations, max over the axis group */
     double algbw_gbs;
     double busbw_gbs;
 } cai_bench_result;

@@ -37,21 +37,21 @@ typedef enum {
 extern const char *const cai_config_bytes_auto[];
 
 typedef struct {
-    const char *key;           /* dotted path, e.g. "train.lr" <-> YAML train: {lr: ...}; parts are
-                                  [A-Za-z0-9_-]+, '-' and '_' are interchangeable when matching */
+    const char *key; /* dotted path, e.g. "train.lr" <-> YAML train: {lr: ...}; parts are
+                        [A-Za-z0-9_-]+, '-' and '_' are interchangeable when matching */
     cai_config_type type;
-    size_t offset;             /* offsetof(app struct, field) */
-    const char *default_value; /* text, parsed by the same code as user input; NULL = empty string / 0 */
-    const char *doc;           /* one line for --help (required, no newlines) */
-    double min, max;           /* inclusive range for INT/INT64/DOUBLE; checked only when min < max,
-                                  so a zero-initialised pair or CAI_CFG_NO_RANGE means no range */
-    const char *const *choices;/* NULL-terminated list for CAI_CFG_ENUM */
-    const char *alias;         /* optional short CLI name, e.g. "tp" for "mesh.tp" */
+    size_t offset;              /* offsetof(app struct, field) */
+    const char *default_value;  /* text, parsed by the same code as user input; NULL = empty string / 0 */
+    const char *doc;            /* one line for --help (required, no newlines) */
+    double min, max;            /* inclusive range for INT/INT64/DOUBLE; checked only when min < max,
+                                   so a zero-initialised pair or CAI_CFG_NO_RANGE means no range */
+    const char *const *choices; /* NULL-terminated list for CAI_CFG_ENUM */
+    const char *alias;          /* optional short CLI name, e.g. "tp" for "mesh.tp" */
 } cai_config_field;
 
 typedef struct {
-    const char *program;       /* "colossal-pretrain" */
-    const char *summary;       /* one line for --help */
+    const char *program; /* "colossal-pretrain" */
+    const char *summary; /* one line for --help */
     const cai_config_field *fields;
     size_t nfields;
 } cai_config_schema;
@@ -76,8 +76,7 @@ cai_status cai_config_defaults(const cai_config_schema *schema, void *cfg);
  * changes nothing. */
 cai_status cai_config_load_yaml(const cai_config_schema *schema, void *cfg, const char *path);
 /* Same, from a string; `name` stands in for the file name in errors. */
-cai_status cai_config_load_yaml_string(const cai_config_schema *schema, void *cfg, const char *text,
-                                       const char *name);
+cai_status cai_config_load_yaml_string(const cai_config_schema *schema, void *cfg, const char *text, const char *name);
 /* Set one key (or alias) from text; `source` ("command line", "file.yaml:12")
  * leads every error message. On error the field is unchanged. */
 cai_status cai_config_set(const cai_config_schema *schema, void *cfg, const char *key, const char *value,

@@ -118,7 +118,7 @@ typedef struct {
     size_t vocab_size;                 /* total, specials and the 256 bytes included */
     const char *const *special_tokens; /* e.g. {"<|endoftext|>"}; may be NULL */
     size_t n_special;
-    uint64_t min_frequency;            /* 0 or 1: any pair that occurs */
+    uint64_t min_frequency; /* 0 or 1: any pair that occurs */
 } cai_bpe_train_opts;
 
 /* Streaming: feed documents one at a time (memory grows with the number of
@@ -130,8 +130,8 @@ cai_status cai_bpe_trainer_finish(cai_bpe_trainer_t *tr, cai_bpe_t **out);
 void cai_bpe_trainer_free(cai_bpe_trainer_t *tr);
 
 /* All at once: texts[i] has lens[i] bytes (lens may be NULL: NUL-terminated). */
-cai_status cai_bpe_train(const char *const *texts, const size_t *lens, size_t n_texts,
-                         const cai_bpe_train_opts *opts, cai_bpe_t **out);
+cai_status cai_bpe_train(const char *const *texts, const size_t *lens, size_t n_texts, const cai_bpe_train_opts *opts,
+                         cai_bpe_t **out);
 
 /* --- saving ------------------------------------------------------------- */
 
@@ -231,8 +231,7 @@ int64_t cai_indexed_document_start(const cai_indexed_dataset_t *ds, int64_t d);
 /* Tokens [offset, offset + count) of sequence `seq`, widened to int32.
  * Range-checked; an int64 token that does not fit int32 is CAI_ERR_FORMAT.
  * Not collective. */
-cai_status cai_indexed_read(const cai_indexed_dataset_t *ds, int64_t seq, int64_t offset, int64_t count,
-                            int32_t *out);
+cai_status cai_indexed_read(const cai_indexed_dataset_t *ds, int64_t seq, int64_t offset, int64_t count, int32_t *out);
 
 /* Writer (Megatron's IndexedDatasetBuilder). Writes PREFIX.bin.tmp and
  * PREFIX.idx.tmp and renames both on finish, so a reader never sees half a
@@ -379,7 +378,7 @@ typedef struct {
     /* Megatron's --data-path: "PREFIX" or "W1 PREFIX1 W2 PREFIX2 ..."
      * (whitespace or commas between items). */
     const char *paths;
-    const char *split;      /* "98,2,0"; applied to each prefix's documents */
+    const char *split; /* "98,2,0"; applied to each prefix's documents */
     int64_t seq_len;
     uint64_t seed;
     int64_t vocab_size;     /* > 0: every token is checked on open */

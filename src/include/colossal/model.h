@@ -61,12 +61,12 @@ typedef struct {
     int vocab_parallel; /* the split dimension is a vocabulary: uneven (balanced) splits allowed */
     cai_qkv_groups qkv; /* fused QKV head grouping along tp_split_dim */
     cai_pp_place pp_place;
-    int layer;          /* transformer block index, -1 for none (required for CAI_PP_LAYER) */
-    int expert;         /* expert index, -1 for dense parameters */
-    int n_experts;      /* experts of this MoE layer, 0 for dense */
-    int weight_decay;   /* 1 or 0; -1: decay iff ndim >= 2 (resolved at registration) */
+    int layer;        /* transformer block index, -1 for none (required for CAI_PP_LAYER) */
+    int expert;       /* expert index, -1 for dense parameters */
+    int n_experts;    /* experts of this MoE layer, 0 for dense */
+    int weight_decay; /* 1 or 0; -1: decay iff ndim >= 2 (resolved at registration) */
     cai_init_spec init;
-    int tie_group;      /* 0: untied; > 0: registered copies of one tensor (tied embeddings) */
+    int tie_group; /* 0: untied; > 0: registered copies of one tensor (tied embeddings) */
 } cai_param_spec;
 
 /* Replicated, dense, CAI_PP_LAYER with layer -1 (so pp_place or layer must be
@@ -74,11 +74,11 @@ typedef struct {
 cai_param_spec cai_param_spec_default(void);
 
 typedef struct {
-    const char *name;     /* canonical name, owned by the registry */
-    int index;            /* registration order */
+    const char *name; /* canonical name, owned by the registry */
+    int index;        /* registration order */
     int ndim;
     uint64_t shape[CAI_PARAM_MAX_DIMS]; /* global shape; unused dims are 1 */
-    uint64_t numel;       /* global element count */
+    uint64_t numel;                     /* global element count */
     cai_dtype dtype;
     cai_param_spec spec;  /* weight_decay resolved to 0/1 */
     int tie_primary;      /* first-registered member of its tie group (itself when untied) */
@@ -114,13 +114,13 @@ typedef struct {
 } cai_hyperslab;
 
 typedef struct {
-    int held;       /* this rank holds the parameter (owning pipeline rank and expert rank) */
-    int pp_stage;   /* owning pipeline rank */
-    int ep_owner;   /* owning expert-parallel rank, -1 for dense */
+    int held;     /* this rank holds the parameter (owning pipeline rank and expert rank) */
+    int pp_stage; /* owning pipeline rank */
+    int ep_owner; /* owning expert-parallel rank, -1 for dense */
     int ndim;
     uint64_t global_shape[CAI_PARAM_MAX_DIMS];
-    int split_dim;  /* dimension the slabs are cut and concatenated along, -1 if none */
-    int n_slabs;    /* 0 when not held; 3 for a fused QKV weight split over TP */
+    int split_dim; /* dimension the slabs are cut and concatenated along, -1 if none */
+    int n_slabs;   /* 0 when not held; 3 for a fused QKV weight split over TP */
     cai_hyperslab slab[CAI_SHARD_MAX_SLABS];
     uint64_t local_shape[CAI_PARAM_MAX_DIMS];
     uint64_t local_numel; /* 0 when not held */
@@ -224,19 +224,19 @@ cai_status cai_model_family_parse(const char *name, cai_model_family *out); /* "
 
 typedef struct {
     cai_model_family family;
-    int vocab_size;       /* real vocabulary: token ids are < vocab_size */
-    int vocab_multiple;   /* embedding/head rows padded to a multiple of this; 0 means 128 */
+    int vocab_size;     /* real vocabulary: token ids are < vocab_size */
+    int vocab_multiple; /* embedding/head rows padded to a multiple of this; 0 means 128 */
     int n_layers;
     int d_model;
     int n_heads;
-    int n_kv_heads;       /* grouped-query attention; 0 means n_heads; must divide n_heads */
-    int ffn_hidden;       /* MLP hidden size; 0: GPT-2 4*d_model, Llama 256-multiple of 8*d_model/3 */
-    int max_seq_len;      /* learned positions (GPT-2) / RoPE tables (Llama) */
-    float rope_theta;     /* Llama; 0 means 10000 */
-    float norm_eps;       /* 0 means 1e-5 */
-    int tie_embeddings;   /* LM head shares the token embedding */
-    float init_std;       /* N(0, std^2) init; residual projections get std/sqrt(2 n_layers); 0 means 0.02 */
-    uint64_t seed;        /* parameter init (layout invariant, see the registry) */
+    int n_kv_heads;     /* grouped-query attention; 0 means n_heads; must divide n_heads */
+    int ffn_hidden;     /* MLP hidden size; 0: GPT-2 4*d_model, Llama 256-multiple of 8*d_model/3 */
+    int max_seq_len;    /* learned positions (GPT-2) / RoPE tables (Llama) */
+    float rope_theta;   /* Llama; 0 means 10000 */
+    float norm_eps;     /* 0 means 1e-5 */
+    int tie_embeddings; /* LM head shares the token embedding */
+    float init_std;     /* N(0, std^2) init; residual projections get std/sqrt(2 n_layers); 0 means 0.02 */
+    uint64_t seed;      /* parameter init (layout invariant, see the registry) */
     /* Mixed precision (docs/model.md). Master weights, gradients and
      * optimizer state are always F32. param_dtype: the working copy of the
      * weights the layers read (F32, BF16, F16; BF16/F16 are refreshed from
@@ -274,11 +274,11 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
 
 typedef struct {
     cai_model_family family;
-    int64_t B, T;         /* T: local sequence length */
-    int64_t pos_offset;   /* position of local token 0 (sequence parallel, decoding) */
-    int64_t C;            /* d_model */
-    int64_t n_heads;      /* local query heads (n_heads / tp) */
-    int64_t n_kv_heads;   /* local KV heads */
+    int64_t B, T;       /* T: local sequence length */
+    int64_t pos_offset; /* position of local token 0 (sequence parallel, decoding) */
+    int64_t C;          /* d_model */
+    int64_t n_heads;    /* local query heads (n_heads / tp) */
+    int64_t n_kv_heads; /* local KV heads */
     int64_t head_dim;
     int64_t ffn;          /* local MLP hidden size (ffn_hidden / tp) */
     int64_t vocab_local;  /* padded vocabulary rows held here (head/embedding) */
@@ -292,12 +292,12 @@ typedef struct {
  * Absent ones (biases for Llama, up_w for GPT-2) have data == NULL. grads
  * uses the same struct for the gradients. */
 typedef struct {
-    cai_tensor ln1_w, ln1_b;   /* [C] */
-    cai_tensor qkv_w, qkv_b;   /* [(Hq + 2 Hkv) D, C], [(Hq + 2 Hkv) D]: fused q|k|v rows */
-    cai_tensor proj_w, proj_b; /* [C, Hq D], [C] */
-    cai_tensor ln2_w, ln2_b;   /* [C] */
-    cai_tensor fc_w, fc_b;     /* mlp.fc: GPT-2 fc [F, C], [F]; Llama gate [F, C] */
-    cai_tensor up_w;           /* Llama up [F, C] */
+    cai_tensor ln1_w, ln1_b;           /* [C] */
+    cai_tensor qkv_w, qkv_b;           /* [(Hq + 2 Hkv) D, C], [(Hq + 2 Hkv) D]: fused q|k|v rows */
+    cai_tensor proj_w, proj_b;         /* [C, Hq D], [C] */
+    cai_tensor ln2_w, ln2_b;           /* [C] */
+    cai_tensor fc_w, fc_b;             /* mlp.fc: GPT-2 fc [F, C], [F]; Llama gate [F, C] */
+    cai_tensor up_w;                   /* Llama up [F, C] */
     cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
 } cai_block_params;
 
@@ -308,17 +308,17 @@ typedef struct {
     cai_tensor att, att_lse;            /* [B,T,Hq D], [B,Hq,T] */
     cai_tensor res_mid;                 /* [B,T,C] residual after attention */
     cai_tensor ln2, ln2_mean, ln2_rstd;
-    cai_tensor fc;                      /* [B,T,F] GPT-2 pre-GELU / Llama gate */
-    cai_tensor up;                      /* [B,T,F] Llama up */
-    cai_tensor act;                     /* [B,T,F] GELU / SwiGLU output */
+    cai_tensor fc;  /* [B,T,F] GPT-2 pre-GELU / Llama gate */
+    cai_tensor up;  /* [B,T,F] Llama up */
+    cai_tensor act; /* [B,T,F] GELU / SwiGLU output */
 } cai_block_acts;
 
 /* Buffers shared by every block (not kept between fwd and bwd). */
 typedef struct {
-    cai_tensor dln;         /* [B,T,C] */
-    cai_tensor datt;        /* [B,T,Hq D] */
-    cai_tensor dqkv;        /* [B,T,(Hq+2Hkv)D] */
-    cai_tensor dact, dfc, dup; /* [B,T,F] (dup Llama only) */
+    cai_tensor dln;                /* [B,T,C] */
+    cai_tensor datt;               /* [B,T,Hq D] */
+    cai_tensor dqkv;               /* [B,T,(Hq+2Hkv)D] */
+    cai_tensor dact, dfc, dup;     /* [B,T,F] (dup Llama only) */
     cai_tensor rope_cos, rope_sin; /* [max_pos, D/2] F32 (Llama) */
     void *attn_ws;
     size_t attn_ws_bytes;
@@ -327,8 +327,7 @@ typedef struct {
 /* Allocate acts / scratch for `dims` from a device arena (max_pos sizes the
  * RoPE tables, which this computes). */
 size_t cai_block_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
-cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d,
-                                cai_block_acts *acts);
+cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_block_acts *acts);
 size_t cai_block_scratch_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos);
 cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, int64_t max_pos,
                                    double rope_theta, cai_block_scratch *s);

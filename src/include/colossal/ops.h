@@ -55,10 +55,10 @@ extern "C" {
  * against a KV cache, a multiple of the block length for ring attention. A row
  * that sees no key gets output 0 and lse = -inf. */
 typedef struct {
-    float scale;           /* softmax scale; 0 means 1/sqrt(head_dim) */
-    int causal;            /* 1 for decoder self-attention */
+    float scale; /* softmax scale; 0 means 1/sqrt(head_dim) */
+    int causal;  /* 1 for decoder self-attention */
     int64_t causal_offset;
-    int64_t window;        /* sliding window length in keys; 0 = unlimited */
+    int64_t window; /* sliding window length in keys; 0 = unlimited */
 } cai_attn_params;
 
 /* AdamW (Loshchilov & Hutter; same arithmetic as torch.optim.AdamW):
@@ -93,8 +93,8 @@ typedef struct cai_ops {
     cai_status (*copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
     /* dst = round_stochastic(src): src F32, dst BF16/F16 (F32: plain copy).
      * Element i (row-major index) uses cai_sr_bits(seed, stream, index_offset + i). */
-    cai_status (*copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed,
-                          uint64_t stream, uint64_t index_offset);
+    cai_status (*copy_sr)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src, uint64_t seed, uint64_t stream,
+                          uint64_t index_offset);
     /* x *= alpha. */
     cai_status (*scale)(cai_device_t *dev, cai_tensor *x, float alpha);
     /* y += alpha * x. */
@@ -126,8 +126,7 @@ typedef struct cai_ops {
      * dweight [OC,IC] += dout^T @ inp; dbias [OC] += sum over rows of dout.
      * Any of dinp, dweight, dbias may be NULL. */
     cai_status (*linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai_tensor *dbias,
-                             const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
-                             int accum_dinp);
+                             const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight, int accum_dinp);
     /* Linear layer followed by GELU (GPT-2's MLP up projection), one op so a
      * backend can fuse the GELU into the matmul's epilogue:
      * pre [N,OC] = inp [N,IC] @ weight[OC,IC]^T + bias[OC] (bias may be
@@ -175,8 +174,7 @@ typedef struct cai_ops {
     cai_status (*rmsnorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *rstd, const cai_tensor *inp,
                               const cai_tensor *weight, float eps);
     cai_status (*rmsnorm_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
-                              const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *rstd,
-                              int accum_dinp);
+                              const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *rstd, int accum_dinp);
 
     /* ---- activations (any shape; strided rows ok) */
 

@@ -61,8 +61,8 @@ typedef struct cai_optim cai_optim_t;
  * zero, the step counter at 0. A tie copy whose primary is held on this
  * rank is not updated (the model keeps it equal to the primary). Not
  * collective. */
-cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_registry_t *reg,
-                            const cai_rank_view *view, size_t align_elems, const cai_adamw_config *cfg);
+cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_registry_t *reg, const cai_rank_view *view,
+                            size_t align_elems, const cai_adamw_config *cfg);
 /* The same for a model's registry, view and alignment. */
 cai_status cai_optim_create_for_model(cai_optim_t **out, cai_model_t *model, const cai_adamw_config *cfg);
 void cai_optim_free(cai_optim_t *o);
@@ -168,9 +168,8 @@ typedef struct {
 } cai_zero_step_stats;
 
 struct cai_zero;
-cai_status cai_train_step_zero(struct cai_zero *z, cai_optim_t *o, const cai_adamw_config *cfg,
-                               cai_loss_scaler *scaler, const int32_t *tokens, const int32_t *targets, int n_micro,
-                               cai_zero_step_stats *out);
+cai_status cai_train_step_zero(struct cai_zero *z, cai_optim_t *o, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
+                               const int32_t *tokens, const int32_t *targets, int n_micro, cai_zero_step_stats *out);
 
 /* ====================================================== end of loss scaling */
 

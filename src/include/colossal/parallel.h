@@ -78,16 +78,16 @@ cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m);
 #include "colossal/ops.h"
 
 typedef struct {
-    int stage;           /* 0..3 (see above) */
-    int offload;         /* 1: masters, moments and the step on the host */
-    size_t bucket_bytes; /* F32 gradient bytes per bucket (whole units, at least one); 0: 25 MiB */
-    int overlap;         /* 1 (default): reduce each bucket as its backward finishes; 0: after backward */
-    int prefetch;        /* stage 3: gather the next unit while this one runs (default 1) */
-    double timeout_s;    /* a dp collective of the engine stalled this long fails naming the bucket; default 300 */
-    int host_threads;    /* offload on a GPU: threads of the host step; 0: the OpenMP default */
-    int reduce_only;     /* stage 0 without offload: buckets only, no optimizer state; the caller steps
-                          * the model's own buffers with a cai_optim_t (cai_train_step_zero's `o`),
-                          * whose state checkpoints read as without the engine */
+    int stage;              /* 0..3 (see above) */
+    int offload;            /* 1: masters, moments and the step on the host */
+    size_t bucket_bytes;    /* F32 gradient bytes per bucket (whole units, at least one); 0: 25 MiB */
+    int overlap;            /* 1 (default): reduce each bucket as its backward finishes; 0: after backward */
+    int prefetch;           /* stage 3: gather the next unit while this one runs (default 1) */
+    double timeout_s;       /* a dp collective of the engine stalled this long fails naming the bucket; default 300 */
+    int host_threads;       /* offload on a GPU: threads of the host step; 0: the OpenMP default */
+    int reduce_only;        /* stage 0 without offload: buckets only, no optimizer state; the caller steps
+                             * the model's own buffers with a cai_optim_t (cai_train_step_zero's `o`),
+                             * whose state checkpoints read as without the engine */
     cai_dtype reduce_dtype; /* dtype the gradient reductions move and sum in: CAI_DTYPE_F32 (default,
                              * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0/1 round each
                              * bucket's accumulated gradient once, stages 2/3 each microbatch's window,
@@ -176,8 +176,8 @@ cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out);
 /* Hook for tests and diagnostics: called after unit `unit`'s backward, with
  * the F32 gradient views of its parameters (the same views the model
  * accumulated into), before any of them is reduced. Not collective. */
-typedef cai_status (*cai_zero_grad_hook)(void *ctx, cai_zero_t *z, int unit, const int *indices,
-                                         cai_tensor *grads, int n);
+typedef cai_status (*cai_zero_grad_hook)(void *ctx, cai_zero_t *z, int unit, const int *indices, cai_tensor *grads,
+                                         int n);
 void cai_zero_set_grad_hook(cai_zero_t *z, cai_zero_grad_hook fn, void *ctx);
 
 /* Counters since cai_zero_create (or the last reset). */
@@ -189,7 +189,7 @@ typedef struct {
     int64_t gathers;           /* stage 3 unit gathers (including prefetches) */
     int64_t prefetch_hits;     /* gathers that were already in flight or done when the unit needed them */
     int64_t steps, skipped;
-    double comm_bytes;         /* bytes this rank sent into engine collectives (algorithm bytes) */
+    double comm_bytes; /* bytes this rank sent into engine collectives (algorithm bytes) */
 } cai_zero_stats;
 void cai_zero_get_stats(const cai_zero_t *z, cai_zero_stats *out);
 void cai_zero_reset_stats(cai_zero_t *z);
@@ -200,28 +200,28 @@ void cai_zero_reset_stats(cai_zero_t *z);
  * allocated. `device` is what lives in device memory, `host` what offload
  * moves to host memory (on a host device both are the same RAM). */
 typedef struct {
-    size_t params;        /* working weights the layers read (stage 3: shard + gathered windows) */
-    size_t grads;         /* gradient buffers (stage 2/3: shard + bucket windows; + the bf16 reduction copy) */
-    size_t master;        /* F32 master weights */
-    size_t optim;         /* AdamW moments */
-    size_t staging;       /* offload: host copies of gradient / weight shards; lowp rounding scratch */
-    size_t acts;          /* activations as configured */
-    size_t acts_full;     /* activations without recompute */
-    size_t acts_recompute;/* activations with recompute */
-    size_t windows;       /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
-    size_t device, host;  /* totals */
-    size_t n_flat;        /* local flat elements (padded for sharding) */
+    size_t params;         /* working weights the layers read (stage 3: shard + gathered windows) */
+    size_t grads;          /* gradient buffers (stage 2/3: shard + bucket windows; + the bf16 reduction copy) */
+    size_t master;         /* F32 master weights */
+    size_t optim;          /* AdamW moments */
+    size_t staging;        /* offload: host copies of gradient / weight shards; lowp rounding scratch */
+    size_t acts;           /* activations as configured */
+    size_t acts_full;      /* activations without recompute */
+    size_t acts_recompute; /* activations with recompute */
+    size_t windows;        /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
+    size_t device, host;   /* totals */
+    size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
 } cai_mem_plan;
 
 typedef struct {
-    cai_model_config model;      /* resolved inside */
-    int batch, seq_len;          /* microbatch shape */
-    cai_rank_view view;          /* tp = 1 (the model refuses tp > 1); pp picks the stage */
-    size_t align_elems;          /* 0: 16, as the model */
+    cai_model_config model; /* resolved inside */
+    int batch, seq_len;     /* microbatch shape */
+    cai_rank_view view;     /* tp = 1 (the model refuses tp > 1); pp picks the stage */
+    size_t align_elems;     /* 0: 16, as the model */
     int dp;
     cai_zero_config zero;
-    const cai_device_t *dev;     /* the backend decides attention workspace sizes */
+    const cai_device_t *dev; /* the backend decides attention workspace sizes */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates

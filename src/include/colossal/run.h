@@ -75,35 +75,100 @@ typedef struct {
 
 /* Embed a cai_run_options in the app's config struct and list
  * CAI_RUN_FIELDS(app_struct, member, "runs/app") in its field table. */
-#define CAI_RUN_FIELDS(type, member, default_dir)                                                                      \
-    {"run.dir", CAI_CFG_STRING, offsetof(type, member.dir), default_dir,                                               \
-     "run directory: config.yaml, metrics.jsonl, data/, tokenizer/", CAI_CFG_NO_RANGE, NULL, NULL},                    \
-    {"run.device", CAI_CFG_ENUM, offsetof(type, member.device), "auto",                                                \
-     "auto (a GPU per rank when the build and node have them), cpu or cuda", CAI_CFG_NO_RANGE,                         \
-     cai_run_device_choices, NULL},                                                                                    \
-    {"run.threads", CAI_CFG_INT, offsetof(type, member.threads), "0", "CPU threads per rank; 0: the OpenMP default", \
-     0, 4096, NULL, NULL},                                                                                             \
-    {"run.peak_tflops", CAI_CFG_DOUBLE, offsetof(type, member.peak_tflops), "0",                                      \
-     "per-rank peak for MFU (e.g. 989 for H100/H200 bf16); 0: measure this device's matmul", 0, 1e6, NULL, NULL},      \
-    {"log.interval", CAI_CFG_INT64, offsetof(type, member.log_interval), "10", "steps between progress lines", 1,     \
-     1e15, NULL, NULL},                                                                                                \
-    {"train.stop_at", CAI_CFG_INT64, offsetof(type, member.stop_at), "0",                                             \
-     "stop after this step as SIGUSR1 would (checkpoint, exit status 3); 0: run to train.steps", 0, 1e15, NULL, NULL}, \
-    {"train.mem_limit", CAI_CFG_BYTES, offsetof(type, member.mem_limit), "auto",                                       \
-     "refuse to start when the memory plan exceeds this per rank (e.g. 3GiB, 800M); auto: host RAM / ranks on the "   \
-     "node (no limit on a GPU); 0: none",                                                                              \
-     CAI_CFG_NO_RANGE, cai_config_bytes_auto, NULL},                                                                   \
-    {"checkpoint.dir", CAI_CFG_STRING, offsetof(type, member.ckpt_dir), "",                                            \
-     "checkpoint directory (step-N.h5 files and `latest`); empty: run.dir/checkpoints", CAI_CFG_NO_RANGE, NULL, NULL}, \
-    {"checkpoint.every", CAI_CFG_INT64, offsetof(type, member.ckpt_every), "0",                                        \
-     "save every this many steps, at the end, and when SIGUSR1/SIGTERM stops the run; 0: no checkpoints", 0, 1e15,    \
-     NULL, NULL},                                                                                                      \
-    {"checkpoint.keep", CAI_CFG_INT, offsetof(type, member.ckpt_keep), "3",                                            \
-     "checkpoints kept in checkpoint.dir (the newest); 0: all", 0, 1 << 20, NULL, NULL},                               \
-    {"checkpoint.resume", CAI_CFG_STRING, offsetof(type, member.resume), "",                                           \
-     "resume from: latest (checkpoint.dir's), auto (latest if there is one, else start), or a checkpoint file or "     \
-     "directory; empty: start from step 1",                                                                            \
-     CAI_CFG_NO_RANGE, NULL, "resume"}
+#define CAI_RUN_FIELDS(type, member, default_dir)                                                                         \
+    {"run.dir",                                                                                                           \
+     CAI_CFG_STRING,                                                                                                      \
+     offsetof(type, member.dir),                                                                                          \
+     default_dir,                                                                                                         \
+     "run directory: config.yaml, metrics.jsonl, data/, tokenizer/",                                                      \
+     CAI_CFG_NO_RANGE,                                                                                                    \
+     NULL,                                                                                                                \
+     NULL},                                                                                                               \
+        {"run.device",                                                                                                    \
+         CAI_CFG_ENUM,                                                                                                    \
+         offsetof(type, member.device),                                                                                   \
+         "auto",                                                                                                          \
+         "auto (a GPU per rank when the build and node have them), cpu or cuda",                                          \
+         CAI_CFG_NO_RANGE,                                                                                                \
+         cai_run_device_choices,                                                                                          \
+         NULL},                                                                                                           \
+        {"run.threads",                                                                                                   \
+         CAI_CFG_INT,                                                                                                     \
+         offsetof(type, member.threads),                                                                                  \
+         "0",                                                                                                             \
+         "CPU threads per rank; 0: the OpenMP default",                                                                   \
+         0,                                                                                                               \
+         4096,                                                                                                            \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"run.peak_tflops",                                                                                               \
+         CAI_CFG_DOUBLE,                                                                                                  \
+         offsetof(type, member.peak_tflops),                                                                              \
+         "0",                                                                                                             \
+         "per-rank peak for MFU (e.g. 989 for H100/H200 bf16); 0: measure this device's matmul",                          \
+         0,                                                                                                               \
+         1e6,                                                                                                             \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"log.interval",                                                                                                  \
+         CAI_CFG_INT64,                                                                                                   \
+         offsetof(type, member.log_interval),                                                                             \
+         "10",                                                                                                            \
+         "steps between progress lines",                                                                                  \
+         1,                                                                                                               \
+         1e15,                                                                                                            \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"train.stop_at",                                                                                                 \
+         CAI_CFG_INT64,                                                                                                   \
+         offsetof(type, member.stop_at),                                                                                  \
+         "0",                                                                                                             \
+         "stop after this step as SIGUSR1 would (checkpoint, exit status 3); 0: run to train.steps",                      \
+         0,                                                                                                               \
+         1e15,                                                                                                            \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"train.mem_limit",                                                                                               \
+         CAI_CFG_BYTES,                                                                                                   \
+         offsetof(type, member.mem_limit),                                                                                \
+         "auto",                                                                                                          \
+         "refuse to start when the memory plan exceeds this per rank (e.g. 3GiB, 800M); auto: host RAM / ranks on the "   \
+         "node (no limit on a GPU); 0: none",                                                                             \
+         CAI_CFG_NO_RANGE,                                                                                                \
+         cai_config_bytes_auto,                                                                                           \
+         NULL},                                                                                                           \
+        {"checkpoint.dir",                                                                                                \
+         CAI_CFG_STRING,                                                                                                  \
+         offsetof(type, member.ckpt_dir),                                                                                 \
+         "",                                                                                                              \
+         "checkpoint directory (step-N.h5 files and `latest`); empty: run.dir/checkpoints",                               \
+         CAI_CFG_NO_RANGE,                                                                                                \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"checkpoint.every",                                                                                              \
+         CAI_CFG_INT64,                                                                                                   \
+         offsetof(type, member.ckpt_every),                                                                               \
+         "0",                                                                                                             \
+         "save every this many steps, at the end, and when SIGUSR1/SIGTERM stops the run; 0: no checkpoints",             \
+         0,                                                                                                               \
+         1e15,                                                                                                            \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+        {"checkpoint.keep",                                                                                               \
+         CAI_CFG_INT,                                                                                                     \
+         offsetof(type, member.ckpt_keep),                                                                                \
+         "3",                                                                                                             \
+         "checkpoints kept in checkpoint.dir (the newest); 0: all",                                                       \
+         0,                                                                                                               \
+         1 << 20,                                                                                                         \
+         NULL,                                                                                                            \
+         NULL},                                                                                                           \
+    {                                                                                                                     \
+        "checkpoint.resume", CAI_CFG_STRING, offsetof(type, member.resume), "",                                           \
+            "resume from: latest (checkpoint.dir's), auto (latest if there is one, else start), or a checkpoint file or " \
+            "directory; empty: start from step 1",                                                                        \
+            CAI_CFG_NO_RANGE, NULL, "resume"                                                                              \
+    }
 
 /* ---------------------------------------------------------------- the job */
 
@@ -113,9 +178,9 @@ typedef struct {
     const char *program;             /* "colossal-pretrain": messages, checkpoint metadata */
     const cai_config_schema *schema; /* the app's table and struct: config.yaml and the checkpoints' copy */
     const void *app_cfg;
-    const cai_run_options *opt;      /* inside app_cfg */
-    int64_t steps;                   /* the job's last step */
-    cai_mesh_config mesh;            /* layout and watchdog, validated by the app */
+    const cai_run_options *opt; /* inside app_cfg */
+    int64_t steps;              /* the job's last step */
+    cai_mesh_config mesh;       /* layout and watchdog, validated by the app */
 } cai_run_config;
 
 /* What an app's job does, as hooks over its own state `ctx`. */

@@ -113,8 +113,14 @@ static inline cai_f16 cai_f32_to_f16_mode_(float f, int stochastic, uint32_t rnd
         /* f16 subnormal: units of 2^-24; a carry into bit 10 yields the smallest normal. */
         uint32_t full = (ax & 0x7fffffu) | (ax >= 0x00800000u ? 0x800000u : 0u);
         shift = 14 - e - (ax < 0x00800000u); /* f32 subnormals have exponent 1, not 0 */
-        if (shift >= 32) { mant = 0; dropped = full; shift = 32; }
-        else { mant = full >> shift; dropped = full & ((1u << shift) - 1u); }
+        if (shift >= 32) {
+            mant = 0;
+            dropped = full;
+            shift = 32;
+        } else {
+            mant = full >> shift;
+            dropped = full & ((1u << shift) - 1u);
+        }
         if (shift >= 32 && !stochastic) return (cai_f16)sign; /* < 2^-32: far below half a unit */
     }
     uint32_t r = stochastic ? cai_round_sr_(mant, dropped, shift, rnd) : cai_round_rne_(mant, dropped, shift);
@@ -144,12 +150,7 @@ cai_status cai_convert_host_sr(void *dst, cai_dtype dst_dtype, const float *src,
 
 typedef enum { CAI_DEVICE_HOST = 0, CAI_DEVICE_CUDA = 1 } cai_device_kind;
 
-typedef enum {
-    CAI_COPY_H2H = 0,
-    CAI_COPY_H2D,
-    CAI_COPY_D2H,
-    CAI_COPY_D2D
-} cai_copy_kind;
+typedef enum { CAI_COPY_H2H = 0, CAI_COPY_H2D, CAI_COPY_D2H, CAI_COPY_D2D } cai_copy_kind;
 
 struct cai_ops;
 
@@ -218,13 +219,13 @@ void cai_device_arena_free(cai_device_t *dev, cai_arena_t *arena);
 #define CAI_TENSOR_MAX_DIMS 6
 
 typedef struct cai_tensor {
-    void *data;            /* address of element [0,...,0]; NULL only for empty tensors */
-    cai_device_t *device;  /* where `data` lives; NULL means host memory */
+    void *data;           /* address of element [0,...,0]; NULL only for empty tensors */
+    cai_device_t *device; /* where `data` lives; NULL means host memory */
     cai_dtype dtype;
-    int ndim;              /* 0 (scalar) .. CAI_TENSOR_MAX_DIMS */
+    int ndim; /* 0 (scalar) .. CAI_TENSOR_MAX_DIMS */
     int64_t shape[CAI_TENSOR_MAX_DIMS];
     int64_t stride[CAI_TENSOR_MAX_DIMS]; /* in elements, >= 0 */
-    int owns_data;         /* set by cai_tensor_alloc only */
+    int owns_data;                       /* set by cai_tensor_alloc only */
 } cai_tensor;
 
 /* Contiguous view over `data`. Fails for ndim out of range or negative sizes. */
