@@ -4,8 +4,10 @@
 # tests/fuzz/NAME.fuzz marker runs tests/fuzz/run.sh: the regression inputs
 # of NAME, then a few seconds of fuzzing from the seed corpus. Without clang
 # and libFuzzer (configure's HAVE_FUZZ) the markers SKIP.
-FUZZ_TARGETS = safetensors hf_config ckpt_h5 indexed config_yaml config_args bpe_files bpe_hf bpe_encode
-FUZZ_MARKERS = $(FUZZ_TARGETS:%=tests/fuzz/%.fuzz)
+# Spelled out: automake reads TESTS itself and cannot expand $(VAR:%=...).
+FUZZ_MARKERS = tests/fuzz/safetensors.fuzz tests/fuzz/hf_config.fuzz tests/fuzz/ckpt_h5.fuzz tests/fuzz/indexed.fuzz \
+	tests/fuzz/config_yaml.fuzz tests/fuzz/config_args.fuzz tests/fuzz/bpe_files.fuzz tests/fuzz/bpe_hf.fuzz \
+	tests/fuzz/bpe_encode.fuzz
 TEST_EXTENSIONS += .fuzz
 FUZZ_LOG_COMPILER = $(SHELL) $(top_srcdir)/tests/fuzz/run.sh
 TESTS += $(FUZZ_MARKERS)
