@@ -16,7 +16,7 @@
 # - where mount works (root outside a restricted container), a real 4 MB
 #   tmpfs as the checkpoint directory.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
-SHIM="$top_builddir/tests/apps/.libs/libenospc_shim.so"
+SHIM="$top_builddir/tests/apps/libenospc_shim.so"
 [ -f "$SHIM" ] || { echo "SKIP: no $SHIM"; exit 77; }
 CKPT_BIN="$top_builddir/apps/colossal-ckpt"
 # ASan must come first in the preload list; the shim goes after it.
