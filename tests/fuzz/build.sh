@@ -22,13 +22,24 @@ mpi_cflags=$(mpicc --showme:compile 2>/dev/null || true)
 mpi_libs=$(mpicc --showme:link 2>/dev/null || echo -lmpi)
 dep_cflags=${FUZZ_DEP_CFLAGS-"$mpi_cflags $(pkg-config --cflags yaml-0.1 jansson hdf5-openmpi openblas 2>/dev/null || true)"}
 dep_libs=${FUZZ_DEP_LIBS-"$(pkg-config --libs yaml-0.1 jansson hdf5-openmpi openblas 2>/dev/null || echo -lhdf5 -lyaml -ljansson -lopenblas)"}
+# A host-only copy of the build's cai_config.h: the parsers under test need
+# no device, and a CUDA build's library sources would pull in the CUDA
+# headers and the nvcc-built kernels.
+mkdir -p "$out/include"
+sed -e 's/^#define CAI_HAVE_CUDA 1$/#define CAI_HAVE_CUDA 0/' -e 's/^#define CAI_HAVE_NCCL 1$/#define CAI_HAVE_NCCL 0/' \
+    "$builddir/src/cai_config.h" >"$out/include/cai_config.h.new"
+if cmp -s "$out/include/cai_config.h.new" "$out/include/cai_config.h"; then
+    rm -f "$out/include/cai_config.h.new"
+else
+    mv "$out/include/cai_config.h.new" "$out/include/cai_config.h"
+fi
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 cflags="-std=c11 -g -O1 -fopenmp -D_GNU_SOURCE -Wall -Wno-unused-parameter -Wno-unknown-pragmas -Wno-pass-failed $san \
--I$builddir/src -I$srcdir/src/include -I$srcdir/src $dep_cflags $mpi_cflags ${FUZZ_CFLAGS:-}"
+-I$out/include -I$srcdir/src/include -I$srcdir/src $dep_cflags $mpi_cflags ${FUZZ_CFLAGS:-}"
 
 # newest library header: any change rebuilds every object (simple and safe)
 stamp="$out/.headers"
-hdr_new=$(find "$srcdir/src" "$builddir/src/cai_config.h" -name '*.h' -newer "$stamp" 2>/dev/null | head -n 1 || true)
+hdr_new=$(find "$srcdir/src" "$out/include/cai_config.h" -name '*.h' -newer "$stamp" 2>/dev/null | head -n 1 || true)
 if [ ! -f "$stamp" ] || [ -n "$hdr_new" ]; then
     rm -f "$out"/obj/*.o
     : >"$stamp"

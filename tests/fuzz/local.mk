@@ -30,5 +30,5 @@ endif
 
 clean-local: clean-fuzz
 clean-fuzz:
-	rm -rf tests/fuzz/bin tests/fuzz/obj tests/fuzz/libfuzzcore.a tests/fuzz/sources.txt tests/fuzz/.headers
+	rm -rf tests/fuzz/bin tests/fuzz/obj tests/fuzz/include tests/fuzz/libfuzzcore.a tests/fuzz/sources.txt tests/fuzz/.headers
 .PHONY: clean-fuzz
