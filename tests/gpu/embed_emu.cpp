@@ -4,8 +4,8 @@
  * tests/gpu/test_cuda_ops on a GPU). tests/gpu/embed_emu.sh extracts the
  * kernels and the dtype helpers of cuda_common.cuh into kern.inc.
  *
- * Each block runs as blockDim host threads (__syncthreads is a
- * std::barrier); blocks run one at a time in a shuffled order, twice with
+ * Each block runs as blockDim fibers (emu_cuda.h; __syncthreads is a
+ * barrier); blocks run one at a time in a shuffled order, twice with
  * different orders (results must be bitwise equal). The (key, position)
  * sort is std::stable_sort, as cub's stable radix sort orders them. Scratch
  * partials and the padding columns of dout and dwte start as NaN. Checks:
@@ -17,7 +17,6 @@
  *    per-tile partials 0 + rows, in tile order);
  *  - the tile length fits the scratch it is given. */
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,7 +26,6 @@
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "emu_cuda.h"
@@ -40,12 +38,12 @@ typedef struct {
 } cuk_mat;
 
 struct Block {
-    std::barrier<> bar;
+    emu::Barrier bar;
     uint32_t sk[64];
     int32_t sv[64];
     explicit Block(int n) : bar(n) {}
 };
-thread_local Block *g_blk;
+Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
 static inline int64_t cuk_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -64,17 +62,11 @@ template <class F> static void launch(dim3 g, unsigned nt, F f) {
     std::shuffle(order.begin(), order.end(), g_rng);
     for (auto [bx, by] : order) {
         Block blk((int)nt);
-        std::vector<std::thread> th;
-        for (unsigned t = 0; t < nt; t++)
-            th.emplace_back([&, t] {
-                threadIdx = dim3(t, 0, 0);
-                blockIdx = dim3(bx, by, 0);
-                blockDim = dim3(nt, 1, 1);
-                gridDim = g;
-                g_blk = &blk;
-                f();
-            });
-        for (auto &x : th) x.join();
+        blockIdx = dim3(bx, by, 0);
+        blockDim = dim3(nt, 1, 1);
+        gridDim = g;
+        g_blk = &blk;
+        emu::run_block(nt, f);
     }
 }
 

@@ -1,20 +1,33 @@
 /* What the CPU emulations of the CUDA kernels (tests/gpu/*_emu.cpp) share:
- * the CUDA keywords as no-ops and the thread/block coordinates as
- * thread-locals that the emulated launch sets for each emulated thread
- * (one std::thread per CUDA thread of a block, so barriers and shuffles
- * can be emulated with real synchronisation). */
+ * the CUDA keywords as no-ops, the thread/block coordinates, and the block
+ * runner. A block's CUDA threads are fibers (ucontext) on one host thread,
+ * switched only where a thread waits at a barrier (__syncthreads, a
+ * warp-collective instruction), in thread order. One host thread keeps the
+ * emulation's speed independent of how many cores the machine has free
+ * (a std::thread per CUDA thread spent its time in the scheduler and slowed
+ * down by an order of magnitude on a loaded machine), and the fixed order
+ * makes a run reproducible: a thread reading shared memory that a
+ * higher-numbered thread writes without a barrier in between reads the
+ * NaN poison every time. */
 #ifndef CAI_TESTS_GPU_EMU_CUDA_H
 #define CAI_TESTS_GPU_EMU_CUDA_H
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ucontext.h>
 
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
-thread_local unsigned char *g_smem; /* the emulated block's dynamic shared memory */
+dim3 threadIdx, blockIdx, blockDim, gridDim; /* threadIdx: the running fiber's */
+unsigned char *g_smem;                       /* the emulated block's dynamic shared memory */
 #define __global__
 #define __device__
 #define __host__
@@ -49,5 +62,106 @@ static inline uint32_t __float_as_uint(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
+
+/* ---- the block runner */
+namespace emu {
+struct Fiber {
+    ucontext_t ctx;
+    std::unique_ptr<char[]> stack;
+    unsigned tid;
+    bool done;
+};
+struct Run {
+    std::vector<Fiber> f;
+    ucontext_t main;
+    const std::function<void()> *body;
+    unsigned cur;
+    unsigned long progress; /* barrier arrivals and finished fibers */
+};
+inline Run *g_run;
+/* Kernels keep fragments and tiles in registers (local arrays): room for
+ * the largest with the emulated instructions' own arrays on top. */
+constexpr size_t kStack = 256 * 1024;
+
+inline void entry() {
+    (*g_run->body)();
+    g_run->progress++;
+    g_run->f[g_run->cur].done = true; /* uc_link returns to the runner */
+}
+
+/* Switches to the next fiber in thread order that has not finished (back
+ * to the caller when it is the only one left). */
+inline void yield() {
+    Run &r = *g_run;
+    const unsigned n = (unsigned)r.f.size(), from = r.cur;
+    unsigned to = from;
+    do to = (to + 1) % n;
+    while (r.f[to].done && to != from);
+    if (to == from) return;
+    r.cur = to;
+    threadIdx = dim3(r.f[to].tid, 0, 0);
+    swapcontext(&r.f[from].ctx, &r.f[to].ctx);
+}
+
+/* Runs body once per thread of a block of nthreads (blockIdx, blockDim,
+ * gridDim and the block's shared state set by the caller), to completion. */
+inline void run_block(unsigned nthreads, const std::function<void()> &body) {
+    Run r;
+    r.f.resize(nthreads);
+    r.body = &body;
+    r.progress = 0;
+    for (unsigned t = 0; t < nthreads; t++) {
+        Fiber &fb = r.f[t];
+        fb.tid = t;
+        fb.done = false;
+        fb.stack.reset(new char[kStack]);
+        getcontext(&fb.ctx);
+        fb.ctx.uc_stack.ss_sp = fb.stack.get();
+        fb.ctx.uc_stack.ss_size = kStack;
+        fb.ctx.uc_link = &r.main;
+        makecontext(&fb.ctx, entry, 0);
+    }
+    Run *outer = g_run;
+    g_run = &r;
+    for (unsigned live = nthreads; live > 0;) {
+        unsigned t = 0;
+        while (r.f[t].done) t++;
+        r.cur = t;
+        threadIdx = dim3(t, 0, 0);
+        swapcontext(&r.main, &r.f[t].ctx);
+        live = 0;
+        for (const Fiber &fb : r.f) live += !fb.done;
+    }
+    g_run = outer;
+}
+
+/* A barrier of n fibers of the running block. Waiting fibers yield until
+ * the last one arrives. A round of the other fibers in which none arrives
+ * anywhere or finishes means none ever will (a barrier inside a branch
+ * that not every thread takes): reported, not spun on. */
+struct Barrier {
+    int n, count = 0;
+    unsigned gen = 0;
+    explicit Barrier(int n_) : n(n_) {}
+    void arrive_and_wait() {
+        g_run->progress++;
+        if (++count == n) {
+            count = 0;
+            gen++;
+            return;
+        }
+        const unsigned g = gen;
+        while (gen == g) {
+            const unsigned long before = g_run->progress;
+            yield();
+            if (gen == g && g_run->progress == before) {
+                fprintf(stderr, "emu: deadlock: thread %u waits at a barrier of %d that %d threads reached\n",
+                        threadIdx.x, n, count);
+                abort();
+            }
+        }
+    }
+};
+} // namespace emu
 
 #endif

@@ -4,7 +4,7 @@
  * extracts the kernels (everything from the fragment helpers to the
  * launchers) into kern.inc and compiles this file with g++ -std=c++20.
  *
- * Each block runs as 128 host threads; __syncthreads is a std::barrier;
+ * Each block runs as 128 fibers (emu_cuda.h); __syncthreads is a barrier;
  * the warp-collective instructions (ldmatrix, ldmatrix.trans,
  * mma.m16n8k16, shfl.xor) exchange operands through per-warp slots and
  * implement the PTX ISA fragment layouts independently of the kernel's
@@ -12,9 +12,7 @@
  * caught). Shared memory starts poisoned with NaNs. The reference is
  * double-precision attention on the same bf16 inputs; pass: relative
  * error < 1e-2 for out/dq/dk/dv, lse within 1e-4 and the same -inf rows.
- *   tests/gpu/flash_emu.sh [case]   (about a minute for all cases) */
-#include <barrier>
-#include <thread>
+ *   tests/gpu/flash_emu.sh [case]   (about a minute for all cases on one core) */
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -99,14 +97,14 @@ static inline void cuk_query_span(const cuk_attn &a, int64_t j0, int64_t jlast, 
 
 // ---- block / warp machinery
 struct Warp {
-    std::barrier<> bar{32};
+    emu::Barrier bar{32};
     uint64_t slot[32][12];
 };
 struct Block {
-    std::barrier<> bar{128};
+    emu::Barrier bar{128};
     Warp w[4];
 };
-thread_local Block *g_blk;
+Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
 static inline int lane_() { return threadIdx.x & 31; }
 static inline Warp &warp_() { return g_blk->w[threadIdx.x >> 5]; }
@@ -196,17 +194,11 @@ template <class F> static void launch(int64_t nblocks, size_t smem, F f) {
         auto blk = std::make_unique<Block>();
         std::vector<unsigned char> sm(smem + 128, 0xff); /* NaN poison */
         unsigned char *base = (unsigned char *)(((uintptr_t)sm.data() + 127) & ~(uintptr_t)127);
-        std::vector<std::thread> th;
-        for (unsigned t = 0; t < 128; t++)
-            th.emplace_back([&, t] {
-                threadIdx = {t, 0, 0};
-                blockIdx = {(unsigned)bi, 0, 0};
-                blockDim = {128, 1, 1};
-                g_blk = blk.get();
-                g_smem = base;
-                f();
-            });
-        for (auto &x : th) x.join();
+        blockIdx = {(unsigned)bi, 0, 0};
+        blockDim = {128, 1, 1};
+        g_blk = blk.get();
+        g_smem = base;
+        emu::run_block(128, f);
     }
 }
 

@@ -5,14 +5,13 @@
  * tests/gpu/test_cuda_ops on a GPU). tests/gpu/normxent_emu.sh extracts
  * the kernels and the dtype helpers of cuda_common.cuh into kern.inc.
  *
- * Each block runs as blockDim host threads; __syncthreads is a
- * std::barrier, shfl.xor exchanges through per-warp slots; shared memory
+ * Each block runs as blockDim fibers (emu_cuda.h); __syncthreads is a
+ * barrier, shfl.xor exchanges through per-warp slots; shared memory
  * and outputs start poisoned with NaNs; ex2.approx is exp2f. References are
  * double precision on the same stored inputs; f32 outputs within 1e-5 of
  * the largest reference value, f16 2e-3, bf16 1e-2, padding columns
  * untouched, row maxima and target logits exact. */
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -21,7 +20,6 @@
 #include <memory>
 #include <mutex>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "emu_cuda.h"
@@ -51,16 +49,16 @@ static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int
 }
 
 struct Warp {
-    std::barrier<> bar{32};
+    emu::Barrier bar{32};
     float slot[32];
 };
 struct Block {
-    std::barrier<> bar;
+    emu::Barrier bar;
     std::unique_ptr<Warp[]> w;
     float shm[32], shs[32], shx, shl;
     explicit Block(int n) : bar(n), w(new Warp[n / 32]) {}
 };
-thread_local Block *g_blk;
+Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
 static inline float __shfl_xor_sync(unsigned, float v, int m) {
     Warp &w = g_blk->w[threadIdx.x >> 5];
@@ -86,18 +84,12 @@ template <class F> static void launch(unsigned nblocks, unsigned nthreads, size_
     for (unsigned bi = 0; bi < nblocks; bi++) {
         auto blk = std::make_unique<Block>((int)nthreads);
         std::vector<unsigned char> sm(smem + 16, 0xff); /* NaN poison */
-        std::vector<std::thread> th;
-        for (unsigned t = 0; t < nthreads; t++)
-            th.emplace_back([&, t] {
-                threadIdx = {t, 0, 0};
-                blockIdx = {bi, 0, 0};
-                blockDim = {nthreads, 1, 1};
-                gridDim = {nblocks, 1, 1};
-                g_blk = blk.get();
-                g_smem = sm.data();
-                f();
-            });
-        for (auto &x : th) x.join();
+        blockIdx = {bi, 0, 0};
+        blockDim = {nthreads, 1, 1};
+        gridDim = {nblocks, 1, 1};
+        g_blk = blk.get();
+        g_smem = sm.data();
+        emu::run_block(nthreads, f);
     }
 }
 
