@@ -2,17 +2,47 @@
  * block, the embedding and the head with its fused cross-entropy. Every
  * function works on caller-provided buffers and allocates nothing.
  *
- * Written for tensor parallelism with tp = 1 as the degenerate case: the
- * dims are the LOCAL head / hidden / vocabulary counts, QKV and the MLP
- * up/gate matmuls are column-parallel (their outputs are this rank's heads or
- * hidden units) and the two output projections row-parallel (their outputs
- * are partial sums). The comments marked "TP:" and "SP:" are where the
- * collectives go when those are implemented. */
+ * Tensor parallelism (Megatron's): the dims are the LOCAL head / hidden /
+ * vocabulary counts. QKV and the MLP up/gate matmuls are column-parallel
+ * (their outputs are this rank's heads or hidden units, complete), the two
+ * output projections row-parallel (their outputs are partial sums, summed
+ * over tp before the bias and the residual), so the forward has one
+ * all-reduce per sublayer and the backward one more, for the input gradient
+ * of each column-parallel matmul. tp = 1 is the degenerate case and keeps
+ * the fused matmul + bias + residual kernel, which a partial sum cannot use. */
 #include "cai_config.h"
 #include "colossal/model.h"
 #include "colossal/ops.h"
 
+#include <math.h>
 #include <string.h>
+
+cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev) {
+    cai_layer_ctx c = {dev, NULL, 1, 0};
+    return c;
+}
+
+static int tp_on(const cai_layer_ctx *cx) { return cx->tp_size > 1; }
+
+/* Sum a contiguous activation over the tp group, in place. */
+static cai_status tp_sum(const cai_layer_ctx *cx, cai_tensor *t) {
+    if (!tp_on(cx)) return CAI_OK;
+    return cai_allreduce(cx->mesh, CAI_AXIS_TP, t->data, t->data, (size_t)cai_tensor_numel(t), t->dtype, CAI_RED_SUM);
+}
+
+/* out = inp + x W^T (+ b) for a row-parallel W: fused at tp = 1; otherwise
+ * the partial product is summed over tp before the replicated bias and the
+ * residual are added once. */
+static cai_status row_parallel_residual(const cai_layer_ctx *cx, cai_block_scratch *s, cai_tensor *out,
+                                        const cai_tensor *x, const cai_tensor *w, const cai_tensor *b,
+                                        const cai_tensor *inp) {
+    cai_device_t *dev = cx->dev;
+    if (!tp_on(cx)) return dev->ops->linear_residual_fwd(dev, out, x, w, b, inp);
+    CAI_CALL(dev->ops->linear_fwd(dev, &s->tp_out, x, w, NULL));
+    CAI_CALL(tp_sum(cx, &s->tp_out));
+    if (b) CAI_CALL(dev->ops->bias_add(dev, &s->tp_out, b));
+    return dev->ops->add(dev, out, &s->tp_out, inp);
+}
 
 /* Absent parameters (Llama biases, GPT-2's up projection) have data == NULL;
  * the ops take NULL for "none". */
@@ -60,11 +90,11 @@ static cai_status norm_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tenso
 
 /* ------------------------------------------------------------ attention */
 
-cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                         cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     CAI_CALL(norm_fwd(dev, d, &a->ln1, &a->ln1_mean, &a->ln1_rstd, inp, &p->ln1_w, &p->ln1_b));
-    /* SP: all-gather a->ln1 over the sequence shards before the column-parallel matmul. */
     CAI_CALL(ops->linear_fwd(dev, &a->qkv, &a->ln1, &p->qkv_w, opt_in(&p->qkv_b)));
     cai_tensor q, k, v, att4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
@@ -76,20 +106,18 @@ cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     cai_attn_params ap = causal_params();
     CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
-    /* TP: the row-parallel projection gives partial sums, which must be
-     * all-reduced over tp (SP: reduce-scatter) before the bias and the
-     * residual are added once. The fused op (product + bias + residual in
-     * one matmul) is valid only because the block runs with tp = 1 today; a
-     * TP implementation must split it again: linear_fwd without bias into a
-     * [B,T,C] scratch (carve one then), all-reduce, then bias_add and add. */
-    CAI_CALL(ops->linear_residual_fwd(dev, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
+    CAI_CALL(row_parallel_residual(cx, s, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
     return CAI_OK;
 }
 
-cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
-                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
+cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                        cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
+                        cai_tensor *d_stream) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
-    /* d(out) reaches both the residual (unchanged, stays in d_stream) and the projection. */
+    /* d(out) reaches both the residual (unchanged, stays in d_stream) and
+     * the projection; d_stream is the same on every tp rank, so the
+     * replicated bias' gradient is complete everywhere. */
     CAI_CALL(
         ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), d_stream, &a->att, &p->proj_w, 0));
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
@@ -105,18 +133,19 @@ cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_bl
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
     }
     CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, &a->ln1, &p->qkv_w, 0));
-    /* TP: all-reduce s->dln over tp (SP: reduce-scatter) -- the column-parallel input gradient is partial. */
+    /* The column-parallel input gradient covers this rank's heads only. */
+    CAI_CALL(tp_sum(cx, &s->dln));
     CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln1_w, &g->ln1_b, &s->dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
 }
 
 /* ------------------------------------------------------------ MLP */
 
-cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                        cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     CAI_CALL(norm_fwd(dev, d, &a->ln2, &a->ln2_mean, &a->ln2_rstd, inp, &p->ln2_w, &p->ln2_b));
-    /* SP: all-gather a->ln2 here. */
     if (is_gpt2(d)) {
         /* fc is column-parallel: each rank's hidden units are complete, so
          * the GELU needs no communication and fuses into the matmul (a->fc
@@ -127,24 +156,19 @@ cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
         CAI_CALL(ops->linear_fwd(dev, &a->up, &a->ln2, &p->up_w, NULL));
         CAI_CALL(ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up));
     }
-    /* TP: mlp_proj is row-parallel, its products are partial sums to
-     * all-reduce over tp (SP: reduce-scatter) before bias and residual; the
-     * fused op is valid only with tp = 1 (today) and a TP implementation
-     * must split it as in cai_attn_fwd (linear_fwd into a scratch, all-reduce,
-     * bias_add, add). */
-    CAI_CALL(ops->linear_residual_fwd(dev, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
+    CAI_CALL(row_parallel_residual(cx, s, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
     return CAI_OK;
 }
 
-cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     if (is_gpt2(d)) {
         /* mlp_proj is row-parallel: its input gradient dout W is complete on
          * each rank for the rank's own hidden units, so no collective sits
          * between the matmul and the GELU backward and the two fuse into one
-         * op writing dfc directly (s->dact is not used).
-         * SP: all-gather d_stream before this op. */
+         * op writing dfc directly (s->dact is not used). */
         CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream,
                                        &a->act, &p->mlp_proj_w, &a->fc));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, &a->ln2, &p->fc_w, 0));
@@ -155,55 +179,107 @@ cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_blo
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, &a->ln2, &p->fc_w, 0));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, &a->ln2, &p->up_w, 1));
     }
-    /* TP: all-reduce s->dln over tp (SP: reduce-scatter). */
+    CAI_CALL(tp_sum(cx, &s->dln));
     CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln2_w, &g->ln2_b, &s->dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
 }
 
 /* ------------------------------------------------------------ block */
 
-cai_status cai_block_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_block_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                          cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out) {
-    CAI_CALL(cai_attn_fwd(dev, d, p, a, s, inp, &a->res_mid));
-    CAI_CALL(cai_mlp_fwd(dev, d, p, a, s, &a->res_mid, out));
+    CAI_CALL(cai_attn_fwd(cx, d, p, a, s, inp, &a->res_mid));
+    CAI_CALL(cai_mlp_fwd(cx, d, p, a, s, &a->res_mid, out));
     return CAI_OK;
 }
 
-cai_status cai_block_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
-                         const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
-    CAI_CALL(cai_mlp_bwd(dev, d, p, g, a, s, &a->res_mid, d_stream));
-    CAI_CALL(cai_attn_bwd(dev, d, p, g, a, s, inp, d_stream));
+cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                         cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
+                         cai_tensor *d_stream) {
+    CAI_CALL(cai_mlp_bwd(cx, d, p, g, a, s, &a->res_mid, d_stream));
+    CAI_CALL(cai_attn_bwd(cx, d, p, g, a, s, inp, d_stream));
     return CAI_OK;
 }
 
 /* ------------------------------------------------------------ embedding */
 
-cai_status cai_embed_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
+cai_status cai_embed_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
                          const cai_tensor *tokens, cai_tensor *out) {
-    /* TP: vocab-parallel rows outside this shard come out zero; all-reduce out over tp. */
-    return dev->ops->embedding_fwd(dev, out, tokens, wte, opt_in(wpe), d->vocab_offset, d->vocab_valid, d->pos_offset);
+    cai_device_t *dev = cx->dev;
+    /* Rows outside this rank's vocabulary shard come out zero; the
+     * replicated positions are added by one rank so the sum has them once. */
+    const cai_tensor *pos = cx->tp_rank == 0 ? opt_in(wpe) : NULL;
+    CAI_CALL(dev->ops->embedding_fwd(dev, out, tokens, wte, pos, d->vocab_offset, d->vocab_valid, d->pos_offset));
+    return tp_sum(cx, out);
 }
 
-cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
+cai_status cai_embed_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
                          const cai_tensor *tokens, const cai_tensor *dout) {
+    /* dout is the same on every tp rank: each finds the full gradient of
+     * the positions and of its own vocabulary rows. */
+    cai_device_t *dev = cx->dev;
     return dev->ops->embedding_bwd(dev, opt_out(dwte), opt_out(dwpe), dout, tokens, d->vocab_offset, d->pos_offset);
 }
 
 /* ------------------------------------------------------------ head + loss */
 
+/* The vocabulary-parallel cross-entropy's combine step: every tp rank's
+ * per-row (max, sum of exp(logit - max), target logit) gathered on the
+ * host, lse = M + log(sum_r s_r exp(m_r - M)) and loss = lse - target logit
+ * in double, in rank order (the same numbers on every rank), then lse and
+ * the losses back to the device. Three [B*T] rows per rank cross the
+ * network, never the logits. */
+static cai_status tp_xent_combine(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_head_acts *h,
+                                  const cai_tensor *targets) {
+    cai_device_t *dev = cx->dev;
+    const size_t N = (size_t)(d->B * d->T), tp = (size_t)cx->tp_size;
+    const int host = dev->kind == CAI_DEVICE_HOST;
+    float *all = h->xs_host, *mine = all + (size_t)cx->tp_rank * 3 * N;
+    float *lse = all + tp * 3 * N, *loss = lse + N;
+    CAI_CALL(cai_device_copy(dev, mine, h->xs_max.data, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(cai_device_copy(dev, mine + N, h->xs_sum.data, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(cai_device_copy(dev, mine + 2 * N, h->xs_tgt.data, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(
+        cai_device_copy(dev, h->xs_targets, targets->data, N * sizeof(int32_t), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+    CAI_CALL(cai_all_gather(cx->mesh, CAI_AXIS_TP, mine, all, 3 * N, CAI_DTYPE_F32));
+    for (size_t n = 0; n < N; n++) {
+        double M = -INFINITY, S = 0, t = 0;
+        for (size_t r = 0; r < tp; r++) M = fmax(M, (double)all[r * 3 * N + n]);
+        for (size_t r = 0; r < tp; r++) {
+            const double m = all[r * 3 * N + n];
+            if (m > -INFINITY) S += (double)all[r * 3 * N + N + n] * exp(m - M);
+            t += all[r * 3 * N + 2 * N + n];
+        }
+        lse[n] = (float)(M + log(S));
+        loss[n] = h->xs_targets[n] == CAI_IGNORE_INDEX ? 0.0f : (float)(M + log(S) - t);
+    }
+    CAI_CALL(cai_device_copy(dev, h->lse.data, lse, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_H2D));
+    CAI_CALL(cai_device_copy(dev, h->losses.data, loss, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_H2D));
+    return CAI_OK;
+}
+
 /* The head's forward; grad_scale non-NULL: the loss gradient too, in the
  * same pass over the logits (in place). */
-static cai_status head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
-                           const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets,
-                           const float *grad_scale) {
+static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                           const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
+                           const cai_tensor *targets, const float *grad_scale) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     h->logits_hold_grad = 0;
     CAI_CALL(norm_fwd(dev, d, &h->lnf, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
-    /* SP: all-gather h->lnf; TP: the head is vocab-parallel, each rank has its logit columns. */
+    /* Vocabulary-parallel: each rank makes its own logit columns. */
     CAI_CALL(ops->linear_fwd(dev, &h->logits, &h->lnf, head_w, NULL));
     if (!targets) return CAI_OK;
-    /* TP: replace by xent_stats + all-reduce of max and sum-exp over tp. */
-    if (grad_scale) {
+    if (tp_on(cx)) {
+        CAI_CALL(ops->xent_stats(dev, &h->xs_max, &h->xs_sum, &h->xs_tgt, &h->logits, targets, d->vocab_offset,
+                                 d->vocab_valid, CAI_IGNORE_INDEX));
+        CAI_CALL(tp_xent_combine(cx, d, h, targets));
+        if (grad_scale) {
+            CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, *grad_scale, d->vocab_offset,
+                                   d->vocab_valid, CAI_IGNORE_INDEX));
+            h->logits_hold_grad = 1;
+        }
+    } else if (grad_scale) {
         CAI_CALL(ops->xent_fwd_bwd(dev, &h->losses, &h->lse, &h->logits, &h->logits, targets, *grad_scale,
                                    d->vocab_offset, d->vocab_valid, CAI_IGNORE_INDEX));
         h->logits_hold_grad = 1;
@@ -216,31 +292,35 @@ static cai_status head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai
     return CAI_OK;
 }
 
-cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
-                        const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets) {
-    return head_fwd(dev, d, lnf_w, lnf_b, head_w, h, inp, targets, NULL);
+cai_status cai_head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
+                        const cai_tensor *targets) {
+    return head_fwd(cx, d, lnf_w, lnf_b, head_w, h, inp, targets, NULL);
 }
 
-cai_status cai_head_fwd_train(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
+cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                               const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
                               const cai_tensor *inp, const cai_tensor *targets, float dloss_scale) {
     CAI_CHECK_ARG(targets, "cai_head_fwd_train: targets are NULL (a training step has them)");
-    return head_fwd(dev, d, lnf_w, lnf_b, head_w, h, inp, targets, &dloss_scale);
+    return head_fwd(cx, d, lnf_w, lnf_b, head_w, h, inp, targets, &dloss_scale);
 }
 
-cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *head_w,
-                        cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w, cai_head_acts *h,
-                        const cai_tensor *inp, const cai_tensor *targets, float dloss_scale, cai_tensor *dln,
-                        cai_tensor *d_stream) {
+cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                        const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
+                        cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets, float dloss_scale,
+                        cai_tensor *dln, cai_tensor *d_stream) {
+    cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* In place: the logits are not needed once their gradient exists
-     * (cai_head_fwd_train has made it already). */
+     * (cai_head_fwd_train has made it already). h->lse is the whole
+     * vocabulary's under tp. */
     if (!h->logits_hold_grad)
         CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, dloss_scale, d->vocab_offset,
                                d->vocab_valid, CAI_IGNORE_INDEX));
     h->logits_hold_grad = 0;
     CAI_CALL(ops->linear_bwd(dev, dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
-    /* TP: all-reduce dln over tp (vocab-parallel head). */
+    /* Each rank's input gradient covers its vocabulary columns only. */
+    CAI_CALL(tp_sum(cx, dln));
     CAI_CALL(norm_bwd(dev, d, d_stream, dlnf_w, dlnf_b, dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
     return CAI_OK;
 }
@@ -295,6 +375,7 @@ static cai_status check_dims(const cai_layer_dims *d) {
                   (long long)d->head_dim, (long long)d->ffn);
     CAI_CHECK_ARG(d->n_heads % d->n_kv_heads == 0, "layer dims: %lld query heads are not a multiple of %lld kv heads",
                   (long long)d->n_heads, (long long)d->n_kv_heads);
+    CAI_CHECK_ARG(d->tp >= 0, "layer dims: tp=%d must be >= 1 (0 means 1)", d->tp);
     return CAI_OK;
 }
 
@@ -341,6 +422,7 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     CAI_CALL(carve(c, &s->dln, at, 3, B, T, C));
     CAI_CALL(carve(c, &s->datt, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &s->dqkv, at, 3, B, T, qkv_width(d)));
+    if (d->tp > 1) CAI_CALL(carve(c, &s->tp_out, at, 3, B, T, C));
     CAI_CALL(carve(c, &s->dact, at, 3, B, T, F));
     if (is_gpt2(d)) {
         if (c->arena) s->dfc = s->dact; /* GPT-2 needs one [B,T,F] gradient: linear_bwd_dgelu writes dfc directly */
@@ -393,7 +475,25 @@ static cai_status carve_head(carver *c, const cai_layer_dims *d, cai_head_acts *
     CAI_CALL(carve(c, &h->losses, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &h->lse, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &h->loss_sum, f32, 1, 1, 0, 0));
+    if (d->tp > 1) {
+        CAI_CALL(carve(c, &h->xs_max, f32, 1, N, 0, 0));
+        CAI_CALL(carve(c, &h->xs_sum, f32, 1, N, 0, 0));
+        CAI_CALL(carve(c, &h->xs_tgt, f32, 1, N, 0, 0));
+        if (c->arena) {
+            CAI_CALL(cai_calloc((void **)&h->xs_host, (size_t)N * (3 * (size_t)d->tp + 2), sizeof(float),
+                                "cross-entropy statistics over tp"));
+            CAI_CALL(cai_calloc((void **)&h->xs_targets, (size_t)N, sizeof(int32_t), "cross-entropy targets"));
+        }
+    }
     return CAI_OK;
+}
+
+void cai_head_acts_release(cai_head_acts *h) {
+    if (!h) return;
+    cai_free(h->xs_host);
+    cai_free(h->xs_targets);
+    h->xs_host = NULL;
+    h->xs_targets = NULL;
 }
 
 size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d) {
@@ -406,6 +506,7 @@ size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d) {
 cai_status cai_head_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_head_acts *h) {
     CAI_CHECK_ARG(dev && arena && h, "cai_head_acts_carve: NULL argument");
     carver c = {dev, arena, 0};
-    CAI_CALL(carve_head(&c, d, h));
-    return CAI_OK;
+    cai_status st = carve_head(&c, d, h);
+    if (st != CAI_OK) cai_head_acts_release(h);
+    return st;
 }

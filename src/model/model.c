@@ -259,6 +259,7 @@ struct cai_model {
     void *compute;         /* what the layers read: master, lowp or work */
 
     cai_layer_dims dims;
+    cai_layer_ctx cx;          /* what the layers run on: the device and the tp group */
     cai_block_params *wp, *gp; /* per local layer: compute-weight and gradient views */
     cai_tensor wte, wpe, lnf_w, lnf_b, head_w;
     cai_tensor g_wte, g_wpe, g_lnf_w, g_lnf_b, g_head_w;
@@ -521,6 +522,46 @@ static cai_status alloc_acts(cai_model_t *m) {
     return CAI_OK;
 }
 
+/* Tensor parallelism needs the tp group the view names, and whole heads:
+ * key/value heads split over tp like the query heads (a kv head replicated
+ * over several tp ranks would need its gradient summed over them). The
+ * registry checks the rest of the divisibility. */
+static cai_status check_tp(const cai_model_config *c, const cai_model_options *o) {
+    const int tp = o->view.tp_size;
+    if (tp <= 1) return CAI_OK;
+    if (!o->mesh) return CAI_ERROR(CAI_ERR_INVALID_ARG, "model: tp=%d needs the mesh whose tp axis the layers use", tp);
+    if (cai_mesh_size(o->mesh, CAI_AXIS_TP) != tp || cai_mesh_rank(o->mesh, CAI_AXIS_TP) != o->view.tp_rank)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "model: the view says tp rank %d of %d but the mesh's tp axis is rank %d of %d",
+                         o->view.tp_rank, tp, cai_mesh_rank(o->mesh, CAI_AXIS_TP), cai_mesh_size(o->mesh, CAI_AXIS_TP));
+    if (c->n_heads % tp != 0 || c->n_kv_heads % tp != 0) {
+        int fit = 1;
+        for (int t = 1; t <= c->n_kv_heads; t++)
+            if (c->n_kv_heads % t == 0 && c->n_heads % t == 0) fit = t;
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "mesh.tp=%d does not divide model.n_heads=%d and model.n_kv_heads=%d (tensor parallelism "
+                         "splits whole query and key/value heads; tp=%d fits)",
+                         tp, c->n_heads, c->n_kv_heads, fit);
+    }
+    if (c->ffn_hidden % tp != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide model.ffn_hidden=%d", tp, c->ffn_hidden);
+    return CAI_OK;
+}
+
+/* The vocabulary rows this rank holds, from the registry's shard of the
+ * embedding (first stage) or the LM head. */
+static cai_status vocab_shard(cai_model_t *m) {
+    int idx = cai_registry_find(m->reg, m->first ? "wte.weight" : "lm_head.weight");
+    cai_layer_dims *d = &m->dims;
+    d->vocab_local = m->Vp;
+    d->vocab_offset = 0;
+    if (idx < 0 || m->offsets[idx] == SIZE_MAX) return CAI_OK; /* a middle pipeline stage */
+    const cai_param_shard *sh = &m->shards[idx];
+    d->vocab_local = (int64_t)sh->local_shape[0];
+    d->vocab_offset = (int64_t)sh->slab[0].offset[0];
+    return CAI_OK;
+}
+
 cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_model_config *cfg,
                             const cai_model_options *opt_in) {
     CAI_CHECK_ARG(out && dev && cfg, "cai_model_create: NULL argument");
@@ -538,14 +579,15 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
                        opt.batch, opt.seq_len, m->cfg.max_seq_len);
         goto fail;
     }
-    if (opt.view.tp_size > 1 || opt.view.ep_size > 1) {
-        st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                       "model: tensor parallel (tp=%d) and expert parallel (ep=%d) layers are "
-                       "not implemented yet; run with tp=1 and ep=1",
-                       opt.view.tp_size, opt.view.ep_size);
+    if (opt.view.ep_size > 1) {
+        st =
+            CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                      "model: expert parallel layers (ep=%d) are not implemented yet; run with ep=1", opt.view.ep_size);
         goto fail;
     }
+    CAI_CALL_GOTO(check_tp(&m->cfg, &opt), st, fail);
     m->view = opt.view;
+    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank};
     m->external = opt.external_params != 0;
     m->align = opt.align_elems ? opt.align_elems : 16;
     m->B = opt.batch;
@@ -567,13 +609,13 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     d->n_kv_heads = m->cfg.n_kv_heads / m->view.tp_size;
     d->head_dim = m->cfg.d_model / m->cfg.n_heads;
     d->ffn = m->cfg.ffn_hidden / m->view.tp_size;
-    d->vocab_local = m->Vp;
-    d->vocab_offset = 0;
     d->vocab_valid = m->cfg.vocab_size;
     d->norm_eps = m->cfg.norm_eps;
     d->act_dtype = m->cfg.act_dtype;
+    d->tp = m->view.tp_size;
 
     CAI_CALL_GOTO(alloc_params(m), st, fail);
+    CAI_CALL_GOTO(vocab_shard(m), st, fail);
     CAI_CALL_GOTO(bind_params(m), st, fail);
     CAI_CALL_GOTO(alloc_acts(m), st, fail);
     CAI_CALL_GOTO(cai_model_params_updated(m), st, fail);
@@ -586,6 +628,7 @@ fail:
 
 void cai_model_free(cai_model_t *m) {
     if (!m) return;
+    cai_head_acts_release(&m->head);
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
     cai_device_dealloc(m->dev, m->master);
     cai_device_dealloc(m->dev, m->grads);
@@ -766,14 +809,14 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
         CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
         CAI_CALL(upload_i32(m, &m->tokens, tokens));
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, 0));
-        CAI_CALL(cai_embed_fwd(dev, &m->dims, &m->wte, &m->wpe, &m->tokens, &m->resid[0]));
+        CAI_CALL(cai_embed_fwd(&m->cx, &m->dims, &m->wte, &m->wpe, &m->tokens, &m->resid[0]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, 0));
     }
     for (int i = 0; i < m->n_local; i++) {
         int unit = block_unit(m, m->layer_begin + i);
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, unit));
         CAI_CALL(
-            cai_block_fwd(dev, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i], &m->resid[i + 1]));
+            cai_block_fwd(&m->cx, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i], &m->resid[i + 1]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, unit));
     }
     if (!m->last) return CAI_OK;
@@ -787,10 +830,10 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     if (targets && grad_scale) {
         m->train_scale = *grad_scale;
-        CAI_CALL(cai_head_fwd_train(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
+        CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
                                     &m->targets, dloss_scale(m, *grad_scale)));
     } else {
-        CAI_CALL(cai_head_fwd(dev, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
+        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
                               targets ? &m->targets : NULL));
     }
     CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
@@ -834,7 +877,6 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
 
 cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
     CAI_CHECK_ARG(m, "cai_model_backward: NULL model");
-    cai_device_t *dev = m->dev;
     if (m->last) {
         if (!m->pending_backward)
             return CAI_ERROR(CAI_ERR_INVALID_ARG,
@@ -848,7 +890,7 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
         const float scale = dloss_scale(m, grad_scale);
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
-        CAI_CALL(cai_head_bwd(dev, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
+        CAI_CALL(cai_head_bwd(&m->cx, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
                               &m->resid[m->n_local], &m->targets, scale, &m->scratch.dln, &m->d_stream));
         m->pending_backward = 0;
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, head_unit));
@@ -862,13 +904,13 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
          * bitwise those of the uncheckpointed run). The last layer's
          * activations are still in the shared set from the forward. */
         if (m->cfg.activation_checkpointing && i != m->n_local - 1)
-            CAI_CALL(cai_block_fwd(dev, &m->dims, &m->wp[i], a, &m->scratch, &m->resid[i], &m->resid[i + 1]));
-        CAI_CALL(cai_block_bwd(dev, &m->dims, &m->wp[i], &m->gp[i], a, &m->scratch, &m->resid[i], &m->d_stream));
+            CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[i], a, &m->scratch, &m->resid[i], &m->resid[i + 1]));
+        CAI_CALL(cai_block_bwd(&m->cx, &m->dims, &m->wp[i], &m->gp[i], a, &m->scratch, &m->resid[i], &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, unit));
     }
     if (m->first) {
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, 0));
-        CAI_CALL(cai_embed_bwd(dev, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
+        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
     }
     return CAI_OK;

@@ -31,7 +31,7 @@ EXTRA_DIST += docs/parallel.md tests/apps/pretrain_zero3.sh
 TESTS += tests/apps/pretrain_zero3.sh
 
 if HAVE_CHECK
-check_PROGRAMS += tests/unit/test_planner tests/mpi/test_zero tests/mpi/test_equiv
+check_PROGRAMS += tests/unit/test_planner tests/mpi/test_zero tests/mpi/test_equiv tests/mpi/test_tp
 tests_unit_test_planner_SOURCES = tests/unit/test_planner.c
 tests_unit_test_planner_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_planner_LDADD = $(TEST_LIBS)
@@ -42,7 +42,10 @@ tests_mpi_test_zero_LDADD = $(TEST_LIBS)
 tests_mpi_test_equiv_SOURCES = tests/mpi/test_equiv.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
 tests_mpi_test_equiv_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_equiv_LDADD = $(TEST_LIBS)
-ZERO_MPI_TESTS = tests/mpi/zero.np4 tests/mpi/equiv.np4
+tests_mpi_test_tp_SOURCES = tests/mpi/test_tp.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
+tests_mpi_test_tp_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_tp_LDADD = $(TEST_LIBS)
+ZERO_MPI_TESTS = tests/mpi/zero.np4 tests/mpi/equiv.np4 tests/mpi/tp.np4
 $(ZERO_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(ZERO_MPI_TESTS)

@@ -26,10 +26,12 @@ static cai_status act_bytes(const cai_mem_plan_request *req, const cai_model_con
     d.n_kv_heads = c->n_kv_heads / v->tp_size;
     d.head_dim = c->d_model / c->n_heads;
     d.ffn = c->ffn_hidden / v->tp_size;
-    d.vocab_local = cai_model_config_padded_vocab(c);
+    /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
+    d.vocab_local = (cai_model_config_padded_vocab(c) + v->tp_size - 1) / v->tp_size;
     d.vocab_valid = c->vocab_size;
     d.norm_eps = c->norm_eps;
     d.act_dtype = c->act_dtype;
+    d.tp = v->tp_size;
     size_t resid = round64((size_t)d.B * (size_t)d.T * (size_t)d.C * cai_dtype_size(d.act_dtype));
     size_t io = round64((size_t)d.B * (size_t)d.T * sizeof(int32_t));
     size_t base = (size_t)(n_local + 2) * resid + cai_block_scratch_bytes(req->dev, &d, c->max_seq_len) + 2 * io + 64;

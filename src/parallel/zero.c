@@ -969,6 +969,10 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
      * holds identical full gradients everywhere, so its local sum is). */
     if (z->L.stage >= 1 && z->comm.size > 1)
         CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    /* tp ranks hold disjoint shards (replicated parameters are counted on
+     * their replica 0 only): the job's sum adds them up. */
+    if (cai_model_view(z->model)->tp_size > 1)
+        CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_TP, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     *sumsq = v;
     return CAI_OK;
 }

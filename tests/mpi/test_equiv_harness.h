@@ -24,6 +24,8 @@ typedef struct {
     int global_batch; /* sequences per step over all ranks */
     int T;
     int dp, stage, offload, grad_accum;
+    int tp;       /* 0 means 1 */
+    int heads_x2; /* 1: twice the heads (8 query, 4 key/value for Llama), so tp = 4 splits them */
     size_t bucket_bytes;
     cai_dtype param_dtype;
     int recompute;
@@ -52,8 +54,8 @@ static inline cai_model_config eq_model_config(const eq_row *row) {
     c.vocab_multiple = 16;
     c.n_layers = row->layers ? row->layers : 2;
     c.d_model = 32;
-    c.n_heads = 4;
-    c.n_kv_heads = row->family == CAI_MODEL_LLAMA ? 2 : 4;
+    c.n_heads = row->heads_x2 ? 8 : 4;
+    c.n_kv_heads = (row->family == CAI_MODEL_LLAMA ? 2 : 4) * (row->heads_x2 ? 2 : 1);
     c.ffn_hidden = row->family == CAI_MODEL_LLAMA ? 64 : 0;
     c.max_seq_len = row->T;
     c.seed = 20240601;
@@ -136,20 +138,62 @@ done:
 
 typedef cai_status (*eq_setup_fn)(void *ctx, cai_zero_t *z);
 
-/* The same training under `row`'s layout over `comm` (dp = its size).
- * setup (may be NULL) sees the engine before the first step (hooks).
- * Collective over comm. */
+/* Parameter `index`'s global tensor from the tp shards (each rank passes
+ * its own, `local`): gathered over the tp axis and placed by the registry's
+ * shard of every tp rank. Collective over tp. */
+static inline cai_status eq_gather_tp(cai_mesh_t *mesh, const cai_registry_t *reg, const cai_rank_view *view, int index,
+                                      const float *local, float *global) {
+    const int tp = view->tp_size;
+    cai_param_shard sh;
+    if (tp == 1) {
+        CAI_CALL(cai_registry_shard(reg, index, view, &sh));
+        memcpy(global, local, sh.local_numel * sizeof(float));
+        return CAI_OK;
+    }
+    int counts[64], displs[64], total = 0;
+    for (int r = 0; r < tp && r < 64; r++) {
+        cai_rank_view v = *view;
+        v.tp_rank = r;
+        CAI_CALL(cai_registry_shard(reg, index, &v, &sh));
+        counts[r] = (int)sh.local_numel;
+        displs[r] = total;
+        total += counts[r];
+    }
+    float *all = malloc((size_t)total * sizeof *all);
+    if (!all) return CAI_ERROR(CAI_ERR_NOMEM, "harness: tp gather");
+    MPI_Allgatherv(local, counts[view->tp_rank], MPI_FLOAT, all, counts, displs, MPI_FLOAT,
+                   cai_mesh_comm(mesh, CAI_AXIS_TP));
+    for (int r = 0; r < tp; r++) {
+        cai_rank_view v = *view;
+        v.tp_rank = r;
+        cai_status st = cai_registry_shard(reg, index, &v, &sh);
+        if (st != CAI_OK) {
+            free(all);
+            return st;
+        }
+        cai_shard_insert(&sh, sizeof(float), all + displs[r], global);
+    }
+    free(all);
+    return CAI_OK;
+}
+
+/* The same training under `row`'s layout over `comm` (its size is
+ * dp x tp; tp innermost). setup (may be NULL) sees the engine before the
+ * first step (hooks). Collective over comm. */
 static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setup_fn setup, void *setup_ctx,
                                        eq_result *out) {
     memset(out, 0, sizeof *out);
-    int dp = 0, rank = 0;
-    MPI_Comm_size(comm, &dp);
+    int world = 0, rank = 0;
+    MPI_Comm_size(comm, &world);
     MPI_Comm_rank(comm, &rank);
+    const int tp = row->tp > 0 ? row->tp : 1;
+    if (world % tp != 0) return CAI_ERROR(CAI_ERR_INVALID_ARG, "harness: %d ranks do not split into tp %d", world, tp);
+    const int dp = world / tp, dp_rank = rank / tp;
     int G = row->global_batch, T = row->T, ga = row->grad_accum;
     if (G % (dp * ga) != 0)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "harness: global batch %d does not split over dp %d x accum %d", G, dp,
                          ga);
-    int B = G / (dp * ga), local = B * ga, first_seq = rank * local;
+    int B = G / (dp * ga), local = B * ga, first_seq = dp_rank * local;
     cai_device_t *dev = NULL;
     cai_mesh_t *mesh = NULL;
     cai_model_t *m = NULL;
@@ -157,9 +201,10 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     cai_optim_t *o = NULL;
     cai_status st = CAI_OK;
     int32_t *tok = malloc((size_t)local * T * sizeof *tok), *tgt = malloc((size_t)local * T * sizeof *tgt);
+    float *shard = NULL;
     cai_mesh_config mc;
     cai_mesh_config_init(&mc);
-    mc.layout = (cai_layout){1, dp, 1, 1, 1, NULL};
+    mc.layout = (cai_layout){1, dp, 1, 1, tp, NULL};
     mc.watchdog_timeout_s = 60;
     cai_zero_config zc;
     cai_zero_config_init(&zc);
@@ -180,6 +225,9 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     cai_loss_scaler_init(&scaler, &lc);
     CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
     CAI_CALL_GOTO(cai_mesh_init(&mesh, comm, &mc), st, done);
+    mo.view.tp_size = tp;
+    mo.view.tp_rank = cai_mesh_rank(mesh, CAI_AXIS_TP);
+    mo.mesh = mesh;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
     if (row->reduce_only) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
@@ -196,16 +244,22 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
         out->skipped[step] = ss.skipped;
     }
     const cai_registry_t *reg = cai_model_registry(m);
-    size_t n = 0;
-    for (int i = 0; i < cai_registry_count(reg); i++) n += cai_registry_param(reg, i)->numel;
+    size_t n = 0, biggest = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        n += cai_registry_param(reg, i)->numel;
+        if (cai_registry_param(reg, i)->numel > biggest) biggest = cai_registry_param(reg, i)->numel;
+    }
     out->params = calloc(n, sizeof(float));
     out->n = n;
+    shard = malloc(biggest * sizeof *shard);
     size_t pos = 0;
-    for (int i = 0; i < cai_registry_count(reg) && out->params; i++) {
-        CAI_CALL_GOTO(cai_zero_gather_param(z, i, out->params + pos), st, done);
+    for (int i = 0; i < cai_registry_count(reg) && out->params && shard; i++) {
+        CAI_CALL_GOTO(cai_zero_gather_param(z, i, shard), st, done);
+        CAI_CALL_GOTO(eq_gather_tp(mesh, reg, cai_model_view(m), i, shard, out->params + pos), st, done);
         pos += cai_registry_param(reg, i)->numel;
     }
 done:
+    free(shard);
     free(tok);
     free(tgt);
     cai_optim_free(o);
@@ -251,9 +305,9 @@ static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_r
 }
 
 static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family), r->dp, r->stage,
-             r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload, r->grad_accum,
-             r->param_dtype != CAI_DTYPE_F32 ? " " : "",
+    snprintf(buf, cap, "%s tp=%d dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family),
+             r->tp > 0 ? r->tp : 1, r->dp, r->stage, r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload,
+             r->grad_accum, r->param_dtype != CAI_DTYPE_F32 ? " " : "",
              r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
     return buf;
 }

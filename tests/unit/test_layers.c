@@ -17,6 +17,13 @@
 
 static cai_device_t *dev;
 
+/* The layers run on one device here (tp = 1). */
+static const cai_layer_ctx *lctx(void) {
+    static cai_layer_ctx c;
+    c = cai_layer_ctx_local(dev);
+    return &c;
+}
+
 static void fill_normal(cai_tensor *t, uint64_t stream, float mean, float std) {
     float *p = t->data;
     for (int64_t i = 0; i < cai_tensor_numel(t); i++) p[i] = mean + std * cai_rng_normal(99, stream, (uint64_t)i);
@@ -103,9 +110,9 @@ typedef enum { SUB_ATTN, SUB_MLP, SUB_BLOCK } sublayer;
 
 static void run_fwd(fixture *fx, sublayer which) {
     cai_status st;
-    if (which == SUB_ATTN) st = cai_attn_fwd(dev, &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
-    else if (which == SUB_MLP) st = cai_mlp_fwd(dev, &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
-    else st = cai_block_fwd(dev, &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
+    if (which == SUB_ATTN) st = cai_attn_fwd(lctx(), &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
+    else if (which == SUB_MLP) st = cai_mlp_fwd(lctx(), &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
+    else st = cai_block_fwd(lctx(), &fx->d, &fx->w, &fx->acts, &fx->s, &fx->inp, &fx->out);
     ck_assert_msg(st == CAI_OK, "fwd: %s", cai_error_message());
 }
 
@@ -159,9 +166,9 @@ static void check_sublayer(cai_model_family fam, sublayer which, const cai_layer
     run_fwd(&fx, which);
     memcpy(fx.dstream.data, fx.r.data, cai_tensor_nbytes(&fx.r));
     cai_status st;
-    if (which == SUB_ATTN) st = cai_attn_bwd(dev, &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
-    else if (which == SUB_MLP) st = cai_mlp_bwd(dev, &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
-    else st = cai_block_bwd(dev, &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
+    if (which == SUB_ATTN) st = cai_attn_bwd(lctx(), &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
+    else if (which == SUB_MLP) st = cai_mlp_bwd(lctx(), &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
+    else st = cai_block_bwd(lctx(), &fx.d, &fx.w, &fx.g, &fx.acts, &fx.s, &fx.inp, &fx.dstream);
     ck_assert_msg(st == CAI_OK, "bwd: %s", cai_error_message());
     sub_ctx ctx = {&fx, which};
     char what[96];
@@ -230,7 +237,7 @@ typedef struct {
 
 static double embed_obj(void *c) {
     embed_ctx *e = c;
-    ck_assert_int_eq(cai_embed_fwd(dev, &e->d, &e->wte, e->wpe.data ? &e->wpe : NULL, &e->tokens, &e->out), CAI_OK);
+    ck_assert_int_eq(cai_embed_fwd(lctx(), &e->d, &e->wte, e->wpe.data ? &e->wpe : NULL, &e->tokens, &e->out), CAI_OK);
     return dot(&e->out, &e->r);
 }
 
@@ -261,13 +268,13 @@ START_TEST(embedding_backward_matches_finite_differences) {
         e.out = make(&a, 3, 2, 5, 7);
         e.r = make(&a, 3, 2, 5, 7);
         fill_normal(&e.r, 7, 0, 1);
-        ck_assert_int_eq(cai_embed_bwd(dev, &e.d, &dwte, dwpe.data ? &dwpe : NULL, &e.tokens, &e.r), CAI_OK);
+        ck_assert_int_eq(cai_embed_bwd(lctx(), &e.d, &dwte, dwpe.data ? &dwpe : NULL, &e.tokens, &e.r), CAI_OK);
         check_fd("dwte", e.wte.data, dwte.data, cai_tensor_numel(&e.wte), embed_obj, &e, 1e-2f, 1e-4, 1e-3, 200);
         if (fam == CAI_MODEL_GPT2)
             check_fd("dwpe", e.wpe.data, dwpe.data, cai_tensor_numel(&e.wpe), embed_obj, &e, 1e-2f, 1e-4, 1e-3, 200);
         /* Out-of-range tokens are an error, not a silent zero row. */
         ((int32_t *)tok.data)[4] = 11;
-        ck_assert_int_eq(cai_embed_fwd(dev, &e.d, &e.wte, e.wpe.data ? &e.wpe : NULL, &e.tokens, &e.out),
+        ck_assert_int_eq(cai_embed_fwd(lctx(), &e.d, &e.wte, e.wpe.data ? &e.wpe : NULL, &e.tokens, &e.out),
                          CAI_ERR_INVALID_ARG);
         cai_error_clear();
         cai_device_arena_free(dev, &a);
@@ -285,7 +292,8 @@ typedef struct {
 
 static double head_obj(void *c) {
     head_ctx *e = c;
-    ck_assert_int_eq(cai_head_fwd(dev, &e->d, &e->lnf_w, &e->lnf_b, &e->head_w, &e->h, &e->inp, &e->targets), CAI_OK);
+    ck_assert_int_eq(cai_head_fwd(lctx(), &e->d, &e->lnf_w, &e->lnf_b, &e->head_w, &e->h, &e->inp, &e->targets),
+                     CAI_OK);
     const float *l = e->h.losses.data;
     double s = 0;
     for (int64_t i = 0; i < cai_tensor_numel(&e->h.losses); i++) s += l[i];
@@ -332,7 +340,7 @@ START_TEST(head_and_loss_backward_match_finite_differences) {
         for (int v = 0; v < 13; v++) mx = fmax(mx, lg[v]);
         for (int v = 0; v < 13; v++) se += exp(lg[v] - mx);
         ck_assert_double_eq_tol(losses[0], mx + log(se) - lg[12], 1e-5);
-        ck_assert_int_eq(cai_head_bwd(dev, &e.d, &e.lnf_w, &e.head_w, &dlnf_w, dlnf_b.data ? &dlnf_b : NULL, &dhead,
+        ck_assert_int_eq(cai_head_bwd(lctx(), &e.d, &e.lnf_w, &e.head_w, &dlnf_w, dlnf_b.data ? &dlnf_b : NULL, &dhead,
                                       &e.h, &e.inp, &e.targets, 1.0f, &dln, &dstream),
                          CAI_OK);
         /* Padded vocabulary rows of the head get no gradient. */

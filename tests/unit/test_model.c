@@ -113,7 +113,12 @@ START_TEST(config_defaults_and_errors) {
     ck_assert_int_eq(cai_model_create(&m, dev, &c, &o), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "max_seq_len=9"));
     o = cai_model_options_default(&c);
-    o.view.tp_size = 2;
+    o.view.tp_size = 2; /* without the mesh whose tp axis the layers would use */
+    ck_assert_int_eq(cai_model_create(&m, dev, &c, &o), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "tp=2 needs the mesh"));
+    ck_assert_ptr_null(m);
+    o = cai_model_options_default(&c);
+    o.view.ep_size = 2;
     ck_assert_int_eq(cai_model_create(&m, dev, &c, &o), CAI_ERR_UNSUPPORTED);
     ck_assert_ptr_null(m);
     cai_model_family f;

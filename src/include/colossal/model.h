@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "colossal/base.h"
+#include "colossal/cluster.h"
 #include "colossal/tensor.h"
 
 #ifdef __cplusplus
@@ -200,14 +201,15 @@ const char *cai_init_kind_name(cai_init_kind kind);
  * preallocated buffers (llm.c style, sized once for (B, T) at create: the
  * step allocates nothing). See docs/model.md.
  *
- * Tensor parallelism is designed in but not implemented: every layer takes
- * LOCAL head / hidden / vocabulary sizes, QKV and MLP up/gate are
- * column-parallel and the output projections row-parallel, so tp = 1 is the
- * degenerate case; the places where a TP all-reduce or an SP all-gather /
- * reduce-scatter goes are marked in the code. Creating a model with
- * tp_size > 1 fails with CAI_ERR_UNSUPPORTED. A pipeline stage is a range of
- * layers [layer_begin, layer_end): the embedding runs on the first stage,
- * the final norm, LM head and loss on the last.
+ * Tensor parallelism (Megatron-style, docs/parallel.md): the layers take the
+ * LOCAL head / hidden / vocabulary counts; QKV and the MLP up/gate are
+ * column-parallel, the two output projections row-parallel with their
+ * partial sums all-reduced over the tp axis, and the embedding and LM head
+ * vocabulary-parallel (the cross-entropy combines per-row statistics over
+ * tp and never gathers the logits); tp = 1 is the degenerate case and keeps
+ * the fused kernels. A pipeline stage is a range of layers [layer_begin,
+ * layer_end): the embedding runs on the first stage, the final norm, LM
+ * head and loss on the last.
  * ====================================================================== */
 
 typedef enum {
@@ -269,8 +271,20 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
  * The building blocks the model runs. Each sublayer is residual:
  * fwd: out = inp + f(norm(inp)); bwd: d_stream holds d(out) on entry and
  * d(inp) on exit. Parameter gradients are ACCUMULATED (+=). All tensors are
- * on `dev`; activations [B, T, C] in act dtype. None is collective (with
- * tp > 1 the row-parallel outputs would be all-reduced over TP). */
+ * on the context's device; activations [B, T, C] in act dtype. With
+ * tp_size > 1 the layers are collective over the tp axis of cx->mesh (every
+ * rank of a tp group calls them in the same order). */
+
+/* Where a layer runs: the device and, for tensor parallelism, the mesh whose
+ * tp axis the layers' collectives use (mesh may be NULL when tp_size = 1). */
+typedef struct {
+    cai_device_t *dev;
+    cai_mesh_t *mesh;
+    int tp_size, tp_rank;
+} cai_layer_ctx;
+
+/* Single-device context (tp = 1). */
+cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev);
 
 typedef struct {
     cai_model_family family;
@@ -286,6 +300,7 @@ typedef struct {
     int64_t vocab_valid;  /* real vocabulary size (logit columns >= this are padding) */
     float norm_eps;
     cai_dtype act_dtype;
+    int tp; /* ranks the head / hidden / vocabulary counts are split over (sizes the TP buffers) */
 } cai_layer_dims;
 
 /* Weights of one transformer block (views into the model's flat buffer).
@@ -320,6 +335,7 @@ typedef struct {
     cai_tensor dqkv;               /* [B,T,(Hq+2Hkv)D] */
     cai_tensor dact, dfc, dup;     /* [B,T,F] (dup Llama only) */
     cai_tensor rope_cos, rope_sin; /* [max_pos, D/2] F32 (Llama) */
+    cai_tensor tp_out;             /* [B,T,C] tp > 1: a row-parallel product before its all-reduce */
     void *attn_ws;
     size_t attn_ws_bytes;
 } cai_block_scratch;
@@ -333,27 +349,31 @@ cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const 
                                    double rope_theta, cai_block_scratch *s);
 
 /* Attention sublayer: out = inp + proj(attention(rope(qkv(norm1(inp))))). */
-cai_status cai_attn_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                         cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
-cai_status cai_attn_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
-                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
+cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                        cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
+                        cai_tensor *d_stream);
 /* MLP sublayer: out = inp + mlp(norm2(inp)); reads inp = a->res_mid when called from a block. */
-cai_status cai_mlp_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                        cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
-cai_status cai_mlp_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
 /* A transformer block: attention then MLP (a->res_mid holds the middle). */
-cai_status cai_block_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+cai_status cai_block_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
                          cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out);
-cai_status cai_block_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
-                         const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream);
+cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                         cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
+                         cai_tensor *d_stream);
 
 /* Embedding: out [B,T,C] = wte[tokens] (+ wpe[pos_offset + t]); tokens I32
- * [B,T] on the device. wpe data NULL for Llama. Vocab-parallel ready (rows
- * outside this shard give zeros; a TP caller would all-reduce). */
-cai_status cai_embed_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
+ * [B,T] on the device. wpe data NULL for Llama. Vocabulary-parallel: wte
+ * holds rows [vocab_offset, vocab_offset + vocab_local); with tp > 1 each
+ * rank looks up its own rows (zeros elsewhere, wpe added on tp rank 0) and
+ * the sum over tp is the embedding. */
+cai_status cai_embed_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
                          const cai_tensor *tokens, cai_tensor *out);
-cai_status cai_embed_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
+cai_status cai_embed_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
                          const cai_tensor *tokens, const cai_tensor *dout);
 
 /* Head: final norm, LM head (no bias) and the fused cross-entropy. */
@@ -362,32 +382,43 @@ typedef struct {
     cai_tensor logits;                  /* [B,T,Vl]; overwritten by dlogits in backward */
     cai_tensor losses, lse;             /* [B*T] F32 per-token loss (0 where ignored), log-sum-exp */
     cai_tensor loss_sum;                /* [1] F32 */
-    int logits_hold_grad;               /* cai_head_fwd_train ran: logits already hold their gradient */
+    /* tp > 1: per-row statistics of the local vocabulary shard (device,
+     * [B*T] F32 each: max, sum of exp(logit - max), target logit) and their
+     * host copies, [tp][3][B*T] F32, gathered over tp, plus the host lse
+     * and losses [B*T] each and the targets [B*T] I32. */
+    cai_tensor xs_max, xs_sum, xs_tgt;
+    float *xs_host;
+    int32_t *xs_targets;
+    int logits_hold_grad; /* cai_head_fwd_train ran: logits already hold their gradient */
 } cai_head_acts;
 
 size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
+/* Carves the device buffers; with d->tp > 1 also allocates the host
+ * statistics (free them with cai_head_acts_release). */
 cai_status cai_head_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_head_acts *h);
+void cai_head_acts_release(cai_head_acts *h);
 /* Logits for inp [B,T,C]; with targets (I32 [B,T] on the device, NULL for
  * logits only) also the per-token losses and their sum in h->loss_sum.
  * lnf_b and head_w are the final-norm bias (data NULL for RMSNorm) and the
  * LM head [Vl, C]. */
-cai_status cai_head_fwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *lnf_b,
-                        const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets);
+cai_status cai_head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
+                        const cai_tensor *targets);
 /* As cai_head_fwd with targets, for a training step: the loss's gradient
  * (dloss_scale as cai_head_bwd's) is computed in the same pass over the
  * logits (ops->xent_fwd_bwd), which it overwrites; cai_head_bwd then starts
  * from it and ignores its own dloss_scale. */
-cai_status cai_head_fwd_train(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w,
+cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                               const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
                               const cai_tensor *inp, const cai_tensor *targets, float dloss_scale);
 /* Gradients of dloss_scale * sum of per-token losses (dloss_scale = 1/valid
  * tokens for the mean; after cai_head_fwd_train, the scale it was given):
  * d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_* and dhead_w
  * accumulate. dln is a [B,T,C] scratch. */
-cai_status cai_head_bwd(cai_device_t *dev, const cai_layer_dims *d, const cai_tensor *lnf_w, const cai_tensor *head_w,
-                        cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w, cai_head_acts *h,
-                        const cai_tensor *inp, const cai_tensor *targets, float dloss_scale, cai_tensor *dln,
-                        cai_tensor *d_stream);
+cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
+                        const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
+                        cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets, float dloss_scale,
+                        cai_tensor *dln, cai_tensor *d_stream);
 
 /* ----------------------------------------------------------------- model */
 
@@ -396,7 +427,8 @@ typedef struct cai_model cai_model_t;
 typedef struct {
     int batch;           /* B: sequences per forward */
     int seq_len;         /* T: local tokens per sequence (<= max_seq_len) */
-    cai_rank_view view;  /* TP must be 1; PP selects the stage's layer range */
+    cai_rank_view view;  /* TP selects the shard; PP the stage's layer range; EP must be 1 */
+    cai_mesh_t *mesh;    /* tp > 1: the mesh whose tp axis (size and rank as in view) the layers use */
     size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
     int external_params; /* 1: the caller owns parameter and gradient storage (ZeRO, see
                           * "External parameter storage" below); 0: the model allocates it */

@@ -126,9 +126,10 @@ cai_model_t *cai_zero_model(const cai_zero_t *z);
 cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const int32_t *targets, int n_micro,
                                      float grad_scale, double *loss);
 /* Sum of squares of the reduced gradients, each parameter element counted
- * once in the job (tie copies at their primary): the same value on every
- * dp rank; not finite when any rank's gradients held inf/NaN. Collective
- * over CAI_AXIS_DP. */
+ * once in the job (tie copies at their primary, tp replicas at replica 0):
+ * the same value on every dp and tp rank; not finite when any rank's
+ * gradients held inf/NaN. Collective over CAI_AXIS_DP and, with tp > 1,
+ * CAI_AXIS_TP. */
 cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq);
 /* One AdamW update of this rank's shard with `p` (p->step is set from the
  * engine's count + 1; p->grad_scale multiplies the reduced gradients: clip
@@ -217,7 +218,7 @@ typedef struct {
 typedef struct {
     cai_model_config model; /* resolved inside */
     int batch, seq_len;     /* microbatch shape */
-    cai_rank_view view;     /* tp = 1 (the model refuses tp > 1); pp picks the stage */
+    cai_rank_view view;     /* tp shards the layers; pp picks the stage */
     size_t align_elems;     /* 0: 16, as the model */
     int dp;
     cai_zero_config zero;
