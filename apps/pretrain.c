@@ -67,7 +67,8 @@ static const cai_config_field k_fields[] = {
       "keep only each layer's input and recompute it in backward", CAI_CFG_NO_RANGE),
 
     F("mesh.dp", CAI_CFG_INT, dp, "0", "data-parallel ranks; 0: world / (tp*pp*sp)", 0, 1 << 20),
-    F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (only 1 for now)", 1, 1 << 20),
+    F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split)", 1,
+      1 << 20),
     F("mesh.pp", CAI_CFG_INT, pp, "1", "pipeline stages (only 1 for now)", 1, 1 << 20),
     F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
@@ -239,11 +240,11 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
     cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->n_layers, 0, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
-    if (c->tp > 1 || c->pp > 1 || c->sp > 1)
+    if (c->pp > 1 || c->sp > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "colossal-pretrain is data parallel only for now: mesh.tp=%d mesh.pp=%d mesh.sp=%d must be 1 "
-                         "(use mesh.dp=%d on %d ranks)",
-                         c->tp, c->pp, c->sp, world, world);
+                         "colossal-pretrain runs data and tensor parallel layouts: mesh.pp=%d mesh.sp=%d must be 1 "
+                         "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
+                         c->pp, c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
     cai_loss_scale_config l = loss_scale_config(c);
     CAI_CALL(cai_loss_scale_config_check(&l));
     cai_adamw_config o = optim_config(c);
@@ -252,6 +253,9 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     CAI_CALL(cai_run_check(&rc));
     cai_model_config m = model_config(c, c->vocab_size > 0 ? c->vocab_size : CAI_BYTE_VOCAB), resolved;
     CAI_CALL(cai_model_config_resolve(&m, &resolved));
+    if (resolved.ffn_hidden % c->tp != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide model.ffn_hidden=%d (the MLP splits over tp)",
+                         c->tp, resolved.ffn_hidden);
     return CAI_OK;
 }
 
@@ -362,7 +366,7 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
     cai_mem_plan_request q = {.model = *resolved,
                               .batch = c->micro_batch,
                               .seq_len = c->seq_len,
-                              .view = cai_rank_view_single(),
+                              .view = cai_run_view(run),
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = j->zc,
                               .dev = cai_run_device(run)};
@@ -376,6 +380,8 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     cai_model_options mo = cai_model_options_default(resolved);
     mo.batch = c->micro_batch;
     mo.seq_len = c->seq_len;
+    mo.view = cai_run_view(run);
+    mo.mesh = cai_run_mesh(run);
     cai_zero_model_options(&j->zc, &mo);
     CAI_CALL(cai_model_create(&j->model, cai_run_device(run), resolved, &mo));
     j->oc = optim_config(c);
@@ -479,9 +485,10 @@ int main(int argc, char **argv) {
      * silently; sharded stages hold one copy of each weight. */
     if (!cai_model_external_params(job.model)) cai_app_check(cai_dp_check_replicas(cai_run_mesh(run), job.model));
     cai_app_check(cai_run_finish(run));
-    /* ZeRO-3 forwards gather weights over dp: every rank decodes then. */
-    if (!cai_run_stopped_by(run) && (app.rank == 0 || cfg.zero_stage == 3))
-        cai_app_check(pt_generate(job.model, &job.data.tok, &cfg, app.rank == 0));
+    /* The first dp replica decodes (its tp ranks together); ZeRO-3
+     * forwards gather weights over dp: every rank decodes then. */
+    if (!cai_run_stopped_by(run) && (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.zero_stage == 3))
+        cai_app_check(pt_generate(job.model, cai_run_mesh(run), &job.data.tok, &cfg, app.rank == 0));
     if (cai_log_get_level() >= CAI_LOG_DEBUG) cai_timer_report(stderr);
 
     int exit_code = cai_run_exit_code(run);

@@ -98,6 +98,6 @@ cai_status pt_decode(const pt_tokenizer *t, const int32_t *ids, size_t n, cai_by
  * Uses the model's (B, T) buffers. Not collective by itself, but a ZeRO-3
  * model gathers each layer over dp in its forward: then every dp rank runs
  * it (the same greedy tokens everywhere) and one prints. */
-cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, int print);
+cai_status pt_generate(cai_model_t *m, cai_mesh_t *mesh, pt_tokenizer *tok, const pt_config *cfg, int print);
 
 #endif

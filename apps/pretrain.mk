@@ -1,4 +1,4 @@
-# colossal-pretrain: data-parallel pretraining of GPT-2 / Llama models.
+# colossal-pretrain: data- and tensor-parallel pretraining of GPT-2 / Llama models.
 bin_PROGRAMS += apps/colossal-pretrain
 apps_colossal_pretrain_SOURCES = apps/pretrain.c apps/pretrain.h apps/pretrain_data.c \
 	apps/pretrain_generate.c $(APP_COMMON_SOURCES)
@@ -8,6 +8,7 @@ apps_colossal_pretrain_LDADD = $(APP_LDADD) -lm
 PRETRAIN_APP_TESTS = \
 	tests/apps/pretrain_loss.sh \
 	tests/apps/pretrain_dp_equiv.sh \
+	tests/apps/pretrain_tp.sh \
 	tests/apps/pretrain_signal.sh \
 	tests/apps/pretrain_stall.sh \
 	tests/apps/plot_metrics_errors.sh \

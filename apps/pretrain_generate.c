@@ -4,17 +4,22 @@
  * irrelevant to its logits. */
 #include "cai_config.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pretrain.h"
 
-/* argmax over the real vocabulary of logits[0, pos, :]. */
-static cai_status next_token(cai_model_t *m, int64_t pos, float *row, void *raw, int32_t *out) {
+/* argmax over the real vocabulary of logits[0, pos, :]; under tensor
+ * parallelism each rank's best of its own columns, then the best of those
+ * over tp (MAXLOC keeps the lowest id of equal values, as the loop does). */
+static cai_status next_token(cai_model_t *m, cai_mesh_t *mesh, int64_t pos, float *row, void *raw, int32_t *out) {
     cai_tensor logits;
     CAI_CALL(cai_model_logits(m, &logits));
     const cai_model_config *mc = cai_model_config_of(m);
-    int64_t vpad = logits.shape[2];
+    int64_t vpad = logits.shape[2], off = 0;
+    cai_model_vocab_shard(m, &off, NULL);
     size_t es = cai_dtype_size(logits.dtype);
     const char *src = (const char *)logits.data + (size_t)(pos * logits.stride[1]) * es;
     cai_device_t *dev = cai_model_device(m);
@@ -22,15 +27,24 @@ static cai_status next_token(cai_model_t *m, int64_t pos, float *row, void *raw,
         cai_device_copy(dev, raw, src, (size_t)vpad * es, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     CAI_CALL(cai_device_sync(dev));
     CAI_CALL(cai_convert_host(row, CAI_DTYPE_F32, raw, logits.dtype, (size_t)vpad));
-    int32_t best = 0;
-    for (int32_t v = 1; v < mc->vocab_size; v++)
-        if (row[v] > row[best]) best = v;
-    *out = best;
+    struct {
+        float value;
+        int id;
+    } best = {-INFINITY, INT_MAX}; /* MPI_FLOAT_INT's layout */
+    for (int64_t v = 0; v < vpad && off + v < mc->vocab_size; v++)
+        if (row[v] > best.value || best.id == INT_MAX) {
+            best.value = row[v];
+            best.id = (int)(off + v);
+        }
+    if (cai_mesh_size(mesh, CAI_AXIS_TP) > 1)
+        MPI_Allreduce(MPI_IN_PLACE, &best, 1, MPI_FLOAT_INT, MPI_MAXLOC, cai_mesh_comm(mesh, CAI_AXIS_TP));
+    *out = best.id;
     return CAI_OK;
 }
 
-static cai_status one_sample(cai_model_t *m, pt_tokenizer *tok, const char *prompt, int n_new, int32_t *window,
-                             float *row, void *raw, cai_token_buf *ids, cai_byte_buf *text, int print) {
+static cai_status one_sample(cai_model_t *m, cai_mesh_t *mesh, pt_tokenizer *tok, const char *prompt, int n_new,
+                             int32_t *window, float *row, void *raw, cai_token_buf *ids, cai_byte_buf *text,
+                             int print) {
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
     ids->len = 0;
@@ -45,7 +59,7 @@ static cai_status one_sample(cai_model_t *m, pt_tokenizer *tok, const char *prom
         memcpy(window, ids->ids + ids->len - ctx, ctx * sizeof *window);
         CAI_CALL(cai_model_forward(m, window, NULL, NULL));
         int32_t next = 0;
-        CAI_CALL(next_token(m, (int64_t)ctx - 1, row, raw, &next));
+        CAI_CALL(next_token(m, mesh, (int64_t)ctx - 1, row, raw, &next));
         if (next == tok->eod) break;
         CAI_CALL(cai_token_buf_append(ids, &next, 1));
     }
@@ -57,7 +71,7 @@ static cai_status one_sample(cai_model_t *m, pt_tokenizer *tok, const char *prom
     return CAI_OK;
 }
 
-cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, int print) {
+cai_status pt_generate(cai_model_t *m, cai_mesh_t *mesh, pt_tokenizer *tok, const pt_config *cfg, int print) {
     if (!*cfg->prompts || cfg->gen_tokens <= 0) return CAI_OK;
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
@@ -76,7 +90,7 @@ cai_status pt_generate(cai_model_t *m, pt_tokenizer *tok, const pt_config *cfg, 
     if (print) printf("samples (greedy, up to %d tokens each):\n", cfg->gen_tokens);
     char *save = NULL;
     for (char *p = strtok_r(prompts, "|", &save); p; p = strtok_r(NULL, "|", &save))
-        CAI_CALL_GOTO(one_sample(m, tok, p, cfg->gen_tokens, window, row, raw, &ids, &text, print), st, done);
+        CAI_CALL_GOTO(one_sample(m, mesh, tok, p, cfg->gen_tokens, window, row, raw, &ids, &text, print), st, done);
     fflush(stdout);
 done:
     free(prompts);

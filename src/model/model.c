@@ -295,6 +295,11 @@ const cai_registry_t *cai_model_registry(const cai_model_t *m) { return m->reg; 
 const cai_rank_view *cai_model_view(const cai_model_t *m) { return &m->view; }
 cai_device_t *cai_model_device(const cai_model_t *m) { return m->dev; }
 int64_t cai_model_padded_vocab(const cai_model_t *m) { return m->Vp; }
+
+void cai_model_vocab_shard(const cai_model_t *m, int64_t *offset, int64_t *count) {
+    if (offset) *offset = m->dims.vocab_offset;
+    if (count) *count = m->dims.vocab_local;
+}
 size_t cai_model_align_elems(const cai_model_t *m) { return m->align; }
 
 void cai_model_shape(const cai_model_t *m, int *batch, int *seq_len) {

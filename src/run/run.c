@@ -95,6 +95,15 @@ void cai_run_free(cai_run_t *r) {
 
 cai_mesh_t *cai_run_mesh(const cai_run_t *r) { return r->mesh; }
 cai_device_t *cai_run_device(const cai_run_t *r) { return r->dev; }
+
+cai_rank_view cai_run_view(const cai_run_t *r) {
+    cai_rank_view v = cai_rank_view_single();
+    v.tp_size = cai_mesh_size(r->mesh, CAI_AXIS_TP);
+    v.tp_rank = cai_mesh_rank(r->mesh, CAI_AXIS_TP);
+    v.pp_size = cai_mesh_size(r->mesh, CAI_AXIS_PP);
+    v.pp_rank = cai_mesh_rank(r->mesh, CAI_AXIS_PP);
+    return v;
+}
 int cai_run_rank(const cai_run_t *r) { return r->rank; }
 int64_t cai_run_first_step(const cai_run_t *r) { return r->first_step; }
 const char *cai_run_ckpt_dir(const cai_run_t *r) { return r->ckpt_dir; }
@@ -248,7 +257,15 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
     }
     if (s == CAI_OK) {
         r->tokens = m.tokens;
-        r->last_saved = m.step;
+        /* A state resumed from elsewhere (another run, another layout) is
+         * not in this run's checkpoint directory until the run saves it: at
+         * its end at the latest, even with no step left to take (resuming
+         * is how a checkpoint moves to another layout). Rank 0 looks; every
+         * rank takes its answer, as the save is collective. */
+        char own[4096];
+        int here = cai_ckpt_step_path(r->ckpt_dir, m.step, own, sizeof own) == CAI_OK && access(own, F_OK) == 0;
+        CAI_CALL(cai_broadcast(r->mesh, CAI_AXIS_WORLD, &here, 1, CAI_DTYPE_I32, 0));
+        r->last_saved = here ? m.step : m.step - 1;
         r->first_step = m.step + 1;
         char was[128];
         cai_layout_str(&m.layout, was, sizeof was);

@@ -21,9 +21,14 @@ run_np 1 --model.n_heads 3 --model.d_model 64 --run.dir "$TMP/x" --data.corpus_d
 expect_rc 2
 expect_grep err 'n_heads=3'
 
-run_np 2 --mesh.tp 2 --run.dir "$TMP/x"
+run_np 2 --mesh.pp 2 --run.dir "$TMP/x"
 expect_rc 2
-expect_grep err 'mesh\.tp=2'
+expect_grep err 'mesh\.pp=2'
+
+run_np 3 --mesh.tp 3 --model.n_heads 4 --model.d_model 64 --run.dir "$TMP/x"
+expect_rc 2
+expect_grep err 'tp'
+expect_no_grep out '^step '
 
 run_np 1 --mesh.dp 3 --run.dir "$TMP/x"
 expect_rc 2

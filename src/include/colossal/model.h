@@ -449,6 +449,9 @@ const cai_registry_t *cai_model_registry(const cai_model_t *m);
 const cai_rank_view *cai_model_view(const cai_model_t *m);
 cai_device_t *cai_model_device(const cai_model_t *m);
 int64_t cai_model_padded_vocab(const cai_model_t *m);
+/* The global vocabulary ids [offset, offset + count) of this rank's
+ * embedding / LM head rows and logit columns (the registry's tp shard). */
+void cai_model_vocab_shard(const cai_model_t *m, int64_t *offset, int64_t *count);
 /* The (B, T) the activation buffers were sized for. */
 void cai_model_shape(const cai_model_t *m, int *batch, int *seq_len);
 size_t cai_model_align_elems(const cai_model_t *m);
@@ -491,9 +494,11 @@ cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_
  * cai_model_forward + cai_model_backward(grad_scale). */
 cai_status cai_model_forward_train(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float grad_scale,
                                    float *loss);
-/* The last forward's logits [B, T, padded vocab] in act dtype (last stage);
- * columns >= vocab_size are padding. Valid until the next backward, which
- * overwrites them with their gradient. */
+/* The last forward's logits [B, T, local vocab] in act dtype (last stage):
+ * the columns of this rank's vocabulary shard (cai_model_vocab_shard; all
+ * of the padded vocabulary at tp = 1); global ids >= vocab_size are
+ * padding. Valid until the next backward, which overwrites them with their
+ * gradient. */
 cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits);
 /* Backward of grad_scale * (mean loss of the last forward) over this stage:
  * parameter gradients ACCUMULATE (microbatches add up; pass 1/n for a mean

@@ -215,6 +215,9 @@ cai_status cai_run_init(cai_run_t **out, const cai_run_config *cfg, MPI_Comm wor
 void cai_run_free(cai_run_t *run);
 
 cai_mesh_t *cai_run_mesh(const cai_run_t *run);
+/* This rank's place as the parameter registry and the model see it: tp and
+ * pp sizes and ranks from the mesh (ep 1). */
+cai_rank_view cai_run_view(const cai_run_t *run);
 cai_device_t *cai_run_device(const cai_run_t *run);
 int cai_run_rank(const cai_run_t *run);
 /* The step the loop starts from: 1, or the resumed checkpoint's step + 1. */
