@@ -58,6 +58,21 @@ same_losses() {
     done
 }
 
+# compare KIND KEY RUN N: RUN's N KIND records' KEY, each within 1e-5
+# relative of the 1-rank run a's (both in $TMP).
+compare() {
+    field "$1" "$2" "$TMP/a/metrics.jsonl" >"$TMP/ref"
+    field "$1" "$2" "$TMP/$3/metrics.jsonl" >"$TMP/got"
+    [ "$(wc -l <"$TMP/ref")" -eq "$4" ] || fail "run a: expected $4 $1 records"
+    [ "$(wc -l <"$TMP/got")" -eq "$4" ] || fail "run $3: expected $4 $1 records"
+    paste "$TMP/ref" "$TMP/got" | awk -v run="$3" -v key="$2" '{
+        d = $2 - $4; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2)
+        if ($1 != $3 || !(r <= 1e-5)) { printf "run %s step %s: %s %s vs %s (relative %g)\n", run, $1, key, $4, $2, r; bad = 1 }
+        if (r > worst) worst = r
+    } END { printf "run %s: %s within %g relative of the 1-rank run\n", run, key, worst; exit bad }' ||
+        fail "run $3 does not reproduce the 1-rank $2"
+}
+
 # close_losses REF GOT FROM TOL WHAT: GOT's train losses of the steps after
 # FROM, each within TOL relative of REF's at the same step (and the same
 # steps as REF has after FROM).
