@@ -5,7 +5,8 @@
 #   loss and both validation losses within 1e-5 relative, and tp=2 prints
 #   the same greedy samples (the argmax over vocabulary shards);
 # - the step-6 checkpoint of a tp=2 x dp=2 run resumes bitwise on the same
-#   layout and continues within 1e-5 on tp=1 x dp=4 and tp=4 x dp=1;
+#   layout and continues within 1e-5 on tp=1 x dp=4 and tp=4 x dp=1; a
+#   tp=2 x dp=2 ZeRO-3 checkpoint continues within 1e-5 at tp=1 under ZeRO-1;
 # - its Hugging Face export is byte-identical to the export of the same
 #   weights saved again by a tp=1 run;
 # - Llama with grouped-query attention (4 query, 2 key/value heads) at tp=2
@@ -56,6 +57,15 @@ close_losses "$TMP/a/metrics.jsonl" "$TMP/dp4/metrics.jsonl" 6 1e-5 "tp=1 x dp=4
 run_np 4 $CFG --mesh.tp 4 --train.grad_accum 2 --run.dir "$TMP/tp4" --resume "$TMP/step6.h5"
 expect_ok
 close_losses "$TMP/a/metrics.jsonl" "$TMP/tp4/metrics.jsonl" 6 1e-5 "tp=4 x dp=1 from the tp=2 checkpoint"
+
+# ZeRO-3 shards of tp shards: saved at tp=2 x dp=2, resumed at tp=1 under ZeRO-1.
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.tp 2 --zero.stage 3 --run.dir "$TMP/z3" --checkpoint.every 100 --train.stop_at 6
+expect_rc 3
+# shellcheck disable=SC2086
+run_np 2 $CFG --zero.stage 1 --run.dir "$TMP/z1" --resume "$TMP/z3/checkpoints"
+expect_ok
+close_losses "$TMP/a/metrics.jsonl" "$TMP/z1/metrics.jsonl" 6 1e-5 "tp=1 ZeRO-1 from a tp=2 ZeRO-3 checkpoint"
 
 # The same weights through a tp=1 save: resumed on one rank into another
 # run directory with nothing left to train, the run saves them there.

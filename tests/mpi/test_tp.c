@@ -4,7 +4,9 @@
  * step, then under tp in {2, 4} x dp in {1, 2} x ZeRO stage {0, 1, 2, 3}
  * (tp x dp <= 4): every step's loss and gradient norm (clipping active)
  * within 1e-5 relative, every parameter after 4 steps, assembled from the
- * tp shards through the registry, within 1e-4. tp=2 dp=1 rows run on both
+ * tp shards through the registry, within 1e-4, and the memory planner's
+ * per-rank bytes within 5% of what the engine and model hold. tp=2 dp=1
+ * rows run on both
  * halves of the world at once. Failures are gathered and reported after
  * the whole matrix so that no rank leaves a collective early. */
 #include "cai_config.h"
@@ -31,6 +33,39 @@ static eq_row make_row(cai_model_family fam, int tp, int dp, int stage) {
     return r;
 }
 
+/* The planner's per-rank bytes for the row's layout against what the
+ * engine and the model hold (checked before the first step, when every
+ * buffer and window block exists). */
+typedef struct {
+    const eq_row *row;
+    int B;
+    double worst;
+    int bad;
+} plan_check;
+
+static cai_status check_plan(void *ctx, cai_zero_t *z) {
+    plan_check *pc = ctx;
+    cai_model_t *m = cai_zero_model(z);
+    cai_mem_plan_request q = {.model = eq_model_config(pc->row),
+                              .batch = pc->B,
+                              .seq_len = pc->row->T,
+                              .view = *cai_model_view(m),
+                              .dp = pc->row->dp,
+                              .dev = cai_model_device(m)};
+    q.zero = *cai_zero_get_config(z);
+    cai_mem_plan plan, used;
+    CAI_CALL(cai_mem_plan_compute(&q, &plan));
+    cai_zero_memory(z, &used);
+    const double p = (double)(plan.device + plan.host), u = (double)(used.device + used.host);
+    const double rel = fabs(p - u) / u;
+    pc->worst = fmax(pc->worst, rel);
+    if (!(rel <= 0.05)) {
+        pc->bad = 1;
+        return CAI_ERROR(CAI_ERR_INTERNAL, "memory plan %.0f bytes per rank vs %.0f held (rel %.3g)", p, u, rel);
+    }
+    return CAI_OK;
+}
+
 START_TEST(tp_matrix_matches_single_rank) {
     ck_assert_int_eq(g_world_size, 4);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
@@ -44,7 +79,7 @@ START_TEST(tp_matrix_matches_single_rank) {
     char failures[8192] = "";
     size_t used = 0;
     int n_rows = 0, n_bad = 0;
-    double worst_loss = 0, worst_param = 0;
+    double worst_loss = 0, worst_param = 0, worst_plan = 0;
     double t_all = MPI_Wtime();
     const int layouts[3][2] = {{2, 1}, {2, 2}, {4, 1}}; /* {tp, dp} */
     for (int l = 0; l < 3; l++) {
@@ -56,7 +91,9 @@ START_TEST(tp_matrix_matches_single_rank) {
                 eq_row r = make_row(fams[f], tp, dp, stage);
                 eq_result got;
                 double t0 = MPI_Wtime();
-                cai_status st = eq_run_layout(on_half ? half : MPI_COMM_WORLD, &r, NULL, NULL, &got);
+                plan_check pc = {&r, GLOBAL_BATCH / (dp * r.grad_accum), 0, 0};
+                cai_status st = eq_run_layout(on_half ? half : MPI_COMM_WORLD, &r, check_plan, &pc, &got);
+                worst_plan = fmax(worst_plan, pc.worst);
                 char name[96], msg[256];
                 eq_row_name(&r, name, sizeof name);
                 int ok = st == CAI_OK;
@@ -85,8 +122,9 @@ START_TEST(tp_matrix_matches_single_rank) {
     MPI_Allreduce(&n_bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_world_rank == 0)
         fprintf(stderr,
-                "tp equivalence matrix: %d rows on rank 0's groups, %.2f s; worst loss/norm rel %.3g, param %.3g\n",
-                n_rows, MPI_Wtime() - t_all, worst_loss, worst_param);
+                "tp equivalence matrix: %d rows on rank 0's groups, %.2f s; worst loss/norm rel %.3g, param %.3g; "
+                "memory plan vs held, worst rel %.3g\n",
+                n_rows, MPI_Wtime() - t_all, worst_loss, worst_param, worst_plan);
     ck_assert_msg(any == 0, "%d row failure(s) over all ranks; this rank's:%s", any, failures);
 }
 END_TEST
