@@ -1040,7 +1040,7 @@ static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_l
     e.n_pieces = n_pieces;
     ck_xfer_init(&e.x, &e.h, CK_PIECE_BYTES / 4);
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
-    CAI_CALL_GOTO(ck_h5_open(&e.h, e.comm, path), st, fail);
+    CAI_CALL_GOTO(ck_h5_open(&e.h, e.comm, path, 0), st, fail);
     CAI_CALL_GOTO(ck_read_meta(&e.h, &meta), st, fail);
     if (expect) CAI_CALL_GOTO(check_model(path, &meta, expect), st, fail);
     CAI_CALL_GOTO(open_datasets(&e), st, fail);

@@ -1,8 +1,8 @@
 /* Reading a checkpoint without a model: list the datasets and attributes,
  * read whole global tensors, recompute checksums. For tools (inspect,
  * verify, export); every call is collective over the communicator the file
- * was opened with, since the file is opened through MPI-IO with collective
- * metadata. */
+ * was opened with, since several ranks open it through MPI-IO with
+ * collective metadata (one rank alone reads through the POSIX driver). */
 #include "cai_config.h"
 
 #include <stdio.h>
@@ -214,13 +214,13 @@ static cai_status index_entries(cai_ckpt_file_t *f) {
     return CAI_OK;
 }
 
-cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path) {
-    CAI_CHECK_ARG(out && path && *path, "cai_ckpt_open: NULL argument");
+/* The reading of an opened file's metadata, shared by both ways in. */
+static cai_status open_file(cai_ckpt_file_t **out, MPI_Comm comm, const char *path, const void *image, size_t size) {
     *out = NULL;
     cai_ckpt_file_t *f = calloc(1, sizeof *f);
     if (!f) return CAI_ERROR(CAI_ERR_NOMEM, "checkpoint handle");
     f->meta = cai_ckpt_meta_init();
-    cai_status st = ck_h5_open(&f->h, comm, path);
+    cai_status st = image ? ck_h5_open_image(&f->h, path, image, size) : ck_h5_open(&f->h, comm, path, 1);
     if (st == CAI_OK) st = ck_read_meta(&f->h, &f->meta);
     if (st == CAI_OK) st = list_datasets(f);
     if (st == CAI_OK) st = list_attrs(f);
@@ -231,6 +231,17 @@ cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path)
     }
     *out = f;
     return CAI_OK;
+}
+
+cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path) {
+    CAI_CHECK_ARG(out && path && *path, "cai_ckpt_open: NULL argument");
+    return open_file(out, comm, path, NULL, 0);
+}
+
+cai_status ck_file_open_image(cai_ckpt_file_t **out, const char *name, const void *image, size_t size) {
+    CAI_CHECK_ARG(out && name && *name && (image || size == 0), "ck_file_open_image: NULL argument");
+    static const char empty[1];
+    return open_file(out, MPI_COMM_SELF, name, image ? image : empty, size);
 }
 
 void cai_ckpt_close(cai_ckpt_file_t *f) {

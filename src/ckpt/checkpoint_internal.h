@@ -136,6 +136,7 @@ typedef struct {
     hid_t file;
     hid_t bf16;            /* the file's bf16 type (a transient copy when opened read-only) */
     int independent_mpiio; /* collective H5Dwrite/H5Dread, independent MPI-IO underneath (CAI_CKPT_MPIIO) */
+    int serial;            /* opened alone through the POSIX driver: plain, independent transfers */
     MPI_Comm comm;
     int rank, size;
     char path[4096];
@@ -154,9 +155,16 @@ cai_status ck_h5_error(cai_status st, const char *file, int line, const char *fu
  * clear it; ck_h5_error uses it when the live stack is empty. */
 void ck_h5_capture(void);
 
-/* Collective over comm. Create `path` (truncating) / open it read-only. */
+/* Collective over comm. Create `path` (truncating) / open it read-only.
+ * With serial_alone, a comm of one rank opens through HDF5's POSIX driver
+ * instead of MPI-IO (the tools' reader); the loader keeps MPI-IO at every
+ * size so that its transfers stay collective. */
 cai_status ck_h5_create(ck_h5 *h, MPI_Comm comm, const char *path);
-cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path);
+cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path, int serial_alone);
+/* One process: open a file's bytes held in memory (HDF5's core driver,
+ * without a copy: `image` must outlive the file; `name` only names it in
+ * messages). */
+cai_status ck_h5_open_image(ck_h5 *h, const char *name, const void *image, size_t size);
 /* Flush to stable storage (H5Fflush: MPI_File_sync). Collective. */
 cai_status ck_h5_flush(ck_h5 *h);
 /* Collective; safe on a zeroed struct. Returns the first failure. */
@@ -263,6 +271,13 @@ cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *
  * and version (checkpoint.c). Collective. */
 cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m);
 #define CK_CONFIG_DATASET "config.yaml"
+
+/* cai_ckpt_open of a file's bytes held in memory, for one process: every
+ * check and the whole metadata walk of cai_ckpt_open, without a file on
+ * disk (the checkpoint fuzz target feeds it inputs this way;
+ * checkpoint_file.c). `image` must outlive the handle; `name` names it in
+ * messages. */
+cai_status ck_file_open_image(cai_ckpt_file_t **out, const char *name, const void *image, size_t size);
 
 #endif /* CAI_HAVE_HDF5 */
 

@@ -1,7 +1,7 @@
 /* The HDF5 calls of the checkpoints: files through the MPI-IO driver with
- * collective metadata, the bf16 and f16 float types, attributes, and
- * collective transfers of hyperslab unions that record the I/O mode HDF5
- * actually used.
+ * collective metadata (a tool reading alone: the POSIX driver), the bf16
+ * and f16 float types, attributes, and collective transfers of hyperslab
+ * unions that record the I/O mode HDF5 actually used.
  *
  * Two rules from docs/checkpoint.md keep every transfer collective: the
  * memory type always equals the file type (a conversion inside HDF5 makes
@@ -231,26 +231,95 @@ static int h5_signature(FILE *fp, char *why, size_t cap) {
     return 0;
 }
 
-cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path) {
-    ck_h5_quiet();
-    CAI_CALL(set_comm(h, comm, path));
-    hid_t fapl = make_fapl(comm);
-    if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the MPI-IO file access", path);
-    h->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+/* One process reading alone needs none of MPI-IO: the POSIX driver reads
+ * the same bytes without an MPI file handle, and without the communicator
+ * HDF5 duplicates from an MPI-IO file's access list at every virtual
+ * dataset open (one per tensor). No file lock: MPI-IO takes none either,
+ * and some parallel file systems refuse flock. */
+static hid_t make_serial_fapl(void) {
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl < 0) return fapl;
+    if (H5Pset_fapl_sec2(fapl) < 0 || H5Pset_file_locking(fapl, 0, 1) < 0) {
+        H5Pclose(fapl);
+        return -1;
+    }
+    return fapl;
+}
+
+/* H5Fopen of h->path through `fapl` (closed here). On failure, why in
+ * words, from its bytes: those of `image` when given, else the file's. */
+static cai_status open_read(ck_h5 *h, hid_t fapl, const void *image, size_t size) {
+    if (fapl < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot set up the file access", h->path);
+    h->file = H5Fopen(h->path, H5F_ACC_RDONLY, fapl);
     if (h->file < 0) ck_h5_capture();
     H5Pclose(fapl);
-    if (h->file < 0) {
-        FILE *fp = fopen(path, "rb");
-        if (!fp) return CK_H5ERR(CAI_ERR_IO, "cannot open checkpoint '%s'", path);
-        char why[160];
-        const int has_signature = h5_signature(fp, why, sizeof why);
-        fclose(fp);
-        if (!has_signature) return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' is not an HDF5 file: %s", path, why);
-        return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path);
+    if (h->file >= 0) {
+        h->bf16 = make_float16(1);
+        if (h->bf16 < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create the bfloat16 type", h->path);
+        return CAI_OK;
     }
-    h->bf16 = make_float16(1);
-    if (h->bf16 < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot create the bfloat16 type", path);
-    return CAI_OK;
+    FILE *fp = image ? fmemopen((void *)image, size, "rb") : fopen(h->path, "rb");
+    if (!fp) return CK_H5ERR(CAI_ERR_IO, "cannot open checkpoint '%s'", h->path);
+    char why[160];
+    const int has_signature = h5_signature(fp, why, sizeof why);
+    fclose(fp);
+    if (!has_signature) return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' is not an HDF5 file: %s", h->path, why);
+    return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", h->path);
+}
+
+cai_status ck_h5_open(ck_h5 *h, MPI_Comm comm, const char *path, int serial_alone) {
+    ck_h5_quiet();
+    CAI_CALL(set_comm(h, comm, path));
+    h->serial = serial_alone && h->size == 1;
+    return open_read(h, h->serial ? make_serial_fapl() : make_fapl(comm), NULL, 0);
+}
+
+/* File image callbacks that hand HDF5 the caller's bytes instead of the two
+ * copies it makes by default (into the access list, then into the core
+ * driver): every "allocation" is the image itself, copies onto it are
+ * no-ops, nothing is freed. Read-only, so HDF5 never resizes it. */
+static void *image_get(size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)size;
+    (void)op;
+    return udata;
+}
+static void *image_copy(void *dest, const void *src, size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)op;
+    (void)udata;
+    return dest == src ? dest : memcpy(dest, src, size);
+}
+static void *image_resize(void *ptr, size_t size, H5FD_file_image_op_t op, void *udata) {
+    (void)ptr;
+    (void)size;
+    (void)op;
+    (void)udata;
+    return NULL;
+}
+static herr_t image_keep(void *ptr, H5FD_file_image_op_t op, void *udata) {
+    (void)ptr;
+    (void)op;
+    (void)udata;
+    return 0;
+}
+static void *image_udata_copy(void *udata) { return udata; }
+static herr_t image_udata_free(void *udata) {
+    (void)udata;
+    return 0;
+}
+
+cai_status ck_h5_open_image(ck_h5 *h, const char *name, const void *image, size_t size) {
+    ck_h5_quiet();
+    CAI_CALL(set_comm(h, MPI_COMM_SELF, name));
+    h->serial = 1;
+    H5FD_file_image_callbacks_t cb = {image_get,        image_copy,       image_resize, image_keep,
+                                      image_udata_copy, image_udata_free, (void *)image};
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0 && (H5Pset_fapl_core(fapl, 1 << 16, 0) < 0 || H5Pset_file_image_callbacks(fapl, &cb) < 0 ||
+                      H5Pset_file_image(fapl, (void *)image, size) < 0)) {
+        H5Pclose(fapl);
+        fapl = -1;
+    }
+    return open_read(h, fapl, image, size);
 }
 
 cai_status ck_h5_flush(ck_h5 *h) {
@@ -630,8 +699,11 @@ cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, const ck_seg *segs
     hid_t mspace = H5Screate_simple(1, &mdim, NULL);
     hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
     cai_status st = CAI_OK;
-    herr_t rc = fspace < 0 || mspace < 0 || dxpl < 0 ? -1 : H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-    if (rc >= 0 && h->independent_mpiio) rc = H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+    herr_t rc = fspace < 0 || mspace < 0 || dxpl < 0 ? -1
+                : h->serial                          ? 0
+                                                     : H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+    if (rc >= 0 && !h->serial && h->independent_mpiio)
+        rc = H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
     if (rc >= 0 && (n == 0 || nsel == 0)) rc = H5Sselect_none(fspace) < 0 || H5Sselect_none(mspace) < 0 ? -1 : 0;
     else if (rc >= 0)
         rc = select_ranges(fspace, segs, n, 0) < 0 || (mem && select_ranges(mspace, segs, n, 1) < 0) ? -1 : 0;
@@ -655,7 +727,7 @@ cai_status ck_h5_transfer(ck_h5 *h, hid_t dset, cai_dtype dt, const ck_seg *segs
         goto done;
     }
     H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
-    H5Pget_mpio_actual_io_mode(dxpl, &mode);
+    if (!h->serial) H5Pget_mpio_actual_io_mode(dxpl, &mode);
     io->n_transfers++;
     if (mode == H5D_MPIO_CONTIGUOUS_COLLECTIVE || mode == H5D_MPIO_CHUNK_COLLECTIVE) io->n_collective++;
     io->bytes += nsel * cai_dtype_size(dt);

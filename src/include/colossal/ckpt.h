@@ -521,7 +521,8 @@ typedef struct cai_ckpt_file cai_ckpt_file_t;
 
 /* Open read-only; checks that it is a colossal checkpoint (format
  * attribute) and reads its metadata and dataset list. Collective over comm
- * (MPI_COMM_SELF for one process). */
+ * (MPI_COMM_SELF for one process: then HDF5's POSIX driver reads the file,
+ * without MPI-IO). */
 cai_status cai_ckpt_open(cai_ckpt_file_t **out, MPI_Comm comm, const char *path);
 /* Collective over the comm it was opened with. */
 void cai_ckpt_close(cai_ckpt_file_t *f);
