@@ -326,6 +326,11 @@ cai_status cai_run_train(cai_run_t *r, const cai_run_hooks *h, int64_t eval_inte
             int ran = 0;
             CAI_CALL(h->evaluate(h->ctx, r, step, &loss, &ran));
             if (ran) cai_run_report_eval(&r->report, step, loss);
+            /* An eval record that could not be written stops the job before
+             * this step's checkpoint: a resume continues after the saved
+             * step, so the record would be missing for good. Rank 0: the
+             * caller aborts the job (cai_app_check). */
+            CAI_CALL(cai_run_report_status(&r->report));
         }
         CAI_CALL(cai_run_stop_agree(r->mesh, &sig));
         if (!sig && o->stop_at > 0 && step >= o->stop_at && step < steps) sig = CAI_RUN_STOP_AT;
