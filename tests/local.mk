@@ -24,8 +24,11 @@ tests/apps/libenospc_shim.so: $(srcdir)/tests/apps/enospc_shim.c
 	$(AM_V_CC)$(CC) -shared -fPIC -O1 $(WARN_CFLAGS) -o $@ $(srcdir)/tests/apps/enospc_shim.c -ldl
 CLEANFILES += tests/apps/libenospc_shim.so
 TESTS += tests/apps/disk_full.sh
+# The chaos run (kill -9, SIGSTOP, SIGTERM/SIGUSR1, full disks through the
+# shim, restarts with --resume auto); CAI_CHAOS_ROUNDS=N for a long one.
+TESTS += tests/apps/pretrain_chaos.sh
 endif
-EXTRA_DIST += tests/apps/disk_full.sh tests/apps/enospc_shim.c
+EXTRA_DIST += tests/apps/disk_full.sh tests/apps/enospc_shim.c tests/apps/pretrain_chaos.sh
 
 # libFuzzer targets
 include $(srcdir)/tests/fuzz/local.mk
