@@ -21,6 +21,13 @@ secs=$7
 shift 7
 mkdir -p "$out"
 : >"$out/triage.txt"
+# The targets' scratch directories (tests/fuzz/fuzz_util.h) live in one of
+# the lane's own, removed at its end: a crashed target cannot remove its own.
+base=${TMPDIR:-/dev/shm}
+[ -w "$base" ] || base=/tmp
+scratch=$(mktemp -d "$base/cai-fuzz-lane.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch"
 t0=$(date +%s)
 done_runs=0
 starts=0
