@@ -305,9 +305,9 @@ static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_r
 }
 
 static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s tp=%d dp=%d stage=%d%s offload=%d accum=%d%s%s", cai_model_family_name(r->family),
+    snprintf(buf, cap, "%s tp=%d dp=%d stage=%d%s offload=%d accum=%d%s%s%s", cai_model_family_name(r->family),
              r->tp > 0 ? r->tp : 1, r->dp, r->stage, r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload,
-             r->grad_accum, r->param_dtype != CAI_DTYPE_F32 ? " " : "",
+             r->grad_accum, r->recompute ? " recompute" : "", r->param_dtype != CAI_DTYPE_F32 ? " " : "",
              r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
     return buf;
 }

@@ -2,7 +2,7 @@
  * (tied embeddings, vocabulary 61 padded to 64) and Llama (GQA: 8 query and
  * 4 key/value heads) trained 4 steps in f32 on one rank with the plain
  * step, then under tp in {2, 4} x dp in {1, 2} x ZeRO stage {0, 1, 2, 3}
- * (tp x dp <= 4): every step's loss and gradient norm (clipping active)
+ * (tp x dp <= 4), and stage 1 with activation recompute: every step's loss and gradient norm (clipping active)
  * within 1e-5 relative, every parameter after 4 steps, assembled from the
  * tp shards through the registry, within 1e-4, and the memory planner's
  * per-rank bytes within 5% of what the engine and model hold. tp=2 dp=1
@@ -86,9 +86,12 @@ START_TEST(tp_matrix_matches_single_rank) {
         const int tp = layouts[l][0], dp = layouts[l][1], on_half = tp * dp == 2;
         int idx = 0;
         for (int f = 0; f < 2; f++)
-            for (int stage = 0; stage <= 3; stage++, idx++) {
+            /* variants 0-3: ZeRO stage v; 4: stage 1 with activation
+             * recompute (the checkpointed re-forward's collectives). */
+            for (int v = 0; v <= 4; v++, idx++) {
                 if (on_half && idx % 2 != g_world_rank / 2) continue;
-                eq_row r = make_row(fams[f], tp, dp, stage);
+                eq_row r = make_row(fams[f], tp, dp, v < 4 ? v : 1);
+                r.recompute = v == 4;
                 eq_result got;
                 double t0 = MPI_Wtime();
                 plan_check pc = {&r, GLOBAL_BATCH / (dp * r.grad_accum), 0, 0};
