@@ -43,10 +43,7 @@ START_TEST(matrix_matches_single_rank) {
     /* Halves of the world for the dp=2 rows. */
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &half);
-    char failures[8192] = "";
-    size_t used = 0;
-    int n_rows = 0, n_bad = 0;
-    double worst_loss = 0, worst_param = 0;
+    eq_tally tally = {0};
     double t_all = MPI_Wtime();
     for (int dp = 2; dp <= 4; dp += 2) {
         int idx = 0;
@@ -62,37 +59,19 @@ START_TEST(matrix_matches_single_rank) {
                     eq_result got;
                     double t0 = MPI_Wtime();
                     cai_status st = eq_run_layout(dp == 4 ? MPI_COMM_WORLD : half, &r, NULL, NULL, &got);
-                    char name[96], msg[256];
-                    eq_row_name(&r, name, sizeof name);
-                    int ok = st == CAI_OK;
-                    double wl = 0, wp = 0;
-                    if (!ok) snprintf(msg, sizeof msg, "%s", cai_error_message());
-                    else ok = eq_compare(&r, &ref[f], &got, 1e-5, 1e-4, msg, sizeof msg, &wl, &wp);
-                    cai_error_clear();
-                    eq_result_free(&got);
-                    n_rows++;
-                    worst_loss = fmax(worst_loss, wl);
-                    worst_param = fmax(worst_param, wp);
-                    if (!ok) {
-                        n_bad++;
-                        int k = snprintf(failures + used, sizeof failures - used, "\n  [rank %d] %s: %s", g_world_rank,
-                                         name, msg);
-                        if (k > 0 && (size_t)k < sizeof failures - used) used += (size_t)k;
-                    }
-                    if (g_world_rank == 0 || (dp == 2 && g_world_rank == 2))
-                        fprintf(stderr, "  %-44s %s %6.3f s  loss/norm rel %.2g  params %.2g\n", name,
-                                ok ? "ok  " : "FAIL", MPI_Wtime() - t0, wl, wp);
+                    eq_tally_row(&tally, &r, &ref[f], st, &got, t0, g_world_rank == 0 || (dp == 2 && g_world_rank == 2),
+                                 g_world_rank);
                 }
     }
     MPI_Comm_free(&half);
     for (int f = 0; f < 2; f++) eq_result_free(&ref[f]);
     int any = 0;
-    MPI_Allreduce(&n_bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&tally.n_bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_world_rank == 0)
         fprintf(stderr,
                 "equivalence matrix: %d rows on rank 0's groups, %.2f s; worst loss/norm rel %.3g, param %.3g\n",
-                n_rows, MPI_Wtime() - t_all, worst_loss, worst_param);
-    ck_assert_msg(any == 0, "%d row failure(s) over all ranks; this rank's:%s", any, failures);
+                tally.n_rows, MPI_Wtime() - t_all, tally.worst_loss, tally.worst_param);
+    ck_assert_msg(any == 0, "%d row failure(s) over all ranks; this rank's:%s", any, tally.failures);
 }
 END_TEST
 

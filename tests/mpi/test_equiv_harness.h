@@ -312,4 +312,39 @@ static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
     return buf;
 }
 
+/* What a matrix of rows adds up to on one rank: failures are collected,
+ * not asserted at once, so that no rank leaves a collective early. */
+typedef struct {
+    char failures[8192];
+    size_t used;
+    int n_rows, n_bad;
+    double worst_loss, worst_param;
+} eq_tally;
+
+/* One row's outcome: st is what eq_run_layout returned; on success `got`
+ * is compared with `ref` (losses and norms within 1e-5 relative,
+ * parameters within 1e-4). Frees got; prints the row when `print`. */
+static inline void eq_tally_row(eq_tally *t, const eq_row *r, const eq_result *ref, cai_status st, eq_result *got,
+                                double t0, int print, int rank) {
+    char name[96], msg[256];
+    eq_row_name(r, name, sizeof name);
+    int ok = st == CAI_OK;
+    double wl = 0, wp = 0;
+    if (!ok) snprintf(msg, sizeof msg, "%s", cai_error_message());
+    else ok = eq_compare(r, ref, got, 1e-5, 1e-4, msg, sizeof msg, &wl, &wp);
+    cai_error_clear();
+    eq_result_free(got);
+    t->n_rows++;
+    t->worst_loss = fmax(t->worst_loss, wl);
+    t->worst_param = fmax(t->worst_param, wp);
+    if (!ok) {
+        t->n_bad++;
+        int k = snprintf(t->failures + t->used, sizeof t->failures - t->used, "\n  [rank %d] %s: %s", rank, name, msg);
+        if (k > 0 && (size_t)k < sizeof t->failures - t->used) t->used += (size_t)k;
+    }
+    if (print)
+        fprintf(stderr, "  %-52s %s %6.3f s  loss/norm rel %.2g  params %.2g\n", name, ok ? "ok  " : "FAIL",
+                MPI_Wtime() - t0, wl, wp);
+}
+
 #endif
