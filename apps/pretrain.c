@@ -33,6 +33,7 @@ static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
 static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
 static const char *const k_reduce_dtypes[] = {"f32", "bf16", NULL};
+static const char *const k_sp_modes[] = {"off", "split_gather", NULL}; /* pt_config.sp_mode */
 
 #define F(key, type, field, def, doc, ...) \
     { key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL }
@@ -71,6 +72,10 @@ static const cai_config_field k_fields[] = {
       1 << 20),
     F("mesh.pp", CAI_CFG_INT, pp, "1", "pipeline stages (only 1 for now)", 1, 1 << 20),
     F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
+    E("mesh.sp_mode", sp_mode, "off",
+      "sequence parallelism over the tp ranks: off, or split_gather (Megatron's: the residual stream and norms hold "
+      "micro_batch*seq_len/tp tokens per rank; needs mesh.tp > 1)",
+      k_sp_modes),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
       "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
 
@@ -256,6 +261,16 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     if (resolved.ffn_hidden % c->tp != 0)
         return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide model.ffn_hidden=%d (the MLP splits over tp)",
                          c->tp, resolved.ffn_hidden);
+    if (c->sp_mode && c->tp < 2)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "mesh.sp_mode=%s splits the sequence over the tensor-parallel ranks; mesh.tp=%d has none to "
+                         "split it over (set mesh.tp >= 2, or mesh.sp_mode=off)",
+                         k_sp_modes[c->sp_mode], c->tp);
+    if (c->sp_mode && ((int64_t)c->micro_batch * c->seq_len) % c->tp != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "mesh.sp_mode=%s: mesh.tp=%d does not divide the train.micro_batch*train.seq_len = %d*%d "
+                         "tokens of a microbatch",
+                         k_sp_modes[c->sp_mode], c->tp, c->micro_batch, c->seq_len);
     return CAI_OK;
 }
 
@@ -367,6 +382,7 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .batch = c->micro_batch,
                               .seq_len = c->seq_len,
                               .view = cai_run_view(run),
+                              .seq_parallel = c->sp_mode != 0,
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = j->zc,
                               .dev = cai_run_device(run)};
@@ -382,6 +398,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     mo.seq_len = c->seq_len;
     mo.view = cai_run_view(run);
     mo.mesh = cai_run_mesh(run);
+    mo.seq_parallel = c->sp_mode != 0;
     cai_zero_model_options(&j->zc, &mo);
     CAI_CALL(cai_model_create(&j->model, cai_run_device(run), resolved, &mo));
     j->oc = optim_config(c);

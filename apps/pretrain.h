@@ -21,6 +21,7 @@ typedef struct {
     int64_t model_seed;
     /* mesh */
     int dp, tp, pp, sp;
+    int sp_mode; /* index into k_sp_modes: 0 off, 1 split_gather */
     double watchdog;
     /* train */
     int64_t steps, data_seed;

@@ -9,7 +9,16 @@
  * over tp before the bias and the residual), so the forward has one
  * all-reduce per sublayer and the backward one more, for the input gradient
  * of each column-parallel matmul. tp = 1 is the degenerate case and keeps
- * the fused matmul + bias + residual kernel, which a partial sum cannot use. */
+ * the fused matmul + bias + residual kernel, which a partial sum cannot use.
+ *
+ * Sequence parallelism (split-gather) splits each of those all-reduces into
+ * its two halves around the token-wise part of the block: the residual
+ * stream and the norms hold this rank's block of tokens, the norm output is
+ * all-gathered before a column-parallel matmul and a row-parallel product
+ * reduce-scattered back to the rank's tokens; the backward runs the
+ * conjugates (all-gather of d_stream, reduce-scatter of the input
+ * gradient). The same bytes cross the network as with the all-reduces;
+ * what is saved is the residual-stream activation memory, divided by tp. */
 #include "cai_config.h"
 #include "colossal/model.h"
 #include "colossal/ops.h"
@@ -18,11 +27,42 @@
 #include <string.h>
 
 cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev) {
-    cai_layer_ctx c = {dev, NULL, 1, 0};
+    cai_layer_ctx c = {dev, NULL, 1, 0, 0};
     return c;
 }
 
 static int tp_on(const cai_layer_ctx *cx) { return cx->tp_size > 1; }
+static int sp_on(const cai_layer_ctx *cx) { return cx->tp_size > 1 && cx->seq_parallel; }
+
+/* This rank's block of tokens of a whole-sequence [B,T,X] buffer, as [1, B*T/tp, X]. */
+static cai_status own_rows(const cai_layer_ctx *cx, const cai_tensor *full, cai_tensor *out) {
+    const int64_t X = full->shape[full->ndim - 1], n = cai_tensor_numel(full) / X / cx->tp_size;
+    cai_tensor flat;
+    CAI_CALL(cai_tensor_reshape(full, 3, (int64_t[]){1, n * cx->tp_size, X}, &flat));
+    return cai_tensor_narrow(&flat, 1, n * cx->tp_rank, n, out);
+}
+
+/* full [B,T,X] = every rank's [1, B*T/tp, X] block, in rank order. */
+static cai_status seq_gather(const cai_layer_ctx *cx, const cai_tensor *local, cai_tensor *full) {
+    return cai_all_gather(cx->mesh, CAI_AXIS_TP, local->data, full->data, (size_t)cai_tensor_numel(local),
+                          local->dtype);
+}
+
+/* local [1, B*T/tp, X] = this rank's block of the sum over tp of full. */
+static cai_status seq_scatter(const cai_layer_ctx *cx, const cai_tensor *full, cai_tensor *local) {
+    return cai_reduce_scatter(cx->mesh, CAI_AXIS_TP, full->data, local->data, (size_t)cai_tensor_numel(local),
+                              full->dtype, CAI_RED_SUM);
+}
+
+/* The reduce-scatter in place: the sum lands in the first B*T/tp rows of
+ * full, which *local then views. */
+static cai_status seq_scatter_inplace(const cai_layer_ctx *cx, cai_tensor *full, cai_tensor *local) {
+    const int64_t X = full->shape[full->ndim - 1], n = cai_tensor_numel(full) / X / cx->tp_size;
+    cai_tensor flat;
+    CAI_CALL(cai_tensor_reshape(full, 3, (int64_t[]){1, n * cx->tp_size, X}, &flat));
+    CAI_CALL(cai_tensor_narrow(&flat, 1, 0, n, local));
+    return cai_reduce_scatter(cx->mesh, CAI_AXIS_TP, full->data, full->data, (size_t)(n * X), full->dtype, CAI_RED_SUM);
+}
 
 /* Sum a contiguous activation over the tp group, in place. */
 static cai_status tp_sum(const cai_layer_ctx *cx, cai_tensor *t) {
@@ -39,9 +79,42 @@ static cai_status row_parallel_residual(const cai_layer_ctx *cx, cai_block_scrat
     cai_device_t *dev = cx->dev;
     if (!tp_on(cx)) return dev->ops->linear_residual_fwd(dev, out, x, w, b, inp);
     CAI_CALL(dev->ops->linear_fwd(dev, &s->tp_out, x, w, NULL));
-    CAI_CALL(tp_sum(cx, &s->tp_out));
-    if (b) CAI_CALL(dev->ops->bias_add(dev, &s->tp_out, b));
-    return dev->ops->add(dev, out, &s->tp_out, inp);
+    cai_tensor sum = s->tp_out;
+    if (sp_on(cx)) CAI_CALL(seq_scatter_inplace(cx, &s->tp_out, &sum));
+    else CAI_CALL(tp_sum(cx, &s->tp_out));
+    if (b) CAI_CALL(dev->ops->bias_add(dev, &sum, b));
+    return dev->ops->add(dev, out, &sum, inp);
+}
+
+/* The input of a column-parallel matmul: the norm output itself, or under
+ * sequence parallelism every rank's tokens of it gathered into s->seq_full. */
+static cai_status column_input(const cai_layer_ctx *cx, cai_block_scratch *s, const cai_tensor *ln,
+                               const cai_tensor **x) {
+    *x = ln;
+    if (!sp_on(cx)) return CAI_OK;
+    CAI_CALL(seq_gather(cx, ln, &s->seq_full));
+    *x = &s->seq_full;
+    return CAI_OK;
+}
+
+/* d(out) of a row-parallel product: d_stream, or under sequence
+ * parallelism every rank's tokens of it gathered into s->seq_grad. */
+static cai_status row_output_grad(const cai_layer_ctx *cx, cai_block_scratch *s, const cai_tensor *d_stream,
+                                  const cai_tensor **dout) {
+    *dout = d_stream;
+    if (!sp_on(cx)) return CAI_OK;
+    CAI_CALL(seq_gather(cx, d_stream, &s->seq_grad));
+    *dout = &s->seq_grad;
+    return CAI_OK;
+}
+
+/* The norm's input gradient from a column-parallel matmul's partial one
+ * (this rank's heads / hidden units / vocabulary columns): summed over tp,
+ * or under sequence parallelism reduce-scattered to this rank's tokens. */
+static cai_status column_input_grad(const cai_layer_ctx *cx, cai_tensor *dln_full, cai_tensor *dln) {
+    *dln = *dln_full;
+    if (sp_on(cx)) return seq_scatter_inplace(cx, dln_full, dln);
+    return tp_sum(cx, dln_full);
 }
 
 /* Absent parameters (Llama biases, GPT-2's up projection) have data == NULL;
@@ -80,12 +153,37 @@ static cai_status norm_fwd(cai_device_t *dev, const cai_layer_dims *d, cai_tenso
     return dev->ops->rmsnorm_fwd(dev, out, rstd, inp, w, d->norm_eps);
 }
 
-static cai_status norm_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw, cai_tensor *db,
-                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w, const cai_tensor *mean,
-                           const cai_tensor *rstd, int accum) {
+static cai_status norm_bwd_local(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
+                                 cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
+                                 const cai_tensor *mean, const cai_tensor *rstd, int accum) {
     if (is_gpt2(d))
         return dev->ops->layernorm_bwd(dev, dinp, opt_out(dw), opt_out(db), dout, inp, w, mean, rstd, accum);
     return dev->ops->rmsnorm_bwd(dev, dinp, opt_out(dw), dout, inp, w, rstd, accum);
+}
+
+/* Under sequence parallelism a norm's weight and bias gradients from this
+ * rank's tokens are partial: they are made in s->norm_grad, summed over tp
+ * and only then added to the accumulated gradients, so that accumulation
+ * over microbatches and the data-parallel reduction after it see complete
+ * gradients, as without sequence parallelism. */
+static cai_status norm_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_block_scratch *s, cai_tensor *dinp,
+                           cai_tensor *dw, cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp,
+                           const cai_tensor *w, const cai_tensor *mean, const cai_tensor *rstd, int accum) {
+    cai_device_t *dev = cx->dev;
+    if (!sp_on(cx)) return norm_bwd_local(dev, d, dinp, dw, db, dout, inp, w, mean, rstd, accum);
+    const int has_w = opt_out(dw) != NULL, has_b = opt_out(db) != NULL;
+    const int64_t C = d->C;
+    cai_tensor gw, gb;
+    CAI_CALL(cai_tensor_narrow(&s->norm_grad, 0, 0, C, &gw));
+    CAI_CALL(cai_tensor_narrow(&s->norm_grad, 0, C, C, &gb));
+    CAI_CALL(dev->ops->fill(dev, &s->norm_grad, 0.0f));
+    CAI_CALL(norm_bwd_local(dev, d, dinp, has_w ? &gw : NULL, has_b ? &gb : NULL, dout, inp, w, mean, rstd, accum));
+    if (!has_w && !has_b) return CAI_OK;
+    CAI_CALL(cai_allreduce(cx->mesh, CAI_AXIS_TP, s->norm_grad.data, s->norm_grad.data, (size_t)(has_b ? 2 * C : C),
+                           CAI_DTYPE_F32, CAI_RED_SUM));
+    if (has_w) CAI_CALL(dev->ops->axpy(dev, dw, 1.0f, &gw));
+    if (has_b) CAI_CALL(dev->ops->axpy(dev, db, 1.0f, &gb));
+    return CAI_OK;
 }
 
 /* ------------------------------------------------------------ attention */
@@ -95,7 +193,9 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     CAI_CALL(norm_fwd(dev, d, &a->ln1, &a->ln1_mean, &a->ln1_rstd, inp, &p->ln1_w, &p->ln1_b));
-    CAI_CALL(ops->linear_fwd(dev, &a->qkv, &a->ln1, &p->qkv_w, opt_in(&p->qkv_b)));
+    const cai_tensor *x;
+    CAI_CALL(column_input(cx, s, &a->ln1, &x));
+    CAI_CALL(ops->linear_fwd(dev, &a->qkv, x, &p->qkv_w, opt_in(&p->qkv_b)));
     cai_tensor q, k, v, att4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
     if (!is_gpt2(d)) {
@@ -116,10 +216,11 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* d(out) reaches both the residual (unchanged, stays in d_stream) and
-     * the projection; d_stream is the same on every tp rank, so the
-     * replicated bias' gradient is complete everywhere. */
-    CAI_CALL(
-        ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), d_stream, &a->att, &p->proj_w, 0));
+     * the projection; d(out) over the whole sequence is the same on every tp
+     * rank, so the replicated bias' gradient is complete everywhere. */
+    const cai_tensor *dout, *x;
+    CAI_CALL(row_output_grad(cx, s, d_stream, &dout));
+    CAI_CALL(ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), dout, &a->att, &p->proj_w, 0));
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
     CAI_CALL(split_qkv(d, &s->dqkv, &dq, &dk, &dv));
@@ -132,10 +233,14 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
         CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
     }
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, &a->ln1, &p->qkv_w, 0));
+    /* Sequence parallel: the norm output is gathered again rather than kept
+     * whole from the forward (what keeps the saved activations at B*T/tp). */
+    CAI_CALL(column_input(cx, s, &a->ln1, &x));
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, x, &p->qkv_w, 0));
     /* The column-parallel input gradient covers this rank's heads only. */
-    CAI_CALL(tp_sum(cx, &s->dln));
-    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln1_w, &g->ln1_b, &s->dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
+    cai_tensor dln;
+    CAI_CALL(column_input_grad(cx, &s->dln, &dln));
+    CAI_CALL(norm_bwd(cx, d, s, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
 }
 
@@ -146,14 +251,16 @@ cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     CAI_CALL(norm_fwd(dev, d, &a->ln2, &a->ln2_mean, &a->ln2_rstd, inp, &p->ln2_w, &p->ln2_b));
+    const cai_tensor *x;
+    CAI_CALL(column_input(cx, s, &a->ln2, &x));
     if (is_gpt2(d)) {
         /* fc is column-parallel: each rank's hidden units are complete, so
          * the GELU needs no communication and fuses into the matmul (a->fc
          * keeps the GELU input for backward). */
-        CAI_CALL(ops->linear_gelu_fwd(dev, &a->act, &a->fc, &a->ln2, &p->fc_w, opt_in(&p->fc_b)));
+        CAI_CALL(ops->linear_gelu_fwd(dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
     } else {
-        CAI_CALL(ops->linear_fwd(dev, &a->fc, &a->ln2, &p->fc_w, NULL));
-        CAI_CALL(ops->linear_fwd(dev, &a->up, &a->ln2, &p->up_w, NULL));
+        CAI_CALL(ops->linear_fwd(dev, &a->fc, x, &p->fc_w, NULL));
+        CAI_CALL(ops->linear_fwd(dev, &a->up, x, &p->up_w, NULL));
         CAI_CALL(ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up));
     }
     CAI_CALL(row_parallel_residual(cx, s, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
@@ -164,23 +271,28 @@ cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
+    const cai_tensor *dout, *x;
+    CAI_CALL(row_output_grad(cx, s, d_stream, &dout));
     if (is_gpt2(d)) {
         /* mlp_proj is row-parallel: its input gradient dout W is complete on
          * each rank for the rank's own hidden units, so no collective sits
          * between the matmul and the GELU backward and the two fuse into one
          * op writing dfc directly (s->dact is not used). */
-        CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream,
-                                       &a->act, &p->mlp_proj_w, &a->fc));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, &a->ln2, &p->fc_w, 0));
+        CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
+                                       &p->mlp_proj_w, &a->fc));
+        CAI_CALL(column_input(cx, s, &a->ln2, &x));
+        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, x, &p->fc_w, 0));
     } else {
-        CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), d_stream, &a->act,
+        CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
                                  &p->mlp_proj_w, 0));
         CAI_CALL(ops->swiglu_bwd(dev, &s->dfc, &s->dup, &s->dact, &a->fc, &a->up));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, &a->ln2, &p->fc_w, 0));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, &a->ln2, &p->up_w, 1));
+        CAI_CALL(column_input(cx, s, &a->ln2, &x));
+        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, x, &p->fc_w, 0));
+        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, x, &p->up_w, 1));
     }
-    CAI_CALL(tp_sum(cx, &s->dln));
-    CAI_CALL(norm_bwd(dev, d, d_stream, &g->ln2_w, &g->ln2_b, &s->dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
+    cai_tensor dln;
+    CAI_CALL(column_input_grad(cx, &s->dln, &dln));
+    CAI_CALL(norm_bwd(cx, d, s, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
 }
 
@@ -204,21 +316,28 @@ cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const
 /* ------------------------------------------------------------ embedding */
 
 cai_status cai_embed_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
-                         const cai_tensor *tokens, cai_tensor *out) {
+                         cai_block_scratch *s, const cai_tensor *tokens, cai_tensor *out) {
     cai_device_t *dev = cx->dev;
     /* Rows outside this rank's vocabulary shard come out zero; the
      * replicated positions are added by one rank so the sum has them once. */
     const cai_tensor *pos = cx->tp_rank == 0 ? opt_in(wpe) : NULL;
+    if (sp_on(cx)) {
+        CAI_CALL(dev->ops->embedding_fwd(dev, &s->seq_full, tokens, wte, pos, d->vocab_offset, d->vocab_valid,
+                                         d->pos_offset));
+        return seq_scatter(cx, &s->seq_full, out);
+    }
     CAI_CALL(dev->ops->embedding_fwd(dev, out, tokens, wte, pos, d->vocab_offset, d->vocab_valid, d->pos_offset));
     return tp_sum(cx, out);
 }
 
 cai_status cai_embed_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
-                         const cai_tensor *tokens, const cai_tensor *dout) {
-    /* dout is the same on every tp rank: each finds the full gradient of
-     * the positions and of its own vocabulary rows. */
+                         cai_block_scratch *s, const cai_tensor *tokens, const cai_tensor *dout) {
+    /* dout over the whole sequence is the same on every tp rank: each finds
+     * the full gradient of the positions and of its own vocabulary rows. */
     cai_device_t *dev = cx->dev;
-    return dev->ops->embedding_bwd(dev, opt_out(dwte), opt_out(dwpe), dout, tokens, d->vocab_offset, d->pos_offset);
+    const cai_tensor *dfull;
+    CAI_CALL(row_output_grad(cx, s, dout, &dfull));
+    return dev->ops->embedding_bwd(dev, opt_out(dwte), opt_out(dwpe), dfull, tokens, d->vocab_offset, d->pos_offset);
 }
 
 /* ------------------------------------------------------------ head + loss */
@@ -266,7 +385,16 @@ static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     h->logits_hold_grad = 0;
-    CAI_CALL(norm_fwd(dev, d, &h->lnf, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
+    if (sp_on(cx)) {
+        /* The norm writes this rank's block of h->lnf, gathered in place:
+         * the LM head and its backward read the whole sequence. */
+        cai_tensor own;
+        CAI_CALL(own_rows(cx, &h->lnf, &own));
+        CAI_CALL(norm_fwd(dev, d, &own, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
+        CAI_CALL(seq_gather(cx, &own, &h->lnf));
+    } else {
+        CAI_CALL(norm_fwd(dev, d, &h->lnf, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
+    }
     /* Vocabulary-parallel: each rank makes its own logit columns. */
     CAI_CALL(ops->linear_fwd(dev, &h->logits, &h->lnf, head_w, NULL));
     if (!targets) return CAI_OK;
@@ -293,22 +421,24 @@ static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
 }
 
 cai_status cai_head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
-                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
-                        const cai_tensor *targets) {
+                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, cai_block_scratch *s,
+                        const cai_tensor *inp, const cai_tensor *targets) {
+    (void)s;
     return head_fwd(cx, d, lnf_w, lnf_b, head_w, h, inp, targets, NULL);
 }
 
 cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
-                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
+                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, cai_block_scratch *s,
                               const cai_tensor *inp, const cai_tensor *targets, float dloss_scale) {
+    (void)s;
     CAI_CHECK_ARG(targets, "cai_head_fwd_train: targets are NULL (a training step has them)");
     return head_fwd(cx, d, lnf_w, lnf_b, head_w, h, inp, targets, &dloss_scale);
 }
 
 cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                         const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
-                        cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets, float dloss_scale,
-                        cai_tensor *dln, cai_tensor *d_stream) {
+                        cai_head_acts *h, cai_block_scratch *s, const cai_tensor *inp, const cai_tensor *targets,
+                        float dloss_scale, cai_tensor *d_stream) {
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* In place: the logits are not needed once their gradient exists
@@ -318,10 +448,11 @@ cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
         CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, dloss_scale, d->vocab_offset,
                                d->vocab_valid, CAI_IGNORE_INDEX));
     h->logits_hold_grad = 0;
-    CAI_CALL(ops->linear_bwd(dev, dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
     /* Each rank's input gradient covers its vocabulary columns only. */
-    CAI_CALL(tp_sum(cx, dln));
-    CAI_CALL(norm_bwd(dev, d, d_stream, dlnf_w, dlnf_b, dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
+    cai_tensor dln;
+    CAI_CALL(column_input_grad(cx, &s->dln, &dln));
+    CAI_CALL(norm_bwd(cx, d, s, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
     return CAI_OK;
 }
 
@@ -376,22 +507,30 @@ static cai_status check_dims(const cai_layer_dims *d) {
     CAI_CHECK_ARG(d->n_heads % d->n_kv_heads == 0, "layer dims: %lld query heads are not a multiple of %lld kv heads",
                   (long long)d->n_heads, (long long)d->n_kv_heads);
     CAI_CHECK_ARG(d->tp >= 0, "layer dims: tp=%d must be >= 1 (0 means 1)", d->tp);
+    CAI_CHECK_ARG(!d->sp || (d->tp > 1 && (d->B * d->T) % d->tp == 0),
+                  "layer dims: sequence parallelism needs tp > 1 dividing B*T=%lld tokens (tp=%d)",
+                  (long long)(d->B * d->T), d->tp);
     return CAI_OK;
 }
+
+/* Tokens of the residual stream held here: B*T, or B*T/tp under sequence parallelism. */
+static int64_t stream_rows(const cai_layer_dims *d) { return d->sp ? d->B * d->T / d->tp : d->B * d->T; }
 
 static cai_status carve_acts(carver *c, const cai_layer_dims *d, cai_block_acts *a) {
     CAI_CALL(check_dims(d));
     memset(a, 0, sizeof *a);
     const cai_dtype at = d->act_dtype, f32 = CAI_DTYPE_F32;
-    const int64_t B = d->B, T = d->T, N = B * T, C = d->C, F = d->ffn;
-    CAI_CALL(carve(c, &a->ln1, at, 3, B, T, C));
+    const int64_t B = d->B, T = d->T, C = d->C, F = d->ffn;
+    /* The residual stream's tensors: [B,T,C], or this rank's [1, B*T/tp, C]. */
+    const int64_t sb = d->sp ? 1 : B, st = d->sp ? stream_rows(d) : T, N = stream_rows(d);
+    CAI_CALL(carve(c, &a->ln1, at, 3, sb, st, C));
     if (is_gpt2(d)) CAI_CALL(carve(c, &a->ln1_mean, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->ln1_rstd, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->qkv, at, 3, B, T, qkv_width(d)));
     CAI_CALL(carve(c, &a->att, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &a->att_lse, f32, 3, B, d->n_heads, T));
-    CAI_CALL(carve(c, &a->res_mid, at, 3, B, T, C));
-    CAI_CALL(carve(c, &a->ln2, at, 3, B, T, C));
+    CAI_CALL(carve(c, &a->res_mid, at, 3, sb, st, C));
+    CAI_CALL(carve(c, &a->ln2, at, 3, sb, st, C));
     if (is_gpt2(d)) CAI_CALL(carve(c, &a->ln2_mean, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->ln2_rstd, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->fc, at, 3, B, T, F));
@@ -423,6 +562,11 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     CAI_CALL(carve(c, &s->datt, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &s->dqkv, at, 3, B, T, qkv_width(d)));
     if (d->tp > 1) CAI_CALL(carve(c, &s->tp_out, at, 3, B, T, C));
+    if (d->sp) {
+        CAI_CALL(carve(c, &s->seq_full, at, 3, B, T, C));
+        CAI_CALL(carve(c, &s->seq_grad, at, 3, B, T, C));
+        CAI_CALL(carve(c, &s->norm_grad, CAI_DTYPE_F32, 1, 2 * C, 0, 0));
+    }
     CAI_CALL(carve(c, &s->dact, at, 3, B, T, F));
     if (is_gpt2(d)) {
         if (c->arena) s->dfc = s->dact; /* GPT-2 needs one [B,T,F] gradient: linear_bwd_dgelu writes dfc directly */
@@ -469,8 +613,8 @@ static cai_status carve_head(carver *c, const cai_layer_dims *d, cai_head_acts *
     const cai_dtype at = d->act_dtype, f32 = CAI_DTYPE_F32;
     const int64_t B = d->B, T = d->T, N = B * T;
     CAI_CALL(carve(c, &h->lnf, at, 3, B, T, d->C));
-    if (is_gpt2(d)) CAI_CALL(carve(c, &h->lnf_mean, f32, 1, N, 0, 0));
-    CAI_CALL(carve(c, &h->lnf_rstd, f32, 1, N, 0, 0));
+    if (is_gpt2(d)) CAI_CALL(carve(c, &h->lnf_mean, f32, 1, stream_rows(d), 0, 0));
+    CAI_CALL(carve(c, &h->lnf_rstd, f32, 1, stream_rows(d), 0, 0));
     CAI_CALL(carve(c, &h->logits, at, 3, B, T, d->vocab_local));
     CAI_CALL(carve(c, &h->losses, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &h->lse, f32, 1, N, 0, 0));

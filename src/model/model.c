@@ -490,23 +490,70 @@ static cai_status bind_params(cai_model_t *m) {
     return CAI_OK;
 }
 
+/* The layers' dims of a (B, T) microbatch under a view; the vocabulary
+ * shard (vocab_local, vocab_offset) is the caller's. */
+static void layer_dims_of(const cai_model_config *c, const cai_rank_view *v, int B, int T, int seq_parallel,
+                          cai_layer_dims *d) {
+    memset(d, 0, sizeof *d);
+    d->family = c->family;
+    d->B = B;
+    d->T = T;
+    d->C = c->d_model;
+    d->n_heads = c->n_heads / v->tp_size;
+    d->n_kv_heads = c->n_kv_heads / v->tp_size;
+    d->head_dim = c->d_model / c->n_heads;
+    d->ffn = c->ffn_hidden / v->tp_size;
+    d->vocab_valid = c->vocab_size;
+    d->norm_eps = c->norm_eps;
+    d->act_dtype = c->act_dtype;
+    d->tp = v->tp_size;
+    d->sp = seq_parallel && v->tp_size > 1;
+}
+
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* One stage's activation arena: the residual stream (the layers' inputs,
+ * the output and d_stream: B*T/tp tokens each under sequence parallelism),
+ * n_acts layers' saved activations, the shared scratch, the head's and the
+ * token / target uploads. What carve_all carves, in the same order. */
+static size_t arena_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos, int n_local, int n_acts,
+                          int last) {
+    const size_t stream = (size_t)(d->sp ? d->B * d->T / d->tp : d->B * d->T);
+    size_t total = (size_t)(n_local + 2) * round64(stream * (size_t)d->C * cai_dtype_size(d->act_dtype));
+    total += (size_t)n_acts * cai_block_acts_bytes(dev, d);
+    total += cai_block_scratch_bytes(dev, d, max_pos);
+    if (last) total += cai_head_acts_bytes(dev, d);
+    total += 2 * round64((size_t)d->B * (size_t)d->T * sizeof(int32_t));
+    return total + 64;
+}
+
+cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
+                                      int batch, int seq_len, int seq_parallel, int n_local, int last, size_t *full,
+                                      size_t *recompute) {
+    CAI_CHECK_ARG(dev && cfg && view && full && recompute, "cai_model_activation_bytes: NULL argument");
+    cai_model_config c;
+    CAI_CALL(cai_model_config_resolve(cfg, &c));
+    cai_layer_dims d;
+    layer_dims_of(&c, view, batch, seq_len, seq_parallel, &d);
+    /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
+    d.vocab_local = (cai_model_config_padded_vocab(&c) + view->tp_size - 1) / view->tp_size;
+    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last);
+    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last);
+    return CAI_OK;
+}
+
 static cai_status carve_all(cai_model_t *m, cai_arena_t *arena, size_t *bytes_out) {
     cai_device_t *dev = m->dev;
     const cai_layer_dims *d = &m->dims;
-    size_t resid_bytes = ((size_t)m->B * m->T * d->C * cai_dtype_size(d->act_dtype) + 63) / 64 * 64;
-    size_t io_bytes = ((size_t)m->B * m->T * sizeof(int32_t) + 63) / 64 * 64;
     if (!arena) {
-        size_t total = (size_t)(m->n_local + 2) * resid_bytes;
-        total += (size_t)m->n_acts * cai_block_acts_bytes(dev, d);
-        total += cai_block_scratch_bytes(dev, d, m->cfg.max_seq_len);
-        if (m->last) total += cai_head_acts_bytes(dev, d);
-        total += 2 * io_bytes;
-        *bytes_out = total + 64;
+        *bytes_out = arena_bytes(dev, d, m->cfg.max_seq_len, m->n_local, m->n_acts, m->last);
         return CAI_OK;
     }
+    /* The residual stream: [B,T,C], or this rank's [1, B*T/tp, C] tokens. */
+    const int64_t sb = d->sp ? 1 : m->B, st = d->sp ? (int64_t)m->B * m->T / d->tp : m->T;
     for (int i = 0; i <= m->n_local; i++)
-        CAI_CALL(cai_tensor_arena(&m->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){m->B, m->T, d->C}));
-    CAI_CALL(cai_tensor_arena(&m->d_stream, arena, dev, d->act_dtype, 3, (int64_t[]){m->B, m->T, d->C}));
+        CAI_CALL(cai_tensor_arena(&m->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
+    CAI_CALL(cai_tensor_arena(&m->d_stream, arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
     for (int i = 0; i < m->n_acts; i++) CAI_CALL(cai_block_acts_carve(dev, arena, d, &m->acts[i]));
     CAI_CALL(cai_block_scratch_carve(dev, arena, d, m->cfg.max_seq_len, (double)m->cfg.rope_theta, &m->scratch));
     if (m->last) CAI_CALL(cai_head_acts_carve(dev, arena, d, &m->head));
@@ -592,7 +639,16 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     }
     CAI_CALL_GOTO(check_tp(&m->cfg, &opt), st, fail);
     m->view = opt.view;
-    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank};
+    const int sp = opt.seq_parallel && opt.view.tp_size > 1;
+    if (sp && ((int64_t)opt.batch * opt.seq_len) % opt.view.tp_size != 0) {
+        st = CAI_ERROR(CAI_ERR_CONFIG,
+                       "model: sequence parallelism splits the %d x %d = %lld tokens of a microbatch over tp=%d "
+                       "ranks, which does not divide them (choose a batch or seq_len with batch*seq_len a multiple "
+                       "of %d)",
+                       opt.batch, opt.seq_len, (long long)opt.batch * opt.seq_len, opt.view.tp_size, opt.view.tp_size);
+        goto fail;
+    }
+    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp};
     m->external = opt.external_params != 0;
     m->align = opt.align_elems ? opt.align_elems : 16;
     m->B = opt.batch;
@@ -604,20 +660,7 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     CAI_CALL_GOTO(cai_registry_check_view(m->reg, &m->view), st, fail);
     CAI_CALL_GOTO(resolve_stage(m), st, fail);
 
-    cai_layer_dims *d = &m->dims;
-    d->family = m->cfg.family;
-    d->B = m->B;
-    d->T = m->T;
-    d->pos_offset = 0;
-    d->C = m->cfg.d_model;
-    d->n_heads = m->cfg.n_heads / m->view.tp_size;
-    d->n_kv_heads = m->cfg.n_kv_heads / m->view.tp_size;
-    d->head_dim = m->cfg.d_model / m->cfg.n_heads;
-    d->ffn = m->cfg.ffn_hidden / m->view.tp_size;
-    d->vocab_valid = m->cfg.vocab_size;
-    d->norm_eps = m->cfg.norm_eps;
-    d->act_dtype = m->cfg.act_dtype;
-    d->tp = m->view.tp_size;
+    layer_dims_of(&m->cfg, &m->view, m->B, m->T, sp, &m->dims);
 
     CAI_CALL_GOTO(alloc_params(m), st, fail);
     CAI_CALL_GOTO(vocab_shard(m), st, fail);
@@ -814,7 +857,7 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
         CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
         CAI_CALL(upload_i32(m, &m->tokens, tokens));
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, 0));
-        CAI_CALL(cai_embed_fwd(&m->cx, &m->dims, &m->wte, &m->wpe, &m->tokens, &m->resid[0]));
+        CAI_CALL(cai_embed_fwd(&m->cx, &m->dims, &m->wte, &m->wpe, &m->scratch, &m->tokens, &m->resid[0]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, 0));
     }
     for (int i = 0; i < m->n_local; i++) {
@@ -835,11 +878,11 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     if (targets && grad_scale) {
         m->train_scale = *grad_scale;
-        CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
-                                    &m->targets, dloss_scale(m, *grad_scale)));
+        CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->scratch,
+                                    &m->resid[m->n_local], &m->targets, dloss_scale(m, *grad_scale)));
     } else {
-        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->resid[m->n_local],
-                              targets ? &m->targets : NULL));
+        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->scratch,
+                              &m->resid[m->n_local], targets ? &m->targets : NULL));
     }
     CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
     if (!targets) return CAI_OK;
@@ -896,7 +939,7 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
         CAI_CALL(cai_head_bwd(&m->cx, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
-                              &m->resid[m->n_local], &m->targets, scale, &m->scratch.dln, &m->d_stream));
+                              &m->scratch, &m->resid[m->n_local], &m->targets, scale, &m->d_stream));
         m->pending_backward = 0;
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, head_unit));
     }
@@ -915,7 +958,7 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
     }
     if (m->first) {
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, 0));
-        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->tokens, &m->d_stream));
+        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &m->tokens, &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
     }
     return CAI_OK;

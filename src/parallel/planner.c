@@ -10,36 +10,11 @@
 
 #include "zero_internal.h"
 
-static size_t round64(size_t x) { return (x + 63) / 64 * 64; }
-
-/* The model's activation arena (model.c carve_all) for one stage. */
+/* The model's activation arena for one stage (model.c carves it). */
 static cai_status act_bytes(const cai_mem_plan_request *req, const cai_model_config *c, int n_local, int last,
                             size_t *full, size_t *recompute) {
-    const cai_rank_view *v = &req->view;
-    cai_layer_dims d;
-    memset(&d, 0, sizeof d);
-    d.family = c->family;
-    d.B = req->batch;
-    d.T = req->seq_len;
-    d.C = c->d_model;
-    d.n_heads = c->n_heads / v->tp_size;
-    d.n_kv_heads = c->n_kv_heads / v->tp_size;
-    d.head_dim = c->d_model / c->n_heads;
-    d.ffn = c->ffn_hidden / v->tp_size;
-    /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
-    d.vocab_local = (cai_model_config_padded_vocab(c) + v->tp_size - 1) / v->tp_size;
-    d.vocab_valid = c->vocab_size;
-    d.norm_eps = c->norm_eps;
-    d.act_dtype = c->act_dtype;
-    d.tp = v->tp_size;
-    size_t resid = round64((size_t)d.B * (size_t)d.T * (size_t)d.C * cai_dtype_size(d.act_dtype));
-    size_t io = round64((size_t)d.B * (size_t)d.T * sizeof(int32_t));
-    size_t base = (size_t)(n_local + 2) * resid + cai_block_scratch_bytes(req->dev, &d, c->max_seq_len) + 2 * io + 64;
-    if (last) base += cai_head_acts_bytes(req->dev, &d);
-    size_t per = cai_block_acts_bytes(req->dev, &d);
-    *full = base + (size_t)n_local * per;
-    *recompute = base + (n_local > 0 ? per : 0);
-    return CAI_OK;
+    return cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, n_local,
+                                      last, full, recompute);
 }
 
 cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *out) {

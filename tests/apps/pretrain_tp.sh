@@ -11,7 +11,10 @@
 #   weights saved again by a tp=1 run;
 # - Llama with grouped-query attention (4 query, 2 key/value heads) at tp=2
 #   reproduces its 1-rank run;
-# - a tp that does not split the heads is refused before any work.
+# - split-gather sequence parallelism (GPT-2 tp=2 x dp=2 under ZeRO-2, Llama
+#   tp=2) reproduces the 1-rank runs, and its checkpoint resumes without it;
+# - a tp that does not split the heads, and sequence parallelism without
+#   tp, are refused before any work.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 CKPT_BIN="$top_builddir/apps/colossal-ckpt"
 
@@ -93,6 +96,28 @@ expect_ok
 run_np 2 $LLAMA --mesh.tp 2 --train.grad_accum 2 --run.dir "$TMP/lb"
 expect_ok
 close_losses "$TMP/la/metrics.jsonl" "$TMP/lb/metrics.jsonl" 0 1e-5 "llama tp=2"
+
+# Split-gather sequence parallelism.
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.tp 2 --mesh.sp_mode split_gather --zero.stage 2 --run.dir "$TMP/sp" --checkpoint.every 6 \
+    --generate.tokens 8
+expect_ok
+grep '^> ' "$TMP/out" >"$TMP/samples-sp"
+cmp -s "$TMP/samples-a" "$TMP/samples-sp" || fail "greedy samples with sp_mode=split_gather differ: $(cat "$TMP/samples-sp")"
+compare train loss sp 12
+compare eval val_loss sp 2
+# shellcheck disable=SC2086
+run_np 2 $CFG --mesh.tp 2 --train.grad_accum 2 --run.dir "$TMP/sp-off" --resume "$TMP/sp/checkpoints/step-00000006.h5"
+expect_ok
+close_losses "$TMP/a/metrics.jsonl" "$TMP/sp-off/metrics.jsonl" 6 1e-5 "tp=2 without sp from an sp checkpoint"
+# shellcheck disable=SC2086
+run_np 2 $LLAMA --mesh.tp 2 --mesh.sp_mode split_gather --train.grad_accum 2 --run.dir "$TMP/lsp"
+expect_ok
+close_losses "$TMP/la/metrics.jsonl" "$TMP/lsp/metrics.jsonl" 0 1e-5 "llama tp=2 sp_mode=split_gather"
+# shellcheck disable=SC2086
+run_np 2 $CFG --mesh.sp_mode split_gather --run.dir "$TMP/bad-sp"
+expect_rc 2
+expect_grep err 'mesh.sp_mode=split_gather.*mesh.tp=1'
 
 # shellcheck disable=SC2086
 run_np 4 $LLAMA --mesh.tp 4 --run.dir "$TMP/bad"

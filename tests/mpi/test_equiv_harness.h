@@ -29,9 +29,10 @@ typedef struct {
     size_t bucket_bytes;
     cai_dtype param_dtype;
     int recompute;
-    int hysteresis;  /* f16 rows: loss-scale hysteresis */
-    int layers;      /* 0: 2 */
-    int reduce_only; /* stage 0: the engine reduces, a cai_optim_t over the model steps */
+    int hysteresis;   /* f16 rows: loss-scale hysteresis */
+    int layers;       /* 0: 2 */
+    int reduce_only;  /* stage 0: the engine reduces, a cai_optim_t over the model steps */
+    int seq_parallel; /* tp > 1: split-gather sequence parallelism */
 } eq_row;
 
 typedef struct {
@@ -228,6 +229,7 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     mo.view.tp_size = tp;
     mo.view.tp_rank = cai_mesh_rank(mesh, CAI_AXIS_TP);
     mo.mesh = mesh;
+    mo.seq_parallel = row->seq_parallel;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
     if (row->reduce_only) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
@@ -305,9 +307,10 @@ static inline int eq_compare(const eq_row *row, const eq_result *ref, const eq_r
 }
 
 static inline const char *eq_row_name(const eq_row *r, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s tp=%d dp=%d stage=%d%s offload=%d accum=%d%s%s%s", cai_model_family_name(r->family),
-             r->tp > 0 ? r->tp : 1, r->dp, r->stage, r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload,
-             r->grad_accum, r->recompute ? " recompute" : "", r->param_dtype != CAI_DTYPE_F32 ? " " : "",
+    snprintf(buf, cap, "%s tp=%d%s dp=%d stage=%d%s offload=%d accum=%d%s%s%s", cai_model_family_name(r->family),
+             r->tp > 0 ? r->tp : 1, r->seq_parallel ? " sp=split_gather" : "", r->dp, r->stage,
+             r->reduce_only ? " (reduce-only + cai_optim)" : "", r->offload, r->grad_accum,
+             r->recompute ? " recompute" : "", r->param_dtype != CAI_DTYPE_F32 ? " " : "",
              r->param_dtype != CAI_DTYPE_F32 ? cai_dtype_name(r->param_dtype) : "");
     return buf;
 }
@@ -326,7 +329,7 @@ typedef struct {
  * parameters within 1e-4). Frees got; prints the row when `print`. */
 static inline void eq_tally_row(eq_tally *t, const eq_row *r, const eq_result *ref, cai_status st, eq_result *got,
                                 double t0, int print, int rank) {
-    char name[96], msg[256];
+    char name[160], msg[256];
     eq_row_name(r, name, sizeof name);
     int ok = st == CAI_OK;
     double wl = 0, wp = 0;

@@ -1,14 +1,17 @@
 /* The tensor-parallel equivalence matrix (4 ranks, one launch): tiny GPT-2
  * (tied embeddings, vocabulary 61 padded to 64) and Llama (GQA: 8 query and
  * 4 key/value heads) trained 4 steps in f32 on one rank with the plain
- * step, then under tp in {2, 4} x dp in {1, 2} x ZeRO stage {0, 1, 2, 3}
- * (tp x dp <= 4), and stage 1 with activation recompute: every step's loss and gradient norm (clipping active)
- * within 1e-5 relative, every parameter after 4 steps, assembled from the
- * tp shards through the registry, within 1e-4, and the memory planner's
- * per-rank bytes within 5% of what the engine and model hold. tp=2 dp=1
- * rows run on both
- * halves of the world at once. Failures are gathered and reported after
- * the whole matrix so that no rank leaves a collective early. */
+ * step, then under tp in {2, 4} x dp in {1, 2} (tp x dp <= 4) x ZeRO stage
+ * {0, 1, 2, 3} x sequence parallelism {off, split-gather}, and stage 1 with
+ * activation recompute with and without it: every step's loss and gradient
+ * norm (clipping active) within 1e-5 relative, every parameter after 4
+ * steps, assembled from the tp shards through the registry, within 1e-4,
+ * and the memory planner's per-rank bytes within 5% of what the engine and
+ * model hold. Stage 2 rows accumulate two microbatches (the norms' gradients
+ * summed over tp per microbatch under sequence parallelism). tp=2 dp=1 rows
+ * run on both halves of the world at once. Failures are gathered and
+ * reported after the whole matrix so that no rank leaves a collective
+ * early. */
 #include "cai_config.h"
 
 #include "test_mesh_util.h"
@@ -50,6 +53,7 @@ static cai_status check_plan(void *ctx, cai_zero_t *z) {
                               .batch = pc->B,
                               .seq_len = pc->row->T,
                               .view = *cai_model_view(m),
+                              .seq_parallel = pc->row->seq_parallel,
                               .dp = pc->row->dp,
                               .dev = cai_model_device(m)};
     q.zero = *cai_zero_get_config(z);
@@ -85,11 +89,14 @@ START_TEST(tp_matrix_matches_single_rank) {
         int idx = 0;
         for (int f = 0; f < 2; f++)
             /* variants 0-3: ZeRO stage v; 4: stage 1 with activation
-             * recompute (the checkpointed re-forward's collectives). */
-            for (int v = 0; v <= 4; v++, idx++) {
+             * recompute (the checkpointed re-forward's collectives); 5-9 the
+             * same with split-gather sequence parallelism. */
+            for (int v = 0; v <= 9; v++, idx++) {
                 if (on_half && idx % 2 != g_world_rank / 2) continue;
-                eq_row r = make_row(fams[f], tp, dp, v < 4 ? v : 1);
-                r.recompute = v == 4;
+                const int k = v % 5;
+                eq_row r = make_row(fams[f], tp, dp, k < 4 ? k : 1);
+                r.recompute = k == 4;
+                r.seq_parallel = v >= 5;
                 eq_result got;
                 double t0 = MPI_Wtime();
                 plan_check pc = {&r, GLOBAL_BATCH / (dp * r.grad_accum), 0, 0};

@@ -4,6 +4,8 @@
  * refusal message naming exactly the options that would fit. (The plan vs
  * the engine's allocations and the process' RSS: tests/mpi/test_zero.c.) */
 #include "cai_config.h"
+
+#include <math.h>
 #include "colossal/model.h"
 #include "colossal/parallel.h"
 #include "parallel/zero_internal.h"
@@ -157,6 +159,37 @@ START_TEST(activations_match_the_model) {
 }
 END_TEST
 
+/* Split-gather sequence parallelism divides the residual stream over tp:
+ * per rank, the layers' saved activations shrink by the norms' and
+ * residuals' (tp-1)/tp share and the scratch grows by two whole-sequence
+ * buffers. The same arithmetic, done by hand, against the planner's. */
+START_TEST(sequence_parallel_shrinks_activations) {
+    for (int f = 0; f < 2; f++) {
+        cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
+        cai_model_config r;
+        OK(cai_model_config_resolve(&c, &r));
+        cai_rank_view v = cai_rank_view_single();
+        v.tp_size = 2;
+        const int B = 2, T = 16, L = r.n_layers;
+        size_t full0 = 0, rec0 = 0, full1 = 0, rec1 = 0;
+        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 0, L, 1, &full0, &rec0));
+        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 1, L, 1, &full1, &rec1));
+        const size_t row = (size_t)r.d_model * sizeof(float), half = (size_t)B * T / 2, f32 = sizeof(float);
+        /* Per layer: ln1, ln2, res_mid [tokens, C] and 2 (RMSNorm) or 4 (LayerNorm) statistics [tokens]. */
+        const size_t stats = f ? 2 : 4, per_layer = half * (3 * row + stats * f32);
+        /* The residual stream: L + 1 layer inputs and d_stream; the head's norm statistics. */
+        const size_t stream = (size_t)(L + 2) * half * row + half * (f ? 1 : 2) * f32;
+        const size_t extra = 2 * (size_t)B * T * row + 2 * (size_t)r.d_model * f32;
+        /* Up to the arena's 64-byte rounding of each buffer. */
+        const double want = (double)full0 - (double)(L * per_layer + stream) + (double)extra;
+        ck_assert_msg(fabs((double)full1 - want) <= 64.0 * (12 * L + 16), "gpt2/llama %d: %zu bytes with sp vs %.0f", f,
+                      full1, want);
+        ck_assert_uint_lt(full1, full0);
+        ck_assert_uint_lt(rec1, rec0 + extra);
+    }
+}
+END_TEST
+
 START_TEST(units_match_the_model) {
     for (int f = 0; f < 2; f++) {
         cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
@@ -302,6 +335,7 @@ int main(void) {
     tcase_add_test(tc, plan_matches_the_shapes);
     tcase_add_test(tc, activations_match_the_model);
     tcase_add_test(tc, units_match_the_model);
+    tcase_add_test(tc, sequence_parallel_shrinks_activations);
     tcase_add_test(tc, refusal_names_what_would_fit);
     tcase_add_test(tc, plan_prints_every_line);
     suite_add_tcase(s, tc);

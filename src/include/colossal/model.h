@@ -276,11 +276,20 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
  * rank of a tp group calls them in the same order). */
 
 /* Where a layer runs: the device and, for tensor parallelism, the mesh whose
- * tp axis the layers' collectives use (mesh may be NULL when tp_size = 1). */
+ * tp axis the layers' collectives use (mesh may be NULL when tp_size = 1).
+ * seq_parallel (tp > 1 only): Megatron's sequence parallelism, Colossal-AI's
+ * split-gather mode. The residual stream, the norms and the bias + residual
+ * adds hold B*T/tp tokens per rank (rank r the r-th contiguous block of the
+ * flattened [B*T] tokens); the all-reduces of plain tp become an all-gather
+ * of the norm output before each column-parallel matmul and a
+ * reduce-scatter of each row-parallel product, and the backward the
+ * conjugates. The norms' weight gradients then cover this rank's tokens
+ * only and are summed over tp inside the layer. */
 typedef struct {
     cai_device_t *dev;
     cai_mesh_t *mesh;
     int tp_size, tp_rank;
+    int seq_parallel;
 } cai_layer_ctx;
 
 /* Single-device context (tp = 1). */
@@ -301,6 +310,7 @@ typedef struct {
     float norm_eps;
     cai_dtype act_dtype;
     int tp; /* ranks the head / hidden / vocabulary counts are split over (sizes the TP buffers) */
+    int sp; /* sequence parallel over those tp ranks: the residual-stream buffers hold B*T/tp tokens */
 } cai_layer_dims;
 
 /* Weights of one transformer block (views into the model's flat buffer).
@@ -316,7 +326,9 @@ typedef struct {
     cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
 } cai_block_params;
 
-/* What one block's forward saves for its backward. */
+/* What one block's forward saves for its backward. With d->sp the
+ * residual-stream tensors (ln1, ln2, res_mid and the norm statistics) hold
+ * this rank's B*T/tp tokens, [1, B*T/tp, C]. */
 typedef struct {
     cai_tensor ln1, ln1_mean, ln1_rstd; /* [B,T,C], [B*T], [B*T] (mean unused by RMSNorm) */
     cai_tensor qkv;                     /* [B,T,(Hq+2Hkv)D], q and k after RoPE */
@@ -336,6 +348,11 @@ typedef struct {
     cai_tensor dact, dfc, dup;     /* [B,T,F] (dup Llama only) */
     cai_tensor rope_cos, rope_sin; /* [max_pos, D/2] F32 (Llama) */
     cai_tensor tp_out;             /* [B,T,C] tp > 1: a row-parallel product before its all-reduce */
+    /* d->sp: the whole sequence's norm output (gathered for a column-parallel
+     * matmul; the embedding's partial sum before its reduce-scatter), the
+     * whole sequence's d_stream, and a norm's F32 weight|bias gradient of
+     * this rank's tokens before its sum over tp, [2C]. */
+    cai_tensor seq_full, seq_grad, norm_grad;
     void *attn_ws;
     size_t attn_ws_bytes;
 } cai_block_scratch;
@@ -372,13 +389,13 @@ cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const
  * rank looks up its own rows (zeros elsewhere, wpe added on tp rank 0) and
  * the sum over tp is the embedding. */
 cai_status cai_embed_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *wte, const cai_tensor *wpe,
-                         const cai_tensor *tokens, cai_tensor *out);
+                         cai_block_scratch *s, const cai_tensor *tokens, cai_tensor *out);
 cai_status cai_embed_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dwte, cai_tensor *dwpe,
-                         const cai_tensor *tokens, const cai_tensor *dout);
+                         cai_block_scratch *s, const cai_tensor *tokens, const cai_tensor *dout);
 
 /* Head: final norm, LM head (no bias) and the fused cross-entropy. */
 typedef struct {
-    cai_tensor lnf, lnf_mean, lnf_rstd; /* [B,T,C], [B*T], [B*T] */
+    cai_tensor lnf, lnf_mean, lnf_rstd; /* [B,T,C] (whole sequence under d->sp), [B*T], [B*T] (B*T/tp under d->sp) */
     cai_tensor logits;                  /* [B,T,Vl]; overwritten by dlogits in backward */
     cai_tensor losses, lse;             /* [B*T] F32 per-token loss (0 where ignored), log-sum-exp */
     cai_tensor loss_sum;                /* [1] F32 */
@@ -402,23 +419,24 @@ void cai_head_acts_release(cai_head_acts *h);
  * lnf_b and head_w are the final-norm bias (data NULL for RMSNorm) and the
  * LM head [Vl, C]. */
 cai_status cai_head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
-                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, const cai_tensor *inp,
-                        const cai_tensor *targets);
+                        const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, cai_block_scratch *s,
+                        const cai_tensor *inp, const cai_tensor *targets);
 /* As cai_head_fwd with targets, for a training step: the loss's gradient
  * (dloss_scale as cai_head_bwd's) is computed in the same pass over the
  * logits (ops->xent_fwd_bwd), which it overwrites; cai_head_bwd then starts
  * from it and ignores its own dloss_scale. */
 cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
-                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h,
+                              const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, cai_block_scratch *s,
                               const cai_tensor *inp, const cai_tensor *targets, float dloss_scale);
 /* Gradients of dloss_scale * sum of per-token losses (dloss_scale = 1/valid
  * tokens for the mean; after cai_head_fwd_train, the scale it was given):
  * d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_* and dhead_w
- * accumulate. dln is a [B,T,C] scratch. */
+ * accumulate. s is the blocks' scratch (s->dln and, with d->sp, the
+ * sequence buffers). */
 cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                         const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
-                        cai_head_acts *h, const cai_tensor *inp, const cai_tensor *targets, float dloss_scale,
-                        cai_tensor *dln, cai_tensor *d_stream);
+                        cai_head_acts *h, cai_block_scratch *s, const cai_tensor *inp, const cai_tensor *targets,
+                        float dloss_scale, cai_tensor *d_stream);
 
 /* ----------------------------------------------------------------- model */
 
@@ -429,6 +447,7 @@ typedef struct {
     int seq_len;         /* T: local tokens per sequence (<= max_seq_len) */
     cai_rank_view view;  /* TP selects the shard; PP the stage's layer range; EP must be 1 */
     cai_mesh_t *mesh;    /* tp > 1: the mesh whose tp axis (size and rank as in view) the layers use */
+    int seq_parallel;    /* tp > 1: split-gather sequence parallelism (cai_layer_ctx); B*T % tp == 0 */
     size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
     int external_params; /* 1: the caller owns parameter and gradient storage (ZeRO, see
                           * "External parameter storage" below); 0: the model allocates it */
@@ -459,6 +478,15 @@ size_t cai_model_align_elems(const cai_model_t *m);
 void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int *is_first, int *is_last);
 /* Bytes of parameters+grads+working copies and of activations (for logs). */
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
+/* The activation arena cai_model_create allocates for one stage of n_local
+ * layers (last: with the head) at (batch, seq_len) under view and
+ * seq_parallel, before any model exists: every layer's activations kept
+ * (full) or only one set (recompute, activation checkpointing). The
+ * vocabulary shard is taken as the largest of the registry's. Not
+ * collective. */
+cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
+                                      int batch, int seq_len, int seq_parallel, int n_local, int last, size_t *full,
+                                      size_t *recompute);
 
 /* The flat buffers (laid out by cai_registry_local_layout with this model's
  * view and align_elems): F32 master weights, F32 gradients, and the

@@ -219,6 +219,7 @@ typedef struct {
     cai_model_config model; /* resolved inside */
     int batch, seq_len;     /* microbatch shape */
     cai_rank_view view;     /* tp shards the layers; pp picks the stage */
+    int seq_parallel;       /* split-gather sequence parallelism over tp (cai_model_options) */
     size_t align_elems;     /* 0: 16, as the model */
     int dp;
     cai_zero_config zero;
