@@ -56,9 +56,24 @@ while :; do
         [ "${LANE_KEEP_GOING:-0}" = 1 ] || break
         ;;
     esac
-    # A crash before the first mutation (the corpus itself no longer
-    # loads) would repeat on every start.
-    if grep -q '^#[0-9]*[[:space:]]*INITED' "$log"; then stuck=0; else stuck=$((stuck + 1)); fi
+    # A crash before the first mutation is an input of the corpus that
+    # crashes when replayed (libhdf5's use-after-free of its metadata cache
+    # depends on the inputs before it, so a unit that passed when it was
+    # added may not on a later start): it leaves the corpus for
+    # OUTDIR/quarantine (libFuzzer names both the unit and the artifact by
+    # the input's SHA-1), or the same crash would repeat on every start.
+    if grep -q '^#[0-9]*[[:space:]]*INITED' "$log"; then
+        stuck=0
+    else
+        sha=${art##*-}
+        if [ -n "$art" ] && [ -f "$corpus/$sha" ]; then
+            mkdir -p "$out/quarantine"
+            mv "$corpus/$sha" "$out/quarantine/" 2>/dev/null || :
+            stuck=0
+        else
+            stuck=$((stuck + 1))
+        fi
+    fi
     [ "$stuck" -lt 3 ] || break
 done
 echo "executions=$done_runs seconds=$(($(date +%s) - t0)) starts=$starts libhdf5=$hdf5 colossal=$ours" >"$out/lane.txt"

@@ -8,10 +8,13 @@
 # colossal's (compiled from SRCDIR/src or SRCDIR/tests/fuzz) is libhdf5's,
 # and so is the direct caller of every allocation and free ASan names
 # (fuzz_ckpt_h5 keeps two frames of those), so the memory involved is
-# HDF5's own. Everything else is colossal's to look at: a leak (HDF5's
-# own are suppressed), a UBSan report (only colossal is instrumented), a
-# timeout, an out-of-memory, a crash on memory colossal allocated or freed,
-# or a stack that names neither.
+# HDF5's own. A timeout or an out-of-memory is libhdf5's by the same rule
+# on the stack libFuzzer prints (the loop, or the caller of the oversized
+# malloc, past libFuzzer's and the sanitizer's own frames). Everything else
+# is colossal's to look at: a leak (HDF5's own are suppressed), a UBSan
+# report (only colossal is instrumented), a crash on memory colossal
+# allocated or freed, or a stack that names neither. Frames of the target
+# binary count as colossal's only when symbolized to SRCDIR's sources.
 srcdir=$1
 log=$2
 awk -v src="$srcdir/src/" -v fz="$srcdir/tests/fuzz/" '
@@ -33,7 +36,7 @@ function frame(line) {
 }
 /LeakSanitizer: detected memory leaks/ { verdict = "colossal leak"; exit }
 /runtime error:/ { verdict = "colossal UBSan: " $0; exit }
-/ERROR: libFuzzer: (timeout|out-of-memory)/ { verdict = "colossal " $0; exit }
+/ERROR: libFuzzer: (timeout|out-of-memory)/ { inreport = 1; stack = "crash"; what = $0; sub(/^.*ERROR: libFuzzer: /, "", what); next }
 /ERROR: AddressSanitizer:|ERROR: libFuzzer: deadly signal/ { inreport = 1; stack = "crash"; next }
 !inreport { next }
 /^(freed by thread|previously allocated by thread|allocated by thread)/ { stack = "mem"; seen[stack] = 0; next }
@@ -47,6 +50,7 @@ function frame(line) {
 }
 END {
     if (verdict != "") { print verdict; exit }
+    if (what != "") { print (crash == "libhdf5" ? "libhdf5 " : "colossal ") what (crash == "" ? "" : " at " crashframe); exit }
     if (crash == "") { print (stack == "" ? "none" : "colossal (no libhdf5 or colossal frame)"); exit }
     if (crash == "libhdf5" && memours == "") print "libhdf5 " crashframe
     else if (crash == "libhdf5") print "colossal memory: " memours
