@@ -45,7 +45,7 @@ tests_mpi_test_equiv_LDADD = $(TEST_LIBS)
 tests_mpi_test_tp_SOURCES = tests/mpi/test_tp.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
 tests_mpi_test_tp_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_tp_LDADD = $(TEST_LIBS)
-ZERO_MPI_TESTS = tests/mpi/zero.np4 tests/mpi/equiv.np4 tests/mpi/tp.np4
+ZERO_MPI_TESTS = tests/mpi/zero.np4 tests/mpi/equiv.np4 tests/mpi/tp.np4 tests/mpi/tp8.np8
 $(ZERO_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(ZERO_MPI_TESTS)
