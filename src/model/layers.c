@@ -122,7 +122,8 @@ static cai_status column_input_grad(const cai_layer_ctx *cx, cai_tensor *dln_ful
 static const cai_tensor *opt_in(const cai_tensor *t) { return t && t->data ? t : NULL; }
 static cai_tensor *opt_out(cai_tensor *t) { return t && t->data ? t : NULL; }
 
-static int is_gpt2(const cai_layer_dims *d) { return d->family == CAI_MODEL_GPT2; }
+static int layernorm(const cai_layer_dims *d) { return d->kinds.norm == CAI_NORM_LAYERNORM; }
+static int rope(const cai_layer_dims *d) { return d->kinds.pos == CAI_POS_ROPE; }
 
 static int64_t qkv_width(const cai_layer_dims *d) { return (d->n_heads + 2 * d->n_kv_heads) * d->head_dim; }
 
@@ -149,14 +150,14 @@ static cai_status split_qkv(const cai_layer_dims *d, const cai_tensor *qkv, cai_
 
 static cai_status norm_fwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *out, cai_tensor *mean,
                            cai_tensor *rstd, const cai_tensor *inp, const cai_tensor *w, const cai_tensor *b) {
-    if (is_gpt2(d)) return dev->ops->layernorm_fwd(dev, out, mean, rstd, inp, w, opt_in(b), d->norm_eps);
+    if (layernorm(d)) return dev->ops->layernorm_fwd(dev, out, mean, rstd, inp, w, opt_in(b), d->norm_eps);
     return dev->ops->rmsnorm_fwd(dev, out, rstd, inp, w, d->norm_eps);
 }
 
 static cai_status norm_bwd_local(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
                                  cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
                                  const cai_tensor *mean, const cai_tensor *rstd, int accum) {
-    if (is_gpt2(d))
+    if (layernorm(d))
         return dev->ops->layernorm_bwd(dev, dinp, opt_out(dw), opt_out(db), dout, inp, w, mean, rstd, accum);
     return dev->ops->rmsnorm_bwd(dev, dinp, opt_out(dw), dout, inp, w, rstd, accum);
 }
@@ -198,7 +199,7 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     CAI_CALL(ops->linear_fwd(dev, &a->qkv, x, &p->qkv_w, opt_in(&p->qkv_b)));
     cai_tensor q, k, v, att4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
-    if (!is_gpt2(d)) {
+    if (rope(d)) {
         /* Rotated in place: backward needs only the rotated q and k. */
         CAI_CALL(ops->rope_fwd(dev, &q, &q, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
         CAI_CALL(ops->rope_fwd(dev, &k, &k, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
@@ -229,7 +230,7 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     cai_attn_params ap = causal_params();
     CAI_CALL(ops->attention_bwd(dev, &dq, &dk, &dv, &datt4, &q, &k, &v, &att4, &a->att_lse, &ap, s->attn_ws,
                                 s->attn_ws_bytes));
-    if (!is_gpt2(d)) {
+    if (rope(d)) {
         CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
     }
@@ -246,22 +247,67 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
 
 /* ------------------------------------------------------------ MLP */
 
-cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
-                       cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out) {
+/* Each MLP kind's part between the norm output x (the whole sequence) and
+ * the row-parallel output projection's input a->act; backward, from d(out)
+ * to the projection's and its own weight gradients and this rank's partial
+ * input gradient s->dln. */
+
+static cai_status mlp_gelu_fwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_acts *a,
+                               const cai_tensor *x) {
+    /* fc is column-parallel: each rank's hidden units are complete, so the
+     * GELU needs no communication and fuses into the matmul (a->fc keeps
+     * the GELU input for backward). */
+    return cx->dev->ops->linear_gelu_fwd(cx->dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
+}
+
+static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_params *g,
+                               const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *dout) {
     cai_device_t *dev = cx->dev;
-    const cai_ops *ops = dev->ops;
-    CAI_CALL(norm_fwd(dev, d, &a->ln2, &a->ln2_mean, &a->ln2_rstd, inp, &p->ln2_w, &p->ln2_b));
+    /* mlp_proj is row-parallel: its input gradient dout W is complete on
+     * each rank for the rank's own hidden units, so no collective sits
+     * between the matmul and the GELU backward and the two fuse into one op
+     * writing dfc directly (s->dact is not used). */
+    CAI_CALL(dev->ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
+                                        &p->mlp_proj_w, &a->fc));
     const cai_tensor *x;
     CAI_CALL(column_input(cx, s, &a->ln2, &x));
-    if (is_gpt2(d)) {
-        /* fc is column-parallel: each rank's hidden units are complete, so
-         * the GELU needs no communication and fuses into the matmul (a->fc
-         * keeps the GELU input for backward). */
-        CAI_CALL(ops->linear_gelu_fwd(dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
-    } else {
-        CAI_CALL(ops->linear_fwd(dev, &a->fc, x, &p->fc_w, NULL));
-        CAI_CALL(ops->linear_fwd(dev, &a->up, x, &p->up_w, NULL));
-        CAI_CALL(ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up));
+    return dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, x, &p->fc_w, 0);
+}
+
+static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_acts *a,
+                                 const cai_tensor *x) {
+    cai_device_t *dev = cx->dev;
+    CAI_CALL(dev->ops->linear_fwd(dev, &a->fc, x, &p->fc_w, NULL));
+    CAI_CALL(dev->ops->linear_fwd(dev, &a->up, x, &p->up_w, NULL));
+    return dev->ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up);
+}
+
+static cai_status mlp_swiglu_bwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_params *g,
+                                 const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *dout) {
+    cai_device_t *dev = cx->dev;
+    const cai_ops *ops = dev->ops;
+    CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
+                             &p->mlp_proj_w, 0));
+    CAI_CALL(ops->swiglu_bwd(dev, &s->dfc, &s->dup, &s->dact, &a->fc, &a->up));
+    const cai_tensor *x;
+    CAI_CALL(column_input(cx, s, &a->ln2, &x));
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, x, &p->fc_w, 0));
+    return ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, x, &p->up_w, 1);
+}
+
+static cai_status unknown_mlp(const cai_layer_dims *d) {
+    return CAI_ERROR(CAI_ERR_INVALID_ARG, "layer dims: unknown MLP kind %d", (int)d->kinds.mlp);
+}
+
+cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
+                       cai_block_scratch *s, const cai_tensor *inp, cai_tensor *out) {
+    CAI_CALL(norm_fwd(cx->dev, d, &a->ln2, &a->ln2_mean, &a->ln2_rstd, inp, &p->ln2_w, &p->ln2_b));
+    const cai_tensor *x;
+    CAI_CALL(column_input(cx, s, &a->ln2, &x));
+    switch (d->kinds.mlp) {
+    case CAI_MLP_GELU: CAI_CALL(mlp_gelu_fwd(cx, p, a, x)); break;
+    case CAI_MLP_SWIGLU: CAI_CALL(mlp_swiglu_fwd(cx, p, a, x)); break;
+    default: return unknown_mlp(d);
     }
     CAI_CALL(row_parallel_residual(cx, s, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
     return CAI_OK;
@@ -269,26 +315,12 @@ cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
 
 cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
                        const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
-    cai_device_t *dev = cx->dev;
-    const cai_ops *ops = dev->ops;
-    const cai_tensor *dout, *x;
+    const cai_tensor *dout;
     CAI_CALL(row_output_grad(cx, s, d_stream, &dout));
-    if (is_gpt2(d)) {
-        /* mlp_proj is row-parallel: its input gradient dout W is complete on
-         * each rank for the rank's own hidden units, so no collective sits
-         * between the matmul and the GELU backward and the two fuse into one
-         * op writing dfc directly (s->dact is not used). */
-        CAI_CALL(ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
-                                       &p->mlp_proj_w, &a->fc));
-        CAI_CALL(column_input(cx, s, &a->ln2, &x));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, x, &p->fc_w, 0));
-    } else {
-        CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
-                                 &p->mlp_proj_w, 0));
-        CAI_CALL(ops->swiglu_bwd(dev, &s->dfc, &s->dup, &s->dact, &a->fc, &a->up));
-        CAI_CALL(column_input(cx, s, &a->ln2, &x));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, x, &p->fc_w, 0));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, x, &p->up_w, 1));
+    switch (d->kinds.mlp) {
+    case CAI_MLP_GELU: CAI_CALL(mlp_gelu_bwd(cx, p, g, a, s, dout)); break;
+    case CAI_MLP_SWIGLU: CAI_CALL(mlp_swiglu_bwd(cx, p, g, a, s, dout)); break;
+    default: return unknown_mlp(d);
     }
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
@@ -497,8 +529,11 @@ static cai_status carve_raw(carver *c, size_t bytes, void **out) {
 
 static cai_status check_dims(const cai_layer_dims *d) {
     CAI_CHECK_ARG(d != NULL, "layer dims are NULL");
-    CAI_CHECK_ARG(d->family >= 0 && d->family < CAI_MODEL_FAMILY_COUNT, "layer dims: unknown family %d",
-                  (int)d->family);
+    CAI_CHECK_ARG((d->kinds.norm == CAI_NORM_LAYERNORM || d->kinds.norm == CAI_NORM_RMSNORM) &&
+                      (d->kinds.mlp == CAI_MLP_GELU || d->kinds.mlp == CAI_MLP_SWIGLU) &&
+                      (d->kinds.pos == CAI_POS_LEARNED || d->kinds.pos == CAI_POS_ROPE),
+                  "layer dims: unknown sublayer kinds (norm %d, mlp %d, positions %d)", (int)d->kinds.norm,
+                  (int)d->kinds.mlp, (int)d->kinds.pos);
     CAI_CHECK_ARG(d->B >= 1 && d->T >= 1 && d->C >= 1 && d->n_heads >= 1 && d->n_kv_heads >= 1 && d->head_dim >= 1 &&
                       d->ffn >= 1,
                   "layer dims: B=%lld T=%lld C=%lld heads=%lld kv_heads=%lld head_dim=%lld ffn=%lld must all be >= 1",
@@ -524,17 +559,17 @@ static cai_status carve_acts(carver *c, const cai_layer_dims *d, cai_block_acts 
     /* The residual stream's tensors: [B,T,C], or this rank's [1, B*T/tp, C]. */
     const int64_t sb = d->sp ? 1 : B, st = d->sp ? stream_rows(d) : T, N = stream_rows(d);
     CAI_CALL(carve(c, &a->ln1, at, 3, sb, st, C));
-    if (is_gpt2(d)) CAI_CALL(carve(c, &a->ln1_mean, f32, 1, N, 0, 0));
+    if (layernorm(d)) CAI_CALL(carve(c, &a->ln1_mean, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->ln1_rstd, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->qkv, at, 3, B, T, qkv_width(d)));
     CAI_CALL(carve(c, &a->att, at, 3, B, T, d->n_heads * d->head_dim));
     CAI_CALL(carve(c, &a->att_lse, f32, 3, B, d->n_heads, T));
     CAI_CALL(carve(c, &a->res_mid, at, 3, sb, st, C));
     CAI_CALL(carve(c, &a->ln2, at, 3, sb, st, C));
-    if (is_gpt2(d)) CAI_CALL(carve(c, &a->ln2_mean, f32, 1, N, 0, 0));
+    if (layernorm(d)) CAI_CALL(carve(c, &a->ln2_mean, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->ln2_rstd, f32, 1, N, 0, 0));
     CAI_CALL(carve(c, &a->fc, at, 3, B, T, F));
-    if (!is_gpt2(d)) CAI_CALL(carve(c, &a->up, at, 3, B, T, F));
+    if (d->kinds.mlp == CAI_MLP_SWIGLU) CAI_CALL(carve(c, &a->up, at, 3, B, T, F));
     CAI_CALL(carve(c, &a->act, at, 3, B, T, F));
     return CAI_OK;
 }
@@ -568,11 +603,13 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
         CAI_CALL(carve(c, &s->norm_grad, CAI_DTYPE_F32, 1, 2 * C, 0, 0));
     }
     CAI_CALL(carve(c, &s->dact, at, 3, B, T, F));
-    if (is_gpt2(d)) {
-        if (c->arena) s->dfc = s->dact; /* GPT-2 needs one [B,T,F] gradient: linear_bwd_dgelu writes dfc directly */
+    if (d->kinds.mlp == CAI_MLP_GELU) {
+        if (c->arena) s->dfc = s->dact; /* one [B,T,F] gradient: linear_bwd_dgelu writes dfc directly */
     } else {
         CAI_CALL(carve(c, &s->dfc, at, 3, B, T, F));
         CAI_CALL(carve(c, &s->dup, at, 3, B, T, F));
+    }
+    if (rope(d)) {
         CAI_CHECK_ARG(d->head_dim % 2 == 0, "layer dims: RoPE needs an even head_dim, got %lld",
                       (long long)d->head_dim);
         CAI_CHECK_ARG(max_pos >= d->pos_offset + d->T,
@@ -599,7 +636,7 @@ cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const 
     CAI_CHECK_ARG(dev && arena && s, "cai_block_scratch_carve: NULL argument");
     carver c = {dev, arena, 0};
     CAI_CALL(carve_scratch(&c, d, max_pos, s));
-    if (!is_gpt2(d)) CAI_CALL(dev->ops->rope_tables(dev, &s->rope_cos, &s->rope_sin, rope_theta));
+    if (rope(d)) CAI_CALL(dev->ops->rope_tables(dev, &s->rope_cos, &s->rope_sin, rope_theta));
     return CAI_OK;
 }
 
@@ -613,7 +650,7 @@ static cai_status carve_head(carver *c, const cai_layer_dims *d, cai_head_acts *
     const cai_dtype at = d->act_dtype, f32 = CAI_DTYPE_F32;
     const int64_t B = d->B, T = d->T, N = B * T;
     CAI_CALL(carve(c, &h->lnf, at, 3, B, T, d->C));
-    if (is_gpt2(d)) CAI_CALL(carve(c, &h->lnf_mean, f32, 1, stream_rows(d), 0, 0));
+    if (layernorm(d)) CAI_CALL(carve(c, &h->lnf_mean, f32, 1, stream_rows(d), 0, 0));
     CAI_CALL(carve(c, &h->lnf_rstd, f32, 1, stream_rows(d), 0, 0));
     CAI_CALL(carve(c, &h->logits, at, 3, B, T, d->vocab_local));
     CAI_CALL(carve(c, &h->losses, f32, 1, N, 0, 0));

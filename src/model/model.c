@@ -21,6 +21,14 @@ const char *cai_model_family_name(cai_model_family f) {
     return k_family_names[f];
 }
 
+cai_block_kinds cai_model_family_kinds(cai_model_family f) {
+    static const cai_block_kinds k[CAI_MODEL_FAMILY_COUNT] = {
+        [CAI_MODEL_GPT2] = {CAI_NORM_LAYERNORM, CAI_MLP_GELU, CAI_POS_LEARNED},
+        [CAI_MODEL_LLAMA] = {CAI_NORM_RMSNORM, CAI_MLP_SWIGLU, CAI_POS_ROPE},
+    };
+    return k[(int)f >= 0 && f < CAI_MODEL_FAMILY_COUNT ? f : CAI_MODEL_GPT2];
+}
+
 cai_status cai_model_family_parse(const char *name, cai_model_family *out) {
     CAI_CHECK_ARG(name && out, "cai_model_family_parse: NULL argument");
     for (int f = 0; f < CAI_MODEL_FAMILY_COUNT; f++)
@@ -495,7 +503,7 @@ static cai_status bind_params(cai_model_t *m) {
 static void layer_dims_of(const cai_model_config *c, const cai_rank_view *v, int B, int T, int seq_parallel,
                           cai_layer_dims *d) {
     memset(d, 0, sizeof *d);
-    d->family = c->family;
+    d->kinds = cai_model_family_kinds(c->family);
     d->B = B;
     d->T = T;
     d->C = c->d_model;

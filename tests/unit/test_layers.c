@@ -61,7 +61,7 @@ static const char *field_name[N_FIELDS] = {"ln1_w", "ln1_b", "qkv_w", "qkv_b", "
 static cai_layer_dims dims_for(cai_model_family f, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t F) {
     cai_layer_dims d;
     memset(&d, 0, sizeof d);
-    d.family = f;
+    d.kinds = cai_model_family_kinds(f);
     d.B = B;
     d.T = T;
     d.C = H * D;
@@ -82,7 +82,7 @@ static void fixture_init(fixture *fx, const cai_layer_dims *d) {
     ck_assert_int_eq(cai_device_arena_init(dev, &fx->arena, bytes, "layer test"), CAI_OK);
     ck_assert_int_eq(cai_block_acts_carve(dev, &fx->arena, d, &fx->acts), CAI_OK);
     ck_assert_int_eq(cai_block_scratch_carve(dev, &fx->arena, d, 32, 10000.0, &fx->s), CAI_OK);
-    int gpt2 = d->family == CAI_MODEL_GPT2;
+    int gpt2 = d->kinds.norm == CAI_NORM_LAYERNORM;
     int64_t C = d->C, W = (d->n_heads + 2 * d->n_kv_heads) * d->head_dim, A = d->n_heads * d->head_dim, F = d->ffn;
     int64_t rows[N_FIELDS] = {C, C, W, W, C, C, C, C, F, F, F, C, C, 0};
     int64_t cols[N_FIELDS] = {0, 0, C, 0, A, 0, 0, 0, C, 0, C, F, 0, 0};

@@ -219,6 +219,22 @@ typedef enum {
 } cai_model_family;
 
 const char *cai_model_family_name(cai_model_family f);
+
+/* What a block is built from: a family is one choice of each sublayer kind,
+ * and the layers dispatch on the kinds, never on the family, so that a new
+ * family (or an MoE MLP) is a new row of cai_model_family_kinds and the
+ * sublayer functions of its new kinds. */
+typedef enum { CAI_NORM_LAYERNORM = 0, CAI_NORM_RMSNORM } cai_norm_kind;
+typedef enum { CAI_MLP_GELU = 0, CAI_MLP_SWIGLU } cai_mlp_kind;
+typedef enum { CAI_POS_LEARNED = 0, CAI_POS_ROPE } cai_pos_kind;
+typedef struct {
+    cai_norm_kind norm; /* LayerNorm (weight and bias, mean and rstd kept) or RMSNorm (weight, rstd) */
+    cai_mlp_kind mlp;   /* fc + GELU (tanh) + proj, or gate/up + SwiGLU + proj */
+    cai_pos_kind pos;   /* learned position embedding added to the tokens', or RoPE on q and k */
+} cai_block_kinds;
+
+/* GPT-2: LayerNorm, GELU, learned positions; Llama: RMSNorm, SwiGLU, RoPE. */
+cai_block_kinds cai_model_family_kinds(cai_model_family f);
 cai_status cai_model_family_parse(const char *name, cai_model_family *out); /* "gpt2", "llama" */
 
 /* Loss targets equal to this are skipped (PyTorch's default ignore_index). */
@@ -296,7 +312,7 @@ typedef struct {
 cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev);
 
 typedef struct {
-    cai_model_family family;
+    cai_block_kinds kinds;
     int64_t B, T;       /* T: local sequence length */
     int64_t pos_offset; /* position of local token 0 (sequence parallel, decoding) */
     int64_t C;          /* d_model */
