@@ -65,6 +65,7 @@ static cai_status run(size_t n, int threads, double ref_ns) {
     float *w = NULL, *g = NULL, *gd = NULL, *m = NULL, *v = NULL;
     void *lp = NULL;
     zl_seg *seg = NULL;
+    cai_adamw_span *spans = NULL;
     cai_status st = CAI_OK;
     CAI_CALL_GOTO(cai_device_alloc_staging(d, n * 4, "masters", (void **)&w), st, done);
     CAI_CALL_GOTO(cai_device_alloc_staging(d, n * 4, "grads (staging)", (void **)&g), st, done);
@@ -87,7 +88,8 @@ static cai_status run(size_t n, int threads, double ref_ns) {
     int nseg = 0;
     for (size_t off = 0; off < n; nseg++) off += seg_sizes[(size_t)nseg % nsz];
     seg = calloc((size_t)nseg, sizeof *seg);
-    if (!seg) {
+    spans = calloc((size_t)nseg, sizeof *spans);
+    if (!seg || !spans) {
         st = CAI_ERROR(CAI_ERR_NOMEM, "offload_bench: %d segments", nseg);
         goto done;
     }
@@ -111,7 +113,7 @@ static cai_status run(size_t n, int threads, double ref_ns) {
         CAI_CALL_GOTO(seg_adamw(d, w, g, m, v, lp, n, &p), st, done);
         p.step++;
         double t4 = now();
-        CAI_CALL_GOTO(zero_host_adamw(d, seg, nseg, w, g, m, v, lp, CAI_DTYPE_BF16, &p), st, done);
+        CAI_CALL_GOTO(zero_host_adamw(d, seg, nseg, w, g, m, v, lp, CAI_DTYPE_BF16, &p, spans), st, done);
         p.step++;
         double t5 = now(), dt[5] = {t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4};
         for (int k = 0; k < 5; k++)
@@ -125,6 +127,7 @@ static cai_status run(size_t n, int threads, double ref_ns) {
         (best[0] + best[4]) * ns / ref_ns, (best[0] + best[1] + best[2]) * ns / ref_ns);
 done:
     free(seg);
+    free(spans);
     cai_device_dealloc_staging(d, w);
     cai_device_dealloc_staging(d, g);
     cai_device_dealloc_staging(d, gd);

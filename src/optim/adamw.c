@@ -104,6 +104,7 @@ struct cai_optim {
     float *m, *v;
     segment *segs;
     int n_segs;
+    cai_adamw_span *spans; /* per step, the updated segments of the buffers passed */
     norm_range *norm;
     int n_norm;
     double *acc; /* device scalar for sumsq */
@@ -141,6 +142,7 @@ void cai_optim_free(cai_optim_t *o) {
     cai_device_dealloc(o->dev, o->v);
     cai_device_dealloc(o->dev, o->acc);
     cai_free(o->segs);
+    cai_free(o->spans);
     cai_free(o->norm);
     cai_free(o);
 }
@@ -160,6 +162,7 @@ cai_status cai_optim_create(cai_optim_t **out, cai_device_t *dev, const cai_regi
     CAI_CALL_GOTO(cai_calloc((void **)&offsets, (size_t)n + 1, sizeof *offsets, "optimizer offsets"), st, fail);
     CAI_CALL_GOTO(cai_registry_local_layout(reg, view, align_elems, offsets, &o->n_flat), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&o->segs, (size_t)n + 1, sizeof *o->segs, "optimizer segments"), st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&o->spans, (size_t)n + 1, sizeof *o->spans, "optimizer spans"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&o->norm, (size_t)n * CAI_SHARD_MAX_SLABS + 1, sizeof *o->norm,
                              "optimizer norm ranges"),
                   st, fail);
@@ -264,30 +267,20 @@ cai_status cai_optim_step(cai_optim_t *o, cai_tensor *params, const cai_tensor *
         .step = step,
         .grad_scale = grad_scale,
     };
-    /* One launch per run of adjacent segments with the same decay flag (the
-     * update is elementwise: the same bits as one call per parameter); on a
-     * GPU the per-parameter launches, not the bytes, are the cost. */
-    for (int i = 0; i < o->n_segs;) {
-        const segment *s = &o->segs[i];
-        if (!s->update) {
-            i++;
-            continue;
-        }
-        size_t n = s->n;
-        int e = i + 1;
-        for (; e < o->n_segs; e++) {
-            const segment *t = &o->segs[e];
-            if (!t->update || t->decay != s->decay || t->off != s->off + n) break;
-            n += t->n;
-        }
-        cai_tensor w = sub(o, params, s->off, n), g = sub(o, grads, s->off, n);
-        cai_tensor m = cai_tensor_1d(dev, o->m + s->off, CAI_DTYPE_F32, (int64_t)n);
-        cai_tensor v = cai_tensor_1d(dev, o->v + s->off, CAI_DTYPE_F32, (int64_t)n);
-        cai_tensor l;
-        if (params_lowp) l = sub(o, params_lowp, s->off, n);
-        CAI_CALL(dev->ops->adamw(dev, &w, &g, &m, &v, params_lowp ? &l : NULL, &p, s->decay));
-        i = e;
+    int n = 0;
+    const size_t les = params_lowp ? cai_dtype_size(params_lowp->dtype) : 0;
+    for (int i = 0; i < o->n_segs; i++) {
+        const segment *g = &o->segs[i];
+        if (!g->update) continue;
+        o->spans[n++] = (cai_adamw_span){(float *)params->data + g->off,
+                                         (const float *)grads->data + g->off,
+                                         o->m + g->off,
+                                         o->v + g->off,
+                                         params_lowp ? (char *)params_lowp->data + g->off * les : NULL,
+                                         g->n,
+                                         g->decay};
     }
+    CAI_CALL(cai_adamw_spans(dev, o->spans, n, params_lowp ? params_lowp->dtype : CAI_DTYPE_F32, &p, 0));
     o->step = step;
     if (lr_used) *lr_used = p.lr;
     return CAI_OK;

@@ -7,9 +7,6 @@
 
 #include <math.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "zero_internal.h"
 
@@ -65,6 +62,7 @@ struct cai_zero {
     cai_zero_piece *pieces;
     cai_tensor *hook_grads;
     int *hook_idx;
+    cai_adamw_span *spans; /* the step's, one per shard segment */
     cai_zero_grad_hook ghook;
     void *ghook_ctx;
     cai_zero_stats stats;
@@ -761,6 +759,7 @@ static cai_status make_pieces(cai_zero_t *z) {
     for (int u = 0; u < z->L.n_units; u++)
         if (z->L.unit_np[u] > maxnp) maxnp = z->L.unit_np[u];
     CAI_CALL(cai_calloc((void **)&z->hook_idx, (size_t)maxnp, sizeof *z->hook_idx, "ZeRO hook indices"));
+    CAI_CALL(cai_calloc((void **)&z->spans, (size_t)z->L.nseg + 1, sizeof *z->spans, "ZeRO AdamW spans"));
     CAI_CALL(cai_calloc((void **)&z->hook_grads, (size_t)maxnp, sizeof *z->hook_grads, "ZeRO hook views"));
     return CAI_OK;
 }
@@ -887,6 +886,7 @@ void cai_zero_free(cai_zero_t *z) {
     cai_free(z->fifo);
     cai_free(z->pieces);
     cai_free(z->hook_idx);
+    cai_free(z->spans);
     cai_free(z->hook_grads);
     cai_free(z);
 }
@@ -1003,30 +1003,23 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
      * rounding is a single one (F32 -> act). */
     const int fused = off && L->stage >= 1 && !z->LP;
     if (off) {
-        CAI_CALL(zero_host_adamw(d, L->seg, L->nseg, z->M, z->GSh, z->Mm, z->Mv, fused ? z->Wh : NULL, z->act, &p));
+        CAI_CALL(zero_host_adamw(d, L->seg, L->nseg, z->M, z->GSh, z->Mm, z->Mv, fused ? z->Wh : NULL, z->act, &p,
+                                 z->spans));
     } else {
-        /* one launch per run of adjacent segments with the same decay (elementwise: same bits) */
-        for (int s = 0; s < L->nseg;) {
+        int n = 0;
+        for (int s = 0; s < L->nseg; s++) {
             const zl_seg *sg = &L->seg[s];
-            if (!sg->update) {
-                s++;
-                continue;
-            }
-            size_t n = sg->n;
-            int e = s + 1;
-            for (; e < L->nseg; e++) {
-                const zl_seg *h = &L->seg[e];
-                if (!h->update || h->decay != sg->decay || h->bucket != sg->bucket || h->soff != sg->soff + n) break;
-                n += h->n;
-            }
+            if (!sg->update) continue;
             const size_t rel = sg->soff - L->b[sg->bucket].soff;
-            cai_tensor w = vec(d, master_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, n);
-            cai_tensor gr = vec(d, reduced_of(z, sg->bucket) + rel, CAI_DTYPE_F32, 0, n);
-            cai_tensor mm = vec(d, z->Mm, CAI_DTYPE_F32, sg->soff, n);
-            cai_tensor vv = vec(d, z->Mv, CAI_DTYPE_F32, sg->soff, n);
-            CAI_CALL(d->ops->adamw(d, &w, &gr, &mm, &vv, NULL, &p, sg->decay));
-            s = e;
+            z->spans[n++] = (cai_adamw_span){master_of(z, sg->bucket) + rel,
+                                             reduced_of(z, sg->bucket) + rel,
+                                             z->Mm + sg->soff,
+                                             z->Mv + sg->soff,
+                                             NULL,
+                                             sg->n,
+                                             sg->decay};
         }
+        CAI_CALL(cai_adamw_spans(d, z->spans, n, CAI_DTYPE_F32, &p, 0));
     }
     z->step++;
     z->stats.steps++;
@@ -1035,52 +1028,18 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
 }
 
 cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
-                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p) {
+                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p,
+                           cai_adamw_span *spans) {
     CAI_CHECK_ARG(hd && hd->kind == CAI_DEVICE_HOST, "ZeRO offload step: needs a host device");
-    /* Each thread calls the op with a one-thread view of the device, so the
-     * op opens no team of its own inside this one. */
-    cai_device_t one = *hd;
-    one.num_threads = 1;
     const size_t les = cai_dtype_size(lowp_dtype);
-    int failed = -1;
-#pragma omp parallel num_threads(hd->num_threads)
-    {
-#ifdef _OPENMP
-        const size_t t = (size_t)omp_get_thread_num(), T = (size_t)omp_get_num_threads();
-#else
-        const size_t t = 0, T = 1;
-#endif
-        for (int s = 0; s < nseg;) {
-            if (!seg[s].update) {
-                s++;
-                continue;
-            }
-            /* A run: adjacent updated segments with the same decay flag. */
-            size_t lo = seg[s].soff, n = seg[s].n;
-            int e = s + 1;
-            for (; e < nseg && seg[e].update && seg[e].decay == seg[s].decay && seg[e].soff == lo + n; e++)
-                n += seg[e].n;
-            const size_t a = lo + n * t / T, len = lo + n * (t + 1) / T - a;
-            if (len) {
-                cai_tensor w = cai_tensor_1d(&one, M + a, CAI_DTYPE_F32, (int64_t)len);
-                cai_tensor g = cai_tensor_1d(&one, (void *)(G + a), CAI_DTYPE_F32, (int64_t)len);
-                cai_tensor m = cai_tensor_1d(&one, Mm + a, CAI_DTYPE_F32, (int64_t)len);
-                cai_tensor v = cai_tensor_1d(&one, Mv + a, CAI_DTYPE_F32, (int64_t)len);
-                cai_tensor l = cai_tensor_1d(&one, lowp ? (char *)lowp + a * les : NULL, lowp_dtype, (int64_t)len);
-                if (one.ops->adamw(&one, &w, &g, &m, &v, lowp ? &l : NULL, p, seg[s].decay) != CAI_OK) {
-#pragma omp atomic write
-                    failed = s;
-                }
-            }
-            s = e;
-        }
+    int n = 0;
+    for (int s = 0; s < nseg; s++) {
+        if (!seg[s].update) continue;
+        const size_t o = seg[s].soff;
+        spans[n++] = (cai_adamw_span){M + o,    G + o,       Mm + o, Mv + o, lowp ? (char *)lowp + o * les : NULL,
+                                      seg[s].n, seg[s].decay};
     }
-    if (failed >= 0)
-        return CAI_ERROR(CAI_ERR_INTERNAL,
-                         "ZeRO offload step: the host AdamW failed on segment %d (parameter %d, "
-                         "%zu elements at shard offset %zu)",
-                         failed, seg[failed].index, seg[failed].n, seg[failed].soff);
-    return CAI_OK;
+    return cai_adamw_spans(hd, spans, n, lowp_dtype, p, 1);
 }
 
 void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_tensor *v) {

@@ -137,13 +137,13 @@ void zc_progress(zc_ctx *c, zc_req *reqs, int n);
 /* AdamW over this rank's shard on a host device: every segment with
  * `update` set, masters M, gradients G and moments Mm, Mv all indexed by
  * the segment's soff. With lowp, the updated masters rounded to lowp_dtype
- * land in lowp (same indexing) in the same pass. One parallel region over
- * the whole shard (each thread takes its share of every run of adjacent
- * segments), not one per segment: a step has hundreds of segments, and with
- * as many threads as cores every region waits for its slowest thread.
- * Results are bit-identical to one op call per segment. */
+ * land in lowp (same indexing) in the same pass. cai_adamw_spans over them,
+ * split among the host's threads in one parallel region; spans holds nseg
+ * entries (the caller's, so the step allocates nothing). Results are
+ * bit-identical to one op call per segment. */
 cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
-                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p);
+                           float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p,
+                           cai_adamw_span *spans);
 
 /* ---- the planner's replay of the window schedule (zero.c) */
 

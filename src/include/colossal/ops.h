@@ -286,6 +286,24 @@ typedef struct cai_ops {
                         cai_tensor *param_lowp, const cai_adamw_params *p, int apply_decay);
 } cai_ops;
 
+/* One AdamW update over pieces of flat buffers (a model's parameters, a ZeRO
+ * shard): span i is n elements at w, g, m, v and, when lowp is not NULL,
+ * the working copy in lowp_dtype (written in the same pass). Adjacent
+ * spans that continue each other in every buffer with the same decay flag
+ * go to ops->adamw as one call (elementwise: the same bits as a call per
+ * span). split (host device only): one OpenMP region over all of it, every
+ * run divided among dev->num_threads threads. */
+typedef struct {
+    float *w;
+    const float *g;
+    float *m, *v;
+    void *lowp;
+    size_t n;
+    int decay;
+} cai_adamw_span;
+cai_status cai_adamw_spans(cai_device_t *dev, const cai_adamw_span *spans, int n_spans, cai_dtype lowp_dtype,
+                           const cai_adamw_params *p, int split);
+
 /* The CPU backend's table (always built). */
 const cai_ops *cai_ops_cpu(void);
 
