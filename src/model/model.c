@@ -294,8 +294,11 @@ struct cai_model {
     } * refs;
     int n_refs;
     int external; /* the caller owns parameter storage */
-    cai_model_hook_fn hook;
-    void *hook_ctx;
+    struct {
+        cai_model_hook_fn fn;
+        void *ctx;
+    } hooks[CAI_MODEL_MAX_HOOKS];
+    int n_hooks;
 };
 
 const cai_model_config *cai_model_config_of(const cai_model_t *m) { return &m->cfg; }
@@ -782,9 +785,30 @@ cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *out
     return CAI_OK;
 }
 
-void cai_model_set_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx) {
-    m->hook = fn;
-    m->hook_ctx = fn ? ctx : NULL;
+static int find_hook(const cai_model_t *m, cai_model_hook_fn fn, const void *ctx) {
+    for (int i = 0; i < m->n_hooks; i++)
+        if (m->hooks[i].fn == fn && m->hooks[i].ctx == ctx) return i;
+    return -1;
+}
+
+cai_status cai_model_add_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx) {
+    CAI_CHECK_ARG(m && fn, "cai_model_add_hook: NULL argument");
+    CAI_CHECK_ARG(find_hook(m, fn, ctx) < 0, "cai_model_add_hook: this hook is already added");
+    CAI_CHECK_ARG(m->n_hooks < CAI_MODEL_MAX_HOOKS, "cai_model_add_hook: the model has its %d hooks already",
+                  CAI_MODEL_MAX_HOOKS);
+    m->hooks[m->n_hooks].fn = fn;
+    m->hooks[m->n_hooks].ctx = ctx;
+    m->n_hooks++;
+    return CAI_OK;
+}
+
+cai_status cai_model_remove_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx) {
+    CAI_CHECK_ARG(m && fn, "cai_model_remove_hook: NULL argument");
+    const int i = find_hook(m, fn, ctx);
+    CAI_CHECK_ARG(i >= 0, "cai_model_remove_hook: no such hook");
+    for (int k = i; k + 1 < m->n_hooks; k++) m->hooks[k] = m->hooks[k + 1];
+    m->n_hooks--;
+    return CAI_OK;
 }
 
 int cai_model_external_params(const cai_model_t *m) { return m->external; }
@@ -827,7 +851,7 @@ cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float 
 
 /* Fire the hook, then (external storage) check the unit can run. */
 static cai_status fire(cai_model_t *m, cai_model_event ev, int unit) {
-    if (m->hook) CAI_CALL(m->hook(m->hook_ctx, m, ev, unit));
+    for (int i = 0; i < m->n_hooks; i++) CAI_CALL(m->hooks[i].fn(m->hooks[i].ctx, m, ev, unit));
     if (!m->external || (ev != CAI_MODEL_PRE_FORWARD && ev != CAI_MODEL_PRE_BACKWARD)) return CAI_OK;
     for (int i = 0; i < m->n_refs; i++) {
         const struct view_ref *r = &m->refs[i];

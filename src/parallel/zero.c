@@ -63,6 +63,7 @@ struct cai_zero {
     cai_tensor *hook_grads;
     int *hook_idx;
     cai_adamw_span *spans; /* the step's, one per shard segment */
+    int hooked;            /* the engine's hook is on the model */
     cai_zero_grad_hook ghook;
     void *ghook_ctx;
     cai_zero_stats stats;
@@ -842,7 +843,8 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
                           st, fail);
         }
     CAI_CALL_GOTO(publish(z, 0), st, fail);
-    cai_model_set_hook(m, hook, z);
+    CAI_CALL_GOTO(cai_model_add_hook(m, hook, z), st, fail);
+    z->hooked = 1;
     *out = z;
     return CAI_OK;
 fail:
@@ -860,7 +862,7 @@ void cai_zero_free(cai_zero_t *z) {
             if (z->rt[k].preq.kind != ZC_NONE) (void)zc_wait(&z->comm, &z->rt[k].preq);
         }
     if (z->model) {
-        cai_model_set_hook(z->model, NULL, NULL);
+        if (z->hooked) (void)cai_model_remove_hook(z->model, hook, z);
         if (cai_model_external_params(z->model))
             for (int i = 0; i < z->L.n_params; i++)
                 if (z->L.offsets && z->L.offsets[i] != SIZE_MAX) cai_model_bind_param(z->model, i, NULL, NULL);

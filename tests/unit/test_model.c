@@ -344,6 +344,67 @@ static void grads_of(cai_model_config c, int ckpt, const int32_t *tok, const int
  * pass over the logits): the same loss and gradients, bit for bit, as
  * forward + backward; the logits are gone afterwards, and a backward with
  * another scale is refused. */
+/* Hooks: every event of every unit reaches each hook, in the order they
+ * were added; an error from one stops the pass; removal and the limits. */
+typedef struct {
+    int id, *log, *n, fail_at;
+} hook_rec;
+
+static cai_status record_hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit) {
+    (void)m;
+    hook_rec *r = ctx;
+    const int k = (*r->n)++;
+    if (k < 256) r->log[k] = r->id * 1000 + unit * 10 + (int)ev;
+    if (r->fail_at >= 0 && unit == r->fail_at && ev == CAI_MODEL_PRE_BACKWARD)
+        return CAI_ERROR(CAI_ERR_INTERNAL, "hook %d stops unit %d", r->id, unit);
+    return CAI_OK;
+}
+
+START_TEST(hooks_run_in_order_and_stop_the_pass) {
+    cai_model_config c = tiny_gpt2();
+    cai_model_t *m = make_model(&c, 2, 6);
+    int log[256], n = 0;
+    hook_rec a = {1, log, &n, -1}, b = {2, log, &n, -1};
+    OK(cai_model_add_hook(m, record_hook, &a));
+    OK(cai_model_add_hook(m, record_hook, &b));
+    ck_assert_int_eq(cai_model_add_hook(m, record_hook, &a), CAI_ERR_INVALID_ARG);
+    int32_t tok[12], tgt[12];
+    make_batch(2, 6, c.vocab_size, 13, tok, tgt);
+    OK(cai_model_forward(m, tok, tgt, NULL));
+    OK(cai_model_backward(m, 1.0f));
+    const int units = cai_model_unit_count(m);
+    ck_assert_int_eq(n, 2 * 4 * units); /* two hooks, four events per unit */
+    for (int k = 0; k < n; k += 2) {
+        ck_assert_int_eq(log[k] / 1000, 1); /* a first, then b, for each event */
+        ck_assert_int_eq(log[k + 1] - 1000, log[k]);
+    }
+    /* unit 0 (the embedding) opens the forward and closes the backward */
+    ck_assert_int_eq(log[0] % 1000, 0 * 10 + CAI_MODEL_PRE_FORWARD);
+    ck_assert_int_eq(log[n - 1] % 1000, 0 * 10 + CAI_MODEL_POST_BACKWARD);
+    /* an error stops the backward at that unit */
+    b.fail_at = 1;
+    n = 0;
+    OK(cai_model_forward(m, tok, tgt, NULL));
+    ck_assert_int_eq(cai_model_backward(m, 1.0f), CAI_ERR_INTERNAL);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "hook 2 stops unit 1"));
+    cai_error_clear();
+    OK(cai_model_remove_hook(m, record_hook, &b));
+    ck_assert_int_eq(cai_model_remove_hook(m, record_hook, &b), CAI_ERR_INVALID_ARG);
+    n = 0;
+    OK(cai_model_forward(m, tok, tgt, NULL));
+    ck_assert_int_eq(n, 2 * units);
+    OK(cai_model_remove_hook(m, record_hook, &a));
+    hook_rec many[CAI_MODEL_MAX_HOOKS + 1];
+    for (int i = 0; i <= CAI_MODEL_MAX_HOOKS; i++) {
+        many[i] = (hook_rec){10 + i, log, &n, -1};
+        ck_assert_int_eq(cai_model_add_hook(m, record_hook, &many[i]),
+                         i < CAI_MODEL_MAX_HOOKS ? CAI_OK : CAI_ERR_INVALID_ARG);
+    }
+    cai_error_clear();
+    cai_model_free(m);
+}
+END_TEST
+
 START_TEST(forward_train_gives_identical_gradients) {
     cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
     for (int k = 0; k < 2; k++) {
@@ -583,6 +644,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, config_defaults_and_errors);
     tcase_add_test(tc, registration_names_every_parameter_once);
     tcase_add_test(tc, forward_train_gives_identical_gradients);
+    tcase_add_test(tc, hooks_run_in_order_and_stop_the_pass);
     tcase_add_test(tc, gpt2_gradients_match_finite_differences);
     tcase_add_test(tc, llama_gqa_gradients_match_finite_differences);
     tcase_add_test(tc, forward_rejects_bad_input);

@@ -575,10 +575,15 @@ int cai_model_unit_count(const cai_model_t *m);
  * the embedding it reads); returns how many (at most `max` are written). */
 int cai_model_unit_params(const cai_model_t *m, int unit, int *indices, int max);
 
-/* Called at every event of every unit from cai_model_forward/backward; an
- * error stops the pass and is returned from it. NULL removes the hook. */
+/* Hooks are called at every event of every unit from cai_model_forward /
+ * backward, in the order they were added (a ZeRO engine's, later a pipeline
+ * executor's or a profiler's); the first error stops the pass and is
+ * returned from it. At most CAI_MODEL_MAX_HOOKS; adding the same (fn, ctx)
+ * twice is refused, as is removing one that is not there. */
+#define CAI_MODEL_MAX_HOOKS 8
 typedef cai_status (*cai_model_hook_fn)(void *ctx, cai_model_t *m, cai_model_event ev, int unit);
-void cai_model_set_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx);
+cai_status cai_model_add_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx);
+cai_status cai_model_remove_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx);
 
 /* External parameter storage (cai_model_options.external_params = 1): the
  * model allocates and initialises no parameter, gradient or working-copy

@@ -45,7 +45,7 @@ cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m);
  * units (embedding, blocks, head); each bucket is padded to a multiple of
  * dp so rank r owns the r-th chunk of every bucket, and a rank's shard is
  * the concatenation of its chunks. Backward runs units in reverse, so
- * buckets fill from the end; a model hook (cai_model_set_hook) starts each
+ * buckets fill from the end; a model hook (cai_model_add_hook) starts each
  * bucket's non-blocking reduction as soon as the last unit touching it has
  * finished its backward.
  *
