@@ -152,8 +152,9 @@ END_TEST
 
 START_TEST(rank_blocked_elsewhere_is_described) {
     /* Rank 3 waits (with a longer timeout of its own) for a message rank 2
-     * sends only after the world allreduce; the others time out in that
-     * allreduce and see rank 3 blocked in its recv. */
+     * sends only once ranks 0, 1 and 2 have all timed out in the world
+     * allreduce (rank 3 leaving its recv earlier would change what a slower
+     * rank's report sees); they see rank 3 blocked in its recv. */
     cai_mesh_t *m = mesh_return_mode(4, 1, g_world_rank == 3 ? 60.0 : TIMEOUT);
     g_v = 0;
     g_isum = 0;
@@ -167,8 +168,11 @@ START_TEST(rank_blocked_elsewhere_is_described) {
         cai_error_clear();
         cai_status st = cai_allreduce(m, CAI_AXIS_WORLD, &g_one, &g_isum, 1, CAI_DTYPE_I32, CAI_RED_SUM);
         if (g_world_rank == 2) {
+            wait_until_released(2);
             static int seven = 7;
             CK_CAI(cai_send(m, CAI_AXIS_WORLD, &seven, 1, CAI_DTYPE_I32, 3, 9));
+        } else {
+            release(2);
         }
         ck_assert_int_eq(st, CAI_ERR_TIMEOUT);
         expect_in_message("watchdog: allreduce #1 on axis world (group of 4)");
