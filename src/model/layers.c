@@ -34,12 +34,12 @@ cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev) {
 static int tp_on(const cai_layer_ctx *cx) { return cx->tp_size > 1; }
 static int sp_on(const cai_layer_ctx *cx) { return cx->tp_size > 1 && cx->seq_parallel; }
 
-/* This rank's block of tokens of a whole-sequence [B,T,X] buffer, as [1, B*T/tp, X]. */
-static cai_status own_rows(const cai_layer_ctx *cx, const cai_tensor *full, cai_tensor *out) {
+/* Block k of the tp blocks of tokens of a whole-sequence [B,T,X] buffer, as [1, B*T/tp, X]. */
+static cai_status token_block(const cai_layer_ctx *cx, const cai_tensor *full, int k, cai_tensor *out) {
     const int64_t X = full->shape[full->ndim - 1], n = cai_tensor_numel(full) / X / cx->tp_size;
     cai_tensor flat;
     CAI_CALL(cai_tensor_reshape(full, 3, (int64_t[]){1, n * cx->tp_size, X}, &flat));
-    return cai_tensor_narrow(&flat, 1, n * cx->tp_rank, n, out);
+    return cai_tensor_narrow(&flat, 1, n * k, n, out);
 }
 
 /* full [B,T,X] = every rank's [1, B*T/tp, X] block, in rank order. */
@@ -57,11 +57,9 @@ static cai_status seq_scatter(const cai_layer_ctx *cx, const cai_tensor *full, c
 /* The reduce-scatter in place: the sum lands in the first B*T/tp rows of
  * full, which *local then views. */
 static cai_status seq_scatter_inplace(const cai_layer_ctx *cx, cai_tensor *full, cai_tensor *local) {
-    const int64_t X = full->shape[full->ndim - 1], n = cai_tensor_numel(full) / X / cx->tp_size;
-    cai_tensor flat;
-    CAI_CALL(cai_tensor_reshape(full, 3, (int64_t[]){1, n * cx->tp_size, X}, &flat));
-    CAI_CALL(cai_tensor_narrow(&flat, 1, 0, n, local));
-    return cai_reduce_scatter(cx->mesh, CAI_AXIS_TP, full->data, full->data, (size_t)(n * X), full->dtype, CAI_RED_SUM);
+    CAI_CALL(token_block(cx, full, 0, local));
+    return cai_reduce_scatter(cx->mesh, CAI_AXIS_TP, full->data, full->data, (size_t)cai_tensor_numel(local),
+                              full->dtype, CAI_RED_SUM);
 }
 
 /* Sum a contiguous activation over the tp group, in place. */
@@ -421,7 +419,7 @@ static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
         /* The norm writes this rank's block of h->lnf, gathered in place:
          * the LM head and its backward read the whole sequence. */
         cai_tensor own;
-        CAI_CALL(own_rows(cx, &h->lnf, &own));
+        CAI_CALL(token_block(cx, &h->lnf, cx->tp_rank, &own));
         CAI_CALL(norm_fwd(dev, d, &own, &h->lnf_mean, &h->lnf_rstd, inp, lnf_w, lnf_b));
         CAI_CALL(seq_gather(cx, &own, &h->lnf));
     } else {
