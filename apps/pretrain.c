@@ -281,6 +281,7 @@ typedef struct {
     cai_model_t *model;
     cai_optim_t *optim; /* stage 0 without offload; else the engine holds the optimizer state */
     cai_zero_t *zero;   /* gradient buckets and ZeRO */
+    cai_step_driver driver;
     cai_adamw_config oc;
     cai_zero_config zc;
     cai_loss_scaler scaler;
@@ -293,15 +294,13 @@ static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_st
     cai_timer_begin("pretrain: data");
     CAI_CALL(pt_data_next(&j->data));
     cai_timer_end("pretrain: data");
-    cai_zero_step_stats zs;
     cai_timer_begin("pretrain: step");
-    CAI_CALL(cai_train_step_zero(j->zero, j->optim, &j->oc, j->scaled ? &j->scaler : NULL, j->data.tokens,
-                                 j->data.targets, j->cfg->grad_accum, &zs));
+    CAI_CALL(cai_train_step(&j->driver, &j->oc, j->scaled ? &j->scaler : NULL, j->data.tokens, j->data.targets,
+                            j->cfg->grad_accum, st));
     cai_timer_end("pretrain: step");
-    if (zs.skipped && cai_run_rank(run) == 0)
+    if (st->skipped && cai_run_rank(run) == 0)
         printf("step %lld skipped: gradients overflowed at loss scale %g (now %g)\n", (long long)step,
-               (double)zs.loss_scale, (double)j->scaler.scale);
-    *st = (cai_step_stats){zs.loss, zs.grad_norm, zs.lr};
+               (double)st->loss_scale, (double)j->scaler.scale);
     return CAI_OK;
 }
 
@@ -404,6 +403,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     j->oc = optim_config(c);
     if (j->zc.reduce_only) CAI_CALL(cai_optim_create_for_model(&j->optim, j->model, &j->oc));
     CAI_CALL(cai_zero_create(&j->zero, cai_run_mesh(run), j->model, &j->zc));
+    CAI_CALL(cai_zero_driver(j->zero, j->optim, &j->driver));
     j->scaled = resolved->param_dtype == CAI_DTYPE_F16 || resolved->act_dtype == CAI_DTYPE_F16;
     cai_loss_scale_config lsc = loss_scale_config(c);
     cai_loss_scaler_init(&j->scaler, &lsc);

@@ -144,14 +144,16 @@ static cai_status run(const bench_opts *bo) {
     }
 
     cai_step_stats ss = {0};
+    cai_step_driver drv;
+    CAI_CALL_GOTO(cai_local_driver(m, o, &drv), st, done);
     float loss0 = 0;
     for (int s = 0; s < bo->warmup; s++) {
-        CAI_CALL_GOTO(cai_train_step(m, o, tokens, targets, 1, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tokens, targets, 1, &ss), st, done);
         if (s == 0) loss0 = ss.loss;
     }
     double c0 = cpu_seconds(), t0 = cai_time_now();
     for (int s = 0; s < bo->steps; s++) {
-        CAI_CALL_GOTO(cai_train_step(m, o, tokens, targets, 1, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tokens, targets, 1, &ss), st, done);
         if (bo->warmup == 0 && s == 0) loss0 = ss.loss;
     }
     double dt = cai_time_now() - t0, dc = cpu_seconds() - c0;

@@ -152,37 +152,17 @@ static cai_status norm_fwd(cai_device_t *dev, const cai_layer_dims *d, cai_tenso
     return dev->ops->rmsnorm_fwd(dev, out, rstd, inp, w, d->norm_eps);
 }
 
-static cai_status norm_bwd_local(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
-                                 cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
-                                 const cai_tensor *mean, const cai_tensor *rstd, int accum) {
+/* Under sequence parallelism the weight and bias gradients cover this
+ * rank's tokens only; they stay partial here (summed over tp once per step
+ * by the gradient sync: cai_registry_grad_axes), which keeps collectives
+ * out of every microbatch's backward. */
+static cai_status norm_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
+                           cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
+                           const cai_tensor *mean, const cai_tensor *rstd, int accum) {
+    cai_device_t *dev = cx->dev;
     if (layernorm(d))
         return dev->ops->layernorm_bwd(dev, dinp, opt_out(dw), opt_out(db), dout, inp, w, mean, rstd, accum);
     return dev->ops->rmsnorm_bwd(dev, dinp, opt_out(dw), dout, inp, w, rstd, accum);
-}
-
-/* Under sequence parallelism a norm's weight and bias gradients from this
- * rank's tokens are partial: they are made in s->norm_grad, summed over tp
- * and only then added to the accumulated gradients, so that accumulation
- * over microbatches and the data-parallel reduction after it see complete
- * gradients, as without sequence parallelism. */
-static cai_status norm_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_block_scratch *s, cai_tensor *dinp,
-                           cai_tensor *dw, cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp,
-                           const cai_tensor *w, const cai_tensor *mean, const cai_tensor *rstd, int accum) {
-    cai_device_t *dev = cx->dev;
-    if (!sp_on(cx)) return norm_bwd_local(dev, d, dinp, dw, db, dout, inp, w, mean, rstd, accum);
-    const int has_w = opt_out(dw) != NULL, has_b = opt_out(db) != NULL;
-    const int64_t C = d->C;
-    cai_tensor gw, gb;
-    CAI_CALL(cai_tensor_narrow(&s->norm_grad, 0, 0, C, &gw));
-    CAI_CALL(cai_tensor_narrow(&s->norm_grad, 0, C, C, &gb));
-    CAI_CALL(dev->ops->fill(dev, &s->norm_grad, 0.0f));
-    CAI_CALL(norm_bwd_local(dev, d, dinp, has_w ? &gw : NULL, has_b ? &gb : NULL, dout, inp, w, mean, rstd, accum));
-    if (!has_w && !has_b) return CAI_OK;
-    CAI_CALL(cai_allreduce(cx->mesh, CAI_AXIS_TP, s->norm_grad.data, s->norm_grad.data, (size_t)(has_b ? 2 * C : C),
-                           CAI_DTYPE_F32, CAI_RED_SUM));
-    if (has_w) CAI_CALL(dev->ops->axpy(dev, dw, 1.0f, &gw));
-    if (has_b) CAI_CALL(dev->ops->axpy(dev, db, 1.0f, &gb));
-    return CAI_OK;
 }
 
 /* ------------------------------------------------------------ attention */
@@ -239,7 +219,7 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     /* The column-parallel input gradient covers this rank's heads only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, s, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
+    CAI_CALL(norm_bwd(cx, d, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
 }
 
@@ -322,7 +302,7 @@ cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     }
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, s, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
+    CAI_CALL(norm_bwd(cx, d, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
 }
 
@@ -482,7 +462,7 @@ cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     /* Each rank's input gradient covers its vocabulary columns only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, s, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
+    CAI_CALL(norm_bwd(cx, d, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
     return CAI_OK;
 }
 
@@ -598,7 +578,6 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     if (d->sp) {
         CAI_CALL(carve(c, &s->seq_full, at, 3, B, T, C));
         CAI_CALL(carve(c, &s->seq_grad, at, 3, B, T, C));
-        CAI_CALL(carve(c, &s->norm_grad, CAI_DTYPE_F32, 1, 2 * C, 0, 0));
     }
     CAI_CALL(carve(c, &s->dact, at, 3, B, T, F));
     if (d->kinds.mlp == CAI_MLP_GELU) {

@@ -164,6 +164,7 @@ static cai_status add_norm(reg_ctx *r, const char *prefix, cai_pp_place place, i
     char name[CAI_PARAM_NAME_MAX];
     uint64_t C = (uint64_t)r->cfg->d_model;
     cai_param_spec s = spec_at(place, layer, CAI_INIT_ONES, 0, -1);
+    s.seq_grad = 1;
     snprintf(name, sizeof name, "%s.weight", prefix);
     CAI_CALL(add_param(r, name, 1, C, 1, &s));
     if (r->cfg->family == CAI_MODEL_GPT2) {
@@ -812,6 +813,7 @@ cai_status cai_model_remove_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx
 }
 
 int cai_model_external_params(const cai_model_t *m) { return m->external; }
+int cai_model_seq_parallel(const cai_model_t *m) { return m->cx.seq_parallel && m->view.tp_size > 1; }
 
 int cai_model_unit_params(const cai_model_t *m, int unit, int *indices, int max) {
     int n = 0;

@@ -381,6 +381,12 @@ static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view 
     return CAI_OK;
 }
 
+unsigned cai_registry_grad_axes(const cai_registry_t *reg, int index, const cai_rank_view *view, int seq_parallel) {
+    const cai_param_info *info = cai_registry_param(reg, index);
+    if (!info || !view || !seq_parallel || view->tp_size <= 1) return 0;
+    return info->spec.seq_grad && info->spec.tp_split_dim < 0 ? 1u << CAI_AXIS_TP : 0;
+}
+
 cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
     CAI_CHECK_ARG(reg && view && stage, "cai_registry_layer_stage: NULL argument");
     CAI_CHECK_ARG(layer >= 0 && layer < reg->n_layers, "layer %d out of range (model has %d layers)", layer,

@@ -1,50 +1,120 @@
-/* The single-process training step: the composition every app's loop and
- * the parity tests share. */
+/* The training step: one function over every step driver (the
+ * single-process loop here, the ZeRO / data-parallel engine, the pipeline
+ * executor), with loss scaling, the overflow skip, global-norm clipping and
+ * the learning-rate schedule around the driver's microbatch loop. */
 #include "cai_config.h"
 #include "colossal/optim.h"
 
 #include <math.h>
 
-cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets, int n_micro,
-                          cai_step_stats *stats) {
-    CAI_CHECK_ARG(m && o && tokens && targets, "cai_train_step: NULL argument");
-    CAI_CHECK_ARG(n_micro >= 1, "cai_train_step: n_micro=%d must be >= 1", n_micro);
+/* ------------------------------------------------------------ the local driver */
+
+static cai_status local_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
+                                         int n_micro, float loss_scale, double *loss) {
+    cai_model_t *m = d->model;
+    CAI_CALL(cai_model_zero_grad(m));
+    int B = 0, T = 0;
+    cai_model_shape(m, &B, &T);
+    const size_t per = (size_t)B * (size_t)T; /* tokens per microbatch */
+    const float w = loss_scale / (float)n_micro;
+    double sum = 0.0;
+    for (int k = 0; k < n_micro; k++) {
+        float l = 0.0f;
+        CAI_CALL(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, w, &l));
+        CAI_CALL(cai_model_backward(m, w));
+        sum += (double)l / n_micro;
+    }
+    *loss = sum;
+    return CAI_OK;
+}
+
+static cai_status local_grad_sumsq(const cai_step_driver *d, double *sumsq) {
+    cai_tensor grads;
+    cai_model_flat(d->model, NULL, &grads, NULL);
+    return cai_optim_grad_sumsq(d->optim, &grads, sumsq);
+}
+
+cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out) {
+    CAI_CHECK_ARG(m && o && out, "cai_local_driver: NULL argument");
     int first = 0, last = 0;
     cai_model_stage(m, NULL, NULL, &first, &last);
     if (!first || !last)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "cai_train_step runs a whole model on one rank; this model is one "
+                         "the single-process driver runs a whole model on one rank; this model is one "
                          "pipeline stage (use the pipeline executor)");
-    CAI_CALL(cai_model_zero_grad(m));
-    int B = 0, T = 0;
-    cai_model_shape(m, &B, &T);
-    size_t per = (size_t)B * (size_t)T; /* tokens per microbatch */
-    double loss = 0.0;
-    for (int k = 0; k < n_micro; k++) {
-        float l = 0.0f;
-        const float gs = 1.0f / (float)n_micro;
-        CAI_CALL(cai_model_forward_train(m, tokens + (size_t)k * per, targets + (size_t)k * per, gs, &l));
-        CAI_CALL(cai_model_backward(m, gs));
-        loss += (double)l / n_micro;
+    if (cai_model_view(m)->tp_size > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "the single-process driver reduces nothing; a tp=%d model needs the ZeRO / data-parallel "
+                         "engine's driver (cai_zero_driver), which sums the gradients tensor parallelism leaves "
+                         "partial",
+                         cai_model_view(m)->tp_size);
+    *out = (cai_step_driver){.name = "single-process",
+                             .model = m,
+                             .optim = o,
+                             .forward_backward = local_forward_backward,
+                             .grad_sumsq = local_grad_sumsq};
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ the step */
+
+static cai_status apply_update(const cai_step_driver *d, const cai_adamw_config *cfg, int64_t next, float gscale,
+                               float *lr) {
+    if (d->optim) {
+        cai_tensor params, grads, lowp;
+        cai_model_flat(d->model, &params, &grads, &lowp);
+        CAI_CALL(cai_optim_step(d->optim, &params, &grads, &lowp, gscale, lr));
+        return cai_model_params_updated(d->model);
     }
-    cai_tensor params, grads, lowp;
-    cai_model_flat(m, &params, &grads, &lowp);
-    double sumsq = 0.0;
-    CAI_CALL(cai_optim_grad_sumsq(o, &grads, &sumsq));
-    double norm = sqrt(sumsq);
-    if (!isfinite(norm) || !isfinite(loss))
+    cai_adamw_params p = {
+        .lr = cai_lr_at(&cfg->schedule, next),
+        .beta1 = cfg->beta1,
+        .beta2 = cfg->beta2,
+        .eps = cfg->eps,
+        .weight_decay = cfg->weight_decay,
+        .step = next,
+        .grad_scale = gscale,
+    };
+    CAI_CALL(d->adamw_step(d, &p));
+    *lr = p.lr;
+    return CAI_OK;
+}
+
+cai_status cai_train_step(const cai_step_driver *d, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
+                          const int32_t *tokens, const int32_t *targets, int n_micro, cai_step_stats *out) {
+    CAI_CHECK_ARG(d && d->forward_backward && d->grad_sumsq && tokens && targets, "cai_train_step: NULL argument");
+    CAI_CHECK_ARG(n_micro >= 1, "cai_train_step: n_micro=%d must be >= 1", n_micro);
+    CAI_CHECK_ARG(d->optim ? d->model != NULL : d->adamw_step && d->step_count,
+                  "cai_train_step: the %s driver has neither an optimizer nor a step of its own", d->name);
+    if (d->optim) cfg = cai_optim_config(d->optim);
+    CAI_CHECK_ARG(cfg, "cai_train_step: the %s driver steps its own state and needs the AdamW config", d->name);
+    CAI_CHECK_ARG(cfg->beta1 >= 0 && cfg->beta1 < 1 && cfg->beta2 >= 0 && cfg->beta2 < 1 && cfg->eps > 0,
+                  "cai_train_step: betas (%g, %g) must lie in [0, 1) and eps %g be > 0", (double)cfg->beta1,
+                  (double)cfg->beta2, (double)cfg->eps);
+    const float scale = scaler ? scaler->scale : 1.0f;
+    double loss = 0, sumsq = 0;
+    CAI_CALL(d->forward_backward(d, tokens, targets, n_micro, scale, &loss));
+    CAI_CALL(d->grad_sumsq(d, &sumsq));
+    /* Both come out of the driver's reductions: every rank sees the same
+     * values, so every rank takes the same branch below. */
+    const double norm = sqrt(sumsq) / scale;
+    const int overflow = !isfinite(sumsq) || !isfinite(loss);
+    const int64_t next = (d->optim ? cai_optim_step_count(d->optim) : d->step_count(d)) + 1;
+    cai_step_stats st = {(float)loss, (float)norm, 0.0f, scale, 0};
+    if (overflow && !scaler)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "training step %lld: loss %g, gradient norm %g is not finite; the "
-                         "update was skipped (lower the learning rate, check the data, or use bf16 over f16)",
-                         (long long)cai_optim_step_count(o) + 1, loss, norm);
-    float coef = cai_clip_coef(norm, (double)cai_optim_config(o)->grad_clip);
-    float lr = 0.0f;
-    CAI_CALL(cai_optim_step(o, &params, &grads, &lowp, coef, &lr));
-    CAI_CALL(cai_model_params_updated(m));
-    if (stats) {
-        stats->loss = (float)loss;
-        stats->grad_norm = (float)norm;
-        stats->lr = lr;
+                         "training step %lld: loss %g, gradient norm %g is not finite on some rank; nothing was "
+                         "updated (lower the learning rate, check the data, or train f16 with loss scaling)",
+                         (long long)next, loss, norm);
+    if (scaler && !cai_loss_scaler_update(scaler, overflow)) {
+        st.skipped = 1;
+        CAI_DEBUG("step %lld skipped: gradients overflowed at loss scale %g; next scale %g", (long long)next,
+                  (double)scale, (double)scaler->scale);
+        if (out) *out = st;
+        return CAI_OK;
     }
+    const float gscale = cai_clip_coef(norm, (double)cfg->grad_clip) / scale;
+    CAI_CALL(apply_update(d, cfg, next, gscale, &st.lr));
+    if (out) *out = st;
     return CAI_OK;
 }

@@ -17,16 +17,15 @@ TESTS += $(PARALLEL_MPI_TESTS)
 endif
 
 # ---- ZeRO / gradient buckets / loss scaling / memory planner (docs/parallel.md)
-# The loss scaler and the ZeRO training step live in src/optim (they compose
-# the engine with the schedule); they are listed here with the engine.
+# The loss scaler lives in src/optim (the training step uses it); it is
+# listed here with the engine it was written for.
 src_libcolossal_core_la_SOURCES += \
 	%reldir%/zero_internal.h \
 	%reldir%/zero_layout.c \
 	%reldir%/zero_comm.c \
 	%reldir%/zero.c \
 	%reldir%/planner.c \
-	src/optim/loss_scale.c \
-	src/optim/loss_scale_step.c
+	src/optim/loss_scale.c
 EXTRA_DIST += docs/parallel.md tests/apps/pretrain_zero3.sh
 TESTS += tests/apps/pretrain_zero3.sh
 

@@ -38,7 +38,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     const cai_zero_config *z = &req->zero;
     size_t align = req->align_elems ? req->align_elems : 16;
     CAI_CALL_GOTO(zl_build(&L, reg, &req->view, align, n_units, units, np, z->stage, req->dp, 0,
-                           z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20),
+                           z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20, req->seq_parallel),
                   st, done);
 
     const size_t act = cai_dtype_size(c.act_dtype), pds = cai_dtype_size(c.param_dtype), f4 = sizeof(float);
@@ -64,6 +64,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
                        (c.param_dtype != CAI_DTYPE_F32 && c.param_dtype != c.act_dtype ? S * pds : 0);
     }
     out->optim = 2 * S * f4;
+    out->grads += L.axis_max * f4; /* the axis buckets' packing buffer */
     /* the bf16 reduction copy; stages 2/3 take bf16 windows, in the window peak */
     if (z->reduce_dtype == CAI_DTYPE_BF16 && L.stage < 2) out->grads += L.n_pad * sizeof(uint16_t);
     CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, z->reduce_dtype, &out->windows), st, done);

@@ -49,6 +49,7 @@ struct cai_zero {
     void *LP;           /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
     double *acc;        /* device sumsq accumulator */
     uint16_t *RB;       /* zero.reduce_dtype bf16: the bf16 copy reductions move, engine layout [n_pad] */
+    float *AX;          /* the axis buckets' packing buffer [axis_max] */
     cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP in one staging (pinned on a GPU) block */
     size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host, mem_rb;
 
@@ -499,6 +500,59 @@ static cai_status end_backward(cai_zero_t *z) {
     return CAI_OK;
 }
 
+/* ------------------------------------------------------------ axis buckets */
+
+/* Axes a bucket of the engine's reduces over besides dp, in the order they
+ * are reduced (the sums commute; this is the order of the mesh's axes). */
+static const int sync_axes[] = {CAI_AXIS_TP};
+
+/* Every rank of an axis group must pack the same elements in the same order:
+ * its members hold equal local layouts (tp shards are even), so equal counts
+ * are checked once here rather than trusted every step. */
+static cai_status check_axis_buckets(cai_zero_t *z) {
+    for (size_t a = 0; a < sizeof sync_axes / sizeof sync_axes[0]; a++) {
+        const int x = sync_axes[a];
+        if (cai_mesh_size(z->mesh, x) <= 1) continue;
+        double n[2] = {(double)z->L.axis_n[x], -(double)z->L.axis_n[x]};
+        CAI_CALL(cai_allreduce(z->mesh, x, n, n, 2, CAI_DTYPE_F64, CAI_RED_MIN));
+        if (n[0] != -n[1])
+            return CAI_ERROR(CAI_ERR_INTERNAL,
+                             "ZeRO: the %s axis bucket holds %zu elements on this rank but between %.0f and %.0f "
+                             "on the others of its group (the ranks' sequence-parallel settings or layouts differ)",
+                             cai_axis_name(x), z->L.axis_n[x], n[0], -n[1]);
+    }
+    return CAI_OK;
+}
+
+/* The axis buckets: once per step, after the dp reductions have finished,
+ * every shard segment whose gradient is also partial over an axis (norm
+ * weights under sequence parallelism: tp) is packed into one buffer, summed
+ * over that axis in one all-reduce and unpacked. The dp and tp sums commute,
+ * so this equals reducing each microbatch's partial over tp first, with one
+ * collective a step instead of one per norm per microbatch. */
+static cai_status reduce_axis_buckets(cai_zero_t *z) {
+    const zl_layout *L = &z->L;
+    cai_device_t *dev = z->dev;
+    for (size_t a = 0; a < sizeof sync_axes / sizeof sync_axes[0]; a++) {
+        const int x = sync_axes[a];
+        if (!L->axis_n[x] || cai_mesh_size(z->mesh, x) <= 1) continue;
+        for (int pass = 0; pass < 2; pass++) {
+            size_t at = 0;
+            for (int s = 0; s < L->nseg; s++) {
+                const zl_seg *g = &L->seg[s];
+                if (!(g->axes & (1u << x))) continue;
+                cai_tensor grad =
+                    vec(dev, reduced_of(z, g->bucket), CAI_DTYPE_F32, g->soff - L->b[g->bucket].soff, g->n);
+                cai_tensor packed = vec(dev, z->AX, CAI_DTYPE_F32, at, g->n);
+                CAI_CALL(pass == 0 ? dev->ops->copy(dev, &packed, &grad) : dev->ops->copy(dev, &grad, &packed));
+                at += g->n;
+            }
+            if (pass == 0) CAI_CALL(cai_allreduce(z->mesh, x, z->AX, z->AX, L->axis_n[x], CAI_DTYPE_F32, CAI_RED_SUM));
+        }
+    }
+    return CAI_OK;
+}
+
 /* ------------------------------------------------------------ planner replay */
 
 static cai_status rt_alloc(cai_zero_t *z) {
@@ -702,6 +756,8 @@ static cai_status alloc_storage(cai_zero_t *z) {
     int offload = z->cfg.offload;
     size_t S = L->shard, es = z->act_size;
     CAI_CALL(cai_device_alloc(z->dev, sizeof(double), "ZeRO norm accumulator", (void **)&z->acc));
+    if (L->axis_max)
+        CAI_CALL(dev_alloc(z, L->axis_max * sizeof(float), "ZeRO axis bucket", &z->mem_grads, (void **)&z->AX));
     /* stages 2/3 round each window into a bf16 window instead (the pool) */
     if (z->cfg.reduce_dtype == CAI_DTYPE_BF16 && L->stage < 2)
         CAI_CALL(dev_alloc(z, L->n_pad * sizeof(uint16_t), "ZeRO bf16 reduction copy", &z->mem_rb, (void **)&z->RB));
@@ -778,7 +834,8 @@ static cai_status build_layout(cai_zero_t *z) {
     }
     int dp = cai_mesh_size(z->mesh, CAI_AXIS_DP), r = cai_mesh_rank(z->mesh, CAI_AXIS_DP);
     CAI_CALL_GOTO(zl_build(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units, cnt,
-                           z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20),
+                           z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20,
+                           cai_model_seq_parallel(m)),
                   st, done);
     if (z->L.stage == 0 && z->L.n_pad != z->L.n_flat)
         st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)", z->L.n_pad,
@@ -830,6 +887,7 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
         }
     }
     CAI_CALL_GOTO(build_layout(z), st, fail);
+    CAI_CALL_GOTO(check_axis_buckets(z), st, fail);
     CAI_CALL_GOTO(rt_alloc(z), st, fail);
     CAI_CALL_GOTO(make_pieces(z), st, fail);
     CAI_CALL_GOTO(alloc_storage(z), st, fail);
@@ -880,6 +938,7 @@ void cai_zero_free(cai_zero_t *z) {
         }
         cai_device_dealloc(z->dev, z->acc);
         cai_device_dealloc(z->dev, z->RB);
+        cai_device_dealloc(z->dev, z->AX);
     }
     if (z->harena.base) cai_device_dealloc_staging(z->dev, z->harena.base);
     if (z->own_hdev) cai_device_free(z->hdev);
@@ -928,6 +987,7 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
         CAI_CALL_GOTO(end_backward(z), st, done);
         sum += (double)l;
     }
+    CAI_CALL_GOTO(reduce_axis_buckets(z), st, done);
     sum /= n_micro;
     if (z->comm.size > 1)
         CAI_CALL_GOTO(cai_allreduce(z->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
@@ -1029,6 +1089,36 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
     return CAI_OK;
 }
 
+/* ------------------------------------------------------------ as a step driver */
+
+static cai_status drv_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
+                                       int n_micro, float loss_scale, double *loss) {
+    return cai_zero_forward_backward(d->self, tokens, targets, n_micro, loss_scale, loss);
+}
+static cai_status drv_grad_sumsq(const cai_step_driver *d, double *sumsq) {
+    return cai_zero_grad_sumsq(d->self, sumsq);
+}
+static cai_status drv_adamw_step(const cai_step_driver *d, const cai_adamw_params *p) {
+    return cai_zero_step(d->self, p);
+}
+static int64_t drv_step_count(const cai_step_driver *d) { return cai_zero_step_count(d->self); }
+
+cai_status cai_zero_driver(cai_zero_t *z, struct cai_optim *o, cai_step_driver *out) {
+    CAI_CHECK_ARG(z && out, "cai_zero_driver: NULL argument");
+    CAI_CHECK_ARG(z->cfg.reduce_only == (o != NULL), "cai_zero_driver: %s",
+                  z->cfg.reduce_only ? "a reduce-only engine needs the optimizer o that steps the model's buffers"
+                                     : "o is for reduce-only engines; this engine steps its own shards");
+    *out = (cai_step_driver){.name = z->cfg.stage ? "ZeRO" : "data parallel",
+                             .self = z,
+                             .model = z->model,
+                             .optim = o,
+                             .forward_backward = drv_forward_backward,
+                             .grad_sumsq = drv_grad_sumsq,
+                             .adamw_step = o ? NULL : drv_adamw_step,
+                             .step_count = o ? NULL : drv_step_count};
+    return CAI_OK;
+}
+
 cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
                            float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p,
                            cai_adamw_span *spans) {
@@ -1106,7 +1196,7 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out) {
         /* The model's buffers: F32 masters and gradients plus working
          * copies; with offload the device masters are only a working copy. */
         size_t n4 = z->L.n_flat * sizeof(float);
-        out->grads = n4 + z->mem_rb;
+        out->grads = n4 + z->mem_rb + z->mem_grads; /* the engine's own: the axis bucket */
         out->params = mp - 2 * n4 + (z->cfg.offload ? n4 : 0);
         out->master = z->cfg.offload ? 0 : n4;
     } else {

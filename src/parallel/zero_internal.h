@@ -33,9 +33,10 @@ typedef struct {
     size_t soff; /* offset in the shard buffers */
     size_t eoff; /* offset in the engine layout */
     size_t n;
-    int decay;  /* registry weight-decay flag */
-    int update; /* 0: a tie copy whose primary is held here (it is never read) */
-    int norm;   /* counts toward the global gradient norm */
+    int decay;     /* registry weight-decay flag */
+    int update;    /* 0: a tie copy whose primary is held here (it is never read) */
+    int norm;      /* counts toward the global gradient norm */
+    unsigned axes; /* axes besides dp its gradient is summed over (cai_registry_grad_axes) */
 } zl_seg;
 
 typedef struct {
@@ -60,11 +61,15 @@ typedef struct {
     size_t align;
     int nshard, srank, stage;
     size_t max_param_numel;
+    size_t axis_n[CAI_AXIS_COUNT]; /* shard elements whose gradients each axis sums (the axis buckets) */
+    size_t axis_max;               /* the largest of them: the engine's packing buffer */
 } zl_layout;
 
-/* units[u] lists the registry indices unit u reads (registration order). */
+/* units[u] lists the registry indices unit u reads (registration order);
+ * seq_parallel: the model's (it decides which gradients tp sums). */
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
-                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes);
+                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
+                    int seq_parallel);
 void zl_free(zl_layout *L);
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.

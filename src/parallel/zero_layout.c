@@ -234,7 +234,8 @@ done:
 
 /* This rank's chunk of bucket k, cut at parameter and norm-range
  * boundaries into optimizer segments. */
-static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, int k, int *cap) {
+static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, int seq_parallel,
+                               int k, int *cap) {
     const zl_bucket *b = &L->b[k];
     size_t clo = b->lo + (size_t)L->srank * b->chunk, chi = clo + b->chunk; /* flat coordinates */
     for (int i = 0; i < L->n_params; i++) {
@@ -245,6 +246,7 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
         const cai_param_info *info = cai_registry_param(reg, i);
         cai_param_shard sh;
         CAI_CALL(cai_registry_shard(reg, i, view, &sh));
+        const unsigned axes = cai_registry_grad_axes(reg, i, view, seq_parallel);
         size_t noff[CAI_SHARD_MAX_SLABS], nlen[CAI_SHARD_MAX_SLABS];
         int nn = norm_ranges(info, &sh, noff, nlen);
         /* Cut [lo, hi) (param-local [lo - plo, hi - plo)) at norm-range edges. */
@@ -279,6 +281,9 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
             s->decay = info->spec.weight_decay;
             s->update = !(info->tie_primary != i && L->offsets[info->tie_primary] != SIZE_MAX);
             s->norm = in;
+            s->axes = axes;
+            for (int x = 0; x < CAI_AXIS_COUNT; x++)
+                if (axes & (1u << x)) L->axis_n[x] += s->n;
             a = stop;
         }
     }
@@ -286,7 +291,8 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
 }
 
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
-                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes) {
+                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
+                    int seq_parallel) {
     memset(L, 0, sizeof *L);
     cai_status st = CAI_OK;
     int np = cai_registry_count(reg);
@@ -345,7 +351,9 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
             L->unit_buckets[u][L->unit_nb[u]++] = b;
         }
     int cap = 0;
-    for (int k = 0; k < L->nb; k++) CAI_CALL_GOTO(add_segments(L, reg, view, k, &cap), st, fail);
+    for (int k = 0; k < L->nb; k++) CAI_CALL_GOTO(add_segments(L, reg, view, seq_parallel, k, &cap), st, fail);
+    for (int x = 0; x < CAI_AXIS_COUNT; x++)
+        if (L->axis_n[x] > L->axis_max) L->axis_max = L->axis_n[x];
     return CAI_OK;
 fail:
     zl_free(L);

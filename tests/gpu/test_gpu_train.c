@@ -3,7 +3,7 @@
  *
  * A small GPT-2 on cuda:<local rank>, the ZeRO engine over MPI_COMM_WORLD
  * (stages 0 and 3, with and without offload, f32 and bf16) and
- * cai_train_step_zero -- the calls colossal-pretrain makes -- for STEPS steps
+ * cai_train_step over cai_zero_driver -- the calls colossal-pretrain makes -- for STEPS steps
  * of 2 microbatches on one fixed, learnable batch. Checked per
  * configuration, on every rank:
  *   - cai_device_alloc_count (every cudaMalloc / cudaHostAlloc of the
@@ -125,14 +125,16 @@ static cai_status run_row(cai_device_t *dev, const row *r, int *ok) {
     CAI_CALL_GOTO(cai_model_create(&m, dev, &res, &mo), st, done);
     if (zc.reduce_only) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
+    cai_step_driver drv;
+    CAI_CALL_GOTO(cai_zero_driver(z, o, &drv), st, done);
 
     uint64_t n0 = 0, b0 = 0, ni = 0, bi = 0;
     size_t free0 = 0, total = 0, free_min = (size_t)-1;
     ni = cai_device_alloc_count(dev, &bi);
     float first = 0, last = 0;
     for (int s = 1; s <= STEPS; s++) {
-        cai_zero_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step_zero(z, o, &oc, NULL, tok, tgt, N_MICRO, &ss), st, done);
+        cai_step_stats ss;
+        CAI_CALL_GOTO(cai_train_step(&drv, &oc, NULL, tok, tgt, N_MICRO, &ss), st, done);
         CAI_CALL_GOTO(cai_device_sync(dev), st, done);
         size_t fr = 0;
         CAI_CALL_GOTO(cai_device_mem_info(dev, &fr, &total), st, done);

@@ -1,5 +1,5 @@
 /* The equivalence harness: train a tiny model N steps on one rank with the
- * plain single-process step (cai_train_step, no engine) and again under a
+ * single-process driver (cai_train_step, no engine) and again under a
  * data-parallel / ZeRO layout over a communicator, then compare the loss of
  * every step, the global gradient norm and the parameters after N steps.
  * Each layout's rows add to the matrix in tests/mpi/test_equiv.c; other
@@ -102,7 +102,8 @@ static inline cai_status eq_collect_model(cai_model_t *m, eq_result *out) {
 }
 
 /* The reference: one process, the whole global batch as one microbatch,
- * cai_train_step (no engine, no mesh). Not collective. */
+ * cai_train_step over the single-process driver (no engine, no mesh). Not
+ * collective. */
 static inline cai_status eq_run_reference(const eq_row *row, eq_result *out) {
     memset(out, 0, sizeof *out);
     cai_device_t *dev = NULL;
@@ -119,10 +120,12 @@ static inline cai_status eq_run_reference(const eq_row *row, eq_result *out) {
     CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    cai_step_driver drv;
+    CAI_CALL_GOTO(cai_local_driver(m, o, &drv), st, done);
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < G; s++) eq_sequence(row, step, s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(m, o, tok, tgt, 1, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, 1, &ss), st, done);
         out->loss[step] = ss.loss;
         out->norm[step] = ss.grad_norm;
         out->scale[step] = 1.0f;
@@ -234,11 +237,12 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
     if (row->reduce_only) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     if (setup) CAI_CALL_GOTO(setup(setup_ctx, z), st, done);
+    cai_step_driver drv;
+    CAI_CALL_GOTO(cai_zero_driver(z, o, &drv), st, done);
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < local; s++) eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
-        cai_zero_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step_zero(z, o, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt, ga,
-                                          &ss),
+        cai_step_stats ss;
+        CAI_CALL_GOTO(cai_train_step(&drv, &oc, row->param_dtype == CAI_DTYPE_F16 ? &scaler : NULL, tok, tgt, ga, &ss),
                       st, done);
         out->loss[step] = ss.loss;
         out->norm[step] = ss.grad_norm;

@@ -46,7 +46,7 @@ static cai_status f_step(void *ctx, cai_run_t *run, int64_t step, cai_step_stats
     fake *f = ctx;
     if (f->n_ran < 64) f->ran[f->n_ran++] = step;
     if (step == f->raise_at && g_world_rank == g_world_size - 1) raise(f->raise_sig);
-    *st = (cai_step_stats){10.0f / (float)step, 1.0f, 1e-3f};
+    *st = (cai_step_stats){10.0f / (float)step, 1.0f, 1e-3f, 1.0f, 0};
     (void)run;
     return CAI_OK;
 }

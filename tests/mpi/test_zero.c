@@ -77,13 +77,15 @@ static void rig_down(rig *g) {
     cai_device_free(g->dev);
 }
 
-static void rig_step(rig *g, const eq_row *row, int step, cai_loss_scaler *scaler, cai_zero_step_stats *ss) {
+static void rig_step(rig *g, const eq_row *row, int step, cai_loss_scaler *scaler, cai_step_stats *ss) {
     int32_t tok[64 * 8], tgt[64 * 8];
     ck_assert_int_le(g->local * row->T, 64 * 8);
     for (int s = 0; s < g->local; s++)
         eq_sequence(row, step, g_world_rank * g->local + s, tok + s * row->T, tgt + s * row->T);
     cai_adamw_config oc = eq_adamw();
-    CK_CAI(cai_train_step_zero(g->z, NULL, &oc, scaler, tok, tgt, row->grad_accum, ss));
+    cai_step_driver drv;
+    CK_CAI(cai_zero_driver(g->z, NULL, &drv));
+    CK_CAI(cai_train_step(&drv, &oc, scaler, tok, tgt, row->grad_accum, ss));
 }
 
 /* ------------------------------------------------------------ shards */
@@ -173,7 +175,7 @@ START_TEST(buckets_reduce_during_backward_on_the_last_microbatch) {
             row.grad_accum = 2;
             rig g;
             rig_up(&g, &row, overlap);
-            cai_zero_step_stats ss;
+            cai_step_stats ss;
             rig_step(&g, &row, 0, NULL, &ss);
             cai_zero_stats st;
             cai_zero_get_stats(g.z, &st);
@@ -221,7 +223,7 @@ START_TEST(stage3_holds_a_fraction_of_the_weights) {
     row.layers = 16;
     rig g;
     rig_up(&g, &row, 1);
-    cai_zero_step_stats ss;
+    cai_step_stats ss;
     rig_step(&g, &row, 0, NULL, &ss);
     cai_mem_plan used;
     cai_zero_memory(g.z, &used);
@@ -353,7 +355,7 @@ START_TEST(f16_overflow_skips_the_step_on_every_rank) {
                 ic.step = step;
                 CK_CAI(cai_zero_gather_param(g.z, idx, before));
                 int64_t count = cai_zero_step_count(g.z);
-                cai_zero_step_stats ss;
+                cai_step_stats ss;
                 rig_step(&g, &row, step, &scaler, &ss);
                 CK_CAI(cai_zero_gather_param(g.z, idx, after));
                 scales[step] = ss.loss_scale;
@@ -477,8 +479,10 @@ static void check_plan(const char *what, cai_model_config c, int B, int T, int s
     int32_t *tok = malloc((size_t)B * T * sizeof *tok);
     for (int i = 0; i < B * T; i++) tok[i] = (int32_t)(cai_rng_uniform(3, (uint64_t)g_world_rank, (uint64_t)i) * 50);
     cai_adamw_config oc = eq_adamw();
-    cai_zero_step_stats ss;
-    CK_CAI(cai_train_step_zero(z, NULL, &oc, NULL, tok, tok, 1, &ss)); /* every buffer touched, windows at their peak */
+    cai_step_stats ss;
+    cai_step_driver drv;
+    CK_CAI(cai_zero_driver(z, NULL, &drv));
+    CK_CAI(cai_train_step(&drv, &oc, NULL, tok, tok, 1, &ss)); /* every buffer touched, windows at their peak */
     size_t rss1 = rss_now();
     cai_zero_memory(z, &used);
     const struct {

@@ -330,10 +330,12 @@ static cai_status run(const drv_opts *op) {
             make_batch(seed, (uint64_t)(s * N_MICRO + k), rc->vocab_size, ttok + at, ttgt + at);
         }
     CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    cai_step_driver drv;
+    CAI_CALL_GOTO(cai_local_driver(m, o, &drv), st, done);
     for (int s = 0; s < STEPS; s++) {
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(m, o, ttok + (size_t)s * N_MICRO * bt_n, ttgt + (size_t)s * N_MICRO * bt_n,
-                                     N_MICRO, &ss),
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, ttok + (size_t)s * N_MICRO * bt_n,
+                                     ttgt + (size_t)s * N_MICRO * bt_n, N_MICRO, &ss),
                       st, done);
         s_loss[s] = ss.loss;
         s_norm[s] = ss.grad_norm;

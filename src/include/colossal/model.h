@@ -68,6 +68,8 @@ typedef struct {
     int weight_decay; /* 1 or 0; -1: decay iff ndim >= 2 (resolved at registration) */
     cai_init_spec init;
     int tie_group; /* 0: untied; > 0: registered copies of one tensor (tied embeddings) */
+    int seq_grad;  /* 1: its layer runs on the rank's sequence shard under sequence parallelism, so
+                    * each rank's gradient covers its own tokens only (norm weights and biases) */
 } cai_param_spec;
 
 /* Replicated, dense, CAI_PP_LAYER with layer -1 (so pp_place or layer must be
@@ -158,6 +160,12 @@ int cai_registry_tie_members(const cai_registry_t *reg, int tie_group, int *indi
 cai_status cai_registry_check_view(const cai_registry_t *reg, const cai_rank_view *view);
 /* Pipeline rank owning `layer` under `view`. */
 cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage);
+/* Mesh axes besides dp over which parameter `index`'s gradient is a sum of
+ * per-rank parts, as bits 1u << axis: tp for a seq_grad parameter that
+ * every tp rank holds whole when sequence parallelism is on; 0 otherwise.
+ * What the gradient sync reduces on top of the data-parallel replicas
+ * (context parallelism and expert groups add their axes here). Pure. */
+unsigned cai_registry_grad_axes(const cai_registry_t *reg, int index, const cai_rank_view *view, int seq_parallel);
 /* The local shard of parameter `index` on the rank described by `view`. */
 cai_status cai_registry_shard(const cai_registry_t *reg, int index, const cai_rank_view *view, cai_param_shard *out);
 /* Element offsets of every held parameter in one flat local buffer, in
@@ -300,7 +308,8 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
  * of the norm output before each column-parallel matmul and a
  * reduce-scatter of each row-parallel product, and the backward the
  * conjugates. The norms' weight gradients then cover this rank's tokens
- * only and are summed over tp inside the layer. */
+ * only: the layers leave them partial, and the gradient sync sums them over
+ * tp once per step (cai_registry_grad_axes; the ZeRO engine does it). */
 typedef struct {
     cai_device_t *dev;
     cai_mesh_t *mesh;
@@ -368,7 +377,7 @@ typedef struct {
      * matmul; the embedding's partial sum before its reduce-scatter), the
      * whole sequence's d_stream, and a norm's F32 weight|bias gradient of
      * this rank's tokens before its sum over tp, [2C]. */
-    cai_tensor seq_full, seq_grad, norm_grad;
+    cai_tensor seq_full, seq_grad;
     void *attn_ws;
     size_t attn_ws_bytes;
 } cai_block_scratch;
@@ -597,6 +606,10 @@ cai_status cai_model_remove_hook(cai_model_t *m, cai_model_hook_fn fn, void *ctx
  * unbound optional tensors would otherwise read as absent biases. */
 cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float *grad);
 int cai_model_external_params(const cai_model_t *m);
+/* 1 when the model runs split-gather sequence parallelism (tp > 1 and
+ * cai_model_options.seq_parallel): which gradients it leaves partial
+ * (cai_registry_grad_axes). */
+int cai_model_seq_parallel(const cai_model_t *m);
 
 /* ====================================================== end of model */
 

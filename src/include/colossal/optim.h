@@ -1,6 +1,6 @@
 /* Optimizer: AdamW over a model's flat parameter buffer, learning-rate
- * schedules, global gradient norm and clipping, and the single-process
- * training step. See docs/model.md ("Optimizer").
+ * schedules, global gradient norm and clipping, loss scaling, and the
+ * training step over a step driver. See docs/model.md ("Optimizer").
  *
  * The optimizer works on the flat local layout the registry defines
  * (cai_registry_local_layout), one segment per held parameter, so a ZeRO
@@ -15,6 +15,7 @@
 #include "colossal/base.h"
 #include "colossal/model.h"
 #include "colossal/ops.h"
+#include "colossal/parallel.h"
 #include "colossal/tensor.h"
 
 #ifdef __cplusplus
@@ -89,23 +90,9 @@ cai_status cai_optim_grad_sumsq(cai_optim_t *o, const cai_tensor *grads, double 
 cai_status cai_optim_step(cai_optim_t *o, cai_tensor *params, const cai_tensor *grads, cai_tensor *params_lowp,
                           float grad_scale, float *lr_used);
 
-typedef struct {
-    float loss;      /* mean cross-entropy over the step's non-ignored targets */
-    float grad_norm; /* global gradient norm before clipping */
-    float lr;        /* learning rate used */
-} cai_step_stats;
-
-/* One training step on a single-stage model (pp = 1, single process, not
- * collective): zero grads, forward and backward over n_micro microbatches
- * (tokens and targets are host [n_micro, B, T]; each microbatch's mean loss
- * weighted 1/n_micro), global grad norm, clip, AdamW, refresh the working
- * weights. stats may be NULL. */
-cai_status cai_train_step(cai_model_t *m, cai_optim_t *o, const int32_t *tokens, const int32_t *targets, int n_micro,
-                          cai_step_stats *stats);
-
 /* ======================================================================
- * Loss scaling and the data-parallel training step
- * (src/optim/loss_scale.c, src/optim/loss_scale_step.c; docs/parallel.md)
+ * Loss scaling
+ * (src/optim/loss_scale.c; docs/parallel.md)
  * ====================================================================== */
 
 /* Dynamic loss scaling for f16 (Megatron's DynamicGradScaler): the loss
@@ -148,28 +135,34 @@ void cai_loss_scaler_init(cai_loss_scaler *s, const cai_loss_scale_config *cfg);
  * is s->scale. Pure (not collective). */
 int cai_loss_scaler_update(cai_loss_scaler *s, int overflow);
 
-/* One training step over a ZeRO / data-parallel engine (colossal/parallel.h):
- * forward and backward of n_micro microbatches on every dp rank with the
- * loss scaled by scaler->scale (NULL: 1), gradients reduced over dp as
- * buckets finish, the global gradient norm over the shards, then either a
- * skipped step (the norm is not finite: the scaler backs off when dynamic;
- * without a scaler CAI_ERR_INVALID_ARG as cai_train_step does) or clipping
- * to cfg->grad_clip and AdamW with the learning rate of the next update.
- * The engine's sharded AdamW steps, or, for an engine created reduce_only,
- * the optimizer `o` over the model's own buffers (cfg may then be NULL: o's
- * config is used); o is NULL otherwise. The same decision on every rank.
- * Collective over the dp axis. */
+/* ======================================================================
+ * The training step (src/optim/train.c)
+ * ====================================================================== */
+
 typedef struct {
-    float loss;       /* mean over the step's microbatches and dp ranks */
+    float loss;       /* mean cross-entropy over the step's microbatches and replicas */
     float grad_norm;  /* global, unscaled, before clipping (inf/NaN on overflow) */
     float lr;         /* learning rate used (0 when skipped) */
-    float loss_scale; /* the scale this step ran with */
-    int skipped;      /* 1: overflow, nothing was updated */
-} cai_zero_step_stats;
+    float loss_scale; /* the scale this step ran with (1 without a scaler) */
+    int skipped;      /* 1: the gradients overflowed under a scaler and nothing was updated */
+} cai_step_stats;
 
-struct cai_zero;
-cai_status cai_train_step_zero(struct cai_zero *z, cai_optim_t *o, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
-                               const int32_t *tokens, const int32_t *targets, int n_micro, cai_zero_step_stats *out);
+/* The single-process driver (colossal/parallel.h's cai_step_driver): the
+ * microbatch loop on a whole model (pp = 1) with no reduction, `o` stepping
+ * the model's flat buffers. Not collective. */
+cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out);
+
+/* One training step on any driver: forward and backward of n_micro
+ * microbatches with the loss scaled by scaler->scale (NULL: 1), the global
+ * gradient norm, then either a skipped step (the norm or loss is not
+ * finite: the scaler backs off when dynamic; without a scaler
+ * CAI_ERR_INVALID_ARG, nothing updated) or clipping to cfg->grad_clip and
+ * AdamW with the learning rate of the next update, through the driver's
+ * optimizer (cfg may then be NULL: its config is used) or its own sharded
+ * step. The same decision on every rank. stats may be NULL. Collective
+ * over the driver's axes. */
+cai_status cai_train_step(const cai_step_driver *d, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
+                          const int32_t *tokens, const int32_t *targets, int n_micro, cai_step_stats *stats);
 
 /* ====================================================== end of loss scaling */
 
