@@ -211,6 +211,16 @@ static cai_status index_entries(cai_ckpt_file_t *f) {
     g_sorting = f;
     qsort(f->by_name, (size_t)f->n, sizeof *f->by_name, cmp_by_name);
     g_sorting = NULL;
+    /* HDF5 keeps link names unique within a group, so a repeat is a
+     * corrupt group; a lookup would silently take one of the two. */
+    for (int k = 1; k < f->n; k++) {
+        const cai_ckpt_entry *a = &f->entries[f->by_name[k - 1]], *b = &f->entries[f->by_name[k]];
+        if (strcmp(a->name, b->name) == 0)
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "checkpoint '%s': tensor %s is listed twice (%llu and %llu elements); the file's "
+                             "group is corrupt",
+                             f->h.path, a->name, (unsigned long long)a->numel, (unsigned long long)b->numel);
+    }
     return CAI_OK;
 }
 

@@ -962,6 +962,16 @@ START_TEST(bad_input_gives_its_own_error) {
     MPI_Barrier(MPI_COMM_WORLD);
     expect_load_error(mesh, bad, m, o, CAI_ERR_FORMAT, "tensor model/h.0.ln_1.weight has shape [33]", "expects [32]");
 
+    /* a group listing one tensor twice (found by fuzzing; HDF5's API cannot write one) */
+    const char *top = getenv("top_srcdir");
+    snprintf(bad, sizeof bad, "%s/tests/fuzz/regressions/ckpt_h5/duplicate-link-optim", top ? top : "..");
+    cai_ckpt_file_t *dup = NULL;
+    ck_assert_int_eq(cai_ckpt_open(&dup, MPI_COMM_WORLD, bad), CAI_ERR_FORMAT);
+    ck_assert_ptr_null(dup);
+    ck_assert_msg(strstr(cai_error_message(), "tensor optim/exp_avg_sq/h.0.attn.proj.bias is listed twice") != NULL,
+                  "%s", cai_error_message());
+    cai_error_clear();
+
     /* an HDF5 file that is not a colossal checkpoint */
     snprintf(bad, sizeof bad, "%s/foreign.h5", dir);
     if (g_world_rank == 0) {
