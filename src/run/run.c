@@ -78,6 +78,9 @@ cai_status cai_run_init(cai_run_t **out, const cai_run_config *cfg, MPI_Comm wor
         st = CAI_ERROR(CAI_ERR_MPI, "agreeing on the write of %s/config.yaml failed", o->dir);
     if (!ok && st == CAI_OK) st = CAI_ERROR(CAI_ERR_IO, "rank 0 could not write %s/config.yaml", o->dir);
     if (st != CAI_OK) goto fail;
+    /* The run directory exists now; shared across nodes, it carries the
+     * guard's heartbeats from node to node. */
+    CAI_CALL_GOTO(cai_mesh_guard_dir(r->mesh, o->dir), st, fail);
     *out = r;
     return CAI_OK;
 fail:

@@ -4,7 +4,8 @@
 # ranks, whatever collective the others are in when it stops (the gradient
 # reductions, the agreed stop, the progress line's reduction), and in the
 # middle of a checkpoint write, where the others wait inside MPI-IO (the
-# guard's heartbeats; needs the test hook that holds a rank mid-write).
+# guard's heartbeats, in shared memory and, across nodes, in files; needs
+# the test hooks that hold a rank mid-write and that split the nodes).
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
 WD=5
@@ -49,25 +50,44 @@ $MPIEXEC -n 1 "$top_builddir/apps/colossal-check" --info 2>/dev/null | grep -Eq 
     echo "PASS (the checkpoint-write stall needs --enable-test-hooks: not run)"
     exit 0
 }
-echo "+ CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 colossal-pretrain --checkpoint.every 2 (in the background)"
-# shellcheck disable=SC2086
-CAI_CKPT_TEST_STALL=1 $MPIEXEC -n 2 --oversubscribe -x CAI_CKPT_TEST_STALL "$PRETRAIN_BIN" $TINY --train.steps 20 \
-    --eval.interval 0 --checkpoint.every 2 --mesh.watchdog_timeout $WD --run.dir "$TMP/ck" >"$TMP/out" 2>"$TMP/err" &
-launcher=$!
-while ! grep -q 'checkpoint test hook: rank 1' "$TMP/err" 2>/dev/null; do
-    kill -0 $launcher 2>/dev/null || fail "the run ended before the hook"
-    sleep 0.1
-done
-pid=$(sed -n 's/.*checkpoint test hook: rank 1 (pid \([0-9]*\)).*/\1/p' "$TMP/err")
-echo "+ kill -STOP $pid (rank 1, mid-write)"
-t0=$(date +%s)
-kill -STOP "$pid"
-RC=0
-wait $launcher || RC=$?
-waited=$(($(date +%s) - t0))
-kill -KILL "$pid" 2>/dev/null
-[ "$RC" -ne 0 ] || fail "the job ended with status 0 after rank 1 stopped mid-write"
-expect_grep err "watchdog: the checkpoint write of step 2 did not complete within [0-9.]+ s on rank 0; ranks not progressing: 1 "
-[ "$waited" -le $((WD + 120)) ] || fail "the job took $waited s to end after rank 1 stopped mid-write"
-echo "  ended after $waited s (watchdog $WD s)"
+# The checkpoint-write stall. NODES=1: every rank is a node of its own
+# (CAI_GUARD_TEST_NODES), so no node-mate sees the stop in shared memory and
+# the report must come from the next node's read of the stopped rank's
+# heartbeat file in the run directory (cai_mesh_guard_dir).
+ckpt_stall() { # NP NODES (the last rank stops)
+    np=$1 last=$(($1 - 1))
+    shift
+    d="$TMP/ck$np-$1"
+    echo "+ CAI_CKPT_TEST_STALL=1 CAI_GUARD_TEST_NODES=$1 $MPIEXEC -n $np colossal-pretrain --checkpoint.every 2 (in the background)"
+    # shellcheck disable=SC2086
+    CAI_CKPT_TEST_STALL=1 CAI_GUARD_TEST_NODES=$1 $MPIEXEC -n $np --oversubscribe -x CAI_CKPT_TEST_STALL \
+        -x CAI_GUARD_TEST_NODES "$PRETRAIN_BIN" $TINY --train.steps 20 --eval.interval 0 --checkpoint.every 2 \
+        --mesh.watchdog_timeout $WD --run.dir "$d" >"$TMP/out" 2>"$TMP/err" &
+    launcher=$!
+    while ! grep -q "checkpoint test hook: rank $last" "$TMP/err" 2>/dev/null; do
+        kill -0 $launcher 2>/dev/null || fail "the run ended before the hook"
+        sleep 0.1
+    done
+    pid=$(sed -n "s/.*checkpoint test hook: rank $last (pid \([0-9]*\)).*/\1/p" "$TMP/err")
+    echo "+ kill -STOP $pid (rank $last, mid-write)"
+    t0=$(date +%s)
+    kill -STOP "$pid"
+    RC=0
+    wait $launcher || RC=$?
+    waited=$(($(date +%s) - t0))
+    kill -KILL "$pid" 2>/dev/null
+    [ "$RC" -ne 0 ] || fail "the job ended with status 0 after rank $last stopped mid-write"
+    expect_grep err "watchdog: the checkpoint write of step 2 did not complete within [0-9.]+ s on rank [0-9]+; ranks not progressing: $last "
+    if [ "$1" = 1 ]; then
+        expect_grep err "the heartbeat file $d/.cai-guard/node-$last of its node has not changed for over" \
+            "the stop was not seen through the heartbeat file"
+    else
+        [ ! -e "$d/.cai-guard" ] || fail "a one-node run wrote heartbeat files"
+    fi
+    [ "$waited" -le $((WD + 120)) ] || fail "the job took $waited s to end after rank $last stopped mid-write"
+    echo "  ended after $waited s (watchdog $WD s)"
+}
+
+ckpt_stall 2 0
+ckpt_stall 4 1
 echo "PASS"

@@ -182,6 +182,18 @@ cai_status cai_barrier(cai_mesh_t *mesh, cai_axis axis);
  * watchdog is off. */
 void cai_mesh_guard_begin(cai_mesh_t *mesh, const char *what);
 void cai_mesh_guard_end(cai_mesh_t *mesh);
+/* Heartbeats across nodes for the guard: `dir` is a directory every node
+ * reaches (the run directory on the shared file system). The first rank of
+ * each node writes DIR/.cai-guard/node-R about once a second and, during a
+ * guarded stretch, reads the next node's file (the nodes form a ring): a
+ * rank alone on its node that stops inside MPI-IO is then seen from another
+ * node and the job aborts naming it. A file that has never shown this
+ * job's token (another run's, or a directory that is not shared) is never
+ * judged. One node, or
+ * the watchdog off: nothing is written. A file that cannot be created is a
+ * warning (that node's stop is seen by its own ranks only). Collective over
+ * the mesh. */
+cai_status cai_mesh_guard_dir(cai_mesh_t *mesh, const char *dir);
 
 /* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient
  * buckets and weight gathers that overlap compute. Arguments, dtypes, ops,
