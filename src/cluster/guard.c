@@ -83,9 +83,6 @@ static void report_and_exit(struct cai_guard *g, const int *frozen, int n_frozen
     exit_with_report(g, ranks, why, waited);
 }
 
-/* The cross-node part of one round, outside the lock (a slow file system
- * must not hold up cai_mesh_guard_begin): write this node's beat, read the
- * next node's. Returns the time the watched file last changed (or -1). */
 static void write_beat(struct cai_guard *g, uint64_t beat) {
     char buf[48];
     int n = snprintf(buf, sizeof buf, "%016" PRIx64 " %020" PRIu64 "\n", g->token, beat);

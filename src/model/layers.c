@@ -156,10 +156,9 @@ static cai_status norm_fwd(cai_device_t *dev, const cai_layer_dims *d, cai_tenso
  * rank's tokens only; they stay partial here (summed over tp once per step
  * by the gradient sync: cai_registry_grad_axes), which keeps collectives
  * out of every microbatch's backward. */
-static cai_status norm_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw,
-                           cai_tensor *db, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w,
-                           const cai_tensor *mean, const cai_tensor *rstd, int accum) {
-    cai_device_t *dev = cx->dev;
+static cai_status norm_bwd(cai_device_t *dev, const cai_layer_dims *d, cai_tensor *dinp, cai_tensor *dw, cai_tensor *db,
+                           const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *w, const cai_tensor *mean,
+                           const cai_tensor *rstd, int accum) {
     if (layernorm(d))
         return dev->ops->layernorm_bwd(dev, dinp, opt_out(dw), opt_out(db), dout, inp, w, mean, rstd, accum);
     return dev->ops->rmsnorm_bwd(dev, dinp, opt_out(dw), dout, inp, w, rstd, accum);
@@ -219,7 +218,7 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     /* The column-parallel input gradient covers this rank's heads only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
+    CAI_CALL(norm_bwd(cx->dev, d, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
 }
 
@@ -302,7 +301,7 @@ cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     }
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
+    CAI_CALL(norm_bwd(cx->dev, d, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
 }
 
@@ -462,7 +461,7 @@ cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     /* Each rank's input gradient covers its vocabulary columns only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
-    CAI_CALL(norm_bwd(cx, d, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
+    CAI_CALL(norm_bwd(cx->dev, d, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
     return CAI_OK;
 }
 

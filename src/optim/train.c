@@ -1,9 +1,10 @@
 /* The training step: one function over every step driver (the
- * single-process loop here, the ZeRO / data-parallel engine, the pipeline
- * executor), with loss scaling, the overflow skip, global-norm clipping and
+ * single-process loop and the ZeRO / data-parallel engine's, here; the
+ * pipeline executor's next), with loss scaling, the overflow skip, global-norm clipping and
  * the learning-rate schedule around the driver's microbatch loop. */
 #include "cai_config.h"
 #include "colossal/optim.h"
+#include "colossal/parallel.h"
 
 #include <math.h>
 
@@ -53,6 +54,37 @@ cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out
                              .optim = o,
                              .forward_backward = local_forward_backward,
                              .grad_sumsq = local_grad_sumsq};
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ the ZeRO / data-parallel driver */
+
+static cai_status drv_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
+                                       int n_micro, float loss_scale, double *loss) {
+    return cai_zero_forward_backward(d->self, tokens, targets, n_micro, loss_scale, loss);
+}
+static cai_status drv_grad_sumsq(const cai_step_driver *d, double *sumsq) {
+    return cai_zero_grad_sumsq(d->self, sumsq);
+}
+static cai_status drv_adamw_step(const cai_step_driver *d, const cai_adamw_params *p) {
+    return cai_zero_step(d->self, p);
+}
+static int64_t drv_step_count(const cai_step_driver *d) { return cai_zero_step_count(d->self); }
+
+cai_status cai_zero_driver(cai_zero_t *z, cai_optim_t *o, cai_step_driver *out) {
+    CAI_CHECK_ARG(z && out, "cai_zero_driver: NULL argument");
+    const int reduce_only = cai_zero_get_config(z)->reduce_only;
+    CAI_CHECK_ARG(reduce_only == (o != NULL), "cai_zero_driver: %s",
+                  reduce_only ? "a reduce-only engine needs the optimizer o that steps the model's buffers"
+                              : "o is for reduce-only engines; this engine steps its own shards");
+    *out = (cai_step_driver){.name = cai_zero_get_config(z)->stage ? "ZeRO" : "data parallel",
+                             .self = z,
+                             .model = cai_zero_model(z),
+                             .optim = o,
+                             .forward_backward = drv_forward_backward,
+                             .grad_sumsq = drv_grad_sumsq,
+                             .adamw_step = o ? NULL : drv_adamw_step,
+                             .step_count = o ? NULL : drv_step_count};
     return CAI_OK;
 }
 

@@ -1089,36 +1089,6 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p_in) {
     return CAI_OK;
 }
 
-/* ------------------------------------------------------------ as a step driver */
-
-static cai_status drv_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
-                                       int n_micro, float loss_scale, double *loss) {
-    return cai_zero_forward_backward(d->self, tokens, targets, n_micro, loss_scale, loss);
-}
-static cai_status drv_grad_sumsq(const cai_step_driver *d, double *sumsq) {
-    return cai_zero_grad_sumsq(d->self, sumsq);
-}
-static cai_status drv_adamw_step(const cai_step_driver *d, const cai_adamw_params *p) {
-    return cai_zero_step(d->self, p);
-}
-static int64_t drv_step_count(const cai_step_driver *d) { return cai_zero_step_count(d->self); }
-
-cai_status cai_zero_driver(cai_zero_t *z, struct cai_optim *o, cai_step_driver *out) {
-    CAI_CHECK_ARG(z && out, "cai_zero_driver: NULL argument");
-    CAI_CHECK_ARG(z->cfg.reduce_only == (o != NULL), "cai_zero_driver: %s",
-                  z->cfg.reduce_only ? "a reduce-only engine needs the optimizer o that steps the model's buffers"
-                                     : "o is for reduce-only engines; this engine steps its own shards");
-    *out = (cai_step_driver){.name = z->cfg.stage ? "ZeRO" : "data parallel",
-                             .self = z,
-                             .model = z->model,
-                             .optim = o,
-                             .forward_backward = drv_forward_backward,
-                             .grad_sumsq = drv_grad_sumsq,
-                             .adamw_step = o ? NULL : drv_adamw_step,
-                             .step_count = o ? NULL : drv_step_count};
-    return CAI_OK;
-}
-
 cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float *M, const float *G, float *Mm,
                            float *Mv, void *lowp, cai_dtype lowp_dtype, const cai_adamw_params *p,
                            cai_adamw_span *spans) {

@@ -189,10 +189,9 @@ void cai_mesh_guard_end(cai_mesh_t *mesh);
  * rank alone on its node that stops inside MPI-IO is then seen from another
  * node and the job aborts naming it. A file that has never shown this
  * job's token (another run's, or a directory that is not shared) is never
- * judged. One node, or
- * the watchdog off: nothing is written. A file that cannot be created is a
- * warning (that node's stop is seen by its own ranks only). Collective over
- * the mesh. */
+ * judged. One node, or the watchdog off: nothing is written. A file that
+ * cannot be created is a warning (that node's stop is seen by its own ranks
+ * only). Collective over the mesh. */
 cai_status cai_mesh_guard_dir(cai_mesh_t *mesh, const char *dir);
 
 /* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient

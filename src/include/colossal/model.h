@@ -374,9 +374,8 @@ typedef struct {
     cai_tensor rope_cos, rope_sin; /* [max_pos, D/2] F32 (Llama) */
     cai_tensor tp_out;             /* [B,T,C] tp > 1: a row-parallel product before its all-reduce */
     /* d->sp: the whole sequence's norm output (gathered for a column-parallel
-     * matmul; the embedding's partial sum before its reduce-scatter), the
-     * whole sequence's d_stream, and a norm's F32 weight|bias gradient of
-     * this rank's tokens before its sum over tp, [2C]. */
+     * matmul; the embedding's partial sum before its reduce-scatter) and the
+     * whole sequence's d_stream. */
     cai_tensor seq_full, seq_grad;
     void *attn_ws;
     size_t attn_ws_bytes;

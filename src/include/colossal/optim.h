@@ -147,9 +147,49 @@ typedef struct {
     int skipped;      /* 1: the gradients overflowed under a scaler and nothing was updated */
 } cai_step_stats;
 
-/* The single-process driver (colossal/parallel.h's cai_step_driver): the
- * microbatch loop on a whole model (pp = 1) with no reduction, `o` stepping
- * the model's flat buffers. Not collective. */
+/* ======================================================================
+ * Step drivers: what cai_train_step runs a step on.
+ *
+ * A driver owns the microbatch loop and the gradient sync of one layout:
+ * forward and backward of every microbatch, the reductions over the axes
+ * the gradients are partial on, the global gradient norm and, when it
+ * holds the optimizer state itself, the AdamW update of its shard. The
+ * step around it (loss scaling, overflow skip, clipping, the learning-rate
+ * schedule) is cai_train_step's, the same for every driver. Drivers: the
+ * single-process loop (cai_local_driver), the ZeRO / data-parallel engine
+ * (cai_zero_driver, over colossal/parallel.h's engine) and, per stage, the
+ * pipeline executor.
+ * ====================================================================== */
+
+typedef struct cai_step_driver cai_step_driver;
+struct cai_step_driver {
+    const char *name;   /* for messages */
+    void *self;         /* the driver's state */
+    cai_model_t *model; /* the model it runs */
+    cai_optim_t *optim; /* the optimizer over the model's own flat buffers that steps, or NULL: adamw_step */
+    /* Zero the gradients, run n_micro microbatches (tokens, targets: host
+     * [n_micro, B, T]) with the loss gradient multiplied by loss_scale and
+     * weighted so the reduced gradients are the global-batch mean's, reduce
+     * them over every axis they are partial on; *loss: the mean loss over
+     * microbatches and replicas. Collective over the driver's axes. */
+    cai_status (*forward_backward)(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                   float loss_scale, double *loss);
+    /* Squared global gradient norm (each element of the job once), the same
+     * on every rank; not finite when any gradient is. */
+    cai_status (*grad_sumsq)(const cai_step_driver *d, double *sumsq);
+    /* AdamW over the driver's own state (optim NULL); p->step is the next update. */
+    cai_status (*adamw_step)(const cai_step_driver *d, const cai_adamw_params *p);
+    int64_t (*step_count)(const cai_step_driver *d); /* updates so far (optim NULL) */
+};
+
+/* The engine as a step driver. `o` is the optimizer over the model's own
+ * buffers for a reduce-only engine and must be NULL otherwise (the engine
+ * steps its shards). Not collective; the driver is valid while z is. */
+cai_status cai_zero_driver(cai_zero_t *z, cai_optim_t *o, cai_step_driver *out);
+
+/* The single-process driver: the microbatch loop on a whole model (pp = 1,
+ * tp = 1) with no reduction, `o` stepping the model's flat buffers. Not
+ * collective. */
 cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out);
 
 /* One training step on any driver: forward and backward of n_micro
@@ -164,7 +204,7 @@ cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out
 cai_status cai_train_step(const cai_step_driver *d, const cai_adamw_config *cfg, cai_loss_scaler *scaler,
                           const int32_t *tokens, const int32_t *targets, int n_micro, cai_step_stats *stats);
 
-/* ====================================================== end of loss scaling */
+/* ====================================================== end of the training step */
 
 #ifdef __cplusplus
 }

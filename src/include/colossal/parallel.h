@@ -90,7 +90,7 @@ typedef struct {
     double timeout_s;       /* a dp collective of the engine stalled this long fails naming the bucket; default 300 */
     int host_threads;       /* offload on a GPU: threads of the host step; 0: the OpenMP default */
     int reduce_only;        /* stage 0 without offload: buckets only, no optimizer state; the caller steps
-                             * the model's own buffers with a cai_optim_t (cai_zero_driver's `o`),
+                             * the model's own buffers with a cai_optim_t (cai_zero_driver's `o`, colossal/optim.h),
                              * whose state checkpoints read as without the engine */
     cai_dtype reduce_dtype; /* dtype the gradient reductions move and sum in: CAI_DTYPE_F32 (default,
                              * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0/1 round each
@@ -144,47 +144,6 @@ cai_status cai_zero_step(cai_zero_t *z, const cai_adamw_params *p);
 /* Updates applied so far (checkpoints set it when resuming). Not collective. */
 int64_t cai_zero_step_count(const cai_zero_t *z);
 void cai_zero_set_step_count(cai_zero_t *z, int64_t step);
-
-/* ======================================================================
- * Step drivers: what cai_train_step (colossal/optim.h) runs a step on.
- *
- * A driver owns the microbatch loop and the gradient sync of one layout:
- * forward and backward of every microbatch, the reductions over the axes
- * the gradients are partial on, the global gradient norm and, when it
- * holds the optimizer state itself, the AdamW update of its shard. The
- * step around it (loss scaling, overflow skip, clipping, the learning-rate
- * schedule) is cai_train_step's, the same for every driver. Drivers: the
- * single-process loop (cai_local_driver, colossal/optim.h), the ZeRO /
- * data-parallel engine (cai_zero_driver) and, per stage, the pipeline
- * executor.
- * ====================================================================== */
-
-struct cai_optim;
-typedef struct cai_step_driver cai_step_driver;
-struct cai_step_driver {
-    const char *name;        /* for messages */
-    void *self;              /* the driver's state */
-    cai_model_t *model;      /* the model it runs */
-    struct cai_optim *optim; /* the optimizer over the model's own flat buffers that steps, or NULL: adamw_step */
-    /* Zero the gradients, run n_micro microbatches (tokens, targets: host
-     * [n_micro, B, T]) with the loss gradient multiplied by loss_scale and
-     * weighted so the reduced gradients are the global-batch mean's, reduce
-     * them over every axis they are partial on; *loss: the mean loss over
-     * microbatches and replicas. Collective over the driver's axes. */
-    cai_status (*forward_backward)(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets, int n_micro,
-                                   float loss_scale, double *loss);
-    /* Squared global gradient norm (each element of the job once), the same
-     * on every rank; not finite when any gradient is. */
-    cai_status (*grad_sumsq)(const cai_step_driver *d, double *sumsq);
-    /* AdamW over the driver's own state (optim NULL); p->step is the next update. */
-    cai_status (*adamw_step)(const cai_step_driver *d, const cai_adamw_params *p);
-    int64_t (*step_count)(const cai_step_driver *d); /* updates so far (optim NULL) */
-};
-
-/* The engine as a step driver. `o` is the optimizer over the model's own
- * buffers for a reduce-only engine and must be NULL otherwise (the engine
- * steps its shards). Not collective; the driver is valid while z is. */
-cai_status cai_zero_driver(cai_zero_t *z, struct cai_optim *o, cai_step_driver *out);
 
 /* A contiguous run of one parameter inside this rank's shard: local
  * elements [param_offset, param_offset + count) of parameter `index` (its
