@@ -20,3 +20,4 @@ EXTRA_DIST += $(CHECK_APP_TESTS) tests/apps/check_lib.sh
 include $(srcdir)/apps/data.mk
 include $(srcdir)/apps/pretrain.mk
 include $(srcdir)/apps/ckpt.mk
+include $(srcdir)/apps/infer.mk

@@ -59,19 +59,7 @@ static cai_status encode_fn(void *ctx, const char *text, size_t len, cai_token_b
 
 cai_status pt_decode(const pt_tokenizer *t, const int32_t *ids, size_t n, cai_byte_buf *out) {
     if (t->bpe) return cai_bpe_decode(t->bpe, ids, n, out);
-    for (size_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= 256)
-            return CAI_ERROR(CAI_ERR_INVALID_ARG, "byte-level decode: id %d at %zu is not a byte", ids[i], i);
-        if (out->len + 1 > out->cap) {
-            size_t cap = out->cap ? 2 * out->cap : 256;
-            char *p = realloc(out->data, cap);
-            if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "decoded text of %zu bytes", cap);
-            out->data = p;
-            out->cap = cap;
-        }
-        out->data[out->len++] = (char)ids[i];
-    }
-    return CAI_OK;
+    return cai_byte_detokenize(ids, n, out);
 }
 
 /* Rank 0 learns a BPE vocabulary from the embedded corpus and saves it. */

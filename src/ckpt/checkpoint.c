@@ -1253,3 +1253,29 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 }
 
 #endif
+
+cai_status cai_ckpt_load_weights(cai_mesh_t *mesh, const char *path, cai_weights_t *w, cai_ckpt_meta *meta,
+                                 cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && path && w, "cai_ckpt_load_weights: NULL argument");
+    if (!cai_weights_have_storage(w))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_ckpt_load_weights: the weights have no storage");
+    cai_tensor master;
+    cai_weights_flat(w, &master, NULL);
+    cai_device_t *dev = cai_weights_device(w);
+    const cai_ckpt_buffer buf = {.group = "master",
+                                 .alt_group = "model",
+                                 .data = master.data,
+                                 .dev = dev->kind == CAI_DEVICE_HOST ? NULL : dev,
+                                 .dtype = CAI_DTYPE_F32,
+                                 .file_dtype = CAI_DTYPE_F32,
+                                 .replicated = 1};
+    const cai_ckpt_layout L = {cai_weights_registry(w), *cai_weights_view(w), cai_weights_align_elems(w),
+                               CAI_AXIS_DP_SP};
+    cai_ckpt_meta m;
+    CAI_CALL(cai_device_sync(dev));
+    CAI_CALL(ck_load_checked(mesh, path, &L, &buf, NULL, NULL, 1, cai_weights_config(w), &m, stats));
+    cai_status st = cai_weights_updated(w);
+    if (st == CAI_OK && meta) *meta = m;
+    else cai_ckpt_meta_free(&m);
+    return st;
+}

@@ -469,11 +469,14 @@ static cai_status check_model_config(const cai_hf_t *h, const cai_model_config *
     return CAI_OK;
 }
 
-cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m) {
-    CAI_CHECK_ARG(h && m, "cai_hf_import_model: NULL argument");
-    CAI_CALL(check_model_config(h, cai_model_config_of(m)));
-    const cai_registry_t *reg = cai_model_registry(m);
-    cai_device_t *dev = cai_model_device(m);
+cai_status cai_hf_import_weights(cai_hf_t *h, cai_weights_t *w) {
+    CAI_CHECK_ARG(h && w, "cai_hf_import_weights: NULL argument");
+    if (!cai_weights_have_storage(w))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF import: the weights have no storage (external parameters: import "
+                                              "through their owner)");
+    CAI_CALL(check_model_config(h, cai_weights_config(w)));
+    const cai_registry_t *reg = cai_weights_registry(w);
+    cai_device_t *dev = cai_weights_device(w);
     const uint64_t maxn = max_numel(reg);
     float *global = NULL, *local = NULL;
     cai_status st = CAI_OK;
@@ -481,26 +484,27 @@ cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m) {
     CAI_CALL_GOTO(cai_malloc((void **)&local, (size_t)maxn * sizeof *local, "HF import shard"), st, done);
     for (int i = 0; i < cai_registry_count(reg); i++) {
         const cai_param_info *p = cai_registry_param(reg, i);
-        cai_param_shard sh;
-        CAI_CALL_GOTO(cai_registry_shard(reg, i, cai_model_view(m), &sh), st, done);
-        if (!sh.held) continue;
+        const cai_param_shard *sh = cai_weights_shard(w, i);
+        if (!sh->held) continue;
         CAI_CALL_GOTO(cai_hf_read_param(h, p, global), st, done);
-        cai_shard_extract(&sh, sizeof(float), global, local);
+        cai_shard_extract(sh, sizeof(float), global, local);
         cai_tensor master;
-        CAI_CALL_GOTO(cai_model_param(m, p->name, &master, NULL), st, done);
-        if ((uint64_t)cai_tensor_numel(&master) != sh.local_numel) {
-            st = CAI_ERROR(CAI_ERR_INTERNAL, "HF import: the model's '%s' has %lld elements, its shard %llu", p->name,
-                           (long long)cai_tensor_numel(&master), (unsigned long long)sh.local_numel);
-            goto done;
-        }
-        CAI_CALL_GOTO(cai_device_copy(dev, master.data, local, (size_t)sh.local_numel * sizeof *local, CAI_COPY_H2D),
+        CAI_CALL_GOTO(cai_weights_param_view(w, i, 0, &master), st, done);
+        CAI_CALL_GOTO(cai_device_copy(dev, master.data, local, (size_t)sh->local_numel * sizeof *local, CAI_COPY_H2D),
                       st, done);
     }
-    CAI_CALL_GOTO(cai_model_params_updated(m), st, done);
+    CAI_CALL_GOTO(cai_weights_updated(w), st, done);
 done:
     cai_free(global);
     cai_free(local);
     return st;
+}
+
+cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m) {
+    CAI_CHECK_ARG(h && m, "cai_hf_import_model: NULL argument");
+    if (cai_model_external_params(m))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF import: this model's parameters live in external storage (ZeRO)");
+    return cai_hf_import_weights(h, cai_model_weights(m));
 }
 
 cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *flat, size_t flat_count,

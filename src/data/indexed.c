@@ -33,6 +33,23 @@ cai_status cai_byte_tokenize(void *ctx, const char *text, size_t len, cai_token_
     return CAI_OK;
 }
 
+cai_status cai_byte_detokenize(const int32_t *ids, size_t n, cai_byte_buf *out) {
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] == CAI_BYTE_EOD) continue;
+        if (ids[i] < 0 || ids[i] >= 256)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "byte-level decode: id %d at %zu is not a byte", ids[i], i);
+        if (out->len + 2 > out->cap) {
+            size_t cap = out->cap ? 2 * out->cap : 256;
+            char *p = realloc(out->data, cap);
+            if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "decoded text of %zu bytes", cap);
+            out->data = p;
+            out->cap = cap;
+        }
+        out->data[out->len++] = (char)ids[i];
+    }
+    return CAI_OK;
+}
+
 /* ------------------------------------------------------------------ dtypes */
 
 size_t cai_indexed_dtype_size(int code) {

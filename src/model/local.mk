@@ -3,7 +3,9 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/registry.c \
 	%reldir%/registry_init.c \
 	%reldir%/layers.c \
-	%reldir%/model.c
+	%reldir%/model.c \
+	%reldir%/model_internal.h \
+	%reldir%/weights.c
 colossalinclude_HEADERS += src/include/colossal/model.h
 
 if HAVE_CHECK

@@ -2,8 +2,7 @@
  * object that owns the flat parameter/gradient buffers and the activation
  * arena and runs forward/backward over a pipeline stage's layer range. */
 #include "cai_config.h"
-#include "colossal/model.h"
-#include "colossal/ops.h"
+#include "model_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -249,7 +248,9 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
 struct cai_model {
     cai_model_config cfg;
     cai_device_t *dev;
-    cai_registry_t *reg;
+    cai_weights_t *w; /* registry and parameter storage: owned, or shared (cai_model_options.weights) */
+    int own_weights;
+    cai_registry_t *reg; /* w's */
     cai_rank_view view;
     size_t align;
     int B, T;
@@ -257,15 +258,16 @@ struct cai_model {
     int layer_begin, layer_end, first, last;
     int n_local; /* layer_end - layer_begin */
 
-    /* Flat parameter buffers in the registry's local layout. */
+    /* Flat buffers in the registry's local layout: w's storage (the
+     * pointers are w's, copied for the hot paths) and the gradients. */
     int n_params;
-    size_t *offsets; /* per registry index; SIZE_MAX when not held */
-    cai_param_shard *shards;
+    const size_t *offsets; /* per registry index; SIZE_MAX when not held */
+    const cai_param_shard *shards;
     size_t n_flat;
     float *master, *grads; /* F32 */
-    void *lowp;            /* param_dtype working copy (NULL when F32) */
-    void *work;            /* act_dtype compute copy when act_dtype differs from the working dtype */
-    void *compute;         /* what the layers read: master, lowp or work */
+    void *lowp;
+    void *work;
+    void *compute;
 
     cai_layer_dims dims;
     cai_layer_ctx cx;          /* what the layers run on: the device and the tp group */
@@ -379,41 +381,35 @@ static cai_status bind(cai_model_t *m, int unit, const char *name, cai_tensor *w
 static int block_unit(const cai_model_t *m, int l) { return (m->first ? 1 : 0) + l - m->layer_begin; }
 int cai_model_unit_count(const cai_model_t *m) { return (m->first ? 1 : 0) + m->n_local + (m->last ? 1 : 0); }
 
+const cai_block_field cai_block_fields[] = {
+    {"ln_1.weight", offsetof(cai_block_params, ln1_w)},
+    {"ln_1.bias", offsetof(cai_block_params, ln1_b)},
+    {"attn.qkv.weight", offsetof(cai_block_params, qkv_w)},
+    {"attn.qkv.bias", offsetof(cai_block_params, qkv_b)},
+    {"attn.proj.weight", offsetof(cai_block_params, proj_w)},
+    {"attn.proj.bias", offsetof(cai_block_params, proj_b)},
+    {"ln_2.weight", offsetof(cai_block_params, ln2_w)},
+    {"ln_2.bias", offsetof(cai_block_params, ln2_b)},
+    {"mlp.fc.weight", offsetof(cai_block_params, fc_w)},
+    {"mlp.fc.bias", offsetof(cai_block_params, fc_b)},
+    {"mlp.up.weight", offsetof(cai_block_params, up_w)},
+    {"mlp.proj.weight", offsetof(cai_block_params, mlp_proj_w)},
+    {"mlp.proj.bias", offsetof(cai_block_params, mlp_proj_b)},
+};
+const int cai_block_field_count = (int)(sizeof cai_block_fields / sizeof cai_block_fields[0]);
+
 static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_block_params *g) {
-    static const struct {
-        const char *suffix;
-        size_t off;
-    } fields[] = {
-        {"ln_1.weight", offsetof(cai_block_params, ln1_w)},
-        {"ln_1.bias", offsetof(cai_block_params, ln1_b)},
-        {"attn.qkv.weight", offsetof(cai_block_params, qkv_w)},
-        {"attn.qkv.bias", offsetof(cai_block_params, qkv_b)},
-        {"attn.proj.weight", offsetof(cai_block_params, proj_w)},
-        {"attn.proj.bias", offsetof(cai_block_params, proj_b)},
-        {"ln_2.weight", offsetof(cai_block_params, ln2_w)},
-        {"ln_2.bias", offsetof(cai_block_params, ln2_b)},
-        {"mlp.fc.weight", offsetof(cai_block_params, fc_w)},
-        {"mlp.fc.bias", offsetof(cai_block_params, fc_b)},
-        {"mlp.up.weight", offsetof(cai_block_params, up_w)},
-        {"mlp.proj.weight", offsetof(cai_block_params, mlp_proj_w)},
-        {"mlp.proj.bias", offsetof(cai_block_params, mlp_proj_b)},
-    };
     char name[CAI_PARAM_NAME_MAX];
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        snprintf(name, sizeof name, "h.%d.%s", l, fields[i].suffix);
+    for (int i = 0; i < cai_block_field_count; i++) {
+        snprintf(name, sizeof name, "h.%d.%s", l, cai_block_fields[i].suffix);
         if (cai_registry_find(m->reg, name) < 0) continue; /* other family's name */
-        CAI_CALL(bind(m, block_unit(m, l), name, (cai_tensor *)((char *)w + fields[i].off),
-                      (cai_tensor *)((char *)g + fields[i].off)));
+        CAI_CALL(bind(m, block_unit(m, l), name, (cai_tensor *)((char *)w + cai_block_fields[i].off),
+                      (cai_tensor *)((char *)g + cai_block_fields[i].off)));
     }
     return CAI_OK;
 }
 
-/* Index of the tie primary of `index` if it differs and is held here, else -1. */
-static int local_tie_primary(const cai_model_t *m, int index) {
-    const cai_param_info *info = cai_registry_param(m->reg, index);
-    if (!info || info->tie_primary == index) return -1;
-    return m->offsets[info->tie_primary] != SIZE_MAX ? info->tie_primary : -1;
-}
+static int local_tie_primary(const cai_model_t *m, int index) { return cai_weights_local_tie_primary(m->w, index); }
 
 static cai_status resolve_stage(cai_model_t *m) {
     int L = m->cfg.n_layers, begin = -1, end = -1;
@@ -440,40 +436,27 @@ static cai_status resolve_stage(cai_model_t *m) {
     return CAI_OK;
 }
 
-static cai_status alloc_params(cai_model_t *m) {
+/* The weights (shared, or created here: with storage unless external) and
+ * the gradients. */
+static cai_status alloc_params(cai_model_t *m, const cai_model_options *opt) {
     cai_device_t *dev = m->dev;
-    m->n_params = cai_registry_count(m->reg);
-    CAI_CALL(cai_calloc((void **)&m->offsets, (size_t)m->n_params, sizeof *m->offsets, "model param offsets"));
-    CAI_CALL(cai_calloc((void **)&m->shards, (size_t)m->n_params, sizeof *m->shards, "model param shards"));
-    CAI_CALL(cai_registry_local_layout(m->reg, &m->view, m->align, m->offsets, &m->n_flat));
-    for (int i = 0; i < m->n_params; i++) CAI_CALL(cai_registry_shard(m->reg, i, &m->view, &m->shards[i]));
-    size_t n = m->n_flat;
+    if (!m->w) {
+        CAI_CALL(cai_weights_create(&m->w, dev, &m->cfg, &m->view, m->align, !m->external));
+        m->own_weights = 1;
+    }
+    (void)opt;
+    const cai_weights_t *w = m->w;
+    m->reg = w->reg;
+    m->n_params = w->n_params;
+    m->offsets = w->offsets;
+    m->shards = w->shards;
+    m->n_flat = w->n_flat;
+    m->master = w->master;
+    m->lowp = w->lowp;
+    m->work = w->work;
+    m->compute = w->compute;
     if (m->external) return CAI_OK; /* the caller allocates, initialises and binds */
-    CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model master weights", (void **)&m->master));
-    CAI_CALL(cai_device_alloc(dev, n * sizeof(float), "model gradients", (void **)&m->grads));
-    cai_dtype pd = m->cfg.param_dtype, ad = m->cfg.act_dtype;
-    if (pd != CAI_DTYPE_F32) {
-        CAI_CALL(cai_device_alloc(dev, n * cai_dtype_size(pd), "model working weights", &m->lowp));
-        cai_tensor t = flat_view(dev, m->lowp, pd, 0, n);
-        CAI_CALL(dev->ops->fill(dev, &t, 0.0f)); /* alignment gaps stay defined */
-    }
-    if (ad != pd) {
-        CAI_CALL(cai_device_alloc(dev, n * cai_dtype_size(ad), "model compute weights", &m->work));
-        cai_tensor t = flat_view(dev, m->work, ad, 0, n);
-        CAI_CALL(dev->ops->fill(dev, &t, 0.0f));
-    }
-    m->compute = m->work ? m->work : m->lowp ? m->lowp : (void *)m->master;
-    /* Initialise on the host, then move (a copy on the host device). */
-    float *stage = NULL;
-    cai_status st = CAI_OK;
-    CAI_CALL(cai_device_alloc_staging(dev, n * sizeof(float), "model init staging", (void **)&stage));
-    CAI_CALL_GOTO(cai_registry_init_flat(m->reg, &m->view, m->cfg.seed, m->align, stage, n), st, done);
-    CAI_CALL_GOTO(cai_device_copy(dev, m->master, stage, n * sizeof(float),
-                                  dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D),
-                  st, done);
-done:
-    cai_device_dealloc_staging(dev, stage);
-    if (st != CAI_OK) return st;
+    CAI_CALL(cai_device_alloc(dev, m->n_flat * sizeof(float), "model gradients", (void **)&m->grads));
     CAI_CALL(cai_model_zero_grad(m));
     return CAI_OK;
 }
@@ -626,6 +609,34 @@ static cai_status vocab_shard(cai_model_t *m) {
     return CAI_OK;
 }
 
+/* A shared weights object must be what this model would have made: the same
+ * architecture and dtypes, view and alignment, with storage. */
+static cai_status check_shared_weights(const cai_model_t *m, const cai_weights_t *w) {
+    const cai_model_config *a = &m->cfg, *b = &w->cfg;
+    if (m->external)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "model: shared weights and external parameter storage exclude each other");
+    if (!w->master) return CAI_ERROR(CAI_ERR_INVALID_ARG, "model: the shared weights object has no storage");
+    if (a->family != b->family || a->vocab_size != b->vocab_size || a->vocab_multiple != b->vocab_multiple ||
+        a->n_layers != b->n_layers || a->d_model != b->d_model || a->n_heads != b->n_heads ||
+        a->n_kv_heads != b->n_kv_heads || a->ffn_hidden != b->ffn_hidden || a->max_seq_len != b->max_seq_len ||
+        a->tie_embeddings != b->tie_embeddings || a->param_dtype != b->param_dtype || a->act_dtype != b->act_dtype)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "model: the shared weights were made for another configuration (%s %d layers d_model %d, "
+                         "%s/%s) than this model's (%s %d layers d_model %d, %s/%s)",
+                         cai_model_family_name(b->family), b->n_layers, b->d_model, cai_dtype_name(b->param_dtype),
+                         cai_dtype_name(b->act_dtype), cai_model_family_name(a->family), a->n_layers, a->d_model,
+                         cai_dtype_name(a->param_dtype), cai_dtype_name(a->act_dtype));
+    if (memcmp(&w->view, &m->view, offsetof(cai_rank_view, layer_stage)) != 0 ||
+        w->view.layer_stage != m->view.layer_stage || w->align != m->align)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "model: the shared weights hold tp rank %d of %d, pp rank %d of %d (alignment %zu); this "
+                         "model is tp rank %d of %d, pp rank %d of %d (alignment %zu)",
+                         w->view.tp_rank, w->view.tp_size, w->view.pp_rank, w->view.pp_size, w->align, m->view.tp_rank,
+                         m->view.tp_size, m->view.pp_rank, m->view.pp_size, m->align);
+    return CAI_OK;
+}
+
 cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_model_config *cfg,
                             const cai_model_options *opt_in) {
     CAI_CHECK_ARG(out && dev && cfg, "cai_model_create: NULL argument");
@@ -666,15 +677,15 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     m->B = opt.batch;
     m->T = opt.seq_len;
     m->Vp = cai_model_config_padded_vocab(&m->cfg);
-    cai_registry_options ropt = {.n_layers = m->cfg.n_layers};
-    CAI_CALL_GOTO(cai_registry_init(&m->reg, &ropt), st, fail);
-    CAI_CALL_GOTO(cai_model_register_params(m->reg, &m->cfg), st, fail);
-    CAI_CALL_GOTO(cai_registry_check_view(m->reg, &m->view), st, fail);
+    if (opt.weights) {
+        CAI_CALL_GOTO(check_shared_weights(m, opt.weights), st, fail);
+        m->w = opt.weights;
+    }
+    CAI_CALL_GOTO(alloc_params(m, &opt), st, fail);
     CAI_CALL_GOTO(resolve_stage(m), st, fail);
 
     layer_dims_of(&m->cfg, &m->view, m->B, m->T, sp, &m->dims);
 
-    CAI_CALL_GOTO(alloc_params(m), st, fail);
     CAI_CALL_GOTO(vocab_shard(m), st, fail);
     CAI_CALL_GOTO(bind_params(m), st, fail);
     CAI_CALL_GOTO(alloc_acts(m), st, fail);
@@ -690,18 +701,13 @@ void cai_model_free(cai_model_t *m) {
     if (!m) return;
     cai_head_acts_release(&m->head);
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
-    cai_device_dealloc(m->dev, m->master);
     cai_device_dealloc(m->dev, m->grads);
-    cai_device_dealloc(m->dev, m->lowp);
-    cai_device_dealloc(m->dev, m->work);
-    cai_free(m->offsets);
-    cai_free(m->shards);
+    if (m->own_weights) cai_weights_free(m->w);
     cai_free(m->wp);
     cai_free(m->gp);
     cai_free(m->resid);
     cai_free(m->acts);
     cai_free(m->refs);
-    cai_registry_free(m->reg);
     cai_free(m);
 }
 
@@ -738,37 +744,13 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
     return CAI_OK;
 }
 
-/* The compute copy follows the working weights (or the masters when the
- * working weights are F32): one conversion at the boundary per update. */
-static cai_status refresh_compute(cai_model_t *m) {
-    if (!m->work) return CAI_OK;
-    cai_device_t *dev = m->dev;
-    cai_tensor work = flat_view(dev, m->work, m->cfg.act_dtype, 0, m->n_flat);
-    cai_tensor src = m->lowp ? flat_view(dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat)
-                             : flat_view(dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
-    CAI_CALL(dev->ops->copy(dev, &work, &src));
-    return CAI_OK;
-}
-
 cai_status cai_model_params_updated(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_params_updated: NULL model");
     if (m->external) return CAI_OK;
-    cai_device_t *dev = m->dev;
-    for (int i = 0; i < m->n_params; i++) {
-        int p = m->offsets[i] == SIZE_MAX ? -1 : local_tie_primary(m, i);
-        if (p < 0) continue;
-        cai_tensor dst = flat_view(dev, m->master, CAI_DTYPE_F32, m->offsets[i], m->shards[i].local_numel);
-        cai_tensor src = flat_view(dev, m->master, CAI_DTYPE_F32, m->offsets[p], m->shards[p].local_numel);
-        CAI_CALL(dev->ops->copy(dev, &dst, &src));
-    }
-    if (m->lowp) {
-        cai_tensor master = flat_view(dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
-        cai_tensor lowp = flat_view(dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
-        CAI_CALL(dev->ops->copy(dev, &lowp, &master));
-    }
-    CAI_CALL(refresh_compute(m));
-    return CAI_OK;
+    return cai_weights_updated(m->w);
 }
+
+cai_weights_t *cai_model_weights(const cai_model_t *m) { return m->w; }
 
 cai_status cai_model_zero_grad(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_zero_grad: NULL model");

@@ -84,6 +84,16 @@ CPU_OP(rope_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, cons
 CPU_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos,
                  const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
 
+/* paged KV cache (cpu_paged.c) */
+CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
+                       const cai_tensor *v, const cai_tensor *slots);
+size_t cai_cpu_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
+                                               int64_t D, int64_t max_ctx);
+CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
+                        const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
+                        const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
+                        size_t workspace_bytes);
+
 /* attention (cpu_attention.c) */
 size_t cai_cpu_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                          int64_t Hkv, int64_t D);

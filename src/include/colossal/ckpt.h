@@ -270,6 +270,8 @@ cai_status cai_hf_import(cai_hf_t *h, const cai_registry_t *reg, cai_hf_sink_fn 
  * ffn, max_seq_len, tied head; vocab_multiple, dtypes and seed are free);
  * the error names the first field that differs. */
 cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m);
+/* The same into a weights object with storage (an inference engine's). */
+cai_status cai_hf_import_weights(cai_hf_t *h, cai_weights_t *w);
 /* Into a host flat F32 buffer of flat_count floats laid out by
  * cai_registry_local_layout(reg, single-rank view, align_elems); alignment
  * gaps are zeroed. */
@@ -378,6 +380,13 @@ cai_status cai_ckpt_save(cai_mesh_t *mesh, const char *path, cai_model_t *model,
  * mesh's world. */
 cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model, cai_optim_t *optim,
                          cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+/* The weights of a checkpoint (the fp32 masters, or the weights of an f32
+ * run) into a weights object with storage, under its view: the file may
+ * have been written under any layout. The stored model config must match
+ * w's architecture. meta and stats may be NULL. Collective over the mesh's
+ * world. */
+cai_status cai_ckpt_load_weights(cai_mesh_t *mesh, const char *path, cai_weights_t *w, cai_ckpt_meta *meta,
+                                 cai_ckpt_stats *stats);
 
 /* ---------------------------------------------------------- ZeRO engines
  * The same file, from and into the state a ZeRO engine holds (any stage,

@@ -12,4 +12,5 @@
 #include "colossal/ckpt.h"
 #include "colossal/data.h"
 #include "colossal/run.h"
+#include "colossal/infer.h"
 #endif

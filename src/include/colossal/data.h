@@ -173,6 +173,9 @@ typedef cai_status (*cai_tokenize_fn)(void *ctx, const char *text, size_t len, c
 #define CAI_BYTE_VOCAB 257
 #define CAI_BYTE_EOD 256
 cai_status cai_byte_tokenize(void *ctx, const char *text, size_t len, cai_token_buf *out);
+/* Its inverse, appended to out: ids 0..255 are bytes, CAI_BYTE_EOD spells
+ * nothing, anything else is an error naming the position. */
+cai_status cai_byte_detokenize(const int32_t *ids, size_t n, cai_byte_buf *out);
 
 /* ---------------------------------------------------------------- indexed datasets
  * Megatron-LM's MMIDIDX format, byte for byte. PREFIX.idx:

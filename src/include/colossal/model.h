@@ -462,6 +462,46 @@ cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
                         cai_head_acts *h, cai_block_scratch *s, const cai_tensor *inp, const cai_tensor *targets,
                         float dloss_scale, cai_tensor *d_stream);
 
+/* --------------------------------------------------------------- weights
+ * The registry and one rank's parameter storage apart from any execution
+ * state (src/model/weights.c): F32 masters, the param_dtype working copy
+ * and the act_dtype copy the layers read, in the registry's flat local
+ * layout. A training model (cai_model_options.weights) and an inference
+ * engine use one weights object without a copy, so an update through
+ * either is what the other reads next. Not collective. */
+
+typedef struct cai_weights cai_weights_t;
+
+/* Resolve the config, register its parameters, check the view and lay out
+ * the flat buffers (alignment align_elems, 0 means 16); with `storage`
+ * also allocate them on dev and initialise them from cfg->seed (the same
+ * numbers as cai_model_create's). */
+cai_status cai_weights_create(cai_weights_t **out, cai_device_t *dev, const cai_model_config *cfg,
+                              const cai_rank_view *view, size_t align_elems, int storage);
+void cai_weights_free(cai_weights_t *w);
+const cai_model_config *cai_weights_config(const cai_weights_t *w); /* resolved */
+const cai_registry_t *cai_weights_registry(const cai_weights_t *w);
+const cai_rank_view *cai_weights_view(const cai_weights_t *w);
+cai_device_t *cai_weights_device(const cai_weights_t *w);
+size_t cai_weights_align_elems(const cai_weights_t *w);
+int cai_weights_have_storage(const cai_weights_t *w);
+/* Local elements of parameter `index` held here, -1 when not held. */
+int64_t cai_weights_held(const cai_weights_t *w, int index);
+const cai_param_shard *cai_weights_shard(const cai_weights_t *w, int index);
+/* The F32 master flat buffer and the working copy (data NULL when F32). */
+void cai_weights_flat(const cai_weights_t *w, cai_tensor *master, cai_tensor *lowp);
+/* Parameter `index`'s local shard: the F32 master (compute 0) or what the
+ * layers read (compute 1, act dtype). Not held: an error naming it. */
+cai_status cai_weights_param_view(const cai_weights_t *w, int index, int compute, cai_tensor *out);
+/* The same by canonical name; a name this family does not register gives
+ * a zeroed tensor (data NULL: an absent bias). */
+cai_status cai_weights_find(const cai_weights_t *w, const char *name, int compute, cai_tensor *out);
+/* Compute views of layer `layer`'s parameters (absent ones data NULL). */
+cai_status cai_weights_block(const cai_weights_t *w, int layer, cai_block_params *out);
+/* After writing masters: tie copies follow their primaries, the working
+ * and compute copies are refreshed. */
+cai_status cai_weights_updated(cai_weights_t *w);
+
 /* ----------------------------------------------------------------- model */
 
 typedef struct cai_model cai_model_t;
@@ -475,6 +515,9 @@ typedef struct {
     size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
     int external_params; /* 1: the caller owns parameter and gradient storage (ZeRO, see
                           * "External parameter storage" below); 0: the model allocates it */
+    cai_weights_t *weights; /* NULL: the model creates its own; else it uses these (same config, view
+                             * and alignment, with storage; not freed by the model) and allocates
+                             * only gradients and activations */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */
@@ -488,6 +531,9 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
 void cai_model_free(cai_model_t *m);
 
 const cai_model_config *cai_model_config_of(const cai_model_t *m); /* resolved */
+/* The weights the model reads (its own or the shared ones); without
+ * storage under external_params. */
+cai_weights_t *cai_model_weights(const cai_model_t *m);
 const cai_registry_t *cai_model_registry(const cai_model_t *m);
 const cai_rank_view *cai_model_view(const cai_model_t *m);
 cai_device_t *cai_model_device(const cai_model_t *m);

@@ -227,6 +227,38 @@ typedef struct cai_ops {
                                 const cai_tensor *out, const cai_tensor *lse, const cai_attn_params *params,
                                 void *workspace, size_t workspace_bytes);
 
+    /* ---- paged KV cache (inference; docs/infer.md)
+     * A layer's cache is two tensors [n_blocks, block_size, Hkv, D]
+     * (contiguous; F32, BF16 or F16 whatever the activations' dtype): token
+     * slot s is row s % block_size of block s / block_size. Queries, keys
+     * and values are [1, N, H, D] (strided rows: views into fused QKV) for
+     * the N tokens of a ragged batch. Index tensors are I32, contiguous, on
+     * the device. */
+
+    /* k_cache[slots[i]] = k[i], v_cache[slots[i]] = v[i], converted to the
+     * cache's dtype with round-to-nearest-even; slots [N], a negative slot
+     * skips its row. */
+    cai_status (*kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
+                                 const cai_tensor *v, const cai_tensor *slots);
+    /* Scratch bytes paged_attention needs for these sizes. */
+    size_t (*paged_attention_workspace_bytes)(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
+                                              int64_t D, int64_t max_ctx);
+    /* Causal attention of S sequences against their cached keys and values,
+     * for prefill chunks and decode steps alike: sequence s owns query rows
+     * [q_start[s], q_start[s+1]) of q (q_start [S+1], q_start[0] = 0,
+     * q_start[S] = N), its cache holds ctx_len[s] tokens (ctx_len [S]) of
+     * which the last q_len are these queries' own, already written; query
+     * j of s sits at position ctx_len[s] - q_len + j and sees the keys at
+     * positions up to its own. Key position p of s lives in block
+     * block_tables[s, p / block_size] (block_tables [S, max_blocks]). Query
+     * head h reads kv head h / (Hq / Hkv). out [1,N,Hq,D] =
+     * softmax(scale q k^T) v, scale 0 meaning 1/sqrt(D); max_ctx bounds
+     * every ctx_len (it sizes the workspace). */
+    cai_status (*paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
+                                  const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
+                                  const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
+                                  size_t workspace_bytes);
+
     /* ---- embeddings (vocab-parallel ready) */
 
     /* out [B,T,C] = wte[tokens[b,t] - vocab_offset] (+ wpe[pos_offset + t]).

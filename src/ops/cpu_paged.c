@@ -1,0 +1,189 @@
+/* CPU backend: the paged KV cache's write and attention. One task per
+ * (query token, kv head): the group's query heads share each key and value
+ * row read from the cache, which may be F32, BF16 or F16 (converted as it
+ * is read). Scores are kept whole per task (max_ctx floats per query head
+ * of the group), so the softmax is the exact two-pass one. */
+#include "cai_config.h"
+#include "cpu_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static int cache_dtype_ok(cai_dtype dt) { return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16; }
+
+static cai_status check_cache(const char *op, const char *arg, const cai_tensor *t, cai_bthd *out) {
+    CAI_CALL(cai_ops_bthd(op, arg, t, CAI_HOST, CAI_ANYF, out));
+    if (!cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous [n_blocks, block_size, Hkv, D]", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    return CAI_OK;
+}
+
+static cai_status check_index(const char *op, const char *arg, const cai_tensor *t, int ndim, const int32_t **data) {
+    CAI_CALL(cai_ops_check(op, arg, t, CAI_HOST, CAI_I32));
+    if (t->ndim != ndim || !cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a contiguous %d-D I32 tensor", op, arg,
+                         CAI_OPS_DESCRIBE(t), ndim);
+    *data = (const int32_t *)t->data;
+    return CAI_OK;
+}
+
+static inline void store(void *base, cai_dtype dt, int64_t i, float x) {
+    if (dt == CAI_DTYPE_F32) ((float *)base)[i] = x;
+    else if (dt == CAI_DTYPE_BF16) ((cai_bf16 *)base)[i] = cai_f32_to_bf16(x);
+    else ((cai_f16 *)base)[i] = cai_f32_to_f16(x);
+}
+
+static inline float load(const void *base, cai_dtype dt, int64_t i) {
+    if (dt == CAI_DTYPE_F32) return ((const float *)base)[i];
+    if (dt == CAI_DTYPE_BF16) return cai_bf16_to_f32(((const cai_bf16 *)base)[i]);
+    return cai_f16_to_f32(((const cai_f16 *)base)[i]);
+}
+
+CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
+                       const cai_tensor *v, const cai_tensor *slots) {
+    static const char op[] = "kv_cache_write";
+    cai_bthd kc, vc, kk, vv;
+    const int32_t *sl = NULL;
+    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
+    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
+    CAI_CALL(cai_ops_bthd(op, "k", k, CAI_HOST, CAI_F32, &kk));
+    CAI_CALL(cai_ops_bthd(op, "v", v, CAI_HOST, CAI_F32, &vv));
+    CAI_CALL(check_index(op, "slots", slots, 1, &sl));
+    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache is %s but v_cache is %s; they must match", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
+    if (!cai_tensor_same_shape(k, v) || kk.B != 1 || kk.H != kc.H || kk.D != kc.D || slots->shape[0] != kk.T)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: k %s, v %s and slots %s must be [1,N,Hkv,D], [1,N,Hkv,D] and [N] for a cache of %s", op,
+                         CAI_OPS_DESCRIBE(k), CAI_OPS_DESCRIBE(v), CAI_OPS_DESCRIBE(slots), CAI_OPS_DESCRIBE(k_cache));
+    const int64_t n_slots = kc.B * kc.T, N = kk.T, H = kk.H, D = kk.D;
+    for (int64_t i = 0; i < N; i++)
+        if (sl[i] >= n_slots)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: slots[%lld] = %d is past the cache's %lld slots", op,
+                             (long long)i, sl[i], (long long)n_slots);
+    const cai_dtype dt = k_cache->dtype;
+    const int nt = cai_cpu_threads(dev, N);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t i = 0; i < N; i++) {
+        if (sl[i] < 0) continue;
+        for (int64_t h = 0; h < H; h++) {
+            const float *ks = (const float *)kk.data + i * kk.st + h * kk.sh;
+            const float *vs = (const float *)vv.data + i * vv.st + h * vv.sh;
+            const int64_t base = ((int64_t)sl[i] * H + h) * D;
+            for (int64_t d = 0; d < D; d++) {
+                store(kc.data, dt, base + d, ks[d]);
+                store(vc.data, dt, base + d, vs[d]);
+            }
+        }
+    }
+    return CAI_OK;
+}
+
+size_t cai_cpu_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
+                                               int64_t D, int64_t max_ctx) {
+    (void)n_tokens;
+    (void)n_seqs;
+    const int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
+    /* per thread: one score row per query head of a group (at most Hq) and D accumulators each */
+    return (size_t)nt * (size_t)Hq * ((size_t)max_ctx + (size_t)D) * sizeof(float) + 64;
+}
+
+CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
+                        const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
+                        const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
+                        size_t workspace_bytes) {
+    static const char op[] = "paged_attention";
+    cai_bthd qq, oo, kc, vc;
+    const int32_t *bt = NULL, *qs = NULL, *cl = NULL;
+    CAI_CALL(cai_ops_bthd(op, "q", q, CAI_HOST, CAI_F32, &qq));
+    CAI_CALL(cai_ops_bthd(op, "out", out, CAI_HOST, CAI_F32, &oo));
+    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
+    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
+    CAI_CALL(check_index(op, "block_tables", block_tables, 2, &bt));
+    CAI_CALL(check_index(op, "q_start", q_start, 1, &qs));
+    CAI_CALL(check_index(op, "ctx_len", ctx_len, 1, &cl));
+    if (!cai_tensor_same_shape(q, out) || qq.B != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and out %s must both be [1,N,Hq,D]", op, CAI_OPS_DESCRIBE(q),
+                         CAI_OPS_DESCRIBE(out));
+    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype || !cache_dtype_ok(kc.dtype))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache %s and v_cache %s must match (f32, bf16 or f16)", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
+    if (kc.D != qq.D || kc.H <= 0 || qq.H % kc.H != 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and the cache %s: head_dim must match and Hkv divide Hq", op,
+                         CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k_cache));
+    const int64_t S = ctx_len->shape[0], N = qq.T, Hq = qq.H, Hkv = kc.H, D = qq.D, bs = kc.T;
+    const int64_t max_blocks = block_tables->shape[1], n_blocks = kc.B, group = Hq / Hkv;
+    if (q_start->shape[0] != S + 1 || block_tables->shape[0] != S || qs[0] != 0 || qs[S] != N)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: q_start %s, ctx_len %s and block_tables %s must describe S sequences over N = %lld "
+                         "query rows (q_start [S+1] from 0 to N, ctx_len [S], block_tables [S, max_blocks])",
+                         op, CAI_OPS_DESCRIBE(q_start), CAI_OPS_DESCRIBE(ctx_len), CAI_OPS_DESCRIBE(block_tables),
+                         (long long)N);
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t ql = qs[s + 1] - qs[s];
+        if (ql < 0 || cl[s] < ql || cl[s] > max_ctx || cl[s] > max_blocks * bs)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: sequence %lld has %lld queries and ctx_len %d (need queries <= ctx_len <= max_ctx "
+                             "%lld and <= %lld blocks of %lld)",
+                             op, (long long)s, (long long)ql, cl[s], (long long)max_ctx, (long long)max_blocks,
+                             (long long)bs);
+        for (int64_t b = 0; b < (cl[s] + bs - 1) / bs; b++)
+            if (bt[s * max_blocks + b] < 0 || bt[s * max_blocks + b] >= n_blocks)
+                return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: block_tables[%lld, %lld] = %d is not a block of the %lld",
+                                 op, (long long)s, (long long)b, bt[s * max_blocks + b], (long long)n_blocks);
+    }
+    const size_t need = cai_cpu_paged_attention_workspace_bytes(dev, N, S, Hq, D, max_ctx);
+    if (N > 0 && (!workspace || workspace_bytes < need))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
+    const float sc = scale != 0.0f ? scale : 1.0f / sqrtf((float)D);
+    const cai_dtype dt = kc.dtype;
+    const int nt = cai_cpu_threads(dev, N * Hkv);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int64_t task = 0; task < N * Hkv; task++) {
+        const int64_t i = task / Hkv, g = task % Hkv;
+        int64_t s = 0;
+        while (qs[s + 1] <= i) s++; /* S is small; the rows of a sequence are adjacent tasks */
+        const int64_t pos = cl[s] - (qs[s + 1] - qs[s]) + (i - qs[s]), nk = pos + 1;
+        float *ws = (float *)workspace + (size_t)CAI_THREAD_ID() * (size_t)Hq * (size_t)(max_ctx + D);
+        float *acc = ws + group * max_ctx;
+        for (int64_t hh = 0; hh < group; hh++)
+            for (int64_t j = 0; j < nk; j++) ws[hh * max_ctx + j] = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
+            const int64_t kb = (slot * Hkv + g) * D;
+            for (int64_t hh = 0; hh < group; hh++) {
+                const float *qr = (const float *)qq.data + i * qq.st + (g * group + hh) * qq.sh;
+                float dot = 0.0f;
+                for (int64_t d = 0; d < D; d++) dot += qr[d] * load(kc.data, dt, kb + d);
+                ws[hh * max_ctx + j] = dot * sc;
+            }
+        }
+        for (int64_t hh = 0; hh < group; hh++) {
+            float *sr = ws + hh * max_ctx, mx = -INFINITY, sum = 0.0f;
+            for (int64_t j = 0; j < nk; j++) mx = sr[j] > mx ? sr[j] : mx;
+            for (int64_t j = 0; j < nk; j++) {
+                sr[j] = expf(sr[j] - mx);
+                sum += sr[j];
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t j = 0; j < nk; j++) sr[j] *= inv;
+        }
+        for (int64_t hh = 0; hh < group; hh++)
+            for (int64_t d = 0; d < D; d++) acc[hh * D + d] = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
+            const int64_t vb = (slot * Hkv + g) * D;
+            for (int64_t d = 0; d < D; d++) {
+                const float x = load(vc.data, dt, vb + d);
+                for (int64_t hh = 0; hh < group; hh++) acc[hh * D + d] += ws[hh * max_ctx + j] * x;
+            }
+        }
+        for (int64_t hh = 0; hh < group; hh++) {
+            float *o = (float *)oo.data + i * oo.st + (g * group + hh) * oo.sh;
+            memcpy(o, acc + hh * D, (size_t)D * sizeof(float));
+        }
+    }
+    return CAI_OK;
+}
