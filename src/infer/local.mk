@@ -21,4 +21,14 @@ tests_unit_test_job_SOURCES = tests/unit/test_job.c
 tests_unit_test_job_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_job_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 TESTS += tests/unit/test_sample tests/unit/test_job tests/unit/test_engine
+# tp = 2 x dp = 2 and tp = 4 engines against one rank's
+check_PROGRAMS += tests/mpi/test_infer
+tests_mpi_test_infer_SOURCES = tests/mpi/test_infer.c tests/mpi/test_mesh_util.h
+tests_mpi_test_infer_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_infer_LDADD = $(TEST_LIBS)
+INFER_MPI_TESTS = tests/mpi/infer.np4
+$(INFER_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(INFER_MPI_TESTS)
+TESTS += $(INFER_MPI_TESTS)
 endif
