@@ -322,9 +322,9 @@ static cai_status write_result(gen_state *g, cai_engine_output *o) {
 
 static void progress(gen_state *g, int final) {
     ij_output *o = g->j->out;
-    if (o->rank != 0 || g->j->cfg->progress <= 0) return;
+    if (o->rank != 0) return;
     const double now = cai_time_now(), dt = now - g->t0;
-    if (!final && now - g->last_progress < g->j->cfg->progress) return;
+    if (!final && (g->j->cfg->progress <= 0 || now - g->last_progress < g->j->cfg->progress)) return;
     g->last_progress = now;
     const double rate = dt > 0 ? (double)o->done / dt : 0, left = (double)(g->total - o->done);
     printf("infer: %lld/%lld requests (%.0f%%), %.0f generated tokens/s, %.1f requests/s, %s %.0f s\n",
@@ -392,6 +392,11 @@ static cai_status generate(ij_job *j) {
     gen_state g = {.j = j, .model_name = "colossal"};
     const ij_config *c = j->cfg;
     cai_status st = ij_lines_read(c->input, &g.lines);
+    int64_t nonblank = 0;
+    for (int64_t i = 0; st == CAI_OK && i < g.lines.n; i++) nonblank += g.lines.len[i] > 0;
+    if (st == CAI_OK && nonblank == 0)
+        st = CAI_ERROR(CAI_ERR_CONFIG, "infer.input: %s holds no request (%lld bytes)", c->input,
+                       (long long)g.lines.size);
     if (st == CAI_OK) st = cai_id_set_create(&g.done);
     if (st == CAI_OK) st = select_lines(&g);
     if (st == CAI_OK) st = cai_calloc((void **)&g.live, (size_t)g.n_mine + 1, sizeof *g.live, "infer requests");

@@ -4,6 +4,7 @@ apps_colossal_infer_SOURCES = apps/infer.c apps/infer.h apps/infer_io.c apps/inf
 apps_colossal_infer_LDADD = $(APP_LDADD) -lm
 
 # End-to-end tests (shell, run under $(MPIEXEC)).
-INFER_APP_TESTS =
+INFER_APP_TESTS = \
+	tests/apps/infer_generate.sh
 TESTS += $(INFER_APP_TESTS)
-EXTRA_DIST += $(INFER_APP_TESTS)
+EXTRA_DIST += $(INFER_APP_TESTS) tests/apps/infer_lib.sh

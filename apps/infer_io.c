@@ -21,10 +21,18 @@ cai_status ij_encode(const ij_tokenizer *t, const char *text, size_t len, cai_to
     return cai_byte_tokenize(NULL, text, len, out);
 }
 
+/* Text leaves special tokens (end of text, chat markers) unspelled, as
+ * Hugging Face's skip_special_tokens does; token_ids keep them. */
 cai_status ij_decode(void *ctx, const int32_t *ids, size_t n, cai_byte_buf *out) {
     const ij_tokenizer *t = ctx;
-    if (t->bpe) return cai_bpe_decode(t->bpe, ids, n, out);
-    return cai_byte_detokenize(ids, n, out);
+    if (!t->bpe) return cai_byte_detokenize(ids, n, out);
+    for (size_t a = 0; a < n;) {
+        size_t b = a;
+        while (b < n && !cai_bpe_is_special(t->bpe, ids[b])) b++;
+        if (b > a) CAI_CALL(cai_bpe_decode(t->bpe, ids + a, b - a, out));
+        a = b + 1;
+    }
+    return CAI_OK;
 }
 
 cai_status ij_lines_read(const char *path, ij_lines *out) {

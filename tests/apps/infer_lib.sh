@@ -1,0 +1,76 @@
+# Shared helpers for the colossal-infer end-to-end tests (sourced, not run).
+# The test harness exports top_builddir, top_srcdir and MPIEXEC.
+: "${top_builddir:?top_builddir must be set (run through make check)}"
+: "${MPIEXEC:=mpiexec}"
+INFER_BIN="$top_builddir/apps/colossal-infer"
+PRETRAIN_BIN="$top_builddir/apps/colossal-pretrain"
+CKPT_BIN="$top_builddir/apps/colossal-ckpt"
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/colossal-infer-test.XXXXXX")
+trap '[ -n "$KEEP_TMP" ] || rm -rf "$TMP"' EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    for f in "$TMP"/out "$TMP"/err; do
+        [ -s "$f" ] && { echo "--- $(basename "$f"):" >&2; tail -n 40 "$f" >&2; }
+    done
+    exit 1
+}
+
+# A tiny GPT-2 trained for a few steps on the embedded corpus with a
+# 300-token BPE, its checkpoint in $TMP/run/checkpoints and its greedy
+# samples of PROMPTS in $TMP/pretrain.out.
+PROMPT_A="Once upon a time,"
+PROMPT_B="Q: What is 7 times 8? A:"
+pretrain_tiny() {
+    echo "+ colossal-pretrain (tiny, 2 ranks)"
+    $MPIEXEC -n 2 --oversubscribe "$PRETRAIN_BIN" --model.n_layers 2 --model.d_model 64 --model.n_heads 4 \
+        --train.seq_len 64 --train.micro_batch 4 --optim.lr 3e-3 --optim.warmup_steps 2 --train.steps 80 \
+        --data.corpus_docs 1500 --data.corpus_vocab 300 --generate.tokens 16 \
+        --generate.prompts "$PROMPT_A|$PROMPT_B" --checkpoint.every 80 --run.dir "$TMP/run" \
+        --run.peak_tflops 1 --log.timestamps false >"$TMP/pretrain.out" 2>"$TMP/err" || fail "pretrain failed"
+    [ -f "$TMP/run/checkpoints/latest" ] || fail "pretrain wrote no checkpoint"
+}
+
+# run_infer N ARGS...: colossal-infer on N ranks over the tiny checkpoint;
+# stdout in $TMP/out, stderr in $TMP/err, exit status in $RC.
+run_infer() {
+    n=$1
+    shift
+    echo "+ $MPIEXEC -n $n colossal-infer $*"
+    RC=0
+    # shellcheck disable=SC2086
+    $MPIEXEC -n "$n" --oversubscribe "$INFER_BIN" --model.path "$TMP/run/checkpoints" --log.timestamps false \
+        --run.dir "$TMP/infer-run" --infer.progress 0 "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-infer $*"
+}
+
+expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }
+expect_fail() { [ "$RC" -ne 0 ] || fail "expected a failure, got exit 0"; }
+expect_grep() { grep -Eq -- "$2" "$TMP/$1" || fail "${3:-$1 lacks /$2/}"; }
+
+# canon FILE: the result lines keyed and sorted by id, without the fields
+# that differ between runs of the same job (the OpenAI "created" time) and
+# with log-probabilities to 4 decimals.
+canon() {
+    python3 - "$1" <<'PY'
+import json, sys
+def rounded(x):
+    # log-probabilities: the last bits depend on the batch a row was computed in
+    if isinstance(x, float):
+        return round(x, 4)
+    if isinstance(x, list):
+        return [rounded(v) for v in x]
+    if isinstance(x, dict):
+        return {k: rounded(v) for k, v in x.items()}
+    return x
+rows = []
+for line in open(sys.argv[1]):
+    o = rounded(json.loads(line))
+    body = o.get("response", {}).get("body", {})
+    body.pop("created", None)
+    rows.append((o.get("custom_id", o.get("id")), json.dumps(o, sort_keys=True)))
+rows.sort()
+for k, v in rows:
+    print(v)
+PY
+}
