@@ -96,7 +96,7 @@ void cai_sampling_free(cai_sampling_params *p) {
 /* Candidates are bucketed by their temperature-scaled distance
  * d = (z_max - z) / T below the most likely token, EXP_RES buckets per nat
  * over [0, D_MAX). The cuts and the draw add whole buckets' weights and
- * gather and sort only the bucket where each falls. The same grid
+ * gather and sort only the buckets where they fall. The same grid
  * tabulates exp(-d). */
 #define EXP_RES 64
 #define D_MAX 64
@@ -105,9 +105,13 @@ void cai_sampling_free(cai_sampling_params *p) {
  * the sorted candidates; a larger one cuts inside a bucket. */
 #define K_HEAP 1024
 /* Logits are checked and reduced in blocks: a branch-free pass for the
- * block's maximum, then the rare work where it matters. */
+ * block's maximum (LANES independent chains), then the rare work where it
+ * matters; later passes skip blocks whose maximum rules them out. */
 #define BLOCK 1024
 #define LANES 8
+/* The top-p cut gathers every bucket up to its own when they hold at most
+ * this many tokens, so that the draw finds its bucket gathered. */
+#define GATHER_AHEAD 8192
 
 typedef struct {
     double d;
@@ -120,12 +124,14 @@ struct cai_sample_ws {
     int32_t *seen_id;  /* the distinct history tokens, in order of first appearance */
     int64_t *seen_out; /* how often each occurs in the output */
     float *seen_raw;   /* its logit as passed in */
+    float *bmax;       /* per block of the logits last scanned: its maximum */
     cand *list;        /* [vocab]: the candidates of a small top-k, or the buckets gathered */
     cand top[K_HEAP];
     float heap[K_HEAP];
     double etab[N_BUCKETS]; /* exp(-j / EXP_RES) */
-    int64_t count[N_BUCKETS], start[N_BUCKETS + 1], at[N_BUCKETS];
+    int64_t count[N_BUCKETS], start[N_BUCKETS + 1], at[N_BUCKETS], pos[N_BUCKETS];
     double mass[N_BUCKETS];
+    unsigned char sorted[N_BUCKETS];
 };
 
 cai_status cai_sample_ws_create(cai_sample_ws_t **out, int64_t vocab) {
@@ -135,7 +141,7 @@ cai_status cai_sample_ws_create(cai_sample_ws_t **out, int64_t vocab) {
                   (long long)vocab, INT32_MAX);
     cai_sample_ws_t *ws = NULL;
     cai_status st = CAI_OK;
-    const size_t n = (size_t)vocab;
+    const size_t n = (size_t)vocab, nblocks = (n + BLOCK - 1) / BLOCK;
     CAI_CALL(cai_calloc((void **)&ws, 1, sizeof *ws, "sampling workspace"));
     ws->vocab = vocab;
     for (int j = 0; j < N_BUCKETS; j++) ws->etab[j] = exp(-(double)j / EXP_RES);
@@ -143,6 +149,7 @@ cai_status cai_sample_ws_create(cai_sample_ws_t **out, int64_t vocab) {
     CAI_CALL_GOTO(cai_malloc((void **)&ws->seen_id, n * sizeof *ws->seen_id, "sampling history ids"), st, fail);
     CAI_CALL_GOTO(cai_malloc((void **)&ws->seen_out, n * sizeof *ws->seen_out, "sampling output counts"), st, fail);
     CAI_CALL_GOTO(cai_malloc((void **)&ws->seen_raw, n * sizeof *ws->seen_raw, "sampling raw logits"), st, fail);
+    CAI_CALL_GOTO(cai_malloc((void **)&ws->bmax, nblocks * sizeof *ws->bmax, "sampling block maxima"), st, fail);
     CAI_CALL_GOTO(cai_malloc((void **)&ws->list, n * sizeof *ws->list, "sampling candidates"), st, fail);
     *out = ws;
     return CAI_OK;
@@ -157,20 +164,21 @@ void cai_sample_ws_free(cai_sample_ws_t *ws) {
     cai_free(ws->seen_id);
     cai_free(ws->seen_out);
     cai_free(ws->seen_raw);
+    cai_free(ws->bmax);
     cai_free(ws->list);
     cai_free(ws);
 }
 
-/* exp(-d) for 0 <= d < D_MAX: the table at the grid point below times a
- * Taylor polynomial of the remainder r < 1/64, whose first dropped term
- * (r^7 / 7!) is under 5e-17; r is exact (Sterbenz). libm's accuracy at a
- * fraction of its cost, which counts at one call per token of a 128k
- * vocabulary. */
+/* exp(-d) for 0 <= d < D_MAX: the table at the grid point below times the
+ * degree-5 Taylor polynomial of the remainder r < 1/64 (r exact by
+ * Sterbenz), evaluated in Estrin's order for a short dependency chain; the
+ * first dropped term, r^6 / 6!, is under 2e-14 of the result. libm costs
+ * several times more, at one call per token of a 128k vocabulary. */
 static inline double exp_neg(const double *tab, double d) {
     const int k = (int)(d * EXP_RES);
-    const double r = d - (double)k / EXP_RES;
-    return tab[k] *
-           (1.0 - r * (1.0 - r * (1.0 / 2 - r * (1.0 / 6 - r * (1.0 / 24 - r * (1.0 / 120 - r * (1.0 / 720)))))));
+    const double r = d - (double)k / EXP_RES, r2 = r * r;
+    const double p = (1.0 - r) + r2 * ((1.0 / 2 - r * (1.0 / 6)) + r2 * (1.0 / 24 - r * (1.0 / 120)));
+    return tab[k] * p;
 }
 
 /* ------------------------------------------------------------------ ordering */
@@ -259,8 +267,8 @@ static void select_nth(cand *a, int64_t n, int64_t k) {
 /* ------------------------------------------------------------------ the bucketed distribution */
 
 /* The candidates in draw order, bucket by bucket: bucket b holds positions
- * [start[b], start[b] + count[b]) with weight mass[b]; once gathered (from
- * the logits, then sorted) its tokens are list[at[b], ...). */
+ * [start[b], start[b] + count[b]) with weight mass[b]; once gathered from
+ * the logits its tokens are list[at[b], ...), sorted once needed. */
 typedef struct {
     cai_sample_ws_t *ws;
     const float *z;
@@ -271,19 +279,50 @@ typedef struct {
 
 static inline double dist(const bucketed *s, float z) { return (s->zm - (double)z) * s->inv_t; }
 
-/* Bucket b's tokens, in draw order (the first count[b] of them). */
-static cand *gathered(bucketed *s, int b) {
+/* The bucket of a distance, N_BUCKETS past the cut. */
+static inline int bucket_of(const bucketed *s, double d) { return d < s->dcut ? (int)(d * EXP_RES) : N_BUCKETS; }
+
+/* Gathers buckets [lo, hi], none of them gathered yet, at their offsets in
+ * draw order (unsorted). */
+static void gather(bucketed *s, int lo, int hi) {
     cai_sample_ws_t *ws = s->ws;
-    if (ws->at[b] >= 0) return ws->list + ws->at[b];
-    cand *g = ws->list + s->used;
-    int64_t n = 0;
-    for (int64_t i = 0; i < s->vocab; i++) {
-        const double d = dist(s, s->z[i]);
-        if (d < s->dcut && (int)(d * EXP_RES) == b) g[n++] = (cand){d, (int32_t)i};
+    const int64_t base = s->used - ws->start[lo];
+    for (int b = lo; b <= hi; b++) {
+        ws->at[b] = ws->pos[b] = base + ws->start[b];
+        ws->sorted[b] = 0;
     }
-    sort_cands(g, n);
-    ws->at[b] = s->used;
-    s->used += n;
+    s->used += ws->start[hi + 1] - ws->start[lo];
+    for (int64_t b0 = 0; b0 < s->vocab; b0 += BLOCK) {
+        if (bucket_of(s, dist(s, ws->bmax[b0 / BLOCK])) > hi) continue;
+        const int64_t b1 = b0 + BLOCK < s->vocab ? b0 + BLOCK : s->vocab;
+        for (int64_t i = b0; i < b1; i++) {
+            const double d = dist(s, s->z[i]);
+            const int b = bucket_of(s, d);
+            /* one comparison, mostly false: two would each go either way */
+            if ((unsigned)(b - lo) <= (unsigned)(hi - lo)) ws->list[ws->pos[b]++] = (cand){d, (int32_t)i};
+        }
+    }
+    for (int b = lo; b <= hi; b++)
+        CAI_INVARIANT(ws->pos[b] == ws->at[b] + ws->count[b],
+                      "cai_sample: bucket %d gathered %lld tokens, counted %lld", b,
+                      (long long)(ws->pos[b] - ws->at[b]), (long long)ws->count[b]);
+}
+
+/* Bucket b's tokens in draw order; with ahead, gathering it takes the
+ * buckets before it along when they are few. */
+static const cand *gathered(bucketed *s, int b, int ahead) {
+    cai_sample_ws_t *ws = s->ws;
+    if (ws->at[b] < 0) {
+        int lo = b;
+        if (ahead && ws->start[b + 1] <= GATHER_AHEAD)
+            while (lo > 0 && ws->at[lo - 1] < 0) lo--;
+        gather(s, lo, b);
+    }
+    cand *g = ws->list + ws->at[b];
+    if (!ws->sorted[b]) {
+        sort_cands(g, ws->count[b]);
+        ws->sorted[b] = 1;
+    }
     return g;
 }
 
@@ -303,7 +342,7 @@ static int64_t first_reaching(bucketed *s, double target, int strict, int64_t li
                 continue;
             }
         }
-        const cand *g = gathered(s, b);
+        const cand *g = gathered(s, b, !id);
         for (int64_t j = 0; j < e - st; j++) {
             cum += exp_neg(ws->etab, g[j].d);
             if (strict ? cum > target : cum >= target) {
@@ -317,7 +356,7 @@ static int64_t first_reaching(bucketed *s, double target, int strict, int64_t li
     if (id) { /* not reached (rounding): the last token */
         int b = s->nb - 1;
         while (ws->start[b] >= limit || ws->count[b] == 0) b--;
-        *id = gathered(s, b)[limit - 1 - ws->start[b]].id;
+        *id = gathered(s, b, 0)[limit - 1 - ws->start[b]].id;
     }
     return limit;
 }
@@ -377,17 +416,36 @@ typedef struct {
     int32_t top_id[CAI_SAMPLE_MAX_LOGPROBS];
 } raw_stats;
 
-/* One pass over z: refuses NaN and +inf; the maximum and the first index
- * holding it (-1 when every logit is -inf); with st, the log-sum-exp
- * (online, block by block) and the n_alt largest (lower id first). */
-static cai_status scan(const cai_sample_ws_t *ws, const float *z, int64_t n, float *zmax, int64_t *arg, raw_stats *st,
-                       int n_alt) {
-    float m = -INFINITY;
+static void heap_push(float *h, int *n, int cap, float x) {
+    int i;
+    if (*n < cap) {
+        for (i = (*n)++; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    } else {
+        for (i = 0;;) {
+            int c = 2 * i + 1;
+            if (c >= cap) break;
+            if (c + 1 < cap && h[c + 1] < h[c]) c++;
+            if (!(h[c] < x)) break;
+            h[i] = h[c];
+            i = c;
+        }
+    }
+    h[i] = x;
+}
+
+/* One pass over z: refuses NaN and +inf; the maximum, the first index
+ * holding it (-1 when every logit is -inf) and each block's maximum; with
+ * st, the log-sum-exp (online, block by block) and the n_alt largest
+ * (lower id first); with heap_k, a min-heap of the heap_k largest in
+ * ws->heap (of every finite one when fewer). */
+static cai_status scan(cai_sample_ws_t *ws, const float *z, int64_t n, float *zmax, int64_t *arg, raw_stats *st,
+                       int n_alt, int heap_k) {
+    float m = -INFINITY, thr = -INFINITY;
     int64_t a = -1;
+    int nh = 0;
     double sum = 0.0;
     for (int64_t b0 = 0; b0 < n; b0 += BLOCK) {
         const int64_t b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
-        /* LANES independent maxima: one chain would wait on each compare */
         float lm[LANES];
         int lbad[LANES];
         for (int k = 0; k < LANES; k++) {
@@ -413,22 +471,31 @@ static cai_status scan(const cai_sample_ws_t *ws, const float *z, int64_t n, flo
             bad |= lbad[k];
         }
         if (bad)
-            for (int64_t i = b0; i < b1; i++)
+            for (i = b0; i < b1; i++)
                 if (!(z[i] <= FLT_MAX) && z[i] != -INFINITY) return logit_error(i, z[i]);
+        ws->bmax[b0 / BLOCK] = bm;
         if (bm == -INFINITY) continue;
         if (bm > m) {
             /* Terms below e^-64 of the new maximum are under the sum's rounding. */
-            sum = (double)bm - m < D_MAX ? sum * exp_neg(ws->etab, (double)bm - m) : 0.0;
+            if (st) sum = (double)bm - m < D_MAX ? sum * exp_neg(ws->etab, (double)bm - m) : 0.0;
             m = bm;
-            for (a = b0; z[a] != bm; a++) {
-            }
+            a = b0;
+            while (z[a] != bm) a++;
         }
+        if (heap_k && bm > thr)
+            for (i = b0; i < b1; i++)
+                if (z[i] > thr) {
+                    heap_push(ws->heap, &nh, heap_k, z[i]);
+                    if (nh == heap_k) thr = ws->heap[0];
+                }
         if (!st) continue;
-        for (int64_t i = b0; i < b1; i++) {
+        double s4[4] = {0.0, 0.0, 0.0, 0.0}; /* independent sums, for the same reason as the lanes */
+        for (i = b0; i < b1; i++) {
             const double d = (double)m - z[i];
-            if (d < D_MAX) sum += exp_neg(ws->etab, d);
+            if (d < D_MAX) s4[i & 3] += exp_neg(ws->etab, d);
         }
-        for (int64_t i = b0; i < b1 && n_alt; i++) {
+        sum += (s4[0] + s4[1]) + (s4[2] + s4[3]);
+        for (i = b0; i < b1 && n_alt; i++) {
             const float x = z[i];
             if (x == -INFINITY || (st->n_top == n_alt && !(x > st->top[n_alt - 1]))) continue;
             int j = st->n_top < n_alt ? st->n_top++ : n_alt - 1;
@@ -447,23 +514,6 @@ static cai_status scan(const cai_sample_ws_t *ws, const float *z, int64_t n, flo
         st->sum = sum;
     }
     return CAI_OK;
-}
-
-static void heap_push(float *h, int *n, int cap, float x) {
-    int i;
-    if (*n < cap) {
-        for (i = (*n)++; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
-    } else {
-        for (i = 0;;) {
-            int c = 2 * i + 1;
-            if (c >= cap) break;
-            if (c + 1 < cap && h[c + 1] < h[c]) c++;
-            if (!(h[c] < x)) break;
-            h[i] = h[c];
-            i = c;
-        }
-    }
-    h[i] = x;
 }
 
 /* top-p, min-p and the draw over candidates c[0, n) in draw order. */
@@ -502,9 +552,9 @@ static int32_t draw_sorted(const cai_sample_ws_t *ws, const cai_sampling_params 
 }
 
 /* Temperature, top-k, top-p and min-p over the penalised logits z, then
- * the draw. */
+ * the draw; with heap, scan left the top_k largest logits in ws->heap. */
 static int32_t draw(cai_sample_ws_t *ws, const cai_sampling_params *p, const float *z, int64_t vocab, float zmax,
-                    int64_t step) {
+                    int heap, int64_t step) {
     const double u = cai_rng_uniform(p->seed, sample_stream(), (uint64_t)step);
     /* A token more than dcut below the most likely one weighs under
      * e^-36 / vocab of it, all of them together under the rounding of the
@@ -519,23 +569,22 @@ static int32_t draw(cai_sample_ws_t *ws, const cai_sampling_params *p, const flo
                   .dcut = fmin(log((double)vocab) + 36.0, (double)D_MAX)};
     s.nb = (int)ceil(s.dcut * EXP_RES);
 
-    if (p->top_k > 0 && p->top_k <= K_HEAP) {
-        /* The k largest logits in a heap; HF's TopKLogitsWarper keeps every
-         * token tied with the k-th, so those above it are sorted and the
-         * tied ones follow in id order. */
-        int nh = 0;
-        for (int64_t i = 0; i < vocab; i++) {
-            const float x = z[i];
-            if (x != -INFINITY && (nh < p->top_k || x > ws->heap[0])) heap_push(ws->heap, &nh, p->top_k, x);
-        }
+    if (heap) {
+        /* HF's TopKLogitsWarper keeps every token tied with the k-th
+         * largest: those above it are sorted, the tied ones follow in id
+         * order. */
         const float vk = ws->heap[0];
         int64_t na = 0, nt = 0;
-        for (int64_t i = 0; i < vocab; i++) {
-            const float x = z[i];
-            if (x < vk) continue;
-            const cand e = {dist(&s, x), (int32_t)i};
-            if (x > vk) ws->top[na++] = e;
-            else ws->list[nt++] = e;
+        for (int64_t b0 = 0; b0 < vocab; b0 += BLOCK) {
+            if (ws->bmax[b0 / BLOCK] < vk) continue;
+            const int64_t b1 = b0 + BLOCK < vocab ? b0 + BLOCK : vocab;
+            for (int64_t i = b0; i < b1; i++) {
+                const float x = z[i];
+                if (x < vk) continue;
+                const cand e = {dist(&s, x), (int32_t)i};
+                if (x > vk) ws->top[na++] = e;
+                else ws->list[nt++] = e;
+            }
         }
         sort_cands(ws->top, na);
         memmove(ws->list + na, ws->list, (size_t)nt * sizeof *ws->list);
@@ -548,22 +597,29 @@ static int32_t draw(cai_sample_ws_t *ws, const cai_sampling_params *p, const flo
     memset(ws->count, 0, (size_t)s.nb * sizeof *ws->count);
     memset(ws->mass, 0, (size_t)s.nb * sizeof *ws->mass);
     memset(ws->at, 0xff, (size_t)s.nb * sizeof *ws->at);
-    /* min-p keeps d <= dmin: in bucket bm, the part below dmin is counted
-     * on the way */
+    /* min-p keeps d <= dmin: bucket bm's part below dmin is counted on the
+     * way. Without top-p nothing past dmin is weighed: the normaliser is
+     * that of the kept tokens. */
     const double dmin = p->min_p > 0.0f ? -log((double)p->min_p) : INFINITY;
     const int bm = dmin < s.dcut ? (int)(dmin * EXP_RES) : -1;
+    const double dlim = p->top_p < 1.0f ? INFINITY : dmin;
     int64_t cnt_m = 0;
     double mass_m = 0.0;
-    for (int64_t i = 0; i < vocab; i++) {
-        const double d = dist(&s, z[i]);
-        if (!(d < s.dcut)) continue;
-        const int b = (int)(d * EXP_RES);
-        const double w = exp_neg(ws->etab, d);
-        ws->count[b]++;
-        ws->mass[b] += w;
-        if (b == bm && d <= dmin) {
-            cnt_m++;
-            mass_m += w;
+    for (int64_t b0 = 0; b0 < vocab; b0 += BLOCK) {
+        if (!(dist(&s, ws->bmax[b0 / BLOCK]) < s.dcut)) continue;
+        const int64_t b1 = b0 + BLOCK < vocab ? b0 + BLOCK : vocab;
+        for (int64_t i = b0; i < b1; i++) {
+            const double d = dist(&s, z[i]);
+            if (!(d < s.dcut)) continue;
+            const int b = (int)(d * EXP_RES);
+            ws->count[b]++;
+            if (!(d <= dlim)) continue;
+            const double w = exp_neg(ws->etab, d);
+            ws->mass[b] += w;
+            if (b == bm && d <= dmin) {
+                cnt_m++;
+                mass_m += w;
+            }
         }
     }
     ws->start[0] = 0;
@@ -575,21 +631,16 @@ static int32_t draw(cai_sample_ws_t *ws, const cai_sampling_params *p, const flo
         const int64_t k = p->top_k;
         int b = 0;
         while (ws->start[b + 1] < k) b++;
+        gather(&s, b, b);
+        cand *g = ws->list + ws->at[b];
         const int64_t size = ws->count[b], m = k - ws->start[b];
-        cand *g = ws->list + s.used;
-        int64_t n = 0;
-        for (int64_t i = 0; i < vocab; i++) {
-            const double d = dist(&s, z[i]);
-            if (d < s.dcut && (int)(d * EXP_RES) == b) g[n++] = (cand){d, (int32_t)i};
-        }
         select_nth(g, size, m - 1);
         sort_cands(g, m);
         int64_t e = m;
         for (int64_t j = m; j < size; j++)
             if (g[j].d == g[m - 1].d) cand_swap(g, e++, j);
         sort_cands(g + m, e - m);
-        ws->at[b] = s.used;
-        s.used += size;
+        ws->sorted[b] = 1;
         ws->count[b] = e;
         ws->mass[b] = 0.0;
         for (int64_t j = 0; j < e; j++) ws->mass[b] += exp_neg(ws->etab, g[j].d);
@@ -640,16 +691,19 @@ cai_status cai_sample(cai_sample_ws_t *ws, const cai_sampling_params *p, float *
     int64_t n_seen = 0, arg = -1;
     float zmax = -INFINITY;
     const int penalise = p->repetition_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    const int heap_k = p->temperature != 0.0f && p->top_k > 0 && p->top_k <= K_HEAP ? p->top_k : 0;
     raw_stats rs = {.n_top = 0};
-    /* Log-probabilities read the logits before the penalties touch them. */
+    /* Log-probabilities read the logits before the penalties touch them;
+     * the last scan sees what the draw reads. */
     if (p->logprobs >= 0)
-        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, &rs, p->logprobs < vocab ? p->logprobs : (int)vocab), st,
-                      done);
+        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, &rs, p->logprobs < vocab ? p->logprobs : (int)vocab,
+                           penalise ? 0 : heap_k),
+                      st, done);
     if (penalise) {
         CAI_CALL_GOTO(apply_penalties(ws, p, logits, vocab, history, n_prompt, n_history, &n_seen), st, done);
-        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, NULL, 0), st, done);
+        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, NULL, 0, heap_k), st, done);
     } else if (p->logprobs < 0) {
-        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, NULL, 0), st, done);
+        CAI_CALL_GOTO(scan(ws, logits, vocab, &zmax, &arg, NULL, 0, heap_k), st, done);
     }
     if (arg < 0) {
         st = CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_sample: all %lld logits are -inf: no token can be drawn",
@@ -657,7 +711,7 @@ cai_status cai_sample(cai_sample_ws_t *ws, const cai_sampling_params *p, float *
         goto done;
     }
 
-    out->token = p->temperature == 0.0f ? (int32_t)arg : draw(ws, p, logits, vocab, zmax, step);
+    out->token = p->temperature == 0.0f ? (int32_t)arg : draw(ws, p, logits, vocab, zmax, heap_k > 0, step);
 
     if (p->logprobs >= 0) {
         const double lse = rs.max + log(rs.sum);

@@ -327,6 +327,52 @@ START_TEST(top_k_keeps_every_token_tied_with_the_kth) {
 }
 END_TEST
 
+/* Past the heap's reach the cut is made inside one bucket of d = (z_max -
+ * z) / T, 1/64 wide: by selection among distinct logits there, and with
+ * every tie of the k-th kept. */
+START_TEST(a_large_top_k_cuts_exactly) {
+    enum { V = 3000, N = 6000 };
+    cai_sample_ws_t *ws;
+    CK_CAI(cai_sample_ws_create(&ws, V));
+    float *z = malloc(V * sizeof *z), *w = malloc(V * sizeof *w);
+    ck_assert(z && w);
+    cai_sampling_params p = cai_sampling_default();
+    p.temperature = 1.0f;
+    cai_sample_result r;
+    /* ids 1000.. descend by 1e-5 within one bucket; k = 1100 keeps 1000..1099 */
+    for (int i = 0; i < V; i++) z[i] = i < 1000 ? 2.0f : i < 2000 ? 1.0f - (float)(i - 1000) * 1e-5f : -5.0f;
+    p.top_k = 1100;
+    int near = 0;
+    for (int s = 0; s < N; s++) {
+        memcpy(w, z, V * sizeof *w);
+        CK_CAI(cai_sample(ws, &p, w, V, NULL, 0, 0, s, &r));
+        ck_assert_int_lt(r.token, 1100);
+        near += r.token >= 1050;
+    }
+    ck_assert_int_gt(near, 50);
+    /* ids 1000..1199 tie: every one stays, for a k past the heap's reach and within it */
+    for (int i = 1000; i < V; i++) z[i] = i < 1200 ? 1.0f : -5.0f;
+    const int ks[2] = {1100, 1010};
+    for (int t = 0; t < 2; t++) {
+        p.top_k = ks[t];
+        int tied = 0, past = 0;
+        for (int s = 0; s < N; s++) {
+            memcpy(w, z, V * sizeof *w);
+            CK_CAI(cai_sample(ws, &p, w, V, NULL, 0, 0, s, &r));
+            ck_assert_int_lt(r.token, 1200);
+            tied += r.token >= 1000;
+            past += r.token >= 1150;
+        }
+        /* 200 e / (1000 e^2 + 200 e) = 0.0686 of the draws */
+        ck_assert_double_eq_tol(tied / (double)N, 200.0 / (1000.0 * exp(1.0) + 200.0), 0.012);
+        ck_assert_int_gt(past, 20);
+    }
+    free(z);
+    free(w);
+    cai_sample_ws_free(ws);
+}
+END_TEST
+
 START_TEST(top_p_keeps_the_smallest_set_reaching_p) {
     cai_sample_ws_t *ws;
     CK_CAI(cai_sample_ws_create(&ws, 8));
@@ -401,6 +447,12 @@ START_TEST(min_p_is_relative_to_the_maximum_after_temperature) {
     histogram(ws, &p, z, 3, 20000, f);
     ck_assert(f[2] == 0.0);
     ck_assert_double_eq_tol(f[1], 1.0 / 3, 0.012);
+    /* either side of min_p within one bucket of d (1/64 wide) */
+    const float y[3] = {0.0f, logf(0.2505f), logf(0.2495f)};
+    p.temperature = 1.0f;
+    p.min_p = 0.25f;
+    histogram(ws, &p, y, 3, 2000, f);
+    ck_assert(f[1] > 0.0 && f[2] == 0.0);
     p.min_p = 1.0f; /* only the maximum (and its ties) */
     histogram(ws, &p, z, 3, 1000, f);
     ck_assert(f[1] == 0.0 && f[2] == 0.0);
@@ -418,17 +470,20 @@ START_TEST(draws_follow_the_softmax) {
     const float z[5] = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f};
     const float temps[3] = {1.0f, 0.5f, 3.0f};
     enum { N = 20000 };
-    for (int t = 0; t < 3; t++) {
-        p.temperature = temps[t];
+    /* top_k 5 cuts nothing but takes the small-k path */
+    for (int t = 0; t < 6; t++) {
+        p.temperature = temps[t % 3];
+        p.top_k = t < 3 ? 0 : 5;
         double f[5], q[5], chi2 = 0, worst = 0;
         histogram(ws, &p, z, 5, N, f);
-        softmax(z, 5, temps[t], q);
+        softmax(z, 5, temps[t % 3], q);
         for (int i = 0; i < 5; i++) {
             chi2 += N * (f[i] - q[i]) * (f[i] - q[i]) / q[i];
             worst = fmax(worst, fabs(f[i] - q[i]));
         }
         /* 4 degrees of freedom: P(chi2 > 23.5) = 1e-4; 0.012 is over 3.5 sigma */
-        ck_assert_msg(chi2 < 23.5 && worst < 0.012, "T=%g: chi2 %g, max |f - p| %g", (double)temps[t], chi2, worst);
+        ck_assert_msg(chi2 < 23.5 && worst < 0.012, "T=%g top_k=%d: chi2 %g, max |f - p| %g", (double)p.temperature,
+                      p.top_k, chi2, worst);
     }
     cai_sample_ws_free(ws);
 }
@@ -676,16 +731,21 @@ START_TEST(full_vocabulary_matches_a_naive_reference) {
     float *z = malloc(V * sizeof *z), *w = malloc(V * sizeof *w);
     ref_t *o = malloc(V * sizeof *o);
     ck_assert(z && w && o);
+    /* quantise 1: logits on a 0.5 grid, so that they tie often; 2: also
+     * masked, the first blocks wholly and a third of the rest */
     static const struct {
         float T;
         int k;
         float top_p, min_p;
         int quantise;
     } cfg[] = {
-        {0.8f, 50, 0.9f, 0.0f, 0},    {1.0f, 0, 0.95f, 0.0f, 0},   {1.3f, 0, 1.0f, 0.05f, 0},
-        {0.7f, 1000, 0.9f, 0.01f, 0}, {1.0f, 0, 1.0f, 0.0f, 0},    {2.0f, 40000, 1.0f, 0.0f, 0},
-        {1.0f, 50, 0.9f, 0.0f, 1},    {1.0f, 700, 0.97f, 0.0f, 1}, {0.6f, 0, 0.8f, 0.02f, 1},
-        {5.0f, 64, 1.0f, 0.0f, 1},    {0.05f, 0, 1.0f, 0.0f, 0},   {1.0f, 100000, 0.99f, 0.0f, 1},
+        {0.8f, 50, 0.9f, 0.0f, 0},    {1.0f, 0, 0.95f, 0.0f, 0},    {1.3f, 0, 1.0f, 0.05f, 0},
+        {0.7f, 1000, 0.9f, 0.01f, 0}, {1.0f, 0, 1.0f, 0.0f, 0},     {2.0f, 40000, 1.0f, 0.0f, 0},
+        {1.0f, 50, 0.9f, 0.0f, 1},    {1.0f, 700, 0.97f, 0.0f, 1},  {0.6f, 0, 0.8f, 0.02f, 1},
+        {5.0f, 64, 1.0f, 0.0f, 1},    {0.05f, 0, 1.0f, 0.0f, 0},    {1.0f, 100000, 0.99f, 0.0f, 1},
+        {1.0f, 1024, 1.0f, 0.0f, 1},  {1.0f, 1025, 1.0f, 0.0f, 1},  {1.0f, 5000, 1.0f, 0.03f, 0},
+        {0.9f, 3000, 0.95f, 0.0f, 2}, {1.0f, 0, 0.9f, 0.0f, 2},     {0.8f, 20, 1.0f, 0.1f, 2},
+        {3.0f, 0, 1.0f, 0.0f, 2},     {0.5f, 2000, 0.7f, 0.05f, 0},
     };
     cai_sample_result r;
     for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
@@ -694,6 +754,7 @@ START_TEST(full_vocabulary_matches_a_naive_reference) {
         for (int i = 0; i < V; i++) {
             z[i] = 2.5f * gauss(&s) + ((lcg(&s) & 1023) == 0 ? 8.0f : 0.0f);
             if (cfg[c].quantise) z[i] = roundf(z[i] * 2.0f) / 2.0f;
+            if (cfg[c].quantise == 2 && (i < 3000 || lcg(&s) % 3 == 0)) z[i] = -INFINITY;
         }
         cai_sampling_params p = cai_sampling_default();
         p.temperature = cfg[c].T;
@@ -712,6 +773,7 @@ START_TEST(full_vocabulary_matches_a_naive_reference) {
             CK_CAI(cai_sample(ws, &p, w, V, NULL, 0, 0, step, &r));
             ck_assert_msg(r.token == ref_draw(o, V, &p, step), "config %zu step %d: %d, the reference %d", c, step,
                           r.token, ref_draw(o, V, &p, step));
+            ck_assert(isfinite(z[r.token]));
             distinct += r.token != prev;
             prev = r.token;
         }
@@ -736,6 +798,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, frequency_and_presence_count_the_output_only);
     tcase_add_test(tc, top_k_one_is_greedy_at_any_temperature_and_seed);
     tcase_add_test(tc, top_k_keeps_every_token_tied_with_the_kth);
+    tcase_add_test(tc, a_large_top_k_cuts_exactly);
     tcase_add_test(tc, top_p_keeps_the_smallest_set_reaching_p);
     tcase_add_test(tc, tiny_top_p_keeps_the_most_likely_token_alone);
     tcase_add_test(tc, min_p_is_relative_to_the_maximum_after_temperature);
