@@ -407,6 +407,14 @@ static cai_status generate(ij_job *j) {
     /* A few batches queued ahead: requests join as others finish. */
     const int64_t ahead = 4 * (int64_t)c->max_batch;
     while (st == CAI_OK && (g.next < g.n_mine || cai_engine_pending(j->engine) > 0)) {
+        /* SIGUSR1/SIGTERM: the replica stops after the step its tp ranks agree on; what it wrote is kept and
+         * a rerun (a requeued job) answers the rest. */
+        int sig = cai_run_signal_pending();
+        if (j->tp_comm != MPI_COMM_NULL) MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, j->tp_comm);
+        if (sig) {
+            j->stopped_by = sig;
+            break;
+        }
         while (st == CAI_OK && g.next < g.n_mine && cai_engine_pending(j->engine) < ahead)
             st = submit(&g, g.next++, &defaults);
         if (st == CAI_OK) st = cai_engine_step(j->engine);
@@ -420,6 +428,9 @@ static cai_status generate(ij_job *j) {
     }
     if (st == CAI_OK) st = ij_output_close(j->out);
     if (st == CAI_OK) progress(&g, 1);
+    if (st == CAI_OK && j->stopped_by && j->out->rank == 0)
+        printf("infer: stopped by %s; a rerun answers the %lld requests left\n", cai_run_stop_name(j->stopped_by),
+               (long long)(g.total - j->out->done));
     for (int64_t k = 0; k < g.n_mine && g.live; k++) cai_job_request_free(&g.live[k]);
     cai_free(g.live);
     cai_free(g.mine);
@@ -443,6 +454,7 @@ static cai_status check_config(const ij_config *c, int world, const cai_model_co
 }
 
 int main(int argc, char **argv) {
+    cai_run_signals_install(); /* first: a signal during start-up stops the job at its first step */
     ij_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cai_app app;
@@ -505,6 +517,7 @@ int main(int argc, char **argv) {
     cai_app_check_all(ij_shard(cfg.shard, &job.shard, &job.n_shards), 2);
     cai_app_check_all(ij_shard_path(cfg.output, job.shard, job.n_shards, out_path, sizeof out_path), 2);
     job.out_path = out_path;
+    job.tp_comm = cai_mesh_size(mesh, CAI_AXIS_TP) > 1 ? cai_mesh_comm(mesh, CAI_AXIS_TP) : MPI_COMM_NULL;
     ij_output out;
     cai_app_check_all(ij_output_open(&out, out_path, MPI_COMM_WORLD, cai_mesh_rank(mesh, CAI_AXIS_TP) == 0), 1);
     job.out = &out;
@@ -536,5 +549,7 @@ int main(int argc, char **argv) {
     cai_weights_free(w);
     cai_bpe_free(tok.bpe);
     cai_run_free(run);
-    return cai_app_finalize(&k_schema, &cfg);
+    const int stopped = job.stopped_by != 0;
+    const int status = cai_app_finalize(&k_schema, &cfg);
+    return stopped ? CAI_RUN_EXIT_CHECKPOINTED : status;
 }

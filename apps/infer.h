@@ -5,6 +5,7 @@
 #define COLOSSAL_APP_INFER_H
 
 #include <stdint.h>
+#include <mpi.h>
 #include <stdio.h>
 
 #include "app_common.h"
@@ -85,6 +86,8 @@ typedef struct {
     const cai_model_config *model;
     int replica, n_replicas, shard, n_shards;
     const char *out_path;
+    MPI_Comm tp_comm; /* MPI_COMM_NULL at tp = 1 */
+    int stopped_by;   /* the signal that stopped the job, 0: none */
 } ij_job;
 cai_status ij_score(ij_job *j);
 

@@ -6,6 +6,7 @@ apps_colossal_infer_LDADD = $(APP_LDADD) -lm
 # End-to-end tests (shell, run under $(MPIEXEC)).
 INFER_APP_TESTS = \
 	tests/apps/infer_generate.sh \
-	tests/apps/infer_resume.sh
+	tests/apps/infer_resume.sh \
+	tests/apps/infer_errors.sh
 TESTS += $(INFER_APP_TESTS)
 EXTRA_DIST += $(INFER_APP_TESTS) tests/apps/infer_lib.sh

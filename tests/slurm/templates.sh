@@ -19,6 +19,8 @@
 #              colossal-data preprocess; the shards' tokens concatenated equal
 #              the whole file preprocessed at once; a rerun skips done shards
 #              and redoes a deleted one identically
+#   infer      infer-array.sbatch, 3 tasks answering 30 requests with single's
+#              checkpoint; every id once; a rerun of the array adds nothing
 # For each pretrain job the MPI world size the app reports equals Slurm's
 # SLURM_NTASKS (the helper's header line) and the node count SLURM_JOB_NUM_NODES.
 #
@@ -28,7 +30,7 @@ set -u
 : "${top_srcdir:?run through make check}" "${top_builddir:?run through make check}"
 . "$top_srcdir/tests/slurm/cluster.sh"
 slurm_cluster_skip_reason && exit 77
-for p in colossal-pretrain colossal-data; do
+for p in colossal-pretrain colossal-data colossal-infer; do
     [ -x "$top_builddir/apps/$p" ] || { echo "SKIP: $top_builddir/apps/$p is not built"; exit 77; }
 done
 
@@ -293,6 +295,30 @@ COLOSSAL_SHARDS=3 submit rerun1 "${SB[@]}" --array=1 --ntasks-per-node=1 --outpu
 finished rerun1 0
 expect array1-1.out 'shard 1 of 3: lines'
 cmp -s shard1.bin shards/shard-00001.bin || fail "array: shard 1 redone alone differs"
+
+# ---------------------------------------------------------------- infer array
+# single's checkpoint answers 30 requests in 3 array tasks; a rerun of the
+# whole array skips every id already answered.
+for i in $(seq 0 29); do
+    printf '{"id": "q%02d", "prompt": "Once upon a time %d", "max_tokens": 8, "ignore_eos": true}\n' "$i" "$i"
+done >requests.jsonl
+infer_array() {
+    submit "$1" "${SB[@]}" --array=0-2 --ntasks-per-node=1 --gpus-per-node=0 --output="$J/$1-%a.out" \
+        --error="$J/$1-%a.err" "$S/infer-array.sbatch" single/checkpoints requests.jsonl 'answers/out-{shard}.jsonl' \
+        --model.tokenizer bytes --run.device cpu --log.timestamps false
+    finished "$1" 0
+}
+infer_array infer
+for i in 0 1 2; do
+    expect "infer-$i.out" "task $i of 3"
+    expect "infer-$i.out" "10/10 requests"
+    [ "$(wc -l <"answers/out-$i-of-3.jsonl")" = 10 ] || fail "infer array: task $i wrote $(wc -l <"answers/out-$i-of-3.jsonl") lines"
+done
+ids=$(cat answers/out-*-of-3.jsonl | sed -n 's/^{"id":"\(q[0-9]*\)".*/\1/p' | sort -u | wc -l)
+[ "$ids" = 30 ] || fail "infer array: $ids distinct ids answered, expected 30"
+infer_array infer-rerun
+for i in 0 1 2; do expect "infer-rerun-$i.out" "0/0 requests"; done
+[ "$(cat answers/out-*-of-3.jsonl | wc -l)" = 30 ] || fail "infer array: the rerun added lines"
 
 wait
 # Under --enable-sanitizers the ranks report to the jobs' stderr.
