@@ -200,12 +200,18 @@ static cai_status load_tokenizer(const ij_config *c, int hf, const char *ckpt, i
                          dir);
     }
     snprintf(t->source, sizeof t->source, "%s", dir);
-    if (*c->eos && cai_bpe_token_id(t->bpe, c->eos, &t->eos) != CAI_OK) {
+    /* vocab.json + merges.txt name no special tokens: the end-of-text (and
+     * bos) token the vocabulary spells becomes one, as colossal-pretrain
+     * registers it, so prompts may spell it and text leaves it out. */
+    if (*c->eos && cai_bpe_token_id(t->bpe, c->eos, &t->eos) == CAI_OK)
+        CAI_CALL(cai_bpe_add_special(t->bpe, c->eos, &t->eos));
+    else if (*c->eos) {
         cai_error_clear();
         t->eos = -1;
     }
     if (*c->bos && cai_bpe_token_id(t->bpe, c->bos, &t->bos) != CAI_OK)
         return CAI_ERROR(CAI_ERR_CONFIG, "model.bos='%s' is not a token of %s", c->bos, dir);
+    if (*c->bos) CAI_CALL(cai_bpe_add_special(t->bpe, c->bos, &t->bos));
     return CAI_OK;
 }
 

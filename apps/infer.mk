@@ -7,6 +7,8 @@ apps_colossal_infer_LDADD = $(APP_LDADD) -lm
 INFER_APP_TESTS = \
 	tests/apps/infer_generate.sh \
 	tests/apps/infer_resume.sh \
-	tests/apps/infer_errors.sh
+	tests/apps/infer_errors.sh \
+	tests/apps/infer_score.sh \
+	tests/apps/infer_examples.sh
 TESTS += $(INFER_APP_TESTS)
 EXTRA_DIST += $(INFER_APP_TESTS) tests/apps/infer_lib.sh
