@@ -10,6 +10,8 @@
  *   train.tokens, train.targets   I32 [steps, n_micro, B, T]
  *   train.loss, train.grad_norm, train.lr   F32 [steps] from cai_train_step
  *   step3.<name>      every parameter after the training steps
+ *   infer.*           the inference engine's greedy continuations and
+ *                     prompt log-probabilities (run_inference)
  *
  * and the hyperparameters as __metadata__ strings. Floats are printed with
  * %.9g so the reader recovers the exact float32 values.
@@ -41,6 +43,7 @@
 
 #include "colossal/base.h"
 #include "colossal/ckpt.h"
+#include "colossal/infer.h"
 #include "colossal/model.h"
 #include "colossal/optim.h"
 #include "colossal/tensor.h"
@@ -220,6 +223,65 @@ static void make_batch(uint64_t seed, uint64_t batch_id, int vocab, int32_t *tok
     }
 }
 
+/* The inference engine over the model's (perturbed, untrained) weights:
+ * greedy continuations of prompts of 1, 7 and max_seq_len - INFER_NEW
+ * tokens (several prefill chunks and decode steps, blocks of 4), and the
+ * log-probabilities of a max_seq_len-token prompt read as a score request.
+ *   infer.prompts [3, max_seq_len] I32 (zero padded), infer.prompt_len [3],
+ *   infer.tokens [3, INFER_NEW], infer.score_tokens [max_seq_len],
+ *   infer.prompt_logprobs [max_seq_len - 1] F32 */
+enum { INFER_NEW = 6, INFER_P = 3 };
+static cai_status run_inference(out_file *f, cai_model_t *m, uint64_t seed) {
+    const cai_model_config *c = cai_model_config_of(m);
+    const int T = c->max_seq_len;
+    const int lens[INFER_P] = {1, 7, T - INFER_NEW};
+    int32_t *prompts = calloc((size_t)(INFER_P * T), sizeof *prompts), *score = malloc((size_t)T * sizeof *score);
+    int32_t gen[INFER_P][INFER_NEW], plen[INFER_P];
+    float *lp = malloc((size_t)T * sizeof *lp);
+    cai_engine_t *e = NULL;
+    cai_status st = prompts && score && lp ? CAI_OK : CAI_ERROR(CAI_ERR_NOMEM, "parity driver: prompts");
+    uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int i = 0; i < INFER_P * T && st == CAI_OK; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        prompts[i] = (int32_t)((x >> 33) % (uint64_t)c->vocab_size);
+    }
+    for (int i = 0; i < T && st == CAI_OK; i++) score[i] = prompts[(i * 7) % (INFER_P * T)];
+    cai_engine_options o = cai_engine_options_default();
+    o.block_size = 4;
+    o.max_tokens_per_step = 9;
+    if (st == CAI_OK) st = cai_engine_create(&e, cai_model_weights(m), NULL, &o);
+    cai_sampling_params sp = cai_sampling_default();
+    sp.max_new_tokens = INFER_NEW;
+    sp.ignore_eos = 1;
+    for (int i = 0; i < INFER_P && st == CAI_OK; i++) {
+        plen[i] = lens[i];
+        st = cai_engine_add(e, i, prompts + (size_t)i * (size_t)T, lens[i], &sp, 0);
+    }
+    if (st == CAI_OK) st = cai_engine_add(e, INFER_P, score, T, &sp, 1);
+    while (st == CAI_OK && cai_engine_pending(e) > 0) {
+        st = cai_engine_step(e);
+        cai_engine_output r;
+        while (st == CAI_OK && cai_engine_take(e, &r)) {
+            if (r.tag < INFER_P) memcpy(gen[r.tag], r.tokens, sizeof gen[0]);
+            else memcpy(lp, r.prompt_logprobs, (size_t)(T - 1) * sizeof *lp);
+            cai_engine_output_free(&r);
+        }
+    }
+    const uint64_t ps[2] = {INFER_P, (uint64_t)T}, pn[1] = {INFER_P}, gs[2] = {INFER_P, INFER_NEW},
+                   sn[1] = {(uint64_t)T}, ln[1] = {(uint64_t)T - 1};
+    if (st == CAI_OK)
+        st = out_add(f, "infer.prompts", CAI_DTYPE_I32, 2, ps, prompts, (size_t)(INFER_P * T) * sizeof *prompts);
+    if (st == CAI_OK) st = out_add(f, "infer.prompt_len", CAI_DTYPE_I32, 1, pn, plen, sizeof plen);
+    if (st == CAI_OK) st = out_add(f, "infer.tokens", CAI_DTYPE_I32, 2, gs, gen, sizeof gen);
+    if (st == CAI_OK) st = out_add(f, "infer.score_tokens", CAI_DTYPE_I32, 1, sn, score, (size_t)T * sizeof *score);
+    if (st == CAI_OK) st = out_add(f, "infer.prompt_logprobs", CAI_DTYPE_F32, 1, ln, lp, (size_t)(T - 1) * sizeof *lp);
+    cai_engine_free(e);
+    free(prompts);
+    free(score);
+    free(lp);
+    return st;
+}
+
 static cai_status run(const drv_opts *op) {
     const cai_model_family family = op->family;
     const char *path = op->path;
@@ -283,6 +345,7 @@ static cai_status run(const drv_opts *op) {
     const int64_t Vp = cai_model_padded_vocab(m);
     CAI_CALL_GOTO(perturb_params(m, seed), st, done);
     CAI_CALL_GOTO(dump_params(&f, m, "", 0), st, done);
+    CAI_CALL_GOTO(run_inference(&f, m, seed), st, done);
 
     tokens = malloc(bt_n * sizeof *tokens);
     targets = malloc(bt_n * sizeof *targets);

@@ -319,6 +319,30 @@ def run_reference(meta, tensors, dtype, ref=None, device="cpu"):
     return ref, out, (gsteps, gshadow), info
 
 
+def infer_reference(meta, tensors, dtype):
+    """The inference engine's results recomputed from the untrained
+    parameters: greedy continuations (full forward per token) with the
+    smallest top-1/top-2 logit margin met, and the prompt log-probabilities."""
+    ref = Reference(meta, tensors, dtype)
+    prompts, plen, n_new = tensors["infer.prompts"], tensors["infer.prompt_len"], tensors["infer.tokens"].shape[1]
+    gen, margin = [], float("inf")
+    with torch.no_grad():
+        for i in range(prompts.shape[0]):
+            ids, out = [int(t) for t in prompts[i, :plen[i]]], []
+            for _ in range(n_new):
+                t = torch.tensor([ids], dtype=torch.long)
+                logits, _ = ref.forward(t, t)
+                top = torch.topk(logits[0, -1, :ref.V], 2)
+                margin = min(margin, float(top.values[0] - top.values[1]))
+                ids.append(int(top.indices[0]))
+                out.append(ids[-1])
+            gen.append(out)
+        s = torch.tensor([tensors["infer.score_tokens"]], dtype=torch.long)
+        logits, _ = ref.forward(s, s)
+        lp = torch.log_softmax(logits[0, :-1, :ref.V], dim=-1).gather(1, s[0, 1:, None])[:, 0]
+    return np.array(gen), host(lp), margin
+
+
 # ----------------------------------------------------------------- comparison
 
 def unresolved_elements(names, g64, g32, factor=10.0):
@@ -455,6 +479,19 @@ def main():
     tab.print(f"{fam}: after {i['steps']} AdamW steps (lr {i['lr']:g} with {i['warm']} warm-up steps, wd {i['wd']:g}, "
               f"clip {i['clip']:g}: {i['clipped']}/{i['steps']} steps clipped; {i['n_micro']} microbatches each)")
 
+    if "infer.tokens" in tensors:
+        gen64, lp64, margin = infer_reference(meta, tensors, torch.float64)
+        _, lp32, _ = infer_reference(meta, tensors, torch.float32)
+        ours = tensors["infer.tokens"]
+        same = bool((ours == gen64).all())
+        tab.rows.append(f"{'infer.tokens (greedy)':<34} {str(ours.shape):<14} "
+                        f"{'equal' if same else 'DIFFER'} (smallest top-2 logit margin {margin:.2e})  "
+                        f"{'ok' if same else 'FAIL'}")
+        if not same:
+            tab.failed.append("infer.tokens: " + str(ours.tolist()) + " vs " + str(gen64.tolist()))
+        tab.compare("infer", "infer.prompt_logprobs", tensors["infer.prompt_logprobs"], lp64, lp32)
+        tab.print(f"{fam}: the inference engine (paged KV cache, chunked prefill) against full forwards")
+
     moved = max(float(np.abs(r64["step3." + n] - tensors[n]).max()) for n in ref.names)
     print(f"\nlargest parameter change over the steps: {moved:.3e} (must be >> tolerance {args.tol:g})")
     if moved < 100 * args.tol:
@@ -464,7 +501,7 @@ def main():
 
     w = tab.worst
     print(f"\n{fam}: max relative error forward {w.get('forward', 0):.2e}, gradients {w.get('grads', 0):.2e}, "
-          f"after {i['steps']} steps {w.get('steps', 0):.2e} (tolerance {args.tol:g})")
+          f"after {i['steps']} steps {w.get('steps', 0):.2e}, inference {w.get('infer', 0):.2e} (tolerance {args.tol:g})")
     if tab.failed:
         print(f"{fam}: FAILED: " + ", ".join(tab.failed))
         return 1
