@@ -17,6 +17,7 @@
 #include <string.h>
 
 enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE };
+enum { CAI_ENGINE_MAX_GRAPHS = 16 };
 
 typedef struct {
     int64_t tag, arrival;
@@ -83,6 +84,9 @@ struct cai_engine {
     cai_decode_fn decode;
     void *decode_ctx;
 
+    int use_graphs;
+    void *graph[CAI_ENGINE_MAX_GRAPHS]; /* decode steps of 2^k sequences */
+
     /* the current step */
     seq_t **sel;
     int64_t *sel_q;
@@ -99,6 +103,7 @@ cai_engine_options cai_engine_options_default(void) {
     o.max_score_rows = 512;
     o.prefix_sharing = 1;
     o.eos_id = -1;
+    o.graphs = 1;
     return o;
 }
 
@@ -264,6 +269,7 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
         }
     }
     e->opt = o;
+    e->use_graphs = o.graphs && e->dev->ops->graph_begin && e->tp == 1;
     CAI_CALL_GOTO(vocab_shards(e), st, fail);
     CAI_CALL_GOTO(bind_weights(e), st, fail);
     CAI_CALL_GOTO(cai_kv_pool_init(&e->pool, o.n_blocks, o.block_size), st, fail);
@@ -330,6 +336,8 @@ void cai_engine_free(cai_engine_t *e) {
         for (int64_t i = 0; i < lists[k]->n; i++) seq_free(lists[k]->a[i]);
         free(lists[k]->a);
     }
+    for (int k = 0; k < CAI_ENGINE_MAX_GRAPHS; k++)
+        if (e->graph[k]) e->dev->ops->graph_free(e->dev, e->graph[k]);
     if (e->arena.base) cai_device_arena_free(e->dev, &e->arena);
     cai_device_dealloc(e->dev, e->kv_base);
     cai_device_dealloc_staging(e->dev, e->h_idx);
@@ -627,15 +635,17 @@ static cai_status row_parallel(cai_engine_t *e, cai_tensor *x, const cai_tensor 
 
 typedef struct {
     int64_t n_seq, N, R;
+    int64_t graph_bucket; /* > 0: a padded decode step replayed from its graph */
     int32_t *tokens, *pos, *slots, *q_start, *ctx_len, *rows, *tables; /* host views into h_idx */
 } step_io;
 
-static cai_status forward(cai_engine_t *e, const step_io *io) {
+/* The step's device work for N query tokens of S sequences and R logits
+ * rows, from the index buffer already on the device to the logits: only
+ * ops over fixed buffers, so a decode step can be captured as a graph and
+ * replayed. */
+static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     cai_device_t *dev = e->dev;
     const cai_ops *ops = dev->ops;
-    const int64_t N = io->N, S = io->n_seq, R = io->R;
-    CAI_CALL(cai_device_copy(dev, e->idx.data, e->h_idx, e->idx_count * sizeof(int32_t),
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     int32_t *di = (int32_t *)e->idx.data;
     const int64_t NB = e->opt.max_batch;
     cai_tensor d_pos = cai_tensor_1d(dev, di + e->Nmax, CAI_DTYPE_I32, N);
@@ -645,15 +655,19 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     cai_tensor d_rows = cai_tensor_2d(dev, di + 3 * e->Nmax + 2 * NB + 1, CAI_DTYPE_I32, 1, R);
     cai_tensor d_bt = cai_tensor_2d(dev, di + 3 * e->Nmax + 2 * NB + 1 + e->Rmax, CAI_DTYPE_I32, S, e->max_blocks);
 
-    /* Embedding: each sequence's rows at its own positions. */
+    /* Embedding: every token at once; learned positions gathered by each
+     * token's own position (added on one tp rank: the sum has them once). */
     cai_tensor x = rows_of(&e->x, N), ln = rows_of(&e->ln, N);
-    const cai_tensor *wpe = e->tp_rank == 0 && e->wpe.data ? &e->wpe : NULL;
-    for (int64_t s = 0; s < S; s++) {
-        const int64_t q0 = io->q_start[s], q = io->q_start[s + 1] - q0;
-        cai_tensor xs, ts = cai_tensor_2d(dev, di + q0, CAI_DTYPE_I32, 1, q);
-        CAI_CALL(cai_tensor_slice0(&e->x, q0, q, &xs));
-        xs = cai_tensor_3d(dev, xs.data, e->act, 1, q, e->C);
-        CAI_CALL(ops->embedding_fwd(dev, &xs, &ts, &e->wte, wpe, e->Voff, e->cfg->vocab_size, io->ctx_len[s] - q));
+    {
+        cai_tensor x3 = cai_tensor_3d(dev, e->x.data, e->act, 1, N, e->C);
+        cai_tensor tok2 = cai_tensor_2d(dev, di, CAI_DTYPE_I32, 1, N);
+        CAI_CALL(ops->embedding_fwd(dev, &x3, &tok2, &e->wte, NULL, e->Voff, e->cfg->vocab_size, 0));
+        if (e->tp_rank == 0 && e->wpe.data) {
+            cai_tensor pos2 = cai_tensor_2d(dev, di + e->Nmax, CAI_DTYPE_I32, 1, N);
+            cai_tensor p3 = cai_tensor_3d(dev, e->ln.data, e->act, 1, N, e->C);
+            CAI_CALL(ops->embedding_fwd(dev, &p3, &pos2, &e->wpe, NULL, 0, e->cfg->max_seq_len, 0));
+            CAI_CALL(ops->add(dev, &x, &x, &ln));
+        }
     }
     CAI_CALL(tp_sum(e, &x));
 
@@ -694,6 +708,45 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     cai_tensor rows2 = rows_of(&e->rows, R), rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
     CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
     CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
+    return CAI_OK;
+}
+
+/* Decode steps of up to `bucket` sequences replay one graph per bucket:
+ * the batch is padded with sequences that write no KV (slot -1) and whose
+ * rows nobody reads. Buckets are powers of two up to max_batch. */
+static int64_t decode_bucket(const cai_engine_t *e, int64_t n) {
+    int64_t b = 1;
+    while (b < n) b *= 2;
+    return b > e->opt.max_batch ? e->opt.max_batch : b;
+}
+
+static cai_status run_graph(cai_engine_t *e, int64_t bucket) {
+    cai_device_t *dev = e->dev;
+    int k = 0;
+    while ((1ll << k) < bucket) k++;
+    if (k >= CAI_ENGINE_MAX_GRAPHS) return compute(e, bucket, bucket, bucket);
+    if (!e->graph[k]) {
+        CAI_CALL(dev->ops->graph_begin(dev));
+        cai_status st = compute(e, bucket, bucket, bucket);
+        void *g = NULL;
+        cai_status st2 = dev->ops->graph_end(dev, st == CAI_OK ? &g : NULL);
+        CAI_CALL(st);
+        CAI_CALL(st2);
+        e->graph[k] = g;
+        e->st.graphs++;
+    }
+    return dev->ops->graph_launch(dev, e->graph[k]);
+}
+
+static cai_status forward(cai_engine_t *e, const step_io *io) {
+    cai_device_t *dev = e->dev;
+    const int64_t R = io->R;
+    CAI_CALL(cai_device_copy(dev, e->idx.data, e->h_idx, e->idx_count * sizeof(int32_t),
+                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
+    if (io->graph_bucket) CAI_CALL(run_graph(e, io->graph_bucket));
+    else CAI_CALL(compute(e, io->N, io->n_seq, R));
+    if (R == 0) return CAI_OK;
+    cai_tensor lg = rows_of(&e->logits, R);
     CAI_CALL(cai_device_copy(dev, e->h_logits_raw, lg.data, (size_t)(R * e->Vl) * cai_dtype_size(e->act),
                              dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     CAI_CALL(cai_device_sync(dev));
@@ -804,6 +857,20 @@ cai_status cai_engine_step(cai_engine_t *e) {
     io.q_start[n] = (int32_t)N;
     io.N = N;
     io.R = R;
+    /* A decode-only step (one query and one logits row per sequence) on a
+     * device with graphs replays its bucket's graph. */
+    if (e->use_graphs && N == n && R == n) {
+        int64_t b = decode_bucket(e, n);
+        if (b <= e->Nmax) {
+            for (int64_t i = n; i < b; i++) {
+                io.slots[i] = -1;
+                io.q_start[i + 1] = (int32_t)(i + 1);
+                io.ctx_len[i] = 1;
+                io.rows[i] = (int32_t)i;
+            }
+            io.graph_bucket = b;
+        }
+    }
     CAI_CALL(forward(e, &io));
     e->st.steps++;
 

@@ -249,6 +249,8 @@ typedef struct {
     int prefix_sharing;      /* 1: prompts share the cached blocks of identical prefixes (default 1) */
     int32_t eos_id;          /* end of text; -1: none */
     uint64_t seed;           /* requests without a seed draw from (seed, their tag) */
+    int graphs;              /* 1: decode steps replay a device graph per batch-size bucket (powers of two up to
+                              * max_batch) where the backend has graphs and tp = 1 (default 1) */
 } cai_engine_options;
 
 cai_engine_options cai_engine_options_default(void);
@@ -304,6 +306,7 @@ void cai_engine_output_free(cai_engine_output *o);
 
 typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated, prefix_hit_tokens, preemptions, cow_copies;
+    int64_t graphs; /* decode graphs captured */
     int64_t blocks_total, blocks_free;
 } cai_engine_stats;
 void cai_engine_get_stats(const cai_engine_t *e, cai_engine_stats *st);

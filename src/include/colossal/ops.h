@@ -84,6 +84,18 @@ typedef struct cai_ops {
     cai_status (*memcpy)(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
     cai_status (*sync)(cai_device_t *dev);
 
+    /* ---- device graphs (NULL where the backend has none: the host). Between
+     * graph_begin and graph_end the ops issued on the device are recorded
+     * instead of run; graph_launch runs them again with the same arguments
+     * (pointers and sizes; the buffers' contents may have changed). An op
+     * that would have to wait for the device (a host read of device memory)
+     * must not be issued while recording. graph_end with graph NULL discards
+     * the recording (after a failed op). */
+    cai_status (*graph_begin)(cai_device_t *dev);
+    cai_status (*graph_end)(cai_device_t *dev, void **graph);
+    cai_status (*graph_launch)(cai_device_t *dev, void *graph);
+    void (*graph_free)(cai_device_t *dev, void *graph);
+
     /* ---- elementwise and data movement. All take any shape; strided rows ok. */
 
     /* x[:] = value (any float dtype; I32 gets (int32_t)value). */

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Decode throughput of Hugging Face transformers' generate() with a static
+KV cache on random weights, timed as bench/infer_bench.c times colossal:
+B prompts of P random tokens, greedy, N new tokens (min_new_tokens = N so
+none stops early), run with N and with 1 new token; the decode rate is
+B * (N - 1) / (t_N - t_1). One JSON line per batch size.
+
+  hf_generate_bench.py FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128] [--new 256]
+"""
+import argparse
+import json
+import time
+
+import torch
+import transformers
+
+
+def model_for(a):
+    common = dict(vocab_size=a.vocab, torch_dtype=torch.bfloat16)
+    if a.family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=a.vocab, n_positions=a.prompt + a.new, n_embd=a.d, n_layer=a.layers,
+                                      n_head=a.heads, n_inner=a.ffn, activation_function="gelu_new")
+        m = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.d, intermediate_size=a.ffn,
+                                       num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                       num_key_value_heads=a.kv, max_position_embeddings=a.prompt + a.new,
+                                       tie_word_embeddings=False)
+        m = transformers.LlamaForCausalLM(cfg)
+    del common
+    return m.to(torch.bfloat16).cuda().eval()
+
+
+def timed(m, ids, n):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with torch.inference_mode():
+        m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                   cache_implementation="static", pad_token_id=0)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ("family",):
+        ap.add_argument(k)
+    for k in ("layers", "d", "heads", "kv", "ffn", "vocab"):
+        ap.add_argument(k, type=int)
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=256)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    m = model_for(a)
+    n_params = sum(p.numel() for p in m.parameters())
+    for b in (int(x) for x in a.batches.split(",")):
+        ids = torch.randint(0, a.vocab, (b, a.prompt), device="cuda")
+        timed(m, ids[:, :8], 2)  # warm-up: kernels, the static cache's shapes
+        t1 = timed(m, ids, 1)
+        tn = timed(m, ids, a.new)
+        print(json.dumps({"impl": "transformers-static", "family": a.family, "params": n_params, "batch": b,
+                          "prompt": a.prompt, "new": a.new,
+                          "decode_tokens_per_s": round(b * (a.new - 1) / (tn - t1), 1),
+                          "decode_step_ms": round(1e3 * (tn - t1) / (a.new - 1), 4),
+                          "transformers": transformers.__version__}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
