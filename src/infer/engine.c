@@ -725,17 +725,19 @@ static cai_status run_graph(cai_engine_t *e, int64_t bucket) {
     int k = 0;
     while ((1ll << k) < bucket) k++;
     if (k >= CAI_ENGINE_MAX_GRAPHS) return compute(e, bucket, bucket, bucket);
-    if (!e->graph[k]) {
-        CAI_CALL(dev->ops->graph_begin(dev));
-        cai_status st = compute(e, bucket, bucket, bucket);
-        void *g = NULL;
-        cai_status st2 = dev->ops->graph_end(dev, st == CAI_OK ? &g : NULL);
-        CAI_CALL(st);
-        CAI_CALL(st2);
-        e->graph[k] = g;
-        e->st.graphs++;
-    }
-    return dev->ops->graph_launch(dev, e->graph[k]);
+    if (e->graph[k]) return dev->ops->graph_launch(dev, e->graph[k]);
+    /* First step of this bucket: run it (which also settles the backend's
+     * per-shape choices, e.g. cuBLASLt's algorithms), then record it. */
+    CAI_CALL(compute(e, bucket, bucket, bucket));
+    CAI_CALL(dev->ops->graph_begin(dev));
+    cai_status st = compute(e, bucket, bucket, bucket);
+    void *g = NULL;
+    cai_status st2 = dev->ops->graph_end(dev, st == CAI_OK ? &g : NULL);
+    CAI_CALL(st);
+    CAI_CALL(st2);
+    e->graph[k] = g;
+    e->st.graphs++;
+    return CAI_OK;
 }
 
 static cai_status forward(cai_engine_t *e, const step_io *io) {
