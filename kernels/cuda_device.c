@@ -113,6 +113,23 @@ cai_status cai_cuda_take_device_error(cai_device_t *dev) {
                          "[0, %lld) (found by the kernel, reported at this synchronisation; its head rows were written "
                          "as zeros)",
                          dev->ordinal, b, a, cc);
+    case CUK_ERR_SLOT:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "kv_cache_write on cuda:%d: slots[%lld] = %lld is past the cache's %lld slots (found by the "
+                         "kernel, reported at this synchronisation; its row was not written)",
+                         dev->ordinal, a, b, cc);
+    case CUK_ERR_BLOCK:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "paged_attention on cuda:%d: block_tables[%lld, %lld] = %lld is not a block of the %lld "
+                         "(found by the kernel, reported at this synchronisation; that block's keys were left out)",
+                         dev->ordinal, a, b, cc, d);
+    case CUK_ERR_SEQ:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "paged_attention on cuda:%d: sequence %lld has %lld queries and ctx_len %lld (need q_start "
+                         "rising from 0 to N and queries <= ctx_len <= %lld, the smaller of max_ctx and the block "
+                         "table's reach; found by the kernel, reported at this synchronisation; its rows were written "
+                         "as zeros)",
+                         dev->ordinal, a, b, cc, d);
     }
     return CAI_ERROR(CAI_ERR_INTERNAL, "cuda:%d: unknown device error code %d", dev->ordinal, code);
 }

@@ -99,6 +99,12 @@ void cai_cuda_dealloc_staging(cai_device_t *dev, void *ptr);
 CUDA_OP(memcpy)(cai_device_t *dev, void *dst, const void *src, size_t bytes, cai_copy_kind kind);
 CUDA_OP(sync)(cai_device_t *dev);
 
+/* device graphs (cuda_graph.c) */
+CUDA_OP(graph_begin)(cai_device_t *dev);
+CUDA_OP(graph_end)(cai_device_t *dev, void **graph);
+CUDA_OP(graph_launch)(cai_device_t *dev, void *graph);
+void cai_cuda_graph_free(cai_device_t *dev, void *graph);
+
 /* elementwise and reductions (cuda_basic.c) */
 CUDA_OP(fill)(cai_device_t *dev, cai_tensor *x, float value);
 CUDA_OP(copy)(cai_device_t *dev, cai_tensor *dst, const cai_tensor *src);
@@ -188,5 +194,16 @@ CUDA_OP(xent_bwd)
 CUDA_OP(xent_fwd_bwd)
 (cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits, const cai_tensor *logits,
  const cai_tensor *targets, float dloss_scale, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+
+/* paged KV cache (cuda_paged.c) */
+CUDA_OP(kv_cache_write)
+(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
+ const cai_tensor *slots);
+size_t cai_cuda_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
+                                                int64_t D, int64_t max_ctx);
+CUDA_OP(paged_attention)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache, const cai_tensor *v_cache,
+ const cai_tensor *block_tables, const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
+ void *workspace, size_t workspace_bytes);
 
 #endif

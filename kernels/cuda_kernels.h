@@ -47,7 +47,15 @@ typedef struct {
     int64_t a, b, c, d;
 } cuk_errrec;
 
-enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
+enum {
+    CUK_ERR_NONE = 0,
+    CUK_ERR_TOKEN = 1,
+    CUK_ERR_TARGET = 2,
+    CUK_ERR_POSITION = 3,
+    CUK_ERR_SLOT = 4,  /* kv_cache_write: a = token, b = slot, c = the cache's slots */
+    CUK_ERR_BLOCK = 5, /* paged_attention: a = sequence, b = block-table column, c = block id, d = n_blocks */
+    CUK_ERR_SEQ = 6 /* paged_attention: a = sequence, b = its queries, c = ctx_len, d = the longest ctx_len allowed */
+};
 
 typedef struct {
     float scale;
@@ -185,6 +193,32 @@ cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const 
 cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                              const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols, int ignore_index,
                              cuk_errrec *err);
+
+/* ---------------------------------------------------------------- paged.cu
+ * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host
+ * checks their shapes only (reading their values would synchronise), and
+ * the kernels read them on the device; a slot, block id or sequence the
+ * kernels find out of range is skipped (a slot), masked (a block) or gives
+ * zero output rows (a sequence) and is reported through err. */
+typedef struct {
+    cuk_bthd q, o;       /* [1,N,Hq,D], any float dtypes */
+    const void *kc, *vc; /* [n_blocks, bs, Hkv, D], contiguous, dtype cdt */
+    int cdt;
+    int64_t n_blocks, bs, Hkv;
+    const int32_t *bt, *qs, *cl;  /* block_tables [S, max_blocks], q_start [S+1], ctx_len [S] */
+    int64_t S, max_blocks, limit; /* limit = min(max_ctx, max_blocks * bs): the longest valid ctx_len */
+    float scale;                  /* never 0 here: the host resolves the default */
+} cuk_paged;
+
+/* kc/vc[slots[i]] = k/v[i] (kc, vc contiguous [n_slots, H, D] in dtype cdt). */
+cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k, cuk_bthd v,
+                               const int32_t *slots, cuk_errrec *err);
+/* D <= CUK_ATTN_MAX_D. splits == 1: one pass per (token, kv head) writes o.
+ * splits > 1 (at most CUK_PAGED_MAX_SPLITS): split p takes key positions
+ * [p * chunk, (p + 1) * chunk) and leaves its unnormalised partial in ws
+ * (N * Hq * splits * (D + 2) floats), which a second kernel combines into o. */
+#define CUK_PAGED_MAX_SPLITS 1024
+cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, cuk_errrec *err);
 
 #ifdef __cplusplus
 }

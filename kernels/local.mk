@@ -19,7 +19,8 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/attention_tc.cu \
 	%reldir%/attention_flash.cu \
 	%reldir%/attention_cudnn.cu \
-	%reldir%/embed.cu
+	%reldir%/embed.cu \
+	%reldir%/paged.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
 if HAVE_CUDA
@@ -31,7 +32,9 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cuda_matmul.c \
 	%reldir%/cuda_pointwise.c \
 	%reldir%/cuda_attention.c \
-	%reldir%/cuda_embed.c
+	%reldir%/cuda_embed.c \
+	%reldir%/cuda_paged.c \
+	%reldir%/cuda_graph.c
 
 CAI_CUDA_LOBJS = \
 	%reldir%/elementwise.lo \
@@ -40,7 +43,8 @@ CAI_CUDA_LOBJS = \
 	%reldir%/attention_tc.lo \
 	%reldir%/attention_flash.lo \
 	%reldir%/attention_cudnn.lo \
-	%reldir%/embed.lo
+	%reldir%/embed.lo \
+	%reldir%/paged.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++
 CLEANFILES += $(CAI_CUDA_LOBJS) $(CAI_CUDA_LOBJS:.lo=.o)

@@ -14,9 +14,18 @@ that ships tokenizer files must also load with AutoTokenizer, and when
 --text is given its ids must equal colossal's (from `colossal-data
 tokenize`, passed as --ids).
 
+It also checks colossal-infer's greedy generation against transformers'
+generate() on the same weights: `requests` turns the prompts of a JSONL
+request file into prompt_token_ids lines with the directory's tokenizer, and
+`generate` runs transformers' greedy decoding on each request's ids for as
+many tokens as colossal-infer's result line holds (no stop at the
+end-of-text token, as with ignore_eos) and requires the same tokens.
+
 usage: hf_transformers.py [--tol 1e-4] [--device cpu|cuda]
                           model DIR LOGITS [DIR LOGITS ...]
        hf_transformers.py tokenizer DIR TEXT_FILE IDS_FILE
+       hf_transformers.py requests DIR REQUESTS.jsonl OUT.jsonl
+       hf_transformers.py [--device cuda] [--dtype f32|bf16] generate DIR REQUESTS.jsonl RESULTS.jsonl
 """
 import argparse
 import json
@@ -96,11 +105,55 @@ def check_tokenizer(d, text_file, ids_file):
         raise SystemExit(f"FAIL {d}: decode(encode(text)) != text")
 
 
+def write_requests(d, src, dst):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(d)
+    with open(dst, "w") as f:
+        for line in open(src):
+            r = json.loads(line)
+            ids = tok(r.pop("prompt"), add_special_tokens=False)["input_ids"]
+            r["prompt_token_ids"] = ids
+            f.write(json.dumps(r) + "\n")
+
+
+def check_generate(d, requests, results, device, dtype):
+    from transformers import AutoModelForCausalLM
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float32
+    m = AutoModelForCausalLM.from_pretrained(d, torch_dtype=dt).to(device).eval()
+    res = {}
+    for line in open(results):
+        o = json.loads(line)
+        res[o["id"]] = o["token_ids"]
+    n_req = n_tok = same_tok = 0
+    bad = []
+    for line in open(requests):
+        r = json.loads(line)
+        ours = res[r["id"]]
+        ids = torch.tensor([r["prompt_token_ids"]], device=device)
+        with torch.inference_mode():
+            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(ours), do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        theirs = out[0, ids.shape[1]:].tolist()
+        n_req += 1
+        n_tok += len(ours)
+        k = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        same_tok += k
+        if k < len(ours):
+            bad.append(f"{r['id']}: first difference at token {k}: colossal {ours[k]}, transformers {theirs[k]}")
+    print(f"generate {d} ({dtype} on {device}): {n_req} requests, {same_tok}/{n_tok} tokens before the first "
+          f"difference")
+    for b in bad:
+        print("  " + b)
+    if bad:
+        raise SystemExit(f"{len(bad)} of {n_req} greedy continuations differ from transformers'")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("what", choices=["model", "tokenizer"])
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("what", choices=["model", "tokenizer", "requests", "generate"])
     ap.add_argument("args", nargs="+")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -110,6 +163,10 @@ def main():
             raise SystemExit("model takes DIR LOGITS pairs")
         for d, lg in zip(a.args[0::2], a.args[1::2]):
             check_model(d, lg, a.tol, a.device)
+    elif a.what == "requests":
+        write_requests(*a.args)
+    elif a.what == "generate":
+        check_generate(*a.args, a.device, a.dtype)
     else:
         if len(a.args) != 3:
             raise SystemExit("tokenizer takes DIR TEXT_FILE IDS_FILE")

@@ -1085,6 +1085,228 @@ static void bf16_emb_long(void) {
     emb_long_case(CAI_DTYPE_BF16, 70);
 }
 
+/* ------------------------------------------------------------------ paged KV cache */
+
+/* One sequence of a paged batch: ql queries, the last of ctx cached tokens;
+ * `stale`: its slots are -1, so kv_cache_write leaves its rows alone and
+ * attention reads what the cache already held there. */
+typedef struct {
+    int64_t ql, ctx;
+    int stale;
+} pg_seq;
+
+/* A ragged batch through kv_cache_write then paged_attention on both
+ * backends: q, k, v are views into one fused QKV buffer, out a view with
+ * padding columns, caches start random (the history) with blocks handed out
+ * in a shuffled order and spare blocks never referenced. The caches must
+ * match bit for bit (both round to nearest even); out within tolerance,
+ * checked per sequence so every context length gets its own line. */
+static void paged_case(const char *what, cai_dtype act, cai_dtype cdt, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
+                       int64_t max_ctx, const pg_seq *seq, int S) {
+    int64_t N = 0, used = 0, max_blocks = 1;
+    for (int s = 0; s < S; s++) {
+        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
+        N += seq[s].ql;
+        used += nb;
+        if (nb + 1 > max_blocks) max_blocks = nb + 1; /* a spare column of -1 the kernels must not follow */
+    }
+    const int64_t n_blocks = used + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks),
+            *bt = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    int32_t *qs = malloc(sizeof(int32_t) * (size_t)(S + 1)), *cl = malloc(sizeof(int32_t) * (size_t)S);
+    int32_t *sl = malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
+    if (!perm || !bt || !qs || !cl || !sl) gt_die("paged test tables");
+    uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)(n_blocks * 131 + D);
+    for (int64_t b = 0; b < n_blocks; b++) perm[b] = (int32_t)b;
+    for (int64_t b = n_blocks - 1; b > 0; b--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t j = (int64_t)((rng >> 33) % (uint64_t)(b + 1));
+        const int32_t t = perm[b];
+        perm[b] = perm[j];
+        perm[j] = t;
+    }
+    int64_t next = 0, row = 0;
+    qs[0] = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
+        for (int64_t b = 0; b < max_blocks; b++) bt[s * max_blocks + b] = b < nb ? perm[next++] : -1;
+        for (int64_t j = 0; j < seq[s].ql; j++, row++) {
+            const int64_t pos = seq[s].ctx - seq[s].ql + j;
+            sl[row] = seq[s].stale ? -1 : (int32_t)(bt[s * max_blocks + pos / bs] * bs + pos % bs);
+        }
+        qs[s + 1] = (int32_t)row;
+        cl[s] = (int32_t)seq[s].ctx;
+    }
+    gt_t tbt = gt_ints(2, SHP(S, max_blocks), bt), tqs = gt_ints(1, SHP(S + 1), qs), tcl = gt_ints(1, SHP(S), cl);
+    gt_t tsl = gt_ints(1, SHP(N), sl);
+    gt_t qkv = R3(act, 1, N, (Hq + 2 * Hkv) * D, 1.0);
+    gt_t q = gt_unflatten(gt_narrow(qkv, 2, 0, Hq * D), 2, D);
+    gt_t k = gt_unflatten(gt_narrow(qkv, 2, Hq * D, Hkv * D), 2, D);
+    gt_t v = gt_unflatten(gt_narrow(qkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
+    gt_t kc = R4(cdt, n_blocks, bs, Hkv, D, 1.0), vc = R4(cdt, n_blocks, bs, Hkv, D, 1.0);
+    const int64_t ld = Hq * D + 8;
+    gt_t ofull = O3(act, 1, N, ld);
+    gt_t o = gt_unflatten(gt_narrow(ofull, 2, 0, Hq * D), 2, D);
+    char tag[112], pad[128];
+    snprintf(tag, sizeof tag, "%s H%" PRId64 "/%" PRId64 " D%" PRId64 " bs%" PRId64 " %s act %s cache", what, Hq, Hkv,
+             D, bs, dtn(act), dtn(cdt));
+
+    BOTH("kv_cache_write", H->ops->kv_cache_write(H, &kc.h, &vc.h, &k.h, &v.h, &tsl.h),
+         G->ops->kv_cache_write(G, &kc.g, &vc.g, &k.g, &v.g, &tsl.g));
+    gt_round_host(&kc); /* the CPU stored f32 in the host copy: the same rounding the cache dtype applies */
+    gt_round_host(&vc);
+    gt_check(nm("kv_cache_write k_cache %s", tag), kc, 0.0);
+    gt_check(nm("kv_cache_write v_cache %s", tag), vc, 0.0);
+
+    const size_t hws = H->ops->paged_attention_workspace_bytes(H, N, S, Hq, D, max_ctx);
+    const size_t gws = G->ops->paged_attention_workspace_bytes(G, N, S, Hq, D, max_ctx);
+    void *hw = malloc(hws), *gw = NULL;
+    if (!hw) gt_die("paged host workspace");
+    GT_OK(cai_device_alloc(G, gws, "paged attention workspace", &gw));
+    BOTH("paged_attention",
+         H->ops->paged_attention(H, &o.h, &q.h, &kc.h, &vc.h, &tbt.h, &tqs.h, &tcl.h, max_ctx, 0.0f, hw, hws),
+         G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tqs.g, &tcl.g, max_ctx, 0.0f, gw, gws));
+    /* f32 outputs: the CPU's sequential f32 sums over thousands of keys are themselves off by ~1e-6 */
+    const double tol = act == CAI_DTYPE_F32 ? 2e-5 : gt_tol(act);
+    for (int s = 0; s < S; s++) {
+        if (seq[s].ql == 0) continue;
+        gt_check(nm("paged_attention q%" PRId64 " ctx%" PRId64 "%s %s", seq[s].ql, seq[s].ctx,
+                    seq[s].stale ? " stale" : "", tag),
+                 gt_narrow(o, 1, qs[s], seq[s].ql), tol);
+    }
+    snprintf(pad, sizeof pad, "paged_attention %s", tag); /* fp_untouched formats its name with nm() */
+    fp_untouched(pad, ofull, N, ld, Hq * D);
+    printf("  (N %" PRId64 ", max_ctx %" PRId64 ", gpu workspace %zu bytes)\n", N, max_ctx, gws);
+    free(hw);
+    cai_device_dealloc(G, gw);
+    free(perm);
+    free(bt);
+    free(qs);
+    free(cl);
+    free(sl);
+}
+
+/* decode steps: one query over 1, 17, 600 and 5000 cached tokens */
+static const pg_seq pg_decode[] = {{1, 1, 0}, {1, 17, 0}, {1, 600, 0}, {1, 5000, 0}};
+/* a step of a serving engine: fresh prompts, a prefill chunk over a cached
+ * prefix, decodes, a sequence with no queries this step and one whose keys
+ * were written earlier (stale); few tokens, so split-KV runs it */
+static const pg_seq pg_mixed[] = {{1, 1, 0},    {37, 37, 0}, {0, 20, 0}, {64, 600, 0},
+                                  {1, 5000, 0}, {2, 9, 1},   {1, 17, 0}, {150, 150, 0}};
+/* a long prefill chunk among decodes: enough tokens for the one-pass kernel */
+static const pg_seq pg_large[] = {{1100, 1300, 0}, {1, 17, 0}, {1, 600, 0}, {200, 200, 0}, {1, 5000, 0}};
+#define PG_N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void f32_paged(void) {
+    const cai_dtype F = CAI_DTYPE_F32, B = CAI_DTYPE_BF16, F16 = CAI_DTYPE_F16;
+    paged_case("decode", F, F, 8, 2, 128, 16, 8192, pg_decode, PG_N(pg_decode));
+    paged_case("decode", F, B, 4, 4, 64, 256, 5000, pg_decode, PG_N(pg_decode));
+    paged_case("decode", F, F16, 8, 2, 64, 256, 6000, pg_decode, PG_N(pg_decode));
+    paged_case("decode", F, B, 8, 2, 256, 16, 5000, pg_decode, PG_N(pg_decode));
+    paged_case("mixed", F, B, 8, 2, 128, 16, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("mixed", F, F16, 4, 4, 64, 256, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("large", F, F, 4, 4, 64, 256, 5000, pg_large, PG_N(pg_large));
+    paged_case("large", F, B, 8, 2, 128, 16, 5000, pg_large, PG_N(pg_large));
+    /* shapes off the beaten path: head_dim 80 and 36 (a partial 8-chunk),
+     * groups of 3 and of 16 (two head chunks), a block size that is no
+     * power of two */
+    paged_case("mixed", F, B, 12, 4, 80, 24, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("decode", F, F16, 16, 1, 36, 16, 5000, pg_decode, PG_N(pg_decode));
+    paged_case("mixed", F, F, 6, 2, 96, 16, 5000, pg_mixed, PG_N(pg_mixed));
+}
+
+static void bf16_paged(void) {
+    const cai_dtype F = CAI_DTYPE_F32, B = CAI_DTYPE_BF16, F16 = CAI_DTYPE_F16;
+    paged_case("decode", B, B, 8, 2, 128, 16, 8192, pg_decode, PG_N(pg_decode));
+    paged_case("decode", B, F16, 8, 8, 64, 256, 5000, pg_decode, PG_N(pg_decode));
+    paged_case("decode", B, F, 8, 2, 64, 16, 5000, pg_decode, PG_N(pg_decode));
+    paged_case("mixed", B, B, 8, 2, 128, 256, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("mixed", B, F, 4, 4, 64, 16, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("large", B, B, 8, 2, 128, 16, 5000, pg_large, PG_N(pg_large));
+    paged_case("large", B, F16, 4, 4, 64, 256, 5000, pg_large, PG_N(pg_large));
+    paged_case("mixed", F16, B, 8, 2, 96, 16, 5000, pg_mixed, PG_N(pg_mixed)); /* f16 activations */
+}
+
+/* Shapes are refused before anything runs, naming the op; index values are
+ * the device's: out of range they are reported at the next synchronisation. */
+static void t_paged_errors(void) {
+    const cai_dtype F = CAI_DTYPE_F32;
+    const int64_t bs = 16, D = 64, n_blocks = 4;
+    const int32_t bt[] = {2, 0}, qs[] = {0, 1}, cl[] = {20}, sl[] = {5};
+    gt_t tbt = gt_ints(2, SHP(1, 2), bt), tqs = gt_ints(1, SHP(2), qs), tcl = gt_ints(1, SHP(1), cl);
+    gt_t tsl = gt_ints(1, SHP(1), sl);
+    gt_t q = R4(F, 1, 1, 4, D, 1.0), o = O4(F, 1, 1, 4, D), k = R4(F, 1, 1, 2, D, 1.0), v = R4(F, 1, 1, 2, D, 1.0);
+    gt_t kc = R4(F, n_blocks, bs, 2, D, 1.0), vc = R4(F, n_blocks, bs, 2, D, 1.0);
+    gt_t kc3 = R4(F, n_blocks, bs, 3, D, 1.0), vc3 = R4(F, n_blocks, bs, 3, D, 1.0);
+    const size_t ws = G->ops->paged_attention_workspace_bytes(G, 1, 1, 4, D, 64);
+    void *gw = NULL;
+    GT_OK(cai_device_alloc(G, ws, "paged attention workspace", &gw));
+#define PG_ERR(label, op, call, want)                                                                    \
+    do {                                                                                                 \
+        cai_status st_ = (call);                                                                         \
+        gt_expect(label, st_ == (want) && strstr(cai_error_message(), op) != NULL, cai_error_message()); \
+        cai_error_clear();                                                                               \
+    } while (0)
+    PG_ERR("paged_attention 3 kv heads for 4 query heads -> INVALID_ARG", "paged_attention",
+           G->ops->paged_attention(G, &o.g, &q.g, &kc3.g, &vc3.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
+           CAI_ERR_INVALID_ARG);
+    PG_ERR("paged_attention workspace too small -> INVALID_ARG", "paged_attention",
+           G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, 16),
+           CAI_ERR_INVALID_ARG);
+    PG_ERR("paged_attention block table on the host -> INVALID_ARG", "paged_attention",
+           G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.h, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
+           CAI_ERR_INVALID_ARG);
+    PG_ERR("paged_attention q_start of S entries -> INVALID_ARG", "paged_attention",
+           G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tcl.g, &tcl.g, 64, 0.0f, gw, ws),
+           CAI_ERR_INVALID_ARG);
+    gt_t kcn = gt_narrow(kc, 3, 0, D / 2), vcn = gt_narrow(vc, 3, 0, D / 2);
+    PG_ERR("kv_cache_write cache not contiguous -> INVALID_ARG", "kv_cache_write",
+           G->ops->kv_cache_write(G, &kcn.g, &vcn.g, &k.g, &v.g, &tsl.g), CAI_ERR_INVALID_ARG);
+    gt_t q320 = R4(F, 1, 1, 1, 320, 1.0), o320 = O4(F, 1, 1, 1, 320), kc320 = R4(F, 2, bs, 1, 320, 1.0);
+    PG_ERR("paged_attention head_dim 320 -> UNSUPPORTED", "paged_attention",
+           G->ops->paged_attention(G, &o320.g, &q320.g, &kc320.g, &kc320.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
+           CAI_ERR_UNSUPPORTED);
+#undef PG_ERR
+
+    /* a slot past the cache: nothing written for it, reported at the sync */
+    const int32_t bad_sl[] = {(int32_t)(n_blocks * bs + 3)};
+    gt_t tbad = gt_ints(1, SHP(1), bad_sl);
+    cai_status sg = G->ops->kv_cache_write(G, &kc.g, &vc.g, &k.g, &v.g, &tbad.g);
+    cai_status ss = cai_device_sync(G);
+    gt_expect("kv_cache_write slot past the cache: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG && strstr(cai_error_message(), "slots[0] = 67") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    gt_check("kv_cache_write bad slot: cache untouched", kc, 0.0);
+    /* a block id past the pool */
+    const int32_t bad_bt[] = {2, 9};
+    gt_t tbb = gt_ints(2, SHP(1, 2), bad_bt);
+    sg = G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbb.g, &tqs.g, &tcl.g, 64, 0.0f, gw, ws);
+    ss = cai_device_sync(G);
+    gt_expect("paged_attention block id past the pool: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "block_tables[0, 1] = 9 is not a block of the 4") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    /* ctx_len beyond max_ctx: zero rows */
+    const int32_t long_cl[] = {30};
+    gt_t tlc = gt_ints(1, SHP(1), long_cl);
+    sg = G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tqs.g, &tlc.g, 24, 0.0f, gw, ws);
+    ss = cai_device_sync(G);
+    gt_expect("paged_attention ctx_len past max_ctx: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "sequence 0 has 1 queries and ctx_len 30") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    float *got = gt_download(o.b);
+    int zeros = 1;
+    for (int64_t e = 0; e < o.b->n; e++) zeros &= got[e] == 0.0f;
+    free(got);
+    gt_expect("paged_attention bad sequence: its rows are zeros", zeros, NULL);
+    gt_expect("device error record cleared after the reports", cai_device_sync(G) == CAI_OK, NULL);
+    cai_device_dealloc(G, gw);
+}
+
 /* ------------------------------------------------------------------ main */
 
 typedef struct {
@@ -1234,6 +1456,10 @@ static const test_entry tests[] = {
     {"embedding long runs bf16", bf16_emb_long},
     /* issue #10: cuBLASLt algorithms chosen by timing */
     {"matmuls autotuned bf16/f32", tuned_matmuls},
+    /* the paged KV cache of inference */
+    {"paged kv f32 act", f32_paged},
+    {"paged kv bf16 act", bf16_paged},
+    {"paged kv errors", t_paged_errors},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,169 @@
+/* CUDA backend: the paged KV cache's write and attention (validation, the
+ * split-KV plan and the workspace here; kernels in paged.cu). Shapes,
+ * dtypes and layouts are checked as the CPU backend checks them, with the
+ * same messages. The index tensors' values (slots, block tables, q_start,
+ * ctx_len) live on the device and are trusted here: reading them would
+ * synchronise every layer of every step. The kernels look at them instead:
+ * a slot or block id out of range, or a sequence whose queries and ctx_len
+ * do not fit, is reported at the next synchronisation (cai_device_sync or a
+ * device-to-host copy) with its row left alone or zeroed, where the CPU
+ * backend fails the call itself.
+ *
+ * Split-KV plan: a decode step has a handful of tokens, so one block per
+ * (token, kv head) would leave most SMs idle on a long context. The keys of
+ * each token are cut into `splits` chunks of `chunk` positions, one block
+ * each, when the batch is small enough for the partials to stay modest:
+ * splits = min(max_ctx / PAGED_MIN_CHUNK, PAGED_SPLIT_ROWS / N), at least 2,
+ * else one pass. Only max_ctx and N are known here (ctx_len is on the
+ * device), so a short context leaves its later splits empty; they exit at
+ * once. */
+#include "cai_config.h"
+#include "cuda_internal.h"
+
+#include <math.h>
+
+/* Keys per split at least: below this the merge and the partials cost more than the parallelism gains. */
+#define PAGED_MIN_CHUNK 256
+/* (token, split) partials at most: bounds the workspace (each holds Hq * (D + 2) floats) and turns split-KV off
+ * for batches large enough to fill the GPU without it. */
+#define PAGED_SPLIT_ROWS 2048
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The most splits a token may get for this max_ctx (1: never split). */
+static int64_t max_splits(int64_t max_ctx) {
+    const int64_t p = max_ctx > 0 ? cdiv(max_ctx, PAGED_MIN_CHUNK) : 1;
+    return p < CUK_PAGED_MAX_SPLITS ? p : CUK_PAGED_MAX_SPLITS;
+}
+
+/* This call's splits and chunk; N * splits <= min(N * max_splits, PAGED_SPLIT_ROWS) when splits > 1, which is what
+ * the workspace holds, so a workspace sized for more tokens fits fewer. */
+static int64_t plan_splits(int64_t N, int64_t max_ctx, int64_t *chunk) {
+    int64_t p = max_splits(max_ctx);
+    if (N > 0 && p > PAGED_SPLIT_ROWS / N) p = PAGED_SPLIT_ROWS / N;
+    *chunk = max_ctx > 0 ? max_ctx : 1;
+    if (p <= 1) return 1;
+    *chunk = cdiv(cdiv(max_ctx, p), 64) * 64; /* whole steps of the kernel's key loop */
+    return cdiv(max_ctx, *chunk);
+}
+
+size_t cai_cuda_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
+                                                int64_t D, int64_t max_ctx) {
+    (void)dev;
+    (void)n_seqs;
+    const int64_t p = max_splits(max_ctx);
+    int64_t rows = n_tokens > 0 && p > 1 ? n_tokens * p : 0;
+    if (rows > PAGED_SPLIT_ROWS) rows = PAGED_SPLIT_ROWS;
+    return (size_t)rows * (size_t)(Hq > 0 ? Hq : 0) * (size_t)((D > 0 ? D : 0) + 2) * sizeof(float) + 256;
+}
+
+static int cache_dtype_ok(cai_dtype dt) { return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16; }
+
+static cai_status check_cache(const char *op, const char *arg, const cai_tensor *t, cai_bthd *out) {
+    CAI_CALL(cai_ops_bthd(op, arg, t, CAI_CUDA, CAI_ANYF, out));
+    if (!cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous [n_blocks, block_size, Hkv, D]", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    return CAI_OK;
+}
+
+static cai_status check_index(const char *op, const char *arg, const cai_tensor *t, int ndim, const int32_t **data) {
+    CAI_CALL(cai_ops_check(op, arg, t, CAI_CUDA, CAI_I32));
+    if (t->ndim != ndim || !cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a contiguous %d-D I32 tensor", op, arg,
+                         CAI_OPS_DESCRIBE(t), ndim);
+    *data = (const int32_t *)t->data;
+    return CAI_OK;
+}
+
+cai_status cai_cuda_kv_cache_write(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
+                                   const cai_tensor *v, const cai_tensor *slots) {
+    static const char op[] = "kv_cache_write";
+    cai_bthd kc, vc, kk, vv;
+    const int32_t *sl = NULL;
+    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
+    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
+    CAI_CALL(cai_ops_bthd(op, "k", k, CAI_CUDA, CAI_ANYF, &kk));
+    CAI_CALL(cai_ops_bthd(op, "v", v, CAI_CUDA, CAI_ANYF, &vv));
+    CAI_CALL(check_index(op, "slots", slots, 1, &sl));
+    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache is %s but v_cache is %s; they must match", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
+    if (!cai_tensor_same_shape(k, v) || kk.B != 1 || kk.H != kc.H || kk.D != kc.D || slots->shape[0] != kk.T)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: k %s, v %s and slots %s must be [1,N,Hkv,D], [1,N,Hkv,D] and [N] for a cache of %s", op,
+                         CAI_OPS_DESCRIBE(k), CAI_OPS_DESCRIBE(v), CAI_OPS_DESCRIBE(slots), CAI_OPS_DESCRIBE(k_cache));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_kv_cache_write(cai_cuda_of(dev)->stream, kc.data, vc.data, (int)kc.dtype, kc.B * kc.T,
+                                      cai_cuda_bthd(&kk), cai_cuda_bthd(&vv), sl, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
+                                    const cai_tensor *v_cache, const cai_tensor *block_tables,
+                                    const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
+                                    void *workspace, size_t workspace_bytes) {
+    static const char op[] = "paged_attention";
+    cai_bthd qq, oo, kc, vc;
+    const int32_t *bt = NULL, *qs = NULL, *cl = NULL;
+    CAI_CALL(cai_ops_bthd(op, "q", q, CAI_CUDA, CAI_ANYF, &qq));
+    CAI_CALL(cai_ops_bthd(op, "out", out, CAI_CUDA, CAI_ANYF, &oo));
+    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
+    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
+    CAI_CALL(check_index(op, "block_tables", block_tables, 2, &bt));
+    CAI_CALL(check_index(op, "q_start", q_start, 1, &qs));
+    CAI_CALL(check_index(op, "ctx_len", ctx_len, 1, &cl));
+    if (!cai_tensor_same_shape(q, out) || qq.B != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and out %s must both be [1,N,Hq,D]", op, CAI_OPS_DESCRIBE(q),
+                         CAI_OPS_DESCRIBE(out));
+    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype || !cache_dtype_ok(kc.dtype))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache %s and v_cache %s must match (f32, bf16 or f16)", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
+    if (kc.D != qq.D || kc.H <= 0 || qq.H % kc.H != 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and the cache %s: head_dim must match and Hkv divide Hq", op,
+                         CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k_cache));
+    const int64_t S = ctx_len->shape[0], N = qq.T, Hq = qq.H, D = qq.D, bs = kc.T;
+    const int64_t max_blocks = block_tables->shape[1];
+    /* q_start[0] = 0 and q_start[S] = N are the device's to trust; only the shapes are checked here */
+    if (q_start->shape[0] != S + 1 || block_tables->shape[0] != S || (S == 0 && N > 0))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: q_start %s, ctx_len %s and block_tables %s must describe S sequences over N = %lld "
+                         "query rows (q_start [S+1] from 0 to N, ctx_len [S], block_tables [S, max_blocks])",
+                         op, CAI_OPS_DESCRIBE(q_start), CAI_OPS_DESCRIBE(ctx_len), CAI_OPS_DESCRIBE(block_tables),
+                         (long long)N);
+    if (N > 0 && max_ctx < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: max_ctx %lld cannot hold the %lld query rows' own keys", op,
+                         (long long)max_ctx, (long long)N);
+    if (N > 0 && (kc.B < 1 || max_blocks * bs < 1))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the cache %s and block_tables %s have no slot for a key", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(block_tables));
+    if (D > CUK_ATTN_MAX_D)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds the CUDA kernels' maximum of %d", op,
+                         (long long)D, CUK_ATTN_MAX_D);
+    const size_t need = cai_cuda_paged_attention_workspace_bytes(dev, N, S, Hq, D, max_ctx);
+    if (N > 0 && (!workspace || workspace_bytes < need))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
+    if (N == 0 || Hq == 0 || D == 0) return CAI_OK;
+    int64_t chunk = 1;
+    const int64_t splits = plan_splits(N, max_ctx, &chunk);
+    const int64_t reach = max_blocks * bs;
+    cuk_paged p = {.q = cai_cuda_bthd(&qq),
+                   .o = cai_cuda_bthd(&oo),
+                   .kc = kc.data,
+                   .vc = vc.data,
+                   .cdt = (int)kc.dtype,
+                   .n_blocks = kc.B,
+                   .bs = bs,
+                   .Hkv = kc.H,
+                   .bt = bt,
+                   .qs = qs,
+                   .cl = cl,
+                   .S = S,
+                   .max_blocks = max_blocks,
+                   .limit = max_ctx < reach ? max_ctx : reach,
+                   .scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)D)};
+    float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}
