@@ -16,6 +16,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#define CAI_OMP_THREAD() omp_get_thread_num()
+#define CAI_OMP_MAX_THREADS() omp_get_max_threads()
+#else
+#define CAI_OMP_THREAD() 0
+#define CAI_OMP_MAX_THREADS() 1
+#endif
+
 enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE };
 enum { CAI_ENGINE_MAX_GRAPHS = 16 };
 
@@ -72,10 +81,14 @@ struct cai_engine {
     size_t idx_count;
     void *attn_ws;
     size_t attn_ws_bytes;
-    void *h_logits_raw; /* [Rmax, Vl] act dtype */
-    float *h_logits;    /* [Rmax, Vp] F32, gathered over tp */
-    float *h_gather;    /* tp > 1: [tp, Rmax * max shard] */
-    cai_sample_ws_t *sws;
+    void *h_logits_raw;      /* [Rmax, Vl] act dtype */
+    float *h_logits;         /* [Rmax, Vp] F32, gathered over tp */
+    float *h_gather;         /* tp > 1: [tp, Rmax * max shard] */
+    cai_sample_ws_t **sws_t; /* one per sampling thread */
+    int n_sws;
+    seq_t **draw; /* the step's sampled sequences, their logits rows and results */
+    int64_t *draw_row;
+    cai_sample_result *draw_res;
     cai_byte_buf text;
 
     seq_list waiting, running, done;
@@ -318,7 +331,16 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
                                  "engine logits gather"),
                       st, fail);
     }
-    CAI_CALL_GOTO(cai_sample_ws_create(&e->sws, e->Vp), st, fail);
+    e->n_sws = CAI_OMP_MAX_THREADS();
+    if (e->n_sws > 16) e->n_sws = 16; /* sampling is a small part of a step: a few cores suffice */
+    if (e->n_sws < 1) e->n_sws = 1;
+    CAI_CALL_GOTO(cai_calloc((void **)&e->sws_t, (size_t)e->n_sws, sizeof *e->sws_t, "engine samplers"), st, fail);
+    for (int t = 0; t < e->n_sws; t++) CAI_CALL_GOTO(cai_sample_ws_create(&e->sws_t[t], e->Vp), st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&e->draw, (size_t)o.max_batch, sizeof *e->draw, "engine draws"), st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&e->draw_row, (size_t)o.max_batch, sizeof *e->draw_row, "engine draws"), st,
+                  fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&e->draw_res, (size_t)o.max_batch, sizeof *e->draw_res, "engine draws"), st,
+                  fail);
     CAI_CALL_GOTO(cai_calloc((void **)&e->sel, (size_t)o.max_batch, sizeof *e->sel, "engine batch"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&e->sel_q, (size_t)o.max_batch, sizeof *e->sel_q, "engine batch"), st, fail);
     e->st.blocks_total = o.n_blocks;
@@ -351,7 +373,11 @@ void cai_engine_free(cai_engine_t *e) {
     cai_free(e->tp_vcount);
     cai_free(e->sel);
     cai_free(e->sel_q);
-    cai_sample_ws_free(e->sws);
+    for (int t = 0; e->sws_t && t < e->n_sws; t++) cai_sample_ws_free(e->sws_t[t]);
+    cai_free(e->sws_t);
+    cai_free(e->draw);
+    cai_free(e->draw_row);
+    cai_free(e->draw_res);
     cai_byte_buf_free(&e->text);
     cai_kv_pool_free(&e->pool);
     cai_free(e);
@@ -754,7 +780,21 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     CAI_CALL(cai_device_sync(dev));
     /* Full rows [R, Vp] on every tp rank. */
     float *own = e->tp > 1 ? e->h_gather : e->h_logits;
-    CAI_CALL(cai_convert_host(own, CAI_DTYPE_F32, e->h_logits_raw, e->act, (size_t)(R * e->Vl)));
+    /* Widened a row at a time on the sampling threads: at a large batch this is megabytes a step. */
+    cai_status cst = CAI_OK;
+    const size_t es = cai_dtype_size(e->act);
+    const int ct = (int)(R < e->n_sws ? R : e->n_sws);
+#pragma omp parallel for num_threads(ct > 0 ? ct : 1) schedule(static)
+    for (int64_t i = 0; i < R; i++) {
+        cai_status one =
+            cai_convert_host(own + (size_t)(i * e->Vl), CAI_DTYPE_F32,
+                             (const char *)e->h_logits_raw + (size_t)(i * e->Vl) * es, e->act, (size_t)e->Vl);
+        if (one != CAI_OK) {
+#pragma omp critical(cai_engine_widen_error)
+            cst = cst == CAI_OK ? one : cst;
+        }
+    }
+    CAI_CALL(cst);
     if (e->tp > 1) {
         int64_t mx = 0;
         for (int r = 0; r < e->tp; r++) mx = e->tp_vcount[r] > mx ? e->tp_vcount[r] : mx;
@@ -876,8 +916,9 @@ cai_status cai_engine_step(cai_engine_t *e) {
     CAI_CALL(forward(e, &io));
     e->st.steps++;
 
-    /* Sample (or score) in batch order: row r belongs to the r-th reader. */
-    int64_t r = 0;
+    /* Score, and find the rows to sample, in batch order: row r belongs to
+     * the r-th reader. */
+    int64_t r = 0, n_draw = 0;
     const int64_t V = e->cfg->vocab_size;
     for (int64_t i = 0; i < n; i++) {
         seq_t *s = e->sel[i];
@@ -899,12 +940,29 @@ cai_status cai_engine_step(cai_engine_t *e) {
             continue;
         }
         if (s->n_computed != s->n_tok) continue;
-        float *row = e->h_logits + (size_t)(r++ * e->Vp);
-        const int64_t k = s->n_tok - s->n_prompt;
-        cai_sample_result res;
+        e->draw[n_draw] = s;
+        e->draw_row[n_draw++] = r++;
+    }
+    /* The rows are independent: one workspace per thread. */
+    cai_status sst = CAI_OK;
+    const int nt = (int)(n_draw < e->n_sws ? n_draw : e->n_sws);
+#pragma omp parallel for num_threads(nt > 0 ? nt : 1) schedule(dynamic, 1)
+    for (int64_t d = 0; d < n_draw; d++) {
+        seq_t *s = e->draw[d];
         cai_sampling_params sp = s->sp;
         sp.seed = s->seed;
-        CAI_CALL(cai_sample(e->sws, &sp, row, V, s->tok, s->n_prompt, s->n_tok, k, &res));
+        cai_status one = cai_sample(e->sws_t[CAI_OMP_THREAD()], &sp, e->h_logits + (size_t)(e->draw_row[d] * e->Vp), V,
+                                    s->tok, s->n_prompt, s->n_tok, s->n_tok - s->n_prompt, &e->draw_res[d]);
+        if (one != CAI_OK) {
+#pragma omp critical(cai_engine_sample_error)
+            sst = sst == CAI_OK ? one : sst;
+        }
+    }
+    CAI_CALL(sst);
+    for (int64_t d = 0; d < n_draw; d++) {
+        seq_t *s = e->draw[d];
+        const int64_t k = s->n_tok - s->n_prompt;
+        const cai_sample_result res = e->draw_res[d];
         s->tok[s->n_tok++] = res.token;
         if (s->lp) s->lp[k] = res;
         e->st.generated++;
