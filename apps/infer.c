@@ -547,9 +547,9 @@ int main(int argc, char **argv) {
         cai_engine_get_stats(engine, &es);
         printf(
             "engine (rank 0's replica): %lld steps, %lld prefill + %lld decode tokens, %lld prompt tokens from "
-            "shared blocks, %lld preemptions\n",
+            "shared blocks, %lld preemptions, %lld decode graphs\n",
             (long long)es.steps, (long long)es.prefill_tokens, (long long)es.decode_tokens,
-            (long long)es.prefix_hit_tokens, (long long)es.preemptions);
+            (long long)es.prefix_hit_tokens, (long long)es.preemptions, (long long)es.graphs);
     }
     cai_engine_free(engine);
     cai_weights_free(w);
