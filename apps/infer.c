@@ -65,8 +65,10 @@ static const cai_config_field k_fields[] = {
     F("infer.max_batch", CAI_CFG_INT, max_batch, "64", "sequences per step", 1, 1 << 16),
     F("infer.max_tokens_per_step", CAI_CFG_INT, max_tokens_per_step, "2048",
       "query tokens per step (prefill chunks plus decodes)", 1, 1 << 24),
-    F("infer.kv_memory", CAI_CFG_BYTES, kv_memory, "256MiB", "KV-cache pool per rank (when infer.kv_blocks is 0)",
-      CAI_CFG_NO_RANGE),
+    {"infer.kv_memory", CAI_CFG_BYTES, offsetof(ij_config, kv_memory), "auto",
+     "KV-cache pool per rank (when infer.kv_blocks is 0); auto: half the GPU memory free after the weights, 256 MiB "
+     "on the CPU",
+     CAI_CFG_NO_RANGE, cai_config_bytes_auto, NULL},
     F("infer.kv_blocks", CAI_CFG_INT64, n_blocks, "0", "KV-cache blocks; 0: as many as infer.kv_memory holds", 0,
       1 << 30),
     E("infer.kv_dtype", kv_dtype, "auto", "KV-cache element type; auto: the activations'", k_kv_dtypes),
@@ -505,6 +507,14 @@ int main(int argc, char **argv) {
     eo.max_batch = cfg.max_batch;
     eo.max_tokens_per_step = cfg.max_tokens_per_step;
     eo.kv_memory = (size_t)cfg.kv_memory;
+    if (cfg.kv_memory == CAI_CFG_BYTES_AUTO) {
+        size_t free_b = 0, total_b = 0;
+        cai_device_t *dev = cai_run_device(run);
+        eo.kv_memory = (size_t)256 << 20;
+        if (dev->kind != CAI_DEVICE_HOST && cai_device_mem_info(dev, &free_b, &total_b) == CAI_OK)
+            eo.kv_memory = free_b / 2;
+        cai_error_clear();
+    }
     eo.n_blocks = cfg.n_blocks;
     eo.kv_dtype = cfg.kv_dtype == 0 ? CAI_DTYPE_COUNT : (cai_dtype)(cfg.kv_dtype - 1);
     eo.prefix_sharing = cfg.prefix_sharing;

@@ -408,11 +408,18 @@ cai_status cai_engine_add(cai_engine_t *e, int64_t tag, const int32_t *prompt, i
                          "with a longer max_seq_len",
                          (long long)n_prompt, (long long)e->max_ctx,
                          score ? "the scored text must fit" : "with at least one new token");
-    const int64_t blocks = (need + e->opt.block_size - 1) / e->opt.block_size;
+    /* At its longest (prompt and every new token, within the context) a
+     * sequence alone must fit the pool, or preempting the others would not
+     * let it finish. */
+    int64_t longest = score ? n_prompt : n_prompt + sp->max_new_tokens;
+    if (longest > e->max_ctx) longest = e->max_ctx;
+    const int64_t blocks = (longest + e->opt.block_size - 1) / e->opt.block_size;
     if (blocks > e->pool.n)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "prompt of %lld tokens needs %lld KV blocks of %d; the pool has %lld (raise infer.kv_memory)",
-                         (long long)n_prompt, (long long)blocks, e->opt.block_size, (long long)e->pool.n);
+                         "a request of %lld prompt tokens and up to %lld new ones needs %lld KV blocks of %d; the pool "
+                         "has %lld (raise infer.kv_memory or infer.kv_blocks, or lower max_tokens)",
+                         (long long)n_prompt, (long long)(longest - n_prompt), (long long)blocks, e->opt.block_size,
+                         (long long)e->pool.n);
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->cfg->vocab_size)
             return CAI_ERROR(CAI_ERR_INVALID_ARG, "prompt token %lld is id %d; the vocabulary has %d", (long long)i,

@@ -368,6 +368,18 @@ START_TEST(finish_reasons_and_stops) {
     ck_assert_int_eq(cai_engine_add(e, 9, bad, 2, &sp, 0), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "999"));
     cai_engine_free(e);
+    /* A request that alone would outgrow the pool at its longest is refused up front. */
+    o = cai_engine_options_default();
+    o.block_size = 4;
+    o.n_blocks = 3;
+    OK(cai_engine_create(&e, cai_model_weights(m), NULL, &o));
+    sp = greedy();
+    ck_assert_int_eq(cai_engine_add(e, 1, prompt, 5, &sp, 0), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "needs 5 KV blocks of 4; the pool has 3"));
+    sp.max_new_tokens = 7;
+    OK(cai_engine_add(e, 2, prompt, 5, &sp, 0));
+    while (cai_engine_pending(e) > 0) OK(cai_engine_step(e));
+    cai_engine_free(e);
     cai_model_free(m);
 }
 END_TEST
