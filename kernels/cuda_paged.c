@@ -57,42 +57,13 @@ size_t cai_cuda_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t
     return (size_t)rows * (size_t)(Hq > 0 ? Hq : 0) * (size_t)((D > 0 ? D : 0) + 2) * sizeof(float) + 256;
 }
 
-static int cache_dtype_ok(cai_dtype dt) { return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16; }
-
-static cai_status check_cache(const char *op, const char *arg, const cai_tensor *t, cai_bthd *out) {
-    CAI_CALL(cai_ops_bthd(op, arg, t, CAI_CUDA, CAI_ANYF, out));
-    if (!cai_tensor_is_contiguous(t))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous [n_blocks, block_size, Hkv, D]", op, arg,
-                         CAI_OPS_DESCRIBE(t));
-    return CAI_OK;
-}
-
-static cai_status check_index(const char *op, const char *arg, const cai_tensor *t, int ndim, const int32_t **data) {
-    CAI_CALL(cai_ops_check(op, arg, t, CAI_CUDA, CAI_I32));
-    if (t->ndim != ndim || !cai_tensor_is_contiguous(t))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a contiguous %d-D I32 tensor", op, arg,
-                         CAI_OPS_DESCRIBE(t), ndim);
-    *data = (const int32_t *)t->data;
-    return CAI_OK;
-}
-
 cai_status cai_cuda_kv_cache_write(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
                                    const cai_tensor *v, const cai_tensor *slots) {
     static const char op[] = "kv_cache_write";
-    cai_bthd kc, vc, kk, vv;
-    const int32_t *sl = NULL;
-    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
-    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
-    CAI_CALL(cai_ops_bthd(op, "k", k, CAI_CUDA, CAI_ANYF, &kk));
-    CAI_CALL(cai_ops_bthd(op, "v", v, CAI_CUDA, CAI_ANYF, &vv));
-    CAI_CALL(check_index(op, "slots", slots, 1, &sl));
-    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache is %s but v_cache is %s; they must match", op,
-                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
-    if (!cai_tensor_same_shape(k, v) || kk.B != 1 || kk.H != kc.H || kk.D != kc.D || slots->shape[0] != kk.T)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: k %s, v %s and slots %s must be [1,N,Hkv,D], [1,N,Hkv,D] and [N] for a cache of %s", op,
-                         CAI_OPS_DESCRIBE(k), CAI_OPS_DESCRIBE(v), CAI_OPS_DESCRIBE(slots), CAI_OPS_DESCRIBE(k_cache));
+    cai_kv_write_args a;
+    CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_CUDA, CAI_ANYF, k_cache, v_cache, k, v, slots, &a));
+    const cai_bthd kc = a.kc, vc = a.vc, kk = a.k, vv = a.v;
+    const int32_t *sl = a.slots;
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_kv_cache_write(cai_cuda_of(dev)->stream, kc.data, vc.data, (int)kc.dtype, kc.B * kc.T,
                                       cai_cuda_bthd(&kk), cai_cuda_bthd(&vv), sl, cai_cuda_of(dev)->err));
@@ -104,39 +75,13 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
                                     const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
                                     void *workspace, size_t workspace_bytes) {
     static const char op[] = "paged_attention";
-    cai_bthd qq, oo, kc, vc;
-    const int32_t *bt = NULL, *qs = NULL, *cl = NULL;
-    CAI_CALL(cai_ops_bthd(op, "q", q, CAI_CUDA, CAI_ANYF, &qq));
-    CAI_CALL(cai_ops_bthd(op, "out", out, CAI_CUDA, CAI_ANYF, &oo));
-    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
-    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
-    CAI_CALL(check_index(op, "block_tables", block_tables, 2, &bt));
-    CAI_CALL(check_index(op, "q_start", q_start, 1, &qs));
-    CAI_CALL(check_index(op, "ctx_len", ctx_len, 1, &cl));
-    if (!cai_tensor_same_shape(q, out) || qq.B != 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and out %s must both be [1,N,Hq,D]", op, CAI_OPS_DESCRIBE(q),
-                         CAI_OPS_DESCRIBE(out));
-    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype || !cache_dtype_ok(kc.dtype))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache %s and v_cache %s must match (f32, bf16 or f16)", op,
-                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
-    if (kc.D != qq.D || kc.H <= 0 || qq.H % kc.H != 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and the cache %s: head_dim must match and Hkv divide Hq", op,
-                         CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k_cache));
-    const int64_t S = ctx_len->shape[0], N = qq.T, Hq = qq.H, D = qq.D, bs = kc.T;
-    const int64_t max_blocks = block_tables->shape[1];
-    /* q_start[0] = 0 and q_start[S] = N are the device's to trust; only the shapes are checked here */
-    if (q_start->shape[0] != S + 1 || block_tables->shape[0] != S || (S == 0 && N > 0))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: q_start %s, ctx_len %s and block_tables %s must describe S sequences over N = %lld "
-                         "query rows (q_start [S+1] from 0 to N, ctx_len [S], block_tables [S, max_blocks])",
-                         op, CAI_OPS_DESCRIBE(q_start), CAI_OPS_DESCRIBE(ctx_len), CAI_OPS_DESCRIBE(block_tables),
-                         (long long)N);
-    if (N > 0 && max_ctx < 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: max_ctx %lld cannot hold the %lld query rows' own keys", op,
-                         (long long)max_ctx, (long long)N);
-    if (N > 0 && (kc.B < 1 || max_blocks * bs < 1))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the cache %s and block_tables %s have no slot for a key", op,
-                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(block_tables));
+    /* q_start[0] = 0, q_start[S] = N and the other index values are the device's to trust: shapes only here */
+    cai_paged_args a;
+    CAI_CALL(cai_ops_paged_attention_args(op, CAI_CUDA, CAI_ANYF, out, q, k_cache, v_cache, block_tables, q_start,
+                                          ctx_len, max_ctx, &a));
+    const cai_bthd qq = a.q, oo = a.out, kc = a.kc, vc = a.vc;
+    const int32_t *bt = a.bt, *qs = a.qs, *cl = a.cl;
+    const int64_t S = a.S, N = a.N, Hq = a.Hq, D = a.D, bs = a.bs, max_blocks = a.max_blocks;
     if (D > CUK_ATTN_MAX_D)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: head_dim %lld exceeds the CUDA kernels' maximum of %d", op,
                          (long long)D, CUK_ATTN_MAX_D);

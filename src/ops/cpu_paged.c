@@ -10,25 +10,6 @@
 #include <stdint.h>
 #include <string.h>
 
-static int cache_dtype_ok(cai_dtype dt) { return dt == CAI_DTYPE_F32 || dt == CAI_DTYPE_BF16 || dt == CAI_DTYPE_F16; }
-
-static cai_status check_cache(const char *op, const char *arg, const cai_tensor *t, cai_bthd *out) {
-    CAI_CALL(cai_ops_bthd(op, arg, t, CAI_HOST, CAI_ANYF, out));
-    if (!cai_tensor_is_contiguous(t))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous [n_blocks, block_size, Hkv, D]", op, arg,
-                         CAI_OPS_DESCRIBE(t));
-    return CAI_OK;
-}
-
-static cai_status check_index(const char *op, const char *arg, const cai_tensor *t, int ndim, const int32_t **data) {
-    CAI_CALL(cai_ops_check(op, arg, t, CAI_HOST, CAI_I32));
-    if (t->ndim != ndim || !cai_tensor_is_contiguous(t))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a contiguous %d-D I32 tensor", op, arg,
-                         CAI_OPS_DESCRIBE(t), ndim);
-    *data = (const int32_t *)t->data;
-    return CAI_OK;
-}
-
 static inline void store(void *base, cai_dtype dt, int64_t i, float x) {
     if (dt == CAI_DTYPE_F32) ((float *)base)[i] = x;
     else if (dt == CAI_DTYPE_BF16) ((cai_bf16 *)base)[i] = cai_f32_to_bf16(x);
@@ -44,20 +25,10 @@ static inline float load(const void *base, cai_dtype dt, int64_t i) {
 CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
                        const cai_tensor *v, const cai_tensor *slots) {
     static const char op[] = "kv_cache_write";
-    cai_bthd kc, vc, kk, vv;
-    const int32_t *sl = NULL;
-    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
-    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
-    CAI_CALL(cai_ops_bthd(op, "k", k, CAI_HOST, CAI_F32, &kk));
-    CAI_CALL(cai_ops_bthd(op, "v", v, CAI_HOST, CAI_F32, &vv));
-    CAI_CALL(check_index(op, "slots", slots, 1, &sl));
-    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache is %s but v_cache is %s; they must match", op,
-                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
-    if (!cai_tensor_same_shape(k, v) || kk.B != 1 || kk.H != kc.H || kk.D != kc.D || slots->shape[0] != kk.T)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: k %s, v %s and slots %s must be [1,N,Hkv,D], [1,N,Hkv,D] and [N] for a cache of %s", op,
-                         CAI_OPS_DESCRIBE(k), CAI_OPS_DESCRIBE(v), CAI_OPS_DESCRIBE(slots), CAI_OPS_DESCRIBE(k_cache));
+    cai_kv_write_args a;
+    CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_HOST, CAI_F32, k_cache, v_cache, k, v, slots, &a));
+    const cai_bthd kc = a.kc, vc = a.vc, kk = a.k, vv = a.v;
+    const int32_t *sl = a.slots;
     const int64_t n_slots = kc.B * kc.T, N = kk.T, H = kk.H, D = kk.D;
     for (int64_t i = 0; i < N; i++)
         if (sl[i] >= n_slots)
@@ -95,32 +66,17 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
                         const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
                         size_t workspace_bytes) {
     static const char op[] = "paged_attention";
-    cai_bthd qq, oo, kc, vc;
-    const int32_t *bt = NULL, *qs = NULL, *cl = NULL;
-    CAI_CALL(cai_ops_bthd(op, "q", q, CAI_HOST, CAI_F32, &qq));
-    CAI_CALL(cai_ops_bthd(op, "out", out, CAI_HOST, CAI_F32, &oo));
-    CAI_CALL(check_cache(op, "k_cache", k_cache, &kc));
-    CAI_CALL(check_cache(op, "v_cache", v_cache, &vc));
-    CAI_CALL(check_index(op, "block_tables", block_tables, 2, &bt));
-    CAI_CALL(check_index(op, "q_start", q_start, 1, &qs));
-    CAI_CALL(check_index(op, "ctx_len", ctx_len, 1, &cl));
-    if (!cai_tensor_same_shape(q, out) || qq.B != 1)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and out %s must both be [1,N,Hq,D]", op, CAI_OPS_DESCRIBE(q),
-                         CAI_OPS_DESCRIBE(out));
-    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype || !cache_dtype_ok(kc.dtype))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache %s and v_cache %s must match (f32, bf16 or f16)", op,
-                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
-    if (kc.D != qq.D || kc.H <= 0 || qq.H % kc.H != 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and the cache %s: head_dim must match and Hkv divide Hq", op,
-                         CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k_cache));
-    const int64_t S = ctx_len->shape[0], N = qq.T, Hq = qq.H, Hkv = kc.H, D = qq.D, bs = kc.T;
-    const int64_t max_blocks = block_tables->shape[1], n_blocks = kc.B, group = Hq / Hkv;
-    if (q_start->shape[0] != S + 1 || block_tables->shape[0] != S || qs[0] != 0 || qs[S] != N)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: q_start %s, ctx_len %s and block_tables %s must describe S sequences over N = %lld "
-                         "query rows (q_start [S+1] from 0 to N, ctx_len [S], block_tables [S, max_blocks])",
-                         op, CAI_OPS_DESCRIBE(q_start), CAI_OPS_DESCRIBE(ctx_len), CAI_OPS_DESCRIBE(block_tables),
-                         (long long)N);
+    cai_paged_args a;
+    CAI_CALL(cai_ops_paged_attention_args(op, CAI_HOST, CAI_F32, out, q, k_cache, v_cache, block_tables, q_start,
+                                          ctx_len, max_ctx, &a));
+    const cai_bthd qq = a.q, oo = a.out, kc = a.kc, vc = a.vc;
+    const int32_t *bt = a.bt, *qs = a.qs, *cl = a.cl;
+    const int64_t S = a.S, N = a.N, Hq = a.Hq, Hkv = a.Hkv, D = a.D, bs = a.bs;
+    const int64_t max_blocks = a.max_blocks, n_blocks = kc.B, group = Hq / Hkv;
+    /* The host can afford to check the index values the device backends trust. */
+    if (qs[0] != 0 || qs[S] != N)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q_start runs from %d to %d; it must run from 0 to N = %lld", op,
+                         qs[0], qs[S], (long long)N);
     for (int64_t s = 0; s < S; s++) {
         const int64_t ql = qs[s + 1] - qs[s];
         if (ql < 0 || cl[s] < ql || cl[s] > max_ctx || cl[s] > max_blocks * bs)

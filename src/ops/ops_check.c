@@ -3,6 +3,8 @@
 #include "cai_config.h"
 #include "ops_internal.h"
 
+#include <string.h>
+
 float cai_clip_coef(double grad_norm, double max_norm) {
     if (max_norm <= 0 || !(grad_norm == grad_norm)) return 1.0f;
     double c = max_norm / (grad_norm + 1e-6);
@@ -144,5 +146,91 @@ cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, 
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected [B,T] or [T]", op, arg, CAI_OPS_DESCRIBE(t));
     }
     *data = (const int32_t *)p;
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ paged KV cache */
+
+static cai_status paged_cache(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind,
+                              cai_bthd *out) {
+    CAI_CALL(cai_ops_bthd(op, arg, t, kind, -1, out));
+    if (!cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s (%s) must be contiguous [n_blocks, block_size, Hkv, D]", op, arg,
+                         CAI_OPS_DESCRIBE(t));
+    return CAI_OK;
+}
+
+static cai_status paged_index(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int ndim,
+                              const int32_t **data) {
+    CAI_CALL(cai_ops_check(op, arg, t, kind, (int)CAI_DTYPE_I32));
+    if (t->ndim != ndim || !cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is %s, expected a contiguous %d-D I32 tensor", op, arg,
+                         CAI_OPS_DESCRIBE(t), ndim);
+    *data = (const int32_t *)t->data;
+    return CAI_OK;
+}
+
+static cai_status paged_caches(const char *op, const cai_tensor *k_cache, const cai_tensor *v_cache,
+                               cai_device_kind kind, cai_bthd *kc, cai_bthd *vc) {
+    CAI_CALL(paged_cache(op, "k_cache", k_cache, kind, kc));
+    CAI_CALL(paged_cache(op, "v_cache", v_cache, kind, vc));
+    if (!cai_tensor_same_shape(k_cache, v_cache) || k_cache->dtype != v_cache->dtype)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: k_cache %s and v_cache %s must match (f32, bf16 or f16)", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(v_cache));
+    return CAI_OK;
+}
+
+cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
+                                       const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
+                                       const cai_tensor *slots, cai_kv_write_args *a) {
+    memset(a, 0, sizeof *a);
+    CAI_CALL(paged_caches(op, k_cache, v_cache, kind, &a->kc, &a->vc));
+    CAI_CALL(cai_ops_bthd(op, "k", k, kind, want, &a->k));
+    CAI_CALL(cai_ops_bthd(op, "v", v, kind, want, &a->v));
+    CAI_CALL(paged_index(op, "slots", slots, kind, 1, &a->slots));
+    if (!cai_tensor_same_shape(k, v) || a->k.B != 1 || a->k.H != a->kc.H || a->k.D != a->kc.D ||
+        slots->shape[0] != a->k.T)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: k %s, v %s and slots %s must be [1,N,Hkv,D], [1,N,Hkv,D] and [N] for a cache of %s", op,
+                         CAI_OPS_DESCRIBE(k), CAI_OPS_DESCRIBE(v), CAI_OPS_DESCRIBE(slots), CAI_OPS_DESCRIBE(k_cache));
+    return CAI_OK;
+}
+
+cai_status cai_ops_paged_attention_args(const char *op, cai_device_kind kind, int want, const cai_tensor *out,
+                                        const cai_tensor *q, const cai_tensor *k_cache, const cai_tensor *v_cache,
+                                        const cai_tensor *block_tables, const cai_tensor *q_start,
+                                        const cai_tensor *ctx_len, int64_t max_ctx, cai_paged_args *a) {
+    memset(a, 0, sizeof *a);
+    CAI_CALL(cai_ops_bthd(op, "q", q, kind, want, &a->q));
+    CAI_CALL(cai_ops_bthd(op, "out", out, kind, want, &a->out));
+    CAI_CALL(paged_caches(op, k_cache, v_cache, kind, &a->kc, &a->vc));
+    CAI_CALL(paged_index(op, "block_tables", block_tables, kind, 2, &a->bt));
+    CAI_CALL(paged_index(op, "q_start", q_start, kind, 1, &a->qs));
+    CAI_CALL(paged_index(op, "ctx_len", ctx_len, kind, 1, &a->cl));
+    if (!cai_tensor_same_shape(q, out) || a->q.B != 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and out %s must both be [1,N,Hq,D]", op, CAI_OPS_DESCRIBE(q),
+                         CAI_OPS_DESCRIBE(out));
+    if (a->kc.D != a->q.D || a->kc.H <= 0 || a->q.H % a->kc.H != 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: q %s and the cache %s: head_dim must match and Hkv divide Hq", op,
+                         CAI_OPS_DESCRIBE(q), CAI_OPS_DESCRIBE(k_cache));
+    a->S = ctx_len->shape[0];
+    a->N = a->q.T;
+    a->Hq = a->q.H;
+    a->Hkv = a->kc.H;
+    a->D = a->q.D;
+    a->bs = a->kc.T;
+    a->max_blocks = block_tables->shape[1];
+    if (q_start->shape[0] != a->S + 1 || block_tables->shape[0] != a->S || (a->S == 0 && a->N > 0))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: q_start %s, ctx_len %s and block_tables %s must describe S sequences over N = %lld "
+                         "query rows (q_start [S+1] from 0 to N, ctx_len [S], block_tables [S, max_blocks])",
+                         op, CAI_OPS_DESCRIBE(q_start), CAI_OPS_DESCRIBE(ctx_len), CAI_OPS_DESCRIBE(block_tables),
+                         (long long)a->N);
+    if (a->N > 0 && max_ctx < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: max_ctx %lld cannot hold the %lld query rows' own keys", op,
+                         (long long)max_ctx, (long long)a->N);
+    if (a->N > 0 && (a->kc.B < 1 || a->max_blocks * a->bs < 1))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the cache %s and block_tables %s have no slot for a key", op,
+                         CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(block_tables));
     return CAI_OK;
 }

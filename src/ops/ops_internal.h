@@ -48,6 +48,27 @@ cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_te
 cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
                              const cai_rows *ref);
 
+/* The paged-KV ops' arguments, checked alike by every backend: shapes,
+ * dtypes (q/k/v/out of dtype `want`; the caches f32, bf16 or f16) and
+ * layouts. The index tensors' values are not read here (a device backend
+ * cannot without waiting for the device); the pointers are returned. */
+typedef struct {
+    cai_bthd kc, vc, k, v;
+    const int32_t *slots;
+} cai_kv_write_args;
+cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
+                                       const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
+                                       const cai_tensor *slots, cai_kv_write_args *a);
+typedef struct {
+    cai_bthd q, out, kc, vc;
+    const int32_t *bt, *qs, *cl;
+    int64_t S, N, Hq, Hkv, D, bs, max_blocks;
+} cai_paged_args;
+cai_status cai_ops_paged_attention_args(const char *op, cai_device_kind kind, int want, const cai_tensor *out,
+                                        const cai_tensor *q, const cai_tensor *k_cache, const cai_tensor *v_cache,
+                                        const cai_tensor *block_tables, const cai_tensor *q_start,
+                                        const cai_tensor *ctx_len, int64_t max_ctx, cai_paged_args *a);
+
 #define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
 
 #endif
