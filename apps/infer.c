@@ -188,19 +188,7 @@ static cai_status load_tokenizer(const ij_config *c, int hf, const char *ckpt, i
                              "a tokenizer directory, or to `bytes` for a byte-level model",
                              ckpt, dir);
     }
-    if (has_file(dir, "vocab.json")) {
-        char v[4200], m[4200];
-        snprintf(v, sizeof v, "%s/vocab.json", dir);
-        snprintf(m, sizeof m, "%s/merges.txt", dir);
-        CAI_CALL(cai_bpe_load(v, m, &t->bpe));
-    } else if (has_file(dir, "tokenizer.json")) {
-        char p[4200];
-        snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-        CAI_CALL(cai_bpe_load_hf(p, &t->bpe));
-    } else {
-        return CAI_ERROR(CAI_ERR_CONFIG, "model.tokenizer: %s has neither tokenizer.json nor vocab.json + merges.txt",
-                         dir);
-    }
+    CAI_CALL(cai_bpe_load_dir(dir, &t->bpe));
     snprintf(t->source, sizeof t->source, "%s", dir);
     /* vocab.json + merges.txt name no special tokens: the end-of-text (and
      * bos) token the vocabulary spells becomes one, as colossal-pretrain

@@ -31,15 +31,8 @@ static cai_status mkdir_p(const char *path) {
 
 /* ------------------------------------------------------------------ tokenizer */
 
-/* vocab.json + merges.txt (GPT-2 / Hugging Face), else tokenizer.json. */
 static cai_status bpe_load_dir(pt_tokenizer *t, const char *dir, const char *eod) {
-    char vocab[4096], merges[4096], hf[4096];
-    if (snprintf(vocab, sizeof vocab, "%s/vocab.json", dir) >= (int)sizeof vocab ||
-        snprintf(merges, sizeof merges, "%s/merges.txt", dir) >= (int)sizeof merges ||
-        snprintf(hf, sizeof hf, "%s/tokenizer.json", dir) >= (int)sizeof hf)
-        return CAI_ERROR(CAI_ERR_CONFIG, "data.tokenizer: path too long (%zu bytes)", strlen(dir));
-    if (access(vocab, R_OK) != 0 && access(hf, R_OK) == 0) CAI_CALL(cai_bpe_load_hf(hf, &t->bpe));
-    else CAI_CALL(cai_bpe_load(vocab, merges, &t->bpe));
+    CAI_CALL(cai_bpe_load_dir(dir, &t->bpe));
     CAI_CALL(cai_bpe_add_special(t->bpe, eod, &t->eod));
     t->vocab_size = cai_bpe_vocab_size(t->bpe);
     return CAI_OK;

@@ -737,3 +737,14 @@ done:
     free(hf);
     return st;
 }
+
+cai_status cai_bpe_load_dir(const char *dir, cai_bpe_t **out) {
+    CAI_CHECK_ARG(dir && out, "cai_bpe_load_dir: NULL argument");
+    char vocab[4096], merges[4096], hf[4096];
+    if (snprintf(vocab, sizeof vocab, "%s/vocab.json", dir) >= (int)sizeof vocab ||
+        snprintf(merges, sizeof merges, "%s/merges.txt", dir) >= (int)sizeof merges ||
+        snprintf(hf, sizeof hf, "%s/tokenizer.json", dir) >= (int)sizeof hf)
+        return CAI_ERROR(CAI_ERR_CONFIG, "tokenizer directory: path too long (%zu bytes)", strlen(dir));
+    if (access(vocab, R_OK) != 0 && access(hf, R_OK) == 0) return cai_bpe_load_hf(hf, out);
+    return cai_bpe_load(vocab, merges, out);
+}

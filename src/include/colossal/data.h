@@ -65,6 +65,9 @@ cai_status cai_bpe_load(const char *vocab_json_path, const char *merges_txt_path
  * Every entry of added_tokens becomes a special token. Other pipelines fail
  * with CAI_ERR_UNSUPPORTED naming the field. */
 cai_status cai_bpe_load_hf(const char *tokenizer_json_path, cai_bpe_t **out);
+/* A tokenizer directory: vocab.json + merges.txt, else tokenizer.json when
+ * there is no vocab.json (the error then names the missing vocab.json). */
+cai_status cai_bpe_load_dir(const char *dir, cai_bpe_t **out);
 
 /* Register `text` as a special token: matched verbatim before
  * pre-tokenisation and decoded verbatim. Uses the vocabulary's id when the
