@@ -9,8 +9,9 @@
 #
 # BIN_DIR holds infer_bench (default build-gpu/bench). Prints one JSON line
 # per run (OUTDIR/results.jsonl) and a table: tokens/s of each, their ratio,
-# and colossal's batch-1 step time against the HBM roofline (weight bytes /
-# 4.8 TB/s). INFER_BATCHES, INFER_MODELS (gpt2,llama) and INFER_HF=0 narrow it.
+# and colossal's step time against the HBM roofline (the weight bytes a step
+# reads / 4.8 TB/s; an untied input embedding only a row per sequence), with
+# the part of the step the host spent outside waiting for the device. INFER_BATCHES, INFER_MODELS (gpt2,llama) and INFER_HF=0 narrow it.
 set -u
 out=${1:?usage: bench/infer_decode.sh OUTDIR [BIN_DIR]}
 bin=${2:-build-gpu/bench}
@@ -42,12 +43,13 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 by = {}
 for r in rows:
     by.setdefault((r["family"], r["batch"]), {})[r["impl"]] = r
-print(f"{'model':<6} {'batch':>5} {'colossal tok/s':>15} {'transformers':>13} {'ratio':>7} {'step ms':>8} {'roofline ms':>11} {'of roofline':>11}")
+print(f"{'model':<6} {'batch':>5} {'colossal tok/s':>15} {'transformers':>13} {'ratio':>7} {'step ms':>8} {'host ms':>8} {'roofline ms':>11} {'of roofline':>11}")
 for (fam, b), d in sorted(by.items()):
     c, h = d.get("colossal"), d.get("transformers-static")
     ct = c["decode_tokens_per_s"] if c else float("nan")
     ht = h["decode_tokens_per_s"] if h else float("nan")
     print(f"{fam:<6} {b:>5} {ct:>15.1f} {ht:>13.1f} {ct / ht if h and c else float('nan'):>7.2f} "
-          f"{c['decode_step_ms'] if c else float('nan'):>8.3f} {c['roofline_step_ms'] if c else float('nan'):>11.3f} "
+          f"{c['decode_step_ms'] if c else float('nan'):>8.3f} {c.get('decode_host_ms', float('nan')) if c else float('nan'):>8.3f} "
+          f"{c['roofline_step_ms'] if c else float('nan'):>11.3f} "
           f"{100 * c['roofline_frac'] if c else float('nan'):>10.1f}%")
 PY

@@ -172,3 +172,13 @@ cai_status cai_cuda_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tens
                                     a.off, a.ncols, ignore_index, cai_cuda_of(dev)->err));
     return CAI_OK;
 }
+
+cai_status cai_cuda_argmax_rows(cai_device_t *dev, cai_tensor *idx, cai_tensor *maxv, const cai_tensor *logits,
+                                int64_t vocab_offset, int64_t valid_vocab) {
+    static const char op[] = "argmax_rows";
+    cai_argmax_args a;
+    CAI_CALL(cai_ops_argmax_rows_args(op, CAI_CUDA, CAI_ANYF, idx, maxv, logits, vocab_offset, valid_vocab, &a));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_argmax_rows(STREAM(dev), a.idx, a.maxv, cai_cuda_mat(&a.x), a.off, a.ncols));
+    return CAI_OK;
+}

@@ -188,6 +188,9 @@ CUDA_OP(xent_fwd)
 CUDA_OP(xent_stats)
 (cai_device_t *dev, cai_tensor *maxv, cai_tensor *sumexp, cai_tensor *target_logit, const cai_tensor *logits,
  const cai_tensor *targets, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
+CUDA_OP(argmax_rows)
+(cai_device_t *dev, cai_tensor *idx, cai_tensor *maxv, const cai_tensor *logits, int64_t vocab_offset,
+ int64_t valid_vocab);
 CUDA_OP(xent_bwd)
 (cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *lse, const cai_tensor *targets,
  const cai_tensor *dlosses, float dloss_scale, int64_t vocab_offset, int64_t valid_vocab, int ignore_index);

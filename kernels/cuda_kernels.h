@@ -193,6 +193,9 @@ cudaError_t cuk_xent_bwd(cudaStream_t s, cuk_mat dlogits, cuk_mat logits, const 
 cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat dlogits, cuk_mat logits,
                              const int32_t *tgt, float dloss_scale, int64_t off, int64_t ncols, int ignore_index,
                              cuk_errrec *err);
+/* Per row: the id (off + column) of the largest of columns [0, ncols) and
+ * its value, NaN first, the lowest column among equals (argmax_rows). */
+cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat logits, int64_t off, int64_t ncols);
 
 /* ---------------------------------------------------------------- paged.cu
  * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host

@@ -52,6 +52,7 @@ static const cai_ops cuda_ops = {
     .embedding_bwd = cai_cuda_embedding_bwd,
     .xent_fwd = cai_cuda_xent_fwd,
     .xent_stats = cai_cuda_xent_stats,
+    .argmax_rows = cai_cuda_argmax_rows,
     .xent_bwd = cai_cuda_xent_bwd,
     .xent_fwd_bwd = cai_cuda_xent_fwd_bwd,
     .adamw = cai_cuda_adamw,

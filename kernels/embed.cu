@@ -482,6 +482,74 @@ __global__ void k_xent_fwd(float *losses, float *lse, float *maxv, float *sumexp
     }
 }
 
+/* ---------------------------------------------------------------- argmax */
+
+/* (v, j) beats (bv, bj): a NaN first, then the larger value, then the
+ * lower column; j < 0 is "none yet". A total order, so any reduction tree
+ * gives the CPU's answer. */
+CUK_INLINE bool am_better(float v, int64_t j, float bv, int64_t bj) {
+    if (j < 0) return false;
+    if (bj < 0) return true;
+    const bool n = isnan(v), bn = isnan(bv);
+    if (n != bn) return n;
+    if (!n && v != bv) return v > bv;
+    return j < bj;
+}
+
+#define AM_NT 1024
+
+/* One block per row (a decode step has at most a few hundred): 1024
+ * threads stride the row with coalesced loads, then shuffles and shared
+ * memory reduce the (value, column) pairs. */
+__global__ void __launch_bounds__(AM_NT)
+    k_argmax_rows(int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols) {
+    __shared__ float shv[AM_NT / 32];
+    __shared__ int64_t shj[AM_NT / 32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
+        const int64_t xo = n * x.ld;
+        float bv = -INFINITY;
+        int64_t bj = -1;
+        for (int64_t j = threadIdx.x; j < ncols; j += AM_NT) {
+            const float v = ldf(x.p, x.dt, xo + j);
+            if (am_better(v, j, bv, bj)) {
+                bv = v;
+                bj = j;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_down_sync(0xffffffffu, bv, o);
+            const int64_t oj = __shfl_down_sync(0xffffffffu, bj, o);
+            if (am_better(ov, oj, bv, bj)) {
+                bv = ov;
+                bj = oj;
+            }
+        }
+        if (lane == 0) {
+            shv[w] = bv;
+            shj[w] = bj;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < AM_NT / 32; k++)
+                if (am_better(shv[k], shj[k], bv, bj)) {
+                    bv = shv[k];
+                    bj = shj[k];
+                }
+            idx[n] = bj < 0 ? -1 : (int32_t)(off + bj);
+            maxv[n] = bv;
+        }
+        __syncthreads();
+    }
+}
+
+cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols) {
+    if (x.rows <= 0) return cudaSuccess;
+    const int64_t cap = 4 * (int64_t)cuk_sm_count();
+    k_argmax_rows<<<(unsigned)(x.rows < cap ? x.rows : cap), AM_NT, 0, s>>>(idx, maxv, x, off, ncols);
+    return cudaGetLastError();
+}
+
 CUK_EMU_BEGIN(xent_fast);
 /* ---- fast paths: 16-byte aligned rows, dtype a template parameter.
  *

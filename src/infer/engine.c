@@ -75,6 +75,7 @@ struct cai_engine {
     cai_arena_t arena;
     int64_t Nmax, Rmax;
     cai_tensor x, ln, qkv, att, fc, up, act_buf, tp_out, rstd, rows, rows_ln, logits;
+    cai_tensor amax; /* I32 [2 Rmax]: a step's R argmax ids, then their R logits (F32 bits) */
     cai_tensor rope_cos, rope_sin;
     cai_tensor idx; /* I32 device: tokens | positions | slots | q_start | ctx_len | row ids | block tables */
     int32_t *h_idx; /* its host staging */
@@ -84,6 +85,8 @@ struct cai_engine {
     void *h_logits_raw;      /* [Rmax, Vl] act dtype */
     float *h_logits;         /* [Rmax, Vp] F32, gathered over tp */
     float *h_gather;         /* tp > 1: [tp, Rmax * max shard] */
+    int32_t *h_amax;         /* staging of amax; tp > 1: [tp, 2 Rmax] gathered */
+    uint8_t *host_row;       /* [Rmax]: the step's rows whose logits the host reads */
     cai_sample_ws_t **sws_t; /* one per sampling thread */
     int n_sws;
     seq_t **draw; /* the step's sampled sequences, their logits rows and results */
@@ -181,6 +184,7 @@ static cai_status carve(cai_engine_t *e, cai_arena_t *a, size_t *bytes) {
         {&e->rope_cos, CAI_DTYPE_F32, e->cfg->max_seq_len, e->D / 2},
         {&e->rope_sin, CAI_DTYPE_F32, e->cfg->max_seq_len, e->D / 2},
         {&e->idx, CAI_DTYPE_I32, (int64_t)e->idx_count, 1},
+        {&e->amax, CAI_DTYPE_I32, 2 * R, 1},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
@@ -324,6 +328,10 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
                   st, fail);
     CAI_CALL_GOTO(cai_malloc((void **)&e->h_logits, (size_t)(e->Rmax * e->Vp) * sizeof(float), "engine logits"), st,
                   fail);
+    CAI_CALL_GOTO(cai_device_alloc_staging(e->dev, (size_t)(2 * e->tp * e->Rmax) * sizeof(int32_t),
+                                           "engine argmax staging", (void **)&e->h_amax),
+                  st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&e->host_row, (size_t)e->Rmax, 1, "engine logits rows"), st, fail);
     if (e->tp > 1) {
         int64_t mx = 0;
         for (int r = 0; r < e->tp; r++) mx = e->tp_vcount[r] > mx ? e->tp_vcount[r] : mx;
@@ -364,6 +372,8 @@ void cai_engine_free(cai_engine_t *e) {
     cai_device_dealloc(e->dev, e->kv_base);
     cai_device_dealloc_staging(e->dev, e->h_idx);
     cai_device_dealloc_staging(e->dev, e->h_logits_raw);
+    cai_device_dealloc_staging(e->dev, e->h_amax);
+    cai_free(e->host_row);
     cai_free(e->h_logits);
     cai_free(e->h_gather);
     cai_free(e->kc);
@@ -668,6 +678,7 @@ static cai_status row_parallel(cai_engine_t *e, cai_tensor *x, const cai_tensor 
 
 typedef struct {
     int64_t n_seq, N, R;
+    int64_t n_host;       /* rows whose full logits the host reads (e->host_row) */
     int64_t graph_bucket; /* > 0: a padded decode step replayed from its graph */
     int32_t *tokens, *pos, *slots, *q_start, *ctx_len, *rows, *tables; /* host views into h_idx */
 } step_io;
@@ -741,7 +752,9 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     cai_tensor rows2 = rows_of(&e->rows, R), rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
     CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
     CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
-    return CAI_OK;
+    cai_tensor am_i = cai_tensor_1d(dev, e->amax.data, CAI_DTYPE_I32, R);
+    cai_tensor am_v = cai_tensor_1d(dev, (int32_t *)e->amax.data + R, CAI_DTYPE_F32, R);
+    return ops->argmax_rows(dev, &am_i, &am_v, &lg, e->Voff, e->cfg->vocab_size);
 }
 
 /* Decode steps of up to `bucket` sequences replay one graph per bucket:
@@ -773,6 +786,66 @@ static cai_status run_graph(cai_engine_t *e, int64_t bucket) {
     return CAI_OK;
 }
 
+/* (v, id) beats (bv, bid) by argmax_rows' rule: a NaN first, then the
+ * larger value, then the lower id; id < 0 is "none". Global ids rise with
+ * the tp rank, so the shards' winners combine by the same rule. */
+static int am_better(float v, int32_t id, float bv, int32_t bid) {
+    if (id < 0) return 0;
+    if (bid < 0) return 1;
+    const int n = isnan(v), bn = isnan(bv);
+    if (n != bn) return n;
+    if (!n && v != bv) return v > bv;
+    return id < bid;
+}
+
+/* The step's argmax ids and values in h_amax [R ids | R values], combined
+ * over tp. */
+static cai_status gather_argmax(cai_engine_t *e, int64_t R) {
+    if (e->tp <= 1) return CAI_OK;
+    int32_t *g = e->h_amax;
+    CAI_CALL(cai_all_gather(e->cx.mesh, CAI_AXIS_TP, g + 2 * R * e->tp_rank, g, (size_t)(2 * R), CAI_DTYPE_I32));
+    for (int64_t i = 0; i < R; i++) {
+        int32_t bid = g[i];
+        float bv;
+        memcpy(&bv, g + R + i, sizeof bv);
+        for (int r = 1; r < e->tp; r++) {
+            const int32_t *q = g + 2 * R * r;
+            float v;
+            memcpy(&v, q + R + i, sizeof v);
+            if (am_better(v, q[i], bv, bid)) {
+                bid = q[i];
+                bv = v;
+            }
+        }
+        g[i] = bid;
+        memcpy(g + R + i, &bv, sizeof bv);
+    }
+    return CAI_OK;
+}
+
+/* Full logits rows for the host: every row under tp (the gather moves
+ * them all) or when most rows are wanted, else the wanted rows' runs. */
+static cai_status fetch_logits(cai_engine_t *e, const step_io *io, cai_copy_kind d2h, int *all) {
+    cai_device_t *dev = e->dev;
+    const int64_t R = io->R;
+    const size_t rb = (size_t)e->Vl * cai_dtype_size(e->act);
+    *all = e->tp > 1 || 2 * io->n_host > R;
+    const char *lg = (const char *)e->logits.data;
+    char *h = (char *)e->h_logits_raw;
+    if (*all) return cai_device_copy(dev, h, lg, (size_t)R * rb, d2h);
+    for (int64_t i = 0; i < R;) {
+        if (!e->host_row[i]) {
+            i++;
+            continue;
+        }
+        int64_t j = i;
+        while (j < R && e->host_row[j]) j++;
+        CAI_CALL(cai_device_copy(dev, h + (size_t)i * rb, lg + (size_t)i * rb, (size_t)(j - i) * rb, d2h));
+        i = j;
+    }
+    return CAI_OK;
+}
+
 static cai_status forward(cai_engine_t *e, const step_io *io) {
     cai_device_t *dev = e->dev;
     const int64_t R = io->R;
@@ -781,10 +854,19 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     if (io->graph_bucket) CAI_CALL(run_graph(e, io->graph_bucket));
     else CAI_CALL(compute(e, io->N, io->n_seq, R));
     if (R == 0) return CAI_OK;
-    cai_tensor lg = rows_of(&e->logits, R);
-    CAI_CALL(cai_device_copy(dev, e->h_logits_raw, lg.data, (size_t)(R * e->Vl) * cai_dtype_size(e->act),
-                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    const cai_copy_kind d2h = dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H;
+    /* A graph's step has `bucket` rows: its ids and values sit bucket apart. */
+    const int64_t RB = io->graph_bucket ? io->graph_bucket : R;
+    int32_t *am = e->h_amax + (e->tp > 1 ? 2 * R * e->tp_rank : 0);
+    CAI_CALL(cai_device_copy(dev, am, e->amax.data, (size_t)R * sizeof(int32_t), d2h));
+    CAI_CALL(cai_device_copy(dev, am + R, (int32_t *)e->amax.data + RB, (size_t)R * sizeof(int32_t), d2h));
+    int all = 0;
+    if (io->n_host > 0) CAI_CALL(fetch_logits(e, io, d2h, &all));
+    const double t_wait = cai_time_now();
     CAI_CALL(cai_device_sync(dev));
+    e->st.device_wait_s += cai_time_now() - t_wait;
+    CAI_CALL(gather_argmax(e, R));
+    if (io->n_host == 0) return CAI_OK;
     /* Full rows [R, Vp] on every tp rank. */
     float *own = e->tp > 1 ? e->h_gather : e->h_logits;
     /* Widened a row at a time on the sampling threads: at a large batch this is megabytes a step. */
@@ -793,6 +875,7 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     const int ct = (int)(R < e->n_sws ? R : e->n_sws);
 #pragma omp parallel for num_threads(ct > 0 ? ct : 1) schedule(static)
     for (int64_t i = 0; i < R; i++) {
+        if (!all && !e->host_row[i]) continue;
         cai_status one =
             cai_convert_host(own + (size_t)(i * e->Vl), CAI_DTYPE_F32,
                              (const char *)e->h_logits_raw + (size_t)(i * e->Vl) * es, e->act, (size_t)e->Vl);
@@ -825,6 +908,29 @@ static double log_softmax_at(const float *row, int64_t V, int32_t id) {
     for (int64_t v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx;
     for (int64_t v = 0; v < V; v++) sum += exp((double)row[v] - mx);
     return (double)row[id] - mx - log(sum);
+}
+
+/* Greedy without penalties or logprobs is the argmax of the raw logits,
+ * which the device reduces: the host then reads one id per row. */
+static int device_greedy(const cai_sampling_params *p) {
+    return p->temperature == 0.0f && p->repetition_penalty == 1.0f && p->frequency_penalty == 0.0f &&
+           p->presence_penalty == 0.0f && p->logprobs < 0;
+}
+
+/* Row r's token from the device's argmax, refused as cai_sample refuses
+ * its logits. */
+static cai_status take_argmax(const cai_engine_t *e, int64_t R, int64_t r, cai_sample_result *out) {
+    float v;
+    memcpy(&v, e->h_amax + R + r, sizeof v);
+    memset(out, 0, sizeof *out);
+    out->token = e->h_amax[r];
+    if (isnan(v) || v == INFINITY)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_sample: logits[%d] is %s: a logit must be finite or -inf (masked)",
+                         (int)out->token, isnan(v) ? "NaN" : "+inf");
+    if (out->token < 0 || v == -INFINITY)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_sample: all %lld logits are -inf: no token can be drawn",
+                         (long long)e->cfg->vocab_size);
+    return CAI_OK;
 }
 
 static int has_stop_id(const seq_t *s, int32_t t) {
@@ -897,8 +1003,12 @@ cai_status cai_engine_step(cai_engine_t *e) {
         io.ctx_len[i] = (int32_t)(s->n_computed + q);
         memcpy(io.tables + i * e->max_blocks, s->blocks, (size_t)s->n_blocks * sizeof *s->blocks);
         if (s->score) {
-            for (int64_t j = 0; j < q; j++) io.rows[R++] = (int32_t)(N + j);
+            for (int64_t j = 0; j < q; j++, R++) {
+                io.rows[R] = (int32_t)(N + j);
+                e->host_row[R] = 1;
+            }
         } else if (s->n_computed + q == s->n_tok) {
+            e->host_row[R] = !device_greedy(&s->sp);
             io.rows[R++] = (int32_t)(N + q - 1);
         }
         N += q;
@@ -906,6 +1016,7 @@ cai_status cai_engine_step(cai_engine_t *e) {
     io.q_start[n] = (int32_t)N;
     io.N = N;
     io.R = R;
+    for (int64_t i = 0; i < R; i++) io.n_host += e->host_row[i];
     /* A decode-only step (one query and one logits row per sequence) on a
      * device with graphs replays its bucket's graph. */
     if (e->use_graphs && N == n && R == n) {
@@ -947,14 +1058,20 @@ cai_status cai_engine_step(cai_engine_t *e) {
             continue;
         }
         if (s->n_computed != s->n_tok) continue;
-        e->draw[n_draw] = s;
-        e->draw_row[n_draw++] = r++;
+        if (!e->host_row[r]) {
+            CAI_CALL(take_argmax(e, R, r++, &e->draw_res[n_draw]));
+            e->draw_row[n_draw] = -1;
+        } else {
+            e->draw_row[n_draw] = r++;
+        }
+        e->draw[n_draw++] = s;
     }
     /* The rows are independent: one workspace per thread. */
     cai_status sst = CAI_OK;
     const int nt = (int)(n_draw < e->n_sws ? n_draw : e->n_sws);
 #pragma omp parallel for num_threads(nt > 0 ? nt : 1) schedule(dynamic, 1)
     for (int64_t d = 0; d < n_draw; d++) {
+        if (e->draw_row[d] < 0) continue;
         seq_t *s = e->draw[d];
         cai_sampling_params sp = s->sp;
         sp.seed = s->seed;

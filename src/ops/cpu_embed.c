@@ -224,3 +224,33 @@ cai_status cai_cpu_xent_fwd_bwd(cai_device_t *dev, cai_tensor *losses, cai_tenso
     return cai_cpu_xent_bwd(dev, dlogits, logits, lse, targets, NULL, dloss_scale, vocab_offset, valid_vocab,
                             ignore_index);
 }
+
+/* The scan order decides nothing: the rule (NaN first, then the larger
+ * value, then the lower id) is a total order, as on the device. */
+cai_status cai_cpu_argmax_rows(cai_device_t *dev, cai_tensor *idx, cai_tensor *maxv, const cai_tensor *logits,
+                               int64_t vocab_offset, int64_t valid_vocab) {
+    cai_argmax_args a;
+    CAI_CALL(
+        cai_ops_argmax_rows_args("argmax_rows", CAI_HOST, CAI_F32, idx, maxv, logits, vocab_offset, valid_vocab, &a));
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, a.x.rows)) schedule(static)
+    for (int64_t n = 0; n < a.x.rows; n++) {
+        const float *x = cai_row_f32(&a.x, n);
+        int64_t best = -1;
+        float m = -INFINITY;
+        for (int64_t j = 0; j < a.ncols; j++) {
+            const float v = x[j];
+            if (isnan(v)) {
+                best = j;
+                m = v;
+                break;
+            }
+            if (best < 0 || v > m) {
+                best = j;
+                m = v;
+            }
+        }
+        a.idx[n] = best < 0 ? -1 : (int32_t)(a.off + best);
+        a.maxv[n] = m;
+    }
+    return CAI_OK;
+}

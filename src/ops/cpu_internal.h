@@ -119,6 +119,8 @@ CPU_OP(xent_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logit
 CPU_OP(xent_fwd_bwd)(cai_device_t *dev, cai_tensor *losses, cai_tensor *lse, cai_tensor *dlogits,
                      const cai_tensor *logits, const cai_tensor *targets, float dloss_scale, int64_t vocab_offset,
                      int64_t valid_vocab, int ignore_index);
+CPU_OP(argmax_rows)(cai_device_t *dev, cai_tensor *idx, cai_tensor *maxv, const cai_tensor *logits,
+                    int64_t vocab_offset, int64_t valid_vocab);
 
 /* optimizer (cpu_optim.c) */
 CPU_OP(adamw)(cai_device_t *dev, cai_tensor *param, const cai_tensor *grad, cai_tensor *m, cai_tensor *v,

@@ -47,6 +47,7 @@ static const cai_ops cpu_ops = {
     .embedding_bwd = cai_cpu_embedding_bwd,
     .xent_fwd = cai_cpu_xent_fwd,
     .xent_stats = cai_cpu_xent_stats,
+    .argmax_rows = cai_cpu_argmax_rows,
     .xent_bwd = cai_cpu_xent_bwd,
     .xent_fwd_bwd = cai_cpu_xent_fwd_bwd,
     .adamw = cai_cpu_adamw,

@@ -234,3 +234,21 @@ cai_status cai_ops_paged_attention_args(const char *op, cai_device_kind kind, in
                          CAI_OPS_DESCRIBE(k_cache), CAI_OPS_DESCRIBE(block_tables));
     return CAI_OK;
 }
+
+cai_status cai_ops_argmax_rows_args(const char *op, cai_device_kind kind, int want, const cai_tensor *idx,
+                                    const cai_tensor *maxv, const cai_tensor *logits, int64_t vocab_offset,
+                                    int64_t valid_vocab, cai_argmax_args *a) {
+    char *pi, *pm;
+    CAI_CALL(cai_ops_rows(op, "logits", logits, kind, want, -1, &a->x));
+    CAI_CALL(cai_ops_vec(op, "idx", idx, kind, (int)CAI_DTYPE_I32, a->x.rows, &pi));
+    CAI_CALL(cai_ops_vec(op, "maxv", maxv, kind, (int)CAI_DTYPE_F32, a->x.rows, &pm));
+    CAI_CHECK_ARG(vocab_offset >= 0 && vocab_offset + a->x.cols <= INT32_MAX,
+                  "%s: vocab_offset %" PRId64 " with %" PRId64 " columns: ids must lie in [0, 2^31)", op, vocab_offset,
+                  a->x.cols);
+    a->idx = (int32_t *)pi;
+    a->maxv = (float *)pm;
+    a->off = vocab_offset;
+    const int64_t nc = valid_vocab - vocab_offset;
+    a->ncols = nc < 0 ? 0 : (nc > a->x.cols ? a->x.cols : nc);
+    return CAI_OK;
+}

@@ -69,6 +69,18 @@ cai_status cai_ops_paged_attention_args(const char *op, cai_device_kind kind, in
                                         const cai_tensor *block_tables, const cai_tensor *q_start,
                                         const cai_tensor *ctx_len, int64_t max_ctx, cai_paged_args *a);
 
+/* argmax_rows' arguments: logits of dtype `want`, idx I32 [rows] and maxv
+ * F32 [rows] contiguous, ids that fit 32 bits; ncols = the valid columns. */
+typedef struct {
+    cai_rows x;
+    int32_t *idx;
+    float *maxv;
+    int64_t off, ncols;
+} cai_argmax_args;
+cai_status cai_ops_argmax_rows_args(const char *op, cai_device_kind kind, int want, const cai_tensor *idx,
+                                    const cai_tensor *maxv, const cai_tensor *logits, int64_t vocab_offset,
+                                    int64_t valid_vocab, cai_argmax_args *a);
+
 #define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
 
 #endif

@@ -63,14 +63,8 @@ assert all(len(t["top_logprobs"]) == 2 for t in ch["logprobs"]["content"])
 texts = {res[k]["text"] for k in res if k.startswith("g")}
 assert len(texts) > 1, "every greedy request gave the same text"
 PY
-canon "$TMP/base.jsonl" >"$TMP/base.canon"
-
 same_as_base() {
-    canon "$1" >"$TMP/other.canon"
-    cmp -s "$TMP/base.canon" "$TMP/other.canon" || {
-        diff "$TMP/base.canon" "$TMP/other.canon" | head -5 >&2
-        fail "$2: results differ from the first run"
-    }
+    same_results "$TMP/base.jsonl" "$1" >&2 || fail "$2: results differ from the first run"
 }
 
 run_infer 1 --infer.input "$TMP/req.jsonl" --infer.output "$TMP/b1.jsonl" --infer.max_batch 1 \

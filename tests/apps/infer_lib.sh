@@ -48,29 +48,46 @@ expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }
 expect_fail() { [ "$RC" -ne 0 ] || fail "expected a failure, got exit 0"; }
 expect_grep() { grep -Eq -- "$2" "$TMP/$1" || fail "${3:-$1 lacks /$2/}"; }
 
-# canon FILE: the result lines keyed and sorted by id, without the fields
-# that differ between runs of the same job (the OpenAI "created" time) and
-# with log-probabilities to 4 decimals.
-canon() {
-    python3 - "$1" <<'PY'
+# same_results BASE OTHER: the result lines of the two files, keyed by id,
+# are equal but for the OpenAI "created" time and log-probabilities, which
+# may differ by 1e-3 (their last bits depend on the batch and the tp split a
+# row was computed in). Prints the first difference.
+same_results() {
+    python3 - "$1" "$2" <<'PY'
 import json, sys
-def rounded(x):
-    # log-probabilities: the last bits depend on the batch a row was computed in
-    if isinstance(x, float):
-        return round(x, 4)
-    if isinstance(x, list):
-        return [rounded(v) for v in x]
-    if isinstance(x, dict):
-        return {k: rounded(v) for k, v in x.items()}
-    return x
-rows = []
-for line in open(sys.argv[1]):
-    o = rounded(json.loads(line))
-    body = o.get("response", {}).get("body", {})
-    body.pop("created", None)
-    rows.append((o.get("custom_id", o.get("id")), json.dumps(o, sort_keys=True)))
-rows.sort()
-for k, v in rows:
-    print(v)
+def load(path):
+    rows = {}
+    for line in open(path):
+        o = json.loads(line)
+        o.get("response", {}).get("body", {}).pop("created", None)
+        rows[o.get("custom_id", o.get("id"))] = o
+    return rows
+def diff(a, b, where):
+    if isinstance(a, float) or isinstance(b, float):
+        ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-3
+        return None if ok else f"{where}: {a} vs {b}"
+    if type(a) is not type(b):
+        return f"{where}: {a!r} vs {b!r}"
+    if isinstance(a, dict):
+        if a.keys() != b.keys():
+            return f"{where}: keys {sorted(a)} vs {sorted(b)}"
+        for k in a:
+            d = diff(a[k], b[k], f"{where}.{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{where}: {len(a)} vs {len(b)} items"
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = diff(x, y, f"{where}[{i}]")
+            if d:
+                return d
+        return None
+    return None if a == b else f"{where}: {a!r} vs {b!r}"
+d = diff(load(sys.argv[1]), load(sys.argv[2]), "results")
+if d:
+    print(d[:400])
+    sys.exit(1)
 PY
 }

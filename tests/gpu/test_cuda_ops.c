@@ -562,6 +562,42 @@ static void t_embedding(cai_dtype dt) {
     gt_expect("device error record cleared after report", cai_device_sync(G) == CAI_OK, NULL);
 }
 
+/* I32 results bit for bit. */
+static void check_ids(const char *what, gt_t t) {
+    float *d = gt_download(t.b);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < t.b->n && bad < 0; i++)
+        if (memcmp(&d[i], &t.b->hbuf[i], sizeof(float)) != 0) bad = i;
+    char note[96] = "";
+    if (bad >= 0) {
+        int32_t a, b;
+        memcpy(&a, &d[bad], 4);
+        memcpy(&b, &t.b->hbuf[bad], 4);
+        snprintf(note, sizeof note, "element %lld: device %d, host %d", (long long)bad, a, b);
+    }
+    gt_expect(what, bad < 0, bad >= 0 ? note : NULL);
+    free(d);
+}
+
+/* argmax_rows against the host: a vocabulary shard with padding, ties (bf16
+ * and f16 make many: the lower id wins on both), and rows of a real
+ * vocabulary's width, more rows than the grid (its row loop). */
+static void t_argmax(cai_dtype dt) {
+    const int64_t cases[][4] = {{37, 300, 100, 390}, {5, 128256, 0, 128256}, {600, 32000, 0, 31990}};
+    for (int c = 0; c < 3; c++) {
+        const int64_t N = cases[c][0], V = cases[c][1];
+        gt_t x = R2(dt, N, V, c == 0 ? 0.05 : 3.0);
+        int32_t *zero = calloc((size_t)N, sizeof *zero);
+        if (!zero) gt_die("argmax ids");
+        gt_t id = gt_ints(1, SHP(N), zero), mv = O1(CAI_DTYPE_F32, N);
+        free(zero);
+        BOTH("argmax_rows", H->ops->argmax_rows(H, &id.h, &mv.h, &x.h, cases[c][2], cases[c][3]),
+             G->ops->argmax_rows(G, &id.g, &mv.g, &x.g, cases[c][2], cases[c][3]));
+        gt_check(nm("argmax_rows %s %lldx%lld values", dtn(dt), (long long)N, (long long)V), mv, 0.0);
+        check_ids(nm("argmax_rows %s %lldx%lld ids", dtn(dt), (long long)N, (long long)V), id);
+    }
+}
+
 static void t_xent(cai_dtype dt) {
     const int64_t N = 37, V = 300, Vpad = 310, valid = 290;
     double tol = gt_tol(dt);
@@ -1369,6 +1405,13 @@ static void bf16_attn_simt(void) {
     t_attention(CAI_DTYPE_BF16);
     cai_cuda_attn_force(CAI_CUDA_ATTN_AUTO);
 }
+/* the host backend (self-check) has f32 only */
+static void argmax_all(void) {
+    t_argmax(CAI_DTYPE_F32);
+    if (G->kind == CAI_DEVICE_HOST) return;
+    t_argmax(CAI_DTYPE_BF16);
+    t_argmax(CAI_DTYPE_F16);
+}
 static void f32_embed(void) {
     t_embedding(CAI_DTYPE_F32);
     t_xent(CAI_DTYPE_F32);
@@ -1460,6 +1503,7 @@ static const test_entry tests[] = {
     {"paged kv f32 act", f32_paged},
     {"paged kv bf16 act", bf16_paged},
     {"paged kv errors", t_paged_errors},
+    {"paged kv argmax", argmax_all},
 };
 
 int main(int argc, char **argv) {

@@ -949,6 +949,58 @@ START_TEST(xent_fwd_bwd_with_padding_and_ignore) {
 }
 END_TEST
 
+/* argmax_rows: the lowest id among equal maxima, padding columns left out,
+ * a NaN before any number, -inf rows and shards that combine. */
+START_TEST(argmax_rows_ties_padding_nan_and_shards) {
+    enum { N = 6, V = 11, VALID = 9, LD = 13 };
+    float x[N * LD], maxv[N];
+    int32_t idx[N];
+    for (int i = 0; i < N * LD; i++) x[i] = (float)((i * 7919) % 23) - 11.0f;
+    for (int n = 0; n < N; n++) x[n * LD + VALID] = 100.0f; /* padding column: must not win */
+    x[0 * LD + 2] = 40.0f, x[0 * LD + 5] = 40.0f;           /* tie: id 2 */
+    x[1 * LD + 8] = 50.0f;                                  /* last valid column */
+    x[2 * LD + 3] = NAN, x[2 * LD + 4] = 60.0f;             /* NaN wins */
+    for (int j = 0; j < V; j++) x[3 * LD + j] = -INFINITY;  /* all masked: id 0, -inf */
+    x[4 * LD + 1] = INFINITY;
+    cai_tensor full = cai_tensor_2d(dev, x, F32, N, LD), tx;
+    ASSERT_OK(cai_tensor_narrow(&full, 1, 0, V, &tx)); /* strided rows */
+    cai_tensor ti = cai_tensor_1d(dev, idx, CAI_DTYPE_I32, N), tm = cai_tensor_1d(dev, maxv, F32, N);
+    ASSERT_OK(ops->argmax_rows(dev, &ti, &tm, &tx, 0, VALID));
+    ck_assert_int_eq(idx[0], 2);
+    ck_assert(maxv[0] == 40.0f);
+    ck_assert_int_eq(idx[1], 8);
+    ck_assert(isnan(maxv[2]) && idx[2] == 3);
+    ck_assert(idx[3] == 0 && maxv[3] == -INFINITY);
+    ck_assert(idx[4] == 1 && maxv[4] == INFINITY);
+    for (int n = 0; n < N; n++) {
+        if (n == 2) continue;
+        int b = 0;
+        for (int j = 1; j < VALID; j++)
+            if (x[n * LD + j] > x[n * LD + b]) b = j;
+        ck_assert_int_eq(idx[n], b);
+        ck_assert(maxv[n] == x[n * LD + b]);
+    }
+    /* a shard at offset 4 with the valid ids [4, 9): columns 0..4 */
+    cai_tensor sh;
+    ASSERT_OK(cai_tensor_narrow(&full, 1, 4, 7, &sh));
+    ASSERT_OK(ops->argmax_rows(dev, &ti, &tm, &sh, 4, VALID));
+    for (int n = 0; n < N; n++) {
+        if (n == 2) continue;
+        int b = 4;
+        for (int j = 5; j < VALID; j++)
+            if (x[n * LD + j] > x[n * LD + b]) b = j;
+        ck_assert_int_eq(idx[n], b);
+    }
+    /* a shard past the valid vocabulary: none */
+    ASSERT_OK(ops->argmax_rows(dev, &ti, &tm, &sh, 20, VALID));
+    for (int n = 0; n < N; n++) ck_assert(idx[n] == -1 && maxv[n] == -INFINITY);
+    cai_tensor bad = cai_tensor_1d(dev, idx, CAI_DTYPE_I32, N - 1);
+    ck_assert_int_eq(ops->argmax_rows(dev, &bad, &tm, &tx, 0, VALID), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "argmax_rows"));
+    cai_error_clear();
+}
+END_TEST
+
 /* ---------------------------------------------------------------- optimizer, norms, elementwise */
 
 START_TEST(adamw_matches_reference_over_steps) {
@@ -1109,6 +1161,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, rope_on_fused_qkv_view_and_errors);
     tcase_add_test(tc, embedding_fwd_bwd_and_vocab_shards);
     tcase_add_test(tc, xent_fwd_bwd_with_padding_and_ignore);
+    tcase_add_test(tc, argmax_rows_ties_padding_nan_and_shards);
     tcase_add_test(tc, adamw_matches_reference_over_steps);
     tcase_add_test(tc, grad_norm_and_clip);
     tcase_add_test(tc, elementwise_ops);

@@ -319,6 +319,18 @@ typedef struct cai_ops {
                                const cai_tensor *logits, const cai_tensor *targets, float dloss_scale,
                                int64_t vocab_offset, int64_t valid_vocab, int ignore_index);
 
+    /* ---- greedy decoding
+     * Per row n of logits [N,Vl] (strided rows ok) over the columns with id
+     * < valid_vocab (ids as in xent): idx[n] = the id of the row's largest
+     * logit, the lowest id among equals, and maxv[n] = that logit; a NaN
+     * counts as larger than any number (the caller refuses it). A row
+     * without valid columns gets idx -1 and maxv -inf. idx I32 [N], maxv
+     * F32 [N]. A decode step then copies N ids instead of N x Vl logits to
+     * the host; under tp the shards' (maxv, idx) pairs combine by the same
+     * rule. */
+    cai_status (*argmax_rows)(cai_device_t *dev, cai_tensor *idx, cai_tensor *maxv, const cai_tensor *logits,
+                              int64_t vocab_offset, int64_t valid_vocab);
+
     /* ---- optimizer */
 
     /* One AdamW update of param (F32 master weights) from grad, with moments
