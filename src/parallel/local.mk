@@ -51,3 +51,16 @@ CLEANFILES += $(ZERO_MPI_TESTS)
 TESTS += $(ZERO_MPI_TESTS)
 endif
 # ---- end of ZeRO block
+
+# ---- pipeline schedules as data: generators, the simulating checker,
+# timeline and Chrome trace.
+colossalinclude_HEADERS += src/include/colossal/schedule.h
+src_libcolossal_core_la_SOURCES += %reldir%/schedule.c
+
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_schedule
+tests_unit_test_schedule_SOURCES = tests/unit/test_schedule.c
+tests_unit_test_schedule_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_schedule_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+TESTS += tests/unit/test_schedule
+endif

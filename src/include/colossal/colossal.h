@@ -9,6 +9,7 @@
 #include "colossal/model.h"
 #include "colossal/optim.h"
 #include "colossal/parallel.h"
+#include "colossal/schedule.h"
 #include "colossal/ckpt.h"
 #include "colossal/data.h"
 #include "colossal/run.h"
