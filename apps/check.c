@@ -1,7 +1,8 @@
 /* colossal-check: pre-flight tool. Reports what this build and this launch
  * can do (--info), validates and draws a proposed parallel layout for any
- * world size without needing that many processes (--layout), and measures the
- * collectives of each mesh axis nccl-tests style (--bench). */
+ * world size without needing that many processes (--layout), measures the
+ * collectives of each mesh axis nccl-tests style (--bench), and generates,
+ * checks and draws a pipeline schedule (--schedule). */
 #include "cai_config.h"
 
 #include <limits.h>
@@ -30,6 +31,7 @@
 #include "colossal/base.h"
 #include "colossal/cluster.h"
 #include "colossal/config.h"
+#include "colossal/schedule.h"
 
 /* ------------------------------------------------------------------ config */
 
@@ -43,6 +45,9 @@ typedef struct {
     int factor, iters, warmup;
     char *axes, *ops;
     int device, transport;
+    char *schedule, *trace;
+    int microbatches, virtual_stages;
+    double cost_f, cost_b, cost_w, cost_comm;
     double watchdog_timeout;
     cai_app_common common;
 } check_config;
@@ -96,6 +101,26 @@ static const cai_config_field k_fields[] = {
     {"sweep.transport", CAI_CFG_ENUM, offsetof(check_config, transport), "auto",
      "device buffers: auto (NCCL, else CUDA-aware MPI, else staged), nccl, mpi (CUDA-aware) or stage (via host)",
      CAI_CFG_NO_RANGE, k_transports, NULL},
+    /* `schedule` is both the mode and its style: a key cannot be a bool flag
+     * and a string at once, so a bare --schedule is spelled --schedule=1f1b
+     * before parsing (main). Not pp.*: `pp` is mesh.pp's alias. */
+    F("pipeline.schedule", CAI_CFG_STRING, schedule, "", "schedule",
+      "simulate and draw a pipeline schedule: gpipe, 1f1b, interleaved, zb-h1, zb-v (a bare --schedule is 1f1b; "
+      "empty: off)",
+      CAI_CFG_NO_RANGE),
+    F("pipeline.microbatches", CAI_CFG_INT, microbatches, "0", "microbatches",
+      "microbatches per step for --schedule (0: 4 x pp)", 0, BIG),
+    F("pipeline.virtual", CAI_CFG_INT, virtual_stages, "0", "virtual",
+      "chunks per pipeline rank for --schedule (0: the style's, 2 for interleaved and zb-v, else 1)", 0, 1024),
+    F("pipeline.f", CAI_CFG_DOUBLE, cost_f, "1", NULL, "--schedule: forward time of one chunk (> 0)", 0, 1e9),
+    F("pipeline.b", CAI_CFG_DOUBLE, cost_b, "1", NULL,
+      "--schedule: input-gradient time of one chunk (> 0; a fused backward takes b + w)", 0, 1e9),
+    F("pipeline.w", CAI_CFG_DOUBLE, cost_w, "1", NULL, "--schedule: weight-gradient time of one chunk", 0, 1e9),
+    F("pipeline.comm", CAI_CFG_DOUBLE, cost_comm, "0", NULL, "--schedule: time from a send to its data arriving", 0,
+      1e9),
+    F("pipeline.trace", CAI_CFG_STRING, trace, "", "trace",
+      "--schedule: also write the simulated run as a Chrome trace (JSON) to this file, one time unit = 1 s",
+      CAI_CFG_NO_RANGE),
     F("watchdog.timeout", CAI_CFG_DOUBLE, watchdog_timeout, "300", NULL,
       "seconds before a stalled collective aborts naming the rank (0: off)", 0, 1e9),
     CAI_APP_COMMON_FIELDS(check_config, common),
@@ -106,7 +131,7 @@ static const cai_config_field k_fields[] = {
 static const cai_config_schema k_schema = {
     "colossal-check",
     "pre-flight check: versions and capabilities (--info), layout validation (--layout), collective bandwidth "
-    "per mesh axis (--bench)",
+    "per mesh axis (--bench), pipeline schedules (--schedule STYLE --pp P --microbatches M [--virtual V])",
     k_fields,
     sizeof k_fields / sizeof k_fields[0],
 };
@@ -608,15 +633,57 @@ done:
     return st;
 }
 
+/* ------------------------------------------------------------------ --schedule */
+
+/* Every rank builds and checks the same schedule (the result is decided
+ * identically everywhere); rank 0 draws it and writes the trace. */
+static cai_status run_schedule(const cai_app *app, const check_config *c) {
+    cai_pp_spec spec;
+    CAI_CALL(cai_pp_style_parse(c->schedule, &spec.style));
+    spec.pp = c->pp;
+    spec.virtual_stages = c->virtual_stages ? c->virtual_stages : cai_pp_style_default_virtual(spec.style);
+    spec.microbatches = c->microbatches ? c->microbatches : 4 * c->pp;
+    const cai_pp_costs costs = {c->cost_f, c->cost_b, c->cost_w, c->cost_comm};
+    cai_pp_schedule *s = NULL;
+    cai_status st;
+    CAI_CALL(cai_pp_schedule_build(&spec, &s));
+    CAI_CALL_GOTO(cai_pp_schedule_check(s, &costs, NULL), st, done);
+    if (app->rank == 0) {
+        CAI_CALL_GOTO(cai_pp_schedule_print_timeline(s, &costs, stdout), st, done);
+        if (c->trace[0]) {
+            CAI_CALL_GOTO(cai_pp_schedule_write_chrome_trace(s, &costs, c->trace), st, done);
+            printf("chrome trace: %s\n", c->trace);
+        }
+        fflush(stdout);
+    }
+done:
+    cai_pp_schedule_free(s);
+    return st;
+}
+
+/* A bare --schedule (last, or followed by another option) selects the mode
+ * with the default style: the config parser reads a string key's value from
+ * the next argument, so it is given one here. */
+static void bare_schedule_flag(int argc, char **argv) {
+    static char with_default[] = "--schedule=1f1b";
+    for (int i = 1; i < argc; i++)
+        if ((!strcmp(argv[i], "--schedule") || !strcmp(argv[i], "--pipeline.schedule")) &&
+            (i + 1 == argc || !strncmp(argv[i + 1], "--", 2)))
+            argv[i] = with_default;
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv) {
     check_config cfg;
     cai_app app;
+    bare_schedule_flag(argc, argv);
     cai_app_init(&app, &argc, &argv, &k_schema, &cfg, offsetof(check_config, common));
 
-    if (cfg.info || (!cfg.layout && !cfg.bench)) cai_app_check(run_info(&app));
+    const int schedule = cfg.schedule[0] != 0;
+    if (cfg.info || (!cfg.layout && !cfg.bench && !schedule)) cai_app_check(run_info(&app));
     if (cfg.layout) cai_app_check_all(run_layout(&app, &cfg), 1);
+    if (schedule) cai_app_check_all(run_schedule(&app, &cfg), 1);
     if (cfg.bench) cai_app_check(run_bench(&app, &cfg));
     return cai_app_finalize(&k_schema, &cfg);
 }

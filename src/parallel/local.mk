@@ -52,10 +52,12 @@ TESTS += $(ZERO_MPI_TESTS)
 endif
 # ---- end of ZeRO block
 
-# ---- pipeline schedules as data: generators, the simulating checker,
-# timeline and Chrome trace.
+# ---- pipeline schedules as data (docs/pipeline.md): generators, the
+# simulating checker, timeline and Chrome trace; colossal-check --schedule.
 colossalinclude_HEADERS += src/include/colossal/schedule.h
 src_libcolossal_core_la_SOURCES += %reldir%/schedule.c
+EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh
+TESTS += tests/apps/check_schedule.sh
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_schedule
