@@ -179,6 +179,8 @@ cai_status cai_cuda_argmax_rows(cai_device_t *dev, cai_tensor *idx, cai_tensor *
     cai_argmax_args a;
     CAI_CALL(cai_ops_argmax_rows_args(op, CAI_CUDA, CAI_ANYF, idx, maxv, logits, vocab_offset, valid_vocab, &a));
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_argmax_rows(STREAM(dev), a.idx, a.maxv, cai_cuda_mat(&a.x), a.off, a.ncols));
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    CUK_LAUNCH(op, cuk_argmax_rows(STREAM(dev), a.idx, a.maxv, cai_cuda_mat(&a.x), a.off, a.ncols, c->scratch,
+                                   c->scratch_bytes));
     return CAI_OK;
 }

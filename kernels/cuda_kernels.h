@@ -195,7 +195,21 @@ cudaError_t cuk_xent_fwd_bwd(cudaStream_t s, float *losses, float *lse, cuk_mat 
                              cuk_errrec *err);
 /* Per row: the id (off + column) of the largest of columns [0, ncols) and
  * its value, NaN first, the lowest column among equals (argmax_rows). */
-cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat logits, int64_t off, int64_t ncols);
+#define CUK_ARGMAX_MAX_SLICES 64
+/* Scratch that lets long rows be cut into slices (with less, one block per row). */
+size_t cuk_argmax_ws_bytes(int64_t rows, int64_t ncols);
+cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat logits, int64_t off, int64_t ncols,
+                            void *ws, size_t ws_bytes);
+
+/* ---------------------------------------------------------------- gemv.cu
+ * y[n] = W x[n] (+ bias) (+ r[n]) for the few rows of a decode step: x
+ * [N, K], W [M, K], y and r [N, M] (r.p NULL: none; r may be y). Taken only
+ * where cuk_gemv_fits: 1 <= N <= CUK_GEMV_MAX_N, x, W, y (and r) of one
+ * 16-bit dtype, K and the row strides of x and W multiples of 8, x and W
+ * 16-byte aligned. */
+#define CUK_GEMV_MAX_N 8
+int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
+cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r);
 
 /* ---------------------------------------------------------------- paged.cu
  * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host

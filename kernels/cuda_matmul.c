@@ -447,6 +447,12 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
  * gemm and the bias kernel. */
 static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
                               const cai_rows *y, const void *bd, cai_dtype bias_dt) {
+    const cuk_mat none = {0};
+    if (cuk_gemv_fits(cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), none)) {
+        CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), bd,
+                                (int)bias_dt, none));
+        return CAI_OK;
+    }
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
     if (bd && x->rows > 0 && w->rows > 0 && w->cols > 0) {
         gemm_req g = {.ta = 0,
@@ -570,6 +576,11 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     CAI_CALL(cai_cuda_enter(dev, op));
     if (y.rows == 0 || y.cols == 0) return CAI_OK;
     const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
+    if (cuk_gemv_fits(cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), cai_cuda_mat(&r))) {
+        CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), bd,
+                                (int)bias_dt, cai_cuda_mat(&r)));
+        return CAI_OK;
+    }
     if (r.dtype == y.dtype && w.cols > 0) {
         gemm_req g = {.ta = 0,
                       .tb = 1,

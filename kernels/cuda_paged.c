@@ -12,8 +12,9 @@
  * Split-KV plan: a decode step has a handful of tokens, so one block per
  * (token, kv head) would leave most SMs idle on a long context. The keys of
  * each token are cut into `splits` chunks of `chunk` positions, one block
- * each, when the batch is small enough for the partials to stay modest:
- * splits = min(max_ctx / PAGED_MIN_CHUNK, PAGED_SPLIT_ROWS / N), at least 2,
+ * each, when the batch is small enough for the partials to stay modest and
+ * too small to fill the GPU: splits = min(max_ctx / PAGED_MIN_CHUNK,
+ * PAGED_SPLIT_ROWS / N, PAGED_FILL x SMs / one split's blocks), at least 2,
  * else one pass. Only max_ctx and N are known here (ctx_len is on the
  * device), so a short context leaves its later splits empty; they exit at
  * once. */
@@ -22,11 +23,14 @@
 
 #include <math.h>
 
-/* Keys per split at least: below this the merge and the partials cost more than the parallelism gains. */
-#define PAGED_MIN_CHUNK 256
+/* Keys per split at least: one step of the kernels' key loop. A decode step of a few sequences has only
+ * N * Hkv blocks per split, so short splits are what spreads it over the SMs (bench/RESULTS.md). */
+#define PAGED_MIN_CHUNK 64
 /* (token, split) partials at most: bounds the workspace (each holds Hq * (D + 2) floats) and turns split-KV off
  * for batches large enough to fill the GPU without it. */
 #define PAGED_SPLIT_ROWS 2048
+/* Blocks per SM a decode grid aims for before it stops splitting. */
+#define PAGED_FILL 4
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -37,10 +41,14 @@ static int64_t max_splits(int64_t max_ctx) {
 }
 
 /* This call's splits and chunk; N * splits <= min(N * max_splits, PAGED_SPLIT_ROWS) when splits > 1, which is what
- * the workspace holds, so a workspace sized for more tokens fits fewer. */
-static int64_t plan_splits(int64_t N, int64_t max_ctx, int64_t *chunk) {
+ * the workspace holds, so a workspace sized for more tokens fits fewer. `blocks` is the grid of one split: splits
+ * stop where the grid covers the SMs PAGED_FILL times over, since past that a batch keeps the GPU busy by itself and
+ * every split only adds partials to merge. */
+static int64_t plan_splits(int64_t N, int64_t max_ctx, int64_t blocks, int64_t sms, int64_t *chunk) {
     int64_t p = max_splits(max_ctx);
     if (N > 0 && p > PAGED_SPLIT_ROWS / N) p = PAGED_SPLIT_ROWS / N;
+    const int64_t fill = blocks > 0 ? cdiv(PAGED_FILL * sms, blocks) : 1;
+    if (p > fill) p = fill;
     *chunk = max_ctx > 0 ? max_ctx : 1;
     if (p <= 1) return 1;
     *chunk = cdiv(cdiv(max_ctx, p), 64) * 64; /* whole steps of the kernel's key loop */
@@ -90,7 +98,9 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
     if (N == 0 || Hq == 0 || D == 0) return CAI_OK;
     int64_t chunk = 1;
-    const int64_t splits = plan_splits(N, max_ctx, &chunk);
+    /* one block per (token, kv head, group of up to 4 of its query heads) and split */
+    const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), 4);
+    const int64_t splits = plan_splits(N, max_ctx, N * kc.H * groups, cai_cuda_of(dev)->num_sms, &chunk);
     const int64_t reach = max_blocks * bs;
     cuk_paged p = {.q = cai_cuda_bthd(&qq),
                    .o = cai_cuda_bthd(&oo),

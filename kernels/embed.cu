@@ -496,57 +496,103 @@ CUK_INLINE bool am_better(float v, int64_t j, float bv, int64_t bj) {
     return j < bj;
 }
 
-#define AM_NT 1024
+#define AM_NT 512
 
-/* One block per row (a decode step has at most a few hundred): 1024
- * threads stride the row with coalesced loads, then shuffles and shared
- * memory reduce the (value, column) pairs. */
-__global__ void __launch_bounds__(AM_NT)
-    k_argmax_rows(int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols) {
+/* The block's best (value, column) of columns [lo, hi) of row xo, on thread 0. */
+CUK_INLINE void am_block(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, float *bv_out, int64_t *bj_out) {
     __shared__ float shv[AM_NT / 32];
     __shared__ int64_t shj[AM_NT / 32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    for (int64_t n = blockIdx.x; n < x.rows; n += gridDim.x) {
-        const int64_t xo = n * x.ld;
-        float bv = -INFINITY;
-        int64_t bj = -1;
-        for (int64_t j = threadIdx.x; j < ncols; j += AM_NT) {
-            const float v = ldf(x.p, x.dt, xo + j);
-            if (am_better(v, j, bv, bj)) {
-                bv = v;
-                bj = j;
+    float bv = -INFINITY;
+    int64_t bj = -1;
+    for (int64_t j = lo + threadIdx.x; j < hi; j += AM_NT) {
+        const float v = ldf(x.p, x.dt, xo + j);
+        if (am_better(v, j, bv, bj)) {
+            bv = v;
+            bj = j;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, o);
+        const int64_t oj = __shfl_down_sync(0xffffffffu, bj, o);
+        if (am_better(ov, oj, bv, bj)) {
+            bv = ov;
+            bj = oj;
+        }
+    }
+    if (lane == 0) {
+        shv[w] = bv;
+        shj[w] = bj;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < AM_NT / 32; k++)
+            if (am_better(shv[k], shj[k], bv, bj)) {
+                bv = shv[k];
+                bj = shj[k];
             }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_down_sync(0xffffffffu, bv, o);
-            const int64_t oj = __shfl_down_sync(0xffffffffu, bj, o);
-            if (am_better(ov, oj, bv, bj)) {
-                bv = ov;
-                bj = oj;
-            }
-        }
-        if (lane == 0) {
-            shv[w] = bv;
-            shj[w] = bj;
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int k = 1; k < AM_NT / 32; k++)
-                if (am_better(shv[k], shj[k], bv, bj)) {
-                    bv = shv[k];
-                    bj = shj[k];
-                }
+        *bv_out = bv;
+        *bj_out = bj;
+    }
+    __syncthreads();
+}
+
+/* Block (s, n) reduces slice s of row n: to the row's result when the row
+ * has one slice, else to its partial in pv/pj [rows, S]. */
+__global__ void __launch_bounds__(AM_NT)
+    k_argmax_rows(int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols, int S, float *pv, int64_t *pj) {
+    const int64_t span = (ncols + S - 1) / S, lo = blockIdx.x * span, hi = lo + span < ncols ? lo + span : ncols;
+    for (int64_t n = blockIdx.y; n < x.rows; n += gridDim.y) {
+        float bv;
+        int64_t bj;
+        am_block(x, n * x.ld, lo, hi, &bv, &bj);
+        if (threadIdx.x != 0) continue;
+        if (S == 1) {
             idx[n] = bj < 0 ? -1 : (int32_t)(off + bj);
             maxv[n] = bv;
+        } else {
+            pv[n * S + blockIdx.x] = bv;
+            pj[n * S + blockIdx.x] = bj;
         }
-        __syncthreads();
     }
 }
 
-cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols) {
+__global__ void k_argmax_merge(int32_t *idx, float *maxv, int64_t rows, int64_t off, int S, const float *pv,
+                               const int64_t *pj) {
+    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= rows) return;
+    float bv = -INFINITY;
+    int64_t bj = -1;
+    for (int s = 0; s < S; s++)
+        if (am_better(pv[n * S + s], pj[n * S + s], bv, bj)) {
+            bv = pv[n * S + s];
+            bj = pj[n * S + s];
+        }
+    idx[n] = bj < 0 ? -1 : (int32_t)(off + bj);
+    maxv[n] = bv;
+}
+
+size_t cuk_argmax_ws_bytes(int64_t rows, int64_t ncols) {
+    (void)ncols;
+    return (size_t)(rows > 0 ? rows : 0) * CUK_ARGMAX_MAX_SLICES * (sizeof(float) + sizeof(int64_t)) + 16;
+}
+
+/* A decode step has few rows and a wide vocabulary: rows are cut into
+ * slices (blocks of their own) until the grid covers the GPU twice, each
+ * slice at least AM_NT * 4 columns; one row per block from 2 x SMs rows on. */
+cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols, void *ws,
+                            size_t ws_bytes) {
     if (x.rows <= 0) return cudaSuccess;
-    const int64_t cap = 4 * (int64_t)cuk_sm_count();
-    k_argmax_rows<<<(unsigned)(x.rows < cap ? x.rows : cap), AM_NT, 0, s>>>(idx, maxv, x, off, ncols);
+    const int64_t sms = (int64_t)cuk_sm_count();
+    int64_t S = (2 * sms + x.rows - 1) / x.rows, by_cols = (ncols + 4 * AM_NT - 1) / (4 * AM_NT);
+    if (S > by_cols) S = by_cols;
+    if (S > CUK_ARGMAX_MAX_SLICES) S = CUK_ARGMAX_MAX_SLICES;
+    if (S < 1 || !ws || ws_bytes < cuk_argmax_ws_bytes(x.rows, ncols)) S = 1;
+    const int64_t gy = x.rows < 65535 ? x.rows : 65535;
+    int64_t *pj = (int64_t *)(((uintptr_t)ws + 7) & ~(uintptr_t)7);
+    float *pv = (float *)(pj + x.rows * S);
+    k_argmax_rows<<<dim3((unsigned)S, (unsigned)gy), AM_NT, 0, s>>>(idx, maxv, x, off, ncols, (int)S, pv, pj);
+    if (S > 1) k_argmax_merge<<<(unsigned)((x.rows + 127) / 128), 128, 0, s>>>(idx, maxv, x.rows, off, (int)S, pv, pj);
     return cudaGetLastError();
 }
 

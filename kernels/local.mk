@@ -20,6 +20,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/attention_flash.cu \
 	%reldir%/attention_cudnn.cu \
 	%reldir%/embed.cu \
+	%reldir%/gemv.cu \
 	%reldir%/paged.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
@@ -44,6 +45,7 @@ CAI_CUDA_LOBJS = \
 	%reldir%/attention_flash.lo \
 	%reldir%/attention_cudnn.lo \
 	%reldir%/embed.lo \
+	%reldir%/gemv.lo \
 	%reldir%/paged.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++

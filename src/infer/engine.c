@@ -717,8 +717,10 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
 
     cai_tensor qkv = rows_of(&e->qkv, N), att = rows_of(&e->att, N);
     cai_tensor fc = rows_of(&e->fc, N), up = rows_of(&e->up, N), act = rows_of(&e->act_buf, N);
-    cai_tensor q4, k4, v4, att4;
+    cai_tensor q4, k4, v4, att4, qk4;
     CAI_CALL(heads_view(&e->qkv, N, 0, e->Hq, e->D, &q4));
+    /* q's heads then k's are adjacent in a row: one rotation covers both */
+    CAI_CALL(heads_view(&e->qkv, N, 0, e->Hq + e->Hkv, e->D, &qk4));
     CAI_CALL(heads_view(&e->qkv, N, e->Hq * e->D, e->Hkv, e->D, &k4));
     CAI_CALL(heads_view(&e->qkv, N, (e->Hq + e->Hkv) * e->D, e->Hkv, e->D, &v4));
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
@@ -727,8 +729,7 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
         CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
         CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
         if (e->kinds.pos == CAI_POS_ROPE) {
-            CAI_CALL(ops->rope_fwd(dev, &q4, &q4, &e->rope_cos, &e->rope_sin, &d_pos, 0));
-            CAI_CALL(ops->rope_fwd(dev, &k4, &k4, &e->rope_cos, &e->rope_sin, &d_pos, 0));
+            CAI_CALL(ops->rope_fwd(dev, &qk4, &qk4, &e->rope_cos, &e->rope_sin, &d_pos, 0));
         }
         CAI_CALL(ops->kv_cache_write(dev, &e->kc[l], &e->vc[l], &k4, &v4, &d_slots));
         CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
@@ -854,6 +855,8 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     if (io->graph_bucket) CAI_CALL(run_graph(e, io->graph_bucket));
     else CAI_CALL(compute(e, io->N, io->n_seq, R));
     if (R == 0) return CAI_OK;
+    /* From here the host waits: the copies back are blocking where the device has them. */
+    const double t_wait = cai_time_now();
     const cai_copy_kind d2h = dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H;
     /* A graph's step has `bucket` rows: its ids and values sit bucket apart. */
     const int64_t RB = io->graph_bucket ? io->graph_bucket : R;
@@ -862,7 +865,6 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     CAI_CALL(cai_device_copy(dev, am + R, (int32_t *)e->amax.data + RB, (size_t)R * sizeof(int32_t), d2h));
     int all = 0;
     if (io->n_host > 0) CAI_CALL(fetch_logits(e, io, d2h, &all));
-    const double t_wait = cai_time_now();
     CAI_CALL(cai_device_sync(dev));
     e->st.device_wait_s += cai_time_now() - t_wait;
     CAI_CALL(gather_argmax(e, R));

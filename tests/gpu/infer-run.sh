@@ -19,7 +19,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$top/$pre/lib:$top/.device/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 b=$top/$pre/bin
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-timeout 120 "$b/test_cuda_ops" paged >"$out/ops.log" 2>&1
+timeout 180 "$b/test_cuda_ops" paged >"$out/ops.log" 2>&1
 echo "test_cuda_ops paged exit $?"
 grep -E "FAIL|passed|device error" "$out/ops.log" | tail -n 12
 for m in hf hf-llama; do

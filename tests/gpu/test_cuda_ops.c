@@ -321,6 +321,31 @@ static void t_linear_residual(cai_dtype dt) {
     t_linear_residual_case(dt, dt, 37, 24, 40, 0);
     t_linear_residual_case(dt, dt, 37, 24, 40, 1);
 }
+/* A decode step's few rows (gemv.cu where the shape fits it, cuBLASLt where
+ * K is no multiple of 8), with and without bias and residual, in place. */
+static void t_decode_linear(cai_dtype dt) {
+    const double tol = gt_tol(dt);
+    const int64_t rows[] = {1, 3, 8, 9};
+    for (int i = 0; i < 4; i++) {
+        const int64_t N = rows[i];
+        t_linear_residual_case(dt, dt, N, 2048, 1000, 0);
+        t_linear_residual_case(dt, CAI_DTYPE_F32, N, 2048, 1000, 1);
+        const int64_t ics[] = {8192, 2050};
+        for (int k = 0; k < 2; k++) {
+            const int64_t IC = ics[k], OC = 520;
+            gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.0 / sqrt((double)IC)), b = R1(CAI_DTYPE_F32, OC, 1.0);
+            gt_t y = O2(dt, N, OC);
+            BOTH("linear_fwd", H->ops->linear_fwd(H, &y.h, &x.h, &w.h, &b.h),
+                 G->ops->linear_fwd(G, &y.g, &x.g, &w.g, &b.g));
+            gt_check(nm("linear_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64 " +f32 bias", dtn(dt), N, IC, OC), y, tol);
+        }
+    }
+}
+static void decode_linear(void) {
+    if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
+    t_decode_linear(CAI_DTYPE_BF16);
+    t_decode_linear(CAI_DTYPE_F16);
+}
 static void f32_linear_residual(void) { t_linear_residual(CAI_DTYPE_F32); }
 static void bf16_linear_residual(void) { t_linear_residual(CAI_DTYPE_BF16); }
 
@@ -1504,6 +1529,7 @@ static const test_entry tests[] = {
     {"paged kv bf16 act", bf16_paged},
     {"paged kv errors", t_paged_errors},
     {"paged kv argmax", argmax_all},
+    {"paged kv decode linear (few rows)", decode_linear},
 };
 
 int main(int argc, char **argv) {

@@ -308,9 +308,9 @@ typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated, prefix_hit_tokens, preemptions, cow_copies;
     int64_t graphs; /* decode graphs captured */
     int64_t blocks_total, blocks_free;
-    /* Seconds the host waited for the device at the ends of steps (the
-     * rest of a step's time is the host's own: scheduling, launches,
-     * sampling). */
+    /* Seconds the host waited for the device at the ends of steps, from
+     * the last launch to the results' arrival (the rest of a step's time
+     * is the host's own: scheduling, launches, sampling). */
     double device_wait_s;
 } cai_engine_stats;
 void cai_engine_get_stats(const cai_engine_t *e, cai_engine_stats *st);

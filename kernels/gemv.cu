@@ -1,0 +1,95 @@
+/* Linear layers of a few rows (a decode step's batch): y[n] = W x[n]
+ * (+ bias) (+ residual) for n < N <= CUK_GEMV_MAX_N, 16-bit data, f32
+ * accumulation.
+ *
+ * At a handful of rows the product is a pass over the weights, and what
+ * counts is how many bytes of them are in flight. cuBLASLt's kernels for
+ * these shapes read the H200's HBM at 1.2 to 2.8 TB/s (bench/RESULTS.md);
+ * here a warp owns one output feature, each lane streams 16-byte chunks of
+ * its row with eight loads issued before any is used, and the rows of x (a
+ * few KB, read by every warp) come from L1/L2. The warp's lanes then sum
+ * their partials with shuffles. */
+#include "cuda_common.cuh"
+
+#define GV_WARPS 8
+#define GV_UNROLL 8
+
+template <int DT> CUK_INLINE void gv_unpack(const uint4 &u, float *v) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+        v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
+        v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
+    }
+}
+
+/* acc[n] += dot(w chunk, x[n] chunk c) */
+template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
+    float wf[8];
+    gv_unpack<DT>(wu, wf);
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        if (n >= N) break;
+        const uint4 xu = __ldg((const uint4 *)((const uint16_t *)x.p + n * x.ld) + c);
+        float xf[8];
+        gv_unpack<DT>(xu, xf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[n] = fmaf(wf[e], xf[e], acc[n]);
+    }
+}
+
+template <int DT, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N) {
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
+    if (o >= w.rows) return;
+    const uint4 *wr = (const uint4 *)((const uint16_t *)w.p + o * w.ld);
+    const int64_t nc = w.cols >> 3;
+    float acc[NB];
+#pragma unroll
+    for (int n = 0; n < NB; n++) acc[n] = 0.0f;
+    int64_t c = lane;
+    for (; c + 32 * (GV_UNROLL - 1) < nc; c += 32 * GV_UNROLL) {
+        uint4 wu[GV_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + 32 * u); /* read once: do not keep in cache */
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + 32 * u);
+    }
+    for (; c < nc; c += 32) gv_fma<DT, NB>(acc, __ldcs(wr + c), x, N, c);
+#pragma unroll
+    for (int n = 0; n < NB; n++) acc[n] = warp_sum(acc[n]);
+    if (lane != 0) return;
+    const float b = bias ? ldf(bias, bias_dt, o) : 0.0f;
+    for (int n = 0; n < N; n++) {
+        float v = acc[n] + b;
+        if (r.p) v += cuk_ld1<DT>(r.p, n * r.ld + o);
+        cuk_st1<DT>(y.p, n * y.ld + o, v);
+    }
+}
+
+int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
+    const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    if (x.rows < 1 || x.rows > CUK_GEMV_MAX_N || w.rows < 1 || w.cols < 8) return 0;
+    if (w.dt != CUK_BF16 && w.dt != CUK_F16) return 0;
+    if (x.dt != w.dt || y.dt != w.dt || (r.p && r.dt != w.dt)) return 0;
+    return w.cols % 8 == 0 && w.ld % 8 == 0 && x.ld % 8 == 0 && a16(w.p) && a16(x.p);
+}
+
+template <int DT>
+static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r) {
+    const unsigned g = (unsigned)((w.rows + GV_WARPS - 1) / GV_WARPS);
+    const int N = (int)x.rows;
+    if (N == 1) k_gemv<DT, 1><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
+    else if (N == 2) k_gemv<DT, 2><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
+    else if (N <= 4) k_gemv<DT, 4><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
+    else k_gemv<DT, CUK_GEMV_MAX_N><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
+    return cudaGetLastError();
+}
+
+cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r) {
+    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r)
+                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r);
+}
