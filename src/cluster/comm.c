@@ -735,6 +735,22 @@ cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf,
     return CAI_OK;
 }
 
+cai_status cai_isend(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer, int tag,
+                     cai_request_t **req) {
+    cai_coll c = {
+        .kind = CAI_OP_SEND, .axis = axis, .send = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
+cai_status cai_irecv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag,
+                     cai_request_t **req) {
+    cai_coll c = {
+        .kind = CAI_OP_RECV, .axis = axis, .recv = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
 /* Frees a request whose operation is over (or left to the mesh). */
 static cai_status request_free(cai_request_t *req, cai_status st) {
     cai_op_kind kind = req->op.c.kind;

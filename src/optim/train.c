@@ -1,6 +1,6 @@
 /* The training step: one function over every step driver (the
- * single-process loop and the ZeRO / data-parallel engine's, here; the
- * pipeline executor's next), with loss scaling, the overflow skip, global-norm clipping and
+ * single-process loop, the ZeRO / data-parallel engine's and the pipeline
+ * executor's), with loss scaling, the overflow skip, global-norm clipping and
  * the learning-rate schedule around the driver's microbatch loop. */
 #include "cai_config.h"
 #include "colossal/optim.h"
@@ -85,6 +85,35 @@ cai_status cai_zero_driver(cai_zero_t *z, cai_optim_t *o, cai_step_driver *out) 
                              .grad_sumsq = drv_grad_sumsq,
                              .adamw_step = o ? NULL : drv_adamw_step,
                              .step_count = o ? NULL : drv_step_count};
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ the pipeline driver */
+
+static cai_status pipe_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
+                                        int n_micro, float loss_scale, double *loss) {
+    return cai_pipeline_forward_backward(d->self, tokens, targets, n_micro, loss_scale, loss);
+}
+
+/* Each stage's own parameters (tie copies at their primary), summed over pp. */
+static cai_status pipe_grad_sumsq(const cai_step_driver *d, double *sumsq) {
+    cai_tensor grads;
+    cai_model_flat(d->model, NULL, &grads, NULL);
+    double s = 0;
+    CAI_CALL(cai_optim_grad_sumsq(d->optim, &grads, &s));
+    CAI_CALL(cai_allreduce(cai_pipeline_mesh(d->self), CAI_AXIS_PP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    *sumsq = s;
+    return CAI_OK;
+}
+
+cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_driver *out) {
+    CAI_CHECK_ARG(p && o && out, "cai_pipeline_driver: NULL argument");
+    *out = (cai_step_driver){.name = "pipeline",
+                             .self = p,
+                             .model = cai_pipeline_model(p),
+                             .optim = o,
+                             .forward_backward = pipe_forward_backward,
+                             .grad_sumsq = pipe_grad_sumsq};
     return CAI_OK;
 }
 

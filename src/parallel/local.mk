@@ -55,7 +55,7 @@ endif
 # ---- pipeline schedules as data (docs/pipeline.md): generators, the
 # simulating checker, timeline and Chrome trace; colossal-check --schedule.
 colossalinclude_HEADERS += src/include/colossal/schedule.h
-src_libcolossal_core_la_SOURCES += %reldir%/schedule.c
+src_libcolossal_core_la_SOURCES += %reldir%/schedule.c %reldir%/pipeline.c
 EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh
 TESTS += tests/apps/check_schedule.sh
 
@@ -65,4 +65,13 @@ tests_unit_test_schedule_SOURCES = tests/unit/test_schedule.c
 tests_unit_test_schedule_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_schedule_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 TESTS += tests/unit/test_schedule
+check_PROGRAMS += tests/mpi/test_pp
+tests_mpi_test_pp_SOURCES = tests/mpi/test_pp.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
+tests_mpi_test_pp_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_pp_LDADD = $(TEST_LIBS)
+PP_MPI_TESTS = tests/mpi/pp.np4
+$(PP_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(PP_MPI_TESTS)
+TESTS += $(PP_MPI_TESTS)
 endif

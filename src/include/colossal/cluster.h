@@ -213,6 +213,13 @@ cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *send
                                cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
 cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
                            cai_dtype dtype, cai_request_t **req);
+/* Non-blocking point to point along an axis (`peer` an axis rank), for a
+ * pipeline's activations and gradients: matched by (peer, tag) as MPI
+ * matches them, so several may be in flight in any order. Not collective. */
+cai_status cai_isend(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer,
+                     int tag, cai_request_t **req);
+cai_status cai_irecv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag,
+                     cai_request_t **req);
 /* Completes a request and frees it whatever it returns. The watchdog applies
  * from the moment it starts waiting (after a timeout in return mode the mesh
  * keeps the operation, see cai_mesh_drain). */

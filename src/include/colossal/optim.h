@@ -192,6 +192,11 @@ cai_status cai_zero_driver(cai_zero_t *z, cai_optim_t *o, cai_step_driver *out);
  * collective. */
 cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out);
 
+/* The pipeline executor as a driver: `o` steps this stage's own flat
+ * buffers (every stage updates its parameters; tied copies receive the
+ * same summed gradient, so they stay equal). Not collective. */
+cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_driver *out);
+
 /* One training step on any driver: forward and backward of n_micro
  * microbatches with the loss scaled by scaler->scale (NULL: 1), the global
  * gradient norm, then either a skipped step (the norm or loss is not

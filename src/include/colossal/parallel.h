@@ -13,6 +13,7 @@
 #include "colossal/base.h"
 #include "colossal/cluster.h"
 #include "colossal/model.h"
+#include "colossal/schedule.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -247,6 +248,33 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
 void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
 
 /* ====================================================== end of ZeRO section */
+
+/* ======================================================================
+ * The pipeline executor (src/parallel/pipeline.c, docs/pipeline.md): one
+ * rank's action list of a schedule (colossal/schedule.h) run on its stage
+ * of the model, activations and their gradients sent non-blocking along
+ * CAI_AXIS_PP. One chunk per rank (gpipe, 1f1b), tp = 1, dp over the
+ * caller's replicas is not composed yet.
+ * ====================================================================== */
+
+typedef struct cai_pipeline cai_pipeline_t;
+
+/* m is this rank's stage (view pp_size/pp_rank those of the mesh's pp
+ * axis). Refuses, naming what would run, the schedules that need model
+ * chunks (interleaved, zb-v) or a split backward (zb-h1), and tp > 1. Not
+ * collective. */
+cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model_t *m, cai_pp_style style);
+void cai_pipeline_free(cai_pipeline_t *p);
+/* Zero the gradients, run n_micro microbatches (tokens, targets: host
+ * [n_micro, B, T], the same on every pp rank: the first stage reads the
+ * tokens, the last the targets) through the schedule with the loss
+ * gradient weighted grad_scale / n_micro, then add up tied-embedding
+ * gradients between the stages holding them. *loss (may be NULL): the mean
+ * microbatch loss, on every rank. Collective over CAI_AXIS_PP. */
+cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                         float grad_scale, double *loss);
+cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p);
+cai_model_t *cai_pipeline_model(const cai_pipeline_t *p);
 
 #ifdef __cplusplus
 }

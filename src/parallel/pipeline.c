@@ -1,0 +1,344 @@
+/* The pipeline executor: runs one rank's action list of a schedule
+ * (colossal/schedule.h) on its stage of the model, with non-blocking
+ * point-to-point on the pp axis for activations and their gradients.
+ *
+ * A stage model holds the activations of one microbatch. A backward whose
+ * microbatch is not the one whose forward ran last recomputes that forward
+ * from the saved stage input first (full activation recompute; 1F1B's last
+ * stage, which runs each backward right after its forward, never does). So
+ * a rank keeps, per microbatch in flight, its stage input and the tensors
+ * it sends until they are delivered.
+ *
+ * Gradients accumulate over the microbatches in the order the list runs
+ * backwards (microbatch order for every schedule here), as the
+ * single-process loop accumulates them. Tied embeddings held on the first
+ * and the last stage exchange their gradient contributions once per step
+ * and both add them in the same order, so the copies stay bit-identical. */
+#include "cai_config.h"
+#include "colossal/cluster.h"
+#include "colossal/parallel.h"
+#include "colossal/schedule.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *in;   /* stage input (non-first stages) */
+    char *out;  /* stage output being sent (non-last stages) */
+    char *dout; /* gradient of the output received (non-last stages) */
+    char *din;  /* gradient of the input being sent (non-first stages) */
+} mb_bufs;
+
+struct cai_pipeline {
+    cai_mesh_t *mesh;
+    cai_model_t *model;
+    cai_device_t *dev;
+    cai_pp_spec spec;
+    int rank, first, last;
+    size_t act_bytes, act_count;
+    cai_dtype act_dtype;
+    cai_pp_schedule *sched; /* for spec.microbatches */
+    mb_bufs *mb;
+    int mb_cap;
+    cai_request_t **sends;
+    int n_sends, sends_cap;
+    /* tie groups split across stages: [grad, peer stage] */
+    int n_ties;
+    struct {
+        cai_tensor grad;
+        int peer;
+        float *tmp;
+    } tie[4];
+};
+
+static cai_status free_bufs(cai_pipeline_t *p) {
+    for (int i = 0; i < p->mb_cap; i++) {
+        cai_device_dealloc(p->dev, p->mb[i].in);
+        cai_device_dealloc(p->dev, p->mb[i].out);
+        cai_device_dealloc(p->dev, p->mb[i].dout);
+        cai_device_dealloc(p->dev, p->mb[i].din);
+    }
+    cai_free(p->mb);
+    p->mb = NULL;
+    p->mb_cap = 0;
+    return CAI_OK;
+}
+
+static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
+    if (n <= p->mb_cap) return CAI_OK;
+    mb_bufs *nb = NULL;
+    CAI_CALL(cai_calloc((void **)&nb, (size_t)n, sizeof *nb, "pipeline microbatch buffers"));
+    if (p->mb) memcpy(nb, p->mb, (size_t)p->mb_cap * sizeof *nb);
+    cai_free(p->mb);
+    p->mb = nb;
+    for (int i = p->mb_cap; i < n; i++) {
+        mb_bufs *b = &p->mb[i];
+        p->mb_cap = i + 1;
+        if (!p->first) {
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline input gradient", (void **)&b->din));
+        }
+        if (!p->last) {
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage output", (void **)&b->out));
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
+        }
+    }
+    return CAI_OK;
+}
+
+/* The tie groups whose members live on this and another stage. */
+static cai_status find_ties(cai_pipeline_t *p) {
+    const cai_registry_t *reg = cai_model_registry(p->model);
+    const cai_rank_view *v = cai_model_view(p->model);
+    const int n = cai_registry_count(reg);
+    for (int i = 0; i < n; i++) {
+        const cai_param_info *a = cai_registry_param(reg, i);
+        if (a->spec.tie_group <= 0) continue;
+        cai_param_shard sa;
+        CAI_CALL(cai_registry_shard(reg, i, v, &sa));
+        if (!sa.held) continue;
+        for (int j = 0; j < n; j++) {
+            const cai_param_info *b = cai_registry_param(reg, j);
+            if (j == i || b->spec.tie_group != a->spec.tie_group) continue;
+            cai_param_shard sb;
+            CAI_CALL(cai_registry_shard(reg, j, v, &sb));
+            if (sb.pp_stage == sa.pp_stage) continue;
+            if (p->n_ties == (int)(sizeof p->tie / sizeof p->tie[0]))
+                return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: more than %d tied tensors split across stages",
+                                 p->n_ties);
+            CAI_CALL(cai_model_param(p->model, a->name, NULL, &p->tie[p->n_ties].grad));
+            p->tie[p->n_ties].peer = sb.pp_stage;
+            CAI_CALL(cai_malloc((void **)&p->tie[p->n_ties].tmp, cai_tensor_numel(&p->tie[p->n_ties].grad) * 4,
+                                "pipeline tied gradient"));
+            p->n_ties++;
+        }
+    }
+    return CAI_OK;
+}
+
+cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model_t *m, cai_pp_style style) {
+    CAI_CHECK_ARG(out && mesh && m, "cai_pipeline_create: NULL argument");
+    *out = NULL;
+    const cai_rank_view *v = cai_model_view(m);
+    const int pp = cai_mesh_size(mesh, CAI_AXIS_PP), rank = cai_mesh_rank(mesh, CAI_AXIS_PP);
+    if (v->pp_size != pp || v->pp_rank != rank)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: the model is stage %d of %d but this rank is %d of %d on the mesh's pp axis",
+                         v->pp_rank, v->pp_size, rank, pp);
+    if (v->pp_chunks > 1 || style == CAI_PP_INTERLEAVED || style == CAI_PP_ZB_V)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "pipeline: the executor runs one chunk per rank (gpipe, 1f1b); %s needs model chunks "
+                         "per rank, which the executor does not run yet",
+                         cai_pp_style_name(style));
+    if (style == CAI_PP_ZB_H1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "pipeline: zb-h1 splits the backward into input and weight passes, which the model does "
+                         "not provide yet; use 1f1b (the same memory) or gpipe");
+    if (v->tp_size > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: the executor runs tp = 1 stages; tp = %d is not composed yet",
+                         v->tp_size);
+    cai_pipeline_t *p = NULL;
+    CAI_CALL(cai_calloc((void **)&p, 1, sizeof *p, "pipeline"));
+    p->mesh = mesh;
+    p->model = m;
+    p->dev = cai_model_device(m);
+    p->rank = rank;
+    p->spec = (cai_pp_spec){.pp = pp, .virtual_stages = 1, .microbatches = 0, .style = style};
+    cai_model_stage(m, NULL, NULL, &p->first, &p->last);
+    cai_tensor io;
+    cai_status st;
+    CAI_CALL_GOTO(cai_model_stage_io(m, &io, NULL, NULL), st, fail);
+    p->act_dtype = io.dtype;
+    p->act_count = (size_t)cai_tensor_numel(&io);
+    p->act_bytes = p->act_count * cai_dtype_size(io.dtype);
+    CAI_CALL_GOTO(find_ties(p), st, fail);
+    *out = p;
+    return CAI_OK;
+fail:
+    cai_pipeline_free(p);
+    return st;
+}
+
+void cai_pipeline_free(cai_pipeline_t *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_sends; i++) (void)cai_wait(p->sends[i]);
+    cai_free(p->sends);
+    free_bufs(p);
+    for (int i = 0; i < p->n_ties; i++) cai_free(p->tie[i].tmp);
+    cai_pp_schedule_free(p->sched);
+    cai_free(p);
+}
+
+static cai_status add_send(cai_pipeline_t *p, cai_request_t *r) {
+    if (p->n_sends == p->sends_cap) {
+        int cap = p->sends_cap ? 2 * p->sends_cap : 16;
+        cai_request_t **a = realloc(p->sends, (size_t)cap * sizeof *a);
+        if (!a) {
+            (void)cai_wait(r);
+            return CAI_ERROR(CAI_ERR_NOMEM, "pipeline: %d pending sends", cap);
+        }
+        p->sends = a;
+        p->sends_cap = cap;
+    }
+    p->sends[p->n_sends++] = r;
+    return CAI_OK;
+}
+
+static cai_status finish_sends(cai_pipeline_t *p) {
+    cai_status st = CAI_OK;
+    for (int i = 0; i < p->n_sends; i++) {
+        cai_status one = cai_wait(p->sends[i]);
+        if (st == CAI_OK) st = one;
+    }
+    p->n_sends = 0;
+    return st;
+}
+
+typedef struct {
+    const int32_t *tokens, *targets;
+    size_t per;
+    float w;
+    int cur;     /* microbatch whose activations the model holds, -1: none */
+    double loss; /* last stage: sum of microbatch losses */
+} run_state;
+
+/* Forward of microbatch mb on this stage, from its tokens or saved input. */
+static cai_status stage_forward(cai_pipeline_t *p, run_state *r, int mb, float *loss) {
+    cai_model_t *m = p->model;
+    const int32_t *tok = r->tokens + (size_t)mb * r->per;
+    if (!p->first) {
+        cai_tensor in;
+        CAI_CALL(cai_model_stage_io(m, &in, NULL, NULL));
+        CAI_CALL(cai_device_copy(p->dev, in.data, p->mb[mb].in, p->act_bytes, CAI_COPY_D2D));
+    }
+    if (p->last) CAI_CALL(cai_model_forward_train(m, tok, r->targets + (size_t)mb * r->per, r->w, loss));
+    else CAI_CALL(cai_model_forward(m, tok, NULL, NULL));
+    r->cur = mb;
+    return CAI_OK;
+}
+
+static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_action *a) {
+    cai_model_t *m = p->model;
+    const int mb = a->mb;
+    const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
+    cai_request_t *req = NULL;
+    switch (a->op) {
+    case CAI_PP_RECV_ACT:
+        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[mb].in, p->act_count, p->act_dtype, a->peer, tag, &req));
+        return cai_wait(req);
+    case CAI_PP_RECV_GRAD:
+        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[mb].dout, p->act_count, p->act_dtype, a->peer, tag, &req));
+        return cai_wait(req);
+    case CAI_PP_SEND_ACT:
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[mb].out, p->act_count, p->act_dtype, a->peer, tag, &req));
+        return add_send(p, req);
+    case CAI_PP_SEND_GRAD:
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[mb].din, p->act_count, p->act_dtype, a->peer, tag, &req));
+        return add_send(p, req);
+    case CAI_PP_FORWARD: {
+        float l = 0.0f;
+        CAI_CALL(stage_forward(p, r, mb, &l));
+        r->loss += l;
+        if (!p->last) {
+            cai_tensor out;
+            CAI_CALL(cai_model_stage_io(m, NULL, &out, NULL));
+            CAI_CALL(cai_device_copy(p->dev, p->mb[mb].out, out.data, p->act_bytes, CAI_COPY_D2D));
+        }
+        return CAI_OK;
+    }
+    case CAI_PP_BACKWARD: {
+        if (r->cur != mb) CAI_CALL(stage_forward(p, r, mb, NULL));
+        cai_tensor ds;
+        CAI_CALL(cai_model_stage_io(m, NULL, NULL, &ds));
+        if (!p->last) CAI_CALL(cai_device_copy(p->dev, ds.data, p->mb[mb].dout, p->act_bytes, CAI_COPY_D2D));
+        CAI_CALL(cai_model_backward(m, r->w));
+        r->cur = -1;
+        if (!p->first) CAI_CALL(cai_device_copy(p->dev, p->mb[mb].din, ds.data, p->act_bytes, CAI_COPY_D2D));
+        return CAI_OK;
+    }
+    default:
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: action %s is not run by this executor", cai_pp_op_name(a->op));
+    }
+}
+
+/* Both holders of a tied tensor end with (first stage's + last stage's)
+ * contributions, added in that order on both. */
+static cai_status reduce_ties(cai_pipeline_t *p) {
+    for (int i = 0; i < p->n_ties; i++) {
+        cai_tensor *g = &p->tie[i].grad;
+        const size_t n = (size_t)cai_tensor_numel(g);
+        float *host = NULL;
+        CAI_CALL(cai_malloc((void **)&host, n * sizeof(float), "pipeline tied gradient (own)"));
+        cai_status st = cai_device_copy(p->dev, host, g->data, n * sizeof(float), CAI_COPY_D2H);
+        cai_request_t *sr = NULL, *rr = NULL;
+        const int tag = 1 << 20 | i;
+        if (st == CAI_OK) st = cai_device_sync(p->dev);
+        if (st == CAI_OK)
+            st = cai_irecv(p->mesh, CAI_AXIS_PP, p->tie[i].tmp, n, CAI_DTYPE_F32, p->tie[i].peer, tag, &rr);
+        if (st == CAI_OK) st = cai_isend(p->mesh, CAI_AXIS_PP, host, n, CAI_DTYPE_F32, p->tie[i].peer, tag, &sr);
+        if (rr) {
+            cai_status w = cai_wait(rr);
+            st = st == CAI_OK ? w : st;
+        }
+        if (sr) {
+            cai_status w = cai_wait(sr);
+            st = st == CAI_OK ? w : st;
+        }
+        if (st == CAI_OK) {
+            const float *a = p->rank < p->tie[i].peer ? host : p->tie[i].tmp;
+            const float *b = p->rank < p->tie[i].peer ? p->tie[i].tmp : host;
+            for (size_t k = 0; k < n; k++) host[k] = a[k] + b[k];
+            st = cai_device_copy(p->dev, g->data, host, n * sizeof(float), CAI_COPY_H2D);
+            if (st == CAI_OK) st = cai_device_sync(p->dev);
+        }
+        cai_free(host);
+        CAI_CALL(st);
+    }
+    return CAI_OK;
+}
+
+cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                         float grad_scale, double *loss) {
+    CAI_CHECK_ARG(p && tokens && targets, "cai_pipeline_forward_backward: NULL argument");
+    CAI_CHECK_ARG(n_micro >= 1, "cai_pipeline_forward_backward: n_micro=%d must be >= 1", n_micro);
+    if (!p->sched || p->spec.microbatches != n_micro) {
+        cai_pp_schedule_free(p->sched);
+        p->sched = NULL;
+        p->spec.microbatches = n_micro;
+        CAI_CALL(cai_pp_schedule_build(&p->spec, &p->sched));
+        CAI_CALL(cai_pp_schedule_check(p->sched, NULL, NULL));
+    }
+    CAI_CALL(ensure_bufs(p, n_micro));
+    cai_model_t *m = p->model;
+    int B = 0, T = 0;
+    cai_model_shape(m, &B, &T);
+    CAI_CALL(cai_model_zero_grad(m));
+    run_state r = {.tokens = tokens,
+                   .targets = targets,
+                   .per = (size_t)B * (size_t)T,
+                   .w = grad_scale / (float)n_micro,
+                   .cur = -1};
+    const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, p->rank);
+    const int n = cai_pp_schedule_len(p->sched, p->rank);
+    cai_status st = CAI_OK;
+    for (int i = 0; i < n && st == CAI_OK; i++) {
+        st = run_action(p, &r, &acts[i]);
+        if (st != CAI_OK) {
+            char lb[48];
+            cai_error_push(__FILE__, __LINE__, __func__,
+                           cai_pp_action_label(&acts[i], p->spec.virtual_stages, lb, sizeof lb));
+        }
+    }
+    cai_status fs = finish_sends(p);
+    CAI_CALL(st);
+    CAI_CALL(fs);
+    CAI_CALL(reduce_ties(p));
+    /* the loss lives on the last stage; every rank reports it */
+    double sum = p->last ? r.loss / n_micro : 0.0;
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    if (loss) *loss = sum;
+    return CAI_OK;
+}
+
+cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p) { return p->mesh; }
+cai_model_t *cai_pipeline_model(const cai_pipeline_t *p) { return p->model; }
