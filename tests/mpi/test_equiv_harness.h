@@ -33,6 +33,7 @@ typedef struct {
     int layers;       /* 0: 2 */
     int reduce_only;  /* stage 0: the engine reduces, a cai_optim_t over the model steps */
     int seq_parallel; /* tp > 1: split-gather sequence parallelism */
+    int ref_micro;    /* microbatches the reference cuts the global batch into; 0 means 1 */
 } eq_row;
 
 typedef struct {
@@ -101,20 +102,20 @@ static inline cai_status eq_collect_model(cai_model_t *m, eq_result *out) {
     return CAI_OK;
 }
 
-/* The reference: one process, the whole global batch as one microbatch,
- * cai_train_step over the single-process driver (no engine, no mesh). Not
- * collective. */
+/* The reference: one process, the global batch as ref_micro microbatches
+ * (default one), cai_train_step over the single-process driver (no engine,
+ * no mesh). Not collective. */
 static inline cai_status eq_run_reference(const eq_row *row, eq_result *out) {
     memset(out, 0, sizeof *out);
     cai_device_t *dev = NULL;
     cai_model_t *m = NULL;
     cai_optim_t *o = NULL;
     cai_status st = CAI_OK;
-    int G = row->global_batch, T = row->T;
+    int G = row->global_batch, T = row->T, micro = row->ref_micro > 0 ? row->ref_micro : 1;
     int32_t *tok = malloc((size_t)G * T * sizeof *tok), *tgt = malloc((size_t)G * T * sizeof *tgt);
     cai_model_config c = eq_model_config(row);
     cai_model_options mo = cai_model_options_default(&c);
-    mo.batch = G;
+    mo.batch = G / micro;
     mo.seq_len = T;
     cai_adamw_config oc = eq_adamw();
     CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
@@ -125,7 +126,7 @@ static inline cai_status eq_run_reference(const eq_row *row, eq_result *out) {
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < G; s++) eq_sequence(row, step, s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, 1, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, micro, &ss), st, done);
         out->loss[step] = ss.loss;
         out->norm[step] = ss.grad_norm;
         out->scale[step] = 1.0f;

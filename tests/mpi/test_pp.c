@@ -26,6 +26,7 @@ static eq_row make_row(cai_model_family fam) {
     r.T = SEQ;
     r.layers = LAYERS;
     r.param_dtype = CAI_DTYPE_F32;
+    r.ref_micro = MICRO; /* the reference runs the same microbatches */
     return r;
 }
 
@@ -129,45 +130,6 @@ done:
     return st;
 }
 
-/* The reference: one process, the single-process driver, the same 4
- * microbatches (so the only differences left are where each stage runs and
- * the order in which the tied copies' contributions add up). Not
- * collective. */
-static cai_status run_reference(const eq_row *row, eq_result *out) {
-    memset(out, 0, sizeof *out);
-    const int G = row->global_batch, T = row->T, B = G / MICRO;
-    cai_device_t *dev = NULL;
-    cai_model_t *m = NULL;
-    cai_optim_t *o = NULL;
-    cai_status st = CAI_OK;
-    int32_t *tok = malloc((size_t)G * T * sizeof *tok), *tgt = malloc((size_t)G * T * sizeof *tgt);
-    cai_model_config c = eq_model_config(row);
-    cai_model_options mo = cai_model_options_default(&c);
-    mo.batch = B;
-    mo.seq_len = T;
-    cai_adamw_config oc = eq_adamw();
-    CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
-    CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
-    CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
-    cai_step_driver drv;
-    CAI_CALL_GOTO(cai_local_driver(m, o, &drv), st, done);
-    for (int step = 0; step < row->steps; step++) {
-        for (int q = 0; q < G; q++) eq_sequence(row, step, q, tok + (size_t)q * T, tgt + (size_t)q * T);
-        cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, MICRO, &ss), st, done);
-        out->loss[step] = ss.loss;
-        out->norm[step] = ss.grad_norm;
-    }
-    CAI_CALL_GOTO(eq_collect_model(m, out), st, done);
-done:
-    free(tok);
-    free(tgt);
-    cai_optim_free(o);
-    cai_model_free(m);
-    cai_device_free(dev);
-    return st;
-}
-
 START_TEST(pp_matrix_matches_single_rank) {
     ck_assert(g_world_size == 4);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
@@ -175,7 +137,7 @@ START_TEST(pp_matrix_matches_single_rank) {
     eq_result ref[2];
     for (int f = 0; f < 2; f++) {
         eq_row r = make_row(fams[f]);
-        CK_CAI(run_reference(&r, &ref[f]));
+        CK_CAI(eq_run_reference(&r, &ref[f]));
     }
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &half);
