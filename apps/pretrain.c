@@ -34,6 +34,8 @@ static const char *const k_tie[] = {"auto", "false", "true", NULL};
 static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
 static const char *const k_reduce_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_sp_modes[] = {"off", "split_gather", NULL}; /* pt_config.sp_mode */
+/* cai_pp_style order (colossal/schedule.h) */
+static const char *const k_pp_schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", NULL};
 
 #define F(key, type, field, def, doc, ...) \
     { key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL }
@@ -70,7 +72,12 @@ static const cai_config_field k_fields[] = {
     F("mesh.dp", CAI_CFG_INT, dp, "0", "data-parallel ranks; 0: world / (tp*pp*sp)", 0, 1 << 20),
     F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split)", 1,
       1 << 20),
-    F("mesh.pp", CAI_CFG_INT, pp, "1", "pipeline stages (only 1 for now)", 1, 1 << 20),
+    F("mesh.pp", CAI_CFG_INT, pp, "1",
+      "pipeline stages (layers split evenly; train.grad_accum microbatches go through the pipeline)", 1, 1 << 20),
+    E("pp.schedule", pp_schedule, "1f1b",
+      "pipeline schedule: gpipe or 1f1b (interleaved, zb-h1 and zb-v are drawn by colossal-check --schedule; the "
+      "executor does not run them yet)",
+      k_pp_schedules),
     F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
     E("mesh.sp_mode", sp_mode, "off",
       "sequence parallelism over the tp ranks: off, or split_gather (Megatron's: the residual stream and norms hold "
@@ -245,11 +252,21 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
     cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->n_layers, 0, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
-    if (c->pp > 1 || c->sp > 1)
+    if (c->sp > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "colossal-pretrain runs data and tensor parallel layouts: mesh.pp=%d mesh.sp=%d must be 1 "
+                         "colossal-pretrain runs data, tensor and pipeline parallel layouts: mesh.sp=%d must be 1 "
                          "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
-                         c->pp, c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
+                         c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
+    if (c->pp > 1 && (L->dp != 1 || c->tp != 1 || c->zero_stage != 0 || c->zero_offload))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "mesh.pp=%d runs alone for now: mesh.dp=%d mesh.tp=%d zero.stage=%d zero.offload=%s must be "
+                         "1, 1, 0 and false (e.g. mesh.pp=%d on %d ranks)",
+                         c->pp, L->dp, c->tp, c->zero_stage, c->zero_offload ? "true" : "false", world, world);
+    if (c->pp > 1 && c->pp_schedule != CAI_PP_GPIPE && c->pp_schedule != CAI_PP_1F1B)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pp.schedule=%s: the pipeline executor runs gpipe and 1f1b (%s needs %s)",
+                         k_pp_schedules[c->pp_schedule], k_pp_schedules[c->pp_schedule],
+                         c->pp_schedule == CAI_PP_ZB_H1 ? "the backward split into input and weight passes"
+                                                        : "model chunks per rank");
     cai_loss_scale_config l = loss_scale_config(c);
     CAI_CALL(cai_loss_scale_config_check(&l));
     cai_adamw_config o = optim_config(c);
@@ -279,8 +296,9 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
 typedef struct {
     const pt_config *cfg;
     cai_model_t *model;
-    cai_optim_t *optim; /* stage 0 without offload; else the engine holds the optimizer state */
-    cai_zero_t *zero;   /* gradient buckets and ZeRO */
+    cai_optim_t *optim;   /* stage 0 without offload; else the engine holds the optimizer state */
+    cai_pipeline_t *pipe; /* mesh.pp > 1: the driver runs the schedule; the engine only saves and loads */
+    cai_zero_t *zero;     /* gradient buckets and ZeRO */
     cai_step_driver driver;
     cai_adamw_config oc;
     cai_zero_config zc;
@@ -318,6 +336,12 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
     cai_timer_begin("pretrain: validation");
     for (int b = 0; b < j->cfg->eval_batches; b++) {
         CAI_CALL(pt_data_valid_batch(&j->data, b, cai_mesh_rank(mesh, CAI_AXIS_DP)));
+        if (j->pipe) {
+            double l = 0;
+            CAI_CALL(cai_pipeline_eval(j->pipe, j->data.tokens, j->data.targets, j->cfg->grad_accum, &l));
+            sum += l * j->cfg->grad_accum;
+            continue;
+        }
         for (int k = 0; k < j->cfg->grad_accum; k++) {
             float l = 0;
             CAI_CALL(
@@ -403,7 +427,12 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     j->oc = optim_config(c);
     if (j->zc.reduce_only) CAI_CALL(cai_optim_create_for_model(&j->optim, j->model, &j->oc));
     CAI_CALL(cai_zero_create(&j->zero, cai_run_mesh(run), j->model, &j->zc));
-    CAI_CALL(cai_zero_driver(j->zero, j->optim, &j->driver));
+    if (c->pp > 1) {
+        CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->model, (cai_pp_style)c->pp_schedule));
+        CAI_CALL(cai_pipeline_driver(j->pipe, j->optim, &j->driver));
+    } else {
+        CAI_CALL(cai_zero_driver(j->zero, j->optim, &j->driver));
+    }
     j->scaled = resolved->param_dtype == CAI_DTYPE_F16 || resolved->act_dtype == CAI_DTYPE_F16;
     cai_loss_scale_config lsc = loss_scale_config(c);
     cai_loss_scaler_init(&j->scaler, &lsc);
@@ -412,6 +441,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
 }
 
 static void job_free(pt_job *j) {
+    cai_pipeline_free(j->pipe);
     cai_optim_free(j->optim);
     cai_zero_free(j->zero);
     cai_model_free(j->model);
@@ -450,6 +480,22 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
         "%lld steps = %.2fM tokens\n",
         (long long)j->data.global_batch, c->seq_len, (long long)tokens_per_step, c->micro_batch, c->grad_accum, dp,
         (long long)c->steps, (double)(c->steps * tokens_per_step) / 1e6);
+    if (j->pipe) {
+        const cai_pp_spec ps = {.pp = c->pp,
+                                .virtual_stages = 1,
+                                .microbatches = c->grad_accum,
+                                .style = (cai_pp_style)c->pp_schedule};
+        double bubble = 0;
+        const char *formula = NULL;
+        cai_pp_bubble_formula(&ps, &bubble, &formula);
+        int lb = 0, le = 0;
+        cai_model_stage(j->model, &lb, &le, NULL, NULL);
+        printf(
+            "pipeline: %s over pp %d, %d microbatches a step (train.grad_accum), bubble %.1f%% by the schedule; "
+            "stage 0 holds layers [%d, %d); a backward whose activations were overwritten recomputes its "
+            "forward\n",
+            k_pp_schedules[c->pp_schedule], c->pp, c->grad_accum, 100.0 * bubble, lb, le);
+    }
     printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
            (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,
            (long long)oc->schedule.decay_steps, (long long)oc->schedule.warmup_steps, (double)oc->beta1,
@@ -504,8 +550,16 @@ int main(int argc, char **argv) {
     cai_app_check(cai_run_finish(run));
     /* The first dp replica decodes (its tp ranks together); ZeRO-3
      * forwards gather weights over dp: every rank decodes then. */
-    if (!cai_run_stopped_by(run) && (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.zero_stage == 3))
+    if (cfg.pp > 1) {
+        if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))
+            printf(
+                "generate: not run under mesh.pp=%d (a stage holds part of the model); colossal-infer serves the "
+                "checkpoint\n",
+                cfg.pp);
+    } else if (!cai_run_stopped_by(run) &&
+               (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.zero_stage == 3)) {
         cai_app_check(pt_generate(job.model, cai_run_mesh(run), &job.data.tok, &cfg, app.rank == 0));
+    }
     if (cai_log_get_level() >= CAI_LOG_DEBUG) cai_timer_report(stderr);
 
     int exit_code = cai_run_exit_code(run);

@@ -21,7 +21,8 @@ typedef struct {
     int64_t model_seed;
     /* mesh */
     int dp, tp, pp, sp;
-    int sp_mode; /* index into k_sp_modes: 0 off, 1 split_gather */
+    int sp_mode;     /* index into k_sp_modes: 0 off, 1 split_gather */
+    int pp_schedule; /* a cai_pp_style (k_pp_schedules) */
     double watchdog;
     /* train */
     int64_t steps, data_seed;

@@ -56,8 +56,8 @@ endif
 # simulating checker, timeline and Chrome trace; colossal-check --schedule.
 colossalinclude_HEADERS += src/include/colossal/schedule.h
 src_libcolossal_core_la_SOURCES += %reldir%/schedule.c %reldir%/pipeline.c
-EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh
-TESTS += tests/apps/check_schedule.sh
+EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh
+TESTS += tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_schedule

@@ -340,5 +340,35 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     return CAI_OK;
 }
 
+cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
+                             double *loss) {
+    CAI_CHECK_ARG(p && tokens && targets && loss, "cai_pipeline_eval: NULL argument");
+    CAI_CHECK_ARG(n_micro >= 1, "cai_pipeline_eval: n_micro=%d must be >= 1", n_micro);
+    cai_model_t *m = p->model;
+    int B = 0, T = 0;
+    cai_model_shape(m, &B, &T);
+    const size_t per = (size_t)B * (size_t)T;
+    cai_tensor in, out;
+    CAI_CALL(cai_model_stage_io(m, &in, &out, NULL));
+    double sum = 0;
+    /* microbatch k's activations travel down the chain while the next one starts on the first stage */
+    for (int k = 0; k < n_micro; k++) {
+        const int tag = 1 << 21 | k;
+        if (!p->first) CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, p->rank - 1, tag));
+        float l = 0;
+        CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, p->last ? targets + (size_t)k * per : NULL,
+                                   p->last ? &l : NULL));
+        sum += l;
+        if (!p->last) {
+            CAI_CALL(cai_device_sync(p->dev));
+            CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, p->rank + 1, tag));
+        }
+    }
+    double mean = p->last ? sum / n_micro : 0.0;
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &mean, &mean, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    *loss = mean;
+    return CAI_OK;
+}
+
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p) { return p->mesh; }
 cai_model_t *cai_pipeline_model(const cai_pipeline_t *p) { return p->model; }

@@ -273,6 +273,10 @@ void cai_pipeline_free(cai_pipeline_t *p);
  * microbatch loss, on every rank. Collective over CAI_AXIS_PP. */
 cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
                                          float grad_scale, double *loss);
+/* Forward only (evaluation): n_micro microbatches down the chain, *loss
+ * the mean of their losses on every rank. Collective over CAI_AXIS_PP. */
+cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
+                             double *loss);
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p);
 cai_model_t *cai_pipeline_model(const cai_pipeline_t *p);
 
