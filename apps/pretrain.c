@@ -73,7 +73,9 @@ static const cai_config_field k_fields[] = {
     F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split)", 1,
       1 << 20),
     F("mesh.pp", CAI_CFG_INT, pp, "1",
-      "pipeline stages (layers split evenly; train.grad_accum microbatches go through the pipeline)", 1, 1 << 20),
+      "pipeline stages (layers split evenly; train.grad_accum microbatches go through the pipeline; with dp and tp at "
+      "ZeRO stage 0)",
+      1, 1 << 20),
     E("pp.schedule", pp_schedule, "1f1b",
       "pipeline schedule: gpipe or 1f1b (interleaved, zb-h1 and zb-v are drawn by colossal-check --schedule; the "
       "executor does not run them yet)",
@@ -257,11 +259,11 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
                          "colossal-pretrain runs data, tensor and pipeline parallel layouts: mesh.sp=%d must be 1 "
                          "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
                          c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
-    if (c->pp > 1 && (L->dp != 1 || c->tp != 1 || c->zero_stage != 0 || c->zero_offload))
+    if (c->pp > 1 && (c->zero_stage != 0 || c->zero_offload || c->sp_mode))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "mesh.pp=%d runs alone for now: mesh.dp=%d mesh.tp=%d zero.stage=%d zero.offload=%s must be "
-                         "1, 1, 0 and false (e.g. mesh.pp=%d on %d ranks)",
-                         c->pp, L->dp, c->tp, c->zero_stage, c->zero_offload ? "true" : "false", world, world);
+                         "mesh.pp=%d composes with dp and tp at ZeRO stage 0 for now: zero.stage=%d zero.offload=%s "
+                         "mesh.sp_mode=%s must be 0, false and off",
+                         c->pp, c->zero_stage, c->zero_offload ? "true" : "false", k_sp_modes[c->sp_mode]);
     if (c->pp > 1 && c->pp_schedule != CAI_PP_GPIPE && c->pp_schedule != CAI_PP_1F1B)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pp.schedule=%s: the pipeline executor runs gpipe and 1f1b (%s needs %s)",
                          k_pp_schedules[c->pp_schedule], k_pp_schedules[c->pp_schedule],

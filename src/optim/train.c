@@ -95,13 +95,18 @@ static cai_status pipe_forward_backward(const cai_step_driver *d, const int32_t 
     return cai_pipeline_forward_backward(d->self, tokens, targets, n_micro, loss_scale, loss);
 }
 
-/* Each stage's own parameters (tie copies at their primary), summed over pp. */
+/* Each stage's own parameters (tie copies at their primary, tp replicas at
+ * replica 0), summed over pp and tp; the dp replicas hold the same averaged
+ * gradients. */
 static cai_status pipe_grad_sumsq(const cai_step_driver *d, double *sumsq) {
     cai_tensor grads;
     cai_model_flat(d->model, NULL, &grads, NULL);
     double s = 0;
+    cai_mesh_t *mesh = cai_pipeline_mesh(d->self);
     CAI_CALL(cai_optim_grad_sumsq(d->optim, &grads, &s));
-    CAI_CALL(cai_allreduce(cai_pipeline_mesh(d->self), CAI_AXIS_PP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_PP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    if (cai_mesh_size(mesh, CAI_AXIS_TP) > 1)
+        CAI_CALL(cai_allreduce(mesh, CAI_AXIS_TP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     *sumsq = s;
     return CAI_OK;
 }

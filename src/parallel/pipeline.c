@@ -134,9 +134,15 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "pipeline: zb-h1 splits the backward into input and weight passes, which the model does "
                          "not provide yet; use 1f1b (the same memory) or gpipe");
-    if (v->tp_size > 1)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: the executor runs tp = 1 stages; tp = %d is not composed yet",
-                         v->tp_size);
+    if (v->tp_size > 1 &&
+        (cai_mesh_size(mesh, CAI_AXIS_TP) != v->tp_size || cai_mesh_rank(mesh, CAI_AXIS_TP) != v->tp_rank))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: the model is tp shard %d of %d but the mesh's tp axis says %d of %d", v->tp_rank,
+                         v->tp_size, cai_mesh_rank(mesh, CAI_AXIS_TP), cai_mesh_size(mesh, CAI_AXIS_TP));
+    if (cai_model_external_params(m))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "pipeline: the model's parameters are held by a ZeRO engine (stage >= 1); the executor "
+                         "averages the model's own gradients over dp (stage 0)");
     cai_pipeline_t *p = NULL;
     CAI_CALL(cai_calloc((void **)&p, 1, sizeof *p, "pipeline"));
     p->mesh = mesh;
@@ -333,9 +339,18 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     CAI_CALL(st);
     CAI_CALL(fs);
     CAI_CALL(reduce_ties(p));
-    /* the loss lives on the last stage; every rank reports it */
+    /* the data-parallel replicas of this stage average their gradients */
+    if (cai_mesh_size(p->mesh, CAI_AXIS_DP) > 1) {
+        cai_tensor g;
+        cai_model_flat(m, NULL, &g, NULL);
+        CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_DP, g.data, g.data, (size_t)cai_tensor_numel(&g), CAI_DTYPE_F32,
+                               CAI_RED_AVG));
+    }
+    /* the loss lives on the last stage; every rank reports the replicas' mean */
     double sum = p->last ? r.loss / n_micro : 0.0;
     CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    if (cai_mesh_size(p->mesh, CAI_AXIS_DP) > 1)
+        CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG));
     if (loss) *loss = sum;
     return CAI_OK;
 }
@@ -366,7 +381,7 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     }
     double mean = p->last ? sum / n_micro : 0.0;
     CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &mean, &mean, 1, CAI_DTYPE_F64, CAI_RED_SUM));
-    *loss = mean;
+    *loss = mean; /* this replica's: the caller averages over dp as for any evaluation */
     return CAI_OK;
 }
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Pipeline parallelism in colossal-pretrain reproduces the single-rank run:
 # the same global batch of 8 sequences as 4 microbatches of 2 on 1 rank and
-# through pp=2 (1f1b and gpipe) and pp=4 (1f1b) gives the same train and
+# through pp=2 (1f1b and gpipe), pp=4 (1f1b), pp=2 x dp=2 and pp=2 x tp=2
+# gives the same train and
 # validation loss and gradient norm at every step within 1e-5 relative. A
 # checkpoint written at pp=2 resumes at pp=1 and one written at pp=1 at
 # pp=2 within 1e-5 of the uninterrupted runs; at pp=2 on pp=2, bitwise.
@@ -23,7 +24,16 @@ expect_ok
 # shellcheck disable=SC2086
 run_np 4 $TINY $PP $STEPS --mesh.pp 4 --run.dir "$TMP/d"
 expect_ok
-for run in b c d; do
+# 3D on 4 ranks: pp=2 x dp=2 (each replica 2 microbatches of 2) and pp=2 x tp=2
+# shellcheck disable=SC2086
+run_np 4 $TINY $PP $STEPS --mesh.pp 2 --train.grad_accum 2 --run.dir "$TMP/f"
+expect_ok
+expect_grep out "tp=1 pp=2 dp=2"
+# shellcheck disable=SC2086
+run_np 4 $TINY $PP $STEPS --mesh.pp 2 --mesh.tp 2 --run.dir "$TMP/g"
+expect_ok
+expect_grep out "tp=2 pp=2 dp=1"
+for run in b c d f g; do
     compare train loss $run 12
     compare train grad_norm $run 12
     compare eval val_loss $run 2
@@ -54,7 +64,7 @@ run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule interleaved --run.dir "$TMP/
 expect_rc 2
 expect_grep err "pp.schedule=interleaved: the pipeline executor runs gpipe and 1f1b"
 # shellcheck disable=SC2086
-run_np 4 $TINY $PP $STEPS --mesh.pp 2 --run.dir "$TMP/e"
+run_np 4 $TINY $PP $STEPS --mesh.pp 2 --zero.stage 1 --run.dir "$TMP/e"
 expect_rc 2
-expect_grep err "mesh.pp=2 runs alone for now: mesh.dp=2"
+expect_grep err "mesh.pp=2 composes with dp and tp at ZeRO stage 0 for now: zero.stage=1"
 echo "PASS"

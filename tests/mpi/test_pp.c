@@ -2,7 +2,9 @@
  * embeddings, so the head's and the embedding's copies live on the last and
  * the first stage) and Llama (GQA), 4 layers, trained 8 steps in f32 on one
  * rank with the plain step over the global batch cut into 4 microbatches,
- * then under pp in {2, 4} x {gpipe, 1f1b} with the same microbatches:
+ * then under (pp, dp, tp) in {(2,1,1), (4,1,1), (2,2,1), (2,1,2)} x
+ * {gpipe, 1f1b} with the same microbatches (a dp replica runs its share;
+ * the tp rows 4 steps, as tests/mpi/test_tp.c's matrix):
  * every step's loss and gradient norm (clipping active) within 1e-5
  * relative, every parameter each stage holds after 8 steps within 1e-4
  * (absolute, as tests/mpi/test_equiv_harness.h compares them), and
@@ -15,7 +17,7 @@
 #include "test_mesh_util.h"
 #include "test_equiv_harness.h"
 
-enum { STEPS = 8, GLOBAL_BATCH = 8, SEQ = 8, MICRO = 4, LAYERS = 4 };
+enum { STEPS = 8, TP_STEPS = 4, GLOBAL_BATCH = 8, SEQ = 8, MICRO = 4, LAYERS = 4 };
 
 static eq_row make_row(cai_model_family fam) {
     eq_row r;
@@ -44,11 +46,13 @@ static size_t param_offset(const cai_registry_t *reg, int index) {
 }
 
 /* The row under pp = size of comm with `style`. Collective over comm. */
-static cai_status run_pp(MPI_Comm comm, const eq_row *row, cai_pp_style style, const eq_result *ref, pp_out *out) {
+static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_pp_style style, const eq_result *ref,
+                         pp_out *out) {
     memset(out, 0, sizeof *out);
     out->tie_equal = 1;
-    int pp = 0;
-    MPI_Comm_size(comm, &pp);
+    int world = 0;
+    MPI_Comm_size(comm, &world);
+    const int pp = world / (dp * tp), micro = MICRO / dp; /* each replica: micro microbatches of B */
     const int G = row->global_batch, T = row->T, B = G / MICRO;
     cai_device_t *dev = NULL;
     cai_mesh_t *mesh = NULL;
@@ -59,8 +63,9 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, cai_pp_style style, c
     int32_t *tok = malloc((size_t)G * T * sizeof *tok), *tgt = malloc((size_t)G * T * sizeof *tgt);
     cai_mesh_config mc;
     cai_mesh_config_init(&mc);
-    mc.layout = (cai_layout){pp, 1, 1, 1, 1, NULL};
+    mc.layout = (cai_layout){pp, dp, 1, 1, tp, NULL};
     mc.watchdog_timeout_s = 60;
+    float *full = NULL;
     cai_model_config c = eq_model_config(row);
     cai_model_options mo = cai_model_options_default(&c);
     mo.batch = B;
@@ -70,15 +75,20 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, cai_pp_style style, c
     CAI_CALL_GOTO(cai_mesh_init(&mesh, comm, &mc), st, done);
     mo.view.pp_size = pp;
     mo.view.pp_rank = cai_mesh_rank(mesh, CAI_AXIS_PP);
+    mo.view.tp_size = tp;
+    mo.view.tp_rank = cai_mesh_rank(mesh, CAI_AXIS_TP);
+    mo.mesh = mesh;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     CAI_CALL_GOTO(cai_pipeline_create(&pipe, mesh, m, style), st, done);
     cai_step_driver drv;
     CAI_CALL_GOTO(cai_pipeline_driver(pipe, o, &drv), st, done);
+    const int first_seq = cai_mesh_rank(mesh, CAI_AXIS_DP) * (G / dp);
     for (int step = 0; step < row->steps; step++) {
-        for (int s = 0; s < G; s++) eq_sequence(row, step, s, tok + (size_t)s * T, tgt + (size_t)s * T);
+        for (int s = 0; s < G / dp; s++)
+            eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, MICRO, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, micro, &ss), st, done);
         out->res.loss[step] = ss.loss;
         out->res.norm[step] = ss.grad_norm;
     }
@@ -91,9 +101,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, cai_pp_style style, c
         if (!sh.held) continue;
         cai_tensor w;
         CAI_CALL_GOTO(cai_model_param(m, pi->name, &w, NULL), st, done);
+        free(full);
+        full = malloc(pi->numel * sizeof *full);
+        CAI_CALL_GOTO(eq_gather_tp(mesh, reg, cai_model_view(m), i, w.data, full), st, done);
         const float *want = ref->params + param_offset(reg, pi->tie_primary);
         for (uint64_t k = 0; k < pi->numel; k++) {
-            const double a = ((const float *)w.data)[k], b = want[k];
+            const double a = full[k], b = want[k];
             out->param_err = fmax(out->param_err, fabs(a - b));
         }
     }
@@ -109,17 +122,19 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, cai_pp_style style, c
         if (sh.pp_stage == sh0.pp_stage) continue;
         if (sh0.held) {
             CAI_CALL_GOTO(cai_model_param(m, cai_registry_param(reg, pi->tie_primary)->name, &w0, NULL), st, done);
-            MPI_Send(w0.data, (int)pi->numel, MPI_FLOAT, sh.pp_stage, 77, comm);
+            MPI_Send(w0.data, (int)sh0.local_numel, MPI_FLOAT, sh.pp_stage, 77, cai_mesh_comm(mesh, CAI_AXIS_PP));
         } else if (sh.held) {
             CAI_CALL_GOTO(cai_model_param(m, pi->name, &w, NULL), st, done);
-            float *other = malloc(pi->numel * sizeof *other);
-            MPI_Recv(other, (int)pi->numel, MPI_FLOAT, sh0.pp_stage, 77, comm, MPI_STATUS_IGNORE);
-            out->tie_equal = memcmp(other, w.data, pi->numel * sizeof *other) == 0;
+            float *other = malloc(sh.local_numel * sizeof *other);
+            MPI_Recv(other, (int)sh.local_numel, MPI_FLOAT, sh0.pp_stage, 77, cai_mesh_comm(mesh, CAI_AXIS_PP),
+                     MPI_STATUS_IGNORE);
+            out->tie_equal = memcmp(other, w.data, sh.local_numel * sizeof *other) == 0;
             free(other);
         }
         (void)me;
     }
 done:
+    free(full);
     free(tok);
     free(tgt);
     cai_pipeline_free(pipe);
@@ -134,33 +149,43 @@ START_TEST(pp_matrix_matches_single_rank) {
     ck_assert(g_world_size == 4);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
     const cai_pp_style styles[2] = {CAI_PP_GPIPE, CAI_PP_1F1B};
-    eq_result ref[2];
+    /* tp rows run TP_STEPS: tp's own reduction order moves the gradient norm
+     * by ~1.4e-5 by step 8 (Llama, pp or not; tests/mpi/test_tp.c runs 4) */
+    eq_result ref[2], ref_tp[2];
     for (int f = 0; f < 2; f++) {
         eq_row r = make_row(fams[f]);
         CK_CAI(eq_run_reference(&r, &ref[f]));
+        r.steps = TP_STEPS;
+        CK_CAI(eq_run_reference(&r, &ref_tp[f]));
     }
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &half);
     int bad = 0, rows = 0;
-    for (int pp = 2; pp <= 4; pp += 2)
+    /* {pp, dp, tp}: pp=2 alone runs on both halves of the world */
+    const int layouts[4][3] = {{2, 1, 1}, {4, 1, 1}, {2, 2, 1}, {2, 1, 2}};
+    for (int l = 0; l < 4; l++)
         for (int f = 0; f < 2; f++)
             for (int s = 0; s < 2; s++) {
-                const int idx = f * 2 + s;
-                if (pp == 2 && idx % 2 != g_world_rank / 2) continue;
+                const int idx = f * 2 + s, pp = layouts[l][0], dp = layouts[l][1], tp = layouts[l][2];
+                const int on_half = pp * dp * tp == 2;
+                if (on_half && idx % 2 != g_world_rank / 2) continue;
                 eq_row r = make_row(fams[f]);
+                if (tp > 1) r.steps = TP_STEPS;
+                const eq_result *want = tp > 1 ? &ref_tp[f] : &ref[f];
                 pp_out got;
-                cai_status st = run_pp(pp == 2 ? half : MPI_COMM_WORLD, &r, styles[s], &ref[f], &got);
+                cai_status st = run_pp(on_half ? half : MPI_COMM_WORLD, &r, dp, tp, styles[s], want, &got);
                 double worst = 0;
-                for (int k = 0; k < STEPS && st == CAI_OK; k++) {
-                    worst = fmax(worst, fabs(got.res.loss[k] - ref[f].loss[k]) / fabs(ref[f].loss[k]));
-                    worst = fmax(worst, fabs(got.res.norm[k] - ref[f].norm[k]) / fabs(ref[f].norm[k]));
+                for (int k = 0; k < r.steps && st == CAI_OK; k++) {
+                    worst = fmax(worst, fabs(got.res.loss[k] - want->loss[k]) / fabs(want->loss[k]));
+                    worst = fmax(worst, fabs(got.res.norm[k] - want->norm[k]) / fabs(want->norm[k]));
                 }
                 const int ok = st == CAI_OK && worst <= 1e-5 && got.param_err <= 1e-4 && got.tie_equal;
                 if (!ok || g_world_rank == 0)
-                    printf("[rank %d] pp=%d %s %s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n", g_world_rank,
-                           pp, cai_model_family_name(fams[f]), cai_pp_style_name(styles[s]), ok ? "ok" : "FAIL", worst,
-                           got.param_err, got.tie_equal ? "equal" : "DIFFER", st == CAI_OK ? "" : ": ",
-                           st == CAI_OK ? "" : cai_error_message());
+                    printf(
+                        "[rank %d] pp=%d dp=%d tp=%d %s %s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n",
+                        g_world_rank, pp, dp, tp, cai_model_family_name(fams[f]), cai_pp_style_name(styles[s]),
+                        ok ? "ok" : "FAIL", worst, got.param_err, got.tie_equal ? "equal" : "DIFFER",
+                        st == CAI_OK ? "" : ": ", st == CAI_OK ? "" : cai_error_message());
                 if (st != CAI_OK) cai_error_clear();
                 bad += !ok;
                 rows++;
@@ -168,7 +193,10 @@ START_TEST(pp_matrix_matches_single_rank) {
     int all_bad = 0;
     MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Comm_free(&half);
-    for (int f = 0; f < 2; f++) eq_result_free(&ref[f]);
+    for (int f = 0; f < 2; f++) {
+        eq_result_free(&ref[f]);
+        eq_result_free(&ref_tp[f]);
+    }
     ck_assert_msg(all_bad == 0, "%d pipeline rows differ from one rank", all_bad);
 }
 END_TEST
