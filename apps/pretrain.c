@@ -80,6 +80,10 @@ static const cai_config_field k_fields[] = {
       "pipeline schedule: gpipe or 1f1b (interleaved, zb-h1 and zb-v are drawn by colossal-check --schedule; the "
       "executor does not run them yet)",
       k_pp_schedules),
+    F("pp.trace", CAI_CFG_STRING, pp_trace, "",
+      "mesh.pp > 1: write the last step's measured pipeline timeline here (Chrome trace JSON) and print its bubble "
+      "beside the schedule's",
+      CAI_CFG_NO_RANGE),
     F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
     E("mesh.sp_mode", sp_mode, "off",
       "sequence parallelism over the tp ranks: off, or split_gather (Megatron's: the residual stream and norms hold "
@@ -431,6 +435,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     CAI_CALL(cai_zero_create(&j->zero, cai_run_mesh(run), j->model, &j->zc));
     if (c->pp > 1) {
         CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->model, (cai_pp_style)c->pp_schedule));
+        cai_pipeline_set_trace(j->pipe, c->pp_trace && c->pp_trace[0]);
         CAI_CALL(cai_pipeline_driver(j->pipe, j->optim, &j->driver));
     } else {
         CAI_CALL(cai_zero_driver(j->zero, j->optim, &j->driver));
@@ -552,6 +557,14 @@ int main(int argc, char **argv) {
     cai_app_check(cai_run_finish(run));
     /* The first dp replica decodes (its tp ranks together); ZeRO-3
      * forwards gather weights over dp: every rank decodes then. */
+    if (job.pipe && cfg.pp_trace && cfg.pp_trace[0] && !cai_run_stopped_by(run) &&
+        cai_run_first_step(run) <= cfg.steps) {
+        double measured = 0, predicted = 0;
+        cai_app_check(cai_pipeline_trace(job.pipe, cfg.pp_trace, &measured, &predicted));
+        if (app.rank == 0)
+            printf("pipeline trace: %s (the last step): bubble %.1f%% measured, %.1f%% by the schedule\n", cfg.pp_trace,
+                   100.0 * measured, 100.0 * predicted);
+    }
     if (cfg.pp > 1) {
         if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))
             printf(

@@ -23,6 +23,7 @@ typedef struct {
     int dp, tp, pp, sp;
     int sp_mode;     /* index into k_sp_modes: 0 off, 1 split_gather */
     int pp_schedule; /* a cai_pp_style (k_pp_schedules) */
+    char *pp_trace;  /* Chrome trace of the last step's pipeline, or empty */
     double watchdog;
     /* train */
     int64_t steps, data_seed;

@@ -42,6 +42,11 @@ struct cai_pipeline {
     int mb_cap;
     cai_request_t **sends;
     int n_sends, sends_cap;
+    /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
+    int tracing;
+    double t0;
+    double *ev; /* [op, mb, start, end] per event */
+    int n_ev, cap_ev;
     /* tie groups split across stages: [grad, peer stage] */
     int n_ties;
     struct {
@@ -171,6 +176,7 @@ void cai_pipeline_free(cai_pipeline_t *p) {
     cai_free(p->sends);
     free_bufs(p);
     for (int i = 0; i < p->n_ties; i++) cai_free(p->tie[i].tmp);
+    cai_free(p->ev);
     cai_pp_schedule_free(p->sched);
     cai_free(p);
 }
@@ -327,8 +333,32 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, p->rank);
     const int n = cai_pp_schedule_len(p->sched, p->rank);
     cai_status st = CAI_OK;
+    if (p->tracing) {
+        /* a common start: the stages' clocks are compared after this barrier */
+        CAI_CALL(cai_barrier(p->mesh, CAI_AXIS_PP));
+        p->t0 = cai_time_now();
+        p->n_ev = 0;
+        if (p->cap_ev < n) {
+            cai_free(p->ev);
+            p->ev = NULL;
+            p->cap_ev = 0;
+            CAI_CALL(cai_malloc((void **)&p->ev, (size_t)n * 4 * sizeof(double), "pipeline trace"));
+            p->cap_ev = n;
+        }
+    }
     for (int i = 0; i < n && st == CAI_OK; i++) {
+        const int compute = acts[i].op == CAI_PP_FORWARD || acts[i].op == CAI_PP_BACKWARD;
+        const double a = p->tracing && compute ? cai_time_now() : 0;
         st = run_action(p, &r, &acts[i]);
+        if (p->tracing && compute && st == CAI_OK) {
+            /* the device's work counts where it ends: wait for it */
+            st = cai_device_sync(p->dev);
+            double *e = p->ev + 4 * p->n_ev++;
+            e[0] = acts[i].op;
+            e[1] = acts[i].mb;
+            e[2] = a - p->t0;
+            e[3] = cai_time_now() - p->t0;
+        }
         if (st != CAI_OK) {
             char lb[48];
             cai_error_push(__FILE__, __LINE__, __func__,
@@ -383,6 +413,66 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &mean, &mean, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     *loss = mean; /* this replica's: the caller averages over dp as for any evaluation */
     return CAI_OK;
+}
+
+void cai_pipeline_set_trace(cai_pipeline_t *p, int on) {
+    if (p) p->tracing = on != 0;
+}
+
+cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted) {
+    CAI_CHECK_ARG(p, "cai_pipeline_trace: NULL pipeline");
+    CAI_CHECK_ARG(p->tracing && p->sched, "cai_pipeline_trace: no traced step (cai_pipeline_set_trace, then a step)");
+    const int pp = p->spec.pp;
+    int *counts = NULL;
+    double *all = NULL;
+    cai_pp_trace_event *evs = NULL;
+    char(*names)[32] = NULL;
+    cai_status st = CAI_OK;
+    CAI_CALL_GOTO(cai_calloc((void **)&counts, (size_t)pp, sizeof *counts, "pipeline trace counts"), st, done);
+    int mine = p->n_ev;
+    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, &mine, counts, 1, CAI_DTYPE_I32), st, done);
+    int most = 0, total = 0;
+    for (int r = 0; r < pp; r++) {
+        most = counts[r] > most ? counts[r] : most;
+        total += counts[r];
+    }
+    /* equal blocks of the longest list; the padding is never read */
+    CAI_CALL_GOTO(cai_calloc((void **)&all, (size_t)pp * (size_t)most * 4 + 4, sizeof *all, "pipeline trace"), st,
+                  done);
+    memcpy(all + (size_t)p->rank * most * 4, p->ev, (size_t)p->n_ev * 4 * sizeof(double));
+    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, all + (size_t)p->rank * most * 4, all, (size_t)most * 4,
+                                 CAI_DTYPE_F64),
+                  st, done);
+    double busy = 0, lo = 0, hi = 0;
+    int first = 1;
+    CAI_CALL_GOTO(cai_calloc((void **)&evs, (size_t)total + 1, sizeof *evs, "pipeline trace events"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&names, (size_t)total + 1, sizeof *names, "pipeline trace names"), st, done);
+    int k = 0;
+    for (int r = 0; r < pp; r++)
+        for (int i = 0; i < counts[r]; i++, k++) {
+            const double *e = all + ((size_t)r * most + i) * 4;
+            const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = 0, .peer = -1};
+            cai_pp_action_label(&a, 1, names[k], sizeof names[k]);
+            evs[k] = (cai_pp_trace_event){
+                .rank = r, .name = names[k], .cat = "compute", .start = e[2], .end = e[3], .mb = a.mb, .chunk = 0};
+            busy += e[3] - e[2];
+            if (first || e[2] < lo) lo = e[2];
+            if (first || e[3] > hi) hi = e[3];
+            first = 0;
+        }
+    if (measured) *measured = hi > lo ? 1.0 - busy / ((double)pp * (hi - lo)) : 0.0;
+    if (predicted) {
+        cai_pp_stats ps;
+        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, NULL, &ps), st, done);
+        *predicted = ps.bubble;
+    }
+    if (path && p->rank == 0) CAI_CALL_GOTO(cai_pp_write_chrome_trace(path, evs, (size_t)total), st, done);
+done:
+    cai_free(counts);
+    cai_free(all);
+    cai_free(evs);
+    cai_free(names);
+    return st;
 }
 
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p) { return p->mesh; }

@@ -19,8 +19,18 @@ run_np 2 $TINY $PP $STEPS --mesh.pp 2 --run.dir "$TMP/b"
 expect_ok
 expect_grep out "^pipeline: 1f1b over pp 2, 4 microbatches a step \(train.grad_accum\), bubble 20.0% by the schedule; stage 0 holds layers \[0, 2\)"
 # shellcheck disable=SC2086
-run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule gpipe --run.dir "$TMP/c"
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule gpipe --run.dir "$TMP/c" --pp.trace "$TMP/c.json"
 expect_ok
+expect_grep out "^pipeline trace: $TMP/c.json \(the last step\): bubble [0-9.]+% measured, 20.0% by the schedule"
+# the measured timeline: one forward and one backward per microbatch and stage, in Chrome's format
+python3 - "$TMP/c.json" <<'PY' || fail "the pipeline trace is not the last step's 16 compute actions"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+names = sorted((e["tid"], e["name"]) for e in ev)
+want = sorted((r, f"{k}{m}") for r in range(2) for k in "FB" for m in range(4))
+assert names == want, names
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
+PY
 # shellcheck disable=SC2086
 run_np 4 $TINY $PP $STEPS --mesh.pp 4 --run.dir "$TMP/d"
 expect_ok

@@ -4,7 +4,8 @@
  * rank with the plain step over the global batch cut into 4 microbatches,
  * then under (pp, dp, tp) in {(2,1,1), (4,1,1), (2,2,1), (2,1,2)} x
  * {gpipe, 1f1b} with the same microbatches (a dp replica runs its share;
- * the tp rows 4 steps, as tests/mpi/test_tp.c's matrix):
+ * the tp rows 4 steps, as tests/mpi/test_tp.c's matrix; every step traced,
+ * the trace's predicted bubble the textbook one):
  * every step's loss and gradient norm (clipping active) within 1e-5
  * relative, every parameter each stage holds after 8 steps within 1e-4
  * (absolute, as tests/mpi/test_equiv_harness.h compares them), and
@@ -83,6 +84,7 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     CAI_CALL_GOTO(cai_pipeline_create(&pipe, mesh, m, style), st, done);
     cai_step_driver drv;
     CAI_CALL_GOTO(cai_pipeline_driver(pipe, o, &drv), st, done);
+    cai_pipeline_set_trace(pipe, 1); /* the trace's bookkeeping must not change any number */
     const int first_seq = cai_mesh_rank(mesh, CAI_AXIS_DP) * (G / dp);
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < G / dp; s++)
@@ -91,6 +93,16 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, micro, &ss), st, done);
         out->res.loss[step] = ss.loss;
         out->res.norm[step] = ss.grad_norm;
+    }
+    /* the last step's measured timeline against the schedule's prediction */
+    double measured = -1, predicted = -1, formula = 0;
+    CAI_CALL_GOTO(cai_pipeline_trace(pipe, NULL, &measured, &predicted), st, done);
+    const cai_pp_spec spec = {.pp = pp, .virtual_stages = 1, .microbatches = micro, .style = style};
+    cai_pp_bubble_formula(&spec, &formula, NULL);
+    if (!(fabs(predicted - formula) < 1e-12) || !(measured >= 0 && measured < 1)) {
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "trace: bubble %g measured, %g predicted, %g by the formula", measured,
+                       predicted, formula);
+        goto done;
     }
     /* the parameters this stage holds against the reference's */
     const cai_registry_t *reg = cai_model_registry(m);

@@ -277,6 +277,17 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
  * the mean of their losses on every rank. Collective over CAI_AXIS_PP. */
 cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
                              double *loss);
+/* Record the compute actions (forward, backward) of every following step
+ * with their start and end (the device synchronised after each, which
+ * costs the overlap it would have had). Not collective. */
+void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
+/* The last traced step: *measured = 1 - busy / (pp x span) over every
+ * stage's actions (stage clocks aligned by a barrier at the step's start),
+ * *predicted = the schedule's simulated bubble at equal unit costs (either
+ * may be NULL); path (may be NULL): pp rank 0 writes the Chrome trace
+ * (cai_pp_write_chrome_trace's format, one row per stage). Collective over
+ * CAI_AXIS_PP. */
+cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted);
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p);
 cai_model_t *cai_pipeline_model(const cai_pipeline_t *p);
 
