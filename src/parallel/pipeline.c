@@ -15,6 +15,8 @@
  * and the last stage exchange their gradient contributions once per step
  * and both add them in the same order, so the copies stay bit-identical. */
 #include "cai_config.h"
+
+#include <mpi.h>
 #include "colossal/cluster.h"
 #include "colossal/parallel.h"
 #include "colossal/schedule.h"
@@ -283,7 +285,8 @@ static cai_status reduce_ties(cai_pipeline_t *p) {
         CAI_CALL(cai_malloc((void **)&host, n * sizeof(float), "pipeline tied gradient (own)"));
         cai_status st = cai_device_copy(p->dev, host, g->data, n * sizeof(float), CAI_COPY_D2H);
         cai_request_t *sr = NULL, *rr = NULL;
-        const int tag = 1 << 20 | i;
+        /* no action's message is in flight any more: small tags, within any MPI_TAG_UB */
+        const int tag = i;
         if (st == CAI_OK) st = cai_device_sync(p->dev);
         if (st == CAI_OK)
             st = cai_irecv(p->mesh, CAI_AXIS_PP, p->tie[i].tmp, n, CAI_DTYPE_F32, p->tie[i].peer, tag, &rr);
@@ -317,6 +320,14 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         cai_pp_schedule_free(p->sched);
         p->sched = NULL;
         p->spec.microbatches = n_micro;
+        int *ub = NULL, flag = 0;
+        MPI_Comm_get_attr(cai_mesh_comm(p->mesh, CAI_AXIS_PP), MPI_TAG_UB, &ub, &flag);
+        const long long need = 2ll * n_micro * p->spec.pp * p->spec.virtual_stages;
+        if (flag && ub && need > *ub)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "pipeline: %d microbatches over %d stages need message tags up to %lld; this MPI allows "
+                             "%d (fewer microbatches a step would fit)",
+                             n_micro, p->spec.pp * p->spec.virtual_stages, need, *ub);
         CAI_CALL(cai_pp_schedule_build(&p->spec, &p->sched));
         CAI_CALL(cai_pp_schedule_check(p->sched, NULL, NULL));
     }
@@ -398,7 +409,7 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     double sum = 0;
     /* microbatch k's activations travel down the chain while the next one starts on the first stage */
     for (int k = 0; k < n_micro; k++) {
-        const int tag = 1 << 21 | k;
+        const int tag = k % 4096; /* between one pair, in order: MPI does not overtake */
         if (!p->first) CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, p->rank - 1, tag));
         float l = 0;
         CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, p->last ? targets + (size_t)k * per : NULL,

@@ -72,6 +72,11 @@ static inline cai_adamw_config eq_adamw(void) {
     o.schedule.warmup_steps = 2;
     o.weight_decay = 0.1f;
     o.grad_clip = 0.5f; /* active at these norms: clipping is part of what must match */
+    /* AdamW turns a gradient at rounding level into an lr-sized step whose
+     * sign the rounding picks (m / sqrt(v) ~ +-1); eps 1e-6 keeps such
+     * elements near still, so a parameter comparison after a few steps
+     * measures the layouts, not the last bits of near-zero gradients */
+    o.eps = 1e-6f;
     return o;
 }
 
