@@ -264,6 +264,17 @@ template <int DT> CUK_INLINE void cuk_st1(void *p, int64_t i, float v) {
     else ((uint16_t *)p)[i] = cuk_f32_to_f16_mode(v, 0, 0);
 }
 
+/* Eight 16-bit values (bf16 or f16, DT) held in 16 bytes, widened. */
+template <int DT> CUK_INLINE void cuk_unpack8(const uint4 &u, float *v) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
+        v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
+        v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
+    }
+}
+
 template <int DT> CUK_INLINE void cuk_ld8(const void *p, int64_t i, float *v) {
     if (DT == CUK_F32) {
         const float4 *q = (const float4 *)((const float *)p + i);
@@ -277,14 +288,7 @@ template <int DT> CUK_INLINE void cuk_ld8(const void *p, int64_t i, float *v) {
         v[6] = b.z;
         v[7] = b.w;
     } else {
-        uint4 u = *(const uint4 *)((const uint16_t *)p + i);
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
-            v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
-            v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
-        }
+        cuk_unpack8<DT>(*(const uint4 *)((const uint16_t *)p + i), v);
     }
 }
 

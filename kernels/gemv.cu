@@ -14,26 +14,16 @@
 #define GV_WARPS 8
 #define GV_UNROLL 8
 
-template <int DT> CUK_INLINE void gv_unpack(const uint4 &u, float *v) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const uint16_t lo = (uint16_t)(w[k] & 0xffffu), hi = (uint16_t)(w[k] >> 16);
-        v[2 * k] = DT == CUK_BF16 ? cuk_bf16_to_f32(lo) : cuk_f16_to_f32(lo);
-        v[2 * k + 1] = DT == CUK_BF16 ? cuk_bf16_to_f32(hi) : cuk_f16_to_f32(hi);
-    }
-}
-
 /* acc[n] += dot(w chunk, x[n] chunk c) */
 template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
     float wf[8];
-    gv_unpack<DT>(wu, wf);
+    cuk_unpack8<DT>(wu, wf);
 #pragma unroll
     for (int n = 0; n < NB; n++) {
         if (n >= N) break;
         const uint4 xu = __ldg((const uint4 *)((const uint16_t *)x.p + n * x.ld) + c);
         float xf[8];
-        gv_unpack<DT>(xu, xf);
+        cuk_unpack8<DT>(xu, xf);
 #pragma unroll
         for (int e = 0; e < 8; e++) acc[n] = fmaf(wf[e], xf[e], acc[n]);
     }
