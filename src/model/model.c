@@ -245,6 +245,18 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
 
 /* ------------------------------------------------------------ model */
 
+/* What one forward leaves for its backward: a pipeline keeps one slot per
+ * (microbatch, chunk) in flight instead of recomputing. */
+typedef struct {
+    cai_tensor *resid;          /* chunk_max + 1: resid[i] is the chunk's layer i's input */
+    cai_block_acts *acts;       /* n_acts */
+    cai_head_acts head;         /* the rank holding the head */
+    cai_tensor tokens, targets; /* I32 [B,T] on the device */
+    int64_t n_valid;            /* non-ignored targets of the slot's forward */
+    int pending_backward;       /* a forward with targets ran and its backward has not */
+    float train_scale;          /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
+} act_slot;
+
 struct cai_model {
     cai_model_config cfg;
     cai_device_t *dev;
@@ -255,8 +267,15 @@ struct cai_model {
     size_t align;
     int B, T;
     int64_t Vp;
-    int layer_begin, layer_end, first, last;
-    int n_local; /* layer_end - layer_begin */
+    int layer_begin, layer_end, first, last; /* first chunk's begin, last chunk's end; embedding, head held */
+    int n_local;                             /* layers held, all chunks */
+    int *local_layer;                        /* global index of each held layer, ascending */
+    /* Model chunks (interleaved pipelines): the maximal runs of held
+     * layers, in local indices; chunk c is virtual stage c * pp + pp_rank. */
+    int n_chunks, chunk_max;
+    struct chunk {
+        int begin, end, first, last;
+    } * chunk;
 
     /* Flat buffers in the registry's local layout: w's storage (the
      * pointers are w's, copied for the hot paths) and the gradients. */
@@ -276,18 +295,14 @@ struct cai_model {
     cai_tensor g_wte, g_wpe, g_lnf_w, g_lnf_b, g_head_w;
 
     cai_arena_t arena;
-    cai_tensor *resid; /* n_local + 1: resid[i] is local layer i's input */
     cai_tensor d_stream;
-    cai_block_acts *acts; /* n_local sets, or 1 with activation checkpointing */
-    int n_acts;
     cai_block_scratch scratch;
-    cai_head_acts head;
-    cai_tensor tokens, targets; /* I32 [B,T] on the device */
+    int n_acts; /* layer sets per slot: chunk_max, or 1 with activation checkpointing */
+    act_slot *slots;
+    int n_slots;
+    int cur_chunk; /* selected by cai_model_select, with s */
+    act_slot *s;
     size_t act_bytes;
-
-    int64_t n_valid;      /* non-ignored targets of the last forward */
-    int pending_backward; /* a forward with targets ran and its backward has not */
-    float train_scale;    /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
 
     /* Every weight/gradient view, with the parameter and unit it belongs
      * to: what cai_model_bind_param rebinds and unit queries read. */
@@ -377,8 +392,9 @@ static cai_status bind(cai_model_t *m, int unit, const char *name, cai_tensor *w
     return CAI_OK;
 }
 
-/* Units in forward order: embedding (first stage), blocks, head (last stage). */
-static int block_unit(const cai_model_t *m, int l) { return (m->first ? 1 : 0) + l - m->layer_begin; }
+/* Units in forward order: embedding (first stage), blocks, head (last
+ * stage); i is the layer's local index. */
+static int block_unit(const cai_model_t *m, int i) { return (m->first ? 1 : 0) + i; }
 int cai_model_unit_count(const cai_model_t *m) { return (m->first ? 1 : 0) + m->n_local + (m->last ? 1 : 0); }
 
 const cai_block_field cai_block_fields[] = {
@@ -398,12 +414,13 @@ const cai_block_field cai_block_fields[] = {
 };
 const int cai_block_field_count = (int)(sizeof cai_block_fields / sizeof cai_block_fields[0]);
 
-static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_block_params *g) {
+static cai_status bind_layer(cai_model_t *m, int li, cai_block_params *w, cai_block_params *g) {
+    const int l = m->local_layer[li];
     char name[CAI_PARAM_NAME_MAX];
     for (int i = 0; i < cai_block_field_count; i++) {
         snprintf(name, sizeof name, "h.%d.%s", l, cai_block_fields[i].suffix);
         if (cai_registry_find(m->reg, name) < 0) continue; /* other family's name */
-        CAI_CALL(bind(m, block_unit(m, l), name, (cai_tensor *)((char *)w + cai_block_fields[i].off),
+        CAI_CALL(bind(m, block_unit(m, li), name, (cai_tensor *)((char *)w + cai_block_fields[i].off),
                       (cai_tensor *)((char *)g + cai_block_fields[i].off)));
     }
     return CAI_OK;
@@ -411,28 +428,56 @@ static cai_status bind_layer(cai_model_t *m, int l, cai_block_params *w, cai_blo
 
 static int local_tie_primary(const cai_model_t *m, int index) { return cai_weights_local_tie_primary(m->w, index); }
 
+/* The layers this rank holds, cut into chunks. The runs of consecutive
+ * layers on one rank are the virtual stages in order: run k must sit on
+ * rank k % pp and every rank must hold view.pp_chunks of them, or the
+ * chunks would not chain round the ranks the way the schedules send. */
 static cai_status resolve_stage(cai_model_t *m) {
-    int L = m->cfg.n_layers, begin = -1, end = -1;
+    const int L = m->cfg.n_layers, pp = m->view.pp_size;
+    const int chunks = m->view.pp_chunks > 0 ? m->view.pp_chunks : 1;
+    CAI_CALL(
+        cai_calloc((void **)&m->local_layer, (size_t)(L > 0 ? L : 1), sizeof *m->local_layer, "model layer table"));
+    CAI_CALL(cai_calloc((void **)&m->chunk, (size_t)chunks, sizeof *m->chunk, "model chunks"));
+    int runs = 0, prev = -1;
     for (int l = 0; l < L; l++) {
         int stage = 0;
         CAI_CALL(cai_registry_layer_stage(m->reg, &m->view, l, &stage));
+        if (l == 0 || stage != prev) {
+            if (stage != runs % pp)
+                return CAI_ERROR(CAI_ERR_LAYOUT,
+                                 "pipeline layout: layers %d.. form virtual stage %d but sit on rank %d; virtual "
+                                 "stage k must be on rank k %% pp (pp=%d)",
+                                 l, runs, stage, pp);
+            runs++;
+            if (stage == m->view.pp_rank) {
+                if (m->n_chunks == chunks)
+                    return CAI_ERROR(CAI_ERR_LAYOUT,
+                                     "pipeline layout: rank %d holds more than pp_chunks=%d runs of layers (layer %d "
+                                     "starts another)",
+                                     m->view.pp_rank, chunks, l);
+                m->chunk[m->n_chunks++].begin = m->n_local;
+            }
+        }
+        prev = stage;
         if (stage != m->view.pp_rank) continue;
-        if (begin < 0) begin = l;
-        else if (end != l)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                             "pipeline rank %d owns layers that are not one contiguous range "
-                             "(layer %d after %d): interleaved stages are not supported by the model yet",
-                             m->view.pp_rank, l, end - 1);
-        end = l + 1;
+        m->local_layer[m->n_local++] = l;
+        m->chunk[m->n_chunks - 1].end = m->n_local;
     }
-    if (begin < 0)
-        return CAI_ERROR(CAI_ERR_LAYOUT, "pipeline rank %d of %d owns no layer of %d", m->view.pp_rank, m->view.pp_size,
-                         L);
-    m->layer_begin = begin;
-    m->layer_end = end;
-    m->n_local = end - begin;
-    m->first = begin == 0;
-    m->last = end == L;
+    if (m->n_local == 0 || m->n_chunks != chunks || runs != pp * chunks)
+        return CAI_ERROR(CAI_ERR_LAYOUT,
+                         "pipeline layout: rank %d of %d holds %d run(s) of layers (%d layers) and the %d layers "
+                         "form %d virtual stage(s); pp=%d x pp_chunks=%d needs %d, %d per rank",
+                         m->view.pp_rank, pp, m->n_chunks, m->n_local, L, runs, pp, chunks, pp * chunks, chunks);
+    for (int c = 0; c < m->n_chunks; c++) {
+        struct chunk *k = &m->chunk[c];
+        k->first = m->local_layer[k->begin] == 0;
+        k->last = m->local_layer[k->end - 1] == L - 1;
+        if (k->end - k->begin > m->chunk_max) m->chunk_max = k->end - k->begin;
+    }
+    m->layer_begin = m->local_layer[0];
+    m->layer_end = m->local_layer[m->n_local - 1] + 1;
+    m->first = m->chunk[0].first;
+    m->last = m->chunk[m->n_chunks - 1].last;
     return CAI_OK;
 }
 
@@ -466,7 +511,7 @@ static cai_status bind_params(cai_model_t *m) {
     CAI_CALL(cai_calloc((void **)&m->gp, (size_t)m->n_local, sizeof *m->gp, "model layer grads"));
     /* At most one view per parameter, plus the head's second view of a tied embedding. */
     CAI_CALL(cai_calloc((void **)&m->refs, (size_t)m->n_params + 2, sizeof *m->refs, "model view table"));
-    for (int i = 0; i < m->n_local; i++) CAI_CALL(bind_layer(m, m->layer_begin + i, &m->wp[i], &m->gp[i]));
+    for (int i = 0; i < m->n_local; i++) CAI_CALL(bind_layer(m, i, &m->wp[i], &m->gp[i]));
     if (m->first) {
         CAI_CALL(bind(m, 0, "wte.weight", &m->wte, &m->g_wte));
         CAI_CALL(bind(m, 0, "wpe.weight", &m->wpe, &m->g_wpe));
@@ -507,19 +552,19 @@ static void layer_dims_of(const cai_model_config *c, const cai_rank_view *v, int
 
 static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
 
-/* One stage's activation arena: the residual stream (the layers' inputs,
- * the output and d_stream: B*T/tp tokens each under sequence parallelism),
- * n_acts layers' saved activations, the shared scratch, the head's and the
- * token / target uploads. What carve_all carves, in the same order. */
-static size_t arena_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos, int n_local, int n_acts,
-                          int last) {
+/* One stage's activation arena: d_stream and the shared scratch, then per
+ * slot the residual stream (a chunk's layers' inputs and its output: B*T/tp
+ * tokens each under sequence parallelism), n_acts layers' saved
+ * activations, the head's and the token / target uploads. What carve_all
+ * carves, in the same order. */
+static size_t arena_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos, int chunk_layers,
+                          int n_acts, int last, int slots) {
     const size_t stream = (size_t)(d->sp ? d->B * d->T / d->tp : d->B * d->T);
-    size_t total = (size_t)(n_local + 2) * round64(stream * (size_t)d->C * cai_dtype_size(d->act_dtype));
-    total += (size_t)n_acts * cai_block_acts_bytes(dev, d);
-    total += cai_block_scratch_bytes(dev, d, max_pos);
-    if (last) total += cai_head_acts_bytes(dev, d);
-    total += 2 * round64((size_t)d->B * (size_t)d->T * sizeof(int32_t));
-    return total + 64;
+    const size_t one = round64(stream * (size_t)d->C * cai_dtype_size(d->act_dtype));
+    size_t slot = (size_t)(chunk_layers + 1) * one + (size_t)n_acts * cai_block_acts_bytes(dev, d);
+    if (last) slot += cai_head_acts_bytes(dev, d);
+    slot += 2 * round64((size_t)d->B * (size_t)d->T * sizeof(int32_t));
+    return one + cai_block_scratch_bytes(dev, d, max_pos) + (size_t)slots * slot + 64;
 }
 
 cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
@@ -532,8 +577,8 @@ cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_c
     layer_dims_of(&c, view, batch, seq_len, seq_parallel, &d);
     /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
     d.vocab_local = (cai_model_config_padded_vocab(&c) + view->tp_size - 1) / view->tp_size;
-    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last);
-    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last);
+    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last, 1);
+    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last, 1);
     return CAI_OK;
 }
 
@@ -541,26 +586,37 @@ static cai_status carve_all(cai_model_t *m, cai_arena_t *arena, size_t *bytes_ou
     cai_device_t *dev = m->dev;
     const cai_layer_dims *d = &m->dims;
     if (!arena) {
-        *bytes_out = arena_bytes(dev, d, m->cfg.max_seq_len, m->n_local, m->n_acts, m->last);
+        *bytes_out = arena_bytes(dev, d, m->cfg.max_seq_len, m->chunk_max, m->n_acts, m->last, m->n_slots);
         return CAI_OK;
     }
     /* The residual stream: [B,T,C], or this rank's [1, B*T/tp, C] tokens. */
     const int64_t sb = d->sp ? 1 : m->B, st = d->sp ? (int64_t)m->B * m->T / d->tp : m->T;
-    for (int i = 0; i <= m->n_local; i++)
-        CAI_CALL(cai_tensor_arena(&m->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
     CAI_CALL(cai_tensor_arena(&m->d_stream, arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
-    for (int i = 0; i < m->n_acts; i++) CAI_CALL(cai_block_acts_carve(dev, arena, d, &m->acts[i]));
     CAI_CALL(cai_block_scratch_carve(dev, arena, d, m->cfg.max_seq_len, (double)m->cfg.rope_theta, &m->scratch));
-    if (m->last) CAI_CALL(cai_head_acts_carve(dev, arena, d, &m->head));
-    CAI_CALL(cai_tensor_arena(&m->tokens, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
-    CAI_CALL(cai_tensor_arena(&m->targets, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
+    for (int k = 0; k < m->n_slots; k++) {
+        act_slot *s = &m->slots[k];
+        for (int i = 0; i <= m->chunk_max; i++)
+            CAI_CALL(cai_tensor_arena(&s->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
+        for (int i = 0; i < m->n_acts; i++) CAI_CALL(cai_block_acts_carve(dev, arena, d, &s->acts[i]));
+        if (m->last) CAI_CALL(cai_head_acts_carve(dev, arena, d, &s->head));
+        CAI_CALL(cai_tensor_arena(&s->tokens, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
+        CAI_CALL(cai_tensor_arena(&s->targets, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
+    }
     return CAI_OK;
 }
 
-static cai_status alloc_acts(cai_model_t *m) {
-    m->n_acts = m->cfg.activation_checkpointing ? 1 : m->n_local;
-    CAI_CALL(cai_calloc((void **)&m->resid, (size_t)m->n_local + 1, sizeof *m->resid, "model residual views"));
-    CAI_CALL(cai_calloc((void **)&m->acts, (size_t)m->n_acts, sizeof *m->acts, "model activation views"));
+static cai_status alloc_acts(cai_model_t *m, int slots) {
+    m->n_acts = m->cfg.activation_checkpointing ? 1 : m->chunk_max;
+    const int n = slots > 0 ? slots : 1;
+    CAI_CALL(cai_calloc((void **)&m->slots, (size_t)n, sizeof *m->slots, "model activation slots"));
+    m->n_slots = n;
+    for (int k = 0; k < m->n_slots; k++) {
+        act_slot *s = &m->slots[k];
+        CAI_CALL(cai_calloc((void **)&s->resid, (size_t)m->chunk_max + 1, sizeof *s->resid, "model residual views"));
+        CAI_CALL(cai_calloc((void **)&s->acts, (size_t)m->n_acts, sizeof *s->acts, "model activation views"));
+    }
+    m->s = &m->slots[0];
+    m->cur_chunk = 0;
     size_t bytes = 0;
     CAI_CALL(carve_all(m, NULL, &bytes));
     CAI_CALL(cai_device_arena_init(m->dev, &m->arena, bytes, "model activations"));
@@ -688,7 +744,7 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
 
     CAI_CALL_GOTO(vocab_shard(m), st, fail);
     CAI_CALL_GOTO(bind_params(m), st, fail);
-    CAI_CALL_GOTO(alloc_acts(m), st, fail);
+    CAI_CALL_GOTO(alloc_acts(m, opt.act_slots), st, fail);
     CAI_CALL_GOTO(cai_model_params_updated(m), st, fail);
     *out = m;
     return CAI_OK;
@@ -699,14 +755,19 @@ fail:
 
 void cai_model_free(cai_model_t *m) {
     if (!m) return;
-    cai_head_acts_release(&m->head);
+    for (int k = 0; k < m->n_slots; k++) {
+        cai_head_acts_release(&m->slots[k].head);
+        cai_free(m->slots[k].resid);
+        cai_free(m->slots[k].acts);
+    }
+    cai_free(m->slots);
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
     cai_device_dealloc(m->dev, m->grads);
     if (m->own_weights) cai_weights_free(m->w);
     cai_free(m->wp);
     cai_free(m->gp);
-    cai_free(m->resid);
-    cai_free(m->acts);
+    cai_free(m->local_layer);
+    cai_free(m->chunk);
     cai_free(m->refs);
     cai_free(m);
 }
@@ -762,9 +823,37 @@ cai_status cai_model_zero_grad(cai_model_t *m) {
 
 cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *output, cai_tensor *d_stream) {
     CAI_CHECK_ARG(m, "cai_model_stage_io: NULL model");
-    if (input) *input = m->resid[0];
-    if (output) *output = m->resid[m->n_local];
+    const struct chunk *c = &m->chunk[m->cur_chunk];
+    if (input) *input = m->s->resid[0];
+    if (output) *output = m->s->resid[c->end - c->begin];
     if (d_stream) *d_stream = m->d_stream;
+    return CAI_OK;
+}
+
+int cai_model_chunk_count(const cai_model_t *m) { return m->n_chunks; }
+int cai_model_slot_count(const cai_model_t *m) { return m->n_slots; }
+
+cai_status cai_model_chunk(const cai_model_t *m, int chunk, int *layer_begin, int *layer_end, int *is_first,
+                           int *is_last) {
+    CAI_CHECK_ARG(m, "cai_model_chunk: NULL model");
+    CAI_CHECK_ARG(chunk >= 0 && chunk < m->n_chunks, "cai_model_chunk: chunk %d of %d", chunk, m->n_chunks);
+    const struct chunk *c = &m->chunk[chunk];
+    if (layer_begin) *layer_begin = m->local_layer[c->begin];
+    if (layer_end) *layer_end = m->local_layer[c->end - 1] + 1;
+    if (is_first) *is_first = c->first;
+    if (is_last) *is_last = c->last;
+    return CAI_OK;
+}
+
+cai_status cai_model_select(cai_model_t *m, int chunk, int slot) {
+    CAI_CHECK_ARG(m, "cai_model_select: NULL model");
+    CAI_CHECK_ARG(chunk >= 0 && chunk < m->n_chunks, "cai_model_select: chunk %d, but this rank holds %d", chunk,
+                  m->n_chunks);
+    CAI_CHECK_ARG(slot >= 0 && slot < m->n_slots,
+                  "cai_model_select: activation slot %d, but the model was created with act_slots=%d", slot,
+                  m->n_slots);
+    m->cur_chunk = chunk;
+    m->s = &m->slots[slot];
     return CAI_OK;
 }
 
@@ -855,59 +944,64 @@ static cai_status upload_i32(cai_model_t *m, cai_tensor *dst, const int32_t *src
                            m->dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D);
 }
 
-static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->acts[m->n_acts == 1 ? 0 : i]; }
+/* i: the layer's index within the selected chunk. */
+static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->s->acts[m->n_acts == 1 ? 0 : i]; }
 
 /* The loss gradient's scale for the mean over the last forward's valid
  * targets: one formula for cai_model_forward_train and cai_model_backward,
  * whose numbers must agree bit for bit. */
 static float dloss_scale(const cai_model_t *m, float grad_scale) {
-    return m->n_valid > 0 ? grad_scale / (float)m->n_valid : 0.0f;
+    return m->s->n_valid > 0 ? grad_scale / (float)m->s->n_valid : 0.0f;
 }
 
-/* grad_scale non-NULL: cai_model_forward_train. */
+/* grad_scale non-NULL: cai_model_forward_train. Runs the selected chunk
+ * into the selected slot. */
 static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, const float *grad_scale,
                           float *loss) {
     cai_device_t *dev = m->dev;
-    m->pending_backward = 0;
-    if (m->first) {
+    const struct chunk *c = &m->chunk[m->cur_chunk];
+    act_slot *s = m->s;
+    const int nl = c->end - c->begin;
+    s->pending_backward = 0;
+    if (c->first) {
         CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
-        CAI_CALL(upload_i32(m, &m->tokens, tokens));
+        CAI_CALL(upload_i32(m, &s->tokens, tokens));
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, 0));
-        CAI_CALL(cai_embed_fwd(&m->cx, &m->dims, &m->wte, &m->wpe, &m->scratch, &m->tokens, &m->resid[0]));
+        CAI_CALL(cai_embed_fwd(&m->cx, &m->dims, &m->wte, &m->wpe, &m->scratch, &s->tokens, &s->resid[0]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, 0));
     }
-    for (int i = 0; i < m->n_local; i++) {
-        int unit = block_unit(m, m->layer_begin + i);
+    for (int i = 0; i < nl; i++) {
+        const int unit = block_unit(m, c->begin + i);
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, unit));
-        CAI_CALL(
-            cai_block_fwd(&m->cx, &m->dims, &m->wp[i], layer_acts(m, i), &m->scratch, &m->resid[i], &m->resid[i + 1]));
+        CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[c->begin + i], layer_acts(m, i), &m->scratch, &s->resid[i],
+                               &s->resid[i + 1]));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, unit));
     }
-    if (!m->last) return CAI_OK;
+    if (!c->last) return CAI_OK;
     const int head_unit = cai_model_unit_count(m) - 1;
     if (targets) {
         int64_t n = (int64_t)m->B * m->T, valid = 0;
         for (int64_t i = 0; i < n; i++) valid += targets[i] != CAI_IGNORE_INDEX;
-        m->n_valid = valid;
-        CAI_CALL(upload_i32(m, &m->targets, targets));
+        s->n_valid = valid;
+        CAI_CALL(upload_i32(m, &s->targets, targets));
     }
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     if (targets && grad_scale) {
-        m->train_scale = *grad_scale;
-        CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->scratch,
-                                    &m->resid[m->n_local], &m->targets, dloss_scale(m, *grad_scale)));
+        s->train_scale = *grad_scale;
+        CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &s->head, &m->scratch,
+                                    &s->resid[nl], &s->targets, dloss_scale(m, *grad_scale)));
     } else {
-        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &m->head, &m->scratch,
-                              &m->resid[m->n_local], targets ? &m->targets : NULL));
+        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &s->head, &m->scratch, &s->resid[nl],
+                              targets ? &s->targets : NULL));
     }
     CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
     if (!targets) return CAI_OK;
-    m->pending_backward = 1;
+    s->pending_backward = 1;
     if (loss) {
         float sum = 0.0f;
-        CAI_CALL(cai_device_copy(dev, &sum, m->head.loss_sum.data, sizeof sum,
+        CAI_CALL(cai_device_copy(dev, &sum, s->head.loss_sum.data, sizeof sum,
                                  dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
-        *loss = m->n_valid > 0 ? sum / (float)m->n_valid : 0.0f;
+        *loss = s->n_valid > 0 ? sum / (float)s->n_valid : 0.0f;
     }
     return CAI_OK;
 }
@@ -921,7 +1015,7 @@ cai_status cai_model_forward_train(cai_model_t *m, const int32_t *tokens, const 
                                    float *loss) {
     CAI_CHECK_ARG(m, "cai_model_forward_train: NULL model");
     CAI_CHECK_ARG(isfinite(grad_scale), "cai_model_forward_train: grad_scale %g is not finite", (double)grad_scale);
-    if (m->last && !targets)
+    if (m->chunk[m->cur_chunk].last && !targets)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_model_forward_train: the last pipeline stage needs targets");
     return forward(m, tokens, targets, &grad_scale, loss);
 }
@@ -931,50 +1025,53 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
     if (!m->last)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "logits live on the last pipeline stage; this is rank %d of %d",
                          m->view.pp_rank, m->view.pp_size);
-    if (m->head.logits_hold_grad)
+    if (m->s->head.logits_hold_grad)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "cai_model_logits: cai_model_forward_train replaced the logits by their "
                          "gradient; use cai_model_forward to read logits");
-    *logits = m->head.logits;
+    *logits = m->s->head.logits;
     return CAI_OK;
 }
 
 cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
     CAI_CHECK_ARG(m, "cai_model_backward: NULL model");
-    if (m->last) {
-        if (!m->pending_backward)
+    const struct chunk *c = &m->chunk[m->cur_chunk];
+    act_slot *s = m->s;
+    const int nl = c->end - c->begin;
+    if (c->last) {
+        if (!s->pending_backward)
             return CAI_ERROR(CAI_ERR_INVALID_ARG,
                              "cai_model_backward: needs a forward with targets first (and runs "
                              "once per forward: it overwrites the logits with their gradient)");
-        if (m->head.logits_hold_grad && grad_scale != m->train_scale)
+        if (s->head.logits_hold_grad && grad_scale != s->train_scale)
             return CAI_ERROR(CAI_ERR_INVALID_ARG,
                              "cai_model_backward: grad_scale %g differs from the %g that "
                              "cai_model_forward_train made the loss gradient with",
-                             (double)grad_scale, (double)m->train_scale);
+                             (double)grad_scale, (double)s->train_scale);
         const float scale = dloss_scale(m, grad_scale);
         const int head_unit = cai_model_unit_count(m) - 1;
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
-        CAI_CALL(cai_head_bwd(&m->cx, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &m->head,
-                              &m->scratch, &m->resid[m->n_local], &m->targets, scale, &m->d_stream));
-        m->pending_backward = 0;
+        CAI_CALL(cai_head_bwd(&m->cx, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &s->head,
+                              &m->scratch, &s->resid[nl], &s->targets, scale, &m->d_stream));
+        s->pending_backward = 0;
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, head_unit));
     }
-    for (int i = m->n_local - 1; i >= 0; i--) {
+    for (int i = nl - 1; i >= 0; i--) {
         cai_block_acts *a = layer_acts(m, i);
-        int unit = block_unit(m, m->layer_begin + i);
+        const int li = c->begin + i, unit = block_unit(m, li);
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, unit));
         /* Checkpointed: the layer's input survived, everything else is
          * re-derived by the same deterministic forward (so the gradients are
-         * bitwise those of the uncheckpointed run). The last layer's
-         * activations are still in the shared set from the forward. */
-        if (m->cfg.activation_checkpointing && i != m->n_local - 1)
-            CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[i], a, &m->scratch, &m->resid[i], &m->resid[i + 1]));
-        CAI_CALL(cai_block_bwd(&m->cx, &m->dims, &m->wp[i], &m->gp[i], a, &m->scratch, &m->resid[i], &m->d_stream));
+         * bitwise those of the uncheckpointed run). The chunk's last layer's
+         * activations are still in the slot's set from the forward. */
+        if (m->cfg.activation_checkpointing && i != nl - 1)
+            CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[li], a, &m->scratch, &s->resid[i], &s->resid[i + 1]));
+        CAI_CALL(cai_block_bwd(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->resid[i], &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, unit));
     }
-    if (m->first) {
+    if (c->first) {
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, 0));
-        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &m->tokens, &m->d_stream));
+        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &s->tokens, &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
     }
     return CAI_OK;

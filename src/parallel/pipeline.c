@@ -1,13 +1,15 @@
 /* The pipeline executor: runs one rank's action list of a schedule
- * (colossal/schedule.h) on its stage of the model, with non-blocking
+ * (colossal/schedule.h) on its model chunks, with non-blocking
  * point-to-point on the pp axis for activations and their gradients.
  *
- * A stage model holds the activations of one microbatch. A backward whose
- * microbatch is not the one whose forward ran last recomputes that forward
- * from the saved stage input first (full activation recompute; 1F1B's last
- * stage, which runs each backward right after its forward, never does). So
- * a rank keeps, per microbatch in flight, its stage input and the tensors
- * it sends until they are delivered.
+ * Each forward of a (microbatch, chunk) keeps its activations in one of the
+ * model's activation slots until its backward. With as many slots as the
+ * schedule's peak in-flight forwards on this rank nothing is recomputed;
+ * with fewer, a forward takes the slot of the pair whose backward comes
+ * last, and that pair's backward recomputes its forward from the saved
+ * chunk input first (the numbers are the same: the forward is
+ * deterministic). A rank keeps, per (microbatch, chunk) in flight, the chunk
+ * input and the tensors it sends until they are delivered.
  *
  * Gradients accumulate over the microbatches in the order the list runs
  * backwards (microbatch order for every schedule here), as the
@@ -25,11 +27,15 @@
 #include <string.h>
 
 typedef struct {
-    char *in;   /* stage input (non-first stages) */
-    char *out;  /* stage output being sent (non-last stages) */
-    char *dout; /* gradient of the output received (non-last stages) */
-    char *din;  /* gradient of the input being sent (non-first stages) */
+    char *in;   /* chunk input (not the first stage) */
+    char *out;  /* chunk output being sent (not the last stage) */
+    char *dout; /* gradient of the output received (not the last stage) */
+    char *din;  /* gradient of the input being sent (not the first stage) */
 } mb_bufs;
+
+typedef struct {
+    int first, last; /* the chunk runs the first / last stage */
+} chunk_info;
 
 struct cai_pipeline {
     cai_mesh_t *mesh;
@@ -37,17 +43,23 @@ struct cai_pipeline {
     cai_device_t *dev;
     cai_pp_spec spec;
     int rank, first, last;
+    int n_chunks;
+    chunk_info chunk[CAI_PP_MAX_CHUNKS];
     size_t act_bytes, act_count;
     cai_dtype act_dtype;
     cai_pp_schedule *sched; /* for spec.microbatches */
-    mb_bufs *mb;
+    mb_bufs *mb;            /* per (microbatch, chunk): mb * n_chunks + chunk */
     int mb_cap;
+    /* activation slots: owner pair of each (-1 free), the slot of each pair
+     * (-1: not resident), and when each pair's backward runs in the list */
+    int *slot_owner, *slot_of, *bwd_at;
+    int n_slots, n_recompute;
     cai_request_t **sends;
     int n_sends, sends_cap;
     /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
     int tracing;
     double t0;
-    double *ev; /* [op, mb, start, end] per event */
+    double *ev; /* [op, mb, chunk, start, end] per event */
     int n_ev, cap_ev;
     /* tie groups split across stages: [grad, peer stage] */
     int n_ties;
@@ -68,11 +80,20 @@ static cai_status free_bufs(cai_pipeline_t *p) {
     cai_free(p->mb);
     p->mb = NULL;
     p->mb_cap = 0;
+    cai_free(p->slot_of);
+    cai_free(p->bwd_at);
+    p->slot_of = p->bwd_at = NULL;
     return CAI_OK;
 }
 
+/* Buffers of n (microbatch, chunk) pairs. */
 static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
     if (n <= p->mb_cap) return CAI_OK;
+    cai_free(p->slot_of);
+    cai_free(p->bwd_at);
+    p->slot_of = p->bwd_at = NULL;
+    CAI_CALL(cai_calloc((void **)&p->slot_of, (size_t)n, sizeof *p->slot_of, "pipeline slot table"));
+    CAI_CALL(cai_calloc((void **)&p->bwd_at, (size_t)n, sizeof *p->bwd_at, "pipeline backward order"));
     mb_bufs *nb = NULL;
     CAI_CALL(cai_calloc((void **)&nb, (size_t)n, sizeof *nb, "pipeline microbatch buffers"));
     if (p->mb) memcpy(nb, p->mb, (size_t)p->mb_cap * sizeof *nb);
@@ -80,12 +101,13 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
     p->mb = nb;
     for (int i = p->mb_cap; i < n; i++) {
         mb_bufs *b = &p->mb[i];
+        const chunk_info *c = &p->chunk[i % p->n_chunks];
         p->mb_cap = i + 1;
-        if (!p->first) {
+        if (!c->first) {
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline input gradient", (void **)&b->din));
         }
-        if (!p->last) {
+        if (!c->last) {
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage output", (void **)&b->out));
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
         }
@@ -132,15 +154,19 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "pipeline: the model is stage %d of %d but this rank is %d of %d on the mesh's pp axis",
                          v->pp_rank, v->pp_size, rank, pp);
-    if (v->pp_chunks > 1 || style == CAI_PP_INTERLEAVED || style == CAI_PP_ZB_V)
+    if (style == CAI_PP_ZB_H1 || style == CAI_PP_ZB_V)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pipeline: the executor runs one chunk per rank (gpipe, 1f1b); %s needs model chunks "
-                         "per rank, which the executor does not run yet",
+                         "pipeline: %s splits the backward into input and weight passes, which the model does "
+                         "not provide; use 1f1b (zb-h1's memory) or interleaved",
                          cai_pp_style_name(style));
-    if (style == CAI_PP_ZB_H1)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pipeline: zb-h1 splits the backward into input and weight passes, which the model does "
-                         "not provide yet; use 1f1b (the same memory) or gpipe");
+    const int chunks = cai_model_chunk_count(m);
+    const int want = style == CAI_PP_INTERLEAVED ? (chunks >= 2 ? chunks : 2) : 1;
+    if (chunks != want || chunks > CAI_PP_MAX_CHUNKS)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: %s runs %s model chunk%s per rank but the model holds %d (its view's "
+                         "pp_chunks; at most %d)",
+                         cai_pp_style_name(style), style == CAI_PP_INTERLEAVED ? ">= 2" : "1",
+                         style == CAI_PP_INTERLEAVED ? "s" : "", chunks, CAI_PP_MAX_CHUNKS);
     if (v->tp_size > 1 &&
         (cai_mesh_size(mesh, CAI_AXIS_TP) != v->tp_size || cai_mesh_rank(mesh, CAI_AXIS_TP) != v->tp_rank))
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
@@ -156,10 +182,16 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
     p->model = m;
     p->dev = cai_model_device(m);
     p->rank = rank;
-    p->spec = (cai_pp_spec){.pp = pp, .virtual_stages = 1, .microbatches = 0, .style = style};
+    p->spec = (cai_pp_spec){.pp = pp, .virtual_stages = chunks, .microbatches = 0, .style = style};
     cai_model_stage(m, NULL, NULL, &p->first, &p->last);
-    cai_tensor io;
+    p->n_chunks = chunks;
     cai_status st;
+    for (int c = 0; c < chunks; c++)
+        CAI_CALL_GOTO(cai_model_chunk(m, c, NULL, NULL, &p->chunk[c].first, &p->chunk[c].last), st, fail);
+    p->n_slots = cai_model_slot_count(m);
+    CAI_CALL_GOTO(cai_calloc((void **)&p->slot_owner, (size_t)p->n_slots, sizeof *p->slot_owner, "pipeline slots"), st,
+                  fail);
+    cai_tensor io;
     CAI_CALL_GOTO(cai_model_stage_io(m, &io, NULL, NULL), st, fail);
     p->act_dtype = io.dtype;
     p->act_count = (size_t)cai_tensor_numel(&io);
@@ -177,6 +209,7 @@ void cai_pipeline_free(cai_pipeline_t *p) {
     for (int i = 0; i < p->n_sends; i++) (void)cai_wait(p->sends[i]);
     cai_free(p->sends);
     free_bufs(p);
+    cai_free(p->slot_owner);
     for (int i = 0; i < p->n_ties; i++) cai_free(p->tie[i].tmp);
     cai_free(p->ev);
     cai_pp_schedule_free(p->sched);
@@ -212,62 +245,88 @@ typedef struct {
     const int32_t *tokens, *targets;
     size_t per;
     float w;
-    int cur;     /* microbatch whose activations the model holds, -1: none */
     double loss; /* last stage: sum of microbatch losses */
 } run_state;
 
-/* Forward of microbatch mb on this stage, from its tokens or saved input. */
-static cai_status stage_forward(cai_pipeline_t *p, run_state *r, int mb, float *loss) {
+/* A slot for pair k: a free one, else the one whose owner's backward comes
+ * last in the list (that owner recomputes its forward later). */
+static int take_slot(cai_pipeline_t *p, int k) {
+    int best = -1;
+    for (int s = 0; s < p->n_slots; s++) {
+        const int o = p->slot_owner[s];
+        if (o < 0) {
+            best = s;
+            break;
+        }
+        if (best < 0 || p->bwd_at[o] > p->bwd_at[p->slot_owner[best]]) best = s;
+    }
+    const int o = p->slot_owner[best];
+    if (o >= 0) p->slot_of[o] = -1;
+    p->slot_owner[best] = k;
+    p->slot_of[k] = best;
+    return best;
+}
+
+/* Forward of (mb, chunk) into a slot, from its tokens or saved input. */
+static cai_status chunk_forward(cai_pipeline_t *p, run_state *r, int mb, int chunk, float *loss) {
     cai_model_t *m = p->model;
+    const int k = mb * p->n_chunks + chunk;
+    const chunk_info *c = &p->chunk[chunk];
+    CAI_CALL(cai_model_select(m, chunk, take_slot(p, k)));
     const int32_t *tok = r->tokens + (size_t)mb * r->per;
-    if (!p->first) {
+    if (!c->first) {
         cai_tensor in;
         CAI_CALL(cai_model_stage_io(m, &in, NULL, NULL));
-        CAI_CALL(cai_device_copy(p->dev, in.data, p->mb[mb].in, p->act_bytes, CAI_COPY_D2D));
+        CAI_CALL(cai_device_copy(p->dev, in.data, p->mb[k].in, p->act_bytes, CAI_COPY_D2D));
     }
-    if (p->last) CAI_CALL(cai_model_forward_train(m, tok, r->targets + (size_t)mb * r->per, r->w, loss));
+    if (c->last) CAI_CALL(cai_model_forward_train(m, tok, r->targets + (size_t)mb * r->per, r->w, loss));
     else CAI_CALL(cai_model_forward(m, tok, NULL, NULL));
-    r->cur = mb;
     return CAI_OK;
 }
 
 static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_action *a) {
     cai_model_t *m = p->model;
-    const int mb = a->mb;
+    const int mb = a->mb, k = mb * p->n_chunks + a->chunk;
+    const chunk_info *c = &p->chunk[a->chunk];
     const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
     cai_request_t *req = NULL;
     switch (a->op) {
     case CAI_PP_RECV_ACT:
-        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[mb].in, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[k].in, p->act_count, p->act_dtype, a->peer, tag, &req));
         return cai_wait(req);
     case CAI_PP_RECV_GRAD:
-        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[mb].dout, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[k].dout, p->act_count, p->act_dtype, a->peer, tag, &req));
         return cai_wait(req);
     case CAI_PP_SEND_ACT:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[mb].out, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].out, p->act_count, p->act_dtype, a->peer, tag, &req));
         return add_send(p, req);
     case CAI_PP_SEND_GRAD:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[mb].din, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].din, p->act_count, p->act_dtype, a->peer, tag, &req));
         return add_send(p, req);
     case CAI_PP_FORWARD: {
         float l = 0.0f;
-        CAI_CALL(stage_forward(p, r, mb, &l));
+        CAI_CALL(chunk_forward(p, r, mb, a->chunk, &l));
         r->loss += l;
-        if (!p->last) {
+        if (!c->last) {
             cai_tensor out;
             CAI_CALL(cai_model_stage_io(m, NULL, &out, NULL));
-            CAI_CALL(cai_device_copy(p->dev, p->mb[mb].out, out.data, p->act_bytes, CAI_COPY_D2D));
+            CAI_CALL(cai_device_copy(p->dev, p->mb[k].out, out.data, p->act_bytes, CAI_COPY_D2D));
         }
         return CAI_OK;
     }
     case CAI_PP_BACKWARD: {
-        if (r->cur != mb) CAI_CALL(stage_forward(p, r, mb, NULL));
+        if (p->slot_of[k] < 0) {
+            CAI_CALL(chunk_forward(p, r, mb, a->chunk, NULL));
+            p->n_recompute++;
+        }
+        CAI_CALL(cai_model_select(m, a->chunk, p->slot_of[k]));
         cai_tensor ds;
         CAI_CALL(cai_model_stage_io(m, NULL, NULL, &ds));
-        if (!p->last) CAI_CALL(cai_device_copy(p->dev, ds.data, p->mb[mb].dout, p->act_bytes, CAI_COPY_D2D));
+        if (!c->last) CAI_CALL(cai_device_copy(p->dev, ds.data, p->mb[k].dout, p->act_bytes, CAI_COPY_D2D));
         CAI_CALL(cai_model_backward(m, r->w));
-        r->cur = -1;
-        if (!p->first) CAI_CALL(cai_device_copy(p->dev, p->mb[mb].din, ds.data, p->act_bytes, CAI_COPY_D2D));
+        p->slot_owner[p->slot_of[k]] = -1;
+        p->slot_of[k] = -1;
+        if (!c->first) CAI_CALL(cai_device_copy(p->dev, p->mb[k].din, ds.data, p->act_bytes, CAI_COPY_D2D));
         return CAI_OK;
     }
     default:
@@ -331,7 +390,8 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         CAI_CALL(cai_pp_schedule_build(&p->spec, &p->sched));
         CAI_CALL(cai_pp_schedule_check(p->sched, NULL, NULL));
     }
-    CAI_CALL(ensure_bufs(p, n_micro));
+    const int pairs = n_micro * p->n_chunks;
+    CAI_CALL(ensure_bufs(p, pairs));
     cai_model_t *m = p->model;
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
@@ -339,10 +399,14 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     run_state r = {.tokens = tokens,
                    .targets = targets,
                    .per = (size_t)B * (size_t)T,
-                   .w = grad_scale / (float)n_micro,
-                   .cur = -1};
+                   .w = grad_scale / (float)n_micro};
     const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, p->rank);
     const int n = cai_pp_schedule_len(p->sched, p->rank);
+    for (int s = 0; s < p->n_slots; s++) p->slot_owner[s] = -1;
+    for (int k = 0; k < pairs; k++) p->slot_of[k] = -1;
+    for (int i = 0; i < n; i++)
+        if (acts[i].op == CAI_PP_BACKWARD) p->bwd_at[acts[i].mb * p->n_chunks + acts[i].chunk] = i;
+    p->n_recompute = 0;
     cai_status st = CAI_OK;
     if (p->tracing) {
         /* a common start: the stages' clocks are compared after this barrier */
@@ -353,7 +417,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
             cai_free(p->ev);
             p->ev = NULL;
             p->cap_ev = 0;
-            CAI_CALL(cai_malloc((void **)&p->ev, (size_t)n * 4 * sizeof(double), "pipeline trace"));
+            CAI_CALL(cai_malloc((void **)&p->ev, (size_t)n * 5 * sizeof(double), "pipeline trace"));
             p->cap_ev = n;
         }
     }
@@ -364,11 +428,12 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         if (p->tracing && compute && st == CAI_OK) {
             /* the device's work counts where it ends: wait for it */
             st = cai_device_sync(p->dev);
-            double *e = p->ev + 4 * p->n_ev++;
+            double *e = p->ev + 5 * p->n_ev++;
             e[0] = acts[i].op;
             e[1] = acts[i].mb;
-            e[2] = a - p->t0;
-            e[3] = cai_time_now() - p->t0;
+            e[2] = acts[i].chunk;
+            e[3] = a - p->t0;
+            e[4] = cai_time_now() - p->t0;
         }
         if (st != CAI_OK) {
             char lb[48];
@@ -404,27 +469,44 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
     const size_t per = (size_t)B * (size_t)T;
-    cai_tensor in, out;
-    CAI_CALL(cai_model_stage_io(m, &in, &out, NULL));
+    const int pp = p->spec.pp, prev = (p->rank + pp - 1) % pp, next = (p->rank + 1) % pp;
     double sum = 0;
-    /* microbatch k's activations travel down the chain while the next one starts on the first stage */
-    for (int k = 0; k < n_micro; k++) {
-        const int tag = k % 4096; /* between one pair, in order: MPI does not overtake */
-        if (!p->first) CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, p->rank - 1, tag));
-        float l = 0;
-        CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, p->last ? targets + (size_t)k * per : NULL,
-                                   p->last ? &l : NULL));
-        sum += l;
-        if (!p->last) {
-            CAI_CALL(cai_device_sync(p->dev));
-            CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, p->rank + 1, tag));
+    /* Microbatch k's activations travel down the chain of stages (round the
+     * ranks once per chunk) while the next one starts on the first stage. */
+    for (int k = 0; k < n_micro; k++)
+        for (int c = 0; c < p->n_chunks; c++) {
+            const chunk_info *ci = &p->chunk[c];
+            const int tag = (k * p->n_chunks + c) % 4096; /* between one pair, in order: MPI does not overtake */
+            cai_tensor in, out;
+            CAI_CALL(cai_model_select(m, c, 0));
+            CAI_CALL(cai_model_stage_io(m, &in, &out, NULL));
+            if (!ci->first) CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, prev, tag));
+            float l = 0;
+            CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, ci->last ? targets + (size_t)k * per : NULL,
+                                       ci->last ? &l : NULL));
+            sum += l;
+            if (!ci->last) {
+                CAI_CALL(cai_device_sync(p->dev));
+                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, next, tag));
+            }
         }
-    }
     double mean = p->last ? sum / n_micro : 0.0;
     CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &mean, &mean, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     *loss = mean; /* this replica's: the caller averages over dp as for any evaluation */
     return CAI_OK;
 }
+
+cai_status cai_pipeline_slots_needed(const cai_pp_spec *spec, int rank, int *slots) {
+    CAI_CHECK_ARG(spec && slots, "cai_pipeline_slots_needed: NULL argument");
+    CAI_CHECK_ARG(rank >= 0 && rank < spec->pp, "cai_pipeline_slots_needed: rank %d of pp=%d", rank, spec->pp);
+    cai_pp_schedule *s = NULL;
+    CAI_CALL(cai_pp_schedule_build(spec, &s));
+    *slots = cai_pp_schedule_peak_inflight(s, rank);
+    cai_pp_schedule_free(s);
+    return CAI_OK;
+}
+
+int cai_pipeline_recomputes(const cai_pipeline_t *p) { return p ? p->n_recompute : 0; }
 
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on) {
     if (p) p->tracing = on != 0;
@@ -448,10 +530,10 @@ cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measu
         total += counts[r];
     }
     /* equal blocks of the longest list; the padding is never read */
-    CAI_CALL_GOTO(cai_calloc((void **)&all, (size_t)pp * (size_t)most * 4 + 4, sizeof *all, "pipeline trace"), st,
+    CAI_CALL_GOTO(cai_calloc((void **)&all, (size_t)pp * (size_t)most * 5 + 5, sizeof *all, "pipeline trace"), st,
                   done);
-    memcpy(all + (size_t)p->rank * most * 4, p->ev, (size_t)p->n_ev * 4 * sizeof(double));
-    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, all + (size_t)p->rank * most * 4, all, (size_t)most * 4,
+    memcpy(all + (size_t)p->rank * most * 5, p->ev, (size_t)p->n_ev * 5 * sizeof(double));
+    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, all + (size_t)p->rank * most * 5, all, (size_t)most * 5,
                                  CAI_DTYPE_F64),
                   st, done);
     double busy = 0, lo = 0, hi = 0;
@@ -461,14 +543,19 @@ cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measu
     int k = 0;
     for (int r = 0; r < pp; r++)
         for (int i = 0; i < counts[r]; i++, k++) {
-            const double *e = all + ((size_t)r * most + i) * 4;
-            const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = 0, .peer = -1};
-            cai_pp_action_label(&a, 1, names[k], sizeof names[k]);
-            evs[k] = (cai_pp_trace_event){
-                .rank = r, .name = names[k], .cat = "compute", .start = e[2], .end = e[3], .mb = a.mb, .chunk = 0};
-            busy += e[3] - e[2];
-            if (first || e[2] < lo) lo = e[2];
-            if (first || e[3] > hi) hi = e[3];
+            const double *e = all + ((size_t)r * most + i) * 5;
+            const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = (int)e[2], .peer = -1};
+            cai_pp_action_label(&a, p->n_chunks, names[k], sizeof names[k]);
+            evs[k] = (cai_pp_trace_event){.rank = r,
+                                          .name = names[k],
+                                          .cat = "compute",
+                                          .start = e[3],
+                                          .end = e[4],
+                                          .mb = a.mb,
+                                          .chunk = p->n_chunks > 1 ? a.chunk : -1};
+            busy += e[4] - e[3];
+            if (first || e[3] < lo) lo = e[3];
+            if (first || e[4] > hi) hi = e[4];
             first = 0;
         }
     if (measured) *measured = hi > lo ? 1.0 - busy / ((double)pp * (hi - lo)) : 0.0;

@@ -1,11 +1,15 @@
 /* The pipeline equivalence matrix (4 ranks, one launch): tiny GPT-2 (tied
  * embeddings, so the head's and the embedding's copies live on the last and
- * the first stage) and Llama (GQA), 4 layers, trained 8 steps in f32 on one
+ * the first stage) and Llama (GQA), 4 layers (8 where 4 ranks hold 2 chunks
+ * each), trained 8 steps in f32 on one
  * rank with the plain step over the global batch cut into 4 microbatches,
  * then under (pp, dp, tp) in {(2,1,1), (4,1,1), (2,2,1), (2,1,2)} x
- * {gpipe, 1f1b} with the same microbatches (a dp replica runs its share;
- * the tp rows 4 steps, as tests/mpi/test_tp.c's matrix; every step traced,
- * the trace's predicted bubble the textbook one):
+ * {gpipe, 1f1b, interleaved with 2 chunks per rank} with the same
+ * microbatches (a dp replica runs its share; the tp rows 4 steps, as
+ * tests/mpi/test_tp.c's matrix; every step traced, the trace's predicted
+ * bubble the textbook one), with as many activation slots as the schedule
+ * keeps in flight (no forward recomputed) and, for some rows, one slot
+ * (every backward but the latest forward's recomputes):
  * every step's loss and gradient norm (clipping active) within 1e-5
  * relative, every parameter each stage holds after 8 steps within 1e-4
  * (absolute, as tests/mpi/test_equiv_harness.h compares them), and
@@ -47,8 +51,9 @@ static size_t param_offset(const cai_registry_t *reg, int index) {
 }
 
 /* The row under pp = size of comm with `style`. Collective over comm. */
-static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_pp_style style, const eq_result *ref,
-                         pp_out *out) {
+/* slots: 0 for what the schedule needs, else that many. */
+static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_pp_style style, int slots,
+                         const eq_result *ref, pp_out *out) {
     memset(out, 0, sizeof *out);
     out->tie_equal = 1;
     int world = 0;
@@ -79,6 +84,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     mo.view.tp_size = tp;
     mo.view.tp_rank = cai_mesh_rank(mesh, CAI_AXIS_TP);
     mo.mesh = mesh;
+    const int v = cai_pp_style_default_virtual(style);
+    mo.view.pp_chunks = v;
+    const cai_pp_spec spec = {.pp = pp, .virtual_stages = v, .microbatches = micro, .style = style};
+    int need = 0;
+    CAI_CALL_GOTO(cai_pipeline_slots_needed(&spec, mo.view.pp_rank, &need), st, done);
+    mo.act_slots = slots ? slots : need;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     CAI_CALL_GOTO(cai_pipeline_create(&pipe, mesh, m, style), st, done);
@@ -93,11 +104,16 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, micro, &ss), st, done);
         out->res.loss[step] = ss.loss;
         out->res.norm[step] = ss.grad_norm;
+        const int rc = cai_pipeline_recomputes(pipe);
+        if ((slots == 0 && rc != 0) || (slots == 1 && need > 1 && rc == 0)) {
+            st = CAI_ERROR(CAI_ERR_INTERNAL, "%d forwards recomputed with %d activation slots (%d needed)", rc,
+                           mo.act_slots, need);
+            goto done;
+        }
     }
     /* the last step's measured timeline against the schedule's prediction */
     double measured = -1, predicted = -1, formula = 0;
     CAI_CALL_GOTO(cai_pipeline_trace(pipe, NULL, &measured, &predicted), st, done);
-    const cai_pp_spec spec = {.pp = pp, .virtual_stages = 1, .microbatches = micro, .style = style};
     cai_pp_bubble_formula(&spec, &formula, NULL);
     if (!(fabs(predicted - formula) < 1e-12) || !(measured >= 0 && measured < 1)) {
         st = CAI_ERROR(CAI_ERR_INTERNAL, "trace: bubble %g measured, %g predicted, %g by the formula", measured,
@@ -161,55 +177,71 @@ done:
 START_TEST(pp_matrix_matches_single_rank) {
     ck_assert(g_world_size == 4);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
-    const cai_pp_style styles[2] = {CAI_PP_GPIPE, CAI_PP_1F1B};
     /* tp rows run TP_STEPS: tp's own reduction order moves the gradient norm
      * by a few 1e-5 by step 8 (Llama, pp or not; tests/mpi/test_tp.c runs 4) */
-    eq_result ref[2], ref_tp[2];
-    for (int f = 0; f < 2; f++) {
-        eq_row r = make_row(fams[f]);
-        CK_CAI(eq_run_reference(&r, &ref[f]));
-        r.steps = TP_STEPS;
-        CK_CAI(eq_run_reference(&r, &ref_tp[f]));
-    }
+    eq_result ref[2][2], ref_tp[2][2]; /* [family][LAYERS, 2 * LAYERS] */
+    for (int f = 0; f < 2; f++)
+        for (int d = 0; d < 2; d++) {
+            eq_row r = make_row(fams[f]);
+            r.layers = LAYERS << d;
+            CK_CAI(eq_run_reference(&r, &ref[f][d]));
+            r.steps = TP_STEPS;
+            CK_CAI(eq_run_reference(&r, &ref_tp[f][d]));
+        }
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &half);
     int bad = 0, rows = 0;
-    /* {pp, dp, tp}: pp=2 alone runs on both halves of the world */
-    const int layouts[4][3] = {{2, 1, 1}, {4, 1, 1}, {2, 2, 1}, {2, 1, 2}};
-    for (int l = 0; l < 4; l++)
-        for (int f = 0; f < 2; f++)
-            for (int s = 0; s < 2; s++) {
-                const int idx = f * 2 + s, pp = layouts[l][0], dp = layouts[l][1], tp = layouts[l][2];
-                const int on_half = pp * dp * tp == 2;
-                if (on_half && idx % 2 != g_world_rank / 2) continue;
-                eq_row r = make_row(fams[f]);
-                if (tp > 1) r.steps = TP_STEPS;
-                const eq_result *want = tp > 1 ? &ref_tp[f] : &ref[f];
-                pp_out got;
-                cai_status st = run_pp(on_half ? half : MPI_COMM_WORLD, &r, dp, tp, styles[s], want, &got);
-                double worst = 0;
-                for (int k = 0; k < r.steps && st == CAI_OK; k++) {
-                    worst = fmax(worst, fabs(got.res.loss[k] - want->loss[k]) / fabs(want->loss[k]));
-                    worst = fmax(worst, fabs(got.res.norm[k] - want->norm[k]) / fabs(want->norm[k]));
-                }
-                const int ok = st == CAI_OK && worst <= 1e-5 && got.param_err <= 1e-4 && got.tie_equal;
-                if (!ok || g_world_rank == 0)
-                    printf(
-                        "[rank %d] pp=%d dp=%d tp=%d %s %s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n",
-                        g_world_rank, pp, dp, tp, cai_model_family_name(fams[f]), cai_pp_style_name(styles[s]),
-                        ok ? "ok" : "FAIL", worst, got.param_err, got.tie_equal ? "equal" : "DIFFER",
-                        st == CAI_OK ? "" : ": ", st == CAI_OK ? "" : cai_error_message());
-                if (st != CAI_OK) cai_error_clear();
-                bad += !ok;
-                rows++;
+    /* {pp, dp, tp, style, slots (0: as needed)}: pp=2 alone runs on both halves of the world */
+    static const struct {
+        int pp, dp, tp;
+        cai_pp_style style;
+        int slots;
+    } layouts[] = {
+        {2, 1, 1, CAI_PP_GPIPE, 0},       {2, 1, 1, CAI_PP_1F1B, 0},        {2, 1, 1, CAI_PP_INTERLEAVED, 0},
+        {2, 1, 1, CAI_PP_1F1B, 1},        {4, 1, 1, CAI_PP_GPIPE, 0},       {4, 1, 1, CAI_PP_1F1B, 0},
+        {4, 1, 1, CAI_PP_INTERLEAVED, 0}, {4, 1, 1, CAI_PP_INTERLEAVED, 1}, {2, 2, 1, CAI_PP_GPIPE, 0},
+        {2, 2, 1, CAI_PP_1F1B, 0},        {2, 2, 1, CAI_PP_INTERLEAVED, 0}, {2, 1, 2, CAI_PP_GPIPE, 0},
+        {2, 1, 2, CAI_PP_1F1B, 0},        {2, 1, 2, CAI_PP_INTERLEAVED, 0},
+    };
+    const int n_layouts = (int)(sizeof layouts / sizeof layouts[0]);
+    int half_rows = 0; /* pp=2 rows alternate between the halves */
+    for (int l = 0; l < n_layouts; l++)
+        for (int f = 0; f < 2; f++) {
+            const int pp = layouts[l].pp, dp = layouts[l].dp, tp = layouts[l].tp;
+            const cai_pp_style style = layouts[l].style;
+            const int on_half = pp * dp * tp == 2;
+            if (on_half && half_rows++ % 2 != g_world_rank / 2) continue;
+            eq_row r = make_row(fams[f]);
+            const int deep = pp * cai_pp_style_default_virtual(style) > LAYERS;
+            r.layers = LAYERS << deep;
+            if (tp > 1) r.steps = TP_STEPS;
+            const eq_result *want = tp > 1 ? &ref_tp[f][deep] : &ref[f][deep];
+            pp_out got;
+            cai_status st = run_pp(on_half ? half : MPI_COMM_WORLD, &r, dp, tp, style, layouts[l].slots, want, &got);
+            double worst = 0;
+            for (int k = 0; k < r.steps && st == CAI_OK; k++) {
+                worst = fmax(worst, fabs(got.res.loss[k] - want->loss[k]) / fabs(want->loss[k]));
+                worst = fmax(worst, fabs(got.res.norm[k] - want->norm[k]) / fabs(want->norm[k]));
             }
+            const int ok = st == CAI_OK && worst <= 1e-5 && got.param_err <= 1e-4 && got.tie_equal;
+            if (!ok || g_world_rank == 0 || (on_half && g_world_rank == 2))
+                printf("[rank %d] pp=%d dp=%d tp=%d %s %s%s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n",
+                       g_world_rank, pp, dp, tp, cai_model_family_name(fams[f]), cai_pp_style_name(style),
+                       layouts[l].slots == 1 ? " (1 slot)" : "", ok ? "ok" : "FAIL", worst, got.param_err,
+                       got.tie_equal ? "equal" : "DIFFER", st == CAI_OK ? "" : ": ",
+                       st == CAI_OK ? "" : cai_error_message());
+            if (st != CAI_OK) cai_error_clear();
+            bad += !ok;
+            rows++;
+        }
     int all_bad = 0;
     MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Comm_free(&half);
-    for (int f = 0; f < 2; f++) {
-        eq_result_free(&ref[f]);
-        eq_result_free(&ref_tp[f]);
-    }
+    for (int f = 0; f < 2; f++)
+        for (int d = 0; d < 2; d++) {
+            eq_result_free(&ref[f][d]);
+            eq_result_free(&ref_tp[f][d]);
+        }
     ck_assert_msg(all_bad == 0, "%d pipeline rows differ from one rank", all_bad);
 }
 END_TEST
@@ -217,6 +249,7 @@ END_TEST
 /* What the executor does not run is refused before any step, by name. */
 START_TEST(unsupported_layouts_are_refused) {
     eq_row r = make_row(CAI_MODEL_LLAMA);
+    r.layers = 2 * LAYERS;
     cai_device_t *dev = NULL;
     cai_mesh_t *mesh = NULL;
     cai_model_t *m = NULL;
@@ -233,13 +266,29 @@ START_TEST(unsupported_layouts_are_refused) {
     mo.view.pp_rank = cai_mesh_rank(mesh, CAI_AXIS_PP);
     CK_CAI(cai_model_create(&m, dev, &c, &mo));
     const cai_pp_style no[3] = {CAI_PP_INTERLEAVED, CAI_PP_ZB_H1, CAI_PP_ZB_V};
+    const cai_status why[3] = {CAI_ERR_INVALID_ARG, CAI_ERR_UNSUPPORTED, CAI_ERR_UNSUPPORTED};
     for (int k = 0; k < 3; k++) {
         cai_pipeline_t *p = NULL;
-        ck_assert_int_eq(cai_pipeline_create(&p, mesh, m, no[k]), CAI_ERR_UNSUPPORTED);
+        ck_assert_int_eq(cai_pipeline_create(&p, mesh, m, no[k]), why[k]);
         ck_assert_ptr_null(p);
         ck_assert_ptr_nonnull(strstr(cai_error_message(), cai_pp_style_name(no[k])));
         cai_error_clear();
     }
+    /* a model of 2 chunks per rank runs only interleaved */
+    cai_model_t *m2 = NULL;
+    mo.view.pp_chunks = 2;
+    CK_CAI(cai_model_create(&m2, dev, &c, &mo));
+    ck_assert_int_eq(cai_model_chunk_count(m2), 2);
+    cai_pipeline_t *p = NULL;
+    ck_assert_int_eq(cai_pipeline_create(&p, mesh, m2, CAI_PP_1F1B), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "holds 2"));
+    cai_error_clear();
+    cai_model_free(m2);
+    /* 8 layers do not fill 4 ranks x 3 chunks */
+    mo.view.pp_chunks = 3;
+    ck_assert_int_eq(cai_model_create(&m2, dev, &c, &mo), CAI_ERR_LAYOUT);
+    ck_assert_ptr_null(m2);
+    cai_error_clear();
     cai_model_free(m);
     cai_mesh_free(mesh);
     cai_device_free(dev);

@@ -507,17 +507,19 @@ cai_status cai_weights_updated(cai_weights_t *w);
 typedef struct cai_model cai_model_t;
 
 typedef struct {
-    int batch;           /* B: sequences per forward */
-    int seq_len;         /* T: local tokens per sequence (<= max_seq_len) */
-    cai_rank_view view;  /* TP selects the shard; PP the stage's layer range; EP must be 1 */
-    cai_mesh_t *mesh;    /* tp > 1: the mesh whose tp axis (size and rank as in view) the layers use */
-    int seq_parallel;    /* tp > 1: split-gather sequence parallelism (cai_layer_ctx); B*T % tp == 0 */
-    size_t align_elems;  /* flat-buffer alignment of every parameter, elements; 0 means 16 */
-    int external_params; /* 1: the caller owns parameter and gradient storage (ZeRO, see
-                          * "External parameter storage" below); 0: the model allocates it */
+    int batch;              /* B: sequences per forward */
+    int seq_len;            /* T: local tokens per sequence (<= max_seq_len) */
+    cai_rank_view view;     /* TP selects the shard; PP the stage's layer range; EP must be 1 */
+    cai_mesh_t *mesh;       /* tp > 1: the mesh whose tp axis (size and rank as in view) the layers use */
+    int seq_parallel;       /* tp > 1: split-gather sequence parallelism (cai_layer_ctx); B*T % tp == 0 */
+    size_t align_elems;     /* flat-buffer alignment of every parameter, elements; 0 means 16 */
+    int external_params;    /* 1: the caller owns parameter and gradient storage (ZeRO, see
+                             * "External parameter storage" below); 0: the model allocates it */
     cai_weights_t *weights; /* NULL: the model creates its own; else it uses these (same config, view
                              * and alignment, with storage; not freed by the model) and allocates
                              * only gradients and activations */
+    int act_slots;          /* activation sets: forwards (of one chunk each) whose backward is still to
+                             * run (a pipeline's in-flight microbatches x chunks); 0 means 1 */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */
@@ -544,8 +546,21 @@ void cai_model_vocab_shard(const cai_model_t *m, int64_t *offset, int64_t *count
 /* The (B, T) the activation buffers were sized for. */
 void cai_model_shape(const cai_model_t *m, int *batch, int *seq_len);
 size_t cai_model_align_elems(const cai_model_t *m);
-/* This stage's layers [begin, end) and whether it holds the embedding / head. */
+/* This stage's layers [begin, end) (of all its chunks: the first one's
+ * begin, the last one's end) and whether it holds the embedding / head. */
 void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int *is_first, int *is_last);
+/* Model chunks: with view.pp_chunks = v a rank holds v runs of layers
+ * (virtual stage c * pp + pp_rank is its chunk c). cai_model_chunk gives
+ * chunk c's layers [begin, end) and whether it runs the embedding / head. */
+int cai_model_chunk_count(const cai_model_t *m);
+cai_status cai_model_chunk(const cai_model_t *m, int chunk, int *layer_begin, int *layer_end, int *is_first,
+                           int *is_last);
+/* Forward, backward and cai_model_stage_io / cai_model_logits act on the
+ * selected chunk and activation slot (initially 0, 0): a forward into slot k
+ * keeps its activations there until its backward, whatever runs in the
+ * other slots meanwhile. The parameter gradients and d_stream are shared. */
+cai_status cai_model_select(cai_model_t *m, int chunk, int slot);
+int cai_model_slot_count(const cai_model_t *m);
 /* Bytes of parameters+grads+working copies and of activations (for logs). */
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
 /* The activation arena cai_model_create allocates for one stage of n_local
@@ -603,9 +618,9 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits);
  * over n of them). Requires a forward with targets on the last stage. */
 cai_status cai_model_backward(cai_model_t *m, float grad_scale);
 
-/* Pipeline stage boundary, [B,T,C] in act dtype: `input` (non-first stages
- * write it before forward), `output` (non-last stages read it after
- * forward), `d_stream` (non-last stages write d(output) there before
+/* Pipeline stage boundary of the selected chunk and slot, [B,T,C] in act
+ * dtype: `input` (non-first stages write it before forward), `output`
+ * (non-last stages read it after forward), `d_stream` (non-last stages write d(output) there before
  * backward; non-first stages read d(input) there after it). */
 cai_status cai_model_stage_io(cai_model_t *m, cai_tensor *input, cai_tensor *output, cai_tensor *d_stream);
 

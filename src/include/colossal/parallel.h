@@ -251,17 +251,22 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
 
 /* ======================================================================
  * The pipeline executor (src/parallel/pipeline.c, docs/pipeline.md): one
- * rank's action list of a schedule (colossal/schedule.h) run on its stage
- * of the model, activations and their gradients sent non-blocking along
- * CAI_AXIS_PP. One chunk per rank (gpipe, 1f1b), tp = 1, dp over the
- * caller's replicas is not composed yet.
+ * rank's action list of a schedule (colossal/schedule.h) run on its model
+ * chunks, activations and their gradients sent non-blocking along
+ * CAI_AXIS_PP; tp shards each stage, the dp replicas of a stage average
+ * their gradients (the model's own: ZeRO stage 0).
  * ====================================================================== */
 
 typedef struct cai_pipeline cai_pipeline_t;
 
+#define CAI_PP_MAX_CHUNKS 16
+
 /* m is this rank's stage (view pp_size/pp_rank those of the mesh's pp
- * axis). Refuses, naming what would run, the schedules that need model
- * chunks (interleaved, zb-v) or a split backward (zb-h1), and tp > 1. Not
+ * axis): one chunk for gpipe and 1f1b, the view's pp_chunks >= 2 for
+ * interleaved. Refuses, naming what would run, the schedules that need a
+ * split backward (zb-h1, zb-v) and a chunk count the style does not run.
+ * The model's activation slots (cai_model_options.act_slots) decide what
+ * is recomputed: with cai_pipeline_slots_needed of them, nothing. Not
  * collective. */
 cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model_t *m, cai_pp_style style);
 void cai_pipeline_free(cai_pipeline_t *p);
@@ -288,6 +293,12 @@ void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
  * (cai_pp_write_chrome_trace's format, one row per stage). Collective over
  * CAI_AXIS_PP. */
 cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted);
+/* The most (microbatch, chunk) forwards whose backward is still to run on
+ * pipeline rank `rank` under `spec`: the activation slots that spare it any
+ * recompute. Not collective. */
+cai_status cai_pipeline_slots_needed(const cai_pp_spec *spec, int rank, int *slots);
+/* Forwards the last step recomputed for want of activation slots. */
+int cai_pipeline_recomputes(const cai_pipeline_t *p);
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p);
 cai_model_t *cai_pipeline_model(const cai_pipeline_t *p);
 
