@@ -99,26 +99,42 @@ static cai_status pipe_forward_backward(const cai_step_driver *d, const int32_t 
  * replica 0), summed over pp and tp; the dp replicas hold the same averaged
  * gradients. */
 static cai_status pipe_grad_sumsq(const cai_step_driver *d, double *sumsq) {
-    cai_tensor grads;
-    cai_model_flat(d->model, NULL, &grads, NULL);
     double s = 0;
     cai_mesh_t *mesh = cai_pipeline_mesh(d->self);
-    CAI_CALL(cai_optim_grad_sumsq(d->optim, &grads, &s));
+    cai_zero_t *z = cai_pipeline_zero(d->self);
+    if (z) {
+        CAI_CALL(cai_zero_grad_sumsq(z, &s)); /* over dp shards and tp */
+    } else {
+        cai_tensor grads;
+        cai_model_flat(d->model, NULL, &grads, NULL);
+        CAI_CALL(cai_optim_grad_sumsq(d->optim, &grads, &s));
+        if (cai_mesh_size(mesh, CAI_AXIS_TP) > 1)
+            CAI_CALL(cai_allreduce(mesh, CAI_AXIS_TP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+    }
     CAI_CALL(cai_allreduce(mesh, CAI_AXIS_PP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
-    if (cai_mesh_size(mesh, CAI_AXIS_TP) > 1)
-        CAI_CALL(cai_allreduce(mesh, CAI_AXIS_TP, &s, &s, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     *sumsq = s;
     return CAI_OK;
 }
+static cai_status pipe_adamw_step(const cai_step_driver *d, const cai_adamw_params *p) {
+    return cai_zero_step(cai_pipeline_zero(d->self), p);
+}
+static int64_t pipe_step_count(const cai_step_driver *d) { return cai_zero_step_count(cai_pipeline_zero(d->self)); }
 
 cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_driver *out) {
-    CAI_CHECK_ARG(p && o && out, "cai_pipeline_driver: NULL argument");
-    *out = (cai_step_driver){.name = "pipeline",
+    CAI_CHECK_ARG(p && out, "cai_pipeline_driver: NULL argument");
+    cai_zero_t *z = cai_pipeline_zero(p);
+    const int steps_itself = z && !cai_zero_get_config(z)->reduce_only;
+    CAI_CHECK_ARG(steps_itself == (o == NULL), "cai_pipeline_driver: %s",
+                  steps_itself ? "o must be NULL: the attached ZeRO engine steps its own shards"
+                               : "needs the optimizer o that steps the stage's own buffers");
+    *out = (cai_step_driver){.name = z ? "pipeline (ZeRO)" : "pipeline",
                              .self = p,
                              .model = cai_pipeline_model(p),
                              .optim = o,
                              .forward_backward = pipe_forward_backward,
-                             .grad_sumsq = pipe_grad_sumsq};
+                             .grad_sumsq = pipe_grad_sumsq,
+                             .adamw_step = o ? NULL : pipe_adamw_step,
+                             .step_count = o ? NULL : pipe_step_count};
     return CAI_OK;
 }
 

@@ -61,10 +61,11 @@ struct cai_pipeline {
     double t0;
     double *ev; /* [op, mb, chunk, start, end] per event */
     int n_ev, cap_ev;
-    /* tie groups split across stages: [grad, peer stage] */
+    cai_zero_t *zero; /* NULL: the model's own gradients, averaged over dp here */
+    /* tie groups split across stages: [parameter, peer stage] */
     int n_ties;
     struct {
-        cai_tensor grad;
+        int index;
         int peer;
         float *tmp;
     } tie[4];
@@ -135,9 +136,9 @@ static cai_status find_ties(cai_pipeline_t *p) {
             if (p->n_ties == (int)(sizeof p->tie / sizeof p->tie[0]))
                 return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: more than %d tied tensors split across stages",
                                  p->n_ties);
-            CAI_CALL(cai_model_param(p->model, a->name, NULL, &p->tie[p->n_ties].grad));
+            p->tie[p->n_ties].index = i;
             p->tie[p->n_ties].peer = sb.pp_stage;
-            CAI_CALL(cai_malloc((void **)&p->tie[p->n_ties].tmp, cai_tensor_numel(&p->tie[p->n_ties].grad) * 4,
+            CAI_CALL(cai_malloc((void **)&p->tie[p->n_ties].tmp, (size_t)sa.local_numel * sizeof(float),
                                 "pipeline tied gradient"));
             p->n_ties++;
         }
@@ -172,10 +173,6 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "pipeline: the model is tp shard %d of %d but the mesh's tp axis says %d of %d", v->tp_rank,
                          v->tp_size, cai_mesh_rank(mesh, CAI_AXIS_TP), cai_mesh_size(mesh, CAI_AXIS_TP));
-    if (cai_model_external_params(m))
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pipeline: the model's parameters are held by a ZeRO engine (stage >= 1); the executor "
-                         "averages the model's own gradients over dp (stage 0)");
     cai_pipeline_t *p = NULL;
     CAI_CALL(cai_calloc((void **)&p, 1, sizeof *p, "pipeline"));
     p->mesh = mesh;
@@ -338,7 +335,11 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
  * contributions, added in that order on both. */
 static cai_status reduce_ties(cai_pipeline_t *p) {
     for (int i = 0; i < p->n_ties; i++) {
-        cai_tensor *g = &p->tie[i].grad;
+        cai_tensor grad, *g = &grad;
+        if (p->zero) CAI_CALL(cai_zero_param_grad(p->zero, p->tie[i].index, g));
+        else
+            CAI_CALL(cai_model_param(p->model, cai_registry_param(cai_model_registry(p->model), p->tie[i].index)->name,
+                                     NULL, g));
         const size_t n = (size_t)cai_tensor_numel(g);
         float *host = NULL;
         CAI_CALL(cai_malloc((void **)&host, n * sizeof(float), "pipeline tied gradient (own)"));
@@ -395,11 +396,17 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     cai_model_t *m = p->model;
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
-    CAI_CALL(cai_model_zero_grad(m));
+    float wdp = 1.0f; /* with an engine the loss gradient carries 1/dp and the reduction sums */
+    if (p->zero) CAI_CALL(cai_zero_grads_begin(p->zero, &wdp));
+    else if (cai_model_external_params(m))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: the model's parameters are held by a ZeRO engine; attach it with "
+                         "cai_pipeline_set_zero");
+    else CAI_CALL(cai_model_zero_grad(m));
     run_state r = {.tokens = tokens,
                    .targets = targets,
                    .per = (size_t)B * (size_t)T,
-                   .w = grad_scale / (float)n_micro};
+                   .w = grad_scale * wdp / (float)n_micro};
     const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, p->rank);
     const int n = cai_pp_schedule_len(p->sched, p->rank);
     for (int s = 0; s < p->n_slots; s++) p->slot_owner[s] = -1;
@@ -446,7 +453,9 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     CAI_CALL(fs);
     CAI_CALL(reduce_ties(p));
     /* the data-parallel replicas of this stage average their gradients */
-    if (cai_mesh_size(p->mesh, CAI_AXIS_DP) > 1) {
+    if (p->zero) {
+        CAI_CALL(cai_zero_grads_end(p->zero));
+    } else if (cai_mesh_size(p->mesh, CAI_AXIS_DP) > 1) {
         cai_tensor g;
         cai_model_flat(m, NULL, &g, NULL);
         CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_DP, g.data, g.data, (size_t)cai_tensor_numel(&g), CAI_DTYPE_F32,
@@ -507,6 +516,24 @@ cai_status cai_pipeline_slots_needed(const cai_pp_spec *spec, int rank, int *slo
 }
 
 int cai_pipeline_recomputes(const cai_pipeline_t *p) { return p ? p->n_recompute : 0; }
+
+cai_status cai_pipeline_set_zero(cai_pipeline_t *p, cai_zero_t *z) {
+    CAI_CHECK_ARG(p, "cai_pipeline_set_zero: NULL pipeline");
+    if (z) {
+        const cai_zero_config *c = cai_zero_get_config(z);
+        if (cai_zero_model(z) != p->model)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_pipeline_set_zero: the engine holds another model");
+        if (c->stage >= 2 || c->offload)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "pipeline: ZeRO stage %d%s under pipeline parallelism: the executor composes with stages "
+                             "0 and 1 without offload (stage 2/3 reduce and gather per microbatch inside the "
+                             "engine's own loop)",
+                             c->stage, c->offload ? " with offload" : "");
+    }
+    p->zero = z;
+    return CAI_OK;
+}
+cai_zero_t *cai_pipeline_zero(const cai_pipeline_t *p) { return p ? p->zero : NULL; }
 
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on) {
     if (p) p->tracing = on != 0;

@@ -998,6 +998,43 @@ done:
     return st;
 }
 
+/* ------------------------------------------------------------ a driver of its own */
+
+cai_status cai_zero_grads_begin(cai_zero_t *z, float *weight) {
+    CAI_CHECK_ARG(z && weight, "cai_zero_grads_begin: NULL argument");
+    if (z->L.stage >= 2)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "ZeRO stage %d reduces each microbatch's gradients as its backward ends, inside "
+                         "cai_zero_forward_backward; a driver running the model itself composes with stages 0 and 1",
+                         z->L.stage);
+    if (z->L.stage == 0) CAI_CALL(cai_model_zero_grad(z->model));
+    else CAI_CALL(fill0(z->dev, z->G, CAI_DTYPE_F32, z->L.n_pad));
+    *weight = 1.0f / (float)z->comm.size;
+    return CAI_OK;
+}
+
+cai_status cai_zero_grads_end(cai_zero_t *z) {
+    CAI_CHECK_ARG(z, "cai_zero_grads_end: NULL engine");
+    CAI_CHECK_ARG(z->L.stage <= 1 && !z->in_step, "cai_zero_grads_end: needs cai_zero_grads_begin (stage 0 or 1)");
+    z->in_bwd = 0;
+    z->micro = 0;
+    z->n_micro = 1;
+    for (int k = z->L.nb - 1; k >= 0; k--) CAI_CALL(start_reduction(z, k));
+    for (int k = z->L.nb - 1; k >= 0; k--) CAI_CALL(wait_reduction(z, k));
+    return reduce_axis_buckets(z);
+}
+
+cai_status cai_zero_param_grad(cai_zero_t *z, int index, cai_tensor *grad) {
+    CAI_CHECK_ARG(z && grad, "cai_zero_param_grad: NULL argument");
+    CAI_CHECK_ARG(z->L.stage <= 1, "cai_zero_param_grad: stage %d holds only a shard of the gradients", z->L.stage);
+    CAI_CHECK_ARG(index >= 0 && index < cai_registry_count(cai_model_registry(z->model)) &&
+                      z->L.offsets[index] != SIZE_MAX,
+                  "cai_zero_param_grad: parameter %d is not held by this rank", index);
+    const int bk = z->L.bucket_of[index];
+    *grad = vec(z->dev, grads_of(z, bk), CAI_DTYPE_F32, z->L.eoff[index] - z->L.b[bk].elo, z->L.numel[index]);
+    return CAI_OK;
+}
+
 cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
     CAI_CHECK_ARG(z && sumsq, "cai_zero_grad_sumsq: NULL argument");
     cai_device_t *dev = z->dev;

@@ -36,19 +36,21 @@ cai_status zl_units_from_registry(const cai_registry_t *reg, const cai_rank_view
     CAI_CALL_GOTO(cai_calloc((void **)&offsets, (size_t)np + 1, sizeof *offsets, "planner offsets"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&stage, (size_t)L + 1, sizeof *stage, "planner layer stages"), st, fail);
     CAI_CALL_GOTO(cai_registry_local_layout(reg, view, 1, offsets, &total), st, fail);
-    int begin = -1, end = -1;
+    /* stage[l] becomes the layer's local index (-1: another rank's): the
+     * model numbers its blocks in layer order over all its chunks */
+    int held = 0, first = 0, last = 0;
     for (int l = 0; l < L; l++) {
-        CAI_CALL_GOTO(cai_registry_layer_stage(reg, view, l, &stage[l]), st, fail);
-        if (stage[l] != view->pp_rank) continue;
-        if (begin < 0) begin = l;
-        end = l + 1;
+        int s = 0;
+        CAI_CALL_GOTO(cai_registry_layer_stage(reg, view, l, &s), st, fail);
+        stage[l] = s == view->pp_rank ? held++ : -1;
     }
-    if (begin < 0) {
+    if (held == 0) {
         st = CAI_ERROR(CAI_ERR_LAYOUT, "pipeline rank %d of %d owns no layer of %d", view->pp_rank, view->pp_size, L);
         goto fail;
     }
-    int first = begin == 0, last = end == L;
-    n_units = first + (end - begin) + last;
+    first = stage[0] >= 0;
+    last = stage[L - 1] >= 0;
+    n_units = first + held + last;
     CAI_CALL_GOTO(cai_calloc((void **)&units, (size_t)n_units, sizeof *units, "planner units"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&cnt, (size_t)n_units, sizeof *cnt, "planner unit sizes"), st, fail);
     for (int u = 0; u < n_units; u++)
@@ -59,7 +61,8 @@ cai_status zl_units_from_registry(const cai_registry_t *reg, const cai_rank_view
         int u = -1;
         if (info->spec.pp_place == CAI_PP_FIRST) u = 0;
         else if (info->spec.pp_place == CAI_PP_LAST) u = n_units - 1;
-        else if (info->spec.layer >= begin && info->spec.layer < end) u = first + info->spec.layer - begin;
+        else if (info->spec.layer >= 0 && info->spec.layer < L && stage[info->spec.layer] >= 0)
+            u = first + stage[info->spec.layer];
         if (u < 0) continue;
         int r = as_read(reg, offsets, i), dup = 0;
         for (int k = 0; k < cnt[u]; k++) dup |= units[u][k] == r;

@@ -51,8 +51,18 @@ static size_t param_offset(const cai_registry_t *reg, int index) {
 }
 
 /* The row under pp = size of comm with `style`. Collective over comm. */
-/* slots: 0 for what the schedule needs, else that many. */
-static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_pp_style style, int slots,
+/* This rank's copy of parameter i (the whole local tensor). */
+static cai_status read_param(cai_model_t *m, cai_zero_t *z, int i, float *out) {
+    if (z) return cai_zero_gather_param(z, i, out);
+    cai_tensor w;
+    CAI_CALL(cai_model_param(m, cai_registry_param(cai_model_registry(m), i)->name, &w, NULL));
+    memcpy(out, w.data, (size_t)cai_tensor_numel(&w) * sizeof *out);
+    return CAI_OK;
+}
+
+/* slots: 0 for what the schedule needs, else that many. zero: -1 the
+ * executor's own dp average, else a ZeRO engine of that stage attached. */
+static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_pp_style style, int slots, int zero,
                          const eq_result *ref, pp_out *out) {
     memset(out, 0, sizeof *out);
     out->tie_equal = 1;
@@ -64,7 +74,9 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     cai_mesh_t *mesh = NULL;
     cai_model_t *m = NULL;
     cai_optim_t *o = NULL;
+    cai_zero_t *z = NULL;
     cai_pipeline_t *pipe = NULL;
+    float *mine = NULL;
     cai_status st = CAI_OK;
     int32_t *tok = malloc((size_t)G * T * sizeof *tok), *tgt = malloc((size_t)G * T * sizeof *tgt);
     cai_mesh_config mc;
@@ -77,6 +89,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     mo.batch = B;
     mo.seq_len = T;
     cai_adamw_config oc = eq_adamw();
+    cai_zero_config zc;
+    cai_zero_config_init(&zc);
+    zc.stage = zero > 0 ? zero : 0;
+    zc.reduce_only = zero == 0;
+    zc.timeout_s = 60;
+    if (zero >= 0) cai_zero_model_options(&zc, &mo);
     CAI_CALL_GOTO(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1), st, done);
     CAI_CALL_GOTO(cai_mesh_init(&mesh, comm, &mc), st, done);
     mo.view.pp_size = pp;
@@ -91,8 +109,10 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     CAI_CALL_GOTO(cai_pipeline_slots_needed(&spec, mo.view.pp_rank, &need), st, done);
     mo.act_slots = slots ? slots : need;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
-    CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    if (zero != 1) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
+    if (zero >= 0) CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
     CAI_CALL_GOTO(cai_pipeline_create(&pipe, mesh, m, style), st, done);
+    CAI_CALL_GOTO(cai_pipeline_set_zero(pipe, z), st, done);
     cai_step_driver drv;
     CAI_CALL_GOTO(cai_pipeline_driver(pipe, o, &drv), st, done);
     cai_pipeline_set_trace(pipe, 1); /* the trace's bookkeeping must not change any number */
@@ -101,7 +121,7 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         for (int s = 0; s < G / dp; s++)
             eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
         cai_step_stats ss;
-        CAI_CALL_GOTO(cai_train_step(&drv, NULL, NULL, tok, tgt, micro, &ss), st, done);
+        CAI_CALL_GOTO(cai_train_step(&drv, &oc, NULL, tok, tgt, micro, &ss), st, done);
         out->res.loss[step] = ss.loss;
         out->res.norm[step] = ss.grad_norm;
         const int rc = cai_pipeline_recomputes(pipe);
@@ -127,11 +147,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         cai_param_shard sh;
         CAI_CALL_GOTO(cai_registry_shard(reg, i, cai_model_view(m), &sh), st, done);
         if (!sh.held) continue;
-        cai_tensor w;
-        CAI_CALL_GOTO(cai_model_param(m, pi->name, &w, NULL), st, done);
         free(full);
+        free(mine);
         full = malloc(pi->numel * sizeof *full);
-        CAI_CALL_GOTO(eq_gather_tp(mesh, reg, cai_model_view(m), i, w.data, full), st, done);
+        mine = malloc(sh.local_numel * sizeof *mine);
+        CAI_CALL_GOTO(read_param(m, z, i, mine), st, done);
+        CAI_CALL_GOTO(eq_gather_tp(mesh, reg, cai_model_view(m), i, mine, full), st, done);
         const size_t off = param_offset(reg, pi->tie_primary);
         const float *want = ref->params + off;
         for (uint64_t k = 0; k < pi->numel; k++) {
@@ -143,30 +164,33 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     for (int i = 0; i < cai_registry_count(reg); i++) {
         const cai_param_info *pi = cai_registry_param(reg, i);
         if (pi->spec.tie_group <= 0 || pi->tie_primary == i || pp == 1) continue;
-        cai_tensor w, w0;
         cai_param_shard sh, sh0;
         CAI_CALL_GOTO(cai_registry_shard(reg, i, cai_model_view(m), &sh), st, done);
         CAI_CALL_GOTO(cai_registry_shard(reg, pi->tie_primary, cai_model_view(m), &sh0), st, done);
         const int me = cai_mesh_rank(mesh, CAI_AXIS_PP);
         if (sh.pp_stage == sh0.pp_stage) continue;
+        free(mine);
+        mine = malloc((sh0.held ? sh0.local_numel : sh.local_numel) * sizeof *mine);
         if (sh0.held) {
-            CAI_CALL_GOTO(cai_model_param(m, cai_registry_param(reg, pi->tie_primary)->name, &w0, NULL), st, done);
-            MPI_Send(w0.data, (int)sh0.local_numel, MPI_FLOAT, sh.pp_stage, 77, cai_mesh_comm(mesh, CAI_AXIS_PP));
+            CAI_CALL_GOTO(read_param(m, z, pi->tie_primary, mine), st, done);
+            MPI_Send(mine, (int)sh0.local_numel, MPI_FLOAT, sh.pp_stage, 77, cai_mesh_comm(mesh, CAI_AXIS_PP));
         } else if (sh.held) {
-            CAI_CALL_GOTO(cai_model_param(m, pi->name, &w, NULL), st, done);
+            CAI_CALL_GOTO(read_param(m, z, i, mine), st, done);
             float *other = malloc(sh.local_numel * sizeof *other);
             MPI_Recv(other, (int)sh.local_numel, MPI_FLOAT, sh0.pp_stage, 77, cai_mesh_comm(mesh, CAI_AXIS_PP),
                      MPI_STATUS_IGNORE);
-            out->tie_equal = memcmp(other, w.data, sh.local_numel * sizeof *other) == 0;
+            out->tie_equal = memcmp(other, mine, sh.local_numel * sizeof *other) == 0;
             free(other);
         }
         (void)me;
     }
 done:
     free(full);
+    free(mine);
     free(tok);
     free(tgt);
     cai_pipeline_free(pipe);
+    cai_zero_free(z);
     cai_optim_free(o);
     cai_model_free(m);
     cai_mesh_free(mesh);
@@ -191,17 +215,23 @@ START_TEST(pp_matrix_matches_single_rank) {
     MPI_Comm half;
     MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / 2, g_world_rank, &half);
     int bad = 0, rows = 0;
-    /* {pp, dp, tp, style, slots (0: as needed)}: pp=2 alone runs on both halves of the world */
+    /* {pp, dp, tp, style, slots (0: as needed), ZeRO stage (-1: no engine)}:
+     * pp=2 alone runs on both halves of the world */
     static const struct {
         int pp, dp, tp;
         cai_pp_style style;
-        int slots;
+        int slots, zero;
     } layouts[] = {
-        {2, 1, 1, CAI_PP_GPIPE, 0},       {2, 1, 1, CAI_PP_1F1B, 0},        {2, 1, 1, CAI_PP_INTERLEAVED, 0},
-        {2, 1, 1, CAI_PP_1F1B, 1},        {4, 1, 1, CAI_PP_GPIPE, 0},       {4, 1, 1, CAI_PP_1F1B, 0},
-        {4, 1, 1, CAI_PP_INTERLEAVED, 0}, {4, 1, 1, CAI_PP_INTERLEAVED, 1}, {2, 2, 1, CAI_PP_GPIPE, 0},
-        {2, 2, 1, CAI_PP_1F1B, 0},        {2, 2, 1, CAI_PP_INTERLEAVED, 0}, {2, 1, 2, CAI_PP_GPIPE, 0},
-        {2, 1, 2, CAI_PP_1F1B, 0},        {2, 1, 2, CAI_PP_INTERLEAVED, 0},
+        {2, 1, 1, CAI_PP_GPIPE, 0, -1},       {2, 1, 1, CAI_PP_1F1B, 0, -1},
+        {2, 1, 1, CAI_PP_INTERLEAVED, 0, -1}, {2, 1, 1, CAI_PP_1F1B, 1, -1},
+        {4, 1, 1, CAI_PP_GPIPE, 0, -1},       {4, 1, 1, CAI_PP_1F1B, 0, -1},
+        {4, 1, 1, CAI_PP_INTERLEAVED, 0, -1}, {4, 1, 1, CAI_PP_INTERLEAVED, 1, 1},
+        {2, 2, 1, CAI_PP_GPIPE, 0, -1},       {2, 2, 1, CAI_PP_1F1B, 0, -1},
+        {2, 2, 1, CAI_PP_INTERLEAVED, 0, -1}, {2, 2, 1, CAI_PP_1F1B, 0, 0},
+        {2, 2, 1, CAI_PP_GPIPE, 0, 1},        {2, 2, 1, CAI_PP_1F1B, 0, 1},
+        {2, 2, 1, CAI_PP_INTERLEAVED, 0, 1},  {2, 1, 2, CAI_PP_GPIPE, 0, -1},
+        {2, 1, 2, CAI_PP_1F1B, 0, -1},        {2, 1, 2, CAI_PP_INTERLEAVED, 0, -1},
+        {2, 1, 2, CAI_PP_1F1B, 0, 1},
     };
     const int n_layouts = (int)(sizeof layouts / sizeof layouts[0]);
     int half_rows = 0; /* pp=2 rows alternate between the halves */
@@ -217,7 +247,8 @@ START_TEST(pp_matrix_matches_single_rank) {
             if (tp > 1) r.steps = TP_STEPS;
             const eq_result *want = tp > 1 ? &ref_tp[f][deep] : &ref[f][deep];
             pp_out got;
-            cai_status st = run_pp(on_half ? half : MPI_COMM_WORLD, &r, dp, tp, style, layouts[l].slots, want, &got);
+            cai_status st = run_pp(on_half ? half : MPI_COMM_WORLD, &r, dp, tp, style, layouts[l].slots,
+                                   layouts[l].zero, want, &got);
             double worst = 0;
             for (int k = 0; k < r.steps && st == CAI_OK; k++) {
                 worst = fmax(worst, fabs(got.res.loss[k] - want->loss[k]) / fabs(want->loss[k]));
@@ -225,11 +256,15 @@ START_TEST(pp_matrix_matches_single_rank) {
             }
             const int ok = st == CAI_OK && worst <= 1e-5 && got.param_err <= 1e-4 && got.tie_equal;
             if (!ok || g_world_rank == 0 || (on_half && g_world_rank == 2))
-                printf("[rank %d] pp=%d dp=%d tp=%d %s %s%s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n",
-                       g_world_rank, pp, dp, tp, cai_model_family_name(fams[f]), cai_pp_style_name(style),
-                       layouts[l].slots == 1 ? " (1 slot)" : "", ok ? "ok" : "FAIL", worst, got.param_err,
-                       got.tie_equal ? "equal" : "DIFFER", st == CAI_OK ? "" : ": ",
-                       st == CAI_OK ? "" : cai_error_message());
+                printf(
+                    "[rank %d] pp=%d dp=%d tp=%d %s %s%s%s: %s loss/norm rel %.2e, params |diff| %.2e, ties %s%s%s\n",
+                    g_world_rank, pp, dp, tp, cai_model_family_name(fams[f]), cai_pp_style_name(style),
+                    layouts[l].slots == 1 ? " (1 slot)" : "",
+                    layouts[l].zero < 0 ? ""
+                    : layouts[l].zero   ? " ZeRO-1"
+                                        : " ZeRO-0 engine",
+                    ok ? "ok" : "FAIL", worst, got.param_err, got.tie_equal ? "equal" : "DIFFER",
+                    st == CAI_OK ? "" : ": ", st == CAI_OK ? "" : cai_error_message());
             if (st != CAI_OK) cai_error_clear();
             bad += !ok;
             rows++;

@@ -194,7 +194,9 @@ cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out
 
 /* The pipeline executor as a driver: `o` steps this stage's own flat
  * buffers (every stage updates its parameters; tied copies receive the
- * same summed gradient, so they stay equal). Not collective. */
+ * same summed gradient, so they stay equal), or, with a ZeRO stage-1
+ * engine attached (cai_pipeline_set_zero), o is NULL and the engine steps
+ * its shards. Not collective. */
 cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_driver *out);
 
 /* One training step on any driver: forward and backward of n_micro

@@ -130,6 +130,18 @@ cai_model_t *cai_zero_model(const cai_zero_t *z);
  * Collective over CAI_AXIS_DP. */
 cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const int32_t *targets, int n_micro,
                                      float grad_scale, double *loss);
+/* For a driver that runs the model itself (the pipeline executor), stages 0
+ * and 1: cai_zero_grads_begin zeroes the gradients and gives the weight
+ * (1/dp) the loss gradient takes so the reduced sum is the replicas' mean;
+ * after every backward of the step, cai_zero_grads_end reduces them as
+ * cai_zero_forward_backward would (all-reduce, or reduce-scatter into the
+ * shards, then the tp-partial ones over tp). Collective over CAI_AXIS_DP
+ * (and CAI_AXIS_TP). cai_zero_param_grad: parameter `index`'s F32 gradient
+ * on this rank, the whole local tensor, before cai_zero_grads_end (for
+ * sums between stages, e.g. tied embeddings). */
+cai_status cai_zero_grads_begin(cai_zero_t *z, float *weight);
+cai_status cai_zero_grads_end(cai_zero_t *z);
+cai_status cai_zero_param_grad(cai_zero_t *z, int index, cai_tensor *grad);
 /* Sum of squares of the reduced gradients, each parameter element counted
  * once in the job (tie copies at their primary, tp replicas at replica 0):
  * the same value on every dp and tp rank; not finite when any rank's
@@ -297,6 +309,13 @@ cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measu
  * pipeline rank `rank` under `spec`: the activation slots that spare it any
  * recompute. Not collective. */
 cai_status cai_pipeline_slots_needed(const cai_pp_spec *spec, int rank, int *slots);
+/* Hand the stage's gradients to a ZeRO engine over the same model (stage 0
+ * or 1, no offload; NULL detaches): the step zeroes, weights and reduces
+ * them through it (cai_zero_grads_begin/end) instead of averaging the
+ * model's own over dp, and the driver steps the engine's shards. Not
+ * collective. */
+cai_status cai_pipeline_set_zero(cai_pipeline_t *p, cai_zero_t *z);
+cai_zero_t *cai_pipeline_zero(const cai_pipeline_t *p);
 /* Forwards the last step recomputed for want of activation slots. */
 int cai_pipeline_recomputes(const cai_pipeline_t *p);
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p);
