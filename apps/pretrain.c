@@ -73,13 +73,24 @@ static const cai_config_field k_fields[] = {
     F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split)", 1,
       1 << 20),
     F("mesh.pp", CAI_CFG_INT, pp, "1",
-      "pipeline stages (layers split evenly; train.grad_accum microbatches go through the pipeline; with dp and tp at "
-      "ZeRO stage 0)",
+      "pipeline stages (train.grad_accum microbatches go through the pipeline; composes with dp, tp and ZeRO stage "
+      "0/1)",
       1, 1 << 20),
     E("pp.schedule", pp_schedule, "1f1b",
-      "pipeline schedule: gpipe or 1f1b (interleaved, zb-h1 and zb-v are drawn by colossal-check --schedule; the "
-      "executor does not run them yet)",
+      "pipeline schedule: gpipe, 1f1b or interleaved (zb-h1 and zb-v, which split the backward, are drawn by "
+      "colossal-check --schedule but not run)",
       k_pp_schedules),
+    F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
+      "model chunks per pipeline rank (interleaved: >= 2; virtual stage k sits on rank k % mesh.pp); 0: 2 for "
+      "interleaved, else 1",
+      0, 1024),
+    S("pp.layers", pp_layers, "",
+      "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to "
+      "model.n_layers); empty: an even split"),
+    F("pp.act_slots", CAI_CFG_INT, pp_slots, "0",
+      "microbatch activations a pipeline rank keeps for its backward; 0: as many as the schedule has in flight "
+      "(nothing recomputed); fewer: the rest recompute their forward",
+      0, 1 << 20),
     F("pp.trace", CAI_CFG_STRING, pp_trace, "",
       "mesh.pp > 1: write the last step's measured pipeline timeline here (Chrome trace JSON) and print its bubble "
       "beside the schedule's",
@@ -249,6 +260,72 @@ static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
     return r;
 }
 
+/* The pipeline's spec and, when stage_of is given (model.n_layers
+ * entries), the rank of each layer from pp.layers (virtual stage k on rank
+ * k % pp). Refuses what the executor would not run: a split backward,
+ * microbatches the schedule cannot take, layers that do not fill the
+ * virtual stages. */
+static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stage_of) {
+    cai_pp_spec spec = {.pp = c->pp,
+                        .virtual_stages =
+                            c->pp_virtual ? c->pp_virtual : cai_pp_style_default_virtual((cai_pp_style)c->pp_schedule),
+                        .microbatches = c->grad_accum,
+                        .style = (cai_pp_style)c->pp_schedule};
+    if (spec.style == CAI_PP_ZB_H1 || spec.style == CAI_PP_ZB_V)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "pp.schedule=%s splits the backward into input and weight passes, which the model does not "
+                         "provide; use 1f1b (zb-h1's memory) or interleaved",
+                         k_pp_schedules[c->pp_schedule]);
+    if (spec.style != CAI_PP_INTERLEAVED && spec.virtual_stages != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "pp.virtual=%d: pp.schedule=%s runs one model chunk per rank (interleaved runs more)",
+                         spec.virtual_stages, k_pp_schedules[c->pp_schedule]);
+    cai_status st = cai_pp_spec_validate(&spec);
+    if (st != CAI_OK) {
+        cai_error_push(__FILE__, __LINE__, __func__, "train.grad_accum is the pipeline's microbatches per step");
+        return st;
+    }
+    const int V = spec.pp * spec.virtual_stages, L = c->n_layers;
+    if (!c->pp_layers || !c->pp_layers[0]) {
+        if (L % V != 0) {
+            int lo = L / V * V, hi = (L / V + 1) * V;
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "model.n_layers=%d does not divide over mesh.pp=%d x pp.virtual=%d = %d virtual stages "
+                             "(%d or %d layers would; or give each stage's count in pp.layers)",
+                             L, spec.pp, spec.virtual_stages, V, lo > 0 ? lo : hi, hi);
+        }
+        if (stage_of)
+            for (int l = 0; l < L; l++) stage_of[l] = (l / (L / V)) % spec.pp;
+    } else {
+        const char *s = c->pp_layers;
+        int k = 0, sum = 0;
+        while (*s) {
+            char *end = NULL;
+            long n = strtol(s, &end, 10);
+            if (end == s || n < 1 || n > L)
+                return CAI_ERROR(CAI_ERR_CONFIG,
+                                 "pp.layers=\"%s\": entry %d is not a layer count in [1, %d] (comma-separated, one per "
+                                 "virtual stage)",
+                                 c->pp_layers, k + 1, L);
+            if (stage_of)
+                for (long i = 0; i < n && sum + i < L; i++) stage_of[sum + i] = k % spec.pp;
+            sum += (int)n;
+            k++;
+            s = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                return CAI_ERROR(CAI_ERR_CONFIG, "pp.layers=\"%s\": '%c' after entry %d (counts separated by commas)",
+                                 c->pp_layers, *end, k);
+        }
+        if (k != V || sum != L)
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "pp.layers=\"%s\" gives %d virtual stages of %d layers in all; mesh.pp=%d x "
+                             "pp.virtual=%d needs %d counts summing to model.n_layers=%d",
+                             c->pp_layers, k, sum, spec.pp, spec.virtual_stages, V, L);
+    }
+    if (spec_out) *spec_out = spec;
+    return CAI_OK;
+}
+
 /* Everything decided from the config alone, identically on every rank and
  * before any data preparation or allocation: the layout, the loss scaling,
  * the optimizer, the run's options, the model's shape (only the vocabulary
@@ -256,23 +333,21 @@ static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
 static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     int rest = c->tp * c->pp * c->sp;
     *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
-    cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->n_layers, 0, 0, 0};
+    /* the layer split over pipeline stages is pp_layout's (pp.layers may be uneven) */
+    cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->pp > 1 ? 0 : c->n_layers, 0, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
     if (c->sp > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "colossal-pretrain runs data, tensor and pipeline parallel layouts: mesh.sp=%d must be 1 "
                          "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
                          c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
-    if (c->pp > 1 && (c->zero_stage != 0 || c->zero_offload || c->sp_mode))
+    if (c->pp > 1 && (c->zero_stage > 1 || c->zero_offload || c->sp_mode))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "mesh.pp=%d composes with dp and tp at ZeRO stage 0 for now: zero.stage=%d zero.offload=%s "
-                         "mesh.sp_mode=%s must be 0, false and off",
+                         "mesh.pp=%d composes with dp and tp at ZeRO stage 0 or 1 without offload and sp_mode: "
+                         "zero.stage=%d zero.offload=%s mesh.sp_mode=%s (stages 2/3 reduce and gather per microbatch "
+                         "inside the engine's own loop)",
                          c->pp, c->zero_stage, c->zero_offload ? "true" : "false", k_sp_modes[c->sp_mode]);
-    if (c->pp > 1 && c->pp_schedule != CAI_PP_GPIPE && c->pp_schedule != CAI_PP_1F1B)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pp.schedule=%s: the pipeline executor runs gpipe and 1f1b (%s needs %s)",
-                         k_pp_schedules[c->pp_schedule], k_pp_schedules[c->pp_schedule],
-                         c->pp_schedule == CAI_PP_ZB_H1 ? "the backward split into input and weight passes"
-                                                        : "model chunks per rank");
+    if (c->pp > 1) CAI_CALL(pp_layout(c, NULL, NULL));
     cai_loss_scale_config l = loss_scale_config(c);
     CAI_CALL(cai_loss_scale_config_check(&l));
     cai_adamw_config o = optim_config(c);
@@ -311,7 +386,26 @@ typedef struct {
     cai_loss_scaler scaler;
     int scaled; /* f16: dynamic loss scaling */
     pt_data data;
+    cai_pp_spec pp;          /* mesh.pp > 1 */
+    int *stage_of;           /* pipeline rank of each layer (mesh.pp > 1) */
+    int slots, slots_needed; /* this rank's activation slots, and the schedule's in-flight peak */
 } pt_job;
+
+/* This rank's view: the mesh's, with the pipeline's chunks and layer split. */
+static cai_status job_view(pt_job *j, cai_run_t *run, cai_rank_view *v) {
+    const pt_config *c = j->cfg;
+    *v = cai_run_view(run);
+    if (c->pp <= 1) return CAI_OK;
+    if (!j->stage_of) {
+        CAI_CALL(cai_calloc((void **)&j->stage_of, (size_t)c->n_layers, sizeof *j->stage_of, "pipeline layer split"));
+        CAI_CALL(pp_layout(c, &j->pp, j->stage_of));
+        CAI_CALL(cai_pipeline_slots_needed(&j->pp, v->pp_rank, &j->slots_needed));
+        j->slots = c->pp_slots > 0 && c->pp_slots < j->slots_needed ? c->pp_slots : j->slots_needed;
+    }
+    v->pp_chunks = j->pp.virtual_stages;
+    v->layer_stage = j->stage_of;
+    return CAI_OK;
+}
 
 static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_stats *st) {
     pt_job *j = ctx;
@@ -407,10 +501,12 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
     apply_precision(c, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, resolved));
     j->zc = zero_config(c);
+    cai_rank_view view;
+    CAI_CALL(job_view(j, run, &view));
     cai_mem_plan_request q = {.model = *resolved,
                               .batch = c->micro_batch,
                               .seq_len = c->seq_len,
-                              .view = cai_run_view(run),
+                              .view = view,
                               .seq_parallel = c->sp_mode != 0,
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = j->zc,
@@ -425,7 +521,8 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     cai_model_options mo = cai_model_options_default(resolved);
     mo.batch = c->micro_batch;
     mo.seq_len = c->seq_len;
-    mo.view = cai_run_view(run);
+    CAI_CALL(job_view(j, run, &mo.view));
+    mo.act_slots = j->slots;
     mo.mesh = cai_run_mesh(run);
     mo.seq_parallel = c->sp_mode != 0;
     cai_zero_model_options(&j->zc, &mo);
@@ -435,6 +532,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     CAI_CALL(cai_zero_create(&j->zero, cai_run_mesh(run), j->model, &j->zc));
     if (c->pp > 1) {
         CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->model, (cai_pp_style)c->pp_schedule));
+        CAI_CALL(cai_pipeline_set_zero(j->pipe, j->zero));
         cai_pipeline_set_trace(j->pipe, c->pp_trace && c->pp_trace[0]);
         CAI_CALL(cai_pipeline_driver(j->pipe, j->optim, &j->driver));
     } else {
@@ -448,6 +546,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
 }
 
 static void job_free(pt_job *j) {
+    cai_free(j->stage_of);
     cai_pipeline_free(j->pipe);
     cai_optim_free(j->optim);
     cai_zero_free(j->zero);
@@ -488,20 +587,22 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
         (long long)j->data.global_batch, c->seq_len, (long long)tokens_per_step, c->micro_batch, c->grad_accum, dp,
         (long long)c->steps, (double)(c->steps * tokens_per_step) / 1e6);
     if (j->pipe) {
-        const cai_pp_spec ps = {.pp = c->pp,
-                                .virtual_stages = 1,
-                                .microbatches = c->grad_accum,
-                                .style = (cai_pp_style)c->pp_schedule};
         double bubble = 0;
         const char *formula = NULL;
-        cai_pp_bubble_formula(&ps, &bubble, &formula);
-        int lb = 0, le = 0;
-        cai_model_stage(j->model, &lb, &le, NULL, NULL);
+        cai_pp_bubble_formula(&j->pp, &bubble, &formula);
+        char chunks[160] = "";
+        size_t at = 0;
+        for (int k = 0; k < cai_model_chunk_count(j->model) && at < sizeof chunks; k++) {
+            int lb = 0, le = 0;
+            cai_model_chunk(j->model, k, &lb, &le, NULL, NULL);
+            at += (size_t)snprintf(chunks + at, sizeof chunks - at, "%s[%d, %d)", k ? " " : "", lb, le);
+        }
         printf(
-            "pipeline: %s over pp %d, %d microbatches a step (train.grad_accum), bubble %.1f%% by the schedule; "
-            "stage 0 holds layers [%d, %d); a backward whose activations were overwritten recomputes its "
-            "forward\n",
-            k_pp_schedules[c->pp_schedule], c->pp, c->grad_accum, 100.0 * bubble, lb, le);
+            "pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum), bubble %.1f%% by the "
+            "schedule; rank 0 holds layers %s; activation slots %d of the %d in flight%s\n",
+            k_pp_schedules[c->pp_schedule], c->pp, j->pp.virtual_stages, j->pp.virtual_stages == 1 ? "" : "s",
+            c->grad_accum, 100.0 * bubble, chunks, j->slots, j->slots_needed,
+            j->slots < j->slots_needed ? " (the others recompute their forward)" : "");
     }
     printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
            (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,

@@ -23,6 +23,9 @@ typedef struct {
     int dp, tp, pp, sp;
     int sp_mode;     /* index into k_sp_modes: 0 off, 1 split_gather */
     int pp_schedule; /* a cai_pp_style (k_pp_schedules) */
+    int pp_virtual;  /* model chunks per rank; 0: the schedule's default */
+    int pp_slots;    /* activation slots; 0: what the schedule keeps in flight */
+    char *pp_layers; /* layers per virtual stage, "4,4,3,5", or empty for an even split */
     char *pp_trace;  /* Chrome trace of the last step's pipeline, or empty */
     double watchdog;
     /* train */

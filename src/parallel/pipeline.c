@@ -485,7 +485,9 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     for (int k = 0; k < n_micro; k++)
         for (int c = 0; c < p->n_chunks; c++) {
             const chunk_info *ci = &p->chunk[c];
-            const int tag = (k * p->n_chunks + c) % 4096; /* between one pair, in order: MPI does not overtake */
+            /* named by the receiving chunk (rank pp-1's chunk c feeds rank 0's c+1); between one pair, in
+             * order: MPI does not overtake */
+            const int tag = (k * p->n_chunks + c) % 4096, send_tag = (tag + (p->rank == pp - 1)) % 4096;
             cai_tensor in, out;
             CAI_CALL(cai_model_select(m, c, 0));
             CAI_CALL(cai_model_stage_io(m, &in, &out, NULL));
@@ -496,7 +498,7 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
             sum += l;
             if (!ci->last) {
                 CAI_CALL(cai_device_sync(p->dev));
-                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, next, tag));
+                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, next, send_tag));
             }
         }
     double mean = p->last ? sum / n_micro : 0.0;

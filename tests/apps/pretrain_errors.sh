@@ -23,7 +23,7 @@ expect_grep err 'n_heads=3'
 
 run_np 2 --mesh.pp 2 --pp.schedule zb-h1 --run.dir "$TMP/x"
 expect_rc 2
-expect_grep err 'pp\.schedule=zb-h1: the pipeline executor runs gpipe and 1f1b'
+expect_grep err 'pp\.schedule=zb-h1 splits the backward into input and weight passes'
 
 run_np 3 --mesh.tp 3 --model.n_heads 4 --model.d_model 64 --run.dir "$TMP/x"
 expect_rc 2

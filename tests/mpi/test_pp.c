@@ -120,6 +120,17 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     for (int step = 0; step < row->steps; step++) {
         for (int s = 0; s < G / dp; s++)
             eq_sequence(row, step, first_seq + s, tok + (size_t)s * T, tgt + (size_t)s * T);
+        if (step == 0) {
+            /* evaluation down the chain of stages: the first step's loss, before any update */
+            double el = 0;
+            CAI_CALL_GOTO(cai_pipeline_eval(pipe, tok, tgt, micro, &el), st, done);
+            CAI_CALL_GOTO(cai_allreduce(mesh, CAI_AXIS_DP, &el, &el, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
+            if (!(fabs(el - ref->loss[0]) <= 1e-5 * fabs(ref->loss[0]))) {
+                st = CAI_ERROR(CAI_ERR_INTERNAL, "evaluation loss %.9g, the reference's first step %.9g", el,
+                               ref->loss[0]);
+                goto done;
+            }
+        }
         cai_step_stats ss;
         CAI_CALL_GOTO(cai_train_step(&drv, &oc, NULL, tok, tgt, micro, &ss), st, done);
         out->res.loss[step] = ss.loss;
