@@ -69,7 +69,7 @@ check_PROGRAMS += tests/mpi/test_pp
 tests_mpi_test_pp_SOURCES = tests/mpi/test_pp.c tests/mpi/test_equiv_harness.h tests/mpi/test_mesh_util.h
 tests_mpi_test_pp_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_pp_LDADD = $(TEST_LIBS)
-PP_MPI_TESTS = tests/mpi/pp.np4
+PP_MPI_TESTS = tests/mpi/pp.np4 tests/mpi/pp8.np8
 $(PP_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(PP_MPI_TESTS)

@@ -54,8 +54,15 @@ struct cai_pipeline {
      * (-1: not resident), and when each pair's backward runs in the list */
     int *slot_owner, *slot_of, *bwd_at;
     int n_slots, n_recompute;
-    cai_request_t **sends;
+    cai_request_t **sends; /* in flight; completed ones are NULL until the step ends */
     int n_sends, sends_cap;
+    /* Host: every RECV of the step is posted at its start (recv[i] for
+     * action i, NULL once complete), so data lands while this rank computes;
+     * a model hook tests the messages in flight between units, because MPI
+     * moves a large message only while a rank is inside it. */
+    cai_request_t **recv;
+    cai_status *recv_st;
+    int n_recv_cap, prepost;
     /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
     int tracing;
     double t0;
@@ -70,6 +77,8 @@ struct cai_pipeline {
         float *tmp;
     } tie[4];
 };
+
+static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit);
 
 static cai_status free_bufs(cai_pipeline_t *p) {
     for (int i = 0; i < p->mb_cap; i++) {
@@ -194,6 +203,11 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
     p->act_count = (size_t)cai_tensor_numel(&io);
     p->act_bytes = p->act_count * cai_dtype_size(io.dtype);
     CAI_CALL_GOTO(find_ties(p), st, fail);
+    /* NCCL runs point-to-point in issue order on one stream: posting every
+     * receive first would block the sends behind them, so only MPI's
+     * host messages are preposted and progressed from the hook */
+    p->prepost = p->dev->kind == CAI_DEVICE_HOST;
+    CAI_CALL_GOTO(cai_model_add_hook(m, progress_hook, p), st, fail);
     *out = p;
     return CAI_OK;
 fail:
@@ -203,8 +217,14 @@ fail:
 
 void cai_pipeline_free(cai_pipeline_t *p) {
     if (!p) return;
-    for (int i = 0; i < p->n_sends; i++) (void)cai_wait(p->sends[i]);
+    for (int i = 0; i < p->n_sends; i++)
+        if (p->sends[i]) (void)cai_wait(p->sends[i]);
     cai_free(p->sends);
+    /* a receive still posted belongs to a failed step whose peer may never
+     * send: waiting here could hang, so its request is left to MPI_Finalize */
+    cai_free(p->recv);
+    cai_free(p->recv_st);
+    if (p->model) (void)cai_model_remove_hook(p->model, progress_hook, p);
     free_bufs(p);
     cai_free(p->slot_owner);
     for (int i = 0; i < p->n_ties; i++) cai_free(p->tie[i].tmp);
@@ -231,11 +251,50 @@ static cai_status add_send(cai_pipeline_t *p, cai_request_t *r) {
 static cai_status finish_sends(cai_pipeline_t *p) {
     cai_status st = CAI_OK;
     for (int i = 0; i < p->n_sends; i++) {
+        if (!p->sends[i]) continue;
         cai_status one = cai_wait(p->sends[i]);
         if (st == CAI_OK) st = one;
     }
     p->n_sends = 0;
     return st;
+}
+
+/* One test of every message in flight: completes what has arrived and lets
+ * MPI move the rest along. Errors surface where the message is waited for. */
+static cai_status progress(cai_pipeline_t *p) {
+    int done = 0;
+    for (int i = 0; i < p->n_sends; i++)
+        if (p->sends[i]) {
+            cai_status st = cai_test(p->sends[i], &done);
+            if (done) p->sends[i] = NULL;
+            CAI_CALL(st);
+        }
+    for (int i = 0; i < p->n_recv_cap; i++)
+        if (p->recv[i]) {
+            cai_status st = cai_test(p->recv[i], &done);
+            if (done) {
+                p->recv[i] = NULL;
+                p->recv_st[i] = st;
+            }
+        }
+    return CAI_OK;
+}
+
+static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit) {
+    (void)m;
+    (void)unit;
+    cai_pipeline_t *p = ctx;
+    if (!p->prepost || (ev != CAI_MODEL_POST_FORWARD && ev != CAI_MODEL_POST_BACKWARD)) return CAI_OK;
+    return progress(p);
+}
+
+/* Post the receive of action i of the list (the RECV's buffer). */
+static cai_status post_recv(cai_pipeline_t *p, const cai_pp_action *a, int i) {
+    const int k = a->mb * p->n_chunks + a->chunk;
+    const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
+    void *buf = a->op == CAI_PP_RECV_ACT ? p->mb[k].in : p->mb[k].dout;
+    p->recv_st[i] = CAI_OK;
+    return cai_irecv(p->mesh, CAI_AXIS_PP, buf, p->act_count, p->act_dtype, a->peer, tag, &p->recv[i]);
 }
 
 typedef struct {
@@ -281,7 +340,8 @@ static cai_status chunk_forward(cai_pipeline_t *p, run_state *r, int mb, int chu
     return CAI_OK;
 }
 
-static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_action *a) {
+/* Action i of this rank's list. */
+static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_action *a, int i) {
     cai_model_t *m = p->model;
     const int mb = a->mb, k = mb * p->n_chunks + a->chunk;
     const chunk_info *c = &p->chunk[a->chunk];
@@ -289,17 +349,20 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
     cai_request_t *req = NULL;
     switch (a->op) {
     case CAI_PP_RECV_ACT:
-        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[k].in, p->act_count, p->act_dtype, a->peer, tag, &req));
-        return cai_wait(req);
     case CAI_PP_RECV_GRAD:
-        CAI_CALL(cai_irecv(p->mesh, CAI_AXIS_PP, p->mb[k].dout, p->act_count, p->act_dtype, a->peer, tag, &req));
+        if (!p->prepost) CAI_CALL(post_recv(p, a, i));
+        if (!p->recv[i]) return p->recv_st[i]; /* completed by a progress test */
+        req = p->recv[i];
+        p->recv[i] = NULL;
         return cai_wait(req);
     case CAI_PP_SEND_ACT:
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].out, p->act_count, p->act_dtype, a->peer, tag, &req));
-        return add_send(p, req);
+        CAI_CALL(add_send(p, req));
+        return p->prepost ? progress(p) : CAI_OK;
     case CAI_PP_SEND_GRAD:
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].din, p->act_count, p->act_dtype, a->peer, tag, &req));
-        return add_send(p, req);
+        CAI_CALL(add_send(p, req));
+        return p->prepost ? progress(p) : CAI_OK;
     case CAI_PP_FORWARD: {
         float l = 0.0f;
         CAI_CALL(chunk_forward(p, r, mb, a->chunk, &l));
@@ -414,6 +477,20 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     for (int i = 0; i < n; i++)
         if (acts[i].op == CAI_PP_BACKWARD) p->bwd_at[acts[i].mb * p->n_chunks + acts[i].chunk] = i;
     p->n_recompute = 0;
+    if (p->n_recv_cap < n) {
+        cai_free(p->recv);
+        cai_free(p->recv_st);
+        p->recv = NULL;
+        p->recv_st = NULL;
+        p->n_recv_cap = 0;
+        CAI_CALL(cai_calloc((void **)&p->recv, (size_t)n, sizeof *p->recv, "pipeline receives"));
+        CAI_CALL(cai_calloc((void **)&p->recv_st, (size_t)n, sizeof *p->recv_st, "pipeline receive states"));
+        p->n_recv_cap = n;
+    }
+    for (int i = 0; i < p->n_recv_cap; i++) p->recv[i] = NULL;
+    if (p->prepost)
+        for (int i = 0; i < n; i++)
+            if (acts[i].op == CAI_PP_RECV_ACT || acts[i].op == CAI_PP_RECV_GRAD) CAI_CALL(post_recv(p, &acts[i], i));
     cai_status st = CAI_OK;
     if (p->tracing) {
         /* a common start: the stages' clocks are compared after this barrier */
@@ -431,7 +508,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     for (int i = 0; i < n && st == CAI_OK; i++) {
         const int compute = acts[i].op == CAI_PP_FORWARD || acts[i].op == CAI_PP_BACKWARD;
         const double a = p->tracing && compute ? cai_time_now() : 0;
-        st = run_action(p, &r, &acts[i]);
+        st = run_action(p, &r, &acts[i], i);
         if (p->tracing && compute && st == CAI_OK) {
             /* the device's work counts where it ends: wait for it */
             st = cai_device_sync(p->dev);
