@@ -46,6 +46,11 @@ struct cai_pipeline {
     int n_chunks;
     chunk_info chunk[CAI_PP_MAX_CHUNKS];
     size_t act_bytes, act_count;
+    /* tp > 1 without sequence parallelism: every tp rank holds the same
+     * boundary tensor, so each sends only its 1/tp piece (wire_count
+     * elements at wire_off) and the receivers all-gather them over tp */
+    size_t wire_count, wire_off;
+    int split_tp;
     cai_dtype act_dtype;
     cai_pp_schedule *sched; /* for spec.microbatches */
     mb_bufs *mb;            /* per (microbatch, chunk): mb * n_chunks + chunk */
@@ -202,6 +207,10 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
     p->act_dtype = io.dtype;
     p->act_count = (size_t)cai_tensor_numel(&io);
     p->act_bytes = p->act_count * cai_dtype_size(io.dtype);
+    const int tp = cai_mesh_size(mesh, CAI_AXIS_TP);
+    p->split_tp = tp > 1 && !cai_model_seq_parallel(m) && p->act_count % (size_t)tp == 0;
+    p->wire_count = p->split_tp ? p->act_count / (size_t)tp : p->act_count;
+    p->wire_off = p->split_tp ? p->wire_count * (size_t)cai_mesh_rank(mesh, CAI_AXIS_TP) * cai_dtype_size(io.dtype) : 0;
     CAI_CALL_GOTO(find_ties(p), st, fail);
     /* NCCL runs point-to-point in issue order on one stream: posting every
      * receive first would block the sends behind them, so only MPI's
@@ -292,9 +301,17 @@ static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, i
 static cai_status post_recv(cai_pipeline_t *p, const cai_pp_action *a, int i) {
     const int k = a->mb * p->n_chunks + a->chunk;
     const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
-    void *buf = a->op == CAI_PP_RECV_ACT ? p->mb[k].in : p->mb[k].dout;
+    char *buf = a->op == CAI_PP_RECV_ACT ? p->mb[k].in : p->mb[k].dout;
     p->recv_st[i] = CAI_OK;
-    return cai_irecv(p->mesh, CAI_AXIS_PP, buf, p->act_count, p->act_dtype, a->peer, tag, &p->recv[i]);
+    return cai_irecv(p->mesh, CAI_AXIS_PP, buf + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &p->recv[i]);
+}
+
+/* The tp ranks' pieces of a received tensor, whole on every one of them. */
+static cai_status join_pieces(cai_pipeline_t *p, const cai_pp_action *a) {
+    if (!p->split_tp) return CAI_OK;
+    const int k = a->mb * p->n_chunks + a->chunk;
+    char *buf = a->op == CAI_PP_RECV_ACT ? p->mb[k].in : p->mb[k].dout;
+    return cai_all_gather(p->mesh, CAI_AXIS_TP, buf + p->wire_off, buf, p->wire_count, p->act_dtype);
 }
 
 typedef struct {
@@ -351,16 +368,21 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
     case CAI_PP_RECV_ACT:
     case CAI_PP_RECV_GRAD:
         if (!p->prepost) CAI_CALL(post_recv(p, a, i));
-        if (!p->recv[i]) return p->recv_st[i]; /* completed by a progress test */
-        req = p->recv[i];
-        p->recv[i] = NULL;
-        return cai_wait(req);
+        if (p->recv[i]) { /* else completed by a progress test */
+            req = p->recv[i];
+            p->recv[i] = NULL;
+            p->recv_st[i] = cai_wait(req);
+        }
+        CAI_CALL(p->recv_st[i]);
+        return join_pieces(p, a);
     case CAI_PP_SEND_ACT:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].out, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].out + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag,
+                           &req));
         CAI_CALL(add_send(p, req));
         return p->prepost ? progress(p) : CAI_OK;
     case CAI_PP_SEND_GRAD:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].din, p->act_count, p->act_dtype, a->peer, tag, &req));
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].din + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag,
+                           &req));
         CAI_CALL(add_send(p, req));
         return p->prepost ? progress(p) : CAI_OK;
     case CAI_PP_FORWARD: {
