@@ -29,7 +29,7 @@ for sched in 1f1b interleaved gpipe; do
     # shellcheck disable=SC2086
     "$mpiexec" -n 2 "$bin" --model.n_layers "$layers" --model.d_model 256 --model.n_heads 4 --train.seq_len 128 \
         --train.micro_batch 2 --train.grad_accum "$m" --train.steps "$steps" --data.corpus_docs 1500 \
-        --data.corpus_vocab 0 --generate.tokens 0 --eval.interval 0 --checkpoint.every 0 --log.interval "$steps" \
+        --data.corpus_vocab 0 --generate.tokens 0 --optim.warmup_steps 1 --eval.interval 0 --checkpoint.every 0 --log.interval "$steps" \
         --mesh.pp 2 --pp.schedule "$sched" --pp.trace "$tmp/$sched.json" --run.dir "$tmp/$sched" $BENCH_ARGS \
         >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
     line=$(grep '^pipeline trace:' "$tmp/out")
