@@ -1,8 +1,9 @@
 /* colossal-check: pre-flight tool. Reports what this build and this launch
  * can do (--info), validates and draws a proposed parallel layout for any
  * world size without needing that many processes (--layout), measures the
- * collectives of each mesh axis nccl-tests style (--bench), and generates,
- * checks and draws a pipeline schedule (--schedule). */
+ * collectives of each mesh axis nccl-tests style (--bench), generates,
+ * checks and draws a pipeline schedule (--schedule), and lists every layout
+ * of a model over N ranks with its memory and predicted step time (--plan). */
 #include "cai_config.h"
 
 #include <limits.h>
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <cblas.h>
 #ifdef _OPENMP
@@ -31,6 +33,7 @@
 #include "colossal/base.h"
 #include "colossal/cluster.h"
 #include "colossal/config.h"
+#include "colossal/parallel.h"
 #include "colossal/schedule.h"
 
 /* ------------------------------------------------------------------ config */
@@ -49,10 +52,18 @@ typedef struct {
     int microbatches, virtual_stages;
     double cost_f, cost_b, cost_w, cost_comm;
     double watchdog_timeout;
+    /* --plan */
+    int plan, family, d_model, ffn_hidden;
+    int64_t plan_memory;
+    int global_batch, micro_batch, seq_len, ranks_per_node, cores, threads, plan_iters, plan_layers, top, pp_zero,
+        max_virtual;
+    double bandwidth, latency;
+    char *pp_styles;
     cai_app_common common;
 } check_config;
 
 enum { DEVICE_CPU = 0, DEVICE_CUDA = 1 };
+static const char *const k_families[] = {"gpt2", "llama", NULL}; /* cai_model_family order */
 static const char *const k_devices[] = {"cpu", "cuda", NULL};
 /* Same order as cai_device_comm. */
 static const char *const k_transports[] = {"auto", "nccl", "mpi", "stage", NULL};
@@ -86,6 +97,42 @@ static const cai_config_field k_fields[] = {
     F("model.vocab_size", CAI_CFG_INT, vocab_size, "0", NULL, "vocabulary, checked against tp (0: unchecked)", 0,
       1 << 30),
     F("model.pp_chunks", CAI_CFG_INT, pp_chunks, "1", NULL, "virtual pipeline stages per rank", 1, 1024),
+    {"model.family", CAI_CFG_ENUM, offsetof(check_config, family), "gpt2",
+     "--plan: gpt2 or llama; the family's defaults fill every model key left at 0", CAI_CFG_NO_RANGE, k_families, NULL},
+    F("model.d_model", CAI_CFG_INT, d_model, "0", NULL, "--plan: hidden size (0: the family's)", 0, 1 << 16),
+    F("model.ffn_hidden", CAI_CFG_INT, ffn_hidden, "0", NULL, "--plan: MLP hidden size (0: the family's)", 0, 1 << 20),
+    /* `plan` is the section of the mode's options, so the mode is plan.run
+     * and a bare --plan is spelled --plan.run=true before parsing (main). */
+    F("plan.run", CAI_CFG_BOOL, plan, "false", NULL,
+      "list every layout of `np` ranks for the model with per-rank bytes and a predicted step time, ranked (--plan)",
+      CAI_CFG_NO_RANGE),
+    F("plan.memory", CAI_CFG_BYTES, plan_memory, "0", NULL, "--plan: memory per rank (bytes, 800M, 3GiB; 0: no limit)",
+      0, 1e18),
+    F("plan.global_batch", CAI_CFG_INT, global_batch, "0", NULL, "--plan: sequences per optimizer step (0: np)", 0,
+      BIG),
+    F("plan.micro_batch", CAI_CFG_INT, micro_batch, "0", NULL,
+      "--plan: sequences per microbatch (0: every power of two that divides)", 0, BIG),
+    F("plan.seq_len", CAI_CFG_INT, seq_len, "1024", NULL, "--plan: tokens per sequence", 1, BIG),
+    F("plan.bandwidth", CAI_CFG_DOUBLE, bandwidth, "0", NULL,
+      "--plan: link bus bandwidth in GB/s (0: measured over this job's ranks; 10 on one rank)", 0, 1e6),
+    F("plan.latency", CAI_CFG_DOUBLE, latency, "0", NULL,
+      "--plan: microseconds per collective (0: measured over this job's ranks; 20 on one rank)", 0, 1e9),
+    F("plan.ranks_per_node", CAI_CFG_INT, ranks_per_node, "0", NULL,
+      "--plan: ranks of the planned job per node (0: np x this job's ranks per node / its size)", 0, BIG),
+    F("plan.cores", CAI_CFG_INT, cores, "0", NULL, "--plan: cores per node (0: this node's online processors)", 0, BIG),
+    F("plan.threads", CAI_CFG_INT, threads, "0", NULL, "--plan: CPU threads per rank (0: the OpenMP default)", 0, 4096),
+    F("plan.iters", CAI_CFG_INT, plan_iters, "1", NULL,
+      "--plan: timed rounds (4 forwards, then their backwards) of the measured layers", 1, 1000),
+    F("plan.layers", CAI_CFG_INT, plan_layers, "1", NULL,
+      "--plan: layers of the measured model (a pipeline stage's count measures its memory traffic too)", 1, 1024),
+    F("plan.top", CAI_CFG_INT, top, "0", NULL, "--plan: rows printed besides those that do not divide (0: all)", 0,
+      BIG),
+    F("plan.pp_schedules", CAI_CFG_STRING, pp_styles, "gpipe,1f1b,interleaved", NULL,
+      "--plan: schedules colossal-pretrain runs under pp (the others are listed as not run)", CAI_CFG_NO_RANGE),
+    F("plan.pp_zero", CAI_CFG_INT, pp_zero, "1", NULL, "--plan: highest ZeRO stage colossal-pretrain runs under pp", 0,
+      3),
+    F("plan.max_virtual", CAI_CFG_INT, max_virtual, "4", NULL, "--plan: interleaved chunks per rank tried (2..this)", 2,
+      64),
     F("sweep.min_bytes", CAI_CFG_BYTES, min_bytes, "1K", "min_bytes", "smallest message (1K = 1024 bytes, 1KB = 1000)",
       1, 1e15),
     F("sweep.max_bytes", CAI_CFG_BYTES, max_bytes, "256M", "max_bytes", "largest message", 1, 1e15),
@@ -131,7 +178,8 @@ static const cai_config_field k_fields[] = {
 static const cai_config_schema k_schema = {
     "colossal-check",
     "pre-flight check: versions and capabilities (--info), layout validation (--layout), collective bandwidth "
-    "per mesh axis (--bench), pipeline schedules (--schedule STYLE --pp P --microbatches M [--virtual V])",
+    "per mesh axis (--bench), pipeline schedules (--schedule STYLE --pp P --microbatches M [--virtual V]), layouts "
+    "(--plan --np N --config model.yaml --plan.memory 2GiB)",
     k_fields,
     sizeof k_fields / sizeof k_fields[0],
 };
@@ -672,18 +720,143 @@ static void bare_schedule_flag(int argc, char **argv) {
             argv[i] = with_default;
 }
 
+/* ------------------------------------------------------------------ --plan */
+
+static cai_status parse_styles(const char *list, unsigned *mask) {
+    *mask = 0;
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ", ");
+        if (n) {
+            char name[32];
+            if (n >= sizeof name)
+                return CAI_ERROR(CAI_ERR_CONFIG, "plan.pp_schedules: '%.*s' is no schedule", (int)n, p);
+            memcpy(name, p, n);
+            name[n] = 0;
+            cai_pp_style s;
+            CAI_CALL(cai_pp_style_parse(name, &s));
+            *mask |= 1u << s;
+        }
+        p += n;
+        while (*p == ',' || *p == ' ') p++;
+    }
+    return CAI_OK;
+}
+
+/* The model from the family's defaults and the keys given. */
+static cai_model_config plan_model(const check_config *c) {
+    cai_model_config m = cai_model_config_default((cai_model_family)c->family);
+    if (c->n_layers) m.n_layers = c->n_layers;
+    if (c->d_model) m.d_model = c->d_model;
+    if (c->n_heads) {
+        m.n_heads = c->n_heads;
+        m.n_kv_heads = 0;
+    }
+    if (c->n_kv_heads) m.n_kv_heads = c->n_kv_heads;
+    if (c->ffn_hidden) m.ffn_hidden = c->ffn_hidden;
+    if (c->vocab_size) m.vocab_size = c->vocab_size;
+    return m;
+}
+
+/* Every rank of this job times the model's layers at once (so the cores
+ * are shared as they will be) and, with two ranks or more, the links; the
+ * means are planned with on every rank, rank 0 prints. Collective over
+ * MPI_COMM_WORLD. */
+static cai_status run_plan(const cai_app *app, const check_config *c) {
+    cai_plan_request q;
+    cai_plan_request_init(&q);
+    q.model = plan_model(c);
+    q.np = c->np ? c->np : app->size;
+    q.seq_len = c->seq_len;
+    q.global_batch = c->global_batch ? c->global_batch : q.np;
+    q.micro_batch = c->micro_batch;
+    q.mem_limit = (size_t)c->plan_memory;
+    q.max_virtual = c->max_virtual;
+    q.run_pp_zero = c->pp_zero;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    q.cores = c->cores ? c->cores : online > 0 ? (int)online : 1;
+    q.ranks_per_node =
+        c->ranks_per_node ? c->ranks_per_node : (int)(((long)q.np * app->local_size + app->size - 1) / app->size);
+    cai_device_t *dev = NULL;
+    cai_mesh_t *mesh = NULL;
+    cai_plan_entry *e = NULL;
+    int n = 0;
+    cai_status st = parse_styles(c->pp_styles, &q.run_styles);
+    cai_model_config resolved;
+    if (st == CAI_OK) {
+        cai_model_config m = q.model;
+        m.max_seq_len = q.seq_len;
+        st = cai_model_config_resolve(&m, &resolved);
+    }
+    cai_app_check_all(st, 1);
+    CAI_CALL(cai_device_init(&dev, CAI_DEVICE_HOST, 0, c->threads));
+    q.dev = dev;
+    /* A micro-batch of one sequence (or the one asked for); the model scales
+     * the times to each layout's microbatch by its tokens. */
+    cai_mesh_config mc;
+    cai_mesh_config_init(&mc);
+    mc.layout.dp = app->size;
+    mc.watchdog_timeout_s = c->watchdog_timeout;
+    CAI_CALL_GOTO(cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc), st, done);
+    CAI_CALL_GOTO(cai_plan_measure_compute(dev, mesh, &resolved, c->plan_layers, c->micro_batch ? c->micro_batch : 1,
+                                           q.seq_len, c->plan_iters, &q.costs),
+                  st, done);
+    q.costs.concurrency = app->local_size;
+    q.costs.threads = dev->num_threads;
+    q.costs.bandwidth = 10e9;
+    q.costs.latency = 20e-6;
+    if (app->size >= 2 && (c->bandwidth <= 0 || c->latency <= 0)) {
+        cai_plan_costs k = q.costs;
+        CAI_CALL_GOTO(cai_plan_measure_comm(mesh, &k), st, done);
+        q.costs.bandwidth = k.bandwidth;
+        q.costs.latency = k.latency;
+    }
+    if (c->bandwidth > 0) q.costs.bandwidth = c->bandwidth * 1e9;
+    if (c->latency > 0) q.costs.latency = c->latency * 1e-6;
+    CAI_CALL_GOTO(cai_plan_layouts(&q, &e, &n), st, done);
+    if (app->rank == 0) {
+        cai_plan_print(&q, e, n, c->top, stdout);
+        fflush(stdout);
+    }
+    int w = -1;
+    CAI_CALL_GOTO(cai_plan_pick(&q, e, n, &w), st, done);
+    if (app->rank == 0) {
+        const cai_plan_entry *x = &e[w];
+        printf("winner: mesh.dp=%d mesh.tp=%d mesh.pp=%d", x->dp, x->tp, x->pp);
+        if (x->pp > 1) printf(" pp.schedule=%s pp.virtual=%d", cai_pp_style_name(x->style), x->virtual_stages);
+        printf(
+            " zero.stage=%d train.micro_batch=%d train.grad_accum=%d model.activation_checkpointing=%s: %.1f MiB "
+            "per rank, %.3f s per step predicted\n",
+            x->zero, x->micro_batch, x->microbatches, x->ckpt ? "true" : "false", x->bytes / 1048576.0, x->time);
+        fflush(stdout);
+    }
+done:
+    cai_free(e);
+    cai_mesh_free(mesh);
+    cai_device_free(dev);
+    return st;
+}
+
+/* A bare --plan selects the mode. */
+static void bare_plan_flag(int argc, char **argv) {
+    static char on[] = "--plan.run=true";
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--plan")) argv[i] = on;
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv) {
     check_config cfg;
     cai_app app;
     bare_schedule_flag(argc, argv);
+    bare_plan_flag(argc, argv);
     cai_app_init(&app, &argc, &argv, &k_schema, &cfg, offsetof(check_config, common));
 
     const int schedule = cfg.schedule[0] != 0;
-    if (cfg.info || (!cfg.layout && !cfg.bench && !schedule)) cai_app_check(run_info(&app));
+    if (cfg.info || (!cfg.layout && !cfg.bench && !schedule && !cfg.plan)) cai_app_check(run_info(&app));
     if (cfg.layout) cai_app_check_all(run_layout(&app, &cfg), 1);
     if (schedule) cai_app_check_all(run_schedule(&app, &cfg), 1);
     if (cfg.bench) cai_app_check(run_bench(&app, &cfg));
+    if (cfg.plan) cai_app_check(run_plan(&app, &cfg));
     return cai_app_finalize(&k_schema, &cfg);
 }

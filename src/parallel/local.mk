@@ -25,6 +25,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/zero_comm.c \
 	%reldir%/zero.c \
 	%reldir%/planner.c \
+	%reldir%/layout_plan.c \
 	src/optim/loss_scale.c
 EXTRA_DIST += docs/parallel.md tests/apps/pretrain_zero3.sh
 TESTS += tests/apps/pretrain_zero3.sh
@@ -53,11 +54,12 @@ endif
 # ---- end of ZeRO block
 
 # ---- pipeline schedules as data (docs/pipeline.md): generators, the
-# simulating checker, timeline and Chrome trace; colossal-check --schedule.
+# simulating checker, timeline and Chrome trace; colossal-check --schedule;
+# the layout planner (layout_plan.c, above with the memory planner) and --plan.
 colossalinclude_HEADERS += src/include/colossal/schedule.h
 src_libcolossal_core_la_SOURCES += %reldir%/schedule.c %reldir%/pipeline.c
-EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh
-TESTS += tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh
+EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh
+TESTS += tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_schedule

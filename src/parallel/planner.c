@@ -10,11 +10,30 @@
 
 #include "zero_internal.h"
 
-/* The model's activation arena for one stage (model.c carves it). */
+static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+
+/* The model's activation arena for one stage (model.c carves it) with
+ * `slots` activation sets. cai_model_activation_bytes gives one set plus
+ * the part shared by all sets (d_stream, the block scratch); the shared
+ * part is what a set of zero layers leaves once its residual view and its
+ * token/target uploads are taken off, and a set is the rest. */
 static cai_status act_bytes(const cai_mem_plan_request *req, const cai_model_config *c, int n_local, int last,
-                            size_t *full, size_t *recompute) {
-    return cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, n_local,
-                                      last, full, recompute);
+                            int slots, size_t *full, size_t *recompute) {
+    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, n_local,
+                                        last, full, recompute));
+    if (slots <= 1) return CAI_OK;
+    size_t r0 = 0, r1 = 0, r2 = 0, f = 0;
+    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 0, 0, &f,
+                                        &r0));
+    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 1, 0, &f,
+                                        &r1));
+    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 2, 0, &f,
+                                        &r2));
+    const size_t stream = r2 - r1, uploads = 2 * round64((size_t)req->batch * (size_t)req->seq_len * sizeof(int32_t));
+    const size_t shared = r0 - stream - uploads;
+    *full += (size_t)(slots - 1) * (*full - shared);
+    *recompute += (size_t)(slots - 1) * (*recompute - shared);
+    return CAI_OK;
 }
 
 cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *out) {
@@ -77,11 +96,35 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
         last |= info->spec.pp_place == CAI_PP_LAST;
     }
     nl -= first + last;
-    CAI_CALL_GOTO(act_bytes(req, &c, nl, last, &out->acts_full, &out->acts_recompute), st, done);
+    /* A rank of v chunks keeps per activation set the layers of its largest chunk. */
+    const int v = req->view.pp_chunks > 1 ? req->view.pp_chunks : 1;
+    CAI_CALL_GOTO(act_bytes(req, &c, (nl + v - 1) / v, last, req->pp_inflight, &out->acts_full, &out->acts_recompute),
+                  st, done);
     out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
+    if (req->view.pp_size > 1 && req->pp_microbatches > 0) {
+        /* The executor's boundary buffers: per (microbatch, chunk) an input and
+         * its gradient unless the chunk is the first stage, an output and its
+         * gradient unless it is the last. */
+        const int S = req->view.pp_size * v;
+        const size_t tokens = (size_t)req->batch * (size_t)req->seq_len /
+                              (size_t)(req->seq_parallel && req->view.tp_size > 1 ? req->view.tp_size : 1);
+        const size_t one = tokens * (size_t)c.d_model * act;
+        size_t per_mb = 0;
+        for (int k = 0; k < v; k++) {
+            const int stage = k * req->view.pp_size + req->view.pp_rank;
+            per_mb += (stage > 0 ? 2 : 0) * one + (stage < S - 1 ? 2 : 0) * one;
+        }
+        out->pipe = per_mb * (size_t)req->pp_microbatches;
+        /* A tied embedding and head on two ranks: the executor keeps the
+         * peer's gradient and copies its own for the exchange. */
+        if (c.tie_embeddings && (first || last)) {
+            const int tp = req->view.tp_size > 1 ? req->view.tp_size : 1;
+            out->pipe += 2 * (size_t)((cai_model_config_padded_vocab(&c) + tp - 1) / tp) * (size_t)c.d_model * f4;
+        }
+    }
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
-    out->device =
-        out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts - out->host;
+    out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
+                  out->pipe - out->host;
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -109,6 +152,7 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
     if (p->staging) fprintf(out, "  staging / rounding buffers   %10.2f MiB  %s\n", mib(p->staging), state);
     fprintf(out, "  activations                  %10.2f MiB  device (%.2f MiB without recompute, %.2f MiB with)\n",
             mib(p->acts), mib(p->acts_full), mib(p->acts_recompute));
+    if (p->pipe) fprintf(out, "  pipeline boundary buffers    %10.2f MiB  device\n", mib(p->pipe));
     fprintf(out, "  total                        %10.2f MiB  device + %.2f MiB host\n", mib(p->device), mib(p->host));
 }
 

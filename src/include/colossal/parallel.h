@@ -227,6 +227,7 @@ typedef struct {
     size_t acts_full;      /* activations without recompute */
     size_t acts_recompute; /* activations with recompute */
     size_t windows;        /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
+    size_t pipe;           /* pipeline executor: stage boundary activations and their gradients */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
@@ -241,6 +242,10 @@ typedef struct {
     int dp;
     cai_zero_config zero;
     const cai_device_t *dev; /* the backend decides attention workspace sizes */
+    int pp_inflight;         /* activation sets a pipeline rank keeps (its schedule's peak in-flight
+                              * chunk forwards, cai_pp_stats / cai_pp_schedule_peak_inflight); 0 means 1 */
+    int pp_microbatches;     /* view.pp_size > 1: microbatches a step, for the executor's boundary
+                              * buffers (one set per microbatch and chunk); 0: not counted */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
@@ -258,6 +263,106 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
 /* What an engine and its model actually hold, in the plan's terms
  * (windows: the pool's high-water mark). Not collective. */
 void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
+
+/* ---- layout planner (src/parallel/layout_plan.c; docs/pipeline.md "Planner")
+ *
+ * Every (dp, tp, pp, virtual stages, schedule, ZeRO stage, microbatch size
+ * and count, activation checkpointing) layout of np ranks for a model and a
+ * global batch, with its per-rank bytes (cai_mem_plan_compute on every
+ * pipeline rank, activations times the schedule's peak in-flight forwards)
+ * and a predicted step time from measured costs: one block's and the
+ * head's forward and backward on this device, and the links' bandwidth and
+ * latency. The time model (docs/pipeline.md "Planner"): the pipeline's
+ * makespan from cai_pp_schedule_check with the heaviest chunk's costs
+ * (tp collectives included), at least the node's compute divided over its
+ * cores when more ranks share a node than it has cores; plus the dp
+ * gradient reduction and ZeRO's extra gathers. */
+
+typedef struct {
+    double block_f, block_b; /* seconds: one transformer block's forward / backward at tp = 1 (the mean) */
+    double head_f, head_b;   /* the embedding, the final norm, the LM head and the loss */
+    double adamw;            /* seconds per parameter element of an AdamW update */
+    double pass_all;         /* seconds per whole pass (forward + backward) with every rank computing */
+    double pass_half;        /* ... of the even ranks while the odd ones wait in MPI; 0: not measured */
+    int tokens;              /* microbatch tokens (B x T) the times are for; they scale linearly */
+    int concurrency;         /* ranks of one node that were computing while these were measured */
+    int threads;             /* threads of each of them */
+    double bandwidth;        /* bytes/s a rank's link sustains in a collective (bus bandwidth) */
+    double latency;          /* seconds per collective call, whatever its size */
+} cai_plan_costs;
+
+typedef struct {
+    cai_model_config model; /* n_layers, heads, vocabulary... (resolved inside) */
+    int np;                 /* ranks to plan for */
+    int seq_len;            /* tokens per sequence */
+    int global_batch;       /* sequences per optimizer step, over all dp ranks */
+    int micro_batch;        /* sequences per microbatch; 0: every power of two that divides */
+    size_t mem_limit;       /* bytes per rank (device + host on a host device); 0: none */
+    int ranks_per_node;     /* ranks of the planned job that share one node's cores */
+    int cores;              /* cores per node */
+    int max_virtual;        /* interleaved: chunks per rank tried, 2..max_virtual; 0: 4 */
+    unsigned run_styles;    /* bit (1 << style) for every schedule the trainer runs under pp */
+    int run_pp_zero;        /* highest ZeRO stage the trainer runs under pp */
+    cai_plan_costs costs;
+    const cai_device_t *dev; /* the backend decides attention workspace sizes */
+} cai_plan_request;
+
+typedef enum {
+    CAI_PLAN_FITS = 0,    /* fits the limit and the trainer runs it */
+    CAI_PLAN_NOT_RUN,     /* fits, but the trainer does not run it yet */
+    CAI_PLAN_OVER_MEMORY, /* over the limit */
+    CAI_PLAN_INDIVISIBLE, /* the model or the batch does not divide over it */
+} cai_plan_verdict;
+
+typedef struct {
+    int dp, tp, pp, virtual_stages, zero, micro_batch, microbatches, ckpt;
+    cai_pp_style style; /* pp > 1 */
+    cai_plan_verdict verdict;
+    size_t bytes;      /* the largest pipeline rank's device + host bytes */
+    int bytes_rank;    /* that pipeline rank */
+    int inflight;      /* its activation sets (the schedule's peak in-flight forwards) */
+    double time;       /* predicted seconds per step */
+    double t_work;     /* this rank's compute, uncontended (recompute included) */
+    double t_pipe;     /* makespan or node share beyond t_work: bubble, other ranks on its cores */
+    double t_tp, t_dp; /* tp collectives; dp gradient reduction and ZeRO gathers */
+    double t_opt;      /* the AdamW step over the rank's (ZeRO: sharded) parameters */
+    char reason[256];
+} cai_plan_entry;
+
+/* np 0, seq_len 0 (set them), global batch 0, no limit, one rank per
+ * core, max_virtual 4, the trainer's pipelines: gpipe, 1f1b and
+ * interleaved at ZeRO stages 0 and 1. Pure. */
+void cai_plan_request_init(cai_plan_request *r);
+/* Time `iters` forward + backward passes (after one untimed) of a copy of
+ * `model` with `layers` layers (a pipeline stage's, say) at (micro_batch,
+ * seq_len) on `dev`, unit by unit (model
+ * hooks), then `iters` AdamW updates of its parameters: fills block_f/b,
+ * head_f/b, adamw, pass_all and tokens of *out. With a mesh (may be NULL)
+ * every rank of it starts each timing together, so ranks of one node share
+ * its cores as a job's ranks do, the times are the means over the ranks,
+ * and pass_half times the even ranks' passes while the odd ones wait in
+ * MPI (what a waiting pipeline rank costs the computing ones): collective
+ * over CAI_AXIS_WORLD. */
+cai_status cai_plan_measure_compute(cai_device_t *dev, cai_mesh_t *mesh, const cai_model_config *model, int layers,
+                                    int micro_batch, int seq_len, int iters, cai_plan_costs *out);
+/* Bandwidth and latency of all-reduces over every rank of `mesh` (all of
+ * them on CAI_AXIS_DP): latency from 4 KiB, bandwidth the bus bandwidth at
+ * 16 MiB (cai_mesh_bench). Collective over the mesh; needs dp >= 2. */
+cai_status cai_plan_measure_comm(cai_mesh_t *mesh, cai_plan_costs *out);
+/* Every layout (*out, *n; free with cai_free), sorted: those that fit and
+ * run by predicted time, then those that fit but do not run, then those
+ * over the limit by bytes, then those that do not divide; each with its
+ * reason. CAI_ERR_CONFIG for a request that cannot be planned (np < 1, no
+ * seq_len or batch, a model config that does not resolve). Not
+ * collective. */
+cai_status cai_plan_layouts(const cai_plan_request *req, cai_plan_entry **out, int *n);
+/* The winner's index: the first entry that fits and runs.
+ * CAI_ERR_NOMEM when layouts divide but none fits (naming the smallest and
+ * its bytes), CAI_ERR_LAYOUT when none divides (naming why). */
+cai_status cai_plan_pick(const cai_plan_request *req, const cai_plan_entry *e, int n, int *winner);
+/* The request, the costs, then up to `top` rows (0: all) and every row
+ * that does not divide only once per reason. */
+void cai_plan_print(const cai_plan_request *req, const cai_plan_entry *e, int n, int top, FILE *out);
 
 /* ====================================================== end of ZeRO section */
 
