@@ -510,7 +510,9 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .seq_parallel = c->sp_mode != 0,
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = j->zc,
-                              .dev = cai_run_device(run)};
+                              .dev = cai_run_device(run),
+                              .pp_inflight = j->slots,
+                              .pp_microbatches = c->pp > 1 ? c->grad_accum : 0};
     return cai_run_plan_memory(run, &q);
 }
 
