@@ -368,7 +368,7 @@ static double dp_time(const cai_plan_costs *k, const cai_plan_entry *e, double e
     }
 }
 
-/* Memory of every pipeline rank (the largest kept) and the schedule's time. */
+/* Memory of the largest pipeline rank and the schedule's time. */
 static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai_plan_entry *e) {
     cai_pp_spec spec = {e->pp, e->virtual_stages, e->microbatches, e->pp > 1 ? e->style : CAI_PP_1F1B};
     cai_pp_schedule *s = NULL;
@@ -387,7 +387,9 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
     r.pp_microbatches = e->pp > 1 ? e->microbatches : 0;
     double elems = 0;
     e->bytes = 0;
-    for (int rank = 0; rank < e->pp; rank++) {
+    /* The first and the last pipeline rank: a middle one holds as many
+     * layers as they do, no embedding or head, and no more in flight. */
+    for (int rank = 0; rank<e->pp; rank += e->pp> 2 ? e->pp - 1 : 1) {
         r.view = cai_rank_view_single();
         r.view.tp_size = e->tp;
         r.view.pp_size = e->pp;

@@ -268,8 +268,9 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
  *
  * Every (dp, tp, pp, virtual stages, schedule, ZeRO stage, microbatch size
  * and count, activation checkpointing) layout of np ranks for a model and a
- * global batch, with its per-rank bytes (cai_mem_plan_compute on every
- * pipeline rank, activations times the schedule's peak in-flight forwards)
+ * global batch, with its per-rank bytes (cai_mem_plan_compute on the first
+ * and the last pipeline rank, activation sets as the schedule's peak
+ * in-flight forwards)
  * and a predicted step time from measured costs: one block's and the
  * head's forward and backward on this device, and the links' bandwidth and
  * latency. The time model (docs/pipeline.md "Planner"): the pipeline's
