@@ -79,7 +79,7 @@ struct cai_pipeline {
     struct {
         int index;
         int peer;
-        float *tmp;
+        float *tmp, *own; /* the peer's contribution, this rank's (host; kept: no page faults a step) */
     } tie[4];
 };
 
@@ -150,11 +150,13 @@ static cai_status find_ties(cai_pipeline_t *p) {
             if (p->n_ties == (int)(sizeof p->tie / sizeof p->tie[0]))
                 return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: more than %d tied tensors split across stages",
                                  p->n_ties);
-            p->tie[p->n_ties].index = i;
-            p->tie[p->n_ties].peer = sb.pp_stage;
-            CAI_CALL(cai_malloc((void **)&p->tie[p->n_ties].tmp, (size_t)sa.local_numel * sizeof(float),
-                                "pipeline tied gradient"));
-            p->n_ties++;
+            const int t = p->n_ties++; /* counted first: cai_pipeline_free releases what was allocated */
+            p->tie[t].index = i;
+            p->tie[t].peer = sb.pp_stage;
+            CAI_CALL(cai_malloc((void **)&p->tie[t].own, (size_t)sa.local_numel * sizeof(float),
+                                "pipeline tied gradient (own)"));
+            CAI_CALL(
+                cai_malloc((void **)&p->tie[t].tmp, (size_t)sa.local_numel * sizeof(float), "pipeline tied gradient"));
         }
     }
     return CAI_OK;
@@ -236,7 +238,10 @@ void cai_pipeline_free(cai_pipeline_t *p) {
     if (p->model) (void)cai_model_remove_hook(p->model, progress_hook, p);
     free_bufs(p);
     cai_free(p->slot_owner);
-    for (int i = 0; i < p->n_ties; i++) cai_free(p->tie[i].tmp);
+    for (int i = 0; i < p->n_ties; i++) {
+        cai_free(p->tie[i].tmp);
+        cai_free(p->tie[i].own);
+    }
     cai_free(p->ev);
     cai_pp_schedule_free(p->sched);
     cai_free(p);
@@ -426,8 +431,7 @@ static cai_status reduce_ties(cai_pipeline_t *p) {
             CAI_CALL(cai_model_param(p->model, cai_registry_param(cai_model_registry(p->model), p->tie[i].index)->name,
                                      NULL, g));
         const size_t n = (size_t)cai_tensor_numel(g);
-        float *host = NULL;
-        CAI_CALL(cai_malloc((void **)&host, n * sizeof(float), "pipeline tied gradient (own)"));
+        float *host = p->tie[i].own;
         cai_status st = cai_device_copy(p->dev, host, g->data, n * sizeof(float), CAI_COPY_D2H);
         cai_request_t *sr = NULL, *rr = NULL;
         /* no action's message is in flight any more: small tags, within any MPI_TAG_UB */
@@ -451,7 +455,6 @@ static cai_status reduce_ties(cai_pipeline_t *p) {
             st = cai_device_copy(p->dev, g->data, host, n * sizeof(float), CAI_COPY_H2D);
             if (st == CAI_OK) st = cai_device_sync(p->dev);
         }
-        cai_free(host);
         CAI_CALL(st);
     }
     return CAI_OK;
