@@ -568,8 +568,8 @@ static size_t arena_bytes(const cai_device_t *dev, const cai_layer_dims *d, int6
 }
 
 cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
-                                      int batch, int seq_len, int seq_parallel, int n_local, int last, size_t *full,
-                                      size_t *recompute) {
+                                      int batch, int seq_len, int seq_parallel, int n_local, int last, int slots,
+                                      size_t *full, size_t *recompute) {
     CAI_CHECK_ARG(dev && cfg && view && full && recompute, "cai_model_activation_bytes: NULL argument");
     cai_model_config c;
     CAI_CALL(cai_model_config_resolve(cfg, &c));
@@ -577,8 +577,9 @@ cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_c
     layer_dims_of(&c, view, batch, seq_len, seq_parallel, &d);
     /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
     d.vocab_local = (cai_model_config_padded_vocab(&c) + view->tp_size - 1) / view->tp_size;
-    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last, 1);
-    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last, 1);
+    const int k = slots > 0 ? slots : 1;
+    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last, k);
+    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last, k);
     return CAI_OK;
 }
 

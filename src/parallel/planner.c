@@ -10,30 +10,12 @@
 
 #include "zero_internal.h"
 
-static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
-
-/* The model's activation arena for one stage (model.c carves it) with
- * `slots` activation sets. cai_model_activation_bytes gives one set plus
- * the part shared by all sets (d_stream, the block scratch); the shared
- * part is what a set of zero layers leaves once its residual view and its
- * token/target uploads are taken off, and a set is the rest. */
+/* The model's activation arena for one rank (model.c carves it) with
+ * `slots` activation sets. */
 static cai_status act_bytes(const cai_mem_plan_request *req, const cai_model_config *c, int n_local, int last,
                             int slots, size_t *full, size_t *recompute) {
-    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, n_local,
-                                        last, full, recompute));
-    if (slots <= 1) return CAI_OK;
-    size_t r0 = 0, r1 = 0, r2 = 0, f = 0;
-    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 0, 0, &f,
-                                        &r0));
-    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 1, 0, &f,
-                                        &r1));
-    CAI_CALL(cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, 2, 0, &f,
-                                        &r2));
-    const size_t stream = r2 - r1, uploads = 2 * round64((size_t)req->batch * (size_t)req->seq_len * sizeof(int32_t));
-    const size_t shared = r0 - stream - uploads;
-    *full += (size_t)(slots - 1) * (*full - shared);
-    *recompute += (size_t)(slots - 1) * (*recompute - shared);
-    return CAI_OK;
+    return cai_model_activation_bytes(req->dev, c, &req->view, req->batch, req->seq_len, req->seq_parallel, n_local,
+                                      last, slots, full, recompute);
 }
 
 cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *out) {

@@ -135,27 +135,39 @@ START_TEST(plan_matches_the_shapes) {
 }
 END_TEST
 
+/* Whole models, and pipeline ranks with 2 chunks and 3 activation slots
+ * (the first and the last rank of pp 2). */
 START_TEST(activations_match_the_model) {
     for (int f = 0; f < 2; f++)
-        for (int ckpt = 0; ckpt <= 1; ckpt++) {
-            cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
-            c.activation_checkpointing = ckpt;
-            cai_mem_plan p;
-            cai_mem_plan_request r = request(c, 0, 0, 1);
-            OK(cai_mem_plan_compute(&r, &p));
-            cai_model_options mo = cai_model_options_default(&c);
-            mo.batch = r.batch;
-            mo.seq_len = r.seq_len;
-            cai_model_t *m = NULL;
-            OK(cai_model_create(&m, dev, &c, &mo));
-            size_t pb = 0, ab = 0;
-            cai_model_memory(m, &pb, &ab);
-            ck_assert_uint_eq(p.acts, ab);
-            ck_assert_uint_eq(p.params + p.grads + p.master, pb);
-            ck_assert_uint_lt(p.acts_recompute, p.acts_full);
-            ck_assert_uint_eq(ckpt ? p.acts_recompute : p.acts_full, ab);
-            cai_model_free(m);
-        }
+        for (int ckpt = 0; ckpt <= 1; ckpt++)
+            for (int pr = -1; pr < 2; pr++) {
+                cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
+                c.activation_checkpointing = ckpt;
+                c.n_layers = 4;
+                cai_mem_plan p;
+                cai_mem_plan_request r = request(c, 0, 0, 1);
+                if (pr >= 0) {
+                    r.view.pp_size = 2;
+                    r.view.pp_rank = pr;
+                    r.view.pp_chunks = 2;
+                    r.pp_inflight = 3;
+                }
+                OK(cai_mem_plan_compute(&r, &p));
+                cai_model_options mo = cai_model_options_default(&c);
+                mo.batch = r.batch;
+                mo.seq_len = r.seq_len;
+                mo.view = r.view;
+                mo.act_slots = r.pp_inflight;
+                cai_model_t *m = NULL;
+                OK(cai_model_create(&m, dev, &c, &mo));
+                size_t pb = 0, ab = 0;
+                cai_model_memory(m, &pb, &ab);
+                ck_assert_uint_eq(p.acts, ab);
+                ck_assert_uint_eq(p.params + p.grads + p.master, pb);
+                if (pr < 0) ck_assert_uint_lt(p.acts_recompute, p.acts_full); /* a 1-layer chunk recomputes nothing */
+                ck_assert_uint_eq(ckpt ? p.acts_recompute : p.acts_full, ab);
+                cai_model_free(m);
+            }
 }
 END_TEST
 
@@ -172,8 +184,8 @@ START_TEST(sequence_parallel_shrinks_activations) {
         v.tp_size = 2;
         const int B = 2, T = 16, L = r.n_layers;
         size_t full0 = 0, rec0 = 0, full1 = 0, rec1 = 0;
-        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 0, L, 1, &full0, &rec0));
-        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 1, L, 1, &full1, &rec1));
+        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 0, L, 1, 1, &full0, &rec0));
+        OK(cai_model_activation_bytes(dev, &c, &v, B, T, 1, L, 1, 1, &full1, &rec1));
         const size_t row = (size_t)r.d_model * sizeof(float), half = (size_t)B * T / 2, f32 = sizeof(float);
         /* Per layer: ln1, ln2, res_mid [tokens, C] and 2 (RMSNorm) or 4 (LayerNorm) statistics [tokens]. */
         const size_t stats = f ? 2 : 4, per_layer = half * (3 * row + stats * f32);

@@ -563,15 +563,16 @@ cai_status cai_model_select(cai_model_t *m, int chunk, int slot);
 int cai_model_slot_count(const cai_model_t *m);
 /* Bytes of parameters+grads+working copies and of activations (for logs). */
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
-/* The activation arena cai_model_create allocates for one stage of n_local
- * layers (last: with the head) at (batch, seq_len) under view and
- * seq_parallel, before any model exists: every layer's activations kept
- * (full) or only one set (recompute, activation checkpointing). The
- * vocabulary shard is taken as the largest of the registry's. Not
- * collective. */
+/* The activation arena cai_model_create allocates for a rank whose
+ * largest chunk has n_local layers (last: with the head) and `slots`
+ * activation sets (cai_model_options.act_slots; 0 means 1) at (batch,
+ * seq_len) under view and seq_parallel, before any model exists: every
+ * layer's activations kept (full) or only one set per slot (recompute,
+ * activation checkpointing). The vocabulary shard is taken as the largest
+ * of the registry's. Not collective. */
 cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
-                                      int batch, int seq_len, int seq_parallel, int n_local, int last, size_t *full,
-                                      size_t *recompute);
+                                      int batch, int seq_len, int seq_parallel, int n_local, int last, int slots,
+                                      size_t *full, size_t *recompute);
 
 /* The flat buffers (laid out by cai_registry_local_layout with this model's
  * view and align_elems): F32 master weights, F32 gradients, and the
