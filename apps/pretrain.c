@@ -77,8 +77,8 @@ static const cai_config_field k_fields[] = {
       "0/1)",
       1, 1 << 20),
     E("pp.schedule", pp_schedule, "1f1b",
-      "pipeline schedule: gpipe, 1f1b or interleaved (zb-h1 and zb-v, which split the backward, are drawn by "
-      "colossal-check --schedule but not run)",
+      "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (zero bubble: each backward split into an input pass "
+      "and a weight pass that fills the bubbles; zb-v is drawn by colossal-check --schedule but not run)",
       k_pp_schedules),
     F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
       "model chunks per pipeline rank (interleaved: >= 2; virtual stage k sits on rank k % mesh.pp); 0: 2 for "
@@ -271,11 +271,20 @@ static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stag
                             c->pp_virtual ? c->pp_virtual : cai_pp_style_default_virtual((cai_pp_style)c->pp_schedule),
                         .microbatches = c->grad_accum,
                         .style = (cai_pp_style)c->pp_schedule};
-    if (spec.style == CAI_PP_ZB_H1 || spec.style == CAI_PP_ZB_V)
+    if (spec.style == CAI_PP_ZB_V)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pp.schedule=%s splits the backward into input and weight passes, which the model does not "
-                         "provide; use 1f1b (zb-h1's memory) or interleaved",
-                         k_pp_schedules[c->pp_schedule]);
+                         "pp.schedule=zb-v places each rank's two chunks in a V (stages r and 2*pp-1-r), which the "
+                         "model's layer placement (virtual stage k on rank k %% pp) does not provide; use zb-h1 or "
+                         "interleaved");
+    if (spec.style == CAI_PP_ZB_H1 && c->pp_slots > 0)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "pp.act_slots=%d: zb-h1 keeps every forward's activations until its weight pass and never "
+                         "recomputes; leave pp.act_slots at 0",
+                         c->pp_slots);
+    if (spec.style == CAI_PP_ZB_H1 && c->act_ckpt)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "model.activation_checkpointing=true: zb-h1's weight passes read every layer's saved "
+                         "activations; turn checkpointing off or use 1f1b");
     if (spec.style != CAI_PP_INTERLEAVED && spec.virtual_stages != 1)
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "pp.virtual=%d: pp.schedule=%s runs one model chunk per rank (interleaved runs more)",
@@ -512,7 +521,8 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .zero = j->zc,
                               .dev = cai_run_device(run),
                               .pp_inflight = j->slots,
-                              .pp_microbatches = c->pp > 1 ? c->grad_accum : 0};
+                              .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
+                              .pp_split = c->pp > 1 && j->pp.style == CAI_PP_ZB_H1};
     return cai_run_plan_memory(run, &q);
 }
 
@@ -525,6 +535,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     mo.seq_len = c->seq_len;
     CAI_CALL(job_view(j, run, &mo.view));
     mo.act_slots = j->slots;
+    mo.split_backward = c->pp > 1 && j->pp.style == CAI_PP_ZB_H1;
     mo.mesh = cai_run_mesh(run);
     mo.seq_parallel = c->sp_mode != 0;
     cai_zero_model_options(&j->zc, &mo);

@@ -106,6 +106,18 @@ static cai_status row_output_grad(const cai_layer_ctx *cx, cai_block_scratch *s,
     return CAI_OK;
 }
 
+/* As row_output_grad, kept in `keep` for a split backward's weight pass
+ * (NULL: not split). d_stream itself cannot be kept: the norm's backward
+ * adds into it before the weight pass runs. */
+static cai_status row_output_grad_kept(const cai_layer_ctx *cx, cai_block_scratch *s, const cai_tensor *d_stream,
+                                       cai_tensor *keep, const cai_tensor **dout) {
+    if (!keep) return row_output_grad(cx, s, d_stream, dout);
+    *dout = keep;
+    if (sp_on(cx)) return seq_gather(cx, d_stream, keep);
+    return cai_device_copy(cx->dev, keep->data, d_stream->data, cai_tensor_nbytes(d_stream),
+                           cx->dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2D);
+}
+
 /* The norm's input gradient from a column-parallel matmul's partial one
  * (this rank's heads / hidden units / vocabulary columns): summed over tp,
  * or under sequence parallelism reduce-scattered to this rank's tokens. */
@@ -188,20 +200,27 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     return CAI_OK;
 }
 
-cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
-                        cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
-                        cai_tensor *d_stream) {
+/* Matmul weight gradients are written here unless w is set (a split
+ * backward's input pass): then the output gradients they need are kept in
+ * w and cai_block_bwd_weight computes them. */
+static cai_tensor *wgrad_now(const cai_block_wgrad *w, cai_tensor *g) { return w ? NULL : opt_out(g); }
+
+static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                           cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                           const cai_tensor *inp, cai_tensor *d_stream) {
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* d(out) reaches both the residual (unchanged, stays in d_stream) and
      * the projection; d(out) over the whole sequence is the same on every tp
      * rank, so the replicated bias' gradient is complete everywhere. */
     const cai_tensor *dout, *x;
-    CAI_CALL(row_output_grad(cx, s, d_stream, &dout));
-    CAI_CALL(ops->linear_bwd(dev, &s->datt, opt_out(&g->proj_w), opt_out(&g->proj_b), dout, &a->att, &p->proj_w, 0));
+    CAI_CALL(row_output_grad_kept(cx, s, d_stream, w ? &w->d_proj : NULL, &dout));
+    CAI_CALL(ops->linear_bwd(dev, &s->datt, wgrad_now(w, &g->proj_w), wgrad_now(w, &g->proj_b), dout, &a->att,
+                             &p->proj_w, 0));
+    cai_tensor *dqkv = w ? &w->dqkv : &s->dqkv;
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
-    CAI_CALL(split_qkv(d, &s->dqkv, &dq, &dk, &dv));
+    CAI_CALL(split_qkv(d, dqkv, &dq, &dk, &dv));
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     CAI_CALL(cai_tensor_unflatten(&s->datt, 2, d->head_dim, &datt4));
     cai_attn_params ap = causal_params();
@@ -212,14 +231,24 @@ cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
     }
     /* Sequence parallel: the norm output is gathered again rather than kept
-     * whole from the forward (what keeps the saved activations at B*T/tp). */
-    CAI_CALL(column_input(cx, s, &a->ln1, &x));
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &s->dqkv, x, &p->qkv_w, 0));
+     * whole from the forward (what keeps the saved activations at B*T/tp);
+     * the input gradient alone does not read it. */
+    if (w) CAI_CALL(ops->linear_bwd(dev, &s->dln, NULL, NULL, dqkv, NULL, &p->qkv_w, 0));
+    else {
+        CAI_CALL(column_input(cx, s, &a->ln1, &x));
+        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), dqkv, x, &p->qkv_w, 0));
+    }
     /* The column-parallel input gradient covers this rank's heads only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
     CAI_CALL(norm_bwd(cx->dev, d, d_stream, &g->ln1_w, &g->ln1_b, &dln, inp, &p->ln1_w, &a->ln1_mean, &a->ln1_rstd, 1));
     return CAI_OK;
+}
+
+cai_status cai_attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                        cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
+                        cai_tensor *d_stream) {
+    return attn_bwd(cx, d, p, g, a, s, NULL, inp, d_stream);
 }
 
 /* ------------------------------------------------------------ MLP */
@@ -238,17 +267,20 @@ static cai_status mlp_gelu_fwd(const cai_layer_ctx *cx, const cai_block_params *
 }
 
 static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_params *g,
-                               const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *dout) {
+                               const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                               const cai_tensor *dout) {
     cai_device_t *dev = cx->dev;
+    cai_tensor *dfc = w ? &w->dfc : &s->dfc;
     /* mlp_proj is row-parallel: its input gradient dout W is complete on
      * each rank for the rank's own hidden units, so no collective sits
      * between the matmul and the GELU backward and the two fuse into one op
      * writing dfc directly (s->dact is not used). */
-    CAI_CALL(dev->ops->linear_bwd_dgelu(dev, &s->dfc, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
-                                        &p->mlp_proj_w, &a->fc));
+    CAI_CALL(dev->ops->linear_bwd_dgelu(dev, dfc, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
+                                        &a->act, &p->mlp_proj_w, &a->fc));
+    if (w) return dev->ops->linear_bwd(dev, &s->dln, NULL, NULL, dfc, NULL, &p->fc_w, 0);
     const cai_tensor *x;
     CAI_CALL(column_input(cx, s, &a->ln2, &x));
-    return dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), &s->dfc, x, &p->fc_w, 0);
+    return dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), dfc, x, &p->fc_w, 0);
 }
 
 static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_acts *a,
@@ -260,16 +292,18 @@ static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params
 }
 
 static cai_status mlp_swiglu_bwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_params *g,
-                                 const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *dout) {
+                                 const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                                 const cai_tensor *dout) {
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
-    CAI_CALL(ops->linear_bwd(dev, &s->dact, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), dout, &a->act,
+    cai_tensor *dfc = w ? &w->dfc : &s->dfc, *dup = w ? &w->dup : &s->dup;
+    CAI_CALL(ops->linear_bwd(dev, &s->dact, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout, &a->act,
                              &p->mlp_proj_w, 0));
-    CAI_CALL(ops->swiglu_bwd(dev, &s->dfc, &s->dup, &s->dact, &a->fc, &a->up));
-    const cai_tensor *x;
-    CAI_CALL(column_input(cx, s, &a->ln2, &x));
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), NULL, &s->dfc, x, &p->fc_w, 0));
-    return ops->linear_bwd(dev, &s->dln, opt_out(&g->up_w), NULL, &s->dup, x, &p->up_w, 1);
+    CAI_CALL(ops->swiglu_bwd(dev, dfc, dup, &s->dact, &a->fc, &a->up));
+    const cai_tensor *x = NULL;
+    if (!w) CAI_CALL(column_input(cx, s, &a->ln2, &x));
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->fc_w), NULL, dfc, x, &p->fc_w, 0));
+    return ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->up_w), NULL, dup, x, &p->up_w, 1);
 }
 
 static cai_status unknown_mlp(const cai_layer_dims *d) {
@@ -290,19 +324,25 @@ cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     return CAI_OK;
 }
 
-cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
-                       const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
+static cai_status mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                          cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                          const cai_tensor *inp, cai_tensor *d_stream) {
     const cai_tensor *dout;
-    CAI_CALL(row_output_grad(cx, s, d_stream, &dout));
+    CAI_CALL(row_output_grad_kept(cx, s, d_stream, w ? &w->d_mlp : NULL, &dout));
     switch (d->kinds.mlp) {
-    case CAI_MLP_GELU: CAI_CALL(mlp_gelu_bwd(cx, p, g, a, s, dout)); break;
-    case CAI_MLP_SWIGLU: CAI_CALL(mlp_swiglu_bwd(cx, p, g, a, s, dout)); break;
+    case CAI_MLP_GELU: CAI_CALL(mlp_gelu_bwd(cx, p, g, a, s, w, dout)); break;
+    case CAI_MLP_SWIGLU: CAI_CALL(mlp_swiglu_bwd(cx, p, g, a, s, w, dout)); break;
     default: return unknown_mlp(d);
     }
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
     CAI_CALL(norm_bwd(cx->dev, d, d_stream, &g->ln2_w, &g->ln2_b, &dln, inp, &p->ln2_w, &a->ln2_mean, &a->ln2_rstd, 1));
     return CAI_OK;
+}
+
+cai_status cai_mlp_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_params *g,
+                       const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp, cai_tensor *d_stream) {
+    return mlp_bwd(cx, d, p, g, a, s, NULL, inp, d_stream);
 }
 
 /* ------------------------------------------------------------ block */
@@ -320,6 +360,44 @@ cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const
     CAI_CALL(cai_mlp_bwd(cx, d, p, g, a, s, &a->res_mid, d_stream));
     CAI_CALL(cai_attn_bwd(cx, d, p, g, a, s, inp, d_stream));
     return CAI_OK;
+}
+
+cai_status cai_block_bwd_input(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                               cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                               const cai_tensor *inp, cai_tensor *d_stream) {
+    CAI_CHECK_ARG(w, "cai_block_bwd_input: NULL weight-pass stash");
+    CAI_CALL(mlp_bwd(cx, d, p, g, a, s, w, &a->res_mid, d_stream));
+    CAI_CALL(attn_bwd(cx, d, p, g, a, s, w, inp, d_stream));
+    return CAI_OK;
+}
+
+/* The kept output gradients against the saved inputs, in the order the
+ * fused backward accumulates them; under sequence parallelism the norm
+ * outputs are gathered over tp again (every tp rank runs this pass at the
+ * same point of its list). */
+cai_status cai_block_bwd_weight(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                                cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s,
+                                const cai_block_wgrad *w) {
+    CAI_CHECK_ARG(w, "cai_block_bwd_weight: NULL weight-pass stash");
+    cai_device_t *dev = cx->dev;
+    const cai_ops *ops = dev->ops;
+    const cai_tensor *x;
+    CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), &w->d_mlp, &a->act,
+                             &p->mlp_proj_w, 0));
+    CAI_CALL(column_input(cx, s, &a->ln2, &x));
+    switch (d->kinds.mlp) {
+    case CAI_MLP_GELU:
+        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->fc_w), opt_out(&g->fc_b), &w->dfc, x, &p->fc_w, 0));
+        break;
+    case CAI_MLP_SWIGLU:
+        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->fc_w), NULL, &w->dfc, x, &p->fc_w, 0));
+        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->up_w), NULL, &w->dup, x, &p->up_w, 0));
+        break;
+    default: return unknown_mlp(d);
+    }
+    CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->proj_w), opt_out(&g->proj_b), &w->d_proj, &a->att, &p->proj_w, 0));
+    CAI_CALL(column_input(cx, s, &a->ln1, &x));
+    return ops->linear_bwd(dev, NULL, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &w->dqkv, x, &p->qkv_w, 0);
 }
 
 /* ------------------------------------------------------------ embedding */
@@ -598,6 +676,32 @@ static cai_status carve_scratch(carver *c, const cai_layer_dims *d, int64_t max_
     s->attn_ws_bytes = c->dev->ops->attention_workspace_bytes(c->dev, B, T, T, d->n_heads, d->n_kv_heads, d->head_dim);
     CAI_CALL(carve_raw(c, s->attn_ws_bytes, &s->attn_ws));
     return CAI_OK;
+}
+
+static cai_status carve_wgrad(carver *c, const cai_layer_dims *d, cai_block_wgrad *w) {
+    CAI_CALL(check_dims(d));
+    memset(w, 0, sizeof *w);
+    const cai_dtype at = d->act_dtype;
+    const int64_t B = d->B, T = d->T, C = d->C, F = d->ffn;
+    CAI_CALL(carve(c, &w->d_proj, at, 3, B, T, C));
+    CAI_CALL(carve(c, &w->dqkv, at, 3, B, T, qkv_width(d)));
+    CAI_CALL(carve(c, &w->d_mlp, at, 3, B, T, C));
+    CAI_CALL(carve(c, &w->dfc, at, 3, B, T, F));
+    if (d->kinds.mlp == CAI_MLP_SWIGLU) CAI_CALL(carve(c, &w->dup, at, 3, B, T, F));
+    return CAI_OK;
+}
+
+size_t cai_block_wgrad_bytes(const cai_device_t *dev, const cai_layer_dims *d) {
+    carver c = {(cai_device_t *)dev, NULL, 0};
+    cai_block_wgrad w;
+    if (carve_wgrad(&c, d, &w) != CAI_OK) return 0;
+    return c.bytes;
+}
+
+cai_status cai_block_wgrad_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_block_wgrad *w) {
+    CAI_CHECK_ARG(dev && arena && w, "cai_block_wgrad_carve: NULL argument");
+    carver c = {dev, arena, 0};
+    return carve_wgrad(&c, d, w);
 }
 
 size_t cai_block_scratch_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos) {

@@ -250,10 +250,13 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
 typedef struct {
     cai_tensor *resid;          /* chunk_max + 1: resid[i] is the chunk's layer i's input */
     cai_block_acts *acts;       /* n_acts */
+    cai_block_wgrad *wg;        /* split backward: n_acts, what the input pass keeps for the weight pass */
     cai_head_acts head;         /* the rank holding the head */
     cai_tensor tokens, targets; /* I32 [B,T] on the device */
     int64_t n_valid;            /* non-ignored targets of the slot's forward */
     int pending_backward;       /* a forward with targets ran and its backward has not */
+    int pending_weight;         /* split: the input pass ran and the weight pass has not */
+    int chunk;                  /* the chunk whose activations the slot holds */
     float train_scale;          /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
 } act_slot;
 
@@ -298,6 +301,7 @@ struct cai_model {
     cai_tensor d_stream;
     cai_block_scratch scratch;
     int n_acts; /* layer sets per slot: chunk_max, or 1 with activation checkpointing */
+    int split;  /* cai_model_options.split_backward */
     act_slot *slots;
     int n_slots;
     int cur_chunk; /* selected by cai_model_select, with s */
@@ -558,10 +562,11 @@ static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
  * activations, the head's and the token / target uploads. What carve_all
  * carves, in the same order. */
 static size_t arena_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos, int chunk_layers,
-                          int n_acts, int last, int slots) {
+                          int n_acts, int split, int last, int slots) {
     const size_t stream = (size_t)(d->sp ? d->B * d->T / d->tp : d->B * d->T);
     const size_t one = round64(stream * (size_t)d->C * cai_dtype_size(d->act_dtype));
     size_t slot = (size_t)(chunk_layers + 1) * one + (size_t)n_acts * cai_block_acts_bytes(dev, d);
+    if (split) slot += (size_t)n_acts * cai_block_wgrad_bytes(dev, d);
     if (last) slot += cai_head_acts_bytes(dev, d);
     slot += 2 * round64((size_t)d->B * (size_t)d->T * sizeof(int32_t));
     return one + cai_block_scratch_bytes(dev, d, max_pos) + (size_t)slots * slot + 64;
@@ -578,8 +583,20 @@ cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_c
     /* The registry splits the vocabulary in balanced shards: the largest is the ceiling. */
     d.vocab_local = (cai_model_config_padded_vocab(&c) + view->tp_size - 1) / view->tp_size;
     const int k = slots > 0 ? slots : 1;
-    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, last, k);
-    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, last, k);
+    *full = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local, 0, last, k);
+    *recompute = arena_bytes(dev, &d, c.max_seq_len, n_local, n_local > 0 ? 1 : 0, 0, last, k);
+    return CAI_OK;
+}
+
+cai_status cai_model_split_backward_bytes(const cai_device_t *dev, const cai_model_config *cfg,
+                                          const cai_rank_view *view, int batch, int seq_len, int seq_parallel,
+                                          int n_local, int slots, size_t *bytes) {
+    CAI_CHECK_ARG(dev && cfg && view && bytes, "cai_model_split_backward_bytes: NULL argument");
+    cai_model_config c;
+    CAI_CALL(cai_model_config_resolve(cfg, &c));
+    cai_layer_dims d;
+    layer_dims_of(&c, view, batch, seq_len, seq_parallel, &d);
+    *bytes = (size_t)(slots > 0 ? slots : 1) * (size_t)n_local * cai_block_wgrad_bytes(dev, &d);
     return CAI_OK;
 }
 
@@ -587,7 +604,7 @@ static cai_status carve_all(cai_model_t *m, cai_arena_t *arena, size_t *bytes_ou
     cai_device_t *dev = m->dev;
     const cai_layer_dims *d = &m->dims;
     if (!arena) {
-        *bytes_out = arena_bytes(dev, d, m->cfg.max_seq_len, m->chunk_max, m->n_acts, m->last, m->n_slots);
+        *bytes_out = arena_bytes(dev, d, m->cfg.max_seq_len, m->chunk_max, m->n_acts, m->split, m->last, m->n_slots);
         return CAI_OK;
     }
     /* The residual stream: [B,T,C], or this rank's [1, B*T/tp, C] tokens. */
@@ -599,6 +616,7 @@ static cai_status carve_all(cai_model_t *m, cai_arena_t *arena, size_t *bytes_ou
         for (int i = 0; i <= m->chunk_max; i++)
             CAI_CALL(cai_tensor_arena(&s->resid[i], arena, dev, d->act_dtype, 3, (int64_t[]){sb, st, d->C}));
         for (int i = 0; i < m->n_acts; i++) CAI_CALL(cai_block_acts_carve(dev, arena, d, &s->acts[i]));
+        for (int i = 0; m->split && i < m->n_acts; i++) CAI_CALL(cai_block_wgrad_carve(dev, arena, d, &s->wg[i]));
         if (m->last) CAI_CALL(cai_head_acts_carve(dev, arena, d, &s->head));
         CAI_CALL(cai_tensor_arena(&s->tokens, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
         CAI_CALL(cai_tensor_arena(&s->targets, arena, dev, CAI_DTYPE_I32, 2, (int64_t[]){m->B, m->T}));
@@ -615,6 +633,8 @@ static cai_status alloc_acts(cai_model_t *m, int slots) {
         act_slot *s = &m->slots[k];
         CAI_CALL(cai_calloc((void **)&s->resid, (size_t)m->chunk_max + 1, sizeof *s->resid, "model residual views"));
         CAI_CALL(cai_calloc((void **)&s->acts, (size_t)m->n_acts, sizeof *s->acts, "model activation views"));
+        if (m->split)
+            CAI_CALL(cai_calloc((void **)&s->wg, (size_t)m->n_acts, sizeof *s->wg, "model weight-pass views"));
     }
     m->s = &m->slots[0];
     m->cur_chunk = 0;
@@ -730,6 +750,13 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     }
     m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp};
     m->external = opt.external_params != 0;
+    m->split = opt.split_backward != 0;
+    if (m->split && m->cfg.activation_checkpointing) {
+        st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                       "model: split_backward keeps every layer's activations from the input pass to the weight "
+                       "pass; activation checkpointing keeps one layer's (turn one of them off)");
+        goto fail;
+    }
     m->align = opt.align_elems ? opt.align_elems : 16;
     m->B = opt.batch;
     m->T = opt.seq_len;
@@ -760,6 +787,7 @@ void cai_model_free(cai_model_t *m) {
         cai_head_acts_release(&m->slots[k].head);
         cai_free(m->slots[k].resid);
         cai_free(m->slots[k].acts);
+        cai_free(m->slots[k].wg);
     }
     cai_free(m->slots);
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
@@ -963,7 +991,13 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     const struct chunk *c = &m->chunk[m->cur_chunk];
     act_slot *s = m->s;
     const int nl = c->end - c->begin;
+    if (s->pending_weight)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_forward: activation slot %d still holds chunk %d's activations for its weight "
+                         "pass (cai_model_backward_weight), which has not run",
+                         (int)(s - m->slots), s->chunk);
     s->pending_backward = 0;
+    s->chunk = m->cur_chunk;
     if (c->first) {
         CAI_CHECK_ARG(tokens, "cai_model_forward: the first pipeline stage needs tokens");
         CAI_CALL(upload_i32(m, &s->tokens, tokens));
@@ -1034,11 +1068,17 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits) {
     return CAI_OK;
 }
 
-cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
-    CAI_CHECK_ARG(m, "cai_model_backward: NULL model");
+/* split: the input pass of a split backward (blocks keep their matmuls'
+ * output gradients; the head and the embedding run whole). */
+static cai_status backward(cai_model_t *m, float grad_scale, int split, const char *fn) {
     const struct chunk *c = &m->chunk[m->cur_chunk];
     act_slot *s = m->s;
     const int nl = c->end - c->begin;
+    if (s->pending_weight || s->chunk != m->cur_chunk)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: activation slot %d holds chunk %d's activations%s but chunk %d is selected", fn,
+                         (int)(s - m->slots), s->chunk, s->pending_weight ? ", waiting for their weight pass," : "",
+                         m->cur_chunk);
     if (c->last) {
         if (!s->pending_backward)
             return CAI_ERROR(CAI_ERR_INVALID_ARG,
@@ -1067,6 +1107,11 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
          * activations are still in the slot's set from the forward. */
         if (m->cfg.activation_checkpointing && i != nl - 1)
             CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[li], a, &m->scratch, &s->resid[i], &s->resid[i + 1]));
+        if (split) {
+            CAI_CALL(cai_block_bwd_input(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->wg[i],
+                                         &s->resid[i], &m->d_stream));
+            continue; /* the unit's gradients are complete after its weight pass */
+        }
         CAI_CALL(cai_block_bwd(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->resid[i], &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, unit));
     }
@@ -1075,5 +1120,41 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
         CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &s->tokens, &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
     }
+    s->pending_weight = split && nl > 0;
     return CAI_OK;
 }
+
+cai_status cai_model_backward(cai_model_t *m, float grad_scale) {
+    CAI_CHECK_ARG(m, "cai_model_backward: NULL model");
+    return backward(m, grad_scale, 0, "cai_model_backward");
+}
+
+cai_status cai_model_backward_input(cai_model_t *m, float grad_scale) {
+    CAI_CHECK_ARG(m, "cai_model_backward_input: NULL model");
+    if (!m->split)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_backward_input: the model was created without split_backward (nowhere to keep "
+                         "the weight pass's gradients)");
+    return backward(m, grad_scale, 1, "cai_model_backward_input");
+}
+
+cai_status cai_model_backward_weight(cai_model_t *m) {
+    CAI_CHECK_ARG(m, "cai_model_backward_weight: NULL model");
+    act_slot *s = m->s;
+    if (!s->pending_weight || s->chunk != m->cur_chunk)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_backward_weight: activation slot %d has no input pass of chunk %d waiting for "
+                         "its weight pass (cai_model_backward_input first)",
+                         (int)(s - m->slots), m->cur_chunk);
+    const struct chunk *c = &m->chunk[m->cur_chunk];
+    for (int i = c->end - c->begin - 1; i >= 0; i--) {
+        const int li = c->begin + i;
+        CAI_CALL(
+            cai_block_bwd_weight(&m->cx, &m->dims, &m->wp[li], &m->gp[li], layer_acts(m, i), &m->scratch, &s->wg[i]));
+        CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, block_unit(m, li)));
+    }
+    s->pending_weight = 0;
+    return CAI_OK;
+}
+
+int cai_model_split_backward(const cai_model_t *m) { return m ? m->split : 0; }

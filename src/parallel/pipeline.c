@@ -3,7 +3,8 @@
  * point-to-point on the pp axis for activations and their gradients.
  *
  * Each forward of a (microbatch, chunk) keeps its activations in one of the
- * model's activation slots until its backward. With as many slots as the
+ * model's activation slots until its backward (a split one's weight pass:
+ * zb-h1; that slot is never given up in between). With as many slots as the
  * schedule's peak in-flight forwards on this rank nothing is recomputed;
  * with fewer, a forward takes the slot of the pair whose backward comes
  * last, and that pair's backward recomputes its forward from the saved
@@ -57,7 +58,7 @@ struct cai_pipeline {
     int mb_cap;
     /* activation slots: owner pair of each (-1 free), the slot of each pair
      * (-1: not resident), and when each pair's backward runs in the list */
-    int *slot_owner, *slot_of, *bwd_at;
+    int *slot_owner, *slot_of, *bwd_at, *pinned; /* pinned: input pass done, weight pass to come */
     int n_slots, n_recompute;
     cai_request_t **sends; /* in flight; completed ones are NULL until the step ends */
     int n_sends, sends_cap;
@@ -97,7 +98,8 @@ static cai_status free_bufs(cai_pipeline_t *p) {
     p->mb_cap = 0;
     cai_free(p->slot_of);
     cai_free(p->bwd_at);
-    p->slot_of = p->bwd_at = NULL;
+    cai_free(p->pinned);
+    p->slot_of = p->bwd_at = p->pinned = NULL;
     return CAI_OK;
 }
 
@@ -106,8 +108,10 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
     if (n <= p->mb_cap) return CAI_OK;
     cai_free(p->slot_of);
     cai_free(p->bwd_at);
-    p->slot_of = p->bwd_at = NULL;
+    cai_free(p->pinned);
+    p->slot_of = p->bwd_at = p->pinned = NULL;
     CAI_CALL(cai_calloc((void **)&p->slot_of, (size_t)n, sizeof *p->slot_of, "pipeline slot table"));
+    CAI_CALL(cai_calloc((void **)&p->pinned, (size_t)n, sizeof *p->pinned, "pipeline pinned slots"));
     CAI_CALL(cai_calloc((void **)&p->bwd_at, (size_t)n, sizeof *p->bwd_at, "pipeline backward order"));
     mb_bufs *nb = NULL;
     CAI_CALL(cai_calloc((void **)&nb, (size_t)n, sizeof *nb, "pipeline microbatch buffers"));
@@ -171,11 +175,15 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "pipeline: the model is stage %d of %d but this rank is %d of %d on the mesh's pp axis",
                          v->pp_rank, v->pp_size, rank, pp);
-    if (style == CAI_PP_ZB_H1 || style == CAI_PP_ZB_V)
+    if (style == CAI_PP_ZB_V)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pipeline: %s splits the backward into input and weight passes, which the model does "
-                         "not provide; use 1f1b (zb-h1's memory) or interleaved",
-                         cai_pp_style_name(style));
+                         "pipeline: zb-v places a rank's two chunks in a V (stages r and 2pp-1-r), which the "
+                         "model's layer placement (virtual stage k on rank k %% pp) does not provide; use zb-h1 or "
+                         "interleaved");
+    if (style == CAI_PP_ZB_H1 && !cai_model_split_backward(m))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: zb-h1 runs each backward as an input pass and a later weight pass; create the "
+                         "model with split_backward = 1");
     const int chunks = cai_model_chunk_count(m);
     const int want = style == CAI_PP_INTERLEAVED ? (chunks >= 2 ? chunks : 2) : 1;
     if (chunks != want || chunks > CAI_PP_MAX_CHUNKS)
@@ -298,7 +306,8 @@ static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, i
     (void)m;
     (void)unit;
     cai_pipeline_t *p = ctx;
-    if (!p->prepost || (ev != CAI_MODEL_POST_FORWARD && ev != CAI_MODEL_POST_BACKWARD)) return CAI_OK;
+    /* a split input pass fires only PRE_BACKWARD for its blocks */
+    if (!p->prepost || ev == CAI_MODEL_PRE_FORWARD) return CAI_OK;
     return progress(p);
 }
 
@@ -328,7 +337,7 @@ typedef struct {
 
 /* A slot for pair k: a free one, else the one whose owner's backward comes
  * last in the list (that owner recomputes its forward later). */
-static int take_slot(cai_pipeline_t *p, int k) {
+static cai_status take_slot(cai_pipeline_t *p, int k, int *slot) {
     int best = -1;
     for (int s = 0; s < p->n_slots; s++) {
         const int o = p->slot_owner[s];
@@ -336,13 +345,21 @@ static int take_slot(cai_pipeline_t *p, int k) {
             best = s;
             break;
         }
+        /* between a split backward's two passes the slot holds what the weight pass reads */
+        if (p->pinned[o]) continue;
         if (best < 0 || p->bwd_at[o] > p->bwd_at[p->slot_owner[best]]) best = s;
     }
+    if (best < 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "pipeline: all %d activation slots hold input passes waiting for their weight passes; "
+                         "%s needs more slots on pp rank %d (cai_pipeline_slots_needed)",
+                         p->n_slots, cai_pp_style_name(p->spec.style), p->rank);
     const int o = p->slot_owner[best];
     if (o >= 0) p->slot_of[o] = -1;
     p->slot_owner[best] = k;
     p->slot_of[k] = best;
-    return best;
+    *slot = best;
+    return CAI_OK;
 }
 
 /* Forward of (mb, chunk) into a slot, from its tokens or saved input. */
@@ -350,7 +367,9 @@ static cai_status chunk_forward(cai_pipeline_t *p, run_state *r, int mb, int chu
     cai_model_t *m = p->model;
     const int k = mb * p->n_chunks + chunk;
     const chunk_info *c = &p->chunk[chunk];
-    CAI_CALL(cai_model_select(m, chunk, take_slot(p, k)));
+    int slot = 0;
+    CAI_CALL(take_slot(p, k, &slot));
+    CAI_CALL(cai_model_select(m, chunk, slot));
     const int32_t *tok = r->tokens + (size_t)mb * r->per;
     if (!c->first) {
         cai_tensor in;
@@ -401,7 +420,8 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
         }
         return CAI_OK;
     }
-    case CAI_PP_BACKWARD: {
+    case CAI_PP_BACKWARD:
+    case CAI_PP_BACKWARD_INPUT: {
         if (p->slot_of[k] < 0) {
             CAI_CALL(chunk_forward(p, r, mb, a->chunk, NULL));
             p->n_recompute++;
@@ -410,12 +430,27 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
         cai_tensor ds;
         CAI_CALL(cai_model_stage_io(m, NULL, NULL, &ds));
         if (!c->last) CAI_CALL(cai_device_copy(p->dev, ds.data, p->mb[k].dout, p->act_bytes, CAI_COPY_D2D));
-        CAI_CALL(cai_model_backward(m, r->w));
-        p->slot_owner[p->slot_of[k]] = -1;
-        p->slot_of[k] = -1;
+        if (a->op == CAI_PP_BACKWARD) {
+            CAI_CALL(cai_model_backward(m, r->w));
+            p->slot_owner[p->slot_of[k]] = -1;
+            p->slot_of[k] = -1;
+        } else {
+            CAI_CALL(cai_model_backward_input(m, r->w));
+            p->pinned[k] = 1;
+        }
         if (!c->first) CAI_CALL(cai_device_copy(p->dev, p->mb[k].din, ds.data, p->act_bytes, CAI_COPY_D2D));
         return CAI_OK;
     }
+    case CAI_PP_BACKWARD_WEIGHT:
+        if (p->slot_of[k] < 0 || !p->pinned[k])
+            return CAI_ERROR(CAI_ERR_INTERNAL, "pipeline: the weight pass of microbatch %d chunk %d has no input pass",
+                             mb, a->chunk);
+        CAI_CALL(cai_model_select(m, a->chunk, p->slot_of[k]));
+        CAI_CALL(cai_model_backward_weight(m));
+        p->pinned[k] = 0;
+        p->slot_owner[p->slot_of[k]] = -1;
+        p->slot_of[k] = -1;
+        return CAI_OK;
     default:
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "pipeline: action %s is not run by this executor", cai_pp_op_name(a->op));
     }
@@ -478,6 +513,24 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
                              n_micro, p->spec.pp * p->spec.virtual_stages, need, *ub);
         CAI_CALL(cai_pp_schedule_build(&p->spec, &p->sched));
         CAI_CALL(cai_pp_schedule_check(p->sched, NULL, NULL));
+        /* A slot between a split backward's passes cannot be given up for a
+         * recompute: a rank short of slots would stop mid-step with its
+         * peers waiting on it, so every rank learns it here. */
+        if (p->spec.style == CAI_PP_ZB_H1) {
+            const int need = cai_pp_schedule_peak_inflight(p->sched, p->rank);
+            int worst[1] = {need > p->n_slots ? p->rank : p->spec.pp}; /* the first rank short of slots */
+            CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, worst, worst, 1, CAI_DTYPE_I32, CAI_RED_MIN));
+            if (worst[0] < p->spec.pp) {
+                cai_pp_schedule_free(p->sched);
+                p->sched = NULL;
+                return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                                 "pipeline: zb-h1 keeps each forward's activations until its weight pass, never "
+                                 "recomputed, and pp rank %d has fewer activation slots than its forwards in flight "
+                                 "(this rank: %d slots for %d with %d microbatches); size act_slots by "
+                                 "cai_pipeline_slots_needed",
+                                 worst[0], p->n_slots, need, n_micro);
+            }
+        }
     }
     const int pairs = n_micro * p->n_chunks;
     CAI_CALL(ensure_bufs(p, pairs));
@@ -498,9 +551,14 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, p->rank);
     const int n = cai_pp_schedule_len(p->sched, p->rank);
     for (int s = 0; s < p->n_slots; s++) p->slot_owner[s] = -1;
-    for (int k = 0; k < pairs; k++) p->slot_of[k] = -1;
+    for (int k = 0; k < pairs; k++) {
+        p->slot_of[k] = -1;
+        p->pinned[k] = 0;
+    }
+    /* a slot is free again after the backward, or a split one's weight pass */
     for (int i = 0; i < n; i++)
-        if (acts[i].op == CAI_PP_BACKWARD) p->bwd_at[acts[i].mb * p->n_chunks + acts[i].chunk] = i;
+        if (acts[i].op == CAI_PP_BACKWARD || acts[i].op == CAI_PP_BACKWARD_WEIGHT)
+            p->bwd_at[acts[i].mb * p->n_chunks + acts[i].chunk] = i;
     p->n_recompute = 0;
     if (p->n_recv_cap < n) {
         cai_free(p->recv);
@@ -531,7 +589,8 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         }
     }
     for (int i = 0; i < n && st == CAI_OK; i++) {
-        const int compute = acts[i].op == CAI_PP_FORWARD || acts[i].op == CAI_PP_BACKWARD;
+        const int compute = acts[i].op == CAI_PP_FORWARD || acts[i].op == CAI_PP_BACKWARD ||
+                            acts[i].op == CAI_PP_BACKWARD_INPUT || acts[i].op == CAI_PP_BACKWARD_WEIGHT;
         const double a = p->tracing && compute ? cai_time_now() : 0;
         st = run_action(p, &r, &acts[i], i);
         if (p->tracing && compute && st == CAI_OK) {

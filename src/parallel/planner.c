@@ -82,6 +82,13 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     const int v = req->view.pp_chunks > 1 ? req->view.pp_chunks : 1;
     CAI_CALL_GOTO(act_bytes(req, &c, (nl + v - 1) / v, last, req->pp_inflight, &out->acts_full, &out->acts_recompute),
                   st, done);
+    if (req->pp_split) {
+        size_t kept = 0;
+        CAI_CALL_GOTO(cai_model_split_backward_bytes(req->dev, &c, &req->view, req->batch, req->seq_len,
+                                                     req->seq_parallel, (nl + v - 1) / v, req->pp_inflight, &kept),
+                      st, done);
+        out->acts_full += kept;
+    }
     out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
     if (req->view.pp_size > 1 && req->pp_microbatches > 0) {
         /* The executor's boundary buffers: per (microbatch, chunk) an input and

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Pipeline parallelism in colossal-pretrain reproduces the single-rank run:
 # the same global batch of 8 sequences as 4 microbatches of 2 on 1 rank and
-# through pp=2 (1f1b, gpipe, interleaved with 2 chunks per rank, an uneven
+# through pp=2 (1f1b, gpipe, interleaved with 2 chunks per rank, zb-h1, an uneven
 # pp.layers split, one activation slot so backwards recompute), pp=4
 # (1f1b), pp=2 x dp=2 (ZeRO 0 and 1) and pp=2 x tp=2 gives the same train
 # and validation loss and gradient norm at every step within 1e-5 relative.
@@ -14,6 +14,20 @@
 PP="--model.n_layers 4 --train.micro_batch 2 --train.grad_accum 4 --checkpoint.every 6 --eval.batches 2
   --mesh.watchdog_timeout 60"
 STEPS="--train.steps 12 --eval.interval 6 --log.interval 6"
+# check_trace FILE KINDS CHUNKS: a 2-stage trace of 4 microbatches holds one
+# event of each compute kind (F, B, W) per microbatch, chunk and stage
+check_trace() {
+    python3 - "$1" "$2" "$3" <<'PY' || fail "$1 is not the last step's compute actions ($2 x 4 microbatches x $3 chunks x 2 stages)"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+kinds, chunks = sys.argv[2], int(sys.argv[3])
+names = sorted((e["tid"], e["name"]) for e in ev)
+want = sorted((r, f"{k}{m}" + (f".{c}" if chunks > 1 else "")) for r in range(2) for k in kinds for m in range(4)
+              for c in range(chunks))
+assert names == want, names
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
+PY
+}
 # shellcheck disable=SC2086
 run_np 1 $TINY $PP $STEPS --run.dir "$TMP/a"
 expect_ok
@@ -26,25 +40,18 @@ run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule gpipe --run.dir "$TMP/c" --p
 expect_ok
 expect_grep out "^pipeline trace: $TMP/c.json \(the last step\): bubble [0-9.]+% measured, 20.0% by the schedule"
 # the measured timeline: one forward and one backward per microbatch and stage, in Chrome's format
-python3 - "$TMP/c.json" <<'PY' || fail "the pipeline trace is not the last step's 16 compute actions"
-import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
-names = sorted((e["tid"], e["name"]) for e in ev)
-want = sorted((r, f"{k}{m}") for r in range(2) for k in "FB" for m in range(4))
-assert names == want, names
-assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
-PY
+check_trace "$TMP/c.json" FB 1
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule interleaved --run.dir "$TMP/h" --pp.trace "$TMP/h.json"
 expect_ok
 expect_grep out "^pipeline: interleaved over pp 2 x 2 chunks, .* bubble 11.1% by the schedule; rank 0 holds layers \[0, 1\) \[2, 3\); activation slots 5 of the 5 in flight$"
-python3 - "$TMP/h.json" <<'PY' || fail "the interleaved trace is not the last step's 32 compute actions"
-import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
-names = sorted((e["tid"], e["name"]) for e in ev)
-want = sorted((r, f"{k}{m}.{c}") for r in range(2) for k in "FB" for m in range(4) for c in range(2))
-assert names == want, names
-PY
+check_trace "$TMP/h.json" FB 2
+# zero bubble: each backward an input pass (B) and a later weight pass (W)
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --run.dir "$TMP/z" --pp.trace "$TMP/z.json"
+expect_ok
+expect_grep out "^pipeline: zb-h1 over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble [0-9.]+% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight$"
+check_trace "$TMP/z.json" FBW 1
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.layers 1,3 --pp.act_slots 1 --run.dir "$TMP/k"
 expect_ok
@@ -64,7 +71,7 @@ expect_ok
 run_np 4 $TINY $PP $STEPS --mesh.pp 2 --mesh.tp 2 --run.dir "$TMP/g"
 expect_ok
 expect_grep out "tp=2 pp=2 dp=1"
-for run in b c h k d f j g; do
+for run in b c h z k d f j g; do
     compare train loss $run 12
     compare train grad_norm $run 12
     compare eval val_loss $run 2
@@ -106,9 +113,17 @@ expect_grep out "^export: .* GPT2LMHeadModel"
 
 # Refused before anything starts, naming what would run
 # shellcheck disable=SC2086
-run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --run.dir "$TMP/e"
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-v --run.dir "$TMP/e"
 expect_rc 2
-expect_grep err "pp.schedule=zb-h1 splits the backward into input and weight passes"
+expect_grep err "pp.schedule=zb-v places each rank's two chunks in a V"
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --pp.act_slots 1 --run.dir "$TMP/e"
+expect_rc 2
+expect_grep err "pp.act_slots=1: zb-h1 keeps every forward's activations until its weight pass"
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --model.activation_checkpointing true --run.dir "$TMP/e"
+expect_rc 2
+expect_grep err "model.activation_checkpointing=true: zb-h1's weight passes read every layer's saved activations"
 # shellcheck disable=SC2086
 run_np 4 $TINY $PP $STEPS --mesh.pp 2 --zero.stage 2 --run.dir "$TMP/e"
 expect_rc 2

@@ -15,10 +15,12 @@
  *
  * pp.np4 runs a representative subset (k_subset); pp8.np8 the full matrix:
  * pp {2, 4} x {gpipe, 1f1b, interleaved} x tp {1, 2} x dp {1, 2} x ZeRO
- * {0 (reduce-only engine), 1} within 8 ranks. A layout smaller than the
+ * {0 (reduce-only engine), 1} within 8 ranks, where the schedules are gpipe, 1f1b,
+ * interleaved and zb-h1 (the model's split backward). A layout smaller than the
  * world runs on every group of its size at once, its rows dealt round them.
- * What the executor does not run (zb-h1, zb-v, chunk counts the style does
- * not take) is refused by name. Failures are gathered and reported after
+ * What the executor does not run (zb-v, zb-h1 without a split backward or
+ * with too few slots, chunk counts the style does not take) is refused by
+ * name. Failures are gathered and reported after
  * the matrix so that no rank leaves a collective early. */
 #include "cai_config.h"
 
@@ -111,6 +113,7 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     int need = 0;
     CAI_CALL_GOTO(cai_pipeline_slots_needed(&spec, mo.view.pp_rank, &need), st, done);
     mo.act_slots = slots ? slots : need;
+    mo.split_backward = style == CAI_PP_ZB_H1;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     if (zero != 1) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     if (zero >= 0) CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
@@ -148,8 +151,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     /* the last step's measured timeline against the schedule's prediction */
     double measured = -1, predicted = -1, formula = 0;
     CAI_CALL_GOTO(cai_pipeline_trace(pipe, NULL, &measured, &predicted), st, done);
-    cai_pp_bubble_formula(&spec, &formula, NULL);
-    if (!(fabs(predicted - formula) < 1e-12) || !(measured >= 0 && measured < 1)) {
+    /* zero bubble has no textbook formula: it must beat 1f1b's */
+    const cai_pp_spec ofb = {.pp = pp, .virtual_stages = 1, .microbatches = micro, .style = CAI_PP_1F1B};
+    const int textbook = cai_pp_bubble_formula(&spec, &formula, NULL);
+    if (!textbook) cai_pp_bubble_formula(&ofb, &formula, NULL);
+    if (!(textbook ? fabs(predicted - formula) < 1e-12 : predicted >= 0 && predicted < formula) ||
+        !(measured >= 0 && measured < 1)) {
         st = CAI_ERROR(CAI_ERR_INTERNAL, "trace: bubble %g measured, %g predicted, %g by the formula", measured,
                        predicted, formula);
         goto done;
@@ -226,16 +233,17 @@ static const pp_layout k_subset[] = {
     {2, 2, 1, CAI_PP_1F1B, 0, -1},        {2, 2, 1, CAI_PP_INTERLEAVED, 0, -1}, {2, 2, 1, CAI_PP_1F1B, 0, 0},
     {2, 2, 1, CAI_PP_GPIPE, 0, 1},        {2, 2, 1, CAI_PP_1F1B, 0, 1},         {2, 2, 1, CAI_PP_INTERLEAVED, 0, 1},
     {2, 1, 2, CAI_PP_GPIPE, 0, -1},       {2, 1, 2, CAI_PP_1F1B, 0, -1},        {2, 1, 2, CAI_PP_INTERLEAVED, 0, -1},
-    {2, 1, 2, CAI_PP_1F1B, 0, 1},
+    {2, 1, 2, CAI_PP_1F1B, 0, 1},         {2, 1, 1, CAI_PP_ZB_H1, 0, -1},       {4, 1, 1, CAI_PP_ZB_H1, 0, -1},
+    {2, 2, 1, CAI_PP_ZB_H1, 0, 1},        {2, 1, 2, CAI_PP_ZB_H1, 0, -1},
 };
 
 /* 8 ranks: the full matrix, pp {2, 4} x the schedules the executor runs x
  * tp {1, 2} x dp {1, 2} x ZeRO {0, 1} within 8 ranks. */
 static int full_matrix(pp_layout *out) {
-    static const cai_pp_style styles[3] = {CAI_PP_GPIPE, CAI_PP_1F1B, CAI_PP_INTERLEAVED};
+    static const cai_pp_style styles[4] = {CAI_PP_GPIPE, CAI_PP_1F1B, CAI_PP_INTERLEAVED, CAI_PP_ZB_H1};
     int n = 0;
     for (int pp = 2; pp <= 4; pp += 2)
-        for (int s = 0; s < 3; s++)
+        for (int s = 0; s < 4; s++)
             for (int tp = 1; tp <= 2; tp++)
                 for (int dp = 1; dp <= 2; dp++)
                     for (int zero = 0; zero <= 1; zero++)
@@ -257,7 +265,7 @@ START_TEST(pp_matrix_matches_single_rank) {
             r.steps = TP_STEPS;
             CK_CAI(eq_run_reference(&r, &ref_tp[f][d]));
         }
-    pp_layout full[64];
+    pp_layout full[96];
     const pp_layout *layouts = k_subset;
     int n_layouts = (int)(sizeof k_subset / sizeof k_subset[0]);
     if (g_world_size == 8) {
@@ -365,14 +373,33 @@ START_TEST(unsupported_layouts_are_refused) {
     mo.view.pp_size = g_world_size;
     mo.view.pp_rank = cai_mesh_rank(mesh, CAI_AXIS_PP);
     CK_CAI(cai_model_create(&m, dev, &c, &mo));
+    /* (zb-h1: the model was created without split_backward) */
     const cai_pp_style no[3] = {CAI_PP_INTERLEAVED, CAI_PP_ZB_H1, CAI_PP_ZB_V};
-    const cai_status why[3] = {CAI_ERR_INVALID_ARG, CAI_ERR_UNSUPPORTED, CAI_ERR_UNSUPPORTED};
+    const cai_status why[3] = {CAI_ERR_INVALID_ARG, CAI_ERR_INVALID_ARG, CAI_ERR_UNSUPPORTED};
     for (int k = 0; k < 3; k++) {
         cai_pipeline_t *p = NULL;
         ck_assert_int_eq(cai_pipeline_create(&p, mesh, m, no[k]), why[k]);
         ck_assert_ptr_null(p);
         ck_assert_ptr_nonnull(strstr(cai_error_message(), cai_pp_style_name(no[k])));
         cai_error_clear();
+    }
+    /* zb-h1 with one slot: every rank refuses the step before running it
+     * (rank 0 keeps 4 forwards until their weight passes) */
+    {
+        cai_model_t *ms = NULL;
+        cai_model_options so = mo;
+        so.split_backward = 1;
+        so.act_slots = 1;
+        CK_CAI(cai_model_create(&ms, dev, &c, &so));
+        cai_pipeline_t *p = NULL;
+        CK_CAI(cai_pipeline_create(&p, mesh, ms, CAI_PP_ZB_H1));
+        int32_t tok[4 * 2 * SEQ], tgt[4 * 2 * SEQ];
+        for (int i = 0; i < 4 * 2 * SEQ; i++) tok[i] = tgt[i] = i % 17;
+        ck_assert_int_eq(cai_pipeline_forward_backward(p, tok, tgt, 4, 1.0f, NULL), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "pp rank 0 has fewer activation slots"));
+        cai_error_clear();
+        cai_pipeline_free(p);
+        cai_model_free(ms);
     }
     /* a model of 2 chunks per rank runs only interleaved */
     cai_model_t *m2 = NULL;

@@ -485,6 +485,97 @@ START_TEST(activation_checkpointing_gives_identical_gradients) {
 }
 END_TEST
 
+/* The split backward (zero-bubble schedules): two microbatches forward
+ * into two slots, both input passes, then both weight passes accumulate
+ * what the fused backward does, bit for bit (every gradient is added in the
+ * same microbatch order); hooks see a block's PRE_BACKWARD in the input
+ * pass and its POST_BACKWARD after the weight pass; misuse is refused. */
+START_TEST(split_backward_gives_identical_gradients) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    for (int k = 0; k < 2; k++) {
+        cfgs[k].n_layers = 3;
+        int32_t tok[2][12], tgt[2][12];
+        make_batch(2, 6, cfgs[k].vocab_size, 21, tok[0], tgt[0]);
+        make_batch(2, 6, cfgs[k].vocab_size, 22, tok[1], tgt[1]);
+        cai_model_t *fused = make_model(&cfgs[k], 2, 6);
+        OK(cai_model_zero_grad(fused));
+        for (int mb = 0; mb < 2; mb++) {
+            OK(cai_model_forward_train(fused, tok[mb], tgt[mb], 0.5f, NULL));
+            OK(cai_model_backward(fused, 0.5f));
+        }
+        cai_model_options o = cai_model_options_default(&cfgs[k]);
+        o.batch = 2;
+        o.seq_len = 6;
+        o.act_slots = 2;
+        o.split_backward = 1;
+        cai_model_t *m = NULL;
+        OK(cai_model_create(&m, dev, &cfgs[k], &o));
+        ck_assert_int_eq(cai_model_split_backward(m), 1);
+        OK(cai_model_zero_grad(m));
+        int log[256], n = 0;
+        hook_rec h = {1, log, &n, -1};
+        OK(cai_model_add_hook(m, record_hook, &h));
+        for (int mb = 0; mb < 2; mb++) {
+            OK(cai_model_select(m, 0, mb));
+            OK(cai_model_forward_train(m, tok[mb], tgt[mb], 0.5f, NULL));
+        }
+        /* slot 1 cannot run its weight pass before its input pass */
+        ck_assert_int_eq(cai_model_backward_weight(m), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_backward_input first"));
+        cai_error_clear();
+        const int units = cai_model_unit_count(m), blocks = cfgs[k].n_layers;
+        for (int mb = 0; mb < 2; mb++) {
+            OK(cai_model_select(m, 0, mb));
+            n = 0;
+            OK(cai_model_backward_input(m, 0.5f));
+            ck_assert_int_eq(n, 2 * units - blocks); /* head and embedding whole, blocks PRE only */
+            for (int i = 0; i < n; i++)
+                ck_assert_msg(log[i] % 10 == CAI_MODEL_PRE_BACKWARD || (log[i] / 10) % 100 == 0 ||
+                                  (log[i] / 10) % 100 == units - 1,
+                              "event %d in the input pass", log[i]);
+        }
+        /* a slot waiting for its weight pass takes no forward */
+        ck_assert_int_eq(cai_model_forward(m, tok[0], tgt[0], NULL), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "weight pass"));
+        cai_error_clear();
+        for (int mb = 0; mb < 2; mb++) {
+            OK(cai_model_select(m, 0, mb));
+            n = 0;
+            OK(cai_model_backward_weight(m));
+            ck_assert_int_eq(n, blocks);
+            for (int i = 0; i < n; i++) ck_assert_int_eq(log[i] % 10, CAI_MODEL_POST_BACKWARD);
+        }
+        ck_assert_int_eq(cai_model_backward_weight(m), CAI_ERR_INVALID_ARG);
+        cai_error_clear();
+        OK(cai_model_remove_hook(m, record_hook, &h));
+        cai_tensor ga, gb;
+        cai_model_flat(fused, NULL, &ga, NULL);
+        cai_model_flat(m, NULL, &gb, NULL);
+        ck_assert_int_eq(cai_tensor_numel(&ga), cai_tensor_numel(&gb));
+        ck_assert_msg(memcmp(ga.data, gb.data, (size_t)cai_tensor_numel(&ga) * sizeof(float)) == 0,
+                      "%s: split backward gradients differ", cai_model_family_name(cfgs[k].family));
+        /* ... and the split costs the kept output gradients */
+        size_t act_fused, act_split, extra;
+        cai_model_memory(fused, NULL, &act_fused);
+        cai_model_memory(m, NULL, &act_split);
+        cai_rank_view v = o.view;
+        OK(cai_model_split_backward_bytes(dev, &cfgs[k], &v, 2, 6, 0, blocks, 2, &extra));
+        ck_assert_uint_gt(extra, 0);
+        ck_assert_uint_ge(act_split, act_fused + extra);
+        cai_model_free(m);
+        cai_model_free(fused);
+        ck_assert_int_eq(cai_model_backward_input(fused = make_model(&cfgs[k], 2, 6), 1.0f), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "without split_backward"));
+        cai_error_clear();
+        cai_model_free(fused);
+        cfgs[k].activation_checkpointing = 1;
+        ck_assert_int_eq(cai_model_create(&m, dev, &cfgs[k], &o), CAI_ERR_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "activation checkpointing"));
+        cai_error_clear();
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------ pipeline stages */
 
 START_TEST(pipeline_stages_chain_to_the_single_model) {
@@ -657,6 +748,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, llama_gqa_gradients_match_finite_differences);
     tcase_add_test(tc, forward_rejects_bad_input);
     tcase_add_test(tc, activation_checkpointing_gives_identical_gradients);
+    tcase_add_test(tc, split_backward_gives_identical_gradients);
     tcase_add_test(tc, pipeline_stages_chain_to_the_single_model);
     tcase_add_test(tc, loss_decreases_when_overfitting_a_tiny_batch);
     tcase_add_test(tc, bf16_mixed_precision_tracks_f32);

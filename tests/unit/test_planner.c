@@ -136,21 +136,25 @@ START_TEST(plan_matches_the_shapes) {
 END_TEST
 
 /* Whole models, and pipeline ranks with 2 chunks and 3 activation slots
- * (the first and the last rank of pp 2). */
+ * (the first and the last rank of pp 2), with and without a split
+ * backward's kept gradients. */
 START_TEST(activations_match_the_model) {
     for (int f = 0; f < 2; f++)
         for (int ckpt = 0; ckpt <= 1; ckpt++)
-            for (int pr = -1; pr < 2; pr++) {
+            for (int pr = -1; pr < 4; pr++) {
+                const int split = pr >= 2; /* ranks 2, 3: ranks 0, 1 split */
                 cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
                 c.activation_checkpointing = ckpt;
                 c.n_layers = 4;
                 cai_mem_plan p;
                 cai_mem_plan_request r = request(c, 0, 0, 1);
+                if (split && ckpt) continue;
                 if (pr >= 0) {
                     r.view.pp_size = 2;
-                    r.view.pp_rank = pr;
+                    r.view.pp_rank = pr % 2;
                     r.view.pp_chunks = 2;
                     r.pp_inflight = 3;
+                    r.pp_split = split;
                 }
                 OK(cai_mem_plan_compute(&r, &p));
                 cai_model_options mo = cai_model_options_default(&c);
@@ -158,6 +162,7 @@ START_TEST(activations_match_the_model) {
                 mo.seq_len = r.seq_len;
                 mo.view = r.view;
                 mo.act_slots = r.pp_inflight;
+                mo.split_backward = split;
                 cai_model_t *m = NULL;
                 OK(cai_model_create(&m, dev, &c, &mo));
                 size_t pb = 0, ab = 0;

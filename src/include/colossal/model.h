@@ -381,6 +381,21 @@ typedef struct {
     size_t attn_ws_bytes;
 } cai_block_scratch;
 
+/* A split backward (zero-bubble pipeline schedules) runs a block's
+ * backward in two passes: the input pass (cai_block_bwd_input) writes
+ * d(input) and the norms' weight gradients and keeps here the output
+ * gradients of the block's matmuls; the weight pass (cai_block_bwd_weight),
+ * later, multiplies them by the saved activations into the matmuls' weight
+ * and bias gradients. Both passes together accumulate the same gradients as
+ * cai_block_bwd. Under sequence parallelism d_proj and d_mlp hold the whole
+ * sequence's. */
+typedef struct {
+    cai_tensor d_proj;   /* [B,T,C] d(attention output projection) */
+    cai_tensor dqkv;     /* [B,T,(Hq+2Hkv)D] after RoPE's backward */
+    cai_tensor d_mlp;    /* [B,T,C] d(MLP output projection) */
+    cai_tensor dfc, dup; /* [B,T,F] d(fc / gate), d(up) (Llama only) */
+} cai_block_wgrad;
+
 /* Allocate acts / scratch for `dims` from a device arena (max_pos sizes the
  * RoPE tables, which this computes). */
 size_t cai_block_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
@@ -388,6 +403,8 @@ cai_status cai_block_acts_carve(cai_device_t *dev, cai_arena_t *arena, const cai
 size_t cai_block_scratch_bytes(const cai_device_t *dev, const cai_layer_dims *d, int64_t max_pos);
 cai_status cai_block_scratch_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, int64_t max_pos,
                                    double rope_theta, cai_block_scratch *s);
+size_t cai_block_wgrad_bytes(const cai_device_t *dev, const cai_layer_dims *d);
+cai_status cai_block_wgrad_carve(cai_device_t *dev, cai_arena_t *arena, const cai_layer_dims *d, cai_block_wgrad *w);
 
 /* Attention sublayer: out = inp + proj(attention(rope(qkv(norm1(inp))))). */
 cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p, cai_block_acts *a,
@@ -406,6 +423,15 @@ cai_status cai_block_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const
 cai_status cai_block_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
                          cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, const cai_tensor *inp,
                          cai_tensor *d_stream);
+/* The two passes of a split backward (cai_block_wgrad): the input pass
+ * reads and writes d_stream as cai_block_bwd does and fills w; the weight
+ * pass reads w and a, which must be untouched in between. */
+cai_status cai_block_bwd_input(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                               cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s, cai_block_wgrad *w,
+                               const cai_tensor *inp, cai_tensor *d_stream);
+cai_status cai_block_bwd_weight(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_block_params *p,
+                                cai_block_params *g, const cai_block_acts *a, cai_block_scratch *s,
+                                const cai_block_wgrad *w);
 
 /* Embedding: out [B,T,C] = wte[tokens] (+ wpe[pos_offset + t]); tokens I32
  * [B,T] on the device. wpe data NULL for Llama. Vocabulary-parallel: wte
@@ -520,6 +546,11 @@ typedef struct {
                              * only gradients and activations */
     int act_slots;          /* activation sets: forwards (of one chunk each) whose backward is still to
                              * run (a pipeline's in-flight microbatches x chunks); 0 means 1 */
+    int split_backward;     /* 1: each slot can also keep its layers' matmul output gradients from
+                             * cai_model_backward_input to cai_model_backward_weight (zero-bubble
+                             * schedules; cai_model_split_backward_bytes more); not with activation
+                             * checkpointing; external_params must keep the gradients bound from one
+                             * pass to the other (ZeRO 0/1 bind them once) */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */
@@ -573,6 +604,11 @@ void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_byt
 cai_status cai_model_activation_bytes(const cai_device_t *dev, const cai_model_config *cfg, const cai_rank_view *view,
                                       int batch, int seq_len, int seq_parallel, int n_local, int last, int slots,
                                       size_t *full, size_t *recompute);
+/* What split_backward adds to that arena for n_local layers and `slots`
+ * slots. Not collective. */
+cai_status cai_model_split_backward_bytes(const cai_device_t *dev, const cai_model_config *cfg,
+                                          const cai_rank_view *view, int batch, int seq_len, int seq_parallel,
+                                          int n_local, int slots, size_t *bytes);
 
 /* The flat buffers (laid out by cai_registry_local_layout with this model's
  * view and align_elems): F32 master weights, F32 gradients, and the
@@ -618,6 +654,18 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits);
  * parameter gradients ACCUMULATE (microbatches add up; pass 1/n for a mean
  * over n of them). Requires a forward with targets on the last stage. */
 cai_status cai_model_backward(cai_model_t *m, float grad_scale);
+/* The same backward in two passes (split_backward models; zero-bubble
+ * pipeline schedules). The input pass does everything cai_model_backward
+ * does (d(input) in d_stream, the head's, the embedding's and the norms'
+ * gradients) except the blocks' matmul weight gradients, which the weight
+ * pass of the same chunk and slot adds later; other slots' forwards and
+ * passes may run in between, and the slot cannot take a forward until its
+ * weight pass has run. Together they accumulate what cai_model_backward
+ * does. Hooks: a block unit's PRE_BACKWARD fires in the input pass, its
+ * POST_BACKWARD after its weight pass. */
+cai_status cai_model_backward_input(cai_model_t *m, float grad_scale);
+cai_status cai_model_backward_weight(cai_model_t *m);
+int cai_model_split_backward(const cai_model_t *m);
 
 /* Pipeline stage boundary of the selected chunk and slot, [B,T,C] in act
  * dtype: `input` (non-first stages write it before forward), `output`

@@ -246,6 +246,8 @@ typedef struct {
                               * chunk forwards, cai_pp_stats / cai_pp_schedule_peak_inflight); 0 means 1 */
     int pp_microbatches;     /* view.pp_size > 1: microbatches a step, for the executor's boundary
                               * buffers (one set per microbatch and chunk); 0: not counted */
+    int pp_split;            /* 1: the model keeps a split backward's output gradients in each
+                              * activation set (cai_model_options.split_backward; zb-h1) */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
@@ -380,12 +382,15 @@ typedef struct cai_pipeline cai_pipeline_t;
 #define CAI_PP_MAX_CHUNKS 16
 
 /* m is this rank's stage (view pp_size/pp_rank those of the mesh's pp
- * axis): one chunk for gpipe and 1f1b, the view's pp_chunks >= 2 for
- * interleaved. Refuses, naming what would run, the schedules that need a
- * split backward (zb-h1, zb-v) and a chunk count the style does not run.
- * The model's activation slots (cai_model_options.act_slots) decide what
- * is recomputed: with cai_pipeline_slots_needed of them, nothing. Not
- * collective. */
+ * axis): one chunk for gpipe, 1f1b and zb-h1, the view's pp_chunks >= 2 for
+ * interleaved. zb-h1 needs a model created with split_backward (its
+ * backward runs as an input pass and a later weight pass). Refuses, naming
+ * what would run, zb-v (its V placement of chunks is not the model's) and a
+ * chunk count the style does not run. The model's activation slots
+ * (cai_model_options.act_slots) decide what is recomputed: with
+ * cai_pipeline_slots_needed of them, nothing; a slot between a split
+ * backward's two passes is never given up, so zb-h1 with too few fails
+ * naming the rank. Not collective. */
 cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model_t *m, cai_pp_style style);
 void cai_pipeline_free(cai_pipeline_t *p);
 /* Zero the gradients, run n_micro microbatches (tokens, targets: host
@@ -400,7 +405,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
  * the mean of their losses on every rank. Collective over CAI_AXIS_PP. */
 cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
                              double *loss);
-/* Record the compute actions (forward, backward) of every following step
+/* Record the compute actions (forward, backward or its two passes) of every following step
  * with their start and end (the device synchronised after each, which
  * costs the overlap it would have had). Not collective. */
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
@@ -411,7 +416,7 @@ void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
  * (cai_pp_write_chrome_trace's format, one row per stage). Collective over
  * CAI_AXIS_PP. */
 cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted);
-/* The most (microbatch, chunk) forwards whose backward is still to run on
+/* The most (microbatch, chunk) forwards whose backward (split: weight pass) is still to run on
  * pipeline rank `rank` under `spec`: the activation slots that spare it any
  * recompute. Not collective. */
 cai_status cai_pipeline_slots_needed(const cai_pp_spec *spec, int rank, int *slots);
