@@ -3,10 +3,13 @@
  *   train-tokenizer  learn a byte-level BPE vocabulary from text/JSONL
  *   corpus           write the embedded corpus as JSONL or text
  *   info             validate an indexed dataset and print what it holds
+ *   sft-preprocess   chat JSONL -> token and loss-mask datasets, in parallel
+ *   sft-example      write the embedded instruction set (train and held out)
  * Options after the subcommand go through the config module, so each
  * subcommand has --help and YAML files like every other app. */
 #include "cai_config.h"
 
+#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,10 +29,10 @@ enum { FMT_AUTO = 0, FMT_TEXT = 1, FMT_JSONL = 2 };
 static const char *const k_formats[] = {"auto", "text", "jsonl", NULL};
 
 typedef struct {
-    char *input, *output, *json_key, *tokenizer, *eod, *data;
-    int format;
+    char *input, *output, *json_key, *tokenizer, *eod, *data, *chat_template;
+    int format, overflow, strict_keys, add_special_tokens;
     double progress;
-    int64_t vocab_size, min_frequency, docs, seed, seq_len;
+    int64_t vocab_size, min_frequency, docs, seed, seq_len, held_out;
     cai_app_common common;
 } data_config;
 
@@ -86,6 +89,42 @@ static const cai_config_field k_info[] = {
       NULL),
     F("seq_len", CAI_CFG_INT64, seq_len, "0", "also count GPT samples of this length, one epoch (0: skip)", 0, BIG,
       NULL, NULL),
+    CAI_APP_COMMON_FIELDS(data_config, common),
+};
+static const cai_config_field k_sft_preprocess[] = {
+    F("input", CAI_CFG_STRING, input, NULL, "chat JSONL files, comma-separated, read as one stream in order",
+      CAI_CFG_NO_RANGE, NULL, NULL),
+    F("output_prefix", CAI_CFG_STRING, output, NULL,
+      "writes OUTPUT_PREFIX.{bin,idx} (tokens) and OUTPUT_PREFIX_loss_mask.{bin,idx} (uint8 masks)", CAI_CFG_NO_RANGE,
+      NULL, "output"),
+    F("tokenizer", CAI_CFG_STRING, tokenizer, "",
+      "tokenizer directory (vocab.json + merges.txt, or tokenizer.json); empty: bytes (256 ids)", CAI_CFG_NO_RANGE,
+      NULL, NULL),
+    F("chat_template", CAI_CFG_STRING, chat_template, "chatml",
+      "chatml, llama3, plain, or a template file (.json; docs/sft.md)", CAI_CFG_NO_RANGE, NULL, NULL),
+    F("seq_len", CAI_CFG_INT64, seq_len, "0",
+      "positions per training sequence: longer conversations (over seq_len + 1 tokens) follow --overflow; 0: no "
+      "limit",
+      0, BIG, NULL, NULL),
+    {"overflow", CAI_CFG_ENUM, offsetof(data_config, overflow), "truncate",
+     "a conversation longer than seq_len: truncate (keep its head, if an assistant token is left) or drop",
+     CAI_CFG_NO_RANGE, cai_sft_overflow_names, NULL},
+    F("strict_keys", CAI_CFG_BOOL, strict_keys, "false", "refuse keys other than the chat format's", CAI_CFG_NO_RANGE,
+      NULL, NULL),
+    F("add_special_tokens", CAI_CFG_BOOL, add_special_tokens, "false",
+      "add the template's special tokens the tokenizer lacks and write the grown tokenizer to "
+      "OUTPUT_PREFIX_tokenizer/ (the model's embedding must grow to its size)",
+      CAI_CFG_NO_RANGE, NULL, NULL),
+    F("progress", CAI_CFG_DOUBLE, progress, "10", "seconds between progress lines (0: none)", 0, 1e9, NULL, NULL),
+    CAI_APP_COMMON_FIELDS(data_config, common),
+};
+
+static const cai_config_field k_sft_example[] = {
+    F("out", CAI_CFG_STRING, output, NULL, "directory for train.jsonl and held_out.jsonl", CAI_CFG_NO_RANGE, NULL,
+      NULL),
+    F("docs", CAI_CFG_INT64, docs, "5000", "conversations in both files together", 0, BIG, NULL, NULL),
+    F("seed", CAI_CFG_INT64, seed, "1234", "generator seed: the same seed gives the same files", 0, BIG, NULL, NULL),
+    F("held_out", CAI_CFG_INT64, held_out, "10", "percent of the conversations held out", 0, 100, NULL, NULL),
     CAI_APP_COMMON_FIELDS(data_config, common),
 };
 #undef BIG
@@ -174,15 +213,25 @@ static cai_status tokenizer_open(tokenizer *t, const data_config *cfg) {
 
 /* ------------------------------------------------------------------ subcommands */
 
-static cai_status run_preprocess(const cai_app *app, const data_config *cfg) {
+/* The output prefix and the input list of a preprocessing subcommand;
+ * *copy and *inputs are the caller's to free, failure or not. */
+static cai_status preprocess_args(const data_config *cfg, char **copy, const char ***inputs, int *n) {
+    *copy = NULL;
+    *inputs = NULL;
+    *n = 0;
     if (!cfg->output || !*cfg->output)
         return CAI_ERROR(CAI_ERR_CONFIG, "output_prefix: not given (--output-prefix DIR/NAME)");
-    char *copy = NULL;
-    const char **inputs = malloc(MAX_INPUTS * sizeof *inputs);
-    if (!inputs) return CAI_ERROR(CAI_ERR_NOMEM, "input list");
-    int n = 0;
+    *inputs = malloc(MAX_INPUTS * sizeof **inputs);
+    if (!*inputs) return CAI_ERROR(CAI_ERR_NOMEM, "input list");
+    return parse_inputs(cfg, copy, *inputs, n);
+}
+
+static cai_status run_preprocess(const cai_app *app, const data_config *cfg) {
+    char *copy;
+    const char **inputs;
+    int n;
     tokenizer tok = {0};
-    cai_status st = parse_inputs(cfg, &copy, inputs, &n);
+    cai_status st = preprocess_args(cfg, &copy, &inputs, &n);
     if (st == CAI_OK) st = tokenizer_open(&tok, cfg);
     /* Every rank parsed the same arguments and read the same vocabulary, so
      * a failure so far is the same everywhere. */
@@ -303,6 +352,91 @@ static cai_status run_info(const cai_app *app, const data_config *cfg) {
     return st;
 }
 
+/* The template's special tokens the tokenizer lacks: an error naming
+ * them, or (add_special_tokens) added and the tokenizer saved beside the
+ * output so that training uses the same ids. */
+static cai_status sft_tokens(const cai_app *app, const data_config *cfg, const cai_chat_template_t *t, cai_bpe_t *bpe) {
+    const char *missing[32];
+    int n = 0;
+    cai_chat_template_missing_tokens(t, bpe, missing, 32, &n);
+    if (n == 0) return CAI_OK;
+    char list[1024] = "";
+    for (int i = 0, used = 0; i < n && i < 32 && used < (int)sizeof list - 80; i++)
+        used += snprintf(list + used, sizeof list - (size_t)used, "%s%s", i ? ", " : "", missing[i]);
+    if (!cfg->add_special_tokens)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "chat template %s needs special tokens the tokenizer %s lacks: %s (--add-special-tokens "
+                         "adds them and writes the grown tokenizer; the model's embedding must grow with it)",
+                         cai_chat_template_name(t), cfg->tokenizer, list);
+    const int32_t before = cai_bpe_vocab_size(bpe);
+    int added = 0;
+    CAI_CALL(cai_chat_template_add_tokens(t, bpe, &added));
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s_tokenizer", cfg->output);
+    cai_status st = app->rank == 0 ? cai_bpe_save(bpe, dir) : CAI_OK;
+    if (st == CAI_OK && app->rank == 0)
+        printf("sft-preprocess: added %s (%d new ids: vocabulary %d -> %d) -> %s/\n", list, added, (int)before,
+               (int)cai_bpe_vocab_size(bpe), dir);
+    return st;
+}
+
+static cai_status run_sft_preprocess(const cai_app *app, const data_config *cfg) {
+    char *copy;
+    const char **inputs;
+    int n;
+    cai_bpe_t *bpe = NULL;
+    cai_chat_template_t *t = NULL;
+    cai_status st = preprocess_args(cfg, &copy, &inputs, &n);
+    if (st == CAI_OK) st = cai_chat_template_open(cfg->chat_template, &t);
+    if (st == CAI_OK && cfg->tokenizer && *cfg->tokenizer) st = cai_bpe_load_dir(cfg->tokenizer, &bpe);
+    if (st == CAI_OK && bpe) st = sft_tokens(app, cfg, t, bpe);
+    /* the same arguments and files on every rank: a failure so far is everywhere */
+    if (st == CAI_OK) {
+        const cai_sft_preprocess_config pc = {
+            inputs,       n, cfg->output, t, bpe, cfg->seq_len, (cai_sft_overflow)cfg->overflow, cfg->strict_keys,
+            cfg->progress};
+        cai_sft_preprocess_stats s;
+        st = cai_sft_preprocess(&pc, MPI_COMM_WORLD, &s);
+        if (st == CAI_OK && app->rank == 0) {
+            char limit[96] = "no length limit";
+            if (cfg->seq_len > 0)
+                snprintf(limit, sizeof limit, "seq_len %lld: %lld truncated, %lld dropped (--overflow %s)",
+                         (long long)cfg->seq_len, (long long)s.truncated, (long long)s.dropped,
+                         cai_sft_overflow_names[cfg->overflow]);
+            else if (s.dropped)
+                snprintf(limit, sizeof limit, "no length limit, %lld dropped with nothing to learn",
+                         (long long)s.dropped);
+            printf(
+                "sft-preprocess: %lld conversations -> %lld written (%s); %lld tokens, %lld trained (%.1f%%), "
+                "template %s, %.2f s on %d rank%s -> %s.{bin,idx}, %s_loss_mask.{bin,idx}\n",
+                (long long)s.conversations, (long long)s.written, limit, (long long)s.tokens,
+                (long long)s.trained_tokens, s.tokens ? 100.0 * (double)s.trained_tokens / (double)s.tokens : 0.0,
+                cai_chat_template_name(t), s.seconds, app->size, app->size == 1 ? "" : "s", cfg->output, cfg->output);
+        }
+    }
+    cai_chat_template_free(t);
+    cai_bpe_free(bpe);
+    free(copy);
+    free(inputs);
+    return st;
+}
+
+static cai_status run_sft_example(const cai_app *app, const data_config *cfg) {
+    if (app->rank != 0) return CAI_OK;
+    if (!cfg->output || !*cfg->output) return CAI_ERROR(CAI_ERR_CONFIG, "out: not given (--out DIR)");
+    if (mkdir(cfg->output, 0777) != 0 && errno != EEXIST)
+        return CAI_ERROR(CAI_ERR_IO, "%s: cannot create the directory: %s", cfg->output, strerror(errno));
+    char train[4200], held[4200];
+    snprintf(train, sizeof train, "%s/train.jsonl", cfg->output);
+    snprintf(held, sizeof held, "%s/held_out.jsonl", cfg->output);
+    const cai_sft_example_config ec = {cfg->docs, (uint64_t)cfg->seed, (int)cfg->held_out};
+    int64_t nt = 0, nh = 0;
+    CAI_CALL(cai_sft_example_write(&ec, train, held, &nt, &nh));
+    printf("sft-example: %lld conversations (seed %lld) -> %s (%lld), %s (%lld)\n", (long long)cfg->docs,
+           (long long)cfg->seed, train, (long long)nt, held, (long long)nh);
+    return CAI_OK;
+}
+
 #define SUB(name, summary, fields, run) \
     { name, {"colossal-data " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run }
 static const subcommand k_subcommands[] = {
@@ -311,6 +445,12 @@ static const subcommand k_subcommands[] = {
     SUB("train-tokenizer", "learn a byte-level BPE vocabulary from text or JSONL (rank 0)", k_train, run_train),
     SUB("corpus", "write the embedded training corpus (stories and arithmetic) as JSONL or text", k_corpus, run_corpus),
     SUB("info", "validate an indexed dataset and print its size", k_info, run_info),
+    SUB("sft-preprocess",
+        "tokenize chat JSONL with a chat template into token and loss-mask datasets (.bin/.idx), in parallel over "
+        "MPI ranks",
+        k_sft_preprocess, run_sft_preprocess),
+    SUB("sft-example", "write the embedded chat instruction set (arithmetic and stories) as train and held-out JSONL",
+        k_sft_example, run_sft_example),
 };
 #undef SUB
 #define N_SUB (sizeof k_subcommands / sizeof k_subcommands[0])

@@ -236,3 +236,180 @@ done:
     free(doc);
     return st;
 }
+
+/* ------------------------------------------------------------------ instruction set
+ * Chat conversations from the same generators: a fine-tuned model should
+ * answer arithmetic in one fixed format ("The answer is N.") and continue
+ * a story when asked, which a model pretrained on the corpus above does
+ * not do unprompted. */
+
+static const char *const k_systems[] = {"You are a helpful assistant.", "Answer briefly.",
+                                        "You are a patient teacher for children."};
+
+/* The question of an arithmetic conversation; returns the answer. */
+static int question(gen *g) {
+    int a, b;
+    const char *who = pick(g, 2) ? ONE_OF(g, k_girls) : ONE_OF(g, k_boys), *thing = ONE_OF(g, k_fruits);
+    switch (pick(g, 6)) {
+    case 0:
+        a = range(g, 0, 99);
+        b = range(g, 0, 99);
+        put(g, "What is %d + %d?", a, b);
+        return a + b;
+    case 1:
+        a = range(g, 0, 99);
+        b = range(g, 0, a);
+        put(g, "What is %d - %d?", a, b);
+        return a - b;
+    case 2:
+        a = range(g, 0, 12);
+        b = range(g, 0, 12);
+        put(g, "What is %d times %d?", a, b);
+        return a * b;
+    case 3:
+        b = range(g, 1, 12);
+        a = b * range(g, 0, 12);
+        put(g, "What is %d divided by %d?", a, b);
+        return a / b;
+    case 4:
+        a = range(g, 2, 20);
+        b = range(g, 1, 15);
+        put(g, "%s has %d %s and gets %d more. How many %s does %s have now?", who, a, thing, b, thing, who);
+        return a + b;
+    default:
+        a = range(g, 2, 20);
+        b = range(g, 1, a);
+        put(g, "%s has %d %s and gives away %d. How many %s are left?", who, a, thing, b, thing);
+        return a - b;
+    }
+}
+
+static cai_status chat_push(cai_chat_conversation *c, const char *role, const char *text, size_t len) {
+    cai_chat_message *m = realloc(c->messages, (size_t)(c->n_messages + 1) * sizeof *m);
+    if (!m) return CAI_ERROR(CAI_ERR_NOMEM, "instruction set message");
+    c->messages = m;
+    char *r = strdup(role), *s = malloc(len + 1);
+    if (!r || !s) {
+        free(r);
+        free(s);
+        return CAI_ERROR(CAI_ERR_NOMEM, "instruction set message");
+    }
+    memcpy(s, text, len);
+    s[len] = '\0';
+    c->messages[c->n_messages++] = (cai_chat_message){r, s};
+    return CAI_OK;
+}
+
+cai_status cai_sft_example_conversation(const cai_sft_example_config *cfg, int64_t i, cai_chat_conversation *out,
+                                        int *held_out) {
+    CAI_CHECK_ARG(cfg && out && i >= 0 && cfg->held_out_percent >= 0 && cfg->held_out_percent <= 100,
+                  "cai_sft_example_conversation: bad arguments");
+    memset(out, 0, sizeof *out);
+    char buf[CAI_CORPUS_MAX_DOC];
+    /* its own seed: conversation i is not corpus document i */
+    gen g = {cfg->seed ^ 0x5346542d43484154ull /* "SFT-CHAT" */, (uint64_t)i, 0, buf, sizeof buf, 0, 0};
+    const int held = pick(&g, 100) < cfg->held_out_percent;
+    cai_status st = CAI_OK;
+    if (pick(&g, 4) == 0) {
+        const char *sys = ONE_OF(&g, k_systems);
+        st = chat_push(out, "system", sys, strlen(sys));
+    }
+    if (st == CAI_OK && pick(&g, 3) != 0) {
+        const int answer = question(&g);
+        st = chat_push(out, "user", buf, g.len);
+        if (st == CAI_OK) {
+            char a[64];
+            const int n = snprintf(a, sizeof a, "The answer is %d.", answer);
+            st = chat_push(out, "assistant", a, (size_t)n);
+        }
+    } else if (st == CAI_OK) {
+        /* a story's first line is its opening; the rest continues it */
+        put(&g, "Continue this story: ");
+        const size_t lead = g.len;
+        story(&g);
+        const char *nl = memchr(buf + lead, '\n', g.len - lead);
+        const size_t cut = nl ? (size_t)(nl - buf) : g.len;
+        st = chat_push(out, "user", buf, cut);
+        if (st == CAI_OK)
+            st = nl ? chat_push(out, "assistant", nl + 1, g.len - cut - 1) : chat_push(out, "assistant", "The end.", 8);
+    }
+    if (st == CAI_OK && g.overflow)
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "instruction set conversation %lld overflowed its buffer", (long long)i);
+    if (st != CAI_OK) {
+        cai_chat_conversation_free(out);
+        return st;
+    }
+    if (held_out) *held_out = held;
+    return CAI_OK;
+}
+
+/* A JSONL file written under a temporary name, renamed when complete. */
+typedef struct {
+    const char *path;
+    char *tmp;
+    FILE *f;
+} out_file;
+
+static cai_status out_open(out_file *o, const char *path) {
+    memset(o, 0, sizeof *o);
+    if (!path) return CAI_OK;
+    o->path = path;
+    o->tmp = malloc(strlen(path) + 5);
+    if (!o->tmp) return CAI_ERROR(CAI_ERR_NOMEM, "file name");
+    sprintf(o->tmp, "%s.tmp", path);
+    o->f = fopen(o->tmp, "wb");
+    if (!o->f) return CAI_ERROR(CAI_ERR_IO, "%s: cannot create: %s", o->tmp, strerror(errno));
+    return CAI_OK;
+}
+
+static cai_status out_close(out_file *o, cai_status st) {
+    if (o->f && fclose(o->f) != 0 && st == CAI_OK)
+        st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", o->tmp, strerror(errno));
+    if (o->f && st == CAI_OK && rename(o->tmp, o->path) != 0)
+        st = CAI_ERROR(CAI_ERR_IO, "rename %s -> %s failed: %s", o->tmp, o->path, strerror(errno));
+    if (o->f && st != CAI_OK) remove(o->tmp);
+    free(o->tmp);
+    memset(o, 0, sizeof *o);
+    return st;
+}
+
+static cai_status write_conversation(FILE *f, const char *path, const cai_chat_conversation *c) {
+    json_t *arr = json_array();
+    for (int k = 0; arr && k < c->n_messages; k++)
+        if (json_array_append_new(arr, json_pack("{s:s,s:s}", "role", c->messages[k].role, "content",
+                                                 c->messages[k].content)) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    json_t *o = arr ? json_pack("{s:o}", "messages", arr) : NULL;
+    char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    cai_status st = CAI_OK;
+    if (!line) st = CAI_ERROR(CAI_ERR_NOMEM, "%s: a conversation as JSON", path);
+    else if (fprintf(f, "%s\n", line) < 0) st = CAI_ERROR(CAI_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    free(line);
+    json_decref(o);
+    return st;
+}
+
+cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_out_path,
+                                 int64_t *n_train, int64_t *n_held) {
+    CAI_CHECK_ARG(cfg && cfg->n >= 0, "cai_sft_example_write: bad arguments");
+    out_file files[2] = {{0}};
+    int64_t counts[2] = {0, 0};
+    cai_status st = out_open(&files[0], train_path);
+    if (st == CAI_OK) st = out_open(&files[1], held_out_path);
+    for (int64_t i = 0; i < cfg->n && st == CAI_OK; i++) {
+        cai_chat_conversation c;
+        int held = 0;
+        st = cai_sft_example_conversation(cfg, i, &c, &held);
+        if (st != CAI_OK) break;
+        counts[held]++;
+        if (files[held].f) st = write_conversation(files[held].f, files[held].tmp, &c);
+        cai_chat_conversation_free(&c);
+    }
+    st = out_close(&files[0], st);
+    st = out_close(&files[1], st);
+    if (n_train) *n_train = counts[0];
+    if (n_held) *n_held = counts[1];
+    return st;
+}

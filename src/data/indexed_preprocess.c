@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "colossal/data.h"
+#include "preprocess_internal.h"
 
 typedef struct {
     const char *path;
@@ -126,24 +127,41 @@ static int64_t align_global(const in_stream *s, int64_t o, cai_preprocess_format
     return s->start[s->n];
 }
 
-static int64_t line_number(const in_file *f, size_t q) {
-    int64_t n = 1;
-    for (const unsigned char *p = f->data, *end = f->data + q; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
-        n++;
-    return n;
-}
-
 /* The document starting at or after *pos (skipping blank lines) if it
  * starts before `end`: its text in [*text, *text + *len), and *pos moves past
  * it. Returns 0 when no document starts in [*pos, end). */
 typedef struct {
     const in_file *f;
     cai_preprocess_format fmt;
-    const char *key;
-    json_t *json; /* keeps the JSONL text alive until the next call */
+    const char *key; /* NULL: a JSONL document is its whole line, unparsed */
+    json_t *json;    /* keeps the JSONL text alive until the next call */
+    /* The line number at byte line_pos of f, advanced as documents are read
+     * so that a callback can name the line without a rescan of the file. */
+    size_t line_pos;
+    int64_t line;
 } doc_reader;
 
-static cai_status next_document(doc_reader *r, size_t *pos, size_t end, const char **text, size_t *len, int *found) {
+static void reader_file(doc_reader *r, const in_file *f) {
+    r->f = f;
+    r->line_pos = 0;
+    r->line = 1;
+}
+
+static int64_t reader_line(doc_reader *r, size_t q) {
+    const in_file *f = r->f;
+    if (q < r->line_pos) {
+        r->line_pos = 0;
+        r->line = 1;
+    }
+    for (const unsigned char *p = f->data + r->line_pos, *end = f->data + q;
+         (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++)
+        r->line++;
+    r->line_pos = q;
+    return r->line;
+}
+
+static cai_status next_document(doc_reader *r, size_t *pos, size_t end, const char **text, size_t *len, int64_t *line,
+                                int *found) {
     const in_file *f = r->f;
     *found = 0;
     size_t q = *pos;
@@ -161,6 +179,7 @@ static cai_status next_document(doc_reader *r, size_t *pos, size_t end, const ch
         return CAI_OK;
     }
     size_t e = line_end(f, q);
+    *line = reader_line(r, q);
     if (r->fmt == CAI_PREPROCESS_TEXT) {
         size_t last = e; /* end of the last non-blank line's content */
         size_t next = e + 1;
@@ -179,22 +198,28 @@ static cai_status next_document(doc_reader *r, size_t *pos, size_t end, const ch
     }
     size_t n = e - q;
     if (n && f->data[q + n - 1] == '\r') n--;
+    if (!r->key) {
+        *text = (const char *)f->data + q;
+        *len = n;
+        *pos = e + 1;
+        *found = 1;
+        return CAI_OK;
+    }
     if (r->json) json_decref(r->json);
     json_error_t jerr;
     r->json = json_loadb((const char *)f->data + q, n, JSON_ALLOW_NUL, &jerr);
     if (!r->json)
-        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: not valid JSON: %s (column %d)", f->path,
-                         (long long)line_number(f, q), jerr.text, jerr.column);
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: not valid JSON: %s (column %d)", f->path, (long long)*line,
+                         jerr.text, jerr.column);
     if (!json_is_object(r->json))
         return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: a JSONL line must be an object with a \"%s\" string", f->path,
-                         (long long)line_number(f, q), r->key);
+                         (long long)*line, r->key);
     json_t *v = json_object_get(r->json, r->key);
     if (!v)
         return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: no \"%s\" key in this object (set the key with --json-key)", f->path,
-                         (long long)line_number(f, q), r->key);
+                         (long long)*line, r->key);
     if (!json_is_string(v))
-        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: \"%s\" is not a string", f->path, (long long)line_number(f, q),
-                         r->key);
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s:%lld: \"%s\" is not a string", f->path, (long long)*line, r->key);
     *text = json_string_value(v);
     *len = json_string_length(v);
     *pos = e + 1;
@@ -250,41 +275,44 @@ static cai_status write_at(MPI_File fh, int64_t off, const void *p, int64_t n, c
 /* ------------------------------------------------------------------ phases */
 
 typedef struct {
-    const cai_preprocess_config *cfg;
+    const cai_pp_config *cfg;
     int rank, size;
     in_stream in;
-    int64_t lo, hi;  /* this rank's global byte range */
-    char part[4096]; /* partial prefix */
+    int64_t lo, hi;                      /* this rank's global byte range */
+    char part[CAI_PP_MAX_STREAMS][4096]; /* partial prefixes */
     int64_t docs, tokens;
 } pp_state;
 
 static cai_status tokenize_range(pp_state *S) {
-    const cai_preprocess_config *cfg = S->cfg;
-    cai_indexed_builder_t *b = NULL;
-    cai_token_buf buf = {0};
-    doc_reader r = {NULL, cfg->format, cfg->json_key && *cfg->json_key ? cfg->json_key : "text", NULL};
+    const cai_pp_config *cfg = S->cfg;
+    const int ns = cfg->n_streams;
+    cai_indexed_builder_t *b[CAI_PP_MAX_STREAMS] = {NULL};
+    cai_token_buf buf[CAI_PP_MAX_STREAMS] = {{0}};
+    doc_reader r = {NULL, cfg->format, cfg->json_key, NULL, 0, 1};
     cai_status st = CAI_OK;
-    CAI_CALL(cai_indexed_builder_init(&b, S->part, cai_indexed_dtype_for_vocab(cfg->vocab_size), cfg->vocab_size));
+    for (int k = 0; k < ns; k++)
+        CAI_CALL_GOTO(cai_indexed_builder_init(&b[k], S->part[k], cfg->dtypes[k], cfg->vocab[k]), st, done);
     const double t0 = cai_time_now();
     double next_report = t0 + cfg->progress_interval_s;
     const int64_t mine = S->hi - S->lo;
     for (int i = 0; i < S->in.n; i++) {
         const int64_t fs = S->in.start[i], fe = S->in.start[i + 1];
         if (fe <= S->lo || fs >= S->hi) continue;
-        r.f = &S->in.files[i];
+        reader_file(&r, &S->in.files[i]);
         size_t pos = (size_t)((S->lo > fs ? S->lo : fs) - fs);
         const size_t end = (size_t)((S->hi < fe ? S->hi : fe) - fs);
         for (;;) {
             const char *text = NULL;
             size_t len = 0;
-            int found = 0;
-            CAI_CALL_GOTO(next_document(&r, &pos, end, &text, &len, &found), st, done);
+            int64_t line = 0;
+            int found = 0, keep = 1;
+            CAI_CALL_GOTO(next_document(&r, &pos, end, &text, &len, &line, &found), st, done);
             if (!found) break;
-            buf.len = 0;
-            CAI_CALL_GOTO(cfg->tokenize(cfg->tokenize_ctx, text, len, &buf), st, done);
-            if (cfg->eod >= 0) CAI_CALL_GOTO(cai_token_buf_append(&buf, &cfg->eod, 1), st, done);
-            CAI_CALL_GOTO(cai_indexed_builder_add_document(b, buf.ids, (int64_t)buf.len), st, done);
-            S->docs++;
+            for (int k = 0; k < ns; k++) buf[k].len = 0;
+            CAI_CALL_GOTO(cfg->document(cfg->ctx, r.f->path, line, text, len, buf, &keep), st, done);
+            for (int k = 0; k < ns && keep; k++)
+                CAI_CALL_GOTO(cai_indexed_builder_add_document(b[k], buf[k].ids, (int64_t)buf[k].len), st, done);
+            S->docs += keep;
             if (S->rank == 0 && cfg->progress_interval_s > 0 && (S->docs & 63) == 0) {
                 const double now = cai_time_now();
                 if (now >= next_report) {
@@ -298,14 +326,21 @@ static cai_status tokenize_range(pp_state *S) {
             }
         }
     }
-    S->tokens = cai_indexed_builder_num_tokens(b);
-    st = cai_indexed_builder_finish(b);
-    b = NULL;
-    if (st != CAI_OK) cai_error_push(__FILE__, __LINE__, __func__, "cai_indexed_builder_finish(b)");
+    S->tokens = cai_indexed_builder_num_tokens(b[0]);
+    for (int k = 0; k < ns; k++) {
+        cai_status fst = cai_indexed_builder_finish(b[k]);
+        b[k] = NULL;
+        if (fst != CAI_OK && st == CAI_OK) {
+            cai_error_push(__FILE__, __LINE__, __func__, "cai_indexed_builder_finish(b[k])");
+            st = fst;
+        }
+    }
 done:
-    cai_indexed_builder_abort(b);
+    for (int k = 0; k < ns; k++) {
+        cai_indexed_builder_abort(b[k]);
+        cai_token_buf_free(&buf[k]);
+    }
     if (r.json) json_decref(r.json);
-    cai_token_buf_free(&buf);
     return st;
 }
 
@@ -394,10 +429,10 @@ static cai_status open_out(MPI_Comm comm, const char *path, MPI_Offset size, MPI
     return CAI_OK;
 }
 
-static cai_status merge(pp_state *S, MPI_Comm comm, int64_t totals_out[3], int64_t *out_bytes) {
-    const char *prefix = S->cfg->output_prefix;
+static cai_status merge(pp_state *S, int k, MPI_Comm comm, int64_t totals_out[3], int64_t *out_bytes) {
+    const char *prefix = S->cfg->prefixes[k];
     cai_indexed_dataset_t *part = NULL;
-    cai_status st = cai_indexed_open(&part, S->part, 0);
+    cai_status st = cai_indexed_open(&part, S->part[k], 0);
     CAI_CALL(agree(comm, st, "reopening its partial dataset"));
     int64_t mine[3] = {0, cai_indexed_num_sequences(part), cai_indexed_num_documents(part)};
     for (int64_t i = 0; i < mine[1]; i++) mine[0] += cai_indexed_sequence_length(part, i);
@@ -429,7 +464,7 @@ static cai_status merge(pp_state *S, MPI_Comm comm, int64_t totals_out[3], int64
      * copying them (all of them on one rank). */
     if (S->rank == 0) {
         char part_bin[4200];
-        snprintf(part_bin, sizeof part_bin, "%s.bin", S->part);
+        snprintf(part_bin, sizeof part_bin, "%s.bin", S->part[k]);
         if (rename(part_bin, bin_tmp) != 0)
             st = CAI_ERROR(CAI_ERR_IO, "rename %s -> %s failed: %s", part_bin, bin_tmp, strerror(errno));
     }
@@ -474,16 +509,30 @@ static void remove_part(const char *part) {
     }
 }
 
-cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_preprocess_stats *stats) {
-    CAI_CHECK_ARG(cfg && cfg->inputs && cfg->n_inputs > 0 && cfg->output_prefix && *cfg->output_prefix && cfg->tokenize,
-                  "cai_preprocess needs inputs, an output prefix and a tokenizer");
+cai_status cai_pp_agree(MPI_Comm comm, cai_status st, const char *phase) { return agree(comm, st, phase); }
+
+/* A failure after the first stream is in place removes what was renamed. */
+static void remove_outputs(const cai_pp_config *cfg, int upto) {
+    char path[4200];
+    for (int k = 0; k < upto; k++) {
+        snprintf(path, sizeof path, "%s.bin", cfg->prefixes[k]);
+        unlink(path);
+        snprintf(path, sizeof path, "%s.idx", cfg->prefixes[k]);
+        unlink(path);
+    }
+}
+
+cai_status cai_pp_run(const cai_pp_config *cfg, MPI_Comm comm, cai_preprocess_stats *stats) {
+    CAI_CHECK_ARG(cfg && cfg->inputs && cfg->n_inputs > 0 && cfg->document && cfg->n_streams >= 1 &&
+                      cfg->n_streams <= CAI_PP_MAX_STREAMS,
+                  "preprocess needs inputs, a document callback and 1 to %d output streams", CAI_PP_MAX_STREAMS);
     CAI_CHECK_ARG(cfg->format == CAI_PREPROCESS_TEXT || cfg->format == CAI_PREPROCESS_JSONL,
                   "preprocess: unknown input format %d", (int)cfg->format);
-    CAI_CHECK_ARG(cfg->vocab_size > 0 && cfg->vocab_size <= (int64_t)INT32_MAX + 1,
-                  "preprocess: vocabulary size %lld must be in [1, 2^31]", (long long)cfg->vocab_size);
-    CAI_CHECK_ARG(cfg->eod < cfg->vocab_size, "preprocess: end-of-document id %d is outside the vocabulary of %lld",
-                  cfg->eod, (long long)cfg->vocab_size);
-    CAI_CHECK_ARG(strlen(cfg->output_prefix) < 4000, "preprocess: output prefix is too long");
+    CAI_CHECK_ARG(cfg->format == CAI_PREPROCESS_JSONL || cfg->json_key, "preprocess: whole lines are JSONL only");
+    for (int k = 0; k < cfg->n_streams; k++) {
+        CAI_CHECK_ARG(cfg->prefixes[k] && *cfg->prefixes[k], "preprocess: no output prefix for stream %d", k);
+        CAI_CHECK_ARG(strlen(cfg->prefixes[k]) < 4000, "preprocess: output prefix is too long");
+    }
     pp_state S;
     memset(&S, 0, sizeof S);
     S.cfg = cfg;
@@ -499,27 +548,38 @@ cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_p
     S.lo = S.rank == 0 ? 0 : align_global(&S.in, raw_lo, cfg->format);
     S.hi = S.rank == S.size - 1 ? total : align_global(&S.in, raw_hi, cfg->format);
     if (S.hi < S.lo) S.hi = S.lo;
-    snprintf(S.part, sizeof S.part, "%s.part-%05d-of-%05d", cfg->output_prefix, S.rank, S.size);
+    for (int k = 0; k < cfg->n_streams; k++)
+        snprintf(S.part[k], sizeof S.part[k], "%s.part-%05d-of-%05d", cfg->prefixes[k], S.rank, S.size);
     st = tokenize_range(&S);
     stream_close(&S.in);
     st = agree(comm, st, "tokenizing its input range");
     int64_t tot[3] = {0, 0, 0}, out_bytes = 0;
-    if (st == CAI_OK) {
-        st = merge(&S, comm, tot, &out_bytes);
-        if (st != CAI_OK) cai_error_push(__FILE__, __LINE__, __func__, "merge(&S, comm, tot, &out_bytes)");
+    int merged = 0;
+    for (int k = 0; k < cfg->n_streams && st == CAI_OK; k++) {
+        int64_t t[3], b = 0;
+        st = merge(&S, k, comm, t, &b);
+        if (st != CAI_OK) {
+            cai_error_push(__FILE__, __LINE__, __func__, "merge(&S, k, comm, t, &b)");
+            break;
+        }
+        merged++;
+        out_bytes += b;
+        if (k == 0) memcpy(tot, t, sizeof tot);
     }
-    remove_part(S.part);
-    if (st != CAI_OK) return st;
+    for (int k = 0; k < cfg->n_streams; k++) remove_part(S.part[k]);
+    if (st != CAI_OK) {
+        if (S.rank == 0) remove_outputs(cfg, merged);
+        return st;
+    }
     int64_t loc[2] = {S.tokens, S.hi - S.lo}, glob[2];
     CAI_CALL_MPI(MPI_Allreduce(loc, glob, 2, MPI_INT64_T, MPI_SUM, comm));
     double dt = cai_time_now() - t0, dtmax = dt;
     CAI_CALL_MPI(MPI_Allreduce(&dt, &dtmax, 1, MPI_DOUBLE, MPI_MAX, comm));
-    cai_log(
-        CAI_LOG_DEBUG,
-        "preprocess: %lld documents, %lld tokens (%s) from %.2f MB in %.2f s: %.2f MB/s on %d rank%s -> %s.{bin,idx}",
-        (long long)tot[2], (long long)glob[0], cai_indexed_dtype_name(cai_indexed_dtype_for_vocab(cfg->vocab_size)),
-        (double)glob[1] / 1e6, dtmax, dtmax > 0 ? (double)glob[1] / 1e6 / dtmax : 0.0, S.size, S.size == 1 ? "" : "s",
-        cfg->output_prefix);
+    cai_log(CAI_LOG_DEBUG,
+            "preprocess: %lld documents, %lld tokens (%s) from %.2f MB in %.2f s: %.2f MB/s on %d rank%s -> "
+            "%s.{bin,idx}",
+            (long long)tot[2], (long long)glob[0], cai_indexed_dtype_name(cfg->dtypes[0]), (double)glob[1] / 1e6, dtmax,
+            dtmax > 0 ? (double)glob[1] / 1e6 / dtmax : 0.0, S.size, S.size == 1 ? "" : "s", cfg->prefixes[0]);
     if (stats) {
         stats->documents = tot[2];
         stats->tokens = glob[0];
@@ -530,6 +590,39 @@ cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_p
     return CAI_OK;
 }
 
+/* cai_preprocess's document: its tokens and the end-of-document id. */
+static cai_status plain_document(void *ctx, const char *file, int64_t line, const char *text, size_t len,
+                                 cai_token_buf *streams, int *keep) {
+    (void)file;
+    (void)line;
+    const cai_preprocess_config *cfg = ctx;
+    CAI_CALL(cfg->tokenize(cfg->tokenize_ctx, text, len, &streams[0]));
+    if (cfg->eod >= 0) CAI_CALL(cai_token_buf_append(&streams[0], &cfg->eod, 1));
+    *keep = 1;
+    return CAI_OK;
+}
+
+cai_status cai_preprocess(const cai_preprocess_config *cfg, MPI_Comm comm, cai_preprocess_stats *stats) {
+    CAI_CHECK_ARG(cfg && cfg->inputs && cfg->n_inputs > 0 && cfg->output_prefix && *cfg->output_prefix && cfg->tokenize,
+                  "cai_preprocess needs inputs, an output prefix and a tokenizer");
+    CAI_CHECK_ARG(cfg->vocab_size > 0 && cfg->vocab_size <= (int64_t)INT32_MAX + 1,
+                  "preprocess: vocabulary size %lld must be in [1, 2^31]", (long long)cfg->vocab_size);
+    CAI_CHECK_ARG(cfg->eod < cfg->vocab_size, "preprocess: end-of-document id %d is outside the vocabulary of %lld",
+                  cfg->eod, (long long)cfg->vocab_size);
+    cai_pp_config pc = {.inputs = cfg->inputs,
+                        .n_inputs = cfg->n_inputs,
+                        .format = cfg->format,
+                        .json_key = cfg->json_key && *cfg->json_key ? cfg->json_key : "text",
+                        .n_streams = 1,
+                        .prefixes = {cfg->output_prefix},
+                        .dtypes = {cai_indexed_dtype_for_vocab(cfg->vocab_size)},
+                        .vocab = {cfg->vocab_size},
+                        .document = plain_document,
+                        .ctx = (void *)cfg,
+                        .progress_interval_s = cfg->progress_interval_s};
+    return cai_pp_run(&pc, comm, stats);
+}
+
 cai_status cai_preprocess_documents(const char *const *inputs, int n_inputs, cai_preprocess_format format,
                                     const char *json_key, cai_document_fn fn, void *ctx) {
     CAI_CHECK_ARG(inputs && n_inputs > 0 && fn, "cai_preprocess_documents needs inputs and a callback");
@@ -537,16 +630,17 @@ cai_status cai_preprocess_documents(const char *const *inputs, int n_inputs, cai
                   (int)format);
     in_stream in;
     CAI_CALL(stream_open(&in, inputs, n_inputs));
-    doc_reader r = {NULL, format, json_key && *json_key ? json_key : "text", NULL};
+    doc_reader r = {NULL, format, json_key && *json_key ? json_key : "text", NULL, 0, 1};
     cai_status st = CAI_OK;
     for (int i = 0; i < in.n && st == CAI_OK; i++) {
-        r.f = &in.files[i];
+        reader_file(&r, &in.files[i]);
         size_t pos = 0;
         for (;;) {
             const char *text = NULL;
             size_t len = 0;
+            int64_t line = 0;
             int found = 0;
-            CAI_CALL_GOTO(next_document(&r, &pos, r.f->size, &text, &len, &found), st, done);
+            CAI_CALL_GOTO(next_document(&r, &pos, r.f->size, &text, &len, &line, &found), st, done);
             if (!found) break;
             CAI_CALL_GOTO(fn(ctx, text, len), st, done);
         }

@@ -7,7 +7,11 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/indexed_preprocess.c \
 	%reldir%/sampler.c \
 	%reldir%/sampler_gpt.c \
-	%reldir%/corpus.c
+	%reldir%/corpus.c \
+	%reldir%/preprocess_internal.h \
+	%reldir%/chat.c \
+	%reldir%/sft.c \
+	%reldir%/sft_data.c
 EXTRA_DIST += docs/data.md
 
 if HAVE_CHECK

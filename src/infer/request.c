@@ -1,7 +1,8 @@
-/* Batch-job request lines (colossal's own and the OpenAI Batch API's), chat
- * templates and multiple-choice items. A job file may hold a million lines,
- * so every refusal names the file, the line and the field, and says what
- * would fit: the user fixes that one line and reruns. */
+/* Batch-job request lines (colossal's own and the OpenAI Batch API's) and
+ * multiple-choice items; chat templates are in src/data/chat.c. A job file
+ * may hold a million lines, so every refusal names the file, the line and
+ * the field, and says what would fit: the user fixes that one line and
+ * reruns. */
 #include "cai_config.h"
 #include "colossal/infer.h"
 
@@ -9,13 +10,11 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 const char *const cai_job_format_names[] = {"auto", "native", "openai", NULL};
-const char *const cai_chat_template_names[] = {"plain", "chatml", "llama3", NULL};
 
 /* ------------------------------------------------------------ errors */
 
@@ -25,31 +24,7 @@ typedef struct {
     const char *prefix; /* how field names are spelled in messages: "" or "body." */
 } pctx;
 
-static cai_status bad_at(const pctx *c, int src_line, const char *func, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static cai_status bad_at(const pctx *c, int src_line, const char *func, const char *fmt, ...) {
-    char msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return cai_error_set(CAI_ERR_FORMAT, __FILE__, src_line, func, "%s:%lld: %s", c->file, (long long)c->line, msg);
-}
-#define BAD(c, ...) bad_at((c), __LINE__, __func__, __VA_ARGS__)
-
-static const char *kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "an unknown JSON value";
-}
+#define BAD(c, ...) cai_error_line((c)->file, (c)->line, __FILE__, __LINE__, __func__, __VA_ARGS__)
 
 /* OpenAI clients send null for a parameter they leave unset: null means absent. */
 static json_t *field(const json_t *o, const char *key) {
@@ -106,7 +81,8 @@ static cai_status id_text(const pctx *c, const json_t *v, const char *key, int a
         return dup_str(c, buf, (size_t)n, out);
     }
     if (json_is_string(v)) return BAD(c, "field '%s': must not be empty", key);
-    return BAD(c, "field '%s': must be a non-empty string%s, not %s", key, allow_int ? " or an integer" : "", kind(v));
+    return BAD(c, "field '%s': must be a non-empty string%s, not %s", key, allow_int ? " or an integer" : "",
+               cai_json_kind(v));
 }
 
 /* An integer field in [min, max]; *given is 0 (and *out untouched) when absent. */
@@ -115,7 +91,8 @@ static cai_status get_int(const pctx *c, const json_t *o, const char *key, long 
     json_t *v = field(o, key);
     *given = v != NULL;
     if (!v) return CAI_OK;
-    if (!json_is_integer(v)) return BAD(c, "field '%s%s': must be an integer, not %s", c->prefix, key, kind(v));
+    if (!json_is_integer(v))
+        return BAD(c, "field '%s%s': must be an integer, not %s", c->prefix, key, cai_json_kind(v));
     long long x = (long long)json_integer_value(v);
     if (x < min || x > max)
         return BAD(c, "field '%s%s': %lld is out of range [%lld, %lld]", c->prefix, key, x, min, max);
@@ -126,7 +103,7 @@ static cai_status get_int(const pctx *c, const json_t *o, const char *key, long 
 static cai_status get_float(const pctx *c, const json_t *o, const char *key, float *out) {
     json_t *v = field(o, key);
     if (!v) return CAI_OK;
-    if (!json_is_number(v)) return BAD(c, "field '%s%s': must be a number, not %s", c->prefix, key, kind(v));
+    if (!json_is_number(v)) return BAD(c, "field '%s%s': must be a number, not %s", c->prefix, key, cai_json_kind(v));
     double x = json_number_value(v);
     if (!(fabs(x) <= FLT_MAX)) return BAD(c, "field '%s%s': %g is out of a float's range", c->prefix, key, x);
     *out = (float)x;
@@ -137,7 +114,8 @@ static cai_status get_bool(const pctx *c, const json_t *o, const char *key, int 
     json_t *v = field(o, key);
     if (given) *given = v != NULL;
     if (!v) return CAI_OK;
-    if (!json_is_boolean(v)) return BAD(c, "field '%s%s': must be true or false, not %s", c->prefix, key, kind(v));
+    if (!json_is_boolean(v))
+        return BAD(c, "field '%s%s': must be true or false, not %s", c->prefix, key, cai_json_kind(v));
     *out = json_is_true(v);
     return CAI_OK;
 }
@@ -146,7 +124,7 @@ static cai_status get_bool(const pctx *c, const json_t *o, const char *key, int 
 static cai_status get_ids(const pctx *c, const json_t *arr, const char *name, size_t max, int32_t *fixed, int32_t **out,
                           int64_t *n) {
     if (!json_is_array(arr))
-        return BAD(c, "field '%s%s': must be an array of token ids, not %s", c->prefix, name, kind(arr));
+        return BAD(c, "field '%s%s': must be an array of token ids, not %s", c->prefix, name, cai_json_kind(arr));
     size_t len = json_array_size(arr);
     if (len == 0 && !fixed) return BAD(c, "field '%s%s': must not be empty", c->prefix, name);
     if (len > max) return BAD(c, "field '%s%s': %zu ids, at most %zu are allowed", c->prefix, name, len, max);
@@ -163,7 +141,7 @@ static cai_status get_ids(const pctx *c, const json_t *arr, const char *name, si
             if (ids != fixed) free(ids);
             if (!json_is_integer(v))
                 return BAD(c, "field '%s%s[%zu]': must be a token id (an integer >= 0), not %s", c->prefix, name, i,
-                           kind(v));
+                           cai_json_kind(v));
             return BAD(c, "field '%s%s[%zu]': %" JSON_INTEGER_FORMAT " is not a token id (0 to %ld)", c->prefix, name,
                        i, json_integer_value(v), (long)INT32_MAX);
         }
@@ -190,7 +168,7 @@ static cai_status message_content(const pctx *c, const json_t *v, size_t idx, ch
     if (json_is_string(v)) return dup_str(c, json_string_value(v), json_string_length(v), out);
     if (!json_is_array(v))
         return BAD(c, "field '%smessages[%zu].content': must be a string or an array of text parts, not %s", c->prefix,
-                   idx, v ? kind(v) : "absent");
+                   idx, v ? cai_json_kind(v) : "absent");
     size_t total = 0, n = json_array_size(v);
     for (size_t p = 0; p < n; p++) {
         json_t *part = json_array_get(v, p), *type = json_object_get(part, "type"),
@@ -201,11 +179,11 @@ static cai_status message_content(const pctx *c, const json_t *v, size_t idx, ch
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
             return BAD(c, "field '%smessages[%zu].content[%zu].type': only \"text\" parts can be served (got %s%s%s)",
                        c->prefix, idx, p, json_is_string(type) ? "\"" : "",
-                       json_is_string(type) ? json_string_value(type) : (type ? kind(type) : "none"),
+                       json_is_string(type) ? json_string_value(type) : (type ? cai_json_kind(type) : "none"),
                        json_is_string(type) ? "\"" : "");
         if (!json_is_string(text))
             return BAD(c, "field '%smessages[%zu].content[%zu].text': must be a string, not %s", c->prefix, idx, p,
-                       text ? kind(text) : "absent");
+                       text ? cai_json_kind(text) : "absent");
         total += json_string_length(text) + (p > 0);
     }
     char *s = malloc(total + 1);
@@ -228,7 +206,7 @@ static cai_status get_messages(const pctx *c, const json_t *arr, int strict, cai
     static const char *const known[] = {"role", "content", "name", NULL};
     if (!json_is_array(arr))
         return BAD(c, "field '%smessages': must be an array of {\"role\", \"content\"} objects, not %s", c->prefix,
-                   kind(arr));
+                   cai_json_kind(arr));
     size_t n = json_array_size(arr);
     if (n == 0) return BAD(c, "field '%smessages': must not be empty", c->prefix);
     if (n > INT_MAX) return BAD(c, "field '%smessages': %zu messages are too many", c->prefix, n);
@@ -241,7 +219,7 @@ static cai_status get_messages(const pctx *c, const json_t *arr, int strict, cai
         json_t *msg = json_array_get(arr, i), *role = json_object_get(msg, "role");
         if (!json_is_object(msg)) {
             st = BAD(c, "field '%smessages[%zu]': must be an object {\"role\", \"content\"}, not %s", c->prefix, i,
-                     kind(msg));
+                     cai_json_kind(msg));
             break;
         }
         if (strict) {
@@ -259,7 +237,7 @@ static cai_status get_messages(const pctx *c, const json_t *arr, int strict, cai
                 c->prefix, i,
                 !role                  ? "absent"
                 : json_is_string(role) ? "empty"
-                                       : kind(role));
+                                       : cai_json_kind(role));
             break;
         }
         st = dup_str(c, json_string_value(role), json_string_length(role), &m[i].role);
@@ -294,7 +272,7 @@ static cai_status get_openai_prompt(const pctx *c, const json_t *v, cai_job_requ
         return dup_str(c, json_string_value(v), json_string_length(v), &r->prompt);
     }
     if (json_is_array(v)) return get_ids(c, v, "prompt", SIZE_MAX, NULL, &r->prompt_ids, &r->n_prompt_ids);
-    return BAD(c, "field '%sprompt': must be a string or an array of token ids, not %s", c->prefix, kind(v));
+    return BAD(c, "field '%sprompt': must be a string or an array of token ids, not %s", c->prefix, cai_json_kind(v));
 }
 
 /* ------------------------------------------------------------ sampling fields */
@@ -304,12 +282,13 @@ typedef enum { KIND_NATIVE, KIND_CHAT, KIND_COMPLETION } req_kind;
 static cai_status get_stop(const pctx *c, const json_t *v, cai_sampling_params *s) {
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_array(v) && !json_is_string(v))
-        return BAD(c, "field '%sstop': must be a string or an array of strings, not %s", c->prefix, kind(v));
+        return BAD(c, "field '%sstop': must be a string or an array of strings, not %s", c->prefix, cai_json_kind(v));
     if (n > CAI_SAMPLE_MAX_STOP)
         return BAD(c, "field '%sstop': %zu stop strings, at most %d are allowed", c->prefix, n, CAI_SAMPLE_MAX_STOP);
     for (size_t i = 0; i < n; i++) {
         json_t *e = json_is_array(v) ? json_array_get(v, i) : (json_t *)v;
-        if (!json_is_string(e)) return BAD(c, "field '%sstop[%zu]': must be a string, not %s", c->prefix, i, kind(e));
+        if (!json_is_string(e))
+            return BAD(c, "field '%sstop[%zu]': must be a string, not %s", c->prefix, i, cai_json_kind(e));
         if (json_string_length(e) == 0)
             return BAD(c, "field '%sstop': an empty stop string would match at once", c->prefix);
     }
@@ -369,13 +348,13 @@ static cai_status get_logprobs(const pctx *c, const json_t *o, req_kind k, cai_s
                        k == KIND_NATIVE ? "true, false or an integer in [0, " MAX_LP "]"
                        : k == KIND_CHAT ? "true or false (the count goes in 'top_logprobs')"
                                         : "an integer in [0, " MAX_LP "]",
-                       kind(lp));
+                       cai_json_kind(lp));
         }
     }
     if (tlp) {
         if (!json_is_integer(tlp))
             return BAD(c, "field '%stop_logprobs': must be an integer in [0, %d], not %s", c->prefix,
-                       CAI_SAMPLE_MAX_LOGPROBS, kind(tlp));
+                       CAI_SAMPLE_MAX_LOGPROBS, cai_json_kind(tlp));
         long long t = (long long)json_integer_value(tlp);
         if (t < 0 || t > CAI_SAMPLE_MAX_LOGPROBS)
             return BAD(c, "field '%stop_logprobs': %lld is out of range [0, %d]", c->prefix, t,
@@ -410,7 +389,8 @@ static cai_status get_sampling(const pctx *c, const json_t *o, req_kind k, cai_s
     if (given) s->top_k = x == -1 ? 0 : (int)x;
     json_t *v = field(o, "seed");
     if (v) {
-        if (!json_is_integer(v)) return BAD(c, "field '%sseed': must be an integer, not %s", c->prefix, kind(v));
+        if (!json_is_integer(v))
+            return BAD(c, "field '%sseed': must be an integer, not %s", c->prefix, cai_json_kind(v));
         s->seed = (uint64_t)json_integer_value(v);
         s->has_seed = 1;
     }
@@ -510,7 +490,7 @@ static cai_status parse_native(const pctx *c, const json_t *o, int strict, cai_j
                    : msgs     ? (ids ? "the line has all three" : "the line has 'prompt' and 'messages'")
                               : "the line has 'prompt' and 'prompt_token_ids'");
     if (prompt) {
-        if (!json_is_string(prompt)) return BAD(c, "field 'prompt': must be a string, not %s", kind(prompt));
+        if (!json_is_string(prompt)) return BAD(c, "field 'prompt': must be a string, not %s", cai_json_kind(prompt));
         if (json_string_length(prompt) == 0) return BAD(c, "field 'prompt': must not be empty");
         CAI_CALL(dup_str(c, json_string_value(prompt), json_string_length(prompt), &r->prompt));
     } else if (msgs) {
@@ -529,7 +509,7 @@ static cai_status parse_openai(const pctx *c0, const json_t *o, int strict, cai_
         return BAD(c0, "field 'method': must be \"POST\"%s%s%s", json_is_string(method) ? " (got \"" : "",
                    json_is_string(method) ? json_string_value(method) : "", json_is_string(method) ? "\")" : "");
     if (!url) return BAD(c0, "field 'url' is missing (\"/v1/chat/completions\" or \"/v1/completions\")");
-    if (!json_is_string(url)) return BAD(c0, "field 'url': must be a string, not %s", kind(url));
+    if (!json_is_string(url)) return BAD(c0, "field 'url': must be a string, not %s", cai_json_kind(url));
     const char *u = json_string_value(url);
     req_kind k;
     if (strcmp(u, "/v1/chat/completions") == 0) k = KIND_CHAT;
@@ -537,7 +517,7 @@ static cai_status parse_openai(const pctx *c0, const json_t *o, int strict, cai_
     else return BAD(c0, "field 'url': \"%s\" is not served (\"/v1/chat/completions\" or \"/v1/completions\")", u);
     CAI_CALL(dup_str(c0, u, json_string_length(url), &r->url));
     if (!body) return BAD(c0, "field 'body' is missing (the request's parameters, an object)");
-    if (!json_is_object(body)) return BAD(c0, "field 'body': must be an object, not %s", kind(body));
+    if (!json_is_object(body)) return BAD(c0, "field 'body': must be an object, not %s", cai_json_kind(body));
 
     pctx c = *c0;
     c.prefix = "body.";
@@ -551,7 +531,7 @@ static cai_status parse_openai(const pctx *c0, const json_t *o, int strict, cai_
                             k == KIND_CHAT ? "a /v1/chat/completions body" : "a /v1/completions body"));
     json_t *v = field(body, "model");
     if (v) {
-        if (!json_is_string(v)) return BAD(&c, "field 'body.model': must be a string, not %s", kind(v));
+        if (!json_is_string(v)) return BAD(&c, "field 'body.model': must be a string, not %s", cai_json_kind(v));
         CAI_CALL(dup_str(&c, json_string_value(v), json_string_length(v), &r->model));
     }
     long long n = 1;
@@ -591,7 +571,7 @@ static cai_status parse_line(const pctx *c, const char *text, size_t len, cai_jo
     if (!root) return BAD(c, "not valid JSON: %s (column %d)", jerr.text, jerr.column);
     cai_status st = CAI_OK;
     if (!json_is_object(root)) {
-        st = BAD(c, "a request must be a JSON object {...}, not %s", kind(root));
+        st = BAD(c, "a request must be a JSON object {...}, not %s", cai_json_kind(root));
         goto done;
     }
     if (format == CAI_JOB_AUTO) format = json_object_get(root, "custom_id") ? CAI_JOB_OPENAI : CAI_JOB_NATIVE;
@@ -650,74 +630,6 @@ void cai_job_request_free(cai_job_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* ------------------------------------------------------------ chat templates */
-
-static cai_status put(cai_byte_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p) return CAI_ERROR(CAI_ERR_NOMEM, "chat prompt: %zu bytes", cap);
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = '\0';
-    return CAI_OK;
-}
-
-static cai_status puts_(cai_byte_buf *b, const char *s) { return put(b, s, strlen(s)); }
-
-static int space(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\v' || ch == '\f'; }
-
-cai_status cai_chat_render(cai_chat_template t, const cai_chat_message *msgs, int n, cai_byte_buf *out) {
-    CAI_CHECK_ARG(out, "cai_chat_render: out is NULL");
-    CAI_CHECK_ARG(t >= 0 && t < CAI_CHAT_COUNT, "cai_chat_render: template %d (0 to %d)", (int)t, CAI_CHAT_COUNT - 1);
-    CAI_CHECK_ARG(n >= 0 && (msgs || n == 0), "cai_chat_render: %d messages at %p", n, (const void *)msgs);
-    for (int i = 0; i < n; i++)
-        CAI_CHECK_ARG(msgs[i].role && msgs[i].content, "cai_chat_render: message %d has no %s", i,
-                      msgs[i].role ? "content" : "role");
-    if (t == CAI_CHAT_LLAMA3) CAI_CALL(puts_(out, "<|begin_of_text|>"));
-    for (int i = 0; i < n; i++) {
-        const char *role = msgs[i].role, *content = msgs[i].content;
-        size_t len = strlen(content);
-        switch (t) {
-        case CAI_CHAT_PLAIN:
-            CAI_CALL(puts_(out, role));
-            CAI_CALL(puts_(out, ": "));
-            CAI_CALL(put(out, content, len));
-            CAI_CALL(puts_(out, "\n"));
-            break;
-        case CAI_CHAT_CHATML:
-            CAI_CALL(puts_(out, "<|im_start|>"));
-            CAI_CALL(puts_(out, role));
-            CAI_CALL(puts_(out, "\n"));
-            CAI_CALL(put(out, content, len));
-            CAI_CALL(puts_(out, "<|im_end|>\n"));
-            break;
-        case CAI_CHAT_LLAMA3:
-            /* Meta's template trims the content (`message['content'] | trim`) */
-            while (len > 0 && space(*content)) content++, len--;
-            while (len > 0 && space(content[len - 1])) len--;
-            CAI_CALL(puts_(out, "<|start_header_id|>"));
-            CAI_CALL(puts_(out, role));
-            CAI_CALL(puts_(out, "<|end_header_id|>\n\n"));
-            CAI_CALL(put(out, content, len));
-            CAI_CALL(puts_(out, "<|eot_id|>"));
-            break;
-        default: break;
-        }
-    }
-    switch (t) {
-    case CAI_CHAT_PLAIN: CAI_CALL(puts_(out, "assistant:")); break;
-    case CAI_CHAT_CHATML: CAI_CALL(puts_(out, "<|im_start|>assistant\n")); break;
-    case CAI_CHAT_LLAMA3: CAI_CALL(puts_(out, "<|start_header_id|>assistant<|end_header_id|>\n\n")); break;
-    default: break;
-    }
-    return CAI_OK;
-}
-
 /* ------------------------------------------------------------ multiple-choice items */
 
 static cai_status parse_choice(const pctx *c, const char *text, size_t len, cai_choice_item *out) {
@@ -728,7 +640,8 @@ static cai_status parse_choice(const pctx *c, const char *text, size_t len, cai_
     cai_status st = CAI_OK;
     json_t *id = field(root, "id"), *ctx = field(root, "context"), *ch = field(root, "choices");
     if (!json_is_object(root)) {
-        st = BAD(c, "an item must be a JSON object {\"id\", \"context\", \"choices\", \"answer\"}, not %s", kind(root));
+        st = BAD(c, "an item must be a JSON object {\"id\", \"context\", \"choices\", \"answer\"}, not %s",
+                 cai_json_kind(root));
         goto done;
     }
     if (!id) {
@@ -737,13 +650,13 @@ static cai_status parse_choice(const pctx *c, const char *text, size_t len, cai_
     }
     CAI_CALL_GOTO(id_text(c, id, "id", 1, &out->id), st, done);
     if (!json_is_string(ctx)) {
-        st = BAD(c, "field 'context': must be a string, not %s", ctx ? kind(ctx) : "absent");
+        st = BAD(c, "field 'context': must be a string, not %s", ctx ? cai_json_kind(ctx) : "absent");
         goto done;
     }
     if (!json_is_array(ch) || json_array_size(ch) < 2) {
-        st = json_is_array(ch)
-                 ? BAD(c, "field 'choices': %zu choices, at least 2 are needed", json_array_size(ch))
-                 : BAD(c, "field 'choices': must be an array of at least 2 strings, not %s", ch ? kind(ch) : "absent");
+        st = json_is_array(ch) ? BAD(c, "field 'choices': %zu choices, at least 2 are needed", json_array_size(ch))
+                               : BAD(c, "field 'choices': must be an array of at least 2 strings, not %s",
+                                     ch ? cai_json_kind(ch) : "absent");
         goto done;
     }
     size_t n = json_array_size(ch);
@@ -755,7 +668,7 @@ static cai_status parse_choice(const pctx *c, const char *text, size_t len, cai_
         json_t *e = json_array_get(ch, i);
         if (!json_is_string(e) || json_string_length(e) == 0) {
             st = BAD(c, "field 'choices[%zu]': must be a non-empty string, not %s", i,
-                     json_is_string(e) ? "empty" : kind(e));
+                     json_is_string(e) ? "empty" : cai_json_kind(e));
             goto done;
         }
     }

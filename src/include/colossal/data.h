@@ -443,6 +443,252 @@ cai_status cai_corpus_write(const char *path, int64_t n_docs, uint64_t seed, cai
 
 /* ======================================================= end of datasets */
 
+/* ======================================================================
+ * Chat data for supervised fine-tuning (src/data/chat.c, sft*.c)
+ * docs/sft.md describes the formats. Nothing here is collective except
+ * cai_sft_preprocess.
+ * ====================================================================== */
+
+/* Shared by the line-oriented JSON readers (chat data here, batch-job lines
+ * in colossal-infer). A CAI_ERR_FORMAT error "FILE:LINE: message" recorded
+ * at src_file:src_line in func. */
+cai_status cai_error_line(const char *file, int64_t line, const char *src_file, int src_line, const char *func,
+                          const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* "an object", "a string", "null", ...: a jansson value's kind for messages. */
+struct json_t;
+const char *cai_json_kind(const struct json_t *v);
+
+/* One turn of a conversation: role and content, NUL-terminated. */
+typedef struct {
+    char *role, *content;
+} cai_chat_message;
+
+/* ---------------------------------------------------------------- templates
+ * How messages become text. A message renders as
+ *     prefix(role) + content + end(role) + suffix(role)
+ * after `bos` at the start of the conversation; "{role}" in a prefix,
+ * end or suffix is replaced by the message's role. The generation prompt
+ * (what inference appends to ask for the assistant's turn) must be where
+ * the assistant's prefix starts: the rest of that prefix, the content and
+ * the end are what the model learns to write (loss mask 1); everything
+ * else, the suffix included, is context (mask 0). With `trim`, content is
+ * stripped of surrounding whitespace first (Meta's Llama 3 template does).
+ * Built in:
+ *   "chatml"  <|im_start|>{role}\n ... <|im_end|> \n   (generation prompt
+ *             "<|im_start|>assistant\n")
+ *   "llama3"  <|begin_of_text|>, then <|start_header_id|>{role}<|end_header_id|>\n\n
+ *             ... <|eot_id|>, content trimmed
+ *   "plain"   "{role}: " ... "\n"; generation prompt "assistant:" (so the
+ *             assistant learns " answer\n")
+ * A template file is a JSON object with the keys "bos", "prefix", "end",
+ * "suffix" (strings, default ""), "generation_prompt" (default: the
+ * assistant's prefix), "trim" (boolean), "special_tokens" (the strings the
+ * tokenizer must hold as special tokens) and "roles" ({"system"|"user"|
+ * "assistant": {"prefix", "end", "suffix"}} overriding the defaults for one
+ * role). Unknown keys are refused. */
+typedef struct cai_chat_template_s cai_chat_template_t;
+
+/* "chatml", "llama3", "plain", or the path of a template file (a name
+ * with '/' or ending in ".json"). A file that does not parse fails with
+ * CAI_ERR_FORMAT naming the file and the field. */
+cai_status cai_chat_template_open(const char *name_or_path, cai_chat_template_t **out);
+void cai_chat_template_free(cai_chat_template_t *t);
+/* The builtin's name or the file's path. */
+const char *cai_chat_template_name(const cai_chat_template_t *t);
+/* Append the messages (and the generation prompt when generation_prompt is
+ * set) to out, keeping a NUL after out->len (not counted). */
+cai_status cai_chat_template_render(const cai_chat_template_t *t, const cai_chat_message *msgs, int n,
+                                    int generation_prompt, cai_byte_buf *out);
+
+/* Special tokens: the template's list; those `tok` lacks as special tokens
+ * (missing[] points into the template, cap entries at most; *n_missing is
+ * the full count); and registering them all with cai_bpe_add_special. A
+ * string the vocabulary already spells keeps its id; the others get new ids
+ * at the end, so *n_new > 0 means the embedding must grow to
+ * cai_bpe_vocab_size(tok) rows. */
+int cai_chat_template_n_special(const cai_chat_template_t *t);
+const char *cai_chat_template_special(const cai_chat_template_t *t, int i);
+void cai_chat_template_missing_tokens(const cai_chat_template_t *t, const cai_bpe_t *tok, const char **missing,
+                                      int cap, int *n_missing);
+cai_status cai_chat_template_add_tokens(const cai_chat_template_t *t, cai_bpe_t *tok, int *n_new);
+
+/* The builtins by number, for callers with an enum option (colossal-infer). */
+typedef enum { CAI_CHAT_PLAIN = 0, CAI_CHAT_CHATML, CAI_CHAT_LLAMA3, CAI_CHAT_COUNT } cai_chat_template;
+extern const char *const cai_chat_template_names[]; /* "plain", "chatml", "llama3" */
+/* Builtin `t` with the generation prompt (cai_chat_template_render). */
+cai_status cai_chat_render(cai_chat_template t, const cai_chat_message *msgs, int n, cai_byte_buf *out);
+
+/* ---------------------------------------------------------------- conversations
+ * One JSONL line is one conversation, in one of these spellings:
+ *   {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+ *   {"messages": [{"from": "system"|"human"|"assistant", "content": "..."}]}  (ColossalChat)
+ *   {"conversations": [{"from": "system"|"human"|"gpt", "value": "..."}]}     (ShareGPT)
+ *   {"prompt": "...", "completion": "..."}  (either may also be a messages array)
+ * Roles are normalised to system, user and assistant. Rules: an optional
+ * system turn first, then user and assistant alternating, starting with the
+ * user and ending with the assistant; content a non-empty string. Other
+ * top-level keys (ids, sources) and other message keys are ignored unless
+ * strict_keys. Failures are CAI_ERR_FORMAT naming file, line and field:
+ * "train.jsonl:17: field 'messages[2].role': 'bot' is not one of
+ * system|user|assistant". */
+typedef struct {
+    cai_chat_message *messages;
+    int n_messages;
+} cai_chat_conversation;
+
+cai_status cai_chat_parse_line(const char *file, int64_t line, const char *text, size_t len, int strict_keys,
+                               cai_chat_conversation *out);
+/* Frees and zeroes; safe on a zeroed or failed conversation. */
+void cai_chat_conversation_free(cai_chat_conversation *c);
+
+/* ---------------------------------------------------------------- tokens and loss masks */
+
+/* Token ids with a loss mask: mask[i] = 1 when token i is one the model is
+ * trained to predict (assistant content and end). */
+typedef struct {
+    int32_t *ids;
+    uint8_t *mask;
+    size_t len, cap;
+} cai_sft_tokens;
+void cai_sft_tokens_free(cai_sft_tokens *t);
+
+/* Render and tokenize a conversation into *out (replacing what it held).
+ * Each template piece is encoded with special tokens recognised, each
+ * content as ordinary text (a "<|im_end|>" typed by a user stays text), and
+ * the assistant's learned part (prefix after the generation prompt,
+ * content) as one ordinary piece. So the tokens up to an assistant turn are
+ * exactly the tokens of the rendered prompt with the generation prompt,
+ * piece by piece. tok NULL: bytes (ids 0..255, no special tokens).
+ * Not thread-safe on one tok (cai_bpe_encode). */
+cai_status cai_sft_encode(const cai_chat_template_t *t, cai_bpe_t *tok, const cai_chat_message *msgs, int n,
+                          cai_sft_tokens *out);
+
+/* A conversation of n tokens trains n - 1 positions (inputs 0..n-2,
+ * targets 1..n-1), so it fits a sequence of seq_len positions when
+ * n <= seq_len + 1. Longer: CAI_SFT_DROP leaves it out; CAI_SFT_TRUNCATE
+ * keeps the first seq_len + 1 tokens, unless none of targets 1..seq_len
+ * is trained, then it is dropped too. */
+typedef enum { CAI_SFT_TRUNCATE = 0, CAI_SFT_DROP = 1, CAI_SFT_OVERFLOW_COUNT } cai_sft_overflow;
+extern const char *const cai_sft_overflow_names[]; /* "truncate", "drop" */
+typedef enum { CAI_SFT_KEPT = 0, CAI_SFT_TRUNCATED, CAI_SFT_DROPPED } cai_sft_fit_result;
+/* Apply the policy to t in place (seq_len <= 0: no limit). A conversation
+ * with nothing trained among tokens 1.. is dropped whatever its length. */
+cai_sft_fit_result cai_sft_fit(cai_sft_tokens *t, int64_t seq_len, cai_sft_overflow policy);
+
+/* ---------------------------------------------------------------- preprocessing
+ * Chat JSONL -> two Megatron indexed datasets with the same document
+ * boundaries: PREFIX.{bin,idx} holds the tokens (one sequence per
+ * conversation), PREFIX_loss_mask.{bin,idx} the masks (uint8, 0 or 1).
+ * Dropped conversations are in neither. */
+typedef struct {
+    const char *const *inputs;
+    int n_inputs;
+    const char *output_prefix;
+    const cai_chat_template_t *chat_template;
+    cai_bpe_t *tokenizer;          /* NULL: bytes */
+    int64_t seq_len;               /* <= 0: no limit */
+    cai_sft_overflow overflow;
+    int strict_keys;
+    double progress_interval_s;
+} cai_sft_preprocess_config;
+
+typedef struct {
+    int64_t conversations; /* read */
+    int64_t written, truncated, dropped;
+    int64_t tokens, trained_tokens; /* written */
+    int64_t input_bytes;
+    double seconds;
+} cai_sft_preprocess_stats;
+
+/* The mask dataset's prefix for a token dataset's prefix (cap bytes). */
+cai_status cai_sft_mask_prefix(const char *prefix, char *out, size_t cap);
+
+/* Collective over comm, with cai_preprocess's guarantees: the output does
+ * not depend on the number of ranks, every rank returns the first error
+ * (a bad line names file, line and field), and a failure leaves no output.
+ * stats (may be NULL) holds the global counts on every rank. */
+cai_status cai_sft_preprocess(const cai_sft_preprocess_config *cfg, MPI_Comm comm, cai_sft_preprocess_stats *stats);
+
+/* ---------------------------------------------------------------- packed batches
+ * Rows of seq_len positions built from a preprocessed dataset. Packed: the
+ * conversations, in an order shuffled by `seed`, go first-fit into rows (a
+ * conversation goes into the first row with room for it, a new row when
+ * none has); unpacked: one conversation per row. Each row holds, per
+ * position: the input token, its target (the next token, or
+ * CAI_IGNORE_INDEX (-100) where that token is not trained or past the
+ * conversation), the position within its conversation (from 0) and the
+ * conversation's index within the row (0, 1, ...; -1 on padding, whose
+ * input token is pad_id). Conversations longer than seq_len + 1 tokens
+ * follow the overflow policy again, so one dataset serves several lengths.
+ * The rows are fixed by (dataset, seq_len, packed, seed); epochs shuffle
+ * their order (cai_sft_loader). Not collective: ranks agree by
+ * construction. */
+typedef struct {
+    const char *prefix; /* from cai_sft_preprocess */
+    int64_t seq_len;
+    int packed;
+    cai_sft_overflow overflow;
+    uint64_t seed;
+    int32_t pad_id;
+    int64_t vocab_size; /* > 0: every token is checked to be below it */
+} cai_sft_data_config;
+
+typedef struct {
+    int64_t documents; /* in the dataset */
+    int64_t rows, truncated, dropped;
+    int64_t tokens, trained_tokens, padding; /* input positions over all rows */
+} cai_sft_data_stats;
+
+typedef struct cai_sft_dataset cai_sft_dataset_t;
+
+/* Opens both datasets and checks that they agree (documents, lengths, mask
+ * values 0/1); a mismatch names the file and the document. */
+cai_status cai_sft_dataset_init(cai_sft_dataset_t **out, const cai_sft_data_config *cfg);
+void cai_sft_dataset_free(cai_sft_dataset_t *ds);
+int64_t cai_sft_dataset_size(const cai_sft_dataset_t *ds); /* rows */
+int64_t cai_sft_dataset_seq_len(const cai_sft_dataset_t *ds);
+void cai_sft_dataset_stats(const cai_sft_dataset_t *ds, cai_sft_data_stats *stats);
+/* The documents (dataset indices) of row r, in row order. */
+const int64_t *cai_sft_dataset_row_documents(const cai_sft_dataset_t *ds, int64_t r, int64_t *n);
+/* n rows, each array [n, seq_len] (any of them may be NULL). */
+cai_status cai_sft_dataset_batch(const cai_sft_dataset_t *ds, const int64_t *rows, int64_t n, int32_t *tokens,
+                                 int32_t *targets, int32_t *positions, int32_t *doc_ids);
+
+/* Batches over epochs: cai_sampler over the rows (shuffled per epoch with
+ * `seed`, global batch split over dp ranks), resumable from the count of
+ * rows consumed by all ranks together. */
+typedef struct cai_sft_loader cai_sft_loader_t;
+cai_status cai_sft_loader_init(cai_sft_loader_t **out, const cai_sft_dataset_t *ds, int64_t global_batch, int dp_size,
+                               int dp_rank, uint64_t seed, int64_t consumed);
+/* This rank's global_batch / dp_size rows, arrays [that, seq_len]. */
+cai_status cai_sft_loader_next(cai_sft_loader_t *l, int32_t *tokens, int32_t *targets, int32_t *positions,
+                               int32_t *doc_ids);
+int64_t cai_sft_loader_consumed(const cai_sft_loader_t *l);
+int64_t cai_sft_loader_local_batch(const cai_sft_loader_t *l);
+void cai_sft_loader_free(cai_sft_loader_t *l);
+
+/* ---------------------------------------------------------------- embedded instruction set
+ * Conversations generated from the embedded corpus's vocabulary: arithmetic
+ * questions answered in a fixed format ("The answer is N.") and requests to
+ * continue a story. Conversation i depends only on (seed, i); whether it is
+ * held out is a function of (seed, i) too (about held_out_percent of them),
+ * so a train file and a held-out file never share a conversation. */
+typedef struct {
+    int64_t n;
+    uint64_t seed;
+    int held_out_percent; /* 0..100 */
+} cai_sft_example_config;
+
+/* Conversation i (user and assistant turns; *held_out says which split). */
+cai_status cai_sft_example_conversation(const cai_sft_example_config *cfg, int64_t i, cai_chat_conversation *out,
+                                        int *held_out);
+/* Conversations 0..n-1 as {"messages": [...]} lines: the training ones to
+ * train_path, the held-out ones to held_out_path (either may be NULL to
+ * skip it). *n_train / *n_held (may be NULL) count them. Written under
+ * temporary names and renamed. */
+cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_out_path,
+                                 int64_t *n_train, int64_t *n_held);
+
 #ifdef __cplusplus
 }
 #endif

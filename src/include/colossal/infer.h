@@ -105,10 +105,6 @@ typedef enum {
 extern const char *const cai_job_format_names[]; /* "auto", "native", "openai" */
 
 typedef struct {
-    char *role, *content;
-} cai_chat_message;
-
-typedef struct {
     char *id;              /* "id" (a string, or an integer as its decimal text) or "custom_id" (a string) */
     cai_job_format format; /* NATIVE or OPENAI: how the result line is written */
     int chat;              /* 1: messages (OpenAI: /v1/chat/completions) */
@@ -152,16 +148,8 @@ cai_status cai_job_request_parse(const char *file, int64_t line, const char *tex
                                  const cai_sampling_params *defaults, int strict_keys, cai_job_request *out);
 void cai_job_request_free(cai_job_request *r);
 
-/* Chat templates: how messages become the prompt text, ending with the
- * assistant turn's opening. "chatml" (<|im_start|>role\n...<|im_end|>\n),
- * "llama3" (<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>,
- * after <|begin_of_text|>; the content trimmed of surrounding whitespace,
- * as Meta's template does), "plain" ("role: content\n" lines, then
- * "assistant:"). cai_chat_render appends to out and keeps a NUL after
- * out->len (not counted). */
-typedef enum { CAI_CHAT_PLAIN = 0, CAI_CHAT_CHATML, CAI_CHAT_LLAMA3, CAI_CHAT_COUNT } cai_chat_template;
-extern const char *const cai_chat_template_names[]; /* "plain", "chatml", "llama3" */
-cai_status cai_chat_render(cai_chat_template t, const cai_chat_message *msgs, int n, cai_byte_buf *out);
+/* Chat templates (cai_chat_render, cai_chat_template_names) are in the data
+ * layer: colossal/data.h. */
 
 typedef struct {
     const char *id;
