@@ -77,12 +77,12 @@ static const cai_config_field k_fields[] = {
       "0/1)",
       1, 1 << 20),
     E("pp.schedule", pp_schedule, "1f1b",
-      "pipeline schedule: gpipe, 1f1b, interleaved or zb-h1 (zero bubble: each backward split into an input pass "
-      "and a weight pass that fills the bubbles; zb-v is drawn by colossal-check --schedule but not run)",
+      "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (zero bubble: each backward split into an input "
+      "pass and a weight pass that fills the bubbles; zb-v runs two chunks per rank in a V)",
       k_pp_schedules),
     F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
-      "model chunks per pipeline rank (interleaved: >= 2; virtual stage k sits on rank k % mesh.pp); 0: 2 for "
-      "interleaved, else 1",
+      "model chunks per pipeline rank (interleaved: >= 2, virtual stage k sits on rank k % mesh.pp; zb-v: 2, in a "
+      "V); 0: 2 for interleaved and zb-v, else 1",
       0, 1024),
     S("pp.layers", pp_layers, "",
       "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to "
@@ -261,31 +261,31 @@ static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
 }
 
 /* The pipeline's spec and, when stage_of is given (model.n_layers
- * entries), the rank of each layer from pp.layers (virtual stage k on rank
- * k % pp). Refuses what the executor would not run: a split backward,
- * microbatches the schedule cannot take, layers that do not fill the
- * virtual stages. */
+ * entries), the virtual stage of each layer from pp.layers (or an even
+ * split). Refuses what the executor would not run: microbatches the
+ * schedule cannot take, chunk counts it does not run, layers that do not
+ * fill the virtual stages, a split backward with recompute. */
 static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stage_of) {
     cai_pp_spec spec = {.pp = c->pp,
                         .virtual_stages =
                             c->pp_virtual ? c->pp_virtual : cai_pp_style_default_virtual((cai_pp_style)c->pp_schedule),
                         .microbatches = c->grad_accum,
                         .style = (cai_pp_style)c->pp_schedule};
-    if (spec.style == CAI_PP_ZB_V)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pp.schedule=zb-v places each rank's two chunks in a V (stages r and 2*pp-1-r), which the "
-                         "model's layer placement (virtual stage k on rank k %% pp) does not provide; use zb-h1 or "
-                         "interleaved");
-    if (spec.style == CAI_PP_ZB_H1 && c->pp_slots > 0)
+    const int split = spec.style == CAI_PP_ZB_H1 || spec.style == CAI_PP_ZB_V;
+    if (split && c->pp_slots > 0)
         return CAI_ERROR(CAI_ERR_CONFIG,
-                         "pp.act_slots=%d: zb-h1 keeps every forward's activations until its weight pass and never "
+                         "pp.act_slots=%d: %s keeps every forward's activations until its weight pass and never "
                          "recomputes; leave pp.act_slots at 0",
-                         c->pp_slots);
-    if (spec.style == CAI_PP_ZB_H1 && c->act_ckpt)
+                         c->pp_slots, k_pp_schedules[c->pp_schedule]);
+    if (split && c->act_ckpt)
         return CAI_ERROR(CAI_ERR_CONFIG,
-                         "model.activation_checkpointing=true: zb-h1's weight passes read every layer's saved "
-                         "activations; turn checkpointing off or use 1f1b");
-    if (spec.style != CAI_PP_INTERLEAVED && spec.virtual_stages != 1)
+                         "model.activation_checkpointing=true: %s's weight passes read every layer's saved "
+                         "activations; turn checkpointing off or use 1f1b",
+                         k_pp_schedules[c->pp_schedule]);
+    if (spec.style == CAI_PP_ZB_V && spec.virtual_stages != 2)
+        return CAI_ERROR(CAI_ERR_CONFIG, "pp.virtual=%d: pp.schedule=zb-v runs two model chunks per rank, in a V",
+                         spec.virtual_stages);
+    if (spec.style != CAI_PP_INTERLEAVED && spec.style != CAI_PP_ZB_V && spec.virtual_stages != 1)
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "pp.virtual=%d: pp.schedule=%s runs one model chunk per rank (interleaved runs more)",
                          spec.virtual_stages, k_pp_schedules[c->pp_schedule]);
@@ -304,7 +304,7 @@ static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stag
                              L, spec.pp, spec.virtual_stages, V, lo > 0 ? lo : hi, hi);
         }
         if (stage_of)
-            for (int l = 0; l < L; l++) stage_of[l] = (l / (L / V)) % spec.pp;
+            for (int l = 0; l < L; l++) stage_of[l] = l / (L / V);
     } else {
         const char *s = c->pp_layers;
         int k = 0, sum = 0;
@@ -317,7 +317,7 @@ static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stag
                                  "virtual stage)",
                                  c->pp_layers, k + 1, L);
             if (stage_of)
-                for (long i = 0; i < n && sum + i < L; i++) stage_of[sum + i] = k % spec.pp;
+                for (long i = 0; i < n && sum + i < L; i++) stage_of[sum + i] = k;
             sum += (int)n;
             k++;
             s = *end == ',' ? end + 1 : end;
@@ -396,7 +396,7 @@ typedef struct {
     int scaled; /* f16: dynamic loss scaling */
     pt_data data;
     cai_pp_spec pp;          /* mesh.pp > 1 */
-    int *stage_of;           /* pipeline rank of each layer (mesh.pp > 1) */
+    int *stage_of;           /* virtual stage of each layer (mesh.pp > 1) */
     int slots, slots_needed; /* this rank's activation slots, and the schedule's in-flight peak */
 } pt_job;
 
@@ -412,7 +412,8 @@ static cai_status job_view(pt_job *j, cai_run_t *run, cai_rank_view *v) {
         j->slots = c->pp_slots > 0 && c->pp_slots < j->slots_needed ? c->pp_slots : j->slots_needed;
     }
     v->pp_chunks = j->pp.virtual_stages;
-    v->layer_stage = j->stage_of;
+    v->layer_vstage = j->stage_of;
+    v->pp_vshape = j->pp.style == CAI_PP_ZB_V;
     return CAI_OK;
 }
 
@@ -522,7 +523,7 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .dev = cai_run_device(run),
                               .pp_inflight = j->slots,
                               .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
-                              .pp_split = c->pp > 1 && j->pp.style == CAI_PP_ZB_H1};
+                              .pp_split = c->pp > 1 && (j->pp.style == CAI_PP_ZB_H1 || j->pp.style == CAI_PP_ZB_V)};
     return cai_run_plan_memory(run, &q);
 }
 
@@ -535,7 +536,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     mo.seq_len = c->seq_len;
     CAI_CALL(job_view(j, run, &mo.view));
     mo.act_slots = j->slots;
-    mo.split_backward = c->pp > 1 && j->pp.style == CAI_PP_ZB_H1;
+    mo.split_backward = c->pp > 1 && (j->pp.style == CAI_PP_ZB_H1 || j->pp.style == CAI_PP_ZB_V);
     mo.mesh = cai_run_mesh(run);
     mo.seq_parallel = c->sp_mode != 0;
     cai_zero_model_options(&j->zc, &mo);

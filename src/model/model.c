@@ -432,10 +432,9 @@ static cai_status bind_layer(cai_model_t *m, int li, cai_block_params *w, cai_bl
 
 static int local_tie_primary(const cai_model_t *m, int index) { return cai_weights_local_tie_primary(m->w, index); }
 
-/* The layers this rank holds, cut into chunks. The runs of consecutive
- * layers on one rank are the virtual stages in order: run k must sit on
- * rank k % pp and every rank must hold view.pp_chunks of them, or the
- * chunks would not chain round the ranks the way the schedules send. */
+/* The layers this rank holds, cut into chunks: its virtual stages (the
+ * registry's, placed round the ranks or in a V), in layer order. Every rank
+ * must hold view.pp_chunks of them. */
 static cai_status resolve_stage(cai_model_t *m) {
     const int L = m->cfg.n_layers, pp = m->view.pp_size;
     const int chunks = m->view.pp_chunks > 0 ? m->view.pp_chunks : 1;
@@ -444,14 +443,10 @@ static cai_status resolve_stage(cai_model_t *m) {
     CAI_CALL(cai_calloc((void **)&m->chunk, (size_t)chunks, sizeof *m->chunk, "model chunks"));
     int runs = 0, prev = -1;
     for (int l = 0; l < L; l++) {
-        int stage = 0;
-        CAI_CALL(cai_registry_layer_stage(m->reg, &m->view, l, &stage));
-        if (l == 0 || stage != prev) {
-            if (stage != runs % pp)
-                return CAI_ERROR(CAI_ERR_LAYOUT,
-                                 "pipeline layout: layers %d.. form virtual stage %d but sit on rank %d; virtual "
-                                 "stage k must be on rank k %% pp (pp=%d)",
-                                 l, runs, stage, pp);
+        int vs = 0;
+        CAI_CALL(cai_registry_layer_vstage(m->reg, &m->view, l, &vs));
+        const int stage = cai_rank_view_vstage_rank(&m->view, vs);
+        if (l == 0 || vs != prev) {
             runs++;
             if (stage == m->view.pp_rank) {
                 if (m->n_chunks == chunks)
@@ -462,7 +457,7 @@ static cai_status resolve_stage(cai_model_t *m) {
                 m->chunk[m->n_chunks++].begin = m->n_local;
             }
         }
-        prev = stage;
+        prev = vs;
         if (stage != m->view.pp_rank) continue;
         m->local_layer[m->n_local++] = l;
         m->chunk[m->n_chunks - 1].end = m->n_local;
@@ -704,8 +699,8 @@ static cai_status check_shared_weights(const cai_model_t *m, const cai_weights_t
                          cai_model_family_name(b->family), b->n_layers, b->d_model, cai_dtype_name(b->param_dtype),
                          cai_dtype_name(b->act_dtype), cai_model_family_name(a->family), a->n_layers, a->d_model,
                          cai_dtype_name(a->param_dtype), cai_dtype_name(a->act_dtype));
-    if (memcmp(&w->view, &m->view, offsetof(cai_rank_view, layer_stage)) != 0 ||
-        w->view.layer_stage != m->view.layer_stage || w->align != m->align)
+    if (memcmp(&w->view, &m->view, offsetof(cai_rank_view, layer_vstage)) != 0 ||
+        w->view.layer_vstage != m->view.layer_vstage || w->align != m->align)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "model: the shared weights hold tp rank %d of %d, pp rank %d of %d (alignment %zu); this "
                          "model is tp rank %d of %d, pp rank %d of %d (alignment %zu)",

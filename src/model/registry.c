@@ -348,26 +348,44 @@ static cai_status check_view_basic(const cai_registry_t *reg, const cai_rank_vie
                              ax[i].axis, ax[i].rank, ax[i].size);
     if (v->pp_chunks < 0)
         return CAI_ERROR(CAI_ERR_LAYOUT, "rank view: pp_chunks=%d (must be >= 1, or 0 for 1)", v->pp_chunks);
-    if (v->layer_stage) {
-        for (int l = 0; l < reg->n_layers; l++)
-            if (v->layer_stage[l] < 0 || v->layer_stage[l] >= v->pp_size)
-                return CAI_ERROR(CAI_ERR_LAYOUT, "rank view: layer_stage[%d]=%d is not a pipeline rank (pp=%d)", l,
-                                 v->layer_stage[l], v->pp_size);
+    const int chunks = v->pp_chunks > 0 ? v->pp_chunks : 1, V = v->pp_size * chunks;
+    if (v->pp_vshape && chunks != 2)
+        return CAI_ERROR(CAI_ERR_LAYOUT, "rank view: a V placement holds 2 chunks per rank, not pp_chunks=%d", chunks);
+    if (v->layer_vstage && reg->n_layers > 0) {
+        const int *s = v->layer_vstage;
+        for (int l = 0; l < reg->n_layers; l++) {
+            const int want_lo = l ? s[l - 1] : 0, want_hi = l ? s[l - 1] + 1 : 0;
+            if (s[l] < want_lo || s[l] > want_hi || s[l] >= V)
+                return CAI_ERROR(CAI_ERR_LAYOUT,
+                                 "rank view: layer_vstage[%d]=%d; virtual stages run from 0 to pp x pp_chunks - 1 = "
+                                 "%d in layer order, each layer in its predecessor's stage or the next (here %d or "
+                                 "%d)",
+                                 l, s[l], V - 1, want_lo, want_hi < V ? want_hi : want_lo);
+        }
+        if (s[reg->n_layers - 1] != V - 1)
+            return CAI_ERROR(CAI_ERR_LAYOUT,
+                             "rank view: layer_vstage fills virtual stages 0..%d of pp=%d x pp_chunks=%d = %d",
+                             s[reg->n_layers - 1], v->pp_size, chunks, V);
     }
     return CAI_OK;
 }
 
+int cai_rank_view_vstage_rank(const cai_rank_view *view, int k) {
+    const int pp = view->pp_size > 0 ? view->pp_size : 1;
+    return view->pp_vshape && k >= pp ? 2 * pp - 1 - k : k % pp;
+}
+
 /* The view is already validated. */
-static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
-    if (view->layer_stage) {
-        *stage = view->layer_stage[layer];
-        return CAI_OK;
-    }
-    if (view->pp_size == 1) {
-        *stage = 0;
+static cai_status layer_vstage_of(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
+    if (view->layer_vstage) {
+        *stage = view->layer_vstage[layer];
         return CAI_OK;
     }
     int chunks = view->pp_chunks > 0 ? view->pp_chunks : 1;
+    if (view->pp_size * chunks == 1) {
+        *stage = 0;
+        return CAI_OK;
+    }
     int64_t n_virtual = (int64_t)view->pp_size * chunks, L = reg->n_layers;
     if (L < n_virtual)
         return CAI_ERROR(CAI_ERR_LAYOUT,
@@ -377,7 +395,14 @@ static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view 
     /* Virtual stage v holds layers [v*L/V, (v+1)*L/V): balanced, contiguous. */
     int64_t v = 0;
     while ((v + 1) * L / n_virtual <= layer) v++;
-    *stage = (int)(v % view->pp_size);
+    *stage = (int)v;
+    return CAI_OK;
+}
+
+static cai_status layer_stage_of(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
+    int vs = 0;
+    CAI_CALL(layer_vstage_of(reg, view, layer, &vs));
+    *stage = cai_rank_view_vstage_rank(view, vs);
     return CAI_OK;
 }
 
@@ -387,17 +412,25 @@ unsigned cai_registry_grad_axes(const cai_registry_t *reg, int index, const cai_
     return info->spec.seq_grad && info->spec.tp_split_dim < 0 ? 1u << CAI_AXIS_TP : 0;
 }
 
-cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
-    CAI_CHECK_ARG(reg && view && stage, "cai_registry_layer_stage: NULL argument");
+cai_status cai_registry_layer_vstage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *vstage) {
+    CAI_CHECK_ARG(reg && view && vstage, "cai_registry_layer_vstage: NULL argument");
     CAI_CHECK_ARG(layer >= 0 && layer < reg->n_layers, "layer %d out of range (model has %d layers)", layer,
                   reg->n_layers);
     CAI_CALL(check_view_basic(reg, view));
-    CAI_CALL(layer_stage_of(reg, view, layer, stage));
+    CAI_CALL(layer_vstage_of(reg, view, layer, vstage));
+    return CAI_OK;
+}
+
+cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage) {
+    CAI_CHECK_ARG(stage, "cai_registry_layer_stage: NULL argument");
+    int vs = 0;
+    CAI_CALL(cai_registry_layer_vstage(reg, view, layer, &vs));
+    *stage = cai_rank_view_vstage_rank(view, vs);
     return CAI_OK;
 }
 
 static cai_status param_stage(const cai_registry_t *reg, const cai_param_info *p, const cai_rank_view *v, int *stage) {
-    if (v->pp_size == 1 && !v->layer_stage) {
+    if (v->pp_size == 1 && !v->layer_vstage) {
         *stage = 0;
         return CAI_OK;
     }
@@ -549,7 +582,7 @@ cai_status cai_registry_shard(const cai_registry_t *reg, int index, const cai_ra
 cai_status cai_registry_check_view(const cai_registry_t *reg, const cai_rank_view *view) {
     CAI_CHECK_ARG(reg != NULL, "cai_registry_check_view: registry is NULL");
     CAI_CALL(check_view_basic(reg, view));
-    if (view->pp_size > 1 && !view->layer_stage && reg->n_layers > 0) {
+    if (view->pp_size > 1 && !view->layer_vstage && reg->n_layers > 0) {
         int stage;
         CAI_CALL(layer_stage_of(reg, view, 0, &stage));
     }

@@ -36,6 +36,10 @@ typedef struct {
 
 typedef struct {
     int first, last; /* the chunk runs the first / last stage */
+    int stage;       /* its global stage */
+    /* this rank's chunk holding the next / previous stage (the bottom of
+     * zb-v's V), whose input / output gradient is handed over in memory; -1 */
+    int local_next, local_prev;
 } chunk_info;
 
 struct cai_pipeline {
@@ -175,23 +179,28 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "pipeline: the model is stage %d of %d but this rank is %d of %d on the mesh's pp axis",
                          v->pp_rank, v->pp_size, rank, pp);
-    if (style == CAI_PP_ZB_V)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "pipeline: zb-v places a rank's two chunks in a V (stages r and 2pp-1-r), which the "
-                         "model's layer placement (virtual stage k on rank k %% pp) does not provide; use zb-h1 or "
-                         "interleaved");
-    if (style == CAI_PP_ZB_H1 && !cai_model_split_backward(m))
+    if ((style == CAI_PP_ZB_H1 || style == CAI_PP_ZB_V) && !cai_model_split_backward(m))
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "pipeline: zb-h1 runs each backward as an input pass and a later weight pass; create the "
-                         "model with split_backward = 1");
+                         "pipeline: %s runs each backward as an input pass and a later weight pass; create the "
+                         "model with split_backward = 1",
+                         cai_pp_style_name(style));
+    if ((style == CAI_PP_ZB_V) != (v->pp_vshape != 0))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "pipeline: %s %s, but the model's view has pp_vshape=%d",
+                         cai_pp_style_name(style),
+                         style == CAI_PP_ZB_V ? "places a rank's two chunks in a V (view.pp_vshape = 1)"
+                                              : "places virtual stage k on rank k % pp",
+                         v->pp_vshape);
     const int chunks = cai_model_chunk_count(m);
-    const int want = style == CAI_PP_INTERLEAVED ? (chunks >= 2 ? chunks : 2) : 1;
+    const int want = style == CAI_PP_INTERLEAVED ? (chunks >= 2 ? chunks : 2) : style == CAI_PP_ZB_V ? 2 : 1;
     if (chunks != want || chunks > CAI_PP_MAX_CHUNKS)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "pipeline: %s runs %s model chunk%s per rank but the model holds %d (its view's "
                          "pp_chunks; at most %d)",
-                         cai_pp_style_name(style), style == CAI_PP_INTERLEAVED ? ">= 2" : "1",
-                         style == CAI_PP_INTERLEAVED ? "s" : "", chunks, CAI_PP_MAX_CHUNKS);
+                         cai_pp_style_name(style),
+                         style == CAI_PP_INTERLEAVED ? ">= 2"
+                         : style == CAI_PP_ZB_V      ? "2"
+                                                     : "1",
+                         style == CAI_PP_INTERLEAVED || style == CAI_PP_ZB_V ? "s" : "", chunks, CAI_PP_MAX_CHUNKS);
     if (v->tp_size > 1 &&
         (cai_mesh_size(mesh, CAI_AXIS_TP) != v->tp_size || cai_mesh_rank(mesh, CAI_AXIS_TP) != v->tp_rank))
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
@@ -207,8 +216,17 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
     cai_model_stage(m, NULL, NULL, &p->first, &p->last);
     p->n_chunks = chunks;
     cai_status st;
-    for (int c = 0; c < chunks; c++)
-        CAI_CALL_GOTO(cai_model_chunk(m, c, NULL, NULL, &p->chunk[c].first, &p->chunk[c].last), st, fail);
+    for (int c = 0; c < chunks; c++) {
+        chunk_info *ci = &p->chunk[c];
+        CAI_CALL_GOTO(cai_model_chunk(m, c, NULL, NULL, &ci->first, &ci->last), st, fail);
+        ci->stage = cai_pp_stage_of(&p->spec, rank, c);
+        int r = -1, k = -1;
+        ci->local_next = ci->local_prev = -1;
+        cai_pp_stage_owner(&p->spec, ci->stage + 1, &r, &k);
+        if (r == rank) ci->local_next = k;
+        cai_pp_stage_owner(&p->spec, ci->stage - 1, &r, &k);
+        if (r == rank) ci->local_prev = k;
+    }
     p->n_slots = cai_model_slot_count(m);
     CAI_CALL_GOTO(cai_calloc((void **)&p->slot_owner, (size_t)p->n_slots, sizeof *p->slot_owner, "pipeline slots"), st,
                   fail);
@@ -416,7 +434,9 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
         if (!c->last) {
             cai_tensor out;
             CAI_CALL(cai_model_stage_io(m, NULL, &out, NULL));
-            CAI_CALL(cai_device_copy(p->dev, p->mb[k].out, out.data, p->act_bytes, CAI_COPY_D2D));
+            /* the next stage on this rank reads it where a RECV would have put it */
+            char *to = c->local_next >= 0 ? p->mb[mb * p->n_chunks + c->local_next].in : p->mb[k].out;
+            CAI_CALL(cai_device_copy(p->dev, to, out.data, p->act_bytes, CAI_COPY_D2D));
         }
         return CAI_OK;
     }
@@ -438,7 +458,10 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
             CAI_CALL(cai_model_backward_input(m, r->w));
             p->pinned[k] = 1;
         }
-        if (!c->first) CAI_CALL(cai_device_copy(p->dev, p->mb[k].din, ds.data, p->act_bytes, CAI_COPY_D2D));
+        if (!c->first) {
+            char *to = c->local_prev >= 0 ? p->mb[mb * p->n_chunks + c->local_prev].dout : p->mb[k].din;
+            CAI_CALL(cai_device_copy(p->dev, to, ds.data, p->act_bytes, CAI_COPY_D2D));
+        }
         return CAI_OK;
     }
     case CAI_PP_BACKWARD_WEIGHT:
@@ -639,28 +662,39 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
     const size_t per = (size_t)B * (size_t)T;
-    const int pp = p->spec.pp, prev = (p->rank + pp - 1) % pp, next = (p->rank + 1) % pp;
+    const int S = p->spec.pp * p->n_chunks;
     double sum = 0;
-    /* Microbatch k's activations travel down the chain of stages (round the
-     * ranks once per chunk) while the next one starts on the first stage. */
+    /* Microbatch k's activations travel down the stages in order (round the
+     * ranks, or down and up zb-v's V) while the next one starts on the
+     * first stage; a rank's chunks are in stage order. Tags name the
+     * receiving stage; between one pair of ranks MPI does not overtake. */
     for (int k = 0; k < n_micro; k++)
         for (int c = 0; c < p->n_chunks; c++) {
             const chunk_info *ci = &p->chunk[c];
-            /* named by the receiving chunk (rank pp-1's chunk c feeds rank 0's c+1); between one pair, in
-             * order: MPI does not overtake */
-            const int tag = (k * p->n_chunks + c) % 4096, send_tag = (tag + (p->rank == pp - 1)) % 4096;
+            int prev = -1, next = -1;
+            cai_pp_stage_owner(&p->spec, ci->stage - 1, &prev, NULL);
+            cai_pp_stage_owner(&p->spec, ci->stage + 1, &next, NULL);
             cai_tensor in, out;
             CAI_CALL(cai_model_select(m, c, 0));
             CAI_CALL(cai_model_stage_io(m, &in, &out, NULL));
-            if (!ci->first) CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, prev, tag));
+            if (!ci->first && ci->local_prev < 0)
+                CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, in.data, p->act_count, p->act_dtype, prev,
+                                  (k * S + ci->stage) % 4096));
             float l = 0;
             CAI_CALL(cai_model_forward(m, tokens + (size_t)k * per, ci->last ? targets + (size_t)k * per : NULL,
                                        ci->last ? &l : NULL));
             sum += l;
-            if (!ci->last) {
-                CAI_CALL(cai_device_sync(p->dev));
-                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, next, send_tag));
+            if (ci->last) continue;
+            if (ci->local_next >= 0) { /* the bottom of the V: the next stage's input is here */
+                cai_tensor next_in;
+                CAI_CALL(cai_model_select(m, ci->local_next, 0));
+                CAI_CALL(cai_model_stage_io(m, &next_in, NULL, NULL));
+                CAI_CALL(cai_device_copy(p->dev, next_in.data, out.data, p->act_bytes, CAI_COPY_D2D));
+                continue;
             }
+            CAI_CALL(cai_device_sync(p->dev));
+            CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, out.data, p->act_count, p->act_dtype, next,
+                              (k * S + ci->stage + 1) % 4096));
         }
     double mean = p->last ? sum / n_micro : 0.0;
     CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &mean, &mean, 1, CAI_DTYPE_F64, CAI_RED_SUM));

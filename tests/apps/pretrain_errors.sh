@@ -21,9 +21,9 @@ run_np 1 --model.n_heads 3 --model.d_model 64 --run.dir "$TMP/x" --data.corpus_d
 expect_rc 2
 expect_grep err 'n_heads=3'
 
-run_np 2 --mesh.pp 2 --pp.schedule zb-v --run.dir "$TMP/x"
+run_np 2 --mesh.pp 2 --pp.schedule zb-v --pp.act_slots 2 --run.dir "$TMP/x"
 expect_rc 2
-expect_grep err 'pp\.schedule=zb-v places each rank.s two chunks in a V'
+expect_grep err 'pp\.act_slots=2: zb-v keeps every forward.s activations until its weight pass'
 
 run_np 3 --mesh.tp 3 --model.n_heads 4 --model.d_model 64 --run.dir "$TMP/x"
 expect_rc 2

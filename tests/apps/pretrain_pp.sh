@@ -1,13 +1,13 @@
 #!/bin/sh
 # Pipeline parallelism in colossal-pretrain reproduces the single-rank run:
 # the same global batch of 8 sequences as 4 microbatches of 2 on 1 rank and
-# through pp=2 (1f1b, gpipe, interleaved with 2 chunks per rank, zb-h1, an uneven
+# through pp=2 (1f1b, gpipe, interleaved with 2 chunks per rank, zb-h1, zb-v, an uneven
 # pp.layers split, one activation slot so backwards recompute), pp=4
 # (1f1b), pp=2 x dp=2 (ZeRO 0 and 1) and pp=2 x tp=2 gives the same train
 # and validation loss and gradient norm at every step within 1e-5 relative.
 # A checkpoint written at pp=4 resumes bitwise at pp=4 and within 1e-5 at
 # pp=1 and at pp=2 x tp=2; one written at pp=1 resumes at pp=2, one of
-# pp=2 x dp=2 ZeRO-1 at pp=1; the pp=4 checkpoint exports to Hugging Face.
+# pp=2 x dp=2 ZeRO-1 at pp=1, one of zb-v at pp=2 1f1b; the pp=4 checkpoint exports to Hugging Face.
 # What the executor does not run is refused before anything starts.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
@@ -52,6 +52,12 @@ run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --run.dir "$TMP/z" --p
 expect_ok
 expect_grep out "^pipeline: zb-h1 over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble [0-9.]+% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight$"
 check_trace "$TMP/z.json" FBW 1
+# zb-v: two chunks per rank in a V (rank 0 holds the first and the last layer)
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-v --run.dir "$TMP/v" --pp.trace "$TMP/v.json"
+expect_ok
+expect_grep out "^pipeline: zb-v over pp 2 x 2 chunks, .* rank 0 holds layers \[0, 1\) \[3, 4\); activation slots [0-9]+ of the [0-9]+ in flight$"
+check_trace "$TMP/v.json" FBW 2
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.layers 1,3 --pp.act_slots 1 --run.dir "$TMP/k"
 expect_ok
@@ -71,7 +77,7 @@ expect_ok
 run_np 4 $TINY $PP $STEPS --mesh.pp 2 --mesh.tp 2 --run.dir "$TMP/g"
 expect_ok
 expect_grep out "tp=2 pp=2 dp=1"
-for run in b c h z k d f j g; do
+for run in b c h z v k d f j g; do
     compare train loss $run 12
     compare train grad_norm $run 12
     compare eval val_loss $run 2
@@ -85,6 +91,7 @@ field train loss "$TMP/a/metrics.jsonl" | awk 'NR==1{f=$2} END{exit !($2 < 0.9*f
 cp "$TMP/a/checkpoints/step-00000006.h5" "$TMP/a6.h5"
 cp "$TMP/d/checkpoints/step-00000006.h5" "$TMP/d6.h5"
 cp "$TMP/j/checkpoints/step-00000006.h5" "$TMP/j6.h5"
+cp "$TMP/v/checkpoints/step-00000006.h5" "$TMP/v6.h5"
 # shellcheck disable=SC2086
 run_np 4 $TINY $PP $STEPS --mesh.pp 4 --run.dir "$TMP/d-y" --resume "$TMP/d6.h5"
 expect_ok
@@ -105,6 +112,10 @@ close_losses "$TMP/b/metrics.jsonl" "$TMP/a-x/metrics.jsonl" 6 1e-5 "pp=1's chec
 run_np 1 $TINY $PP $STEPS --run.dir "$TMP/j-x" --resume "$TMP/j6.h5"
 expect_ok
 close_losses "$TMP/a/metrics.jsonl" "$TMP/j-x/metrics.jsonl" 6 1e-5 "pp=2 x dp=2 ZeRO-1's checkpoint resumed at pp=1"
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --run.dir "$TMP/v-x" --resume "$TMP/v6.h5"
+expect_ok
+close_losses "$TMP/b/metrics.jsonl" "$TMP/v-x/metrics.jsonl" 6 1e-5 "zb-v's checkpoint (chunks in a V) resumed at pp=2 1f1b"
 echo "+ colossal-ckpt export --input $TMP/d6.h5"
 $MPIEXEC -n 1 "$top_builddir/apps/colossal-ckpt" export --input "$TMP/d6.h5" --output "$TMP/hf" >"$TMP/out" 2>"$TMP/err" ||
     fail "exporting the pp=4 checkpoint failed"
@@ -113,9 +124,9 @@ expect_grep out "^export: .* GPT2LMHeadModel"
 
 # Refused before anything starts, naming what would run
 # shellcheck disable=SC2086
-run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-v --run.dir "$TMP/e"
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-v --pp.virtual 3 --run.dir "$TMP/e"
 expect_rc 2
-expect_grep err "pp.schedule=zb-v places each rank's two chunks in a V"
+expect_grep err "pp.virtual=3: pp.schedule=zb-v runs two model chunks per rank, in a V"
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --pp.act_slots 1 --run.dir "$TMP/e"
 expect_rc 2

@@ -16,11 +16,11 @@
  * pp.np4 runs a representative subset (k_subset); pp8.np8 the full matrix:
  * pp {2, 4} x {gpipe, 1f1b, interleaved} x tp {1, 2} x dp {1, 2} x ZeRO
  * {0 (reduce-only engine), 1} within 8 ranks, where the schedules are gpipe, 1f1b,
- * interleaved and zb-h1 (the model's split backward). A layout smaller than the
+ * interleaved, zb-h1 and zb-v (the model's split backward; zb-v's chunks in a V). A layout smaller than the
  * world runs on every group of its size at once, its rows dealt round them.
- * What the executor does not run (zb-v, zb-h1 without a split backward or
- * with too few slots, chunk counts the style does not take) is refused by
- * name. Failures are gathered and reported after
+ * What the executor does not run (zero bubble without a split backward or
+ * with too few slots, chunk counts or placements the style does not take)
+ * is refused by name. Failures are gathered and reported after
  * the matrix so that no rank leaves a collective early. */
 #include "cai_config.h"
 
@@ -109,11 +109,12 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     mo.mesh = mesh;
     const int v = cai_pp_style_default_virtual(style);
     mo.view.pp_chunks = v;
+    mo.view.pp_vshape = style == CAI_PP_ZB_V;
     const cai_pp_spec spec = {.pp = pp, .virtual_stages = v, .microbatches = micro, .style = style};
     int need = 0;
     CAI_CALL_GOTO(cai_pipeline_slots_needed(&spec, mo.view.pp_rank, &need), st, done);
     mo.act_slots = slots ? slots : need;
-    mo.split_backward = style == CAI_PP_ZB_H1;
+    mo.split_backward = style == CAI_PP_ZB_H1 || style == CAI_PP_ZB_V;
     CAI_CALL_GOTO(cai_model_create(&m, dev, &c, &mo), st, done);
     if (zero != 1) CAI_CALL_GOTO(cai_optim_create_for_model(&o, m, &oc), st, done);
     if (zero >= 0) CAI_CALL_GOTO(cai_zero_create(&z, mesh, m, &zc), st, done);
@@ -234,16 +235,17 @@ static const pp_layout k_subset[] = {
     {2, 2, 1, CAI_PP_GPIPE, 0, 1},        {2, 2, 1, CAI_PP_1F1B, 0, 1},         {2, 2, 1, CAI_PP_INTERLEAVED, 0, 1},
     {2, 1, 2, CAI_PP_GPIPE, 0, -1},       {2, 1, 2, CAI_PP_1F1B, 0, -1},        {2, 1, 2, CAI_PP_INTERLEAVED, 0, -1},
     {2, 1, 2, CAI_PP_1F1B, 0, 1},         {2, 1, 1, CAI_PP_ZB_H1, 0, -1},       {4, 1, 1, CAI_PP_ZB_H1, 0, -1},
-    {2, 2, 1, CAI_PP_ZB_H1, 0, 1},        {2, 1, 2, CAI_PP_ZB_H1, 0, -1},
+    {2, 2, 1, CAI_PP_ZB_H1, 0, 1},        {2, 1, 2, CAI_PP_ZB_H1, 0, -1},       {2, 1, 1, CAI_PP_ZB_V, 0, -1},
+    {4, 1, 1, CAI_PP_ZB_V, 0, -1},        {2, 2, 1, CAI_PP_ZB_V, 0, 1},         {2, 1, 2, CAI_PP_ZB_V, 0, -1},
 };
 
 /* 8 ranks: the full matrix, pp {2, 4} x the schedules the executor runs x
  * tp {1, 2} x dp {1, 2} x ZeRO {0, 1} within 8 ranks. */
 static int full_matrix(pp_layout *out) {
-    static const cai_pp_style styles[4] = {CAI_PP_GPIPE, CAI_PP_1F1B, CAI_PP_INTERLEAVED, CAI_PP_ZB_H1};
+    static const cai_pp_style styles[5] = {CAI_PP_GPIPE, CAI_PP_1F1B, CAI_PP_INTERLEAVED, CAI_PP_ZB_H1, CAI_PP_ZB_V};
     int n = 0;
     for (int pp = 2; pp <= 4; pp += 2)
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < 5; s++)
             for (int tp = 1; tp <= 2; tp++)
                 for (int dp = 1; dp <= 2; dp++)
                     for (int zero = 0; zero <= 1; zero++)
@@ -265,7 +267,7 @@ START_TEST(pp_matrix_matches_single_rank) {
             r.steps = TP_STEPS;
             CK_CAI(eq_run_reference(&r, &ref_tp[f][d]));
         }
-    pp_layout full[96];
+    pp_layout full[128];
     const pp_layout *layouts = k_subset;
     int n_layouts = (int)(sizeof k_subset / sizeof k_subset[0]);
     if (g_world_size == 8) {
@@ -373,9 +375,9 @@ START_TEST(unsupported_layouts_are_refused) {
     mo.view.pp_size = g_world_size;
     mo.view.pp_rank = cai_mesh_rank(mesh, CAI_AXIS_PP);
     CK_CAI(cai_model_create(&m, dev, &c, &mo));
-    /* (zb-h1: the model was created without split_backward) */
+    /* (zb-h1, zb-v: the model was created without split_backward) */
     const cai_pp_style no[3] = {CAI_PP_INTERLEAVED, CAI_PP_ZB_H1, CAI_PP_ZB_V};
-    const cai_status why[3] = {CAI_ERR_INVALID_ARG, CAI_ERR_INVALID_ARG, CAI_ERR_UNSUPPORTED};
+    const cai_status why[3] = {CAI_ERR_INVALID_ARG, CAI_ERR_INVALID_ARG, CAI_ERR_INVALID_ARG};
     for (int k = 0; k < 3; k++) {
         cai_pipeline_t *p = NULL;
         ck_assert_int_eq(cai_pipeline_create(&p, mesh, m, no[k]), why[k]);
@@ -401,16 +403,20 @@ START_TEST(unsupported_layouts_are_refused) {
         cai_pipeline_free(p);
         cai_model_free(ms);
     }
-    /* a model of 2 chunks per rank runs only interleaved */
+    /* a model of 2 chunks per rank runs only interleaved, or zb-v when they sit in a V */
     cai_model_t *m2 = NULL;
     mo.view.pp_chunks = 2;
+    mo.split_backward = 1;
     CK_CAI(cai_model_create(&m2, dev, &c, &mo));
     ck_assert_int_eq(cai_model_chunk_count(m2), 2);
     cai_pipeline_t *p = NULL;
     ck_assert_int_eq(cai_pipeline_create(&p, mesh, m2, CAI_PP_1F1B), CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "holds 2"));
+    ck_assert_int_eq(cai_pipeline_create(&p, mesh, m2, CAI_PP_ZB_V), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "pp_vshape=0"));
     cai_error_clear();
     cai_model_free(m2);
+    mo.split_backward = 0;
     /* 8 layers do not fill 4 ranks x 3 chunks */
     mo.view.pp_chunks = 3;
     ck_assert_int_eq(cai_model_create(&m2, dev, &c, &mo), CAI_ERR_LAYOUT);

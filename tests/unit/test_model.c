@@ -599,7 +599,7 @@ START_TEST(pipeline_stages_chain_to_the_single_model) {
             o.seq_len = T;
             o.view.pp_size = 2;
             o.view.pp_rank = r;
-            o.view.layer_stage = stage_of;
+            o.view.layer_vstage = stage_of;
             OK(cai_model_create(&st[r], dev, &c, &o));
         }
         int b0, e0, f0, l0, b1, e1, f1, l1;

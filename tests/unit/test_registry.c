@@ -301,17 +301,34 @@ START_TEST(pipeline_stage_ownership) {
     }
     ck_assert_int_eq(stage_of(reg, v, last), 1);
 
-    /* A partitioner's own map (V schedule: the last layer comes back to rank 0). */
-    const int vshape[4] = {0, 1, 1, 0};
+    /* The V placement (zb-v: the last layer comes back to rank 0), balanced
+     * and from a partition's own virtual stages. */
+    const int vshape[4] = {0, 1, 1, 0}, vstages[4] = {0, 1, 2, 3};
     v.pp_chunks = 2;
-    v.layer_stage = vshape;
-    for (int l = 0; l < 4; l++) ck_assert_int_eq(stage_of(reg, v, layer_idx[l]), vshape[l]);
-    ck_assert_int_eq(stage_of(reg, v, first), 0);
-    ck_assert_int_eq(stage_of(reg, v, last), 0);
-    const int bad_map[4] = {0, 1, 2, 0};
-    v.layer_stage = bad_map;
+    v.pp_vshape = 1;
+    for (int pass = 0; pass < 2; pass++) {
+        v.layer_vstage = pass ? vstages : NULL;
+        for (int l = 0; l < 4; l++) {
+            ck_assert_int_eq(stage_of(reg, v, layer_idx[l]), vshape[l]);
+            int vs = -1;
+            ck_assert_int_eq(cai_registry_layer_vstage(reg, &v, l, &vs), CAI_OK);
+            ck_assert_int_eq(vs, l);
+        }
+        ck_assert_int_eq(stage_of(reg, v, first), 0);
+        ck_assert_int_eq(stage_of(reg, v, last), 0);
+    }
+    const int bad_map[4] = {0, 1, 3, 3}, short_map[4] = {0, 1, 1, 2};
+    v.layer_vstage = bad_map;
     ck_assert_int_eq(cai_registry_check_view(reg, &v), CAI_ERR_LAYOUT);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "layer_stage[2]=2 is not a pipeline rank (pp=2)"));
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "layer_vstage[2]=3"));
+    v.layer_vstage = short_map;
+    ck_assert_int_eq(cai_registry_check_view(reg, &v), CAI_ERR_LAYOUT);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "fills virtual stages 0..2 of pp=2 x pp_chunks=2 = 4"));
+    v.layer_vstage = NULL;
+    v.pp_chunks = 3;
+    ck_assert_int_eq(cai_registry_check_view(reg, &v), CAI_ERR_LAYOUT);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "a V placement holds 2 chunks per rank"));
+    v.pp_vshape = 0;
 
     /* Too many stages for the layers. */
     cai_rank_view v8 = view_of(1, 0, 4, 0, 1, 0);

@@ -98,10 +98,12 @@ typedef struct {
     int tp_size, tp_rank;
     int pp_size, pp_rank;
     int ep_size, ep_rank;
-    int pp_chunks;          /* model chunks per pipeline rank (interleaved schedules); 0 means 1 */
-    const int *layer_stage; /* optional pipeline rank of each layer (n_layers entries), e.g. from
-                             * the pipeline partitioner; NULL: balanced contiguous chunks with
-                             * chunk v on rank v % pp_size */
+    int pp_chunks;           /* model chunks per pipeline rank (interleaved schedules); 0 means 1 */
+    int pp_vshape;           /* 1 (pp_chunks = 2; zb-v): virtual stage k sits on rank k for k < pp and
+                              * on rank 2*pp-1-k above, a V; 0: on rank k % pp */
+    const int *layer_vstage; /* optional virtual stage of each layer (n_layers entries, from 0 up to
+                              * pp * pp_chunks - 1 by steps of 0 or 1), e.g. from an uneven
+                              * partition; NULL: balanced contiguous stages */
 } cai_rank_view;
 
 /* tp = pp = ep = 1: the single-rank view every shard is a slice of. */
@@ -153,13 +155,16 @@ uint64_t cai_registry_global_numel(const cai_registry_t *reg);
  * the member count. */
 int cai_registry_tie_members(const cai_registry_t *reg, int tie_group, int *indices, int max);
 
-/* Checks the view itself (sizes >= 1, ranks in range, layer_stage entries)
+/* Checks the view itself (sizes >= 1, ranks in range, layer_vstage entries)
  * and that every registered parameter can be sharded under it: divisibility
  * over TP, QKV heads vs tp, experts vs ep, layers vs pp * chunks. The error
  * names the parameter and what would fit. */
 cai_status cai_registry_check_view(const cai_registry_t *reg, const cai_rank_view *view);
-/* Pipeline rank owning `layer` under `view`. */
+/* Pipeline rank owning `layer` under `view`, and its virtual stage. */
 cai_status cai_registry_layer_stage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *stage);
+cai_status cai_registry_layer_vstage(const cai_registry_t *reg, const cai_rank_view *view, int layer, int *vstage);
+/* The pipeline rank holding virtual stage k under view's placement. */
+int cai_rank_view_vstage_rank(const cai_rank_view *view, int k);
 /* Mesh axes besides dp over which parameter `index`'s gradient is a sum of
  * per-rank parts, as bits 1u << axis: tp for a seq_grad parameter that
  * every tp rank holds whole when sequence parallelism is on; 0 otherwise.

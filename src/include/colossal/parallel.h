@@ -383,10 +383,10 @@ typedef struct cai_pipeline cai_pipeline_t;
 
 /* m is this rank's stage (view pp_size/pp_rank those of the mesh's pp
  * axis): one chunk for gpipe, 1f1b and zb-h1, the view's pp_chunks >= 2 for
- * interleaved. zb-h1 needs a model created with split_backward (its
- * backward runs as an input pass and a later weight pass). Refuses, naming
- * what would run, zb-v (its V placement of chunks is not the model's) and a
- * chunk count the style does not run. The model's activation slots
+ * interleaved, 2 in a V (view.pp_vshape) for zb-v. zb-h1 and zb-v need a
+ * model created with split_backward (its backward runs as an input pass and
+ * a later weight pass). Refuses, naming what would run, a chunk count or
+ * placement the style does not run. The model's activation slots
  * (cai_model_options.act_slots) decide what is recomputed: with
  * cai_pipeline_slots_needed of them, nothing; a slot between a split
  * backward's two passes is never given up, so zb-h1 with too few fails
