@@ -359,6 +359,14 @@ static cai_status sft_tokens(const cai_app *app, const data_config *cfg, const c
     const char *missing[32];
     int n = 0;
     cai_chat_template_missing_tokens(t, bpe, missing, 32, &n);
+    /* a token the vocabulary spells (vocab.json lists added tokens without
+     * marking them special) keeps its id: registering it grows nothing */
+    for (int i = 0; i < n && i < 32; i++) {
+        int32_t id;
+        if (cai_bpe_token_id(bpe, missing[i], &id) == CAI_OK) CAI_CALL(cai_bpe_add_special(bpe, missing[i], NULL));
+        else cai_error_clear();
+    }
+    cai_chat_template_missing_tokens(t, bpe, missing, 32, &n);
     if (n == 0) return CAI_OK;
     char list[1024] = "";
     for (int i = 0, used = 0; i < n && i < 32 && used < (int)sizeof list - 80; i++)

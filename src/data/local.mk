@@ -15,7 +15,10 @@ src_libcolossal_core_la_SOURCES += \
 EXTRA_DIST += docs/data.md
 
 if HAVE_CHECK
-check_PROGRAMS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/test_preprocess
+check_PROGRAMS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/test_preprocess tests/unit/test_sft
+tests_unit_test_sft_SOURCES = tests/unit/test_sft.c tests/unit/test_indexed_util.h
+tests_unit_test_sft_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_sft_LDADD = $(TEST_LIBS)
 tests_unit_test_indexed_SOURCES = tests/unit/test_indexed.c tests/unit/test_indexed_util.h
 tests_unit_test_indexed_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_indexed_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
@@ -25,7 +28,7 @@ tests_unit_test_sampler_LDADD = $(TEST_LIBS)
 tests_mpi_test_preprocess_SOURCES = tests/mpi/test_preprocess.c tests/unit/test_indexed_util.h
 tests_mpi_test_preprocess_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_preprocess_LDADD = $(TEST_LIBS)
-TESTS += tests/unit/test_indexed tests/unit/test_sampler
+TESTS += tests/unit/test_indexed tests/unit/test_sampler tests/unit/test_sft
 # The marker is made in the build tree (see src/cluster/local.mk for why).
 DATA_MPI_TESTS = tests/mpi/preprocess.np3
 $(DATA_MPI_TESTS):

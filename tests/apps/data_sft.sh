@@ -1,0 +1,102 @@
+#!/bin/sh
+# colossal-data sft-example and sft-preprocess end to end: the embedded
+# instruction set, preprocessing on 1, 2 and 3 ranks byte-identical (tokens
+# and loss masks), special tokens refused or added, truncate/drop counts,
+# and bad input: a malformed line in the last rank's slice names file, line
+# and field and leaves no output; a template that does not parse.
+. "$top_srcdir/tests/apps/data_lib.sh"
+
+run_np 1 sft-example --out "$TMP/ex" --docs 600 --seed 4 --held-out 10
+expect_ok
+expect_grep out "^sft-example: 600 conversations"
+[ -s "$TMP/ex/train.jsonl" ] && [ -s "$TMP/ex/held_out.jsonl" ] || fail "sft-example wrote no files"
+[ "$(cat "$TMP/ex/train.jsonl" "$TMP/ex/held_out.jsonl" | wc -l)" -eq 600 ] || fail "not 600 lines in all"
+grep -q '"The answer is [0-9]*\."' "$TMP/ex/held_out.jsonl" || fail "no arithmetic answer held out"
+grep -q 'Continue this story: ' "$TMP/ex/train.jsonl" || fail "no story request"
+run_np 2 sft-example --out "$TMP/ex2" --docs 600 --seed 4 --held-out 10
+expect_ok
+cmp -s "$TMP/ex/train.jsonl" "$TMP/ex2/train.jsonl" || fail "sft-example is not deterministic"
+
+run_np 2 sft-preprocess --help
+expect_ok
+for key in input output_prefix tokenizer chat_template seq_len overflow strict_keys add_special_tokens; do
+    expect_grep out "$key" "sft-preprocess --help does not list $key"
+done
+
+# a tokenizer trained on the corpus lacks ChatML's tokens: refused, then added
+run_np 1 corpus --out "$TMP/c.jsonl" --docs 800 --seed 5
+expect_ok
+run_np 1 train-tokenizer --vocab-size 400 --input "$TMP/c.jsonl" --output "$TMP/tok"
+expect_ok
+run_np 2 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/s" --tokenizer "$TMP/tok"
+[ "$RC" -eq 1 ] || fail "missing special tokens: exit $RC, expected 1"
+expect_grep err "needs special tokens the tokenizer .* lacks: <\|im_start\|>, <\|im_end\|>"
+expect_grep err "add-special-tokens"
+run_np 1 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/s1" --tokenizer "$TMP/tok" \
+    --add-special-tokens --seq-len 64
+expect_ok
+expect_grep out "added <\|im_start\|>, <\|im_end\|> \(2 new ids: vocabulary 400 -> 402\)"
+[ -s "$TMP/s1_tokenizer/vocab.json" ] || fail "the grown tokenizer was not written"
+expect_grep out "seq_len 64: [1-9][0-9]* truncated, [0-9]+ dropped \(--overflow truncate\)"
+for np in 2 3; do
+    run_np $np sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/s$np" --tokenizer "$TMP/tok" \
+        --add-special-tokens --seq-len 64
+    expect_ok
+    same_dataset "$TMP/s1" "$TMP/s$np"
+    same_dataset "$TMP/s1_loss_mask" "$TMP/s${np}_loss_mask"
+done
+# the grown tokenizer already has them: nothing to add
+run_np 1 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/g" --tokenizer "$TMP/s1_tokenizer" \
+    --seq-len 64
+expect_ok
+same_dataset "$TMP/s1" "$TMP/g"
+run_np 1 info --data "$TMP/s1" --vocab-size 402
+expect_ok
+run_np 1 info --data "$TMP/s1_loss_mask" --vocab-size 2
+expect_ok
+expect_grep out "uint8"
+
+# drop instead of truncate; bytes and the plain template
+run_np 2 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/d" --tokenizer "$TMP/tok" \
+    --add-special-tokens --seq-len 64 --overflow drop
+expect_ok
+expect_grep out "seq_len 64: 0 truncated, [1-9][0-9]* dropped \(--overflow drop\)"
+run_np 2 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/b" --chat-template plain
+expect_ok
+expect_grep out "template plain"
+expect_grep out "no length limit"
+
+# a malformed line in the last rank's slice
+sed '530s/"role":"user"/"role":"bot"/' "$TMP/ex/train.jsonl" >"$TMP/bad.jsonl"
+cmp -s "$TMP/bad.jsonl" "$TMP/ex/train.jsonl" && fail "the test did not break line 530"
+run_np 3 sft-preprocess --input "$TMP/bad.jsonl" --output-prefix "$TMP/bad"
+[ "$RC" -eq 1 ] || fail "bad line: exit $RC, expected 1"
+expect_grep err "bad.jsonl:530: field 'messages\[[01]\].role': 'bot' is not one of system\|user\|assistant"
+for f in bad.bin bad.idx bad_loss_mask.bin bad_loss_mask.idx; do
+    [ ! -e "$TMP/$f" ] || fail "a failed run left $f behind"
+done
+ls "$TMP" | grep -q 'part-' && fail "partial files left behind"
+printf '{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}]}\n{"prompt":"q"}\n' \
+    >"$TMP/pc.jsonl"
+run_np 2 sft-preprocess --input "$TMP/pc.jsonl" --output-prefix "$TMP/pc"
+expect_fail
+expect_grep err "pc.jsonl:2: field 'completion': absent"
+printf '{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a"}],"id":1}\n' >"$TMP/id.jsonl"
+run_np 1 sft-preprocess --input "$TMP/id.jsonl" --output-prefix "$TMP/id"
+expect_ok
+run_np 1 sft-preprocess --input "$TMP/id.jsonl" --output-prefix "$TMP/id" --strict-keys
+expect_fail
+expect_grep err "id.jsonl:1: unknown key 'id'"
+
+# templates that do not parse
+printf '{"prefix": "<{role}>", "suffix": 3}\n' >"$TMP/t.json"
+run_np 2 sft-preprocess --input "$TMP/id.jsonl" --output-prefix "$TMP/t" --chat-template "$TMP/t.json"
+expect_fail
+expect_grep err "t.json: field 'suffix': must be a string, not an integer"
+run_np 1 sft-preprocess --input "$TMP/id.jsonl" --output-prefix "$TMP/t" --chat-template vicuna
+expect_fail
+expect_grep err 'chat template "vicuna": not one of plain\|chatml\|llama3'
+printf '{"prefix": "<{role}>", "end": "</>", "special_tokens": ["</>"]}\n' >"$TMP/ok.json"
+run_np 2 sft-preprocess --input "$TMP/id.jsonl" --output-prefix "$TMP/t" --chat-template "$TMP/ok.json"
+expect_ok
+echo ok
