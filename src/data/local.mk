@@ -12,7 +12,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/chat.c \
 	%reldir%/sft.c \
 	%reldir%/sft_data.c
-EXTRA_DIST += docs/data.md
+EXTRA_DIST += docs/data.md docs/sft.md
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_indexed tests/unit/test_sampler tests/mpi/test_preprocess tests/unit/test_sft
