@@ -54,8 +54,8 @@ static const cai_config_field k_fields[] = {
       "this task's part of the input, i/n (every n-th request from the i-th); empty: from SLURM_ARRAY_TASK_ID"),
     E("infer.format", format, "auto", "request lines: native, openai (Batch API) or auto (per line)",
       cai_job_format_names),
-    E("infer.chat_template", chat_template, "chatml", "how messages become a prompt: plain, chatml or llama3",
-      cai_chat_template_names),
+    S("infer.chat_template", chat_template, "chatml",
+      "how messages become a prompt: plain, chatml, llama3, or a template file (.json; docs/sft.md)"),
     E("infer.on_error", on_error, "line",
       "a bad request: line (a result line with finish_reason \"error\") or fail (stop the job)", k_on_error),
     F("infer.strict_keys", CAI_CFG_BOOL, strict_keys, "true", "refuse unknown keys in a request", CAI_CFG_NO_RANGE),
@@ -265,7 +265,7 @@ static cai_status submit(gen_state *g, int64_t k, const cai_sampling_params *def
         st = cai_token_buf_append(&g->ids, r->prompt_ids, (size_t)r->n_prompt_ids);
     } else if (r->chat) {
         g->text.len = 0;
-        st = cai_chat_render((cai_chat_template)c->chat_template, r->messages, r->n_messages, &g->text);
+        st = cai_chat_template_render(g->j->chat, r->messages, r->n_messages, 1, &g->text);
         if (st == CAI_OK) st = ij_encode(g->j->tok, g->text.data, g->text.len, &g->ids);
     } else {
         st = ij_encode(g->j->tok, r->prompt, strlen(r->prompt), &g->ids);
@@ -465,6 +465,8 @@ int main(int argc, char **argv) {
     cai_app_check_all(model_source(cfg.model_path, &hf, ckpt, sizeof ckpt), 2);
     cai_app_check_all(model_config(&cfg, hf, ckpt, &model), 2);
     cai_app_check_all(check_config(&cfg, app.size, &model, &layout), 2);
+    cai_chat_template_t *chat = NULL;
+    cai_app_check_all(cai_chat_template_open(cfg.chat_template, &chat), 2);
 
     cai_run_config rc = {
         .program = "colossal-infer", .schema = &k_schema, .app_cfg = &cfg, .opt = &cfg.run, .steps = 1};
@@ -515,6 +517,7 @@ int main(int argc, char **argv) {
                   .engine = engine,
                   .tok = &tok,
                   .model = cai_weights_config(w),
+                  .chat = chat,
                   .replica = cai_mesh_rank(mesh, CAI_AXIS_DP),
                   .n_replicas = cai_mesh_size(mesh, CAI_AXIS_DP)};
     char out_path[4096];
@@ -552,6 +555,7 @@ int main(int argc, char **argv) {
     cai_engine_free(engine);
     cai_weights_free(w);
     cai_bpe_free(tok.bpe);
+    cai_chat_template_free(chat);
     cai_run_free(run);
     const int stopped = job.stopped_by != 0;
     const int status = cai_app_finalize(&k_schema, &cfg);

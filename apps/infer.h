@@ -21,8 +21,8 @@ typedef struct {
     int dtype;
     int tp, dp;
     double watchdog;
-    char *input, *output, *shard;
-    int format, chat_template, on_error, strict_keys, score;
+    char *input, *output, *shard, *chat_template;
+    int format, on_error, strict_keys, score;
     int block_size, max_batch, max_tokens_per_step, kv_dtype, prefix_sharing;
     int64_t kv_memory, n_blocks, seed;
     double progress;
@@ -84,6 +84,7 @@ typedef struct {
     ij_tokenizer *tok;
     ij_output *out;
     const cai_model_config *model;
+    const cai_chat_template_t *chat; /* how messages become a prompt */
     int replica, n_replicas, shard, n_shards;
     const char *out_path;
     MPI_Comm tp_comm; /* MPI_COMM_NULL at tp = 1 */

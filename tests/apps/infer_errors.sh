@@ -5,7 +5,7 @@
 # requests are answered (infer.on_error=line); infer.on_error=fail stops the
 # job with the same message; duplicate ids, an empty file and a missing
 # model are refused before anything runs. Nothing is lost: every request
-# has a line.
+# has a line. A chat template file renders as the builtin it spells.
 set -e
 . "$top_srcdir/tests/apps/infer_lib.sh"
 pretrain_tiny
@@ -63,6 +63,20 @@ grep -q '"id":"unknown".*"finish_reason":"\(length\|stop\)"' "$TMP/lenient.jsonl
 run_infer 1 --infer.input "$TMP/req.jsonl" --infer.output "$TMP/fail.jsonl" --infer.on_error fail
 expect_fail
 expect_grep err "req.jsonl:2"
+
+# Chat templates: a template file spelling ChatML gives ChatML's results;
+# an unknown name is refused before anything runs.
+printf '{"id":"c1","messages":[{"role":"user","content":"What is 3 + 4?"}],"max_tokens":6}\n' >"$TMP/chat.jsonl"
+printf '{"prefix":"<|im_start|>{role}\\n","end":"<|im_end|>","suffix":"\\n"}\n' >"$TMP/chatml.json"
+run_infer 1 --infer.input "$TMP/chat.jsonl" --infer.output "$TMP/chat-builtin.jsonl"
+expect_ok
+run_infer 1 --infer.input "$TMP/chat.jsonl" --infer.output "$TMP/chat-file.jsonl" --infer.chat_template "$TMP/chatml.json"
+expect_ok
+grep -q '"finish_reason":"\(length\|stop\)"' "$TMP/chat-builtin.jsonl" || fail "the chat request was not answered"
+cmp -s "$TMP/chat-builtin.jsonl" "$TMP/chat-file.jsonl" || fail "the ChatML template file answers differently"
+run_infer 1 --infer.input "$TMP/chat.jsonl" --infer.output "$TMP/x.jsonl" --infer.chat_template vicuna
+expect_fail
+expect_grep err 'chat template "vicuna": not one of plain\|chatml\|llama3'
 
 # Refused before anything runs.
 printf '{"id":"a","prompt":"x"}\n{"id":"a","prompt":"y"}\n' >"$TMP/dup.jsonl"

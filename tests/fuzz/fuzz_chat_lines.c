@@ -51,39 +51,39 @@ static void check(const cai_chat_template_t *t, cai_bpe_t *bpe, const cai_chat_m
     cai_byte_buf_free(&want);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size < 1) return 0;
-    const int mode = data[0];
-    const char *text = (const char *)data + 1;
-    const size_t len = size - 1;
-    if (mode < 128) {
-        cai_chat_conversation c;
-        if (cai_chat_parse_line("fuzz.jsonl", 1, text, len, mode & 1, &c) != CAI_OK) {
-            cai_error_clear();
-            cai_chat_conversation_free(&c);
-            return 0;
-        }
-        const cai_chat_template_t *t = builtins[mode % CAI_CHAT_COUNT];
-        /* a NUL in content (\u0000) ends the C string the templates see */
-        int nul = 0;
-        for (int i = 0; i < c.n_messages; i++) nul |= c.messages[i].content[0] == '\0';
-        check(t, tok, c.messages, c.n_messages, !nul);
-        check(t, NULL, c.messages, c.n_messages, 0);
+static void conversation(const char *text, size_t len, int mode) {
+    cai_chat_conversation c;
+    if (cai_chat_parse_line("fuzz.jsonl", 1, text, len, mode & 1, &c) != CAI_OK) {
+        cai_error_clear();
         cai_chat_conversation_free(&c);
-    } else {
-        const char *path = fuzz_file(0, "template.json", text, len);
-        cai_chat_template_t *t = NULL;
-        if (cai_chat_template_open(path, &t) != CAI_OK) {
-            cai_error_clear();
-            return 0;
-        }
-        static const cai_chat_message m[] = {{"system", "s"}, {"user", "q"}, {"assistant", "a"}, {"tool", "t"}};
-        cai_bpe_t *own = NULL;
-        if (cai_bpe_clone(tok, &own) != CAI_OK || cai_chat_template_add_tokens(t, own, NULL) != CAI_OK) abort();
-        check(t, own, m, 4, 0);
-        check(t, NULL, m, 4, 0);
-        cai_bpe_free(own);
-        cai_chat_template_free(t);
+        return;
     }
+    const cai_chat_template_t *t = builtins[mode % CAI_CHAT_COUNT];
+    /* a NUL in content (\u0000) would end the C string the templates see */
+    int nul = 0;
+    for (int i = 0; i < c.n_messages; i++) nul |= c.messages[i].content[0] == '\0';
+    check(t, tok, c.messages, c.n_messages, !nul);
+    check(t, NULL, c.messages, c.n_messages, 0);
+    cai_chat_conversation_free(&c);
+}
+
+static void template_file(const uint8_t *data, size_t size) {
+    cai_chat_template_t *t = NULL;
+    if (cai_chat_template_open(fuzz_file(0, "template.json", data, size), &t) != CAI_OK) {
+        cai_error_clear();
+        return;
+    }
+    static const cai_chat_message m[] = {{"system", "s"}, {"user", "q"}, {"assistant", "a"}, {"tool", "t"}};
+    cai_bpe_t *own = NULL;
+    if (cai_bpe_clone(tok, &own) != CAI_OK || cai_chat_template_add_tokens(t, own, NULL) != CAI_OK) abort();
+    check(t, own, m, 4, 0);
+    check(t, NULL, m, 4, 0);
+    cai_bpe_free(own);
+    cai_chat_template_free(t);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size >= 1 && data[0] < 128) conversation((const char *)data + 1, size - 1, data[0]);
+    else if (size >= 1) template_file(data + 1, size - 1);
     return 0;
 }
