@@ -189,7 +189,7 @@ static cai_status tpl_string(const char *path, const json_t *o, const char *key,
 
 static cai_status tpl_parse(const char *path, json_t *root, cai_chat_template_t *t) {
     static const char *const known[] = {"bos",  "prefix",         "end",   "suffix", "generation_prompt",
-                                        "trim", "special_tokens", "roles", "name",   NULL};
+                                        "trim", "special_tokens", "roles", NULL};
     static const char *const role_keys[] = {"prefix", "end", "suffix", NULL};
     if (!json_is_object(root))
         return CAI_ERROR(CAI_ERR_FORMAT, "%s: a chat template must be a JSON object, not %s", path,
@@ -198,7 +198,7 @@ static cai_status tpl_parse(const char *path, json_t *root, cai_chat_template_t 
     if (bad)
         return CAI_ERROR(CAI_ERR_FORMAT,
                          "%s: unknown key '%s' (known: bos, prefix, end, suffix, generation_prompt, trim, "
-                         "special_tokens, roles, name)",
+                         "special_tokens, roles)",
                          path, bad);
     t->bos = "";
     const char *prefix = "", *end = "", *suffix = "";

@@ -60,10 +60,11 @@ static cai_status sft_document(void *ctx, const char *file, int64_t line, const 
     p->counts[2] += fit == CAI_SFT_DROPPED;
     if (!*keep) return CAI_OK;
     CAI_CALL(cai_token_buf_append(&streams[0], p->toks.ids, p->toks.len));
+    /* sized by the ids, then overwritten with the masks */
+    CAI_CALL(cai_token_buf_append(&streams[1], p->toks.ids, p->toks.len));
     for (size_t i = 0; i < p->toks.len; i++) {
-        const int32_t m = p->toks.mask[i];
-        p->counts[3] += m;
-        CAI_CALL(cai_token_buf_append(&streams[1], &m, 1));
+        streams[1].ids[i] = p->toks.mask[i];
+        p->counts[3] += p->toks.mask[i];
     }
     return CAI_OK;
 }
