@@ -255,6 +255,13 @@ static cai_status tpl_parse(const char *path, json_t *root, cai_chat_template_t 
         if (!json_is_string(v) || json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
             return CAI_ERROR(CAI_ERR_FORMAT, "%s: field 'special_tokens[%zu]': must be a non-empty string, not %s",
                              path, i, json_is_string(v) ? "an empty or NUL-holding string" : cai_json_kind(v));
+        /* the tokenizer would give the byte's token to the special token
+         * and leave ordinary text with no token for that byte */
+        if (json_string_length(v) == 1)
+            return CAI_ERROR(CAI_ERR_FORMAT,
+                             "%s: field 'special_tokens[%zu]': \"%s\" is one byte; a special token must be longer "
+                             "(it would take that byte's token from ordinary text)",
+                             path, i, json_string_value(v));
         t->special[t->n_special++] = json_string_value(v);
     }
     return check_generation(t, path);

@@ -137,6 +137,7 @@ START_TEST(template_file_renders_and_its_errors_name_the_field) {
          "field 'generation_prompt': \"bot:\" is not where the assistant's prefix \"assistant: \" starts"},
         {"{\"trim\": \"yes\"}", "field 'trim': must be true or false"},
         {"{\"special_tokens\": [\"\"]}", "field 'special_tokens[0]'"},
+        {"{\"special_tokens\": [\"<s>\", \">\"]}", "field 'special_tokens[1]': \">\" is one byte"},
         {"[1]", "must be a JSON object, not an array"},
         {"{\"prefix\": \"x\",", "not valid JSON"},
     };

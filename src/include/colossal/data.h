@@ -482,8 +482,8 @@ typedef struct {
  *             assistant learns " answer\n")
  * A template file is a JSON object with the keys "bos", "prefix", "end",
  * "suffix" (strings, default ""), "generation_prompt" (default: the
- * assistant's prefix), "trim" (boolean), "special_tokens" (the strings the
- * tokenizer must hold as special tokens) and "roles" ({"system"|"user"|
+ * assistant's prefix), "trim" (boolean), "special_tokens" (the strings, of
+ * two bytes or more, the tokenizer must hold as special tokens) and "roles" ({"system"|"user"|
  * "assistant": {"prefix", "end", "suffix"}} overriding the defaults for one
  * role). Unknown keys are refused. */
 typedef struct cai_chat_template_s cai_chat_template_t;
