@@ -1,7 +1,8 @@
 #!/bin/sh
 # colossal-data sft-example and sft-preprocess end to end: the embedded
 # instruction set, preprocessing on 1, 2 and 3 ranks byte-identical (tokens
-# and loss masks), special tokens refused or added, truncate/drop counts,
+# and loss masks), special tokens refused or added, chatml and llama3 equal
+# to their reference Jinja templates (python3-jinja2), truncate/drop counts,
 # and bad input: a malformed line in the last rank's slice names file, line
 # and field and leaves no output; a template that does not parse.
 . "$top_srcdir/tests/apps/data_lib.sh"
@@ -55,6 +56,42 @@ expect_ok
 run_np 1 info --data "$TMP/s1_loss_mask" --vocab-size 2
 expect_ok
 expect_grep out "uint8"
+
+# Parity of the builtins with the reference Jinja templates (ChatML as Hugging Face documents it,
+# Meta's Llama 3 template): with byte tokens the token dataset is the rendered text itself.
+if python3 -c 'import jinja2' 2>/dev/null; then
+    for tpl in chatml llama3; do
+        run_np 2 sft-preprocess --input "$TMP/ex/held_out.jsonl" --output-prefix "$TMP/j_$tpl" --chat-template $tpl
+        expect_ok
+        python3 - "$TMP/ex/held_out.jsonl" "$TMP/j_$tpl" $tpl <<'PYEOF' || fail "$tpl differs from its Jinja template"
+import json, struct, sys
+import jinja2
+src, prefix, name = sys.argv[1:4]
+tpl = {
+    "chatml": "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+              "'<|im_end|>' + '\n'}}{% endfor %}",
+    "llama3": "{% for message in messages %}{% set content = '<|start_header_id|>' + message['role'] + "
+              "'<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+              "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}",
+}[name]
+t = jinja2.Environment().from_string(tpl)
+idx = open(prefix + ".idx", "rb").read()
+binf = open(prefix + ".bin", "rb").read()
+assert idx[17] == 8, "dtype %d" % idx[17]
+seqs = struct.unpack("<Q", idx[18:26])[0]
+lens = struct.unpack("<%di" % seqs, idx[34:34 + 4 * seqs])
+ptrs = struct.unpack("<%dq" % seqs, idx[34 + 4 * seqs:34 + 12 * seqs])
+lines = [json.loads(l) for l in open(src, encoding="utf-8")]
+assert len(lines) == seqs, (len(lines), seqs)
+for i, line in enumerate(lines):
+    ids = struct.unpack("<%dH" % lens[i], binf[ptrs[i]:ptrs[i] + 2 * lens[i]])
+    got = bytes(ids).decode("utf-8")
+    want = t.render(messages=line["messages"], bos_token="<|begin_of_text|>")
+    assert got == want, (i, got, want)
+print(name, seqs, "conversations equal to the Jinja rendering")
+PYEOF
+    done
+fi
 
 # drop instead of truncate; bytes and the plain template
 run_np 2 sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/d" --tokenizer "$TMP/tok" \
