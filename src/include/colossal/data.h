@@ -553,12 +553,14 @@ typedef struct {
 void cai_sft_tokens_free(cai_sft_tokens *t);
 
 /* Render and tokenize a conversation into *out (replacing what it held).
- * Each template piece is encoded with special tokens recognised, each
- * content as ordinary text (a "<|im_end|>" typed by a user stays text), and
- * the assistant's learned part (prefix after the generation prompt,
- * content) as one ordinary piece. So the tokens up to an assistant turn are
- * exactly the tokens of the rendered prompt with the generation prompt,
- * piece by piece. tok NULL: bytes (ids 0..255, no special tokens).
+ * Context (everything up to and including a generation prompt: system and
+ * user turns, template pieces) is encoded as one piece with special tokens
+ * recognised, as colossal-infer encodes a prompt, so the tokens before an
+ * assistant turn are exactly those of the rendered prompt up to it. The
+ * assistant's learned part (its prefix after the generation prompt, and the
+ * content) is encoded as ordinary text (a "<|im_end|>" written in it stays
+ * text), its end with special tokens. The tokens decode to the rendering
+ * byte for byte. tok NULL: bytes (ids 0..255, no special tokens).
  * Not thread-safe on one tok (cai_bpe_encode). */
 cai_status cai_sft_encode(const cai_chat_template_t *t, cai_bpe_t *tok, const cai_chat_message *msgs, int n,
                           cai_sft_tokens *out);
