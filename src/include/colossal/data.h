@@ -555,8 +555,9 @@ void cai_sft_tokens_free(cai_sft_tokens *t);
 /* Render and tokenize a conversation into *out (replacing what it held).
  * Context (everything up to and including a generation prompt: system and
  * user turns, template pieces) is encoded as one piece with special tokens
- * recognised, as colossal-infer encodes a prompt, so the tokens before an
- * assistant turn are exactly those of the rendered prompt up to it. The
+ * recognised, as colossal-infer encodes a prompt, so the tokens before the
+ * first assistant turn are exactly those of the prompt inference builds
+ * (later turns differ only where a piece boundary changes a merge). The
  * assistant's learned part (its prefix after the generation prompt, and the
  * content) is encoded as ordinary text (a "<|im_end|>" written in it stays
  * text), its end with special tokens. The tokens decode to the rendering
