@@ -603,7 +603,13 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
     if (j->pipe) {
         double bubble = 0;
         const char *formula = NULL;
-        cai_pp_bubble_formula(&j->pp, &bubble, &formula);
+        if (!cai_pp_bubble_formula(&j->pp, &bubble, &formula)) { /* zero bubble: the simulated one */
+            cai_pp_schedule *s = NULL;
+            cai_pp_stats ps;
+            if (cai_pp_schedule_build(&j->pp, &s) == CAI_OK && cai_pp_schedule_check(s, NULL, &ps) == CAI_OK)
+                bubble = ps.bubble;
+            cai_pp_schedule_free(s);
+        }
         char chunks[160] = "";
         size_t at = 0;
         for (int k = 0; k < cai_model_chunk_count(j->model) && at < sizeof chunks; k++) {
@@ -613,10 +619,10 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
         }
         printf(
             "pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum), bubble %.1f%% by the "
-            "schedule; rank 0 holds layers %s; activation slots %d of the %d in flight%s\n",
+            "schedule; rank 0 holds layers %s; activation slots %d of the %d in flight%s; boundaries over %s\n",
             k_pp_schedules[c->pp_schedule], c->pp, j->pp.virtual_stages, j->pp.virtual_stages == 1 ? "" : "s",
             c->grad_accum, 100.0 * bubble, chunks, j->slots, j->slots_needed,
-            j->slots < j->slots_needed ? " (the others recompute their forward)" : "");
+            j->slots < j->slots_needed ? " (the others recompute their forward)" : "", cai_pipeline_transport(j->pipe));
     }
     printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
            (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,
@@ -674,11 +680,15 @@ int main(int argc, char **argv) {
      * forwards gather weights over dp: every rank decodes then. */
     if (job.pipe && cfg.pp_trace && cfg.pp_trace[0] && !cai_run_stopped_by(run) &&
         cai_run_first_step(run) <= cfg.steps) {
-        double measured = 0, predicted = 0;
-        cai_app_check(cai_pipeline_trace(job.pipe, cfg.pp_trace, &measured, &predicted));
+        double measured = 0, predicted = 0, at_costs = 0;
+        cai_app_check(cai_pipeline_trace(job.pipe, cfg.pp_trace, &measured, &predicted, &at_costs));
+        const int steps = cai_pipeline_traced_steps(job.pipe);
         if (app.rank == 0)
-            printf("pipeline trace: %s (the last step): bubble %.1f%% measured, %.1f%% by the schedule\n", cfg.pp_trace,
-                   100.0 * measured, 100.0 * predicted);
+            printf(
+                "pipeline trace: %s (the last step's timeline): bubble %.1f%% measured over %d step%s%s, %.1f%% by "
+                "the schedule (%.1f%% at the measured compute times)\n",
+                cfg.pp_trace, 100.0 * measured, steps > 1 ? steps - 1 : 1, steps > 2 ? "s" : "",
+                steps > 1 ? " after the first" : "", 100.0 * predicted, 100.0 * at_costs);
     }
     if (cfg.pp > 1) {
         if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))

@@ -30,6 +30,11 @@ static const cai_knob_info g_knobs[] = {
     {"CAI_NCCL_TRACE", CAI_KNOB_INT, "0", NULL, 0, 1,
      "1: time the non-blocking device collectives with CUDA events and print to stderr, as each completes, when "
      "its data was ready, when it started and how long it ran"},
+    {"CAI_PP_HOST_TRANSPORT", CAI_KNOB_ENUM, "shm", "shm|mpi", 0, 0,
+     "pipeline stage boundaries on the host when every pipeline rank is on one node: shm = the sender copies the "
+     "tensor into the receiver's buffer in node-shared memory and a one-word MPI message says it is there (the "
+     "data needs no MPI progress from the sender, which is computing); mpi = the tensor is the MPI message. The "
+     "same on every rank"},
     {"CAI_CKPT_MPIIO", CAI_KNOB_ENUM, "independent", "independent|two-phase", 0, 0,
      "MPI-IO under the collective checkpoint calls: independent = each rank writes its own contiguous pieces "
      "(one node, large disjoint pieces); two-phase = MPI-IO's collective buffering through aggregators (many "

@@ -24,6 +24,7 @@
 #include "colossal/parallel.h"
 #include "colossal/schedule.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,11 +74,23 @@ struct cai_pipeline {
     cai_request_t **recv;
     cai_status *recv_st;
     int n_recv_cap, prepost;
+    /* Host, every pp rank on this node (CAI_PP_HOST_TRANSPORT=shm): each
+     * pair's in and dout live in a node-shared window; a sender copies the
+     * tensor straight into its peer's and sends a one-word note (eager: it
+     * needs no progress from the sender) that the RECV waits for. */
+    int shm;
+    MPI_Comm node;     /* the pp group, node-local, ranks as on the pp axis */
+    MPI_Win win;       /* in a lock_all epoch while allocated */
+    char **peer_base;  /* per pp rank: its part of the window, mapped here */
+    size_t win_stride; /* one buffer, 64-byte aligned */
+    int32_t note_out, *note_in;
     /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
     int tracing;
     double t0;
     double *ev; /* [op, mb, chunk, start, end] per event */
     int n_ev, cap_ev;
+    double *steps; /* every traced step: [first start, last end, busy] of this rank */
+    int n_steps, cap_steps;
     cai_zero_t *zero; /* NULL: the model's own gradients, averaged over dp here */
     /* tie groups split across stages: [parameter, peer stage] */
     int n_ties;
@@ -90,13 +103,54 @@ struct cai_pipeline {
 
 static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit);
 
+/* Collective over the node group. */
+static void free_window(cai_pipeline_t *p) {
+    if (!p->peer_base) return;
+    MPI_Win_unlock_all(p->win);
+    MPI_Win_free(&p->win);
+    cai_free(p->peer_base);
+    p->peer_base = NULL;
+}
+
+/* The receive buffers of n pairs in the node-shared window: pair k's in
+ * at 2k strides, its dout at 2k + 1, on every rank alike. Collective over
+ * the node group. */
+static cai_status alloc_window(cai_pipeline_t *p, int n) {
+    free_window(p);
+    p->win_stride = (p->act_bytes + 63) / 64 * 64;
+    const int pp = p->spec.pp;
+    CAI_CALL(cai_calloc((void **)&p->peer_base, (size_t)pp, sizeof *p->peer_base, "pipeline window map"));
+    MPI_Info info;
+    MPI_Info_create(&info);
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    char *base = NULL;
+    int rc = MPI_Win_allocate_shared((MPI_Aint)(2 * (size_t)n * p->win_stride), 1, info, p->node, &base, &p->win);
+    MPI_Info_free(&info);
+    if (rc != MPI_SUCCESS) {
+        cai_free(p->peer_base);
+        p->peer_base = NULL;
+        return CAI_ERROR(CAI_ERR_MPI, "pipeline: MPI_Win_allocate_shared of %zu bytes for %d microbatch buffers failed",
+                         2 * (size_t)n * p->win_stride, n);
+    }
+    for (int r = 0; r < pp; r++) {
+        MPI_Aint size = 0;
+        int disp = 0;
+        MPI_Win_shared_query(p->win, r, &size, &disp, &p->peer_base[r]);
+    }
+    MPI_Win_lock_all(MPI_MODE_NOCHECK, p->win);
+    return CAI_OK;
+}
+
 static cai_status free_bufs(cai_pipeline_t *p) {
     for (int i = 0; i < p->mb_cap; i++) {
-        cai_device_dealloc(p->dev, p->mb[i].in);
+        if (!p->shm) {
+            cai_device_dealloc(p->dev, p->mb[i].in);
+            cai_device_dealloc(p->dev, p->mb[i].dout);
+        }
         cai_device_dealloc(p->dev, p->mb[i].out);
-        cai_device_dealloc(p->dev, p->mb[i].dout);
         cai_device_dealloc(p->dev, p->mb[i].din);
     }
+    free_window(p);
     cai_free(p->mb);
     p->mb = NULL;
     p->mb_cap = 0;
@@ -122,19 +176,46 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
     if (p->mb) memcpy(nb, p->mb, (size_t)p->mb_cap * sizeof *nb);
     cai_free(p->mb);
     p->mb = nb;
-    for (int i = p->mb_cap; i < n; i++) {
+    if (p->shm) CAI_CALL(alloc_window(p, n));
+    for (int i = 0; i < n; i++) {
         mb_bufs *b = &p->mb[i];
         const chunk_info *c = &p->chunk[i % p->n_chunks];
+        if (p->shm) {
+            b->in = c->first ? NULL : p->peer_base[p->rank] + 2 * (size_t)i * p->win_stride;
+            b->dout = c->last ? NULL : p->peer_base[p->rank] + (2 * (size_t)i + 1) * p->win_stride;
+        }
+        if (i < p->mb_cap) continue;
         p->mb_cap = i + 1;
         if (!c->first) {
-            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
+            if (!p->shm) CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline input gradient", (void **)&b->din));
         }
         if (!c->last) {
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage output", (void **)&b->out));
-            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
+            if (!p->shm)
+                CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
         }
     }
+    return CAI_OK;
+}
+
+/* Whether every pp rank shares this rank's node, agreed over pp; sets up
+ * the node group when they do. Collective over the pp axis. */
+static cai_status setup_shm(cai_pipeline_t *p) {
+    const char *mode = NULL;
+    CAI_CALL(cai_knob_str("CAI_PP_HOST_TRANSPORT", &mode));
+    MPI_Comm pp_comm = cai_mesh_comm(p->mesh, CAI_AXIS_PP);
+    int local = 0;
+    p->node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(pp_comm, MPI_COMM_TYPE_SHARED, p->rank, MPI_INFO_NULL, &p->node) == MPI_SUCCESS) {
+        int size = 0;
+        MPI_Comm_size(p->node, &size);
+        local = size == p->spec.pp;
+    }
+    int all = local && p->prepost && strcmp(mode, "shm") == 0;
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &all, &all, 1, CAI_DTYPE_I32, CAI_RED_MIN));
+    p->shm = all;
+    if (!p->shm && p->node != MPI_COMM_NULL) MPI_Comm_free(&p->node);
     return CAI_OK;
 }
 
@@ -244,6 +325,7 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
      * receive first would block the sends behind them, so only MPI's
      * host messages are preposted and progressed from the hook */
     p->prepost = p->dev->kind == CAI_DEVICE_HOST;
+    CAI_CALL_GOTO(setup_shm(p), st, fail);
     CAI_CALL_GOTO(cai_model_add_hook(m, progress_hook, p), st, fail);
     *out = p;
     return CAI_OK;
@@ -263,12 +345,15 @@ void cai_pipeline_free(cai_pipeline_t *p) {
     cai_free(p->recv_st);
     if (p->model) (void)cai_model_remove_hook(p->model, progress_hook, p);
     free_bufs(p);
+    if (p->node != MPI_COMM_NULL && p->node) MPI_Comm_free(&p->node);
+    cai_free(p->note_in);
     cai_free(p->slot_owner);
     for (int i = 0; i < p->n_ties; i++) {
         cai_free(p->tie[i].tmp);
         cai_free(p->tie[i].own);
     }
     cai_free(p->ev);
+    free(p->steps);
     cai_pp_schedule_free(p->sched);
     cai_free(p);
 }
@@ -329,13 +414,36 @@ static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, i
     return progress(p);
 }
 
-/* Post the receive of action i of the list (the RECV's buffer). */
+/* Post the receive of action i of the list (the RECV's buffer, or its
+ * note when the peer copies the data itself). */
 static cai_status post_recv(cai_pipeline_t *p, const cai_pp_action *a, int i) {
     const int k = a->mb * p->n_chunks + a->chunk;
     const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
     char *buf = a->op == CAI_PP_RECV_ACT ? p->mb[k].in : p->mb[k].dout;
     p->recv_st[i] = CAI_OK;
+    if (p->shm) return cai_irecv(p->mesh, CAI_AXIS_PP, &p->note_in[i], 1, CAI_DTYPE_I32, a->peer, tag, &p->recv[i]);
     return cai_irecv(p->mesh, CAI_AXIS_PP, buf + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &p->recv[i]);
+}
+
+/* SEND action a of this rank's chunk: the tensor (this rank's wire piece)
+ * as the message, or copied into the peer's receive buffer and noted. */
+static cai_status post_send(cai_pipeline_t *p, const cai_pp_action *a) {
+    const int k = a->mb * p->n_chunks + a->chunk, act = a->op == CAI_PP_SEND_ACT;
+    const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
+    const char *src = act ? p->mb[k].out : p->mb[k].din;
+    cai_request_t *req = NULL;
+    if (p->shm) {
+        int peer = -1, c = -1;
+        cai_pp_stage_owner(&p->spec, p->chunk[a->chunk].stage + (act ? 1 : -1), &peer, &c);
+        const size_t at = (2 * (size_t)(a->mb * p->n_chunks + c) + (act ? 0 : 1)) * p->win_stride + p->wire_off;
+        memcpy(p->peer_base[peer] + at, src + p->wire_off, p->wire_count * cai_dtype_size(p->act_dtype));
+        MPI_Win_sync(p->win); /* the copy is visible before the note arrives */
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, &p->note_out, 1, CAI_DTYPE_I32, a->peer, tag, &req));
+    } else {
+        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, src + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &req));
+    }
+    CAI_CALL(add_send(p, req));
+    return p->prepost ? progress(p) : CAI_OK;
 }
 
 /* The tp ranks' pieces of a received tensor, whole on every one of them. */
@@ -404,7 +512,6 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
     cai_model_t *m = p->model;
     const int mb = a->mb, k = mb * p->n_chunks + a->chunk;
     const chunk_info *c = &p->chunk[a->chunk];
-    const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
     cai_request_t *req = NULL;
     switch (a->op) {
     case CAI_PP_RECV_ACT:
@@ -416,17 +523,10 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
             p->recv_st[i] = cai_wait(req);
         }
         CAI_CALL(p->recv_st[i]);
+        if (p->shm) MPI_Win_sync(p->win); /* the peer's copy, noted */
         return join_pieces(p, a);
     case CAI_PP_SEND_ACT:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].out + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag,
-                           &req));
-        CAI_CALL(add_send(p, req));
-        return p->prepost ? progress(p) : CAI_OK;
-    case CAI_PP_SEND_GRAD:
-        CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, p->mb[k].din + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag,
-                           &req));
-        CAI_CALL(add_send(p, req));
-        return p->prepost ? progress(p) : CAI_OK;
+    case CAI_PP_SEND_GRAD: return post_send(p, a);
     case CAI_PP_FORWARD: {
         float l = 0.0f;
         CAI_CALL(chunk_forward(p, r, mb, a->chunk, &l));
@@ -591,6 +691,9 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         p->n_recv_cap = 0;
         CAI_CALL(cai_calloc((void **)&p->recv, (size_t)n, sizeof *p->recv, "pipeline receives"));
         CAI_CALL(cai_calloc((void **)&p->recv_st, (size_t)n, sizeof *p->recv_st, "pipeline receive states"));
+        cai_free(p->note_in);
+        p->note_in = NULL;
+        CAI_CALL(cai_calloc((void **)&p->note_in, (size_t)n, sizeof *p->note_in, "pipeline receive notes"));
         p->n_recv_cap = n;
     }
     for (int i = 0; i < p->n_recv_cap; i++) p->recv[i] = NULL;
@@ -635,6 +738,22 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     cai_status fs = finish_sends(p);
     CAI_CALL(st);
     CAI_CALL(fs);
+    if (p->tracing) {
+        if (p->n_steps == p->cap_steps) {
+            const int cap = p->cap_steps ? 2 * p->cap_steps : 16;
+            double *grown = realloc(p->steps, (size_t)cap * 3 * sizeof *grown);
+            if (!grown) return CAI_ERROR(CAI_ERR_NOMEM, "pipeline trace: %d steps", cap);
+            p->steps = grown;
+            p->cap_steps = cap;
+        }
+        double *s = p->steps + 3 * p->n_steps++;
+        s[0] = p->n_ev ? p->ev[3] : 0;
+        s[1] = s[2] = 0;
+        for (int e = 0; e < p->n_ev; e++) {
+            s[1] = fmax(s[1], p->ev[5 * e + 4]);
+            s[2] += p->ev[5 * e + 4] - p->ev[5 * e + 3];
+        }
+    }
     CAI_CALL(reduce_ties(p));
     /* the data-parallel replicas of this stage average their gradients */
     if (p->zero) {
@@ -733,10 +852,51 @@ cai_status cai_pipeline_set_zero(cai_pipeline_t *p, cai_zero_t *z) {
 cai_zero_t *cai_pipeline_zero(const cai_pipeline_t *p) { return p ? p->zero : NULL; }
 
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on) {
-    if (p) p->tracing = on != 0;
+    if (!p) return;
+    if (on && !p->tracing) p->n_steps = 0;
+    p->tracing = on != 0;
 }
 
-cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted) {
+/* 1 - busy / (pp x span) summed over the traced steps after the first (the
+ * first alone when it is the only one): the first step pays the page
+ * faults of buffers touched for the first time. Collective over pp. */
+static cai_status steady_bubble(cai_pipeline_t *p, double *bubble) {
+    const int pp = p->spec.pp, n = p->n_steps;
+    int lo = n, hi = n;
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &lo, &lo, 1, CAI_DTYPE_I32, CAI_RED_MIN));
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &hi, &hi, 1, CAI_DTYPE_I32, CAI_RED_MAX));
+    if (lo != hi || n == 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "pipeline trace: the pp ranks traced %d to %d steps", lo, hi);
+    double *all = NULL;
+    CAI_CALL(cai_calloc((void **)&all, (size_t)pp * (size_t)n * 3, sizeof *all, "pipeline step trace"));
+    cai_status st = cai_all_gather(p->mesh, CAI_AXIS_PP, p->steps, all, (size_t)n * 3, CAI_DTYPE_F64);
+    double busy = 0, span = 0;
+    for (int s = n > 1 ? 1 : 0; st == CAI_OK && s < n; s++) {
+        double first = 0, last = 0;
+        for (int r = 0; r < pp; r++) {
+            const double *e = all + ((size_t)r * n + s) * 3;
+            first = r == 0 || e[0] < first ? e[0] : first;
+            last = fmax(last, e[1]);
+            busy += e[2];
+        }
+        span += (double)pp * (last - first);
+    }
+    cai_free(all);
+    CAI_CALL(st);
+    *bubble = span > 0 ? 1.0 - busy / span : 0.0;
+    return CAI_OK;
+}
+
+int cai_pipeline_traced_steps(const cai_pipeline_t *p) { return p ? p->n_steps : 0; }
+
+const char *cai_pipeline_transport(const cai_pipeline_t *p) {
+    if (!p) return "?";
+    if (p->shm) return "node-shared memory";
+    return p->dev->kind == CAI_DEVICE_HOST ? "MPI messages" : "device point-to-point";
+}
+
+cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted,
+                              double *predicted_measured) {
     CAI_CHECK_ARG(p, "cai_pipeline_trace: NULL pipeline");
     CAI_CHECK_ARG(p->tracing && p->sched, "cai_pipeline_trace: no traced step (cai_pipeline_set_trace, then a step)");
     const int pp = p->spec.pp;
@@ -760,14 +920,18 @@ cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measu
     CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, all + (size_t)p->rank * most * 5, all, (size_t)most * 5,
                                  CAI_DTYPE_F64),
                   st, done);
-    double busy = 0, lo = 0, hi = 0;
-    int first = 1;
     CAI_CALL_GOTO(cai_calloc((void **)&evs, (size_t)total + 1, sizeof *evs, "pipeline trace events"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&names, (size_t)total + 1, sizeof *names, "pipeline trace names"), st, done);
     int k = 0;
+    double sum[CAI_PP_OP_COUNT] = {0}, n_op[CAI_PP_OP_COUNT] = {0};
     for (int r = 0; r < pp; r++)
         for (int i = 0; i < counts[r]; i++, k++) {
             const double *e = all + ((size_t)r * most + i) * 5;
+            const int op = (int)e[0];
+            if (op >= 0 && op < CAI_PP_OP_COUNT) {
+                sum[op] += e[4] - e[3];
+                n_op[op] += 1;
+            }
             const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = (int)e[2], .peer = -1};
             cai_pp_action_label(&a, p->n_chunks, names[k], sizeof names[k]);
             evs[k] = (cai_pp_trace_event){.rank = r,
@@ -777,16 +941,27 @@ cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measu
                                           .end = e[4],
                                           .mb = a.mb,
                                           .chunk = p->n_chunks > 1 ? a.chunk : -1};
-            busy += e[4] - e[3];
-            if (first || e[3] < lo) lo = e[3];
-            if (first || e[4] > hi) hi = e[4];
-            first = 0;
         }
-    if (measured) *measured = hi > lo ? 1.0 - busy / ((double)pp * (hi - lo)) : 0.0;
+    double bubble = 0;
+    CAI_CALL_GOTO(steady_bubble(p, &bubble), st, done);
+    if (measured) *measured = bubble;
     if (predicted) {
         cai_pp_stats ps;
         CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, NULL, &ps), st, done);
         *predicted = ps.bubble;
+    }
+    if (predicted_measured) {
+        /* the schedule at the step's mean compute times (a fused backward
+         * costs b + w), no transfer time: what the executor adds is the gap */
+#define MEAN(op) (n_op[op] > 0 ? sum[op] / n_op[op] : 0.0)
+        cai_pp_costs c = {.f = MEAN(CAI_PP_FORWARD),
+                          .b = n_op[CAI_PP_BACKWARD] > 0 ? MEAN(CAI_PP_BACKWARD) : MEAN(CAI_PP_BACKWARD_INPUT),
+                          .w = MEAN(CAI_PP_BACKWARD_WEIGHT),
+                          .comm = 0};
+#undef MEAN
+        cai_pp_stats ps;
+        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, c.f > 0 ? &c : NULL, &ps), st, done);
+        *predicted_measured = ps.bubble;
     }
     if (path && p->rank == 0) CAI_CALL_GOTO(cai_pp_write_chrome_trace(path, evs, (size_t)total), st, done);
 done:

@@ -34,34 +34,41 @@ expect_ok
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --run.dir "$TMP/b"
 expect_ok
-expect_grep out "^pipeline: 1f1b over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble 20.0% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight$"
+expect_grep out "^pipeline: 1f1b over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble 20.0% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight; boundaries over node-shared memory$"
+# the boundaries as MPI messages instead of node-shared memory: the same numbers
+export CAI_PP_HOST_TRANSPORT=mpi
+# shellcheck disable=SC2086
+run_np 2 $TINY $PP $STEPS --mesh.pp 2 --run.dir "$TMP/m"
+unset CAI_PP_HOST_TRANSPORT
+expect_ok
+expect_grep out "^pipeline: 1f1b .*; boundaries over MPI messages$"
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule gpipe --run.dir "$TMP/c" --pp.trace "$TMP/c.json"
 expect_ok
-expect_grep out "^pipeline trace: $TMP/c.json \(the last step\): bubble [0-9.]+% measured, 20.0% by the schedule"
+expect_grep out "^pipeline trace: $TMP/c.json \(the last step's timeline\): bubble [0-9.]+% measured over 11 steps after the first, 20.0% by the schedule \([0-9.]+% at the measured compute times\)$"
 # the measured timeline: one forward and one backward per microbatch and stage, in Chrome's format
 check_trace "$TMP/c.json" FB 1
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule interleaved --run.dir "$TMP/h" --pp.trace "$TMP/h.json"
 expect_ok
-expect_grep out "^pipeline: interleaved over pp 2 x 2 chunks, .* bubble 11.1% by the schedule; rank 0 holds layers \[0, 1\) \[2, 3\); activation slots 5 of the 5 in flight$"
+expect_grep out "^pipeline: interleaved over pp 2 x 2 chunks, .* bubble 11.1% by the schedule; rank 0 holds layers \[0, 1\) \[2, 3\); activation slots 5 of the 5 in flight; boundaries over node-shared memory$"
 check_trace "$TMP/h.json" FB 2
 # zero bubble: each backward an input pass (B) and a later weight pass (W)
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-h1 --run.dir "$TMP/z" --pp.trace "$TMP/z.json"
 expect_ok
-expect_grep out "^pipeline: zb-h1 over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble [0-9.]+% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight$"
+expect_grep out "^pipeline: zb-h1 over pp 2 x 1 chunk, 4 microbatches a step \(train.grad_accum\), bubble 7.7% by the schedule; rank 0 holds layers \[0, 2\); activation slots 2 of the 2 in flight; boundaries over node-shared memory$"
 check_trace "$TMP/z.json" FBW 1
 # zb-v: two chunks per rank in a V (rank 0 holds the first and the last layer)
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule zb-v --run.dir "$TMP/v" --pp.trace "$TMP/v.json"
 expect_ok
-expect_grep out "^pipeline: zb-v over pp 2 x 2 chunks, .* rank 0 holds layers \[0, 1\) \[3, 4\); activation slots [0-9]+ of the [0-9]+ in flight$"
+expect_grep out "^pipeline: zb-v over pp 2 x 2 chunks, .* bubble 4.0% by the schedule; rank 0 holds layers \[0, 1\) \[3, 4\); activation slots [0-9]+ of the [0-9]+ in flight; boundaries over node-shared memory$"
 check_trace "$TMP/v.json" FBW 2
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.layers 1,3 --pp.act_slots 1 --run.dir "$TMP/k"
 expect_ok
-expect_grep out "rank 0 holds layers \[0, 1\); activation slots 1 of the 2 in flight \(the others recompute their forward\)$"
+expect_grep out "rank 0 holds layers \[0, 1\); activation slots 1 of the 2 in flight \(the others recompute their forward\); boundaries over node-shared memory$"
 # shellcheck disable=SC2086
 run_np 4 $TINY $PP $STEPS --mesh.pp 4 --run.dir "$TMP/d"
 expect_ok
@@ -77,7 +84,7 @@ expect_ok
 run_np 4 $TINY $PP $STEPS --mesh.pp 2 --mesh.tp 2 --run.dir "$TMP/g"
 expect_ok
 expect_grep out "tp=2 pp=2 dp=1"
-for run in b c h z v k d f j g; do
+for run in b m c h z v k d f j g; do
     compare train loss $run 12
     compare train grad_norm $run 12
     compare eval val_loss $run 2

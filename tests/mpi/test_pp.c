@@ -151,13 +151,14 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
     }
     /* the last step's measured timeline against the schedule's prediction */
     double measured = -1, predicted = -1, formula = 0;
-    CAI_CALL_GOTO(cai_pipeline_trace(pipe, NULL, &measured, &predicted), st, done);
+    double at_costs = -1;
+    CAI_CALL_GOTO(cai_pipeline_trace(pipe, NULL, &measured, &predicted, &at_costs), st, done);
     /* zero bubble has no textbook formula: it must beat 1f1b's */
     const cai_pp_spec ofb = {.pp = pp, .virtual_stages = 1, .microbatches = micro, .style = CAI_PP_1F1B};
     const int textbook = cai_pp_bubble_formula(&spec, &formula, NULL);
     if (!textbook) cai_pp_bubble_formula(&ofb, &formula, NULL);
     if (!(textbook ? fabs(predicted - formula) < 1e-12 : predicted >= 0 && predicted < formula) ||
-        !(measured >= 0 && measured < 1)) {
+        !(measured >= 0 && measured < 1) || !(at_costs >= 0 && at_costs < 1)) {
         st = CAI_ERROR(CAI_ERR_INTERNAL, "trace: bubble %g measured, %g predicted, %g by the formula", measured,
                        predicted, formula);
         goto done;

@@ -409,13 +409,23 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
  * with their start and end (the device synchronised after each, which
  * costs the overlap it would have had). Not collective. */
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
-/* The last traced step: *measured = 1 - busy / (pp x span) over every
- * stage's actions (stage clocks aligned by a barrier at the step's start),
- * *predicted = the schedule's simulated bubble at equal unit costs (either
- * may be NULL); path (may be NULL): pp rank 0 writes the Chrome trace
- * (cai_pp_write_chrome_trace's format, one row per stage). Collective over
- * CAI_AXIS_PP. */
-cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted);
+/* *measured = 1 - busy / (pp x span) of every stage's actions (stage
+ * clocks aligned by a barrier at each step's start), summed over the traced
+ * steps after the first (which pays first-touch page faults; the first
+ * alone when it is the only one), *predicted = the schedule's simulated
+ * bubble at equal unit costs, *predicted_measured = the same at the last
+ * step's mean forward, backward (input pass) and weight pass times and no
+ * transfer time (any output may be NULL); path (may be NULL): pp rank 0
+ * writes the last traced step's Chrome trace (cai_pp_write_chrome_trace's
+ * format, one row per stage). Collective over CAI_AXIS_PP. */
+cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted,
+                              double *predicted_measured);
+/* Steps traced since cai_pipeline_set_trace turned tracing on. */
+int cai_pipeline_traced_steps(const cai_pipeline_t *p);
+/* How stage boundaries travel: "node-shared memory" (host, every pp rank on
+ * this node, CAI_PP_HOST_TRANSPORT=shm), "MPI messages" or "device
+ * point-to-point". */
+const char *cai_pipeline_transport(const cai_pipeline_t *p);
 /* The most (microbatch, chunk) forwards whose backward (split: weight pass) is still to run on
  * pipeline rank `rank` under `spec`: the activation slots that spare it any
  * recompute. Not collective. */
