@@ -127,7 +127,7 @@ static const cai_config_field k_fields[] = {
       "--plan: layers of the measured model (a pipeline stage's count measures its memory traffic too)", 1, 1024),
     F("plan.top", CAI_CFG_INT, top, "0", NULL, "--plan: rows printed besides those that do not divide (0: all)", 0,
       BIG),
-    F("plan.pp_schedules", CAI_CFG_STRING, pp_styles, "gpipe,1f1b,interleaved", NULL,
+    F("plan.pp_schedules", CAI_CFG_STRING, pp_styles, "gpipe,1f1b,interleaved,zb-h1,zb-v", NULL,
       "--plan: schedules colossal-pretrain runs under pp (the others are listed as not run)", CAI_CFG_NO_RANGE),
     F("plan.pp_zero", CAI_CFG_INT, pp_zero, "1", NULL, "--plan: highest ZeRO stage colossal-pretrain runs under pp", 0,
       3),

@@ -16,7 +16,8 @@ void cai_plan_request_init(cai_plan_request *r) {
     r->ranks_per_node = 1;
     r->cores = 1;
     r->max_virtual = 4;
-    r->run_styles = 1u << CAI_PP_GPIPE | 1u << CAI_PP_1F1B | 1u << CAI_PP_INTERLEAVED;
+    r->run_styles =
+        1u << CAI_PP_GPIPE | 1u << CAI_PP_1F1B | 1u << CAI_PP_INTERLEAVED | 1u << CAI_PP_ZB_H1 | 1u << CAI_PP_ZB_V;
     r->run_pp_zero = 1;
     r->costs.tokens = 1;
     r->costs.concurrency = 1;
@@ -86,6 +87,32 @@ static cai_status passes(cai_model_t *m, const int32_t *tok, size_t n, int iters
     return cai_device_sync(cai_model_device(m));
 }
 
+/* `iters` rounds of PLAN_STASH forwards, their input passes, then their
+ * weight passes (a split backward, as zb-h1 and zb-v run it): the seconds
+ * the weight passes take a round. */
+static cai_status split_passes(cai_model_t *m, const int32_t *tok, size_t n, int iters, double *weight) {
+    *weight = 0;
+    for (int it = 0; it < iters; it++) {
+        for (int k = 0; k < PLAN_STASH; k++) {
+            CAI_CALL(cai_model_select(m, 0, k));
+            CAI_CALL(cai_model_forward_train(m, tok, tok + n, 1.0f, NULL));
+        }
+        for (int k = 0; k < PLAN_STASH; k++) {
+            CAI_CALL(cai_model_select(m, 0, k));
+            CAI_CALL(cai_model_backward_input(m, 1.0f));
+        }
+        CAI_CALL(cai_device_sync(cai_model_device(m)));
+        const double t0 = cai_time_now();
+        for (int k = 0; k < PLAN_STASH; k++) {
+            CAI_CALL(cai_model_select(m, 0, k));
+            CAI_CALL(cai_model_backward_weight(m));
+        }
+        CAI_CALL(cai_device_sync(cai_model_device(m)));
+        *weight += cai_time_now() - t0;
+    }
+    return CAI_OK;
+}
+
 /* Even world ranks run passes while odd ones wait for a message from them
  * in the same wait loop a pipeline rank idles in: the seconds per pass of
  * the computing half, averaged over the world. */
@@ -129,6 +156,7 @@ cai_status cai_plan_measure_compute(cai_device_t *dev, cai_mesh_t *mesh, const c
     mo.batch = micro_batch;
     mo.seq_len = seq_len;
     mo.act_slots = PLAN_STASH;
+    mo.split_backward = 1;
     const size_t n = (size_t)micro_batch * (size_t)seq_len;
     int32_t *tok = NULL;
     cai_model_t *m = NULL;
@@ -153,26 +181,31 @@ cai_status cai_plan_measure_compute(cai_device_t *dev, cai_mesh_t *mesh, const c
     CAI_CALL_GOTO(passes(m, tok, n, iters), st, done);
     out->pass_all = (cai_time_now() - t_all) / iters / PLAN_STASH;
     out->pass_half = 0;
+    CAI_CALL_GOTO(cai_model_remove_hook(m, clock_hook, &clk), st, done);
     if (mesh && cai_mesh_size(mesh, CAI_AXIS_WORLD) >= 2) {
-        CAI_CALL_GOTO(cai_model_remove_hook(m, clock_hook, &clk), st, done);
         CAI_CALL_GOTO(time_half_waiting(mesh, m, tok, n, iters, &out->pass_half), st, done);
         double a = out->pass_all;
         CAI_CALL_GOTO(cai_allreduce(mesh, CAI_AXIS_WORLD, &a, &a, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
         out->pass_all = a;
     }
     if (mesh) CAI_CALL_GOTO(cai_barrier(mesh, CAI_AXIS_WORLD), st, done);
+    double weight = 0;
+    CAI_CALL_GOTO(split_passes(m, tok, n, iters, &weight), st, done);
+    if (mesh) CAI_CALL_GOTO(cai_barrier(mesh, CAI_AXIS_WORLD), st, done);
     CAI_CALL_GOTO(time_adamw(dev, m, iters, &out->adamw), st, done);
     const double per = (double)iters * PLAN_STASH;
-    double t[5] = {clk.fwd[0] / per / layers, clk.bwd[0] / per / layers, clk.fwd[1] / per, clk.bwd[1] / per,
-                   out->adamw};
+    double t[6] = {clk.fwd[0] / per / layers, clk.bwd[0] / per / layers, clk.fwd[1] / per, clk.bwd[1] / per, out->adamw,
+                   weight / per / layers};
     if (mesh) {
-        CAI_CALL_GOTO(cai_allreduce(mesh, CAI_AXIS_WORLD, t, t, 5, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
+        CAI_CALL_GOTO(cai_allreduce(mesh, CAI_AXIS_WORLD, t, t, 6, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
     }
     out->block_f = t[0];
     out->block_b = t[1];
     out->head_f = t[2];
     out->head_b = t[3];
     out->adamw = t[4];
+    /* the weight pass's share, at most the fused backward it is part of */
+    out->block_w = fmin(t[5], 0.9 * t[1]);
     out->tokens = (int)n;
 done:
     cai_model_free(m);
@@ -225,12 +258,15 @@ static double wait_share(const cai_plan_costs *k, double slots) {
 /* Forward and backward of every global stage (its layers, the head on the
  * last), tp collectives included (tp_f, tp_b of them), uncontended. */
 static void stage_costs(const cai_plan_request *q, const model_facts *mf, const cai_plan_entry *e, double alone,
-                        double *f, double *b, double *tp_f, double *tp_b) {
+                        double *f, double *b, double *w, double *tp_f, double *tp_b) {
     const cai_plan_costs *k = &q->costs;
     const double scale = (double)e->micro_batch * q->seq_len / k->tokens / alone;
     const int S = e->pp * e->virtual_stages, L = mf->n_layers / S;
     const double bf = k->block_f * scale / e->tp, bb = k->block_b * scale / e->tp;
     const double hf = k->head_f * scale / e->tp, hb = k->head_b * scale / e->tp;
+    /* a split backward: the blocks' weight passes apart (the head's stay in the input pass) */
+    const int split = e->pp > 1 && (e->style == CAI_PP_ZB_H1 || e->style == CAI_PP_ZB_V);
+    const double bw = split ? k->block_w * scale / e->tp : 0;
     /* Megatron's per block: 2 all-reduces of [B,T,C] forward, 2 backward, 2
      * more in the checkpointed re-forward; the embedding 1 forward. */
     const double ar = coll_time(k, e->tp, 2.0, (double)e->micro_batch * q->seq_len * mf->d_model * 4.0);
@@ -240,18 +276,21 @@ static void stage_costs(const cai_plan_request *q, const model_facts *mf, const 
         tp_b[st] = L * (2 + (e->ckpt ? 2 : 0)) * ar;
         f[st] = L * bf + (last ? hf : 0) + tp_f[st];
         b[st] = L * (bb + (e->ckpt ? bf : 0)) + (last ? hb : 0) + tp_b[st];
+        w[st] = L * bw;
     }
 }
 
 /* The schedule run with every rank's own stage costs on `cap` processors
  * shared by the ranks that have work (processor sharing: each of n such
  * ranks runs at min(1, cap / (n + wait x the others)) of its own speed; a
- * rank waiting in MPI polls, taking `wait` of a rank's share). A message moves only
- * while its sender is inside MPI (host MPI has no progress thread; the
- * executor tests its messages between layers, which moves a fragment of a
- * large one): it arrives `comm` after the sender ends its next compute,
- * waits for a message of its own, or ends its list. *makespan: the end of
- * the last compute. The lists were checked by cai_pp_schedule_check, so a
+ * rank waiting in MPI polls, taking `wait` of a rank's share). Between
+ * ranks of one node (`shared`: the executor's node-shared boundaries) the
+ * sender copies the tensor at its SEND and it arrives `comm` later;
+ * otherwise a message moves only while its sender is inside MPI (host MPI
+ * has no progress thread; the executor tests its messages between layers,
+ * which moves a fragment of a large one): it arrives `comm` after the
+ * sender ends its next compute, waits for a message of its own, or ends its
+ * list. *makespan: the end of the last compute. The lists were checked by cai_pp_schedule_check, so a
  * rank that waits always has a message coming. */
 /* Rank r's sends still moving arrive at `when`; 1 when there were any. */
 static int deliver(int *sender, double *arrive, int n_tags, int r, double when) {
@@ -265,8 +304,8 @@ static int deliver(int *sender, double *arrive, int n_tags, int r, double when) 
     return any;
 }
 
-static cai_status shared_makespan(const cai_pp_schedule *s, const double *f, const double *b, double comm, double cap,
-                                  double wait, double *makespan) {
+static cai_status shared_makespan(const cai_pp_schedule *s, const double *f, const double *b, const double *w,
+                                  double comm, int shared, double cap, double wait, double *makespan) {
     const cai_pp_spec *sp = cai_pp_schedule_spec(s);
     const int P = sp->pp, n_tags = 2 * sp->microbatches * sp->pp * sp->virtual_stages;
     int *pos = NULL, *sender = NULL;
@@ -288,7 +327,8 @@ static cai_status shared_makespan(const cai_pp_schedule *s, const double *f, con
                 while (pos[r] < cai_pp_schedule_len(s, r)) {
                     const cai_pp_action *a = &list[pos[r]];
                     if (a->op == CAI_PP_SEND_ACT || a->op == CAI_PP_SEND_GRAD) {
-                        sender[cai_pp_action_tag(sp, r, a)] = r + 1;
+                        if (shared) arrive[cai_pp_action_tag(sp, r, a)] = now + comm;
+                        else sender[cai_pp_action_tag(sp, r, a)] = r + 1;
                     } else if (a->op == CAI_PP_RECV_ACT || a->op == CAI_PP_RECV_GRAD) {
                         const double t = arrive[cai_pp_action_tag(sp, r, a)];
                         if (t < 0 || t > now) {
@@ -298,7 +338,10 @@ static cai_status shared_makespan(const cai_pp_schedule *s, const double *f, con
                     } else {
                         if (rem[r] < 0) {
                             const int stage = cai_pp_stage_of(sp, r, a->chunk);
-                            rem[r] = a->op == CAI_PP_FORWARD ? f[stage] : b[stage];
+                            rem[r] = a->op == CAI_PP_FORWARD           ? f[stage]
+                                     : a->op == CAI_PP_BACKWARD_WEIGHT ? w[stage]
+                                     : a->op == CAI_PP_BACKWARD_INPUT  ? b[stage] - w[stage]
+                                                                       : b[stage];
                         }
                         break;
                     }
@@ -385,6 +428,7 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
     r.zero.stage = e->zero;
     r.dev = q->dev;
     r.pp_microbatches = e->pp > 1 ? e->microbatches : 0;
+    r.pp_split = e->pp > 1 && (e->style == CAI_PP_ZB_H1 || e->style == CAI_PP_ZB_V);
     double elems = 0;
     e->bytes = 0;
     /* The first and the last pipeline rank: a middle one holds as many
@@ -395,6 +439,7 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
         r.view.pp_size = e->pp;
         r.view.pp_rank = rank;
         r.view.pp_chunks = e->virtual_stages;
+        r.view.pp_vshape = e->pp > 1 && e->style == CAI_PP_ZB_V;
         r.pp_inflight = e->pp > 1 ? cai_pp_schedule_peak_inflight(s, rank) : 1;
         cai_mem_plan p;
         CAI_CALL_GOTO(cai_mem_plan_compute(&r, &p), st, done);
@@ -417,15 +462,17 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
     const double w = wait_share(k, slots);
     const int S = e->pp * e->virtual_stages;
     double *f = NULL;
-    CAI_CALL_GOTO(cai_malloc((void **)&f, 4 * (size_t)S * sizeof *f, "plan stage costs"), st, done);
-    double *b = f + S, *tp_f = b + S, *tp_b = tp_f + S;
-    stage_costs(q, mf, e, alone, f, b, tp_f, tp_b);
+    CAI_CALL_GOTO(cai_malloc((void **)&f, 5 * (size_t)S * sizeof *f, "plan stage costs"), st, done);
+    double *b = f + S, *wp = b + S, *tp_f = wp + S, *tp_b = tp_f + S;
+    stage_costs(q, mf, e, alone, f, b, wp, tp_f, tp_b);
     const double act_bytes = (double)e->micro_batch * q->seq_len * mf->d_model * 4.0;
     const double comm = e->pp > 1 ? k->latency + act_bytes / k->bandwidth : 0;
-    cai_pp_costs pc = {f[S - 1], b[S - 1], 0, comm};
+    cai_pp_costs pc = {f[S - 1], b[S - 1] - wp[S - 1], wp[S - 1], comm};
     double span = 0;
     st = cai_pp_schedule_check(s, &pc, NULL);
-    if (st == CAI_OK) st = shared_makespan(s, f, b, comm, slots * e->pp / q->ranks_per_node, w, &span);
+    /* the mesh puts pp outermost: its ranks share a node when the whole job does */
+    const int shared = q->ranks_per_node >= q->np;
+    if (st == CAI_OK) st = shared_makespan(s, f, b, wp, comm, shared, slots * e->pp / q->ranks_per_node, w, &span);
     /* The busiest rank's own compute and collectives. */
     e->t_work = e->t_tp = 0;
     for (int rank = 0; rank < e->pp && st == CAI_OK; rank++) {
@@ -527,15 +574,18 @@ static cai_status add_layout(const cai_plan_request *q, const model_facts *mf, c
 static cai_status add_shapes(const cai_plan_request *q, const model_facts *mf, int dp, int tp, int pp, int mb,
                              entry_list *l) {
     const int m = q->global_batch / (dp * mb);
-    cai_pp_style styles[] = {CAI_PP_1F1B, CAI_PP_GPIPE, CAI_PP_INTERLEAVED};
-    const int n_styles = pp > 1 ? 3 : 1;
+    cai_pp_style styles[] = {CAI_PP_1F1B, CAI_PP_GPIPE, CAI_PP_INTERLEAVED, CAI_PP_ZB_H1, CAI_PP_ZB_V};
+    const int n_styles = pp > 1 ? 5 : 1;
     for (int si = 0; si < n_styles; si++) {
-        const int vmax = styles[si] == CAI_PP_INTERLEAVED ? q->max_virtual : 1;
-        for (int v = styles[si] == CAI_PP_INTERLEAVED ? 2 : 1; v <= vmax; v++) {
+        const int vmin = cai_pp_style_default_virtual(styles[si]);
+        const int vmax = styles[si] == CAI_PP_INTERLEAVED ? q->max_virtual : vmin;
+        /* a split backward's weight passes read every layer's activations: no recompute */
+        const int zb = styles[si] == CAI_PP_ZB_H1 || styles[si] == CAI_PP_ZB_V;
+        for (int v = vmin; v <= vmax; v++) {
             if (mf->n_layers % (pp * v)) continue;
             if (styles[si] == CAI_PP_INTERLEAVED && m % pp) continue;
             for (int z = 0; z <= (dp > 1 ? 3 : 0); z++) {
-                for (int ck = 0; ck <= 1; ck++) {
+                for (int ck = 0; ck <= (zb ? 0 : 1); ck++) {
                     cai_plan_entry e;
                     memset(&e, 0, sizeof e);
                     e.dp = dp;
@@ -714,10 +764,10 @@ void cai_plan_print(const cai_plan_request *q, const cai_plan_entry *e, int n, i
     if (q->mem_limit) fprintf(out, "%.1f MiB per rank", q->mem_limit / 1048576.0);
     fprintf(out, "\n");
     fprintf(out,
-            "costs: block forward %.4f s, backward %.4f s; embedding+head forward %.4f s, backward %.4f s; at %d "
-            "tokens; AdamW %.3f ns per parameter; measured with %d rank%s x %d thread%s computing on %d core%s; "
-            "planned: %d rank%s per node\n",
-            k->block_f, k->block_b, k->head_f, k->head_b, k->tokens, k->adamw * 1e9, k->concurrency,
+            "costs: block forward %.4f s, backward %.4f s (split: weight pass %.4f s); embedding+head forward %.4f "
+            "s, backward %.4f s; at %d tokens; AdamW %.3f ns per parameter; measured with %d rank%s x %d thread%s "
+            "computing on %d core%s; planned: %d rank%s per node\n",
+            k->block_f, k->block_b, k->block_w, k->head_f, k->head_b, k->tokens, k->adamw * 1e9, k->concurrency,
             k->concurrency == 1 ? "" : "s", k->threads, k->threads == 1 ? "" : "s", q->cores, q->cores == 1 ? "" : "s",
             q->ranks_per_node, q->ranks_per_node == 1 ? "" : "s");
     fprintf(out,

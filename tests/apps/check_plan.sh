@@ -31,7 +31,9 @@ check_rows() {
         if (dp * m * b != 8) { print "batch does not divide: " $0; bad = 1 }
         if (lim > 0 && (v == "fits" || v == "not-run") && mib > lim) { print "over the limit but " v ": " $0; bad = 1 }
         if (v == "over-memory" && !(lim > 0 && mib > lim - 0.05)) { print "within the limit but refused: " $0; bad = 1 }
-        if (v == "not-run" && !($9 == "interleaved" || $10 > 0)) { print "runnable but not-run: " $0; bad = 1 }
+        if (v == "not-run" && !($9 == "interleaved" || $9 == "zb-h1" || $9 == "zb-v" || $10 > 0)) {
+            print "runnable but not-run: " $0; bad = 1
+        }
     } END { exit bad }' "$TMP/rows" >"$TMP/bad" || fail "bad rows: $(cat "$TMP/bad")"
 }
 
@@ -41,7 +43,7 @@ winner_mib() { sed -n 's/^winner: .*: \([0-9.]*\) MiB per rank.*/\1/p' "$TMP/out
 run_np 1 --plan --np 8 $MODEL --plan.pp_schedules gpipe,1f1b --plan.pp_zero 0
 expect_ok
 expect_grep out '^layout plan: gpt2, 4 layers, d_model 64, 4 heads \(4 kv\), vocab 256; 8 ranks, global batch 8 x 32'
-expect_grep out '^costs: block forward [0-9.]+ s'
+expect_grep out '^costs: block forward [0-9.]+ s, backward [0-9.]+ s \(split: weight pass [0-9.]+ s\)'
 expect_grep out '^ +1 dp=.* fits +wins: '
 expect_grep out '^winner: mesh.dp=[0-9]+ mesh.tp=[0-9]+ mesh.pp=[0-9]+'
 expect_grep out ' indivisible +model.n_layers=4 is not divisible by pp=8'
@@ -75,12 +77,16 @@ expect_fail
 smallest=$(rows | awk 'NR == 1 || $1 < m { m = $1 } END { printf "%.1f", m }')
 expect_grep err "no layout of 8 ranks fits the memory limit of 0.1 MiB per rank; the smallest, dp=.*, needs $smallest MiB"
 
-# The trainer's pipelines (the defaults: interleaved and ZeRO 1 run under pp,
-# ZeRO 2 and 3 do not); with every stage allowed nothing is marked.
+# The trainer's pipelines (the defaults: interleaved, zb-h1, zb-v and ZeRO 1
+# run under pp, ZeRO 2 and 3 do not; the zero-bubble schedules never with
+# activation checkpointing); with every stage allowed nothing is marked.
 # shellcheck disable=SC2086
 run_np 1 --plan --np 8 $MODEL
 expect_ok
 expect_grep out 'sched=interleaved v=2 .* fits '
+expect_grep out 'sched=zb-h1 v=1 .* ckpt=off .* fits '
+expect_grep out 'sched=zb-v v=2 .* ckpt=off .* fits '
+expect_no_grep out 'sched=zb-[hv]1* .* ckpt=on' "a zero-bubble layout with activation checkpointing is listed"
 expect_grep out 'pp=2 .* zero=1 .* fits '
 expect_grep out 'pp=2 .* zero=2 .* not-run '
 # shellcheck disable=SC2086

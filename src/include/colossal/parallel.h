@@ -283,6 +283,7 @@ void cai_zero_memory(const cai_zero_t *z, cai_mem_plan *out);
 
 typedef struct {
     double block_f, block_b; /* seconds: one transformer block's forward / backward at tp = 1 (the mean) */
+    double block_w;          /* the part of block_b a split backward's weight pass takes (zb-h1, zb-v) */
     double head_f, head_b;   /* the embedding, the final norm, the LM head and the loss */
     double adamw;            /* seconds per parameter element of an AdamW update */
     double pass_all;         /* seconds per whole pass (forward + backward) with every rank computing */
@@ -333,14 +334,15 @@ typedef struct {
 } cai_plan_entry;
 
 /* np 0, seq_len 0 (set them), global batch 0, no limit, one rank per
- * core, max_virtual 4, the trainer's pipelines: gpipe, 1f1b and
- * interleaved at ZeRO stages 0 and 1. Pure. */
+ * core, max_virtual 4, the trainer's pipelines: gpipe, 1f1b, interleaved,
+ * zb-h1 and zb-v at ZeRO stages 0 and 1. Pure. */
 void cai_plan_request_init(cai_plan_request *r);
 /* Time `iters` forward + backward passes (after one untimed) of a copy of
  * `model` with `layers` layers (a pipeline stage's, say) at (micro_batch,
  * seq_len) on `dev`, unit by unit (model
- * hooks), then `iters` AdamW updates of its parameters: fills block_f/b,
- * head_f/b, adamw, pass_all and tokens of *out. With a mesh (may be NULL)
+ * hooks), then `iters` split backwards (input passes, then weight passes)
+ * and `iters` AdamW updates of its parameters: fills block_f/b/w, head_f/b,
+ * adamw, pass_all and tokens of *out. With a mesh (may be NULL)
  * every rank of it starts each timing together, so ranks of one node share
  * its cores as a job's ranks do, the times are the means over the ranks,
  * and pass_half times the even ranks' passes while the odd ones wait in
