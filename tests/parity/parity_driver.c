@@ -7,6 +7,9 @@
  *   logits            F32 [B,T,padded vocab] of the forward
  *   loss              F32 scalar: mean cross-entropy over non-ignored targets
  *   grad.<name>       d(loss)/d(parameter) from one backward
+ *   sft.tokens, sft.targets, sft.loss, sft.dlogits [B,T,padded vocab],
+ *   sft.grad.<name>   the same for a batch shaped like unpacked SFT rows
+ *                     (loss on assistant tokens only, padding; run_sft)
  *   train.tokens, train.targets   I32 [steps, n_micro, B, T]
  *   train.loss, train.grad_norm, train.lr   F32 [steps] from cai_train_step
  *   step3.<name>      every parameter after the training steps
@@ -223,6 +226,144 @@ static void make_batch(uint64_t seed, uint64_t batch_id, int vocab, int32_t *tok
     }
 }
 
+/* A batch shaped like the data layer's unpacked SFT rows (cai_sft_loader
+ * with packing off): a system/user prefix, an assistant answer, a second
+ * user turn and answer, then padding to SEQ, each row's conversation a
+ * little shorter than the last. Targets are the next token where that token
+ * is the assistant's (the data layer's rule) and CAI_IGNORE_INDEX
+ * elsewhere: on the prompts, at each conversation's last token and over the
+ * padding, whose tokens are SFT_PAD. */
+#define SFT_PAD 0
+static int sft_len(int b) { return SEQ - 2 - b * (SEQ / 8); }
+static void make_sft_batch(uint64_t seed, int vocab, int32_t *tokens, int32_t *targets) {
+    for (int b = 0; b < BATCH; b++) {
+        const int len = sft_len(b), a1 = SEQ / 4, u2 = SEQ / 2, a2 = 5 * SEQ / 8;
+        int32_t *tk = tokens + (size_t)b * SEQ, *tg = targets + (size_t)b * SEQ;
+        for (int t = 0; t < SEQ; t++) {
+            cai_philox_block r = cai_philox4x32(seed, STREAM_TOKENS ^ 0x5f7ull, (uint64_t)(b * SEQ + t));
+            tk[t] = t < len ? (int32_t)(r.v[0] % (uint32_t)vocab) : SFT_PAD;
+        }
+        for (int t = 0; t < SEQ; t++) {
+            const int next = t + 1, trained = next < len && ((next >= a1 && next < u2) || next >= a2);
+            tg[t] = trained ? tk[next] : CAI_IGNORE_INDEX;
+        }
+    }
+}
+
+/* Every parameter's gradient, in registration order, into one host array
+ * (*out, *n floats; the caller frees it). */
+static cai_status gather_grads(cai_model_t *m, float **out, size_t *n) {
+    const cai_registry_t *reg = cai_model_registry(m);
+    size_t total = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) total += (size_t)cai_registry_param(reg, i)->numel;
+    float *buf = malloc(total * sizeof *buf + 1);
+    if (!buf) return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: %zu gradient floats", total);
+    size_t at = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        const cai_param_info *pi = cai_registry_param(reg, i);
+        cai_tensor grad;
+        cai_status st = cai_model_param(m, pi->name, NULL, &grad);
+        if (st == CAI_OK) st = fetch_f32(cai_model_device(m), &grad, buf + at);
+        if (st != CAI_OK) {
+            free(buf);
+            CAI_CALL(st);
+        }
+        at += (size_t)pi->numel;
+    }
+    *out = buf;
+    *n = total;
+    return CAI_OK;
+}
+
+/* Forward and backward of one SFT batch from zeroed gradients: the loss,
+ * the gradients (*grads, the caller frees them) and, when dlogits is given,
+ * the logits' gradient [B,T,Vp], which the backward leaves in the logits'
+ * buffer (model.h). */
+static cai_status sft_pass(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss, float *dlogits,
+                           float **grads, size_t *n) {
+    CAI_CALL(cai_model_zero_grad(m));
+    CAI_CALL(cai_model_forward(m, tokens, targets, loss));
+    cai_tensor lt;
+    CAI_CALL(cai_model_logits(m, &lt));
+    CAI_CALL(cai_model_backward(m, 1.0f));
+    if (dlogits) CAI_CALL(fetch_f32(cai_model_device(m), &lt, dlogits));
+    CAI_CALL(gather_grads(m, grads, n));
+    return CAI_OK;
+}
+
+/* The masked SFT loss: sft.tokens, sft.targets, sft.loss, sft.dlogits and
+ * sft.grad.<name> for the reference to recompute, and two exact checks
+ * here. The logits' gradient is exactly zero on every row whose target is
+ * ignored (the loss reaches a prompt or padding position only through later
+ * trained positions attending to it, never through its own logits); and
+ * the padding is inert: other tokens there give bitwise the same loss and
+ * gradients. */
+static cai_status run_sft(out_file *f, cai_model_t *m, uint64_t seed) {
+    const cai_model_config *c = cai_model_config_of(m);
+    const int64_t Vp = cai_model_padded_vocab(m);
+    const size_t bt = (size_t)BATCH * SEQ, nl = bt * (size_t)Vp;
+    int32_t *tok = malloc(2 * bt * sizeof *tok), *tgt = malloc(bt * sizeof *tgt);
+    float *dl = malloc(nl * sizeof *dl), *g1 = NULL, *g2 = NULL;
+    cai_status st = CAI_OK;
+    if (!tok || !tgt || !dl) {
+        st = CAI_ERROR(CAI_ERR_NOMEM, "parity driver: SFT batch buffers");
+        goto done;
+    }
+    make_sft_batch(seed, c->vocab_size, tok, tgt);
+    float loss = 0, loss2 = 0;
+    size_t n1 = 0, n2 = 0;
+    CAI_CALL_GOTO(sft_pass(m, tok, tgt, &loss, dl, &g1, &n1), st, done);
+    for (size_t i = 0; i < bt; i++) {
+        if (tgt[i] != CAI_IGNORE_INDEX) continue;
+        for (int64_t v = 0; v < Vp; v++)
+            if (dl[i * (size_t)Vp + (size_t)v] != 0.0f) {
+                st = CAI_ERROR(CAI_ERR_INTERNAL,
+                               "parity driver: SFT row %zu, position %zu has an ignored target but its logit %" PRId64
+                               " has gradient %g (must be exactly 0)",
+                               i / (size_t)SEQ, i % (size_t)SEQ, v, (double)dl[i * (size_t)Vp + (size_t)v]);
+                goto done;
+            }
+    }
+    const uint64_t s2[2] = {(uint64_t)BATCH, (uint64_t)SEQ}, s3[3] = {(uint64_t)BATCH, (uint64_t)SEQ, (uint64_t)Vp};
+    CAI_CALL_GOTO(out_add(f, "sft.tokens", CAI_DTYPE_I32, 2, s2, tok, bt * sizeof *tok), st, done);
+    CAI_CALL_GOTO(out_add(f, "sft.targets", CAI_DTYPE_I32, 2, s2, tgt, bt * sizeof *tgt), st, done);
+    CAI_CALL_GOTO(out_add(f, "sft.loss", CAI_DTYPE_F32, 0, NULL, &loss, sizeof loss), st, done);
+    CAI_CALL_GOTO(out_add(f, "sft.dlogits", CAI_DTYPE_F32, 3, s3, dl, nl * sizeof *dl), st, done);
+    CAI_CALL_GOTO(dump_params(f, m, "sft.grad.", 1), st, done);
+
+    int32_t *tok2 = tok + bt;
+    int changed = 0;
+    for (size_t i = 0; i < bt; i++) {
+        tok2[i] = tok[i];
+        if ((int)(i % (size_t)SEQ) >= sft_len((int)(i / (size_t)SEQ))) {
+            tok2[i] = (int32_t)((7 + 13 * i) % (size_t)c->vocab_size);
+            changed += tok2[i] != tok[i];
+        }
+    }
+    CAI_CALL_GOTO(sft_pass(m, tok2, tgt, &loss2, NULL, &g2, &n2), st, done);
+    if (!changed || memcmp(&loss, &loss2, sizeof loss) != 0 || n1 != n2 || memcmp(g1, g2, n1 * sizeof *g1) != 0) {
+        size_t at = 0;
+        while (at < n1 && at < n2 && memcmp(g1 + at, g2 + at, sizeof *g1) == 0) at++;
+        st = CAI_ERROR(CAI_ERR_INTERNAL,
+                       "parity driver: %d padding tokens changed: loss %.9g -> %.9g, gradient element %zu of %zu "
+                       "%.9g -> %.9g (the padding must be inert, bitwise)",
+                       changed, (double)loss, (double)loss2, at, n1, at < n1 ? (double)g1[at] : 0.0,
+                       at < n2 ? (double)g2[at] : 0.0);
+        goto done;
+    }
+    printf(
+        "parity_driver: SFT batch: loss %.7f; ignored rows' logit gradients exactly zero; %d padding tokens "
+        "changed, loss and gradients bitwise equal\n",
+        (double)loss, changed);
+done:
+    free(tok);
+    free(tgt);
+    free(dl);
+    free(g1);
+    free(g2);
+    return st;
+}
+
 /* The inference engine over the model's (perturbed, untrained) weights:
  * greedy continuations of prompts of 1, 7 and max_seq_len - INFER_NEW
  * tokens (several prefill chunks and decode steps, blocks of 4), and the
@@ -383,6 +524,7 @@ static cai_status run(const drv_opts *op) {
     CAI_CALL_GOTO(out_add(&f, "loss", CAI_DTYPE_F32, 0, NULL, &loss, sizeof loss), st, done);
     CAI_CALL_GOTO(cai_model_backward(m, 1.0f), st, done);
     CAI_CALL_GOTO(dump_params(&f, m, "grad.", 1), st, done);
+    CAI_CALL_GOTO(run_sft(&f, m, seed), st, done);
 
     /* Training steps, each over N_MICRO microbatches. The first microbatch of
      * step 1 is the batch above, so step 1 starts from the same gradients. */

@@ -9,7 +9,9 @@ grouped-query attention), loads the parameters by canonical name, and checks:
 
   logits (real vocabulary columns), loss, every gradient, and the per-step
   loss, gradient norm and learning rate of 3 AdamW steps (torch.optim.AdamW,
-  torch.nn.utils.clip_grad_norm_) and every parameter after them.
+  torch.nn.utils.clip_grad_norm_) and every parameter after them; and, for a
+  batch shaped like unpacked SFT rows (loss on the assistant's tokens only),
+  the masked loss, the logits' gradient and every parameter's gradient.
 
 Error metrics per tensor (a: colossal, b: this reference):
   norm = ||a - b||_2 / ||b||_2          (the tensor's relative error)
@@ -269,6 +271,21 @@ def run_reference(meta, tensors, dtype, ref=None, device="cpu"):
         out["grad." + n] = host(ref.p[n].grad)
     ref.zero_grad()
 
+    if "sft.tokens" in tensors:
+        # The masked SFT loss (parity_driver.c run_sft): the mean over the
+        # assistant's tokens only, and the logits' gradient, which is zero on
+        # every ignored row.
+        tok = torch.tensor(tensors["sft.tokens"], dtype=torch.long, device=device)
+        tgt = torch.tensor(tensors["sft.targets"], dtype=torch.long, device=device)
+        logits, loss = ref.forward(tok, tgt)
+        logits.retain_grad()
+        loss.backward()
+        out["sft.loss"] = host(loss)
+        out["sft.dlogits"] = host(logits.grad[..., :ref.V])
+        for n in ref.names:
+            out["sft.grad." + n] = host(ref.p[n].grad)
+        ref.zero_grad()
+
     # AdamW: per-step lr from the documented linear warmup, weight decay on
     # ndim >= 2 (norms and biases excluded: the registry's rule), global
     # gradient-norm clipping, each step the mean over n_micro microbatches.
@@ -461,6 +478,20 @@ def main():
         tab.compare("grads", "grad.lm_head.weight (tie copy)", tensors["grad.lm_head.weight"], z, z)
     tab.print(f"{fam}: gradients of the mean loss")
 
+    if "sft.tokens" in tensors:
+        st = tensors["sft.targets"]
+        trained = st != -100
+        if not all(trained[b].any() and not trained[b, 0] for b in range(st.shape[0])):
+            raise SystemExit("parity: each SFT row must open with ignored prompt targets and train some tokens")
+        tab.compare("sft", "sft.loss", tensors["sft.loss"], r64["sft.loss"], r32["sft.loss"])
+        tab.compare("sft", "sft.dlogits[:, :, :vocab]", tensors["sft.dlogits"][..., :ref.V], r64["sft.dlogits"],
+                    r32["sft.dlogits"])
+        for n in ref.names:
+            k = "sft.grad." + n
+            tab.compare("sft", k, tensors[k], r64[k], r32[k])
+        tab.print(f"{fam}: masked SFT loss ({int(trained.sum())} of {trained.size} targets trained: assistant tokens "
+                  f"only; prompts and padding ignored)")
+
     for k in ("train.loss", "train.grad_norm", "train.lr"):
         tab.compare("steps", k, tensors[k], r64[k], r32[k])
     # Parameters after AdamW: norm-wise gate only (elem, marked *, printed),
@@ -501,6 +532,7 @@ def main():
 
     w = tab.worst
     print(f"\n{fam}: max relative error forward {w.get('forward', 0):.2e}, gradients {w.get('grads', 0):.2e}, "
+          f"masked SFT loss {w.get('sft', 0):.2e}, "
           f"after {i['steps']} steps {w.get('steps', 0):.2e}, inference {w.get('infer', 0):.2e} (tolerance {args.tol:g})")
     if tab.failed:
         print(f"{fam}: FAILED: " + ", ".join(tab.failed))
