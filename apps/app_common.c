@@ -7,6 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "colossal/ckpt.h"
 
 /* Same order as cai_log_level so the enum index is the level. */
 const char *const cai_app_log_level_choices[] = {"error", "warn", "info", "debug", "trace", NULL};
@@ -211,4 +215,64 @@ size_t cai_app_subcommand(int argc, char **argv, const char *program, const char
     }
     finalize_and_exit(help ? 0 : 2);
     return count; /* not reached */
+}
+
+/* ------------------------------------------------------------------ a trained model's source */
+
+static int is_dir(const char *p) {
+    struct stat s;
+    return stat(p, &s) == 0 && S_ISDIR(s.st_mode);
+}
+
+static int has_file(const char *dir, const char *name) {
+    char p[4096];
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && access(p, R_OK) == 0;
+}
+
+cai_status cai_app_model_source_open(const char *path, cai_app_model_source *out) {
+    memset(out, 0, sizeof *out);
+    if (!*path) return CAI_ERROR(CAI_ERR_CONFIG, "model.path is required (a Hugging Face directory or a checkpoint)");
+    out->hf = is_dir(path) && has_file(path, "config.json");
+    if (out->hf) {
+        char p[4096];
+        if (snprintf(p, sizeof p, "%s/config.json", path) >= (int)sizeof p)
+            return CAI_ERROR(CAI_ERR_CONFIG, "model.path=%s is too long", path);
+        return cai_hf_config_load(p, &out->config);
+    }
+    if (access(path, R_OK) != 0) return CAI_ERROR(CAI_ERR_CONFIG, "model.path=%s: no such file or directory", path);
+    CAI_CALL(cai_ckpt_resolve(path, out->ckpt, sizeof out->ckpt));
+    cai_ckpt_file_t *f = NULL;
+    CAI_CALL(cai_ckpt_open(&f, MPI_COMM_SELF, out->ckpt));
+    const cai_ckpt_meta *m = cai_ckpt_file_meta(f);
+    cai_status st =
+        m->has_model ? CAI_OK : CAI_ERROR(CAI_ERR_FORMAT, "%s: the checkpoint records no model config", out->ckpt);
+    if (st == CAI_OK) out->config = m->model;
+    cai_ckpt_close(f);
+    return st;
+}
+
+cai_status cai_app_model_tokenizer_dir(const cai_app_model_source *s, const char *path, const char *given, char *out,
+                                       size_t cap) {
+    if (*given) {
+        snprintf(out, cap, "%s", given);
+        return CAI_OK;
+    }
+    if (s->hf) {
+        snprintf(out, cap, "%s", path);
+        return CAI_OK;
+    }
+    /* RUN_DIR/checkpoints/step-N.h5 -> RUN_DIR/tokenizer */
+    char tmp[2048];
+    if (snprintf(tmp, sizeof tmp, "%s", s->ckpt) >= (int)sizeof tmp)
+        return CAI_ERROR(CAI_ERR_CONFIG, "model.path: %s is too long", s->ckpt);
+    char *slash = strrchr(tmp, '/');
+    if (slash) *slash = 0;
+    else snprintf(tmp, sizeof tmp, ".");
+    snprintf(out, cap, "%s/../tokenizer", tmp);
+    if (!is_dir(out))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "model.tokenizer: %s has no tokenizer beside it (looked for %s); set model.tokenizer to "
+                         "a tokenizer directory, or to `bytes` for a byte-level model",
+                         s->ckpt, out);
+    return CAI_OK;
 }

@@ -10,6 +10,7 @@
 
 #include "colossal/base.h"
 #include "colossal/config.h"
+#include "colossal/model.h"
 
 /* Keys every app shares. Embed one in the app's config struct and list
  * CAI_APP_COMMON_FIELDS(app_struct, member) in its field table. */
@@ -91,5 +92,21 @@ int cai_app_finalize(const cai_config_schema *schema, void *cfg);
  * --help/-h), and the process exits: 0 for help, 2 otherwise. */
 size_t cai_app_subcommand(int argc, char **argv, const char *program, const char *usage_args, const void *table,
                           size_t count, size_t stride, size_t name_offset, size_t summary_offset);
+
+/* An app's model.path that names a trained model: a Hugging Face directory
+ * (it has config.json) or a colossal checkpoint (a file, or a directory
+ * whose `latest` names one) resolved to its file, and its model config as
+ * config.json or the checkpoint records it. Not collective. */
+typedef struct {
+    int hf;
+    char ckpt[4096];
+    cai_model_config config;
+} cai_app_model_source;
+cai_status cai_app_model_source_open(const char *path, cai_app_model_source *out);
+/* The tokenizer directory of a source into out: `given` when not empty, else
+ * the Hugging Face directory `path`, else RUN_DIR/tokenizer beside
+ * RUN_DIR/checkpoints/step-N.h5 (an error says where it looked). */
+cai_status cai_app_model_tokenizer_dir(const cai_app_model_source *s, const char *path, const char *given, char *out,
+                                       size_t cap);
 
 #endif

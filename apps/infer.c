@@ -15,8 +15,6 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "colossal/ckpt.h"
 #include "infer.h"
@@ -115,42 +113,6 @@ static cai_sampling_params sampling_defaults(const ij_config *c) {
 
 /* ------------------------------------------------------------------ model */
 
-static int is_dir(const char *p) {
-    struct stat s;
-    return stat(p, &s) == 0 && S_ISDIR(s.st_mode);
-}
-
-static int has_file(const char *dir, const char *name) {
-    char p[4096];
-    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && access(p, R_OK) == 0;
-}
-
-/* An HF directory has config.json; anything else is a checkpoint (a file, or
- * a directory with `latest`), resolved to its file. */
-static cai_status model_source(const char *path, int *hf, char *ckpt, size_t cap) {
-    if (!*path) return CAI_ERROR(CAI_ERR_CONFIG, "model.path is required (a Hugging Face directory or a checkpoint)");
-    *hf = is_dir(path) && has_file(path, "config.json");
-    if (*hf) return CAI_OK;
-    if (access(path, R_OK) != 0) return CAI_ERROR(CAI_ERR_CONFIG, "model.path=%s: no such file or directory", path);
-    return cai_ckpt_resolve(path, ckpt, cap);
-}
-
-static cai_status model_config(const ij_config *c, int hf, const char *ckpt, cai_model_config *out) {
-    if (hf) {
-        char p[4096];
-        snprintf(p, sizeof p, "%s/config.json", c->model_path);
-        return cai_hf_config_load(p, out);
-    }
-    cai_ckpt_file_t *f = NULL;
-    CAI_CALL(cai_ckpt_open(&f, MPI_COMM_SELF, ckpt));
-    const cai_ckpt_meta *m = cai_ckpt_file_meta(f);
-    cai_status st =
-        m->has_model ? CAI_OK : CAI_ERROR(CAI_ERR_FORMAT, "%s: the checkpoint records no model config", ckpt);
-    if (st == CAI_OK) *out = m->model;
-    cai_ckpt_close(f);
-    return st;
-}
-
 static void apply_dtype(const ij_config *c, const cai_device_t *dev, cai_model_config *m) {
     cai_dtype dt = c->dtype == IJ_DTYPE_BF16      ? CAI_DTYPE_BF16
                    : c->dtype == IJ_DTYPE_F16     ? CAI_DTYPE_F16
@@ -162,7 +124,7 @@ static void apply_dtype(const ij_config *c, const cai_device_t *dev, cai_model_c
     m->activation_checkpointing = 0;
 }
 
-static cai_status load_tokenizer(const ij_config *c, int hf, const char *ckpt, ij_tokenizer *t) {
+static cai_status load_tokenizer(const ij_config *c, const cai_app_model_source *src, ij_tokenizer *t) {
     memset(t, 0, sizeof *t);
     t->eos = t->bos = -1;
     char dir[4096];
@@ -171,23 +133,7 @@ static cai_status load_tokenizer(const ij_config *c, int hf, const char *ckpt, i
         t->eos = CAI_BYTE_EOD;
         return CAI_OK;
     }
-    if (*c->tokenizer) snprintf(dir, sizeof dir, "%s", c->tokenizer);
-    else if (hf) snprintf(dir, sizeof dir, "%s", c->model_path);
-    else {
-        /* RUN_DIR/checkpoints/step-N.h5 -> RUN_DIR/tokenizer */
-        char tmp[2048];
-        if (snprintf(tmp, sizeof tmp, "%s", ckpt) >= (int)sizeof tmp)
-            return CAI_ERROR(CAI_ERR_CONFIG, "model.path: %s is too long", ckpt);
-        char *s = strrchr(tmp, '/');
-        if (s) *s = 0;
-        else snprintf(tmp, sizeof tmp, ".");
-        snprintf(dir, sizeof dir, "%s/../tokenizer", tmp);
-        if (!is_dir(dir))
-            return CAI_ERROR(CAI_ERR_CONFIG,
-                             "model.tokenizer: %s has no tokenizer beside it (looked for %s); set model.tokenizer to "
-                             "a tokenizer directory, or to `bytes` for a byte-level model",
-                             ckpt, dir);
-    }
+    CAI_CALL(cai_app_model_tokenizer_dir(src, c->model_path, c->tokenizer, dir, sizeof dir));
     CAI_CALL(cai_bpe_load_dir(dir, &t->bpe));
     snprintf(t->source, sizeof t->source, "%s", dir);
     /* vocab.json + merges.txt name no special tokens: the end-of-text (and
@@ -458,12 +404,12 @@ int main(int argc, char **argv) {
     cfg.run.ckpt_dir = cfg.run.resume = (char *)"";
     cfg.run.mem_limit = 0;
 
-    int hf = 0;
-    char ckpt[4096] = "";
-    cai_model_config model;
+    cai_app_model_source src;
+    cai_app_check_all(cai_app_model_source_open(cfg.model_path, &src), 2);
+    cai_model_config model = src.config;
+    const int hf = src.hf;
+    const char *ckpt = src.ckpt;
     cai_layout layout;
-    cai_app_check_all(model_source(cfg.model_path, &hf, ckpt, sizeof ckpt), 2);
-    cai_app_check_all(model_config(&cfg, hf, ckpt, &model), 2);
     cai_app_check_all(check_config(&cfg, app.size, &model, &layout), 2);
     cai_chat_template_t *chat = NULL;
     cai_app_check_all(cai_chat_template_open(cfg.chat_template, &chat), 2);
@@ -479,7 +425,7 @@ int main(int argc, char **argv) {
     apply_dtype(&cfg, cai_run_device(run), &model);
 
     ij_tokenizer tok;
-    cai_app_check_all(load_tokenizer(&cfg, hf, ckpt, &tok), 2);
+    cai_app_check_all(load_tokenizer(&cfg, &src, &tok), 2);
     cai_weights_t *w = NULL;
     const cai_rank_view view = cai_run_view(run);
     cai_app_check_all(cai_weights_create(&w, cai_run_device(run), &model, &view, 0, 1), 1);

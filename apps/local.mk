@@ -3,6 +3,8 @@
 # than the library because it may call exit().
 APP_COMMON_SOURCES = apps/app_common.c apps/app_common.h
 APP_LDADD = src/libcolossal-core.la $(CORE_LIBS)
+# The training engine colossal-pretrain and colossal-sft share.
+TRAIN_COMMON_SOURCES = apps/train_common.c apps/train_common.h
 
 bin_PROGRAMS += apps/colossal-check
 apps_colossal_check_SOURCES = apps/check.c $(APP_COMMON_SOURCES)
@@ -19,5 +21,6 @@ TESTS += $(CHECK_APP_TESTS)
 EXTRA_DIST += $(CHECK_APP_TESTS) tests/apps/check_lib.sh
 include $(srcdir)/apps/data.mk
 include $(srcdir)/apps/pretrain.mk
+include $(srcdir)/apps/sft.mk
 include $(srcdir)/apps/ckpt.mk
 include $(srcdir)/apps/infer.mk

@@ -27,12 +27,9 @@
 /* Filled from the library's own names before parsing, so a family or
  * schedule added there is accepted here without an edit. */
 static const char *k_families[CAI_MODEL_FAMILY_COUNT + 1];
-static const char *k_schedules[CAI_LR_KIND_COUNT + 1];
 /* Index == cai_dtype for the first three. */
 static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
-static const char *const k_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* PT_PRECISION_* */
-static const char *const k_reduce_dtypes[] = {"f32", "bf16", NULL};
 static const char *const k_sp_modes[] = {"off", "split_gather", NULL}; /* pt_config.sp_mode */
 /* cai_pp_style order (colossal/schedule.h) */
 static const char *const k_pp_schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", NULL};
@@ -109,41 +106,9 @@ static const cai_config_field k_fields[] = {
     F("train.seq_len", CAI_CFG_INT, seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
     F("train.seed", CAI_CFG_INT64, data_seed, "1234", "sample order seed", 0, BIG),
 
-    E("optim.schedule", schedule, "cosine", "learning rate after the linear warmup", k_schedules),
-    F("optim.lr", CAI_CFG_DOUBLE, lr, "1e-3", "peak learning rate", 0, 10),
-    F("optim.min_lr", CAI_CFG_DOUBLE, min_lr, "1e-4", "learning rate at the end of the decay", 0, 10),
-    F("optim.warmup_steps", CAI_CFG_INT64, warmup, "20", "linear warmup steps", 0, BIG),
-    F("optim.decay_steps", CAI_CFG_INT64, decay_steps, "0", "step at which the decay reaches min_lr; 0: train.steps", 0,
-      BIG),
-    F("optim.beta1", CAI_CFG_DOUBLE, beta1, "0.9", "AdamW beta1", 0, 1),
-    F("optim.beta2", CAI_CFG_DOUBLE, beta2, "0.95", "AdamW beta2", 0, 1),
-    F("optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1),
-    F("optim.weight_decay", CAI_CFG_DOUBLE, weight_decay, "0.1", "decoupled weight decay (matrices only)", 0, 10),
-    F("optim.grad_clip", CAI_CFG_DOUBLE, grad_clip, "1.0", "maximum global gradient norm; 0: no clipping", 0, 1e9),
+    TC_OPTIM_FIELDS(pt_config, tr, "1e-3"),
 
-    F("zero.stage", CAI_CFG_INT, zero_stage, "0",
-      "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3),
-    F("zero.offload", CAI_CFG_BOOL, zero_offload, "false",
-      "keep f32 master weights and AdamW moments in host memory and step there", CAI_CFG_NO_RANGE),
-    F("zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",
-      "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6),
-    E("zero.reduce_dtype", zero_reduce_dtype, "f32",
-      "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes)", k_reduce_dtypes),
-    F("zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",
-      "reduce each bucket during the backward; false: all of them after it (for comparison)", CAI_CFG_NO_RANGE),
-    F("zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",
-      "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets all); 0: no "
-      "limit",
-      0, 64),
-    E("precision", precision, "auto",
-      "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32", k_precisions),
-    F("loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30),
-    F("loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000", "f16: good steps before the scale doubles", 1,
-      1 << 30),
-    F("loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2", "f16: overflows tolerated before the scale halves", 1,
-      1 << 20),
-    F("loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30),
-    F("loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30, 1e30),
+    TC_ZERO_FIELDS(pt_config, tr),
 
     F("eval.interval", CAI_CFG_INT64, eval_interval, "100", "validate every this many steps and at the end; 0: never",
       0, BIG),
@@ -178,7 +143,7 @@ static const cai_config_schema k_schema = {"colossal-pretrain",
 
 static void fill_choices(void) {
     for (int i = 0; i < CAI_MODEL_FAMILY_COUNT; i++) k_families[i] = cai_model_family_name((cai_model_family)i);
-    for (int i = 0; i < CAI_LR_KIND_COUNT; i++) k_schedules[i] = cai_lr_kind_name((cai_lr_kind)i);
+    tc_fill_choices();
 }
 
 static cai_model_config model_config(const pt_config *c, int64_t vocab) {
@@ -202,61 +167,13 @@ static cai_model_config model_config(const pt_config *c, int64_t vocab) {
     return m;
 }
 
-static cai_adamw_config optim_config(const pt_config *c) {
-    cai_adamw_config o = cai_adamw_config_default();
-    o.schedule = (cai_lr_schedule){(cai_lr_kind)c->schedule, (float)c->lr, (float)c->min_lr, c->warmup,
-                                   c->decay_steps ? c->decay_steps : c->steps};
-    o.beta1 = (float)c->beta1;
-    o.beta2 = (float)c->beta2;
-    o.eps = (float)c->eps;
-    o.weight_decay = (float)c->weight_decay;
-    o.grad_clip = (float)c->grad_clip;
-    return o;
-}
-
-/* Stage 0 without offload keeps the model's own buffers and optimizer; the
- * engine then only reduces the gradient buckets. */
-static cai_zero_config zero_config(const pt_config *c) {
-    cai_zero_config z;
-    cai_zero_config_init(&z);
-    z.stage = c->zero_stage;
-    z.offload = c->zero_offload;
-    z.bucket_bytes = (size_t)(c->zero_bucket_mb * 1048576.0);
-    z.overlap = c->zero_overlap;
-    z.reduce_dtype = c->zero_reduce_dtype == 1 ? CAI_DTYPE_BF16 : CAI_DTYPE_F32;
-    z.reduce_only = z.stage == 0 && !z.offload;
-    return z;
-}
-
-/* The one loss-scale config: validated at start-up and the one that runs. */
-static cai_loss_scale_config loss_scale_config(const pt_config *c) {
-    cai_loss_scale_config l = cai_loss_scale_config_default();
-    l.init_scale = (float)c->ls_init;
-    l.growth_interval = c->ls_window;
-    l.hysteresis = c->ls_hysteresis;
-    l.min_scale = (float)c->ls_min;
-    l.max_scale = (float)c->ls_max;
-    return l;
-}
-
-/* precision=f32/bf16/f16 sets the working weights; the CPU backend computes
- * in f32 over them, a GPU in the same dtype. */
-static void apply_precision(const pt_config *c, const cai_device_t *dev, cai_model_config *m) {
-    if (c->precision == PT_PRECISION_AUTO) return;
-    cai_dtype dt = c->precision == PT_PRECISION_BF16  ? CAI_DTYPE_BF16
-                   : c->precision == PT_PRECISION_F16 ? CAI_DTYPE_F16
-                                                      : CAI_DTYPE_F32;
-    m->param_dtype = dt;
-    m->act_dtype = dev->kind == CAI_DEVICE_HOST ? CAI_DTYPE_F32 : dt;
-}
-
 static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
     cai_run_config r = {
         .program = "colossal-pretrain", .schema = &k_schema, .app_cfg = c, .opt = &c->run, .steps = c->steps};
     cai_mesh_config_init(&r.mesh);
     r.mesh.layout = *layout;
     r.mesh.watchdog_timeout_s = c->watchdog;
-    r.mesh.nccl_overlap_ctas = c->zero_overlap_ctas;
+    r.mesh.nccl_overlap_ctas = c->tr.zero_overlap_ctas;
     return r;
 }
 
@@ -350,17 +267,14 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
                          "colossal-pretrain runs data, tensor and pipeline parallel layouts: mesh.sp=%d must be 1 "
                          "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
                          c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
-    if (c->pp > 1 && (c->zero_stage > 1 || c->zero_offload || c->sp_mode))
+    if (c->pp > 1 && (c->tr.zero_stage > 1 || c->tr.zero_offload || c->sp_mode))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "mesh.pp=%d composes with dp and tp at ZeRO stage 0 or 1 without offload and sp_mode: "
                          "zero.stage=%d zero.offload=%s mesh.sp_mode=%s (stages 2/3 reduce and gather per microbatch "
                          "inside the engine's own loop)",
-                         c->pp, c->zero_stage, c->zero_offload ? "true" : "false", k_sp_modes[c->sp_mode]);
+                         c->pp, c->tr.zero_stage, c->tr.zero_offload ? "true" : "false", k_sp_modes[c->sp_mode]);
     if (c->pp > 1) CAI_CALL(pp_layout(c, NULL, NULL));
-    cai_loss_scale_config l = loss_scale_config(c);
-    CAI_CALL(cai_loss_scale_config_check(&l));
-    cai_adamw_config o = optim_config(c);
-    CAI_CALL(cai_adamw_config_check(&o));
+    CAI_CALL(tc_check(&c->tr, c->steps));
     cai_run_config rc = run_config(c, L);
     CAI_CALL(cai_run_check(&rc));
     cai_model_config m = model_config(c, c->vocab_size > 0 ? c->vocab_size : CAI_BYTE_VOCAB), resolved;
@@ -385,15 +299,8 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
 
 typedef struct {
     const pt_config *cfg;
-    cai_model_t *model;
-    cai_optim_t *optim;   /* stage 0 without offload; else the engine holds the optimizer state */
+    tc_engine eng;
     cai_pipeline_t *pipe; /* mesh.pp > 1: the driver runs the schedule; the engine only saves and loads */
-    cai_zero_t *zero;     /* gradient buckets and ZeRO */
-    cai_step_driver driver;
-    cai_adamw_config oc;
-    cai_zero_config zc;
-    cai_loss_scaler scaler;
-    int scaled; /* f16: dynamic loss scaling */
     pt_data data;
     cai_pp_spec pp;          /* mesh.pp > 1 */
     int *stage_of;           /* virtual stage of each layer (mesh.pp > 1) */
@@ -423,12 +330,8 @@ static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_st
     CAI_CALL(pt_data_next(&j->data));
     cai_timer_end("pretrain: data");
     cai_timer_begin("pretrain: step");
-    CAI_CALL(cai_train_step(&j->driver, &j->oc, j->scaled ? &j->scaler : NULL, j->data.tokens, j->data.targets,
-                            j->cfg->grad_accum, st));
+    CAI_CALL(tc_engine_step(&j->eng, run, step, j->data.tokens, j->data.targets, j->cfg->grad_accum, st));
     cai_timer_end("pretrain: step");
-    if (st->skipped && cai_run_rank(run) == 0)
-        printf("step %lld skipped: gradients overflowed at loss scale %g (now %g)\n", (long long)step,
-               (double)st->loss_scale, (double)j->scaler.scale);
     return CAI_OK;
 }
 
@@ -440,7 +343,7 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
     *ran = j->data.valid_samples > 0;
     if (!*ran) return CAI_OK;
     int B = 0, T = 0;
-    cai_model_shape(j->model, &B, &T);
+    cai_model_shape(j->eng.model, &B, &T);
     size_t per = (size_t)B * (size_t)T;
     double sum = 0;
     cai_timer_begin("pretrain: validation");
@@ -454,8 +357,8 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
         }
         for (int k = 0; k < j->cfg->grad_accum; k++) {
             float l = 0;
-            CAI_CALL(
-                cai_model_forward(j->model, j->data.tokens + (size_t)k * per, j->data.targets + (size_t)k * per, &l));
+            CAI_CALL(cai_model_forward(j->eng.model, j->data.tokens + (size_t)k * per,
+                                       j->data.targets + (size_t)k * per, &l));
             sum += l;
         }
     }
@@ -469,34 +372,20 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
 static cai_status save_hook(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const char *dir, int keep, char *path,
                             size_t cap, cai_ckpt_stats *st) {
     pt_job *j = ctx;
-    /* Fewer than `step` when f16 steps were skipped: the schedule follows the updates. */
-    m->optim_step = j->optim ? cai_optim_step_count(j->optim) : cai_zero_step_count(j->zero);
     m->consumed_samples = cai_sampler_consumed(j->data.sampler);
     m->data_seed = (uint64_t)j->cfg->data_seed;
     m->rng_seed = (uint64_t)j->cfg->model_seed;
-    if (j->scaled) {
-        m->loss_scale = j->scaler.scale;
-        m->loss_scale_good_steps = j->scaler.good_steps;
-        m->loss_scale_hysteresis_left = j->scaler.hysteresis_left;
-        m->loss_scale_overflows = j->scaler.overflows;
-    }
-    return cai_ckpt_save_step_zero(cai_run_mesh(run), dir, keep, j->zero, j->optim, &j->oc, m, path, cap, st);
+    return tc_engine_save(&j->eng, run, m, dir, keep, path, cap, st);
 }
 
 /* Any layout: the optimizer state reshards onto this run's dp, stage and offload. */
 static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckpt_meta *m, cai_ckpt_stats *st) {
     pt_job *j = ctx;
-    CAI_CALL(cai_ckpt_load_zero(cai_run_mesh(run), path, j->zero, j->optim, m, st));
+    CAI_CALL(tc_engine_load(&j->eng, run, path, m, st));
     CAI_CALL(pt_data_seek(&j->data, j->cfg, cai_run_mesh(run), m->consumed_samples));
     if (m->data_seed != (uint64_t)j->cfg->data_seed)
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the sample order changes from here", path,
                  (unsigned long long)m->data_seed, (long long)j->cfg->data_seed);
-    if (j->scaled) { /* f16: the dynamic loss scale continues where it was */
-        j->scaler.scale = (float)m->loss_scale;
-        j->scaler.good_steps = (int)m->loss_scale_good_steps;
-        j->scaler.hysteresis_left = (int)m->loss_scale_hysteresis_left;
-        j->scaler.overflows = m->loss_scale_overflows;
-    }
     return CAI_OK;
 }
 
@@ -508,9 +397,8 @@ static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckp
 static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_config *resolved) {
     const pt_config *c = j->cfg;
     cai_model_config m = model_config(c, vocab);
-    apply_precision(c, cai_run_device(run), &m);
+    tc_apply_precision(&c->tr, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, resolved));
-    j->zc = zero_config(c);
     cai_rank_view view;
     CAI_CALL(job_view(j, run, &view));
     cai_mem_plan_request q = {.model = *resolved,
@@ -519,7 +407,7 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .view = view,
                               .seq_parallel = c->sp_mode != 0,
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
-                              .zero = j->zc,
+                              .zero = tc_zero_config(&c->tr),
                               .dev = cai_run_device(run),
                               .pp_inflight = j->slots,
                               .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
@@ -539,45 +427,33 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     mo.split_backward = c->pp > 1 && (j->pp.style == CAI_PP_ZB_H1 || j->pp.style == CAI_PP_ZB_V);
     mo.mesh = cai_run_mesh(run);
     mo.seq_parallel = c->sp_mode != 0;
-    cai_zero_model_options(&j->zc, &mo);
-    CAI_CALL(cai_model_create(&j->model, cai_run_device(run), resolved, &mo));
-    j->oc = optim_config(c);
-    if (j->zc.reduce_only) CAI_CALL(cai_optim_create_for_model(&j->optim, j->model, &j->oc));
-    CAI_CALL(cai_zero_create(&j->zero, cai_run_mesh(run), j->model, &j->zc));
+    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, c->steps, resolved, &mo, NULL, NULL));
     if (c->pp > 1) {
-        CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->model, (cai_pp_style)c->pp_schedule));
-        CAI_CALL(cai_pipeline_set_zero(j->pipe, j->zero));
+        CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->eng.model, (cai_pp_style)c->pp_schedule));
+        CAI_CALL(cai_pipeline_set_zero(j->pipe, j->eng.zero));
         cai_pipeline_set_trace(j->pipe, c->pp_trace && c->pp_trace[0]);
-        CAI_CALL(cai_pipeline_driver(j->pipe, j->optim, &j->driver));
-    } else {
-        CAI_CALL(cai_zero_driver(j->zero, j->optim, &j->driver));
+        CAI_CALL(cai_pipeline_driver(j->pipe, j->eng.optim, &j->eng.driver));
     }
-    j->scaled = resolved->param_dtype == CAI_DTYPE_F16 || resolved->act_dtype == CAI_DTYPE_F16;
-    cai_loss_scale_config lsc = loss_scale_config(c);
-    cai_loss_scaler_init(&j->scaler, &lsc);
-    if (j->zc.reduce_only) CAI_CALL(cai_dp_check_replicas(cai_run_mesh(run), j->model));
+    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, resolved, c->pp <= 1));
     return CAI_OK;
 }
 
 static void job_free(pt_job *j) {
     cai_free(j->stage_of);
     cai_pipeline_free(j->pipe);
-    cai_optim_free(j->optim);
-    cai_zero_free(j->zero);
-    cai_model_free(j->model);
+    tc_engine_free(&j->eng);
     pt_data_free(&j->data);
 }
 
 static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
     const pt_config *c = j->cfg;
-    const cai_model_config *mc = cai_model_config_of(j->model);
+    const cai_model_config *mc = cai_model_config_of(j->eng.model);
     cai_mesh_t *mesh = cai_run_mesh(run);
     size_t pbytes = 0, abytes = 0;
-    cai_model_memory(j->model, &pbytes, &abytes);
+    cai_model_memory(j->eng.model, &pbytes, &abytes);
     char layout[128];
     cai_layout_str(cai_mesh_layout(mesh), layout, sizeof layout);
-    uint64_t nparams = cai_registry_global_numel(cai_model_registry(j->model));
-    const cai_adamw_config *oc = &j->oc;
+    uint64_t nparams = cai_registry_global_numel(cai_model_registry(j->eng.model));
     const int dp = cai_mesh_size(mesh, CAI_AXIS_DP);
     const int64_t tokens_per_step = j->data.global_batch * c->seq_len;
     double fpt = 0, peak = 0;
@@ -586,12 +462,12 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
     printf("colossal-pretrain %s: %d rank%s on %d node%s, %s, device %s\n", cai_version_string(), app->size,
            app->size == 1 ? "" : "s", app->n_nodes, app->n_nodes == 1 ? "" : "s", layout, cai_run_device(run)->name);
     /* Under ZeRO stages >= 1 the engine holds weights and gradients: the memory plan above counts them. */
-    if (cai_model_external_params(j->model)) pbytes = 0;
+    if (cai_model_external_params(j->eng.model)) pbytes = 0;
     printf(
         "model: %s, %d layers, d_model %d, %d heads (%d kv), ffn %d, vocab %d (padded %lld), %s%s: %.2fM "
         "parameters; per rank %.1f MiB weights+grads in the model, %.1f MiB activations\n",
         cai_model_family_name(mc->family), mc->n_layers, mc->d_model, mc->n_heads, mc->n_kv_heads, mc->ffn_hidden,
-        mc->vocab_size, (long long)cai_model_padded_vocab(j->model), mc->tie_embeddings ? "tied" : "untied",
+        mc->vocab_size, (long long)cai_model_padded_vocab(j->eng.model), mc->tie_embeddings ? "tied" : "untied",
         mc->activation_checkpointing ? ", activation checkpointing" : "", (double)nparams / 1e6,
         (double)pbytes / 1048576.0, (double)abytes / 1048576.0);
     printf("data: %s\n", j->data.source);
@@ -612,9 +488,9 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
         }
         char chunks[160] = "";
         size_t at = 0;
-        for (int k = 0; k < cai_model_chunk_count(j->model) && at < sizeof chunks; k++) {
+        for (int k = 0; k < cai_model_chunk_count(j->eng.model) && at < sizeof chunks; k++) {
             int lb = 0, le = 0;
-            cai_model_chunk(j->model, k, &lb, &le, NULL, NULL);
+            cai_model_chunk(j->eng.model, k, &lb, &le, NULL, NULL);
             at += (size_t)snprintf(chunks + at, sizeof chunks - at, "%s[%d, %d)", k ? " " : "", lb, le);
         }
         printf(
@@ -624,21 +500,13 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
             c->grad_accum, 100.0 * bubble, chunks, j->slots, j->slots_needed,
             j->slots < j->slots_needed ? " (the others recompute their forward)" : "", cai_pipeline_transport(j->pipe));
     }
-    printf("optim: AdamW lr %g, %s to %g over %lld steps after %lld warmup, betas (%g, %g), weight decay %g, clip %g\n",
-           (double)oc->schedule.lr, cai_lr_kind_name(oc->schedule.kind), (double)oc->schedule.min_lr,
-           (long long)oc->schedule.decay_steps, (long long)oc->schedule.warmup_steps, (double)oc->beta1,
-           (double)oc->beta2, (double)oc->weight_decay, (double)oc->grad_clip);
+    tc_engine_print_optim(&j->eng);
     printf(
         "flops: %.3g per token = 6 x %.3gM matmul parameters + 12 x %d layers x %d tokens x %d d_model; peak "
         "%.3g TFLOP/s over all ranks (%s)\n",
         fpt, (double)mparams / 1e6, mc->n_layers, c->seq_len, mc->d_model, peak / 1e12,
         c->run.peak_tflops > 0 ? "run.peak_tflops" : "measured matmul");
-    cai_zero_stats zs;
-    cai_zero_get_stats(j->zero, &zs);
-    printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB%s; weights %s, compute %s%s\n",
-           c->zero_stage, c->zero_offload ? " + CPU offload" : "", dp, zs.n_buckets, zs.n_buckets == 1 ? "" : "s",
-           c->zero_bucket_mb, c->zero_reduce_dtype == 1 ? " reduced in bf16" : "", cai_dtype_name(mc->param_dtype),
-           cai_dtype_name(mc->act_dtype), j->scaled ? ", dynamic loss scaling" : "");
+    tc_engine_print_zero(&j->eng, &c->tr, dp);
     printf("run dir: %s (config.yaml, metrics.jsonl)\n", c->run.dir);
     if (c->run.ckpt_every > 0)
         printf("checkpoints: every %lld steps, at the end and on SIGUSR1/SIGTERM, to %s (keeping %d)\n",
@@ -668,13 +536,14 @@ int main(int argc, char **argv) {
     cai_app_check(build(&job, run, &model));
     cai_run_hooks hooks = {&job, step_hook, eval_hook, save_hook, load_hook};
     cai_app_check_all(cai_run_resume(run, &hooks), 1);
-    cai_app_check(cai_run_start(run, job.model, cfg.seq_len, job.data.global_batch * cfg.seq_len));
+    cai_app_check(cai_run_start(run, job.eng.model, cfg.seq_len, job.data.global_batch * cfg.seq_len));
     if (app.rank == 0) print_header(&job, run, &app);
 
     cai_app_check(cai_run_train(run, &hooks, cfg.eval_interval));
     /* Replicas that drifted apart would make every later step wrong
      * silently; sharded stages hold one copy of each weight. */
-    if (!cai_model_external_params(job.model)) cai_app_check(cai_dp_check_replicas(cai_run_mesh(run), job.model));
+    if (!cai_model_external_params(job.eng.model))
+        cai_app_check(cai_dp_check_replicas(cai_run_mesh(run), job.eng.model));
     cai_app_check(cai_run_finish(run));
     /* The first dp replica decodes (its tp ranks together); ZeRO-3
      * forwards gather weights over dp: every rank decodes then. */
@@ -697,8 +566,8 @@ int main(int argc, char **argv) {
                 "checkpoint\n",
                 cfg.pp);
     } else if (!cai_run_stopped_by(run) &&
-               (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.zero_stage == 3)) {
-        cai_app_check(pt_generate(job.model, cai_run_mesh(run), &job.data.tok, &cfg, app.rank == 0));
+               (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.tr.zero_stage == 3)) {
+        cai_app_check(pt_generate(job.eng.model, cai_run_mesh(run), &job.data.tok, &cfg, app.rank == 0));
     }
     if (cai_log_get_level() >= CAI_LOG_DEBUG) cai_timer_report(stderr);
 

@@ -12,6 +12,7 @@
 #include "colossal/model.h"
 #include "colossal/optim.h"
 #include "colossal/run.h"
+#include "train_common.h"
 
 typedef struct {
     /* model */
@@ -31,10 +32,6 @@ typedef struct {
     /* train */
     int64_t steps, data_seed;
     int micro_batch, grad_accum, seq_len;
-    /* optim */
-    int schedule;
-    double lr, min_lr, beta1, beta2, eps, weight_decay, grad_clip;
-    int64_t warmup, decay_steps;
     /* eval */
     int64_t eval_interval;
     int eval_batches;
@@ -45,17 +42,14 @@ typedef struct {
     /* generate */
     char *prompts;
     int gen_tokens;
-    /* ZeRO and precision (docs/parallel.md) */
-    int zero_stage, zero_offload, zero_overlap, zero_overlap_ctas, zero_reduce_dtype;
-    int precision, ls_window, ls_hysteresis;
-    double zero_bucket_mb, ls_init, ls_min, ls_max;
+    /* optim.*, zero.*, precision, loss_scale.* */
+    tc_options tr;
     /* run.*, log.interval, checkpoint.*, train.stop_at, train.mem_limit */
     cai_run_options run;
     cai_app_common common;
 } pt_config;
 
 enum { PT_TIE_AUTO = 0, PT_TIE_FALSE = 1, PT_TIE_TRUE = 2 };
-enum { PT_PRECISION_AUTO = 0, PT_PRECISION_F32, PT_PRECISION_BF16, PT_PRECISION_F16 };
 
 /* ------------------------------------------------------------------ data
  * (apps/pretrain_data.c) */

@@ -1,7 +1,7 @@
 # colossal-pretrain: data- and tensor-parallel pretraining of GPT-2 / Llama models.
 bin_PROGRAMS += apps/colossal-pretrain
 apps_colossal_pretrain_SOURCES = apps/pretrain.c apps/pretrain.h apps/pretrain_data.c \
-	apps/pretrain_generate.c $(APP_COMMON_SOURCES)
+	apps/pretrain_generate.c $(APP_COMMON_SOURCES) $(TRAIN_COMMON_SOURCES)
 apps_colossal_pretrain_LDADD = $(APP_LDADD) -lm
 
 # End-to-end tests (shell, run under $(MPIEXEC)).

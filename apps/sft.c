@@ -1,0 +1,470 @@
+/* colossal-sft: supervised fine-tuning of a GPT-2 or Llama model on chat
+ * conversations, loss on the assistant's tokens only.
+ *
+ *   mpirun -np N colossal-sft --model.path HF_DIR_OR_CHECKPOINT --data.train chat.jsonl [--key=value ...]
+ *
+ * The model starts from a Hugging Face directory or a colossal checkpoint;
+ * chat JSONL is tokenized through the data layer's template into
+ * run.dir/data (or a colossal-data sft-preprocess prefix is read as it is);
+ * each row holds one conversation, padded, with targets only on the
+ * assistant's tokens (CAI_IGNORE_INDEX elsewhere). Epochs shuffle the rows
+ * deterministically. The training engine is colossal-pretrain's
+ * (train_common.h) and the run module does the rest of the job (signals,
+ * memory plan, checkpoints and resume, metrics.jsonl). See docs/sft.md. */
+#include "cai_config.h"
+
+#include <errno.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "app_common.h"
+#include "colossal/ckpt.h"
+#include "colossal/data.h"
+#include "colossal/run.h"
+#include "train_common.h"
+
+/* ------------------------------------------------------------------ config */
+
+typedef struct {
+    char *model_path, *tokenizer;
+    int act_ckpt;
+    double watchdog;
+    char *train_path, *valid_path, *chat_template;
+    int overflow, packing;
+    int64_t steps, data_seed;
+    double epochs;
+    int micro_batch, grad_accum, seq_len;
+    int64_t eval_interval;
+    tc_options tr;
+    cai_run_options run;
+    cai_app_common common;
+} sft_config;
+
+#define F(key, type, field, def, doc, ...) \
+    { key, type, offsetof(sft_config, field), def, doc, __VA_ARGS__, NULL, NULL }
+#define S(key, field, def, doc) F(key, CAI_CFG_STRING, field, def, doc, CAI_CFG_NO_RANGE)
+#define BIG 1e15
+
+static const cai_config_field k_fields[] = {
+    S("model.path", model_path, "",
+      "Hugging Face directory (config.json, safetensors, tokenizer) or colossal checkpoint (file, or directory with "
+      "`latest`) to fine-tune"),
+    S("model.tokenizer", tokenizer, "",
+      "tokenizer directory (tokenizer.json or vocab.json + merges.txt); empty: model.path's, or for a checkpoint its "
+      "run directory's tokenizer/"),
+    F("model.activation_checkpointing", CAI_CFG_BOOL, act_ckpt, "false",
+      "keep only each layer's input and recompute it in backward", CAI_CFG_NO_RANGE),
+    F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
+      "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
+
+    S("data.train", train_path, "",
+      "chat JSONL file (messages, from/value, or prompt/completion lines; docs/sft.md), or the PREFIX of "
+      "colossal-data sft-preprocess output (PREFIX.idx and PREFIX_loss_mask.idx)"),
+    S("data.valid", valid_path, "",
+      "held-out chat JSONL or sft-preprocess PREFIX for the masked eval loss; empty: none"),
+    S("data.chat_template", chat_template, "plain",
+      "chatml, llama3, plain, or a template file (JSONL input only; docs/sft.md)"),
+    {"data.overflow", CAI_CFG_ENUM, offsetof(sft_config, overflow), "truncate",
+     "a conversation longer than train.seq_len + 1 tokens: truncate or drop it (counted and reported)",
+     CAI_CFG_NO_RANGE, cai_sft_overflow_names, NULL},
+    F("data.packing", CAI_CFG_BOOL, packing, "false",
+      "several conversations per row (needs document-masked attention and per-token positions in the model; not "
+      "available yet)",
+      CAI_CFG_NO_RANGE),
+
+    F("train.epochs", CAI_CFG_DOUBLE, epochs, "3", "passes over the training rows (when train.steps is 0)", 1e-9, 1e9),
+    F("train.steps", CAI_CFG_INT64, steps, "0", "optimizer steps; 0: train.epochs worth of rows", 0, BIG),
+    F("train.micro_batch", CAI_CFG_INT, micro_batch, "8", "conversations per forward on each rank", 1, 1 << 20),
+    F("train.grad_accum", CAI_CFG_INT, grad_accum, "1", "microbatches per step on each rank", 1, 1 << 20),
+    F("train.seq_len", CAI_CFG_INT, seq_len, "0", "tokens per row; 0: the model's maximum", 0, 1 << 20),
+    F("train.seed", CAI_CFG_INT64, data_seed, "1234", "row order seed (each epoch shuffles again)", 0, BIG),
+
+    TC_OPTIM_FIELDS(sft_config, tr, "1e-4"),
+    TC_ZERO_FIELDS(sft_config, tr),
+
+    F("eval.interval", CAI_CFG_INT64, eval_interval, "0",
+      "masked loss over all of data.valid every this many steps and at the end; 0: at the end only", 0, BIG),
+
+    CAI_RUN_FIELDS(sft_config, run, "runs/sft"),
+    CAI_APP_COMMON_FIELDS(sft_config, common),
+};
+#undef F
+#undef S
+#undef BIG
+
+static const cai_config_schema k_schema = {"colossal-sft",
+                                           "fine-tune a GPT-2 or Llama model on chat data, loss on the assistant's "
+                                           "tokens",
+                                           k_fields, CAI_CFG_NFIELDS(k_fields)};
+
+/* ------------------------------------------------------------------ the model's source */
+
+typedef struct {
+    cai_app_model_source m;
+    cai_hf_t *h;          /* a Hugging Face directory, opened for the import */
+    char tokenizer[4096]; /* directory; "" for byte-level */
+} sft_source;
+
+/* Every rank opens the same files: a failure is everyone's. */
+static cai_status open_source(const sft_config *c, sft_source *s) {
+    CAI_CALL(cai_app_model_source_open(c->model_path, &s->m));
+    if (s->m.hf) CAI_CALL(cai_hf_open(&s->h, c->model_path));
+    if (strcmp(c->tokenizer, "bytes") == 0) return CAI_OK;
+    return cai_app_model_tokenizer_dir(&s->m, c->model_path, c->tokenizer, s->tokenizer, sizeof s->tokenizer);
+}
+
+/* The weights before the engine takes them. Collective over the world (a
+ * checkpoint is read with MPI-IO). */
+static cai_status load_weights(void *ctx, cai_run_t *run, cai_model_t *m) {
+    sft_source *s = ctx;
+    if (s->m.hf) return cai_hf_import_model(s->h, m);
+    CAI_CALL(cai_ckpt_load_weights(cai_run_mesh(run), s->m.ckpt, cai_model_weights(m), NULL, NULL));
+    return cai_model_params_updated(m);
+}
+
+/* ------------------------------------------------------------------ data */
+
+typedef struct {
+    cai_bpe_t *bpe; /* NULL: byte-level */
+    cai_chat_template_t *tmpl;
+    cai_sft_dataset_t *train, *valid;
+    cai_sft_loader_t *loader;
+    int64_t global_batch, local_batch;
+    int32_t *tokens, *targets;    /* [local_batch, seq_len] */
+    cai_sft_preprocess_stats pre; /* tokenizing data.train (JSONL input) */
+    char source[800];
+} sft_data;
+
+/* A prefix sft-preprocess wrote, or else a chat JSONL file to tokenize. */
+static int is_prefix(const char *path) {
+    char p[4200], mask[4200];
+    if (snprintf(p, sizeof p, "%s.idx", path) >= (int)sizeof p || access(p, R_OK) != 0) return 0;
+    if (cai_sft_mask_prefix(path, mask, sizeof mask) != CAI_OK) {
+        cai_error_clear();
+        return 0;
+    }
+    return snprintf(p, sizeof p, "%s.idx", mask) < (int)sizeof p && access(p, R_OK) == 0;
+}
+
+/* The template's special tokens must be tokens of the model's vocabulary:
+ * one the vocabulary spells keeps its id; one it lacks would need a larger
+ * embedding, which fine-tuning does not grow. */
+static cai_status check_template(const sft_config *c, sft_data *d, const char *tok_dir) {
+    if (!d->bpe) return CAI_OK;
+    const char *missing[32];
+    int n = 0;
+    cai_chat_template_missing_tokens(d->tmpl, d->bpe, missing, 32, &n);
+    for (int i = 0; i < n && i < 32; i++) {
+        int32_t id;
+        if (cai_bpe_token_id(d->bpe, missing[i], &id) == CAI_OK)
+            CAI_CALL(cai_bpe_add_special(d->bpe, missing[i], NULL));
+        else cai_error_clear();
+    }
+    cai_chat_template_missing_tokens(d->tmpl, d->bpe, missing, 32, &n);
+    if (n == 0) return CAI_OK;
+    return CAI_ERROR(CAI_ERR_CONFIG,
+                     "data.chat_template=%s needs special tokens the tokenizer %s lacks (first: %s); the model's "
+                     "embedding cannot grow during fine-tuning: use a template whose tokens the vocabulary has "
+                     "(plain needs none)",
+                     c->chat_template, tok_dir, missing[0]);
+}
+
+/* mkdir -p: the run directory does not exist before the run starts. */
+static cai_status make_dirs(const char *path) {
+    char p[4200];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) return CAI_ERROR(CAI_ERR_CONFIG, "%s: too long", path);
+    for (char *q = p + 1;; q++) {
+        const char c = *q;
+        if (c != '/' && c != 0) continue;
+        *q = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return CAI_ERROR(CAI_ERR_IO, "%s: cannot create the directory: %s", p, strerror(errno));
+        *q = c;
+        if (!c) return CAI_OK;
+    }
+}
+
+/* path -> a dataset: a prefix as it is; JSONL tokenized into
+ * run.dir/data/NAME first. Collective over the world. */
+static cai_status open_dataset(const sft_config *c, sft_data *d, const char *path, const char *name, int64_t vocab,
+                               cai_sft_dataset_t **out, cai_sft_data_stats *stats, cai_sft_preprocess_stats *ps) {
+    char prefix[4200];
+    if (is_prefix(path)) {
+        snprintf(prefix, sizeof prefix, "%s", path);
+    } else {
+        if (access(path, R_OK) != 0)
+            return CAI_ERROR(CAI_ERR_CONFIG, "data.%s=%s: cannot read it: %s", name, path, strerror(errno));
+        char dir[4096];
+        if (snprintf(dir, sizeof dir, "%s/data", c->run.dir) >= (int)sizeof dir)
+            return CAI_ERROR(CAI_ERR_CONFIG, "run.dir=%s is too long", c->run.dir);
+        CAI_CALL(make_dirs(dir));
+        snprintf(prefix, sizeof prefix, "%s/%s", dir, name);
+        const char *inputs[1] = {path};
+        const cai_sft_preprocess_config pc = {
+            inputs, 1, prefix, d->tmpl, d->bpe, c->seq_len, (cai_sft_overflow)c->overflow, 1, 0};
+        CAI_CALL(cai_sft_preprocess(&pc, MPI_COMM_WORLD, ps)); /* errors name the file, line and field */
+    }
+    const cai_sft_data_config dc = {prefix, c->seq_len, 0, (cai_sft_overflow)c->overflow, (uint64_t)c->data_seed,
+                                    0,      vocab};
+    CAI_CALL(cai_sft_dataset_init(out, &dc));
+    cai_sft_dataset_stats(*out, stats);
+    if (stats->rows == 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "data.%s=%s: no conversation with an assistant token to train fits", name,
+                         path);
+    return CAI_OK;
+}
+
+/* Before the run starts (its step count follows from the rows): collective
+ * over the world, whose ranks are the dp ranks. */
+static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *s, const cai_app *app) {
+    if (c->packing)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "data.packing=true puts several conversations in a row; the model has no document-masked "
+                         "(varlen) attention and per-token positions yet, so conversations would attend across "
+                         "their boundaries: leave data.packing=false (one conversation per padded row)");
+    CAI_CALL(cai_chat_template_open(c->chat_template, &d->tmpl));
+    if (*s->tokenizer) CAI_CALL(cai_bpe_load_dir(s->tokenizer, &d->bpe));
+    CAI_CALL(check_template(c, d, s->tokenizer));
+    /* colossal-infer finds a checkpoint's tokenizer beside it */
+    if (d->bpe && app->rank == 0) {
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%s/tokenizer", c->run.dir);
+        CAI_CALL(make_dirs(dir));
+        CAI_CALL(cai_bpe_save(d->bpe, dir));
+    }
+    const int64_t vocab = s->m.config.vocab_size;
+    cai_sft_data_stats ts, vs;
+    cai_sft_preprocess_stats vps;
+    CAI_CALL(open_dataset(c, d, c->train_path, "train", vocab, &d->train, &ts, &d->pre));
+    if (*c->valid_path) CAI_CALL(open_dataset(c, d, c->valid_path, "valid", vocab, &d->valid, &vs, &vps));
+    const int dp = app->size;
+    d->local_batch = (int64_t)c->micro_batch * c->grad_accum;
+    d->global_batch = d->local_batch * dp;
+    size_t n = (size_t)d->local_batch * (size_t)c->seq_len;
+    CAI_CALL(cai_calloc((void **)&d->tokens, n, sizeof *d->tokens, "SFT batch tokens"));
+    CAI_CALL(cai_calloc((void **)&d->targets, n, sizeof *d->targets, "SFT batch targets"));
+    char pre[160] = "";
+    if (d->pre.conversations)
+        snprintf(pre, sizeof pre, " (of %lld read: %lld truncated, %lld dropped at tokenizing, data.overflow=%s)",
+                 (long long)d->pre.conversations, (long long)d->pre.truncated, (long long)d->pre.dropped,
+                 cai_sft_overflow_names[c->overflow]);
+    snprintf(d->source, sizeof d->source,
+             "%s: %lld conversations%s in %lld rows (%lld truncated, %lld dropped), %lld of %lld tokens trained "
+             "(%.1f%%), template %s",
+             c->train_path, (long long)ts.documents, pre, (long long)ts.rows, (long long)ts.truncated,
+             (long long)ts.dropped, (long long)ts.trained_tokens, (long long)ts.tokens,
+             ts.tokens ? 100.0 * (double)ts.trained_tokens / (double)ts.tokens : 0.0, cai_chat_template_name(d->tmpl));
+    return CAI_OK;
+}
+
+/* The loader from `consumed` rows on (0: the start; resuming: where the
+ * checkpoint was). Not collective. */
+static cai_status data_seek(const sft_config *c, sft_data *d, cai_mesh_t *mesh, int64_t consumed) {
+    cai_sft_loader_free(d->loader);
+    d->loader = NULL;
+    return cai_sft_loader_init(&d->loader, d->train, d->global_batch, cai_mesh_size(mesh, CAI_AXIS_DP),
+                               cai_mesh_rank(mesh, CAI_AXIS_DP), (uint64_t)c->data_seed, consumed);
+}
+
+static void data_free(sft_data *d) {
+    cai_sft_loader_free(d->loader);
+    cai_sft_dataset_free(d->train);
+    cai_sft_dataset_free(d->valid);
+    cai_chat_template_free(d->tmpl);
+    cai_bpe_free(d->bpe);
+    cai_free(d->tokens);
+    cai_free(d->targets);
+}
+
+/* ------------------------------------------------------------------ the job's hooks */
+
+typedef struct {
+    const sft_config *cfg;
+    sft_source src;
+    sft_data data;
+    tc_engine eng;
+    int64_t steps;
+} sft_job;
+
+static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_stats *st) {
+    sft_job *j = ctx;
+    CAI_CALL(cai_sft_loader_next(j->data.loader, j->data.tokens, j->data.targets, NULL, NULL));
+    return tc_engine_step(&j->eng, run, step, j->data.tokens, j->data.targets, j->cfg->grad_accum, st);
+}
+
+/* The masked loss over every held-out row: the mean over the assistant's
+ * tokens (each microbatch's mean weighted by its trained tokens). Rows are
+ * dealt to dp ranks in turn; a rank short of rows runs a batch with every
+ * target ignored (a ZeRO-3 forward gathers weights over dp: every rank runs
+ * as many forwards). Collective over dp. */
+static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *loss, int *ran) {
+    (void)step;
+    sft_job *j = ctx;
+    *ran = j->data.valid != NULL;
+    if (!*ran) return CAI_OK;
+    cai_mesh_t *mesh = cai_run_mesh(run);
+    const int dp = cai_mesh_size(mesh, CAI_AXIS_DP), r = cai_mesh_rank(mesh, CAI_AXIS_DP);
+    const int B = j->cfg->micro_batch, T = j->cfg->seq_len;
+    const int64_t rows = cai_sft_dataset_size(j->data.valid), per_round = (int64_t)B * dp;
+    double sums[2] = {0, 0}; /* loss * trained tokens, trained tokens */
+    int64_t idx[B];
+    for (int64_t at = 0; at < rows; at += per_round) {
+        int64_t n = 0;
+        for (int b = 0; b < B; b++) {
+            int64_t row = at + (int64_t)r * B + b;
+            if (row < rows) idx[n++] = row;
+        }
+        for (size_t i = 0; i < (size_t)B * (size_t)T; i++) j->data.targets[i] = CAI_IGNORE_INDEX;
+        if (n) CAI_CALL(cai_sft_dataset_batch(j->data.valid, idx, n, j->data.tokens, j->data.targets, NULL, NULL));
+        int64_t trained = 0;
+        for (size_t i = 0; i < (size_t)B * (size_t)T; i++) trained += j->data.targets[i] != CAI_IGNORE_INDEX;
+        float l = 0;
+        CAI_CALL(cai_model_forward(j->eng.model, j->data.tokens, j->data.targets, &l));
+        sums[0] += (double)l * (double)trained;
+        sums[1] += (double)trained;
+    }
+    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, sums, sums, 2, CAI_DTYPE_F64, CAI_RED_SUM));
+    *loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    return CAI_OK;
+}
+
+static cai_status save_hook(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const char *dir, int keep, char *path,
+                            size_t cap, cai_ckpt_stats *st) {
+    sft_job *j = ctx;
+    m->consumed_samples = cai_sft_loader_consumed(j->data.loader);
+    m->data_seed = (uint64_t)j->cfg->data_seed;
+    return tc_engine_save(&j->eng, run, m, dir, keep, path, cap, st);
+}
+
+static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckpt_meta *m, cai_ckpt_stats *st) {
+    sft_job *j = ctx;
+    CAI_CALL(tc_engine_load(&j->eng, run, path, m, st));
+    if (m->data_seed != (uint64_t)j->cfg->data_seed)
+        CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the row order changes from here", path,
+                 (unsigned long long)m->data_seed, (long long)j->cfg->data_seed);
+    return data_seek(j->cfg, &j->data, cai_run_mesh(run), m->consumed_samples);
+}
+
+/* ------------------------------------------------------------------ building */
+
+/* Decided from the config alone, alike on every rank, before anything is
+ * read: the layout and what the engine cannot do here. */
+static cai_status check_config(const sft_config *c, int world, cai_layout *L) {
+    (void)c;
+    *L = (cai_layout){1, world, 1, 1, 1, NULL}; /* every rank a data-parallel replica */
+    CAI_CALL(cai_layout_validate(world, L, NULL));
+    if (!*c->train_path) return CAI_ERROR(CAI_ERR_CONFIG, "data.train is required (a chat JSONL file or a prefix)");
+    if (c->tr.zero_stage > 0)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "zero.stage=%d: colossal-sft loads the model's weights before the ZeRO engine takes them, "
+                         "which stages 1-3 (shards initialised from the registry) do not read yet; use zero.stage=0 "
+                         "(zero.offload=true keeps the optimizer on the host)",
+                         c->tr.zero_stage);
+    return CAI_OK;
+}
+
+static cai_run_config run_config(const sft_config *c, const cai_layout *layout, int64_t steps) {
+    cai_run_config r = {.program = "colossal-sft", .schema = &k_schema, .app_cfg = c, .opt = &c->run, .steps = steps};
+    cai_mesh_config_init(&r.mesh);
+    r.mesh.layout = *layout;
+    r.mesh.watchdog_timeout_s = c->watchdog;
+    r.mesh.nccl_overlap_ctas = c->tr.zero_overlap_ctas;
+    return r;
+}
+
+/* The model's config from its source with this run's sequence length and
+ * precision, planned against train.mem_limit; then the engine with the
+ * source's weights. */
+static cai_status build(sft_job *j, sft_config *c, cai_run_t *run) {
+    cai_model_config m = j->src.m.config, resolved;
+    if (c->seq_len > m.max_seq_len)
+        return CAI_ERROR(CAI_ERR_CONFIG, "train.seq_len=%d: %s holds positions up to %d", c->seq_len, c->model_path,
+                         m.max_seq_len);
+    m.activation_checkpointing = c->act_ckpt;
+    tc_apply_precision(&c->tr, cai_run_device(run), &m);
+    CAI_CALL(cai_model_config_resolve(&m, &resolved));
+    cai_mem_plan_request q = {.model = resolved,
+                              .batch = c->micro_batch,
+                              .seq_len = c->seq_len,
+                              .view = cai_run_view(run),
+                              .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
+                              .zero = tc_zero_config(&c->tr),
+                              .dev = cai_run_device(run)};
+    CAI_CALL(cai_run_plan_memory(run, &q));
+    cai_model_options mo = cai_model_options_default(&resolved);
+    mo.batch = c->micro_batch;
+    mo.seq_len = c->seq_len;
+    mo.view = cai_run_view(run);
+    mo.mesh = cai_run_mesh(run);
+    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->steps, &resolved, &mo, load_weights, &j->src));
+    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
+    return data_seek(c, &j->data, cai_run_mesh(run), 0);
+}
+
+static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
+    const sft_config *c = j->cfg;
+    const cai_model_config *mc = cai_model_config_of(j->eng.model);
+    const int dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP);
+    printf("colossal-sft %s: %d rank%s, dp %d, device %s\n", cai_version_string(), app->size, app->size == 1 ? "" : "s",
+           dp, cai_run_device(run)->name);
+    printf("model: %s from %s (%s, %d layers, d_model %d, vocab %d), tokenizer %s\n", cai_model_family_name(mc->family),
+           c->model_path, j->src.m.hf ? "Hugging Face" : "checkpoint", mc->n_layers, mc->d_model, mc->vocab_size,
+           *j->src.tokenizer ? j->src.tokenizer : "byte-level");
+    printf("data: %s\n", j->data.source);
+    if (j->data.valid)
+        printf("eval: masked loss over %lld held-out rows of %s\n", (long long)cai_sft_dataset_size(j->data.valid),
+               c->valid_path);
+    printf(
+        "batch: %lld conversations x %d tokens per step (micro_batch %d x grad_accum %d x dp %d); %lld steps = "
+        "%.2f epochs\n",
+        (long long)j->data.global_batch, c->seq_len, c->micro_batch, c->grad_accum, dp, (long long)j->steps,
+        (double)(j->steps * j->data.global_batch) / (double)cai_sft_dataset_size(j->data.train));
+    tc_engine_print_optim(&j->eng);
+    tc_engine_print_zero(&j->eng, &c->tr, dp);
+    printf("run dir: %s (config.yaml, metrics.jsonl, tokenizer/)\n", c->run.dir);
+    fflush(stdout);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv) {
+    cai_run_signals_install(); /* first: a signal during start-up waits for the first step */
+    tc_fill_choices();
+    sft_config cfg;
+    cai_app app;
+    cai_app_init(&app, &argc, &argv, &k_schema, &cfg, offsetof(sft_config, common));
+    cai_layout layout;
+    cai_app_check_all(check_config(&cfg, app.size, &layout), 2);
+    sft_job job = {.cfg = &cfg};
+    cai_app_check_all(open_source(&cfg, &job.src), 2);
+    if (cfg.seq_len == 0) cfg.seq_len = job.src.m.config.max_seq_len;
+
+    cai_app_check_all(data_init(&cfg, &job.data, &job.src, &app), 2);
+    job.steps = cfg.steps ? cfg.steps
+                          : (int64_t)((cfg.epochs * (double)cai_sft_dataset_size(job.data.train) +
+                                       (double)job.data.global_batch - 1) /
+                                      (double)job.data.global_batch);
+    cai_app_check_all(tc_check(&cfg.tr, job.steps), 2); /* the schedule's length is known now */
+    cai_run_t *run = NULL;
+    cai_run_config rc = run_config(&cfg, &layout, job.steps);
+    cai_app_check_all(cai_run_init(&run, &rc, MPI_COMM_WORLD), 1);
+    cai_app_check_all(build(&job, &cfg, run), 2);
+    cai_run_hooks hooks = {&job, step_hook, eval_hook, save_hook, load_hook};
+    cai_app_check_all(cai_run_resume(run, &hooks), 1);
+    cai_app_check(cai_run_start(run, job.eng.model, cfg.seq_len, job.data.global_batch * cfg.seq_len));
+    if (app.rank == 0) print_header(&job, run, &app);
+    cai_app_check(cai_run_train(run, &hooks, cfg.eval_interval ? cfg.eval_interval : job.steps));
+    cai_app_check(cai_run_finish(run));
+
+    int exit_code = cai_run_exit_code(run);
+    tc_engine_free(&job.eng);
+    data_free(&job.data);
+    cai_hf_close(job.src.h);
+    cai_run_free(run);
+    int rc_final = cai_app_finalize(&k_schema, &cfg);
+    return exit_code ? exit_code : rc_final;
+}

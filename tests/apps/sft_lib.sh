@@ -1,0 +1,31 @@
+# Shared helpers for the colossal-sft end-to-end tests (sourced, not run):
+# pretrain_lib.sh's (TMP, fail, expect_*, field, same_losses) plus a tiny
+# pretrained model and the embedded instruction set.
+. "$top_srcdir/tests/apps/pretrain_lib.sh"
+SFT_BIN="$top_builddir/apps/colossal-sft"
+DATA_BIN="$top_builddir/apps/colossal-data"
+
+# run_sft N ARGS...: colossal-sft on N ranks; stdout in $TMP/out, stderr in
+# $TMP/err, exit status in $RC.
+run_sft() {
+    n=$1
+    shift
+    echo "+ $MPIEXEC -n $n colossal-sft $*"
+    RC=0
+    # shellcheck disable=SC2086
+    $MPIEXEC -n "$n" --oversubscribe "$SFT_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-sft $*"
+}
+
+# sft_setup: $TMP/pt (a 2-layer GPT-2, BPE of 320 tokens, 60 steps, its
+# checkpoint and tokenizer) and $TMP/ex/{train,held_out}.jsonl.
+sft_setup() {
+    # shellcheck disable=SC2086
+    run_np 1 $TINY --data.corpus_vocab 320 --train.steps 60 --eval.interval 0 --checkpoint.every 60 --run.dir "$TMP/pt"
+    expect_ok
+    "$DATA_BIN" sft-example --out "$TMP/ex" --docs 300 --seed 7 --held-out 10 >"$TMP/out" 2>"$TMP/err" ||
+        fail "sft-example failed"
+}
+
+SFT_TINY="--train.seq_len 64 --train.micro_batch 4 --optim.lr 1e-3 --optim.warmup_steps 2 --log.timestamps false
+  --run.peak_tflops 1"
