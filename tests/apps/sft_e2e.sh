@@ -1,6 +1,7 @@
 #!/bin/sh
 # colossal-sft end to end on CPU with nothing downloaded: a tiny pretrained
-# checkpoint fine-tuned on the embedded instruction set on 1 and 2 ranks
+# checkpoint (and its Hugging Face export: the same run) fine-tuned on the
+# embedded instruction set on 1 and 2 ranks
 # (data parallel: the same losses within 1e-5), the masked loss falls and is
 # evaluated on the held-out file, a stopped run resumes bit-exactly, a
 # preprocessed prefix trains as the JSONL does, and the Hugging Face export
@@ -21,6 +22,16 @@ M1="$TMP/s1/metrics.jsonl"
 field train loss "$M1" | awk 'NR==1{f=$2} NR>19{s+=$2;n++} END{printf "first %.4f, last-5 mean %.4f\n", f, s/n;
     exit !(s/n < 0.8*f)}' || fail "the masked loss did not fall by 20%"
 [ -s "$TMP/s1/tokenizer/vocab.json" ] || fail "no tokenizer beside the checkpoints"
+
+# From the Hugging Face export of the same pretrained checkpoint: the same
+# weights and tokens, the same run.
+$MPIEXEC -n 1 "$top_builddir/apps/colossal-ckpt" export --input "$TMP/pt/checkpoints" --output "$TMP/pt-hf" \
+    --tokenizer "$TMP/pt/tokenizer" >"$TMP/out" 2>"$TMP/err" || fail "export of the pretrained checkpoint failed"
+# shellcheck disable=SC2086
+run_sft 1 $SFT --model.path "$TMP/pt-hf" --run.dir "$TMP/s5"
+expect_ok
+expect_grep out "^model: gpt2 from .*pt-hf \\(Hugging Face"
+same_losses "$M1" "$TMP/s5/metrics.jsonl" "starting from the Hugging Face export"
 
 # Two data-parallel ranks: the same global batches in the same microbatches
 # (a step's loss is the mean of its microbatches' masked means, each over
