@@ -116,6 +116,11 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
         a->lse = (float *)p;
     }
     CAI_CHECK_ARG(params->window >= 0, "%s: window %" PRId64 " must be >= 0", op, params->window);
+    if (params->doc_ids)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: document masking (doc_ids, packed sequences) is not implemented in the CUDA kernels; "
+                         "run packed batches on the CPU backend or unpacked (padded) on CUDA",
+                         op);
     a->p.scale = params->scale != 0.0f ? params->scale : 1.0f / sqrtf((float)(a->q.D > 0 ? a->q.D : 1));
     a->p.causal = params->causal;
     a->p.off = params->causal_offset;

@@ -34,8 +34,36 @@ typedef struct {
     float scale;
     int causal;
     int64_t off, window, group;
-    float *ws; /* per thread: two blocks of min(Tq, QB) x row_floats(Tk) */
+    const int32_t *docs; /* [B,Tq] document ids, or NULL */
+    float *ws;           /* per thread: two blocks of min(Tq, QB) x row_floats(Tk) */
 } attn_args;
+
+/* Document ids are only meaningful for self-attention with the causal mask
+ * aligned top-left; each row's ids must form contiguous runs so a query's
+ * visible keys stay one range (key_range). */
+static cai_status doc_check(const char *op, attn_args *a, const cai_tensor *doc_ids) {
+    CAI_CHECK_ARG(a->causal && a->off == 0 && a->q.T == a->k.T,
+                  "%s: doc_ids need causal self-attention (causal 1, causal_offset 0, Tq == Tk); got causal %d, "
+                  "causal_offset %" PRId64 ", Tq %" PRId64 ", Tk %" PRId64,
+                  op, a->causal, a->off, a->q.T, a->k.T);
+    char *p;
+    if (doc_ids->ndim != 2 || doc_ids->shape[0] != a->q.B || doc_ids->shape[1] != a->q.T)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: doc_ids is %s but must be [%" PRId64 ",%" PRId64 "] (B, T of q)", op,
+                         CAI_OPS_DESCRIBE(doc_ids), a->q.B, a->q.T);
+    CAI_CALL(cai_ops_vec(op, "doc_ids", doc_ids, CAI_HOST, CAI_I32, a->q.B * a->q.T, &p));
+    a->docs = (const int32_t *)p;
+    for (int64_t b = 0; b < a->q.B; b++)
+        for (int64_t t = 1; t < a->q.T; t++) {
+            int32_t prev = a->docs[b * a->q.T + t - 1], cur = a->docs[b * a->q.T + t];
+            if (cur < prev)
+                return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                                 "%s: doc_ids[%" PRId64 ",%" PRId64
+                                 "] = %d after %d: ids must not decrease along a "
+                                 "row (each document one contiguous run)",
+                                 op, b, t, (int)cur, (int)prev);
+        }
+    return CAI_OK;
+}
 
 static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out, const char *out_name,
                              const cai_tensor *lse, const cai_tensor *q, const cai_tensor *k, const cai_tensor *v,
@@ -74,6 +102,7 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     a->off = params->causal_offset;
     a->window = params->window;
     CAI_CHECK_ARG(a->window >= 0, "%s: window %" PRId64 " must be >= 0", op, a->window);
+    if (params->doc_ids) CAI_CALL(doc_check(op, a, params->doc_ids));
     size_t need = cai_cpu_attention_workspace_bytes(dev, a->q.B, a->q.T, a->k.T, a->q.H, a->k.H, a->q.D);
     if (workspace_bytes < need || !workspace)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
@@ -85,13 +114,20 @@ static cai_status attn_check(const char *op, attn_args *a, const cai_tensor *out
     return CAI_OK;
 }
 
-/* Visible key range [lo, hi] for query row i; empty when hi < lo. */
-static inline void key_range(const attn_args *a, int64_t i, int64_t *lo, int64_t *hi) {
+/* Visible key range [lo, hi] for query row i of batch b; empty when hi < lo. */
+static inline void key_range(const attn_args *a, int64_t b, int64_t i, int64_t *lo, int64_t *hi) {
     int64_t last = a->k.T - 1, first = 0;
     if (a->causal) {
         int64_t lim = i + a->off;
         if (lim < last) last = lim;
         if (a->window > 0 && lim - a->window + 1 > first) first = lim - a->window + 1;
+    }
+    if (a->docs) {
+        /* the scan back is O(document length), small next to the row's scores */
+        const int32_t *row = a->docs + b * a->q.T;
+        int64_t s = i;
+        while (s > first && row[s - 1] == row[i]) s--;
+        if (s > first) first = s;
     }
     *lo = first;
     *hi = last;
@@ -125,7 +161,7 @@ static void block_probs(const attn_args *a, int64_t b, int64_t h, int64_t i0, in
     for (int64_t r = 0; r < m; r++) {
         float *pr = p + r * ld;
         int64_t lo, hi;
-        key_range(a, i0 + r, &lo, &hi);
+        key_range(a, b, i0 + r, &lo, &hi);
         lo -= klo;
         hi -= klo;
         if (hi < lo) {
@@ -147,11 +183,11 @@ static void block_probs(const attn_args *a, int64_t b, int64_t h, int64_t i0, in
 }
 
 /* Keys any row of the block [i0, i0+m) can see: rows' ranges move right
- * monotonically, so the union is [lo(i0), hi(i0+m-1)]. */
-static void block_keys(const attn_args *a, int64_t i0, int64_t m, int64_t *klo, int64_t *nk) {
+ * monotonically (document starts too, ids never decreasing), so the union is [lo(i0), hi(i0+m-1)]. */
+static void block_keys(const attn_args *a, int64_t b, int64_t i0, int64_t m, int64_t *klo, int64_t *nk) {
     int64_t lo0, hi0, lo1, hi1;
-    key_range(a, i0, &lo0, &hi0);
-    key_range(a, i0 + m - 1, &lo1, &hi1);
+    key_range(a, b, i0, &lo0, &hi0);
+    key_range(a, b, i0 + m - 1, &lo1, &hi1);
     if (lo0 < 0) lo0 = 0;
     if (hi1 >= a->k.T) hi1 = a->k.T - 1;
     *klo = lo0;
@@ -175,7 +211,7 @@ cai_status cai_cpu_attention_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor 
         int64_t blk = task % nblk, h = (task / nblk) % Hq, b = task / (nblk * Hq);
         int64_t i0 = blk * QB, m = Tq - i0 < QB ? Tq - i0 : QB, klo, nk;
         float *p = a.ws + (int64_t)CAI_THREAD_ID() * per_thread, *lrow = p + rows * ld;
-        block_keys(&a, i0, m, &klo, &nk);
+        block_keys(&a, b, i0, m, &klo, &nk);
         if (nk == 0) {
             zero_rows(&a.o, b, i0, m, h);
             for (int64_t r = 0; r < m && a.lse; r++) a.lse[(b * Hq + h) * Tq + i0 + r] = -INFINITY;
@@ -223,7 +259,7 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
         for (int64_t h = hk * a.group; h < (hk + 1) * a.group; h++) {
             for (int64_t blk = 0; blk < nblk; blk++) {
                 int64_t i0 = blk * QB, m = Tq - i0 < QB ? Tq - i0 : QB, klo, nk;
-                block_keys(&a, i0, m, &klo, &nk);
+                block_keys(&a, b, i0, m, &klo, &nk);
                 if (nk == 0) {
                     if (dq) zero_rows(&gdq, b, i0, m, h);
                     continue;

@@ -4,7 +4,8 @@
  * multi-head on a fused GPT-2 style QKV buffer, grouped-query heads (6 query
  * heads over 2 kv heads) on a fused Llama style buffer, decoding against a
  * longer key sequence (causal offset), a sliding window, non-causal
- * attention and rows that see no key at all.
+ * attention, rows that see no key at all, and document masking of packed
+ * rows (also against plain attention run on each document alone).
  *
  * Tolerances (max abs error / max abs reference): forward 2e-6, lse 1e-6,
  * gradients 1e-4. */
@@ -23,7 +24,8 @@ typedef struct {
     int64_t B, Tq, Tk, Hq, Hkv, D;
     int causal;
     int64_t offset, window;
-    int fused; /* q, k, v as views into one [B,T,(Hq+2Hkv)*D] buffer (needs Tq == Tk) */
+    int fused;           /* q, k, v as views into one [B,T,(Hq+2Hkv)*D] buffer (needs Tq == Tk) */
+    const int32_t *docs; /* [B,Tq] document ids (packed sequences), or NULL */
 } attn_case;
 
 typedef struct {
@@ -32,7 +34,8 @@ typedef struct {
     double *out, *lse;
 } attn_ref;
 
-static int visible(const attn_case *c, int64_t i, int64_t j) {
+static int visible(const attn_case *c, int64_t b, int64_t i, int64_t j) {
+    if (c->docs && c->docs[b * c->Tq + i] != c->docs[b * c->Tq + j]) return 0;
     if (!c->causal) return 1;
     if (j > i + c->offset) return 0;
     if (c->window > 0 && i + c->offset - j >= c->window) return 0;
@@ -50,12 +53,12 @@ static void attn_forward(attn_ref *r) {
                 double *oi = r->out + ((b * c->Tq + i) * c->Hq + h) * D, m = -INFINITY, sum = 0;
                 for (int64_t d = 0; d < D; d++) oi[d] = 0;
                 for (int64_t j = 0; j < c->Tk; j++) {
-                    if (!visible(c, i, j)) continue;
+                    if (!visible(c, b, i, j)) continue;
                     s[j] = scale * dot_d(qi, r->k + ((b * c->Tk + j) * c->Hkv + h / g) * D, D);
                     m = fmax(m, s[j]);
                 }
                 for (int64_t j = 0; j < c->Tk; j++) {
-                    if (!visible(c, i, j)) continue;
+                    if (!visible(c, b, i, j)) continue;
                     double p = exp(s[j] - m);
                     sum += p;
                     const double *vj = r->v + ((b * c->Tk + j) * c->Hkv + h / g) * D;
@@ -144,7 +147,12 @@ static attn_result run_attention(cai_device_t *dev, const attn_case *c, attn_ref
     cai_tensor to = cai_tensor_4d(dev, fo, CAI_DTYPE_F32, c->B, c->Tq, c->Hq, c->D);
     cai_tensor tdo = cai_tensor_4d(dev, fW, CAI_DTYPE_F32, c->B, c->Tq, c->Hq, c->D);
     cai_tensor tl = cai_tensor_3d(dev, fl, CAI_DTYPE_F32, c->B, c->Hq, c->Tq);
-    cai_attn_params p = {.scale = 0.0f, .causal = c->causal, .causal_offset = c->offset, .window = c->window};
+    cai_tensor tdocs = cai_tensor_2d(dev, (void *)c->docs, CAI_DTYPE_I32, c->B, c->Tq);
+    cai_attn_params p = {.scale = 0.0f,
+                         .causal = c->causal,
+                         .causal_offset = c->offset,
+                         .window = c->window,
+                         .doc_ids = c->docs ? &tdocs : NULL};
     size_t wsb = ops->attention_workspace_bytes(dev, c->B, c->Tq, c->Tk, c->Hq, c->Hkv, c->D);
     void *ws = malloc(wsb);
     /* garbage in the gradient buffers: the op overwrites them */
@@ -220,19 +228,42 @@ static void check_case(const attn_case *c) {
     cai_device_free(dev3);
 }
 
+/* Packed rows: documents of 1 to 40 tokens, the last one padding. */
+static const int32_t docs_2x9[] = {0, 0, 0, 1, 1, 2, 2, 2, 2, /**/ 5, 6, 6, 6, 6, 6, 6, 7, 7};
+static const int32_t docs_1x13[] = {3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 9, 9};
+static int32_t docs_1x70[70], docs_1x67[67];
+
 /*                          B  Tq  Tk  Hq Hkv D  causal off win fused */
 static const attn_case cases[] = {
-    {2, 7, 7, 3, 3, 8, 1, 0, 0, 1},     /* GPT-2: MHA on fused QKV, odd T and heads */
-    {1, 13, 13, 6, 2, 4, 1, 0, 0, 1},   /* Llama: GQA 6 query / 2 kv heads, fused */
-    {2, 3, 9, 4, 2, 5, 1, 6, 0, 0},     /* decode 3 new tokens against 9 cached keys */
-    {1, 9, 9, 2, 1, 6, 1, 0, 3, 0},     /* multi-query with a 3-key sliding window */
-    {2, 5, 6, 2, 2, 3, 0, 0, 0, 0},     /* non-causal, Tq != Tk */
-    {1, 4, 4, 2, 2, 4, 1, -2, 0, 0},    /* the first two rows see no key at all */
-    {1, 70, 70, 2, 1, 4, 1, 0, 0, 1},   /* more query rows than one CPU block (64) */
-    {1, 67, 90, 2, 2, 3, 1, 23, 40, 0}, /* several blocks, offset and window together */
+    {2, 7, 7, 3, 3, 8, 1, 0, 0, 1, NULL},        /* GPT-2: MHA on fused QKV, odd T and heads */
+    {1, 13, 13, 6, 2, 4, 1, 0, 0, 1, NULL},      /* Llama: GQA 6 query / 2 kv heads, fused */
+    {2, 3, 9, 4, 2, 5, 1, 6, 0, 0, NULL},        /* decode 3 new tokens against 9 cached keys */
+    {1, 9, 9, 2, 1, 6, 1, 0, 3, 0, NULL},        /* multi-query with a 3-key sliding window */
+    {2, 5, 6, 2, 2, 3, 0, 0, 0, 0, NULL},        /* non-causal, Tq != Tk */
+    {1, 4, 4, 2, 2, 4, 1, -2, 0, 0, NULL},       /* the first two rows see no key at all */
+    {1, 70, 70, 2, 1, 4, 1, 0, 0, 1, NULL},      /* more query rows than one CPU block (64) */
+    {1, 67, 90, 2, 2, 3, 1, 23, 40, 0, NULL},    /* several blocks, offset and window together */
+    {2, 9, 9, 3, 3, 4, 1, 0, 0, 1, docs_2x9},    /* packed GPT-2: documents end mid-row */
+    {1, 13, 13, 6, 2, 4, 1, 0, 0, 1, docs_1x13}, /* packed Llama GQA */
+    {1, 70, 70, 2, 1, 4, 1, 0, 0, 0, docs_1x70}, /* documents across the 64-row block edge */
+    {1, 67, 67, 2, 2, 3, 1, 0, 5, 0, docs_1x67}, /* documents and a sliding window */
 };
 
-START_TEST(attention_case) { check_case(&cases[_i]); }
+static void fill_docs(void) {
+    /* 1x70: documents of 30, 40 tokens (the second crosses row 64); 1x67:
+     * runs of 1, 2, ..., 11 tokens, so the window and the document start
+     * alternate in bounding a row's keys */
+    for (int i = 0; i < 70; i++) docs_1x70[i] = i < 30 ? 0 : 1;
+    for (int i = 0, d = 0, left = 1, len = 1; i < 67; i++) {
+        docs_1x67[i] = d;
+        if (--left == 0) left = ++len, d++;
+    }
+}
+
+START_TEST(attention_case) {
+    fill_docs();
+    check_case(&cases[_i]);
+}
 END_TEST
 
 START_TEST(attention_shape_errors) {
@@ -246,6 +277,105 @@ START_TEST(attention_shape_errors) {
     ck_assert_int_eq(dev->ops->attention_fwd(dev, &o, NULL, &q, &k, &k, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
     ck_assert_str_eq(cai_error_message(), "attention_fwd: 3 query heads do not divide into groups over 2 kv heads");
     cai_error_clear();
+    /* document ids that decrease, of the wrong shape or with a mask they do not fit */
+    cai_tensor q2 = cai_tensor_4d(dev, buf, CAI_DTYPE_F32, 1, 4, 2, 4),
+               o2 = cai_tensor_4d(dev, buf + 64, CAI_DTYPE_F32, 1, 4, 2, 4);
+    int32_t bad[4] = {0, 1, 1, 0}, good[4] = {0, 0, 1, 1};
+    cai_tensor tbad = cai_tensor_2d(dev, bad, CAI_DTYPE_I32, 1, 4),
+               tgood = cai_tensor_2d(dev, good, CAI_DTYPE_I32, 1, 4),
+               tshape = cai_tensor_2d(dev, good, CAI_DTYPE_I32, 2, 2),
+               tf32 = cai_tensor_2d(dev, buf, CAI_DTYPE_F32, 1, 4);
+    p = (cai_attn_params){.causal = 1, .doc_ids = &tbad};
+    ck_assert_int_eq(dev->ops->attention_fwd(dev, &o2, NULL, &q2, &q2, &q2, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(cai_error_message(),
+                     "attention_fwd: doc_ids[0,3] = 0 after 1: ids must not decrease along a row "
+                     "(each document one contiguous run)");
+    cai_error_clear();
+    p.doc_ids = &tshape;
+    ck_assert_int_eq(dev->ops->attention_fwd(dev, &o2, NULL, &q2, &q2, &q2, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "but must be [1,4] (B, T of q)"));
+    cai_error_clear();
+    p.doc_ids = &tf32;
+    ck_assert_int_eq(dev->ops->attention_fwd(dev, &o2, NULL, &q2, &q2, &q2, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "doc_ids"));
+    cai_error_clear();
+    p = (cai_attn_params){.causal = 0, .doc_ids = &tgood};
+    ck_assert_int_eq(dev->ops->attention_fwd(dev, &o2, NULL, &q2, &q2, &q2, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "doc_ids need causal self-attention"));
+    cai_error_clear();
+    p = (cai_attn_params){.causal = 1, .causal_offset = 2, .doc_ids = &tgood};
+    ck_assert_int_eq(dev->ops->attention_fwd(dev, &o2, NULL, &q2, &q2, &q2, &p, ws, sizeof ws), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "causal_offset 2"));
+    cai_error_clear();
+    cai_device_free(dev);
+}
+END_TEST
+
+/* One segment [t0, t0+n) of batch row b of a dense [B,T,H,D] float tensor. */
+static cai_tensor segment(const cai_tensor *t, int64_t b, int64_t t0, int64_t n) {
+    cai_tensor rb, seg;
+    ck_assert_int_eq(cai_tensor_narrow(t, 0, b, 1, &rb), CAI_OK);
+    ck_assert_int_eq(cai_tensor_narrow(&rb, 1, t0, n, &seg), CAI_OK);
+    return seg;
+}
+
+/* The packed op equals plain causal attention run on every document alone:
+ * outputs, lse and all three gradients. */
+START_TEST(attention_docs_per_document) {
+    cai_device_t *dev = test_device(2);
+    const cai_ops *ops = dev->ops;
+    enum { B = 2, T = 9, Hq = 4, Hkv = 2, D = 4 };
+    const int64_t nq = B * T * Hq * D, nk = B * T * Hkv * D;
+    float *q = falloc(nq), *k = falloc(nk), *v = falloc(nk), *dout = falloc(nq);
+    double *r = drandn(nq + 2 * nk + nq, 7, 1.0);
+    for (int64_t i = 0; i < nq; i++) q[i] = (float)r[i], dout[i] = (float)r[nq + 2 * nk + i];
+    for (int64_t i = 0; i < nk; i++) k[i] = (float)r[nq + i], v[i] = (float)r[nq + nk + i];
+    float *o[2], *lse[2], *dq[2], *dk[2], *dv[2];
+    for (int w = 0; w < 2; w++) {
+        o[w] = falloc(nq), dq[w] = falloc(nq), dk[w] = falloc(nk), dv[w] = falloc(nk);
+        lse[w] = falloc(B * Hq * T);
+    }
+    cai_tensor tq = cai_tensor_4d(dev, q, CAI_DTYPE_F32, B, T, Hq, D),
+               tk = cai_tensor_4d(dev, k, CAI_DTYPE_F32, B, T, Hkv, D),
+               tv = cai_tensor_4d(dev, v, CAI_DTYPE_F32, B, T, Hkv, D),
+               tdo = cai_tensor_4d(dev, dout, CAI_DTYPE_F32, B, T, Hq, D);
+    cai_tensor to = cai_tensor_4d(dev, o[0], CAI_DTYPE_F32, B, T, Hq, D),
+               tl = cai_tensor_3d(dev, lse[0], CAI_DTYPE_F32, B, Hq, T);
+    cai_tensor tdq = cai_tensor_4d(dev, dq[0], CAI_DTYPE_F32, B, T, Hq, D),
+               tdk = cai_tensor_4d(dev, dk[0], CAI_DTYPE_F32, B, T, Hkv, D),
+               tdv = cai_tensor_4d(dev, dv[0], CAI_DTYPE_F32, B, T, Hkv, D);
+    cai_tensor tdocs = cai_tensor_2d(dev, (void *)docs_2x9, CAI_DTYPE_I32, B, T);
+    cai_attn_params packed = {.causal = 1, .doc_ids = &tdocs}, plain = {.causal = 1};
+    size_t wsb = ops->attention_workspace_bytes(dev, B, T, T, Hq, Hkv, D);
+    void *ws = malloc(wsb);
+    ASSERT_OK(ops->attention_fwd(dev, &to, &tl, &tq, &tk, &tv, &packed, ws, wsb));
+    ASSERT_OK(ops->attention_bwd(dev, &tdq, &tdk, &tdv, &tdo, &tq, &tk, &tv, &to, &tl, &packed, ws, wsb));
+    cai_tensor ao = cai_tensor_4d(dev, o[1], CAI_DTYPE_F32, B, T, Hq, D),
+               adq = cai_tensor_4d(dev, dq[1], CAI_DTYPE_F32, B, T, Hq, D),
+               adk = cai_tensor_4d(dev, dk[1], CAI_DTYPE_F32, B, T, Hkv, D),
+               adv = cai_tensor_4d(dev, dv[1], CAI_DTYPE_F32, B, T, Hkv, D);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t0 = 0, n; t0 < T; t0 += n) {
+            for (n = 1; t0 + n < T && docs_2x9[b * T + t0 + n] == docs_2x9[b * T + t0]; n++) {
+            }
+            cai_tensor sq = segment(&tq, b, t0, n), sk = segment(&tk, b, t0, n), sv = segment(&tv, b, t0, n),
+                       sdo = segment(&tdo, b, t0, n), so = segment(&ao, b, t0, n), sdq = segment(&adq, b, t0, n),
+                       sdk = segment(&adk, b, t0, n), sdv = segment(&adv, b, t0, n);
+            float sl[Hq * T];
+            cai_tensor tsl = cai_tensor_3d(dev, sl, CAI_DTYPE_F32, 1, Hq, n);
+            ASSERT_OK(ops->attention_fwd(dev, &so, &tsl, &sq, &sk, &sv, &plain, ws, wsb));
+            ASSERT_OK(ops->attention_bwd(dev, &sdq, &sdk, &sdv, &sdo, &sq, &sk, &sv, &so, &tsl, &plain, ws, wsb));
+            for (int64_t h = 0; h < Hq; h++)
+                for (int64_t i = 0; i < n; i++) lse[1][(b * Hq + h) * T + t0 + i] = sl[h * n + i];
+        }
+    float *got[5] = {o[0], lse[0], dq[0], dk[0], dv[0]}, *want[5] = {o[1], lse[1], dq[1], dk[1], dv[1]};
+    int64_t len[5] = {nq, B * Hq * T, nq, nk, nk};
+    for (int w = 0; w < 5; w++)
+        for (int64_t i = 0; i < len[w]; i++)
+            ck_assert_msg(fabsf(got[w][i] - want[w][i]) <= 1e-6f * fmaxf(1.0f, fabsf(want[w][i])), "%d[%ld]: %g vs %g",
+                          w, (long)i, (double)got[w][i], (double)want[w][i]);
+    for (int w = 0; w < 2; w++) free(o[w]), free(lse[w]), free(dq[w]), free(dk[w]), free(dv[w]);
+    free(q), free(k), free(v), free(dout), free(r), free(ws);
     cai_device_free(dev);
 }
 END_TEST
@@ -256,6 +386,7 @@ static Suite *attention_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, attention_case, 0, (int)(sizeof cases / sizeof *cases));
     tcase_add_test(tc, attention_shape_errors);
+    tcase_add_test(tc, attention_docs_per_document);
     suite_add_tcase(s, tc);
     return s;
 }

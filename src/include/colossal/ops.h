@@ -59,6 +59,14 @@ typedef struct {
     int causal;  /* 1 for decoder self-attention */
     int64_t causal_offset;
     int64_t window; /* sliding window length in keys; 0 = unlimited */
+    /* Document masking for packed sequences, or NULL. doc_ids I32 [B,T]
+     * (contiguous, on the op's device) for causal self-attention (Tq == Tk,
+     * causal_offset 0): query row i of batch b further sees key j only when
+     * doc_ids[b,j] == doc_ids[b,i]. Ids must not decrease along a row, so
+     * every document is one contiguous run; any value, padding included,
+     * is a document of its own. CPU only: the CUDA backend refuses it
+     * (CAI_ERR_UNSUPPORTED). */
+    const cai_tensor *doc_ids;
 } cai_attn_params;
 
 /* AdamW (Loshchilov & Hutter; same arithmetic as torch.optim.AdamW):
