@@ -223,9 +223,10 @@ static cai_status open_dataset(const sft_config *c, sft_data *d, const char *pat
 static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *s, const cai_app *app) {
     if (c->packing)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "data.packing=true puts several conversations in a row; the model has no document-masked "
-                         "(varlen) attention and per-token positions yet, so conversations would attend across "
-                         "their boundaries: leave data.packing=false (one conversation per padded row)");
+                         "data.packing=true puts several conversations in a row; cai_model has no packed forward "
+                         "yet (document-masked (varlen) attention and per-token positions through the model), so "
+                         "conversations would attend across their boundaries: leave data.packing=false (one "
+                         "conversation per padded row)");
     CAI_CALL(cai_chat_template_open(c->chat_template, &d->tmpl));
     if (*s->tokenizer) CAI_CALL(cai_bpe_load_dir(s->tokenizer, &d->bpe));
     CAI_CALL(check_template(c, d, s->tokenizer));

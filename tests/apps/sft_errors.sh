@@ -30,7 +30,7 @@ refused "unknown template" 'chat template "nosuch": not one of' --data.train "$T
 refused "template tokens missing" "data.chat_template=chatml needs special tokens .* lacks \(first: <\|im_start\|>\)" \
     --data.train "$TMP/ex/train.jsonl" --data.chat_template chatml
 refused "missing data" "data.train=$TMP/none.jsonl: cannot read it" --data.train "$TMP/none.jsonl"
-refused "packing" "data.packing=true .* no document-masked \(varlen\) attention" --data.train "$TMP/ex/train.jsonl" \
+refused "packing" "data.packing=true .* cai_model has no packed forward yet \(document-masked \(varlen\) attention" --data.train "$TMP/ex/train.jsonl" \
     --data.packing true
 refused "zero stage 2" "zero.stage=2: colossal-sft loads the model's weights before" --data.train "$TMP/ex/train.jsonl" \
     --zero.stage 2
