@@ -27,7 +27,7 @@
 #include <string.h>
 
 cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev) {
-    cai_layer_ctx c = {dev, NULL, 1, 0, 0};
+    cai_layer_ctx c = {dev, NULL, 1, 0, 0, NULL, NULL};
     return c;
 }
 
@@ -137,8 +137,8 @@ static int rope(const cai_layer_dims *d) { return d->kinds.pos == CAI_POS_ROPE; 
 
 static int64_t qkv_width(const cai_layer_dims *d) { return (d->n_heads + 2 * d->n_kv_heads) * d->head_dim; }
 
-static cai_attn_params causal_params(void) {
-    cai_attn_params p = {.scale = 0.0f, .causal = 1, .causal_offset = 0, .window = 0};
+static cai_attn_params causal_params(const cai_layer_ctx *cx) {
+    cai_attn_params p = {.scale = 0.0f, .causal = 1, .causal_offset = 0, .window = 0, .doc_ids = cx->doc_ids};
     return p;
 }
 
@@ -190,11 +190,11 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
     if (rope(d)) {
         /* Rotated in place: backward needs only the rotated q and k. */
-        CAI_CALL(ops->rope_fwd(dev, &q, &q, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
-        CAI_CALL(ops->rope_fwd(dev, &k, &k, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
+        CAI_CALL(ops->rope_fwd(dev, &q, &q, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));
+        CAI_CALL(ops->rope_fwd(dev, &k, &k, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));
     }
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
-    cai_attn_params ap = causal_params();
+    cai_attn_params ap = causal_params(cx);
     CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
     CAI_CALL(row_parallel_residual(cx, s, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
     return CAI_OK;
@@ -223,12 +223,12 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     CAI_CALL(split_qkv(d, dqkv, &dq, &dk, &dv));
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     CAI_CALL(cai_tensor_unflatten(&s->datt, 2, d->head_dim, &datt4));
-    cai_attn_params ap = causal_params();
+    cai_attn_params ap = causal_params(cx);
     CAI_CALL(ops->attention_bwd(dev, &dq, &dk, &dv, &datt4, &q, &k, &v, &att4, &a->att_lse, &ap, s->attn_ws,
                                 s->attn_ws_bytes));
     if (rope(d)) {
-        CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
-        CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, NULL, d->pos_offset));
+        CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));
+        CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));
     }
     /* Sequence parallel: the norm output is gathered again rather than kept
      * whole from the forward (what keeps the saved activations at B*T/tp);
@@ -413,7 +413,15 @@ cai_status cai_embed_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const
                                          d->pos_offset));
         return seq_scatter(cx, &s->seq_full, out);
     }
-    CAI_CALL(dev->ops->embedding_fwd(dev, out, tokens, wte, pos, d->vocab_offset, d->vocab_valid, d->pos_offset));
+    if (pos && cx->positions) {
+        /* Per-token positions: the position rows are gathered like tokens
+         * from wpe, through dln (free until the first block's backward). */
+        cai_tensor *prow = &s->dln;
+        CAI_CALL(dev->ops->embedding_fwd(dev, out, tokens, wte, NULL, d->vocab_offset, d->vocab_valid, 0));
+        CAI_CALL(dev->ops->embedding_fwd(dev, prow, cx->positions, pos, NULL, 0, pos->shape[0], 0));
+        CAI_CALL(dev->ops->add(dev, out, out, prow));
+    } else
+        CAI_CALL(dev->ops->embedding_fwd(dev, out, tokens, wte, pos, d->vocab_offset, d->vocab_valid, d->pos_offset));
     return tp_sum(cx, out);
 }
 
@@ -424,6 +432,10 @@ cai_status cai_embed_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, cai_t
     cai_device_t *dev = cx->dev;
     const cai_tensor *dfull;
     CAI_CALL(row_output_grad(cx, s, dout, &dfull));
+    if (cx->positions && opt_out(dwpe)) {
+        CAI_CALL(dev->ops->embedding_bwd(dev, opt_out(dwte), NULL, dfull, tokens, d->vocab_offset, 0));
+        return dev->ops->embedding_bwd(dev, dwpe, NULL, dfull, cx->positions, 0, 0);
+    }
     return dev->ops->embedding_bwd(dev, opt_out(dwte), opt_out(dwpe), dfull, tokens, d->vocab_offset, d->pos_offset);
 }
 

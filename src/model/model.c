@@ -4,6 +4,7 @@
 #include "cai_config.h"
 #include "model_internal.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -316,6 +317,10 @@ struct cai_model {
     } * refs;
     int n_refs;
     int external; /* the caller owns parameter storage */
+    /* cai_model_set_packing: [B,T] positions then doc ids, on the device;
+     * m->cx points at them while packing is on. */
+    int32_t *packing;
+    cai_tensor pack_pos, pack_doc;
     struct {
         cai_model_hook_fn fn;
         void *ctx;
@@ -743,7 +748,7 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
                        opt.batch, opt.seq_len, (long long)opt.batch * opt.seq_len, opt.view.tp_size, opt.view.tp_size);
         goto fail;
     }
-    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp};
+    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp, NULL, NULL};
     m->external = opt.external_params != 0;
     m->split = opt.split_backward != 0;
     if (m->split && m->cfg.activation_checkpointing) {
@@ -787,6 +792,7 @@ void cai_model_free(cai_model_t *m) {
     cai_free(m->slots);
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
     cai_device_dealloc(m->dev, m->grads);
+    cai_device_dealloc(m->dev, m->packing);
     if (m->own_weights) cai_weights_free(m->w);
     cai_free(m->wp);
     cai_free(m->gp);
@@ -966,6 +972,62 @@ static cai_status upload_i32(cai_model_t *m, cai_tensor *dst, const int32_t *src
     size_t bytes = (size_t)m->B * m->T * sizeof(int32_t);
     return cai_device_copy(m->dev, dst->data, src, bytes,
                            m->dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D);
+}
+
+/* Row b of a packing: every document one contiguous run of ids that do not
+ * decrease, its positions 0, 1, 2, ... from its first token. */
+static cai_status check_packed_row(const int32_t *pos, const int32_t *doc, int64_t b, int64_t T) {
+    static const char *fn = "cai_model_set_packing";
+    for (int64_t t = 0; t < T; t++) {
+        int starts = t == 0 || doc[t] != doc[t - 1];
+        if (t > 0 && doc[t] < doc[t - 1])
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: doc_ids[%" PRId64 ",%" PRId64
+                             "] = %d after %d: ids must not decrease along a row "
+                             "(each document one contiguous run)",
+                             fn, b, t, (int)doc[t], (int)doc[t - 1]);
+        int32_t want = starts ? 0 : pos[t - 1] + 1;
+        if (pos[t] != want)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: positions[%" PRId64 ",%" PRId64
+                             "] = %d, expected %d (positions restart at 0 where a "
+                             "document starts and count up by one within it)",
+                             fn, b, t, (int)pos[t], (int)want);
+    }
+    return CAI_OK;
+}
+
+cai_status cai_model_set_packing(cai_model_t *m, const int32_t *positions, const int32_t *doc_ids) {
+    static const char *fn = "cai_model_set_packing";
+    CAI_CHECK_ARG(m, "%s: NULL model", fn);
+    if (!positions && !doc_ids) {
+        m->cx.positions = m->cx.doc_ids = NULL;
+        return CAI_OK;
+    }
+    CAI_CHECK_ARG(positions && doc_ids, "%s: positions and doc_ids come together (both NULL turns packing off)", fn);
+    if (cai_model_seq_parallel(m))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: packed rows under sequence parallelism are not supported (each rank holds a block of "
+                         "tokens; run packed batches with seq_parallel off)",
+                         fn);
+    if (m->n_slots > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: the model keeps %d microbatches' activations in flight (pipeline schedule); packing "
+                         "holds one batch's positions and document ids, so it needs a single activation slot",
+                         fn, m->n_slots);
+    const int64_t n = (int64_t)m->B * m->T;
+    for (int64_t b = 0; b < m->B; b++) CAI_CALL(check_packed_row(positions + b * m->T, doc_ids + b * m->T, b, m->T));
+    if (!m->packing) {
+        CAI_CALL(cai_device_alloc(m->dev, 2 * (size_t)n * sizeof(int32_t), "packed positions and document ids",
+                                  (void **)&m->packing));
+        m->pack_pos = cai_tensor_2d(m->dev, m->packing, CAI_DTYPE_I32, m->B, m->T);
+        m->pack_doc = cai_tensor_2d(m->dev, m->packing + n, CAI_DTYPE_I32, m->B, m->T);
+    }
+    CAI_CALL(upload_i32(m, &m->pack_pos, positions));
+    CAI_CALL(upload_i32(m, &m->pack_doc, doc_ids));
+    m->cx.positions = &m->pack_pos;
+    m->cx.doc_ids = &m->pack_doc;
+    return CAI_OK;
 }
 
 /* i: the layer's index within the selected chunk. */

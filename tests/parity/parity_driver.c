@@ -10,6 +10,9 @@
  *   sft.tokens, sft.targets, sft.loss, sft.dlogits [B,T,padded vocab],
  *   sft.grad.<name>   the same for a batch shaped like unpacked SFT rows
  *                     (loss on assistant tokens only, padding; run_sft)
+ *   pack.*            a packed batch: several conversations per row with
+ *                     restarting positions and document masking (run_pack;
+ *                     host device only)
  *   train.tokens, train.targets   I32 [steps, n_micro, B, T]
  *   train.loss, train.grad_norm, train.lr   F32 [steps] from cai_train_step
  *   step3.<name>      every parameter after the training steps
@@ -364,6 +367,61 @@ done:
     return st;
 }
 
+/* Packed SFT rows (cai_model_set_packing): conversations of varied length
+ * back to back in each row, positions restarting at 0 in each, attention
+ * kept inside each (document masking), the row's tail padding. Targets are
+ * the next token of the same conversation (ignored at its last token and
+ * over the padding).
+ *   pack.tokens, pack.targets, pack.positions, pack.doc_ids I32 [B,T],
+ *   pack.loss, pack.grad.<name>
+ * Host device only: the CUDA attention does not take document ids. */
+static const int pack_lens[2][4] = {{5, 7, 4, 0}, {9, 3, 0, 0}}; /* per row; the rest is padding */
+static cai_status run_pack(out_file *f, cai_model_t *m, uint64_t seed) {
+    const cai_model_config *c = cai_model_config_of(m);
+    const size_t bt = (size_t)BATCH * SEQ;
+    int32_t *buf = malloc(4 * bt * sizeof *buf);
+    if (!buf) return CAI_ERROR(CAI_ERR_NOMEM, "parity driver: packed batch buffers");
+    int32_t *tok = buf, *tgt = buf + bt, *pos = buf + 2 * bt, *doc = buf + 3 * bt;
+    for (int b = 0; b < BATCH; b++) {
+        int t = 0;
+        for (int d = 0; d < 4 && b < 2 && pack_lens[b][d] > 0 && t + pack_lens[b][d] <= SEQ; d++)
+            for (int i = 0; i < pack_lens[b][d]; i++, t++) {
+                size_t n = (size_t)b * SEQ + (size_t)t;
+                cai_philox_block r = cai_philox4x32(seed, STREAM_TOKENS ^ 0x9acull, (uint64_t)n);
+                tok[n] = (int32_t)(r.v[0] % (uint32_t)c->vocab_size);
+                pos[n] = i;
+                doc[n] = b * 4 + d;
+            }
+        for (int i = 0; t < SEQ; i++, t++) { /* padding: a document of its own */
+            size_t n = (size_t)b * SEQ + (size_t)t;
+            tok[n] = SFT_PAD;
+            pos[n] = i;
+            doc[n] = b * 4 + 3;
+        }
+    }
+    for (size_t n = 0; n < bt; n++) {
+        int last = n % (size_t)SEQ == (size_t)SEQ - 1 || doc[n + 1] != doc[n] || doc[n] % 4 == 3;
+        tgt[n] = last ? CAI_IGNORE_INDEX : tok[n + 1];
+    }
+    float loss = 0, *g = NULL;
+    size_t ng = 0;
+    cai_status st = cai_model_set_packing(m, pos, doc);
+    if (st == CAI_OK) st = sft_pass(m, tok, tgt, &loss, NULL, &g, &ng);
+    /* the rest of the driver runs plain rows */
+    cai_status st2 = cai_model_set_packing(m, NULL, NULL);
+    if (st == CAI_OK) st = st2;
+    free(g);
+    const uint64_t s2[2] = {(uint64_t)BATCH, (uint64_t)SEQ};
+    static const char *names[4] = {"pack.tokens", "pack.targets", "pack.positions", "pack.doc_ids"};
+    for (int k = 0; k < 4 && st == CAI_OK; k++)
+        st = out_add(f, names[k], CAI_DTYPE_I32, 2, s2, buf + k * bt, bt * sizeof *buf);
+    if (st == CAI_OK) st = out_add(f, "pack.loss", CAI_DTYPE_F32, 0, NULL, &loss, sizeof loss);
+    if (st == CAI_OK) st = dump_params(f, m, "pack.grad.", 1);
+    if (st == CAI_OK) printf("parity_driver: packed batch: loss %.7f\n", (double)loss);
+    free(buf);
+    return st;
+}
+
 /* The inference engine over the model's (perturbed, untrained) weights:
  * greedy continuations of prompts of 1, 7 and max_seq_len - INFER_NEW
  * tokens (several prefill chunks and decode steps, blocks of 4), and the
@@ -525,6 +583,7 @@ static cai_status run(const drv_opts *op) {
     CAI_CALL_GOTO(cai_model_backward(m, 1.0f), st, done);
     CAI_CALL_GOTO(dump_params(&f, m, "grad.", 1), st, done);
     CAI_CALL_GOTO(run_sft(&f, m, seed), st, done);
+    if (cai_model_device(m)->kind == CAI_DEVICE_HOST) CAI_CALL_GOTO(run_pack(&f, m, seed), st, done);
 
     /* Training steps, each over N_MICRO microbatches. The first microbatch of
      * step 1 is the batch above, so step 1 starts from the same gradients. */

@@ -79,11 +79,14 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def causal_attention(q, k, v):
-    """q [B,H,T,D], k/v [B,H,T,D] (kv heads already expanded)."""
+def causal_attention(q, k, v, docs=None):
+    """q [B,H,T,D], k/v [B,H,T,D] (kv heads already expanded). docs [B,T]:
+    packed rows, a block-diagonal causal mask (no attention across documents)."""
     T, D = q.shape[-2], q.shape[-1]
     s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    if docs is not None:
+        mask = (mask | (docs[:, :, None] != docs[:, None, :]))[:, None]
     s = s.masked_fill(mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
@@ -176,15 +179,19 @@ class Reference:
     def head_weight(self):
         return self.p["wte.weight"] if self.tied else self.p["lm_head.weight"]
 
-    def forward(self, tokens, targets):
-        """tokens/targets: LongTensor [B,T]. Returns (logits [B,T,Vp], mean loss)."""
+    def forward(self, tokens, targets, positions=None, docs=None):
+        """tokens/targets: LongTensor [B,T]; positions/docs [B,T] for packed
+        rows (per-token positions, document-masked attention). Returns
+        (logits [B,T,Vp], mean loss)."""
         B, T = tokens.shape
         p, C, H, Hkv, D = self.p, self.C, self.H, self.Hkv, self.D
         x = p["wte.weight"][tokens]
         if self.family == "gpt2":
-            x = x + p["wpe.weight"][:T]
+            x = x + (p["wpe.weight"][:T] if positions is None else p["wpe.weight"][positions])
         else:
-            cos, sin = (t.to(self.dt) for t in rope_tables(T, D, self.theta))
+            cos, sin = (t.to(self.dt).to(tokens.device) for t in rope_tables(T, D, self.theta))
+            if positions is not None:
+                cos, sin = cos[positions][:, None], sin[positions][:, None]
         for l in range(self.L):
             pre = f"h.{l}."
             if self.family == "gpt2":
@@ -203,7 +210,7 @@ class Reference:
                 # query head h reads kv head h // (H / Hkv)
                 k = k.repeat_interleave(H // Hkv, dim=1)
                 v = v.repeat_interleave(H // Hkv, dim=1)
-            a = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D)
+            a = causal_attention(q, k, v, docs).transpose(1, 2).reshape(B, T, H * D)
             a = a @ p[pre + "attn.proj.weight"].T
             if self.family == "gpt2":
                 a = a + p[pre + "attn.proj.bias"]
@@ -284,6 +291,18 @@ def run_reference(meta, tensors, dtype, ref=None, device="cpu"):
         out["sft.dlogits"] = host(logits.grad[..., :ref.V])
         for n in ref.names:
             out["sft.grad." + n] = host(ref.p[n].grad)
+        ref.zero_grad()
+
+    if "pack.tokens" in tensors:
+        # Packed rows (parity_driver.c run_pack): positions restart in every
+        # conversation and a block-diagonal causal mask keeps attention inside it.
+        tok, tgt, pos, docs = (torch.tensor(tensors["pack." + k], dtype=torch.long, device=device)
+                               for k in ("tokens", "targets", "positions", "doc_ids"))
+        logits, loss = ref.forward(tok, tgt, pos, docs)
+        loss.backward()
+        out["pack.loss"] = host(loss)
+        for n in ref.names:
+            out["pack.grad." + n] = host(ref.p[n].grad)
         ref.zero_grad()
 
     # AdamW: per-step lr from the documented linear warmup, weight decay on
@@ -491,6 +510,14 @@ def main():
             tab.compare("sft", k, tensors[k], r64[k], r32[k])
         tab.print(f"{fam}: masked SFT loss ({int(trained.sum())} of {trained.size} targets trained: assistant tokens "
                   f"only; prompts and padding ignored)")
+
+    if "pack.tokens" in tensors:
+        tab.compare("pack", "pack.loss", tensors["pack.loss"], r64["pack.loss"], r32["pack.loss"])
+        for n in ref.names:
+            k = "pack.grad." + n
+            tab.compare("pack", k, tensors[k], r64[k], r32[k])
+        tab.print(f"{fam}: packed rows (several conversations per row, positions restarting, attention "
+                  f"block-diagonal causal)")
 
     for k in ("train.loss", "train.grad_norm", "train.lr"):
         tab.compare("steps", k, tensors[k], r64[k], r32[k])

@@ -576,6 +576,115 @@ START_TEST(split_backward_gives_identical_gradients) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ packing */
+
+/* Documents of a packed batch: row, first column, length. Two rows of 8:
+ * row 0 holds documents of 3 and 5 tokens, row 1 of 4 and 2 then 2 tokens
+ * of padding (a document of its own whose targets are ignored). */
+static const int pack_docs[4][3] = {{0, 0, 3}, {0, 3, 5}, {1, 0, 4}, {1, 4, 2}};
+enum { PACK_B = 2, PACK_T = 8 };
+
+/* Loss and gradients of the four documents, packed (2 rows) or one per
+ * padded row (4 rows); mode 0 plain, 1 activation checkpointing, 2 split
+ * backward. */
+static void packed_grads(cai_model_config c, int packed, int mode, float *loss, float **g, size_t *n) {
+    const int B = packed ? PACK_B : 4, T = PACK_T;
+    int32_t tok[4 * PACK_T], tgt[4 * PACK_T], pos[4 * PACK_T], doc[4 * PACK_T];
+    for (int i = 0; i < B * T; i++) tok[i] = 1, tgt[i] = CAI_IGNORE_INDEX, pos[i] = i % T, doc[i] = 100;
+    for (int d = 0; d < 4; d++) {
+        int row = packed ? pack_docs[d][0] : d, col0 = packed ? pack_docs[d][1] : 0;
+        for (int t = 0; t < pack_docs[d][2]; t++) {
+            int i = row * T + col0 + t;
+            tok[i] = (int32_t)(cai_rng_uniform(31, (uint64_t)d, (uint64_t)t) * (float)c.vocab_size) % c.vocab_size;
+            tgt[i] = t == 1 && d == 1 ? CAI_IGNORE_INDEX
+                                      : (int32_t)(cai_rng_uniform(32, (uint64_t)d, (uint64_t)t) * (float)c.vocab_size) %
+                                            c.vocab_size;
+            pos[i] = t;
+            doc[i] = d;
+        }
+    }
+    if (packed) /* the padding restarts its positions */
+        for (int t = 6; t < 8; t++) pos[T + t] = t - 6;
+    c.activation_checkpointing = mode == 1;
+    cai_model_options o = cai_model_options_default(&c);
+    o.batch = B;
+    o.seq_len = T;
+    o.split_backward = mode == 2;
+    cai_model_t *m = NULL;
+    OK(cai_model_create(&m, dev, &c, &o));
+    OK(cai_model_zero_grad(m));
+    if (packed) OK(cai_model_set_packing(m, pos, doc));
+    OK(cai_model_forward(m, tok, tgt, loss));
+    if (mode == 2) {
+        OK(cai_model_backward_input(m, 1.0f));
+        OK(cai_model_backward_weight(m));
+    } else OK(cai_model_backward(m, 1.0f));
+    cai_tensor grads;
+    cai_model_flat(m, NULL, &grads, NULL);
+    *n = (size_t)cai_tensor_numel(&grads);
+    *g = malloc(*n * sizeof(float));
+    memcpy(*g, grads.data, *n * sizeof(float));
+    cai_model_free(m);
+}
+
+/* Several documents per row with restarting positions and document-masked
+ * attention give the loss and every gradient of the same documents run one
+ * per padded row (1e-5 of the largest gradient), for both families and
+ * through checkpointing and the split backward. */
+START_TEST(packed_rows_match_unpacked_documents) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    for (int k = 0; k < 2; k++)
+        for (int mode = 0; mode < 3; mode++) {
+            float la, lb, *ga, *gb;
+            size_t na, nb;
+            packed_grads(cfgs[k], 1, mode, &la, &ga, &na);
+            packed_grads(cfgs[k], 0, mode, &lb, &gb, &nb);
+            ck_assert_uint_eq(na, nb);
+            ck_assert_msg(fabsf(la - lb) <= 1e-5f * fmaxf(1.0f, fabsf(lb)), "%s mode %d: loss %.9g vs %.9g",
+                          cai_model_family_name(cfgs[k].family), mode, (double)la, (double)lb);
+            float gmax = 0.0f;
+            for (size_t i = 0; i < nb; i++) gmax = fmaxf(gmax, fabsf(gb[i]));
+            ck_assert(gmax > 0.0f);
+            for (size_t i = 0; i < nb; i++)
+                ck_assert_msg(fabsf(ga[i] - gb[i]) <= 1e-5f * gmax, "%s mode %d: gradient %zu %.9g vs %.9g",
+                              cai_model_family_name(cfgs[k].family), mode, i, (double)ga[i], (double)gb[i]);
+            free(ga);
+            free(gb);
+        }
+}
+END_TEST
+
+/* Packings that break the accepted form are refused naming the entry;
+ * clearing returns to plain rows, bit for bit. */
+START_TEST(packing_rejects_malformed_rows) {
+    cai_model_config c = tiny_llama();
+    cai_model_t *m = make_model(&c, 1, 4);
+    int32_t pos_ok[4] = {0, 1, 0, 1}, doc_ok[4] = {0, 0, 1, 1};
+    int32_t doc_down[4] = {1, 1, 0, 0}, pos_norestart[4] = {0, 1, 2, 3}, pos_gap[4] = {0, 2, 0, 1};
+    ck_assert_int_eq(cai_model_set_packing(m, pos_ok, doc_down), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "doc_ids[0,2] = 0 after 1: ids must not decrease"));
+    cai_error_clear();
+    ck_assert_int_eq(cai_model_set_packing(m, pos_norestart, doc_ok), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "positions[0,2] = 2, expected 0"));
+    cai_error_clear();
+    ck_assert_int_eq(cai_model_set_packing(m, pos_gap, doc_ok), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "positions[0,1] = 2, expected 1"));
+    cai_error_clear();
+    ck_assert_int_eq(cai_model_set_packing(m, pos_ok, NULL), CAI_ERR_INVALID_ARG);
+    cai_error_clear();
+    int32_t tok[4] = {1, 2, 3, 4}, tgt[4] = {2, 3, 4, 5};
+    float plain, packed, cleared;
+    OK(cai_model_forward(m, tok, tgt, &plain));
+    OK(cai_model_set_packing(m, pos_ok, doc_ok));
+    OK(cai_model_forward(m, tok, tgt, &packed));
+    ck_assert(packed != plain);
+    OK(cai_model_set_packing(m, NULL, NULL));
+    OK(cai_model_forward(m, tok, tgt, &cleared));
+    ck_assert_mem_eq(&plain, &cleared, sizeof plain);
+    cai_model_free(m);
+}
+END_TEST
+
 /* ------------------------------------------------------------ pipeline stages */
 
 START_TEST(pipeline_stages_chain_to_the_single_model) {
@@ -749,6 +858,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, forward_rejects_bad_input);
     tcase_add_test(tc, activation_checkpointing_gives_identical_gradients);
     tcase_add_test(tc, split_backward_gives_identical_gradients);
+    tcase_add_test(tc, packed_rows_match_unpacked_documents);
+    tcase_add_test(tc, packing_rejects_malformed_rows);
     tcase_add_test(tc, pipeline_stages_chain_to_the_single_model);
     tcase_add_test(tc, loss_decreases_when_overfitting_a_tiny_batch);
     tcase_add_test(tc, bf16_mixed_precision_tracks_f32);

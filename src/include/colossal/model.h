@@ -320,6 +320,11 @@ typedef struct {
     cai_mesh_t *mesh;
     int tp_size, tp_rank;
     int seq_parallel;
+    /* Packed rows (cai_model_set_packing), or NULL: I32 [B,T] on dev, the
+     * same on every tp rank. positions feed RoPE and the learned position
+     * embeddings in place of pos_offset + t; doc_ids mask the attention
+     * (cai_attn_params.doc_ids). Not with seq_parallel. */
+    const cai_tensor *positions, *doc_ids;
 } cai_layer_ctx;
 
 /* Single-device context (tp = 1). */
@@ -640,6 +645,19 @@ cai_status cai_model_zero_grad(cai_model_t *m);
  * non-ignored targets (0 when every target is ignored). Token ids must be in
  * [0, vocab_size) and targets in [0, vocab_size) or ignored; the error names
  * the position. */
+/* Packed rows (several documents per row): positions and doc_ids, host
+ * arrays [B,T] I32, hold for every forward and backward from now on (the
+ * backward's recompute and split passes see the same), until called with
+ * both NULL. Positions feed RoPE or the learned position embeddings in place
+ * of 0..T-1; attention does not cross documents (cai_attn_params.doc_ids).
+ * Accepted form, per row: doc ids never decrease (every document one
+ * contiguous run; padding may be a document of its own), positions are 0 at
+ * a document's first token and count up by one within it; anything else is
+ * CAI_ERR_INVALID_ARG naming the entry. Under tensor parallelism every tp
+ * rank passes the same arrays. Refused (CAI_ERR_UNSUPPORTED) with sequence
+ * parallelism and with more than one activation slot (pipeline schedules),
+ * and attention on the CUDA backend refuses document masking. */
+cai_status cai_model_set_packing(cai_model_t *m, const int32_t *positions, const int32_t *doc_ids);
 cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss);
 /* As cai_model_forward, for a training step whose cai_model_backward will
  * take grad_scale: the last stage computes the loss's gradient in the same
