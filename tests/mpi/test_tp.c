@@ -159,7 +159,96 @@ START_TEST(tp_refuses_what_does_not_split) {
 }
 END_TEST
 
+/* Packed rows (cai_model_set_packing) under tp = 4: the loss and every
+ * parameter gradient that tp leaves whole on each rank (norms, position
+ * embeddings, the row-parallel biases) equal one rank's packed model within
+ * 1e-5; sequence parallelism refuses packing. */
+static void packed_batch(int vocab, int32_t *tok, int32_t *tgt, int32_t *pos, int32_t *doc) {
+    static const int lens[2][3] = {{3, 5, 0}, {4, 2, 2}}; /* row 1 ends in 2 tokens of padding */
+    for (int b = 0, i = 0; b < 2; b++)
+        for (int d = 0; d < 3; d++)
+            for (int t = 0; t < lens[b][d]; t++, i++) {
+                tok[i] = (int32_t)((7 * i + 3) % vocab);
+                pos[i] = t;
+                doc[i] = b * 3 + d;
+                tgt[i] = (b == 1 && d == 2) || t + 1 == lens[b][d] ? CAI_IGNORE_INDEX : (int32_t)((5 * i + 1) % vocab);
+            }
+}
+
+static cai_status packed_pass(cai_model_t *m, const int32_t *tok, const int32_t *tgt, const int32_t *pos,
+                              const int32_t *doc, float *loss) {
+    CAI_CALL(cai_model_zero_grad(m));
+    CAI_CALL(cai_model_set_packing(m, pos, doc));
+    CAI_CALL(cai_model_forward(m, tok, tgt, loss));
+    return cai_model_backward(m, 1.0f);
+}
+
+START_TEST(tp_packed_rows_match_single_rank) {
+    if (g_world_size != 4) return;
+    cai_mesh_config mc;
+    cai_mesh_config_init(&mc);
+    mc.layout = (cai_layout){1, 1, 1, 1, 4, NULL};
+    cai_mesh_t *mesh = NULL;
+    CK_CAI(cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc));
+    cai_device_t *dev = NULL;
+    CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
+    for (int f = 0; f < 2; f++) {
+        eq_row r = make_row(fams[f], 4, 1, 0);
+        cai_model_config c = eq_model_config(&r);
+        int32_t tok[2 * SEQ], tgt[2 * SEQ], pos[2 * SEQ], doc[2 * SEQ];
+        packed_batch(c.vocab_size, tok, tgt, pos, doc);
+        cai_model_options so = cai_model_options_default(&c);
+        so.batch = 2;
+        so.seq_len = SEQ;
+        cai_model_options mo = so;
+        mo.view.tp_size = 4;
+        mo.view.tp_rank = cai_mesh_rank(mesh, CAI_AXIS_TP);
+        mo.mesh = mesh;
+        cai_model_t *one = NULL, *m = NULL;
+        float l1, l4;
+        CK_CAI(cai_model_create(&one, dev, &c, &so));
+        CK_CAI(cai_model_create(&m, dev, &c, &mo));
+        CK_CAI(packed_pass(one, tok, tgt, pos, doc, &l1));
+        CK_CAI(packed_pass(m, tok, tgt, pos, doc, &l4));
+        ck_assert_msg(fabsf(l1 - l4) <= 1e-5f * fabsf(l1), "%s: loss %.9g under tp=4, %.9g on one rank",
+                      cai_model_family_name(c.family), (double)l4, (double)l1);
+        const cai_registry_t *reg = cai_model_registry(m);
+        int whole = 0;
+        for (int i = 0; i < cai_registry_count(reg); i++) {
+            const cai_param_info *pi = cai_registry_param(reg, i);
+            cai_tensor g1, g4;
+            if (cai_model_param(m, pi->name, NULL, &g4) != CAI_OK) {
+                cai_error_clear();
+                continue;
+            }
+            CK_CAI(cai_model_param(one, pi->name, NULL, &g1));
+            if (cai_tensor_numel(&g4) != cai_tensor_numel(&g1)) continue; /* a tp shard */
+            whole++;
+            const float *a = g1.data, *b = g4.data;
+            float gmax = 0.0f;
+            for (int64_t k = 0; k < cai_tensor_numel(&g1); k++) gmax = fmaxf(gmax, fabsf(a[k]));
+            for (int64_t k = 0; k < cai_tensor_numel(&g1); k++)
+                ck_assert_msg(fabsf(a[k] - b[k]) <= 1e-5f * fmaxf(gmax, 1e-6f), "%s: %s[%ld] %.9g under tp=4, %.9g",
+                              cai_model_family_name(c.family), pi->name, (long)k, (double)b[k], (double)a[k]);
+        }
+        ck_assert_int_gt(whole, 4);
+        cai_model_free(m);
+        cai_model_free(one);
+        mo.seq_parallel = 1;
+        CK_CAI(cai_model_create(&m, dev, &c, &mo));
+        ck_assert_int_eq(cai_model_set_packing(m, pos, doc), CAI_ERR_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "sequence parallelism"));
+        cai_error_clear();
+        cai_model_free(m);
+    }
+    cai_device_free(dev);
+    cai_mesh_free(mesh);
+}
+END_TEST
+
 int main(int argc, char **argv) {
-    const TTest *tests[] = {tp_matrix_matches_single_rank, tp_refuses_what_does_not_split};
+    const TTest *tests[] = {tp_matrix_matches_single_rank, tp_refuses_what_does_not_split,
+                            tp_packed_rows_match_single_rank};
     return test_mpi_main(argc, argv, "tp", tests, TEST_COUNT(tests));
 }
