@@ -122,17 +122,22 @@ START_TEST(tp_matrix_matches_single_rank) {
 }
 END_TEST
 
+/* The whole world as one tp = 4 group, and a one-thread host device. */
+static void tp4_world(cai_mesh_t **mesh, cai_device_t **dev) {
+    cai_mesh_config mc;
+    cai_mesh_config_init(&mc);
+    mc.layout = (cai_layout){1, 1, 1, 1, 4, NULL};
+    CK_CAI(cai_mesh_init(mesh, MPI_COMM_WORLD, &mc));
+    CK_CAI(cai_device_init(dev, CAI_DEVICE_HOST, 0, 1));
+}
+
 /* Shapes that do not split over tp are refused before anything is
  * allocated, naming the keys and a tp that fits. */
 START_TEST(tp_refuses_what_does_not_split) {
     if (g_world_size != 4) return; /* the tp=4 x dp=2 launch runs the matrix only */
-    cai_mesh_config mc;
-    cai_mesh_config_init(&mc);
-    mc.layout = (cai_layout){1, 1, 1, 1, 4, NULL};
     cai_mesh_t *mesh = NULL;
-    CK_CAI(cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc));
     cai_device_t *dev = NULL;
-    CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    tp4_world(&mesh, &dev);
     eq_row r = make_row(CAI_MODEL_LLAMA, 4, 1, 0);
     r.heads_x2 = 0; /* 4 query heads, 2 key/value heads */
     cai_model_config c = eq_model_config(&r);
@@ -185,13 +190,9 @@ static cai_status packed_pass(cai_model_t *m, const int32_t *tok, const int32_t 
 
 START_TEST(tp_packed_rows_match_single_rank) {
     if (g_world_size != 4) return;
-    cai_mesh_config mc;
-    cai_mesh_config_init(&mc);
-    mc.layout = (cai_layout){1, 1, 1, 1, 4, NULL};
     cai_mesh_t *mesh = NULL;
-    CK_CAI(cai_mesh_init(&mesh, MPI_COMM_WORLD, &mc));
     cai_device_t *dev = NULL;
-    CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    tp4_world(&mesh, &dev);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
     for (int f = 0; f < 2; f++) {
         eq_row r = make_row(fams[f], 4, 1, 0);
