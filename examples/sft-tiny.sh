@@ -39,16 +39,20 @@ grep '"content":"The answer is [-0-9]*\."}\]}$' "$dir/data/held_out.jsonl" | awk
     printf "{\"id\":\"q%d\",\"messages\":%s],\"max_tokens\":16,\"stop\":[\"\\n\"]}\n", NR, q > req
     printf "q%d\t%s\n", NR, a > expf
 }'
-# exact_match MODEL NAME: "NAME: correct/total" from greedy answers, and how
-# many answers have the trained form at all.
+# exact_match MODEL NAME: "NAME: correct/total" from greedy answers, how many
+# have the trained form at all, and how many hold the right number in any
+# form (the pretrained model answers the corpus' drills with a bare number).
 exact_match() {
     rm -f "$dir/answers-$2.jsonl"
     $launch -n "$np" "${bin}colossal-infer" --model.path "$1" --infer.input "$dir/questions.jsonl" \
         --infer.output "$dir/answers-$2.jsonl" --infer.chat_template plain --run.dir "$dir/infer-$2" >/dev/null
     sed -n 's/^{"id":"\(q[0-9]*\)","text":"\([^"]*\)".*/\1\t\2/p' "$dir/answers-$2.jsonl" |
-        awk -F '\t' -v name="$2" 'NR == FNR { want[$1] = $2; n++; next }
-            { t = $2; sub(/^ +/, "", t); sub(/ +$/, "", t); ok += (t == want[$1]); form += (t ~ /^The answer is -?[0-9]+\.$/) }
-            END { printf "%s: exact match %d/%d = %.1f%%, answer in the trained form %d/%d\n", name, ok, n, 100 * ok / n, form, n }' "$dir/expected.tsv" -
+        awk -F '\t' -v name="$2" 'NR == FNR { want[$1] = $2; v = $2; sub(/^The answer is /, "", v); sub(/\.$/, "", v)
+                num[$1] = v; n++; next }
+            { t = $2; sub(/^ +/, "", t); sub(/ +$/, "", t); ok += (t == want[$1]); form += (t ~ /^The answer is -?[0-9]+\.$/)
+              g = ""; if (match(t, /-?[0-9]+/)) g = substr(t, RSTART, RLENGTH); right += (g == num[$1]) }
+            END { printf "%s: exact match %d/%d = %.1f%%, answer in the trained form %d/%d, right number (the first " \
+                "integer of the answer) %d/%d\n", name, ok, n, 100 * ok / n, form, n, right, n }' "$dir/expected.tsv" -
 }
 exact_match "$dir/pretrain/checkpoints" before
 exact_match "$dir/hf" after
