@@ -6,7 +6,8 @@
  * The model starts from a Hugging Face directory or a colossal checkpoint;
  * chat JSONL is tokenized through the data layer's template into
  * run.dir/data (or a colossal-data sft-preprocess prefix is read as it is);
- * each row holds one conversation, padded, with targets only on the
+ * each row holds one conversation, padded (or, with data.packing, several
+ * with their own positions and attention), with targets only on the
  * assistant's tokens (CAI_IGNORE_INDEX elsewhere). Epochs shuffle the rows
  * deterministically. The training engine is colossal-pretrain's
  * (train_common.h) and the run module does the rest of the job (signals,
@@ -72,8 +73,8 @@ static const cai_config_field k_fields[] = {
      "a conversation longer than train.seq_len + 1 tokens: truncate or drop it (counted and reported)",
      CAI_CFG_NO_RANGE, cai_sft_overflow_names, NULL},
     F("data.packing", CAI_CFG_BOOL, packing, "false",
-      "several conversations per row (needs document-masked attention and per-token positions in the model; not "
-      "available yet)",
+      "several conversations per row (first fit), each with its own positions and attention that does not cross "
+      "into the others; needs train.grad_accum=1",
       CAI_CFG_NO_RANGE),
 
     F("train.epochs", CAI_CFG_DOUBLE, epochs, "3", "passes over the training rows (when train.steps is 0)", 1e-9, 1e9),
@@ -135,6 +136,7 @@ typedef struct {
     cai_sft_loader_t *loader;
     int64_t global_batch, local_batch;
     int32_t *tokens, *targets;    /* [local_batch, seq_len] */
+    int32_t *positions, *doc_ids; /* the same, packed rows only */
     cai_sft_preprocess_stats pre; /* tokenizing data.train (JSONL input) */
     char source[800];
 } sft_data;
@@ -208,8 +210,8 @@ static cai_status open_dataset(const sft_config *c, sft_data *d, const char *pat
             inputs, 1, prefix, d->tmpl, d->bpe, c->seq_len, (cai_sft_overflow)c->overflow, 1, 0};
         CAI_CALL(cai_sft_preprocess(&pc, MPI_COMM_WORLD, ps)); /* errors name the file, line and field */
     }
-    const cai_sft_data_config dc = {prefix, c->seq_len, 0, (cai_sft_overflow)c->overflow, (uint64_t)c->data_seed,
-                                    0,      vocab};
+    const cai_sft_data_config dc = {
+        prefix, c->seq_len, c->packing, (cai_sft_overflow)c->overflow, (uint64_t)c->data_seed, 0, vocab};
     CAI_CALL(cai_sft_dataset_init(out, &dc));
     cai_sft_dataset_stats(*out, stats);
     if (stats->rows == 0)
@@ -221,12 +223,14 @@ static cai_status open_dataset(const sft_config *c, sft_data *d, const char *pat
 /* Before the run starts (its step count follows from the rows): collective
  * over the world, whose ranks are the dp ranks. */
 static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *s, const cai_app *app) {
-    if (c->packing)
+    /* the model holds one packing for every forward until it is set again,
+     * and the step driver runs its microbatches without a call in between */
+    if (c->packing && c->grad_accum > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "data.packing=true puts several conversations in a row; cai_model has no packed forward "
-                         "yet (document-masked (varlen) attention and per-token positions through the model), so "
-                         "conversations would attend across their boundaries: leave data.packing=false (one "
-                         "conversation per padded row)");
+                         "data.packing=true with train.grad_accum=%d: a packed row's positions and documents are "
+                         "set on the model once per step, so a step takes one microbatch; set train.grad_accum=1 "
+                         "(a larger train.micro_batch, or more ranks, gives the same batch)",
+                         c->grad_accum);
     CAI_CALL(cai_chat_template_open(c->chat_template, &d->tmpl));
     if (*s->tokenizer) CAI_CALL(cai_bpe_load_dir(s->tokenizer, &d->bpe));
     CAI_CALL(check_template(c, d, s->tokenizer));
@@ -248,6 +252,10 @@ static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *
     size_t n = (size_t)d->local_batch * (size_t)c->seq_len;
     CAI_CALL(cai_calloc((void **)&d->tokens, n, sizeof *d->tokens, "SFT batch tokens"));
     CAI_CALL(cai_calloc((void **)&d->targets, n, sizeof *d->targets, "SFT batch targets"));
+    if (c->packing) {
+        CAI_CALL(cai_calloc((void **)&d->positions, n, sizeof *d->positions, "SFT batch positions"));
+        CAI_CALL(cai_calloc((void **)&d->doc_ids, n, sizeof *d->doc_ids, "SFT batch document ids"));
+    }
     char pre[160] = "";
     if (d->pre.conversations)
         snprintf(pre, sizeof pre, " (of %lld read: %lld truncated, %lld dropped at tokenizing, data.overflow=%s)",
@@ -279,6 +287,8 @@ static void data_free(sft_data *d) {
     cai_bpe_free(d->bpe);
     cai_free(d->tokens);
     cai_free(d->targets);
+    cai_free(d->positions);
+    cai_free(d->doc_ids);
 }
 
 /* ------------------------------------------------------------------ the job's hooks */
@@ -291,9 +301,38 @@ typedef struct {
     int64_t steps;
 } sft_job;
 
+/* Packed rows in the form cai_model_set_packing takes: the data layer
+ * marks padding with document -1; the model wants document ids that never
+ * decrease along a row, so the padding after the last conversation becomes
+ * a document of its own (positions from 0). Its targets are ignored and it
+ * comes last, so it changes nothing that is trained. */
+static cai_status set_packing(sft_job *j, int64_t rows) {
+    sft_data *d = &j->data;
+    if (!d->positions) return CAI_OK;
+    const int T = j->cfg->seq_len;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t *pos = d->positions + r * T, *doc = d->doc_ids + r * T, last = -1, pad = -1, p = 0;
+        for (int t = 0; t < T; t++) {
+            if (doc[t] >= 0) {
+                last = doc[t];
+                pad = -1;
+                continue;
+            }
+            if (pad < 0) {
+                pad = last + 1;
+                p = 0;
+            }
+            doc[t] = pad;
+            pos[t] = p++;
+        }
+    }
+    return cai_model_set_packing(j->eng.model, d->positions, d->doc_ids);
+}
+
 static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_stats *st) {
     sft_job *j = ctx;
-    CAI_CALL(cai_sft_loader_next(j->data.loader, j->data.tokens, j->data.targets, NULL, NULL));
+    CAI_CALL(cai_sft_loader_next(j->data.loader, j->data.tokens, j->data.targets, j->data.positions, j->data.doc_ids));
+    CAI_CALL(set_packing(j, j->data.local_batch));
     return tc_engine_step(&j->eng, run, step, j->data.tokens, j->data.targets, j->cfg->grad_accum, st);
 }
 
@@ -319,8 +358,14 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
             int64_t row = at + (int64_t)r * B + b;
             if (row < rows) idx[n++] = row;
         }
-        for (size_t i = 0; i < (size_t)B * (size_t)T; i++) j->data.targets[i] = CAI_IGNORE_INDEX;
-        if (n) CAI_CALL(cai_sft_dataset_batch(j->data.valid, idx, n, j->data.tokens, j->data.targets, NULL, NULL));
+        for (size_t i = 0; i < (size_t)B * (size_t)T; i++) {
+            j->data.targets[i] = CAI_IGNORE_INDEX;
+            if (j->data.doc_ids) j->data.doc_ids[i] = -1; /* a row past the end: padding only */
+        }
+        if (n)
+            CAI_CALL(cai_sft_dataset_batch(j->data.valid, idx, n, j->data.tokens, j->data.targets, j->data.positions,
+                                           j->data.doc_ids));
+        CAI_CALL(set_packing(j, B));
         int64_t trained = 0;
         for (size_t i = 0; i < (size_t)B * (size_t)T; i++) trained += j->data.targets[i] != CAI_IGNORE_INDEX;
         float l = 0;
@@ -420,7 +465,7 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
         printf("eval: masked loss over %lld held-out rows of %s\n", (long long)cai_sft_dataset_size(j->data.valid),
                c->valid_path);
     printf(
-        "batch: %lld conversations x %d tokens per step (micro_batch %d x grad_accum %d x dp %d); %lld steps = "
+        "batch: %lld rows x %d tokens per step (micro_batch %d x grad_accum %d x dp %d); %lld steps = "
         "%.2f epochs\n",
         (long long)j->data.global_batch, c->seq_len, c->micro_batch, c->grad_accum, dp, (long long)j->steps,
         (double)(j->steps * j->data.global_batch) / (double)cai_sft_dataset_size(j->data.train));

@@ -4,7 +4,8 @@
 # embedded instruction set on 1 and 2 ranks
 # (data parallel: the same losses within 1e-5), the masked loss falls and is
 # evaluated on the held-out file, a stopped run resumes bit-exactly, a
-# preprocessed prefix trains as the JSONL does, and the Hugging Face export
+# preprocessed prefix trains as the JSONL does, packed rows give the
+# unpacked masked loss, and the Hugging Face export
 # answers held-out questions through colossal-infer as the checkpoint does
 # (the accuracy before and after is examples/sft-tiny.sh's).
 . "$top_srcdir/tests/apps/sft_lib.sh"
@@ -66,6 +67,29 @@ same_losses "$M1" "$TMP/s3/metrics.jsonl" "resumed at step 12"
 run_sft 1 $SFT --data.train "$TMP/pre" --run.dir "$TMP/s4"
 expect_ok
 same_losses "$M1" "$TMP/s4/metrics.jsonl" "training from the preprocessed prefix"
+
+# Packed rows (several conversations per row, positions restarting,
+# attention kept within each): at the same weights (lr 0) the masked
+# held-out loss equals the unpacked one over the same tokens in fewer rows.
+# A 128-token model, so that rows have room for more than one conversation.
+# shellcheck disable=SC2086
+run_np 1 $TINY --data.corpus_vocab 320 --train.seq_len 128 --train.steps 30 --eval.interval 0 --checkpoint.every 30 \
+    --run.dir "$TMP/pt128"
+expect_ok
+for pk in true false; do
+    # shellcheck disable=SC2086
+    run_sft 1 $SFT --model.path "$TMP/pt128/checkpoints" --train.seq_len 128 --train.grad_accum 1 --train.steps 1 \
+        --optim.lr 0 --optim.min_lr 0 --optim.warmup_steps 0 --checkpoint.every 0 --data.packing $pk \
+        --run.dir "$TMP/pack-$pk"
+    expect_ok
+    sed -n 's/^eval: masked loss over \([0-9]*\) held-out rows.*/\1/p' "$TMP/out" >"$TMP/rows-$pk"
+done
+[ "$(cat "$TMP/rows-true")" -lt "$(cat "$TMP/rows-false")" ] || fail "packing put no two held-out conversations in a row"
+field eval val_loss "$TMP/pack-true/metrics.jsonl" >"$TMP/a"
+field eval val_loss "$TMP/pack-false/metrics.jsonl" >"$TMP/b"
+paste "$TMP/a" "$TMP/b" | awk -v r1="$(cat "$TMP/rows-true")" -v r2="$(cat "$TMP/rows-false")" '{d=$2-$4; if (d<0) d=-d;
+    printf "held-out loss packed (%d rows) %s, unpacked (%d rows) %s\n", r1, $2, r2, $4; exit !(NR==1 && d/$4<=1e-5)}' ||
+    fail "the packed held-out loss differs from the unpacked one by more than 1e-5"
 
 # Export, then greedy answers to held-out arithmetic questions.
 echo "+ colossal-ckpt export"

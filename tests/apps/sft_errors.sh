@@ -2,8 +2,8 @@
 # colossal-sft refuses bad input with exit 2 and a message naming the file,
 # line and field: a malformed JSONL line, a conversation with no assistant
 # turn, a model path that is not there, a template that does not exist or
-# needs tokens the vocabulary lacks, and what is not built (packing, ZeRO
-# stages >= 1); an offload run (stage 0) trains.
+# needs tokens the vocabulary lacks, and what is not built (packing over
+# several microbatches, ZeRO stages >= 1); an offload run (stage 0) trains.
 . "$top_srcdir/tests/apps/sft_lib.sh"
 sft_setup
 ok='{"messages":[{"role":"user","content":"What is 1 + 1?"},{"role":"assistant","content":"The answer is 2."}]}'
@@ -30,8 +30,8 @@ refused "unknown template" 'chat template "nosuch": not one of' --data.train "$T
 refused "template tokens missing" "data.chat_template=chatml needs special tokens .* lacks \(first: <\|im_start\|>\)" \
     --data.train "$TMP/ex/train.jsonl" --data.chat_template chatml
 refused "missing data" "data.train=$TMP/none.jsonl: cannot read it" --data.train "$TMP/none.jsonl"
-refused "packing" "data.packing=true .* cai_model has no packed forward yet \(document-masked \(varlen\) attention" --data.train "$TMP/ex/train.jsonl" \
-    --data.packing true
+refused "packing with grad_accum" "data.packing=true with train.grad_accum=2: .* set train.grad_accum=1" \
+    --data.train "$TMP/ex/train.jsonl" --data.packing true --train.grad_accum 2
 refused "zero stage 2" "zero.stage=2: colossal-sft loads the model's weights before" --data.train "$TMP/ex/train.jsonl" \
     --zero.stage 2
 
