@@ -72,13 +72,19 @@ static cai_status time_adamw(cai_device_t *dev, cai_model_t *m, int iters, doubl
  * own forward would (bench/RESULTS.md, "Pipeline: measured bubble"). */
 #define PLAN_STASH 4
 
+/* PLAN_STASH forwards, one into each activation slot. */
+static cai_status stash_forwards(cai_model_t *m, const int32_t *tok, size_t n) {
+    for (int k = 0; k < PLAN_STASH; k++) {
+        CAI_CALL(cai_model_select(m, 0, k));
+        CAI_CALL(cai_model_forward_train(m, tok, tok + n, 1.0f, NULL));
+    }
+    return CAI_OK;
+}
+
 /* `iters` rounds of PLAN_STASH forwards, then their backwards. */
 static cai_status passes(cai_model_t *m, const int32_t *tok, size_t n, int iters) {
     for (int it = 0; it < iters; it++) {
-        for (int k = 0; k < PLAN_STASH; k++) {
-            CAI_CALL(cai_model_select(m, 0, k));
-            CAI_CALL(cai_model_forward_train(m, tok, tok + n, 1.0f, NULL));
-        }
+        CAI_CALL(stash_forwards(m, tok, n));
         for (int k = 0; k < PLAN_STASH; k++) {
             CAI_CALL(cai_model_select(m, 0, k));
             CAI_CALL(cai_model_backward(m, 1.0f));
@@ -93,10 +99,7 @@ static cai_status passes(cai_model_t *m, const int32_t *tok, size_t n, int iters
 static cai_status split_passes(cai_model_t *m, const int32_t *tok, size_t n, int iters, double *weight) {
     *weight = 0;
     for (int it = 0; it < iters; it++) {
-        for (int k = 0; k < PLAN_STASH; k++) {
-            CAI_CALL(cai_model_select(m, 0, k));
-            CAI_CALL(cai_model_forward_train(m, tok, tok + n, 1.0f, NULL));
-        }
+        CAI_CALL(stash_forwards(m, tok, n));
         for (int k = 0; k < PLAN_STASH; k++) {
             CAI_CALL(cai_model_select(m, 0, k));
             CAI_CALL(cai_model_backward_input(m, 1.0f));
