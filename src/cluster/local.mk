@@ -7,6 +7,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/comm.c \
 	%reldir%/watchdog.c \
 	%reldir%/guard.c \
+	%reldir%/shared_mem.c \
 	%reldir%/nccl.c \
 	%reldir%/bench.c
 

@@ -79,10 +79,8 @@ struct cai_pipeline {
      * tensor straight into its peer's and sends a one-word note (eager: it
      * needs no progress from the sender) that the RECV waits for. */
     int shm;
-    MPI_Comm node;     /* the pp group, node-local, ranks as on the pp axis */
-    MPI_Win win;       /* in a lock_all epoch while allocated */
-    char **peer_base;  /* per pp rank: its part of the window, mapped here */
-    size_t win_stride; /* one buffer, 64-byte aligned */
+    cai_shared_mem_t *window; /* the pairs' receive buffers, every pp rank's mapped here */
+    size_t win_stride;        /* one buffer, 64-byte aligned */
     int32_t note_out, *note_in;
     /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
     int tracing;
@@ -103,42 +101,13 @@ struct cai_pipeline {
 
 static cai_status progress_hook(void *ctx, cai_model_t *m, cai_model_event ev, int unit);
 
-/* Collective over the node group. */
-static void free_window(cai_pipeline_t *p) {
-    if (!p->peer_base) return;
-    MPI_Win_unlock_all(p->win);
-    MPI_Win_free(&p->win);
-    cai_free(p->peer_base);
-    p->peer_base = NULL;
-}
-
-/* The receive buffers of n pairs in the node-shared window: pair k's in
- * at 2k strides, its dout at 2k + 1, on every rank alike. Collective over
- * the node group. */
+/* The receive buffers of n pairs in node-shared memory: pair k's in at 2k
+ * strides, its dout at 2k + 1, on every rank alike. Collective over pp. */
 static cai_status alloc_window(cai_pipeline_t *p, int n) {
-    free_window(p);
+    cai_shared_mem_free(p->window);
+    p->window = NULL;
     p->win_stride = (p->act_bytes + 63) / 64 * 64;
-    const int pp = p->spec.pp;
-    CAI_CALL(cai_calloc((void **)&p->peer_base, (size_t)pp, sizeof *p->peer_base, "pipeline window map"));
-    MPI_Info info;
-    MPI_Info_create(&info);
-    MPI_Info_set(info, "alloc_shared_noncontig", "true");
-    char *base = NULL;
-    int rc = MPI_Win_allocate_shared((MPI_Aint)(2 * (size_t)n * p->win_stride), 1, info, p->node, &base, &p->win);
-    MPI_Info_free(&info);
-    if (rc != MPI_SUCCESS) {
-        cai_free(p->peer_base);
-        p->peer_base = NULL;
-        return CAI_ERROR(CAI_ERR_MPI, "pipeline: MPI_Win_allocate_shared of %zu bytes for %d microbatch buffers failed",
-                         2 * (size_t)n * p->win_stride, n);
-    }
-    for (int r = 0; r < pp; r++) {
-        MPI_Aint size = 0;
-        int disp = 0;
-        MPI_Win_shared_query(p->win, r, &size, &disp, &p->peer_base[r]);
-    }
-    MPI_Win_lock_all(MPI_MODE_NOCHECK, p->win);
-    return CAI_OK;
+    return cai_shared_mem_create(p->mesh, CAI_AXIS_PP, 2 * (size_t)n * p->win_stride, &p->window);
 }
 
 static cai_status free_bufs(cai_pipeline_t *p) {
@@ -150,7 +119,8 @@ static cai_status free_bufs(cai_pipeline_t *p) {
         cai_device_dealloc(p->dev, p->mb[i].out);
         cai_device_dealloc(p->dev, p->mb[i].din);
     }
-    free_window(p);
+    cai_shared_mem_free(p->window);
+    p->window = NULL;
     cai_free(p->mb);
     p->mb = NULL;
     p->mb_cap = 0;
@@ -181,8 +151,9 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
         mb_bufs *b = &p->mb[i];
         const chunk_info *c = &p->chunk[i % p->n_chunks];
         if (p->shm) {
-            b->in = c->first ? NULL : p->peer_base[p->rank] + 2 * (size_t)i * p->win_stride;
-            b->dout = c->last ? NULL : p->peer_base[p->rank] + (2 * (size_t)i + 1) * p->win_stride;
+            char *mine = cai_shared_mem_ptr(p->window, p->rank);
+            b->in = c->first ? NULL : mine + 2 * (size_t)i * p->win_stride;
+            b->dout = c->last ? NULL : mine + (2 * (size_t)i + 1) * p->win_stride;
         }
         if (i < p->mb_cap) continue;
         p->mb_cap = i + 1;
@@ -199,23 +170,23 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
     return CAI_OK;
 }
 
-/* Whether every pp rank shares this rank's node, agreed over pp; sets up
- * the node group when they do. Collective over the pp axis. */
+/* Host pipelines use node-shared boundaries when the knob asks for them
+ * and every pp rank shares one node (agreed by a probe allocation).
+ * Collective over the pp axis. */
 static cai_status setup_shm(cai_pipeline_t *p) {
     const char *mode = NULL;
     CAI_CALL(cai_knob_str("CAI_PP_HOST_TRANSPORT", &mode));
-    MPI_Comm pp_comm = cai_mesh_comm(p->mesh, CAI_AXIS_PP);
-    int local = 0;
-    p->node = MPI_COMM_NULL;
-    if (MPI_Comm_split_type(pp_comm, MPI_COMM_TYPE_SHARED, p->rank, MPI_INFO_NULL, &p->node) == MPI_SUCCESS) {
-        int size = 0;
-        MPI_Comm_size(p->node, &size);
-        local = size == p->spec.pp;
+    /* the knob is the same on every rank; the device kind is too */
+    if (!p->prepost || strcmp(mode, "shm") != 0) return CAI_OK;
+    cai_shared_mem_t *probe = NULL;
+    cai_status st = cai_shared_mem_create(p->mesh, CAI_AXIS_PP, 64, &probe);
+    if (st == CAI_ERR_UNSUPPORTED) {
+        cai_error_clear();
+        return CAI_OK;
     }
-    int all = local && p->prepost && strcmp(mode, "shm") == 0;
-    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &all, &all, 1, CAI_DTYPE_I32, CAI_RED_MIN));
-    p->shm = all;
-    if (!p->shm && p->node != MPI_COMM_NULL) MPI_Comm_free(&p->node);
+    CAI_CALL(st);
+    cai_shared_mem_free(probe);
+    p->shm = 1;
     return CAI_OK;
 }
 
@@ -345,7 +316,6 @@ void cai_pipeline_free(cai_pipeline_t *p) {
     cai_free(p->recv_st);
     if (p->model) (void)cai_model_remove_hook(p->model, progress_hook, p);
     free_bufs(p);
-    if (p->node != MPI_COMM_NULL && p->node) MPI_Comm_free(&p->node);
     cai_free(p->note_in);
     cai_free(p->slot_owner);
     for (int i = 0; i < p->n_ties; i++) {
@@ -436,8 +406,9 @@ static cai_status post_send(cai_pipeline_t *p, const cai_pp_action *a) {
         int peer = -1, c = -1;
         cai_pp_stage_owner(&p->spec, p->chunk[a->chunk].stage + (act ? 1 : -1), &peer, &c);
         const size_t at = (2 * (size_t)(a->mb * p->n_chunks + c) + (act ? 0 : 1)) * p->win_stride + p->wire_off;
-        memcpy(p->peer_base[peer] + at, src + p->wire_off, p->wire_count * cai_dtype_size(p->act_dtype));
-        MPI_Win_sync(p->win); /* the copy is visible before the note arrives */
+        memcpy(cai_shared_mem_ptr(p->window, peer) + at, src + p->wire_off,
+               p->wire_count * cai_dtype_size(p->act_dtype));
+        cai_shared_mem_sync(p->window); /* the copy is visible before the note arrives */
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, &p->note_out, 1, CAI_DTYPE_I32, a->peer, tag, &req));
     } else {
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, src + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &req));
@@ -523,7 +494,7 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
             p->recv_st[i] = cai_wait(req);
         }
         CAI_CALL(p->recv_st[i]);
-        if (p->shm) MPI_Win_sync(p->win); /* the peer's copy, noted */
+        if (p->shm) cai_shared_mem_sync(p->window); /* the peer's copy, noted */
         return join_pieces(p, a);
     case CAI_PP_SEND_ACT:
     case CAI_PP_SEND_GRAD: return post_send(p, a);

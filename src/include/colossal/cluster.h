@@ -194,6 +194,19 @@ void cai_mesh_guard_end(cai_mesh_t *mesh);
  * only). Collective over the mesh. */
 cai_status cai_mesh_guard_dir(cai_mesh_t *mesh, const char *dir);
 
+/* Node-shared memory over an axis group whose ranks all share one node
+ * (src/cluster/shared_mem.c): every rank of the group allocates `bytes` and
+ * maps every member's, so a producer writes straight into a consumer's
+ * buffer. The writer calls cai_shared_mem_sync after writing and then tells
+ * the reader with a message; the reader calls it after that message, before
+ * reading. create: collective over the axis, CAI_ERR_UNSUPPORTED on every
+ * rank when the group spans nodes; free: collective over the axis. */
+typedef struct cai_shared_mem cai_shared_mem_t;
+cai_status cai_shared_mem_create(cai_mesh_t *mesh, cai_axis axis, size_t bytes, cai_shared_mem_t **out);
+char *cai_shared_mem_ptr(const cai_shared_mem_t *s, int axis_rank);
+void cai_shared_mem_sync(cai_shared_mem_t *s);
+void cai_shared_mem_free(cai_shared_mem_t *s);
+
 /* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient
  * buckets and weight gathers that overlap compute. Arguments, dtypes, ops,
  * in-place conventions, count limits and results are those of the blocking

@@ -392,7 +392,8 @@ typedef struct cai_pipeline cai_pipeline_t;
  * (cai_model_options.act_slots) decide what is recomputed: with
  * cai_pipeline_slots_needed of them, nothing; a slot between a split
  * backward's two passes is never given up, so zb-h1 with too few fails
- * naming the rank. Not collective. */
+ * naming the rank. On the host, collective over CAI_AXIS_PP (it agrees on
+ * node-shared boundaries, CAI_PP_HOST_TRANSPORT), and so is cai_pipeline_free. */
 cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model_t *m, cai_pp_style style);
 void cai_pipeline_free(cai_pipeline_t *p);
 /* Zero the gradients, run n_micro microbatches (tokens, targets: host
