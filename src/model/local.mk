@@ -5,8 +5,9 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/layers.c \
 	%reldir%/model.c \
 	%reldir%/model_internal.h \
-	%reldir%/weights.c
-colossalinclude_HEADERS += src/include/colossal/model.h
+	%reldir%/weights.c \
+	%reldir%/moe.c
+colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_registry

@@ -1,7 +1,7 @@
 # parallel module: data parallelism (gradient all-reduce, replica check);
 # tensor/pipeline/sequence/expert parallelism and ZeRO add their files here.
 colossalinclude_HEADERS += src/include/colossal/parallel.h
-src_libcolossal_core_la_SOURCES += %reldir%/dp.c
+src_libcolossal_core_la_SOURCES += %reldir%/dp.c %reldir%/moe_dispatch.c
 
 if HAVE_CHECK
 check_PROGRAMS += tests/mpi/test_dp

@@ -1,0 +1,806 @@
+/* The mixture-of-experts sublayer: router, top-k with renormalisation,
+ * capacity, grouping of the tokens by expert, SwiGLU experts (one GEMM per
+ * expert over its tokens), optional shared experts, the load-balancing and
+ * z losses, and the explicit backward of all of it (docs/moe.md).
+ *
+ * The matmuls and SwiGLU go through the op table; the routing, the
+ * permutation and the weighted combination are host loops over small
+ * index arrays, so the layer runs on the host backend only (a CUDA
+ * version needs permutation kernels and grouped GEMMs). Expert parallelism
+ * enters through a cai_moe_exchange: the layer groups its assignments by
+ * global expert, which is also by owning ep rank (experts are contiguous
+ * blocks per rank), and the exchange moves the blocks. */
+#include "cai_config.h"
+#include "colossal/moe.h"
+#include "colossal/ops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const char *const k_router_names[CAI_MOE_ROUTER_COUNT] = {"softmax", "topk_softmax", "sigmoid"};
+static const char *const k_routing_names[CAI_MOE_ROUTING_COUNT] = {"dropless", "capacity"};
+
+cai_moe_config cai_moe_config_default(void) {
+    cai_moe_config c;
+    memset(&c, 0, sizeof c);
+    c.n_experts = 8;
+    c.top_k = 2;
+    c.router = CAI_MOE_ROUTER_SOFTMAX;
+    c.norm_topk = 1;
+    c.routing = CAI_MOE_DROPLESS;
+    c.capacity_factor = 1.0f;
+    c.aux_coef = 0.01f;
+    c.z_coef = 0.001f;
+    return c;
+}
+
+const char *cai_moe_router_name(cai_moe_router r) {
+    return (int)r >= 0 && r < CAI_MOE_ROUTER_COUNT ? k_router_names[r] : "?";
+}
+
+const char *cai_moe_routing_name(cai_moe_routing r) {
+    return (int)r >= 0 && r < CAI_MOE_ROUTING_COUNT ? k_routing_names[r] : "?";
+}
+
+static cai_status parse_name(const char *name, const char *const *names, int n, const char *field, int *out) {
+    CAI_CHECK_ARG(name, "moe: NULL name for %s", field);
+    char list[128];
+    size_t len = 0;
+    list[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(name, names[i])) {
+            *out = i;
+            return CAI_OK;
+        }
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? ", " : "", names[i]);
+    }
+    return CAI_ERROR(CAI_ERR_CONFIG, "%s='%s' is not one of %s", field, name, list);
+}
+
+cai_status cai_moe_router_parse(const char *name, cai_moe_router *out) {
+    int v = 0;
+    CAI_CHECK_ARG(out, "cai_moe_router_parse: NULL output");
+    CAI_CALL(parse_name(name, k_router_names, CAI_MOE_ROUTER_COUNT, "moe.router", &v));
+    *out = (cai_moe_router)v;
+    return CAI_OK;
+}
+
+cai_status cai_moe_routing_parse(const char *name, cai_moe_routing *out) {
+    int v = 0;
+    CAI_CHECK_ARG(out, "cai_moe_routing_parse: NULL output");
+    CAI_CALL(parse_name(name, k_routing_names, CAI_MOE_ROUTING_COUNT, "moe.routing", &v));
+    *out = (cai_moe_routing)v;
+    return CAI_OK;
+}
+
+cai_status cai_moe_config_check(const cai_moe_config *c, int64_t d_model, int ep) {
+    CAI_CHECK_ARG(c, "cai_moe_config_check: NULL config");
+    CAI_CHECK_ARG(d_model >= 1, "moe: d_model=%lld must be >= 1", (long long)d_model);
+    if ((int)c->router < 0 || c->router >= CAI_MOE_ROUTER_COUNT)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.router=%d is not one of softmax (0), topk_softmax (1), sigmoid (2)",
+                         (int)c->router);
+    if ((int)c->routing < 0 || c->routing >= CAI_MOE_ROUTING_COUNT)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.routing=%d is not one of dropless (0), capacity (1)", (int)c->routing);
+    if (c->n_experts < 1) return CAI_ERROR(CAI_ERR_CONFIG, "moe.n_experts=%d must be >= 1", c->n_experts);
+    if (ep < 1) return CAI_ERROR(CAI_ERR_LAYOUT, "moe: ep=%d must be >= 1", ep);
+    if (c->n_experts % ep != 0) {
+        char fits[256];
+        size_t n = 0;
+        fits[0] = 0;
+        for (int e = 1; e <= c->n_experts && n + 16 < sizeof fits; e++)
+            if (c->n_experts % e == 0) n += (size_t)snprintf(fits + n, sizeof fits - n, "%s%d", n ? ", " : "", e);
+        return CAI_ERROR(CAI_ERR_LAYOUT,
+                         "moe.n_experts=%d is not divisible by ep=%d (each ep rank owns whole experts); ep values "
+                         "that fit: %s",
+                         c->n_experts, ep, fits);
+    }
+    if (c->top_k < 1 || c->top_k > c->n_experts)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.top_k=%d must be between 1 and moe.n_experts=%d", c->top_k, c->n_experts);
+    if (c->ffn < 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.ffn=%d must be >= 1 (the hidden size of each expert)", c->ffn);
+    if (c->n_shared < 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.n_shared=%d must be >= 0 (0: no shared experts)", c->n_shared);
+    if (c->norm_topk != 0 && c->norm_topk != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.norm_topk=%d must be 0 or 1", c->norm_topk);
+    if (c->routing == CAI_MOE_CAPACITY && !(c->capacity_factor > 0.0f && isfinite(c->capacity_factor)))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "moe.capacity_factor=%g must be > 0 with moe.routing=capacity (1.0 gives each expert its "
+                         "even share N*top_k/E of the assignments; moe.routing=dropless drops none)",
+                         (double)c->capacity_factor);
+    if (!(c->aux_coef >= 0.0f && isfinite(c->aux_coef)))
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.aux_coef=%g must be finite and >= 0 (0: off)", (double)c->aux_coef);
+    if (!(c->z_coef >= 0.0f && isfinite(c->z_coef)))
+        return CAI_ERROR(CAI_ERR_CONFIG, "moe.z_coef=%g must be finite and >= 0 (0: off)", (double)c->z_coef);
+    return CAI_OK;
+}
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+cai_status cai_moe_ctx_init(cai_moe_ctx *cx, cai_device_t *dev, const cai_moe_config *cfg, int64_t n_tokens,
+                            int64_t d_model, const cai_moe_exchange *ex) {
+    CAI_CHECK_ARG(cx && dev && cfg, "cai_moe_ctx_init: NULL argument");
+    const int ep = ex ? ex->ep_size : 1, rank = ex ? ex->ep_rank : 0;
+    CAI_CHECK_ARG(rank >= 0 && rank < (ep > 0 ? ep : 1), "moe: ep rank %d is outside [0, %d)", rank, ep);
+    CAI_CHECK_ARG(ep <= 1 || (ex->counts && ex->rows), "moe: an exchange over ep=%d needs counts and rows functions",
+                  ep);
+    CAI_CALL(cai_moe_config_check(cfg, d_model, ep));
+    CAI_CHECK_ARG(n_tokens >= 1, "moe: %lld tokens per rank; must be >= 1", (long long)n_tokens);
+    if (dev->kind != CAI_DEVICE_HOST)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "moe: the MoE layer runs on the host backend only (its routing and permutation are host "
+                         "loops); device is %s",
+                         cai_device_kind_name(dev->kind));
+    memset(cx, 0, sizeof *cx);
+    cx->dev = dev;
+    cx->cfg = *cfg;
+    cx->N = n_tokens;
+    cx->C = d_model;
+    cx->ep_size = ep;
+    cx->ep_rank = rank;
+    cx->n_local = cfg->n_experts / ep;
+    cx->expert_begin = rank * cx->n_local;
+    cx->ex = ep > 1 ? ex : NULL;
+    /* No expert ever gets more than N assignments (a token picks an expert
+     * once), so dropless is capacity N. */
+    cx->capacity = n_tokens;
+    if (cfg->routing == CAI_MOE_CAPACITY) {
+        double cap = ceil((double)cfg->capacity_factor * (double)n_tokens * cfg->top_k / cfg->n_experts);
+        cx->capacity = cap < (double)n_tokens ? (int64_t)cap : n_tokens;
+    }
+    cx->send_max = n_tokens * cfg->top_k;
+    /* What one source can send to one rank: each of its tokens reaches at
+     * most min(k, n_local) of the rank's experts, and each expert takes at
+     * most `capacity`. */
+    int64_t per_src = min64(n_tokens * min64(cfg->top_k, cx->n_local), cx->n_local * cx->capacity);
+    cx->recv_max = ep > 1 ? ep * per_src : 0;
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ buffers */
+
+/* Carves tensors from an arena, or (arena NULL) only adds up their bytes,
+ * so sizing and carving cannot drift apart. */
+typedef struct {
+    const cai_moe_ctx *cx;
+    cai_arena_t *arena;
+    size_t bytes;
+} moe_carver;
+
+static cai_status take(moe_carver *c, cai_tensor *t, cai_dtype dt, int64_t rows, int64_t cols) {
+    int64_t shape[2] = {rows, cols};
+    CAI_CALL(cai_tensor_init(t, c->cx->dev, NULL, dt, cols ? 2 : 1, shape));
+    size_t nb = (cai_tensor_nbytes(t) + 63) / 64 * 64;
+    if (!c->arena) c->bytes += nb;
+    else if (nb) CAI_CALL(cai_arena_alloc(c->arena, nb, 64, &t->data));
+    return CAI_OK;
+}
+
+static cai_status carve_acts(moe_carver *c, cai_moe_acts *a) {
+    const cai_moe_ctx *cx = c->cx;
+    const int64_t E = cx->cfg.n_experts, k = cx->cfg.top_k, N = cx->N, C = cx->C, F = cx->cfg.ffn;
+    const int64_t Fs = (int64_t)cx->cfg.n_shared * F, S = cx->send_max, R = cx->recv_max;
+    const int64_t H = cx->ep_size > 1 ? R : S; /* rows of the expert-grouped buffers */
+    const cai_dtype f32 = CAI_DTYPE_F32, i32 = CAI_DTYPE_I32, i64 = CAI_DTYPE_I64;
+    memset(a, 0, sizeof *a);
+    CAI_CALL(take(c, &a->logits, f32, N, E));
+    CAI_CALL(take(c, &a->probs, f32, N, E));
+    CAI_CALL(take(c, &a->lse, f32, N, 0));
+    CAI_CALL(take(c, &a->sel, i32, N, k));
+    CAI_CALL(take(c, &a->wts, f32, N, k));
+    CAI_CALL(take(c, &a->pos, i32, N, k));
+    CAI_CALL(take(c, &a->load, i64, E, 0));
+    CAI_CALL(take(c, &a->send_cnt, i64, E, 0));
+    CAI_CALL(take(c, &a->recv_cnt, i64, E, 0)); /* ep * n_local = E */
+    CAI_CALL(take(c, &a->rank_send, i64, cx->ep_size, 0));
+    CAI_CALL(take(c, &a->rank_recv, i64, cx->ep_size, 0));
+    CAI_CALL(take(c, &a->ecnt, i64, cx->n_local, 0));
+    CAI_CALL(take(c, &a->send_x, f32, S, C));
+    CAI_CALL(take(c, &a->send_y, f32, S, C));
+    CAI_CALL(take(c, &a->recv_x, f32, R, C));
+    CAI_CALL(take(c, &a->recv_y, f32, R, C));
+    CAI_CALL(take(c, &a->src, f32, R, C));
+    CAI_CALL(take(c, &a->gate, f32, H, F));
+    CAI_CALL(take(c, &a->up, f32, H, F));
+    CAI_CALL(take(c, &a->act, f32, H, F));
+    if (Fs) {
+        CAI_CALL(take(c, &a->sgate, f32, N, Fs));
+        CAI_CALL(take(c, &a->sup, f32, N, Fs));
+        CAI_CALL(take(c, &a->sact, f32, N, Fs));
+        CAI_CALL(take(c, &a->sdact, f32, N, Fs));
+        CAI_CALL(take(c, &a->sdgate, f32, N, Fs));
+        CAI_CALL(take(c, &a->sdup, f32, N, Fs));
+    }
+    CAI_CALL(take(c, &a->d_send, f32, S, C));
+    CAI_CALL(take(c, &a->d_recv, f32, R, C));
+    CAI_CALL(take(c, &a->dact, f32, H, F));
+    CAI_CALL(take(c, &a->dgate, f32, H, F));
+    CAI_CALL(take(c, &a->dup, f32, H, F));
+    CAI_CALL(take(c, &a->dlogits, f32, N, E));
+    CAI_CALL(take(c, &a->dw, f32, N, k));
+    return CAI_OK;
+}
+
+size_t cai_moe_acts_bytes(const cai_moe_ctx *cx) {
+    moe_carver c = {cx, NULL, 0};
+    cai_moe_acts a;
+    if (!cx || carve_acts(&c, &a) != CAI_OK) return 0;
+    return c.bytes;
+}
+
+cai_status cai_moe_acts_carve(const cai_moe_ctx *cx, cai_arena_t *arena, cai_moe_acts *a) {
+    CAI_CHECK_ARG(cx && arena && a, "cai_moe_acts_carve: NULL argument");
+    moe_carver c = {cx, arena, 0};
+    return carve_acts(&c, a);
+}
+
+/* ------------------------------------------------------------ routing */
+
+cai_status cai_moe_route_host(const cai_moe_config *cfg, int64_t N, const float *logits, int32_t *sel, float *wts,
+                              float *probs, float *lse) {
+    const int E = cfg->n_experts, k = cfg->top_k;
+    for (int64_t t = 0; t < N; t++) {
+        const float *l = logits + t * E;
+        float *p = probs + t * E, *w = wts + t * k;
+        int32_t *s = sel + t * k;
+        double mx = -INFINITY;
+        for (int e = 0; e < E; e++) {
+            if (!isfinite(l[e]))
+                return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe router: logit of token %lld for expert %d is %g",
+                                 (long long)t, e, (double)l[e]);
+            if (l[e] > mx) mx = l[e];
+        }
+        double se = 0.0;
+        for (int e = 0; e < E; e++) se += exp((double)l[e] - mx);
+        const double lz = mx + log(se);
+        lse[t] = (float)lz;
+        for (int e = 0; e < E; e++)
+            p[e] = cfg->router == CAI_MOE_ROUTER_SIGMOID ? (float)(1.0 / (1.0 + exp(-(double)l[e])))
+                                                         : (float)exp((double)l[e] - lz);
+        /* Every router ranks by the logit (softmax and sigmoid are
+         * monotone); equal logits go to the lower expert. */
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= s[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            s[j] = best;
+        }
+        double sum = 0.0;
+        for (int j = 0; j < k; j++) {
+            double v =
+                cfg->router == CAI_MOE_ROUTER_TOPK_SOFTMAX ? exp((double)l[s[j]] - (double)l[s[0]]) : (double)p[s[j]];
+            w[j] = (float)v;
+            sum += v;
+        }
+        if (cfg->router == CAI_MOE_ROUTER_TOPK_SOFTMAX || cfg->norm_topk)
+            for (int j = 0; j < k; j++) w[j] = (float)((double)w[j] / sum);
+    }
+    return CAI_OK;
+}
+
+void cai_moe_assign_host(int E, int top_k, int64_t N, int64_t capacity, const int32_t *sel, int64_t *load, int32_t *pos,
+                         int64_t *send_cnt, int64_t *dropped) {
+    const int64_t nk = N * top_k;
+    memset(load, 0, (size_t)E * sizeof *load);
+    for (int64_t i = 0; i < nk; i++) load[sel[i]]++;
+    /* send_cnt holds each expert's first row while load counts again, so
+     * each assignment learns its rank among the expert's earlier tokens. */
+    int64_t start = 0;
+    for (int e = 0; e < E; e++) {
+        send_cnt[e] = start;
+        start += min64(load[e], capacity);
+    }
+    memset(load, 0, (size_t)E * sizeof *load);
+    int64_t drop = 0;
+    for (int64_t i = 0; i < nk; i++) {
+        const int e = sel[i];
+        const int64_t r = load[e]++;
+        if (r < capacity) pos[i] = (int32_t)(send_cnt[e] + r);
+        else {
+            pos[i] = -1;
+            drop++;
+        }
+    }
+    for (int e = 0; e < E; e++) send_cnt[e] = min64(load[e], capacity);
+    *dropped = drop;
+}
+
+/* aux_raw = E sum_e (load_e / N) P_e, P_e the mean over tokens of the
+ * router probability (sigmoid: the scores normalised per token);
+ * z_raw = mean over tokens of lse^2. */
+static void router_losses(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    const int E = cx->cfg.n_experts;
+    const int64_t N = cx->N, *load = a->load.data;
+    const float *p = a->probs.data, *lse = a->lse.data;
+    double aux = 0.0, z = 0.0;
+    for (int64_t t = 0; t < N; t++) {
+        double norm = 1.0;
+        if (cx->cfg.router == CAI_MOE_ROUTER_SIGMOID) {
+            norm = 0.0;
+            for (int e = 0; e < E; e++) norm += p[t * E + e];
+        }
+        for (int e = 0; e < E; e++) aux += (double)load[e] * p[t * E + e] / norm;
+        z += (double)lse[t] * lse[t];
+    }
+    a->aux_raw = aux * E / ((double)N * N);
+    a->z_raw = z / N;
+}
+
+double cai_moe_loss(const cai_moe_ctx *cx, const cai_moe_acts *a) {
+    return cx->cfg.aux_coef * a->aux_raw + cx->cfg.z_coef * a->z_raw;
+}
+
+/* d(objective)/d(logits) of one token from dw (the gradient of its k
+ * combine weights; 0 for dropped assignments, whose weights still entered
+ * the renormalisation) and from the two losses. */
+static void router_bwd_token(const cai_moe_ctx *cx, const cai_moe_acts *a, int64_t t, float scale) {
+    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
+    const cai_moe_router kind = cx->cfg.router;
+    const int64_t N = cx->N, *load = a->load.data;
+    const float *l = (const float *)a->logits.data + t * E, *p = (const float *)a->probs.data + t * E;
+    const float *w = (const float *)a->wts.data + t * k, *dw = (const float *)a->dw.data + t * k;
+    const int32_t *s = (const int32_t *)a->sel.data + t * k;
+    const float lz = ((const float *)a->lse.data)[t];
+    float *dl = (float *)a->dlogits.data + t * E;
+    const double ca = (double)scale * cx->cfg.aux_coef * E / ((double)N * N);
+    const double cz = (double)scale * cx->cfg.z_coef * 2.0 * lz / N;
+    double dot = 0.0;
+    for (int j = 0; j < k; j++) dot += (double)dw[j] * w[j];
+    /* dq: the gradient of the router output the aux loss averages (p, or
+     * for sigmoid the per-token normalised scores q = s / sum s). */
+    double psum = 0.0;
+    if (kind == CAI_MOE_ROUTER_SIGMOID)
+        for (int e = 0; e < E; e++) psum += p[e];
+    double aq = 0.0;
+    for (int e = 0; e < E; e++) aq += ca * load[e] * p[e];
+    if (kind == CAI_MOE_ROUTER_SIGMOID) aq /= psum;
+    for (int e = 0; e < E; e++) {
+        /* the aux term, in the router output's coordinates (p or s) */
+        dl[e] = (float)(kind == CAI_MOE_ROUTER_SIGMOID ? (ca * load[e] - aq) / psum : ca * load[e]);
+    }
+    if (kind != CAI_MOE_ROUTER_TOPK_SOFTMAX) {
+        /* combine weights w_j = p_{s_j} (/ sum of the k) */
+        double ssum = 0.0;
+        for (int j = 0; j < k; j++) ssum += p[s[j]];
+        for (int j = 0; j < k; j++) dl[s[j]] += (float)(cx->cfg.norm_topk ? (dw[j] - dot) / ssum : dw[j]);
+    }
+    if (kind == CAI_MOE_ROUTER_SIGMOID) {
+        for (int e = 0; e < E; e++) dl[e] = (float)((double)dl[e] * p[e] * (1.0 - p[e]));
+    } else {
+        double pd = 0.0;
+        for (int e = 0; e < E; e++) pd += (double)p[e] * dl[e];
+        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * ((double)dl[e] - pd));
+    }
+    if (kind == CAI_MOE_ROUTER_TOPK_SOFTMAX)
+        for (int j = 0; j < k; j++) dl[s[j]] += (float)(w[j] * ((double)dw[j] - dot));
+    for (int e = 0; e < E; e++) {
+        double sm = kind == CAI_MOE_ROUTER_SIGMOID ? exp((double)l[e] - lz) : (double)p[e];
+        dl[e] += (float)(cz * sm);
+    }
+}
+
+/* ------------------------------------------------------------ exchange */
+
+static cai_status rows_of(const cai_tensor *t, int64_t off, int64_t n, cai_tensor *out) {
+    return cai_tensor_slice0(t, off, n, out);
+}
+
+/* Counts of the exchange: rows per destination rank and, from every
+ * source, rows per local expert (ep = 1: the send counts themselves). */
+static cai_status plan_exchange(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    const int El = cx->n_local, ep = cx->ep_size;
+    const int64_t *sc = a->send_cnt.data;
+    int64_t *rc = a->recv_cnt.data, *rs = a->rank_send.data, *rr = a->rank_recv.data, *ec = a->ecnt.data;
+    if (ep == 1) {
+        memcpy(ec, sc, (size_t)El * sizeof *ec);
+        rs[0] = 0;
+        for (int e = 0; e < El; e++) rs[0] += sc[e];
+        rr[0] = rs[0];
+        return CAI_OK;
+    }
+    for (int r = 0; r < ep; r++) {
+        rs[r] = 0;
+        for (int e = 0; e < El; e++) rs[r] += sc[r * El + e];
+    }
+    CAI_CALL(cx->ex->counts(cx->ex->ctx, sc, rc, El));
+    int64_t total = 0;
+    for (int e = 0; e < El; e++) ec[e] = 0;
+    for (int s = 0; s < ep; s++) {
+        rr[s] = 0;
+        for (int e = 0; e < El; e++) {
+            rr[s] += rc[s * El + e];
+            ec[e] += rc[s * El + e];
+        }
+        total += rr[s];
+    }
+    if (total > cx->recv_max)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "moe: ep rank %d receives %lld rows, more than the %lld its buffers hold for %lld tokens per "
+                         "rank: every ep rank must route the same number of tokens",
+                         cx->ep_rank, (long long)total, (long long)cx->recv_max, (long long)cx->N);
+    return CAI_OK;
+}
+
+/* Rows grouped by source rank (then local expert) <-> grouped by local
+ * expert (then source rank), so each expert's rows are contiguous. */
+static void regroup(const cai_moe_ctx *cx, const cai_moe_acts *a, float *by_src, float *by_expert, int to_expert) {
+    const int El = cx->n_local, ep = cx->ep_size;
+    const int64_t C = cx->C, *rc = a->recv_cnt.data, *rr = a->rank_recv.data;
+    int64_t eoff = 0;
+    for (int e = 0; e < El; e++)
+        for (int s = 0; s < ep; s++) {
+            int64_t soff = 0;
+            for (int q = 0; q < s; q++) soff += rr[q];
+            for (int q = 0; q < e; q++) soff += rc[s * El + q];
+            const int64_t n = rc[s * El + e];
+            float *src = by_src + soff * C, *dst = by_expert + eoff * C;
+            if (n) {
+                if (to_expert) memcpy(dst, src, (size_t)(n * C) * sizeof(float));
+                else memcpy(src, dst, (size_t)(n * C) * sizeof(float));
+            }
+            eoff += n;
+        }
+}
+
+/* send order (grouped by global expert) -> this rank's experts' rows. */
+static cai_status to_experts(const cai_moe_ctx *cx, cai_moe_acts *a, const cai_tensor *send, cai_tensor *by_expert) {
+    if (cx->ep_size == 1) return CAI_OK; /* send order is expert order already */
+    CAI_CALL(cx->ex->rows(cx->ex->ctx, send, a->rank_send.data, &a->src, a->rank_recv.data));
+    regroup(cx, a, a->src.data, by_expert->data, 1);
+    return CAI_OK;
+}
+
+/* The inverse: this rank's experts' rows -> back to the senders, in send order. */
+static cai_status from_experts(const cai_moe_ctx *cx, cai_moe_acts *a, const cai_tensor *by_expert, cai_tensor *send) {
+    if (cx->ep_size == 1) return CAI_OK;
+    regroup(cx, a, a->src.data, by_expert->data, 0);
+    return cx->ex->rows(cx->ex->ctx, &a->src, a->rank_recv.data, send, a->rank_send.data);
+}
+
+/* ------------------------------------------------------------ checks */
+
+static cai_status check_2d(const char *what, const cai_tensor *t, int64_t rows, int64_t cols) {
+    char buf[96];
+    if (!t || !t->data || t->dtype != CAI_DTYPE_F32 || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+        !cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous f32[%lld,%lld]", what,
+                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", (long long)rows, (long long)cols);
+    return CAI_OK;
+}
+
+static cai_status check_params(const cai_moe_ctx *cx, const cai_moe_params *p, const char *what) {
+    CAI_CHECK_ARG(p && p->experts, "moe: %s or its experts are NULL", what);
+    const int64_t C = cx->C, F = cx->cfg.ffn, Fs = (int64_t)cx->cfg.n_shared * F;
+    char name[64];
+    snprintf(name, sizeof name, "%s router", what);
+    CAI_CALL(check_2d(name, &p->router, cx->cfg.n_experts, C));
+    for (int i = 0; i < cx->n_local; i++) {
+        snprintf(name, sizeof name, "%s expert %d w1", what, cx->expert_begin + i);
+        CAI_CALL(check_2d(name, &p->experts[i].w1, F, C));
+        snprintf(name, sizeof name, "%s expert %d w3", what, cx->expert_begin + i);
+        CAI_CALL(check_2d(name, &p->experts[i].w3, F, C));
+        snprintf(name, sizeof name, "%s expert %d w2", what, cx->expert_begin + i);
+        CAI_CALL(check_2d(name, &p->experts[i].w2, C, F));
+    }
+    if (Fs) {
+        snprintf(name, sizeof name, "%s shared w1", what);
+        CAI_CALL(check_2d(name, &p->shared.w1, Fs, C));
+        snprintf(name, sizeof name, "%s shared w3", what);
+        CAI_CALL(check_2d(name, &p->shared.w3, Fs, C));
+        snprintf(name, sizeof name, "%s shared w2", what);
+        CAI_CALL(check_2d(name, &p->shared.w2, C, Fs));
+    }
+    return CAI_OK;
+}
+
+/* x as [N, C] (any leading dims flattening to N rows). */
+static cai_status as_rows(const cai_moe_ctx *cx, const char *what, const cai_tensor *t, cai_tensor *out) {
+    char buf[96];
+    if (!t || !t->data || t->dtype != CAI_DTYPE_F32 || !cai_tensor_is_contiguous(t) ||
+        cai_tensor_numel(t) != cx->N * cx->C || t->shape[t->ndim - 1] != cx->C)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous f32 with %lld rows of %lld", what,
+                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", (long long)cx->N, (long long)cx->C);
+    *out = cai_tensor_2d(t->device, t->data, CAI_DTYPE_F32, cx->N, cx->C);
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ forward */
+
+/* The expert-grouped buffers: the send buffers at ep = 1, else the receive side. */
+static cai_tensor *expert_x(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    return cx->ep_size == 1 ? &a->send_x : &a->recv_x;
+}
+static cai_tensor *expert_y(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    return cx->ep_size == 1 ? &a->send_y : &a->recv_y;
+}
+static cai_tensor *expert_d(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    return cx->ep_size == 1 ? &a->d_send : &a->d_recv;
+}
+
+/* One expert's rows of the hidden buffers. */
+typedef struct {
+    cai_tensor x, y, gate, up, act;
+} expert_rows;
+
+static cai_status expert_slice(cai_moe_acts *a, const cai_tensor *xe, const cai_tensor *ye, int64_t off, int64_t n,
+                               expert_rows *r) {
+    CAI_CALL(rows_of(xe, off, n, &r->x));
+    CAI_CALL(rows_of(ye, off, n, &r->y));
+    CAI_CALL(rows_of(&a->gate, off, n, &r->gate));
+    CAI_CALL(rows_of(&a->up, off, n, &r->up));
+    CAI_CALL(rows_of(&a->act, off, n, &r->act));
+    return CAI_OK;
+}
+
+static cai_status swiglu_mlp_fwd(cai_device_t *dev, const cai_moe_mlp *w, const cai_tensor *x, cai_tensor *gate,
+                                 cai_tensor *up, cai_tensor *act, cai_tensor *y) {
+    const cai_ops *ops = dev->ops;
+    CAI_CALL(ops->linear_fwd(dev, gate, x, &w->w1, NULL));
+    CAI_CALL(ops->linear_fwd(dev, up, x, &w->w3, NULL));
+    CAI_CALL(ops->swiglu_fwd(dev, act, gate, up));
+    return ops->linear_fwd(dev, y, act, &w->w2, NULL);
+}
+
+/* dy -> dx (= or += with accum), weight gradients +=; dy is read before
+ * dx is written, so dx may be dy itself. */
+static cai_status swiglu_mlp_bwd(cai_device_t *dev, const cai_moe_mlp *w, cai_moe_mlp *g, const cai_tensor *x,
+                                 const cai_tensor *gate, const cai_tensor *up, const cai_tensor *act,
+                                 const cai_tensor *dy, cai_tensor *dact, cai_tensor *dgate, cai_tensor *dup,
+                                 cai_tensor *dx, int accum) {
+    const cai_ops *ops = dev->ops;
+    CAI_CALL(ops->linear_bwd(dev, dact, &g->w2, NULL, dy, act, &w->w2, 0));
+    CAI_CALL(ops->swiglu_bwd(dev, dgate, dup, dact, gate, up));
+    CAI_CALL(ops->linear_bwd(dev, dx, &g->w1, NULL, dgate, x, &w->w1, accum));
+    return ops->linear_bwd(dev, dx, &g->w3, NULL, dup, x, &w->w3, 1);
+}
+
+cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_acts *a, const cai_tensor *x,
+                       cai_tensor *y) {
+    CAI_CHECK_ARG(cx && a, "cai_moe_fwd: NULL argument");
+    CAI_CALL(check_params(cx, p, "params"));
+    cai_tensor x2, y2;
+    CAI_CALL(as_rows(cx, "input", x, &x2));
+    CAI_CALL(as_rows(cx, "output", y, &y2));
+    cai_device_t *dev = cx->dev;
+    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
+    const int64_t N = cx->N, C = cx->C;
+    CAI_CALL(dev->ops->linear_fwd(dev, &a->logits, &x2, &p->router, NULL));
+    CAI_CALL(cai_moe_route_host(&cx->cfg, N, a->logits.data, a->sel.data, a->wts.data, a->probs.data, a->lse.data));
+    cai_moe_assign_host(E, k, N, cx->capacity, a->sel.data, a->load.data, a->pos.data, a->send_cnt.data, &a->dropped);
+    router_losses(cx, a);
+    const int32_t *pos = a->pos.data;
+    const float *xs = x2.data;
+    float *sx = a->send_x.data;
+    for (int64_t i = 0; i < N * k; i++)
+        if (pos[i] >= 0) memcpy(sx + (int64_t)pos[i] * C, xs + (i / k) * C, (size_t)C * sizeof(float));
+    CAI_CALL(plan_exchange(cx, a));
+    cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a);
+    CAI_CALL(to_experts(cx, a, &a->send_x, xe));
+    const int64_t *ec = a->ecnt.data;
+    for (int64_t i = 0, off = 0; i < cx->n_local; off += ec[i], i++) {
+        if (!ec[i]) continue;
+        expert_rows r;
+        CAI_CALL(expert_slice(a, xe, ye, off, ec[i], &r));
+        CAI_CALL(swiglu_mlp_fwd(dev, &p->experts[i], &r.x, &r.gate, &r.up, &r.act, &r.y));
+    }
+    CAI_CALL(from_experts(cx, a, ye, &a->send_y));
+    if (cx->cfg.n_shared) CAI_CALL(swiglu_mlp_fwd(dev, &p->shared, &x2, &a->sgate, &a->sup, &a->sact, &y2));
+    else memset(y2.data, 0, (size_t)(N * C) * sizeof(float));
+    const float *sy = a->send_y.data, *w = a->wts.data;
+    float *out = y2.data;
+    for (int64_t t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            const int32_t r = pos[t * k + j];
+            if (r < 0) continue;
+            const float wj = w[t * k + j], *src = sy + (int64_t)r * C;
+            float *dst = out + t * C;
+            for (int64_t c = 0; c < C; c++) dst[c] += wj * src[c];
+        }
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ backward */
+
+cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_params *g, cai_moe_acts *a,
+                       const cai_tensor *x, const cai_tensor *dy, cai_tensor *dx, float loss_scale) {
+    CAI_CHECK_ARG(cx && a, "cai_moe_bwd: NULL argument");
+    CAI_CALL(check_params(cx, p, "params"));
+    CAI_CALL(check_params(cx, g, "grads"));
+    cai_tensor x2, dy2, dx2;
+    CAI_CALL(as_rows(cx, "input", x, &x2));
+    CAI_CALL(as_rows(cx, "output gradient", dy, &dy2));
+    CAI_CALL(as_rows(cx, "input gradient", dx, &dx2));
+    CAI_CHECK_ARG(dx2.data != dy2.data && dx2.data != x2.data, "moe: the input gradient must not overlap dy or x");
+    cai_device_t *dev = cx->dev;
+    const cai_ops *ops = dev->ops;
+    const int k = cx->cfg.top_k;
+    const int64_t N = cx->N, C = cx->C;
+    const int32_t *pos = a->pos.data;
+    const float *w = a->wts.data, *sy = a->send_y.data, *gy = dy2.data;
+    float *ds = a->d_send.data, *dw = a->dw.data;
+    /* y_t = sum_j w_tj e_j(x_t): d e_j = w_tj dy_t, d w_tj = <dy_t, e_j>. */
+    for (int64_t i = 0; i < N * k; i++) {
+        const int32_t r = pos[i];
+        const float *d = gy + (i / k) * C;
+        double dot = 0.0;
+        if (r >= 0) {
+            const float *e = sy + (int64_t)r * C;
+            float *o = ds + (int64_t)r * C;
+            for (int64_t c = 0; c < C; c++) {
+                o[c] = w[i] * d[c];
+                dot += (double)d[c] * e[c];
+            }
+        }
+        dw[i] = (float)dot;
+    }
+    cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a), *de = expert_d(cx, a);
+    CAI_CALL(to_experts(cx, a, &a->d_send, de));
+    const int64_t *ec = a->ecnt.data;
+    for (int64_t i = 0, off = 0; i < cx->n_local; off += ec[i], i++) {
+        if (!ec[i]) continue;
+        expert_rows r;
+        cai_tensor d, dact, dgate, dup;
+        CAI_CALL(expert_slice(a, xe, ye, off, ec[i], &r));
+        CAI_CALL(rows_of(de, off, ec[i], &d));
+        CAI_CALL(rows_of(&a->dact, off, ec[i], &dact));
+        CAI_CALL(rows_of(&a->dgate, off, ec[i], &dgate));
+        CAI_CALL(rows_of(&a->dup, off, ec[i], &dup));
+        /* the expert's input gradient replaces its output gradient in place */
+        CAI_CALL(swiglu_mlp_bwd(dev, &p->experts[i], &g->experts[i], &r.x, &r.gate, &r.up, &r.act, &d, &dact, &dgate,
+                                &dup, &d, 0));
+    }
+    CAI_CALL(from_experts(cx, a, de, &a->d_send));
+    float *gx = dx2.data;
+    memset(gx, 0, (size_t)(N * C) * sizeof(float));
+    for (int64_t i = 0; i < N * k; i++) {
+        const int32_t r = pos[i];
+        if (r < 0) continue;
+        const float *src = ds + (int64_t)r * C;
+        float *dst = gx + (i / k) * C;
+        for (int64_t c = 0; c < C; c++) dst[c] += src[c];
+    }
+    for (int64_t t = 0; t < N; t++) router_bwd_token(cx, a, t, loss_scale);
+    CAI_CALL(ops->linear_bwd(dev, &dx2, &g->router, NULL, &a->dlogits, &x2, &p->router, 1));
+    if (cx->cfg.n_shared)
+        CAI_CALL(swiglu_mlp_bwd(dev, &p->shared, &g->shared, &x2, &a->sgate, &a->sup, &a->sact, &dy2, &a->sdact,
+                                &a->sdgate, &a->sdup, &dx2, 1));
+    return CAI_OK;
+}
+
+/* ------------------------------------------------------------ statistics */
+
+void cai_moe_stats_from_load(const int64_t *load, int E, int64_t tokens, int64_t dropped, cai_moe_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->n_experts = E;
+    st->tokens = tokens;
+    st->dropped = dropped;
+    if (E < 1) return;
+    int64_t sum = 0, mn = load[0], mx = load[0];
+    for (int e = 0; e < E; e++) {
+        sum += load[e];
+        if (load[e] < mn) mn = load[e];
+        if (load[e] > mx) mx = load[e];
+    }
+    const double mean = (double)sum / E;
+    double var = 0.0;
+    for (int e = 0; e < E; e++) var += ((double)load[e] - mean) * ((double)load[e] - mean);
+    st->assignments = sum;
+    st->load_min = mn;
+    st->load_max = mx;
+    st->load_cv = mean > 0.0 ? sqrt(var / E) / mean : 0.0;
+}
+
+void cai_moe_stats_get(const cai_moe_ctx *cx, const cai_moe_acts *a, cai_moe_stats *st) {
+    cai_moe_stats_from_load(a->load.data, cx->cfg.n_experts, cx->N, a->dropped, st);
+    st->aux_raw = a->aux_raw;
+    st->z_raw = a->z_raw;
+    st->aux_loss = cx->cfg.aux_coef * a->aux_raw;
+    st->z_loss = cx->cfg.z_coef * a->z_raw;
+}
+
+/* ------------------------------------------------------------ registry */
+
+static const char *const k_mlp_parts[3] = {"fc", "up", "proj"};
+
+static cai_status add_mlp(cai_registry_t *reg, const char *prefix, int64_t F, int64_t C, cai_param_spec spec,
+                          float std) {
+    char name[CAI_PARAM_NAME_MAX];
+    for (int i = 0; i < 3; i++) {
+        const int proj = i == 2;
+        uint64_t shape[2] = {(uint64_t)(proj ? C : F), (uint64_t)(proj ? F : C)};
+        spec.tp_split_dim = proj ? 1 : 0;
+        spec.init.kind = proj ? CAI_INIT_NORMAL_RESIDUAL : CAI_INIT_NORMAL;
+        spec.init.std = std;
+        snprintf(name, sizeof name, "%s.%s.weight", prefix, k_mlp_parts[i]);
+        CAI_CALL(cai_registry_add(reg, name, 2, shape, CAI_DTYPE_F32, &spec, NULL));
+    }
+    return CAI_OK;
+}
+
+cai_status cai_moe_register_params(cai_registry_t *reg, int layer, const cai_moe_config *cfg, int64_t d_model,
+                                   float init_std) {
+    CAI_CHECK_ARG(reg && cfg, "cai_moe_register_params: NULL argument");
+    CAI_CALL(cai_moe_config_check(cfg, d_model, 1));
+    char name[CAI_PARAM_NAME_MAX];
+    cai_param_spec spec = cai_param_spec_default();
+    spec.pp_place = CAI_PP_LAYER;
+    spec.layer = layer;
+    spec.init.kind = CAI_INIT_NORMAL;
+    spec.init.std = init_std;
+    snprintf(name, sizeof name, "h.%d.moe.router.weight", layer);
+    CAI_CALL(cai_registry_add(reg, name, 2, (uint64_t[]){(uint64_t)cfg->n_experts, (uint64_t)d_model}, CAI_DTYPE_F32,
+                              &spec, NULL));
+    for (int e = 0; e < cfg->n_experts; e++) {
+        cai_param_spec es = spec;
+        es.expert = e;
+        es.n_experts = cfg->n_experts;
+        snprintf(name, sizeof name, "h.%d.moe.experts.%d", layer, e);
+        CAI_CALL(add_mlp(reg, name, cfg->ffn, d_model, es, init_std));
+    }
+    if (cfg->n_shared) {
+        snprintf(name, sizeof name, "h.%d.moe.shared", layer);
+        CAI_CALL(add_mlp(reg, name, (int64_t)cfg->n_shared * cfg->ffn, d_model, spec, init_std));
+    }
+    return CAI_OK;
+}
+
+static cai_status view_param(const cai_registry_t *reg, const cai_rank_view *view, const size_t *offsets,
+                             cai_device_t *dev, float *flat, const char *name, cai_tensor *out) {
+    int idx;
+    CAI_CALL(cai_registry_lookup(reg, name, &idx));
+    cai_param_shard sh;
+    CAI_CALL(cai_registry_shard(reg, idx, view, &sh));
+    if (!sh.held)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: parameter '%s' is not held by ep rank %d (its owner is %d)", name,
+                         view->ep_rank, sh.ep_owner);
+    *out =
+        cai_tensor_2d(dev, flat + offsets[idx], CAI_DTYPE_F32, (int64_t)sh.local_shape[0], (int64_t)sh.local_shape[1]);
+    return CAI_OK;
+}
+
+static cai_status view_mlp(const cai_registry_t *reg, const cai_rank_view *view, const size_t *offsets,
+                           cai_device_t *dev, float *flat, const char *prefix, cai_moe_mlp *m) {
+    char name[CAI_PARAM_NAME_MAX];
+    cai_tensor *dst[3] = {&m->w1, &m->w3, &m->w2};
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "%s.%s.weight", prefix, k_mlp_parts[i]);
+        CAI_CALL(view_param(reg, view, offsets, dev, flat, name, dst[i]));
+    }
+    return CAI_OK;
+}
+
+static cai_status params_view(const cai_registry_t *reg, const cai_rank_view *view, const size_t *offsets, int layer,
+                              const cai_moe_config *cfg, cai_device_t *dev, float *flat, cai_moe_params *p,
+                              cai_moe_mlp *experts) {
+    char name[CAI_PARAM_NAME_MAX];
+    memset(p, 0, sizeof *p);
+    p->experts = experts;
+    snprintf(name, sizeof name, "h.%d.moe.router.weight", layer);
+    CAI_CALL(view_param(reg, view, offsets, dev, flat, name, &p->router));
+    const int El = cfg->n_experts / view->ep_size;
+    for (int i = 0; i < El; i++) {
+        snprintf(name, sizeof name, "h.%d.moe.experts.%d", layer, view->ep_rank * El + i);
+        CAI_CALL(view_mlp(reg, view, offsets, dev, flat, name, &experts[i]));
+    }
+    if (cfg->n_shared) {
+        snprintf(name, sizeof name, "h.%d.moe.shared", layer);
+        CAI_CALL(view_mlp(reg, view, offsets, dev, flat, name, &p->shared));
+    }
+    return CAI_OK;
+}
+
+cai_status cai_moe_params_view(const cai_registry_t *reg, const cai_rank_view *view, size_t align_elems, int layer,
+                               const cai_moe_config *cfg, cai_device_t *dev, float *flat, cai_moe_params *p,
+                               cai_moe_mlp *experts) {
+    CAI_CHECK_ARG(reg && view && cfg && flat && p && experts, "cai_moe_params_view: NULL argument");
+    CAI_CALL(cai_moe_config_check(cfg, 1, view->ep_size));
+    size_t *offsets = NULL, total = 0;
+    CAI_CALL(cai_malloc((void **)&offsets, (size_t)cai_registry_count(reg) * sizeof *offsets, "moe param offsets"));
+    cai_status st = cai_registry_local_layout(reg, view, align_elems, offsets, &total);
+    if (st == CAI_OK) st = params_view(reg, view, offsets, layer, cfg, dev, flat, p, experts);
+    cai_free(offsets);
+    return st;
+}
