@@ -27,4 +27,9 @@ tests_unit_test_model_optim_SOURCES = tests/unit/test_model_optim.c
 tests_unit_test_model_optim_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_model_optim_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_layers tests/unit/test_model tests/unit/test_model_optim
+check_PROGRAMS += tests/unit/test_moe
+tests_unit_test_moe_SOURCES = tests/unit/test_moe.c tests/unit/moe_fixture.h
+tests_unit_test_moe_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_moe_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_moe
 endif
