@@ -9,3 +9,11 @@ TESTS += tests/parity/gpt2.sh tests/parity/llama.sh
 EXTRA_DIST += tests/parity/gpt2.sh tests/parity/llama.sh tests/parity/run-parity.sh \
 	tests/parity/torch_reference.py
 CLEANFILES += tests/parity/gpt2.safetensors tests/parity/llama.safetensors
+
+# The MoE sublayer against a PyTorch reference (docs/moe.md).
+check_PROGRAMS += tests/parity/moe_driver
+tests_parity_moe_driver_SOURCES = tests/parity/moe_driver.c tests/unit/moe_fixture.h
+tests_parity_moe_driver_LDADD = src/libcolossal-core.la
+TESTS += tests/parity/moe.sh
+EXTRA_DIST += tests/parity/moe.sh tests/parity/moe_reference.py
+CLEANFILES += tests/parity/moe.safetensors
