@@ -16,6 +16,19 @@ CLEANFILES += $(PARALLEL_MPI_TESTS)
 TESTS += $(PARALLEL_MPI_TESTS)
 endif
 
+# ---- expert parallelism (docs/moe.md): the MoE layer at ep = 2, 4 against ep = 1
+if HAVE_CHECK
+check_PROGRAMS += tests/mpi/test_moe
+tests_mpi_test_moe_SOURCES = tests/mpi/test_moe.c tests/mpi/test_mesh_util.h tests/unit/moe_fixture.h
+tests_mpi_test_moe_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_moe_LDADD = $(TEST_LIBS)
+MOE_MPI_TESTS = tests/mpi/moe.np4
+$(MOE_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(MOE_MPI_TESTS)
+TESTS += $(MOE_MPI_TESTS)
+endif
+
 # ---- ZeRO / gradient buckets / loss scaling / memory planner (docs/parallel.md)
 # The loss scaler lives in src/optim (the training step uses it); it is
 # listed here with the engine it was written for.
