@@ -7,6 +7,7 @@
 #include "colossal/tensor.h"
 #include "colossal/ops.h"
 #include "colossal/model.h"
+#include "colossal/moe.h"
 #include "colossal/optim.h"
 #include "colossal/parallel.h"
 #include "colossal/schedule.h"
