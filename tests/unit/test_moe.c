@@ -363,6 +363,46 @@ static void fd_case(cai_moe_config c, const char *label) {
     moe_fix_free(&f);
 }
 
+/* The backward reads only what the forward kept (a second backward adds
+ * the same gradients again), and loss_scale scales the two losses'
+ * gradients as their coefficients would. */
+START_TEST(backward_repeats_and_scales_the_losses) {
+    cai_moe_config c = small_cfg();
+    c.n_shared = 1;
+    c.routing = CAI_MOE_CAPACITY;
+    c.capacity_factor = 0.7f;
+    moe_fix f, h;
+    CK_OK(moe_fix_init(&f, dev, &c, 16, 8, NULL, 5, 0.4f, 1));
+    moe_fix_cotangent(&f, 5, 2);
+    double obj;
+    CK_OK(moe_fix_grads(&f, &obj));
+    float *once = malloc(f.n_flat * sizeof(float));
+    memcpy(once, f.grads, f.n_flat * sizeof(float));
+    CK_OK(cai_moe_bwd(&f.cx, &f.p, &f.g, &f.acts, &f.x, &f.dy, &f.dx, 1.0f));
+    for (size_t i = 0; i < f.n_flat; i++) ck_assert_float_eq(f.grads[i], 2.0f * once[i]);
+    /* loss_scale 4 with the coefficients c equals loss_scale 1 with 4c, for
+     * the router's gradient when the output gradient is zero */
+    memset(f.dy.data, 0, cai_tensor_nbytes(&f.dy));
+    memset(f.grads, 0, f.n_flat * sizeof(float));
+    CK_OK(cai_moe_fwd(&f.cx, &f.p, &f.acts, &f.x, &f.y));
+    CK_OK(cai_moe_bwd(&f.cx, &f.p, &f.g, &f.acts, &f.x, &f.dy, &f.dx, 4.0f));
+    c.aux_coef *= 4.0f;
+    c.z_coef *= 4.0f;
+    CK_OK(moe_fix_init(&h, dev, &c, 16, 8, NULL, 5, 0.4f, 1));
+    CK_OK(moe_fix_grads(&h, &obj));
+    const float *a = f.g.router.data, *b = h.g.router.data;
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < cai_tensor_numel(&f.g.router); i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    ck_assert_msg(m > 0.0 && d <= 1e-6 * m, "router gradient: loss_scale vs coefficients differ by %g of %g", d, m);
+    free(once);
+    moe_fix_free(&f);
+    moe_fix_free(&h);
+}
+END_TEST
+
 START_TEST(backward_matches_finite_differences) {
     static const struct {
         const char *label;
@@ -391,10 +431,10 @@ START_TEST(backward_matches_finite_differences) {
 END_TEST
 
 int main(int argc, char **argv) {
-    const TTest *tests[] = {config_errors_name_the_field,       routing_topk_and_renormalisation,
-                            capacity_drops_later_tokens_first,  statistics_summary,
-                            registered_names_and_ep_views,      bad_inputs_refused,
-                            backward_matches_finite_differences};
+    const TTest *tests[] = {config_errors_name_the_field,           routing_topk_and_renormalisation,
+                            capacity_drops_later_tokens_first,      statistics_summary,
+                            registered_names_and_ep_views,          bad_inputs_refused,
+                            backward_repeats_and_scales_the_losses, backward_matches_finite_differences};
     MPI_Init(&argc, &argv);
     cai_status st = cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1);
     int failed = 1;
