@@ -255,6 +255,8 @@ typedef struct {
     cai_optim_t *optim;
     cai_zero_t *zero; /* non-NULL: cai_ckpt_save_zero */
     const cai_adamw_config *oc;
+    cai_ckpt_write_fn write; /* non-NULL: the caller's own file (cai_ckpt_save_step_with) */
+    void *write_ctx;
 } step_state;
 
 /* The step file, then `latest`, then pruning: the order that keeps a crash
@@ -267,7 +269,8 @@ static cai_status save_step(cai_mesh_t *mesh, const char *dir, int keep, const s
     char path[4096];
     CAI_CALL(cai_ckpt_step_path(dir, step, path, sizeof path));
     CAI_CALL(ck_agree(comm, rank == 0 ? mkdir_p(dir) : CAI_OK));
-    if (s->zero) CAI_CALL(cai_ckpt_save_zero(mesh, path, s->zero, s->optim, s->oc, meta, stats));
+    if (s->write) CAI_CALL(s->write(s->write_ctx, mesh, path, meta, stats));
+    else if (s->zero) CAI_CALL(cai_ckpt_save_zero(mesh, path, s->zero, s->optim, s->oc, meta, stats));
     else CAI_CALL(cai_ckpt_save(mesh, path, s->model, s->optim, meta, stats));
     cai_status st = CAI_OK;
     if (rank == 0) {
@@ -283,7 +286,7 @@ static cai_status save_step(cai_mesh_t *mesh, const char *dir, int keep, const s
 cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_model_t *model, cai_optim_t *optim,
                               const cai_ckpt_meta *meta, char *path_out, size_t cap, cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && dir && *dir && model, "cai_ckpt_save_step: NULL argument");
-    step_state s = {model, optim, NULL, NULL};
+    step_state s = {model, optim, NULL, NULL, NULL, NULL};
     int64_t step = meta ? meta->step : optim ? cai_optim_step_count(optim) : 0;
     return save_step(mesh, dir, keep, &s, step, meta, path_out, cap, stats);
 }
@@ -292,7 +295,15 @@ cai_status cai_ckpt_save_step_zero(cai_mesh_t *mesh, const char *dir, int keep, 
                                    const cai_adamw_config *oc, const cai_ckpt_meta *meta, char *path_out, size_t cap,
                                    cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && dir && *dir && zero, "cai_ckpt_save_step_zero: NULL argument");
-    step_state s = {cai_zero_model(zero), optim, zero, oc};
+    step_state s = {cai_zero_model(zero), optim, zero, oc, NULL, NULL};
     int64_t step = meta ? meta->step : optim ? cai_optim_step_count(optim) : cai_zero_step_count(zero);
+    return save_step(mesh, dir, keep, &s, step, meta, path_out, cap, stats);
+}
+
+cai_status cai_ckpt_save_step_with(cai_mesh_t *mesh, const char *dir, int keep, int64_t step, cai_ckpt_write_fn write,
+                                   void *ctx, const cai_ckpt_meta *meta, char *path_out, size_t cap,
+                                   cai_ckpt_stats *stats) {
+    CAI_CHECK_ARG(mesh && dir && *dir && write, "cai_ckpt_save_step_with: NULL argument");
+    step_state s = {NULL, NULL, NULL, NULL, write, ctx};
     return save_step(mesh, dir, keep, &s, step, meta, path_out, cap, stats);
 }

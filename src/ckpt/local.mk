@@ -13,7 +13,7 @@ endif
 
 # hugging face: safetensors export/import with HF names, layouts and config.json
 src_libcolossal_core_la_SOURCES += %reldir%/hf_map.c %reldir%/hf_config.c %reldir%/hf_export.c \
-	%reldir%/hf_import.c %reldir%/hf_internal.h
+	%reldir%/hf_import.c %reldir%/hf_internal.h %reldir%/lora_io.c
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_hf
 tests_unit_test_hf_SOURCES = tests/unit/test_hf.c

@@ -20,6 +20,7 @@
  * gradient). The same bytes cross the network as with the all-reduces;
  * what is saved is the residual-stream activation memory, divided by tp. */
 #include "cai_config.h"
+#include "colossal/lora.h"
 #include "colossal/model.h"
 #include "colossal/ops.h"
 
@@ -186,6 +187,7 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     const cai_tensor *x;
     CAI_CALL(column_input(cx, s, &a->ln1, &x));
     CAI_CALL(ops->linear_fwd(dev, &a->qkv, x, &p->qkv_w, opt_in(&p->qkv_b)));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_QKV, x, &a->qkv));
     cai_tensor q, k, v, att4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
     if (rope(d)) {
@@ -197,6 +199,7 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     cai_attn_params ap = causal_params(cx);
     CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
     CAI_CALL(row_parallel_residual(cx, s, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_ATTN_PROJ, &a->att, out));
     return CAI_OK;
 }
 
@@ -217,6 +220,7 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     CAI_CALL(row_output_grad_kept(cx, s, d_stream, w ? &w->d_proj : NULL, &dout));
     CAI_CALL(ops->linear_bwd(dev, &s->datt, wgrad_now(w, &g->proj_w), wgrad_now(w, &g->proj_b), dout, &a->att,
                              &p->proj_w, 0));
+    CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_ATTN_PROJ, &a->att, dout, &s->datt));
     cai_tensor *dqkv = w ? &w->dqkv : &s->dqkv;
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
@@ -238,6 +242,8 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
         CAI_CALL(column_input(cx, s, &a->ln1, &x));
         CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), dqkv, x, &p->qkv_w, 0));
     }
+    /* LoRA runs at tp = 1 only, where the linear's input is the norm output itself. */
+    CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_QKV, &a->ln1, dqkv, &s->dln));
     /* The column-parallel input gradient covers this rank's heads only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
@@ -262,8 +268,13 @@ static cai_status mlp_gelu_fwd(const cai_layer_ctx *cx, const cai_block_params *
                                const cai_tensor *x) {
     /* fc is column-parallel: each rank's hidden units are complete, so the
      * GELU needs no communication and fuses into the matmul (a->fc keeps
-     * the GELU input for backward). */
-    return cx->dev->ops->linear_gelu_fwd(cx->dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
+     * the GELU input for backward). An adapter on fc adds before the GELU. */
+    cai_device_t *dev = cx->dev;
+    if (!cai_lora_at(p->lora, CAI_LORA_SITE_FC))
+        return dev->ops->linear_gelu_fwd(dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
+    CAI_CALL(dev->ops->linear_fwd(dev, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_FC, x, &a->fc));
+    return dev->ops->gelu_fwd(dev, &a->act, &a->fc);
 }
 
 static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_params *g,
@@ -275,12 +286,23 @@ static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *
      * each rank for the rank's own hidden units, so no collective sits
      * between the matmul and the GELU backward and the two fuse into one op
      * writing dfc directly (s->dact is not used). */
-    CAI_CALL(dev->ops->linear_bwd_dgelu(dev, dfc, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
-                                        &a->act, &p->mlp_proj_w, &a->fc));
-    if (w) return dev->ops->linear_bwd(dev, &s->dln, NULL, NULL, dfc, NULL, &p->fc_w, 0);
-    const cai_tensor *x;
-    CAI_CALL(column_input(cx, s, &a->ln2, &x));
-    return dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), dfc, x, &p->fc_w, 0);
+    if (cai_lora_at(p->lora, CAI_LORA_SITE_MLP_PROJ)) {
+        /* the adapter's input gradient joins before the GELU: unfused (gelu_bwd may run in place) */
+        CAI_CALL(dev->ops->linear_bwd(dev, &s->dact, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
+                                      &a->act, &p->mlp_proj_w, 0));
+        CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, dout, &s->dact));
+        CAI_CALL(dev->ops->gelu_bwd(dev, dfc, &a->fc, &s->dact));
+    } else {
+        CAI_CALL(dev->ops->linear_bwd_dgelu(dev, dfc, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
+                                            &a->act, &p->mlp_proj_w, &a->fc));
+    }
+    if (w) CAI_CALL(dev->ops->linear_bwd(dev, &s->dln, NULL, NULL, dfc, NULL, &p->fc_w, 0));
+    else {
+        const cai_tensor *x;
+        CAI_CALL(column_input(cx, s, &a->ln2, &x));
+        CAI_CALL(dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), dfc, x, &p->fc_w, 0));
+    }
+    return cai_lora_bwd(p->lora, CAI_LORA_SITE_FC, &a->ln2, dfc, &s->dln);
 }
 
 static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_acts *a,
@@ -288,6 +310,8 @@ static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params
     cai_device_t *dev = cx->dev;
     CAI_CALL(dev->ops->linear_fwd(dev, &a->fc, x, &p->fc_w, NULL));
     CAI_CALL(dev->ops->linear_fwd(dev, &a->up, x, &p->up_w, NULL));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_FC, x, &a->fc));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_UP, x, &a->up));
     return dev->ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up);
 }
 
@@ -299,11 +323,14 @@ static cai_status mlp_swiglu_bwd(const cai_layer_ctx *cx, const cai_block_params
     cai_tensor *dfc = w ? &w->dfc : &s->dfc, *dup = w ? &w->dup : &s->dup;
     CAI_CALL(ops->linear_bwd(dev, &s->dact, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout, &a->act,
                              &p->mlp_proj_w, 0));
+    CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, dout, &s->dact));
     CAI_CALL(ops->swiglu_bwd(dev, dfc, dup, &s->dact, &a->fc, &a->up));
     const cai_tensor *x = NULL;
     if (!w) CAI_CALL(column_input(cx, s, &a->ln2, &x));
     CAI_CALL(ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->fc_w), NULL, dfc, x, &p->fc_w, 0));
-    return ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->up_w), NULL, dup, x, &p->up_w, 1);
+    CAI_CALL(ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->up_w), NULL, dup, x, &p->up_w, 1));
+    CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_FC, &a->ln2, dfc, &s->dln));
+    return cai_lora_bwd(p->lora, CAI_LORA_SITE_UP, &a->ln2, dup, &s->dln);
 }
 
 static cai_status unknown_mlp(const cai_layer_dims *d) {
@@ -321,6 +348,7 @@ cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     default: return unknown_mlp(d);
     }
     CAI_CALL(row_parallel_residual(cx, s, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
+    CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, out));
     return CAI_OK;
 }
 

@@ -6,8 +6,9 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/model.c \
 	%reldir%/model_internal.h \
 	%reldir%/weights.c \
+	%reldir%/lora.c \
 	%reldir%/moe.c
-colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h
+colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h src/include/colossal/lora.h
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_registry
@@ -32,4 +33,11 @@ tests_unit_test_moe_SOURCES = tests/unit/test_moe.c tests/unit/moe_fixture.h
 tests_unit_test_moe_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_moe_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_moe
+endif
+if HAVE_CHECK
+check_PROGRAMS += tests/unit/test_lora
+tests_unit_test_lora_SOURCES = tests/unit/test_lora.c
+tests_unit_test_lora_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_lora_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_lora
 endif

@@ -3,6 +3,7 @@
  * arena and runs forward/backward over a pipeline stage's layer range. */
 #include "cai_config.h"
 #include "model_internal.h"
+#include "colossal/lora.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -317,6 +318,7 @@ struct cai_model {
     } * refs;
     int n_refs;
     int external; /* the caller owns parameter storage */
+    int frozen;   /* no gradients for the parameters (cai_model_options.frozen) */
     /* cai_model_set_packing: [B,T] positions then doc ids, on the device;
      * m->cx points at them while packing is on. */
     int32_t *packing;
@@ -353,7 +355,7 @@ void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int
 }
 
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes) {
-    size_t per = 2 * sizeof(float); /* masters and grads */
+    size_t per = (m->frozen ? 1 : 2) * sizeof(float); /* masters and grads */
     if (m->lowp) per += cai_dtype_size(m->cfg.param_dtype);
     if (m->work) per += cai_dtype_size(m->cfg.act_dtype);
     if (param_bytes) *param_bytes = m->external ? 0 : m->n_flat * per;
@@ -504,7 +506,7 @@ static cai_status alloc_params(cai_model_t *m, const cai_model_options *opt) {
     m->lowp = w->lowp;
     m->work = w->work;
     m->compute = w->compute;
-    if (m->external) return CAI_OK; /* the caller allocates, initialises and binds */
+    if (m->external || m->frozen) return CAI_OK; /* the caller allocates, initialises and binds; or no gradients */
     CAI_CALL(cai_device_alloc(dev, m->n_flat * sizeof(float), "model gradients", (void **)&m->grads));
     CAI_CALL(cai_model_zero_grad(m));
     return CAI_OK;
@@ -751,6 +753,11 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp, NULL, NULL};
     m->external = opt.external_params != 0;
     m->split = opt.split_backward != 0;
+    m->frozen = opt.frozen != 0;
+    if (m->frozen && m->external) {
+        st = CAI_ERROR(CAI_ERR_INVALID_ARG, "model: frozen parameters take no external (ZeRO) storage");
+        goto fail;
+    }
     if (m->split && m->cfg.activation_checkpointing) {
         st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
                        "model: split_backward keeps every layer's activations from the input pass to the weight "
@@ -845,7 +852,7 @@ cai_weights_t *cai_model_weights(const cai_model_t *m) { return m->w; }
 
 cai_status cai_model_zero_grad(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_zero_grad: NULL model");
-    if (m->external) return CAI_OK;
+    if (m->external || m->frozen) return CAI_OK;
     cai_tensor g = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
     CAI_CALL(m->dev->ops->fill(m->dev, &g, 0.0f));
     return CAI_OK;
@@ -1174,7 +1181,8 @@ static cai_status backward(cai_model_t *m, float grad_scale, int split, const ch
     }
     if (c->first) {
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, 0));
-        CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &s->tokens, &m->d_stream));
+        if (!m->frozen)
+            CAI_CALL(cai_embed_bwd(&m->cx, &m->dims, &m->g_wte, &m->g_wpe, &m->scratch, &s->tokens, &m->d_stream));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, 0));
     }
     s->pending_weight = split && nl > 0;
@@ -1215,3 +1223,24 @@ cai_status cai_model_backward_weight(cai_model_t *m) {
 }
 
 int cai_model_split_backward(const cai_model_t *m) { return m ? m->split : 0; }
+
+cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora) {
+    CAI_CHECK_ARG(m, "cai_model_set_lora: NULL model");
+    if (lora) {
+        if (m->view.tp_size > 1)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "LoRA on a tensor-parallel model (tp=%d) is not supported: the adapters act on whole "
+                             "linears; run LoRA with tp=1",
+                             m->view.tp_size);
+        const cai_lora_adapter *a = cai_lora_get(lora, 0);
+        const cai_registry_t *lr = cai_lora_registry(lora);
+        if (cai_registry_n_layers(lr) != m->cfg.n_layers || (a && cai_registry_find(m->reg, a->param) < 0))
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "cai_model_set_lora: the adapters were made for %d layers of another architecture "
+                             "than this %s model of %d layers",
+                             cai_registry_n_layers(lr), cai_model_family_name(m->cfg.family), m->cfg.n_layers);
+        CAI_CALL(cai_lora_prepare(lora, m->B, m->T, m->cfg.act_dtype));
+    }
+    for (int i = 0; i < m->n_local; i++) m->wp[i].lora = lora ? cai_lora_layer_of(lora, m->local_layer[i]) : NULL;
+    return CAI_OK;
+}

@@ -69,6 +69,18 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     /* the bf16 reduction copy; stages 2/3 take bf16 windows, in the window peak */
     if (z->reduce_dtype == CAI_DTYPE_BF16 && L.stage < 2) out->grads += L.n_pad * sizeof(uint16_t);
     CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, z->reduce_dtype, &out->windows), st, done);
+    if (req->lora_flat) {
+        if (z->stage != 0 || z->offload) {
+            st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "memory plan: LoRA runs ZeRO stage 0 without offload");
+            goto done;
+        }
+        /* the frozen base keeps its weights only; the adapters are reduced in place */
+        const size_t a = req->lora_flat;
+        out->grads = a * f4;
+        out->master = n * f4 + a * f4;
+        out->optim = 2 * a * f4;
+        out->staging = 0;
+    }
     int first = 0, last = 0;
     int nl = n_units;
     for (int i = 0; i < L.n_params; i++) {

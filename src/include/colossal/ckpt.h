@@ -432,6 +432,14 @@ cai_status cai_ckpt_save_step(cai_mesh_t *mesh, const char *dir, int keep, cai_m
 cai_status cai_ckpt_save_step_zero(cai_mesh_t *mesh, const char *dir, int keep, cai_zero_t *zero, cai_optim_t *optim,
                                    const cai_adamw_config *oc, const cai_ckpt_meta *meta, char *path_out, size_t cap,
                                    cai_ckpt_stats *stats);
+/* The same directory protocol around a file the caller writes: write(ctx,
+ * mesh, path, meta, stats) must write `path` atomically (cai_ckpt_save_buffers
+ * does), e.g. a LoRA run's adapters. Collective over the mesh's world. */
+typedef cai_status (*cai_ckpt_write_fn)(void *ctx, cai_mesh_t *mesh, const char *path, const cai_ckpt_meta *meta,
+                                        cai_ckpt_stats *stats);
+cai_status cai_ckpt_save_step_with(cai_mesh_t *mesh, const char *dir, int keep, int64_t step, cai_ckpt_write_fn write,
+                                   void *ctx, const cai_ckpt_meta *meta, char *path_out, size_t cap,
+                                   cai_ckpt_stats *stats);
 /* DIR/step-<N>.h5 into out. Not collective. */
 cai_status cai_ckpt_step_path(const char *dir, int64_t step, char *out, size_t cap);
 /* The checkpoint `latest` in DIR names, into out; *found = 0 (and CAI_OK)

@@ -359,6 +359,7 @@ typedef struct {
     cai_tensor fc_w, fc_b;             /* mlp.fc: GPT-2 fc [F, C], [F]; Llama gate [F, C] */
     cai_tensor up_w;                   /* Llama up [F, C] */
     cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
+    const struct cai_lora_layer *lora; /* the block's LoRA adapters (colossal/lora.h), or NULL; weights only */
 } cai_block_params;
 
 /* What one block's forward saves for its backward. With d->sp the
@@ -541,6 +542,7 @@ cai_status cai_weights_updated(cai_weights_t *w);
 /* ----------------------------------------------------------------- model */
 
 typedef struct cai_model cai_model_t;
+struct cai_lora;
 
 typedef struct {
     int batch;              /* B: sequences per forward */
@@ -561,6 +563,8 @@ typedef struct {
                              * schedules; cai_model_split_backward_bytes more); not with activation
                              * checkpointing; external_params must keep the gradients bound from one
                              * pass to the other (ZeRO 0/1 bind them once) */
+    int frozen;             /* 1: the parameters are not trained (LoRA's base): no gradient buffer, no
+                             * weight gradients computed; backward still yields input gradients */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */
@@ -689,6 +693,13 @@ cai_status cai_model_backward(cai_model_t *m, float grad_scale);
 cai_status cai_model_backward_input(cai_model_t *m, float grad_scale);
 cai_status cai_model_backward_weight(cai_model_t *m);
 int cai_model_split_backward(const cai_model_t *m);
+
+/* LoRA (colossal/lora.h): every block runs its adapters of `lora` (NULL:
+ * none) from now on, in forward, backward (checkpointed and split too) and
+ * evaluation. The model must be whole on this rank's tensor axis (tp = 1)
+ * with f32 activations; `lora` must be made for the same architecture and
+ * outlive its use here. Not collective. */
+cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora);
 
 /* Pipeline stage boundary of the selected chunk and slot, [B,T,C] in act
  * dtype: `input` (non-first stages write it before forward), `output`

@@ -248,6 +248,9 @@ typedef struct {
                               * buffers (one set per microbatch and chunk); 0: not counted */
     int pp_split;            /* 1: the model keeps a split backward's output gradients in each
                               * activation set (cai_model_options.split_backward; zb-h1) */
+    size_t lora_flat;        /* LoRA (colossal/lora.h): the adapters' flat F32 elements, the only trainable
+                              * ones (the base is frozen: no gradients, no optimizer state; stage 0 only);
+                              * 0: full training */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
