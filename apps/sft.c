@@ -26,6 +26,7 @@
 #include "colossal/ckpt.h"
 #include "colossal/data.h"
 #include "colossal/run.h"
+#include "lora_app.h"
 #include "train_common.h"
 
 /* ------------------------------------------------------------------ config */
@@ -41,6 +42,7 @@ typedef struct {
     int micro_batch, grad_accum, seq_len;
     int64_t eval_interval;
     tc_options tr;
+    lora_app_options lora;
     cai_run_options run;
     cai_app_common common;
 } sft_config;
@@ -86,6 +88,7 @@ static const cai_config_field k_fields[] = {
 
     TC_OPTIM_FIELDS(sft_config, tr, "1e-4"),
     TC_ZERO_FIELDS(sft_config, tr),
+    LORA_APP_FIELDS(sft_config, lora),
 
     F("eval.interval", CAI_CFG_INT64, eval_interval, "0",
       "masked loss over all of data.valid every this many steps and at the end; 0: at the end only", 0, BIG),
@@ -298,6 +301,7 @@ typedef struct {
     sft_source src;
     sft_data data;
     tc_engine eng;
+    lora_app lora; /* a LoRA run: the adapters, their optimizer and driver (eng holds the frozen model) */
     int64_t steps;
 } sft_job;
 
@@ -383,12 +387,14 @@ static cai_status save_hook(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const c
     sft_job *j = ctx;
     m->consumed_samples = cai_sft_loader_consumed(j->data.loader);
     m->data_seed = (uint64_t)j->cfg->data_seed;
+    if (j->lora.l) return lora_app_save(&j->lora, run, m, dir, keep, path, cap, st);
     return tc_engine_save(&j->eng, run, m, dir, keep, path, cap, st);
 }
 
 static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckpt_meta *m, cai_ckpt_stats *st) {
     sft_job *j = ctx;
-    CAI_CALL(tc_engine_load(&j->eng, run, path, m, st));
+    if (j->lora.l) CAI_CALL(lora_app_load(&j->lora, run, path, m, st));
+    else CAI_CALL(tc_engine_load(&j->eng, run, path, m, st));
     if (m->data_seed != (uint64_t)j->cfg->data_seed)
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: the row order changes from here", path,
                  (unsigned long long)m->data_seed, (long long)j->cfg->data_seed);
@@ -410,7 +416,7 @@ static cai_status check_config(const sft_config *c, int world, cai_layout *L) {
                          "which stages 1-3 (shards initialised from the registry) do not read yet; use zero.stage=0 "
                          "(zero.offload=true keeps the optimizer on the host)",
                          c->tr.zero_stage);
-    return CAI_OK;
+    return lora_app_check(&c->lora, &c->tr);
 }
 
 static cai_run_config run_config(const sft_config *c, const cai_layout *layout, int64_t steps) {
@@ -433,19 +439,34 @@ static cai_status build(sft_job *j, sft_config *c, cai_run_t *run) {
     m.activation_checkpointing = c->act_ckpt;
     tc_apply_precision(&c->tr, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, &resolved));
+    const int lora = lora_app_on(&c->lora);
+    if (lora)
+        CAI_CALL(lora_app_create(&j->lora, &c->lora, cai_run_device(run), &resolved, (uint64_t)c->data_seed,
+                                 cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP)));
     cai_mem_plan_request q = {.model = resolved,
                               .batch = c->micro_batch,
                               .seq_len = c->seq_len,
                               .view = cai_run_view(run),
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = tc_zero_config(&c->tr),
-                              .dev = cai_run_device(run)};
+                              .dev = cai_run_device(run),
+                              .lora_flat = lora ? (size_t)cai_lora_numel(j->lora.l) : 0};
+    if (lora) {
+        cai_tensor g;
+        cai_lora_flat(j->lora.l, NULL, &g);
+        q.lora_flat = (size_t)cai_tensor_numel(&g);
+    }
     CAI_CALL(cai_run_plan_memory(run, &q));
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = c->micro_batch;
     mo.seq_len = c->seq_len;
     mo.view = cai_run_view(run);
     mo.mesh = cai_run_mesh(run);
+    if (lora) {
+        CAI_CALL(
+            lora_app_engine(&j->lora, &c->lora, &j->eng, run, &c->tr, j->steps, &resolved, &mo, load_weights, &j->src));
+        return data_seek(c, &j->data, cai_run_mesh(run), 0);
+    }
     CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->steps, &resolved, &mo, load_weights, &j->src));
     CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
     return data_seek(c, &j->data, cai_run_mesh(run), 0);
@@ -470,7 +491,8 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
         (long long)j->data.global_batch, c->seq_len, c->micro_batch, c->grad_accum, dp, (long long)j->steps,
         (double)(j->steps * j->data.global_batch) / (double)cai_sft_dataset_size(j->data.train));
     tc_engine_print_optim(&j->eng);
-    tc_engine_print_zero(&j->eng, &c->tr, dp);
+    if (j->lora.l) lora_app_print(&j->lora, j->eng.model);
+    else tc_engine_print_zero(&j->eng, &c->tr, dp);
     printf("run dir: %s (config.yaml, metrics.jsonl, tokenizer/)\n", c->run.dir);
     fflush(stdout);
 }
@@ -505,9 +527,13 @@ int main(int argc, char **argv) {
     if (app.rank == 0) print_header(&job, run, &app);
     cai_app_check(cai_run_train(run, &hooks, cfg.eval_interval ? cfg.eval_interval : job.steps));
     cai_app_check(cai_run_finish(run));
+    if (job.lora.l && cfg.lora.export_on && !cai_run_stopped_by(run) && app.rank == 0)
+        cai_app_check(lora_app_export(&job.lora, job.eng.model, cfg.run.dir, cfg.model_path,
+                                      *job.src.tokenizer ? job.src.tokenizer : NULL));
 
     int exit_code = cai_run_exit_code(run);
     tc_engine_free(&job.eng);
+    lora_app_free(&job.lora);
     data_free(&job.data);
     cai_hf_close(job.src.h);
     cai_run_free(run);

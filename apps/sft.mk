@@ -1,6 +1,6 @@
 # colossal-sft: supervised fine-tuning on chat data (docs/sft.md).
 bin_PROGRAMS += apps/colossal-sft
-apps_colossal_sft_SOURCES = apps/sft.c $(APP_COMMON_SOURCES) $(TRAIN_COMMON_SOURCES)
+apps_colossal_sft_SOURCES = apps/sft.c apps/lora_app.c apps/lora_app.h $(APP_COMMON_SOURCES) $(TRAIN_COMMON_SOURCES)
 apps_colossal_sft_LDADD = $(APP_LDADD)
 
 # End-to-end tests (shell, run under $(MPIEXEC)).
