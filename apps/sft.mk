@@ -6,6 +6,7 @@ apps_colossal_sft_LDADD = $(APP_LDADD)
 # End-to-end tests (shell, run under $(MPIEXEC)).
 SFT_APP_TESTS = \
 	tests/apps/sft_e2e.sh \
-	tests/apps/sft_errors.sh
+	tests/apps/sft_errors.sh \
+	tests/apps/sft_lora.sh
 TESTS += $(SFT_APP_TESTS)
 EXTRA_DIST += $(SFT_APP_TESTS) tests/apps/sft_lib.sh examples/sft-tiny.sh
