@@ -17,3 +17,11 @@ tests_parity_moe_driver_LDADD = src/libcolossal-core.la
 TESTS += tests/parity/moe.sh
 EXTRA_DIST += tests/parity/moe.sh tests/parity/moe_reference.py
 CLEANFILES += tests/parity/moe.safetensors
+
+# LoRA adapters against a PyTorch reference LoRA (docs/sft.md "LoRA").
+check_PROGRAMS += tests/parity/lora_parity
+tests_parity_lora_parity_SOURCES = tests/parity/lora_parity.c
+tests_parity_lora_parity_LDADD = src/libcolossal-core.la
+TESTS += tests/parity/lora.sh
+EXTRA_DIST += tests/parity/lora.sh tests/parity/lora_reference.py
+CLEANFILES += tests/parity/lora.safetensors
