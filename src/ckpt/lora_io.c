@@ -154,7 +154,7 @@ cai_status cai_lora_export_peft(const char *dir, const cai_lora_t *l, const char
     json_object_set_new(o, "layers_to_transform", json_null());
     json_object_set_new(o, "layers_pattern", json_null());
     json_object_set_new(o, "use_rslora", json_false());
-    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
     json_decref(o);
     if (!text) return CAI_ERROR(CAI_ERR_NOMEM, "cannot build %s", ADAPTER_CONFIG);
     st = cai_hf_path(path, sizeof path, dir, ADAPTER_CONFIG);

@@ -41,3 +41,6 @@ tests_unit_test_lora_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_lora_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_lora
 endif
+check_PROGRAMS += tests/unit/test_lora_logits
+tests_unit_test_lora_logits_SOURCES = tests/unit/test_lora_logits.c
+tests_unit_test_lora_logits_LDADD = src/libcolossal-core.la
