@@ -3,15 +3,18 @@
 # the embedded corpus, the embedded instruction set (colossal-data
 # sft-example), colossal-sft, the Hugging Face export, and exact-match
 # accuracy of greedy answers to held-out arithmetic questions before and
-# after fine-tuning (colossal-infer, "The answer is N." compared as text).
+# after fine-tuning (colossal-infer, "The answer is N." compared as text),
+# full fine-tuning and LoRA side by side from the same pretrained model.
 #
 #   sh examples/sft-tiny.sh [DIR] [RANKS]
 #
-# DIR (default runs/sft-tiny) receives pretrain/, data/, sft/, hf/ and the
-# answers; RANKS ranks each (default 2). Programs come from COLOSSAL_BIN
+# DIR (default runs/sft-tiny) receives pretrain/, data/, sft/, hf/, sft-lora/
+# (with lora/merged, the LoRA model merged, and lora/adapter, its PEFT
+# adapter) and the answers; RANKS ranks each (default 2). Programs come from COLOSSAL_BIN
 # (default: the PATH), the launcher from MPIEXEC (default mpirun). The sizes
 # come from the environment: PRETRAIN_STEPS (600), SFT_EPOCHS (4), DOCS
-# (4000 conversations, 10% held out).
+# (4000 conversations, 10% held out), LORA (1; 0 skips the LoRA run),
+# LORA_RANK (16), LORA_LR (5e-3), LORA_TARGETS (c_attn,c_proj,c_fc).
 set -e
 dir=${1:-runs/sft-tiny}
 np=${2:-2}
@@ -28,6 +31,15 @@ $launch -n "$np" "${bin}colossal-sft" --model.path "$dir/pretrain/checkpoints" -
     --train.epochs "${SFT_EPOCHS:-4}" --optim.lr 1e-3 --optim.warmup_steps 10 --log.timestamps false \
     --checkpoint.every 1000000 --run.dir "$dir/sft"
 "${bin}colossal-ckpt" export --input "$dir/sft/checkpoints" --output "$dir/hf" --tokenizer "$dir/sft/tokenizer"
+if [ "${LORA:-1}" != 0 ]; then
+    # the same data and schedule through adapters on a frozen base (alpha = 2 rank)
+    $launch -n "$np" "${bin}colossal-sft" --model.path "$dir/pretrain/checkpoints" \
+        --data.train "$dir/data/train.jsonl" --data.valid "$dir/data/held_out.jsonl" --train.seq_len 128 \
+        --train.micro_batch 8 --train.epochs "${SFT_EPOCHS:-4}" --optim.lr "${LORA_LR:-5e-3}" --optim.warmup_steps 10 \
+        --lora.rank "${LORA_RANK:-16}" --lora.alpha $((2 * ${LORA_RANK:-16})) \
+        --lora.targets "${LORA_TARGETS:-c_attn,c_proj,c_fc}" --log.timestamps false --checkpoint.every 1000000 \
+        --run.dir "$dir/sft-lora"
+fi
 
 # The held-out arithmetic questions as chat requests (the answer left out,
 # greedy, up to the end of the line) and their expected answers.
@@ -56,3 +68,4 @@ exact_match() {
 }
 exact_match "$dir/pretrain/checkpoints" before
 exact_match "$dir/hf" after
+[ "${LORA:-1}" = 0 ] || exact_match "$dir/sft-lora/lora/merged" after-lora
