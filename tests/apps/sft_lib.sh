@@ -29,3 +29,18 @@ sft_setup() {
 
 SFT_TINY="--train.seq_len 64 --train.micro_batch 4 --optim.lr 1e-3 --optim.warmup_steps 2 --log.timestamps false
   --run.peak_tflops 1"
+
+# close_losses REF GOT WHAT: the train and validation losses of two
+# metrics.jsonl files agree within 1e-5 relative (layouts that sum in
+# another order).
+close_losses() {
+    for kind in "train loss" "eval val_loss"; do
+        # shellcheck disable=SC2086
+        field $kind "$1" >"$TMP/a"
+        # shellcheck disable=SC2086
+        field $kind "$2" >"$TMP/b"
+        paste "$TMP/a" "$TMP/b" | awk -v k="$kind" -v w="$3" '{d=$2-$4; if (d<0) d=-d; r=d/($2>0?$2:1); if (r>m) m=r; n++}
+            END{printf "%s: %d records, max relative difference %s %.2e\n", k, n, w, m; exit !(n>0 && m<=1e-5)}' ||
+            fail "$kind differs ($3) by more than 1e-5"
+    done
+}

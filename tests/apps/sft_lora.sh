@@ -30,15 +30,7 @@ grep -q '"peft_type": "LORA"' "$TMP/l1/lora/adapter/adapter_config.json" || fail
 # shellcheck disable=SC2086
 run_sft 2 $SFT --train.grad_accum 1 --run.dir "$TMP/l2"
 expect_ok
-for kind in "train loss" "eval val_loss"; do
-    # shellcheck disable=SC2086
-    field $kind "$M1" >"$TMP/a"
-    # shellcheck disable=SC2086
-    field $kind "$TMP/l2/metrics.jsonl" >"$TMP/b"
-    paste "$TMP/a" "$TMP/b" | awk -v k="$kind" '{d=$2-$4; if (d<0) d=-d; r=d/($2>0?$2:1); if (r>m) m=r; n++}
-        END{printf "%s: %d records, max relative difference 1 vs 2 ranks %.2e\n", k, n, m; exit !(n>0 && m<=1e-5)}' ||
-        fail "LoRA $kind differs between 1 and 2 ranks by more than 1e-5"
-done
+close_losses "$M1" "$TMP/l2/metrics.jsonl" "1 vs 2 ranks"
 
 # Dropout on, stopped after step 12, resumed: bitwise the uninterrupted run.
 # shellcheck disable=SC2086
