@@ -74,9 +74,18 @@ def main():
     tokens = ref["tokens"].long().to(args.device)
     ours = ref["logits"].double()
     V = ours.shape[-1]
-    load = dict(torch_dtype=torch.float32, local_files_only=True)
-    merged = AutoModelForCausalLM.from_pretrained(args.merged, **load).to(args.device).eval()
-    base = AutoModelForCausalLM.from_pretrained(args.base, **load).to(args.device)
+    fail = 0
+    models = []
+    for d in (args.merged, args.base):
+        m, info = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, local_files_only=True,
+                                                       output_loading_info=True)
+        bad = {k: v for k, v in info.items() if v}  # missing, unexpected, mismatched keys, errors
+        if bad:
+            print(f"FAIL {d}: loading info {bad}")
+            fail = 1
+        models.append(m.to(args.device))
+    merged, base = models
+    merged.eval()
     peft = PeftModel.from_pretrained(base, args.adapter, is_trainable=False).to(args.device).eval()
 
     # Every adapter tensor of the file is in the PEFT model, with its values.
@@ -85,7 +94,6 @@ def main():
     for name, p in peft.named_parameters():
         if ".lora_A." in name or ".lora_B." in name:
             got[name.replace(".default", "")] = p.detach().cpu().float()
-    fail = 0
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
     if missing or extra:
