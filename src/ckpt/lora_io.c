@@ -72,7 +72,7 @@ cai_status cai_lora_ckpt_load(cai_mesh_t *mesh, const char *path, cai_lora_t *l,
     CAI_CHECK_ARG(mesh && path && l && o && meta, "cai_lora_ckpt_load: NULL argument");
     CAI_CALL(io(mesh, path, l, o, NULL, meta, stats));
     cai_optim_set_step_count(o, meta->has_optim && meta->optim_step ? meta->optim_step : meta->step);
-    return CAI_OK;
+    return cai_lora_params_updated(l);
 }
 
 /* ------------------------------------------------------------ PEFT: export */

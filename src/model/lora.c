@@ -45,6 +45,7 @@ typedef struct {
     cai_lora_adapter info;
     char hf[CAI_PARAM_NAME_MAX], param[CAI_PARAM_NAME_MAX];
     cai_tensor A, B, gA, gB; /* views into the flat buffers */
+    cai_tensor Ac, Bc;       /* what the matmuls read: A and B, or their copies in the activations' dtype */
     uint64_t stream;         /* dropout stream of this adapter */
 } adapter;
 
@@ -65,6 +66,8 @@ struct cai_lora {
     cai_registry_t *reg;
     size_t *offsets, n_flat, align;
     float *master, *grads;
+    void *compute; /* the adapters in act (when not F32), refreshed by cai_lora_params_updated */
+    cai_dtype act;
     adapter *ad;
     int n_ad;
     cai_lora_layer *layers;
@@ -193,6 +196,13 @@ static cai_status bind_views(cai_lora_t *l) {
         a->B = cai_tensor_2d(l->dev, l->master + ob, CAI_DTYPE_F32, rows, r);
         a->gA = cai_tensor_2d(l->dev, l->grads + oa, CAI_DTYPE_F32, r, in);
         a->gB = cai_tensor_2d(l->dev, l->grads + ob, CAI_DTYPE_F32, rows, r);
+        a->Ac = a->A;
+        a->Bc = a->B;
+        if (l->compute) {
+            const size_t es = cai_dtype_size(l->act);
+            a->Ac = cai_tensor_2d(l->dev, (char *)l->compute + oa * es, l->act, r, in);
+            a->Bc = cai_tensor_2d(l->dev, (char *)l->compute + ob * es, l->act, rows, r);
+        }
     }
     return CAI_OK;
 }
@@ -233,6 +243,7 @@ cai_status cai_lora_create(cai_lora_t **out, cai_device_t *dev, const cai_model_
     l->scale = l->cfg.alpha / (float)lc->rank;
     l->dev = dev;
     l->align = 16;
+    l->act = CAI_DTYPE_F32;
     CAI_CALL_GOTO(cai_model_config_resolve(cfg, &l->mc), st, fail);
     CAI_CALL_GOTO(parse_targets(l, lc->targets), st, fail);
     cai_registry_options ro = {.n_layers = l->mc.n_layers};
@@ -261,6 +272,7 @@ void cai_lora_free(cai_lora_t *l) {
     cai_device_dealloc(l->dev, l->master);
     cai_device_dealloc(l->dev, l->grads);
     cai_device_dealloc(l->dev, l->scratch);
+    cai_device_dealloc(l->dev, l->compute);
     cai_free(l->host);
     cai_free(l->offsets);
     cai_free(l->ad);
@@ -312,7 +324,7 @@ cai_status cai_lora_write(cai_lora_t *l, int i, const float *a, const float *b) 
     adapter *d = &l->ad[i];
     if (a) CAI_CALL(cai_device_copy(l->dev, d->A.data, a, cai_tensor_nbytes(&d->A), to_dev(l->dev)));
     if (b) CAI_CALL(cai_device_copy(l->dev, d->B.data, b, cai_tensor_nbytes(&d->B), to_dev(l->dev)));
-    return CAI_OK;
+    return cai_lora_params_updated(l);
 }
 
 cai_status cai_lora_merge(const cai_lora_t *l, const char *name, float *w) {
@@ -342,36 +354,53 @@ cai_status cai_lora_merge(const cai_lora_t *l, const char *name, float *w) {
     return CAI_OK;
 }
 
+cai_status cai_lora_params_updated(cai_lora_t *l) {
+    CAI_CHECK_ARG(l, "cai_lora_params_updated: NULL adapters");
+    if (!l->compute) return CAI_OK;
+    cai_tensor dst = cai_tensor_1d(l->dev, l->compute, l->act, (int64_t)l->n_flat);
+    cai_tensor src = cai_tensor_1d(l->dev, l->master, CAI_DTYPE_F32, (int64_t)l->n_flat);
+    return l->dev->ops->copy(l->dev, &dst, &src);
+}
+
 cai_status cai_lora_prepare(cai_lora_t *l, int batch, int seq_len, cai_dtype act_dtype) {
     CAI_CHECK_ARG(l && batch >= 1 && seq_len >= 1, "cai_lora_prepare: bad argument");
-    if (act_dtype != CAI_DTYPE_F32)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "LoRA adapters compute in f32 and the model's activations are %s; run LoRA with f32 "
-                         "activations (precision f32, or bf16 weights on the CPU backend)",
+    if (act_dtype != CAI_DTYPE_F32 && act_dtype != CAI_DTYPE_BF16 && act_dtype != CAI_DTYPE_F16)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "LoRA adapters: activations in %s (f32, bf16 or f16 only)",
                          cai_dtype_name(act_dtype));
+    const int drop = l->cfg.dropout > 0.0f;
+    if (drop && act_dtype != CAI_DTYPE_F32)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "lora.dropout=%g with %s activations: the dropout masks are applied in f32 (run with "
+                         "lora.dropout=0, or f32 activations)",
+                         (double)l->cfg.dropout, cai_dtype_name(act_dtype));
     const int64_t N = (int64_t)batch * seq_len, r = l->cfg.rank;
     int64_t in_max = 1;
     for (int i = 0; i < l->n_ad; i++)
         if (l->ad[i].info.in > in_max) in_max = l->ad[i].info.in;
-    if (N == l->N && in_max == l->in_max) return CAI_OK;
+    if (N == l->N && in_max == l->in_max && act_dtype == l->act && l->scratch) return CAI_OK;
     cai_device_dealloc(l->dev, l->scratch);
+    cai_device_dealloc(l->dev, l->compute);
     cai_free(l->host);
-    l->scratch = NULL;
+    l->scratch = l->compute = NULL;
     l->host = NULL;
-    const int drop = l->cfg.dropout > 0.0f;
-    const size_t small = (size_t)(N * r), big = drop ? (size_t)(N * in_max) : 0;
-    CAI_CALL(cai_device_alloc(l->dev, (2 * small + 2 * big) * sizeof(float), "LoRA scratch", &l->scratch));
-    float *s = l->scratch;
-    l->h = cai_tensor_2d(l->dev, s, CAI_DTYPE_F32, N, r);
-    l->dh = cai_tensor_2d(l->dev, s + small, CAI_DTYPE_F32, N, r);
+    l->act = act_dtype;
+    const size_t es = cai_dtype_size(act_dtype);
+    const size_t small = (size_t)(N * r) * es, big = drop ? (size_t)(N * in_max) * sizeof(float) : 0;
+    CAI_CALL(cai_device_alloc(l->dev, 2 * small + 2 * big, "LoRA scratch", &l->scratch));
+    char *s = l->scratch;
+    l->h = cai_tensor_2d(l->dev, s, act_dtype, N, r);
+    l->dh = cai_tensor_2d(l->dev, s + small, act_dtype, N, r);
     if (drop) {
         l->xd = cai_tensor_2d(l->dev, s + 2 * small, CAI_DTYPE_F32, N, in_max);
         l->dxd = cai_tensor_2d(l->dev, s + 2 * small + big, CAI_DTYPE_F32, N, in_max);
-        CAI_CALL(cai_calloc((void **)&l->host, big, sizeof(float), "LoRA dropout staging"));
+        CAI_CALL(cai_calloc((void **)&l->host, (size_t)(N * in_max), sizeof(float), "LoRA dropout staging"));
     }
+    if (act_dtype != CAI_DTYPE_F32)
+        CAI_CALL(cai_device_alloc(l->dev, l->n_flat * es, "LoRA adapters in the activations' dtype", &l->compute));
+    CAI_CALL(bind_views(l));
     l->N = N;
     l->in_max = in_max;
-    return CAI_OK;
+    return cai_lora_params_updated(l);
 }
 
 void cai_lora_set_dropout_key(cai_lora_t *l, uint64_t key) {
@@ -440,8 +469,8 @@ cai_status cai_lora_fwd(const cai_lora_layer *ll, cai_lora_site site, const cai_
         CAI_CALL(check_shapes(l, a, &x2, &y2));
         CAI_CALL(adapter_input(l, a, &x2, &xin));
         CAI_CALL(cai_tensor_narrow(&y2, 1, a->info.row_offset, a->info.rows, &ys));
-        CAI_CALL(dev->ops->matmul(dev, &l->h, &xin, 0, &a->A, 1, 1.0f, 0.0f));
-        CAI_CALL(dev->ops->matmul(dev, &ys, &l->h, 0, &a->B, 1, l->scale, 1.0f));
+        CAI_CALL(dev->ops->matmul(dev, &l->h, &xin, 0, &a->Ac, 1, 1.0f, 0.0f));
+        CAI_CALL(dev->ops->matmul(dev, &ys, &l->h, 0, &a->Bc, 1, l->scale, 1.0f));
     }
     return CAI_OK;
 }
@@ -463,12 +492,12 @@ cai_status cai_lora_bwd(const cai_lora_layer *ll, cai_lora_site site, const cai_
         CAI_CALL(adapter_input(l, a, &x2, &xin));
         CAI_CALL(cai_tensor_narrow(&dy2, 1, a->info.row_offset, a->info.rows, &dys));
         /* h = A xin; dB += s dy^T h; dh = s dy B; dA += dh^T xin; dx += dh A (through the mask) */
-        CAI_CALL(ops->matmul(dev, &l->h, &xin, 0, &a->A, 1, 1.0f, 0.0f));
+        CAI_CALL(ops->matmul(dev, &l->h, &xin, 0, &a->Ac, 1, 1.0f, 0.0f));
         CAI_CALL(ops->matmul(dev, &a->gB, &dys, 1, &l->h, 0, l->scale, 1.0f));
-        CAI_CALL(ops->matmul(dev, &l->dh, &dys, 0, &a->B, 0, l->scale, 0.0f));
+        CAI_CALL(ops->matmul(dev, &l->dh, &dys, 0, &a->Bc, 0, l->scale, 0.0f));
         CAI_CALL(ops->matmul(dev, &a->gA, &l->dh, 1, &xin, 0, 1.0f, 1.0f));
         if (!l->dropout_on) {
-            CAI_CALL(ops->matmul(dev, &dx2, &l->dh, 0, &a->A, 0, 1.0f, 1.0f));
+            CAI_CALL(ops->matmul(dev, &dx2, &l->dh, 0, &a->Ac, 0, 1.0f, 1.0f));
             continue;
         }
         cai_tensor t;

@@ -65,7 +65,8 @@ static cai_status lora_adamw_step(const cai_step_driver *d, const cai_adamw_para
     lora_drv *s = d->self;
     cai_tensor params, grads;
     cai_lora_flat(s->l, &params, &grads);
-    return cai_optim_step(s->o, &params, &grads, NULL, p->grad_scale, NULL);
+    CAI_CALL(cai_optim_step(s->o, &params, &grads, NULL, p->grad_scale, NULL));
+    return cai_lora_params_updated(s->l);
 }
 
 static int64_t lora_step_count(const cai_step_driver *d) { return cai_optim_step_count(((lora_drv *)d->self)->o); }

@@ -80,6 +80,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
         out->master = n * f4 + a * f4;
         out->optim = 2 * a * f4;
         out->staging = 0;
+        if (c.act_dtype != CAI_DTYPE_F32) out->params += a * act; /* the adapters' copy the matmuls read */
     }
     int first = 0, last = 0;
     int nl = n_units;

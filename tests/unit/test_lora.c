@@ -125,7 +125,21 @@ START_TEST(targets_are_matched_as_peft_matches_them) {
     FAILS(cai_lora_create(&l, dev, &g, &lc), CAI_ERR_CONFIG, "transformer.h.{l}.mlp.c_fc");
     lc.targets = "proj";
     FAILS(cai_lora_create(&l, dev, &q, &lc), CAI_ERR_CONFIG, "'proj'"); /* whole name components only */
+    /* bf16 activations (GPUs): the adapters get a bf16 copy; dropout there is refused */
+    cai_model_config qb = q;
+    qb.param_dtype = qb.act_dtype = CAI_DTYPE_BF16;
+    cai_model_t *mb = make(&qb, 1, 0, 0);
     lc.targets = "q_proj";
+    lc.dropout = 0.1f;
+    OK(cai_lora_create(&l, dev, &qb, &lc));
+    FAILS(cai_model_set_lora(mb, l), CAI_ERR_UNSUPPORTED, "lora.dropout=0.1 with bf16 activations");
+    cai_lora_free(l);
+    lc.dropout = 0.0f;
+    OK(cai_lora_create(&l, dev, &qb, &lc));
+    OK(cai_model_set_lora(mb, l));
+    OK(cai_lora_params_updated(l));
+    cai_lora_free(l);
+    cai_model_free(mb);
     lc.rank = 0;
     FAILS(cai_lora_create(&l, dev, &q, &lc), CAI_ERR_CONFIG, "lora.rank=0");
     lc.rank = 4;

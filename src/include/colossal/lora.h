@@ -118,9 +118,15 @@ cai_status cai_lora_write(cai_lora_t *l, int i, const float *a, const float *b);
  * without adapters are left alone. */
 cai_status cai_lora_merge(const cai_lora_t *l, const char *name, float *w);
 
-/* Sizes the adapters' scratch for (batch, seq_len) microbatches; the model
- * calls it from cai_model_set_lora. */
+/* Sizes the adapters' scratch for (batch, seq_len) microbatches in the
+ * activations' dtype; the model calls it from cai_model_set_lora. With bf16
+ * or f16 activations the matmuls read a copy of the adapters in that dtype
+ * (their gradients still accumulate in F32) and dropout is refused. */
 cai_status cai_lora_prepare(cai_lora_t *l, int batch, int seq_len, cai_dtype act_dtype);
+/* After the F32 masters changed (an optimizer step, a load; cai_lora_write
+ * does it itself): refresh the activations'-dtype copy (none with f32
+ * activations). */
+cai_status cai_lora_params_updated(cai_lora_t *l);
 /* Dropout on with this key (a training microbatch's), or off. */
 void cai_lora_set_dropout_key(cai_lora_t *l, uint64_t key);
 void cai_lora_set_eval(cai_lora_t *l);

@@ -696,9 +696,9 @@ int cai_model_split_backward(const cai_model_t *m);
 
 /* LoRA (colossal/lora.h): every block runs its adapters of `lora` (NULL:
  * none) from now on, in forward, backward (checkpointed and split too) and
- * evaluation. The model must be whole on this rank's tensor axis (tp = 1)
- * with f32 activations; `lora` must be made for the same architecture and
- * outlive its use here. Not collective. */
+ * evaluation. The model must be whole on this rank's tensor axis (tp = 1);
+ * `lora` must be made for the same architecture and outlive its use here.
+ * Not collective. */
 cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora);
 
 /* Pipeline stage boundary of the selected chunk and slot, [B,T,C] in act
