@@ -20,8 +20,8 @@ cai_status lora_app_check(const lora_app_options *o, const tc_options *tr) {
                          tr->zero_offload ? " and zero.offload=true" : "");
     if (tr->precision == TC_PRECISION_F16)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "LoRA with precision=f16: the adapters compute in f32; use precision f32 or bf16 (bf16 "
-                         "weights, f32 compute on the CPU backend)");
+                         "LoRA with precision=f16: a LoRA run has no dynamic loss scaling; use precision bf16 or "
+                         "f32");
     return CAI_OK;
 }
 
