@@ -64,7 +64,7 @@ class LoraModel:
 
     def forward(self, tokens):
         B, T = tokens.shape
-        w, C, H, Hkv, D = self.w, self.C, self.H, self.Hkv, self.D
+        w, H, Hkv, D = self.w, self.H, self.Hkv, self.D
         x = w["wte.weight"][tokens]
         gpt2 = self.fam == "gpt2"
         if gpt2:
