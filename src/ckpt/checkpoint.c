@@ -392,7 +392,7 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
  * names the first field that differs. Numerics that do not change shapes
  * (epsilon, RoPE base) only warn: continuing with a changed one is a
  * choice, not a corruption. */
-static cai_status check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want) {
+cai_status ck_check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want) {
     if (!m->has_model)
         return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' records no model config; cannot check it fits this model",
                          path);
@@ -1042,7 +1042,7 @@ static cai_status load_impl(cai_mesh_t *mesh, const char *path, const cai_ckpt_l
     CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
     CAI_CALL_GOTO(ck_h5_open(&e.h, e.comm, path, 0), st, fail);
     CAI_CALL_GOTO(ck_read_meta(&e.h, &meta), st, fail);
-    if (expect) CAI_CALL_GOTO(check_model(path, &meta, expect), st, fail);
+    if (expect) CAI_CALL_GOTO(ck_check_model(path, &meta, expect), st, fail);
     CAI_CALL_GOTO(open_datasets(&e), st, fail);
     cai_status local = CAI_OK;
     for (int b = 0; b < n_bufs; b++)
@@ -1212,6 +1212,12 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 }
 
 #else /* !CAI_HAVE_HDF5 */
+
+cai_status ck_check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want) {
+    (void)m;
+    (void)want;
+    return NO_HDF5(path);
+}
 
 #define NO_HDF5(fn)                                                              \
     CAI_ERROR(CAI_ERR_UNSUPPORTED,                                               \

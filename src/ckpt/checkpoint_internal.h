@@ -118,6 +118,10 @@ cai_status ck_agree(MPI_Comm comm, cai_status st);
 /* The layout of a model's own flat buffers (checkpoint.c). */
 cai_ckpt_layout ck_model_layout(cai_model_t *model);
 
+/* The file's model config (meta) is `want`'s architecture; the error names
+ * the first key that differs (checkpoint.c). */
+cai_status ck_check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want);
+
 /* cai_ckpt_load_pieces that first checks the file holds `expect`'s
  * architecture (NULL: no check) and says "holds weights only" when an
  * optimizer group is missing (checkpoint.c; CAI_ERR_UNSUPPORTED without

@@ -142,3 +142,64 @@ cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *ze
     CAI_CALL(st);
     return CAI_OK;
 }
+
+/* The weights of a checkpoint (whole global tensors, read collectively:
+ * every rank takes part in every read) for cai_zero_load_params. A file
+ * vocabulary smaller than the model's fills the first rows; the added rows
+ * start as the mean of the file's. */
+typedef struct {
+    cai_ckpt_file_t *f;
+    float *scratch; /* a rank holding none of a tensor still reads it */
+    int64_t file_vocab, vocab;
+} ckpt_zero_src;
+
+static cai_status ckpt_zero_read(void *ctx, const cai_param_info *param, float *dst) {
+    ckpt_zero_src *s = ctx;
+    char name[CAI_CKPT_NAME_MAX];
+    snprintf(name, sizeof name, "master/%s", param->name);
+    if (!cai_ckpt_find(s->f, name)) snprintf(name, sizeof name, "model/%s", param->name);
+    const cai_ckpt_entry *e = cai_ckpt_find(s->f, name);
+    if (!e)
+        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor model/%s", cai_ckpt_path(s->f), param->name);
+    /* fewer vocabulary rows: the same columns */
+    const int fewer_rows = param->spec.vocab_parallel && param->spec.tp_split_dim == 0 && e->ndim == param->ndim &&
+                           e->ndim == 2 && e->shape[1] == param->shape[1] && e->shape[0] < param->shape[0];
+    if (e->numel != param->numel && !fewer_rows)
+        return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': tensor %s holds %llu elements, this model's %s %llu",
+                         cai_ckpt_path(s->f), name, (unsigned long long)e->numel, param->name,
+                         (unsigned long long)param->numel);
+    float *to = dst ? dst : s->scratch;
+    CAI_CALL(cai_ckpt_read(s->f, name, CAI_DTYPE_F32, to));
+    if (!dst) return CAI_OK;
+    memset(dst + e->numel, 0, (size_t)(param->numel - e->numel) * sizeof *dst);
+    cai_ckpt_grow_vocab_rows(param, dst, s->file_vocab, s->vocab);
+    return CAI_OK;
+}
+
+cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_zero_t *zero) {
+    CAI_CHECK_ARG(mesh && path && zero, "cai_ckpt_load_zero_weights: NULL argument");
+    const cai_model_config *mc = cai_model_config_of(cai_zero_model(zero));
+    const cai_registry_t *reg = cai_model_registry(cai_zero_model(zero));
+    ckpt_zero_src s = {0};
+    CAI_CALL(cai_ckpt_open(&s.f, cai_mesh_comm(mesh, CAI_AXIS_WORLD), path));
+    cai_ckpt_meta m = *cai_ckpt_file_meta(s.f);
+    cai_status st = CAI_OK;
+    s.file_vocab = m.model.vocab_size;
+    s.vocab = mc->vocab_size;
+    if (s.vocab < s.file_vocab)
+        st = CAI_ERROR(CAI_ERR_CONFIG, "checkpoint '%s' holds a vocabulary of %lld; this model's %lld is smaller", path,
+                       (long long)s.file_vocab, (long long)s.vocab);
+    /* a larger vocabulary grows; the rest must be the file's */
+    m.model.vocab_size = mc->vocab_size;
+    m.model.vocab_multiple = mc->vocab_multiple;
+    if (st == CAI_OK) st = ck_check_model(path, &m, mc);
+    uint64_t most = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++)
+        if (cai_registry_param(reg, i)->numel > most) most = cai_registry_param(reg, i)->numel;
+    if (st == CAI_OK) st = cai_malloc((void **)&s.scratch, (size_t)most * sizeof(float), "checkpoint read scratch");
+    if (st == CAI_OK) st = cai_zero_load_params(zero, ckpt_zero_read, &s);
+    cai_free(s.scratch);
+    cai_ckpt_close(s.f);
+    CAI_CALL(st);
+    return CAI_OK;
+}

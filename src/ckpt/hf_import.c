@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "colossal/parallel.h"
 #include "colossal/tensor.h"
 #include "hf_internal.h"
 
@@ -472,8 +473,9 @@ static cai_status check_model_config(const cai_hf_t *h, const cai_model_config *
 cai_status cai_hf_import_weights(cai_hf_t *h, cai_weights_t *w) {
     CAI_CHECK_ARG(h && w, "cai_hf_import_weights: NULL argument");
     if (!cai_weights_have_storage(w))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "HF import: the weights have no storage (external parameters: import "
-                                              "through their owner)");
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "HF import: the weights have no storage (external parameters: import "
+                         "through their owner)");
     CAI_CALL(check_model_config(h, cai_weights_config(w)));
     const cai_registry_t *reg = cai_weights_registry(w);
     cai_device_t *dev = cai_weights_device(w);
@@ -505,6 +507,47 @@ cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m) {
     if (cai_model_external_params(m))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF import: this model's parameters live in external storage (ZeRO)");
     return cai_hf_import_weights(h, cai_model_weights(m));
+}
+
+void cai_ckpt_grow_vocab_rows(const cai_param_info *param, float *global, int64_t source_vocab, int64_t vocab) {
+    if (!param->spec.vocab_parallel || param->spec.tp_split_dim != 0 || source_vocab <= 0 || vocab <= source_vocab ||
+        (uint64_t)vocab > param->shape[0])
+        return;
+    const size_t cols = (size_t)(param->numel / param->shape[0]);
+    for (size_t c = 0; c < cols; c++) {
+        double sum = 0; /* in row order: the same value on every rank and layout */
+        for (int64_t r = 0; r < source_vocab; r++) sum += global[(size_t)r * cols + c];
+        const float mean = (float)(sum / (double)source_vocab);
+        for (int64_t r = source_vocab; r < vocab; r++) global[(size_t)r * cols + c] = mean;
+    }
+}
+
+typedef struct {
+    cai_hf_t *h;
+    int64_t file_vocab, vocab;
+} hf_zero_src;
+
+static cai_status hf_zero_read(void *ctx, const cai_param_info *param, float *dst) {
+    hf_zero_src *s = ctx;
+    if (!dst) return CAI_OK;
+    CAI_CALL(cai_hf_read_param(s->h, param, dst));
+    cai_ckpt_grow_vocab_rows(param, dst, s->file_vocab, s->vocab);
+    return CAI_OK;
+}
+
+cai_status cai_hf_import_zero(cai_hf_t *h, cai_zero_t *z) {
+    CAI_CHECK_ARG(h && z, "cai_hf_import_zero: NULL argument");
+    const cai_model_config *mc = cai_model_config_of(cai_zero_model(z));
+    const int file_vocab = cai_hf_map_config(h->map)->vocab_size;
+    if (mc->vocab_size < file_vocab)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "HF import from '%s': model.vocab_size=%d is smaller than config.json's vocab_size=%d", h->dir,
+                         mc->vocab_size, file_vocab);
+    cai_model_config same = *mc; /* a larger vocabulary grows; the rest must be config.json's */
+    same.vocab_size = file_vocab;
+    CAI_CALL(check_model_config(h, &same));
+    hf_zero_src s = {h, file_vocab, mc->vocab_size};
+    return cai_zero_load_params(z, hf_zero_read, &s);
 }
 
 cai_status cai_hf_import_flat(cai_hf_t *h, const cai_registry_t *reg, float *flat, size_t flat_count,

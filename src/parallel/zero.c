@@ -708,11 +708,65 @@ cai_status cai_zero_state_loaded(cai_zero_t *z) {
 
 /* ------------------------------------------------------------ create / free */
 
+/* The masters of this rank's pieces, parameter by parameter: from `src`
+ * (the global tensor, this rank's shard extracted from it), else from the
+ * registry's layout-invariant init. src is called for every registered
+ * parameter in registry order, with NULL where this rank holds none of it,
+ * so a collective source stays in step across ranks. */
+static cai_status fill_masters(cai_zero_t *z, cai_zero_param_source src, void *ctx) {
+    const zl_layout *L = &z->L;
+    cai_device_t *d = sdev(z);
+    const cai_registry_t *reg = cai_model_registry(z->model);
+    const cai_model_config *mc = cai_model_config_of(z->model);
+    const cai_rank_view *view = cai_model_view(z->model);
+    uint64_t max_global = 0;
+    for (int i = 0; src && i < cai_registry_count(reg); i++)
+        if (cai_registry_param(reg, i)->numel > max_global) max_global = cai_registry_param(reg, i)->numel;
+    float *tmp = NULL, *global = NULL;
+    cai_status st = CAI_OK;
+    if (L->max_param_numel)
+        CAI_CALL(
+            cai_device_alloc_staging(z->dev, L->max_param_numel * sizeof(float), "ZeRO init staging", (void **)&tmp));
+    if (max_global)
+        CAI_CALL_GOTO(cai_malloc((void **)&global, (size_t)max_global * sizeof *global, "ZeRO source tensor"), st,
+                      done);
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        int held = 0;
+        for (int s = 0; s < L->nseg && !held; s++) held = L->seg[s].index == i;
+        if (!held) {
+            if (src) CAI_CALL_GOTO(src(ctx, cai_registry_param(reg, i), NULL), st, done);
+            continue;
+        }
+        /* Copies out of the pinned buffer may still be in flight on a GPU. */
+        CAI_CALL_GOTO(cai_device_sync(z->dev), st, done);
+        if (src) {
+            cai_param_shard sh;
+            CAI_CALL_GOTO(src(ctx, cai_registry_param(reg, i), global), st, done);
+            CAI_CALL_GOTO(cai_registry_shard(reg, i, view, &sh), st, done);
+            cai_shard_extract(&sh, sizeof(float), global, tmp);
+        } else {
+            CAI_CALL_GOTO(cai_registry_init_local(reg, i, view, mc->seed, tmp, L->max_param_numel), st, done);
+        }
+        for (int s = 0; s < L->nseg; s++) {
+            const zl_seg *g = &L->seg[s];
+            if (g->index != i) continue;
+            float *dst = master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff);
+            CAI_CALL_GOTO(cai_device_copy(d, dst, tmp + g->poff, g->n * sizeof(float),
+                                          d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D),
+                          st, done);
+        }
+    }
+done:
+    if (cai_device_sync(z->dev) != CAI_OK && st == CAI_OK) st = cai_error_status();
+    cai_device_dealloc_staging(z->dev, tmp);
+    cai_free(global);
+    return st;
+}
+
 /* The masters of this rank's pieces from the registry's layout-invariant
  * init (stage 0 copies the model's own init). */
 static cai_status init_masters(cai_zero_t *z) {
     const zl_layout *L = &z->L;
-    cai_device_t *d = sdev(z);
     if (L->stage == 0) {
         if (!z->cfg.offload) return CAI_OK;
         cai_tensor mp;
@@ -721,34 +775,15 @@ static cai_status init_masters(cai_zero_t *z) {
         CAI_CALL(cai_device_copy(z->dev, z->M, mp.data, L->n_flat * sizeof(float), kind_of(z->hdev, z->dev)));
         return CAI_OK;
     }
-    if (!z->alias) CAI_CALL(fill0(d, z->M, CAI_DTYPE_F32, L->shard)); /* aliased: W starts zeroed */
-    float *tmp = NULL;
-    cai_status st = CAI_OK;
-    if (L->max_param_numel)
-        CAI_CALL(
-            cai_device_alloc_staging(z->dev, L->max_param_numel * sizeof(float), "ZeRO init staging", (void **)&tmp));
-    const cai_registry_t *reg = cai_model_registry(z->model);
-    const cai_model_config *mc = cai_model_config_of(z->model);
-    int last = -1;
-    for (int s = 0; s < L->nseg; s++) {
-        const zl_seg *g = &L->seg[s];
-        if (g->index != last) {
-            /* Copies out of the pinned buffer may still be in flight on a GPU. */
-            CAI_CALL_GOTO(cai_device_sync(z->dev), st, done);
-            CAI_CALL_GOTO(cai_registry_init_local(reg, g->index, cai_model_view(z->model), mc->seed, tmp,
-                                                  L->max_param_numel),
-                          st, done);
-            last = g->index;
-        }
-        float *dst = master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff);
-        CAI_CALL_GOTO(cai_device_copy(d, dst, tmp + g->poff, g->n * sizeof(float),
-                                      d->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D),
-                      st, done);
-    }
-done:
-    if (cai_device_sync(z->dev) != CAI_OK && st == CAI_OK) st = cai_error_status();
-    cai_device_dealloc_staging(z->dev, tmp);
-    return st;
+    if (!z->alias) CAI_CALL(fill0(sdev(z), z->M, CAI_DTYPE_F32, L->shard)); /* aliased: W starts zeroed */
+    return fill_masters(z, NULL, NULL);
+}
+
+cai_status cai_zero_load_params(cai_zero_t *z, cai_zero_param_source src, void *ctx) {
+    CAI_CHECK_ARG(z && src, "cai_zero_load_params: NULL argument");
+    CAI_CALL(fill_masters(z, src, ctx));
+    CAI_CALL(publish(z, 0));
+    return CAI_OK;
 }
 
 static cai_status alloc_storage(cai_zero_t *z) {

@@ -272,6 +272,20 @@ cai_status cai_hf_import(cai_hf_t *h, const cai_registry_t *reg, cai_hf_sink_fn 
 cai_status cai_hf_import_model(cai_hf_t *h, cai_model_t *m);
 /* The same into a weights object with storage (an inference engine's). */
 cai_status cai_hf_import_weights(cai_hf_t *h, cai_weights_t *w);
+/* The weights of config.json into a ZeRO engine's masters (any stage,
+ * with or without offload, any tp/pp view: cai_zero_load_params), then its
+ * working weights. The model may hold a larger vocabulary than
+ * config.json's (special tokens added): rows [file vocab, model vocab) of
+ * the embedding and an untied LM head start as the mean of the file's rows
+ * (cai_ckpt_grow_vocab_rows). Collective over the engine's dp axis. */
+cai_status cai_hf_import_zero(cai_hf_t *h, cai_zero_t *z);
+/* Rows [source_vocab, vocab) of a vocabulary-row tensor (registered with
+ * vocab_parallel, split on dimension 0), given as its whole global value,
+ * set to the mean of rows [0, source_vocab) (summed in row order in double:
+ * the same on every rank), as transformers' resize_token_embeddings with
+ * mean initialisation starts added tokens. Other tensors are left as they
+ * are. Not collective. */
+void cai_ckpt_grow_vocab_rows(const cai_param_info *param, float *global, int64_t source_vocab, int64_t vocab);
 /* Into a host flat F32 buffer of flat_count floats laid out by
  * cai_registry_local_layout(reg, single-rank view, align_elems); alignment
  * gaps are zeroed. */
@@ -414,6 +428,15 @@ cai_status cai_ckpt_save_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *ze
  * from the file. Collective over the mesh's world. */
 cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *zero, cai_optim_t *optim,
                               cai_ckpt_meta *meta, cai_ckpt_stats *stats);
+
+/* The weights of a checkpoint (its masters, or the weights of an f32 run;
+ * saved under any layout) into a ZeRO engine's masters (any stage, with or
+ * without offload: cai_zero_load_params), moments and step count left at
+ * zero, then its working weights: a run starting from another run's
+ * weights. The file's architecture must be the model's except for a
+ * smaller vocabulary, whose added rows start as the mean of the file's
+ * (cai_ckpt_grow_vocab_rows). Collective over the mesh's world. */
+cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_zero_t *zero);
 
 /* ---------------------------------------------------------- directories
  * A checkpoint directory holds step-<N>.h5 files (N zero-padded to 8

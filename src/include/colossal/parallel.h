@@ -185,6 +185,18 @@ void cai_zero_shard_state(cai_zero_t *z, cai_tensor *master, cai_tensor *m, cai_
 cai_status cai_zero_piece_views(cai_zero_t *z, int piece, cai_tensor *master, cai_tensor *m, cai_tensor *v);
 /* Re-derive every working weight from the masters. Collective over DP. */
 cai_status cai_zero_state_loaded(cai_zero_t *z);
+/* The global value of a parameter (param->numel floats, host memory,
+ * row-major in its registered global shape) from weights held elsewhere:
+ * an import, a checkpoint. dst NULL: the caller holds none of it and only
+ * takes part (a source reading collectively stays in step). */
+typedef cai_status (*cai_zero_param_source)(void *ctx, const cai_param_info *param, float *dst);
+/* Every master of this rank's shard (stage 0: the model's weights, or
+ * their host copy with offload) from `src` instead of the registry's
+ * initialisation, then the working weights re-derived as after a
+ * checkpoint load; the moments and step count are left as they are. src is
+ * called once for every registered parameter, in registry order, on every
+ * rank. Collective over CAI_AXIS_DP (and whatever src's reads are). */
+cai_status cai_zero_load_params(cai_zero_t *z, cai_zero_param_source src, void *ctx);
 /* The F32 master value of parameter `index`'s whole local tensor (TP/PP
  * shard, row-major) into host memory `out` (local_numel floats), assembled
  * from the dp shards; a tie copy held with its primary reads the primary.
