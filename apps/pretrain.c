@@ -31,8 +31,6 @@ static const char *k_families[CAI_MODEL_FAMILY_COUNT + 1];
 static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
 static const char *const k_sp_modes[] = {"off", "split_gather", NULL}; /* pt_config.sp_mode */
-/* cai_pp_style order (colossal/schedule.h) */
-static const char *const k_pp_schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", NULL};
 
 #define F(key, type, field, def, doc, ...) \
     { key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL }
@@ -76,7 +74,7 @@ static const cai_config_field k_fields[] = {
     E("pp.schedule", pp_schedule, "1f1b",
       "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (zero bubble: each backward split into an input "
       "pass and a weight pass that fills the bubbles; zb-v runs two chunks per rank in a V)",
-      k_pp_schedules),
+      tc_pp_schedules),
     F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
       "model chunks per pipeline rank (interleaved: >= 2, virtual stage k sits on rank k % mesh.pp; zb-v: 2, in a "
       "V); 0: 2 for interleaved and zb-v, else 1",
@@ -177,79 +175,8 @@ static cai_run_config run_config(const pt_config *c, const cai_layout *layout) {
     return r;
 }
 
-/* The pipeline's spec and, when stage_of is given (model.n_layers
- * entries), the virtual stage of each layer from pp.layers (or an even
- * split). Refuses what the executor would not run: microbatches the
- * schedule cannot take, chunk counts it does not run, layers that do not
- * fill the virtual stages, a split backward with recompute. */
-static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stage_of) {
-    cai_pp_spec spec = {.pp = c->pp,
-                        .virtual_stages =
-                            c->pp_virtual ? c->pp_virtual : cai_pp_style_default_virtual((cai_pp_style)c->pp_schedule),
-                        .microbatches = c->grad_accum,
-                        .style = (cai_pp_style)c->pp_schedule};
-    const int split = spec.style == CAI_PP_ZB_H1 || spec.style == CAI_PP_ZB_V;
-    if (split && c->pp_slots > 0)
-        return CAI_ERROR(CAI_ERR_CONFIG,
-                         "pp.act_slots=%d: %s keeps every forward's activations until its weight pass and never "
-                         "recomputes; leave pp.act_slots at 0",
-                         c->pp_slots, k_pp_schedules[c->pp_schedule]);
-    if (split && c->act_ckpt)
-        return CAI_ERROR(CAI_ERR_CONFIG,
-                         "model.activation_checkpointing=true: %s's weight passes read every layer's saved "
-                         "activations; turn checkpointing off or use 1f1b",
-                         k_pp_schedules[c->pp_schedule]);
-    if (spec.style == CAI_PP_ZB_V && spec.virtual_stages != 2)
-        return CAI_ERROR(CAI_ERR_CONFIG, "pp.virtual=%d: pp.schedule=zb-v runs two model chunks per rank, in a V",
-                         spec.virtual_stages);
-    if (spec.style != CAI_PP_INTERLEAVED && spec.style != CAI_PP_ZB_V && spec.virtual_stages != 1)
-        return CAI_ERROR(CAI_ERR_CONFIG,
-                         "pp.virtual=%d: pp.schedule=%s runs one model chunk per rank (interleaved runs more)",
-                         spec.virtual_stages, k_pp_schedules[c->pp_schedule]);
-    cai_status st = cai_pp_spec_validate(&spec);
-    if (st != CAI_OK) {
-        cai_error_push(__FILE__, __LINE__, __func__, "train.grad_accum is the pipeline's microbatches per step");
-        return st;
-    }
-    const int V = spec.pp * spec.virtual_stages, L = c->n_layers;
-    if (!c->pp_layers || !c->pp_layers[0]) {
-        if (L % V != 0) {
-            int lo = L / V * V, hi = (L / V + 1) * V;
-            return CAI_ERROR(CAI_ERR_CONFIG,
-                             "model.n_layers=%d does not divide over mesh.pp=%d x pp.virtual=%d = %d virtual stages "
-                             "(%d or %d layers would; or give each stage's count in pp.layers)",
-                             L, spec.pp, spec.virtual_stages, V, lo > 0 ? lo : hi, hi);
-        }
-        if (stage_of)
-            for (int l = 0; l < L; l++) stage_of[l] = l / (L / V);
-    } else {
-        const char *s = c->pp_layers;
-        int k = 0, sum = 0;
-        while (*s) {
-            char *end = NULL;
-            long n = strtol(s, &end, 10);
-            if (end == s || n < 1 || n > L)
-                return CAI_ERROR(CAI_ERR_CONFIG,
-                                 "pp.layers=\"%s\": entry %d is not a layer count in [1, %d] (comma-separated, one per "
-                                 "virtual stage)",
-                                 c->pp_layers, k + 1, L);
-            if (stage_of)
-                for (long i = 0; i < n && sum + i < L; i++) stage_of[sum + i] = k;
-            sum += (int)n;
-            k++;
-            s = *end == ',' ? end + 1 : end;
-            if (*end && *end != ',')
-                return CAI_ERROR(CAI_ERR_CONFIG, "pp.layers=\"%s\": '%c' after entry %d (counts separated by commas)",
-                                 c->pp_layers, *end, k);
-        }
-        if (k != V || sum != L)
-            return CAI_ERROR(CAI_ERR_CONFIG,
-                             "pp.layers=\"%s\" gives %d virtual stages of %d layers in all; mesh.pp=%d x "
-                             "pp.virtual=%d needs %d counts summing to model.n_layers=%d",
-                             c->pp_layers, k, sum, spec.pp, spec.virtual_stages, V, L);
-    }
-    if (spec_out) *spec_out = spec;
-    return CAI_OK;
+static tc_pp_options pp_options(const pt_config *c) {
+    return (tc_pp_options){c->pp, c->pp_schedule, c->pp_virtual, c->pp_slots, c->pp_layers};
 }
 
 /* Everything decided from the config alone, identically on every rank and
@@ -259,7 +186,7 @@ static cai_status pp_layout(const pt_config *c, cai_pp_spec *spec_out, int *stag
 static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     int rest = c->tp * c->pp * c->sp;
     *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, c->sp, c->tp, NULL};
-    /* the layer split over pipeline stages is pp_layout's (pp.layers may be uneven) */
+    /* the layer split over pipeline stages is tc_pp_layout's (pp.layers may be uneven) */
     cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->pp > 1 ? 0 : c->n_layers, 0, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
     if (c->sp > 1)
@@ -273,7 +200,10 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
                          "zero.stage=%d zero.offload=%s mesh.sp_mode=%s (stages 2/3 reduce and gather per microbatch "
                          "inside the engine's own loop)",
                          c->pp, c->tr.zero_stage, c->tr.zero_offload ? "true" : "false", k_sp_modes[c->sp_mode]);
-    if (c->pp > 1) CAI_CALL(pp_layout(c, NULL, NULL));
+    if (c->pp > 1) {
+        const tc_pp_options po = pp_options(c);
+        CAI_CALL(tc_pp_layout(&po, c->n_layers, c->grad_accum, c->act_ckpt, NULL, NULL));
+    }
     CAI_CALL(tc_check(&c->tr, c->steps));
     cai_run_config rc = run_config(c, L);
     CAI_CALL(cai_run_check(&rc));
@@ -302,9 +232,7 @@ typedef struct {
     tc_engine eng;
     cai_pipeline_t *pipe; /* mesh.pp > 1: the driver runs the schedule; the engine only saves and loads */
     pt_data data;
-    cai_pp_spec pp;          /* mesh.pp > 1 */
-    int *stage_of;           /* virtual stage of each layer (mesh.pp > 1) */
-    int slots, slots_needed; /* this rank's activation slots, and the schedule's in-flight peak */
+    tc_pp pp; /* mesh.pp > 1 */
 } pt_job;
 
 /* This rank's view: the mesh's, with the pipeline's chunks and layer split. */
@@ -312,15 +240,11 @@ static cai_status job_view(pt_job *j, cai_run_t *run, cai_rank_view *v) {
     const pt_config *c = j->cfg;
     *v = cai_run_view(run);
     if (c->pp <= 1) return CAI_OK;
-    if (!j->stage_of) {
-        CAI_CALL(cai_calloc((void **)&j->stage_of, (size_t)c->n_layers, sizeof *j->stage_of, "pipeline layer split"));
-        CAI_CALL(pp_layout(c, &j->pp, j->stage_of));
-        CAI_CALL(cai_pipeline_slots_needed(&j->pp, v->pp_rank, &j->slots_needed));
-        j->slots = c->pp_slots > 0 && c->pp_slots < j->slots_needed ? c->pp_slots : j->slots_needed;
+    if (!j->pp.stage_of) {
+        const tc_pp_options po = pp_options(c);
+        CAI_CALL(tc_pp_init(&j->pp, &po, c->n_layers, c->grad_accum, c->act_ckpt, v->pp_rank));
     }
-    v->pp_chunks = j->pp.virtual_stages;
-    v->layer_vstage = j->stage_of;
-    v->pp_vshape = j->pp.style == CAI_PP_ZB_V;
+    tc_pp_view(&j->pp, v);
     return CAI_OK;
 }
 
@@ -409,9 +333,9 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = tc_zero_config(&c->tr),
                               .dev = cai_run_device(run),
-                              .pp_inflight = j->slots,
+                              .pp_inflight = j->pp.slots,
                               .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
-                              .pp_split = c->pp > 1 && (j->pp.style == CAI_PP_ZB_H1 || j->pp.style == CAI_PP_ZB_V)};
+                              .pp_split = c->pp > 1 && tc_pp_split_backward(&j->pp)};
     return cai_run_plan_memory(run, &q);
 }
 
@@ -423,8 +347,8 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     mo.batch = c->micro_batch;
     mo.seq_len = c->seq_len;
     CAI_CALL(job_view(j, run, &mo.view));
-    mo.act_slots = j->slots;
-    mo.split_backward = c->pp > 1 && (j->pp.style == CAI_PP_ZB_H1 || j->pp.style == CAI_PP_ZB_V);
+    mo.act_slots = j->pp.slots;
+    mo.split_backward = c->pp > 1 && tc_pp_split_backward(&j->pp);
     mo.mesh = cai_run_mesh(run);
     mo.seq_parallel = c->sp_mode != 0;
     CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, c->steps, resolved, &mo, NULL, NULL));
@@ -439,7 +363,7 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
 }
 
 static void job_free(pt_job *j) {
-    cai_free(j->stage_of);
+    tc_pp_free(&j->pp);
     cai_pipeline_free(j->pipe);
     tc_engine_free(&j->eng);
     pt_data_free(&j->data);
@@ -479,10 +403,10 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
     if (j->pipe) {
         double bubble = 0;
         const char *formula = NULL;
-        if (!cai_pp_bubble_formula(&j->pp, &bubble, &formula)) { /* zero bubble: the simulated one */
+        if (!cai_pp_bubble_formula(&j->pp.spec, &bubble, &formula)) { /* zero bubble: the simulated one */
             cai_pp_schedule *s = NULL;
             cai_pp_stats ps;
-            if (cai_pp_schedule_build(&j->pp, &s) == CAI_OK && cai_pp_schedule_check(s, NULL, &ps) == CAI_OK)
+            if (cai_pp_schedule_build(&j->pp.spec, &s) == CAI_OK && cai_pp_schedule_check(s, NULL, &ps) == CAI_OK)
                 bubble = ps.bubble;
             cai_pp_schedule_free(s);
         }
@@ -496,9 +420,10 @@ static void print_header(pt_job *j, cai_run_t *run, const cai_app *app) {
         printf(
             "pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum), bubble %.1f%% by the "
             "schedule; rank 0 holds layers %s; activation slots %d of the %d in flight%s; boundaries over %s\n",
-            k_pp_schedules[c->pp_schedule], c->pp, j->pp.virtual_stages, j->pp.virtual_stages == 1 ? "" : "s",
-            c->grad_accum, 100.0 * bubble, chunks, j->slots, j->slots_needed,
-            j->slots < j->slots_needed ? " (the others recompute their forward)" : "", cai_pipeline_transport(j->pipe));
+            tc_pp_schedules[c->pp_schedule], c->pp, j->pp.spec.virtual_stages,
+            j->pp.spec.virtual_stages == 1 ? "" : "s", c->grad_accum, 100.0 * bubble, chunks, j->pp.slots,
+            j->pp.slots_needed, j->pp.slots < j->pp.slots_needed ? " (the others recompute their forward)" : "",
+            cai_pipeline_transport(j->pipe));
     }
     tc_engine_print_optim(&j->eng);
     printf(

@@ -34,6 +34,7 @@
 typedef struct {
     char *model_path, *tokenizer;
     int act_ckpt;
+    int dp, tp, pp, pp_schedule, pp_virtual;
     double watchdog;
     char *train_path, *valid_path, *chat_template;
     int overflow, packing;
@@ -61,6 +62,17 @@ static const cai_config_field k_fields[] = {
       "run directory's tokenizer/"),
     F("model.activation_checkpointing", CAI_CFG_BOOL, act_ckpt, "false",
       "keep only each layer's input and recompute it in backward", CAI_CFG_NO_RANGE),
+    F("mesh.dp", CAI_CFG_INT, dp, "0", "data-parallel ranks; 0: world / (mesh.tp * mesh.pp)", 0, 1 << 20),
+    F("mesh.tp", CAI_CFG_INT, tp, "1", "tensor-parallel ranks (Megatron-style: heads, MLP and vocabulary split)", 1,
+      1 << 20),
+    F("mesh.pp", CAI_CFG_INT, pp, "1",
+      "pipeline stages (train.grad_accum microbatches go through the pipeline; ZeRO stage 0 or 1 without offload)", 1,
+      1 << 20),
+    {"pp.schedule", CAI_CFG_ENUM, offsetof(sft_config, pp_schedule), "1f1b",
+     "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (as colossal-pretrain's)", CAI_CFG_NO_RANGE,
+     tc_pp_schedules, NULL},
+    F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
+      "model chunks per pipeline rank (interleaved: >= 2; zb-v: 2); 0: 2 for interleaved and zb-v, else 1", 0, 1024),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
       "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
 
@@ -121,8 +133,8 @@ static cai_status open_source(const sft_config *c, sft_source *s) {
     return cai_app_model_tokenizer_dir(&s->m, c->model_path, c->tokenizer, s->tokenizer, sizeof s->tokenizer);
 }
 
-/* The weights before the engine takes them. Collective over the world (a
- * checkpoint is read with MPI-IO). */
+/* The weights before the engine takes them (a LoRA run's frozen base).
+ * Collective over the world (a checkpoint is read with MPI-IO). */
 static cai_status load_weights(void *ctx, cai_run_t *run, cai_model_t *m) {
     sft_source *s = ctx;
     if (s->m.hf) return cai_hf_import_model(s->h, m);
@@ -141,6 +153,7 @@ typedef struct {
     int32_t *tokens, *targets;    /* [local_batch, seq_len] */
     int32_t *positions, *doc_ids; /* the same, packed rows only */
     cai_sft_preprocess_stats pre; /* tokenizing data.train (JSONL input) */
+    int added;                    /* special tokens added to the tokenizer and the embedding */
     char source[800];
 } sft_data;
 
@@ -155,10 +168,13 @@ static int is_prefix(const char *path) {
     return snprintf(p, sizeof p, "%s.idx", mask) < (int)sizeof p && access(p, R_OK) == 0;
 }
 
-/* The template's special tokens must be tokens of the model's vocabulary:
- * one the vocabulary spells keeps its id; one it lacks would need a larger
- * embedding, which fine-tuning does not grow. */
-static cai_status check_template(const sft_config *c, sft_data *d, const char *tok_dir) {
+/* The template's special tokens as tokens of the vocabulary: one the
+ * vocabulary spells keeps its id; the others are added at the end of it
+ * (in the template's order, the same ids on every rank and every start), and
+ * *vocab grows to cover them: the model's embedding (and an untied LM
+ * head) then gets rows set to the mean of the source's rows when its
+ * weights are loaded (cai_hf_import_zero, cai_ckpt_load_zero_weights). */
+static cai_status grow_template(const sft_config *c, sft_data *d, const char *tok_dir, int *vocab) {
     if (!d->bpe) return CAI_OK;
     const char *missing[32];
     int n = 0;
@@ -171,11 +187,15 @@ static cai_status check_template(const sft_config *c, sft_data *d, const char *t
     }
     cai_chat_template_missing_tokens(d->tmpl, d->bpe, missing, 32, &n);
     if (n == 0) return CAI_OK;
-    return CAI_ERROR(CAI_ERR_CONFIG,
-                     "data.chat_template=%s needs special tokens the tokenizer %s lacks (first: %s); the model's "
-                     "embedding cannot grow during fine-tuning: use a template whose tokens the vocabulary has "
-                     "(plain needs none)",
-                     c->chat_template, tok_dir, missing[0]);
+    if (lora_app_on(&c->lora))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "data.chat_template=%s needs special tokens the tokenizer %s lacks (first: %s); a LoRA run "
+                         "keeps the embedding frozen, so it cannot learn rows for them: add them in a full "
+                         "fine-tuning run first, or use a template whose tokens the vocabulary has (plain needs none)",
+                         c->chat_template, tok_dir, missing[0]);
+    CAI_CALL(cai_chat_template_add_tokens(d->tmpl, d->bpe, &d->added));
+    if (cai_bpe_vocab_size(d->bpe) > *vocab) *vocab = cai_bpe_vocab_size(d->bpe);
+    return CAI_OK;
 }
 
 /* mkdir -p: the run directory does not exist before the run starts. */
@@ -225,7 +245,7 @@ static cai_status open_dataset(const sft_config *c, sft_data *d, const char *pat
 
 /* Before the run starts (its step count follows from the rows): collective
  * over the world, whose ranks are the dp ranks. */
-static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *s, const cai_app *app) {
+static cai_status data_init(const sft_config *c, sft_data *d, sft_source *s, const cai_app *app, int dp) {
     /* the model holds one packing for every forward until it is set again,
      * and the step driver runs its microbatches without a call in between */
     if (c->packing && c->grad_accum > 1)
@@ -236,7 +256,7 @@ static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *
                          c->grad_accum);
     CAI_CALL(cai_chat_template_open(c->chat_template, &d->tmpl));
     if (*s->tokenizer) CAI_CALL(cai_bpe_load_dir(s->tokenizer, &d->bpe));
-    CAI_CALL(check_template(c, d, s->tokenizer));
+    CAI_CALL(grow_template(c, d, s->tokenizer, &s->m.config.vocab_size));
     /* colossal-infer finds a checkpoint's tokenizer beside it */
     if (d->bpe && app->rank == 0) {
         char dir[4200];
@@ -249,7 +269,6 @@ static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *
     cai_sft_preprocess_stats vps;
     CAI_CALL(open_dataset(c, d, c->train_path, "train", vocab, &d->train, &ts, &d->pre));
     if (*c->valid_path) CAI_CALL(open_dataset(c, d, c->valid_path, "valid", vocab, &d->valid, &vs, &vps));
-    const int dp = app->size;
     d->local_batch = (int64_t)c->micro_batch * c->grad_accum;
     d->global_batch = d->local_batch * dp;
     size_t n = (size_t)d->local_batch * (size_t)c->seq_len;
@@ -266,10 +285,11 @@ static cai_status data_init(const sft_config *c, sft_data *d, const sft_source *
                  cai_sft_overflow_names[c->overflow]);
     snprintf(d->source, sizeof d->source,
              "%s: %lld conversations%s in %lld rows (%lld truncated, %lld dropped), %lld of %lld tokens trained "
-             "(%.1f%%), template %s",
+             "(%.1f%%), template %s%s",
              c->train_path, (long long)ts.documents, pre, (long long)ts.rows, (long long)ts.truncated,
              (long long)ts.dropped, (long long)ts.trained_tokens, (long long)ts.tokens,
-             ts.tokens ? 100.0 * (double)ts.trained_tokens / (double)ts.tokens : 0.0, cai_chat_template_name(d->tmpl));
+             ts.tokens ? 100.0 * (double)ts.trained_tokens / (double)ts.tokens : 0.0, cai_chat_template_name(d->tmpl),
+             d->added ? " (its special tokens added to the tokenizer and the embedding)" : "");
     return CAI_OK;
 }
 
@@ -301,7 +321,9 @@ typedef struct {
     sft_source src;
     sft_data data;
     tc_engine eng;
-    lora_app lora; /* a LoRA run: the adapters, their optimizer and driver (eng holds the frozen model) */
+    cai_pipeline_t *pipe; /* mesh.pp > 1: the driver runs the schedule */
+    tc_pp pp;             /* mesh.pp > 1 */
+    lora_app lora;        /* a LoRA run: the adapters, their optimizer and driver (eng holds the frozen model) */
     int64_t steps;
 } sft_job;
 
@@ -342,9 +364,10 @@ static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_st
 
 /* The masked loss over every held-out row: the mean over the assistant's
  * tokens (each microbatch's mean weighted by its trained tokens). Rows are
- * dealt to dp ranks in turn; a rank short of rows runs a batch with every
- * target ignored (a ZeRO-3 forward gathers weights over dp: every rank runs
- * as many forwards). Collective over dp. */
+ * dealt to dp ranks in turn (their tp and pp ranks take the same rows); a
+ * rank short of rows runs a batch with every target ignored (a ZeRO-3
+ * forward gathers weights over dp: every rank runs as many forwards).
+ * Collective over the world. */
 static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *loss, int *ran) {
     (void)step;
     sft_job *j = ctx;
@@ -372,9 +395,15 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
         CAI_CALL(set_packing(j, B));
         int64_t trained = 0;
         for (size_t i = 0; i < (size_t)B * (size_t)T; i++) trained += j->data.targets[i] != CAI_IGNORE_INDEX;
-        float l = 0;
-        CAI_CALL(cai_model_forward(j->eng.model, j->data.tokens, j->data.targets, &l));
-        sums[0] += (double)l * (double)trained;
+        double l = 0;
+        if (j->pipe) {
+            CAI_CALL(cai_pipeline_eval(j->pipe, j->data.tokens, j->data.targets, 1, &l));
+        } else {
+            float f = 0;
+            CAI_CALL(cai_model_forward(j->eng.model, j->data.tokens, j->data.targets, &f));
+            l = f;
+        }
+        sums[0] += l * (double)trained;
         sums[1] += (double)trained;
     }
     CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, sums, sums, 2, CAI_DTYPE_F64, CAI_RED_SUM));
@@ -406,17 +435,34 @@ static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckp
 /* Decided from the config alone, alike on every rank, before anything is
  * read: the layout and what the engine cannot do here. */
 static cai_status check_config(const sft_config *c, int world, cai_layout *L) {
-    (void)c;
-    *L = (cai_layout){1, world, 1, 1, 1, NULL}; /* every rank a data-parallel replica */
+    const int rest = c->tp * c->pp;
+    *L = (cai_layout){c->pp, c->dp ? c->dp : (world % rest ? 0 : world / rest), 1, 1, c->tp, NULL};
     CAI_CALL(cai_layout_validate(world, L, NULL));
     if (!*c->train_path) return CAI_ERROR(CAI_ERR_CONFIG, "data.train is required (a chat JSONL file or a prefix)");
-    if (c->tr.zero_stage > 0)
+    if (c->pp > 1 && (c->tr.zero_stage > 1 || c->tr.zero_offload))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "zero.stage=%d: colossal-sft loads the model's weights before the ZeRO engine takes them, "
-                         "which stages 1-3 (shards initialised from the registry) do not read yet; use zero.stage=0 "
-                         "(zero.offload=true keeps the optimizer on the host)",
-                         c->tr.zero_stage);
+                         "mesh.pp=%d composes with dp and tp at ZeRO stage 0 or 1 without offload: zero.stage=%d "
+                         "zero.offload=%s (stages 2/3 reduce and gather per microbatch inside the engine's own loop)",
+                         c->pp, c->tr.zero_stage, c->tr.zero_offload ? "true" : "false");
+    if (lora_app_on(&c->lora) && rest > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "lora.rank=%d with mesh.tp=%d mesh.pp=%d: LoRA runs data parallel only (mesh.tp=1 mesh.pp=1)",
+                         c->lora.rank, c->tp, c->pp);
     return lora_app_check(&c->lora, &c->tr);
+}
+
+/* The layout against the source's architecture, once it is known. */
+static cai_status check_model_layout(const sft_config *c, const cai_model_config *m, int world, const cai_layout *L) {
+    cai_model_config resolved;
+    CAI_CALL(cai_model_config_resolve(m, &resolved));
+    cai_layout_model lm = {resolved.n_heads, resolved.n_kv_heads, c->pp > 1 ? 0 : resolved.n_layers, 0, 0, 0};
+    CAI_CALL(cai_layout_validate(world, L, &lm));
+    if (resolved.ffn_hidden % c->tp != 0)
+        return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide %s's ffn_hidden=%d (the MLP splits over tp)",
+                         c->tp, c->model_path, resolved.ffn_hidden);
+    if (c->pp <= 1) return CAI_OK;
+    const tc_pp_options po = {c->pp, c->pp_schedule, c->pp_virtual, 0, NULL};
+    return tc_pp_layout(&po, resolved.n_layers, c->grad_accum, c->act_ckpt, NULL, NULL);
 }
 
 static cai_run_config run_config(const sft_config *c, const cai_layout *layout, int64_t steps) {
@@ -440,17 +486,26 @@ static cai_status build(sft_job *j, sft_config *c, cai_run_t *run) {
     tc_apply_precision(&c->tr, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, &resolved));
     const int lora = lora_app_on(&c->lora);
+    cai_rank_view view = cai_run_view(run);
+    if (c->pp > 1) {
+        const tc_pp_options po = {c->pp, c->pp_schedule, c->pp_virtual, 0, NULL};
+        CAI_CALL(tc_pp_init(&j->pp, &po, resolved.n_layers, c->grad_accum, c->act_ckpt, view.pp_rank));
+        tc_pp_view(&j->pp, &view);
+    }
     if (lora)
         CAI_CALL(lora_app_create(&j->lora, &c->lora, cai_run_device(run), &resolved, (uint64_t)c->data_seed,
                                  cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP)));
     cai_mem_plan_request q = {.model = resolved,
                               .batch = c->micro_batch,
                               .seq_len = c->seq_len,
-                              .view = cai_run_view(run),
+                              .view = view,
                               .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
                               .zero = tc_zero_config(&c->tr),
                               .dev = cai_run_device(run),
-                              .lora_flat = lora ? (size_t)cai_lora_numel(j->lora.l) : 0};
+                              .lora_flat = lora ? (size_t)cai_lora_numel(j->lora.l) : 0,
+                              .pp_inflight = j->pp.slots,
+                              .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
+                              .pp_split = c->pp > 1 && tc_pp_split_backward(&j->pp)};
     if (lora) {
         cai_tensor g;
         cai_lora_flat(j->lora.l, NULL, &g);
@@ -460,15 +515,27 @@ static cai_status build(sft_job *j, sft_config *c, cai_run_t *run) {
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = c->micro_batch;
     mo.seq_len = c->seq_len;
-    mo.view = cai_run_view(run);
+    mo.view = view;
     mo.mesh = cai_run_mesh(run);
+    if (c->pp > 1) {
+        mo.act_slots = j->pp.slots;
+        mo.split_backward = tc_pp_split_backward(&j->pp);
+    }
     if (lora) {
         CAI_CALL(
             lora_app_engine(&j->lora, &c->lora, &j->eng, run, &c->tr, j->steps, &resolved, &mo, load_weights, &j->src));
         return data_seek(c, &j->data, cai_run_mesh(run), 0);
     }
-    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->steps, &resolved, &mo, load_weights, &j->src));
-    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
+    /* the source's weights into the engine's masters at any stage and layout */
+    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->steps, &resolved, &mo, NULL, NULL));
+    if (j->src.m.hf) CAI_CALL(cai_hf_import_zero(j->src.h, j->eng.zero));
+    else CAI_CALL(cai_ckpt_load_zero_weights(cai_run_mesh(run), j->src.m.ckpt, j->eng.zero));
+    if (c->pp > 1) {
+        CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->eng.model, (cai_pp_style)c->pp_schedule));
+        CAI_CALL(cai_pipeline_set_zero(j->pipe, j->eng.zero));
+        CAI_CALL(cai_pipeline_driver(j->pipe, j->eng.optim, &j->eng.driver));
+    }
+    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, c->pp <= 1));
     return data_seek(c, &j->data, cai_run_mesh(run), 0);
 }
 
@@ -476,8 +543,10 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
     const sft_config *c = j->cfg;
     const cai_model_config *mc = cai_model_config_of(j->eng.model);
     const int dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP);
-    printf("colossal-sft %s: %d rank%s, dp %d, device %s\n", cai_version_string(), app->size, app->size == 1 ? "" : "s",
-           dp, cai_run_device(run)->name);
+    char layout[128];
+    cai_layout_str(cai_mesh_layout(cai_run_mesh(run)), layout, sizeof layout);
+    printf("colossal-sft %s: %d rank%s, %s, device %s\n", cai_version_string(), app->size, app->size == 1 ? "" : "s",
+           layout, cai_run_device(run)->name);
     printf("model: %s from %s (%s, %d layers, d_model %d, vocab %d), tokenizer %s\n", cai_model_family_name(mc->family),
            c->model_path, j->src.m.hf ? "Hugging Face" : "checkpoint", mc->n_layers, mc->d_model, mc->vocab_size,
            *j->src.tokenizer ? j->src.tokenizer : "byte-level");
@@ -490,6 +559,10 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
         "%.2f epochs\n",
         (long long)j->data.global_batch, c->seq_len, c->micro_batch, c->grad_accum, dp, (long long)j->steps,
         (double)(j->steps * j->data.global_batch) / (double)cai_sft_dataset_size(j->data.train));
+    if (j->pipe)
+        printf("pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum); boundaries over %s\n",
+               tc_pp_schedules[c->pp_schedule], c->pp, j->pp.spec.virtual_stages,
+               j->pp.spec.virtual_stages == 1 ? "" : "s", c->grad_accum, cai_pipeline_transport(j->pipe));
     tc_engine_print_optim(&j->eng);
     if (j->lora.l) lora_app_print(&j->lora, j->eng.model);
     else tc_engine_print_zero(&j->eng, &c->tr, dp);
@@ -509,9 +582,10 @@ int main(int argc, char **argv) {
     cai_app_check_all(check_config(&cfg, app.size, &layout), 2);
     sft_job job = {.cfg = &cfg};
     cai_app_check_all(open_source(&cfg, &job.src), 2);
+    cai_app_check_all(check_model_layout(&cfg, &job.src.m.config, app.size, &layout), 2);
     if (cfg.seq_len == 0) cfg.seq_len = job.src.m.config.max_seq_len;
 
-    cai_app_check_all(data_init(&cfg, &job.data, &job.src, &app), 2);
+    cai_app_check_all(data_init(&cfg, &job.data, &job.src, &app, layout.dp), 2);
     job.steps = cfg.steps ? cfg.steps
                           : (int64_t)((cfg.epochs * (double)cai_sft_dataset_size(job.data.train) +
                                        (double)job.data.global_batch - 1) /
@@ -532,6 +606,8 @@ int main(int argc, char **argv) {
                                       *job.src.tokenizer ? job.src.tokenizer : NULL));
 
     int exit_code = cai_run_exit_code(run);
+    cai_pipeline_free(job.pipe);
+    tc_pp_free(&job.pp);
     tc_engine_free(&job.eng);
     lora_app_free(&job.lora);
     data_free(&job.data);

@@ -2,6 +2,7 @@
 #include "cai_config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "train_common.h"
 
@@ -146,4 +147,100 @@ void tc_engine_print_zero(const tc_engine *e, const tc_options *c, int dp) {
            c->zero_stage, c->zero_offload ? " + CPU offload" : "", dp, zs.n_buckets, zs.n_buckets == 1 ? "" : "s",
            c->zero_bucket_mb, c->zero_reduce_dtype == 1 ? " reduced in bf16" : "", cai_dtype_name(mc->param_dtype),
            cai_dtype_name(mc->act_dtype), e->scaled ? ", dynamic loss scaling" : "");
+}
+
+/* ------------------------------------------------------------------ pipelines */
+
+const char *const tc_pp_schedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", NULL};
+
+cai_status tc_pp_layout(const tc_pp_options *o, int n_layers, int grad_accum, int act_ckpt, cai_pp_spec *spec_out,
+                        int *stage_of) {
+    cai_pp_spec spec = {.pp = o->pp,
+                        .virtual_stages = o->virtual_stages ? o->virtual_stages
+                                                            : cai_pp_style_default_virtual((cai_pp_style)o->schedule),
+                        .microbatches = grad_accum,
+                        .style = (cai_pp_style)o->schedule};
+    const int split = spec.style == CAI_PP_ZB_H1 || spec.style == CAI_PP_ZB_V;
+    if (split && o->slots > 0)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "pp.act_slots=%d: %s keeps every forward's activations until its weight pass and never "
+                         "recomputes; leave pp.act_slots at 0",
+                         o->slots, tc_pp_schedules[o->schedule]);
+    if (split && act_ckpt)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "model.activation_checkpointing=true: %s's weight passes read every layer's saved "
+                         "activations; turn checkpointing off or use 1f1b",
+                         tc_pp_schedules[o->schedule]);
+    if (spec.style == CAI_PP_ZB_V && spec.virtual_stages != 2)
+        return CAI_ERROR(CAI_ERR_CONFIG, "pp.virtual=%d: pp.schedule=zb-v runs two model chunks per rank, in a V",
+                         spec.virtual_stages);
+    if (spec.style != CAI_PP_INTERLEAVED && spec.style != CAI_PP_ZB_V && spec.virtual_stages != 1)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "pp.virtual=%d: pp.schedule=%s runs one model chunk per rank (interleaved runs more)",
+                         spec.virtual_stages, tc_pp_schedules[o->schedule]);
+    cai_status st = cai_pp_spec_validate(&spec);
+    if (st != CAI_OK) {
+        cai_error_push(__FILE__, __LINE__, __func__, "train.grad_accum is the pipeline's microbatches per step");
+        return st;
+    }
+    const int V = spec.pp * spec.virtual_stages, L = n_layers;
+    if (!o->layers || !o->layers[0]) {
+        if (L % V != 0) {
+            int lo = L / V * V, hi = (L / V + 1) * V;
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "model.n_layers=%d does not divide over mesh.pp=%d x pp.virtual=%d = %d virtual stages "
+                             "(%d or %d layers would; or give each stage's count in pp.layers)",
+                             L, spec.pp, spec.virtual_stages, V, lo > 0 ? lo : hi, hi);
+        }
+        if (stage_of)
+            for (int l = 0; l < L; l++) stage_of[l] = l / (L / V);
+    } else {
+        const char *s = o->layers;
+        int k = 0, sum = 0;
+        while (*s) {
+            char *end = NULL;
+            long n = strtol(s, &end, 10);
+            if (end == s || n < 1 || n > L)
+                return CAI_ERROR(CAI_ERR_CONFIG,
+                                 "pp.layers=\"%s\": entry %d is not a layer count in [1, %d] (comma-separated, one per "
+                                 "virtual stage)",
+                                 o->layers, k + 1, L);
+            if (stage_of)
+                for (long i = 0; i < n && sum + i < L; i++) stage_of[sum + i] = k;
+            sum += (int)n;
+            k++;
+            s = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                return CAI_ERROR(CAI_ERR_CONFIG, "pp.layers=\"%s\": '%c' after entry %d (counts separated by commas)",
+                                 o->layers, *end, k);
+        }
+        if (k != V || sum != L)
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "pp.layers=\"%s\" gives %d virtual stages of %d layers in all; mesh.pp=%d x "
+                             "pp.virtual=%d needs %d counts summing to model.n_layers=%d",
+                             o->layers, k, sum, spec.pp, spec.virtual_stages, V, L);
+    }
+    if (spec_out) *spec_out = spec;
+    return CAI_OK;
+}
+
+cai_status tc_pp_init(tc_pp *p, const tc_pp_options *o, int n_layers, int grad_accum, int act_ckpt, int pp_rank) {
+    CAI_CALL(cai_calloc((void **)&p->stage_of, (size_t)n_layers, sizeof *p->stage_of, "pipeline layer split"));
+    CAI_CALL(tc_pp_layout(o, n_layers, grad_accum, act_ckpt, &p->spec, p->stage_of));
+    CAI_CALL(cai_pipeline_slots_needed(&p->spec, pp_rank, &p->slots_needed));
+    p->slots = o->slots > 0 && o->slots < p->slots_needed ? o->slots : p->slots_needed;
+    return CAI_OK;
+}
+
+void tc_pp_view(const tc_pp *p, cai_rank_view *v) {
+    v->pp_chunks = p->spec.virtual_stages;
+    v->layer_vstage = p->stage_of;
+    v->pp_vshape = p->spec.style == CAI_PP_ZB_V;
+}
+
+int tc_pp_split_backward(const tc_pp *p) { return p->spec.style == CAI_PP_ZB_H1 || p->spec.style == CAI_PP_ZB_V; }
+
+void tc_pp_free(tc_pp *p) {
+    cai_free(p->stage_of);
+    p->stage_of = NULL;
 }

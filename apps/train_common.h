@@ -45,53 +45,53 @@ void tc_fill_choices(void);
  * table, `member` a tc_options. */
 #define TC_OPTIM_FIELDS(type, m, default_lr)                                                                          \
     TC_FIELD(type, m, "optim.schedule", CAI_CFG_ENUM, schedule, "cosine", "learning rate after the linear warmup",    \
-             1.0, 0.0, tc_schedules),                                                                        \
-        TC_FIELD(type, m, "optim.lr", CAI_CFG_DOUBLE, lr, default_lr, "peak learning rate", 0, 10, NULL),            \
+             1.0, 0.0, tc_schedules),                                                                                 \
+        TC_FIELD(type, m, "optim.lr", CAI_CFG_DOUBLE, lr, default_lr, "peak learning rate", 0, 10, NULL),             \
         TC_FIELD(type, m, "optim.min_lr", CAI_CFG_DOUBLE, min_lr, "1e-4", "learning rate at the end of the decay", 0, \
-                 10, NULL),                                                                                          \
+                 10, NULL),                                                                                           \
         TC_FIELD(type, m, "optim.warmup_steps", CAI_CFG_INT64, warmup, "20", "linear warmup steps", 0, TC_BIG, NULL), \
-        TC_FIELD(type, m, "optim.decay_steps", CAI_CFG_INT64, decay_steps, "0",                                      \
-                 "step at which the decay reaches min_lr; 0: train.steps", 0, TC_BIG, NULL),                         \
-        TC_FIELD(type, m, "optim.beta1", CAI_CFG_DOUBLE, beta1, "0.9", "AdamW beta1", 0, 1, NULL),                   \
-        TC_FIELD(type, m, "optim.beta2", CAI_CFG_DOUBLE, beta2, "0.95", "AdamW beta2", 0, 1, NULL),                  \
-        TC_FIELD(type, m, "optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1, NULL),                    \
-        TC_FIELD(type, m, "optim.weight_decay", CAI_CFG_DOUBLE, weight_decay, "0.1",                                 \
-                 "decoupled weight decay (matrices only)", 0, 10, NULL),                                             \
-        TC_FIELD(type, m, "optim.grad_clip", CAI_CFG_DOUBLE, grad_clip, "1.0",                                       \
+        TC_FIELD(type, m, "optim.decay_steps", CAI_CFG_INT64, decay_steps, "0",                                       \
+                 "step at which the decay reaches min_lr; 0: train.steps", 0, TC_BIG, NULL),                          \
+        TC_FIELD(type, m, "optim.beta1", CAI_CFG_DOUBLE, beta1, "0.9", "AdamW beta1", 0, 1, NULL),                    \
+        TC_FIELD(type, m, "optim.beta2", CAI_CFG_DOUBLE, beta2, "0.95", "AdamW beta2", 0, 1, NULL),                   \
+        TC_FIELD(type, m, "optim.eps", CAI_CFG_DOUBLE, eps, "1e-8", "AdamW epsilon", 0, 1, NULL),                     \
+        TC_FIELD(type, m, "optim.weight_decay", CAI_CFG_DOUBLE, weight_decay, "0.1",                                  \
+                 "decoupled weight decay (matrices only)", 0, 10, NULL),                                              \
+        TC_FIELD(type, m, "optim.grad_clip", CAI_CFG_DOUBLE, grad_clip, "1.0",                                        \
                  "maximum global gradient norm; 0: no clipping", 0, 1e9, NULL)
 
 /* zero.*, precision and loss_scale.* */
-#define TC_ZERO_FIELDS(type, m)                                                                                       \
-    TC_FIELD(type, m, "zero.stage", CAI_CFG_INT, zero_stage, "0",                                                     \
-             "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3,   \
-             NULL),                                                                                                  \
-        TC_FIELD(type, m, "zero.offload", CAI_CFG_BOOL, zero_offload, "false",                                       \
-                 "keep f32 master weights and AdamW moments in host memory and step there", 1.0, 0.0, NULL), \
-        TC_FIELD(type, m, "zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",                                    \
-                 "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3,    \
-                 1e6, NULL),                                                                                         \
-        TC_FIELD(type, m, "zero.reduce_dtype", CAI_CFG_ENUM, zero_reduce_dtype, "f32",                               \
-                 "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes)", 1.0, 0.0,       \
-                 tc_reduce_dtypes),                                                                                  \
-        TC_FIELD(type, m, "zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",                                        \
-                 "reduce each bucket during the backward; false: all of them after it (for comparison)",             \
-                 1.0, 0.0, NULL),                                                                            \
-        TC_FIELD(type, m, "zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",                                  \
-                 "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets "   \
-                 "all); 0: no limit",                                                                                \
-                 0, 64, NULL),                                                                                       \
-        TC_FIELD(type, m, "precision", CAI_CFG_ENUM, precision, "auto",                                              \
-                 "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32",  \
-                 1.0, 0.0, tc_precisions),                                                                   \
-        TC_FIELD(type, m, "loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1,      \
-                 1e30, NULL),                                                                                        \
-        TC_FIELD(type, m, "loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000",                              \
-                 "f16: good steps before the scale doubles", 1, 1 << 30, NULL),                                      \
-        TC_FIELD(type, m, "loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2",                                  \
-                 "f16: overflows tolerated before the scale halves", 1, 1 << 20, NULL),                              \
-        TC_FIELD(type, m, "loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30,    \
-                 NULL),                                                                                              \
-        TC_FIELD(type, m, "loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30,    \
+#define TC_ZERO_FIELDS(type, m)                                                                                        \
+    TC_FIELD(type, m, "zero.stage", CAI_CFG_INT, zero_stage, "0",                                                      \
+             "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3,     \
+             NULL),                                                                                                    \
+        TC_FIELD(type, m, "zero.offload", CAI_CFG_BOOL, zero_offload, "false",                                         \
+                 "keep f32 master weights and AdamW moments in host memory and step there", 1.0, 0.0, NULL),           \
+        TC_FIELD(type, m, "zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",                                      \
+                 "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6, \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "zero.reduce_dtype", CAI_CFG_ENUM, zero_reduce_dtype, "f32",                                 \
+                 "dtype gradient reductions move and sum in: f32, or bf16 (half the bytes)", 1.0, 0.0,                 \
+                 tc_reduce_dtypes),                                                                                    \
+        TC_FIELD(type, m, "zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",                                          \
+                 "reduce each bucket during the backward; false: all of them after it (for comparison)", 1.0, 0.0,     \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",                                    \
+                 "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets "     \
+                 "all); 0: no limit",                                                                                  \
+                 0, 64, NULL),                                                                                         \
+        TC_FIELD(type, m, "precision", CAI_CFG_ENUM, precision, "auto",                                                \
+                 "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32",    \
+                 1.0, 0.0, tc_precisions),                                                                             \
+        TC_FIELD(type, m, "loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30,  \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000",                                \
+                 "f16: good steps before the scale doubles", 1, 1 << 30, NULL),                                        \
+        TC_FIELD(type, m, "loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2",                                    \
+                 "f16: overflows tolerated before the scale halves", 1, 1 << 20, NULL),                                \
+        TC_FIELD(type, m, "loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30,      \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30,      \
                  1e30, NULL)
 
 /* AdamW with its schedule decaying over `steps` unless optim.decay_steps. */
@@ -150,5 +150,41 @@ cai_status tc_engine_load(tc_engine *e, cai_run_t *run, const char *path, cai_ck
 /* The header's optim: and zero: lines (rank 0). */
 void tc_engine_print_optim(const tc_engine *e);
 void tc_engine_print_zero(const tc_engine *e, const tc_options *o, int dp);
+
+/* ------------------------------------------------------------------ pipelines (mesh.pp > 1) */
+
+/* pp.schedule's choices, in cai_pp_style order (colossal/schedule.h). */
+extern const char *const tc_pp_schedules[];
+
+/* The pipeline keys the apps share; `layers` may be NULL or empty (an even
+ * split), slots 0 (what the schedule keeps in flight). */
+typedef struct {
+    int pp, schedule, virtual_stages, slots;
+    const char *layers;
+} tc_pp_options;
+
+/* The pipeline's spec (train.grad_accum microbatches) and, when stage_of
+ * is given (n_layers entries), the virtual stage of each layer from
+ * pp.layers or an even split. Refuses what the executor would not run:
+ * microbatches the schedule cannot take, chunk counts it does not run,
+ * layers that do not fill the virtual stages, a split backward with
+ * recompute. Not collective. */
+cai_status tc_pp_layout(const tc_pp_options *o, int n_layers, int grad_accum, int act_ckpt, cai_pp_spec *spec,
+                        int *stage_of);
+
+/* This rank's part of a pipeline: the layer split and activation slots. */
+typedef struct {
+    cai_pp_spec spec;
+    int *stage_of;           /* virtual stage of each layer */
+    int slots, slots_needed; /* this rank's activation slots, and the schedule's in-flight peak */
+} tc_pp;
+
+/* tc_pp_layout for pipeline rank pp_rank, and its activation slots. */
+cai_status tc_pp_init(tc_pp *p, const tc_pp_options *o, int n_layers, int grad_accum, int act_ckpt, int pp_rank);
+/* The view's chunks and layer split (it must outlive the view). */
+void tc_pp_view(const tc_pp *p, cai_rank_view *v);
+/* Whether the schedule splits each backward into input and weight passes. */
+int tc_pp_split_backward(const tc_pp *p);
+void tc_pp_free(tc_pp *p);
 
 #endif

@@ -149,15 +149,18 @@ cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *ze
  * start as the mean of the file's. */
 typedef struct {
     cai_ckpt_file_t *f;
+    const cai_registry_t *reg;
     float *scratch; /* a rank holding none of a tensor still reads it */
     int64_t file_vocab, vocab;
 } ckpt_zero_src;
 
 static cai_status ckpt_zero_read(void *ctx, const cai_param_info *param, float *dst) {
     ckpt_zero_src *s = ctx;
+    /* a tie copy is stored once, under its primary's name */
+    const char *stored = cai_registry_param(s->reg, param->tie_primary)->name;
     char name[CAI_CKPT_NAME_MAX];
-    snprintf(name, sizeof name, "master/%s", param->name);
-    if (!cai_ckpt_find(s->f, name)) snprintf(name, sizeof name, "model/%s", param->name);
+    snprintf(name, sizeof name, "master/%s", stored);
+    if (!cai_ckpt_find(s->f, name)) snprintf(name, sizeof name, "model/%s", stored);
     const cai_ckpt_entry *e = cai_ckpt_find(s->f, name);
     if (!e)
         return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s' has no tensor model/%s", cai_ckpt_path(s->f), param->name);
@@ -180,7 +183,7 @@ cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_ze
     CAI_CHECK_ARG(mesh && path && zero, "cai_ckpt_load_zero_weights: NULL argument");
     const cai_model_config *mc = cai_model_config_of(cai_zero_model(zero));
     const cai_registry_t *reg = cai_model_registry(cai_zero_model(zero));
-    ckpt_zero_src s = {0};
+    ckpt_zero_src s = {.reg = reg};
     CAI_CALL(cai_ckpt_open(&s.f, cai_mesh_comm(mesh, CAI_AXIS_WORLD), path));
     cai_ckpt_meta m = *cai_ckpt_file_meta(s.f);
     cai_status st = CAI_OK;

@@ -2,8 +2,10 @@
 # colossal-sft refuses bad input with exit 2 and a message naming the file,
 # line and field: a malformed JSONL line, a conversation with no assistant
 # turn, a model path that is not there, a template that does not exist or
-# needs tokens the vocabulary lacks, and what is not built (packing over
-# several microbatches, ZeRO stages >= 1); an offload run (stage 0) trains.
+# needs tokens a LoRA run cannot add, layouts the model or the pipeline
+# does not fit, and what is not built (packing over several microbatches,
+# ZeRO stages 2/3 or offload with a pipeline, LoRA with tensor or pipeline
+# parallelism); an offload run (stage 0) trains.
 . "$top_srcdir/tests/apps/sft_lib.sh"
 sft_setup
 ok='{"messages":[{"role":"user","content":"What is 1 + 1?"},{"role":"assistant","content":"The answer is 2."}]}'
@@ -27,13 +29,17 @@ refused "missing model" "model.path=$TMP/nothere: no such file or directory" --d
     --model.path "$TMP/nothere"
 refused "unknown template" 'chat template "nosuch": not one of' --data.train "$TMP/ex/train.jsonl" \
     --data.chat_template nosuch
-refused "template tokens missing" "data.chat_template=chatml needs special tokens .* lacks \(first: <\|im_start\|>\)" \
-    --data.train "$TMP/ex/train.jsonl" --data.chat_template chatml
+refused "template tokens with LoRA" "data.chat_template=chatml needs special tokens .* lacks \(first: <\|im_start\|>\); a LoRA run keeps the embedding frozen" \
+    --data.train "$TMP/ex/train.jsonl" --data.chat_template chatml --lora.rank 4
 refused "missing data" "data.train=$TMP/none.jsonl: cannot read it" --data.train "$TMP/none.jsonl"
 refused "packing with grad_accum" "data.packing=true with train.grad_accum=2: .* set train.grad_accum=1" \
     --data.train "$TMP/ex/train.jsonl" --data.packing true --train.grad_accum 2
-refused "zero stage 2" "zero.stage=2: colossal-sft loads the model's weights before" --data.train "$TMP/ex/train.jsonl" \
-    --zero.stage 2
+refused "zero stage 2 with a pipeline" "mesh.pp=2 composes with dp and tp at ZeRO stage 0 or 1 without offload: zero.stage=2" \
+    --data.train "$TMP/ex/train.jsonl" --zero.stage 2 --mesh.pp 2 --train.grad_accum 2
+refused "LoRA with tp" "lora.rank=4 with mesh.tp=2 mesh.pp=1: LoRA runs data parallel only" \
+    --data.train "$TMP/ex/train.jsonl" --lora.rank 4 --mesh.tp 2
+refused "pipeline too long for the layers" "model.n_layers=2 does not divide over mesh.pp=2 x pp.virtual=2" \
+    --data.train "$TMP/ex/train.jsonl" --mesh.pp 2 --pp.schedule interleaved --train.grad_accum 2
 
 # stage 0 with the optimizer on the host trains
 # shellcheck disable=SC2086
