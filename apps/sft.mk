@@ -7,6 +7,7 @@ apps_colossal_sft_LDADD = $(APP_LDADD)
 SFT_APP_TESTS = \
 	tests/apps/sft_e2e.sh \
 	tests/apps/sft_errors.sh \
-	tests/apps/sft_lora.sh
+	tests/apps/sft_lora.sh \
+	tests/apps/sft_parallel.sh
 TESTS += $(SFT_APP_TESTS)
 EXTRA_DIST += $(SFT_APP_TESTS) tests/apps/sft_lib.sh examples/sft-tiny.sh
