@@ -8,6 +8,7 @@ SFT_APP_TESTS = \
 	tests/apps/sft_e2e.sh \
 	tests/apps/sft_errors.sh \
 	tests/apps/sft_lora.sh \
-	tests/apps/sft_parallel.sh
+	tests/apps/sft_parallel.sh \
+	tests/apps/sft_tokens.sh
 TESTS += $(SFT_APP_TESTS)
 EXTRA_DIST += $(SFT_APP_TESTS) tests/apps/sft_lib.sh examples/sft-tiny.sh
