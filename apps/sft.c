@@ -153,7 +153,8 @@ typedef struct {
     int32_t *tokens, *targets;    /* [local_batch, seq_len] */
     int32_t *positions, *doc_ids; /* the same, packed rows only */
     cai_sft_preprocess_stats pre; /* tokenizing data.train (JSONL input) */
-    int added;                    /* special tokens added to the tokenizer and the embedding */
+    int added;                    /* special tokens added to the tokenizer */
+    int source_vocab;             /* the source model's vocabulary (the model's may be larger) */
     char source[800];
 } sft_data;
 
@@ -171,11 +172,14 @@ static int is_prefix(const char *path) {
 /* The template's special tokens as tokens of the vocabulary: one the
  * vocabulary spells keeps its id; the others are added at the end of it
  * (in the template's order, the same ids on every rank and every start), and
- * *vocab grows to cover them: the model's embedding (and an untied LM
- * head) then gets rows set to the mean of the source's rows when its
- * weights are loaded (cai_hf_import_zero, cai_ckpt_load_zero_weights). */
+ * *vocab grows to cover the tokenizer (these, or tokens an sft-preprocess
+ * --add-special-tokens tokenizer already added): the model's embedding
+ * (and an untied LM head) then gets rows set to the mean of the source's
+ * rows when its weights are loaded (cai_hf_import_zero,
+ * cai_ckpt_load_zero_weights). */
 static cai_status grow_template(const sft_config *c, sft_data *d, const char *tok_dir, int *vocab) {
     if (!d->bpe) return CAI_OK;
+    d->source_vocab = *vocab;
     const char *missing[32];
     int n = 0;
     cai_chat_template_missing_tokens(d->tmpl, d->bpe, missing, 32, &n);
@@ -186,15 +190,20 @@ static cai_status grow_template(const sft_config *c, sft_data *d, const char *to
         else cai_error_clear();
     }
     cai_chat_template_missing_tokens(d->tmpl, d->bpe, missing, 32, &n);
-    if (n == 0) return CAI_OK;
-    if (lora_app_on(&c->lora))
+    if (n > 0 && lora_app_on(&c->lora))
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "data.chat_template=%s needs special tokens the tokenizer %s lacks (first: %s); a LoRA run "
                          "keeps the embedding frozen, so it cannot learn rows for them: add them in a full "
                          "fine-tuning run first, or use a template whose tokens the vocabulary has (plain needs none)",
                          c->chat_template, tok_dir, missing[0]);
-    CAI_CALL(cai_chat_template_add_tokens(d->tmpl, d->bpe, &d->added));
-    if (cai_bpe_vocab_size(d->bpe) > *vocab) *vocab = cai_bpe_vocab_size(d->bpe);
+    if (n > 0) CAI_CALL(cai_chat_template_add_tokens(d->tmpl, d->bpe, &d->added));
+    if (cai_bpe_vocab_size(d->bpe) <= *vocab) return CAI_OK;
+    if (lora_app_on(&c->lora))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "the tokenizer %s holds %d tokens, the model %s %d; a LoRA run keeps the embedding frozen, so "
+                         "it cannot grow: use the model's own tokenizer",
+                         tok_dir, cai_bpe_vocab_size(d->bpe), c->model_path, *vocab);
+    *vocab = cai_bpe_vocab_size(d->bpe);
     return CAI_OK;
 }
 
@@ -289,7 +298,7 @@ static cai_status data_init(const sft_config *c, sft_data *d, sft_source *s, con
              c->train_path, (long long)ts.documents, pre, (long long)ts.rows, (long long)ts.truncated,
              (long long)ts.dropped, (long long)ts.trained_tokens, (long long)ts.tokens,
              ts.tokens ? 100.0 * (double)ts.trained_tokens / (double)ts.tokens : 0.0, cai_chat_template_name(d->tmpl),
-             d->added ? " (its special tokens added to the tokenizer and the embedding)" : "");
+             d->added ? " (its special tokens added to the tokenizer)" : "");
     return CAI_OK;
 }
 
@@ -547,9 +556,13 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
     cai_layout_str(cai_mesh_layout(cai_run_mesh(run)), layout, sizeof layout);
     printf("colossal-sft %s: %d rank%s, %s, device %s\n", cai_version_string(), app->size, app->size == 1 ? "" : "s",
            layout, cai_run_device(run)->name);
-    printf("model: %s from %s (%s, %d layers, d_model %d, vocab %d), tokenizer %s\n", cai_model_family_name(mc->family),
-           c->model_path, j->src.m.hf ? "Hugging Face" : "checkpoint", mc->n_layers, mc->d_model, mc->vocab_size,
-           *j->src.tokenizer ? j->src.tokenizer : "byte-level");
+    char grown[96] = "";
+    if (j->data.source_vocab && mc->vocab_size > j->data.source_vocab)
+        snprintf(grown, sizeof grown, ", grown from %d: the added rows start as the mean of the source's",
+                 j->data.source_vocab);
+    printf("model: %s from %s (%s, %d layers, d_model %d, vocab %d%s), tokenizer %s\n",
+           cai_model_family_name(mc->family), c->model_path, j->src.m.hf ? "Hugging Face" : "checkpoint", mc->n_layers,
+           mc->d_model, mc->vocab_size, grown, *j->src.tokenizer ? j->src.tokenizer : "byte-level");
     printf("data: %s\n", j->data.source);
     if (j->data.valid)
         printf("eval: masked loss over %lld held-out rows of %s\n", (long long)cai_sft_dataset_size(j->data.valid),

@@ -4,7 +4,8 @@
 # and the embedding (and an untied LM head) grows by their rows, each the
 # mean of the source's rows (transformers' resize_token_embeddings with
 # mean initialisation); the other rows are the source's bitwise. The run
-# trains, resumes bit-exactly, tp 2 gives the 1-rank run, and the Hugging
+# trains, resumes bit-exactly, trains from sft-preprocess --add-special-tokens
+# output as from the JSONL, tp 2 gives the 1-rank run, and the Hugging
 # Face export carries the grown vocabulary (config.json, tokenizer) and
 # answers in colossal-infer as the checkpoint does.
 . "$top_srcdir/tests/apps/sft_lib.sh"
@@ -63,8 +64,8 @@ EOF
 # shellcheck disable=SC2086
 run_sft 1 $SFT $LR0 --model.path "$TMP/pt-hf" --run.dir "$TMP/g0"
 expect_ok
-expect_grep out "^model: gpt2 .*vocab 322\\)"
-expect_grep out "template chatml \\(its special tokens added to the tokenizer and the embedding\\)"
+expect_grep out "template chatml \\(its special tokens added to the tokenizer\\)"
+expect_grep out "^model: gpt2 .*vocab 322, grown from 320"
 export_hf "$TMP/g0/checkpoints" "$TMP/g0/tokenizer" "$TMP/g0-hf"
 rows "$TMP/pt-hf" "$TMP/g0-hf" transformer.wte.weight
 
@@ -95,6 +96,15 @@ expect_rc 3
 run_sft 1 $RUN --resume latest --run.dir "$TMP/t2"
 expect_ok
 same_losses "$TMP/t1/metrics.jsonl" "$TMP/t2/metrics.jsonl" "chatml run resumed at step 6"
+# sft-preprocess --add-special-tokens output with its grown tokenizer: the
+# model grows to that tokenizer, the same run.
+"$DATA_BIN" sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/pre" --tokenizer "$TMP/pt/tokenizer" \
+    --chat-template chatml --add-special-tokens --seq-len 64 >"$TMP/out" 2>"$TMP/err" || fail "sft-preprocess failed"
+# shellcheck disable=SC2086
+run_sft 1 $RUN --data.train "$TMP/pre" --model.tokenizer "$TMP/pre_tokenizer" --run.dir "$TMP/t4"
+expect_ok
+expect_grep out "^model: gpt2 .*vocab 322, grown from 320"
+same_losses "$TMP/t1/metrics.jsonl" "$TMP/t4/metrics.jsonl" "chatml from the sft-preprocess prefix"
 # shellcheck disable=SC2086
 run_sft 2 $RUN --mesh.tp 2 --run.dir "$TMP/t3"
 expect_ok
