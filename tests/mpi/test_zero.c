@@ -6,14 +6,23 @@
  * rank skips the step everywhere and backs the scale off identically; and
  * the memory planner's numbers equal what the engine and model allocate
  * (and the process' resident-set growth within 10%) on a tiny and a small
- * model. */
+ * model; masters taken from a source (cai_zero_load_params) hold its values
+ * at every stage, with and without offload, and give the same forward;
+ * Hugging Face and checkpoint imports into a larger vocabulary (the added
+ * rows the mean of the source's) and their refusals. */
 #include "cai_config.h"
 
+#include <math.h>
 #include <stdio.h>
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
 
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "colossal/ckpt.h"
 #include "test_mesh_util.h"
 #include "test_equiv_harness.h"
 
@@ -48,6 +57,9 @@ typedef struct {
     int B, local;
 } rig;
 
+/* Tests of imports set these to build another architecture (0: the row's). */
+static int g_vocab, g_d_model;
+
 static void rig_up(rig *g, const eq_row *row, int overlap) {
     memset(g, 0, sizeof *g);
     g->B = row->global_batch / (g_world_size * row->grad_accum);
@@ -60,6 +72,8 @@ static void rig_up(rig *g, const eq_row *row, int overlap) {
     zc.bucket_bytes = row->bucket_bytes;
     zc.overlap = overlap;
     cai_model_config c = eq_model_config(row);
+    if (g_vocab) c.vocab_size = g_vocab;
+    if (g_d_model) c.d_model = g_d_model;
     cai_model_options mo = cai_model_options_default(&c);
     mo.batch = g->B;
     mo.seq_len = row->T;
@@ -560,6 +574,179 @@ START_TEST(planner_matches_allocations) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ masters from a source */
+
+typedef struct {
+    const cai_registry_t *reg;
+    int calls, last, held_null;
+} src_log;
+
+/* A value no initialisation gives: a function of the tensor (its tie
+ * primary) and the element. */
+static float src_value(int primary, uint64_t e) {
+    return (float)((primary * 7919 + (int64_t)e) % 1000) / 1000.0f - 0.5f;
+}
+
+static cai_status src_fill(void *ctx, const cai_param_info *p, float *dst) {
+    src_log *l = ctx;
+    if (p->index <= l->last) return CAI_ERROR(CAI_ERR_INTERNAL, "source called for %d after %d", p->index, l->last);
+    l->last = p->index;
+    l->calls++;
+    if (!dst) {
+        l->held_null++;
+        return CAI_OK;
+    }
+    for (uint64_t e = 0; e < p->numel; e++) dst[e] = src_value(p->tie_primary, e);
+    return CAI_OK;
+}
+
+START_TEST(masters_load_from_a_source) {
+    t_begin();
+    for (int fam = 0; fam < 2; fam++) {
+        double ref = 0;
+        for (int stage = 0; stage <= 3; stage++)
+            for (int off = 0; off <= 1; off++) {
+                eq_row row = base_row(fam ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2, stage);
+                row.offload = off;
+                rig g;
+                rig_up(&g, &row, 1);
+                const cai_registry_t *reg = cai_model_registry(g.m);
+                src_log l = {reg, 0, -1, 0};
+                CK_CAI(cai_zero_load_params(g.z, src_fill, &l));
+                /* every parameter once, in registry order; at stage 0 every
+                 * rank holds all of them, sharded stages a part */
+                ck_assert_int_eq(l.calls, cai_registry_count(reg));
+                if (stage == 0) ck_assert_int_eq(l.held_null, 0);
+                else ck_assert_int_lt(l.held_null, l.calls);
+                for (int i = 0; i < cai_registry_count(reg); i++) {
+                    const cai_param_info *p = cai_registry_param(reg, i);
+                    float *got = malloc(p->numel * sizeof *got);
+                    CK_CAI(cai_zero_gather_param(g.z, i, got));
+                    for (uint64_t e = 0; e < p->numel; e++)
+                        ck_assert_msg(got[e] == src_value(p->tie_primary, e), "%s stage %d offload %d: %s[%llu] = %g",
+                                      fam ? "llama" : "gpt2", stage, off, p->name, (unsigned long long)e,
+                                      (double)got[e]);
+                    free(got);
+                }
+                /* the working weights follow: a forward gives the stage 0 loss */
+                int32_t tok[64 * 8], tgt[64 * 8];
+                for (int s = 0; s < g.B; s++)
+                    eq_sequence(&row, 0, g_world_rank * g.B + s, tok + s * row.T, tgt + s * row.T);
+                float loss = 0;
+                CK_CAI(cai_model_forward(g.m, tok, tgt, &loss));
+                if (stage == 0 && off == 0) ref = loss;
+                ck_assert_msg(fabs(loss - ref) <= 1e-6 * fabs(ref), "stage %d offload %d: loss %.9g, stage 0 %.9g",
+                              stage, off, (double)loss, ref);
+                rig_down(&g);
+            }
+    }
+    t_end("masters_load_from_a_source");
+}
+END_TEST
+
+/* A Llama (untied head) exported to Hugging Face and saved as a checkpoint,
+ * then imported into larger-vocabulary models at stages 0 and 3: the
+ * source's rows as they were, the added rows the mean of the source's, in
+ * the embedding and the LM head; a smaller vocabulary or another width
+ * refused naming the field. */
+static void expect_refused(cai_status st, const char *needle) {
+    ck_assert_msg(st != CAI_OK && strstr(cai_error_message(), needle), "wanted an error with '%s', got %d: %s", needle,
+                  (int)st, cai_error_message());
+    cai_error_clear();
+}
+
+START_TEST(imports_grow_the_vocabulary) {
+    t_begin();
+    char dir[256], ck[300];
+    if (g_world_rank == 0) snprintf(dir, sizeof dir, "/tmp/colossal-test-zero-import-%d", (int)getpid());
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    snprintf(ck, sizeof ck, "%s.h5", dir);
+    const int have_ckpt = cai_ckpt_available();
+    eq_row row = base_row(CAI_MODEL_LLAMA, 0);
+    rig a;
+    rig_up(&a, &row, 1);
+    const cai_registry_t *reg = cai_model_registry(a.m);
+    if (g_world_rank == 0) {
+        cai_hf_export_options eo = cai_hf_export_options_default();
+        CK_CAI(cai_hf_export_model(dir, a.m, &eo, NULL));
+    }
+    cai_adamw_config oc = eq_adamw();
+    if (have_ckpt) CK_CAI(cai_ckpt_save_zero(a.mesh, ck, a.z, NULL, &oc, NULL, NULL));
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* the source's vocabulary-row tensors, whole */
+    float *src[8] = {0};
+    int vrows[8], nv = 0;
+    for (int i = 0; i < cai_registry_count(reg) && nv < 8; i++) {
+        const cai_param_info *p = cai_registry_param(reg, i);
+        if (!p->spec.vocab_parallel) continue;
+        src[nv] = malloc(p->numel * sizeof(float));
+        CK_CAI(cai_zero_gather_param(a.z, i, src[nv]));
+        vrows[nv++] = i;
+    }
+    ck_assert_int_eq(nv, 2); /* embedding and untied head */
+    const int cols = 32, V0 = 61, V1 = 70;
+    for (int stage = 0; stage <= 3; stage += 3)
+        for (int from = 0; from < 1 + have_ckpt; from++) {
+            g_vocab = V1;
+            eq_row r = base_row(CAI_MODEL_LLAMA, stage);
+            rig b;
+            rig_up(&b, &r, 1);
+            if (from == 0) {
+                cai_hf_t *h = NULL;
+                CK_CAI(cai_hf_open(&h, dir));
+                CK_CAI(cai_hf_import_zero(h, b.z));
+                cai_hf_close(h);
+            } else {
+                CK_CAI(cai_ckpt_load_zero_weights(b.mesh, ck, b.z));
+            }
+            const cai_registry_t *rb = cai_model_registry(b.m);
+            for (int k = 0; k < nv; k++) {
+                const cai_param_info *p = cai_registry_param(rb, vrows[k]);
+                float *got = malloc(p->numel * sizeof *got);
+                CK_CAI(cai_zero_gather_param(b.z, vrows[k], got));
+                ck_assert(memcmp(got, src[k], (size_t)V0 * cols * sizeof(float)) == 0);
+                for (int c = 0; c < cols; c++) {
+                    double sum = 0;
+                    for (int v = 0; v < V0; v++) sum += src[k][v * cols + c];
+                    for (int v = V0; v < V1; v++)
+                        ck_assert_msg(got[v * cols + c] == (float)(sum / V0), "%s from %s at stage %d: row %d col %d",
+                                      p->name, from ? "a checkpoint" : "Hugging Face", stage, v, c);
+                }
+                free(got);
+            }
+            rig_down(&b);
+        }
+    /* a smaller vocabulary, another width */
+    g_vocab = 50;
+    rig c;
+    rig_up(&c, &row, 1);
+    cai_hf_t *h = NULL;
+    CK_CAI(cai_hf_open(&h, dir));
+    expect_refused(cai_hf_import_zero(h, c.z), "model.vocab_size=50 is smaller than config.json's vocab_size=61");
+    if (have_ckpt)
+        expect_refused(cai_ckpt_load_zero_weights(c.mesh, ck, c.z), "vocabulary of 61; this model's 50 is smaller");
+    rig_down(&c);
+    g_vocab = 0;
+    g_d_model = 48;
+    rig_up(&c, &row, 1);
+    expect_refused(cai_hf_import_zero(h, c.z), "model.d_model=48 but config.json has hidden_size=32");
+    if (have_ckpt)
+        expect_refused(cai_ckpt_load_zero_weights(c.mesh, ck, c.z), "model.d_model is 32 in the file, 48 in this run");
+    rig_down(&c);
+    g_d_model = 0;
+    cai_hf_close(h);
+    for (int k = 0; k < nv; k++) free(src[k]);
+    rig_down(&a);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (g_world_rank == 0) {
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, ck);
+        ck_assert_int_eq(system(cmd), 0);
+    }
+    t_end("imports_grow_the_vocabulary");
+}
+END_TEST
+
 int main(int argc, char **argv) {
     const TTest *tests[] = {shards_cover_every_element_once,
                             buckets_reduce_during_backward_on_the_last_microbatch,
@@ -567,6 +754,8 @@ int main(int argc, char **argv) {
                             loss_scaler_state_machine,
                             f16_overflow_skips_the_step_on_every_rank,
                             f16_tracks_f32,
+                            masters_load_from_a_source,
+                            imports_grow_the_vocabulary,
                             planner_matches_allocations};
     return test_mpi_main(argc, argv, "zero", tests, TEST_COUNT(tests));
 }
