@@ -124,8 +124,9 @@ typedef cai_status (*tc_init_fn)(void *ctx, cai_run_t *run, cai_model_t *m);
 /* The model (options `mo`, which this completes with the engine's), its
  * weights from `init` when given (else its own initialisation), the
  * optimizer and the ZeRO engine over dp. `init` takes effect at ZeRO stage
- * 0 only: stages >= 1 initialise their shards from the registry. Collective
- * over dp. */
+ * 0 only: stages >= 1 initialise their shards from the registry; weights
+ * for any stage go into the engine afterwards (cai_zero_load_params,
+ * cai_hf_import_zero, cai_ckpt_load_zero_weights). Collective over dp. */
 cai_status tc_engine_create(tc_engine *e, cai_run_t *run, const tc_options *o, int64_t steps,
                             const cai_model_config *resolved, cai_model_options *mo, tc_init_fn init, void *init_ctx);
 /* Then, once the app has set e->driver or asks for the ZeRO engine's
