@@ -9,7 +9,8 @@
 # cores in CI): ZeRO stage 3 (sharded masters and weights, gathered around
 # each layer: the hardest case of taking the imported weights into the
 # engine), tensor parallel 2 (vocabulary-parallel masked loss), pipeline 2
-# with 1f1b (the last stage's masked loss), and packed rows under tp 2.
+# with 1f1b (the last stage's masked loss), packed rows under tp 2, and a
+# ZeRO 3 and a pp 2 run stopped at step 4 and resumed (bitwise).
 # SFT_FULL_MATRIX=1 adds ZeRO stages 1 and 2, stage 2 + offload, dp 2 x
 # tp 2 (4 ranks), packed rows under pp 2 and the same runs started from the
 # colossal checkpoint instead of the export (bench/RESULTS.md records it).
@@ -38,11 +39,11 @@ layout() {
     # shellcheck disable=SC2086
     run_sft "$n" $SFT --run.dir "$TMP/$name" "$@"
     expect_ok
-    close_norms "$TMP/ref/metrics.jsonl" "$TMP/$name/metrics.jsonl" "1 rank vs $name"
+    close_norms "$TMP/one/metrics.jsonl" "$TMP/$name/metrics.jsonl" "1 rank vs $name"
 }
 
 # shellcheck disable=SC2086
-run_sft 1 $SFT --train.grad_accum 2 --run.dir "$TMP/ref"
+run_sft 1 $SFT --train.grad_accum 2 --run.dir "$TMP/one"
 expect_ok
 layout zero3 2 --zero.stage 3
 expect_grep out "^zero: stage 3 over dp 2"
@@ -50,6 +51,19 @@ layout tp2 2 --mesh.tp 2 --train.grad_accum 2
 expect_grep out "^colossal-sft .*: 2 ranks, tp=2 pp=1 dp=1"
 layout pp2 2 --mesh.pp 2 --pp.schedule 1f1b --train.grad_accum 2
 expect_grep out "^pipeline: 1f1b over pp 2"
+# stopped at step 4 and resumed: bitwise the uninterrupted run (ZeRO 3, pp 2)
+for l in "zero3 --zero.stage 3" "pp2 --mesh.pp 2 --train.grad_accum 2"; do
+    set -- $l
+    name=$1
+    shift
+    # shellcheck disable=SC2086
+    run_sft 2 $SFT "$@" --checkpoint.every 4 --train.stop_at 4 --run.dir "$TMP/$name-resumed"
+    expect_rc 3
+    # shellcheck disable=SC2086
+    run_sft 2 $SFT "$@" --checkpoint.every 4 --resume latest --run.dir "$TMP/$name-resumed"
+    expect_ok
+    same_losses "$TMP/$name/metrics.jsonl" "$TMP/$name-resumed/metrics.jsonl" "$name resumed at step 4"
+done
 
 # Packed rows (one microbatch a step) under tp 2: the 1-rank packed run.
 PACK="--data.packing true --train.micro_batch 4"
