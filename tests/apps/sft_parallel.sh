@@ -53,6 +53,7 @@ layout pp2 2 --mesh.pp 2 --pp.schedule 1f1b --train.grad_accum 2
 expect_grep out "^pipeline: 1f1b over pp 2"
 # stopped at step 4 and resumed: bitwise the uninterrupted run (ZeRO 3, pp 2)
 for l in "zero3 --zero.stage 3" "pp2 --mesh.pp 2 --train.grad_accum 2"; do
+    # shellcheck disable=SC2086
     set -- $l
     name=$1
     shift
