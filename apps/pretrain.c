@@ -474,15 +474,18 @@ int main(int argc, char **argv) {
      * forwards gather weights over dp: every rank decodes then. */
     if (job.pipe && cfg.pp_trace && cfg.pp_trace[0] && !cai_run_stopped_by(run) &&
         cai_run_first_step(run) <= cfg.steps) {
-        double measured = 0, predicted = 0, at_costs = 0;
-        cai_app_check(cai_pipeline_trace(job.pipe, cfg.pp_trace, &measured, &predicted, &at_costs));
-        const int steps = cai_pipeline_traced_steps(job.pipe);
+        cai_pp_trace_stats ts;
+        cai_app_check(cai_pipeline_trace_stats(job.pipe, cfg.pp_trace, &ts));
+        const int traced = cai_pipeline_traced_steps(job.pipe);
+        const int kept = traced < CAI_PP_TRACE_KEEP ? traced : CAI_PP_TRACE_KEEP;
         if (app.rank == 0)
             printf(
-                "pipeline trace: %s (the last step's timeline): bubble %.1f%% measured over %d step%s%s, %.1f%% by "
-                "the schedule (%.1f%% at the measured compute times)\n",
-                cfg.pp_trace, 100.0 * measured, steps > 1 ? steps - 1 : 1, steps > 2 ? "s" : "",
-                steps > 1 ? " after the first" : "", 100.0 * predicted, 100.0 * at_costs);
+                "pipeline trace: %s (the last %d step%s): bubble %.1f%% measured (median of %d step%s%s), %.1f%% by "
+                "the schedule (%.1f%% at the measured compute times, %.1f%% with the measured transfers of %.0f "
+                "us; %.1f%% replayed at each action's time)\n",
+                cfg.pp_trace, kept, kept > 1 ? "s" : "", 100.0 * ts.measured, ts.steps, ts.steps > 1 ? "s" : "",
+                kept == traced && traced > 1 ? " after the first" : "", 100.0 * ts.textbook, 100.0 * ts.at_costs,
+                100.0 * ts.with_transfers, 1e6 * ts.transfer, 100.0 * ts.replay);
     }
     if (cfg.pp > 1) {
         if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))

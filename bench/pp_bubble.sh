@@ -1,19 +1,35 @@
 #!/bin/sh
 # Pipeline bubble on CPU: colossal-pretrain at pp=2 with --pp.trace, for
-# each schedule, printing the measured bubble (over the steps after the
-# first) beside the schedule's prediction and their ratio. Stages are made equal: every
-# virtual stage holds the same number of layers and the embedding and head
-# (byte vocabulary) are small beside them; one rank per core, one thread.
+# each schedule, the measured bubble beside the schedule's prediction
+# (docs/pipeline.md, "Measured timelines"). Stages are made equal: every
+# virtual stage holds the same number of layers, and at d_model 512 the
+# embedding and the head (byte vocabulary) are small beside them (at 256
+# the last stage, with the head and the loss, computes 3-4% longer: the
+# "stages" column shows it); one rank per core, one thread.
 #
-# Usage: bench/pp_bubble.sh [MICROBATCHES [LAYERS_PER_STAGE [STEPS]]]   (defaults 8 4 6)
+# Per run: the textbook bubble (the schedule at unit costs), the prediction
+# with the run's measured transfer time (the schedule at the mean compute
+# times of equal stages, every boundary transfer taking the median time
+# from a producer's end to its waiting consumer's start), the measured
+# bubble (median over the steps after the first, with the least and the
+# most), measured / prediction (the goal for 1f1b and interleaved:
+# 0.90-1.10), the replay (the schedule on each action's measured time: what
+# the compute's own variation makes of it), the mean forward and backward of
+# the last stage over the first's, the compute's coefficient of variation
+# (cv: median over the steps; how far the run was from equal compute), and
+# the load average at the start.
+#
+# Usage: bench/pp_bubble.sh [MICROBATCHES [LAYERS_PER_STAGE [STEPS [REPEAT]]]]   (defaults 8 4 8 1)
 # Environment: BUILD (build directory holding apps/colossal-pretrain;
 # default: the directory this is run from), MPIEXEC (default mpiexec; may carry options, e.g.
-# "mpiexec --bind-to none"),
-# BENCH_ARGS (extra colossal-pretrain flags).
+# "mpiexec --bind-to none"), SCHEDULES (default "1f1b interleaved gpipe zb-h1 zb-v"),
+# D_MODEL (default 512; 64 per head), BENCH_ARGS (extra colossal-pretrain flags).
 set -e
 m=${1:-8}
 per=${2:-4}
-steps=${3:-6}
+steps=${3:-8}
+repeat=${4:-1}
+d=${D_MODEL:-512}
 build=${BUILD:-.}
 bin=$build/apps/colossal-pretrain
 mpiexec=${MPIEXEC:-mpiexec}
@@ -21,22 +37,41 @@ mpiexec=${MPIEXEC:-mpiexec}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/pp-bubble.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
-     "$(getconf _NPROCESSORS_ONLN) cores online, pp=2, $m microbatches, $per layers per virtual stage, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-for sched in 1f1b interleaved gpipe zb-h1 zb-v; do
+tree=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')
+echo "# $(date -u +%Y-%m-%dT%H:%MZ) tree $tree, $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
+     "$(getconf _NPROCESSORS_ONLN) cores online, pp=2, $m microbatches, $per layers of d_model $d per virtual stage, $steps steps"
+printf '%-12s %-5s %9s %22s %26s %10s %8s %13s %6s %5s\n' schedule load textbook "with transfers (us)" "measured (min-max)" \
+    "meas/pred" replay "stages F B" cv steps
+# the value of "key" in the trace's otherData
+other() { sed -n "s/.*\"otherData\".*\"$1\": \([-0-9.e+]*\).*/\1/p" "$2"; }
+for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
     v=1
     case $sched in interleaved | zb-v) v=2 ;; esac
     layers=$((2 * v * per))
-    # shellcheck disable=SC2086
-    $mpiexec -n 2 "$bin" --model.n_layers "$layers" --model.d_model 256 --model.n_heads 4 --train.seq_len 128 \
-        --train.micro_batch 2 --train.grad_accum "$m" --train.steps "$steps" --data.corpus_docs 1500 \
-        --data.corpus_vocab 0 --generate.tokens 0 --optim.warmup_steps 1 --eval.interval 0 --checkpoint.every 0 --log.interval "$steps" \
-        --mesh.pp 2 --pp.schedule "$sched" --pp.trace "$tmp/$sched.json" --run.dir "$tmp/$sched" $BENCH_ARGS \
-        >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
-    line=$(grep '^pipeline trace:' "$tmp/out")
-    meas=$(echo "$line" | sed -n 's/.*bubble \([0-9.]*\)% measured.*/\1/p')
-    pred=$(echo "$line" | sed -n 's/.*, \([0-9.]*\)% by the schedule.*/\1/p')
-    cost=$(echo "$line" | sed -n 's/.*(\([0-9.]*\)% at the measured compute times).*/\1/p')
-    awk -v s="$sched" -v v="$v" -v a="$meas" -v b="$pred" -v c="$cost" 'BEGIN {
-        printf "%-12s v=%d  bubble measured %5.1f%%  predicted %5.1f%%  ratio %.2f (goal within 10%%: 0.90-1.10);  at the measured compute times %5.1f%%  ratio %.2f\n", s, v, a, b, a / b, c, a / c }'
+    i=0
+    while [ "$i" -lt "$repeat" ]; do
+        i=$((i + 1))
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        # shellcheck disable=SC2086
+        $mpiexec -n 2 "$bin" --model.n_layers "$layers" --model.d_model "$d" --model.n_heads $((d / 64)) --train.seq_len 128 \
+            --train.micro_batch 2 --train.grad_accum "$m" --train.steps "$steps" --data.corpus_docs 1500 \
+            --data.corpus_vocab 0 --generate.tokens 0 --optim.warmup_steps 1 --eval.interval 0 --checkpoint.every 0 \
+            --log.interval "$steps" --mesh.pp 2 --pp.schedule "$sched" --pp.trace "$tmp/$sched.json" \
+            --run.dir "$tmp/$sched" $BENCH_ARGS >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+        t="$tmp/$sched.json"
+        awk -v s="$sched" -v load="$load" -v tb="$(other bubble_textbook "$t")" -v ac="$(other bubble_at_costs "$t")" \
+            -v wt="$(other bubble_with_transfers "$t")" -v us="$(other transfer_s "$t")" \
+            -v me="$(other bubble_measured "$t")" -v lo="$(other bubble_measured_min "$t")" \
+            -v hi="$(other bubble_measured_max "$t")" -v rp="$(other bubble_replay "$t")" \
+            -v f0="$(other forward_s_rank0 "$t")" -v f1="$(other forward_s_rank1 "$t")" \
+            -v b0="$(other backward_s_rank0 "$t")" -v b1="$(other backward_s_rank1 "$t")" -v n="$(other steps "$t")" -v cv="$(other compute_cv "$t")" 'BEGIN {
+            # zero-bubble styles: the unit-cost schedule times W as F; their prediction is at the measured costs
+            zb = s ~ /^zb/
+            pred = zb ? ac : wt
+            printf "%-12s %-5s %8.2f%% %9.2f%% %s(%4.0f) %7.2f%% (%5.2f-%5.2f) %6.3f%s %7.2f%% %6.3f %6.3f %5.1f%% %5d\n",
+                s, load, 100 * tb, 100 * pred, zb ? "*" : " ", 1e6 * us, 100 * me, 100 * lo, 100 * hi, me / pred,
+                (me / pred >= 0.9 && me / pred <= 1.1) ? " " : "!", 100 * rp, f1 / f0, b1 / b0, 100 * cv, n }'
+    done
 done
+echo "# *: zero-bubble schedules are predicted at the measured mean forward / input / weight times (no transfer time)"
+echo "# !: measured / predicted outside 0.90-1.10"

@@ -25,8 +25,15 @@
 #include "colossal/schedule.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
+
+/* The traced steps the statistics are taken over (the last ones): enough
+ * for a median that one disturbed step does not move. */
+#define TRACE_KEEP CAI_PP_TRACE_KEEP
 
 typedef struct {
     char *in;   /* chunk input (not the first stage) */
@@ -74,6 +81,10 @@ struct cai_pipeline {
     cai_request_t **recv;
     cai_status *recv_st;
     int n_recv_cap, prepost;
+    /* Host, every rank of the node with processors of its own: a RECV polls
+     * before the watchdog's wait, whose naps cost a long wait 0.2-0.3 ms to
+     * wake from (docs/pipeline.md, "Measured timelines"). */
+    int poll_waits;
     /* Host, every pp rank on this node (CAI_PP_HOST_TRANSPORT=shm): each
      * pair's in and dout live in a node-shared window; a sender copies the
      * tensor straight into its peer's and sends a one-word note (eager: it
@@ -82,13 +93,17 @@ struct cai_pipeline {
     cai_shared_mem_t *window; /* the pairs' receive buffers, every pp rank's mapped here */
     size_t win_stride;        /* one buffer, 64-byte aligned */
     int32_t note_out, *note_in;
-    /* the last step's compute actions (cai_pipeline_trace), times from the step's start */
+    /* Tracing (cai_pipeline_trace): the compute actions of the last
+     * TRACE_KEEP traced steps, one block a step of ev_per events [op, mb,
+     * chunk, start, end] in list order, times on pp rank 0's clock (this
+     * rank's minus clock_off, estimated at each traced step's start). */
     int tracing;
-    double t0;
-    double *ev; /* [op, mb, chunk, start, end] per event */
-    int n_ev, cap_ev;
-    double *steps; /* every traced step: [first start, last end, busy] of this rank */
-    int n_steps, cap_steps;
+    double clock_off;
+    double *ev;
+    double *ev_t0;    /* per block: the step's start (the barrier's exit) */
+    int *ev_n;        /* per block: events recorded */
+    int ev_per;       /* this rank's compute actions a step */
+    int n_steps;      /* traced steps since tracing was turned on or the schedule changed */
     cai_zero_t *zero; /* NULL: the model's own gradients, averaged over dp here */
     /* tie groups split across stages: [parameter, peer stage] */
     int n_ties;
@@ -187,6 +202,24 @@ static cai_status setup_shm(cai_pipeline_t *p) {
     CAI_CALL(st);
     cai_shared_mem_free(probe);
     p->shm = 1;
+    return CAI_OK;
+}
+
+/* Whether a host RECV polls: when this node's ranks, each with its
+ * threads, fit its online processors (a polling rank then takes no
+ * processor a computing one needs). Collective over the mesh's ranks. */
+static cai_status setup_polling(cai_pipeline_t *p) {
+    if (!p->prepost) return CAI_OK;
+    MPI_Comm node = MPI_COMM_NULL;
+    if (MPI_Comm_split_type(cai_mesh_comm(p->mesh, CAI_AXIS_WORLD), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
+        MPI_SUCCESS)
+        return CAI_ERROR(CAI_ERR_MPI, "pipeline: MPI_Comm_split_type (this node's ranks) failed");
+    int ranks = 0;
+    MPI_Comm_size(node, &ranks);
+    MPI_Comm_free(&node);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = p->dev->num_threads > 0 ? p->dev->num_threads : 1;
+    p->poll_waits = cpus > 0 && (long)ranks * threads <= cpus;
     return CAI_OK;
 }
 
@@ -297,6 +330,7 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
      * host messages are preposted and progressed from the hook */
     p->prepost = p->dev->kind == CAI_DEVICE_HOST;
     CAI_CALL_GOTO(setup_shm(p), st, fail);
+    CAI_CALL_GOTO(setup_polling(p), st, fail);
     CAI_CALL_GOTO(cai_model_add_hook(m, progress_hook, p), st, fail);
     *out = p;
     return CAI_OK;
@@ -323,7 +357,8 @@ void cai_pipeline_free(cai_pipeline_t *p) {
         cai_free(p->tie[i].own);
     }
     cai_free(p->ev);
-    free(p->steps);
+    cai_free(p->ev_t0);
+    cai_free(p->ev_n);
     cai_pp_schedule_free(p->sched);
     cai_free(p);
 }
@@ -393,6 +428,25 @@ static cai_status post_recv(cai_pipeline_t *p, const cai_pp_action *a, int i) {
     p->recv_st[i] = CAI_OK;
     if (p->shm) return cai_irecv(p->mesh, CAI_AXIS_PP, &p->note_in[i], 1, CAI_DTYPE_I32, a->peer, tag, &p->recv[i]);
     return cai_irecv(p->mesh, CAI_AXIS_PP, buf + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &p->recv[i]);
+}
+
+/* The wait of receive i. Polling (the processor yielded to whatever else
+ * is runnable on it) notices the data within microseconds; after a second
+ * the watchdog's wait takes over, which reports a peer that never sends. */
+static cai_status wait_recv(cai_pipeline_t *p, int i) {
+    cai_request_t *req = p->recv[i];
+    p->recv[i] = NULL;
+    if (p->poll_waits) {
+        const double t0 = cai_time_now();
+        do {
+            int done = 0;
+            cai_status st = cai_test(req, &done);
+            if (done) return st; /* the request is freed */
+            CAI_CALL(st);
+            sched_yield();
+        } while (cai_time_now() - t0 < 1.0);
+    }
+    return cai_wait(req);
 }
 
 /* SEND action a of this rank's chunk: the tensor (this rank's wire piece)
@@ -483,16 +537,11 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
     cai_model_t *m = p->model;
     const int mb = a->mb, k = mb * p->n_chunks + a->chunk;
     const chunk_info *c = &p->chunk[a->chunk];
-    cai_request_t *req = NULL;
     switch (a->op) {
     case CAI_PP_RECV_ACT:
     case CAI_PP_RECV_GRAD:
         if (!p->prepost) CAI_CALL(post_recv(p, a, i));
-        if (p->recv[i]) { /* else completed by a progress test */
-            req = p->recv[i];
-            p->recv[i] = NULL;
-            p->recv_st[i] = cai_wait(req);
-        }
+        if (p->recv[i]) p->recv_st[i] = wait_recv(p, i); /* else completed by a progress test */
         CAI_CALL(p->recv_st[i]);
         if (p->shm) cai_shared_mem_sync(p->window); /* the peer's copy, noted */
         return join_pieces(p, a);
@@ -589,6 +638,71 @@ static cai_status reduce_ties(cai_pipeline_t *p) {
     return CAI_OK;
 }
 
+static int is_compute(cai_pp_op op) {
+    return op == CAI_PP_FORWARD || op == CAI_PP_BACKWARD || op == CAI_PP_BACKWARD_INPUT || op == CAI_PP_BACKWARD_WEIGHT;
+}
+
+/* This rank's clock minus pp rank 0's, from round trips with rank 0: of a
+ * few, the shortest brackets rank 0's reading most tightly, and the offset is
+ * the reading against the trip's midpoint (within half the trip, a few
+ * microseconds on one node, where both read the same clock). Collective over
+ * pp; no receive of the step may be posted yet (tag 0). */
+static cai_status clock_offset(cai_pipeline_t *p, double *off) {
+    enum { ROUNDS = 8 };
+    *off = 0;
+    for (int r = 1; r < p->spec.pp; r++) {
+        if (p->rank == 0) {
+            double best = INFINITY, o = 0;
+            for (int k = 0; k < ROUNDS; k++) {
+                double t = cai_time_now(), theirs = 0;
+                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, &t, 1, CAI_DTYPE_F64, r, 0));
+                CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, &theirs, 1, CAI_DTYPE_F64, r, 0));
+                const double back = cai_time_now();
+                if (back - t < best) {
+                    best = back - t;
+                    o = theirs - 0.5 * (t + back);
+                }
+            }
+            CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, &o, 1, CAI_DTYPE_F64, r, 0));
+        } else if (p->rank == r) {
+            for (int k = 0; k < ROUNDS; k++) {
+                double t = 0;
+                CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, &t, 1, CAI_DTYPE_F64, 0, 0));
+                t = cai_time_now();
+                CAI_CALL(cai_send(p->mesh, CAI_AXIS_PP, &t, 1, CAI_DTYPE_F64, 0, 0));
+            }
+            CAI_CALL(cai_recv(p->mesh, CAI_AXIS_PP, off, 1, CAI_DTYPE_F64, 0, 0));
+        }
+    }
+    return CAI_OK;
+}
+
+/* A traced step's start: its block of the trace, the clocks compared and a
+ * common start (the barrier). Collective over pp, before any receive of the
+ * step is posted. */
+static cai_status trace_begin(cai_pipeline_t *p, const cai_pp_action *acts, int n, double **block) {
+    int per = 0;
+    for (int i = 0; i < n; i++) per += is_compute(acts[i].op);
+    if (per != p->ev_per || !p->ev) {
+        cai_free(p->ev);
+        p->ev = NULL;
+        p->ev_per = 0;
+        CAI_CALL(cai_malloc((void **)&p->ev, (size_t)TRACE_KEEP * (size_t)(per ? per : 1) * 5 * sizeof(double),
+                            "pipeline trace"));
+        p->ev_per = per;
+        p->n_steps = 0;
+    }
+    if (!p->ev_t0) CAI_CALL(cai_calloc((void **)&p->ev_t0, TRACE_KEEP, sizeof *p->ev_t0, "pipeline trace starts"));
+    if (!p->ev_n) CAI_CALL(cai_calloc((void **)&p->ev_n, TRACE_KEEP, sizeof *p->ev_n, "pipeline trace counts"));
+    CAI_CALL(clock_offset(p, &p->clock_off));
+    CAI_CALL(cai_barrier(p->mesh, CAI_AXIS_PP));
+    const int b = p->n_steps % TRACE_KEEP;
+    p->ev_t0[b] = cai_time_now() - p->clock_off;
+    p->ev_n[b] = 0;
+    *block = p->ev + (size_t)b * (size_t)p->ev_per * 5;
+    return CAI_OK;
+}
+
 cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *tokens, const int32_t *targets, int n_micro,
                                          float grad_scale, double *loss) {
     CAI_CHECK_ARG(p && tokens && targets, "cai_pipeline_forward_backward: NULL argument");
@@ -607,6 +721,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
                              n_micro, p->spec.pp * p->spec.virtual_stages, need, *ub);
         CAI_CALL(cai_pp_schedule_build(&p->spec, &p->sched));
         CAI_CALL(cai_pp_schedule_check(p->sched, NULL, NULL));
+        p->n_steps = 0; /* steps of another schedule are not compared */
         /* A slot between a split backward's passes cannot be given up for a
          * recompute: a rank short of slots would stop mid-step with its
          * peers waiting on it, so every rank learns it here. */
@@ -668,37 +783,26 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         p->n_recv_cap = n;
     }
     for (int i = 0; i < p->n_recv_cap; i++) p->recv[i] = NULL;
+    double *trace = NULL; /* this step's events; NULL when not tracing */
+    if (p->tracing) CAI_CALL(trace_begin(p, acts, n, &trace));
     if (p->prepost)
         for (int i = 0; i < n; i++)
             if (acts[i].op == CAI_PP_RECV_ACT || acts[i].op == CAI_PP_RECV_GRAD) CAI_CALL(post_recv(p, &acts[i], i));
     cai_status st = CAI_OK;
-    if (p->tracing) {
-        /* a common start: the stages' clocks are compared after this barrier */
-        CAI_CALL(cai_barrier(p->mesh, CAI_AXIS_PP));
-        p->t0 = cai_time_now();
-        p->n_ev = 0;
-        if (p->cap_ev < n) {
-            cai_free(p->ev);
-            p->ev = NULL;
-            p->cap_ev = 0;
-            CAI_CALL(cai_malloc((void **)&p->ev, (size_t)n * 5 * sizeof(double), "pipeline trace"));
-            p->cap_ev = n;
-        }
-    }
+    int traced = 0;
     for (int i = 0; i < n && st == CAI_OK; i++) {
-        const int compute = acts[i].op == CAI_PP_FORWARD || acts[i].op == CAI_PP_BACKWARD ||
-                            acts[i].op == CAI_PP_BACKWARD_INPUT || acts[i].op == CAI_PP_BACKWARD_WEIGHT;
-        const double a = p->tracing && compute ? cai_time_now() : 0;
+        const int compute = is_compute(acts[i].op);
+        const double a = trace && compute ? cai_time_now() : 0;
         st = run_action(p, &r, &acts[i], i);
-        if (p->tracing && compute && st == CAI_OK) {
+        if (trace && compute && st == CAI_OK) {
             /* the device's work counts where it ends: wait for it */
             st = cai_device_sync(p->dev);
-            double *e = p->ev + 5 * p->n_ev++;
+            double *e = trace + 5 * traced++;
             e[0] = acts[i].op;
             e[1] = acts[i].mb;
             e[2] = acts[i].chunk;
-            e[3] = a - p->t0;
-            e[4] = cai_time_now() - p->t0;
+            e[3] = a - p->clock_off;
+            e[4] = cai_time_now() - p->clock_off;
         }
         if (st != CAI_OK) {
             char lb[48];
@@ -709,22 +813,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     cai_status fs = finish_sends(p);
     CAI_CALL(st);
     CAI_CALL(fs);
-    if (p->tracing) {
-        if (p->n_steps == p->cap_steps) {
-            const int cap = p->cap_steps ? 2 * p->cap_steps : 16;
-            double *grown = realloc(p->steps, (size_t)cap * 3 * sizeof *grown);
-            if (!grown) return CAI_ERROR(CAI_ERR_NOMEM, "pipeline trace: %d steps", cap);
-            p->steps = grown;
-            p->cap_steps = cap;
-        }
-        double *s = p->steps + 3 * p->n_steps++;
-        s[0] = p->n_ev ? p->ev[3] : 0;
-        s[1] = s[2] = 0;
-        for (int e = 0; e < p->n_ev; e++) {
-            s[1] = fmax(s[1], p->ev[5 * e + 4]);
-            s[2] += p->ev[5 * e + 4] - p->ev[5 * e + 3];
-        }
-    }
+    if (trace) p->ev_n[p->n_steps++ % TRACE_KEEP] = traced;
     CAI_CALL(reduce_ties(p));
     /* the data-parallel replicas of this stage average their gradients */
     if (p->zero) {
@@ -828,36 +917,6 @@ void cai_pipeline_set_trace(cai_pipeline_t *p, int on) {
     p->tracing = on != 0;
 }
 
-/* 1 - busy / (pp x span) summed over the traced steps after the first (the
- * first alone when it is the only one): the first step pays the page
- * faults of buffers touched for the first time. Collective over pp. */
-static cai_status steady_bubble(cai_pipeline_t *p, double *bubble) {
-    const int pp = p->spec.pp, n = p->n_steps;
-    int lo = n, hi = n;
-    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &lo, &lo, 1, CAI_DTYPE_I32, CAI_RED_MIN));
-    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &hi, &hi, 1, CAI_DTYPE_I32, CAI_RED_MAX));
-    if (lo != hi || n == 0)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "pipeline trace: the pp ranks traced %d to %d steps", lo, hi);
-    double *all = NULL;
-    CAI_CALL(cai_calloc((void **)&all, (size_t)pp * (size_t)n * 3, sizeof *all, "pipeline step trace"));
-    cai_status st = cai_all_gather(p->mesh, CAI_AXIS_PP, p->steps, all, (size_t)n * 3, CAI_DTYPE_F64);
-    double busy = 0, span = 0;
-    for (int s = n > 1 ? 1 : 0; st == CAI_OK && s < n; s++) {
-        double first = 0, last = 0;
-        for (int r = 0; r < pp; r++) {
-            const double *e = all + ((size_t)r * n + s) * 3;
-            first = r == 0 || e[0] < first ? e[0] : first;
-            last = fmax(last, e[1]);
-            busy += e[2];
-        }
-        span += (double)pp * (last - first);
-    }
-    cai_free(all);
-    CAI_CALL(st);
-    *bubble = span > 0 ? 1.0 - busy / span : 0.0;
-    return CAI_OK;
-}
-
 int cai_pipeline_traced_steps(const cai_pipeline_t *p) { return p ? p->n_steps : 0; }
 
 const char *cai_pipeline_transport(const cai_pipeline_t *p) {
@@ -866,81 +925,315 @@ const char *cai_pipeline_transport(const cai_pipeline_t *p) {
     return p->dev->kind == CAI_DEVICE_HOST ? "MPI messages" : "device point-to-point";
 }
 
-cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted,
-                              double *predicted_measured) {
-    CAI_CHECK_ARG(p, "cai_pipeline_trace: NULL pipeline");
-    CAI_CHECK_ARG(p->tracing && p->sched, "cai_pipeline_trace: no traced step (cai_pipeline_set_trace, then a step)");
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n) (sorted in place); 0 for none. */
+static double median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Every rank's kept steps: per rank, per kept step in the order they ran,
+ * [start, events, most x 5 event values]. */
+typedef struct {
+    int kept, most, first_steady;
+    size_t vals; /* values a step */
+    double *all;
+} trace_set;
+
+static const double *trace_step(const trace_set *t, int rank, int j) {
+    return t->all + ((size_t)rank * (size_t)t->kept + (size_t)j) * t->vals;
+}
+
+/* Collective over pp. The first traced step pays the page faults of buffers
+ * touched for the first time: it is left out of the statistics while kept
+ * (unless it is the only one). */
+static cai_status trace_gather(cai_pipeline_t *p, trace_set *t) {
+    const int n = p->n_steps;
+    int lo = n, hi = n, most = p->ev_per;
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &lo, &lo, 1, CAI_DTYPE_I32, CAI_RED_MIN));
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &hi, &hi, 1, CAI_DTYPE_I32, CAI_RED_MAX));
+    CAI_CALL(cai_allreduce(p->mesh, CAI_AXIS_PP, &most, &most, 1, CAI_DTYPE_I32, CAI_RED_MAX));
+    if (lo != hi || n == 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "pipeline trace: the pp ranks traced %d to %d steps", lo, hi);
+    t->kept = n < TRACE_KEEP ? n : TRACE_KEEP;
+    t->most = most;
+    t->first_steady = n == t->kept && t->kept > 1;
+    t->vals = 2 + 5 * (size_t)most;
+    const size_t mine = (size_t)t->kept * t->vals;
+    CAI_CALL(cai_calloc((void **)&t->all, mine * (size_t)p->spec.pp, sizeof *t->all, "pipeline step trace"));
+    double *own = t->all + (size_t)p->rank * mine;
+    for (int j = 0; j < t->kept; j++) {
+        const int b = (n - t->kept + j) % TRACE_KEEP;
+        double *d = own + (size_t)j * t->vals;
+        d[0] = p->ev_t0[b];
+        d[1] = p->ev_n[b];
+        memcpy(d + 2, p->ev + (size_t)b * (size_t)p->ev_per * 5, (size_t)p->ev_n[b] * 5 * sizeof(double));
+    }
+    return cai_all_gather(p->mesh, CAI_AXIS_PP, own, t->all, mine, CAI_DTYPE_F64);
+}
+
+/* Scratch for one step's analysis: each rank's action times in list order
+ * (for the replay) and where each (kind, mb, chunk) compute sits in its
+ * events (kind 0 forward, 1 fused backward or input pass). */
+typedef struct {
+    double **dur;
+    double *dur_block;
+    int *at;
+    double *lat; /* waited-for transfers, every step's */
+    int n_lat, cap_lat;
+} step_scratch;
+
+/* Step j: its bubble (1 - busy / (pp x span), span from the first compute's
+ * start to the last one's end over the ranks), the schedule replayed at its
+ * action times, the spread of the ranks' starts, the largest coefficient of
+ * variation of one kind of compute over its actions; the latencies of the
+ * transfers a consumer waited for (its previous action ended before the
+ * producer did: the consumer's start minus the producer's end) go to lat. */
+static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j, step_scratch *w, double out[4]) {
+    const int pp = p->spec.pp, v = p->n_chunks, pairs = p->spec.microbatches * v;
+    const int S = pp * p->spec.virtual_stages;
+    double first = INFINITY, last = -INFINITY, busy = 0, t0lo = INFINITY, t0hi = -INFINITY;
+    double mom[3][3] = {{0}}; /* per kind (forward, backward or input pass, weight pass): n, sum, sum of squares */
+    for (int r = 0; r < pp; r++) {
+        const double *d = trace_step(t, r, j);
+        const int ne = (int)d[1];
+        const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, r);
+        const int len = cai_pp_schedule_len(p->sched, r);
+        t0lo = fmin(t0lo, d[0]);
+        t0hi = fmax(t0hi, d[0]);
+        for (int i = 0; i < 2 * pairs; i++) w->at[r * 2 * pairs + i] = -1;
+        int k = 0, follows = 1;
+        for (int i = 0; i < len && follows; i++) {
+            w->dur[r][i] = 0;
+            if (!is_compute(acts[i].op)) continue;
+            const double *e = d + 2 + 5 * k;
+            follows = k < ne && (int)e[0] == (int)acts[i].op && (int)e[1] == acts[i].mb && (int)e[2] == acts[i].chunk;
+            if (!follows) break;
+            const double dt = e[4] - e[3];
+            const int kind = acts[i].op == CAI_PP_FORWARD ? 0 : acts[i].op == CAI_PP_BACKWARD_WEIGHT ? 2 : 1;
+            mom[kind][0] += 1;
+            mom[kind][1] += dt;
+            mom[kind][2] += dt * dt;
+            w->dur[r][i] = dt;
+            busy += dt;
+            first = fmin(first, e[3]);
+            last = fmax(last, e[4]);
+            if (acts[i].op != CAI_PP_BACKWARD_WEIGHT)
+                w->at[r * 2 * pairs + (acts[i].op != CAI_PP_FORWARD) * pairs + acts[i].mb * v + acts[i].chunk] = k;
+            k++;
+        }
+        if (!follows || k != ne)
+            return CAI_ERROR(CAI_ERR_INTERNAL,
+                             "pipeline trace: rank %d's step recorded %d compute actions that do not follow its list",
+                             r, ne);
+    }
+    out[0] = last > first ? 1.0 - busy / ((double)pp * (last - first)) : 0;
+    cai_pp_stats ps;
+    CAI_CALL(cai_pp_schedule_replay(p->sched, (const double *const *)w->dur, 0, &ps));
+    out[1] = ps.bubble;
+    out[2] = t0hi - t0lo;
+    out[3] = 0;
+    for (int kind = 0; kind < 3; kind++)
+        if (mom[kind][0] > 1 && mom[kind][1] > 0) {
+            const double mean = mom[kind][1] / mom[kind][0];
+            const double var = fmax(0, mom[kind][2] / mom[kind][0] - mean * mean);
+            out[3] = fmax(out[3], sqrt(var) / mean);
+        }
+    for (int r = 0; r < pp; r++) {
+        const double *d = trace_step(t, r, j);
+        for (int k = 0; k < (int)d[1]; k++) {
+            const double *e = d + 2 + 5 * k;
+            const int op = (int)e[0], mb = (int)e[1], chunk = (int)e[2];
+            if (op == CAI_PP_BACKWARD_WEIGHT) continue;
+            const int fwd = op == CAI_PP_FORWARD, stage = cai_pp_stage_of(&p->spec, r, chunk);
+            if (fwd ? stage == 0 : stage == S - 1) continue;
+            int pr = -1, pc = -1;
+            cai_pp_stage_owner(&p->spec, stage + (fwd ? -1 : 1), &pr, &pc);
+            if (pr == r || pr < 0) continue; /* handed over in memory */
+            const int pk = w->at[pr * 2 * pairs + !fwd * pairs + mb * v + pc];
+            if (pk < 0) continue;
+            const double made = trace_step(t, pr, j)[2 + 5 * pk + 4];
+            const double ready = k ? d[2 + 5 * (k - 1) + 4] : d[0];
+            if (made < ready) continue; /* it was there before the consumer could use it */
+            if (w->n_lat == w->cap_lat) {
+                const int cap = w->cap_lat ? 2 * w->cap_lat : 256;
+                double *grown = realloc(w->lat, (size_t)cap * sizeof *grown);
+                if (!grown) return CAI_ERROR(CAI_ERR_NOMEM, "pipeline trace: %d transfer latencies", cap);
+                w->lat = grown;
+                w->cap_lat = cap;
+            }
+            w->lat[w->n_lat++] = e[3] - made;
+        }
+    }
+    return CAI_OK;
+}
+
+/* Pp rank 0 writes the kept steps' compute actions (times from the first
+ * one's start) and the statistics as the trace's otherData. */
+static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char *path, const cai_pp_trace_stats *s,
+                              const double *rank_fb) {
     const int pp = p->spec.pp;
-    int *counts = NULL;
-    double *all = NULL;
+    size_t total = 0;
+    double t0 = INFINITY;
+    for (int r = 0; r < pp; r++)
+        for (int j = 0; j < t->kept; j++) {
+            const double *d = trace_step(t, r, j);
+            total += (size_t)d[1];
+            if (j == 0 && d[1] > 0) t0 = fmin(t0, d[2 + 3]);
+        }
     cai_pp_trace_event *evs = NULL;
     char(*names)[32] = NULL;
     cai_status st = CAI_OK;
-    CAI_CALL_GOTO(cai_calloc((void **)&counts, (size_t)pp, sizeof *counts, "pipeline trace counts"), st, done);
-    int mine = p->n_ev;
-    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, &mine, counts, 1, CAI_DTYPE_I32), st, done);
-    int most = 0, total = 0;
-    for (int r = 0; r < pp; r++) {
-        most = counts[r] > most ? counts[r] : most;
-        total += counts[r];
-    }
-    /* equal blocks of the longest list; the padding is never read */
-    CAI_CALL_GOTO(cai_calloc((void **)&all, (size_t)pp * (size_t)most * 5 + 5, sizeof *all, "pipeline trace"), st,
-                  done);
-    memcpy(all + (size_t)p->rank * most * 5, p->ev, (size_t)p->n_ev * 5 * sizeof(double));
-    CAI_CALL_GOTO(cai_all_gather(p->mesh, CAI_AXIS_PP, all + (size_t)p->rank * most * 5, all, (size_t)most * 5,
-                                 CAI_DTYPE_F64),
-                  st, done);
-    CAI_CALL_GOTO(cai_calloc((void **)&evs, (size_t)total + 1, sizeof *evs, "pipeline trace events"), st, done);
-    CAI_CALL_GOTO(cai_calloc((void **)&names, (size_t)total + 1, sizeof *names, "pipeline trace names"), st, done);
-    int k = 0;
-    double sum[CAI_PP_OP_COUNT] = {0}, n_op[CAI_PP_OP_COUNT] = {0};
+    CAI_CALL_GOTO(cai_calloc((void **)&evs, total + 1, sizeof *evs, "pipeline trace events"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&names, total + 1, sizeof *names, "pipeline trace names"), st, done);
+    size_t k = 0;
     for (int r = 0; r < pp; r++)
-        for (int i = 0; i < counts[r]; i++, k++) {
-            const double *e = all + ((size_t)r * most + i) * 5;
-            const int op = (int)e[0];
-            if (op >= 0 && op < CAI_PP_OP_COUNT) {
-                sum[op] += e[4] - e[3];
-                n_op[op] += 1;
+        for (int j = 0; j < t->kept; j++) {
+            const double *d = trace_step(t, r, j);
+            for (int i = 0; i < (int)d[1]; i++, k++) {
+                const double *e = d + 2 + 5 * i;
+                const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = (int)e[2], .peer = -1};
+                cai_pp_action_label(&a, p->n_chunks, names[k], sizeof names[k]);
+                evs[k] = (cai_pp_trace_event){.rank = r,
+                                              .name = names[k],
+                                              .cat = "compute",
+                                              .start = e[3] - t0,
+                                              .end = e[4] - t0,
+                                              .mb = a.mb,
+                                              .chunk = p->n_chunks > 1 ? a.chunk : -1};
             }
-            const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = (int)e[2], .peer = -1};
-            cai_pp_action_label(&a, p->n_chunks, names[k], sizeof names[k]);
-            evs[k] = (cai_pp_trace_event){.rank = r,
-                                          .name = names[k],
-                                          .cat = "compute",
-                                          .start = e[3],
-                                          .end = e[4],
-                                          .mb = a.mb,
-                                          .chunk = p->n_chunks > 1 ? a.chunk : -1};
         }
-    double bubble = 0;
-    CAI_CALL_GOTO(steady_bubble(p, &bubble), st, done);
-    if (measured) *measured = bubble;
-    if (predicted) {
-        cai_pp_stats ps;
-        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, NULL, &ps), st, done);
-        *predicted = ps.bubble;
+    enum { PER_RANK = 16 };
+    char keys[2 * PER_RANK][24];
+    cai_pp_trace_meta meta[15 + 2 * PER_RANK] = {
+        {"steps", s->steps},
+        {"bubble_measured", s->measured},
+        {"bubble_measured_min", s->measured_min},
+        {"bubble_measured_max", s->measured_max},
+        {"bubble_textbook", s->textbook},
+        {"bubble_at_costs", s->at_costs},
+        {"bubble_with_transfers", s->with_transfers},
+        {"bubble_replay", s->replay},
+        {"transfer_s", s->transfer},
+        {"transfers", s->transfers},
+        {"start_spread_s", s->start_spread},
+        {"compute_cv", s->compute_cv},
+        {"forward_s", s->f},
+        {"backward_s", s->b},
+        {"weight_s", s->w},
+    };
+    size_t nm = 15;
+    for (int r = 0; r < pp && r < PER_RANK; r++) {
+        snprintf(keys[2 * r], sizeof keys[0], "forward_s_rank%d", r);
+        snprintf(keys[2 * r + 1], sizeof keys[0], "backward_s_rank%d", r);
+        meta[nm++] = (cai_pp_trace_meta){keys[2 * r], rank_fb[2 * r]};
+        meta[nm++] = (cai_pp_trace_meta){keys[2 * r + 1], rank_fb[2 * r + 1]};
     }
-    if (predicted_measured) {
-        /* the schedule at the step's mean compute times (a fused backward
-         * costs b + w), no transfer time: what the executor adds is the gap */
-#define MEAN(op) (n_op[op] > 0 ? sum[op] / n_op[op] : 0.0)
-        cai_pp_costs c = {.f = MEAN(CAI_PP_FORWARD),
-                          .b = n_op[CAI_PP_BACKWARD] > 0 ? MEAN(CAI_PP_BACKWARD) : MEAN(CAI_PP_BACKWARD_INPUT),
-                          .w = MEAN(CAI_PP_BACKWARD_WEIGHT),
-                          .comm = 0};
-#undef MEAN
-        cai_pp_stats ps;
-        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, c.f > 0 ? &c : NULL, &ps), st, done);
-        *predicted_measured = ps.bubble;
-    }
-    if (path && p->rank == 0) CAI_CALL_GOTO(cai_pp_write_chrome_trace(path, evs, (size_t)total), st, done);
+    st = cai_pp_write_chrome_trace_meta(path, evs, total, meta, nm);
 done:
-    cai_free(counts);
-    cai_free(all);
     cai_free(evs);
     cai_free(names);
     return st;
+}
+
+cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_trace_stats *out) {
+    CAI_CHECK_ARG(p && out, "cai_pipeline_trace_stats: NULL argument");
+    CAI_CHECK_ARG(p->tracing && p->sched,
+                  "cai_pipeline_trace_stats: no traced step (cai_pipeline_set_trace, then a step)");
+    memset(out, 0, sizeof *out);
+    const int pp = p->spec.pp, pairs = p->spec.microbatches * p->n_chunks;
+    trace_set t = {0};
+    step_scratch w = {0};
+    double *per_step = NULL, *rank_fb = NULL;
+    size_t lens = 0;
+    cai_status st = CAI_OK;
+    CAI_CALL_GOTO(trace_gather(p, &t), st, done);
+    for (int r = 0; r < pp; r++) lens += (size_t)cai_pp_schedule_len(p->sched, r);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.dur, (size_t)pp, sizeof *w.dur, "trace replay"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.dur_block, lens + 1, sizeof *w.dur_block, "trace replay"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.at, (size_t)pp * 2 * (size_t)pairs + 1, sizeof *w.at, "trace index"), st,
+                  done);
+    for (int r = 0, at = 0; r < pp; at += cai_pp_schedule_len(p->sched, r), r++) w.dur[r] = w.dur_block + at;
+    const int steady = t.kept - t.first_steady;
+    CAI_CALL_GOTO(cai_calloc((void **)&per_step, 4 * (size_t)steady + 4, sizeof *per_step, "trace steps"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&rank_fb, 4 * (size_t)pp, sizeof *rank_fb, "trace per rank"), st, done);
+    double sum[CAI_PP_OP_COUNT] = {0}, n_op[CAI_PP_OP_COUNT] = {0};
+    for (int j = t.first_steady; j < t.kept; j++) {
+        double one[4] = {0, 0, 0, 0};
+        CAI_CALL_GOTO(trace_step_stats(p, &t, j, &w, one), st, done);
+        const int i = j - t.first_steady;
+        per_step[i] = one[0];
+        per_step[steady + i] = one[1];
+        per_step[2 * steady + i] = one[2];
+        per_step[3 * steady + i] = one[3];
+        for (int r = 0; r < pp; r++) {
+            const double *d = trace_step(&t, r, j);
+            for (int k = 0; k < (int)d[1]; k++) {
+                const double *e = d + 2 + 5 * k, dt = e[4] - e[3];
+                const int op = (int)e[0];
+                sum[op] += dt;
+                n_op[op] += 1;
+                if (op == CAI_PP_BACKWARD_WEIGHT) continue;
+                const int bwd = op != CAI_PP_FORWARD;
+                rank_fb[2 * r + bwd] += dt;
+                rank_fb[2 * pp + 2 * r + bwd] += 1;
+            }
+        }
+    }
+    for (int i = 0; i < 2 * pp; i++) rank_fb[i] = rank_fb[2 * pp + i] > 0 ? rank_fb[i] / rank_fb[2 * pp + i] : 0;
+    out->steps = steady;
+    out->measured = median(per_step, steady); /* sorts: min and max are the ends */
+    out->measured_min = per_step[0];
+    out->measured_max = per_step[steady > 0 ? steady - 1 : 0];
+    out->replay = median(per_step + steady, steady);
+    out->start_spread = median(per_step + 2 * steady, steady);
+    out->compute_cv = median(per_step + 3 * steady, steady);
+    out->transfers = w.n_lat;
+    out->transfer = median(w.lat, w.n_lat);
+#define MEAN(op) (n_op[op] > 0 ? sum[op] / n_op[op] : 0.0)
+    out->f = MEAN(CAI_PP_FORWARD);
+    out->b = n_op[CAI_PP_BACKWARD] > 0 ? MEAN(CAI_PP_BACKWARD) : MEAN(CAI_PP_BACKWARD_INPUT);
+    out->w = MEAN(CAI_PP_BACKWARD_WEIGHT);
+#undef MEAN
+    cai_pp_stats ps;
+    CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, NULL, &ps), st, done);
+    out->textbook = ps.bubble;
+    out->at_costs = out->with_transfers = ps.bubble;
+    if (out->f > 0 && out->b > 0) {
+        /* the schedule at the mean compute times of equal stages, without and
+         * with the measured transfer time (a fused backward costs b + w) */
+        cai_pp_costs c = {.f = out->f, .b = out->b, .w = out->w, .comm = 0};
+        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, &c, &ps), st, done);
+        out->at_costs = ps.bubble;
+        c.comm = out->transfer > 0 ? out->transfer : 0;
+        CAI_CALL_GOTO(cai_pp_schedule_check(p->sched, &c, &ps), st, done);
+        out->with_transfers = ps.bubble;
+    }
+    if (path && p->rank == 0) CAI_CALL_GOTO(trace_write(p, &t, path, out, rank_fb), st, done);
+done:
+    cai_free(t.all);
+    cai_free(w.dur);
+    cai_free(w.dur_block);
+    cai_free(w.at);
+    free(w.lat);
+    cai_free(per_step);
+    cai_free(rank_fb);
+    return st;
+}
+
+cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted,
+                              double *predicted_measured) {
+    cai_pp_trace_stats s;
+    CAI_CALL(cai_pipeline_trace_stats(p, path, &s));
+    if (measured) *measured = s.measured;
+    if (predicted) *predicted = s.textbook;
+    if (predicted_measured) *predicted_measured = s.at_costs;
+    return CAI_OK;
 }
 
 cai_mesh_t *cai_pipeline_mesh(const cai_pipeline_t *p) { return p->mesh; }

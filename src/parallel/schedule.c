@@ -711,10 +711,11 @@ static double duration(const cai_pp_costs *c, cai_pp_op op) {
 }
 
 /* Run the lists with event times. A message's arrival time is kept per
- * (direction, mb, receiving stage); -1 until it is sent. start/end (NULL or
- * one entry per action of s->block) receive each action's times. */
-static cai_status simulate(const cai_pp_schedule *s, const cai_pp_costs *c, double *start, double *end,
-                           cai_pp_stats *st) {
+ * (direction, mb, receiving stage); -1 until it is sent. dur (NULL: by op
+ * from c) gives each compute action its own time. start/end (NULL or one
+ * entry per action of s->block) receive each action's times. */
+static cai_status simulate(const cai_pp_schedule *s, const cai_pp_costs *c, const double *const *dur, double *start,
+                           double *end, cai_pp_stats *st) {
     const cai_pp_spec *sp = &s->spec;
     const int p = sp->pp, S = p * sp->virtual_stages, m = sp->microbatches;
     double *arrive = NULL, *clock = NULL, *last = NULL;
@@ -745,7 +746,7 @@ static cai_status simulate(const cai_pp_schedule *s, const cai_pp_costs *c, doub
                 }
                 if (start) start[at] = clock[r];
                 if (is_compute(a->op)) {
-                    const double d = duration(c, a->op);
+                    const double d = dur ? dur[r][pc[r]] : duration(c, a->op);
                     clock[r] += d;
                     busy += d;
                     last[r] = clock[r];
@@ -821,13 +822,31 @@ static cai_status check_and_run(const cai_pp_schedule *s, const cai_pp_costs *co
     CAI_CALL(cai_pp_spec_validate(&s->spec));
     CAI_CALL(costs_of(costs, c));
     CAI_CALL(check_lists(s));
-    CAI_CALL(simulate(s, c, start, end, out));
+    CAI_CALL(simulate(s, c, NULL, start, end, out));
     return CAI_OK;
 }
 
 cai_status cai_pp_schedule_check(const cai_pp_schedule *s, const cai_pp_costs *costs, cai_pp_stats *out) {
     cai_pp_costs c;
     CAI_CALL(check_and_run(s, costs, &c, NULL, NULL, out));
+    return CAI_OK;
+}
+
+cai_status cai_pp_schedule_replay(const cai_pp_schedule *s, const double *const *dur, double comm, cai_pp_stats *out) {
+    CAI_CHECK_ARG(s && dur, "cai_pp_schedule_replay: NULL argument");
+    const cai_pp_costs c = {1, 1, 1, comm};
+    cai_pp_costs checked;
+    CAI_CALL(cai_pp_spec_validate(&s->spec));
+    CAI_CALL(costs_of(&c, &checked));
+    for (int r = 0; r < s->spec.pp; r++)
+        for (int i = 0; i < s->len[r]; i++)
+            if (is_compute(s->list[r][i].op) && !(isfinite(dur[r][i]) && dur[r][i] >= 0))
+                return BAD(
+                    "pipeline replay: rank %d action %d (%s mb %d chunk %d) lasts %g; durations must be finite "
+                    "and >= 0",
+                    r, i, cai_pp_op_name(s->list[r][i].op), s->list[r][i].mb, s->list[r][i].chunk, dur[r][i]);
+    CAI_CALL(check_lists(s));
+    CAI_CALL(simulate(s, &checked, dur, NULL, NULL, out));
     return CAI_OK;
 }
 
@@ -994,7 +1013,16 @@ static void json_string(FILE *f, const char *s) {
 }
 
 cai_status cai_pp_write_chrome_trace(const char *path, const cai_pp_trace_event *ev, size_t n) {
-    CAI_CHECK_ARG(path && (ev || n == 0), "cai_pp_write_chrome_trace: NULL path or events");
+    return cai_pp_write_chrome_trace_meta(path, ev, n, NULL, 0);
+}
+
+cai_status cai_pp_write_chrome_trace_meta(const char *path, const cai_pp_trace_event *ev, size_t n,
+                                          const cai_pp_trace_meta *meta, size_t n_meta) {
+    CAI_CHECK_ARG(path && (ev || n == 0) && (meta || n_meta == 0), "cai_pp_write_chrome_trace: NULL path or events");
+    for (size_t i = 0; i < n_meta; i++)
+        CAI_CHECK_ARG(meta[i].key && isfinite(meta[i].value),
+                      "trace metadata %zu (%s): needs a key and a finite value (got %g)", i,
+                      meta[i].key ? meta[i].key : "NULL", meta[i].value);
     int ranks = 0;
     for (size_t i = 0; i < n; i++) {
         const cai_pp_trace_event *e = &ev[i];
@@ -1041,7 +1069,17 @@ cai_status cai_pp_write_chrome_trace(const char *path, const cai_pp_trace_event 
         if (e->chunk >= 0) fprintf(f, "%s\"chunk\": %d", e->mb >= 0 ? ", " : "", e->chunk);
         fprintf(f, "}}");
     }
-    fprintf(f, "\n]}\n");
+    fprintf(f, "\n]");
+    if (n_meta) {
+        fprintf(f, ",\n\"otherData\": {");
+        for (size_t i = 0; i < n_meta; i++) {
+            fprintf(f, "%s", i ? ", " : "");
+            json_string(f, meta[i].key);
+            fprintf(f, ": %.9g", meta[i].value);
+        }
+        fprintf(f, "}");
+    }
+    fprintf(f, "}\n");
     const int bad = ferror(f);
     if (fclose(f) != 0 || bad) st = CAI_ERROR(CAI_ERR_IO, "writing the trace %s failed: %s", tmp, strerror(errno));
     else if (rename(tmp, path) != 0)

@@ -17,15 +17,24 @@ STEPS="--train.steps 12 --eval.interval 6 --log.interval 6"
 # check_trace FILE KINDS CHUNKS: a 2-stage trace of 4 microbatches holds one
 # event of each compute kind (F, B, W) per microbatch, chunk and stage
 check_trace() {
-    python3 - "$1" "$2" "$3" <<'PY' || fail "$1 is not the last step's compute actions ($2 x 4 microbatches x $3 chunks x 2 stages)"
+    python3 - "$1" "$2" "$3" <<'PY' || fail "$1 is not 12 steps' compute actions ($2 x 4 microbatches x $3 chunks x 2 stages) with the statistics"
 import json, sys
-ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
+trace = json.load(open(sys.argv[1]))
+ev = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
 kinds, chunks = sys.argv[2], int(sys.argv[3])
 names = sorted((e["tid"], e["name"]) for e in ev)
 want = sorted((r, f"{k}{m}" + (f".{c}" if chunks > 1 else "")) for r in range(2) for k in kinds for m in range(4)
-              for c in range(chunks))
+              for c in range(chunks) for step in range(12))
 assert names == want, names
 assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
+# the steps follow one another on each rank
+for r in range(2):
+    mine = sorted((e for e in ev if e["tid"] == r), key=lambda e: e["ts"])
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(mine, mine[1:]))
+other = trace["otherData"]
+assert other["steps"] == 11 and other["transfers"] >= 11, other
+assert other["bubble_measured_min"] <= other["bubble_measured"] <= other["bubble_measured_max"], other
+assert 0 <= other["bubble_replay"] < 1 and other["forward_s_rank1"] > 0 and other["backward_s_rank0"] > 0, other
 PY
 }
 # shellcheck disable=SC2086
@@ -45,7 +54,7 @@ expect_grep out "^pipeline: 1f1b .*; boundaries over MPI messages$"
 # shellcheck disable=SC2086
 run_np 2 $TINY $PP $STEPS --mesh.pp 2 --pp.schedule gpipe --run.dir "$TMP/c" --pp.trace "$TMP/c.json"
 expect_ok
-expect_grep out "^pipeline trace: $TMP/c.json \(the last step's timeline\): bubble [0-9.]+% measured over 11 steps after the first, 20.0% by the schedule \([0-9.]+% at the measured compute times\)$"
+expect_grep out "^pipeline trace: $TMP/c.json \(the last 12 steps\): bubble [0-9.]+% measured \(median of 11 steps after the first\), 20.0% by the schedule \([0-9.]+% at the measured compute times, [0-9.]+% with the measured transfers of [0-9]+ us; [0-9.]+% replayed at each action's time\)$"
 # the measured timeline: one forward and one backward per microbatch and stage, in Chrome's format
 check_trace "$TMP/c.json" FB 1
 # shellcheck disable=SC2086

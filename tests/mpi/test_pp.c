@@ -163,6 +163,23 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
                        predicted, formula);
         goto done;
     }
+    /* the statistics behind them: every step after the first, the medians
+     * within their range, a transfer waited for somewhere (the last stage
+     * waits for its first input), the ranks' clocks on one node agreeing */
+    cai_pp_trace_stats ts;
+    CAI_CALL_GOTO(cai_pipeline_trace_stats(pipe, NULL, &ts), st, done);
+    if (ts.steps != (row->steps > 1 ? row->steps - 1 : 1) || ts.measured != measured || ts.textbook != predicted ||
+        ts.at_costs != at_costs || !(ts.measured_min <= ts.measured && ts.measured <= ts.measured_max) ||
+        !(ts.replay >= 0 && ts.replay < 1) || !(ts.with_transfers >= ts.at_costs - 1e-12) || ts.transfers < 1 ||
+        !(ts.transfer >= 0 && ts.transfer < 1) || !(ts.start_spread >= 0 && ts.start_spread < 0.1) || !(ts.f > 0) ||
+        !(ts.b > 0) || (mo.split_backward && !(ts.w > 0)) || !(ts.compute_cv >= 0 && ts.compute_cv < 10)) {
+        st = CAI_ERROR(CAI_ERR_INTERNAL,
+                       "trace statistics: %d steps (%d run), measured %g in [%g, %g], replay %g, at costs %g, with "
+                       "transfers %g, %d transfers of %g s, start spread %g s, f %g b %g w %g",
+                       ts.steps, row->steps, ts.measured, ts.measured_min, ts.measured_max, ts.replay, ts.at_costs,
+                       ts.with_transfers, ts.transfers, ts.transfer, ts.start_spread, ts.f, ts.b, ts.w);
+        goto done;
+    }
     /* the parameters this stage holds against the reference's */
     const cai_registry_t *reg = cai_model_registry(m);
     for (int i = 0; i < cai_registry_count(reg); i++) {

@@ -521,6 +521,57 @@ START_TEST(communication_time_counts) {
 }
 END_TEST
 
+/* Each action's own time: on equal times the replay is the check's
+ * simulation; on a hand-timed 1f1b of one microbatch the makespan is the
+ * chain F(rank 0) F B (rank 1) B(rank 0) plus its two messages. */
+START_TEST(replay_takes_each_action_time) {
+    cai_pp_schedule *s = built(CAI_PP_INTERLEAVED, 4, 2, 8);
+    double *block = NULL, *dur[4];
+    size_t total = 0;
+    for (int r = 0; r < 4; r++) total += (size_t)cai_pp_schedule_len(s, r);
+    block = calloc(total, sizeof *block);
+    ck_assert_ptr_nonnull(block);
+    for (int r = 0, at = 0; r < 4; at += cai_pp_schedule_len(s, r), r++) {
+        dur[r] = block + at;
+        const cai_pp_action *a = cai_pp_schedule_actions(s, r);
+        for (int i = 0; i < cai_pp_schedule_len(s, r); i++)
+            dur[r][i] = a[i].op == CAI_PP_FORWARD ? 0.5 : a[i].op == CAI_PP_BACKWARD ? 1.0 : -7; /* messages: unread */
+    }
+    const cai_pp_costs c = {0.5, 1.0, 0, 0.125};
+    cai_pp_stats want, got;
+    OK(cai_pp_schedule_check(s, &c, &want));
+    OK(cai_pp_schedule_replay(s, (const double *const *)dur, 0.125, &got));
+    ck_assert_double_eq_tol(got.makespan, want.makespan, 1e-12);
+    ck_assert_double_eq_tol(got.bubble, want.bubble, 1e-12);
+    int k = 0; /* rank 2's first forward (a receive comes first) */
+    while (cai_pp_schedule_actions(s, 2)[k].op != CAI_PP_FORWARD) k++;
+    dur[2][k] = -1;
+    char where[32];
+    snprintf(where, sizeof where, "rank 2 action %d", k);
+    REFUSED(cai_pp_schedule_replay(s, (const double *const *)dur, 0, &got), CAI_ERR_INVALID_ARG, where, "lasts -1");
+    dur[2][k] = 0.5;
+    REFUSED(cai_pp_schedule_replay(s, (const double *const *)dur, -1, &got), CAI_ERR_INVALID_ARG, "comm=-1");
+    free(block);
+    cai_pp_schedule_free(s);
+
+    s = built(CAI_PP_1F1B, 2, 1, 1);
+    double d0[8] = {0}, d1[8] = {0};
+    const double *d[2] = {d0, d1};
+    for (int r = 0; r < 2; r++) {
+        const cai_pp_action *a = cai_pp_schedule_actions(s, r);
+        for (int i = 0; i < cai_pp_schedule_len(s, r); i++) {
+            double *x = r ? d1 : d0;
+            if (a[i].op == CAI_PP_FORWARD) x[i] = r ? 1.5 : 1;
+            if (a[i].op == CAI_PP_BACKWARD) x[i] = r ? 3 : 2;
+        }
+    }
+    OK(cai_pp_schedule_replay(s, d, 0.25, &got));
+    ck_assert_double_eq_tol(got.makespan, 1 + 1.5 + 3 + 2 + 2 * 0.25, 1e-12);
+    ck_assert_double_eq_tol(got.bubble, 1 - 7.5 / (2 * 8.0), 1e-12);
+    cai_pp_schedule_free(s);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ output */
 
 START_TEST(timeline_states_the_numbers) {
@@ -602,6 +653,19 @@ START_TEST(chrome_trace_is_json) {
     REFUSED(cai_pp_write_chrome_trace(path, e, 2), CAI_ERR_INVALID_ARG, "end >= start");
     e[1].end = 2e-6;
     REFUSED(cai_pp_write_chrome_trace("/nonexistent-dir/trace.json", e, 2), CAI_ERR_IO, "/nonexistent-dir/trace.json");
+
+    /* Numbers about the run go to otherData; a value that is not finite is refused. */
+    cai_pp_trace_meta meta[2] = {{"bubble_measured", 0.125}, {"steps", 7}};
+    OK(cai_pp_write_chrome_trace_meta(path, e, 2, meta, 2));
+    root = json_load_file(path, 0, &err);
+    ck_assert_msg(root, "trace is not JSON: %s", err.text);
+    json_t *other = json_object_get(root, "otherData");
+    ck_assert_double_eq(json_number_value(json_object_get(other, "bubble_measured")), 0.125);
+    ck_assert_double_eq(json_number_value(json_object_get(other, "steps")), 7);
+    ck_assert_int_eq((int)json_array_size(json_object_get(root, "traceEvents")), 2 + 1 + 2);
+    json_decref(root);
+    meta[1].value = NAN;
+    REFUSED(cai_pp_write_chrome_trace_meta(path, e, 2, meta, 2), CAI_ERR_INVALID_ARG, "metadata 1 (steps)");
     unlink(path);
 }
 END_TEST
@@ -634,6 +698,7 @@ int main(void) {
     tcase_add_test(tc, zero_bubble_beats_1f1b);
     tcase_add_test(tc, check_refuses_broken_lists);
     tcase_add_test(tc, communication_time_counts);
+    tcase_add_test(tc, replay_takes_each_action_time);
     tcase_add_test(tc, timeline_states_the_numbers);
     tcase_add_test(tc, chrome_trace_is_json);
     tcase_add_test(tc, labels_and_tags);

@@ -427,17 +427,44 @@ cai_status cai_pipeline_eval(cai_pipeline_t *p, const int32_t *tokens, const int
  * with their start and end (the device synchronised after each, which
  * costs the overlap it would have had). Not collective. */
 void cai_pipeline_set_trace(cai_pipeline_t *p, int on);
-/* *measured = 1 - busy / (pp x span) of every stage's actions (stage
- * clocks aligned by a barrier at each step's start), summed over the traced
- * steps after the first (which pays first-touch page faults; the first
- * alone when it is the only one), *predicted = the schedule's simulated
- * bubble at equal unit costs, *predicted_measured = the same at the last
- * step's mean forward, backward (input pass) and weight pass times and no
- * transfer time (any output may be NULL); path (may be NULL): pp rank 0
- * writes the last traced step's Chrome trace (cai_pp_write_chrome_trace's
- * format, one row per stage). Collective over CAI_AXIS_PP. */
+/* cai_pipeline_trace_stats' measured, textbook and at_costs (any output
+ * may be NULL), and its trace file. Collective over CAI_AXIS_PP. */
 cai_status cai_pipeline_trace(cai_pipeline_t *p, const char *path, double *measured, double *predicted,
                               double *predicted_measured);
+/* Traced steps kept for the statistics and the trace file (the last ones). */
+#define CAI_PP_TRACE_KEEP 32
+/* What the traced steps measured (cai_pipeline_trace_stats; seconds and
+ * fractions). The statistics are over the last CAI_PP_TRACE_KEEP traced steps,
+ * the first traced step left out while kept (it pays first-touch page
+ * faults) unless it is the only one; times on pp rank 0's clock (each
+ * rank's offset estimated by round trips at every traced step's start). */
+typedef struct {
+    int steps;           /* steps the statistics are over */
+    double measured;     /* median over the steps of 1 - busy / (pp x span), span from the
+                            first compute's start to the last one's end on any rank */
+    double measured_min; /* the least and the most of them */
+    double measured_max;
+    double textbook;       /* the schedule simulated at unit costs: (p-1)/(m+p-1) for 1f1b */
+    double at_costs;       /* the schedule at the mean forward, backward (input pass) and
+                              weight pass times on every stage, free transfers */
+    double with_transfers; /* the same with every boundary transfer taking `transfer` */
+    double transfer;       /* median time from a producer's end to its consumer's start, over
+                              the transfers the consumer was waiting for */
+    int transfers;         /* how many of those */
+    double replay;         /* median over the steps of the schedule replayed at each action's
+                              own measured time, free transfers: the compute's share of the
+                              bubble; measured - replay is what transfers and waits add */
+    double start_spread;   /* median spread of the ranks' step starts (the barrier's exits) */
+    double compute_cv;     /* median over the steps of the coefficient of variation (standard
+                              deviation / mean) of the forwards', backwards' or weight passes'
+                              times, the largest: how far the run was from equal compute */
+    double f, b, w;        /* mean forward, backward (input pass), weight pass times */
+} cai_pp_trace_stats;
+/* The statistics above, collective over CAI_AXIS_PP; path (may be NULL): pp
+ * rank 0 writes the kept steps' compute actions as a Chrome trace (one row
+ * per stage, times from the first kept step's start) with the statistics,
+ * and each rank's mean forward and backward, in its otherData. */
+cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_trace_stats *out);
 /* Steps traced since cai_pipeline_set_trace turned tracing on. */
 int cai_pipeline_traced_steps(const cai_pipeline_t *p);
 /* How stage boundaries travel: "node-shared memory" (host, every pp rank on

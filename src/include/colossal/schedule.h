@@ -193,6 +193,13 @@ typedef struct {
  * rank waits. On success fills *out (when not NULL). */
 cai_status cai_pp_schedule_check(const cai_pp_schedule *s, const cai_pp_costs *costs, cai_pp_stats *out);
 
+/* Simulate `s` (checked as cai_pp_schedule_check) with every compute action
+ * taking its own time: dur[r][i] for action i of rank r's list (the entries
+ * of messages are not read), each message arriving comm after its SEND. A
+ * measured run replayed on its own action times: what the schedule makes of
+ * that run's compute alone, without the executor's transfers and waits. */
+cai_status cai_pp_schedule_replay(const cai_pp_schedule *s, const double *const *dur, double comm, cai_pp_stats *out);
+
 /* The textbook bubble fraction of the spec when one exists — gpipe and 1f1b
  * (p-1)/(m+p-1), interleaved (p-1)/(v*m+p-1) — for equal stages, per-chunk
  * costs f = F/v and b + w = B/v and no communication time; returns 1 and
@@ -226,6 +233,16 @@ typedef struct {
  * CAI_ERR_INVALID_ARG for a negative rank, a NULL name, or times that are
  * not finite or end before they start; CAI_ERR_IO when writing fails. */
 cai_status cai_pp_write_chrome_trace(const char *path, const cai_pp_trace_event *events, size_t n);
+/* A named number for a trace's "otherData" object (what a reader of the
+ * file needs besides the events, e.g. the bubble it was measured at). */
+typedef struct {
+    const char *key;
+    double value; /* finite */
+} cai_pp_trace_meta;
+/* cai_pp_write_chrome_trace with an "otherData" object of n_meta numbers
+ * after the events (none when n_meta is 0). */
+cai_status cai_pp_write_chrome_trace_meta(const char *path, const cai_pp_trace_event *events, size_t n,
+                                          const cai_pp_trace_meta *meta, size_t n_meta);
 /* The simulated run of `s` under `costs` (as cai_pp_schedule_check) as a
  * Chrome trace of its compute actions, cost units taken as seconds. */
 cai_status cai_pp_schedule_write_chrome_trace(const cai_pp_schedule *s, const cai_pp_costs *costs, const char *path);
