@@ -9,9 +9,12 @@
  * each row holds one conversation, padded (or, with data.packing, several
  * with their own positions and attention), with targets only on the
  * assistant's tokens (CAI_IGNORE_INDEX elsewhere). Epochs shuffle the rows
- * deterministically. The training engine is colossal-pretrain's
- * (train_common.h) and the run module does the rest of the job (signals,
- * memory plan, checkpoints and resume, metrics.jsonl). See docs/sft.md. */
+ * deterministically. The training engine and its layouts (dp with ZeRO
+ * 0-3 and offload, tp, pp) are colossal-pretrain's (train_common.h): the
+ * source's weights go into the engine's masters, the vocabulary grown by a
+ * template's missing special tokens; the run module does the rest of the
+ * job (signals, memory plan, checkpoints and resume, metrics.jsonl). See
+ * docs/sft.md. */
 #include "cai_config.h"
 
 #include <errno.h>
