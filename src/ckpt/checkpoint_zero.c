@@ -179,6 +179,25 @@ static cai_status ckpt_zero_read(void *ctx, const cai_param_info *param, float *
     return CAI_OK;
 }
 
+/* The masters of this rank's pieces alone, as cai_ckpt_load_zero reads
+ * them, then the working weights. Collective over the mesh's world. */
+static cai_status load_masters(cai_mesh_t *mesh, const char *path, cai_zero_t *zero) {
+    cai_model_t *model = cai_zero_model(zero);
+    zstate s;
+    cai_status st = zstate_init(&s, zero, 0);
+    s.n = 1; /* the masters come first; the moments stay as they are */
+    if (st == CAI_OK) st = cai_device_sync(cai_model_device(model));
+    st = ck_agree(cai_mesh_comm(mesh, CAI_AXIS_WORLD), st);
+    cai_ckpt_layout L = ck_model_layout(model);
+    cai_ckpt_meta m = cai_ckpt_meta_init();
+    if (st == CAI_OK) st = ck_load_checked(mesh, path, &L, s.b, s.pc, s.npc, s.n, cai_model_config_of(model), &m, NULL);
+    zstate_free(&s);
+    cai_ckpt_meta_free(&m);
+    CAI_CALL(st);
+    CAI_CALL(cai_zero_state_loaded(zero));
+    return CAI_OK;
+}
+
 cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_zero_t *zero) {
     CAI_CHECK_ARG(mesh && path && zero, "cai_ckpt_load_zero_weights: NULL argument");
     const cai_model_config *mc = cai_model_config_of(cai_zero_model(zero));
@@ -192,10 +211,16 @@ cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_ze
     if (s.vocab < s.file_vocab)
         st = CAI_ERROR(CAI_ERR_CONFIG, "checkpoint '%s' holds a vocabulary of %lld; this model's %lld is smaller", path,
                        (long long)s.file_vocab, (long long)s.vocab);
+    const int64_t file_rows = cai_model_config_padded_vocab(&m.model);
     /* a larger vocabulary grows; the rest must be the file's */
     m.model.vocab_size = mc->vocab_size;
     m.model.vocab_multiple = mc->vocab_multiple;
     if (st == CAI_OK) st = ck_check_model(path, &m, mc);
+    if (st == CAI_OK && s.file_vocab == s.vocab && file_rows == cai_model_config_padded_vocab(mc)) {
+        /* the same shapes: the resume path's hyperslab reads of this rank's pieces */
+        cai_ckpt_close(s.f);
+        return load_masters(mesh, path, zero);
+    }
     uint64_t most = 0;
     for (int i = 0; i < cai_registry_count(reg); i++)
         if (cai_registry_param(reg, i)->numel > most) most = cai_registry_param(reg, i)->numel;

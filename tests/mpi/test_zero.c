@@ -8,8 +8,8 @@
  * (and the process' resident-set growth within 10%) on a tiny and a small
  * model; masters taken from a source (cai_zero_load_params) hold its values
  * at every stage, with and without offload, and give the same forward;
- * Hugging Face and checkpoint imports into a larger vocabulary (the added
- * rows the mean of the source's) and their refusals. */
+ * Hugging Face and checkpoint imports into the same and a larger vocabulary
+ * (the added rows the mean of the source's) and their refusals. */
 #include "cai_config.h"
 
 #include <math.h>
@@ -685,37 +685,52 @@ START_TEST(imports_grow_the_vocabulary) {
     }
     ck_assert_int_eq(nv, 2); /* embedding and untied head */
     const int cols = 32, V0 = 61, V1 = 70;
-    for (int stage = 0; stage <= 3; stage += 3)
-        for (int from = 0; from < 1 + have_ckpt; from++) {
-            g_vocab = V1;
-            eq_row r = base_row(CAI_MODEL_LLAMA, stage);
-            rig b;
-            rig_up(&b, &r, 1);
-            if (from == 0) {
-                cai_hf_t *h = NULL;
-                CK_CAI(cai_hf_open(&h, dir));
-                CK_CAI(cai_hf_import_zero(h, b.z));
-                cai_hf_close(h);
-            } else {
-                CK_CAI(cai_ckpt_load_zero_weights(b.mesh, ck, b.z));
-            }
-            const cai_registry_t *rb = cai_model_registry(b.m);
-            for (int k = 0; k < nv; k++) {
-                const cai_param_info *p = cai_registry_param(rb, vrows[k]);
-                float *got = malloc(p->numel * sizeof *got);
-                CK_CAI(cai_zero_gather_param(b.z, vrows[k], got));
-                ck_assert(memcmp(got, src[k], (size_t)V0 * cols * sizeof(float)) == 0);
-                for (int c = 0; c < cols; c++) {
-                    double sum = 0;
-                    for (int v = 0; v < V0; v++) sum += src[k][v * cols + c];
-                    for (int v = V0; v < V1; v++)
-                        ck_assert_msg(got[v * cols + c] == (float)(sum / V0), "%s from %s at stage %d: row %d col %d",
-                                      p->name, from ? "a checkpoint" : "Hugging Face", stage, v, c);
+    /* the same vocabulary (a checkpoint: the resume path's piece reads), then a larger one */
+    for (int grow = 0; grow <= 1; grow++)
+        for (int stage = 0; stage <= 3; stage += 3)
+            for (int from = 0; from < 1 + have_ckpt; from++) {
+                g_vocab = grow ? V1 : V0;
+                eq_row r = base_row(CAI_MODEL_LLAMA, stage);
+                rig b;
+                rig_up(&b, &r, 1);
+                if (from == 0) {
+                    cai_hf_t *h = NULL;
+                    CK_CAI(cai_hf_open(&h, dir));
+                    CK_CAI(cai_hf_import_zero(h, b.z));
+                    cai_hf_close(h);
+                } else {
+                    CK_CAI(cai_ckpt_load_zero_weights(b.mesh, ck, b.z));
                 }
-                free(got);
+                const cai_registry_t *rb = cai_model_registry(b.m);
+                for (int i = 0; !grow && i < cai_registry_count(rb); i++) { /* every tensor as saved */
+                    const cai_param_info *p = cai_registry_param(rb, i);
+                    float *want = malloc(p->numel * sizeof *want), *got = malloc(p->numel * sizeof *got);
+                    CK_CAI(cai_zero_gather_param(a.z, i, want));
+                    CK_CAI(cai_zero_gather_param(b.z, i, got));
+                    /* (padding rows past the vocabulary: an import leaves them zero) */
+                    const size_t n = p->spec.vocab_parallel ? (size_t)V0 * cols : p->numel;
+                    ck_assert_msg(memcmp(got, want, n * sizeof *got) == 0, "%s from %s at stage %d", p->name,
+                                  from ? "a checkpoint" : "Hugging Face", stage);
+                    free(want);
+                    free(got);
+                }
+                for (int k = 0; k < nv; k++) {
+                    const cai_param_info *p = cai_registry_param(rb, vrows[k]);
+                    float *got = malloc(p->numel * sizeof *got);
+                    CK_CAI(cai_zero_gather_param(b.z, vrows[k], got));
+                    ck_assert(memcmp(got, src[k], (size_t)V0 * cols * sizeof(float)) == 0);
+                    for (int c = 0; c < cols; c++) {
+                        double sum = 0;
+                        for (int v = 0; v < V0; v++) sum += src[k][v * cols + c];
+                        for (int v = V0; v < g_vocab; v++)
+                            ck_assert_msg(got[v * cols + c] == (float)(sum / V0),
+                                          "%s from %s at stage %d: row %d col %d", p->name,
+                                          from ? "a checkpoint" : "Hugging Face", stage, v, c);
+                    }
+                    free(got);
+                }
+                rig_down(&b);
             }
-            rig_down(&b);
-        }
     /* a smaller vocabulary, another width */
     g_vocab = 50;
     rig c;

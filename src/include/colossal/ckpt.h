@@ -431,11 +431,13 @@ cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *ze
 
 /* The weights of a checkpoint (its masters, or the weights of an f32 run;
  * saved under any layout) into a ZeRO engine's masters (any stage, with or
- * without offload: cai_zero_load_params), moments and step count left at
- * zero, then its working weights: a run starting from another run's
- * weights. The file's architecture must be the model's except for a
- * smaller vocabulary, whose added rows start as the mean of the file's
- * (cai_ckpt_grow_vocab_rows). Collective over the mesh's world. */
+ * without offload), moments and step count left at zero, then its working
+ * weights: a run starting from another run's weights. The file's
+ * architecture must be the model's except for a smaller vocabulary, whose
+ * added rows start as the mean of the file's (cai_ckpt_grow_vocab_rows):
+ * then every tensor is read whole on every rank (cai_zero_load_params);
+ * with the same shapes each rank reads only its pieces, as
+ * cai_ckpt_load_zero does. Collective over the mesh's world. */
 cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_zero_t *zero);
 
 /* ---------------------------------------------------------- directories
