@@ -23,7 +23,9 @@
 # Environment: BUILD (build directory holding apps/colossal-pretrain;
 # default: the directory this is run from), MPIEXEC (default mpiexec; may carry options, e.g.
 # "mpiexec --bind-to none"), SCHEDULES (default "1f1b interleaved gpipe zb-h1 zb-v"),
-# D_MODEL (default 512; 64 per head), BENCH_ARGS (extra colossal-pretrain flags).
+# D_MODEL (default 512; 64 per head), BENCH_ARGS (extra colossal-pretrain flags), QUIET (seconds,
+# default 0: before each run, wait up to that long until no other task has been runnable for 2 s;
+# the "start" column says whether it was: quiet, busy, or - when not asked).
 set -e
 m=${1:-8}
 per=${2:-4}
@@ -40,8 +42,20 @@ trap 'rm -rf "$tmp"' EXIT
 tree=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) tree $tree, $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
      "$(getconf _NPROCESSORS_ONLN) cores online, pp=2, $m microbatches, $per layers of d_model $d per virtual stage, $steps steps"
-printf '%-12s %-5s %9s %22s %26s %10s %8s %13s %6s %5s\n' schedule load textbook "with transfers (us)" "measured (min-max)" \
-    "meas/pred" replay "stages F B" cv steps
+printf '%-12s %-5s %-5s %9s %22s %26s %10s %8s %13s %6s %5s\n' schedule start load textbook "with transfers (us)" \
+    "measured (min-max)" "meas/pred" replay "stages F B" cv steps
+# quiet or busy: whether, within QUIET seconds, no other task was runnable for 2 s (10 samples)
+quiet() {
+    [ "${QUIET:-0}" -gt 0 ] || { echo -; return; }
+    tries=0 calm=0
+    while [ "$calm" -lt 10 ] && [ "$tries" -lt $((QUIET * 5)) ]; do
+        # the reader itself is running
+        if [ "$(sed -n 's/^procs_running //p' /proc/stat)" -le 1 ]; then calm=$((calm + 1)); else calm=0; fi
+        sleep 0.2
+        tries=$((tries + 1))
+    done
+    if [ "$calm" -ge 10 ]; then echo quiet; else echo busy; fi
+}
 # the value of "key" in the trace's otherData
 other() { sed -n "s/.*\"otherData\".*\"$1\": \([-0-9.e+]*\).*/\1/p" "$2"; }
 for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
@@ -51,6 +65,7 @@ for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
     i=0
     while [ "$i" -lt "$repeat" ]; do
         i=$((i + 1))
+        start=$(quiet)
         load=$(cut -d' ' -f1 /proc/loadavg)
         # shellcheck disable=SC2086
         $mpiexec -n 2 "$bin" --model.n_layers "$layers" --model.d_model "$d" --model.n_heads $((d / 64)) --train.seq_len 128 \
@@ -59,7 +74,7 @@ for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
             --log.interval "$steps" --mesh.pp 2 --pp.schedule "$sched" --pp.trace "$tmp/$sched.json" \
             --run.dir "$tmp/$sched" $BENCH_ARGS >"$tmp/out" 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
         t="$tmp/$sched.json"
-        awk -v s="$sched" -v load="$load" -v tb="$(other bubble_textbook "$t")" -v ac="$(other bubble_at_costs "$t")" \
+        awk -v s="$sched" -v start="$start" -v load="$load" -v tb="$(other bubble_textbook "$t")" -v ac="$(other bubble_at_costs "$t")" \
             -v wt="$(other bubble_with_transfers "$t")" -v us="$(other transfer_s "$t")" \
             -v me="$(other bubble_measured "$t")" -v lo="$(other bubble_measured_min "$t")" \
             -v hi="$(other bubble_measured_max "$t")" -v rp="$(other bubble_replay "$t")" \
@@ -68,8 +83,8 @@ for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
             # zero-bubble styles: the unit-cost schedule times W as F; their prediction is at the measured costs
             zb = s ~ /^zb/
             pred = zb ? ac : wt
-            printf "%-12s %-5s %8.2f%% %9.2f%% %s(%4.0f) %7.2f%% (%5.2f-%5.2f) %6.3f%s %7.2f%% %6.3f %6.3f %5.1f%% %5d\n",
-                s, load, 100 * tb, 100 * pred, zb ? "*" : " ", 1e6 * us, 100 * me, 100 * lo, 100 * hi, me / pred,
+            printf "%-12s %-5s %-5s %8.2f%% %9.2f%% %s(%4.0f) %7.2f%% (%5.2f-%5.2f) %6.3f%s %7.2f%% %6.3f %6.3f %5.1f%% %5d\n",
+                s, start, load, 100 * tb, 100 * pred, zb ? "*" : " ", 1e6 * us, 100 * me, 100 * lo, 100 * hi, me / pred,
                 (me / pred >= 0.9 && me / pred <= 1.1) ? " " : "!", 100 * rp, f1 / f0, b1 / b0, 100 * cv, n }'
     done
 done

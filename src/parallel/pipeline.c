@@ -37,9 +37,9 @@
 
 typedef struct {
     char *in;   /* chunk input (not the first stage) */
-    char *out;  /* chunk output being sent (not the last stage) */
+    char *out;  /* chunk output being sent (not the last stage; MPI transport) */
     char *dout; /* gradient of the output received (not the last stage) */
-    char *din;  /* gradient of the input being sent (not the first stage) */
+    char *din;  /* gradient of the input being sent (not the first stage; MPI transport) */
 } mb_bufs;
 
 typedef struct {
@@ -131,8 +131,8 @@ static cai_status free_bufs(cai_pipeline_t *p) {
             cai_device_dealloc(p->dev, p->mb[i].in);
             cai_device_dealloc(p->dev, p->mb[i].dout);
         }
-        cai_device_dealloc(p->dev, p->mb[i].out);
-        cai_device_dealloc(p->dev, p->mb[i].din);
+        if (p->mb[i].out) cai_device_dealloc(p->dev, p->mb[i].out);
+        if (p->mb[i].din) cai_device_dealloc(p->dev, p->mb[i].din);
     }
     cai_shared_mem_free(p->window);
     p->window = NULL;
@@ -172,14 +172,14 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
         }
         if (i < p->mb_cap) continue;
         p->mb_cap = i + 1;
-        if (!c->first) {
-            if (!p->shm) CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
+        /* under shm the peers' copies go straight into the window: no buffers to send from */
+        if (!c->first && !p->shm) {
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage input", (void **)&b->in));
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline input gradient", (void **)&b->din));
         }
-        if (!c->last) {
+        if (!c->last && !p->shm) {
             CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline stage output", (void **)&b->out));
-            if (!p->shm)
-                CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
+            CAI_CALL(cai_device_alloc(p->dev, p->act_bytes, "pipeline output gradient", (void **)&b->dout));
         }
     }
     return CAI_OK;
@@ -207,7 +207,9 @@ static cai_status setup_shm(cai_pipeline_t *p) {
 
 /* Whether a host RECV polls: when this node's ranks, each with its
  * threads, fit its online processors (a polling rank then takes no
- * processor a computing one needs). Collective over the mesh's ranks. */
+ * processor a computing one needs). The node's ranks: the job's, where the
+ * launcher says (Open MPI, MPICH's Hydra; a mesh may be part of the job),
+ * and at least the mesh's. Collective over the mesh's ranks. */
 static cai_status setup_polling(cai_pipeline_t *p) {
     if (!p->prepost) return CAI_OK;
     MPI_Comm node = MPI_COMM_NULL;
@@ -217,6 +219,12 @@ static cai_status setup_polling(cai_pipeline_t *p) {
     int ranks = 0;
     MPI_Comm_size(node, &ranks);
     MPI_Comm_free(&node);
+    static const char *const launcher[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof launcher / sizeof launcher[0]; i++) {
+        const char *v = getenv(launcher[i]);
+        const long n = v ? strtol(v, NULL, 10) : 0;
+        if (n > ranks && n < 1 << 20) ranks = (int)n;
+    }
     const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     const int threads = p->dev->num_threads > 0 ? p->dev->num_threads : 1;
     p->poll_waits = cpus > 0 && (long)ranks * threads <= cpus;
@@ -449,22 +457,42 @@ static cai_status wait_recv(cai_pipeline_t *p, int i) {
     return cai_wait(req);
 }
 
+/* Where chunk `chunk`'s output (act) or input gradient (!act) of
+ * microbatch mb goes: the next (previous) chunk's buffer on this rank at the
+ * bottom of zb-v's V, the consumer's receive buffer in the node-shared
+ * window (this rank's wire piece only; the SEND then just notes it), or the
+ * buffer the SEND sends from. One copy whichever it is. */
+static cai_status hand_over(cai_pipeline_t *p, int chunk, int mb, int act, const char *src) {
+    const chunk_info *c = &p->chunk[chunk];
+    const int local = act ? c->local_next : c->local_prev;
+    if (local >= 0) {
+        mb_bufs *b = &p->mb[mb * p->n_chunks + local];
+        return cai_device_copy(p->dev, act ? b->in : b->dout, src, p->act_bytes, CAI_COPY_D2D);
+    }
+    if (p->shm) {
+        int peer = -1, pc = -1;
+        cai_pp_stage_owner(&p->spec, c->stage + (act ? 1 : -1), &peer, &pc);
+        const size_t at = (2 * (size_t)(mb * p->n_chunks + pc) + (act ? 0 : 1)) * p->win_stride + p->wire_off;
+        memcpy(cai_shared_mem_ptr(p->window, peer) + at, src + p->wire_off,
+               p->wire_count * cai_dtype_size(p->act_dtype));
+        return CAI_OK;
+    }
+    mb_bufs *b = &p->mb[mb * p->n_chunks + chunk];
+    return cai_device_copy(p->dev, act ? b->out : b->din, src, p->act_bytes, CAI_COPY_D2D);
+}
+
 /* SEND action a of this rank's chunk: the tensor (this rank's wire piece)
- * as the message, or copied into the peer's receive buffer and noted. */
+ * as the message, or a note that hand_over put it in the peer's receive
+ * buffer. */
 static cai_status post_send(cai_pipeline_t *p, const cai_pp_action *a) {
     const int k = a->mb * p->n_chunks + a->chunk, act = a->op == CAI_PP_SEND_ACT;
     const int tag = cai_pp_action_tag(&p->spec, p->rank, a);
-    const char *src = act ? p->mb[k].out : p->mb[k].din;
     cai_request_t *req = NULL;
     if (p->shm) {
-        int peer = -1, c = -1;
-        cai_pp_stage_owner(&p->spec, p->chunk[a->chunk].stage + (act ? 1 : -1), &peer, &c);
-        const size_t at = (2 * (size_t)(a->mb * p->n_chunks + c) + (act ? 0 : 1)) * p->win_stride + p->wire_off;
-        memcpy(cai_shared_mem_ptr(p->window, peer) + at, src + p->wire_off,
-               p->wire_count * cai_dtype_size(p->act_dtype));
         cai_shared_mem_sync(p->window); /* the copy is visible before the note arrives */
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, &p->note_out, 1, CAI_DTYPE_I32, a->peer, tag, &req));
     } else {
+        const char *src = act ? p->mb[k].out : p->mb[k].din;
         CAI_CALL(cai_isend(p->mesh, CAI_AXIS_PP, src + p->wire_off, p->wire_count, p->act_dtype, a->peer, tag, &req));
     }
     CAI_CALL(add_send(p, req));
@@ -554,9 +582,7 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
         if (!c->last) {
             cai_tensor out;
             CAI_CALL(cai_model_stage_io(m, NULL, &out, NULL));
-            /* the next stage on this rank reads it where a RECV would have put it */
-            char *to = c->local_next >= 0 ? p->mb[mb * p->n_chunks + c->local_next].in : p->mb[k].out;
-            CAI_CALL(cai_device_copy(p->dev, to, out.data, p->act_bytes, CAI_COPY_D2D));
+            CAI_CALL(hand_over(p, a->chunk, mb, 1, out.data));
         }
         return CAI_OK;
     }
@@ -578,10 +604,7 @@ static cai_status run_action(cai_pipeline_t *p, run_state *r, const cai_pp_actio
             CAI_CALL(cai_model_backward_input(m, r->w));
             p->pinned[k] = 1;
         }
-        if (!c->first) {
-            char *to = c->local_prev >= 0 ? p->mb[mb * p->n_chunks + c->local_prev].dout : p->mb[k].din;
-            CAI_CALL(cai_device_copy(p->dev, to, ds.data, p->act_bytes, CAI_COPY_D2D));
-        }
+        if (!c->first) CAI_CALL(hand_over(p, a->chunk, mb, 0, ds.data));
         return CAI_OK;
     }
     case CAI_PP_BACKWARD_WEIGHT:
