@@ -118,24 +118,33 @@ cai_status cai_ckpt_save_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *ze
     return CAI_OK;
 }
 
+/* The masters (and unless masters_only the moments) of this rank's
+ * pieces, then the working weights (and at stages 1/2 every rank's copy of
+ * the others' chunks) from the masters just read. *m receives the file's
+ * metadata. Collective over the mesh's world. */
+static cai_status load_state(cai_mesh_t *mesh, const char *path, cai_zero_t *zero, int masters_only, cai_ckpt_meta *m,
+                             cai_ckpt_stats *stats) {
+    cai_model_t *model = cai_zero_model(zero);
+    zstate s;
+    cai_status st = zstate_init(&s, zero, 0);
+    if (masters_only) s.n = 1; /* the masters come first; the moments stay as they are */
+    if (st == CAI_OK) st = cai_device_sync(cai_model_device(model));
+    st = ck_agree(cai_mesh_comm(mesh, CAI_AXIS_WORLD), st);
+    cai_ckpt_layout L = ck_model_layout(model);
+    *m = cai_ckpt_meta_init();
+    if (st == CAI_OK) st = ck_load_checked(mesh, path, &L, s.b, s.pc, s.npc, s.n, cai_model_config_of(model), m, stats);
+    zstate_free(&s);
+    if (st == CAI_OK) st = cai_zero_state_loaded(zero);
+    return st;
+}
+
 cai_status cai_ckpt_load_zero(cai_mesh_t *mesh, const char *path, cai_zero_t *zero, cai_optim_t *optim,
                               cai_ckpt_meta *meta, cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && path && zero, "cai_ckpt_load_zero: NULL argument");
     cai_model_t *model = cai_zero_model(zero);
     if (cai_zero_get_config(zero)->reduce_only) return cai_ckpt_load(mesh, path, model, optim, meta, stats);
-    zstate s;
-    cai_status st = zstate_init(&s, zero, 0);
-    if (st == CAI_OK) st = cai_device_sync(cai_model_device(model));
-    st = ck_agree(cai_mesh_comm(mesh, CAI_AXIS_WORLD), st);
-    cai_ckpt_layout L = ck_model_layout(model);
-    cai_ckpt_meta m = cai_ckpt_meta_init();
-    if (st == CAI_OK)
-        st = ck_load_checked(mesh, path, &L, s.b, s.pc, s.npc, s.n, cai_model_config_of(model), &m, stats);
-    zstate_free(&s);
-    CAI_CALL(st);
-    /* The working weights (and at stages 1/2 every rank's copy of the
-     * others' chunks) come from the masters just read. */
-    st = cai_zero_state_loaded(zero);
+    cai_ckpt_meta m;
+    cai_status st = load_state(mesh, path, zero, 0, &m, stats);
     if (st == CAI_OK) cai_zero_set_step_count(zero, m.has_optim ? m.optim_step : m.step);
     if (st == CAI_OK && meta) *meta = m;
     else cai_ckpt_meta_free(&m);
@@ -179,25 +188,6 @@ static cai_status ckpt_zero_read(void *ctx, const cai_param_info *param, float *
     return CAI_OK;
 }
 
-/* The masters of this rank's pieces alone, as cai_ckpt_load_zero reads
- * them, then the working weights. Collective over the mesh's world. */
-static cai_status load_masters(cai_mesh_t *mesh, const char *path, cai_zero_t *zero) {
-    cai_model_t *model = cai_zero_model(zero);
-    zstate s;
-    cai_status st = zstate_init(&s, zero, 0);
-    s.n = 1; /* the masters come first; the moments stay as they are */
-    if (st == CAI_OK) st = cai_device_sync(cai_model_device(model));
-    st = ck_agree(cai_mesh_comm(mesh, CAI_AXIS_WORLD), st);
-    cai_ckpt_layout L = ck_model_layout(model);
-    cai_ckpt_meta m = cai_ckpt_meta_init();
-    if (st == CAI_OK) st = ck_load_checked(mesh, path, &L, s.b, s.pc, s.npc, s.n, cai_model_config_of(model), &m, NULL);
-    zstate_free(&s);
-    cai_ckpt_meta_free(&m);
-    CAI_CALL(st);
-    CAI_CALL(cai_zero_state_loaded(zero));
-    return CAI_OK;
-}
-
 cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_zero_t *zero) {
     CAI_CHECK_ARG(mesh && path && zero, "cai_ckpt_load_zero_weights: NULL argument");
     const cai_model_config *mc = cai_model_config_of(cai_zero_model(zero));
@@ -219,7 +209,11 @@ cai_status cai_ckpt_load_zero_weights(cai_mesh_t *mesh, const char *path, cai_ze
     if (st == CAI_OK && s.file_vocab == s.vocab && file_rows == cai_model_config_padded_vocab(mc)) {
         /* the same shapes: the resume path's hyperslab reads of this rank's pieces */
         cai_ckpt_close(s.f);
-        return load_masters(mesh, path, zero);
+        cai_ckpt_meta fm;
+        st = load_state(mesh, path, zero, 1, &fm, NULL);
+        cai_ckpt_meta_free(&fm);
+        CAI_CALL(st);
+        return CAI_OK;
     }
     uint64_t most = 0;
     for (int i = 0; i < cai_registry_count(reg); i++)
