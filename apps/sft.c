@@ -37,7 +37,8 @@
 typedef struct {
     char *model_path, *tokenizer;
     int act_ckpt;
-    int dp, tp, pp, pp_schedule, pp_virtual;
+    int dp, tp, pp, pp_schedule, pp_virtual, pp_slots;
+    char *pp_layers;
     double watchdog;
     char *train_path, *valid_path, *chat_template;
     int overflow, packing;
@@ -76,6 +77,13 @@ static const cai_config_field k_fields[] = {
      tc_pp_schedules, NULL},
     F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
       "model chunks per pipeline rank (interleaved: >= 2; zb-v: 2); 0: 2 for interleaved and zb-v, else 1", 0, 1024),
+    S("pp.layers", pp_layers, "",
+      "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to the model's "
+      "layers); empty: an even split"),
+    F("pp.act_slots", CAI_CFG_INT, pp_slots, "0",
+      "microbatch activations a pipeline rank keeps for its backward; 0: as many as the schedule has in flight; "
+      "fewer: the rest recompute their forward",
+      0, 1 << 20),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
       "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
 
@@ -463,6 +471,10 @@ static cai_status check_config(const sft_config *c, int world, cai_layout *L) {
     return lora_app_check(&c->lora, &c->tr);
 }
 
+static tc_pp_options pp_options(const sft_config *c) {
+    return (tc_pp_options){c->pp, c->pp_schedule, c->pp_virtual, c->pp_slots, c->pp_layers};
+}
+
 /* The layout against the source's architecture, once it is known. */
 static cai_status check_model_layout(const sft_config *c, const cai_model_config *m, int world, const cai_layout *L) {
     cai_model_config resolved;
@@ -473,7 +485,7 @@ static cai_status check_model_layout(const sft_config *c, const cai_model_config
         return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide %s's ffn_hidden=%d (the MLP splits over tp)",
                          c->tp, c->model_path, resolved.ffn_hidden);
     if (c->pp <= 1) return CAI_OK;
-    const tc_pp_options po = {c->pp, c->pp_schedule, c->pp_virtual, 0, NULL};
+    const tc_pp_options po = pp_options(c);
     return tc_pp_layout(&po, resolved.n_layers, c->grad_accum, c->act_ckpt, NULL, NULL);
 }
 
@@ -500,7 +512,7 @@ static cai_status build(sft_job *j, sft_config *c, cai_run_t *run) {
     const int lora = lora_app_on(&c->lora);
     cai_rank_view view = cai_run_view(run);
     if (c->pp > 1) {
-        const tc_pp_options po = {c->pp, c->pp_schedule, c->pp_virtual, 0, NULL};
+        const tc_pp_options po = pp_options(c);
         CAI_CALL(tc_pp_init(&j->pp, &po, resolved.n_layers, c->grad_accum, c->act_ckpt, view.pp_rank));
         tc_pp_view(&j->pp, &view);
     }
@@ -576,9 +588,13 @@ static void print_header(sft_job *j, cai_run_t *run, const cai_app *app) {
         (long long)j->data.global_batch, c->seq_len, c->micro_batch, c->grad_accum, dp, (long long)j->steps,
         (double)(j->steps * j->data.global_batch) / (double)cai_sft_dataset_size(j->data.train));
     if (j->pipe)
-        printf("pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum); boundaries over %s\n",
-               tc_pp_schedules[c->pp_schedule], c->pp, j->pp.spec.virtual_stages,
-               j->pp.spec.virtual_stages == 1 ? "" : "s", c->grad_accum, cai_pipeline_transport(j->pipe));
+        printf(
+            "pipeline: %s over pp %d x %d chunk%s, %d microbatches a step (train.grad_accum); activation slots %d of "
+            "the %d in flight%s; boundaries over %s\n",
+            tc_pp_schedules[c->pp_schedule], c->pp, j->pp.spec.virtual_stages,
+            j->pp.spec.virtual_stages == 1 ? "" : "s", c->grad_accum, j->pp.slots, j->pp.slots_needed,
+            j->pp.slots < j->pp.slots_needed ? " (the others recompute their forward)" : "",
+            cai_pipeline_transport(j->pipe));
     tc_engine_print_optim(&j->eng);
     if (j->lora.l) lora_app_print(&j->lora, j->eng.model);
     else tc_engine_print_zero(&j->eng, &c->tr, dp);

@@ -38,6 +38,8 @@ refused "zero stage 2 with a pipeline" "mesh.pp=2 composes with dp and tp at ZeR
     --data.train "$TMP/ex/train.jsonl" --zero.stage 2 --mesh.pp 2 --train.grad_accum 2
 refused "LoRA with tp" "lora.rank=4 with mesh.tp=2 mesh.pp=1: LoRA runs data parallel only" \
     --data.train "$TMP/ex/train.jsonl" --lora.rank 4 --mesh.tp 2
+refused "pp.layers that do not sum to the layers" 'pp.layers="2,1" gives 2 virtual stages of 3 layers in all' \
+    --data.train "$TMP/ex/train.jsonl" --mesh.pp 2 --train.grad_accum 2 --pp.layers 2,1
 refused "pipeline too long for the layers" "model.n_layers=2 does not divide over mesh.pp=2 x pp.virtual=2" \
     --data.train "$TMP/ex/train.jsonl" --mesh.pp 2 --pp.schedule interleaved --train.grad_accum 2
 
