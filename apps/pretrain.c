@@ -71,21 +71,7 @@ static const cai_config_field k_fields[] = {
       "pipeline stages (train.grad_accum microbatches go through the pipeline; composes with dp, tp and ZeRO stage "
       "0/1)",
       1, 1 << 20),
-    E("pp.schedule", pp_schedule, "1f1b",
-      "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (zero bubble: each backward split into an input "
-      "pass and a weight pass that fills the bubbles; zb-v runs two chunks per rank in a V)",
-      tc_pp_schedules),
-    F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
-      "model chunks per pipeline rank (interleaved: >= 2, virtual stage k sits on rank k % mesh.pp; zb-v: 2, in a "
-      "V); 0: 2 for interleaved and zb-v, else 1",
-      0, 1024),
-    S("pp.layers", pp_layers, "",
-      "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to "
-      "model.n_layers); empty: an even split"),
-    F("pp.act_slots", CAI_CFG_INT, pp_slots, "0",
-      "microbatch activations a pipeline rank keeps for its backward; 0: as many as the schedule has in flight "
-      "(nothing recomputed); fewer: the rest recompute their forward",
-      0, 1 << 20),
+    TC_PP_FIELDS(pt_config, pp_schedule, pp_virtual, pp_layers, pp_slots),
     F("pp.trace", CAI_CFG_STRING, pp_trace, "",
       "mesh.pp > 1: write the last step's measured pipeline timeline here (Chrome trace JSON) and print its bubble "
       "beside the schedule's",

@@ -72,18 +72,7 @@ static const cai_config_field k_fields[] = {
     F("mesh.pp", CAI_CFG_INT, pp, "1",
       "pipeline stages (train.grad_accum microbatches go through the pipeline; ZeRO stage 0 or 1 without offload)", 1,
       1 << 20),
-    {"pp.schedule", CAI_CFG_ENUM, offsetof(sft_config, pp_schedule), "1f1b",
-     "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (as colossal-pretrain's)", CAI_CFG_NO_RANGE,
-     tc_pp_schedules, NULL},
-    F("pp.virtual", CAI_CFG_INT, pp_virtual, "0",
-      "model chunks per pipeline rank (interleaved: >= 2; zb-v: 2); 0: 2 for interleaved and zb-v, else 1", 0, 1024),
-    S("pp.layers", pp_layers, "",
-      "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to the model's "
-      "layers); empty: an even split"),
-    F("pp.act_slots", CAI_CFG_INT, pp_slots, "0",
-      "microbatch activations a pipeline rank keeps for its backward; 0: as many as the schedule has in flight; "
-      "fewer: the rest recompute their forward",
-      0, 1 << 20),
+    TC_PP_FIELDS(sft_config, pp_schedule, pp_virtual, pp_layers, pp_slots),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
       "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
 

@@ -157,6 +157,28 @@ void tc_engine_print_zero(const tc_engine *e, const tc_options *o, int dp);
 /* pp.schedule's choices, in cai_pp_style order (colossal/schedule.h). */
 extern const char *const tc_pp_schedules[];
 
+/* pp.schedule, pp.virtual, pp.layers and pp.act_slots into the app struct's
+ * fields (an int, an int, a char *, an int). */
+#define TC_PP_FIELD(type, key, t, field, def, doc, lo, hi, choices) \
+    { key, t, offsetof(type, field), def, doc, lo, hi, choices, NULL }
+#define TC_PP_FIELDS(type, schedule, virtual_stages, layers, slots)                                                   \
+    TC_PP_FIELD(type, "pp.schedule", CAI_CFG_ENUM, schedule, "1f1b",                                                  \
+                "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-v (zero bubble: each backward split into "  \
+                "an input pass and a weight pass that fills the bubbles; zb-v runs two chunks per rank in a V)",      \
+                1.0, 0.0, tc_pp_schedules),                                                                           \
+        TC_PP_FIELD(type, "pp.virtual", CAI_CFG_INT, virtual_stages, "0",                                             \
+                    "model chunks per pipeline rank (interleaved: >= 2, virtual stage k sits on rank k % mesh.pp; "   \
+                    "zb-v: 2, in a V); 0: 2 for interleaved and zb-v, else 1",                                        \
+                    0, 1024, NULL),                                                                                   \
+        TC_PP_FIELD(type, "pp.layers", CAI_CFG_STRING, layers, "",                                                    \
+                    "layers of each virtual stage in order, comma-separated (mesh.pp x pp.virtual counts summing to " \
+                    "the model's layers); empty: an even split",                                                      \
+                    1.0, 0.0, NULL),                                                                                  \
+        TC_PP_FIELD(type, "pp.act_slots", CAI_CFG_INT, slots, "0",                                                    \
+                    "microbatch activations a pipeline rank keeps for its backward; 0: as many as the schedule has "  \
+                    "in flight (nothing recomputed); fewer: the rest recompute their forward",                        \
+                    0, 1 << 20, NULL)
+
 /* The pipeline keys the apps share; `layers` may be NULL or empty (an even
  * split), slots 0 (what the schedule keeps in flight). */
 typedef struct {
