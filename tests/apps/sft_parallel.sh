@@ -12,7 +12,8 @@
 # with 1f1b (the last stage's masked loss), packed rows under tp 2, and a
 # ZeRO 3 and a pp 2 run stopped at step 4 and resumed (bitwise).
 # SFT_FULL_MATRIX=1 adds ZeRO stages 1 and 2, stage 2 + offload, pp 2 with
-# one activation slot (a forward recomputed) and pp.layers, dp 2 x tp 2 (4 ranks), packed rows under pp 2 and the same runs started from the
+# one activation slot (a forward recomputed) and pp.layers, dp 2 x tp 2 at
+# ZeRO 0 and 3 and dp 2 x pp 2 at ZeRO 1 (4 ranks), packed rows under pp 2 and the same runs started from the
 # colossal checkpoint instead of the export (bench/RESULTS.md records it).
 . "$top_srcdir/tests/apps/sft_lib.sh"
 sft_setup
@@ -85,6 +86,9 @@ if [ "${SFT_FULL_MATRIX:-0}" = 1 ]; then
     expect_grep out "activation slots 1 of the 2 in flight \(the others recompute their forward\)"
     layout dp2xtp2 4 --mesh.tp 2
     expect_grep out "^colossal-sft .*: 4 ranks, tp=2 pp=1 dp=2"
+    layout dp2xtp2-zero3 4 --mesh.tp 2 --zero.stage 3
+    layout dp2xpp2-zero1 4 --mesh.pp 2 --zero.stage 1
+    expect_grep out "^colossal-sft .*: 4 ranks, tp=1 pp=2 dp=2"
     layout zero3-ckpt 2 --zero.stage 3 --model.path "$TMP/pt/checkpoints"
     layout tp2-ckpt 2 --mesh.tp 2 --train.grad_accum 2 --model.path "$TMP/pt/checkpoints"
     # shellcheck disable=SC2086
