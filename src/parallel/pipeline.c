@@ -29,11 +29,16 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The traced steps the statistics are taken over (the last ones): enough
  * for a median that one disturbed step does not move. */
 #define TRACE_KEEP CAI_PP_TRACE_KEEP
+/* values a traced compute keeps: op, mb, chunk, start, end, the thread's
+ * processor time over it (what it ran; the rest of its span it waited
+ * for a processor) */
+#define EV 6
 
 typedef struct {
     char *in;   /* chunk input (not the first stage) */
@@ -94,8 +99,8 @@ struct cai_pipeline {
     size_t win_stride;        /* one buffer, 64-byte aligned */
     int32_t note_out, *note_in;
     /* Tracing (cai_pipeline_trace): the compute actions of the last
-     * TRACE_KEEP traced steps, one block a step of ev_per events [op, mb,
-     * chunk, start, end] in list order, times on pp rank 0's clock (this
+     * TRACE_KEEP traced steps, one block a step of ev_per events (EV values
+     * each) in list order, times on pp rank 0's clock (this
      * rank's minus clock_off, estimated at each traced step's start). */
     int tracing;
     double clock_off;
@@ -661,6 +666,13 @@ static cai_status reduce_ties(cai_pipeline_t *p) {
     return CAI_OK;
 }
 
+/* Seconds this thread has run on a processor. */
+static double thread_time(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int is_compute(cai_pp_op op) {
     return op == CAI_PP_FORWARD || op == CAI_PP_BACKWARD || op == CAI_PP_BACKWARD_INPUT || op == CAI_PP_BACKWARD_WEIGHT;
 }
@@ -710,7 +722,7 @@ static cai_status trace_begin(cai_pipeline_t *p, const cai_pp_action *acts, int 
         cai_free(p->ev);
         p->ev = NULL;
         p->ev_per = 0;
-        CAI_CALL(cai_malloc((void **)&p->ev, (size_t)TRACE_KEEP * (size_t)(per ? per : 1) * 5 * sizeof(double),
+        CAI_CALL(cai_malloc((void **)&p->ev, (size_t)TRACE_KEEP * (size_t)(per ? per : 1) * EV * sizeof(double),
                             "pipeline trace"));
         p->ev_per = per;
         p->n_steps = 0;
@@ -722,7 +734,7 @@ static cai_status trace_begin(cai_pipeline_t *p, const cai_pp_action *acts, int 
     const int b = p->n_steps % TRACE_KEEP;
     p->ev_t0[b] = cai_time_now() - p->clock_off;
     p->ev_n[b] = 0;
-    *block = p->ev + (size_t)b * (size_t)p->ev_per * 5;
+    *block = p->ev + (size_t)b * (size_t)p->ev_per * EV;
     return CAI_OK;
 }
 
@@ -815,17 +827,18 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     int traced = 0;
     for (int i = 0; i < n && st == CAI_OK; i++) {
         const int compute = is_compute(acts[i].op);
-        const double a = trace && compute ? cai_time_now() : 0;
+        const double a = trace && compute ? cai_time_now() : 0, cpu = trace && compute ? thread_time() : 0;
         st = run_action(p, &r, &acts[i], i);
         if (trace && compute && st == CAI_OK) {
             /* the device's work counts where it ends: wait for it */
             st = cai_device_sync(p->dev);
-            double *e = trace + 5 * traced++;
+            double *e = trace + EV * traced++;
             e[0] = acts[i].op;
             e[1] = acts[i].mb;
             e[2] = acts[i].chunk;
             e[3] = a - p->clock_off;
             e[4] = cai_time_now() - p->clock_off;
+            e[5] = thread_time() - cpu;
         }
         if (st != CAI_OK) {
             char lb[48];
@@ -961,7 +974,7 @@ static double median(double *v, int n) {
 }
 
 /* Every rank's kept steps: per rank, per kept step in the order they ran,
- * [start, events, most x 5 event values]. */
+ * [start, events, most x EV event values]. */
 typedef struct {
     int kept, most, first_steady;
     size_t vals; /* values a step */
@@ -986,7 +999,7 @@ static cai_status trace_gather(cai_pipeline_t *p, trace_set *t) {
     t->kept = n < TRACE_KEEP ? n : TRACE_KEEP;
     t->most = most;
     t->first_steady = n == t->kept && t->kept > 1;
-    t->vals = 2 + 5 * (size_t)most;
+    t->vals = 2 + EV * (size_t)most;
     const size_t mine = (size_t)t->kept * t->vals;
     CAI_CALL(cai_calloc((void **)&t->all, mine * (size_t)p->spec.pp, sizeof *t->all, "pipeline step trace"));
     double *own = t->all + (size_t)p->rank * mine;
@@ -995,7 +1008,7 @@ static cai_status trace_gather(cai_pipeline_t *p, trace_set *t) {
         double *d = own + (size_t)j * t->vals;
         d[0] = p->ev_t0[b];
         d[1] = p->ev_n[b];
-        memcpy(d + 2, p->ev + (size_t)b * (size_t)p->ev_per * 5, (size_t)p->ev_n[b] * 5 * sizeof(double));
+        memcpy(d + 2, p->ev + (size_t)b * (size_t)p->ev_per * EV, (size_t)p->ev_n[b] * EV * sizeof(double));
     }
     return cai_all_gather(p->mesh, CAI_AXIS_PP, own, t->all, mine, CAI_DTYPE_F64);
 }
@@ -1004,23 +1017,25 @@ static cai_status trace_gather(cai_pipeline_t *p, trace_set *t) {
  * (for the replay) and where each (kind, mb, chunk) compute sits in its
  * events (kind 0 forward, 1 fused backward or input pass). */
 typedef struct {
-    double **dur;
-    double *dur_block;
+    double **dur, **cpu;
+    double *dur_block, *cpu_block;
     int *at;
     double *lat; /* waited-for transfers, every step's */
     int n_lat, cap_lat;
 } step_scratch;
 
-/* Step j: its bubble (1 - busy / (pp x span), span from the first compute's
- * start to the last one's end over the ranks), the schedule replayed at its
- * action times, the spread of the ranks' starts, the largest coefficient of
- * variation of one kind of compute over its actions; the latencies of the
+/* Step j: out[0] its bubble (1 - busy / (pp x span), span from the first
+ * compute's start to the last one's end over the ranks), [1] the schedule
+ * replayed at its action times, [2] the spread of the ranks' starts, [3] the
+ * largest coefficient of variation of one kind of compute over its
+ * actions, [4] the replay at the actions' processor times, [5] the share of
+ * the compute's span its rank waited for a processor; the latencies of the
  * transfers a consumer waited for (its previous action ended before the
  * producer did: the consumer's start minus the producer's end) go to lat. */
-static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j, step_scratch *w, double out[4]) {
+static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j, step_scratch *w, double out[6]) {
     const int pp = p->spec.pp, v = p->n_chunks, pairs = p->spec.microbatches * v;
     const int S = pp * p->spec.virtual_stages;
-    double first = INFINITY, last = -INFINITY, busy = 0, t0lo = INFINITY, t0hi = -INFINITY;
+    double first = INFINITY, last = -INFINITY, busy = 0, ran = 0, t0lo = INFINITY, t0hi = -INFINITY;
     double mom[3][3] = {{0}}; /* per kind (forward, backward or input pass, weight pass): n, sum, sum of squares */
     for (int r = 0; r < pp; r++) {
         const double *d = trace_step(t, r, j);
@@ -1032,9 +1047,9 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
         for (int i = 0; i < 2 * pairs; i++) w->at[r * 2 * pairs + i] = -1;
         int k = 0, follows = 1;
         for (int i = 0; i < len && follows; i++) {
-            w->dur[r][i] = 0;
+            w->dur[r][i] = w->cpu[r][i] = 0;
             if (!is_compute(acts[i].op)) continue;
-            const double *e = d + 2 + 5 * k;
+            const double *e = d + 2 + EV * k;
             follows = k < ne && (int)e[0] == (int)acts[i].op && (int)e[1] == acts[i].mb && (int)e[2] == acts[i].chunk;
             if (!follows) break;
             const double dt = e[4] - e[3];
@@ -1043,7 +1058,9 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
             mom[kind][1] += dt;
             mom[kind][2] += dt * dt;
             w->dur[r][i] = dt;
+            w->cpu[r][i] = fmin(fmax(e[5], 0), dt);
             busy += dt;
+            ran += w->cpu[r][i];
             first = fmin(first, e[3]);
             last = fmax(last, e[4]);
             if (acts[i].op != CAI_PP_BACKWARD_WEIGHT)
@@ -1059,6 +1076,9 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
     cai_pp_stats ps;
     CAI_CALL(cai_pp_schedule_replay(p->sched, (const double *const *)w->dur, 0, &ps));
     out[1] = ps.bubble;
+    CAI_CALL(cai_pp_schedule_replay(p->sched, (const double *const *)w->cpu, 0, &ps));
+    out[4] = ps.bubble;
+    out[5] = busy > 0 ? 1.0 - ran / busy : 0;
     out[2] = t0hi - t0lo;
     out[3] = 0;
     for (int kind = 0; kind < 3; kind++)
@@ -1070,7 +1090,7 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
     for (int r = 0; r < pp; r++) {
         const double *d = trace_step(t, r, j);
         for (int k = 0; k < (int)d[1]; k++) {
-            const double *e = d + 2 + 5 * k;
+            const double *e = d + 2 + EV * k;
             const int op = (int)e[0], mb = (int)e[1], chunk = (int)e[2];
             if (op == CAI_PP_BACKWARD_WEIGHT) continue;
             const int fwd = op == CAI_PP_FORWARD, stage = cai_pp_stage_of(&p->spec, r, chunk);
@@ -1080,8 +1100,8 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
             if (pr == r || pr < 0) continue; /* handed over in memory */
             const int pk = w->at[pr * 2 * pairs + !fwd * pairs + mb * v + pc];
             if (pk < 0) continue;
-            const double made = trace_step(t, pr, j)[2 + 5 * pk + 4];
-            const double ready = k ? d[2 + 5 * (k - 1) + 4] : d[0];
+            const double made = trace_step(t, pr, j)[2 + EV * pk + 4];
+            const double ready = k ? d[2 + EV * (k - 1) + 4] : d[0];
             if (made < ready) continue; /* it was there before the consumer could use it */
             if (w->n_lat == w->cap_lat) {
                 const int cap = w->cap_lat ? 2 * w->cap_lat : 256;
@@ -1119,7 +1139,7 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         for (int j = 0; j < t->kept; j++) {
             const double *d = trace_step(t, r, j);
             for (int i = 0; i < (int)d[1]; i++, k++) {
-                const double *e = d + 2 + 5 * i;
+                const double *e = d + 2 + EV * i;
                 const cai_pp_action a = {.op = (cai_pp_op)e[0], .mb = (int)e[1], .chunk = (int)e[2], .peer = -1};
                 cai_pp_action_label(&a, p->n_chunks, names[k], sizeof names[k]);
                 evs[k] = (cai_pp_trace_event){.rank = r,
@@ -1133,7 +1153,7 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         }
     enum { PER_RANK = 16 };
     char keys[2 * PER_RANK][24];
-    cai_pp_trace_meta meta[15 + 2 * PER_RANK] = {
+    cai_pp_trace_meta meta[17 + 2 * PER_RANK] = {
         {"steps", s->steps},
         {"bubble_measured", s->measured},
         {"bubble_measured_min", s->measured_min},
@@ -1146,11 +1166,13 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         {"transfers", s->transfers},
         {"start_spread_s", s->start_spread},
         {"compute_cv", s->compute_cv},
+        {"bubble_replay_cpu", s->replay_cpu},
+        {"waited_cpu", s->waited_cpu},
         {"forward_s", s->f},
         {"backward_s", s->b},
         {"weight_s", s->w},
     };
-    size_t nm = 15;
+    size_t nm = 17;
     for (int r = 0; r < pp && r < PER_RANK; r++) {
         snprintf(keys[2 * r], sizeof keys[0], "forward_s_rank%d", r);
         snprintf(keys[2 * r + 1], sizeof keys[0], "backward_s_rank%d", r);
@@ -1179,25 +1201,32 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
     for (int r = 0; r < pp; r++) lens += (size_t)cai_pp_schedule_len(p->sched, r);
     CAI_CALL_GOTO(cai_calloc((void **)&w.dur, (size_t)pp, sizeof *w.dur, "trace replay"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&w.dur_block, lens + 1, sizeof *w.dur_block, "trace replay"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.cpu, (size_t)pp, sizeof *w.cpu, "trace replay"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.cpu_block, lens + 1, sizeof *w.cpu_block, "trace replay"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&w.at, (size_t)pp * 2 * (size_t)pairs + 1, sizeof *w.at, "trace index"), st,
                   done);
-    for (int r = 0, at = 0; r < pp; at += cai_pp_schedule_len(p->sched, r), r++) w.dur[r] = w.dur_block + at;
+    for (int r = 0, at = 0; r < pp; at += cai_pp_schedule_len(p->sched, r), r++) {
+        w.dur[r] = w.dur_block + at;
+        w.cpu[r] = w.cpu_block + at;
+    }
     const int steady = t.kept - t.first_steady;
-    CAI_CALL_GOTO(cai_calloc((void **)&per_step, 4 * (size_t)steady + 4, sizeof *per_step, "trace steps"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&per_step, 6 * (size_t)steady + 6, sizeof *per_step, "trace steps"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&rank_fb, 4 * (size_t)pp, sizeof *rank_fb, "trace per rank"), st, done);
     double sum[CAI_PP_OP_COUNT] = {0}, n_op[CAI_PP_OP_COUNT] = {0};
     for (int j = t.first_steady; j < t.kept; j++) {
-        double one[4] = {0, 0, 0, 0};
+        double one[6] = {0, 0, 0, 0, 0, 0};
         CAI_CALL_GOTO(trace_step_stats(p, &t, j, &w, one), st, done);
         const int i = j - t.first_steady;
         per_step[i] = one[0];
         per_step[steady + i] = one[1];
         per_step[2 * steady + i] = one[2];
         per_step[3 * steady + i] = one[3];
+        per_step[4 * steady + i] = one[4];
+        per_step[5 * steady + i] = one[5];
         for (int r = 0; r < pp; r++) {
             const double *d = trace_step(&t, r, j);
             for (int k = 0; k < (int)d[1]; k++) {
-                const double *e = d + 2 + 5 * k, dt = e[4] - e[3];
+                const double *e = d + 2 + EV * k, dt = e[4] - e[3];
                 const int op = (int)e[0];
                 sum[op] += dt;
                 n_op[op] += 1;
@@ -1216,6 +1245,8 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
     out->replay = median(per_step + steady, steady);
     out->start_spread = median(per_step + 2 * steady, steady);
     out->compute_cv = median(per_step + 3 * steady, steady);
+    out->replay_cpu = median(per_step + 4 * steady, steady);
+    out->waited_cpu = median(per_step + 5 * steady, steady);
     out->transfers = w.n_lat;
     out->transfer = median(w.lat, w.n_lat);
 #define MEAN(op) (n_op[op] > 0 ? sum[op] / n_op[op] : 0.0)
@@ -1242,6 +1273,8 @@ done:
     cai_free(t.all);
     cai_free(w.dur);
     cai_free(w.dur_block);
+    cai_free(w.cpu);
+    cai_free(w.cpu_block);
     cai_free(w.at);
     free(w.lat);
     cai_free(per_step);

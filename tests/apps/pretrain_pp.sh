@@ -35,6 +35,7 @@ other = trace["otherData"]
 assert other["steps"] == 11 and other["transfers"] >= 11, other
 assert other["bubble_measured_min"] <= other["bubble_measured"] <= other["bubble_measured_max"], other
 assert 0 <= other["bubble_replay"] < 1 and other["forward_s_rank1"] > 0 and other["backward_s_rank0"] > 0, other
+assert 0 <= other["waited_cpu"] <= 1 and 0 <= other["bubble_replay_cpu"] < 1, other
 PY
 }
 # shellcheck disable=SC2086

@@ -458,6 +458,11 @@ typedef struct {
     double compute_cv;     /* median over the steps of the coefficient of variation (standard
                               deviation / mean) of the forwards', backwards' or weight passes'
                               times, the largest: how far the run was from equal compute */
+    double waited_cpu;     /* median over the steps of the share of the compute's time its
+                              thread was not running (1 - processor time / span): time other
+                              processes took from the ranks */
+    double replay_cpu;     /* the replay at each action's processor time instead of its span:
+                              the run's compute as if nothing had taken its processor */
     double f, b, w;        /* mean forward, backward (input pass), weight pass times */
 } cai_pp_trace_stats;
 /* The statistics above, collective over CAI_AXIS_PP; path (may be NULL): pp
