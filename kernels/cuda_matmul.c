@@ -733,3 +733,50 @@ cai_status cai_cuda_bias_grad(cai_device_t *dev, cai_tensor *dbias, const cai_te
     CAI_CALL(cai_cuda_colsums(dev, op, NULL, (float *)bd, &r, NULL, NULL, NULL));
     return CAI_OK;
 }
+
+/* The norm's weight and the rows of a fused norm + product: an RMSNorm, a
+ * decode step's few rows, 16-bit data (cuk_gemv_norm_fits), no bias. Else
+ * the caller runs the ops the fused one stands for. */
+static int norm_gemv_ok(const char *op, const cai_norm_args *norm, const cai_rows *x, const cai_rows *w,
+                        const cai_rows *y, const char *bd, char **gamma) {
+    if (!norm || !norm->rms || !norm->weight || bd) return 0;
+    if (!cuk_gemv_norm_fits(cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w))) return 0;
+    if (cai_ops_vec(op, "norm weight", norm->weight, CAI_CUDA, CAI_ANYF, x->cols, gamma) != CAI_OK) {
+        cai_error_clear();
+        return 0;
+    }
+    return 1;
+}
+
+cai_status cai_cuda_norm_linear_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
+                                    const cai_norm_args *norm, const cai_tensor *weight, const cai_tensor *bias) {
+    static const char *op = "norm_linear_fwd";
+    cai_rows x, w, y;
+    char *bd, *gamma;
+    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
+    if (!norm_gemv_ok(op, norm, &x, &w, &y, bd, &gamma))
+        return cai_ops_norm_linear_unfused(dev, out, ln, inp, norm, weight, bias);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    const cuk_mat none = {0};
+    CUK_LAUNCH(op, cuk_gemv_norm(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), cai_cuda_mat(&x), gamma,
+                                 (int)norm->weight->dtype, norm->eps, cai_cuda_mat(&w), none));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_norm_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *ln, cai_tensor *gate,
+                                    cai_tensor *up, const cai_tensor *inp, const cai_norm_args *norm,
+                                    const cai_tensor *gate_w, const cai_tensor *up_w) {
+    static const char *op = "norm_swiglu_fwd";
+    cai_rows x, w, w2, y, y2;
+    char *bd, *gamma;
+    CAI_CALL(linear_fwd_args(op, "act", act, inp, gate_w, NULL, &x, &w, &y, &bd));
+    CAI_CALL(linear_fwd_args(op, "act", act, inp, up_w, NULL, &x, &w2, &y2, &bd));
+    const int same = w2.dtype == w.dtype && w2.rows == w.rows && w2.cols == w.cols && w2.ld == w.ld &&
+                     ((uintptr_t)w2.data & 15) == 0;
+    if (!same || !norm_gemv_ok(op, norm, &x, &w, &y, bd, &gamma))
+        return cai_ops_norm_swiglu_unfused(dev, act, ln, gate, up, inp, norm, gate_w, up_w);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_gemv_norm(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), cai_cuda_mat(&x), gamma,
+                                 (int)norm->weight->dtype, norm->eps, cai_cuda_mat(&w), cai_cuda_mat(&w2)));
+    return CAI_OK;
+}
