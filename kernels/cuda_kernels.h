@@ -210,15 +210,6 @@ cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat l
 #define CUK_GEMV_MAX_N 8
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r);
-/* y[n] = W rmsnorm(x[n]) (no bias), or with w_up.p silu(W xn) * (W_up xn):
- * the bits of rmsnorm_fwd then linear_fwd (then linear_fwd and swiglu_fwd)
- * on the same rows. Taken where cuk_gemv_norm_fits (cuk_gemv_fits, and the
- * normed rows, N * K 16-bit values, fit in shared memory); w_up of W's
- * shape, dtype and alignment. */
-#define CUK_GEMV_NORM_MAX_BYTES (96 * 1024)
-int cuk_gemv_norm_fits(cuk_mat y, cuk_mat x, cuk_mat w);
-cudaError_t cuk_gemv_norm(cudaStream_t s, cuk_mat y, cuk_mat x, const void *gamma, int gamma_dt, float eps, cuk_mat w,
-                          cuk_mat w_up);
 
 /* ---------------------------------------------------------------- paged.cu
  * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host

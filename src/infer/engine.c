@@ -74,7 +74,7 @@ struct cai_engine {
     /* step buffers */
     cai_arena_t arena;
     int64_t Nmax, Rmax;
-    cai_tensor x, ln, qkv, att, fc, up, act_buf, tp_out, rows, rows_ln, logits;
+    cai_tensor x, ln, qkv, att, fc, up, act_buf, tp_out, rstd, rows, rows_ln, logits;
     cai_tensor amax; /* I32 [2 Rmax]: a step's R argmax ids, then their R logits (F32 bits) */
     cai_tensor rope_cos, rope_sin;
     cai_tensor idx; /* I32 device: tokens | positions | slots | q_start | ctx_len | row ids | block tables */
@@ -177,6 +177,7 @@ static cai_status carve(cai_engine_t *e, cai_arena_t *a, size_t *bytes) {
         {&e->up, e->act, N, e->F},
         {&e->act_buf, e->act, N, e->F},
         {&e->tp_out, e->act, N, e->C},
+        {&e->rstd, CAI_DTYPE_F32, N, 1},
         {&e->rows, e->act, R, e->C},
         {&e->rows_ln, e->act, R, e->C},
         {&e->logits, e->act, R, e->Vl},
@@ -652,11 +653,14 @@ static cai_status tp_sum(cai_engine_t *e, cai_tensor *t) {
     return cai_allreduce(e->cx.mesh, CAI_AXIS_TP, t->data, t->data, (size_t)cai_tensor_numel(t), t->dtype, CAI_RED_SUM);
 }
 
-static cai_norm_args norm_of(const cai_engine_t *e, const cai_tensor *w, const cai_tensor *b) {
-    return (cai_norm_args){.weight = w,
-                           .bias = b && b->data ? b : NULL,
-                           .eps = e->cfg->norm_eps,
-                           .rms = e->kinds.norm != CAI_NORM_LAYERNORM};
+static cai_status norm(cai_engine_t *e, cai_tensor *out, const cai_tensor *inp, const cai_tensor *w,
+                       const cai_tensor *b, int64_t n) {
+    cai_device_t *dev = e->dev;
+    if (e->kinds.norm == CAI_NORM_LAYERNORM)
+        return dev->ops->layernorm_fwd(dev, out, NULL, NULL, inp, w, b && b->data ? b : NULL, e->cfg->norm_eps);
+    cai_tensor r = rows_of(&e->rstd, n);
+    r.ndim = 1;
+    return dev->ops->rmsnorm_fwd(dev, out, &r, inp, w, e->cfg->norm_eps);
 }
 
 /* x += a W^T (+ b), W row-parallel: the partial products summed over tp. */
@@ -722,8 +726,8 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
     for (int64_t l = 0; l < e->L; l++) {
         const cai_block_params *p = &e->blk[l];
-        const cai_norm_args n1 = norm_of(e, &p->ln1_w, &p->ln1_b), n2 = norm_of(e, &p->ln2_w, &p->ln2_b);
-        CAI_CALL(ops->norm_linear_fwd(dev, &qkv, &ln, &x, &n1, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
+        CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
+        CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
         if (e->kinds.pos == CAI_POS_ROPE) {
             CAI_CALL(ops->rope_fwd(dev, &qk4, &qk4, &e->rope_cos, &e->rope_sin, &d_pos, 0));
         }
@@ -731,12 +735,13 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
         CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
                                       e->attn_ws, e->attn_ws_bytes));
         CAI_CALL(row_parallel(e, &x, &att, &p->proj_w, &p->proj_b, N));
+        CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
         if (e->kinds.mlp == CAI_MLP_GELU) {
-            CAI_CALL(n2.rms ? ops->rmsnorm_fwd(dev, &ln, NULL, &x, n2.weight, n2.eps)
-                            : ops->layernorm_fwd(dev, &ln, NULL, NULL, &x, n2.weight, n2.bias, n2.eps));
             CAI_CALL(ops->linear_gelu_fwd(dev, &act, &fc, &ln, &p->fc_w, p->fc_b.data ? &p->fc_b : NULL));
         } else {
-            CAI_CALL(ops->norm_swiglu_fwd(dev, &act, &ln, &fc, &up, &x, &n2, &p->fc_w, &p->up_w));
+            CAI_CALL(ops->linear_fwd(dev, &fc, &ln, &p->fc_w, NULL));
+            CAI_CALL(ops->linear_fwd(dev, &up, &ln, &p->up_w, NULL));
+            CAI_CALL(ops->swiglu_fwd(dev, &act, &fc, &up));
         }
         CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
     }
@@ -746,8 +751,8 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     cai_tensor rows = cai_tensor_3d(dev, e->rows.data, e->act, 1, R, e->C);
     CAI_CALL(ops->embedding_fwd(dev, &rows, &d_rows, &table, NULL, 0, N, 0));
     cai_tensor rows2 = rows_of(&e->rows, R), rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
-    const cai_norm_args nf = norm_of(e, &e->lnf_w, &e->lnf_b);
-    CAI_CALL(ops->norm_linear_fwd(dev, &lg, &rln, &rows2, &nf, &e->head_w, NULL));
+    CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
+    CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
     cai_tensor am_i = cai_tensor_1d(dev, e->amax.data, CAI_DTYPE_I32, R);
     cai_tensor am_v = cai_tensor_1d(dev, (int32_t *)e->amax.data + R, CAI_DTYPE_F32, R);
     return ops->argmax_rows(dev, &am_i, &am_v, &lg, e->Voff, e->cfg->vocab_size);

@@ -3,7 +3,6 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/ops_internal.h \
 	%reldir%/ops_check.c \
 	%reldir%/adamw_spans.c \
-	%reldir%/composite.c \
 	%reldir%/cpu_internal.h \
 	%reldir%/cpu_basic.c \
 	%reldir%/cpu_kernels.c \

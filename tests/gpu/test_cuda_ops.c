@@ -341,51 +341,10 @@ static void t_decode_linear(cai_dtype dt) {
         }
     }
 }
-/* The bits of two device results of one shape. */
-static void same_bits(const char *name, gt_t a, gt_t b) {
-    float *x = gt_download(a.b), *y = gt_download(b.b);
-    gt_expect(name, memcmp(x, y, (size_t)a.b->n * sizeof(float)) == 0, "fused and unfused differ");
-    free(x);
-    free(y);
-}
-
-/* The input norm inside the product (norm_linear_fwd, norm_swiglu_fwd):
- * gemv.cu norms the rows itself where they fit (RMSNorm, K a multiple of
- * 8), and gives the bits of the ops the fused one stands for. */
-static void t_decode_norm(cai_dtype dt, cai_dtype gdt) {
-    const double tol = gt_tol(dt);
-    const int64_t rows[] = {1, 3, 8, 9}, ics[] = {2048, 1000, 2050};
-    for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 3; k++) {
-            const int64_t N = rows[i], IC = ics[k], OC = 520;
-            gt_t x = R2(dt, N, IC, 1.5), g = R1(gdt, IC, 1.0);
-            gt_t w = R2(dt, OC, IC, 1.0 / sqrt((double)IC)), wu = R2(dt, OC, IC, 1.0 / sqrt((double)IC));
-            gt_t y = O2(dt, N, OC), y2 = O2(dt, N, OC), ln = O2(dt, N, IC);
-            gt_t act = O2(dt, N, OC), act2 = O2(dt, N, OC), ga = O2(dt, N, OC), up = O2(dt, N, OC);
-            const cai_norm_args nh = {.weight = &g.h, .eps = 1e-6f, .rms = 1},
-                                ng = {.weight = &g.g, .eps = 1e-6f, .rms = 1};
-            char what[96];
-            snprintf(what, sizeof what, "%s %" PRId64 "x%" PRId64 "->%" PRId64 " (norm weight %s)", dtn(dt), N, IC, OC,
-                     dtn(gdt));
-            BOTH("norm_linear_fwd", H->ops->norm_linear_fwd(H, &y.h, &ln.h, &x.h, &nh, &w.h, NULL),
-                 G->ops->norm_linear_fwd(G, &y.g, &ln.g, &x.g, &ng, &w.g, NULL));
-            gt_check(nm("norm_linear_fwd %s", what), y, tol);
-            GT_OK(cai_ops_norm_linear_unfused(G, &y2.g, &ln.g, &x.g, &ng, &w.g, NULL));
-            same_bits(nm("norm_linear_fwd %s = rmsnorm_fwd, linear_fwd", what), y, y2);
-            BOTH("norm_swiglu_fwd", H->ops->norm_swiglu_fwd(H, &act.h, &ln.h, &ga.h, &up.h, &x.h, &nh, &w.h, &wu.h),
-                 G->ops->norm_swiglu_fwd(G, &act.g, &ln.g, &ga.g, &up.g, &x.g, &ng, &w.g, &wu.g));
-            gt_check(nm("norm_swiglu_fwd %s", what), act, tol);
-            GT_OK(cai_ops_norm_swiglu_unfused(G, &act2.g, &ln.g, &ga.g, &up.g, &x.g, &ng, &w.g, &wu.g));
-            same_bits(nm("norm_swiglu_fwd %s = rmsnorm, 2 linear_fwd, swiglu_fwd", what), act, act2);
-        }
-}
 static void decode_linear(void) {
     if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
     t_decode_linear(CAI_DTYPE_BF16);
     t_decode_linear(CAI_DTYPE_F16);
-    t_decode_norm(CAI_DTYPE_BF16, CAI_DTYPE_F32);
-    t_decode_norm(CAI_DTYPE_BF16, CAI_DTYPE_BF16);
-    t_decode_norm(CAI_DTYPE_F16, CAI_DTYPE_F32);
 }
 static void f32_linear_residual(void) { t_linear_residual(CAI_DTYPE_F32); }
 static void bf16_linear_residual(void) { t_linear_residual(CAI_DTYPE_BF16); }

@@ -81,14 +81,6 @@ typedef struct {
     float grad_scale; /* clip coefficient times 1/loss-scale; 1 = none */
 } cai_adamw_params;
 
-/* An input normalisation (the norm_*_fwd ops): RMSNorm when rms (bias
- * unused), else LayerNorm with bias (which may be NULL). */
-typedef struct {
-    const cai_tensor *weight, *bias;
-    float eps;
-    int rms;
-} cai_norm_args;
-
 typedef struct cai_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -183,21 +175,6 @@ typedef struct cai_ops {
      * product, bias and residual, instead of twice). */
     cai_status (*linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
                                       const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual);
-    /* A normalisation and the linear layer it feeds (inference: a decode
-     * step's few rows, where a backend can norm the rows inside the product
-     * instead of storing them first): ln [N,IC] = norm(inp) as
-     * rmsnorm_fwd / layernorm_fwd give it, out [N,OC] = ln @ weight^T
-     * (+ bias). ln is scratch: a backend that fuses may leave it unwritten.
-     * The same bits as the two ops (cai_ops_norm_linear_unfused). */
-    cai_status (*norm_linear_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                  const cai_norm_args *norm, const cai_tensor *weight, const cai_tensor *bias);
-    /* Llama's MLP in front of its down projection: ln = norm(inp), gate = ln
-     * @ gate_w^T, up = ln @ up_w^T, act = swiglu(gate, up); ln, gate and up
-     * [N,F] are scratch as above. The same bits as norm, two linear_fwd and
-     * swiglu_fwd (cai_ops_norm_swiglu_unfused). */
-    cai_status (*norm_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *ln, cai_tensor *gate, cai_tensor *up,
-                                  const cai_tensor *inp, const cai_norm_args *norm, const cai_tensor *gate_w,
-                                  const cai_tensor *up_w);
     /* x [N,C] += bias [C] (in place). */
     cai_status (*bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
     /* dbias [C] += sum over rows of dout [N,C]. */
@@ -390,14 +367,6 @@ typedef struct {
 } cai_adamw_span;
 cai_status cai_adamw_spans(cai_device_t *dev, const cai_adamw_span *spans, int n_spans, cai_dtype lowp_dtype,
                            const cai_adamw_params *p, int split);
-
-/* norm_linear_fwd and norm_swiglu_fwd as the ops they stand for, through
- * dev's table: the CPU backend's, and any backend's where it does not fuse. */
-cai_status cai_ops_norm_linear_unfused(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                       const cai_norm_args *norm, const cai_tensor *weight, const cai_tensor *bias);
-cai_status cai_ops_norm_swiglu_unfused(cai_device_t *dev, cai_tensor *act, cai_tensor *ln, cai_tensor *gate,
-                                       cai_tensor *up, const cai_tensor *inp, const cai_norm_args *norm,
-                                       const cai_tensor *gate_w, const cai_tensor *up_w);
 
 /* The CPU backend's table (always built). */
 const cai_ops *cai_ops_cpu(void);
