@@ -14,8 +14,9 @@
 # bubble (median over the steps after the first, with the least and the
 # most), measured / prediction (the goal for 1f1b and interleaved:
 # 0.90-1.10), the replay (the schedule on each action's measured time: what
-# the compute's own variation makes of it), the mean forward and backward of
-# the last stage over the first's, the compute's coefficient of variation
+# the compute's own variation makes of it), the replay with each stage's
+# actions at their median in the step (@stages: what unequal stages alone
+# make of it), the mean forward and backward of the last stage over the first's, the compute's coefficient of variation
 # (cv: median over the steps; how far the run was from equal compute), the
 # share of the compute's time its rank waited for a processor (stolen: other
 # processes), the replay at the actions' processor times (@cpu: the run as if
@@ -44,8 +45,8 @@ trap 'rm -rf "$tmp"' EXIT
 tree=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo '?')
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) tree $tree, $(uname -n), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"\
      "$(getconf _NPROCESSORS_ONLN) cores online, pp=2, $m microbatches, $per layers of d_model $d per virtual stage, $steps steps"
-printf '%-12s %-5s %-5s %9s %22s %26s %10s %8s %13s %6s %6s %8s %5s\n' schedule start load textbook \
-    "with transfers (us)" "measured (min-max)" "meas/pred" replay "stages F B" cv stolen "@cpu" steps
+printf '%-12s %-5s %-5s %9s %22s %26s %10s %8s %9s %13s %6s %6s %8s %5s\n' schedule start load textbook \
+    "with transfers (us)" "measured (min-max)" "meas/pred" replay "@stages" "stages F B" cv stolen "@cpu" steps
 # quiet or busy: whether, within QUIET seconds, no other task was runnable for 2 s (10 samples)
 quiet() {
     [ "${QUIET:-0}" -gt 0 ] || { echo -; return; }
@@ -82,13 +83,14 @@ for sched in ${SCHEDULES:-1f1b interleaved gpipe zb-h1 zb-v}; do
             -v hi="$(other bubble_measured_max "$t")" -v rp="$(other bubble_replay "$t")" \
             -v f0="$(other forward_s_rank0 "$t")" -v f1="$(other forward_s_rank1 "$t")" \
             -v b0="$(other backward_s_rank0 "$t")" -v b1="$(other backward_s_rank1 "$t")" -v n="$(other steps "$t")" -v cv="$(other compute_cv "$t")" \
-            -v sto="$(other waited_cpu "$t")" -v rc="$(other bubble_replay_cpu "$t")" 'BEGIN {
+            -v sto="$(other waited_cpu "$t")" -v rc="$(other bubble_replay_cpu "$t")" \
+            -v sg="$(other bubble_at_stage_times "$t")" 'BEGIN {
             # zero-bubble styles: the unit-cost schedule times W as F; their prediction is at the measured costs
             zb = s ~ /^zb/
             pred = zb ? ac : wt
-            printf "%-12s %-5s %-5s %8.2f%% %9.2f%% %s(%4.0f) %7.2f%% (%5.2f-%5.2f) %6.3f%s %7.2f%% %6.3f %6.3f %5.1f%% %5.1f%% %7.2f%% %5d\n",
+            printf "%-12s %-5s %-5s %8.2f%% %9.2f%% %s(%4.0f) %7.2f%% (%5.2f-%5.2f) %6.3f%s %7.2f%% %8.2f%% %6.3f %6.3f %5.1f%% %5.1f%% %7.2f%% %5d\n",
                 s, start, load, 100 * tb, 100 * pred, zb ? "*" : " ", 1e6 * us, 100 * me, 100 * lo, 100 * hi, me / pred,
-                (me / pred >= 0.9 && me / pred <= 1.1) ? " " : "!", 100 * rp, f1 / f0, b1 / b0, 100 * cv, 100 * sto,
+                (me / pred >= 0.9 && me / pred <= 1.1) ? " " : "!", 100 * rp, 100 * sg, f1 / f0, b1 / b0, 100 * cv, 100 * sto,
                 100 * rc, n }'
     done
 done

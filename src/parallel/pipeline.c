@@ -677,6 +677,9 @@ static int is_compute(cai_pp_op op) {
     return op == CAI_PP_FORWARD || op == CAI_PP_BACKWARD || op == CAI_PP_BACKWARD_INPUT || op == CAI_PP_BACKWARD_WEIGHT;
 }
 
+/* 0 forward, 1 fused backward or input pass, 2 weight pass */
+static int compute_kind(cai_pp_op op) { return op == CAI_PP_FORWARD ? 0 : op == CAI_PP_BACKWARD_WEIGHT ? 2 : 1; }
+
 /* This rank's clock minus pp rank 0's, from round trips with rank 0: of a
  * few, the shortest brackets rank 0's reading most tightly, and the offset is
  * the reading against the trip's midpoint (within half the trip, a few
@@ -1018,7 +1021,7 @@ static cai_status trace_gather(cai_pipeline_t *p, trace_set *t) {
  * events (kind 0 forward, 1 fused backward or input pass). */
 typedef struct {
     double **dur, **cpu;
-    double *dur_block, *cpu_block;
+    double *dur_block, *cpu_block, *tmp;
     int *at;
     double *lat; /* waited-for transfers, every step's */
     int n_lat, cap_lat;
@@ -1029,10 +1032,29 @@ typedef struct {
  * replayed at its action times, [2] the spread of the ranks' starts, [3] the
  * largest coefficient of variation of one kind of compute over its
  * actions, [4] the replay at the actions' processor times, [5] the share of
- * the compute's span its rank waited for a processor; the latencies of the
+ * the compute's span its rank waited for a processor, [6] the replay with
+ * each stage's actions of a kind at their median; the latencies of the
  * transfers a consumer waited for (its previous action ended before the
  * producer did: the consumer's start minus the producer's end) go to lat. */
-static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j, step_scratch *w, double out[6]) {
+/* Each compute of rank r's list takes the median time of its stage's
+ * (chunk's) actions of its kind in the step: the step's stages, each even. */
+static void stage_medians(const cai_pipeline_t *p, int r, step_scratch *w) {
+    const cai_pp_action *acts = cai_pp_schedule_actions(p->sched, r);
+    const int len = cai_pp_schedule_len(p->sched, r);
+    for (int c = 0; c < p->n_chunks; c++)
+        for (int kind = 0; kind < 3; kind++) {
+            int n = 0;
+            for (int i = 0; i < len; i++)
+                if (is_compute(acts[i].op) && acts[i].chunk == c && compute_kind(acts[i].op) == kind)
+                    w->tmp[n++] = w->dur[r][i];
+            const double med = median(w->tmp, n);
+            for (int i = 0; i < len; i++)
+                if (is_compute(acts[i].op) && acts[i].chunk == c && compute_kind(acts[i].op) == kind)
+                    w->cpu[r][i] = med;
+        }
+}
+
+static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j, step_scratch *w, double out[7]) {
     const int pp = p->spec.pp, v = p->n_chunks, pairs = p->spec.microbatches * v;
     const int S = pp * p->spec.virtual_stages;
     double first = INFINITY, last = -INFINITY, busy = 0, ran = 0, t0lo = INFINITY, t0hi = -INFINITY;
@@ -1053,7 +1075,7 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
             follows = k < ne && (int)e[0] == (int)acts[i].op && (int)e[1] == acts[i].mb && (int)e[2] == acts[i].chunk;
             if (!follows) break;
             const double dt = e[4] - e[3];
-            const int kind = acts[i].op == CAI_PP_FORWARD ? 0 : acts[i].op == CAI_PP_BACKWARD_WEIGHT ? 2 : 1;
+            const int kind = compute_kind(acts[i].op);
             mom[kind][0] += 1;
             mom[kind][1] += dt;
             mom[kind][2] += dt * dt;
@@ -1078,6 +1100,9 @@ static cai_status trace_step_stats(cai_pipeline_t *p, const trace_set *t, int j,
     out[1] = ps.bubble;
     CAI_CALL(cai_pp_schedule_replay(p->sched, (const double *const *)w->cpu, 0, &ps));
     out[4] = ps.bubble;
+    for (int r = 0; r < pp; r++) stage_medians(p, r, w); /* into cpu: the processor times are done */
+    CAI_CALL(cai_pp_schedule_replay(p->sched, (const double *const *)w->cpu, 0, &ps));
+    out[6] = ps.bubble;
     out[5] = busy > 0 ? 1.0 - ran / busy : 0;
     out[2] = t0hi - t0lo;
     out[3] = 0;
@@ -1153,7 +1178,7 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         }
     enum { PER_RANK = 16 };
     char keys[2 * PER_RANK][24];
-    cai_pp_trace_meta meta[17 + 2 * PER_RANK] = {
+    cai_pp_trace_meta meta[18 + 2 * PER_RANK] = {
         {"steps", s->steps},
         {"bubble_measured", s->measured},
         {"bubble_measured_min", s->measured_min},
@@ -1168,11 +1193,12 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         {"compute_cv", s->compute_cv},
         {"bubble_replay_cpu", s->replay_cpu},
         {"waited_cpu", s->waited_cpu},
+        {"bubble_at_stage_times", s->at_stage_times},
         {"forward_s", s->f},
         {"backward_s", s->b},
         {"weight_s", s->w},
     };
-    size_t nm = 17;
+    size_t nm = 18;
     for (int r = 0; r < pp && r < PER_RANK; r++) {
         snprintf(keys[2 * r], sizeof keys[0], "forward_s_rank%d", r);
         snprintf(keys[2 * r + 1], sizeof keys[0], "backward_s_rank%d", r);
@@ -1203,6 +1229,7 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
     CAI_CALL_GOTO(cai_calloc((void **)&w.dur_block, lens + 1, sizeof *w.dur_block, "trace replay"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&w.cpu, (size_t)pp, sizeof *w.cpu, "trace replay"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&w.cpu_block, lens + 1, sizeof *w.cpu_block, "trace replay"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&w.tmp, lens + 1, sizeof *w.tmp, "trace replay"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&w.at, (size_t)pp * 2 * (size_t)pairs + 1, sizeof *w.at, "trace index"), st,
                   done);
     for (int r = 0, at = 0; r < pp; at += cai_pp_schedule_len(p->sched, r), r++) {
@@ -1210,11 +1237,11 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
         w.cpu[r] = w.cpu_block + at;
     }
     const int steady = t.kept - t.first_steady;
-    CAI_CALL_GOTO(cai_calloc((void **)&per_step, 6 * (size_t)steady + 6, sizeof *per_step, "trace steps"), st, done);
+    CAI_CALL_GOTO(cai_calloc((void **)&per_step, 7 * (size_t)steady + 7, sizeof *per_step, "trace steps"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&rank_fb, 4 * (size_t)pp, sizeof *rank_fb, "trace per rank"), st, done);
     double sum[CAI_PP_OP_COUNT] = {0}, n_op[CAI_PP_OP_COUNT] = {0};
     for (int j = t.first_steady; j < t.kept; j++) {
-        double one[6] = {0, 0, 0, 0, 0, 0};
+        double one[7] = {0, 0, 0, 0, 0, 0, 0};
         CAI_CALL_GOTO(trace_step_stats(p, &t, j, &w, one), st, done);
         const int i = j - t.first_steady;
         per_step[i] = one[0];
@@ -1223,6 +1250,7 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
         per_step[3 * steady + i] = one[3];
         per_step[4 * steady + i] = one[4];
         per_step[5 * steady + i] = one[5];
+        per_step[6 * steady + i] = one[6];
         for (int r = 0; r < pp; r++) {
             const double *d = trace_step(&t, r, j);
             for (int k = 0; k < (int)d[1]; k++) {
@@ -1247,6 +1275,7 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
     out->compute_cv = median(per_step + 3 * steady, steady);
     out->replay_cpu = median(per_step + 4 * steady, steady);
     out->waited_cpu = median(per_step + 5 * steady, steady);
+    out->at_stage_times = median(per_step + 6 * steady, steady);
     out->transfers = w.n_lat;
     out->transfer = median(w.lat, w.n_lat);
 #define MEAN(op) (n_op[op] > 0 ? sum[op] / n_op[op] : 0.0)
@@ -1275,6 +1304,7 @@ done:
     cai_free(w.dur_block);
     cai_free(w.cpu);
     cai_free(w.cpu_block);
+    cai_free(w.tmp);
     cai_free(w.at);
     free(w.lat);
     cai_free(per_step);

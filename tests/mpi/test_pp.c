@@ -173,7 +173,8 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         !(ts.replay >= 0 && ts.replay < 1) || !(ts.with_transfers >= ts.at_costs - 1e-12) || ts.transfers < 1 ||
         !(ts.transfer >= 0 && ts.transfer < 1) || !(ts.start_spread >= 0 && ts.start_spread < 0.1) || !(ts.f > 0) ||
         !(ts.b > 0) || (mo.split_backward && !(ts.w > 0)) || !(ts.compute_cv >= 0 && ts.compute_cv < 10) ||
-        !(ts.waited_cpu >= 0 && ts.waited_cpu <= 1) || !(ts.replay_cpu >= 0 && ts.replay_cpu < 1)) {
+        !(ts.waited_cpu >= 0 && ts.waited_cpu <= 1) || !(ts.replay_cpu >= 0 && ts.replay_cpu < 1) ||
+        !(ts.at_stage_times >= 0 && ts.at_stage_times < 1)) {
         st = CAI_ERROR(CAI_ERR_INTERNAL,
                        "trace statistics: %d steps (%d run), measured %g in [%g, %g], replay %g, at costs %g, with "
                        "transfers %g, %d transfers of %g s, start spread %g s, f %g b %g w %g, cv %g, waited for a "

@@ -463,6 +463,10 @@ typedef struct {
                               processes took from the ranks */
     double replay_cpu;     /* the replay at each action's processor time instead of its span:
                               the run's compute as if nothing had taken its processor */
+    double at_stage_times; /* median over the steps of the replay with every action at its
+                              stage's median for its kind in that step: what unequal stages
+                              alone make of the schedule (replay - this: the variation
+                              from action to action) */
     double f, b, w;        /* mean forward, backward (input pass), weight pass times */
 } cai_pp_trace_stats;
 /* The statistics above, collective over CAI_AXIS_PP; path (may be NULL): pp
