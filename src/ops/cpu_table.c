@@ -43,6 +43,7 @@ static const cai_ops cpu_ops = {
     .attention_workspace_bytes = cai_cpu_attention_workspace_bytes,
     .attention_fwd = cai_cpu_attention_fwd,
     .attention_bwd = cai_cpu_attention_bwd,
+    .attention_merge = cai_cpu_attention_merge,
     .embedding_fwd = cai_cpu_embedding_fwd,
     .embedding_bwd = cai_cpu_embedding_bwd,
     .xent_fwd = cai_cpu_xent_fwd,

@@ -10,6 +10,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_norm.c \
 	%reldir%/cpu_pointwise.c \
 	%reldir%/cpu_attention.c \
+	%reldir%/cpu_attn_merge.c \
 	%reldir%/cpu_paged.c \
 	%reldir%/cpu_embed.c \
 	%reldir%/cpu_optim.c \

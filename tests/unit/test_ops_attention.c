@@ -380,6 +380,84 @@ START_TEST(attention_docs_per_document) {
 }
 END_TEST
 
+/* attention_merge: attention over the keys in two blocks, merged by the
+ * blocks' log-sum-exp in either order, equals attention over all keys
+ * (output and lse). The causal offset -1 leaves row 0 seeing no key at all
+ * (output 0, lse -inf after the merge too), rows 1-4 only the first block
+ * (the second block's lse is -inf: the merge keeps them, or takes them when
+ * merged second); out and lse are narrowed views of wider buffers. */
+START_TEST(attention_merge_blocks) {
+    cai_device_t *dev = test_device(2);
+    const cai_ops *ops = dev->ops;
+    enum { B = 2, Tq = 8, Tk = 9, A = 4, Hq = 4, Hkv = 2, D = 8, W = Tq + 3 };
+    const int64_t nq = B * Tq * Hq * D, nk = B * Tk * Hkv * D;
+    double *r = drandn(nq + 2 * nk, 11, 1.0);
+    float *q = to_f(r, nq), *k = to_f(r + nq, nk), *v = to_f(r + nq + nk, nk);
+    cai_tensor tq = cai_tensor_4d(dev, q, CAI_DTYPE_F32, B, Tq, Hq, D),
+               tk = cai_tensor_4d(dev, k, CAI_DTYPE_F32, B, Tk, Hkv, D),
+               tv = cai_tensor_4d(dev, v, CAI_DTYPE_F32, B, Tk, Hkv, D);
+    size_t wsb = ops->attention_workspace_bytes(dev, B, Tq, Tk, Hq, Hkv, D);
+    void *ws = malloc(wsb);
+    float *o_all = falloc(nq), *l_all = falloc(B * Hq * Tq);
+    cai_tensor to_all = cai_tensor_4d(dev, o_all, CAI_DTYPE_F32, B, Tq, Hq, D),
+               tl_all = cai_tensor_3d(dev, l_all, CAI_DTYPE_F32, B, Hq, Tq);
+    ASSERT_OK(ops->attention_fwd(dev, &to_all, &tl_all, &tq, &tk, &tv,
+                                 &(cai_attn_params){.causal = 1, .causal_offset = -1}, ws, wsb));
+    ck_assert(isinf(l_all[0]) && l_all[0] < 0);
+    for (int order = 0; order < 2; order++) {
+        /* out [B,W,Hq,D] and lse [B,Hq,W]: the results live in rows [2, 2+Tq). */
+        float *ow = falloc(B * W * Hq * D), *lw = falloc(B * Hq * W), *ob = falloc(nq), *lb = falloc(B * Hq * Tq);
+        cai_tensor tow = cai_tensor_4d(dev, ow, CAI_DTYPE_F32, B, W, Hq, D),
+                   tlw = cai_tensor_3d(dev, lw, CAI_DTYPE_F32, B, Hq, W), to, tl;
+        ASSERT_OK(cai_tensor_narrow(&tow, 1, 2, Tq, &to));
+        ASSERT_OK(cai_tensor_narrow(&tlw, 2, 2, Tq, &tl));
+        cai_tensor tob = cai_tensor_4d(dev, ob, CAI_DTYPE_F32, B, Tq, Hq, D),
+                   tlb = cai_tensor_3d(dev, lb, CAI_DTYPE_F32, B, Hq, Tq);
+        for (int blk = 0; blk < 2; blk++) {
+            int first = order == 0 ? blk : 1 - blk; /* which key block this pass sees */
+            int64_t k0 = first == 0 ? 0 : A, nkb = first == 0 ? A : Tk - A;
+            cai_tensor kb, vb;
+            ASSERT_OK(cai_tensor_narrow(&tk, 1, k0, nkb, &kb));
+            ASSERT_OK(cai_tensor_narrow(&tv, 1, k0, nkb, &vb));
+            cai_attn_params p = {.causal = 1, .causal_offset = -1 - k0};
+            if (blk == 0) {
+                ASSERT_OK(ops->attention_fwd(dev, &to, NULL, &tq, &kb, &vb, &p, ws, wsb));
+                ASSERT_OK(ops->attention_fwd(dev, &tob, &tlb, &tq, &kb, &vb, &p, ws, wsb));
+                ASSERT_OK(ops->copy(dev, &tl, &tlb));
+            } else {
+                ASSERT_OK(ops->attention_fwd(dev, &tob, &tlb, &tq, &kb, &vb, &p, ws, wsb));
+                ASSERT_OK(ops->attention_merge(dev, &to, &tl, &tob, &tlb));
+            }
+        }
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < Tq; t++)
+                for (int64_t h = 0; h < Hq; h++) {
+                    float lg = lw[(b * Hq + h) * W + 2 + t], le = l_all[(b * Hq + h) * Tq + t];
+                    if (isinf(le))
+                        ck_assert_msg(isinf(lg) && lg < 0, "order %d lse[%ld,%ld,%ld] %g", order, (long)b, (long)h,
+                                      (long)t, (double)lg);
+                    else
+                        ck_assert_msg(fabsf(lg - le) <= 1e-6f * fmaxf(1.0f, fabsf(le)), "order %d lse %g vs %g", order,
+                                      (double)lg, (double)le);
+                    for (int64_t d = 0; d < D; d++) {
+                        float g = ow[((b * W + 2 + t) * Hq + h) * D + d], e = o_all[((b * Tq + t) * Hq + h) * D + d];
+                        ck_assert_msg(fabsf(g - e) <= 1e-6f * fmaxf(1.0f, fabsf(e)), "order %d out %g vs %g", order,
+                                      (double)g, (double)e);
+                    }
+                }
+        free(ow), free(lw), free(ob), free(lb);
+    }
+    /* Shapes that disagree are refused, naming the argument. */
+    float small[4];
+    cai_tensor bad = cai_tensor_3d(dev, small, CAI_DTYPE_F32, 1, 1, 4), to2 = to_all;
+    ck_assert_int_eq(ops->attention_merge(dev, &to2, &bad, &to_all, &tl_all), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "lse"));
+    cai_error_clear();
+    free(o_all), free(l_all), free(ws), free(q), free(k), free(v), free(r);
+    cai_device_free(dev);
+}
+END_TEST
+
 static Suite *attention_suite(void) {
     Suite *s = suite_create("attention");
     TCase *tc = tcase_create("cpu");
@@ -387,6 +465,7 @@ static Suite *attention_suite(void) {
     tcase_add_loop_test(tc, attention_case, 0, (int)(sizeof cases / sizeof *cases));
     tcase_add_test(tc, attention_shape_errors);
     tcase_add_test(tc, attention_docs_per_document);
+    tcase_add_test(tc, attention_merge_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

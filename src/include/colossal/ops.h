@@ -246,6 +246,15 @@ typedef struct cai_ops {
                                 const cai_tensor *dout, const cai_tensor *q, const cai_tensor *k, const cai_tensor *v,
                                 const cai_tensor *out, const cai_tensor *lse, const cai_attn_params *params,
                                 void *workspace, size_t workspace_bytes);
+    /* Online-softmax merge of two attention results over disjoint key sets
+     * (ring attention's blocks), per query row: l = log(e^lse + e^blk_lse),
+     * out = out e^(lse - l) + blk_out e^(blk_lse - l), lse = l. out, blk_out
+     * [B,T,H,D] (strided rows as attention's); lse, blk_lse [B,H,T] F32 with
+     * a contiguous last dimension and any strides on B and H (views of a
+     * wider lse). A row whose lse is -inf takes blk's values; a blk_lse of
+     * -inf leaves the row unchanged. NULL where a backend lacks it. */
+    cai_status (*attention_merge)(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *blk_out,
+                                  const cai_tensor *blk_lse);
 
     /* ---- paged KV cache (inference; docs/infer.md)
      * A layer's cache is two tensors [n_blocks, block_size, Hkv, D]
