@@ -90,3 +90,20 @@ $(PP_MPI_TESTS):
 CLEANFILES += $(PP_MPI_TESTS)
 TESTS += $(PP_MPI_TESTS)
 endif
+
+# ---- sequence-parallel attention (docs/sequence-parallel.md): ring
+# attention (zigzag) and Ulysses over the sp axis
+colossalinclude_HEADERS += src/include/colossal/seq_parallel.h
+src_libcolossal_core_la_SOURCES += %reldir%/seq_parallel_internal.h %reldir%/seq_parallel.c \
+	%reldir%/ring_attention.c %reldir%/ulysses.c
+if HAVE_CHECK
+check_PROGRAMS += tests/mpi/test_seq_parallel
+tests_mpi_test_seq_parallel_SOURCES = tests/mpi/test_seq_parallel.c tests/mpi/test_mesh_util.h
+tests_mpi_test_seq_parallel_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_seq_parallel_LDADD = $(TEST_LIBS)
+SP_MPI_TESTS = tests/mpi/seq_parallel.np2 tests/mpi/seq_parallel.np4
+$(SP_MPI_TESTS):
+	@$(MKDIR_P) $(@D) && : > $@
+CLEANFILES += $(SP_MPI_TESTS)
+TESTS += $(SP_MPI_TESTS)
+endif
