@@ -427,3 +427,39 @@ extern "C" cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cu
     if (q.D <= 256) return bwd_launch<256>(s, dq, dk, dv, dout, q, k, v, lse, dvec, a);
     return cudaErrorInvalidValue;
 }
+
+/* attention_merge: one warp per (b, h, t) row. Every lane reads both lse
+ * values before lane 0 replaces the row's; the weights in double, as the
+ * CPU backend computes them. */
+__global__ void k_attn_merge(cuk_bthd o, float *lse, int64_t lsb, int64_t lsh, cuk_bthd x, const float *xlse,
+                             int64_t xsb, int64_t xsh) {
+    const int64_t row = (int64_t)blockIdx.x * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x & 31;
+    if (row >= o.B * o.H * o.T) return;
+    const int64_t t = row % o.T, h = (row / o.T) % o.H, b = row / (o.T * o.H);
+    float *l = lse + b * lsb + h * lsh + t;
+    const float la = *l, lb = xlse[b * xsb + h * xsh + t];
+    __syncwarp();
+    if (lb == -INFINITY) return;
+    const int64_t yo = b * o.sb + t * o.st + h * o.sh, xo = b * x.sb + t * x.st + h * x.sh;
+    float wa = 0.0f, wb = 1.0f, ln = lb;
+    if (la != -INFINITY) {
+        double m = fmax((double)la, (double)lb), ea = exp((double)la - m), eb = exp((double)lb - m), sum = ea + eb;
+        wa = (float)(ea / sum);
+        wb = (float)(eb / sum);
+        ln = (float)(m + log(sum));
+    }
+    for (int64_t d = lane; d < o.D; d += 32) {
+        float xv = ldf(x.p, x.dt, xo + d);
+        stf(o.p, o.dt, yo + d, la == -INFINITY ? xv : wa * ldf(o.p, o.dt, yo + d) + wb * xv);
+    }
+    if (lane == 0) *l = ln;
+}
+
+extern "C" cudaError_t cuk_attn_merge(cudaStream_t s, cuk_bthd o, float *lse, int64_t lsb, int64_t lsh, cuk_bthd x,
+                                      const float *xlse, int64_t xsb, int64_t xsh) {
+    int64_t rows = o.B * o.H * o.T;
+    if (rows <= 0) return cudaSuccess;
+    k_attn_merge<<<(unsigned)cuk_cdiv(rows, 8), 256, 0, s>>>(o, lse, lsb, lsh, x, xlse, xsb, xsh);
+    return cudaGetLastError();
+}

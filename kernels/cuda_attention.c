@@ -221,3 +221,15 @@ cai_status cai_cuda_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor 
     else CUK_LAUNCH(op, cuk_attn_bwd(cai_cuda_of(dev)->stream, kdq, kdk, kdv, kg, kq, kk, kv, ko, a.lse, dvec, a.p));
     return CAI_OK;
 }
+
+cai_status cai_cuda_attention_merge(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *blk_out,
+                                    const cai_tensor *blk_lse) {
+    static const char *op = "attention_merge";
+    cai_bthd o, bo;
+    int64_t ls[2], bs[2];
+    CAI_CALL(cai_ops_merge_args(op, out, lse, blk_out, blk_lse, CAI_CUDA, CAI_ANYF, &o, &bo, ls, bs));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_attn_merge(cai_cuda_of(dev)->stream, cai_cuda_bthd(&o), lse->data, ls[0], ls[1],
+                                  cai_cuda_bthd(&bo), blk_lse->data, bs[0], bs[1]));
+    return CAI_OK;
+}

@@ -176,6 +176,8 @@ CUDA_OP(attention_bwd)
 (cai_device_t *dev, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout, const cai_tensor *q,
  const cai_tensor *k, const cai_tensor *v, const cai_tensor *out, const cai_tensor *lse, const cai_attn_params *params,
  void *workspace, size_t workspace_bytes);
+CUDA_OP(attention_merge)
+(cai_device_t *dev, cai_tensor *out, cai_tensor *lse, const cai_tensor *blk_out, const cai_tensor *blk_lse);
 CUDA_OP(embedding_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *tokens, const cai_tensor *wte, const cai_tensor *wpe,
  int64_t vocab_offset, int64_t vocab_total, int64_t pos_offset);

@@ -132,6 +132,10 @@ cudaError_t cuk_attn_fwd(cudaStream_t s, cuk_bthd o, float *lse, cuk_bthd q, cuk
 /* dq.p / dk.p / dv.p may be NULL; dvec is a [B,Hq,Tq] f32 workspace. */
 cudaError_t cuk_attn_bwd(cudaStream_t s, cuk_bthd dq, cuk_bthd dk, cuk_bthd dv, cuk_bthd dout, cuk_bthd q, cuk_bthd k,
                          cuk_bthd v, cuk_bthd o, const float *lse, float *dvec, cuk_attn a);
+/* attention_merge: o, lse (strides lsb, lsh on B and H) merged with x,
+ * xlse (xsb, xsh) by their log-sum-exp, as the CPU backend does. */
+cudaError_t cuk_attn_merge(cudaStream_t s, cuk_bthd o, float *lse, int64_t lsb, int64_t lsh, cuk_bthd x,
+                           const float *xlse, int64_t xsb, int64_t xsh);
 
 /* attention_tc.cu: the bf16 tensor-core variants, called by the launchers above
  * when a.tc is set and q, k, v (and dout) are bf16; dvec is already computed. */

@@ -48,6 +48,7 @@ static const cai_ops cuda_ops = {
     .attention_workspace_bytes = cai_cuda_attention_workspace_bytes,
     .attention_fwd = cai_cuda_attention_fwd,
     .attention_bwd = cai_cuda_attention_bwd,
+    .attention_merge = cai_cuda_attention_merge,
     .embedding_fwd = cai_cuda_embedding_fwd,
     .embedding_bwd = cai_cuda_embedding_bwd,
     .xent_fwd = cai_cuda_xent_fwd,

@@ -108,6 +108,34 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
     return CAI_OK;
 }
 
+/* An lse view [B,H,T] F32 with a contiguous last dimension. */
+static cai_status lse_view(const char *op, const char *arg, const cai_tensor *t, const cai_bthd *like,
+                           cai_device_kind kind, int64_t st[2]) {
+    CAI_CALL(cai_ops_check(op, arg, t, kind, (int)CAI_DTYPE_F32));
+    if (t->ndim != 3 || t->shape[0] != like->B || t->shape[1] != like->H || t->shape[2] != like->T ||
+        (t->shape[2] > 1 && t->stride[2] != 1))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: %s is %s, expected [%" PRId64 ",%" PRId64 ",%" PRId64
+                         "] (B, heads, T of out) with a contiguous last dimension",
+                         op, arg, CAI_OPS_DESCRIBE(t), like->B, like->H, like->T);
+    st[0] = t->stride[0];
+    st[1] = t->stride[1];
+    return CAI_OK;
+}
+
+cai_status cai_ops_merge_args(const char *op, const cai_tensor *out, const cai_tensor *lse, const cai_tensor *blk_out,
+                              const cai_tensor *blk_lse, cai_device_kind kind, int want, cai_bthd *o, cai_bthd *bo,
+                              int64_t ls[2], int64_t bs[2]) {
+    CAI_CALL(cai_ops_bthd(op, "out", out, kind, want, o));
+    CAI_CALL(cai_ops_bthd(op, "blk_out", blk_out, kind, want, bo));
+    if (!cai_tensor_same_shape(out, blk_out) || out->dtype != blk_out->dtype)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: blk_out is %s but out is %s; they must match", op,
+                         CAI_OPS_DESCRIBE(blk_out), CAI_OPS_DESCRIBE(out));
+    CAI_CALL(lse_view(op, "lse", lse, o, kind, ls));
+    CAI_CALL(lse_view(op, "blk_lse", blk_lse, o, kind, bs));
+    return CAI_OK;
+}
+
 cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
                              const cai_rows *ref) {
     if (r->rows != ref->rows || r->cols != ref->cols)

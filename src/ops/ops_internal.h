@@ -44,6 +44,12 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
 cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
                                const cai_tensor *weight, const cai_tensor *bias, cai_device_kind kind, int want,
                                cai_rows *x, cai_rows *w, cai_rows *y, char **bias_data);
+/* attention_merge's arguments: out and blk_out [B,T,H,D] alike (dtype
+ * `want`), lse and blk_lse F32 [B,H,T] views with a contiguous last
+ * dimension; the lse strides on B and H into ls and bs. */
+cai_status cai_ops_merge_args(const char *op, const cai_tensor *out, const cai_tensor *lse, const cai_tensor *blk_out,
+                              const cai_tensor *blk_lse, cai_device_kind kind, int want, cai_bthd *o, cai_bthd *bo,
+                              int64_t ls[2], int64_t bs[2]);
 /* Same shape (and rows) as `ref`. */
 cai_status cai_ops_same_rows(const char *op, const char *arg, const cai_rows *r, const char *ref_arg,
                              const cai_rows *ref);

@@ -551,6 +551,37 @@ static void t_attention(cai_dtype dt) {
     attn_case(dt, 3, 1, 90, 8, 2, 128, 1, 89, 0, 0);
 }
 
+/* attention_merge (ring attention's step): two key blocks' results merged
+ * into out and a narrowed view of a wider lse. Causal offset -1: row 0 sees
+ * no key (lse -inf on both sides), the early rows only the first block. */
+static void t_attn_merge(cai_dtype dt) {
+    const int64_t B = 2, Tq = 37, Tk = 50, A = 20, Hq = 4, Hkv = 2, D = 64;
+    double tol = gt_tol(dt);
+    gt_t q = R4(dt, B, Tq, Hq, D, 1.0), k = R4(dt, B, Tk, Hkv, D, 1.0), v = R4(dt, B, Tk, Hkv, D, 1.0);
+    gt_t o = O4(dt, B, Tq, Hq, D), bo = O4(dt, B, Tq, Hq, D);
+    gt_t lw = O3(CAI_DTYPE_F32, B, Hq, Tq + 5), bl = O3(CAI_DTYPE_F32, B, Hq, Tq);
+    gt_t l = gt_narrow(lw, 2, 3, Tq);
+    size_t hws = H->ops->attention_workspace_bytes(H, B, Tq, Tk, Hq, Hkv, D);
+    size_t gws = G->ops->attention_workspace_bytes(G, B, Tq, Tk, Hq, Hkv, D);
+    void *hw = malloc(hws), *gw = NULL;
+    GT_OK(cai_device_alloc(G, gws, "attention workspace", &gw));
+    for (int blk = 0; blk < 2; blk++) {
+        int64_t k0 = blk ? A : 0, nk = blk ? Tk - A : A;
+        gt_t kb = gt_narrow(k, 1, k0, nk), vb = gt_narrow(v, 1, k0, nk);
+        cai_attn_params p = {.causal = 1, .causal_offset = -1 - k0};
+        gt_t *dst = blk ? &bo : &o;
+        BOTH("attention_fwd block", H->ops->attention_fwd(H, &dst->h, &bl.h, &q.h, &kb.h, &vb.h, &p, hw, hws),
+             G->ops->attention_fwd(G, &dst->g, &bl.g, &q.g, &kb.g, &vb.g, &p, gw, gws));
+        if (!blk) BOTH("copy lse", H->ops->copy(H, &l.h, &bl.h), G->ops->copy(G, &l.g, &bl.g));
+    }
+    BOTH("attention_merge", H->ops->attention_merge(H, &o.h, &l.h, &bo.h, &bl.h),
+         G->ops->attention_merge(G, &o.g, &l.g, &bo.g, &bl.g));
+    gt_check("attention_merge out", o, tol);
+    gt_check("attention_merge lse (narrowed view)", l, 1e-5);
+    free(hw);
+    cai_device_dealloc(G, gw);
+}
+
 /* ------------------------------------------------------------------ embeddings, cross-entropy */
 
 static void t_embedding(cai_dtype dt) {
@@ -1409,10 +1440,16 @@ static void bf16_act(void) {
     t_activations(CAI_DTYPE_BF16);
     t_rope(CAI_DTYPE_BF16);
 }
-static void f32_attn(void) { t_attention(CAI_DTYPE_F32); }
+static void f32_attn(void) {
+    t_attention(CAI_DTYPE_F32);
+    t_attn_merge(CAI_DTYPE_F32);
+}
 /* default: cuDNN's fused attention where the build has it and it takes the
  * case, else flash at D 64/128, WMMA otherwise */
-static void bf16_attn(void) { t_attention(CAI_DTYPE_BF16); }
+static void bf16_attn(void) {
+    t_attention(CAI_DTYPE_BF16);
+    t_attn_merge(CAI_DTYPE_BF16);
+}
 static void bf16_attn_flash(void) {
     cai_cuda_attn_force(CAI_CUDA_ATTN_FLASH); /* the project's own kernels even where cuDNN is built */
     t_attention(CAI_DTYPE_BF16);
