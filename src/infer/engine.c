@@ -258,7 +258,7 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
     e->dev = cai_weights_device(w);
     e->tp = view->tp_size;
     e->tp_rank = view->tp_rank;
-    e->cx = (cai_layer_ctx){e->dev, mesh, e->tp, e->tp_rank, 0, NULL, NULL};
+    e->cx = (cai_layer_ctx){e->dev, mesh, e->tp, e->tp_rank, 0, NULL, NULL, NULL};
     e->kinds = cai_model_family_kinds(e->cfg->family);
     e->C = e->cfg->d_model;
     e->Hq = e->cfg->n_heads / e->tp;

@@ -28,7 +28,7 @@
 #include <string.h>
 
 cai_layer_ctx cai_layer_ctx_local(cai_device_t *dev) {
-    cai_layer_ctx c = {dev, NULL, 1, 0, 0, NULL, NULL};
+    cai_layer_ctx c = {dev, NULL, 1, 0, 0, NULL, NULL, NULL};
     return c;
 }
 
@@ -197,7 +197,8 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     }
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     cai_attn_params ap = causal_params(cx);
-    CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
+    if (cx->attn) CAI_CALL(cx->attn->fwd(cx->attn->ctx, &att4, &a->att_lse, &q, &k, &v, &ap));
+    else CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
     CAI_CALL(row_parallel_residual(cx, s, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_ATTN_PROJ, &a->att, out));
     return CAI_OK;
@@ -228,8 +229,10 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     CAI_CALL(cai_tensor_unflatten(&a->att, 2, d->head_dim, &att4));
     CAI_CALL(cai_tensor_unflatten(&s->datt, 2, d->head_dim, &datt4));
     cai_attn_params ap = causal_params(cx);
-    CAI_CALL(ops->attention_bwd(dev, &dq, &dk, &dv, &datt4, &q, &k, &v, &att4, &a->att_lse, &ap, s->attn_ws,
-                                s->attn_ws_bytes));
+    if (cx->attn) CAI_CALL(cx->attn->bwd(cx->attn->ctx, &dq, &dk, &dv, &datt4, &q, &k, &v, &att4, &a->att_lse, &ap));
+    else
+        CAI_CALL(ops->attention_bwd(dev, &dq, &dk, &dv, &datt4, &q, &k, &v, &att4, &a->att_lse, &ap, s->attn_ws,
+                                    s->attn_ws_bytes));
     if (rope(d)) {
         CAI_CALL(ops->rope_bwd(dev, &dq, &dq, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));
         CAI_CALL(ops->rope_bwd(dev, &dk, &dk, &s->rope_cos, &s->rope_sin, cx->positions, d->pos_offset));

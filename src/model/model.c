@@ -750,7 +750,7 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
                        opt.batch, opt.seq_len, (long long)opt.batch * opt.seq_len, opt.view.tp_size, opt.view.tp_size);
         goto fail;
     }
-    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp, NULL, NULL};
+    m->cx = (cai_layer_ctx){dev, opt.mesh, opt.view.tp_size, opt.view.tp_rank, sp, NULL, NULL, NULL};
     m->external = opt.external_params != 0;
     m->split = opt.split_backward != 0;
     m->frozen = opt.frozen != 0;
@@ -1012,6 +1012,8 @@ cai_status cai_model_set_packing(cai_model_t *m, const int32_t *positions, const
         return CAI_OK;
     }
     CAI_CHECK_ARG(positions && doc_ids, "%s: positions and doc_ids come together (both NULL turns packing off)", fn);
+    CAI_CHECK_ARG(!m->cx.attn, "%s: packed rows and a sharded sequence (cai_model_set_seq_attention) do not combine",
+                  fn);
     if (cai_model_seq_parallel(m))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "%s: packed rows under sequence parallelism are not supported (each rank holds a block of "
@@ -1034,6 +1036,43 @@ cai_status cai_model_set_packing(cai_model_t *m, const int32_t *positions, const
     CAI_CALL(upload_i32(m, &m->pack_doc, doc_ids));
     m->cx.positions = &m->pack_pos;
     m->cx.doc_ids = &m->pack_doc;
+    return CAI_OK;
+}
+
+cai_status cai_model_set_seq_attention(cai_model_t *m, const cai_attn_hook *hook, const int32_t *positions) {
+    static const char *fn = "cai_model_set_seq_attention";
+    CAI_CHECK_ARG(m, "%s: NULL model", fn);
+    if (!hook) {
+        m->cx.attn = NULL;
+        m->cx.positions = NULL;
+        return CAI_OK;
+    }
+    CAI_CHECK_ARG(hook->fwd && hook->bwd && positions, "%s: the hook's fwd and bwd and the positions are required", fn);
+    CAI_CHECK_ARG(!m->cx.doc_ids, "%s: packed rows (cai_model_set_packing) and a sharded sequence do not combine", fn);
+    if (cai_model_seq_parallel(m))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: split-gather sequence parallelism already splits the tokens over tp; it does not "
+                         "combine with a sequence sharded over the sp axis",
+                         fn);
+    const int64_t n = (int64_t)m->B * m->T;
+    for (int64_t t = 0; t < m->T; t++)
+        CAI_CHECK_ARG(positions[t] >= 0 && positions[t] < m->cfg.max_seq_len,
+                      "%s: positions[%lld] = %d is outside [0, max_seq_len = %d)", fn, (long long)t, (int)positions[t],
+                      m->cfg.max_seq_len);
+    if (!m->packing) {
+        CAI_CALL(cai_device_alloc(m->dev, 2 * (size_t)n * sizeof(int32_t), "packed positions and document ids",
+                                  (void **)&m->packing));
+        m->pack_pos = cai_tensor_2d(m->dev, m->packing, CAI_DTYPE_I32, m->B, m->T);
+        m->pack_doc = cai_tensor_2d(m->dev, m->packing + n, CAI_DTYPE_I32, m->B, m->T);
+    }
+    int32_t *rows = NULL;
+    CAI_CALL(cai_malloc((void **)&rows, (size_t)n * sizeof(int32_t), "sequence shard positions"));
+    for (int64_t b = 0; b < m->B; b++) memcpy(rows + b * m->T, positions, (size_t)m->T * sizeof(int32_t));
+    cai_status st = upload_i32(m, &m->pack_pos, rows);
+    cai_free(rows);
+    CAI_CALL(st);
+    m->cx.positions = &m->pack_pos;
+    m->cx.attn = hook;
     return CAI_OK;
 }
 

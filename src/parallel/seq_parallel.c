@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "seq_parallel_internal.h"
 
@@ -191,4 +192,79 @@ cai_status cai_zigzag_positions(int64_t seq_len, int sp, int rank, int32_t *posi
         positions[c + i] = (int32_t)((2 * sp - 1 - rank) * c + i);
     }
     return CAI_OK;
+}
+
+/* ------------------------------------------------------------ model hook */
+
+static cai_status hook_fwd(void *ctx, cai_tensor *out, cai_tensor *lse, const cai_tensor *q, const cai_tensor *k,
+                           const cai_tensor *v, const cai_attn_params *params) {
+    const cai_sp_attention *a = ctx;
+    if (a->mode == CAI_SP_RING) return cai_ring_attn_fwd(&a->cx, out, lse, q, k, v, params);
+    /* Ulysses keeps [B, Hq/sp, T] in the layer's [B, Hq, T/sp] buffer. */
+    cai_tensor l;
+    CAI_CALL(cai_tensor_reshape(lse, 3,
+                                (const int64_t[]){a->shape.batch, a->shape.n_heads / a->shape.sp, a->shape.seq_len},
+                                &l));
+    return cai_ulysses_attn_fwd(&a->cx, out, &l, q, k, v, params);
+}
+
+static cai_status hook_bwd(void *ctx, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout,
+                           const cai_tensor *q, const cai_tensor *k, const cai_tensor *v, const cai_tensor *out,
+                           const cai_tensor *lse, const cai_attn_params *params) {
+    const cai_sp_attention *a = ctx;
+    if (a->mode == CAI_SP_RING) return cai_ring_attn_bwd(&a->cx, dq, dk, dv, dout, q, k, v, out, lse, params);
+    cai_tensor l;
+    CAI_CALL(cai_tensor_reshape(lse, 3,
+                                (const int64_t[]){a->shape.batch, a->shape.n_heads / a->shape.sp, a->shape.seq_len},
+                                &l));
+    return cai_ulysses_attn_bwd(&a->cx, dq, dk, dv, dout, q, k, v, out, &l, params);
+}
+
+cai_status cai_sp_attention_init(cai_sp_attention *a, cai_mesh_t *mesh, cai_axis axis, cai_device_t *dev,
+                                 cai_sp_mode mode, const cai_sp_attn_shape *s) {
+    CAI_CHECK_ARG(a && mesh && dev && s, "cai_sp_attention_init: NULL argument");
+    CAI_CHECK_ARG(mode == CAI_SP_RING || mode == CAI_SP_ULYSSES, "cai_sp_attention_init: unknown mode %d", (int)mode);
+    CAI_CHECK_ARG(s->sp == cai_mesh_size(mesh, axis), "cai_sp_attention_init: shape's sp %d is not the %s axis' %d",
+                  s->sp, cai_axis_name(axis), cai_mesh_size(mesh, axis));
+    memset(a, 0, sizeof *a);
+    size_t bytes = 0;
+    if (mode == CAI_SP_RING) CAI_CALL(cai_ring_attn_workspace_bytes(dev, s, &bytes));
+    else CAI_CALL(cai_ulysses_workspace_bytes(dev, s, &bytes));
+    void *ws = NULL;
+    CAI_CALL(cai_device_alloc(dev, bytes, mode == CAI_SP_RING ? "ring attention workspace" : "Ulysses workspace", &ws));
+    a->cx = (cai_sp_ctx){mesh, axis, dev, ws, bytes};
+    a->mode = mode;
+    a->shape = *s;
+    a->hook = (cai_attn_hook){hook_fwd, hook_bwd, a};
+    return CAI_OK;
+}
+
+void cai_sp_attention_free(cai_sp_attention *a) {
+    if (!a || !a->cx.dev) return;
+    cai_device_dealloc(a->cx.dev, a->cx.workspace);
+    memset(a, 0, sizeof *a);
+}
+
+cai_status cai_sp_positions(cai_sp_mode mode, int64_t seq_len, int sp, int rank, int32_t *positions) {
+    if (mode == CAI_SP_RING) return cai_zigzag_positions(seq_len, sp, rank, positions);
+    CAI_CHECK_ARG(positions && sp >= 1 && rank >= 0 && rank < sp, "cai_sp_positions: rank %d of sp %d", rank, sp);
+    if (seq_len < 1 || seq_len % sp || seq_len > INT32_MAX)
+        return CAI_ERROR(CAI_ERR_LAYOUT, "cai_sp_positions: seq_len %" PRId64 " is not a positive multiple of sp = %d",
+                         seq_len, sp);
+    const int64_t n = seq_len / sp;
+    for (int64_t i = 0; i < n; i++) positions[i] = (int32_t)(rank * n + i);
+    return CAI_OK;
+}
+
+cai_status cai_sp_shard_rows(cai_sp_mode mode, const int32_t *full, int64_t rows, int64_t seq_len, int sp, int rank,
+                             int32_t *local) {
+    CAI_CHECK_ARG(full && local && rows >= 0, "cai_sp_shard_rows: NULL argument");
+    const int64_t n = seq_len / (sp > 0 ? sp : 1);
+    int32_t *pos = NULL;
+    CAI_CALL(cai_malloc((void **)&pos, (size_t)(n > 0 ? n : 1) * sizeof *pos, "sequence shard positions"));
+    cai_status st = cai_sp_positions(mode, seq_len, sp, rank, pos);
+    for (int64_t r = 0; st == CAI_OK && r < rows; r++)
+        for (int64_t i = 0; i < n; i++) local[r * n + i] = full[r * seq_len + pos[i]];
+    cai_free(pos);
+    return st;
 }

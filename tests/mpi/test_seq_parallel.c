@@ -339,7 +339,96 @@ START_TEST(zigzag_layout) {
 }
 END_TEST
 
+/* ---- whole models: a tiny GPT-2 (learned positions) and a Llama with GQA
+ * (RoPE) run on each rank's T/sp tokens through cai_model_set_seq_attention
+ * reproduce the loss and every parameter gradient of the whole sequence on
+ * one rank: the mean of the shards' mean losses, and the sum over sp of the
+ * shards' gradients divided by sp (what a dp x sp gradient average gives). */
+static cai_model_config sp_model_config(int llama) {
+    cai_model_config c = cai_model_config_default(llama ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
+    c.vocab_size = llama ? 37 : 50;
+    c.n_layers = 2;
+    c.d_model = 16;
+    c.n_heads = 4;
+    c.n_kv_heads = llama ? 2 : 0;
+    c.ffn_hidden = llama ? 24 : 0;
+    c.max_seq_len = 16;
+    c.seed = llama ? 11 : 7;
+    return c;
+}
+
+/* Loss and the flat gradients (a copy) of one forward + backward. */
+static float *model_grads(cai_model_t *m, const int32_t *tok, const int32_t *tgt, float *loss, int64_t *n) {
+    CK_CAI(cai_model_zero_grad(m));
+    CK_CAI(cai_model_forward_train(m, tok, tgt, 1.0f, loss));
+    CK_CAI(cai_model_backward(m, 1.0f));
+    cai_tensor params, grads, lowp;
+    cai_model_flat(m, &params, &grads, &lowp);
+    *n = cai_tensor_numel(&grads);
+    float *g = malloc((size_t)*n * sizeof(float));
+    memcpy(g, grads.data, (size_t)*n * sizeof(float));
+    return g;
+}
+
+static void model_case(cai_device_t *dev, int llama, cai_sp_mode mode, int sp) {
+    enum { B = 2, T = 16 };
+    const cai_model_config cfg = sp_model_config(llama);
+    int32_t tok[B * T], tgt[B * T], ltok[B * T], ltgt[B * T], pos[T];
+    for (int i = 0; i < B * T; i++) tok[i] = (i * 7 + 3) % cfg.vocab_size, tgt[i] = (i * 5 + 1) % cfg.vocab_size;
+    cai_model_options o = cai_model_options_default(&cfg);
+    o.batch = B;
+    o.seq_len = T;
+    cai_model_t *ref = NULL, *m = NULL;
+    CK_CAI(cai_model_create(&ref, dev, &cfg, &o));
+    float lref = 0, lsp = 0;
+    int64_t n = 0, n2 = 0;
+    float *gref = model_grads(ref, tok, tgt, &lref, &n);
+
+    cai_mesh_t *mesh = sp_mesh(sp);
+    const int r = cai_mesh_rank(mesh, CAI_AXIS_SP), Tl = T / sp;
+    o.seq_len = Tl;
+    CK_CAI(cai_model_create(&m, dev, &cfg, &o));
+    const cai_model_config *rc = cai_model_config_of(m);
+    cai_sp_attn_shape s = {B, T, rc->n_heads, rc->n_kv_heads, rc->d_model / rc->n_heads, sp};
+    cai_sp_attention att;
+    CK_CAI(cai_sp_attention_init(&att, mesh, CAI_AXIS_SP, dev, mode, &s));
+    CK_CAI(cai_sp_positions(mode, T, sp, r, pos));
+    CK_CAI(cai_model_set_seq_attention(m, &att.hook, pos));
+    CK_CAI(cai_sp_shard_rows(mode, tok, B, T, sp, r, ltok));
+    CK_CAI(cai_sp_shard_rows(mode, tgt, B, T, sp, r, ltgt));
+    float *g = model_grads(m, ltok, ltgt, &lsp, &n2);
+    ck_assert_int_eq(n, n2);
+    double l = lsp;
+    CK_CAI(cai_allreduce(mesh, CAI_AXIS_SP, &l, &l, 1, CAI_DTYPE_F64, CAI_RED_AVG));
+    CK_CAI(cai_allreduce(mesh, CAI_AXIS_SP, g, g, (size_t)n, CAI_DTYPE_F32, CAI_RED_AVG));
+    double el = fabs(l - lref) / fabs(lref), eg = max_rel(g, gref, n);
+    if (getenv("SP_TEST_VERBOSE") && g_world_rank == 0)
+        fprintf(stderr, "model %s %s sp %d: loss %.6f vs %.6f (rel %.3g), grads rel %.3g\n", llama ? "llama" : "gpt2",
+                mode == CAI_SP_RING ? "ring" : "ulysses", sp, l, (double)lref, el, eg);
+    ck_assert_msg(el <= 1e-5 && eg <= 1e-5, "%s %s sp %d: loss error %.3g, gradient error %.3g",
+                  llama ? "llama" : "gpt2", mode == CAI_SP_RING ? "ring" : "ulysses", sp, el, eg);
+    free(g), free(gref);
+    cai_model_free(m);
+    cai_model_free(ref);
+    cai_sp_attention_free(&att);
+    cai_mesh_free(mesh);
+}
+
+START_TEST(model_matches_one_rank) {
+    cai_device_t *dev = NULL;
+    CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
+    int sps[2], n = sp_sizes(sps);
+    for (int i = 0; i < n; i++)
+        for (int llama = 0; llama < 2; llama++) {
+            model_case(dev, llama, CAI_SP_RING, sps[i]);
+            model_case(dev, llama, CAI_SP_ULYSSES, sps[i]);
+        }
+    cai_device_free(dev);
+}
+END_TEST
+
 int main(int argc, char **argv) {
-    const TTest *tests[] = {ring_matches_dense, ulysses_matches_dense, bad_shapes_refused, zigzag_layout};
+    const TTest *tests[] = {ring_matches_dense, ulysses_matches_dense, bad_shapes_refused, zigzag_layout,
+                            model_matches_one_rank};
     return test_mpi_main(argc, argv, "seq_parallel", tests, TEST_COUNT(tests));
 }

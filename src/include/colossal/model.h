@@ -14,6 +14,7 @@
 
 #include "colossal/base.h"
 #include "colossal/cluster.h"
+#include "colossal/ops.h"
 #include "colossal/tensor.h"
 
 #ifdef __cplusplus
@@ -304,6 +305,21 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
  * tp_size > 1 the layers are collective over the tp axis of cx->mesh (every
  * rank of a tp group calls them in the same order). */
 
+/* Attention over a sequence sharded across ranks (ring attention and
+ * Ulysses, colossal/seq_parallel.h, provide it): the attention sublayer
+ * calls fwd/bwd in place of ops->attention_fwd/bwd, with its local q, k, v
+ * [B,T,H,D] views, out and lse [B,Hq,T] (the same number of elements
+ * whatever layout the hook keeps in it) and the causal params. Collective
+ * as the hook says. */
+typedef struct cai_attn_hook {
+    cai_status (*fwd)(void *ctx, cai_tensor *out, cai_tensor *lse, const cai_tensor *q, const cai_tensor *k,
+                      const cai_tensor *v, const cai_attn_params *params);
+    cai_status (*bwd)(void *ctx, cai_tensor *dq, cai_tensor *dk, cai_tensor *dv, const cai_tensor *dout,
+                      const cai_tensor *q, const cai_tensor *k, const cai_tensor *v, const cai_tensor *out,
+                      const cai_tensor *lse, const cai_attn_params *params);
+    void *ctx;
+} cai_attn_hook;
+
 /* Where a layer runs: the device and, for tensor parallelism, the mesh whose
  * tp axis the layers' collectives use (mesh may be NULL when tp_size = 1).
  * seq_parallel (tp > 1 only): Megatron's sequence parallelism, Colossal-AI's
@@ -325,6 +341,8 @@ typedef struct {
      * embeddings in place of pos_offset + t; doc_ids mask the attention
      * (cai_attn_params.doc_ids). Not with seq_parallel. */
     const cai_tensor *positions, *doc_ids;
+    /* A sharded sequence's attention (cai_model_set_seq_attention), or NULL. */
+    const cai_attn_hook *attn;
 } cai_layer_ctx;
 
 /* Single-device context (tp = 1). */
@@ -662,6 +680,13 @@ cai_status cai_model_zero_grad(cai_model_t *m);
  * parallelism and with more than one activation slot (pipeline schedules),
  * and attention on the CUDA backend refuses document masking. */
 cai_status cai_model_set_packing(cai_model_t *m, const int32_t *positions, const int32_t *doc_ids);
+/* A sequence sharded over ranks (ring attention, Ulysses): the model's T
+ * tokens of every row sit at the global `positions` (host [T] I32, e.g.
+ * cai_zigzag_positions), which feed RoPE and the learned position
+ * embeddings, and attention runs through `hook` (which must outlive its
+ * use). Holds for every forward and backward until called with hook NULL.
+ * Refused with packing and with split-gather sequence parallelism. */
+cai_status cai_model_set_seq_attention(cai_model_t *m, const cai_attn_hook *hook, const int32_t *positions);
 cai_status cai_model_forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, float *loss);
 /* As cai_model_forward, for a training step whose cai_model_backward will
  * take grad_scale: the last stage computes the loss's gradient in the same

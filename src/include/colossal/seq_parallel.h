@@ -33,6 +33,7 @@
 
 #include "colossal/base.h"
 #include "colossal/cluster.h"
+#include "colossal/model.h"
 #include "colossal/ops.h"
 #include "colossal/tensor.h"
 
@@ -107,6 +108,30 @@ cai_status cai_ulysses_attn_bwd(const cai_sp_ctx *cx, cai_tensor *dq, cai_tensor
 cai_status cai_zigzag_shard(cai_device_t *dev, cai_tensor *local, const cai_tensor *full, int sp, int rank);
 cai_status cai_zigzag_unshard(cai_device_t *dev, cai_tensor *full, const cai_tensor *local, int sp, int rank);
 cai_status cai_zigzag_positions(int64_t seq_len, int sp, int rank, int32_t *positions);
+
+/* ---- a model's attention over the sp axis (cai_model_set_seq_attention).
+ * Each rank runs the model on its T/sp tokens of every row: ring takes the
+ * zigzag chunks, Ulysses the rank's contiguous block. */
+typedef enum { CAI_SP_ULYSSES = 1, CAI_SP_RING = 2 } cai_sp_mode;
+
+typedef struct {
+    cai_attn_hook hook; /* what the model calls; ctx points at this struct */
+    cai_sp_ctx cx;
+    cai_sp_mode mode;
+    cai_sp_attn_shape shape;
+} cai_sp_attention;
+
+/* Validates the mode's shape (heads as the layers hold them: n_heads / tp),
+ * then allocates its workspace on dev and fills a, which must not move
+ * while the model uses a->hook. sp is the mesh's axis size. Not collective. */
+cai_status cai_sp_attention_init(cai_sp_attention *a, cai_mesh_t *mesh, cai_axis axis, cai_device_t *dev,
+                                 cai_sp_mode mode, const cai_sp_attn_shape *s);
+void cai_sp_attention_free(cai_sp_attention *a);
+/* The global positions of the rank's T/sp tokens ([T/sp] I32). Not collective. */
+cai_status cai_sp_positions(cai_sp_mode mode, int64_t seq_len, int sp, int rank, int32_t *positions);
+/* The rank's tokens of `rows` host rows of seq_len ids: local [rows, T/sp]. Not collective. */
+cai_status cai_sp_shard_rows(cai_sp_mode mode, const int32_t *full, int64_t rows, int64_t seq_len, int sp, int rank,
+                             int32_t *local);
 
 #ifdef __cplusplus
 }
