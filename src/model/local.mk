@@ -7,7 +7,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/model_internal.h \
 	%reldir%/weights.c \
 	%reldir%/lora.c \
-	%reldir%/moe.c
+	%reldir%/moe.c \
+	%reldir%/model_moe.c
 colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h src/include/colossal/lora.h
 
 if HAVE_CHECK

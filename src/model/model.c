@@ -4,6 +4,7 @@
 #include "cai_config.h"
 #include "model_internal.h"
 #include "colossal/lora.h"
+#include "colossal/moe.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -128,6 +129,19 @@ cai_status cai_model_config_resolve(const cai_model_config *in, cai_model_config
     if (!is_float_dtype(c.act_dtype))
         return CAI_ERROR(CAI_ERR_CONFIG, "model.act_dtype=%s: activations are f32, bf16 or f16",
                          cai_dtype_name(c.act_dtype));
+    if (c.moe.n_experts > 0) {
+        if (c.moe_every == 0) c.moe_every = 1;
+        if (c.moe.ffn == 0) c.moe.ffn = c.ffn_hidden;
+        if (c.moe_every < 1 || c.moe_every > c.n_layers)
+            return CAI_ERROR(CAI_ERR_CONFIG, "moe.every=%d must be between 1 and model.n_layers=%d", c.moe_every,
+                             c.n_layers);
+        if (c.family != CAI_MODEL_LLAMA)
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "moe.n_experts=%d: MoE blocks have SwiGLU experts without biases (model.family=llama), "
+                             "not %s",
+                             c.moe.n_experts, cai_model_family_name(c.family));
+        CAI_CALL(cai_moe_config_check(&c.moe, c.d_model, 1));
+    }
     *out = c;
     return CAI_OK;
 }
@@ -228,6 +242,10 @@ cai_status cai_model_register_params(cai_registry_t *reg, const cai_model_config
         CAI_CALL(add_linear(&r, p, l, C, (uint64_t)cfg.n_heads * D, 1, CAI_INIT_NORMAL_RESIDUAL, NULL));
         snprintf(p, sizeof p, "h.%d.ln_2", l);
         CAI_CALL(add_norm(&r, p, CAI_PP_LAYER, l));
+        if (cai_model_moe_layer(&cfg, l)) {
+            CAI_CALL(cai_moe_register_params(reg, l, &cfg.moe, cfg.d_model, cfg.init_std));
+            continue;
+        }
         /* GPT-2's fc is Llama's gate (docs/registry.md): one name, one role in the layer. */
         snprintf(p, sizeof p, "h.%d.mlp.fc", l);
         CAI_CALL(add_linear(&r, p, l, F, C, 0, CAI_INIT_NORMAL, NULL));
@@ -328,7 +346,10 @@ struct cai_model {
         void *ctx;
     } hooks[CAI_MODEL_MAX_HOOKS];
     int n_hooks;
+    cai_model_moe *moe; /* the MoE blocks' state, NULL for a dense model */
 };
+
+cai_model_moe *cai_model_moe_of(const cai_model_t *m) { return m->moe; }
 
 const cai_model_config *cai_model_config_of(const cai_model_t *m) { return &m->cfg; }
 const cai_registry_t *cai_model_registry(const cai_model_t *m) { return m->reg; }
@@ -425,6 +446,16 @@ const cai_block_field cai_block_fields[] = {
 };
 const int cai_block_field_count = (int)(sizeof cai_block_fields / sizeof cai_block_fields[0]);
 
+typedef struct {
+    cai_model_t *m;
+    int unit;
+} moe_bind_ctx;
+
+static cai_status moe_bind(void *ctx, const char *name, cai_tensor *w, cai_tensor *g) {
+    moe_bind_ctx *b = ctx;
+    return bind(b->m, b->unit, name, w, g);
+}
+
 static cai_status bind_layer(cai_model_t *m, int li, cai_block_params *w, cai_block_params *g) {
     const int l = m->local_layer[li];
     char name[CAI_PARAM_NAME_MAX];
@@ -434,6 +465,8 @@ static cai_status bind_layer(cai_model_t *m, int li, cai_block_params *w, cai_bl
         CAI_CALL(bind(m, block_unit(m, li), name, (cai_tensor *)((char *)w + cai_block_fields[i].off),
                       (cai_tensor *)((char *)g + cai_block_fields[i].off)));
     }
+    moe_bind_ctx b = {m, block_unit(m, li)};
+    if (cai_model_moe_is_layer(m->moe, li)) CAI_CALL(cai_model_moe_bind(m->moe, li, l, moe_bind, &b));
     return CAI_OK;
 }
 
@@ -699,7 +732,8 @@ static cai_status check_shared_weights(const cai_model_t *m, const cai_weights_t
     if (a->family != b->family || a->vocab_size != b->vocab_size || a->vocab_multiple != b->vocab_multiple ||
         a->n_layers != b->n_layers || a->d_model != b->d_model || a->n_heads != b->n_heads ||
         a->n_kv_heads != b->n_kv_heads || a->ffn_hidden != b->ffn_hidden || a->max_seq_len != b->max_seq_len ||
-        a->tie_embeddings != b->tie_embeddings || a->param_dtype != b->param_dtype || a->act_dtype != b->act_dtype)
+        a->tie_embeddings != b->tie_embeddings || a->param_dtype != b->param_dtype || a->act_dtype != b->act_dtype ||
+        memcmp(&a->moe, &b->moe, sizeof a->moe) != 0 || a->moe_every != b->moe_every)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "model: the shared weights were made for another configuration (%s %d layers d_model %d, "
                          "%s/%s) than this model's (%s %d layers d_model %d, %s/%s)",
@@ -733,12 +767,8 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
                        opt.batch, opt.seq_len, m->cfg.max_seq_len);
         goto fail;
     }
-    if (opt.view.ep_size > 1) {
-        st =
-            CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                      "model: expert parallel layers (ep=%d) are not implemented yet; run with ep=1", opt.view.ep_size);
-        goto fail;
-    }
+    CAI_CALL_GOTO(cai_model_moe_check(&m->cfg, &opt.view, opt.seq_parallel, opt.split_backward, opt.moe_exchange), st,
+                  fail);
     CAI_CALL_GOTO(check_tp(&m->cfg, &opt), st, fail);
     m->view = opt.view;
     const int sp = opt.seq_parallel && opt.view.tp_size > 1;
@@ -778,6 +808,12 @@ cai_status cai_model_create(cai_model_t **out, cai_device_t *dev, const cai_mode
     layer_dims_of(&m->cfg, &m->view, m->B, m->T, sp, &m->dims);
 
     CAI_CALL_GOTO(vocab_shard(m), st, fail);
+    {
+        const int sets = (opt.act_slots > 0 ? opt.act_slots : 1) * (m->cfg.activation_checkpointing ? 1 : m->chunk_max);
+        CAI_CALL_GOTO(cai_model_moe_create(&m->moe, dev, &m->cfg, &m->view, opt.moe_exchange, (int64_t)m->B * m->T,
+                                           m->n_local, m->local_layer, sets),
+                      st, fail);
+    }
     CAI_CALL_GOTO(bind_params(m), st, fail);
     CAI_CALL_GOTO(alloc_acts(m, opt.act_slots), st, fail);
     CAI_CALL_GOTO(cai_model_params_updated(m), st, fail);
@@ -806,6 +842,7 @@ void cai_model_free(cai_model_t *m) {
     cai_free(m->local_layer);
     cai_free(m->chunk);
     cai_free(m->refs);
+    cai_model_moe_free(m->moe);
     cai_free(m);
 }
 
@@ -1079,6 +1116,35 @@ cai_status cai_model_set_seq_attention(cai_model_t *m, const cai_attn_hook *hook
 /* i: the layer's index within the selected chunk. */
 static cai_block_acts *layer_acts(cai_model_t *m, int i) { return &m->s->acts[m->n_acts == 1 ? 0 : i]; }
 
+/* The MoE activation set of the selected slot's layer i (the sets follow
+ * the block activations: n_acts per slot). */
+static int moe_set(const cai_model_t *m, int i) {
+    return (int)(m->s - m->slots) * m->n_acts + (m->n_acts == 1 ? 0 : i);
+}
+
+/* Block li (layer i of the selected chunk), dense or with an MoE MLP;
+ * train: a training forward (the router statistics count). */
+static cai_status block_fwd(cai_model_t *m, int li, int i, int train) {
+    act_slot *s = m->s;
+    cai_block_acts *a = layer_acts(m, i);
+    if (!cai_model_moe_is_layer(m->moe, li))
+        return cai_block_fwd(&m->cx, &m->dims, &m->wp[li], a, &m->scratch, &s->resid[i], &s->resid[i + 1]);
+    CAI_CALL(cai_attn_fwd(&m->cx, &m->dims, &m->wp[li], a, &m->scratch, &s->resid[i], &a->res_mid));
+    return cai_model_moe_block_fwd(m->moe, &m->cx, &m->dims, li, moe_set(m, i), &m->wp[li], a, &m->scratch, &a->res_mid,
+                                   &s->resid[i + 1], train);
+}
+
+/* grad_scale: the MoE losses' gradients are taken with it, as the loss's. */
+static cai_status block_bwd(cai_model_t *m, int li, int i, float grad_scale) {
+    act_slot *s = m->s;
+    cai_block_acts *a = layer_acts(m, i);
+    if (!cai_model_moe_is_layer(m->moe, li))
+        return cai_block_bwd(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->resid[i], &m->d_stream);
+    CAI_CALL(cai_model_moe_block_bwd(m->moe, &m->cx, &m->dims, li, moe_set(m, i), &m->wp[li], &m->gp[li], a,
+                                     &m->scratch, &a->res_mid, &m->d_stream, grad_scale));
+    return cai_attn_bwd(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->resid[i], &m->d_stream);
+}
+
 /* The loss gradient's scale for the mean over the last forward's valid
  * targets: one formula for cai_model_forward_train and cai_model_backward,
  * whose numbers must agree bit for bit. */
@@ -1111,8 +1177,7 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     for (int i = 0; i < nl; i++) {
         const int unit = block_unit(m, c->begin + i);
         CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, unit));
-        CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[c->begin + i], layer_acts(m, i), &m->scratch, &s->resid[i],
-                               &s->resid[i + 1]));
+        CAI_CALL(block_fwd(m, c->begin + i, i, grad_scale != NULL));
         CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, unit));
     }
     if (!c->last) return CAI_OK;
@@ -1208,14 +1273,13 @@ static cai_status backward(cai_model_t *m, float grad_scale, int split, const ch
          * re-derived by the same deterministic forward (so the gradients are
          * bitwise those of the uncheckpointed run). The chunk's last layer's
          * activations are still in the slot's set from the forward. */
-        if (m->cfg.activation_checkpointing && i != nl - 1)
-            CAI_CALL(cai_block_fwd(&m->cx, &m->dims, &m->wp[li], a, &m->scratch, &s->resid[i], &s->resid[i + 1]));
+        if (m->cfg.activation_checkpointing && i != nl - 1) CAI_CALL(block_fwd(m, li, i, 0));
         if (split) {
             CAI_CALL(cai_block_bwd_input(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->wg[i],
                                          &s->resid[i], &m->d_stream));
             continue; /* the unit's gradients are complete after its weight pass */
         }
-        CAI_CALL(cai_block_bwd(&m->cx, &m->dims, &m->wp[li], &m->gp[li], a, &m->scratch, &s->resid[i], &m->d_stream));
+        CAI_CALL(block_bwd(m, li, i, grad_scale));
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, unit));
     }
     if (c->first) {

@@ -711,7 +711,9 @@ static cai_status add_mlp(cai_registry_t *reg, const char *prefix, int64_t F, in
     for (int i = 0; i < 3; i++) {
         const int proj = i == 2;
         uint64_t shape[2] = {(uint64_t)(proj ? C : F), (uint64_t)(proj ? F : C)};
-        spec.tp_split_dim = proj ? 1 : 0;
+        /* Replicated over tp: the layer runs whole on every tp rank (tensor
+         * parallelism splits the attention half of an MoE block). */
+        spec.tp_split_dim = -1;
         spec.init.kind = proj ? CAI_INIT_NORMAL_RESIDUAL : CAI_INIT_NORMAL;
         spec.init.std = std;
         snprintf(name, sizeof name, "%s.%s.weight", prefix, k_mlp_parts[i]);

@@ -3,4 +3,5 @@ colossalinclude_HEADERS += src/include/colossal/optim.h
 src_libcolossal_core_la_SOURCES += \
 	%reldir%/adamw.c \
 	%reldir%/train.c \
-	%reldir%/lora_driver.c
+	%reldir%/lora_driver.c \
+	%reldir%/moe_driver.c

@@ -10,9 +10,9 @@
 
 /* ------------------------------------------------------------ the local driver */
 
-static cai_status local_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
-                                         int n_micro, float loss_scale, double *loss) {
-    cai_model_t *m = d->model;
+cai_status cai_model_microbatches(cai_model_t *m, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                  float loss_scale, double *loss) {
+    CAI_CHECK_ARG(m && tokens && targets && loss && n_micro >= 1, "cai_model_microbatches: bad argument");
     CAI_CALL(cai_model_zero_grad(m));
     int B = 0, T = 0;
     cai_model_shape(m, &B, &T);
@@ -27,6 +27,11 @@ static cai_status local_forward_backward(const cai_step_driver *d, const int32_t
     }
     *loss = sum;
     return CAI_OK;
+}
+
+static cai_status local_forward_backward(const cai_step_driver *d, const int32_t *tokens, const int32_t *targets,
+                                         int n_micro, float loss_scale, double *loss) {
+    return cai_model_microbatches(d->model, tokens, targets, n_micro, loss_scale, loss);
 }
 
 static cai_status local_grad_sumsq(const cai_step_driver *d, double *sumsq) {

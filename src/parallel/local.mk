@@ -22,7 +22,11 @@ check_PROGRAMS += tests/mpi/test_moe
 tests_mpi_test_moe_SOURCES = tests/mpi/test_moe.c tests/mpi/test_mesh_util.h tests/unit/moe_fixture.h
 tests_mpi_test_moe_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_moe_LDADD = $(TEST_LIBS)
-MOE_MPI_TESTS = tests/mpi/moe.np4
+check_PROGRAMS += tests/mpi/test_moe_model
+tests_mpi_test_moe_model_SOURCES = tests/mpi/test_moe_model.c tests/mpi/test_mesh_util.h
+tests_mpi_test_moe_model_CFLAGS = $(TEST_CFLAGS)
+tests_mpi_test_moe_model_LDADD = $(TEST_LIBS)
+MOE_MPI_TESTS = tests/mpi/moe.np4 tests/mpi/moe_model.np4
 $(MOE_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(MOE_MPI_TESTS)

@@ -126,8 +126,9 @@ START_TEST(config_defaults_and_errors) {
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "tp=2 needs the mesh"));
     ck_assert_ptr_null(m);
     o = cai_model_options_default(&c);
-    o.view.ep_size = 2;
-    ck_assert_int_eq(cai_model_create(&m, dev, &c, &o), CAI_ERR_UNSUPPORTED);
+    o.view.ep_size = 2; /* experts to split, but a dense model */
+    ck_assert_int_eq(cai_model_create(&m, dev, &c, &o), CAI_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "mesh.ep=2 splits experts, but the model has none"));
     ck_assert_ptr_null(m);
     cai_model_family f;
     OK(cai_model_family_parse("llama", &f));

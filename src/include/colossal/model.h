@@ -254,6 +254,34 @@ cai_status cai_model_family_parse(const char *name, cai_model_family *out); /* "
 /* Loss targets equal to this are skipped (PyTorch's default ignore_index). */
 #define CAI_IGNORE_INDEX (-100)
 
+/* A mixture-of-experts MLP (colossal/moe.h, docs/moe.md): its configuration,
+ * which the model configuration holds for its MoE blocks. */
+typedef enum {
+    CAI_MOE_ROUTER_SOFTMAX = 0,  /* p = softmax(logits), top-k of p; weights p / sum (Mixtral, norm_topk) */
+    CAI_MOE_ROUTER_TOPK_SOFTMAX, /* top-k of the logits, weights = softmax over those k (always sum 1) */
+    CAI_MOE_ROUTER_SIGMOID,      /* s = sigmoid(logits), top-k of s; weights s / sum (DeepSeek-V3, norm_topk) */
+    CAI_MOE_ROUTER_COUNT
+} cai_moe_router;
+
+typedef enum {
+    CAI_MOE_DROPLESS = 0, /* every assignment is computed */
+    CAI_MOE_CAPACITY,     /* at most ceil(capacity_factor * N * top_k / E) per expert, first tokens first */
+    CAI_MOE_ROUTING_COUNT
+} cai_moe_routing;
+
+typedef struct {
+    int n_experts; /* E */
+    int top_k;     /* experts per token, 1 <= top_k <= E */
+    int ffn;       /* hidden size of each expert */
+    int n_shared;  /* shared (always-on) experts, one SwiGLU MLP of hidden n_shared * ffn; 0: none */
+    cai_moe_router router;
+    int norm_topk; /* softmax / sigmoid routers: divide the k weights by their sum */
+    cai_moe_routing routing;
+    float capacity_factor; /* CAI_MOE_CAPACITY only; > 0 */
+    float aux_coef;        /* load-balancing loss coefficient (0: off) */
+    float z_coef;          /* router z-loss coefficient (0: off) */
+} cai_moe_config;
+
 typedef struct {
     cai_model_family family;
     int vocab_size;     /* real vocabulary: token ids are < vocab_size */
@@ -280,6 +308,11 @@ typedef struct {
     cai_dtype param_dtype;
     cai_dtype act_dtype;
     int activation_checkpointing; /* keep only each layer's input; re-run its fwd inside bwd */
+    /* Mixture of experts (llama family): moe.n_experts > 0 makes the MLP of
+     * every moe_every-th block (layers l with l % moe_every == 0; 0 means
+     * 1) an MoE sublayer; moe.ffn 0 means ffn_hidden. n_experts 0: dense. */
+    cai_moe_config moe;
+    int moe_every;
 } cai_model_config;
 
 /* The family's defaults (GPT-2: the 124M model with vocabulary 50257;
@@ -565,7 +598,7 @@ struct cai_lora;
 typedef struct {
     int batch;              /* B: sequences per forward */
     int seq_len;            /* T: local tokens per sequence (<= max_seq_len) */
-    cai_rank_view view;     /* TP selects the shard; PP the stage's layer range; EP must be 1 */
+    cai_rank_view view;     /* TP selects the shard; PP the stage's layer range; EP the experts of MoE layers */
     cai_mesh_t *mesh;       /* tp > 1: the mesh whose tp axis (size and rank as in view) the layers use */
     int seq_parallel;       /* tp > 1: split-gather sequence parallelism (cai_layer_ctx); B*T % tp == 0 */
     size_t align_elems;     /* flat-buffer alignment of every parameter, elements; 0 means 16 */
@@ -581,8 +614,10 @@ typedef struct {
                              * schedules; cai_model_split_backward_bytes more); not with activation
                              * checkpointing; external_params must keep the gradients bound from one
                              * pass to the other (ZeRO 0/1 bind them once) */
-    int frozen;             /* 1: the parameters are not trained (LoRA's base): no gradient buffer, no
-                             * weight gradients computed; backward still yields input gradients */
+    const struct cai_moe_exchange *moe_exchange; /* view.ep_size > 1: moves an MoE layer's tokens over ep
+                                                  * (cai_moe_ep_exchange_init); NULL at ep = 1 */
+    int frozen; /* 1: the parameters are not trained (LoRA's base): no gradient buffer, no
+                 * weight gradients computed; backward still yields input gradients */
 } cai_model_options;
 
 /* B = 1, T = max_seq_len, the single-rank view. */

@@ -37,31 +37,8 @@ extern "C" {
  * collective over the ep axis: every ep rank calls them in the same order).
  * ====================================================================== */
 
-typedef enum {
-    CAI_MOE_ROUTER_SOFTMAX = 0,  /* p = softmax(logits), top-k of p; weights p / sum (Mixtral, norm_topk) */
-    CAI_MOE_ROUTER_TOPK_SOFTMAX, /* top-k of the logits, weights = softmax over those k (always sum 1) */
-    CAI_MOE_ROUTER_SIGMOID,      /* s = sigmoid(logits), top-k of s; weights s / sum (DeepSeek-V3, norm_topk) */
-    CAI_MOE_ROUTER_COUNT
-} cai_moe_router;
-
-typedef enum {
-    CAI_MOE_DROPLESS = 0, /* every assignment is computed */
-    CAI_MOE_CAPACITY,     /* at most ceil(capacity_factor * N * top_k / E) per expert, first tokens first */
-    CAI_MOE_ROUTING_COUNT
-} cai_moe_routing;
-
-typedef struct {
-    int n_experts; /* E */
-    int top_k;     /* experts per token, 1 <= top_k <= E */
-    int ffn;       /* hidden size of each expert */
-    int n_shared;  /* shared (always-on) experts, one SwiGLU MLP of hidden n_shared * ffn; 0: none */
-    cai_moe_router router;
-    int norm_topk; /* softmax / sigmoid routers: divide the k weights by their sum */
-    cai_moe_routing routing;
-    float capacity_factor; /* CAI_MOE_CAPACITY only; > 0 */
-    float aux_coef;        /* load-balancing loss coefficient (0: off) */
-    float z_coef;          /* router z-loss coefficient (0: off) */
-} cai_moe_config;
+/* cai_moe_router, cai_moe_routing and cai_moe_config are in colossal/model.h
+ * (the model configuration holds one). */
 
 /* 8 experts, top-2, softmax with renormalisation (Mixtral), ffn 0 (must be
  * set), no shared experts, dropless, aux 0.01, z 0.001 (ST-MoE). */
@@ -83,7 +60,7 @@ cai_status cai_moe_config_check(const cai_moe_config *cfg, int64_t d_model, int 
  * of rows of the tensors' last dimension: send_rows[r] consecutive rows go
  * to rank r, recv_rows[s] arrive from rank s, in rank order (send and recv
  * contiguous, at least that many rows). Both collective over ep. */
-typedef struct {
+typedef struct cai_moe_exchange {
     void *ctx;
     int ep_size, ep_rank;
     cai_status (*counts)(void *ctx, const int64_t *send, int64_t *recv, int64_t per_rank);
@@ -192,6 +169,22 @@ typedef struct {
 void cai_moe_stats_from_load(const int64_t *load, int E, int64_t tokens, int64_t dropped, cai_moe_stats *st);
 /* The last forward's statistics on this rank. */
 void cai_moe_stats_get(const cai_moe_ctx *cx, const cai_moe_acts *a, cai_moe_stats *st);
+
+/* ---- in a model (src/model/model_moe.c): cai_model_config.moe and
+ * moe_every choose the blocks whose MLP is this sublayer. */
+
+/* Whether global layer `layer` of the (resolved) config has an MoE MLP. */
+int cai_model_moe_layer(const cai_model_config *cfg, int layer);
+/* MoE layers this rank runs (its pipeline stage's). */
+int cai_model_moe_layers(const cai_model_t *m);
+/* The router statistics the model's training forwards (cai_model_forward_train)
+ * accumulated since the last call, one entry per local MoE layer in layer
+ * order: loads [n][E] (assignments per expert summed over the forwards),
+ * local[i] their summary with tokens and drops summed and the raw losses
+ * averaged over the forwards; then they restart from zero. Give the result
+ * to cai_moe_stats_reduce over dp for the global batch. Not collective. */
+cai_status cai_model_moe_stats_take(cai_model_t *m, cai_moe_stats *local, int64_t *loads, int max_layers,
+                                    int *n_layers);
 
 /* Parameters of MoE layer `layer` in the registry, in this order:
  * h.L.moe.router.weight [E, C] (replicated), for e < E

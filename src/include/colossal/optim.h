@@ -187,6 +187,15 @@ struct cai_step_driver {
  * steps its shards). Not collective; the driver is valid while z is. */
 cai_status cai_zero_driver(cai_zero_t *z, cai_optim_t *o, cai_step_driver *out);
 
+/* The microbatch loop of a whole model with no reduction: gradients
+ * zeroed, then for each of n_micro microbatches (tokens, targets: host
+ * [n_micro, B, T]) a training forward and backward with the loss gradient
+ * scaled by loss_scale / n_micro; *loss the mean loss. What the
+ * single-process driver runs; others reduce after it. Collective as the
+ * model's layers are. */
+cai_status cai_model_microbatches(cai_model_t *m, const int32_t *tokens, const int32_t *targets, int n_micro,
+                                  float loss_scale, double *loss);
+
 /* The single-process driver: the microbatch loop on a whole model (pp = 1,
  * tp = 1) with no reduction, `o` stepping the model's flat buffers. Not
  * collective. */
@@ -198,6 +207,15 @@ cai_status cai_local_driver(cai_model_t *m, cai_optim_t *o, cai_step_driver *out
  * engine attached (cai_pipeline_set_zero), o is NULL and the engine steps
  * its shards. Not collective. */
 cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_driver *out);
+
+/* A model with experts (colossal/moe.h) at any ep that divides dp, with tp
+ * and ZeRO stage 0: the microbatch loop on the whole model (pp = 1), then
+ * dense gradients averaged over dp and experts' summed over edp and divided
+ * by dp (cai_moe_grad_sync_run); the gradient norm counts each expert once
+ * (summed over ep). `o` steps the model's own buffers. Free with
+ * cai_moe_driver_free. Not collective. */
+cai_status cai_moe_driver_create(cai_model_t *m, cai_optim_t *o, cai_mesh_t *mesh, cai_step_driver *out);
+void cai_moe_driver_free(cai_step_driver *d);
 
 /* One training step on any driver: forward and backward of n_micro
  * microbatches with the loss scaled by scaler->scale (NULL: 1), the global
