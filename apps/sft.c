@@ -618,6 +618,7 @@ int main(int argc, char **argv) {
     cai_app_check_all(build(&job, &cfg, run), 2);
     cai_run_hooks hooks = {&job, step_hook, eval_hook, save_hook, load_hook};
     cai_app_check_all(cai_run_resume(run, &hooks), 1);
+    if (job.lora.l) cai_app_check(cai_run_set_adapters(run, (int64_t)cai_lora_numel(job.lora.l)));
     cai_app_check(cai_run_start(run, job.eng.model, cfg.seq_len, job.data.global_batch * cfg.seq_len));
     if (app.rank == 0) print_header(&job, run, &app);
     cai_app_check(cai_run_train(run, &hooks, cfg.eval_interval ? cfg.eval_interval : job.steps));

@@ -64,13 +64,16 @@ done:
 }
 
 cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
-                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, cai_mesh_t *mesh) {
+                               cai_model_t *m, int64_t adapters, cai_device_t *dev, int seq_len, int rank,
+                               cai_mesh_t *mesh) {
     memset(r, 0, sizeof *r);
     r->rank = rank;
     r->dev = dev;
     const cai_model_config *mc = cai_model_config_of(m);
     r->matmul_params = matmul_params(cai_model_registry(m));
-    r->flops_per_token = 6.0 * (double)r->matmul_params + 12.0 * mc->n_layers * (double)seq_len * mc->d_model;
+    const double attn = 12.0 * mc->n_layers * (double)seq_len * mc->d_model;
+    r->flops_per_token = adapters < 0 ? 6.0 * (double)r->matmul_params + attn
+                                      : 4.0 * (double)r->matmul_params + 6.0 * (double)adapters + attn;
     double peak = peak_tflops * 1e12;
     if (!(peak > 0)) CAI_CALL(measure_peak(dev, mc->act_dtype, &peak));
     /* Collective on every rank alike (the branch above is per rank only in

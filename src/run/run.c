@@ -56,6 +56,7 @@ cai_status cai_run_init(cai_run_t **out, const cai_run_config *cfg, MPI_Comm wor
     r->cfg = *cfg;
     r->world = world;
     r->first_step = 1;
+    r->adapters = -1;
     cai_status st = CAI_OK;
     /* Rank, size and the node-local rank never fail on a valid communicator. */
     MPI_Comm_rank(world, &r->rank);
@@ -287,8 +288,8 @@ cai_status cai_run_resume(cai_run_t *r, const cai_run_hooks *h) {
 cai_status cai_run_start(cai_run_t *r, cai_model_t *model, int seq_len, int64_t tokens_per_step) {
     CAI_CHECK_ARG(r && model && seq_len > 0 && tokens_per_step > 0, "cai_run_start: NULL run or model, or no tokens");
     const cai_run_options *o = r->cfg.opt;
-    CAI_CALL(cai_run_report_init(&r->report, o->dir, o->peak_tflops, r->first_step, model, r->dev, seq_len, r->rank,
-                                 r->mesh));
+    CAI_CALL(cai_run_report_init(&r->report, o->dir, o->peak_tflops, r->first_step, model, r->adapters, r->dev, seq_len,
+                                 r->rank, r->mesh));
     r->report.tokens_per_step = tokens_per_step;
     r->started = 1;
     cai_run_json(r,
@@ -298,6 +299,13 @@ cai_status cai_run_start(cai_run_t *r, cai_model_t *model, int seq_len, int64_t 
                  (unsigned long long)cai_registry_global_numel(cai_model_registry(model)),
                  (long long)r->report.matmul_params, r->report.flops_per_token, r->report.peak_flops,
                  (long long)tokens_per_step, (long long)r->cfg.steps);
+    return CAI_OK;
+}
+
+cai_status cai_run_set_adapters(cai_run_t *r, int64_t trained) {
+    CAI_CHECK_ARG(r && trained >= 0 && !r->started,
+                  "cai_run_set_adapters: NULL run, negative count, or the run has started");
+    r->adapters = trained;
     return CAI_OK;
 }
 

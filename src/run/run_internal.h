@@ -11,7 +11,7 @@ typedef struct {
     FILE *metrics; /* rank 0: run.dir/metrics.jsonl */
     char metrics_path[4200];
     int metrics_errno;      /* the first failed write of a record (0: none) */
-    double flops_per_token; /* 6 N + 12 L T d */
+    double flops_per_token; /* 6 N + 12 L T d; a frozen model: 4 N + 6 N_adapters + 12 L T d */
     double peak_flops;      /* whole job, FLOP/s */
     int64_t matmul_params;  /* N */
     double t_start, t_last; /* wall clock of the report's start and of the last progress line */
@@ -27,8 +27,11 @@ typedef struct {
 } cai_run_report;
 
 /* Collective over the mesh's world (the peak is summed over ranks). */
+/* adapters < 0: the model trains; else it is frozen and that many adapter
+ * parameters train. */
 cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_tflops, int64_t first_step,
-                               cai_model_t *m, cai_device_t *dev, int seq_len, int rank, cai_mesh_t *mesh);
+                               cai_model_t *m, int64_t adapters, cai_device_t *dev, int seq_len, int rank,
+                               cai_mesh_t *mesh);
 void cai_run_report_free(cai_run_report *r);
 void cai_run_report_json(cai_run_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cai_run_report_vjson(cai_run_report *r, const char *fmt, va_list ap);
@@ -60,6 +63,7 @@ struct cai_run {
     int checkpointed; /* the stop wrote a checkpoint */
     double t_train, seconds;
     int started;
+    int64_t adapters; /* cai_run_set_adapters; -1: the model trains */
     cai_run_report report;
 };
 

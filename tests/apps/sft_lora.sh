@@ -19,6 +19,13 @@ expect_ok
 expect_grep out '^lora: rank 4, alpha 8 \(scale 2\), dropout 0, targets c_attn,c_proj,c_fc: 8 adapters, 8192 trainable'
 expect_grep out '^  optimizer state \(AdamW m, v\) +0\.06 MiB'
 M1="$TMP/l1/metrics.jsonl"
+# MFU of a frozen base: 4 FLOPs per frozen matmul parameter (forward and
+# input gradients), 6 per adapter parameter, and the attention's 12 L T d
+# (2 layers x 64 positions x d_model 64).
+grep '"kind":"start"' "$M1" | tr ',:' '\n\n' | awk -v a=8192 -v attn=98304 '
+    /"matmul_params"/ {getline; n=$1} /"flops_per_token"/ {getline; f=$1}
+    END {w = 4*n + 6*a + attn; r = (f-w)/w; if (r < 0) r = -r; printf "flops/token %g, expected %g\n", f, w; exit !(r < 1e-5)}' ||
+    fail "a LoRA run's FLOPs per token are not 4 N + 6 N_adapters + 12 L T d"
 field train loss "$M1" | awk 'NR==1{f=$2} NR>19{s+=$2;n++} END{printf "first %.4f, last-5 mean %.4f\n", f, s/n;
     exit !(s/n < 0.9*f)}' || fail "the masked loss did not fall by 10% through the adapters"
 for f in adapter/adapter_config.json adapter/adapter_model.safetensors merged/config.json merged/model.safetensors \

@@ -240,6 +240,11 @@ cai_status cai_run_resume(cai_run_t *run, const cai_run_hooks *hooks);
  * or a measured matmul, summed over ranks), and writes the "start" record.
  * Collective over the world. */
 cai_status cai_run_start(cai_run_t *run, cai_model_t *model, int seq_len, int64_t tokens_per_step);
+/* A run whose model is frozen and trains `trained` adapter parameters
+ * (LoRA): its FLOPs per token count 4 N for the frozen matmuls (forward and
+ * input gradients, no weight gradients) and 6 per adapter parameter. Before
+ * cai_run_start. */
+cai_status cai_run_set_adapters(cai_run_t *run, int64_t trained);
 /* FLOPs per token, matmul parameters N, peak FLOP/s of the whole job. */
 void cai_run_flops(const cai_run_t *run, double *flops_per_token, int64_t *matmul_params, double *peak_flops);
 
