@@ -20,6 +20,7 @@
 #include "colossal/ckpt.h"
 #include "colossal/parallel.h"
 #include "colossal/run.h"
+#include "colossal/seq_parallel.h"
 #include "pretrain.h"
 
 /* ------------------------------------------------------------------ config */
@@ -30,7 +31,19 @@ static const char *k_families[CAI_MODEL_FAMILY_COUNT + 1];
 /* Index == cai_dtype for the first three. */
 static const char *const k_dtypes[] = {"f32", "bf16", "f16", NULL};
 static const char *const k_tie[] = {"auto", "false", "true", NULL};
-static const char *const k_sp_modes[] = {"off", "split_gather", NULL}; /* pt_config.sp_mode */
+static const char *const k_sp_modes[] = {"off", "split_gather", "all_to_all", "ring", NULL}; /* pt_config.sp_mode */
+enum { SP_SPLIT_GATHER = 1, SP_ALL_TO_ALL = 2, SP_RING = 3 };
+
+/* Ulysses or ring: the sequence is sharded over the mesh's sp axis. */
+static int sp_sharded(const pt_config *c) { return c->sp_mode >= SP_ALL_TO_ALL; }
+static cai_sp_mode sp_kind(const pt_config *c) { return c->sp_mode == SP_RING ? CAI_SP_RING : CAI_SP_ULYSSES; }
+/* The attention problem the sp ranks share: the layers' n_heads/tp heads. */
+static cai_sp_attn_shape sp_shape(const pt_config *c, const cai_model_config *m) {
+    return (cai_sp_attn_shape){c->micro_batch,          c->seq_len, m->n_heads / c->tp, m->n_kv_heads / c->tp,
+                               m->d_model / m->n_heads, c->sp};
+}
+/* Tokens of each sequence one rank's model holds. */
+static int local_seq_len(const pt_config *c) { return sp_sharded(c) ? c->seq_len / c->sp : c->seq_len; }
 
 #define F(key, type, field, def, doc, ...) \
     { key, type, offsetof(pt_config, field), def, doc, __VA_ARGS__, NULL, NULL }
@@ -76,10 +89,13 @@ static const cai_config_field k_fields[] = {
       "mesh.pp > 1: write the last step's measured pipeline timeline here (Chrome trace JSON) and print its bubble "
       "beside the schedule's",
       CAI_CFG_NO_RANGE),
-    F("mesh.sp", CAI_CFG_INT, sp, "1", "sequence-parallel ranks (only 1 for now)", 1, 1 << 20),
+    F("mesh.sp", CAI_CFG_INT, sp, "1",
+      "sequence-parallel ranks: each holds seq_len/sp tokens of every sequence (mesh.sp_mode all_to_all or ring)", 1,
+      1 << 20),
     E("mesh.sp_mode", sp_mode, "off",
-      "sequence parallelism over the tp ranks: off, or split_gather (Megatron's: the residual stream and norms hold "
-      "micro_batch*seq_len/tp tokens per rank; needs mesh.tp > 1)",
+      "sequence parallelism: off; split_gather (Megatron's, over the tp ranks: the residual stream and norms hold "
+      "micro_batch*seq_len/tp tokens per rank; needs mesh.tp > 1); all_to_all (Ulysses) or ring (ring attention, "
+      "zigzag split) over the mesh.sp ranks",
       k_sp_modes),
     F("mesh.watchdog_timeout", CAI_CFG_DOUBLE, watchdog, "300",
       "seconds a collective may stall before every rank aborts naming the late one; 0: off", 0, 1e9),
@@ -175,11 +191,20 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     /* the layer split over pipeline stages is tc_pp_layout's (pp.layers may be uneven) */
     cai_layout_model lm = {c->n_heads, c->n_kv_heads, c->pp > 1 ? 0 : c->n_layers, 0, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
-    if (c->sp > 1)
+    if (c->sp > 1 && !sp_sharded(c))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "mesh.sp=%d shards each sequence over its own axis: set mesh.sp_mode=all_to_all or ring "
+                         "(mesh.sp_mode=%s; split_gather splits over the tp ranks, with mesh.sp=1)",
+                         c->sp, k_sp_modes[c->sp_mode]);
+    if (sp_sharded(c) && c->sp < 2)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "mesh.sp_mode=%s shards each sequence over mesh.sp ranks; mesh.sp=%d (set >= 2)",
+                         k_sp_modes[c->sp_mode], c->sp);
+    if (sp_sharded(c) && (c->pp > 1 || c->tr.zero_stage > 1 || c->tr.zero_offload))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "colossal-pretrain runs data, tensor and pipeline parallel layouts: mesh.sp=%d must be 1 "
-                         "(e.g. mesh.tp=%d mesh.dp=%d on %d ranks)",
-                         c->sp, c->tp, world / c->tp > 0 ? world / c->tp : 1, world);
+                         "mesh.sp_mode=%s composes with dp and tp at ZeRO stage 0 or 1 without offload: mesh.pp=%d "
+                         "zero.stage=%d zero.offload=%s",
+                         k_sp_modes[c->sp_mode], c->pp, c->tr.zero_stage, c->tr.zero_offload ? "true" : "false");
     if (c->pp > 1 && (c->tr.zero_stage > 1 || c->tr.zero_offload || c->sp_mode))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "mesh.pp=%d composes with dp and tp at ZeRO stage 0 or 1 without offload and sp_mode: "
@@ -198,16 +223,28 @@ static cai_status check_config(const pt_config *c, int world, cai_layout *L) {
     if (resolved.ffn_hidden % c->tp != 0)
         return CAI_ERROR(CAI_ERR_CONFIG, "mesh.tp=%d does not divide model.ffn_hidden=%d (the MLP splits over tp)",
                          c->tp, resolved.ffn_hidden);
-    if (c->sp_mode && c->tp < 2)
+    if (c->sp_mode == SP_SPLIT_GATHER && c->tp < 2)
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "mesh.sp_mode=%s splits the sequence over the tensor-parallel ranks; mesh.tp=%d has none to "
                          "split it over (set mesh.tp >= 2, or mesh.sp_mode=off)",
                          k_sp_modes[c->sp_mode], c->tp);
-    if (c->sp_mode && ((int64_t)c->micro_batch * c->seq_len) % c->tp != 0)
+    if (c->sp_mode == SP_SPLIT_GATHER && ((int64_t)c->micro_batch * c->seq_len) % c->tp != 0)
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "mesh.sp_mode=%s: mesh.tp=%d does not divide the train.micro_batch*train.seq_len = %d*%d "
                          "tokens of a microbatch",
                          k_sp_modes[c->sp_mode], c->tp, c->micro_batch, c->seq_len);
+    if (sp_sharded(c)) {
+        /* The layers hold n_heads/tp query heads; Ulysses splits those. */
+        cai_sp_attn_shape s = sp_shape(c, &resolved);
+        cai_status st = sp_kind(c) == CAI_SP_RING ? cai_ring_attn_validate(&s) : cai_ulysses_validate(&s);
+        if (st != CAI_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", cai_error_message());
+            cai_error_clear();
+            return CAI_ERROR(CAI_ERR_CONFIG, "mesh.sp=%d mesh.sp_mode=%s train.seq_len=%d mesh.tp=%d: %s", c->sp,
+                             k_sp_modes[c->sp_mode], c->seq_len, c->tp, why);
+        }
+    }
     return CAI_OK;
 }
 
@@ -219,7 +256,25 @@ typedef struct {
     cai_pipeline_t *pipe; /* mesh.pp > 1: the driver runs the schedule; the engine only saves and loads */
     pt_data data;
     tc_pp pp; /* mesh.pp > 1 */
+    /* mesh.sp_mode all_to_all / ring: the model's attention over the sp
+     * axis and this rank's shard of the batch's tokens and targets */
+    cai_sp_attention sp_att;
+    int32_t *sp_tokens, *sp_targets;
 } pt_job;
+
+/* This rank's seq_len/sp tokens of each of `rows` sequences (its zigzag
+ * chunks under ring), or the batch itself without a sharded sequence. */
+static cai_status sp_shard(pt_job *j, cai_run_t *run, int64_t rows, const int32_t **tokens, const int32_t **targets) {
+    const pt_config *c = j->cfg;
+    if (!sp_sharded(c)) return CAI_OK;
+    cai_mesh_t *mesh = cai_run_mesh(run);
+    const int r = cai_mesh_rank(mesh, CAI_AXIS_SP);
+    CAI_CALL(cai_sp_shard_rows(sp_kind(c), *tokens, rows, c->seq_len, c->sp, r, j->sp_tokens));
+    CAI_CALL(cai_sp_shard_rows(sp_kind(c), *targets, rows, c->seq_len, c->sp, r, j->sp_targets));
+    *tokens = j->sp_tokens;
+    *targets = j->sp_targets;
+    return CAI_OK;
+}
 
 /* This rank's view: the mesh's, with the pipeline's chunks and layer split. */
 static cai_status job_view(pt_job *j, cai_run_t *run, cai_rank_view *v) {
@@ -238,9 +293,11 @@ static cai_status step_hook(void *ctx, cai_run_t *run, int64_t step, cai_step_st
     pt_job *j = ctx;
     cai_timer_begin("pretrain: data");
     CAI_CALL(pt_data_next(&j->data));
+    const int32_t *tokens = j->data.tokens, *targets = j->data.targets;
+    CAI_CALL(sp_shard(j, run, j->data.local_batch, &tokens, &targets));
     cai_timer_end("pretrain: data");
     cai_timer_begin("pretrain: step");
-    CAI_CALL(tc_engine_step(&j->eng, run, step, j->data.tokens, j->data.targets, j->cfg->grad_accum, st));
+    CAI_CALL(tc_engine_step(&j->eng, run, step, tokens, targets, j->cfg->grad_accum, st));
     cai_timer_end("pretrain: step");
     return CAI_OK;
 }
@@ -259,6 +316,8 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
     cai_timer_begin("pretrain: validation");
     for (int b = 0; b < j->cfg->eval_batches; b++) {
         CAI_CALL(pt_data_valid_batch(&j->data, b, cai_mesh_rank(mesh, CAI_AXIS_DP)));
+        const int32_t *tokens = j->data.tokens, *targets = j->data.targets;
+        CAI_CALL(sp_shard(j, run, j->data.local_batch, &tokens, &targets));
         if (j->pipe) {
             double l = 0;
             CAI_CALL(cai_pipeline_eval(j->pipe, j->data.tokens, j->data.targets, j->cfg->grad_accum, &l));
@@ -267,13 +326,14 @@ static cai_status eval_hook(void *ctx, cai_run_t *run, int64_t step, double *los
         }
         for (int k = 0; k < j->cfg->grad_accum; k++) {
             float l = 0;
-            CAI_CALL(cai_model_forward(j->eng.model, j->data.tokens + (size_t)k * per,
-                                       j->data.targets + (size_t)k * per, &l));
+            CAI_CALL(cai_model_forward(j->eng.model, tokens + (size_t)k * per, targets + (size_t)k * per, &l));
             sum += l;
         }
     }
     sum /= (double)j->cfg->eval_batches * j->cfg->grad_accum;
-    CAI_CALL(cai_allreduce(mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG));
+    /* Each rank's mean over its tokens; ranks sharing a sequence hold equal counts. */
+    CAI_CALL(cai_allreduce(mesh, sp_sharded(j->cfg) ? CAI_AXIS_DP_SP : CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64,
+                           CAI_RED_AVG));
     cai_timer_end("pretrain: validation");
     *loss = sum;
     return CAI_OK;
@@ -313,10 +373,10 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
     CAI_CALL(job_view(j, run, &view));
     cai_mem_plan_request q = {.model = *resolved,
                               .batch = c->micro_batch,
-                              .seq_len = c->seq_len,
+                              .seq_len = local_seq_len(c),
                               .view = view,
-                              .seq_parallel = c->sp_mode != 0,
-                              .dp = cai_mesh_size(cai_run_mesh(run), CAI_AXIS_DP),
+                              .seq_parallel = c->sp_mode == SP_SPLIT_GATHER,
+                              .dp = cai_mesh_size(cai_run_mesh(run), sp_sharded(c) ? CAI_AXIS_DP_SP : CAI_AXIS_DP),
                               .zero = tc_zero_config(&c->tr),
                               .dev = cai_run_device(run),
                               .pp_inflight = j->pp.slots,
@@ -331,13 +391,25 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
     const pt_config *c = j->cfg;
     cai_model_options mo = cai_model_options_default(resolved);
     mo.batch = c->micro_batch;
-    mo.seq_len = c->seq_len;
+    mo.seq_len = local_seq_len(c);
     CAI_CALL(job_view(j, run, &mo.view));
     mo.act_slots = j->pp.slots;
     mo.split_backward = c->pp > 1 && tc_pp_split_backward(&j->pp);
     mo.mesh = cai_run_mesh(run);
-    mo.seq_parallel = c->sp_mode != 0;
+    mo.seq_parallel = c->sp_mode == SP_SPLIT_GATHER;
     CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, c->steps, resolved, &mo, NULL, NULL));
+    if (sp_sharded(c)) {
+        cai_mesh_t *mesh = cai_run_mesh(run);
+        const int Tl = local_seq_len(c);
+        cai_sp_attn_shape s = sp_shape(c, resolved);
+        CAI_CALL(cai_sp_attention_init(&j->sp_att, mesh, CAI_AXIS_SP, cai_run_device(run), sp_kind(c), &s));
+        const size_t n = (size_t)j->data.local_batch * (size_t)Tl;
+        CAI_CALL(cai_malloc((void **)&j->sp_tokens, n * sizeof(int32_t), "sequence shard tokens"));
+        CAI_CALL(cai_malloc((void **)&j->sp_targets, n * sizeof(int32_t), "sequence shard targets"));
+        int32_t *pos = j->sp_tokens; /* the positions pass through the model's own copy */
+        CAI_CALL(cai_sp_positions(sp_kind(c), c->seq_len, c->sp, cai_mesh_rank(mesh, CAI_AXIS_SP), pos));
+        CAI_CALL(cai_model_set_seq_attention(j->eng.model, &j->sp_att.hook, pos));
+    }
     if (c->pp > 1) {
         CAI_CALL(cai_pipeline_create(&j->pipe, cai_run_mesh(run), j->eng.model, (cai_pp_style)c->pp_schedule));
         CAI_CALL(cai_pipeline_set_zero(j->pipe, j->eng.zero));
@@ -349,9 +421,12 @@ static cai_status build(pt_job *j, cai_run_t *run, const cai_model_config *resol
 }
 
 static void job_free(pt_job *j) {
+    cai_free(j->sp_tokens);
+    cai_free(j->sp_targets);
     tc_pp_free(&j->pp);
     cai_pipeline_free(j->pipe);
     tc_engine_free(&j->eng);
+    cai_sp_attention_free(&j->sp_att);
     pt_data_free(&j->data);
 }
 
@@ -473,12 +548,12 @@ int main(int argc, char **argv) {
                 kept == traced && traced > 1 ? " after the first" : "", 100.0 * ts.textbook, 100.0 * ts.at_costs,
                 100.0 * ts.with_transfers, 1e6 * ts.transfer, 100.0 * ts.replay);
     }
-    if (cfg.pp > 1) {
+    if (cfg.pp > 1 || sp_sharded(&cfg)) {
         if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))
             printf(
-                "generate: not run under mesh.pp=%d (a stage holds part of the model); colossal-infer serves the "
+                "generate: not run under mesh.%s (a rank holds part of the %s); colossal-infer serves the "
                 "checkpoint\n",
-                cfg.pp);
+                cfg.pp > 1 ? "pp" : "sp", cfg.pp > 1 ? "model" : "sequence");
     } else if (!cai_run_stopped_by(run) &&
                (cai_mesh_rank(cai_run_mesh(run), CAI_AXIS_DP) == 0 || cfg.tr.zero_stage == 3)) {
         cai_app_check(pt_generate(job.eng.model, cai_run_mesh(run), &job.data.tok, &cfg, app.rank == 0));

@@ -22,7 +22,7 @@ typedef struct {
     int64_t model_seed;
     /* mesh */
     int dp, tp, pp, sp;
-    int sp_mode;     /* index into k_sp_modes: 0 off, 1 split_gather */
+    int sp_mode;     /* index into k_sp_modes: 0 off, 1 split_gather, 2 all_to_all, 3 ring */
     int pp_schedule; /* a cai_pp_style (k_pp_schedules) */
     int pp_virtual;  /* model chunks per rank; 0: the schedule's default */
     int pp_slots;    /* activation slots; 0: what the schedule keeps in flight */

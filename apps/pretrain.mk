@@ -9,6 +9,7 @@ PRETRAIN_APP_TESTS = \
 	tests/apps/pretrain_loss.sh \
 	tests/apps/pretrain_dp_equiv.sh \
 	tests/apps/pretrain_tp.sh \
+	tests/apps/pretrain_sp.sh \
 	tests/apps/pretrain_signal.sh \
 	tests/apps/pretrain_stall.sh \
 	tests/apps/plot_metrics_errors.sh \

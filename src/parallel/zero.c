@@ -867,7 +867,7 @@ static cai_status build_layout(cai_zero_t *z) {
         CAI_CALL_GOTO(cai_calloc((void **)&units[u], (size_t)np + 1, sizeof **units, "ZeRO unit"), st, done);
         cnt[u] = cai_model_unit_params(m, u, units[u], np);
     }
-    int dp = cai_mesh_size(z->mesh, CAI_AXIS_DP), r = cai_mesh_rank(z->mesh, CAI_AXIS_DP);
+    int dp = z->comm.size, r = z->comm.rank;
     CAI_CALL_GOTO(zl_build(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units, cnt,
                            z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20,
                            cai_model_seq_parallel(m)),
@@ -901,11 +901,15 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
     z->pdt = mc->param_dtype;
     z->act_size = cai_dtype_size(z->act);
     z->alias = cfg->stage >= 1 && !cfg->offload && z->pdt == CAI_DTYPE_F32 && z->act == CAI_DTYPE_F32;
+    /* Ranks sharing a sequence (ring attention, Ulysses) hold the same
+     * parameters as dp replicas do: their gradients average over dp x sp. */
+    const cai_axis ax = cai_mesh_size(mesh, CAI_AXIS_SP) > 1 ? CAI_AXIS_DP_SP : CAI_AXIS_DP;
     z->comm = (zc_ctx){.mesh = mesh,
                        .dev = z->dev,
-                       .comm = cai_mesh_comm(mesh, CAI_AXIS_DP),
-                       .size = cai_mesh_size(mesh, CAI_AXIS_DP),
-                       .rank = cai_mesh_rank(mesh, CAI_AXIS_DP),
+                       .axis = ax,
+                       .comm = cai_mesh_comm(mesh, ax),
+                       .size = cai_mesh_size(mesh, ax),
+                       .rank = cai_mesh_rank(mesh, ax),
                        .host = z->dev->kind == CAI_DEVICE_HOST,
                        .timeout_s = cfg->timeout_s};
     z->pool.dev = z->dev;
@@ -1025,7 +1029,7 @@ cai_status cai_zero_forward_backward(cai_zero_t *z, const int32_t *tokens, const
     CAI_CALL_GOTO(reduce_axis_buckets(z), st, done);
     sum /= n_micro;
     if (z->comm.size > 1)
-        CAI_CALL_GOTO(cai_allreduce(z->mesh, CAI_AXIS_DP, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
+        CAI_CALL_GOTO(cai_allreduce(z->mesh, z->comm.axis, &sum, &sum, 1, CAI_DTYPE_F64, CAI_RED_AVG), st, done);
     if (loss) *loss = sum;
 done:
     z->in_step = 0;
@@ -1102,7 +1106,7 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
     /* Each element lives in one shard: the dp sum is the job's (stage 0
      * holds identical full gradients everywhere, so its local sum is). */
     if (z->L.stage >= 1 && z->comm.size > 1)
-        CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
+        CAI_CALL(cai_allreduce(z->mesh, z->comm.axis, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     /* tp ranks hold disjoint shards (replicated parameters are counted on
      * their replica 0 only): the job's sum adds them up. */
     if (cai_model_view(z->model)->tp_size > 1)
@@ -1221,7 +1225,7 @@ cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out) {
                                      g->n * sizeof(float), k));
     }
     /* Exactly one rank contributes each element (the others add zeros). */
-    if (z->comm.size > 1) CAI_CALL(cai_allreduce(z->mesh, CAI_AXIS_DP, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));
+    if (z->comm.size > 1) CAI_CALL(cai_allreduce(z->mesh, z->comm.axis, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));
     return CAI_OK;
 }
 

@@ -36,7 +36,7 @@ cai_status zc_allreduce_sum(zc_ctx *c, void *buf, cai_dtype dt, size_t count, in
     req_init(r, "all-reduce", bucket);
     if (c->size == 1 || count == 0) return CAI_OK;
     c->bytes += (double)count * cai_dtype_size(dt);
-    CAI_CALL(cai_iallreduce(c->mesh, CAI_AXIS_DP, buf, buf, count, dt, CAI_RED_SUM, &r->creq));
+    CAI_CALL(cai_iallreduce(c->mesh, c->axis, buf, buf, count, dt, CAI_RED_SUM, &r->creq));
     r->kind = ZC_CAI;
     return CAI_OK;
 }
@@ -53,7 +53,7 @@ cai_status zc_reduce_scatter_sum(zc_ctx *c, const void *send, void *recv, cai_dt
     }
     c->bytes += (double)chunk * (size_t)c->size * es;
     CAI_CALL(check_count(c, chunk, r->what, bucket));
-    CAI_CALL(cai_ireduce_scatter(c->mesh, CAI_AXIS_DP, send, recv, chunk, dt, CAI_RED_SUM, &r->creq));
+    CAI_CALL(cai_ireduce_scatter(c->mesh, c->axis, send, recv, chunk, dt, CAI_RED_SUM, &r->creq));
     r->kind = ZC_CAI;
     return CAI_OK;
 }
@@ -66,7 +66,7 @@ cai_status zc_all_gather(zc_ctx *c, void *buf, size_t chunk, cai_dtype dtype, in
     CAI_CALL(check_count(c, chunk, r->what, bucket));
     /* In place: the own chunk already sits in its block. */
     void *own = (char *)buf + (size_t)c->rank * chunk * es;
-    CAI_CALL(cai_iall_gather(c->mesh, CAI_AXIS_DP, own, buf, chunk, dtype, &r->creq));
+    CAI_CALL(cai_iall_gather(c->mesh, c->axis, own, buf, chunk, dtype, &r->creq));
     r->kind = ZC_CAI;
     return CAI_OK;
 }

@@ -118,7 +118,8 @@ enum { ZC_NONE = 0, ZC_CAI, ZC_FAILED };
 typedef struct {
     cai_mesh_t *mesh;
     cai_device_t *dev; /* where the buffers live */
-    MPI_Comm comm;     /* the dp axis (the collectives go through the mesh) */
+    cai_axis axis;     /* dp, or dp x sp when the mesh has sp > 1: the replicas of the parameters */
+    MPI_Comm comm;     /* that axis (the collectives go through the mesh) */
     int size, rank;
     int host;         /* buffers are host memory (zc_progress has work to do) */
     double timeout_s; /* each wait's deadline (cai_wait_timeout) */

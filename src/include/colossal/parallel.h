@@ -109,7 +109,12 @@ void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo);
 
 typedef struct cai_zero cai_zero_t;
 
-/* Collective over CAI_AXIS_DP. Builds buckets and shards from the model's
+/* "dp" below means the replicas of the parameters: CAI_AXIS_DP, or
+ * CAI_AXIS_DP_SP when the mesh has sp > 1 (the ranks sharing a sequence
+ * under ring attention or Ulysses hold the same parameters; their
+ * gradients, losses and shards go over dp x sp).
+ *
+ * Collective over CAI_AXIS_DP. Builds buckets and shards from the model's
  * registry layout, allocates the shards (offloaded state in a host arena),
  * initialises the F32 masters to the model's layout-invariant init (the
  * single-rank values), makes the working weights and installs the model
