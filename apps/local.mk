@@ -22,5 +22,6 @@ EXTRA_DIST += $(CHECK_APP_TESTS) tests/apps/check_lib.sh
 include $(srcdir)/apps/data.mk
 include $(srcdir)/apps/pretrain.mk
 include $(srcdir)/apps/sft.mk
+include $(srcdir)/apps/moe.mk
 include $(srcdir)/apps/ckpt.mk
 include $(srcdir)/apps/infer.mk

@@ -85,7 +85,9 @@ cai_status tc_engine_ready(tc_engine *e, cai_run_t *run, const tc_options *o, co
     e->scaled = resolved->param_dtype == CAI_DTYPE_F16 || resolved->act_dtype == CAI_DTYPE_F16;
     cai_loss_scale_config lsc = tc_loss_scale_config(o);
     cai_loss_scaler_init(&e->scaler, &lsc);
-    if (e->zc.reduce_only) CAI_CALL(cai_dp_check_replicas(cai_run_mesh(run), e->model));
+    /* At ep > 1 the dp ranks hold different experts: no replicas to compare. */
+    if (e->zc.reduce_only && cai_model_view(e->model)->ep_size <= 1)
+        CAI_CALL(cai_dp_check_replicas(cai_run_mesh(run), e->model));
     return CAI_OK;
 }
 
