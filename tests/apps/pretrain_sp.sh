@@ -7,7 +7,8 @@
 # - Llama with grouped-query attention (4 query, 2 key/value heads) at sp=2
 #   in both modes, and tp=2 x sp=2 all_to_all (one kv head per tp rank,
 #   replicated over the two sp ranks);
-# and shapes that do not fit are refused before any work, naming what fits.
+# checkpoints of a sp=2 x dp=2 run resume bitwise and continue on one rank
+# and at the other mode within 1e-5; and shapes that do not fit are refused before any work, naming what fits.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
 CFG="$TINY --train.steps 8 --eval.interval 4 --eval.batches 2 --log.interval 100"
@@ -34,6 +35,27 @@ run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode ring --zero.stage 1 --run.dir "$TMP/rin
 expect_ok
 expect_grep out 'dp=2 sp=2'
 check_run ringdp2
+
+# Checkpoints: a sp=2 x dp=2 ZeRO-1 run stopped at step 4 resumes bitwise on
+# its layout, and its checkpoint continues within 1e-5 on one rank and at
+# sp=2 all_to_all.
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode ring --zero.stage 1 --run.dir "$TMP/ck" --checkpoint.every 100 \
+    --train.stop_at 4
+expect_rc 3
+cp "$TMP/ck/checkpoints/step-00000004.h5" "$TMP/step4.h5"
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode ring --zero.stage 1 --run.dir "$TMP/ck" --checkpoint.every 100 --resume latest
+expect_ok
+same_losses "$TMP/ringdp2/metrics.jsonl" "$TMP/ck/metrics.jsonl" "the sp=2 x dp=2 resume"
+# shellcheck disable=SC2086
+run_np 1 $CFG --train.grad_accum 2 --run.dir "$TMP/ck1" --resume "$TMP/step4.h5"
+expect_ok
+close_losses "$TMP/a/metrics.jsonl" "$TMP/ck1/metrics.jsonl" 4 1e-5 "1 rank from the sp=2 x dp=2 checkpoint"
+# shellcheck disable=SC2086
+run_np 2 $CFG --mesh.sp 2 --mesh.sp_mode all_to_all --train.grad_accum 2 --run.dir "$TMP/ck2" --resume "$TMP/step4.h5"
+expect_ok
+close_losses "$TMP/a/metrics.jsonl" "$TMP/ck2/metrics.jsonl" 4 1e-5 "sp=2 all_to_all from the ring checkpoint"
 
 # The loss must have moved, or equality says nothing.
 field train loss "$TMP/a/metrics.jsonl" | awk 'NR==1{f=$2} END{exit !($2 < 0.95*f)}' || fail "the loss did not fall"
