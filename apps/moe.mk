@@ -6,6 +6,7 @@ apps_colossal_moe_LDADD = $(APP_LDADD) -lm
 
 # End-to-end tests (shell, run under $(MPIEXEC)).
 MOE_APP_TESTS = \
-	tests/apps/moe_train.sh
+	tests/apps/moe_train.sh \
+	tests/apps/moe_resume.sh
 TESTS += $(MOE_APP_TESTS)
 EXTRA_DIST += $(MOE_APP_TESTS) examples/moe-tiny.yaml
