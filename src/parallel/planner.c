@@ -102,6 +102,8 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
                       st, done);
         out->acts_full += kept;
     }
+    out->acts_full += req->seq_attn_bytes;
+    out->acts_recompute += req->seq_attn_bytes;
     out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
     if (req->view.pp_size > 1 && req->pp_microbatches > 0) {
         /* The executor's boundary buffers: per (microbatch, chunk) an input and

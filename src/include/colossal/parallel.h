@@ -265,6 +265,9 @@ typedef struct {
                               * buffers (one set per microbatch and chunk); 0: not counted */
     int pp_split;            /* 1: the model keeps a split backward's output gradients in each
                               * activation set (cai_model_options.split_backward; zb-h1) */
+    size_t seq_attn_bytes;   /* a sequence sharded over sp: the ring / Ulysses attention workspace
+                              * (cai_sp_attention_init; *_workspace_bytes), counted with the
+                              * activations; seq_len is then the rank's T/sp; 0: none */
     size_t lora_flat;        /* LoRA (colossal/lora.h): the adapters' flat F32 elements, the only trainable
                               * ones (the base is frozen: no gradients, no optimizer state; stage 0 only);
                               * 0: full training */
