@@ -25,3 +25,11 @@ tests_parity_lora_parity_LDADD = src/libcolossal-core.la
 TESTS += tests/parity/lora.sh tests/parity/lora_hf.sh
 EXTRA_DIST += tests/parity/lora.sh tests/parity/lora_hf.sh tests/parity/lora_reference.py
 CLEANFILES += tests/parity/lora.safetensors
+
+# Ring attention and Ulysses against a PyTorch reference (docs/sequence-parallel.md).
+check_PROGRAMS += tests/parity/sp_driver
+tests_parity_sp_driver_SOURCES = tests/parity/sp_driver.c
+tests_parity_sp_driver_LDADD = src/libcolossal-core.la
+TESTS += tests/parity/sp.sh
+EXTRA_DIST += tests/parity/sp.sh tests/parity/sp_reference.py
+CLEANFILES += tests/parity/sp2.safetensors tests/parity/sp4.safetensors
