@@ -74,6 +74,37 @@ run_np 4 $CFG $LLAMA --mesh.tp 2 --mesh.sp 2 --mesh.sp_mode all_to_all --train.g
 expect_ok
 check_run llama-tp2
 
+# SP_FULL_MATRIX=1: the matrix on up to 8 ranks, sp {2, 4} x mode
+# {all_to_all, ring} x tp {1, 2} x dp {1, 2}, GPT-2 and Llama GQA, with 8
+# heads (so Ulysses at tp 2 x sp 4 has two heads a rank to split), each
+# against its family's 1-rank run.
+if [ "${SP_FULL_MATRIX:-0}" = 1 ]; then
+    for fam in gpt2 llama; do
+        rm -rf "$TMP/a"
+        FAM="--model.n_heads 8"
+        [ $fam = llama ] && FAM="$FAM $LLAMA"
+        # shellcheck disable=SC2086
+        run_np 1 $CFG $FAM --train.grad_accum 2 --run.dir "$TMP/a"
+        expect_ok
+        for sp in 2 4; do
+            for mode in all_to_all ring; do
+                for tp in 1 2; do
+                    for dp in 1 2; do
+                        n=$((sp * tp * dp))
+                        [ $n -le 8 ] || continue
+                        run="m-$fam-$sp-$mode-$tp-$dp"
+                        # shellcheck disable=SC2086
+                        run_np $n $CFG $FAM --mesh.sp $sp --mesh.sp_mode $mode --mesh.tp $tp --mesh.dp $dp \
+                            --train.grad_accum $((2 / dp)) --run.dir "$TMP/$run"
+                        expect_ok
+                        check_run "$run"
+                    done
+                done
+            done
+        done
+    done
+fi
+
 # Refused before any work, naming what would fit.
 # shellcheck disable=SC2086
 run_np 2 $CFG --train.seq_len 66 --mesh.sp 2 --mesh.sp_mode ring --run.dir "$TMP/bad1"
