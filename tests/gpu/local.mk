@@ -26,7 +26,7 @@ check-emu:
 	$(MAKE) $(AM_MAKEFLAGS) check-TESTS TESTS='$(GPU_EMU_TESTS)'
 .PHONY: check-emu
 
-EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/model_parity.py \
+EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/sp-run.sh tests/gpu/model_parity.py \
 	tests/gpu/run-all.sh tests/gpu/snapshot.sh tests/gpu/hf-prepare.sh tests/gpu/hf_transformers.py \
 	tests/gpu/flash_emu.sh tests/gpu/flash_emu.cpp tests/gpu/normxent_emu.sh tests/gpu/normxent_emu.cpp \
 	tests/gpu/embed_emu.sh tests/gpu/embed_emu.cpp tests/gpu/emu_cuda.h tests/gpu/emu_extract.py \
