@@ -3,7 +3,9 @@
 # through colossal-pretrain reproduce the 1-rank run of the same global
 # batch of 8 sequences: every step's train loss and gradient norm and both
 # validation losses within 1e-5 relative, over 8 steps, for
-# - GPT-2 at sp=2 in both modes, and sp=2 x dp=2 ring under ZeRO-1;
+# - GPT-2 at sp=2 in both modes, and sp=2 x dp=2: ring under ZeRO-1,
+#   all_to_all under ZeRO-3, ring under ZeRO-2 with offload (the shards
+#   span dp x sp);
 # - Llama with grouped-query attention (4 query, 2 key/value heads) at sp=2
 #   in both modes, and tp=2 x sp=2 all_to_all (one kv head per tp rank,
 #   replicated over the two sp ranks);
@@ -35,6 +37,14 @@ run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode ring --zero.stage 1 --run.dir "$TMP/rin
 expect_ok
 expect_grep out 'dp=2 sp=2'
 check_run ringdp2
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode all_to_all --zero.stage 3 --run.dir "$TMP/a2az3"
+expect_ok
+check_run a2az3
+# shellcheck disable=SC2086
+run_np 4 $CFG --mesh.sp 2 --mesh.sp_mode ring --zero.stage 2 --zero.offload true --run.dir "$TMP/ringz2off"
+expect_ok
+check_run ringz2off
 
 # Checkpoints: a sp=2 x dp=2 ZeRO-1 run stopped at step 4 resumes bitwise on
 # its layout, and its checkpoint continues within 1e-5 on one rank and at
