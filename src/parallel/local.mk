@@ -105,7 +105,7 @@ check_PROGRAMS += tests/mpi/test_seq_parallel
 tests_mpi_test_seq_parallel_SOURCES = tests/mpi/test_seq_parallel.c tests/mpi/test_mesh_util.h
 tests_mpi_test_seq_parallel_CFLAGS = $(TEST_CFLAGS)
 tests_mpi_test_seq_parallel_LDADD = $(TEST_LIBS)
-SP_MPI_TESTS = tests/mpi/seq_parallel.np2 tests/mpi/seq_parallel.np4
+SP_MPI_TESTS = tests/mpi/seq_parallel.np2 tests/mpi/seq_parallel4.np4
 $(SP_MPI_TESTS):
 	@$(MKDIR_P) $(@D) && : > $@
 CLEANFILES += $(SP_MPI_TESTS)
