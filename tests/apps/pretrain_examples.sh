@@ -26,4 +26,12 @@ for ex in gpt2-124m llama; do
 done
 expect_grep out 'model: llama, 2 layers'
 expect_grep out 'untied'
+# The long-context example keeps its mesh (sp 4, ring) on 4 ranks; the shrunk
+# seq_len 32 splits into 8 zigzag chunks.
+# shellcheck disable=SC2086
+run_np 4 --config "$EX/pretrain-long-context.yaml" $SHRINK --model.n_kv_heads 0 \
+    --run.dir "$TMP/long"
+expect_ok
+expect_grep out 'dp=1 sp=4'
+expect_grep out '^done: 3 steps'
 echo "PASS"
