@@ -550,6 +550,29 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     return CAI_OK;
 }
 
+/* A decode step's few rows: one pass over both weights (gemv.cu); else the
+ * two products into gate and up, then the SwiGLU kernel. */
+cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
+                                      const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up) {
+    static const char *op = "linear_swiglu_fwd";
+    cai_rows x, wg, wu, g, u, a;
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "gate", gate, inp, w_gate, NULL, &x, &wg, &g, &bd));
+    CAI_CALL(linear_fwd_args(op, "up", up, inp, w_up, NULL, &x, &wu, &u, &bd));
+    CAI_CALL(cai_cuda_rows_like(op, "act", act, "gate", &g, &a));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    if (a.dtype == x.dtype &&
+        cuk_gemv_swiglu_fits(cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg), cai_cuda_mat(&wu))) {
+        CUK_LAUNCH(op, cuk_gemv_swiglu(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg),
+                                       cai_cuda_mat(&wu)));
+        return CAI_OK;
+    }
+    CAI_CALL(linear_rows(dev, op, &x, &wg, &g, NULL, CAI_DTYPE_F32));
+    CAI_CALL(linear_rows(dev, op, &x, &wu, &u, NULL, CAI_DTYPE_F32));
+    CUK_LAUNCH(op, cuk_swiglu_fwd(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&g), cai_cuda_mat(&u)));
+    return CAI_OK;
+}
+
 /* out = x w^T + bias + residual in one cuBLASLt call: D = out, C = the
  * residual (a separate C input, or D itself in place), beta = 1, the bias as
  * the epilogue. The sum of product, bias and residual is formed in f32 and

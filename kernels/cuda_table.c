@@ -23,6 +23,7 @@ static const cai_ops cuda_ops = {
     .linear_fwd = cai_cuda_linear_fwd,
     .linear_bwd = cai_cuda_linear_bwd,
     .linear_gelu_fwd = cai_cuda_linear_gelu_fwd,
+    .linear_swiglu_fwd = cai_cuda_linear_swiglu_fwd,
     .linear_bwd_dgelu = cai_cuda_linear_bwd_dgelu,
     .linear_residual_fwd = cai_cuda_linear_residual_fwd,
     .bias_add = cai_cuda_bias_add,

@@ -60,6 +60,77 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     }
 }
 
+/* A Llama MLP's gate and up rows of output feature o in one warp: half
+ * the unroll per matrix keeps the loads in flight per warp (and the
+ * registers) as k_gemv's, and each lane visits its chunks in k_gemv's
+ * order, so the two sums are k_gemv's bit for bit; one launch instead of
+ * three (two products and the SwiGLU). */
+#define GS_UNROLL (GV_UNROLL / 2)
+template <int DT> CUK_INLINE float gv_round(float v) {
+    return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
+}
+
+template <int DT, int NB>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
+    const int lane = threadIdx.x & 31;
+    const int64_t o = (int64_t)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
+    if (o >= wg.rows) return;
+    const uint4 *gr = (const uint4 *)((const uint16_t *)wg.p + o * wg.ld);
+    const uint4 *ur = (const uint4 *)((const uint16_t *)wu.p + o * wu.ld);
+    const int64_t nc = wg.cols >> 3;
+    float ag[NB], au[NB];
+#pragma unroll
+    for (int n = 0; n < NB; n++) ag[n] = au[n] = 0.0f;
+    int64_t c = lane;
+    for (; c + 32 * (GS_UNROLL - 1) < nc; c += 32 * GS_UNROLL) {
+        uint4 gw[GS_UNROLL], uw[GS_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GS_UNROLL; u++) {
+            gw[u] = __ldcs(gr + c + 32 * u);
+            uw[u] = __ldcs(ur + c + 32 * u);
+        }
+#pragma unroll
+        for (int u = 0; u < GS_UNROLL; u++) {
+            gv_fma<DT, NB>(ag, gw[u], x, N, c + 32 * u);
+            gv_fma<DT, NB>(au, uw[u], x, N, c + 32 * u);
+        }
+    }
+    for (; c < nc; c += 32) {
+        gv_fma<DT, NB>(ag, __ldcs(gr + c), x, N, c);
+        gv_fma<DT, NB>(au, __ldcs(ur + c), x, N, c);
+    }
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        ag[n] = warp_sum(ag[n]);
+        au[n] = warp_sum(au[n]);
+    }
+    if (lane != 0) return;
+    for (int n = 0; n < N; n++) {
+        const float g = gv_round<DT>(ag[n]), u = gv_round<DT>(au[n]);
+        cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
+    }
+}
+
+int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
+    const cuk_mat none = {0};
+    return cuk_gemv_fits(y, x, wg, none) && cuk_gemv_fits(y, x, wu, none) && wu.rows == wg.rows && wu.cols == wg.cols &&
+           y.cols == wg.rows;
+}
+
+template <int DT> static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
+    const unsigned g = (unsigned)((wg.rows + GV_WARPS - 1) / GV_WARPS);
+    const int N = (int)x.rows;
+    if (N == 1) k_gemv_swiglu<DT, 1><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
+    else if (N == 2) k_gemv_swiglu<DT, 2><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
+    else if (N <= 4) k_gemv_swiglu<DT, 4><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
+    else k_gemv_swiglu<DT, CUK_GEMV_MAX_N><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
+    return cudaGetLastError();
+}
+
+cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
+    return wg.dt == CUK_BF16 ? gemv_swiglu_dt<CUK_BF16>(s, y, x, wg, wu) : gemv_swiglu_dt<CUK_F16>(s, y, x, wg, wu);
+}
+
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
     const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
     if (x.rows < 1 || x.rows > CUK_GEMV_MAX_N || w.rows < 1 || w.cols < 8) return 0;

@@ -739,9 +739,7 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
         if (e->kinds.mlp == CAI_MLP_GELU) {
             CAI_CALL(ops->linear_gelu_fwd(dev, &act, &fc, &ln, &p->fc_w, p->fc_b.data ? &p->fc_b : NULL));
         } else {
-            CAI_CALL(ops->linear_fwd(dev, &fc, &ln, &p->fc_w, NULL));
-            CAI_CALL(ops->linear_fwd(dev, &up, &ln, &p->up_w, NULL));
-            CAI_CALL(ops->swiglu_fwd(dev, &act, &fc, &up));
+            CAI_CALL(ops->linear_swiglu_fwd(dev, &act, &fc, &up, &ln, &p->fc_w, &p->up_w));
         }
         CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
     }

@@ -53,6 +53,8 @@ CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai
 /* the fused compositions of linear with GELU and with the residual add (cpu_matmul.c) */
 CPU_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
                         const cai_tensor *weight, const cai_tensor *bias);
+CPU_OP(linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
+                          const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up);
 CPU_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
                          const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                          const cai_tensor *pre);

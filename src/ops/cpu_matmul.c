@@ -223,6 +223,14 @@ cai_status cai_cpu_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tenso
     return cai_cpu_gelu_fwd(dev, act, pre);
 }
 
+/* No pass over the weights to save on the host: the three ops. */
+cai_status cai_cpu_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
+                                     const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up) {
+    CAI_CALL(cai_cpu_linear_fwd(dev, gate, inp, w_gate, NULL));
+    CAI_CALL(cai_cpu_linear_fwd(dev, up, inp, w_up, NULL));
+    return cai_cpu_swiglu_fwd(dev, act, gate, up);
+}
+
 cai_status cai_cpu_linear_bwd_dgelu(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
                                     const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                                     const cai_tensor *pre) {

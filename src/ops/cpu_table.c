@@ -22,6 +22,7 @@ static const cai_ops cpu_ops = {
     .linear_fwd = cai_cpu_linear_fwd,
     .linear_bwd = cai_cpu_linear_bwd,
     .linear_gelu_fwd = cai_cpu_linear_gelu_fwd,
+    .linear_swiglu_fwd = cai_cpu_linear_swiglu_fwd,
     .linear_bwd_dgelu = cai_cpu_linear_bwd_dgelu,
     .linear_residual_fwd = cai_cpu_linear_residual_fwd,
     .bias_add = cai_cpu_bias_add,

@@ -341,10 +341,38 @@ static void t_decode_linear(cai_dtype dt) {
         }
     }
 }
+/* A Llama MLP's gate, up and SwiGLU in one op: against the host, and bit
+ * for bit against the three ops on this device (one pass over both weights
+ * where the rows are few, the three ops past CUK_GEMV_MAX_N rows or where K
+ * is no multiple of 8). */
+static void t_decode_swiglu(cai_dtype dt) {
+    const int64_t rows[] = {1, 3, 8, 9}, ics[] = {2048, 2050};
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t N = rows[i], IC = ics[k], F = 1000;
+            gt_t x = R2(dt, N, IC, 1.0), wg = R2(dt, F, IC, 1.0 / sqrt((double)IC)),
+                 wu = R2(dt, F, IC, 1.0 / sqrt((double)IC));
+            gt_t y = O2(dt, N, F), g = O2(dt, N, F), u = O2(dt, N, F), y3 = O2(dt, N, F);
+            BOTH("linear_swiglu_fwd", H->ops->linear_swiglu_fwd(H, &y.h, &g.h, &u.h, &x.h, &wg.h, &wu.h),
+                 G->ops->linear_swiglu_fwd(G, &y.g, &g.g, &u.g, &x.g, &wg.g, &wu.g));
+            gt_check(nm("linear_swiglu_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64, dtn(dt), N, IC, F), y, gt_tol(dt));
+            GT_OK(G->ops->linear_fwd(G, &g.g, &x.g, &wg.g, NULL));
+            GT_OK(G->ops->linear_fwd(G, &u.g, &x.g, &wu.g, NULL));
+            GT_OK(G->ops->swiglu_fwd(G, &y3.g, &g.g, &u.g));
+            float *a = gt_download(y.b), *b = gt_download(y3.b);
+            gt_expect(nm("linear_swiglu_fwd %s %" PRId64 "x%" PRId64 " equals linear, linear, swiglu bitwise", dtn(dt),
+                         N, IC),
+                      memcmp(a, b, (size_t)(N * F) * sizeof(float)) == 0, "");
+            free(a);
+            free(b);
+        }
+}
 static void decode_linear(void) {
     if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
     t_decode_linear(CAI_DTYPE_BF16);
     t_decode_linear(CAI_DTYPE_F16);
+    t_decode_swiglu(CAI_DTYPE_BF16);
+    t_decode_swiglu(CAI_DTYPE_F16);
 }
 static void f32_linear_residual(void) { t_linear_residual(CAI_DTYPE_F32); }
 static void bf16_linear_residual(void) { t_linear_residual(CAI_DTYPE_BF16); }

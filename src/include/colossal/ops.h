@@ -156,6 +156,15 @@ typedef struct cai_ops {
      * pre must not overlap each other or the inputs. */
     cai_status (*linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
                                   const cai_tensor *weight, const cai_tensor *bias);
+    /* A Llama MLP's gate and up projections with their SwiGLU (inference),
+     * one op so a backend can read both weights in one pass where the rows
+     * are few: act [N,F] = swiglu(inp @ w_gate^T, inp @ w_up^T), the two
+     * products rounded to act's dtype first, so act equals linear_fwd,
+     * linear_fwd, swiglu_fwd bit for bit. gate and up [N,F] are scratch
+     * for the unfused path; their contents afterwards are unspecified. No
+     * bias; nothing overlaps. */
+    cai_status (*linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
+                                    const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up);
     /* Backward of a linear layer whose input was act = gelu(pre), through the
      * GELU: dpre [N,IC] = gelu'(pre) * (dout @ weight) (overwritten);
      * dweight [OC,IC] += dout^T @ inp (inp = act); dbias [OC] += sum over rows
