@@ -3,7 +3,9 @@
  * ignored). Each batch size runs twice, with N and with 1 new token, and
  * the decode rate is B * (N - 1) / (t_N - t_1): the prefill cancels, as in
  * bench/hf_generate_bench.py, which times transformers the same way. One
- * JSON line per batch size on stdout.
+ * JSON line per batch size on stdout, with a hash of the generated ids in
+ * request order ("tokens_hash"), so that runs of one build under different
+ * launch settings (--graphs, CAI_CUDA_PDL) can be compared token for token.
  *
  *   infer_bench FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128]
  *               [--new 256] [--device cuda|host] [--dtype bf16|f32] [--block 16] [--graphs 0|1]
@@ -18,7 +20,7 @@
 #include "colossal/model.h"
 
 static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int block, int graphs, double *step_ms,
-                       double *wait_ms, cai_status *st) {
+                       double *wait_ms, uint64_t *hash, cai_status *st) {
     cai_engine_options o = cai_engine_options_default();
     o.block_size = block;
     o.max_batch = batch;
@@ -51,6 +53,8 @@ static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int b
     const double t0 = cai_time_now();
     double t_decode = 0, t_wait = 0;
     int64_t decode_steps = 0;
+    uint64_t *h = calloc((size_t)batch, sizeof *h);
+    if (!h) *st = CAI_ERROR(CAI_ERR_NOMEM, "infer_bench: %d hashes", batch);
     while (*st == CAI_OK && cai_engine_pending(e) > 0) {
         cai_engine_stats s0;
         cai_engine_get_stats(e, &s0);
@@ -64,8 +68,16 @@ static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int b
             decode_steps++;
         }
         cai_engine_output out;
-        while (cai_engine_take(e, &out)) cai_engine_output_free(&out);
+        while (cai_engine_take(e, &out)) {
+            uint64_t v = 1469598103934665603ull; /* FNV-1a over the ids */
+            for (int64_t i = 0; i < out.n_tokens; i++) v = (v ^ (uint32_t)out.tokens[i]) * 1099511628211ull;
+            if (out.tag >= 0 && out.tag < batch) h[out.tag] = v;
+            cai_engine_output_free(&out);
+        }
     }
+    *hash = 0;
+    for (int r = 0; h && r < batch; r++) *hash = (*hash ^ h[r]) * 1099511628211ull;
+    free(h);
     const double t = cai_time_now() - t0;
     *step_ms = decode_steps ? 1e3 * t_decode / (double)decode_steps : 0;
     *wait_ms = decode_steps ? 1e3 * t_wait / (double)decode_steps : 0;
@@ -128,22 +140,23 @@ int main(int argc, char **argv) {
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && st == CAI_OK; b = strtok_r(NULL, ",", &save)) {
         const int B = atoi(b);
         double ms1 = 0, msN = 0, wait1 = 0, waitN = 0;
+        uint64_t hash = 0;
         /* untimed: the first engine of a size pays one-time costs (library
          * initialisation, cuBLASLt's plans) that would land in t1 */
-        run_once(w, B, prompt, 2, block, graphs, &ms1, &wait1, &st);
+        run_once(w, B, prompt, 2, block, graphs, &ms1, &wait1, &hash, &st);
         if (st != CAI_OK) break;
-        const double t1 = run_once(w, B, prompt, 1, block, graphs, &ms1, &wait1, &st);
+        const double t1 = run_once(w, B, prompt, 1, block, graphs, &ms1, &wait1, &hash, &st);
         if (st != CAI_OK) break;
-        const double tN = run_once(w, B, prompt, n_new, block, graphs, &msN, &waitN, &st);
+        const double tN = run_once(w, B, prompt, n_new, block, graphs, &msN, &waitN, &hash, &st);
         if (st != CAI_OK) break;
         const double tps = (double)B * (double)(n_new - 1) / (tN - t1);
         const double roof_ms = 1e3 * weight_bytes / hbm;
         printf(
             "{\"impl\":\"colossal\",\"family\":\"%s\",\"params\":%llu,\"batch\":%d,\"prompt\":%d,\"new\":%d,"
             "\"decode_tokens_per_s\":%.1f,\"decode_step_ms\":%.4f,\"roofline_step_ms\":%.4f,\"roofline_frac\":%.4f,"
-            "\"decode_host_ms\":%.4f,\"graphs\":%d}\n",
+            "\"decode_host_ms\":%.4f,\"graphs\":%d,\"tokens_hash\":\"%016llx\"}\n",
             argv[1], (unsigned long long)n_params, B, prompt, n_new, tps, msN, roof_ms, msN > 0 ? roof_ms / msN : 0.0,
-            msN - waitN, graphs);
+            msN - waitN, graphs, (unsigned long long)hash);
         fflush(stdout);
     }
     if (st != CAI_OK) cai_error_print(stderr);

@@ -161,6 +161,22 @@ template <typename T, typename Op> CUK_INLINE T block_reduce(T v, T *sh, T ident
 }
 
 CUK_INLINE float warp_sum(float v) { return warp_reduce(v, cuk_add_op()); }
+
+/* Programmatic dependent launch (sm_90): a kernel launched with the
+ * attribute may start before its predecessor ends, and must wait
+ * (cuk_pdl_wait: the predecessor complete, its writes visible) before it
+ * reads what the predecessor writes; a predecessor lets it start early with
+ * cuk_pdl_trigger (else at its own end). Both are no-ops otherwise. */
+CUK_INLINE void cuk_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+CUK_INLINE void cuk_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 CUK_INLINE float warp_max(float v) { return warp_reduce(v, cuk_max_op()); }
 CUK_INLINE float block_sum(float v, float *sh) { return block_reduce(v, sh, 0.0f, cuk_add_op()); }
 CUK_INLINE float block_max(float v, float *sh) { return block_reduce(v, sh, -INFINITY, cuk_max_op()); }

@@ -181,11 +181,13 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
     count_alloc(dev, sizeof *c->err_host);
     CU(w, cuk_attn_setup());
-    long long tf32 = 0, tune = 0;
+    long long tf32 = 0, tune = 0, pdl = 1;
     CAI_CALL(cai_knob_int("CAI_CUDA_TF32", &tf32));
     c->allow_tf32 = tf32 == 1;
     CAI_CALL(cai_knob_int("CAI_CUBLASLT_AUTOTUNE", &tune));
     c->lt_autotune = tune == 1 ? 8 : (int)tune; /* 1: the heuristic's 8 best */
+    CAI_CALL(cai_knob_int("CAI_CUDA_PDL", &pdl));
+    c->pdl = pdl == 1 && prop.major >= 9;
     snprintf(dev->name, sizeof dev->name, "cuda:%d (%.24s, sm_%d%d, %d SMs%s)", ordinal, prop.name, prop.major,
              prop.minor, prop.multiProcessorCount, c->allow_tf32 ? ", tf32" : "");
     return CAI_OK;

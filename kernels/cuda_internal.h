@@ -36,6 +36,7 @@ typedef struct cai_cuda_impl {
     int ordinal;
     int allow_tf32;  /* CAI_CUDA_TF32=1: f32 matmuls on tensor cores (10-bit mantissa) */
     int lt_autotune; /* CAI_CUBLASLT_AUTOTUNE: candidates timed per new gemm shape (0: heuristic's first) */
+    int pdl;         /* CAI_CUDA_PDL on an sm_90+ device: programmatic dependent launches (gemv.cu) */
     int num_sms;
     cublasLtHandle_t lt;
     void *lt_ws;

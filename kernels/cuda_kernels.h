@@ -213,13 +213,16 @@ cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat l
  * 16-byte aligned. */
 #define CUK_GEMV_MAX_N 8
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
-cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r);
+cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                     int pdl);
 /* y[n] = swiglu(Wg x[n], Wu x[n]) in one pass over both weights, each
  * product rounded to y's dtype before the SwiGLU (bitwise cuk_gemv twice
  * and cuk_swiglu_fwd). Where cuk_gemv_fits(y, x, wg) and wu is laid out
  * as wg (cuk_gemv_swiglu_fits). */
 int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu);
-cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu);
+cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl);
+/* pdl (both): launched as programmatic dependents of the stream's previous
+ * kernel (sm_90+; the caller decides, CAI_CUDA_PDL). */
 
 /* ---------------------------------------------------------------- paged.cu
  * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host

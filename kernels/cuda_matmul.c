@@ -450,7 +450,7 @@ static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows 
     const cuk_mat none = {0};
     if (cuk_gemv_fits(cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), none)) {
         CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), bd,
-                                (int)bias_dt, none));
+                                (int)bias_dt, none, cai_cuda_of(dev)->pdl));
         return CAI_OK;
     }
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
@@ -564,7 +564,7 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
     if (a.dtype == x.dtype &&
         cuk_gemv_swiglu_fits(cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg), cai_cuda_mat(&wu))) {
         CUK_LAUNCH(op, cuk_gemv_swiglu(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg),
-                                       cai_cuda_mat(&wu)));
+                                       cai_cuda_mat(&wu), cai_cuda_of(dev)->pdl));
         return CAI_OK;
     }
     CAI_CALL(linear_rows(dev, op, &x, &wg, &g, NULL, CAI_DTYPE_F32));
@@ -601,7 +601,7 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
     if (cuk_gemv_fits(cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), cai_cuda_mat(&r))) {
         CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), bd,
-                                (int)bias_dt, cai_cuda_mat(&r)));
+                                (int)bias_dt, cai_cuda_mat(&r), cai_cuda_of(dev)->pdl));
         return CAI_OK;
     }
     if (r.dtype == y.dtype && w.cols > 0) {

@@ -8,11 +8,37 @@
  * here a warp owns one output feature, each lane streams 16-byte chunks of
  * its row with eight loads issued before any is used, and the rows of x (a
  * few KB, read by every warp) come from L1/L2. The warp's lanes then sum
- * their partials with shuffles. */
+ * their partials with shuffles.
+ *
+ * Programmatic dependent launch: a product is launched so that it may start
+ * before its predecessor in the stream has finished; it issues its first
+ * weight loads (which nothing in the step writes) and only then waits for
+ * the predecessor (cuk_pdl_wait) before it reads x, so the weight
+ * stream's latency overlaps the previous kernel's tail. Each product lets
+ * its own successor start once its loads are all issued. Neither changes
+ * the per-lane order of the sums. */
 #include "cuda_common.cuh"
 
 #define GV_WARPS 8
 #define GV_UNROLL 8
+
+/* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
+ * attribute when pdl. */
+template <class... P, class... A>
+static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(GV_WARPS * 32);
+    cfg.stream = s;
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kern, args...);
+}
 
 /* acc[n] += dot(w chunk, x[n] chunk c) */
 template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
@@ -41,14 +67,26 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int n = 0; n < NB; n++) acc[n] = 0.0f;
     int64_t c = lane;
-    for (; c + 32 * (GV_UNROLL - 1) < nc; c += 32 * GV_UNROLL) {
-        uint4 wu[GV_UNROLL];
+    uint4 wu[GV_UNROLL];
+    const bool first = c + 32 * (GV_UNROLL - 1) < nc;
+    if (first) {
 #pragma unroll
         for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + 32 * u); /* read once: do not keep in cache */
+    }
+    cuk_pdl_wait();
+    if (first) {
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + 32 * u);
+        c += 32 * GV_UNROLL;
+    }
+    for (; c + 32 * (GV_UNROLL - 1) < nc; c += 32 * GV_UNROLL) {
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + 32 * u);
 #pragma unroll
         for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + 32 * u);
     }
     for (; c < nc; c += 32) gv_fma<DT, NB>(acc, __ldcs(wr + c), x, N, c);
+    cuk_pdl_trigger();
 #pragma unroll
     for (int n = 0; n < NB; n++) acc[n] = warp_sum(acc[n]);
     if (lane != 0) return;
@@ -82,13 +120,25 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
 #pragma unroll
     for (int n = 0; n < NB; n++) ag[n] = au[n] = 0.0f;
     int64_t c = lane;
-    for (; c + 32 * (GS_UNROLL - 1) < nc; c += 32 * GS_UNROLL) {
-        uint4 gw[GS_UNROLL], uw[GS_UNROLL];
+    uint4 gw[GS_UNROLL], uw[GS_UNROLL];
+    bool pending = c + 32 * (GS_UNROLL - 1) < nc;
+    if (pending) {
 #pragma unroll
         for (int u = 0; u < GS_UNROLL; u++) {
             gw[u] = __ldcs(gr + c + 32 * u);
             uw[u] = __ldcs(ur + c + 32 * u);
         }
+    }
+    cuk_pdl_wait();
+    for (; c + 32 * (GS_UNROLL - 1) < nc; c += 32 * GS_UNROLL) {
+        if (!pending) {
+#pragma unroll
+            for (int u = 0; u < GS_UNROLL; u++) {
+                gw[u] = __ldcs(gr + c + 32 * u);
+                uw[u] = __ldcs(ur + c + 32 * u);
+            }
+        }
+        pending = false;
 #pragma unroll
         for (int u = 0; u < GS_UNROLL; u++) {
             gv_fma<DT, NB>(ag, gw[u], x, N, c + 32 * u);
@@ -99,6 +149,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
         gv_fma<DT, NB>(ag, __ldcs(gr + c), x, N, c);
         gv_fma<DT, NB>(au, __ldcs(ur + c), x, N, c);
     }
+    cuk_pdl_trigger();
 #pragma unroll
     for (int n = 0; n < NB; n++) {
         ag[n] = warp_sum(ag[n]);
@@ -117,18 +168,19 @@ int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
            y.cols == wg.rows;
 }
 
-template <int DT> static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
+template <int DT>
+static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
     const unsigned g = (unsigned)((wg.rows + GV_WARPS - 1) / GV_WARPS);
     const int N = (int)x.rows;
-    if (N == 1) k_gemv_swiglu<DT, 1><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
-    else if (N == 2) k_gemv_swiglu<DT, 2><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
-    else if (N <= 4) k_gemv_swiglu<DT, 4><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
-    else k_gemv_swiglu<DT, CUK_GEMV_MAX_N><<<g, GV_WARPS * 32, 0, s>>>(y, x, wg, wu, N);
-    return cudaGetLastError();
+    if (N == 1) return gv_launch(s, pdl, k_gemv_swiglu<DT, 1>, g, y, x, wg, wu, N);
+    if (N == 2) return gv_launch(s, pdl, k_gemv_swiglu<DT, 2>, g, y, x, wg, wu, N);
+    if (N <= 4) return gv_launch(s, pdl, k_gemv_swiglu<DT, 4>, g, y, x, wg, wu, N);
+    return gv_launch(s, pdl, k_gemv_swiglu<DT, CUK_GEMV_MAX_N>, g, y, x, wg, wu, N);
 }
 
-cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
-    return wg.dt == CUK_BF16 ? gemv_swiglu_dt<CUK_BF16>(s, y, x, wg, wu) : gemv_swiglu_dt<CUK_F16>(s, y, x, wg, wu);
+cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
+    return wg.dt == CUK_BF16 ? gemv_swiglu_dt<CUK_BF16>(s, y, x, wg, wu, pdl)
+                             : gemv_swiglu_dt<CUK_F16>(s, y, x, wg, wu, pdl);
 }
 
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
@@ -140,17 +192,18 @@ int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
 }
 
 template <int DT>
-static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r) {
+static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                           int pdl) {
     const unsigned g = (unsigned)((w.rows + GV_WARPS - 1) / GV_WARPS);
     const int N = (int)x.rows;
-    if (N == 1) k_gemv<DT, 1><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
-    else if (N == 2) k_gemv<DT, 2><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
-    else if (N <= 4) k_gemv<DT, 4><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
-    else k_gemv<DT, CUK_GEMV_MAX_N><<<g, GV_WARPS * 32, 0, s>>>(y, x, w, bias, bias_dt, r, N);
-    return cudaGetLastError();
+    if (N == 1) return gv_launch(s, pdl, k_gemv<DT, 1>, g, y, x, w, bias, bias_dt, r, N);
+    if (N == 2) return gv_launch(s, pdl, k_gemv<DT, 2>, g, y, x, w, bias, bias_dt, r, N);
+    if (N <= 4) return gv_launch(s, pdl, k_gemv<DT, 4>, g, y, x, w, bias, bias_dt, r, N);
+    return gv_launch(s, pdl, k_gemv<DT, CUK_GEMV_MAX_N>, g, y, x, w, bias, bias_dt, r, N);
 }
 
-cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r) {
-    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r)
-                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r);
+cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                     int pdl) {
+    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r, pdl)
+                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r, pdl);
 }

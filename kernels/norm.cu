@@ -216,6 +216,7 @@ __global__ void __launch_bounds__(32 * NW, FWD_MINB(DT, K))
     k_norm_fwd_reg(cuk_mat y, float *mean, float *rstd, cuk_mat x, const void *w, int wdt, const void *b, int bdt,
                    float eps) {
     extern __shared__ float4 sprm[]; /* weight [K * 64], then bias (LayerNorm) */
+    cuk_pdl_trigger();               /* a decode step's next product starts its weight reads now (gemv.cu) */
     const int lane = threadIdx.x & 31, C = (int)x.cols;
     const int64_t step = (int64_t)gridDim.x * NW;
     int64_t r = blockIdx.x * (int64_t)NW + (threadIdx.x >> 5);

@@ -453,6 +453,7 @@ __global__ void __launch_bounds__(PG_NT)
     k_paged_reduce(cuk_paged p, int64_t splits, int64_t chunk, const float *ws_acc, const float *ws_ml) {
     __shared__ float wt[CUK_PAGED_MAX_SPLITS];
     __shared__ float red[32];
+    cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
     const int tid = threadIdx.x;
     const int64_t Hq = p.q.H, D = p.q.D, i = blockIdx.x / Hq, h = blockIdx.x % Hq, o0 = cuk_roff(p.o, 0, i, h);
     int64_t s, nk;

@@ -14,6 +14,9 @@
 static const cai_knob_info g_knobs[] = {
     {"CAI_CUDA_TF32", CAI_KNOB_INT, "0", NULL, 0, 1,
      "1: f32 matmuls run on tensor cores in TF32 (10-bit mantissa); 0: exact f32 products"},
+    {"CAI_CUDA_PDL", CAI_KNOB_INT, "1", NULL, 0, 1,
+     "1: a decode step's matrix-vector products start reading their weights before the previous kernel ends "
+     "(programmatic dependent launch, sm_90 and later); 0: ordinary launches"},
     {"CAI_CUBLASLT_AUTOTUNE", CAI_KNOB_INT, "0", NULL, 0, 16,
      "cuBLASLt algorithms timed per new matmul shape: 0 the heuristic's first, untimed; 1 its 8 best; "
      "N (2-16) its N best (the timed choice can differ from run to run)"},

@@ -63,6 +63,10 @@ static inline uint32_t __float_as_uint(float f) {
     return u;
 }
 
+/* Programmatic dependent launch has no meaning for one emulated grid. */
+static inline void cuk_pdl_trigger() {}
+static inline void cuk_pdl_wait() {}
+
 /* ---- the block runner */
 namespace emu {
 struct Fiber {
