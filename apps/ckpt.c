@@ -315,8 +315,8 @@ static cai_status inspect_hf(const char *dir, int list) {
     const cai_model_config *c = cai_hf_config(h);
     uint64_t total = 0;
     const int sharded = cai_hf_sharded(h, &total);
-    printf("%s: Hugging Face %s (config.json), weights in %d file%s", dir, cai_hf_architecture(c->family),
-           cai_hf_file_count(h), cai_hf_file_count(h) == 1 ? "" : "s");
+    printf("%s: Hugging Face %s (config.json), weights in %d file%s", dir, cai_hf_architecture(c), cai_hf_file_count(h),
+           cai_hf_file_count(h) == 1 ? "" : "s");
     if (sharded) printf(" (model.safetensors.index.json, total_size %llu bytes)", (unsigned long long)total);
     printf("\n");
     print_model_config(c);
@@ -371,7 +371,7 @@ static cai_status verify_hf(const char *dir) {
         printf(
             "%s: ok: %s with every tensor config.json needs (%d in %d file%s), nothing else, %llu weights all "
             "finite (%.2f s)\n",
-            dir, cai_hf_architecture(cai_hf_config(h)->family), cai_hf_map_count(cai_hf_map(h)), cai_hf_file_count(h),
+            dir, cai_hf_architecture(cai_hf_config(h)), cai_hf_map_count(cai_hf_map(h)), cai_hf_file_count(h),
             cai_hf_file_count(h) == 1 ? "" : "s", (unsigned long long)fc.elements, cai_time_now() - t0);
     cai_hf_close(h);
     CAI_CALL(st);
@@ -551,7 +551,7 @@ static cai_status export_hdf5(const cai_app *app, const ckpt_config *c) {
         printf(
             "export: %s (step %lld) -> %s: %s, %d tensors, %.1f MB of %s in %d file%s, %d tokenizer file%s, "
             "%.2f s\n",
-            cai_ckpt_path(f), (long long)m->step, c->output, cai_hf_architecture(m->model.family), s.n_tensors,
+            cai_ckpt_path(f), (long long)m->step, c->output, cai_hf_architecture(&m->model), s.n_tensors,
             (double)s.total_bytes / 1e6, k_dtypes[c->dtype], s.n_files, s.n_files == 1 ? "" : "s", s.tokenizer_files,
             s.tokenizer_files == 1 ? "" : "s", s.seconds);
     cai_ckpt_close(f);
@@ -601,7 +601,7 @@ static cai_status import_hdf5(const cai_app *app, const ckpt_config *c) {
         st = cai_ckpt_save_buffers(mesh, c->output, &L, &b, 1, &meta, &s);
         if (st == CAI_OK && app->rank == 0)
             printf("import: %s -> %s: %s, %d tensors, %.1f MB, %.2f s (write %.2f s on %d rank%s)\n", c->input,
-                   c->output, cai_hf_architecture(meta.model.family), s.n_datasets, (double)s.bytes / 1e6,
+                   c->output, cai_hf_architecture(&meta.model), s.n_datasets, (double)s.bytes / 1e6,
                    cai_time_now() - t0, s.seconds, app->size, app->size == 1 ? "" : "s");
     }
     if (mesh) cai_mesh_free(mesh);
@@ -712,9 +712,9 @@ static cai_status run_init(const cai_app *app, const ckpt_config *c) {
     init_ctx ic = {reg, r.seed};
     if (st == CAI_OK) st = cai_hf_export(c->output, &r, init_source, &ic, &o, &s);
     if (st == CAI_OK)
-        printf("init: %s (seed %llu) -> %s: %d tensors, %.1f MB of %s in %d file%s, %.2f s\n",
-               cai_hf_architecture(r.family), (unsigned long long)r.seed, c->output, s.n_tensors,
-               (double)s.total_bytes / 1e6, k_dtypes[c->dtype], s.n_files, s.n_files == 1 ? "" : "s", s.seconds);
+        printf("init: %s (seed %llu) -> %s: %d tensors, %.1f MB of %s in %d file%s, %.2f s\n", cai_hf_architecture(&r),
+               (unsigned long long)r.seed, c->output, s.n_tensors, (double)s.total_bytes / 1e6, k_dtypes[c->dtype],
+               s.n_files, s.n_files == 1 ? "" : "s", s.seconds);
     cai_registry_free(reg);
     CAI_CALL(st);
     return CAI_OK;

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "colossal/moe.h"
 #include "checkpoint_internal.h"
 
 cai_ckpt_meta cai_ckpt_meta_init(void) {
@@ -93,6 +94,19 @@ static const field k_model_fields[] = {
     {"model.norm_eps", offsetof(cai_model_config, norm_eps), K_FLOAT},
     {"model.init_std", offsetof(cai_model_config, init_std), K_FLOAT},
     {"model.seed", offsetof(cai_model_config, seed), K_U64},
+};
+
+/* Written only for a model with experts; a file without them is dense. */
+static const field k_moe_fields[] = {
+    {"model.moe.n_experts", offsetof(cai_model_config, moe.n_experts), K_INT},
+    {"model.moe.top_k", offsetof(cai_model_config, moe.top_k), K_INT},
+    {"model.moe.ffn", offsetof(cai_model_config, moe.ffn), K_INT},
+    {"model.moe.n_shared", offsetof(cai_model_config, moe.n_shared), K_INT},
+    {"model.moe.norm_topk", offsetof(cai_model_config, moe.norm_topk), K_INT},
+    {"model.moe.capacity_factor", offsetof(cai_model_config, moe.capacity_factor), K_FLOAT},
+    {"model.moe.aux_coef", offsetof(cai_model_config, moe.aux_coef), K_FLOAT},
+    {"model.moe.z_coef", offsetof(cai_model_config, moe.z_coef), K_FLOAT},
+    {"model.moe_every", offsetof(cai_model_config, moe_every), K_INT},
 };
 
 static const field k_optim_fields[] = {
@@ -168,6 +182,11 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
         CAI_CALL(ck_h5_attr_str(h, r, "model.param_dtype", cai_dtype_name(m->model.param_dtype)));
         CAI_CALL(ck_h5_attr_str(h, r, "model.act_dtype", cai_dtype_name(m->model.act_dtype)));
         CAI_CALL(write_fields(h, k_model_fields, NF(k_model_fields), &m->model));
+        if (m->model.moe.n_experts > 0) {
+            CAI_CALL(write_fields(h, k_moe_fields, NF(k_moe_fields), &m->model));
+            CAI_CALL(ck_h5_attr_str(h, r, "model.moe.router", cai_moe_router_name(m->model.moe.router)));
+            CAI_CALL(ck_h5_attr_str(h, r, "model.moe.routing", cai_moe_routing_name(m->model.moe.routing)));
+        }
     }
     CAI_CALL(ck_h5_attr_i64(h, r, "has_optim", m->has_optim));
     if (m->has_optim) {
@@ -357,6 +376,22 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
                              h->path, buf);
         }
         CAI_CALL(read_fields(h, k_model_fields, NF(k_model_fields), &m->model));
+        int64_t experts = 0;
+        int has_moe = 0;
+        CAI_CALL(ck_h5_get_i64(h, h->file, "model.moe.n_experts", &experts, &has_moe));
+        if (has_moe && experts > 0) {
+            CAI_CALL(read_fields(h, k_moe_fields, NF(k_moe_fields), &m->model));
+            const char *mk[2] = {"model.moe.router", "model.moe.routing"};
+            for (int i = 0; i < 2; i++) {
+                CAI_CALL(ck_h5_get_str(h, h->file, mk[i], buf, sizeof buf, NULL));
+                cai_status ps = i == 0 ? cai_moe_router_parse(buf, &m->model.moe.router)
+                                       : cai_moe_routing_parse(buf, &m->model.moe.routing);
+                if (ps != CAI_OK) {
+                    cai_error_clear();
+                    return CAI_ERROR(CAI_ERR_FORMAT, "checkpoint '%s': %s \"%s\" is unknown", h->path, mk[i], buf);
+                }
+            }
+        }
         const char *dk[2] = {"model.param_dtype", "model.act_dtype"};
         cai_dtype *dv[2] = {&m->model.param_dtype, &m->model.act_dtype};
         for (int i = 0; i < 2; i++) {

@@ -4,6 +4,7 @@
  * directory means the same model here as there. */
 #include "cai_config.h"
 #include "colossal/ckpt.h"
+#include "colossal/moe.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -146,7 +147,9 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
     *out = NULL;
     cai_model_config c;
     CAI_CALL(cai_model_config_resolve(cfg_in, &c));
-    const char *arch = cai_hf_architecture(c.family), *tdt = torch_dtype_name(dtype);
+    CAI_CALL(cai_hf_mixtral_check(&c));
+    const int moe = c.family == CAI_MODEL_LLAMA && c.moe.n_experts > 0;
+    const char *arch = cai_hf_architecture(&c), *tdt = torch_dtype_name(dtype);
     if (!arch)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "config.json: family %s has no HF architecture",
                          cai_model_family_name(c.family));
@@ -155,7 +158,7 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
     json_t *o = json_object(), *archs = json_array();
     int bad = !o || !archs || json_array_append_new(archs, json_string(arch));
     bad |= set(o, "architectures", archs);
-    bad |= set(o, "model_type", json_string(cai_hf_model_type(c.family)));
+    bad |= set(o, "model_type", json_string(cai_hf_model_type(&c)));
     bad |= set(o, "vocab_size", json_integer(c.vocab_size));
     if (c.family == CAI_MODEL_GPT2) {
         bad |= set(o, "n_positions", json_integer(c.max_seq_len));
@@ -176,7 +179,8 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
         bad |= set(o, "reorder_and_upcast_attn", json_false());
     } else {
         bad |= set(o, "hidden_size", json_integer(c.d_model));
-        bad |= set(o, "intermediate_size", json_integer(c.ffn_hidden));
+        /* Mixtral: every layer is an MoE block, the size is each expert's */
+        bad |= set(o, "intermediate_size", json_integer(moe ? c.moe.ffn : c.ffn_hidden));
         bad |= set(o, "num_hidden_layers", json_integer(c.n_layers));
         bad |= set(o, "num_attention_heads", json_integer(c.n_heads));
         bad |= set(o, "num_key_value_heads", json_integer(c.n_kv_heads));
@@ -191,6 +195,14 @@ cai_status cai_hf_config_json(const cai_model_config *cfg_in, cai_dtype dtype, i
         bad |= set(o, "mlp_bias", json_false());
         bad |= set(o, "pretraining_tp", json_integer(1));
         bad |= set(o, "initializer_range", json_real(cai_hf_float_json(c.init_std)));
+        if (moe) {
+            bad |= set(o, "num_local_experts", json_integer(c.moe.n_experts));
+            bad |= set(o, "num_experts_per_tok", json_integer(c.moe.top_k));
+            bad |= set(o, "router_aux_loss_coef", json_real(cai_hf_float_json(c.moe.aux_coef)));
+            bad |= set(o, "output_router_logits", json_false());
+            bad |= set(o, "router_jitter_noise", json_real(0.0));
+            bad |= set(o, "sliding_window", json_null());
+        }
     }
     bad |= set(o, "tie_word_embeddings", json_boolean(c.tie_embeddings));
     /* Without a tokenizer the ids are unknown: an explicit null, because an
@@ -300,15 +312,18 @@ static cai_status want_bool(const cfg_reader *r, const char *key, int def, const
 static const struct {
     const char *arch;
     cai_model_family family;
+    int mixtral;
 } k_archs[] = {
-    {"GPT2LMHeadModel", CAI_MODEL_GPT2},
-    {"GPT2Model", CAI_MODEL_GPT2},
-    {"LlamaForCausalLM", CAI_MODEL_LLAMA},
+    {"GPT2LMHeadModel", CAI_MODEL_GPT2, 0},
+    {"GPT2Model", CAI_MODEL_GPT2, 0},
+    {"LlamaForCausalLM", CAI_MODEL_LLAMA, 0},
+    {"MixtralForCausalLM", CAI_MODEL_LLAMA, 1},
 };
 #define N_ARCHS (sizeof k_archs / sizeof k_archs[0])
-#define ARCH_LIST "GPT2LMHeadModel, GPT2Model, LlamaForCausalLM"
+#define ARCH_LIST "GPT2LMHeadModel, GPT2Model, LlamaForCausalLM, MixtralForCausalLM"
 
-static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
+/* *mixtral: a Llama with an MoE block in every layer. */
+static cai_status pick_family(const cfg_reader *r, cai_model_family *family, int *mixtral) {
     json_t *archs = present(r, "architectures");
     const char *mt = NULL;
     CAI_CALL(get_str(r, "model_type", NULL, &mt));
@@ -326,6 +341,7 @@ static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
             for (size_t k = 0; k < N_ARCHS && !found; k++)
                 if (strcmp(a, k_archs[k].arch) == 0) {
                     *family = k_archs[k].family;
+                    *mixtral = k_archs[k].mixtral;
                     found = 1;
                 }
         }
@@ -335,20 +351,28 @@ static cai_status pick_family(const cfg_reader *r, cai_model_family *family) {
     }
     if (mt) {
         cai_model_family f;
+        int mx = 0;
         if (strcmp(mt, "gpt2") == 0) {
             f = CAI_MODEL_GPT2;
         } else if (strcmp(mt, "llama") == 0) {
             f = CAI_MODEL_LLAMA;
+        } else if (strcmp(mt, "mixtral") == 0) {
+            f = CAI_MODEL_LLAMA;
+            mx = 1;
         } else {
             return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                             "config.json '%s': unknown model_type \"%s\" (colossal reads gpt2 and "
-                             "llama)",
+                             "config.json '%s': unknown model_type \"%s\" (colossal reads gpt2, llama and "
+                             "mixtral)",
                              r->path, mt);
         }
-        if (found && f != *family)
+        if (found && (f != *family || mx != *mixtral))
             return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': model_type \"%s\" contradicts architectures (%s)",
-                             r->path, mt, cai_hf_model_type(*family));
+                             r->path, mt,
+                             *family == CAI_MODEL_GPT2 ? "gpt2"
+                             : *mixtral                ? "mixtral"
+                                                       : "llama");
         *family = f;
+        *mixtral = mx;
         found = 1;
     }
     if (!found)
@@ -426,6 +450,36 @@ static cai_status parse_llama(const cfg_reader *r, cai_model_config *c) {
     return CAI_OK;
 }
 
+/* MixtralConfig's keys on top of Llama's; absent ones take its defaults
+ * (num_experts_per_tok 2, router_aux_loss_coef 0.001) except the expert
+ * count, which no default can guess. Mixtral has no z-loss. */
+static cai_status parse_mixtral(const cfg_reader *r, cai_model_config *c) {
+    CAI_CALL(parse_llama(r, c));
+    if (!present(r, "rms_norm_eps")) c->norm_eps = 1e-5f; /* MixtralConfig's defaults, not Llama's */
+    if (!present(r, "rope_theta")) c->rope_theta = 1e6f;
+    c->moe = cai_moe_config_default();
+    CAI_CALL(get_int(r, "num_local_experts", 1, 0, 1, 1 << 20, &c->moe.n_experts));
+    CAI_CALL(get_int(r, "num_experts_per_tok", 0, 2, 1, c->moe.n_experts, &c->moe.top_k));
+    c->moe.ffn = c->ffn_hidden;
+    c->moe.router = CAI_MOE_ROUTER_SOFTMAX;
+    c->moe.norm_topk = 1;
+    c->moe.routing = CAI_MOE_DROPLESS;
+    c->moe.z_coef = 0.0f;
+    c->moe_every = 1;
+    json_t *v = present(r, "router_aux_loss_coef");
+    if (v && (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0))
+        return CAI_ERROR(CAI_ERR_FORMAT, "config.json '%s': \"router_aux_loss_coef\" must be a number >= 0", r->path);
+    c->moe.aux_coef = v ? (float)json_number_value(v) : 0.001f;
+    int window = 0;
+    CAI_CALL(get_int(r, "sliding_window", 0, 0, 1, BIG, &window));
+    if (window && window < c->max_seq_len)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "config.json '%s': \"sliding_window\": %d < max_position_embeddings %d; colossal's "
+                         "attention is full causal (null, or a window >= the positions, is expressible)",
+                         r->path, window, c->max_seq_len);
+    return CAI_OK;
+}
+
 cai_status cai_hf_config_load(const char *path, cai_model_config *out) {
     CAI_CHECK_ARG(path && out, "cai_hf_config_load: NULL argument");
     json_error_t jerr;
@@ -443,9 +497,13 @@ cai_status cai_hf_config_load(const char *path, cai_model_config *out) {
         goto done;
     }
     cai_model_family family = CAI_MODEL_GPT2;
-    CAI_CALL_GOTO(pick_family(&r, &family), st, done);
+    int mixtral = 0;
+    CAI_CALL_GOTO(pick_family(&r, &family, &mixtral), st, done);
     cai_model_config c = cai_model_config_default(family);
-    CAI_CALL_GOTO(family == CAI_MODEL_GPT2 ? parse_gpt2(&r, &c) : parse_llama(&r, &c), st, done);
+    CAI_CALL_GOTO(family == CAI_MODEL_GPT2 ? parse_gpt2(&r, &c)
+                  : mixtral                ? parse_mixtral(&r, &c)
+                                           : parse_llama(&r, &c),
+                  st, done);
     c.vocab_multiple = 0;
     st = cai_model_config_resolve(&c, out);
     if (st != CAI_OK) {

@@ -191,8 +191,9 @@ static void config_summary(const cai_model_config *c, char *buf, size_t cap) {
     else
         snprintf(buf, cap,
                  "vocab_size=%d hidden_size=%d intermediate_size=%d num_hidden_layers=%d "
-                 "num_attention_heads=%d num_key_value_heads=%d",
-                 c->vocab_size, c->d_model, c->ffn_hidden, c->n_layers, c->n_heads, c->n_kv_heads);
+                 "num_attention_heads=%d num_key_value_heads=%d%s%.0d",
+                 c->vocab_size, c->d_model, c->moe.n_experts > 0 ? c->moe.ffn : c->ffn_hidden, c->n_layers, c->n_heads,
+                 c->n_kv_heads, c->moe.n_experts > 0 ? " num_local_experts=" : "", c->moe.n_experts);
 }
 
 static cai_status check_tensors(cai_hf_t *h, const char *where) {
@@ -245,8 +246,8 @@ static cai_status check_tensors(cai_hf_t *h, const char *where) {
             st = CAI_ERROR(CAI_ERR_FORMAT,
                            "'%s': unexpected tensor '%s': it is not part of a %s with config.json's "
                            "sizes (%s%s)",
-                           cai_safetensors_path(f), t->name, cai_hf_architecture(cai_hf_map_config(m)->family),
-                           cfg_text, cai_hf_map_config(m)->tie_embeddings ? ", tied head" : "");
+                           cai_safetensors_path(f), t->name, cai_hf_architecture(cai_hf_map_config(m)), cfg_text,
+                           cai_hf_map_config(m)->tie_embeddings ? ", tied head" : "");
         }
         cai_free(used);
     }
@@ -360,7 +361,7 @@ cai_status cai_hf_read_param(cai_hf_t *h, const cai_param_info *param, float *ds
     if (n == 0 || !want)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "HF model '%s': parameter '%s' is not part of the %s config.json describes", h->dir,
-                         param->name, cai_hf_architecture(cai_hf_map_config(h->map)->family));
+                         param->name, cai_hf_architecture(cai_hf_map_config(h->map)));
     /* vocabulary rows may be padded to another multiple than the mapping's */
     const int vocab = e[0].transform == CAI_HF_VOCAB_ROWS;
     int same = param->ndim == want->ndim && (vocab ? param->shape[0] >= e[0].rows : param->shape[0] == want->shape[0]);
@@ -444,8 +445,10 @@ static cai_status check_model_config(const cai_hf_t *h, const cai_model_config *
     const cai_model_config *hc = cai_hf_map_config(h->map);
     if (mc->family != hc->family)
         return CAI_ERROR(CAI_ERR_CONFIG, "HF import from '%s': the model is %s but config.json describes %s", h->dir,
-                         cai_model_family_name(mc->family), cai_hf_architecture(hc->family));
+                         cai_model_family_name(mc->family), cai_hf_architecture(hc));
     const int gpt2 = hc->family == CAI_MODEL_GPT2;
+    /* a Mixtral's dense ffn_hidden is unused: every layer is an MoE block */
+    const int moe = hc->moe.n_experts > 0;
     const struct {
         const char *field, *hf;
         int model, file;
@@ -455,7 +458,12 @@ static cai_status check_model_config(const cai_hf_t *h, const cai_model_config *
         {"d_model", gpt2 ? "n_embd" : "hidden_size", mc->d_model, hc->d_model},
         {"n_heads", gpt2 ? "n_head" : "num_attention_heads", mc->n_heads, hc->n_heads},
         {"n_kv_heads", gpt2 ? "n_head" : "num_key_value_heads", mc->n_kv_heads, hc->n_kv_heads},
-        {"ffn_hidden", gpt2 ? "n_inner" : "intermediate_size", mc->ffn_hidden, hc->ffn_hidden},
+        {moe ? "moe.ffn" : "ffn_hidden", gpt2 ? "n_inner" : "intermediate_size", moe ? mc->moe.ffn : mc->ffn_hidden,
+         moe ? hc->moe.ffn : hc->ffn_hidden},
+        {"moe.n_experts", "num_local_experts", mc->moe.n_experts, hc->moe.n_experts},
+        {"moe.top_k", "num_experts_per_tok", moe ? mc->moe.top_k : 0, moe ? hc->moe.top_k : 0},
+        {"moe.every", "num_local_experts (every layer)", moe ? (mc->moe_every > 1 ? mc->moe_every : 1) : 0,
+         moe ? 1 : 0},
         /* learned positions are weights; RoPE tables are not */
         {"max_seq_len", "n_positions", gpt2 ? mc->max_seq_len : 0, gpt2 ? hc->max_seq_len : 0},
         {"tie_embeddings", "tie_word_embeddings", mc->tie_embeddings, hc->tie_embeddings},

@@ -4,6 +4,7 @@
  * table is what makes the round trip exact by construction. */
 #include "cai_config.h"
 #include "colossal/ckpt.h"
+#include "colossal/moe.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,12 +68,42 @@ const char *cai_hf_transform_name(cai_hf_transform t) {
     }
 }
 
-const char *cai_hf_architecture(cai_model_family family) {
-    return family == CAI_MODEL_GPT2 ? "GPT2LMHeadModel" : family == CAI_MODEL_LLAMA ? "LlamaForCausalLM" : NULL;
+static int is_mixtral(const cai_model_config *c) { return c->family == CAI_MODEL_LLAMA && c->moe.n_experts > 0; }
+
+const char *cai_hf_architecture(const cai_model_config *c) {
+    if (!c) return NULL;
+    if (is_mixtral(c)) return "MixtralForCausalLM";
+    return c->family == CAI_MODEL_GPT2 ? "GPT2LMHeadModel" : c->family == CAI_MODEL_LLAMA ? "LlamaForCausalLM" : NULL;
 }
 
-const char *cai_hf_model_type(cai_model_family family) {
-    return family == CAI_MODEL_GPT2 ? "gpt2" : family == CAI_MODEL_LLAMA ? "llama" : NULL;
+const char *cai_hf_model_type(const cai_model_config *c) {
+    if (!c) return NULL;
+    if (is_mixtral(c)) return "mixtral";
+    return c->family == CAI_MODEL_GPT2 ? "gpt2" : c->family == CAI_MODEL_LLAMA ? "llama" : NULL;
+}
+
+/* transformers' MixtralSparseMoeBlock: softmax over all experts, top-k,
+ * weights divided by their sum, every layer, no shared expert. Capacity
+ * routing is a training-time choice and passes: inference there is
+ * dropless. */
+cai_status cai_hf_mixtral_check(const cai_model_config *c) {
+    CAI_CHECK_ARG(c, "cai_hf_mixtral_check: NULL argument");
+    if (!is_mixtral(c)) return CAI_OK;
+    const cai_moe_config *m = &c->moe;
+    if (m->n_shared != 0)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "HF Mixtral: moe.n_shared=%d; MixtralForCausalLM has no shared experts (0 is expressible)",
+                         m->n_shared);
+    if (c->moe_every > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "HF Mixtral: moe.every=%d; MixtralForCausalLM has an MoE block in every layer (moe.every=1)",
+                         c->moe_every);
+    if (m->router != CAI_MOE_ROUTER_SOFTMAX || !m->norm_topk)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "HF Mixtral: moe.router=%s with moe.norm_topk=%d; MixtralForCausalLM routes by softmax over "
+                         "all experts, top-k, weights renormalised (moe.router=softmax, moe.norm_topk=1)",
+                         cai_moe_router_name(m->router), m->norm_topk);
+    return CAI_OK;
 }
 
 /* Entry names live in one growing buffer and are fixed up to pointers once
@@ -158,12 +189,18 @@ static const layer_name k_gpt2_layer[] = {
 /* Llama's qkv is three entries (q, k, v row blocks), emitted separately. */
 static const layer_name k_llama_layer[] = {
     {"attn.proj.weight", "self_attn.o_proj.weight", CAI_HF_COPY},
-    {"mlp.fc.weight", "mlp.gate_proj.weight", CAI_HF_COPY},
-    {"mlp.up.weight", "mlp.up_proj.weight", CAI_HF_COPY},
-    {"mlp.proj.weight", "mlp.down_proj.weight", CAI_HF_COPY},
     {"ln_1.weight", "input_layernorm.weight", CAI_HF_COPY},
     {"ln_2.weight", "post_attention_layernorm.weight", CAI_HF_COPY},
 };
+
+/* The MLP of a dense Llama layer, and (with "experts.%d." between the
+ * prefixes) of each expert of a Mixtral layer: the same three matrices. */
+static const layer_name k_llama_mlp[] = {
+    {"fc.weight", "gate_proj.weight", CAI_HF_COPY},
+    {"up.weight", "up_proj.weight", CAI_HF_COPY},
+    {"proj.weight", "down_proj.weight", CAI_HF_COPY},
+};
+static const char *const k_mixtral_expert[] = {"w1.weight", "w3.weight", "w2.weight"}; /* gate, up, down */
 
 #define NAME(buf, ...) snprintf(buf, sizeof buf, __VA_ARGS__)
 
@@ -185,6 +222,29 @@ static cai_status build_gpt2(cai_hf_map_t *m) {
     return CAI_OK;
 }
 
+static cai_status add_llama_mlp(cai_hf_map_t *m, int l) {
+    const cai_model_config *c = &m->cfg;
+    char a[CAI_PARAM_NAME_MAX], b[CAI_HF_NAME_MAX];
+    if (!cai_model_moe_layer(c, l)) {
+        for (int k = 0; k < 3; k++) {
+            NAME(a, "h.%d.mlp.%s", l, k_llama_mlp[k].colossal);
+            NAME(b, "model.layers.%d.mlp.%s", l, k_llama_mlp[k].hf);
+            CAI_CALL(add(m, a, b, CAI_HF_COPY, 0, 0));
+        }
+        return CAI_OK;
+    }
+    NAME(a, "h.%d.moe.router.weight", l);
+    NAME(b, "model.layers.%d.block_sparse_moe.gate.weight", l);
+    CAI_CALL(add(m, a, b, CAI_HF_COPY, 0, 0));
+    for (int e = 0; e < c->moe.n_experts; e++)
+        for (int k = 0; k < 3; k++) {
+            NAME(a, "h.%d.moe.experts.%d.%s", l, e, k_llama_mlp[k].colossal);
+            NAME(b, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, e, k_mixtral_expert[k]);
+            CAI_CALL(add(m, a, b, CAI_HF_COPY, 0, 0));
+        }
+    return CAI_OK;
+}
+
 static cai_status build_llama(cai_hf_map_t *m) {
     const cai_model_config *c = &m->cfg;
     const uint64_t D = (uint64_t)(c->d_model / c->n_heads);
@@ -199,10 +259,13 @@ static cai_status build_llama(cai_hf_map_t *m) {
             NAME(b, "model.layers.%d.self_attn.%s.weight", l, proj[s]);
             CAI_CALL(add(m, a, b, CAI_HF_QKV_SLICE, begin[s], rows[s]));
         }
+        /* o_proj, the MLP (or MoE block), then the two norms: the order of
+         * the entries is the order of the shards */
         for (size_t k = 0; k < sizeof k_llama_layer / sizeof k_llama_layer[0]; k++) {
             NAME(a, "h.%d.%s", l, k_llama_layer[k].colossal);
             NAME(b, "model.layers.%d.%s", l, k_llama_layer[k].hf);
             CAI_CALL(add(m, a, b, k_llama_layer[k].t, 0, 0));
+            if (k == 0) CAI_CALL(add_llama_mlp(m, l));
         }
     }
     CAI_CALL(add(m, "ln_f.weight", "model.norm.weight", CAI_HF_COPY, 0, 0));
@@ -218,7 +281,8 @@ cai_status cai_hf_map_create(cai_hf_map_t **out, const cai_model_config *cfg) {
     CAI_CALL(cai_calloc((void **)&m, 1, sizeof *m, "HF mapping"));
     cai_status st = CAI_OK;
     CAI_CALL_GOTO(cai_model_config_resolve(cfg, &m->cfg), st, fail);
-    if (!cai_hf_architecture(m->cfg.family)) {
+    CAI_CALL_GOTO(cai_hf_mixtral_check(&m->cfg), st, fail);
+    if (!cai_hf_architecture(&m->cfg)) {
         st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "HF mapping: model family %s has no Hugging Face architecture",
                        cai_model_family_name(m->cfg.family));
         goto fail;
@@ -249,7 +313,7 @@ cai_status cai_hf_map_create(cai_hf_map_t **out, const cai_model_config *cfg) {
             st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
                            "HF mapping: parameter '%s' of this %s config has no Hugging Face "
                            "counterpart in %s",
-                           p->name, cai_model_family_name(m->cfg.family), cai_hf_architecture(m->cfg.family));
+                           p->name, cai_model_family_name(m->cfg.family), cai_hf_architecture(&m->cfg));
             goto fail;
         }
     }

@@ -16,10 +16,15 @@ src_libcolossal_core_la_SOURCES += %reldir%/hf_map.c %reldir%/hf_config.c %reldi
 	%reldir%/hf_import.c %reldir%/hf_internal.h %reldir%/lora_io.c
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_hf
-tests_unit_test_hf_SOURCES = tests/unit/test_hf.c
+tests_unit_test_hf_SOURCES = tests/unit/test_hf.c tests/unit/test_hf_util.h
 tests_unit_test_hf_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_hf_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
 TESTS += tests/unit/test_hf
+check_PROGRAMS += tests/unit/test_hf_mixtral
+tests_unit_test_hf_mixtral_SOURCES = tests/unit/test_hf_mixtral.c tests/unit/test_hf_util.h
+tests_unit_test_hf_mixtral_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_hf_mixtral_LDADD = $(TEST_LIBS) $(JANSSON_LIBS)
+TESTS += tests/unit/test_hf_mixtral
 endif
 # driver of the PyTorch check (tests/apps/ckpt_hf_torch.sh): not a test by itself
 check_PROGRAMS += tests/unit/test_hf_logits

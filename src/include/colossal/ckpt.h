@@ -143,9 +143,14 @@ typedef struct {
 } cai_hf_entry;
 
 const char *cai_hf_transform_name(cai_hf_transform t);
-/* "GPT2LMHeadModel" / "LlamaForCausalLM"; "gpt2" / "llama". */
-const char *cai_hf_architecture(cai_model_family family);
-const char *cai_hf_model_type(cai_model_family family);
+/* "GPT2LMHeadModel" / "LlamaForCausalLM" / "MixtralForCausalLM" (a Llama
+ * with MoE blocks); "gpt2" / "llama" / "mixtral". NULL: no HF counterpart. */
+const char *cai_hf_architecture(const cai_model_config *cfg);
+const char *cai_hf_model_type(const cai_model_config *cfg);
+/* What MixtralForCausalLM cannot express of an MoE config (shared experts,
+ * moe_every != 1, a router other than softmax with norm_topk): refused with
+ * the field named. CAI_OK for a dense config. */
+cai_status cai_hf_mixtral_check(const cai_model_config *cfg);
 
 /* The mapping for one model config: every HF tensor of the family's
  * checkpoint in the order transformers saves them (a tied head has none).
