@@ -53,8 +53,8 @@ CPU_OP(linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, cai
 /* the fused compositions of linear with GELU and with the residual add (cpu_matmul.c) */
 CPU_OP(linear_gelu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *pre, const cai_tensor *inp,
                         const cai_tensor *weight, const cai_tensor *bias);
-CPU_OP(linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
-                          const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up);
+CPU_OP(linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up, const cai_tensor *inp,
+                          const cai_tensor *w_gate, const cai_tensor *w_up);
 CPU_OP(linear_bwd_dgelu)(cai_device_t *dev, cai_tensor *dpre, cai_tensor *dweight, cai_tensor *dbias,
                          const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
                          const cai_tensor *pre);
@@ -62,6 +62,14 @@ CPU_OP(linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor
                             const cai_tensor *bias, const cai_tensor *residual);
 CPU_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CPU_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
+
+/* FP8 casts and emulated products (cpu_fp8.c) */
+CPU_OP(fp8_cast)(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta,
+                 cai_fp8_format fmt, int current, int margin);
+size_t cai_cpu_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
+CPU_OP(fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
+                 const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta, void *workspace,
+                 size_t workspace_bytes);
 
 /* norms (cpu_norm.c) */
 CPU_OP(layernorm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *mean, cai_tensor *rstd, const cai_tensor *inp,

@@ -14,6 +14,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_paged.c \
 	%reldir%/cpu_embed.c \
 	%reldir%/cpu_optim.c \
+	%reldir%/ops_fp8.c \
+	%reldir%/cpu_fp8.c \
 	%reldir%/cpu_table.c
 colossalinclude_HEADERS += src/include/colossal/ops.h
 

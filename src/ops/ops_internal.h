@@ -87,6 +87,24 @@ cai_status cai_ops_argmax_rows_args(const char *op, cai_device_kind kind, int wa
                                     const cai_tensor *maxv, const cai_tensor *logits, int64_t vocab_offset,
                                     int64_t valid_vocab, cai_argmax_args *a);
 
+/* fp8_cast's arguments: x [R,C] of dtype `want` with contiguous rows, q
+ * [R,C] and qt [C,R] U8 contiguous (NULL: none), meta F32 contiguous of
+ * at least CAI_FP8_META_LEN(1) elements; *meta_data its data. */
+cai_status cai_ops_fp8_cast_args(const char *op, cai_device_kind kind, int want, const cai_tensor *q,
+                                 const cai_tensor *qt, const cai_tensor *x, const cai_tensor *meta, cai_fp8_format fmt,
+                                 cai_rows *xr, float **meta_data);
+/* fp8_gemm's arguments: a [M,K], b [N,K] U8 contiguous, c [M,N] of dtype
+ * `want` (< 0: F32 or BF16), metas as fp8_cast's, formats valid and not
+ * both E5M2, beta 0 or 1. */
+typedef struct {
+    cai_rows a, b, c;
+    const float *a_meta, *b_meta;
+} cai_fp8_gemm_args;
+cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want, const cai_tensor *c,
+                                 const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
+                                 const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
+                                 cai_fp8_gemm_args *g);
+
 #define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
 
 #endif

@@ -189,6 +189,33 @@ typedef struct cai_ops {
     /* dbias [C] += sum over rows of dout [N,C]. */
     cai_status (*bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 
+    /* ---- FP8 (docs/fp8.md; the formats and the meta layout in colossal/tensor.h)
+     * A tensor x is cast to FP8 codes q = fp8(x * scale) (U8 tensors) with
+     * the per-tensor scaling state `meta` (F32 [CAI_FP8_META_LEN(H)], on the
+     * device); products of codes are dequantised by both operands'
+     * 1/scale, read from their metas on the device (no host round trip). */
+
+    /* q [R,C] and/or qt [C,R] (its transpose) = fp8(x [R,C] * scale), x
+     * F32 (BF16/F16 too on CUDA) with contiguous rows, q and qt U8
+     * contiguous, either may be NULL (then only the amax is recorded).
+     * scale is meta[0], except with `current` or a meta[0] of 0: then
+     * scale = cai_fp8_scale_from_amax(amax(x), fmt, margin, 0), written to
+     * meta[0] with 1/scale in meta[1] (an all-zero x leaves them 0 and
+     * casts with scale 1). Always meta[2] = max(meta[2], amax(x)). */
+    cai_status (*fp8_cast)(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta,
+                           cai_fp8_format fmt, int current, int margin);
+    /* Scratch bytes fp8_gemm needs for these sizes. */
+    size_t (*fp8_gemm_workspace_bytes)(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
+    /* c [M,N] = (a [M,K] b [N,K]^T) * a_meta[1] * b_meta[1] + beta * c:
+     * a and b FP8 codes (U8, contiguous, K-major: the layout Hopper's FP8
+     * tensor cores take) in a_fmt and b_fmt, not both E5M2; the product
+     * accumulates in f32; beta 0 (c's old contents ignored) or 1. c F32
+     * (BF16 too on CUDA), contiguous rows. CUDA: M, N and K multiples of
+     * 16 (CAI_ERR_UNSUPPORTED otherwise). */
+    cai_status (*fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt,
+                           const cai_tensor *a_meta, const cai_tensor *b, cai_fp8_format b_fmt,
+                           const cai_tensor *b_meta, float beta, void *workspace, size_t workspace_bytes);
+
     /* ---- normalisation (statistics in f32, saved for backward) */
 
     /* out = (inp - mean) * rstd * weight + bias over the last dim C;

@@ -133,6 +133,100 @@ static inline cai_f16 cai_f32_to_f16(float f) { return cai_f32_to_f16_mode_(f, 0
  * for values in the subnormal range). */
 static inline cai_f16 cai_f32_to_f16_sr(float f, uint32_t rnd) { return cai_f32_to_f16_mode_(f, 1, rnd); }
 
+/* ------------------------------------------------------------------ FP8
+ * The two OCP 8-bit float formats Hopper's tensor cores multiply (docs/fp8.md):
+ * E4M3 (bias 7, no infinities, NaN S.1111.111, largest 448, smallest
+ * subnormal 2^-9) and E5M2 (bias 15, IEEE-like with infinities and NaNs,
+ * largest 57344, smallest subnormal 2^-16). Encoding rounds to nearest even
+ * and saturates: any finite value or infinity beyond the largest magnitude
+ * becomes +-largest (NVIDIA's __NV_SATFINITE); a NaN becomes the format's
+ * NaN S.1111111 with its sign. Every float value of a code converts to f32
+ * exactly. */
+typedef enum { CAI_FP8_E4M3 = 0, CAI_FP8_E5M2, CAI_FP8_FORMAT_COUNT } cai_fp8_format;
+
+/* 448 (E4M3) or 57344 (E5M2). */
+static inline float cai_fp8_max(cai_fp8_format f) { return f == CAI_FP8_E5M2 ? 57344.0f : 448.0f; }
+static inline int cai_fp8_mbits_(cai_fp8_format f) { return f == CAI_FP8_E5M2 ? 2 : 3; }
+static inline int cai_fp8_bias_(cai_fp8_format f) { return f == CAI_FP8_E5M2 ? 15 : 7; }
+
+static inline uint8_t cai_f32_to_fp8(float x, cai_fp8_format f) {
+    uint32_t u = cai_f32_bits(x), sign = (u >> 24) & 0x80u, ax = u & 0x7fffffffu;
+    const uint32_t max_code = f == CAI_FP8_E5M2 ? 0x7bu : 0x7eu;
+    if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+    if (ax == 0x7f800000u) return (uint8_t)(sign | max_code);
+    const int mb = cai_fp8_mbits_(f), e = (int)(ax >> 23) - 127 + cai_fp8_bias_(f);
+    uint32_t mant, dropped;
+    int shift;
+    if (e >= 1) {
+        if (e > 31) return (uint8_t)(sign | max_code);
+        shift = 23 - mb;
+        mant = ((uint32_t)e << mb) | ((ax & 0x7fffffu) >> shift);
+        dropped = ax & ((1u << shift) - 1u);
+    } else {
+        /* subnormal: units of 2^(1 - bias - mb); a carry gives the smallest normal */
+        uint32_t full = (ax & 0x7fffffu) | (ax >= 0x00800000u ? 0x800000u : 0u);
+        shift = 24 - mb - e;
+        if (shift > 31) return (uint8_t)sign; /* below half the smallest subnormal */
+        mant = full >> shift;
+        dropped = full & ((1u << shift) - 1u);
+    }
+    uint32_t r = cai_round_rne_(mant, dropped, shift);
+    return (uint8_t)(sign | (r > max_code ? max_code : r));
+}
+
+static inline float cai_fp8_to_f32(uint8_t b, cai_fp8_format f) {
+    const int mb = cai_fp8_mbits_(f), bias = cai_fp8_bias_(f);
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, mag = b & 0x7fu;
+    const uint32_t e = mag >> mb, m = mag & ((1u << mb) - 1u);
+    if (f == CAI_FP8_E4M3 ? mag == 0x7fu : e == 0x1fu) {
+        if (f == CAI_FP8_E5M2 && m == 0) return cai_bits_f32(sign | 0x7f800000u);
+        return cai_bits_f32(sign | 0x7fc00000u);
+    }
+    if (e == 0) { /* m * 2^(1 - bias - mb), exact */
+        float v = (float)m * cai_bits_f32((uint32_t)(127 + 1 - bias - mb) << 23);
+        return sign ? -v : v;
+    }
+    return cai_bits_f32(sign | ((e - (uint32_t)bias + 127u) << 23) | (m << (23 - mb)));
+}
+
+/* Per-tensor scaling (Transformer Engine's recipes): a tensor x is stored as
+ * fp8(x * scale) and multiplied back by 1 / scale after the product.
+ * scale = fp8_max / amax / 2^margin: the largest magnitude lands 2^margin
+ * below the format's largest value. */
+typedef enum {
+    CAI_FP8_DELAYED = 0, /* scale from the amax history of earlier steps (one pass over the tensor) */
+    CAI_FP8_CURRENT,     /* scale from the tensor's own amax at each cast (an extra pass) */
+    CAI_FP8_RECIPE_COUNT
+} cai_fp8_recipe_kind;
+typedef enum {
+    CAI_FP8_AMAX_MAX = 0,     /* the largest amax in the history */
+    CAI_FP8_AMAX_MOST_RECENT, /* the last step's amax */
+    CAI_FP8_AMAX_ALGO_COUNT
+} cai_fp8_amax_algo;
+
+/* The scaling state of one tensor ("meta"), F32 [CAI_FP8_META_LEN(H)]:
+ * [0] scale, [1] 1/scale, [2 ...] the amax history, newest first; slot 2 is
+ * the running maximum of the step in progress. scale 0 means no scale yet:
+ * the next cast scales from the tensor's own amax (the first step of a
+ * delayed recipe). */
+#define CAI_FP8_META_LEN(h) (2 + (h))
+#define CAI_FP8_META_SCALE 0
+#define CAI_FP8_META_SCALE_INV 1
+#define CAI_FP8_META_AMAX 2
+
+/* fp8_max / amax / 2^margin; prev when amax is 0, not finite, or the
+ * quotient is not a positive finite number. Pure. */
+float cai_fp8_scale_from_amax(float amax, cai_fp8_format f, int margin, float prev);
+/* End of a step for meta [CAI_FP8_META_LEN(history)] (the running maximum
+ * complete, e.g. reduced over ranks): the new scale from the history (algo)
+ * with cai_fp8_scale_from_amax, its inverse, then the history shifts one
+ * slot older and the newest slot restarts at 0. Pure. */
+void cai_fp8_meta_update(float *meta, int history, cai_fp8_format f, cai_fp8_amax_algo algo, int margin);
+/* Host cast of n values: q[i] = fp8(x[i] * scale); returns max |x[i]| over the
+ * non-NaN values (a NaN gives NaN). Pure. */
+float cai_fp8_quantize_host(uint8_t *q, const float *x, size_t n, float scale, cai_fp8_format f);
+const char *cai_fp8_format_name(cai_fp8_format f); /* "e4m3", "e5m2" */
+
 /* Host-memory buffer conversion between F32, BF16 and F16 (any pair, including
  * same-type copies), round to nearest even. Used by checkpoint import/export
  * and by the CPU backend's copy op. Buffers must not overlap. */
