@@ -552,6 +552,11 @@ int main(int argc, char **argv) {
                 cfg.pp_trace, kept, kept > 1 ? "s" : "", 100.0 * ts.measured, ts.steps, ts.steps > 1 ? "s" : "",
                 kept == traced && traced > 1 ? " after the first" : "", 100.0 * ts.textbook, 100.0 * ts.at_costs,
                 100.0 * ts.with_transfers, 1e6 * ts.transfer, 100.0 * ts.replay);
+        if (app.rank == 0 && ts.equal_us > 0)
+            printf(
+                "pipeline trace: computes padded to %lld us a unit (CAI_PP_EQUAL_COMPUTE_US): %d of %d outlasted "
+                "it\n",
+                ts.equal_us, ts.equal_overruns, ts.equal_actions);
     }
     if (cfg.pp > 1 || sp_sharded(&cfg)) {
         if (app.rank == 0 && cfg.gen_tokens > 0 && !cai_run_stopped_by(run))

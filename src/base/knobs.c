@@ -46,6 +46,10 @@ static const cai_knob_info g_knobs[] = {
     {"CAI_CKPT_TEST_STALL", CAI_KNOB_STR, "", NULL, 0, 0,
      "test hook, N[:R]: rank R (default the last) stalls for 10 minutes after its N-th write transfer of every "
      "checkpoint save, so a test can kill it mid-write"},
+    {"CAI_PP_EQUAL_COMPUTE_US", CAI_KNOB_INT, "0", NULL, 0, 10000000,
+     "test hook, N > 0: each pipeline compute action (forward, backward input or weight pass; a fused backward "
+     "counts 2) sleeps after its real compute until N microseconds per unit have passed since it began, so every "
+     "stage takes the same time and the measured bubble can be set against the schedule's; 0: off"},
     {"CAI_GUARD_TEST_NODES", CAI_KNOB_INT, "0", NULL, 0, 1,
      "test hook, 1: the watchdog's guard takes every rank for a node of its own, so its cross-node heartbeat "
      "files (cai_mesh_guard_dir) are tested on one machine"},

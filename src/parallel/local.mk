@@ -75,8 +75,9 @@ endif
 # the layout planner (layout_plan.c, above with the memory planner) and --plan.
 colossalinclude_HEADERS += src/include/colossal/schedule.h
 src_libcolossal_core_la_SOURCES += %reldir%/schedule.c %reldir%/pipeline.c
-EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh
-TESTS += tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh
+EXTRA_DIST += docs/pipeline.md tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh \
+	tests/apps/pretrain_pp_equal.sh
+TESTS += tests/apps/check_schedule.sh tests/apps/pretrain_pp.sh tests/apps/check_plan.sh tests/apps/pretrain_pp_equal.sh
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_schedule

@@ -24,6 +24,7 @@
 #include "colossal/parallel.h"
 #include "colossal/schedule.h"
 
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -37,8 +38,9 @@
 #define TRACE_KEEP CAI_PP_TRACE_KEEP
 /* values a traced compute keeps: op, mb, chunk, start, end, the thread's
  * processor time over it (what it ran; the rest of its span it waited
- * for a processor) */
-#define EV 6
+ * for a processor), 1 if its real compute outlasted the equal-compute
+ * target (CAI_PP_EQUAL_COMPUTE_US) */
+#define EV 7
 
 typedef struct {
     char *in;   /* chunk input (not the first stage) */
@@ -105,10 +107,14 @@ struct cai_pipeline {
     int tracing;
     double clock_off;
     double *ev;
-    double *ev_t0;    /* per block: the step's start (the barrier's exit) */
-    int *ev_n;        /* per block: events recorded */
-    int ev_per;       /* this rank's compute actions a step */
-    int n_steps;      /* traced steps since tracing was turned on or the schedule changed */
+    double *ev_t0; /* per block: the step's start (the barrier's exit) */
+    int *ev_n;     /* per block: events recorded */
+    int ev_per;    /* this rank's compute actions a step */
+    int n_steps;   /* traced steps since tracing was turned on or the schedule changed */
+    /* test hook CAI_PP_EQUAL_COMPUTE_US (0: off): each compute action is
+     * padded by sleeping to this many microseconds per cost unit, so every
+     * stage's actions take the same time (docs/pipeline.md, "Equal compute") */
+    long long equal_us;
     cai_zero_t *zero; /* NULL: the model's own gradients, averaged over dp here */
     /* tie groups split across stages: [parameter, peer stage] */
     int n_ties;
@@ -677,6 +683,25 @@ static int is_compute(cai_pp_op op) {
     return op == CAI_PP_FORWARD || op == CAI_PP_BACKWARD || op == CAI_PP_BACKWARD_INPUT || op == CAI_PP_BACKWARD_WEIGHT;
 }
 
+/* An action's cost in the schedule's unit costs (f = b = w = 1, a fused
+ * backward b + w: schedule.c's duration), the units CAI_PP_EQUAL_COMPUTE_US
+ * scales, so the padded run is the schedule's textbook case. */
+static double compute_units(cai_pp_op op) { return op == CAI_PP_BACKWARD ? 2.0 : 1.0; }
+
+/* Sleep until `deadline` (cai_time_now's clock, CLOCK_MONOTONIC): a rank
+ * that waits gives the processors to the others. 1 if the deadline had
+ * already passed (the real compute took longer than the target). */
+static int pad_until(double deadline) {
+    if (cai_time_now() >= deadline) return 1;
+    struct timespec ts;
+    ts.tv_sec = (time_t)floor(deadline);
+    ts.tv_nsec = (long)((deadline - floor(deadline)) * 1e9);
+    if (ts.tv_nsec > 999999999L) ts.tv_nsec = 999999999L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+    return 0;
+}
+
 /* 0 forward, 1 fused backward or input pass, 2 weight pass */
 static int compute_kind(cai_pp_op op) { return op == CAI_PP_FORWARD ? 0 : op == CAI_PP_BACKWARD_WEIGHT ? 2 : 1; }
 
@@ -821,6 +846,9 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
         p->n_recv_cap = n;
     }
     for (int i = 0; i < p->n_recv_cap; i++) p->recv[i] = NULL;
+#if CAI_TEST_HOOKS
+    CAI_CALL(cai_knob_int("CAI_PP_EQUAL_COMPUTE_US", &p->equal_us));
+#endif
     double *trace = NULL; /* this step's events; NULL when not tracing */
     if (p->tracing) CAI_CALL(trace_begin(p, acts, n, &trace));
     if (p->prepost)
@@ -829,12 +857,14 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
     cai_status st = CAI_OK;
     int traced = 0;
     for (int i = 0; i < n && st == CAI_OK; i++) {
-        const int compute = is_compute(acts[i].op);
-        const double a = trace && compute ? cai_time_now() : 0, cpu = trace && compute ? thread_time() : 0;
+        const int compute = is_compute(acts[i].op), timed = compute && (trace || p->equal_us > 0);
+        const double a = timed ? cai_time_now() : 0, cpu = trace && compute ? thread_time() : 0;
         st = run_action(p, &r, &acts[i], i);
+        /* the device's work counts where it ends: wait for it */
+        if (timed && st == CAI_OK) st = cai_device_sync(p->dev);
+        const int over = timed && st == CAI_OK && p->equal_us > 0 &&
+                         pad_until(a + 1e-6 * (double)p->equal_us * compute_units(acts[i].op));
         if (trace && compute && st == CAI_OK) {
-            /* the device's work counts where it ends: wait for it */
-            st = cai_device_sync(p->dev);
             double *e = trace + EV * traced++;
             e[0] = acts[i].op;
             e[1] = acts[i].mb;
@@ -842,6 +872,7 @@ cai_status cai_pipeline_forward_backward(cai_pipeline_t *p, const int32_t *token
             e[3] = a - p->clock_off;
             e[4] = cai_time_now() - p->clock_off;
             e[5] = thread_time() - cpu;
+            e[6] = over;
         }
         if (st != CAI_OK) {
             char lb[48];
@@ -1176,10 +1207,13 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
                                               .chunk = p->n_chunks > 1 ? a.chunk : -1};
             }
         }
-    enum { PER_RANK = 16 };
+    enum { PER_RANK = 16, COMMON = 21 };
     char keys[2 * PER_RANK][24];
-    cai_pp_trace_meta meta[18 + 2 * PER_RANK] = {
+    cai_pp_trace_meta meta[COMMON + 2 * PER_RANK] = {
         {"steps", s->steps},
+        {"equal_compute_us", (double)s->equal_us},
+        {"equal_overruns", s->equal_overruns},
+        {"equal_actions", s->equal_actions},
         {"bubble_measured", s->measured},
         {"bubble_measured_min", s->measured_min},
         {"bubble_measured_max", s->measured_max},
@@ -1198,7 +1232,7 @@ static cai_status trace_write(cai_pipeline_t *p, const trace_set *t, const char 
         {"backward_s", s->b},
         {"weight_s", s->w},
     };
-    size_t nm = 18;
+    size_t nm = COMMON;
     for (int r = 0; r < pp && r < PER_RANK; r++) {
         snprintf(keys[2 * r], sizeof keys[0], "forward_s_rank%d", r);
         snprintf(keys[2 * r + 1], sizeof keys[0], "backward_s_rank%d", r);
@@ -1258,6 +1292,7 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
                 const int op = (int)e[0];
                 sum[op] += dt;
                 n_op[op] += 1;
+                out->equal_overruns += e[6] != 0;
                 if (op == CAI_PP_BACKWARD_WEIGHT) continue;
                 const int bwd = op != CAI_PP_FORWARD;
                 rank_fb[2 * r + bwd] += dt;
@@ -1267,6 +1302,8 @@ cai_status cai_pipeline_trace_stats(cai_pipeline_t *p, const char *path, cai_pp_
     }
     for (int i = 0; i < 2 * pp; i++) rank_fb[i] = rank_fb[2 * pp + i] > 0 ? rank_fb[i] / rank_fb[2 * pp + i] : 0;
     out->steps = steady;
+    out->equal_us = p->equal_us;
+    for (int k = 0; k < CAI_PP_OP_COUNT; k++) out->equal_actions += (int)n_op[k];
     out->measured = median(per_step, steady); /* sorts: min and max are the ends */
     out->measured_min = per_step[0];
     out->measured_max = per_step[steady > 0 ? steady - 1 : 0];

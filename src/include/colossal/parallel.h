@@ -476,6 +476,11 @@ typedef struct {
                               alone make of the schedule (replay - this: the variation
                               from action to action) */
     double f, b, w;        /* mean forward, backward (input pass), weight pass times */
+    long long equal_us;    /* CAI_PP_EQUAL_COMPUTE_US (test hook; 0: off): each compute padded to
+                              this many microseconds per cost unit (a fused backward: 2) */
+    int equal_overruns;    /* of the computes the statistics are over (every rank's), those whose
+                              real compute outlasted that target (not padded: the run was not equal) */
+    int equal_actions;     /* the computes the statistics are over, every rank's */
 } cai_pp_trace_stats;
 /* The statistics above, collective over CAI_AXIS_PP; path (may be NULL): pp
  * rank 0 writes the kept steps' compute actions as a Chrome trace (one row
