@@ -20,6 +20,7 @@
  * gradient). The same bytes cross the network as with the all-reduces;
  * what is saved is the residual-stream activation memory, divided by tp. */
 #include "cai_config.h"
+#include "colossal/fp8.h"
 #include "colossal/lora.h"
 #include "colossal/model.h"
 #include "colossal/ops.h"
@@ -72,12 +73,15 @@ static cai_status tp_sum(const cai_layer_ctx *cx, cai_tensor *t) {
 /* out = inp + x W^T (+ b) for a row-parallel W: fused at tp = 1; otherwise
  * the partial product is summed over tp before the replicated bias and the
  * residual are added once. */
-static cai_status row_parallel_residual(const cai_layer_ctx *cx, cai_block_scratch *s, cai_tensor *out,
-                                        const cai_tensor *x, const cai_tensor *w, const cai_tensor *b,
-                                        const cai_tensor *inp) {
+static cai_status row_parallel_residual(const cai_layer_ctx *cx, cai_block_scratch *s, const cai_fp8_layer *fp8,
+                                        cai_fp8_site site, cai_tensor *out, const cai_tensor *x, const cai_tensor *w,
+                                        const cai_tensor *b, const cai_tensor *inp) {
     cai_device_t *dev = cx->dev;
+    const int f8 = cai_fp8_at(fp8, site);
+    if (!tp_on(cx) && f8) return cai_fp8_linear_fwd(fp8, site, out, x, w, b, inp);
     if (!tp_on(cx)) return dev->ops->linear_residual_fwd(dev, out, x, w, b, inp);
-    CAI_CALL(dev->ops->linear_fwd(dev, &s->tp_out, x, w, NULL));
+    if (f8) CAI_CALL(cai_fp8_linear_fwd(fp8, site, &s->tp_out, x, w, NULL, NULL));
+    else CAI_CALL(dev->ops->linear_fwd(dev, &s->tp_out, x, w, NULL));
     cai_tensor sum = s->tp_out;
     if (sp_on(cx)) CAI_CALL(seq_scatter_inplace(cx, &s->tp_out, &sum));
     else CAI_CALL(tp_sum(cx, &s->tp_out));
@@ -133,6 +137,20 @@ static cai_status column_input_grad(const cai_layer_ctx *cx, cai_tensor *dln_ful
 static const cai_tensor *opt_in(const cai_tensor *t) { return t && t->data ? t : NULL; }
 static cai_tensor *opt_out(cai_tensor *t) { return t && t->data ? t : NULL; }
 
+/* A block's linear layer, through the FP8 products where the block runs in
+ * FP8 (colossal/fp8.h). */
+static cai_status lin_fwd(cai_device_t *dev, const cai_block_params *p, cai_fp8_site site, cai_tensor *out,
+                          const cai_tensor *x, const cai_tensor *w, const cai_tensor *b) {
+    if (cai_fp8_at(p->fp8, site)) return cai_fp8_linear_fwd(p->fp8, site, out, x, w, b, NULL);
+    return dev->ops->linear_fwd(dev, out, x, w, b);
+}
+static cai_status lin_bwd(cai_device_t *dev, const cai_block_params *p, cai_fp8_site site, cai_tensor *dinp,
+                          cai_tensor *dw, cai_tensor *db, const cai_tensor *dout, const cai_tensor *x,
+                          const cai_tensor *w, int accum_dinp) {
+    if (cai_fp8_at(p->fp8, site)) return cai_fp8_linear_bwd(p->fp8, site, dinp, dw, db, dout, x, w, accum_dinp);
+    return dev->ops->linear_bwd(dev, dinp, dw, db, dout, x, w, accum_dinp);
+}
+
 static int layernorm(const cai_layer_dims *d) { return d->kinds.norm == CAI_NORM_LAYERNORM; }
 static int rope(const cai_layer_dims *d) { return d->kinds.pos == CAI_POS_ROPE; }
 
@@ -186,7 +204,7 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     CAI_CALL(norm_fwd(dev, d, &a->ln1, &a->ln1_mean, &a->ln1_rstd, inp, &p->ln1_w, &p->ln1_b));
     const cai_tensor *x;
     CAI_CALL(column_input(cx, s, &a->ln1, &x));
-    CAI_CALL(ops->linear_fwd(dev, &a->qkv, x, &p->qkv_w, opt_in(&p->qkv_b)));
+    CAI_CALL(lin_fwd(dev, p, CAI_FP8_SITE_QKV, &a->qkv, x, &p->qkv_w, opt_in(&p->qkv_b)));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_QKV, x, &a->qkv));
     cai_tensor q, k, v, att4;
     CAI_CALL(split_qkv(d, &a->qkv, &q, &k, &v));
@@ -199,7 +217,8 @@ cai_status cai_attn_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
     cai_attn_params ap = causal_params(cx);
     if (cx->attn) CAI_CALL(cx->attn->fwd(cx->attn->ctx, &att4, &a->att_lse, &q, &k, &v, &ap));
     else CAI_CALL(ops->attention_fwd(dev, &att4, &a->att_lse, &q, &k, &v, &ap, s->attn_ws, s->attn_ws_bytes));
-    CAI_CALL(row_parallel_residual(cx, s, out, &a->att, &p->proj_w, opt_in(&p->proj_b), inp));
+    CAI_CALL(row_parallel_residual(cx, s, p->fp8, CAI_FP8_SITE_ATTN_PROJ, out, &a->att, &p->proj_w, opt_in(&p->proj_b),
+                                   inp));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_ATTN_PROJ, &a->att, out));
     return CAI_OK;
 }
@@ -219,8 +238,8 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
      * rank, so the replicated bias' gradient is complete everywhere. */
     const cai_tensor *dout, *x;
     CAI_CALL(row_output_grad_kept(cx, s, d_stream, w ? &w->d_proj : NULL, &dout));
-    CAI_CALL(ops->linear_bwd(dev, &s->datt, wgrad_now(w, &g->proj_w), wgrad_now(w, &g->proj_b), dout, &a->att,
-                             &p->proj_w, 0));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_ATTN_PROJ, &s->datt, wgrad_now(w, &g->proj_w), wgrad_now(w, &g->proj_b), dout,
+                     &a->att, &p->proj_w, 0));
     CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_ATTN_PROJ, &a->att, dout, &s->datt));
     cai_tensor *dqkv = w ? &w->dqkv : &s->dqkv;
     cai_tensor q, k, v, dq, dk, dv, att4, datt4;
@@ -240,10 +259,11 @@ static cai_status attn_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     /* Sequence parallel: the norm output is gathered again rather than kept
      * whole from the forward (what keeps the saved activations at B*T/tp);
      * the input gradient alone does not read it. */
-    if (w) CAI_CALL(ops->linear_bwd(dev, &s->dln, NULL, NULL, dqkv, NULL, &p->qkv_w, 0));
+    if (w) CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_QKV, &s->dln, NULL, NULL, dqkv, NULL, &p->qkv_w, 0));
     else {
         CAI_CALL(column_input(cx, s, &a->ln1, &x));
-        CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), dqkv, x, &p->qkv_w, 0));
+        CAI_CALL(
+            lin_bwd(dev, p, CAI_FP8_SITE_QKV, &s->dln, opt_out(&g->qkv_w), opt_out(&g->qkv_b), dqkv, x, &p->qkv_w, 0));
     }
     /* LoRA runs at tp = 1 only, where the linear's input is the norm output itself. */
     CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_QKV, &a->ln1, dqkv, &s->dln));
@@ -273,9 +293,9 @@ static cai_status mlp_gelu_fwd(const cai_layer_ctx *cx, const cai_block_params *
      * GELU needs no communication and fuses into the matmul (a->fc keeps
      * the GELU input for backward). An adapter on fc adds before the GELU. */
     cai_device_t *dev = cx->dev;
-    if (!cai_lora_at(p->lora, CAI_LORA_SITE_FC))
+    if (!cai_lora_at(p->lora, CAI_LORA_SITE_FC) && !cai_fp8_at(p->fp8, CAI_FP8_SITE_FC))
         return dev->ops->linear_gelu_fwd(dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
-    CAI_CALL(dev->ops->linear_fwd(dev, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
+    CAI_CALL(lin_fwd(dev, p, CAI_FP8_SITE_FC, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_FC, x, &a->fc));
     return dev->ops->gelu_fwd(dev, &a->act, &a->fc);
 }
@@ -289,21 +309,22 @@ static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *
      * each rank for the rank's own hidden units, so no collective sits
      * between the matmul and the GELU backward and the two fuse into one op
      * writing dfc directly (s->dact is not used). */
-    if (cai_lora_at(p->lora, CAI_LORA_SITE_MLP_PROJ)) {
-        /* the adapter's input gradient joins before the GELU: unfused (gelu_bwd may run in place) */
-        CAI_CALL(dev->ops->linear_bwd(dev, &s->dact, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
-                                      &a->act, &p->mlp_proj_w, 0));
+    if (cai_lora_at(p->lora, CAI_LORA_SITE_MLP_PROJ) || cai_fp8_at(p->fp8, CAI_FP8_SITE_MLP_PROJ)) {
+        /* the adapter's input gradient joins before the GELU, FP8 has no
+         * fused GELU: unfused (gelu_bwd may run in place) */
+        CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_MLP_PROJ, &s->dact, wgrad_now(w, &g->mlp_proj_w),
+                         wgrad_now(w, &g->mlp_proj_b), dout, &a->act, &p->mlp_proj_w, 0));
         CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, dout, &s->dact));
         CAI_CALL(dev->ops->gelu_bwd(dev, dfc, &a->fc, &s->dact));
     } else {
         CAI_CALL(dev->ops->linear_bwd_dgelu(dev, dfc, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
                                             &a->act, &p->mlp_proj_w, &a->fc));
     }
-    if (w) CAI_CALL(dev->ops->linear_bwd(dev, &s->dln, NULL, NULL, dfc, NULL, &p->fc_w, 0));
+    if (w) CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_FC, &s->dln, NULL, NULL, dfc, NULL, &p->fc_w, 0));
     else {
         const cai_tensor *x;
         CAI_CALL(column_input(cx, s, &a->ln2, &x));
-        CAI_CALL(dev->ops->linear_bwd(dev, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), dfc, x, &p->fc_w, 0));
+        CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_FC, &s->dln, opt_out(&g->fc_w), opt_out(&g->fc_b), dfc, x, &p->fc_w, 0));
     }
     return cai_lora_bwd(p->lora, CAI_LORA_SITE_FC, &a->ln2, dfc, &s->dln);
 }
@@ -311,8 +332,8 @@ static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *
 static cai_status mlp_swiglu_fwd(const cai_layer_ctx *cx, const cai_block_params *p, cai_block_acts *a,
                                  const cai_tensor *x) {
     cai_device_t *dev = cx->dev;
-    CAI_CALL(dev->ops->linear_fwd(dev, &a->fc, x, &p->fc_w, NULL));
-    CAI_CALL(dev->ops->linear_fwd(dev, &a->up, x, &p->up_w, NULL));
+    CAI_CALL(lin_fwd(dev, p, CAI_FP8_SITE_FC, &a->fc, x, &p->fc_w, NULL));
+    CAI_CALL(lin_fwd(dev, p, CAI_FP8_SITE_UP, &a->up, x, &p->up_w, NULL));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_FC, x, &a->fc));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_UP, x, &a->up));
     return dev->ops->swiglu_fwd(dev, &a->act, &a->fc, &a->up);
@@ -324,14 +345,14 @@ static cai_status mlp_swiglu_bwd(const cai_layer_ctx *cx, const cai_block_params
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     cai_tensor *dfc = w ? &w->dfc : &s->dfc, *dup = w ? &w->dup : &s->dup;
-    CAI_CALL(ops->linear_bwd(dev, &s->dact, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout, &a->act,
-                             &p->mlp_proj_w, 0));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_MLP_PROJ, &s->dact, wgrad_now(w, &g->mlp_proj_w),
+                     wgrad_now(w, &g->mlp_proj_b), dout, &a->act, &p->mlp_proj_w, 0));
     CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, dout, &s->dact));
     CAI_CALL(ops->swiglu_bwd(dev, dfc, dup, &s->dact, &a->fc, &a->up));
     const cai_tensor *x = NULL;
     if (!w) CAI_CALL(column_input(cx, s, &a->ln2, &x));
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->fc_w), NULL, dfc, x, &p->fc_w, 0));
-    CAI_CALL(ops->linear_bwd(dev, &s->dln, wgrad_now(w, &g->up_w), NULL, dup, x, &p->up_w, 1));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_FC, &s->dln, wgrad_now(w, &g->fc_w), NULL, dfc, x, &p->fc_w, 0));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_UP, &s->dln, wgrad_now(w, &g->up_w), NULL, dup, x, &p->up_w, 1));
     CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_FC, &a->ln2, dfc, &s->dln));
     return cai_lora_bwd(p->lora, CAI_LORA_SITE_UP, &a->ln2, dup, &s->dln);
 }
@@ -350,7 +371,8 @@ cai_status cai_mlp_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const c
     case CAI_MLP_SWIGLU: CAI_CALL(mlp_swiglu_fwd(cx, p, a, x)); break;
     default: return unknown_mlp(d);
     }
-    CAI_CALL(row_parallel_residual(cx, s, out, &a->act, &p->mlp_proj_w, opt_in(&p->mlp_proj_b), inp));
+    CAI_CALL(row_parallel_residual(cx, s, p->fp8, CAI_FP8_SITE_MLP_PROJ, out, &a->act, &p->mlp_proj_w,
+                                   opt_in(&p->mlp_proj_b), inp));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, out));
     return CAI_OK;
 }
@@ -411,24 +433,24 @@ cai_status cai_block_bwd_weight(const cai_layer_ctx *cx, const cai_layer_dims *d
                                 const cai_block_wgrad *w) {
     CAI_CHECK_ARG(w, "cai_block_bwd_weight: NULL weight-pass stash");
     cai_device_t *dev = cx->dev;
-    const cai_ops *ops = dev->ops;
     const cai_tensor *x;
-    CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), &w->d_mlp, &a->act,
-                             &p->mlp_proj_w, 0));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_MLP_PROJ, NULL, opt_out(&g->mlp_proj_w), opt_out(&g->mlp_proj_b), &w->d_mlp,
+                     &a->act, &p->mlp_proj_w, 0));
     CAI_CALL(column_input(cx, s, &a->ln2, &x));
     switch (d->kinds.mlp) {
     case CAI_MLP_GELU:
-        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->fc_w), opt_out(&g->fc_b), &w->dfc, x, &p->fc_w, 0));
+        CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_FC, NULL, opt_out(&g->fc_w), opt_out(&g->fc_b), &w->dfc, x, &p->fc_w, 0));
         break;
     case CAI_MLP_SWIGLU:
-        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->fc_w), NULL, &w->dfc, x, &p->fc_w, 0));
-        CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->up_w), NULL, &w->dup, x, &p->up_w, 0));
+        CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_FC, NULL, opt_out(&g->fc_w), NULL, &w->dfc, x, &p->fc_w, 0));
+        CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_UP, NULL, opt_out(&g->up_w), NULL, &w->dup, x, &p->up_w, 0));
         break;
     default: return unknown_mlp(d);
     }
-    CAI_CALL(ops->linear_bwd(dev, NULL, opt_out(&g->proj_w), opt_out(&g->proj_b), &w->d_proj, &a->att, &p->proj_w, 0));
+    CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_ATTN_PROJ, NULL, opt_out(&g->proj_w), opt_out(&g->proj_b), &w->d_proj,
+                     &a->att, &p->proj_w, 0));
     CAI_CALL(column_input(cx, s, &a->ln1, &x));
-    return ops->linear_bwd(dev, NULL, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &w->dqkv, x, &p->qkv_w, 0);
+    return lin_bwd(dev, p, CAI_FP8_SITE_QKV, NULL, opt_out(&g->qkv_w), opt_out(&g->qkv_b), &w->dqkv, x, &p->qkv_w, 0);
 }
 
 /* ------------------------------------------------------------ embedding */

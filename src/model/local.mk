@@ -7,9 +7,10 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/model_internal.h \
 	%reldir%/weights.c \
 	%reldir%/lora.c \
+	%reldir%/fp8.c \
 	%reldir%/moe.c \
 	%reldir%/model_moe.c
-colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h src/include/colossal/lora.h
+colossalinclude_HEADERS += src/include/colossal/model.h src/include/colossal/moe.h src/include/colossal/lora.h src/include/colossal/fp8.h
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_registry
@@ -41,6 +42,11 @@ tests_unit_test_lora_SOURCES = tests/unit/test_lora.c
 tests_unit_test_lora_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_lora_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_lora
+check_PROGRAMS += tests/unit/test_fp8_model
+tests_unit_test_fp8_model_SOURCES = tests/unit/test_fp8_model.c
+tests_unit_test_fp8_model_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_fp8_model_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_fp8_model
 endif
 check_PROGRAMS += tests/unit/test_lora_logits
 tests_unit_test_lora_logits_SOURCES = tests/unit/test_lora_logits.c

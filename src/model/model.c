@@ -341,6 +341,7 @@ struct cai_model {
      * m->cx points at them while packing is on. */
     int32_t *packing;
     cai_tensor pack_pos, pack_doc;
+    cai_fp8_t *fp8; /* cai_model_set_fp8, or NULL */
     struct {
         cai_model_hook_fn fn;
         void *ctx;
@@ -836,6 +837,7 @@ void cai_model_free(cai_model_t *m) {
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
     cai_device_dealloc(m->dev, m->grads);
     cai_device_dealloc(m->dev, m->packing);
+    cai_fp8_free(m->fp8);
     if (m->own_weights) cai_weights_free(m->w);
     cai_free(m->wp);
     cai_free(m->gp);
@@ -1347,3 +1349,24 @@ cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora) {
     for (int i = 0; i < m->n_local; i++) m->wp[i].lora = lora ? cai_lora_layer_of(lora, m->local_layer[i]) : NULL;
     return CAI_OK;
 }
+
+cai_status cai_model_set_fp8(cai_model_t *m, const cai_fp8_config *cfg, cai_mesh_t *mesh) {
+    CAI_CHECK_ARG(m, "cai_model_set_fp8: NULL model");
+    for (int i = 0; i < m->n_local; i++) m->wp[i].fp8 = NULL;
+    cai_fp8_free(m->fp8);
+    m->fp8 = NULL;
+    if (!cfg || !cfg->enabled) return CAI_OK;
+    const cai_layer_dims *d = &m->dims;
+    const int64_t attn = d->n_heads * d->head_dim, qkv = (d->n_heads + 2 * d->n_kv_heads) * d->head_dim;
+    const int swiglu = d->kinds.mlp == CAI_MLP_SWIGLU;
+    const int64_t widths[CAI_FP8_SITE_COUNT][2] = {
+        [CAI_FP8_SITE_QKV] = {d->C, qkv},         [CAI_FP8_SITE_ATTN_PROJ] = {attn, d->C},
+        [CAI_FP8_SITE_FC] = {d->C, d->ffn},       [CAI_FP8_SITE_UP] = {swiglu ? d->C : 0, swiglu ? d->ffn : 0},
+        [CAI_FP8_SITE_MLP_PROJ] = {d->ffn, d->C},
+    };
+    CAI_CALL(cai_fp8_create(&m->fp8, m->dev, cfg, m->cfg.n_layers, d->B * d->T, widths, mesh));
+    for (int i = 0; i < m->n_local; i++) m->wp[i].fp8 = cai_fp8_layer_of(m->fp8, m->local_layer[i]);
+    return CAI_OK;
+}
+
+cai_fp8_t *cai_model_fp8(const cai_model_t *m) { return m ? m->fp8 : NULL; }

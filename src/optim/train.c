@@ -182,6 +182,9 @@ cai_status cai_train_step(const cai_step_driver *d, const cai_adamw_config *cfg,
     double loss = 0, sumsq = 0;
     CAI_CALL(d->forward_backward(d, tokens, targets, n_micro, scale, &loss));
     CAI_CALL(d->grad_sumsq(d, &sumsq));
+    /* FP8 scales for the next step from this one's amaxes (collective, so
+     * before any branch a rank could take alone) */
+    if (cai_model_fp8(d->model)) CAI_CALL(cai_fp8_step(cai_model_fp8(d->model)));
     /* Both come out of the driver's reductions: every rank sees the same
      * values, so every rank takes the same branch below. */
     const double norm = sqrt(sumsq) / scale;

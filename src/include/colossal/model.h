@@ -14,6 +14,7 @@
 
 #include "colossal/base.h"
 #include "colossal/cluster.h"
+#include "colossal/fp8.h"
 #include "colossal/ops.h"
 #include "colossal/tensor.h"
 
@@ -411,6 +412,7 @@ typedef struct {
     cai_tensor up_w;                   /* Llama up [F, C] */
     cai_tensor mlp_proj_w, mlp_proj_b; /* [C, F], [C] */
     const struct cai_lora_layer *lora; /* the block's LoRA adapters (colossal/lora.h), or NULL; weights only */
+    const struct cai_fp8_layer *fp8;   /* the block's FP8 state (colossal/fp8.h) when it runs in FP8, else NULL */
 } cai_block_params;
 
 /* What one block's forward saves for its backward. With d->sp the
@@ -760,6 +762,13 @@ int cai_model_split_backward(const cai_model_t *m);
  * `lora` must be made for the same architecture and outlive its use here.
  * Not collective. */
 cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora);
+/* Run the blocks `cfg` selects in FP8 (colossal/fp8.h; cfg->enabled 0 or
+ * NULL: none, the state freed). The model owns the FP8 state, sized for
+ * its B*T rows and local widths; mesh (may be NULL) is whose world
+ * cai_fp8_step reduces the amaxes over. Not collective. */
+cai_status cai_model_set_fp8(cai_model_t *m, const cai_fp8_config *cfg, cai_mesh_t *mesh);
+/* The model's FP8 state, or NULL. */
+cai_fp8_t *cai_model_fp8(const cai_model_t *m);
 
 /* Pipeline stage boundary of the selected chunk and slot, [B,T,C] in act
  * dtype: `input` (non-first stages write it before forward), `output`

@@ -1,0 +1,314 @@
+/* FP8 linear layers and their scaling state (colossal/fp8.h). */
+#include "cai_config.h"
+#include "colossal/fp8.h"
+#include "colossal/ops.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const cai_fp8_format_names[] = {"e4m3", "hybrid", NULL};
+const char *const cai_fp8_recipe_names[] = {"delayed", "current", NULL};
+const char *const cai_fp8_amax_algo_names[] = {"max", "most_recent", NULL};
+
+struct cai_fp8_layer {
+    cai_fp8_t *f;
+    int layer;
+};
+
+struct cai_fp8 {
+    cai_fp8_config cfg;
+    cai_device_t *dev;
+    cai_mesh_t *mesh;
+    int n_layers;
+    unsigned char *on;
+    cai_fp8_layer *layers;
+    int64_t rows, widths[CAI_FP8_SITE_COUNT][2];
+    size_t meta_len, n_state;
+    float *state_dev, *state_host;
+    /* cast buffers: forward x / backward dy codes, W / dy^T, W^T, x^T */
+    uint8_t *buf[4];
+    void *ws;
+    size_t ws_bytes;
+};
+
+cai_fp8_config cai_fp8_config_default(void) {
+    cai_fp8_config c = {.enabled = 0,
+                        .hybrid = 1,
+                        .recipe = CAI_FP8_DELAYED,
+                        .amax_algo = CAI_FP8_AMAX_MAX,
+                        .amax_history = 1024,
+                        .margin = 0};
+    snprintf(c.layers, sizeof c.layers, "auto");
+    return c;
+}
+
+static cai_status parse_layers(const char *spec, int n, unsigned char *on) {
+    memset(on, 0, (size_t)n);
+    if (!strcmp(spec, "none")) return CAI_OK;
+    if (!strcmp(spec, "all") || !strcmp(spec, "auto")) {
+        int lo = !strcmp(spec, "auto") ? 1 : 0, hi = !strcmp(spec, "auto") ? n - 2 : n - 1;
+        for (int i = lo; i <= hi; i++) on[i] = 1;
+        return CAI_OK;
+    }
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p) goto bad;
+        if (*end == '-') {
+            const char *q = end + 1;
+            b = strtol(q, &end, 10);
+            if (end == q) goto bad;
+        }
+        if (a < 0 || b < a || b >= n)
+            return CAI_ERROR(CAI_ERR_CONFIG, "fp8.layers '%s': %ld-%ld is outside the model's blocks 0-%d", spec, a, b,
+                             n - 1);
+        for (long i = a; i <= b; i++) on[i] = 1;
+        if (*end == ',' && end[1]) end++;
+        else if (*end) goto bad;
+        p = end;
+    }
+    return CAI_OK;
+bad:
+    return CAI_ERROR(CAI_ERR_CONFIG,
+                     "fp8.layers '%s' does not parse: expected auto, all, none or a comma list of block indices and "
+                     "ranges a-b",
+                     spec);
+}
+
+cai_status cai_fp8_config_check(const cai_fp8_config *c, int n_layers, unsigned char *on) {
+    CAI_CHECK_ARG(c, "cai_fp8_config_check: NULL config");
+    if ((int)c->recipe < 0 || c->recipe >= CAI_FP8_RECIPE_COUNT)
+        return CAI_ERROR(CAI_ERR_CONFIG, "fp8.recipe %d: expected delayed or current", (int)c->recipe);
+    if ((int)c->amax_algo < 0 || c->amax_algo >= CAI_FP8_AMAX_ALGO_COUNT)
+        return CAI_ERROR(CAI_ERR_CONFIG, "fp8.amax_algo %d: expected max or most_recent", (int)c->amax_algo);
+    if (c->amax_history < 1 || c->amax_history > 65536)
+        return CAI_ERROR(CAI_ERR_CONFIG, "fp8.amax_history %d: expected 1 to 65536 steps", c->amax_history);
+    if (c->margin < 0 || c->margin > 64) return CAI_ERROR(CAI_ERR_CONFIG, "fp8.margin %d: expected 0 to 64", c->margin);
+    if (!memchr(c->layers, '\0', sizeof c->layers))
+        return CAI_ERROR(CAI_ERR_CONFIG, "fp8.layers: longer than %d characters", CAI_FP8_LAYERS_MAX - 1);
+    unsigned char *tmp = on;
+    if (!tmp && !(tmp = malloc(n_layers > 0 ? (size_t)n_layers : 1)))
+        return CAI_ERROR(CAI_ERR_NOMEM, "fp8.layers: %d bytes", n_layers);
+    cai_status st = parse_layers(c->layers, n_layers, tmp);
+    if (tmp != on) free(tmp);
+    return st;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_config *cfg, int n_layers, int64_t rows,
+                          const int64_t widths[CAI_FP8_SITE_COUNT][2], cai_mesh_t *mesh) {
+    CAI_CHECK_ARG(out && dev && cfg && widths && n_layers >= 1 && rows >= 1, "cai_fp8_create: bad argument");
+    *out = NULL;
+    cai_fp8_t *f = calloc(1, sizeof *f);
+    if (!f) return CAI_ERROR(CAI_ERR_NOMEM, "cai_fp8_create: %zu bytes", sizeof *f);
+    f->cfg = *cfg;
+    f->dev = dev;
+    f->mesh = mesh;
+    f->n_layers = n_layers;
+    f->rows = rows;
+    memcpy(f->widths, widths, sizeof f->widths);
+    cai_status st = CAI_OK;
+    f->on = malloc((size_t)n_layers);
+    f->layers = calloc((size_t)n_layers, sizeof *f->layers);
+    f->meta_len = CAI_FP8_META_LEN((size_t)cfg->amax_history);
+    f->n_state = (size_t)n_layers * CAI_FP8_SITE_COUNT * CAI_FP8_OPERANDS * f->meta_len;
+    f->state_host = calloc(f->n_state, sizeof(float));
+    if (!f->on || !f->layers || !f->state_host) {
+        st = CAI_ERROR(CAI_ERR_NOMEM, "cai_fp8_create: state of %zu floats", f->n_state);
+        goto fail;
+    }
+    if ((st = cai_fp8_config_check(cfg, n_layers, f->on)) != CAI_OK) goto fail;
+    size_t codes = 0, ws = 0;
+    for (int s = 0; s < CAI_FP8_SITE_COUNT; s++) {
+        int64_t ic = widths[s][0], oc = widths[s][1];
+        if (!ic || !oc) continue;
+        codes = max_sz(codes, max_sz((size_t)(rows * ic), max_sz((size_t)(rows * oc), (size_t)(oc * ic))));
+        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, oc, ic));
+        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, ic, oc));
+        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, oc, ic, rows));
+    }
+    if (!dev->ops->fp8_cast || !dev->ops->fp8_gemm) {
+        st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "fp8: the %s backend has no FP8 ops", dev->ops->backend);
+        goto fail;
+    }
+    for (int i = 0; i < 4 && st == CAI_OK; i++)
+        st = cai_device_alloc(dev, codes, "fp8 cast buffer", (void **)&f->buf[i]);
+    if (st == CAI_OK && ws) st = cai_device_alloc(dev, ws, "fp8 gemm workspace", &f->ws);
+    if (st == CAI_OK)
+        st = cai_device_alloc(dev, f->n_state * sizeof(float), "fp8 scaling state", (void **)&f->state_dev);
+    if (st != CAI_OK) goto fail;
+    f->ws_bytes = ws;
+    st = cai_fp8_set_state(f, f->state_host, f->n_state);
+    if (st != CAI_OK) goto fail;
+    for (int l = 0; l < n_layers; l++) f->layers[l] = (cai_fp8_layer){f, l};
+    *out = f;
+    return CAI_OK;
+fail:
+    cai_fp8_free(f);
+    return st;
+}
+
+void cai_fp8_free(cai_fp8_t *f) {
+    if (!f) return;
+    for (int i = 0; i < 4; i++) cai_device_dealloc(f->dev, f->buf[i]);
+    cai_device_dealloc(f->dev, f->ws);
+    cai_device_dealloc(f->dev, f->state_dev);
+    free(f->state_host);
+    free(f->layers);
+    free(f->on);
+    free(f);
+}
+
+const cai_fp8_layer *cai_fp8_layer_of(const cai_fp8_t *f, int layer) {
+    if (!f || !f->cfg.enabled || layer < 0 || layer >= f->n_layers || !f->on[layer]) return NULL;
+    return &f->layers[layer];
+}
+
+const cai_fp8_config *cai_fp8_config_of(const cai_fp8_t *f) { return f ? &f->cfg : NULL; }
+
+int cai_fp8_at(const cai_fp8_layer *l, cai_fp8_site site) {
+    return l && site >= 0 && site < CAI_FP8_SITE_COUNT && l->f->widths[site][0] > 0;
+}
+
+static cai_tensor meta_of(const cai_fp8_layer *l, cai_fp8_site site, int operand) {
+    const cai_fp8_t *f = l->f;
+    size_t off =
+        (((size_t)l->layer * CAI_FP8_SITE_COUNT + (size_t)site) * CAI_FP8_OPERANDS + (size_t)operand) * f->meta_len;
+    return cai_tensor_1d(f->dev, f->state_dev + off, CAI_DTYPE_F32, (int64_t)f->meta_len);
+}
+
+static cai_fp8_format fmt_of(const cai_fp8_t *f, int operand) {
+    return operand == CAI_FP8_OP_G && f->cfg.hybrid ? CAI_FP8_E5M2 : CAI_FP8_E4M3;
+}
+
+/* A tensor's rows as a 2-D view (leading dims collapsed; contiguous rows). */
+static cai_status as_2d(const char *what, const cai_tensor *t, cai_tensor *out) {
+    int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols ? cai_tensor_numel(t) / cols : 0;
+    if (!cai_tensor_is_contiguous(t))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "fp8 linear: %s (%s) must be contiguous", what,
+                         cai_tensor_describe(t, (char[160]){0}, 160));
+    *out = cai_tensor_2d(t->device, t->data, t->dtype, rows, cols);
+    return CAI_OK;
+}
+
+static cai_status cast(const cai_fp8_layer *l, cai_fp8_site site, int operand, uint8_t *q, uint8_t *qt,
+                       const cai_tensor *x2) {
+    cai_fp8_t *f = l->f;
+    cai_tensor meta = meta_of(l, site, operand), Q, QT;
+    int64_t R = x2->shape[0], C = x2->shape[1];
+    if (q) Q = cai_tensor_2d(f->dev, q, CAI_DTYPE_U8, R, C);
+    if (qt) QT = cai_tensor_2d(f->dev, qt, CAI_DTYPE_U8, C, R);
+    return f->dev->ops->fp8_cast(f->dev, q ? &Q : NULL, qt ? &QT : NULL, x2, &meta, fmt_of(f, operand),
+                                 f->cfg.recipe == CAI_FP8_CURRENT, f->cfg.margin);
+}
+
+static cai_status gemm(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *c, const uint8_t *a, int a_op,
+                       const uint8_t *b, int b_op, int64_t M, int64_t N, int64_t K, float beta) {
+    cai_fp8_t *f = l->f;
+    cai_tensor A = cai_tensor_2d(f->dev, (void *)a, CAI_DTYPE_U8, M, K),
+               B = cai_tensor_2d(f->dev, (void *)b, CAI_DTYPE_U8, N, K), am = meta_of(l, site, a_op),
+               bm = meta_of(l, site, b_op);
+    return f->dev->ops->fp8_gemm(f->dev, c, &A, fmt_of(f, a_op), &am, &B, fmt_of(f, b_op), &bm, beta, f->ws,
+                                 f->ws_bytes);
+}
+
+static cai_status check_site(const cai_fp8_layer *l, cai_fp8_site site, int64_t rows, int64_t ic, int64_t oc) {
+    CAI_CHECK_ARG(cai_fp8_at(l, site), "fp8 linear: site %d does not run in FP8", (int)site);
+    const cai_fp8_t *f = l->f;
+    if (rows > f->rows || ic * oc > f->widths[site][0] * f->widths[site][1] || ic > f->widths[site][0] ||
+        oc > f->widths[site][1])
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "fp8 linear: [%" PRId64 " rows, %" PRId64 " -> %" PRId64
+                         "] exceeds what the FP8 state of "
+                         "site %d was sized for (%" PRId64 " rows, %" PRId64 " -> %" PRId64 ")",
+                         rows, ic, oc, (int)site, f->rows, f->widths[site][0], f->widths[site][1]);
+    return CAI_OK;
+}
+
+cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *out, const cai_tensor *inp,
+                              const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual) {
+    CAI_CHECK_ARG(l && out && inp && weight, "cai_fp8_linear_fwd: NULL argument");
+    cai_fp8_t *f = l->f;
+    cai_device_t *dev = f->dev;
+    cai_tensor x, w, y;
+    CAI_CALL(as_2d("inp", inp, &x));
+    CAI_CALL(as_2d("weight", weight, &w));
+    CAI_CALL(as_2d("out", out, &y));
+    const int64_t N = x.shape[0], IC = x.shape[1], OC = w.shape[0];
+    CAI_CALL(check_site(l, site, N, IC, OC));
+    CAI_CALL(cast(l, site, CAI_FP8_OP_X, f->buf[0], NULL, &x));
+    CAI_CALL(cast(l, site, CAI_FP8_OP_W, f->buf[1], NULL, &w));
+    if (residual && residual->data != out->data) CAI_CALL(dev->ops->copy(dev, out, residual));
+    CAI_CALL(gemm(l, site, &y, f->buf[0], CAI_FP8_OP_X, f->buf[1], CAI_FP8_OP_W, N, OC, IC, residual ? 1.0f : 0.0f));
+    if (bias) CAI_CALL(dev->ops->bias_add(dev, &y, bias));
+    return CAI_OK;
+}
+
+cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dinp, cai_tensor *dweight,
+                              cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
+                              const cai_tensor *weight, int accum_dinp) {
+    CAI_CHECK_ARG(l && dout && weight && (!dweight || inp), "cai_fp8_linear_bwd: NULL argument");
+    cai_fp8_t *f = l->f;
+    cai_device_t *dev = f->dev;
+    cai_tensor dy, w, x, dx, dw;
+    CAI_CALL(as_2d("dout", dout, &dy));
+    CAI_CALL(as_2d("weight", weight, &w));
+    const int64_t N = dy.shape[0], OC = w.shape[0], IC = w.shape[1];
+    CAI_CALL(check_site(l, site, N, IC, OC));
+    if (dinp || dweight) CAI_CALL(cast(l, site, CAI_FP8_OP_G, f->buf[0], dweight ? f->buf[1] : NULL, &dy));
+    if (dinp) {
+        CAI_CALL(as_2d("dinp", dinp, &dx));
+        CAI_CALL(cast(l, site, CAI_FP8_OP_W, NULL, f->buf[2], &w));
+        CAI_CALL(
+            gemm(l, site, &dx, f->buf[0], CAI_FP8_OP_G, f->buf[2], CAI_FP8_OP_W, N, IC, OC, accum_dinp ? 1.0f : 0.0f));
+    }
+    if (dweight) {
+        CAI_CALL(as_2d("inp", inp, &x));
+        CAI_CALL(as_2d("dweight", dweight, &dw));
+        CAI_CALL(cast(l, site, CAI_FP8_OP_X, NULL, f->buf[3], &x));
+        CAI_CALL(gemm(l, site, &dw, f->buf[1], CAI_FP8_OP_G, f->buf[3], CAI_FP8_OP_X, OC, IC, N, 1.0f));
+    }
+    if (dbias) CAI_CALL(dev->ops->bias_grad(dev, dbias, dout));
+    return CAI_OK;
+}
+
+cai_status cai_fp8_step(cai_fp8_t *f) {
+    CAI_CHECK_ARG(f, "cai_fp8_step: NULL state");
+    cai_device_t *dev = f->dev;
+    const size_t bytes = f->n_state * sizeof(float);
+    CAI_CALL(cai_device_copy(dev, f->state_host, f->state_dev, bytes,
+                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    if (f->mesh && cai_mesh_size(f->mesh, CAI_AXIS_WORLD) > 1)
+        CAI_CALL(cai_allreduce(f->mesh, CAI_AXIS_WORLD, f->state_host, f->state_host, f->n_state, CAI_DTYPE_F32,
+                               CAI_RED_MAX));
+    for (size_t i = 0; i < f->n_state / f->meta_len; i++) {
+        int operand = (int)(i % CAI_FP8_OPERANDS);
+        cai_fp8_meta_update(f->state_host + i * f->meta_len, f->cfg.amax_history, fmt_of(f, operand), f->cfg.amax_algo,
+                            f->cfg.margin);
+    }
+    return cai_device_copy(dev, f->state_dev, f->state_host, bytes,
+                           dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D);
+}
+
+const float *cai_fp8_state(const cai_fp8_t *f, size_t *n) {
+    if (n) *n = f ? f->n_state : 0;
+    return f ? f->state_host : NULL;
+}
+
+cai_status cai_fp8_set_state(cai_fp8_t *f, const float *state, size_t n) {
+    CAI_CHECK_ARG(f && state, "cai_fp8_set_state: NULL argument");
+    if (n != f->n_state)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "fp8 state: %zu values, this model's is %zu (%d blocks x %d linears x 3 tensors x (2 + "
+                         "amax_history %d)); was it saved with another fp8.amax_history or model?",
+                         n, f->n_state, f->n_layers, CAI_FP8_SITE_COUNT, f->cfg.amax_history);
+    if (state != f->state_host) memcpy(f->state_host, state, n * sizeof(float));
+    cai_device_t *dev = f->dev;
+    CAI_CALL(cai_device_copy(dev, f->state_dev, f->state_host, n * sizeof(float),
+                             dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
+    return cai_device_sync(dev);
+}
