@@ -14,7 +14,7 @@
 # late from its sleep or from a receive's wait stretches a step. The padding
 # itself is checked: the forwards average at least the target, the
 # backwards twice it, and the count of computes that outlasted the target
-# is reported. Nothing here waits on wall time: every run ends by itself.
+# is reported, and a bad value refused. Nothing here waits on wall time: every run ends by itself.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
 $MPIEXEC -n 1 "$top_builddir/apps/colossal-check" --info 2>/dev/null | grep -Eq '^  test hooks +compiled in' || {
@@ -45,6 +45,14 @@ assert o["forward_s"] >= target and o["backward_s"] >= 2 * target, o
 assert abs(ratio - 1) <= 0.25, ratio
 PY
 }
+
+# a value out of range is refused at the first step, naming the variable and its range
+CAI_PP_EQUAL_COMPUTE_US=-5
+# shellcheck disable=SC2086
+run_np 2 $TINY $ARGS --train.steps 2 --train.grad_accum 2 --mesh.pp 2 --run.dir "$TMP/bad"
+CAI_PP_EQUAL_COMPUTE_US=10000
+expect_rc 2
+expect_grep err "environment variable CAI_PP_EQUAL_COMPUTE_US='-5': expected an integer in \\[0, 10000000\\]"
 
 for run in "2 1f1b 2" "2 interleaved 4" "4 1f1b 4"; do
     set -- $run
