@@ -55,6 +55,7 @@ expect_rc 2
 expect_grep err "environment variable CAI_PP_EQUAL_COMPUTE_US='-5': expected an integer in \\[0, 10000000\\]"
 
 for run in "2 1f1b 2" "2 interleaved 4" "4 1f1b 4"; do
+    # shellcheck disable=SC2086 # the words of one run
     set -- $run
     pp=$1 sched=$2 layers=$3
     # shellcheck disable=SC2086
