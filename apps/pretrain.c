@@ -382,6 +382,7 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .pp_inflight = j->pp.slots,
                               .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
                               .pp_split = c->pp > 1 && tc_pp_split_backward(&j->pp)};
+    if (c->pp > 1) CAI_CALL(cai_pipeline_boundaries_shared(cai_run_mesh(run), cai_run_device(run), &q.pp_shared));
     if (sp_sharded(c)) {
         const cai_sp_attn_shape s = sp_shape(c, resolved);
         CAI_CALL(sp_kind(c) == CAI_SP_RING ? cai_ring_attn_workspace_bytes(cai_run_device(run), &s, &q.seq_attn_bytes)

@@ -432,11 +432,20 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
     r.dev = q->dev;
     r.pp_microbatches = e->pp > 1 ? e->microbatches : 0;
     r.pp_split = e->pp > 1 && (e->style == CAI_PP_ZB_H1 || e->style == CAI_PP_ZB_V);
+    /* the executor's choice (cai_pipeline_boundaries_shared) for a job on one node */
+    const char *transport = NULL;
+    CAI_CALL_GOTO(cai_knob_str("CAI_PP_HOST_TRANSPORT", &transport), st, done);
+    r.pp_shared = e->pp > 1 && q->dev && q->dev->kind == CAI_DEVICE_HOST && q->ranks_per_node >= q->np &&
+                  strcmp(transport, "shm") == 0;
     double elems = 0;
     e->bytes = 0;
     /* The first and the last pipeline rank: a middle one holds as many
-     * layers as they do, no embedding or head, and no more in flight. */
-    for (int rank = 0; rank<e->pp; rank += e->pp> 2 ? e->pp - 1 : 1) {
+     * layers as they do, no embedding or head, and no more in flight; over
+     * MPI messages it keeps four boundary buffers per microbatch where they
+     * keep two, so the second rank is planned too. */
+    const int ranks[3] = {0, e->pp - 1, 1}, n_ranks = e->pp == 1 ? 1 : e->pp == 2 || r.pp_shared ? 2 : 3;
+    for (int ri = 0; ri < n_ranks; ri++) {
+        const int rank = ranks[ri];
         r.view = cai_rank_view_single();
         r.view.tp_size = e->tp;
         r.view.pp_size = e->pp;

@@ -197,22 +197,23 @@ static cai_status ensure_bufs(cai_pipeline_t *p, int n) {
 }
 
 /* Host pipelines use node-shared boundaries when the knob asks for them
- * and every pp rank shares one node (agreed by a probe allocation).
- * Collective over the pp axis. */
-static cai_status setup_shm(cai_pipeline_t *p) {
+ * and every pp rank shares one node (agreed by a probe allocation). */
+cai_status cai_pipeline_boundaries_shared(cai_mesh_t *mesh, const cai_device_t *dev, int *shared) {
+    CAI_CHECK_ARG(mesh && dev && shared, "cai_pipeline_boundaries_shared: NULL argument");
+    *shared = 0;
     const char *mode = NULL;
     CAI_CALL(cai_knob_str("CAI_PP_HOST_TRANSPORT", &mode));
     /* the knob is the same on every rank; the device kind is too */
-    if (!p->prepost || strcmp(mode, "shm") != 0) return CAI_OK;
+    if (dev->kind != CAI_DEVICE_HOST || strcmp(mode, "shm") != 0) return CAI_OK;
     cai_shared_mem_t *probe = NULL;
-    cai_status st = cai_shared_mem_create(p->mesh, CAI_AXIS_PP, 64, &probe);
+    cai_status st = cai_shared_mem_create(mesh, CAI_AXIS_PP, 64, &probe);
     if (st == CAI_ERR_UNSUPPORTED) {
         cai_error_clear();
         return CAI_OK;
     }
     CAI_CALL(st);
     cai_shared_mem_free(probe);
-    p->shm = 1;
+    *shared = 1;
     return CAI_OK;
 }
 
@@ -348,7 +349,7 @@ cai_status cai_pipeline_create(cai_pipeline_t **out, cai_mesh_t *mesh, cai_model
      * receive first would block the sends behind them, so only MPI's
      * host messages are preposted and progressed from the hook */
     p->prepost = p->dev->kind == CAI_DEVICE_HOST;
-    CAI_CALL_GOTO(setup_shm(p), st, fail);
+    CAI_CALL_GOTO(cai_pipeline_boundaries_shared(mesh, p->dev, &p->shm), st, fail);
     CAI_CALL_GOTO(setup_polling(p), st, fail);
     CAI_CALL_GOTO(cai_model_add_hook(m, progress_hook, p), st, fail);
     *out = p;
@@ -993,6 +994,21 @@ const char *cai_pipeline_transport(const cai_pipeline_t *p) {
     if (!p) return "?";
     if (p->shm) return "node-shared memory";
     return p->dev->kind == CAI_DEVICE_HOST ? "MPI messages" : "device point-to-point";
+}
+
+size_t cai_pipeline_boundary_bytes(const cai_pipeline_t *p) {
+    if (!p) return 0;
+    size_t bytes = p->shm ? 2 * (size_t)p->mb_cap * p->win_stride : 0;
+    for (int i = 0; i < p->mb_cap; i++)
+        if (!p->shm)
+            bytes += p->act_bytes * (size_t)(!!p->mb[i].in + !!p->mb[i].out + !!p->mb[i].dout + !!p->mb[i].din);
+    for (int t = 0; t < p->n_ties; t++) {
+        cai_param_shard sa;
+        if (cai_registry_shard(cai_model_registry(p->model), p->tie[t].index, cai_model_view(p->model), &sa) ==
+            CAI_OK)
+            bytes += 2 * (size_t)sa.local_numel * sizeof(float);
+    }
+    return bytes;
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "colossal/schedule.h"
 #include "zero_internal.h"
 
 /* The model's activation arena for one rank (model.c carves it) with
@@ -106,22 +107,31 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     out->acts_recompute += req->seq_attn_bytes;
     out->acts = c.activation_checkpointing ? out->acts_recompute : out->acts_full;
     if (req->view.pp_size > 1 && req->pp_microbatches > 0) {
-        /* The executor's boundary buffers: per (microbatch, chunk) an input and
-         * its gradient unless the chunk is the first stage, an output and its
-         * gradient unless it is the last. */
+        /* The executor's boundary buffers. Over MPI, per (microbatch, chunk),
+         * an input and its gradient unless the chunk is the first stage, an
+         * output and its gradient unless it is the last. Over node-shared
+         * memory only the received ones exist: the window lays out an input
+         * and an output gradient for every (microbatch, chunk) alike, each
+         * 64-byte aligned (the peers copy straight into them). */
         const int S = req->view.pp_size * v;
         const size_t tokens = (size_t)req->batch * (size_t)req->seq_len /
                               (size_t)(req->seq_parallel && req->view.tp_size > 1 ? req->view.tp_size : 1);
         const size_t one = tokens * (size_t)c.d_model * act;
+        /* the style only places the chunks here: zb-v's in a V, else round the ranks */
+        const cai_pp_spec place = {.pp = req->view.pp_size,
+                                   .virtual_stages = v,
+                                   .style = req->view.pp_vshape ? CAI_PP_ZB_V : CAI_PP_INTERLEAVED};
         size_t per_mb = 0;
         for (int k = 0; k < v; k++) {
-            const int stage = k * req->view.pp_size + req->view.pp_rank;
-            per_mb += (stage > 0 ? 2 : 0) * one + (stage < S - 1 ? 2 : 0) * one;
+            const int stage = cai_pp_stage_of(&place, req->view.pp_rank, k);
+            per_mb +=
+                req->pp_shared ? 2 * ((one + 63) / 64 * 64) : (stage > 0 ? 2 : 0) * one + (stage < S - 1 ? 2 : 0) * one;
         }
         out->pipe = per_mb * (size_t)req->pp_microbatches;
-        /* A tied embedding and head on two ranks: the executor keeps the
-         * peer's gradient and copies its own for the exchange. */
-        if (c.tie_embeddings && (first || last)) {
+        /* A tied embedding and head split over two ranks: the executor keeps
+         * the peer's gradient and copies its own for the exchange (a rank
+         * holding both, zb-v's first, exchanges nothing). */
+        if (c.tie_embeddings && first != last) {
             const int tp = req->view.tp_size > 1 ? req->view.tp_size : 1;
             out->pipe += 2 * (size_t)((cai_model_config_padded_vocab(&c) + tp - 1) / tp) * (size_t)c.d_model * f4;
         }

@@ -149,6 +149,26 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
             goto done;
         }
     }
+    /* the boundary buffers the executor holds are the memory plan's (a
+     * difference is reported after the collectives below, which every
+     * rank of the group must reach) */
+    int shared = 0;
+    CAI_CALL_GOTO(cai_pipeline_boundaries_shared(mesh, dev, &shared), st, done);
+    cai_mem_plan_request pq = {.model = c,
+                               .batch = B,
+                               .seq_len = T,
+                               .view = mo.view,
+                               .dp = dp,
+                               .zero = zc,
+                               .dev = dev,
+                               .pp_inflight = mo.act_slots,
+                               .pp_microbatches = micro,
+                               .pp_shared = shared,
+                               .pp_split = mo.split_backward};
+    cai_mem_plan plan;
+    CAI_CALL_GOTO(cai_mem_plan_compute(&pq, &plan), st, done);
+    const size_t held = cai_pipeline_boundary_bytes(pipe);
+    const int plan_ok = plan.pipe == held && shared == !strcmp(cai_pipeline_transport(pipe), "node-shared memory");
     /* the last step's measured timeline against the schedule's prediction */
     double measured = -1, predicted = -1, formula = 0;
     double at_costs = -1;
@@ -228,6 +248,9 @@ static cai_status run_pp(MPI_Comm comm, const eq_row *row, int dp, int tp, cai_p
         }
         (void)me;
     }
+    if (!plan_ok)
+        st = CAI_ERROR(CAI_ERR_INTERNAL, "boundary buffers over %s: %zu bytes planned, %zu held",
+                       cai_pipeline_transport(pipe), plan.pipe, held);
 done:
     free(full);
     free(mine);
@@ -377,6 +400,50 @@ START_TEST(pp_matrix_matches_single_rank) {
 }
 END_TEST
 
+/* Over MPI messages (CAI_PP_HOST_TRANSPORT=mpi) a middle stage holds four
+ * boundary buffers per microbatch, node-shared memory two on every stage
+ * (the matrix above): run_pp holds the executor's bytes to the memory
+ * plan's either way, and the numbers to one rank's. */
+START_TEST(boundaries_over_mpi_are_planned) {
+    if (g_world_size != 4) return;
+    const pp_layout rows[] = {{4, 1, 1, CAI_PP_1F1B, 0, -1},
+                              {2, 1, 1, CAI_PP_INTERLEAVED, 0, -1},
+                              {2, 1, 2, CAI_PP_1F1B, 0, -1},
+                              {4, 1, 1, CAI_PP_ZB_V, 0, -1}};
+    CK_CAI(cai_knob_set("CAI_PP_HOST_TRANSPORT", "mpi"));
+    eq_result ref[2];
+    for (int d = 0; d < 2; d++) {
+        eq_row r = make_row(CAI_MODEL_GPT2);
+        r.layers = LAYERS << d;
+        CK_CAI(eq_run_reference(&r, &ref[d]));
+    }
+    int bad = 0;
+    for (size_t l = 0; l < sizeof rows / sizeof rows[0]; l++) {
+        const pp_layout *L = &rows[l];
+        const int deep = L->pp * cai_pp_style_default_virtual(L->style) > LAYERS;
+        eq_row r = make_row(CAI_MODEL_GPT2);
+        r.layers = LAYERS << deep;
+        MPI_Comm group;
+        const int size = L->pp * L->dp * L->tp;
+        MPI_Comm_split(MPI_COMM_WORLD, g_world_rank / size, g_world_rank, &group);
+        pp_out got;
+        cai_status st = run_pp(group, &r, L->dp, L->tp, L->style, L->slots, L->zero, &ref[deep], &got);
+        MPI_Comm_free(&group);
+        if (g_world_rank % size == 0 || st != CAI_OK)
+            printf("[rank %d] MPI boundaries, pp=%d tp=%d %s: %s%s\n", g_world_rank, L->pp, L->tp,
+                   cai_pp_style_name(L->style),
+                   st == CAI_OK ? "ok" : "FAIL: ", st == CAI_OK ? "" : cai_error_message());
+        if (st != CAI_OK) cai_error_clear();
+        bad += st != CAI_OK;
+    }
+    CK_CAI(cai_knob_set("CAI_PP_HOST_TRANSPORT", NULL));
+    for (int d = 0; d < 2; d++) eq_result_free(&ref[d]);
+    int all_bad = 0;
+    MPI_Allreduce(&bad, &all_bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    ck_assert_msg(all_bad == 0, "%d rows over MPI boundaries failed", all_bad);
+}
+END_TEST
+
 /* What the executor does not run is refused before any step, by name. */
 START_TEST(unsupported_layouts_are_refused) {
     if (g_world_size != 4) return; /* the 8-rank launch runs the full matrix only */
@@ -451,6 +518,7 @@ START_TEST(unsupported_layouts_are_refused) {
 END_TEST
 
 int main(int argc, char **argv) {
-    const TTest *tests[] = {pp_matrix_matches_single_rank, unsupported_layouts_are_refused};
+    const TTest *tests[] = {pp_matrix_matches_single_rank, boundaries_over_mpi_are_planned,
+                            unsupported_layouts_are_refused};
     return test_mpi_main(argc, argv, "pp", tests, TEST_COUNT(tests));
 }

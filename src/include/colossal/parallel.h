@@ -263,6 +263,9 @@ typedef struct {
                               * chunk forwards, cai_pp_stats / cai_pp_schedule_peak_inflight); 0 means 1 */
     int pp_microbatches;     /* view.pp_size > 1: microbatches a step, for the executor's boundary
                               * buffers (one set per microbatch and chunk); 0: not counted */
+    int pp_shared;           /* 1: the executor's boundaries go through node-shared memory
+                              * (cai_pipeline_boundaries_shared), which holds only the received
+                              * buffers; 0: MPI messages or the device's point-to-point */
     int pp_split;            /* 1: the model keeps a split backward's output gradients in each
                               * activation set (cai_model_options.split_backward; zb-h1) */
     size_t seq_attn_bytes;   /* a sequence sharded over sp: the ring / Ulysses attention workspace
@@ -493,6 +496,15 @@ int cai_pipeline_traced_steps(const cai_pipeline_t *p);
  * this node, CAI_PP_HOST_TRANSPORT=shm), "MPI messages" or "device
  * point-to-point". */
 const char *cai_pipeline_transport(const cai_pipeline_t *p);
+/* 1 in *shared where a pipeline over this mesh's pp axis takes its boundaries
+ * through node-shared memory (host device, CAI_PP_HOST_TRANSPORT=shm, every
+ * pp rank on one node): what cai_pipeline_create decides, asked before it
+ * (the memory plan's pp_shared). Collective over CAI_AXIS_PP. */
+cai_status cai_pipeline_boundaries_shared(cai_mesh_t *mesh, const cai_device_t *dev, int *shared);
+/* Bytes this rank's executor holds for stage boundaries (after a step of
+ * the most microbatches) and for the tied gradients' exchange: what the
+ * memory plan's pipe counts (cai_mem_plan_request.pp_microbatches). */
+size_t cai_pipeline_boundary_bytes(const cai_pipeline_t *p);
 /* The most (microbatch, chunk) forwards whose backward (split: weight pass) is still to run on
  * pipeline rank `rank` under `spec`: the activation slots that spare it any
  * recompute. Not collective. */
