@@ -7,6 +7,7 @@ apps_colossal_pretrain_LDADD = $(APP_LDADD) -lm
 # End-to-end tests (shell, run under $(MPIEXEC)).
 PRETRAIN_APP_TESTS = \
 	tests/apps/pretrain_loss.sh \
+	tests/apps/pretrain_fp8.sh \
 	tests/apps/pretrain_dp_equiv.sh \
 	tests/apps/pretrain_tp.sh \
 	tests/apps/pretrain_sp.sh \

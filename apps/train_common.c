@@ -71,6 +71,21 @@ cai_status tc_engine_create(tc_engine *e, cai_run_t *run, const tc_options *o, i
     e->zc = tc_zero_config(o);
     cai_zero_model_options(&e->zc, mo);
     CAI_CALL(cai_model_create(&e->model, cai_run_device(run), resolved, mo));
+    if (o->fp8) {
+        cai_fp8_config f = cai_fp8_config_default();
+        f.enabled = 1;
+        f.hybrid = o->fp8_format == 1;
+        f.recipe = (cai_fp8_recipe_kind)o->fp8_recipe;
+        f.amax_algo = (cai_fp8_amax_algo)o->fp8_amax_algo;
+        f.amax_history = o->fp8_history;
+        f.margin = o->fp8_margin;
+        snprintf(f.layers, sizeof f.layers, "%s", o->fp8_layers ? o->fp8_layers : "auto");
+        CAI_CALL(cai_model_set_fp8(e->model, &f, cai_run_mesh(run)));
+        if (cai_run_rank(run) == 0)
+            printf("fp8: blocks '%s' of %d in FP8 (%s, %s recipe, amax %s over %d steps, margin %d)\n", f.layers,
+                   resolved->n_layers, cai_fp8_format_names[f.hybrid], cai_fp8_recipe_names[f.recipe],
+                   cai_fp8_amax_algo_names[f.amax_algo], f.amax_history, f.margin);
+    }
     /* before the engine: stage 0 keeps (and offload copies) the model's weights as they are now */
     if (init) CAI_CALL(init(init_ctx, run, e->model));
     e->oc = tc_optim_config(o, steps);
@@ -119,11 +134,29 @@ cai_status tc_engine_save(tc_engine *e, cai_run_t *run, cai_ckpt_meta *m, const 
         m->loss_scale_hysteresis_left = e->scaler.hysteresis_left;
         m->loss_scale_overflows = e->scaler.overflows;
     }
-    return cai_ckpt_save_step_zero(cai_run_mesh(run), dir, keep, e->zero, e->optim, &e->oc, m, path, cap, st);
+    /* the FP8 scaling state rides along; it stays the model's */
+    size_t n = 0;
+    if (cai_model_fp8(e->model)) CAI_CALL(cai_fp8_gather_state(cai_model_fp8(e->model)));
+    const float *fp8 = cai_fp8_state(cai_model_fp8(e->model), &n);
+    m->fp8_state = (float *)fp8;
+    m->fp8_state_len = n;
+    cai_status s = cai_ckpt_save_step_zero(cai_run_mesh(run), dir, keep, e->zero, e->optim, &e->oc, m, path, cap, st);
+    m->fp8_state = NULL;
+    m->fp8_state_len = 0;
+    return s;
 }
 
 cai_status tc_engine_load(tc_engine *e, cai_run_t *run, const char *path, cai_ckpt_meta *m, cai_ckpt_stats *st) {
     CAI_CALL(cai_ckpt_load_zero(cai_run_mesh(run), path, e->zero, e->optim, m, st));
+    cai_fp8_t *fp8 = cai_model_fp8(e->model);
+    cai_status fs = CAI_OK;
+    if (fp8 && m->fp8_state) fs = cai_fp8_set_state(fp8, m->fp8_state, m->fp8_state_len);
+    else if (fp8 && cai_run_rank(run) == 0)
+        printf("fp8: %s holds no FP8 scaling state; the scales start afresh\n", path);
+    free(m->fp8_state);
+    m->fp8_state = NULL;
+    m->fp8_state_len = 0;
+    CAI_CALL(fs);
     if (e->scaled) { /* f16: the dynamic loss scale continues where it was */
         e->scaler.scale = (float)m->loss_scale;
         e->scaler.good_steps = (int)m->loss_scale_good_steps;

@@ -25,6 +25,9 @@ typedef struct {
     int zero_stage, zero_offload, zero_overlap, zero_overlap_ctas, zero_reduce_dtype;
     int precision, ls_window, ls_hysteresis;
     double zero_bucket_mb, ls_init, ls_min, ls_max;
+    /* FP8 linear layers (docs/fp8.md) */
+    int fp8, fp8_format, fp8_recipe, fp8_amax_algo, fp8_history, fp8_margin;
+    char *fp8_layers;
 } tc_options;
 
 enum { TC_PRECISION_AUTO = 0, TC_PRECISION_F32, TC_PRECISION_BF16, TC_PRECISION_F16 };
@@ -92,7 +95,25 @@ void tc_fill_choices(void);
         TC_FIELD(type, m, "loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30,      \
                  NULL),                                                                                                \
         TC_FIELD(type, m, "loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30,      \
-                 1e30, NULL)
+                 1e30, NULL),                                                                                          \
+        TC_FIELD(type, m, "fp8.enabled", CAI_CFG_BOOL, fp8, "false",                                                   \
+                 "FP8 matrix products in the linear layers of the blocks fp8.layers selects (docs/fp8.md)", 1.0, 0.0,  \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "fp8.format", CAI_CFG_ENUM, fp8_format, "hybrid",                                            \
+                 "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere", 1.0, 0.0,              \
+                 cai_fp8_format_names),                                                                                \
+        TC_FIELD(type, m, "fp8.recipe", CAI_CFG_ENUM, fp8_recipe, "delayed",                                           \
+                 "delayed: scales from the amax history of earlier steps; current: from each tensor's own amax", 1.0,  \
+                 0.0, cai_fp8_recipe_names),                                                                           \
+        TC_FIELD(type, m, "fp8.amax_algo", CAI_CFG_ENUM, fp8_amax_algo, "max",                                         \
+                 "delayed recipe: the amax a scale comes from, the history's max or its most recent", 1.0, 0.0,        \
+                 cai_fp8_amax_algo_names),                                                                             \
+        TC_FIELD(type, m, "fp8.amax_history", CAI_CFG_INT, fp8_history, "1024", "steps of amax history per tensor", 1, \
+                 65536, NULL),                                                                                         \
+        TC_FIELD(type, m, "fp8.margin", CAI_CFG_INT, fp8_margin, "0", "scale = fp8_max / amax / 2^margin", 0, 64,      \
+                 NULL),                                                                                                \
+        TC_FIELD(type, m, "fp8.layers", CAI_CFG_STRING, fp8_layers, "auto",                                            \
+                 "blocks in FP8: auto (all but the first and last), all, none, or a list like 1-4,7", 1.0, 0.0, NULL)
 
 /* AdamW with its schedule decaying over `steps` unless optim.decay_steps. */
 cai_adamw_config tc_optim_config(const tc_options *o, int64_t steps);

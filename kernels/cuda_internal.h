@@ -51,6 +51,27 @@ typedef struct cai_cuda_impl {
 
 static inline cai_cuda_impl *cai_cuda_of(const cai_device_t *dev) { return (cai_cuda_impl *)dev->impl; }
 
+/* A cuBLASLt call inside a function with `op` (its name), a cai_status
+ * `st` and a cleanup label `done`: a failure sets st and jumps there. */
+#define LT(what, expr)                                                                                     \
+    do {                                                                                                   \
+        cublasStatus_t lt_s_ = (expr);                                                                     \
+        if (lt_s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
+            st = CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed with cuBLAS status %d (%s)", op, what, (int)lt_s_, \
+                           cublasLtGetStatusString(lt_s_));                                                \
+            goto done;                                                                                     \
+        }                                                                                                  \
+    } while (0)
+
+/* The heuristic-answer cache (cuda_matmul.c): the plan of `key`
+ * (CAI_CUDA_PLAN_KEY entries) or NULL; a new plan in the next slot. */
+cai_cuda_plan *cai_cuda_plan_find(cai_cuda_impl *c, const int64_t *key);
+cai_cuda_plan *cai_cuda_plan_add(cai_cuda_impl *c, const int64_t *key, const cublasLtMatmulAlgo_t *algo);
+/* A heuristic preference with the device's workspace and the A, B, C, D
+ * alignments (bytes); *out NULL unless CUBLAS_STATUS_SUCCESS. */
+cublasStatus_t cai_cuda_lt_pref(const cai_cuda_impl *c, uint32_t al_a, uint32_t al_b, uint32_t al_c, uint32_t al_d,
+                                cublasLtMatmulPreference_t *out);
+
 /* Make dev's GPU current for this thread (ops may be called from any thread). */
 cai_status cai_cuda_enter(cai_device_t *dev, const char *op);
 /* Turn a launcher's result into a status naming the op. */
@@ -143,6 +164,16 @@ CUDA_OP(linear_residual_fwd)
  const cai_tensor *residual);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
+
+/* FP8 casts and products (cuda_fp8.c, fp8.cu) */
+CUDA_OP(fp8_cast)
+(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta, cai_fp8_format fmt,
+ int current, int margin);
+size_t cai_cuda_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
+CUDA_OP(fp8_gemm)
+(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
+ const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta, void *workspace,
+ size_t workspace_bytes);
 
 /* norms, activations, RoPE (cuda_pointwise.c) */
 CUDA_OP(layernorm_fwd)

@@ -101,16 +101,6 @@ typedef struct {
     const cmat *Cin;
 } gemm_req;
 
-#define LT(what, expr)                                                                                     \
-    do {                                                                                                   \
-        cublasStatus_t lt_s_ = (expr);                                                                     \
-        if (lt_s_ != CUBLAS_STATUS_SUCCESS) {                                                              \
-            st = CAI_ERROR(CAI_ERR_CUDA, "%s: %s failed with cuBLAS status %d (%s)", op, what, (int)lt_s_, \
-                           cublasLtGetStatusString(lt_s_));                                                \
-            goto done;                                                                                     \
-        }                                                                                                  \
-    } while (0)
-
 static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
     int32_t n = (int32_t)batch;
     if (cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n) !=
@@ -198,6 +188,46 @@ done:
     if (t0) cudaEventDestroy(t0);
     if (t1) cudaEventDestroy(t1);
     return st;
+}
+
+cai_cuda_plan *cai_cuda_plan_find(cai_cuda_impl *c, const int64_t *key) {
+    for (int i = 0; i < CAI_CUDA_PLANS; i++)
+        if (c->plans[i].valid && memcmp(c->plans[i].key, key, CAI_CUDA_PLAN_KEY * sizeof *key) == 0)
+            return &c->plans[i];
+    return NULL;
+}
+
+cai_cuda_plan *cai_cuda_plan_add(cai_cuda_impl *c, const int64_t *key, const cublasLtMatmulAlgo_t *algo) {
+    cai_cuda_plan *plan = &c->plans[c->next_plan];
+    c->next_plan = (c->next_plan + 1) % CAI_CUDA_PLANS;
+    memcpy(plan->key, key, CAI_CUDA_PLAN_KEY * sizeof *key);
+    plan->algo = *algo;
+    plan->valid = 1;
+    return plan;
+}
+
+cublasStatus_t cai_cuda_lt_pref(const cai_cuda_impl *c, uint32_t al_a, uint32_t al_b, uint32_t al_c, uint32_t al_d,
+                                cublasLtMatmulPreference_t *out) {
+    uint64_t ws = c->lt_ws_bytes;
+    cublasLtMatmulPreference_t p = NULL;
+    cublasStatus_t s = cublasLtMatmulPreferenceCreate(&p);
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        const void *v;
+        size_t n;
+    } set[] = {{CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws},
+               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a},
+               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b},
+               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c},
+               {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d}};
+    for (size_t i = 0; s == CUBLAS_STATUS_SUCCESS && i < sizeof set / sizeof set[0]; i++)
+        s = cublasLtMatmulPreferenceSetAttribute(p, set[i].attr, set[i].v, set[i].n);
+    if (s != CUBLAS_STATUS_SUCCESS && p) {
+        cublasLtMatmulPreferenceDestroy(p);
+        p = NULL;
+    }
+    *out = p;
+    return s;
 }
 
 /* One cuBLASLt call. *no_algo is set (and CAI_OK returned) when cuBLASLt has
@@ -289,22 +319,9 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
                                       g->Cin ? Ci->ld : 0,
                                       g->Cin ? sci : 0,
                                       g->Cin ? (int64_t)al_ci : 0};
-    cai_cuda_plan *plan = NULL;
-    for (int i = 0; i < CAI_CUDA_PLANS; i++)
-        if (c->plans[i].valid && memcmp(c->plans[i].key, key, sizeof key) == 0) plan = &c->plans[i];
+    cai_cuda_plan *plan = cai_cuda_plan_find(c, key);
     if (!plan) {
-        uint64_t ws = c->lt_ws_bytes;
-        LT("cublasLtMatmulPreferenceCreate", cublasLtMatmulPreferenceCreate(&pref));
-        LT("set MAX_WORKSPACE_BYTES",
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        LT("set MIN_ALIGNMENT_A",
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-        LT("set MIN_ALIGNMENT_B",
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-        LT("set MIN_ALIGNMENT_C", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                                       &al_ci, sizeof al_ci));
-        LT("set MIN_ALIGNMENT_D",
-           cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+        LT("cublasLtMatmulPreference", cai_cuda_lt_pref(c, al_a, al_b, al_ci, al_c, &pref));
         cublasLtMatmulHeuristicResult_t res[16];
         int nres = 0, best = 0;
         memset(res, 0, sizeof res);
@@ -315,11 +332,7 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
             goto done;
         }
         CAI_CALL_GOTO(autotune(dev, op, g, desc, la, lb, lc_in, lc, res, nres, sc, &best), st, done);
-        plan = &c->plans[c->next_plan];
-        c->next_plan = (c->next_plan + 1) % CAI_CUDA_PLANS;
-        memcpy(plan->key, key, sizeof key);
-        plan->algo = res[best].algo;
-        plan->valid = 1;
+        plan = cai_cuda_plan_add(c, key, &res[best].algo);
     }
     cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, Ci->data, lc_in,
                                        C->data, lc, &plan->algo, c->lt_ws, c->lt_ws_bytes, c->stream);

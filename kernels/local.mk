@@ -21,6 +21,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/attention_cudnn.cu \
 	%reldir%/embed.cu \
 	%reldir%/gemv.cu \
+	%reldir%/fp8.cu \
 	%reldir%/paged.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
@@ -35,6 +36,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cuda_attention.c \
 	%reldir%/cuda_embed.c \
 	%reldir%/cuda_paged.c \
+	%reldir%/cuda_fp8.c \
 	%reldir%/cuda_graph.c
 
 CAI_CUDA_LOBJS = \
@@ -46,6 +48,7 @@ CAI_CUDA_LOBJS = \
 	%reldir%/attention_cudnn.lo \
 	%reldir%/embed.lo \
 	%reldir%/gemv.lo \
+	%reldir%/fp8.lo \
 	%reldir%/paged.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++

@@ -38,6 +38,9 @@ void cai_ckpt_meta_free(cai_ckpt_meta *meta) {
     if (!meta) return;
     free(meta->config_text);
     meta->config_text = NULL;
+    free(meta->fp8_state);
+    meta->fp8_state = NULL;
+    meta->fp8_state_len = 0;
 }
 
 cai_ckpt_layout ck_model_layout(cai_model_t *model) {
@@ -196,6 +199,7 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
         CAI_CALL(ck_h5_attr_i64(h, r, "optim.step", m->optim_step > 0 ? m->optim_step : m->step));
     }
     if (m->config_text) CAI_CALL(ck_h5_text_write(h, CK_CONFIG_DATASET, m->config_text));
+    if (m->fp8_state) CAI_CALL(ck_h5_f32_write(h, CK_FP8_DATASET, m->fp8_state, m->fp8_state_len));
     return CAI_OK;
 }
 
@@ -420,6 +424,7 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
     CAI_CALL(check_groups(h));
     int found_text = 0;
     CAI_CALL(ck_h5_text_read(h, CK_CONFIG_DATASET, &m->config_text, &found_text));
+    CAI_CALL(ck_h5_f32_read(h, CK_FP8_DATASET, &m->fp8_state, &m->fp8_state_len));
     return CAI_OK;
 }
 

@@ -93,7 +93,9 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
         st = l.failed ? CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': listing its objects", f->h.path)
                       : CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot list its objects", f->h.path);
     for (int i = 0; st == CAI_OK && i < l.n; i++) {
-        if (strcmp(l.names[i], CK_CONFIG_DATASET) == 0 || strncmp(l.names[i], "storage/", 8) == 0) continue;
+        if (strcmp(l.names[i], CK_CONFIG_DATASET) == 0 || strcmp(l.names[i], CK_FP8_DATASET) == 0 ||
+            strncmp(l.names[i], "storage/", 8) == 0)
+            continue;
         hid_t o = H5Oopen(f->h.file, l.names[i], H5P_DEFAULT);
         if (o < 0) {
             st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot open %s", f->h.path, l.names[i]);

@@ -213,6 +213,10 @@ cai_status ck_h5_get_str(ck_h5 *h, hid_t obj, const char *name, char *buf, size_
 /* A string dataset (the config text): write / read (malloc'd). */
 cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text);
 cai_status ck_h5_text_read(ck_h5 *h, const char *name, char **out, int *found);
+/* A 1-D F32 dataset outside the tensor groups (the FP8 scaling state):
+ * rank 0 writes; read gives a malloc'd copy (*out NULL, *n 0: absent). */
+cai_status ck_h5_f32_write(ck_h5 *h, const char *name, const float *v, size_t n);
+cai_status ck_h5_f32_read(ck_h5 *h, const char *name, float **out, size_t *n);
 
 /* Transfer counters and time, accumulated by ck_h5_transfer. */
 typedef struct {
@@ -275,6 +279,7 @@ cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *
  * and version (checkpoint.c). Collective. */
 cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m);
 #define CK_CONFIG_DATASET "config.yaml"
+#define CK_FP8_DATASET "fp8_state"
 
 /* cai_ckpt_open of a file's bytes held in memory, for one process: every
  * check and the whole metadata walk of cai_ckpt_open, without a file on

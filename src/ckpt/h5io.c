@@ -597,19 +597,20 @@ cai_status ck_h5_get_str(ck_h5 *h, hid_t obj, const char *name, char *buf, size_
 
 /* ------------------------------------------------------------ text datasets */
 
-cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text) {
-    size_t len = strlen(text) + 1;
-    hid_t t = str_type(len), space = H5Screate(H5S_SCALAR), dxpl = H5Pcreate(H5P_DATASET_XFER);
+/* A dataset `name` of file type ft over `space` written from buf (memory
+ * type mt) by rank 0; the others take part with empty selections. Takes
+ * ownership of space (closed here). */
+static cai_status write_rank0(ck_h5 *h, const char *name, hid_t ft, hid_t mt, hid_t space, const void *buf) {
+    hid_t dxpl = H5Pcreate(H5P_DATASET_XFER);
     hid_t ds = -1, fsel = -1, msel = -1;
     herr_t rc = -1;
-    if (t >= 0 && space >= 0 && dxpl >= 0 && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0)
-        ds = H5Dcreate2(h->file, name, t, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (ft >= 0 && space >= 0 && dxpl >= 0 && H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE) >= 0)
+        ds = H5Dcreate2(h->file, name, ft, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (ds >= 0) {
-        /* One writer; the others take part with empty selections. */
         fsel = H5Scopy(space);
         msel = H5Scopy(space);
         if (fsel >= 0 && msel >= 0 && (h->rank == 0 || (H5Sselect_none(fsel) >= 0 && H5Sselect_none(msel) >= 0)))
-            rc = H5Dwrite(ds, t, msel, fsel, dxpl, text);
+            rc = H5Dwrite(ds, mt, msel, fsel, dxpl, buf);
     }
     if (rc < 0) ck_h5_capture();
     if (msel >= 0) H5Sclose(msel);
@@ -617,9 +618,15 @@ cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text) {
     if (ds >= 0) H5Dclose(ds);
     if (dxpl >= 0) H5Pclose(dxpl);
     if (space >= 0) H5Sclose(space);
-    if (t >= 0) H5Tclose(t);
     if (rc < 0) return CK_H5ERR(CAI_ERR_HDF5, "checkpoint '%s': cannot write %s", h->path, name);
     return CAI_OK;
+}
+
+cai_status ck_h5_text_write(ck_h5 *h, const char *name, const char *text) {
+    hid_t t = str_type(strlen(text) + 1);
+    cai_status st = write_rank0(h, name, t, t, H5Screate(H5S_SCALAR), text);
+    if (t >= 0) H5Tclose(t);
+    return st;
 }
 
 cai_status ck_h5_text_read(ck_h5 *h, const char *name, char **out, int *found) {
@@ -654,6 +661,43 @@ cai_status ck_h5_text_read(ck_h5 *h, const char *name, char **out, int *found) {
         }
     }
     if (t >= 0) H5Tclose(t);
+    if (ds >= 0) H5Dclose(ds);
+    return st;
+}
+
+/* ------------------------------------------------------------ small f32 arrays */
+
+cai_status ck_h5_f32_write(ck_h5 *h, const char *name, const float *v, size_t n) {
+    hsize_t dims[1] = {(hsize_t)n};
+    return write_rank0(h, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, H5Screate_simple(1, dims, NULL), v);
+}
+
+cai_status ck_h5_f32_read(ck_h5 *h, const char *name, float **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    htri_t ex = H5Lexists(h->file, name, H5P_DEFAULT);
+    if (ex < 0) return CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot look up %s", h->path, name);
+    if (ex == 0) return CAI_OK;
+    hid_t ds = H5Dopen2(h->file, name, H5P_DEFAULT), space = ds < 0 ? -1 : H5Dget_space(ds);
+    cai_status st = CAI_OK;
+    hsize_t dims[1] = {0};
+    if (space < 0 || H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, dims, NULL) < 0) {
+        ck_h5_capture();
+        st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': %s is not a 1-D array", h->path, name);
+    } else {
+        float *buf = malloc(dims[0] ? (size_t)dims[0] * sizeof(float) : 1);
+        if (!buf)
+            st = CAI_ERROR(CAI_ERR_NOMEM, "checkpoint '%s': %s: %llu values", h->path, name,
+                           (unsigned long long)dims[0]);
+        else if (dims[0] && H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+            free(buf);
+            st = CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot read %s", h->path, name);
+        } else {
+            *out = buf;
+            *n = (size_t)dims[0];
+        }
+    }
+    if (space >= 0) H5Sclose(space);
     if (ds >= 0) H5Dclose(ds);
     return st;
 }

@@ -276,15 +276,22 @@ cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
     return CAI_OK;
 }
 
-cai_status cai_fp8_step(cai_fp8_t *f) {
-    CAI_CHECK_ARG(f, "cai_fp8_step: NULL state");
+cai_status cai_fp8_gather_state(cai_fp8_t *f) {
+    CAI_CHECK_ARG(f, "cai_fp8_gather_state: NULL state");
     cai_device_t *dev = f->dev;
-    const size_t bytes = f->n_state * sizeof(float);
-    CAI_CALL(cai_device_copy(dev, f->state_host, f->state_dev, bytes,
+    CAI_CALL(cai_device_copy(dev, f->state_host, f->state_dev, f->n_state * sizeof(float),
                              dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     if (f->mesh && cai_mesh_size(f->mesh, CAI_AXIS_WORLD) > 1)
         CAI_CALL(cai_allreduce(f->mesh, CAI_AXIS_WORLD, f->state_host, f->state_host, f->n_state, CAI_DTYPE_F32,
                                CAI_RED_MAX));
+    return CAI_OK;
+}
+
+cai_status cai_fp8_step(cai_fp8_t *f) {
+    CAI_CHECK_ARG(f, "cai_fp8_step: NULL state");
+    cai_device_t *dev = f->dev;
+    const size_t bytes = f->n_state * sizeof(float);
+    CAI_CALL(cai_fp8_gather_state(f));
     for (size_t i = 0; i < f->n_state / f->meta_len; i++) {
         int operand = (int)(i % CAI_FP8_OPERANDS);
         cai_fp8_meta_update(f->state_host + i * f->meta_len, f->cfg.amax_history, fmt_of(f, operand), f->cfg.amax_algo,

@@ -15,6 +15,10 @@ tests_gpu_bench_cuda_ops_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/kernels
 tests_gpu_test_gpu_train_SOURCES = tests/gpu/test_gpu_train.c
 tests_gpu_test_gpu_train_LDADD = src/libcolossal-core.la
 TESTS += tests/gpu/test_cuda_ops tests/gpu/test_gpu_train
+check_PROGRAMS += tests/gpu/test_cuda_fp8
+tests_gpu_test_cuda_fp8_SOURCES = tests/gpu/test_cuda_fp8.c
+tests_gpu_test_cuda_fp8_LDADD = src/libcolossal-core.la
+TESTS += tests/gpu/test_cuda_fp8
 endif
 # The CPU emulations of the CUDA kernels (tests/gpu/*_emu.sh: the kernels'
 # own source, cut out between CUK_EMU_BEGIN/END markers, compiled by g++ and

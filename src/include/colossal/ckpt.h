@@ -344,6 +344,11 @@ typedef struct {
     char app[64];      /* the writer, e.g. "colossal-pretrain" */
     char *config_text; /* the app's effective config (YAML) or NULL; on load malloc'd
                         * (cai_ckpt_meta_free), NULL when the file has none */
+    /* the FP8 scaling state (cai_fp8_state, colossal/fp8.h: the same on
+     * every rank) or NULL; on load malloc'd (cai_ckpt_meta_free), NULL when
+     * the file has none. Stored as the 1-D F32 dataset "fp8_state". */
+    float *fp8_state;
+    size_t fp8_state_len;
     /* in (cai_ckpt_save fills them from the model, optimizer and mesh) */
     cai_model_config model; /* resolved */
     int has_model;

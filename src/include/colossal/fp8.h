@@ -102,8 +102,14 @@ cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
  * then every state advanced by the recipe (cai_fp8_meta_update). Collective
  * over the world of the mesh given at create. */
 cai_status cai_fp8_step(cai_fp8_t *f);
-/* The state array (host mirror, as of the last cai_fp8_step or
- * cai_fp8_set_state) and its length. */
+/* The device's state into the host mirror, reduced (max) over the mesh's
+ * world as cai_fp8_step would, without advancing the recipe: what a
+ * checkpoint must hold when forwards (an evaluation) ran since the last
+ * step, so that a resumed run's next step sees the same amaxes. Collective
+ * over the world of the mesh given at create. */
+cai_status cai_fp8_gather_state(cai_fp8_t *f);
+/* The state array (host mirror, as of the last cai_fp8_step,
+ * cai_fp8_gather_state or cai_fp8_set_state) and its length. */
 const float *cai_fp8_state(const cai_fp8_t *f, size_t *n);
 /* Replace the state (a checkpoint's); n must be this model's length. */
 cai_status cai_fp8_set_state(cai_fp8_t *f, const float *state, size_t n);

@@ -1,0 +1,113 @@
+/* CUDA backend: FP8 casts (kernels/fp8.cu) and FP8 products through
+ * cuBLASLt. Our c [M,N] = a [M,K] b [N,K]^T, row-major, is cuBLASLt's
+ * column-major D [N,M] = op(A) op(B) with A = our b (K x N, transposed) and
+ * B = our a (K x M, not transposed): the "TN" layout Hopper's FP8 GEMMs
+ * require. The dequantisation factors 1/scale are read by cuBLASLt from the
+ * operands' metas on the device (A/B_SCALE_POINTER), so a scale computed on
+ * the GPU in the same stream needs no host round trip. Accumulation is f32
+ * (no fast accumulation); D is F32 or BF16, C (beta = 1) the same buffer. */
+#include "cai_config.h"
+#include "cuda_internal.h"
+
+#include <string.h>
+
+cai_status cai_cuda_fp8_cast(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta,
+                             cai_fp8_format fmt, int current, int margin) {
+    static const char *op = "fp8_cast";
+    cai_rows xr;
+    float *m;
+    CAI_CALL(cai_ops_fp8_cast_args(op, CAI_CUDA, CAI_ANYF, q, qt, x, meta, fmt, &xr, &m));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    CUK_LAUNCH(op, cuk_fp8_cast(cai_cuda_mat(&xr), m, c->scratch, fmt == CAI_FP8_E5M2, current, margin,
+                                q ? (uint8_t *)q->data : NULL, qt ? (uint8_t *)qt->data : NULL, c->stream));
+    return CAI_OK;
+}
+
+size_t cai_cuda_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K) {
+    (void)dev, (void)M, (void)N, (void)K;
+    return 0; /* cuBLASLt's workspace is the device's */
+}
+
+static uint32_t align_of(const void *p, int64_t ld_bytes) {
+    uintptr_t v = (uintptr_t)p | (uintptr_t)ld_bytes;
+    uint32_t a = 256;
+    while (a > 1 && (v & (a - 1))) a >>= 1;
+    return a;
+}
+
+cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt,
+                             const cai_tensor *a_meta, const cai_tensor *b, cai_fp8_format b_fmt,
+                             const cai_tensor *b_meta, float beta, void *workspace, size_t workspace_bytes) {
+    static const char *op = "fp8_gemm";
+    (void)workspace, (void)workspace_bytes;
+    cai_fp8_gemm_args g;
+    CAI_CALL(cai_ops_fp8_gemm_args(op, CAI_CUDA, CAI_ANYF, c, a, a_fmt, a_meta, b, b_fmt, b_meta, beta, &g));
+    const int64_t M = g.a.rows, N = g.b.rows, K = g.a.cols;
+    if (M % 16 || N % 16 || K % 16)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: [M=%" PRId64 ", N=%" PRId64 ", K=%" PRId64
+                         "]: cuBLASLt's FP8 products need every size a multiple of 16",
+                         op, M, N, K);
+    if (M == 0 || N == 0) return CAI_OK;
+    CAI_CALL(cai_cuda_enter(dev, op));
+    cai_cuda_impl *cu = cai_cuda_of(dev);
+    cai_status st = CAI_OK;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    const cudaDataType_t ta = b_fmt == CAI_FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3,
+                         tb = a_fmt == CAI_FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3,
+                         tc = g.c.dtype == CAI_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const void *sa = g.b_meta + CAI_FP8_META_SCALE_INV, *sb = g.a_meta + CAI_FP8_META_SCALE_INV;
+    const uint32_t al_a = align_of(g.b.data, K), al_b = align_of(g.a.data, K),
+                   al_c = align_of(g.c.data, g.c.ld * (int64_t)cai_dtype_size(g.c.dtype));
+    const float alpha = 1.0f;
+    LT("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT("set TRANSA", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT));
+    LT("set TRANSB", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN));
+    LT("set A_SCALE_POINTER",
+       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    LT("set B_SCALE_POINTER",
+       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    LT("layout A", cublasLtMatrixLayoutCreate(&la, ta, (uint64_t)K, (uint64_t)N, K));
+    LT("layout B", cublasLtMatrixLayoutCreate(&lb, tb, (uint64_t)K, (uint64_t)M, K));
+    LT("layout C", cublasLtMatrixLayoutCreate(&lc, tc, (uint64_t)N, (uint64_t)M, g.c.ld));
+    /* a key of its own kind (-8 first: a plain gemm's first entry is M >= 0) */
+    int64_t key[CAI_CUDA_PLAN_KEY] = {
+        -8,           M,    N,    K,    (int64_t)a_fmt,          (int64_t)b_fmt, (int64_t)g.c.dtype, g.c.ld,
+        beta != 0.0f, al_a, al_b, al_c, (int64_t)cu->lt_ws_bytes};
+    cai_cuda_plan *plan = cai_cuda_plan_find(cu, key);
+    if (!plan) {
+        LT("cublasLtMatmulPreference", cai_cuda_lt_pref(cu, al_a, al_b, al_c, al_c, &pref));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        memset(&res, 0, sizeof res);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, 1, &res, &nres);
+        if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) {
+            st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                           "%s: cuBLASLt has no FP8 algorithm for [M=%" PRId64 ", N=%" PRId64 ", K=%" PRId64
+                           "] %s x %s -> %s (status %d; FP8 products need sm_89 or later)",
+                           op, M, N, K, cai_fp8_format_name(a_fmt), cai_fp8_format_name(b_fmt),
+                           cai_dtype_name(g.c.dtype), (int)hs);
+            goto done;
+        }
+        plan = cai_cuda_plan_add(cu, key, &res.algo);
+    }
+    cublasStatus_t ms = cublasLtMatmul(cu->lt, desc, &alpha, g.b.data, la, g.a.data, lb, &beta, g.c.data, lc, g.c.data,
+                                       lc, &plan->algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream);
+    if (ms != CUBLAS_STATUS_SUCCESS) {
+        plan->valid = 0;
+        st = CAI_ERROR(CAI_ERR_CUDA,
+                       "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ") failed with status %d (%s)", op,
+                       M, N, K, (int)ms, cublasLtGetStatusString(ms));
+    }
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return st;
+}

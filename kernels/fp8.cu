@@ -1,0 +1,106 @@
+/* FP8 casts (docs/fp8.md): the amax of a tensor, the scale it implies, and
+ * the cast to E4M3/E5M2 codes with an optional transposed copy (Hopper's
+ * FP8 products read both operands K-major, so a backward needs dy^T, x^T
+ * and W^T). Codes equal colossal/tensor.h's cai_f32_to_fp8 (hardware
+ * conversion with saturation, round to nearest even; NaN keeps its sign). */
+#include "cuda_common.cuh"
+#include "cuda_kernels.h"
+
+#include <cuda_fp8.h>
+
+namespace {
+
+struct umax_op {
+    __device__ __forceinline__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
+};
+
+/* max |x| as f32 bits: for non-negative floats the bits order as the values,
+ * and a NaN (0x7fc00000) sorts above +inf, so it propagates. */
+template <int DT> __global__ void k_amax(const void *x, int64_t R, int64_t C, int64_t ld, unsigned *out) {
+    __shared__ unsigned sh[32];
+    unsigned m = 0;
+    const int64_t n = R * C;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / C, c = i - r * C;
+        float a = fabsf(cuk_ld1<DT>(x, r * ld + c));
+        unsigned b = a != a ? 0x7fc00000u : __float_as_uint(a);
+        m = b > m ? b : m;
+    }
+    m = block_reduce(m, sh, 0u, umax_op());
+    if (threadIdx.x == 0) atomicMax(out, m);
+}
+
+/* colossal/tensor.h's cai_fp8_scale_from_amax, the same f32 operations */
+__device__ float scale_from_amax(float amax, float fmax, int margin, float prev) {
+    if (!(amax > 0.0f) || isinf(amax)) return prev;
+    float s = fmax / amax / ldexpf(1.0f, margin);
+    return isfinite(s) && s > 0.0f ? s : prev;
+}
+
+__global__ void k_scale(const unsigned *amax_bits, float *meta, float fmax, int margin, int current) {
+    float amax = __uint_as_float(*amax_bits);
+    if (current || !(meta[0] > 0.0f)) {
+        float s = scale_from_amax(amax, fmax, margin, 0.0f);
+        meta[0] = s;
+        meta[1] = s > 0.0f ? 1.0f / s : 0.0f;
+    }
+    if (amax > meta[2] || amax != amax) meta[2] = amax;
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float v, int e5m2) {
+    if (v != v) return (uint8_t)((__float_as_uint(v) >> 24 & 0x80u) | 0x7fu);
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+}
+
+/* 32x32 tiles, 32x8 threads: codes written row-wise to q and, through
+ * shared memory, row-wise to qt. */
+template <int DT>
+__global__ void __launch_bounds__(256)
+    k_cast(const void *x, int64_t R, int64_t C, int64_t ld, const float *meta, int e5m2, uint8_t *q, uint8_t *qt) {
+    __shared__ uint8_t tile[32][33];
+    const float s = meta[0] > 0.0f ? meta[0] : 1.0f;
+    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+        int64_t r = r0 + ty + k, c = c0 + tx;
+        if (r < R && c < C) {
+            uint8_t code = to_fp8(cuk_ld1<DT>(x, r * ld + c) * s, e5m2);
+            if (q) q[r * C + c] = code;
+            tile[ty + k][tx] = code;
+        }
+    }
+    if (!qt) return;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 32; k += 8) {
+        int64_t c = c0 + ty + k, r = r0 + tx;
+        if (r < R && c < C) qt[c * R + r] = tile[tx][ty + k];
+    }
+}
+
+template <int DT>
+cudaError_t launch(cuk_mat x, float *meta, unsigned *amax_scratch, int e5m2, int current, int margin, uint8_t *q,
+                   uint8_t *qt, cudaStream_t s) {
+    cudaError_t e = cudaMemsetAsync(amax_scratch, 0, sizeof(unsigned), s);
+    if (e != cudaSuccess) return e;
+    const int64_t n = x.rows * x.cols;
+    if (n == 0) return cudaSuccess;
+    int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
+    k_amax<DT><<<blocks, 256, 0, s>>>(x.p, x.rows, x.cols, x.ld, amax_scratch);
+    k_scale<<<1, 1, 0, s>>>(amax_scratch, meta, e5m2 ? 57344.0f : 448.0f, margin, current);
+    if (!q && !qt) return cudaGetLastError();
+    dim3 grid((unsigned)((x.cols + 31) / 32), (unsigned)((x.rows + 31) / 32)), block(32, 8);
+    k_cast<DT><<<grid, block, 0, s>>>(x.p, x.rows, x.cols, x.ld, meta, e5m2, q, qt);
+    return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" cudaError_t cuk_fp8_cast(cuk_mat x, float *meta, void *amax_scratch, int e5m2, int current, int margin,
+                                    uint8_t *q, uint8_t *qt, cudaStream_t s) {
+    unsigned *a = (unsigned *)amax_scratch;
+    if (x.dt == CUK_BF16) return launch<CUK_BF16>(x, meta, a, e5m2, current, margin, q, qt, s);
+    if (x.dt == CUK_F16) return launch<CUK_F16>(x, meta, a, e5m2, current, margin, q, qt, s);
+    return launch<CUK_F32>(x, meta, a, e5m2, current, margin, q, qt, s);
+}
