@@ -9,7 +9,8 @@
 # model (whole-model parity, allocation check, DP equivalence, GPT-2 124M
 # training: tests/gpu/model-run.sh), hf (transformers opens the exports made
 # by tests/gpu/hf-prepare.sh into .device/hf), coll (NCCL collectives test on
-# every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh), attn:VAR=VALUE,...
+# every GPU), train (bench/gpu_train.sh), scaling (bench/gpu_scaling.sh), fp8[:MODEL,STEPS]
+# (tests/gpu/test_cuda_fp8, then bench/gpu_fp8.sh's bf16-vs-FP8 loss curves), attn:VAR=VALUE,...
 # (GPT-2 124M tokens/s with the default attention and with each variant),
 # profile[:CONFIG] (per-kernel step time and attention detail under ncu).
 # Builds once into build-gpu (configured against .device/root) and shares it.
@@ -80,6 +81,11 @@ for spec in "$@"; do
         done
         ;;
     train) timeout "${TRAIN_TIMEOUT:-500}" bench/gpu_train.sh "$d" $args ;;
+    fp8)
+        # FP8 op tests, then the bf16-vs-FP8 loss curves (ARGS: MODEL STEPS)
+        timeout 120 build-gpu/tests/gpu/test_cuda_fp8 2>&1 | tail -40
+        timeout "${FP8_TIMEOUT:-480}" bench/gpu_fp8.sh "$d" $args
+        ;;
     profile) timeout "${PROFILE_TIMEOUT:-400}" bench/gpu_profile.sh "$d" $args ;;
     scaling) timeout "${SCALING_TIMEOUT:-500}" bench/gpu_scaling.sh "$d" $args ;;
     *) echo "unknown part $part" ;;
