@@ -5,7 +5,8 @@
  * require. The dequantisation factors 1/scale are read by cuBLASLt from the
  * operands' metas on the device (A/B_SCALE_POINTER), so a scale computed on
  * the GPU in the same stream needs no host round trip. Accumulation is f32
- * (no fast accumulation); D is F32 or BF16, C (beta = 1) the same buffer. */
+ * unless CAI_CUDA_FP8_FAST_ACCUM=1; D is F32 or BF16, C (beta = 1) the
+ * same buffer. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -50,6 +51,9 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
                          "]: cuBLASLt's FP8 products need every size a multiple of 16",
                          op, M, N, K);
     if (M == 0 || N == 0) return CAI_OK;
+    long long fast = 0;
+    CAI_CALL(cai_knob_int("CAI_CUDA_FP8_FAST_ACCUM", &fast));
+    const int8_t fast_accum = (int8_t)fast;
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *cu = cai_cuda_of(dev);
     cai_status st = CAI_OK;
@@ -71,13 +75,15 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     LT("set B_SCALE_POINTER",
        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    LT("set FAST_ACCUM",
+       cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum, sizeof fast_accum));
     LT("layout A", cublasLtMatrixLayoutCreate(&la, ta, (uint64_t)K, (uint64_t)N, K));
     LT("layout B", cublasLtMatrixLayoutCreate(&lb, tb, (uint64_t)K, (uint64_t)M, K));
     LT("layout C", cublasLtMatrixLayoutCreate(&lc, tc, (uint64_t)N, (uint64_t)M, g.c.ld));
     /* a key of its own kind (-8 first: a plain gemm's first entry is M >= 0) */
     int64_t key[CAI_CUDA_PLAN_KEY] = {
-        -8,           M,    N,    K,    (int64_t)a_fmt,          (int64_t)b_fmt, (int64_t)g.c.dtype, g.c.ld,
-        beta != 0.0f, al_a, al_b, al_c, (int64_t)cu->lt_ws_bytes};
+        -8,           M,    N,    K,    (int64_t)a_fmt,           (int64_t)b_fmt, (int64_t)g.c.dtype, g.c.ld,
+        beta != 0.0f, al_a, al_b, al_c, (int64_t)cu->lt_ws_bytes, fast_accum};
     cai_cuda_plan *plan = cai_cuda_plan_find(cu, key);
     if (!plan) {
         LT("cublasLtMatmulPreference", cai_cuda_lt_pref(cu, al_a, al_b, al_c, al_c, &pref));

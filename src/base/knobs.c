@@ -14,6 +14,9 @@
 static const cai_knob_info g_knobs[] = {
     {"CAI_CUDA_TF32", CAI_KNOB_INT, "0", NULL, 0, 1,
      "1: f32 matmuls run on tensor cores in TF32 (10-bit mantissa); 0: exact f32 products"},
+    {"CAI_CUDA_FP8_FAST_ACCUM", CAI_KNOB_INT, "0", NULL, 0, 1,
+     "1: cuBLASLt's FP8 products accumulate without periodic promotion to f32 (faster, less accurate over long "
+     "K); 0: f32 accumulation throughout"},
     {"CAI_CUDA_PDL", CAI_KNOB_INT, "1", NULL, 0, 1,
      "1: a decode step's matrix-vector products start reading their weights before the previous kernel ends "
      "(programmatic dependent launch, sm_90 and later); 0: ordinary launches"},
