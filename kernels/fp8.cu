@@ -14,20 +14,36 @@ struct umax_op {
     __device__ __forceinline__ unsigned operator()(unsigned a, unsigned b) const { return a > b ? a : b; }
 };
 
-/* max |x| as f32 bits: for non-negative floats the bits order as the values,
- * and a NaN (0x7fc00000) sorts above +inf, so it propagates. */
-template <int DT> __global__ void k_amax(const void *x, int64_t R, int64_t C, int64_t ld, unsigned *out) {
+/* |v| as f32 bits: for non-negative floats the bits order as the values,
+ * and a NaN (made 0x7fc00000) sorts above +inf, so a max propagates it. */
+__device__ __forceinline__ unsigned abs_bits(float v) {
+    float a = fabsf(v);
+    return a != a ? 0x7fc00000u : __float_as_uint(a);
+}
+
+/* The delayed recipe with a scale in place casts in one pass that also
+ * records the amax (k_cast); otherwise k_amax measures it first and
+ * k_scale sets the scale from it. Both kernels decide from meta[0] on the
+ * device, before k_scale may change it; scratch[1] = 1 tells k_cast that
+ * the amax is already recorded. */
+__device__ __forceinline__ int fused(const float *meta, int current, int fuse) {
+    return fuse && !current && meta[0] > 0.0f;
+}
+
+template <int DT>
+__global__ void k_amax(const void *x, int64_t R, int64_t C, int64_t ld, const float *meta, int current, int fuse,
+                       unsigned *scratch) {
+    if (fused(meta, current, fuse)) return;
     __shared__ unsigned sh[32];
     unsigned m = 0;
     const int64_t n = R * C;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / C, c = i - r * C;
-        float a = fabsf(cuk_ld1<DT>(x, r * ld + c));
-        unsigned b = a != a ? 0x7fc00000u : __float_as_uint(a);
+        unsigned b = abs_bits(cuk_ld1<DT>(x, r * ld + c));
         m = b > m ? b : m;
     }
     m = block_reduce(m, sh, 0u, umax_op());
-    if (threadIdx.x == 0) atomicMax(out, m);
+    if (threadIdx.x == 0) atomicMax(scratch, m);
 }
 
 /* colossal/tensor.h's cai_fp8_scale_from_amax, the same f32 operations */
@@ -37,14 +53,16 @@ __device__ float scale_from_amax(float amax, float fmax, int margin, float prev)
     return isfinite(s) && s > 0.0f ? s : prev;
 }
 
-__global__ void k_scale(const unsigned *amax_bits, float *meta, float fmax, int margin, int current) {
-    float amax = __uint_as_float(*amax_bits);
+__global__ void k_scale(unsigned *scratch, float *meta, float fmax, int margin, int current, int fuse) {
+    if (fused(meta, current, fuse)) return;
+    float amax = __uint_as_float(scratch[0]);
     if (current || !(meta[0] > 0.0f)) {
-        float s = scale_from_amax(amax, fmax, margin, 0.0f);
-        meta[0] = s;
-        meta[1] = s > 0.0f ? 1.0f / s : 0.0f;
+        float sc = scale_from_amax(amax, fmax, margin, 0.0f);
+        meta[0] = sc;
+        meta[1] = sc > 0.0f ? 1.0f / sc : 0.0f;
     }
     if (amax > meta[2] || amax != amax) meta[2] = amax;
+    scratch[1] = 1;
 }
 
 __device__ __forceinline__ uint8_t to_fp8(float v, int e5m2) {
@@ -52,46 +70,71 @@ __device__ __forceinline__ uint8_t to_fp8(float v, int e5m2) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
 }
 
-/* 32x32 tiles, 32x8 threads: codes written row-wise to q and, through
- * shared memory, row-wise to qt. */
+/* 32x32 tiles, 32x8 threads, each block looping over tiles: codes written
+ * row-wise to q and, through shared memory, row-wise to qt. Without a
+ * recorded amax (scratch[1] == 0) the block's max |x| goes into meta[2]
+ * (one atomic per block; the bits of a non-negative float order as its
+ * value). */
 template <int DT>
-__global__ void __launch_bounds__(256)
-    k_cast(const void *x, int64_t R, int64_t C, int64_t ld, const float *meta, int e5m2, uint8_t *q, uint8_t *qt) {
+__global__ void __launch_bounds__(256) k_cast(const void *x, int64_t R, int64_t C, int64_t ld, float *meta, int e5m2,
+                                              uint8_t *q, uint8_t *qt, const unsigned *scratch) {
     __shared__ uint8_t tile[32][33];
+    __shared__ unsigned sh[8];
     const float s = meta[0] > 0.0f ? meta[0] : 1.0f;
-    const int64_t r0 = (int64_t)blockIdx.y * 32, c0 = (int64_t)blockIdx.x * 32;
+    const int record = scratch[1] == 0;
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const int64_t tiles_c = (C + 31) / 32, n_tiles = tiles_c * ((R + 31) / 32);
+    unsigned m = 0;
+    for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const int64_t r0 = t / tiles_c * 32, c0 = t % tiles_c * 32;
 #pragma unroll
-    for (int k = 0; k < 32; k += 8) {
-        int64_t r = r0 + ty + k, c = c0 + tx;
-        if (r < R && c < C) {
-            uint8_t code = to_fp8(cuk_ld1<DT>(x, r * ld + c) * s, e5m2);
-            if (q) q[r * C + c] = code;
-            tile[ty + k][tx] = code;
+        for (int k = 0; k < 32; k += 8) {
+            int64_t r = r0 + ty + k, c = c0 + tx;
+            if (r < R && c < C) {
+                float v = cuk_ld1<DT>(x, r * ld + c);
+                unsigned b = abs_bits(v);
+                m = b > m ? b : m;
+                uint8_t code = to_fp8(v * s, e5m2);
+                if (q) q[r * C + c] = code;
+                tile[ty + k][tx] = code;
+            }
+        }
+        if (qt) {
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < 32; k += 8) {
+                int64_t c = c0 + ty + k, r = r0 + tx;
+                if (r < R && c < C) qt[c * R + r] = tile[tx][ty + k];
+            }
+            __syncthreads();
         }
     }
-    if (!qt) return;
+    if (!record) return;
+    m = warp_reduce(m, umax_op());
+    if (tx == 0) sh[ty] = m;
     __syncthreads();
-#pragma unroll
-    for (int k = 0; k < 32; k += 8) {
-        int64_t c = c0 + ty + k, r = r0 + tx;
-        if (r < R && c < C) qt[c * R + r] = tile[tx][ty + k];
+    if (tx == 0 && ty == 0) {
+        for (int w = 1; w < 8; w++) m = sh[w] > m ? sh[w] : m;
+        atomicMax((unsigned *)&meta[2], m);
     }
 }
 
 template <int DT>
-cudaError_t launch(cuk_mat x, float *meta, unsigned *amax_scratch, int e5m2, int current, int margin, uint8_t *q,
+cudaError_t launch(cuk_mat x, float *meta, unsigned *scratch, int e5m2, int current, int margin, uint8_t *q,
                    uint8_t *qt, cudaStream_t s) {
-    cudaError_t e = cudaMemsetAsync(amax_scratch, 0, sizeof(unsigned), s);
+    cudaError_t e = cudaMemsetAsync(scratch, 0, 2 * sizeof(unsigned), s);
     if (e != cudaSuccess) return e;
     const int64_t n = x.rows * x.cols;
     if (n == 0) return cudaSuccess;
+    const int fuse = q || qt;
     int blocks = (int)((n + 255) / 256 < 1024 ? (n + 255) / 256 : 1024);
-    k_amax<DT><<<blocks, 256, 0, s>>>(x.p, x.rows, x.cols, x.ld, amax_scratch);
-    k_scale<<<1, 1, 0, s>>>(amax_scratch, meta, e5m2 ? 57344.0f : 448.0f, margin, current);
-    if (!q && !qt) return cudaGetLastError();
-    dim3 grid((unsigned)((x.cols + 31) / 32), (unsigned)((x.rows + 31) / 32)), block(32, 8);
-    k_cast<DT><<<grid, block, 0, s>>>(x.p, x.rows, x.cols, x.ld, meta, e5m2, q, qt);
+    k_amax<DT><<<blocks, 256, 0, s>>>(x.p, x.rows, x.cols, x.ld, meta, current, fuse, scratch);
+    k_scale<<<1, 1, 0, s>>>(scratch, meta, e5m2 ? 57344.0f : 448.0f, margin, current, fuse);
+    if (!fuse) return cudaGetLastError();
+    const int64_t tiles = ((x.cols + 31) / 32) * ((x.rows + 31) / 32);
+    dim3 block(32, 8);
+    k_cast<DT><<<(unsigned)(tiles < 2048 ? tiles : 2048), block, 0, s>>>(x.p, x.rows, x.cols, x.ld, meta, e5m2, q, qt,
+                                                                         scratch);
     return cudaGetLastError();
 }
 
