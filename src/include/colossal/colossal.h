@@ -15,4 +15,5 @@
 #include "colossal/data.h"
 #include "colossal/run.h"
 #include "colossal/infer.h"
+#include "colossal/rl.h"
 #endif

@@ -1,0 +1,2 @@
+/* placeholder */
+#include "colossal/rl.h"
