@@ -590,20 +590,22 @@ cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, 
 cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                         const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
                         cai_head_acts *h, cai_block_scratch *s, const cai_tensor *inp, const cai_tensor *targets,
-                        float dloss_scale, cai_tensor *d_stream) {
+                        float dloss_scale, const cai_tensor *dlosses, const cai_tensor *dhidden, cai_tensor *d_stream) {
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* In place: the logits are not needed once their gradient exists
      * (cai_head_fwd_train has made it already). h->lse is the whole
      * vocabulary's under tp. */
     if (!h->logits_hold_grad)
-        CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, NULL, dloss_scale, d->vocab_offset,
+        CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, dlosses, dloss_scale, d->vocab_offset,
                                d->vocab_valid, CAI_IGNORE_INDEX));
     h->logits_hold_grad = 0;
     CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
     /* Each rank's input gradient covers its vocabulary columns only. */
     cai_tensor dln;
     CAI_CALL(column_input_grad(cx, &s->dln, &dln));
+    /* After the reduction over tp: every rank holds the whole dhidden. */
+    if (dhidden) CAI_CALL(ops->add(dev, &dln, &dln, dhidden));
     CAI_CALL(norm_bwd(cx->dev, d, d_stream, dlnf_w, dlnf_b, &dln, inp, lnf_w, &h->lnf_mean, &h->lnf_rstd, 0));
     return CAI_OK;
 }

@@ -278,6 +278,7 @@ typedef struct {
     int pending_weight;         /* split: the input pass ran and the weight pass has not */
     int chunk;                  /* the chunk whose activations the slot holds */
     float train_scale;          /* cai_model_forward_train's grad_scale (the loss gradient made with it) */
+    int objective;              /* the forward ran the objective: backward starts from its gradient */
 } act_slot;
 
 struct cai_model {
@@ -341,6 +342,15 @@ struct cai_model {
      * m->cx points at them while packing is on. */
     int32_t *packing;
     cai_tensor pack_pos, pack_doc;
+    /* cai_model_set_objective: host [B*T] token losses, their gradient and
+     * its scaled copy, then [B*T*C] hidden states and their gradient; on
+     * the device the scaled token-loss gradient (F32 [B*T]), the hidden
+     * states' F32 staging and the act-dtype gradient ([B*T*C] each). */
+    cai_model_objective obj;
+    int obj_on;
+    float *obj_host;
+    void *obj_dev;
+    cai_tensor obj_dlosses, obj_stage, obj_dhidden;
     cai_fp8_t *fp8; /* cai_model_set_fp8, or NULL */
     struct {
         cai_model_hook_fn fn;
@@ -837,6 +847,8 @@ void cai_model_free(cai_model_t *m) {
     if (m->arena.base) cai_device_arena_free(m->dev, &m->arena);
     cai_device_dealloc(m->dev, m->grads);
     cai_device_dealloc(m->dev, m->packing);
+    cai_device_dealloc(m->dev, m->obj_dev);
+    cai_free(m->obj_host);
     cai_fp8_free(m->fp8);
     if (m->own_weights) cai_weights_free(m->w);
     cai_free(m->wp);
@@ -1088,6 +1100,7 @@ cai_status cai_model_set_seq_attention(cai_model_t *m, const cai_attn_hook *hook
     }
     CAI_CHECK_ARG(hook->fwd && hook->bwd && positions, "%s: the hook's fwd and bwd and the positions are required", fn);
     CAI_CHECK_ARG(!m->cx.doc_ids, "%s: packed rows (cai_model_set_packing) and a sharded sequence do not combine", fn);
+    CAI_CHECK_ARG(!m->obj_on, "%s: an objective (cai_model_set_objective) sums over whole rows; unset it first", fn);
     if (cai_model_seq_parallel(m))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "%s: split-gather sequence parallelism already splits the tokens over tp; it does not "
@@ -1154,6 +1167,92 @@ static float dloss_scale(const cai_model_t *m, float grad_scale) {
     return m->s->n_valid > 0 ? grad_scale / (float)m->s->n_valid : 0.0f;
 }
 
+/* ---------------------------------------------------------- objectives */
+
+cai_status cai_model_set_objective(cai_model_t *m, const cai_model_objective *obj) {
+    static const char *fn = "cai_model_set_objective";
+    CAI_CHECK_ARG(m, "%s: NULL model", fn);
+    if (!obj) {
+        m->obj_on = 0;
+        return CAI_OK;
+    }
+    CAI_CHECK_ARG(obj->fn, "%s: the objective has no function", fn);
+    if (m->n_slots > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: the model keeps %d microbatches' activations in flight (pipeline schedule); an "
+                         "objective needs one",
+                         fn, m->n_slots);
+    if (m->cx.attn)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: the sequence is sharded over ranks (ring attention / Ulysses) and the objectives "
+                         "sum over whole rows",
+                         fn);
+    if (obj->want_hidden && m->cx.seq_parallel)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: a hidden-state objective under split-gather sequence parallelism",
+                         fn);
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.d_model;
+    if (!m->obj_host) {
+        CAI_CALL(cai_calloc((void **)&m->obj_host, N * (2 + 2 * C), sizeof(float), "objective buffers"));
+        const size_t act = cai_dtype_size(m->cfg.act_dtype);
+        const size_t bytes = N * sizeof(float) + N * C * (sizeof(float) + act);
+        CAI_CALL(cai_device_alloc(m->dev, bytes, "objective gradients", &m->obj_dev));
+        char *p = m->obj_dev;
+        m->obj_dlosses = cai_tensor_1d(m->dev, p, CAI_DTYPE_F32, (int64_t)N);
+        m->obj_stage = cai_tensor_2d(m->dev, p + N * sizeof(float), CAI_DTYPE_F32, (int64_t)N, (int64_t)C);
+        m->obj_dhidden = cai_tensor_2d(m->dev, p + N * sizeof(float) + N * C * sizeof(float), m->cfg.act_dtype,
+                                       (int64_t)N, (int64_t)C);
+    }
+    m->obj = *obj;
+    m->obj_on = 1;
+    return CAI_OK;
+}
+
+/* The last forward's token losses (and hidden states) to the host, then
+ * the objective; its gradients stay on the host until backward scales
+ * them. */
+static cai_status run_objective(cai_model_t *m, const int32_t *targets, double *value) {
+    cai_device_t *dev = m->dev;
+    act_slot *s = m->s;
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.d_model;
+    const int host = dev->kind == CAI_DEVICE_HOST;
+    float *loss = m->obj_host, *dloss = loss + N, *hidden = loss + 2 * N, *dhidden = hidden + N * C;
+    CAI_CALL(cai_device_copy(dev, loss, s->head.losses.data, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+    memset(dloss, 0, N * sizeof(float));
+    cai_model_objective_io io = {.batch = m->B,
+                                 .seq_len = m->T,
+                                 .hidden_size = (int64_t)C,
+                                 .targets = targets,
+                                 .token_loss = loss,
+                                 .dtoken_loss = dloss};
+    if (m->obj.want_hidden) {
+        cai_tensor lnf = cai_tensor_2d(dev, s->head.lnf.data, s->head.lnf.dtype, (int64_t)N, (int64_t)C);
+        CAI_CALL(dev->ops->copy(dev, &m->obj_stage, &lnf));
+        CAI_CALL(
+            cai_device_copy(dev, hidden, m->obj_stage.data, N * C * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_D2H));
+        memset(dhidden, 0, N * C * sizeof(float));
+        io.hidden = hidden;
+        io.dhidden = dhidden;
+    }
+    CAI_CALL(m->obj.fn(m->obj.ctx, &io));
+    *value = io.loss;
+    return CAI_OK;
+}
+
+/* grad_scale times the objective's gradients onto the device. */
+static cai_status objective_grads(cai_model_t *m, float grad_scale) {
+    cai_device_t *dev = m->dev;
+    const size_t N = (size_t)m->B * m->T, C = (size_t)m->cfg.d_model;
+    const int host = dev->kind == CAI_DEVICE_HOST;
+    const float *dloss = m->obj_host + N, *dhidden = m->obj_host + 2 * N + N * C;
+    CAI_CALL(cai_device_copy(dev, m->obj_dlosses.data, dloss, N * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_H2D));
+    CAI_CALL(dev->ops->scale(dev, &m->obj_dlosses, grad_scale));
+    if (!m->obj.want_hidden) return CAI_OK;
+    CAI_CALL(
+        cai_device_copy(dev, m->obj_stage.data, dhidden, N * C * sizeof(float), host ? CAI_COPY_H2H : CAI_COPY_H2D));
+    CAI_CALL(dev->ops->scale(dev, &m->obj_stage, grad_scale));
+    return dev->ops->copy(dev, &m->obj_dhidden, &m->obj_stage);
+}
+
 /* grad_scale non-NULL: cai_model_forward_train. Runs the selected chunk
  * into the selected slot. */
 static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *targets, const float *grad_scale,
@@ -1191,6 +1290,18 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
         CAI_CALL(upload_i32(m, &s->targets, targets));
     }
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
+    s->objective = targets && m->obj_on;
+    if (s->objective) {
+        CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &s->head, &m->scratch, &s->resid[nl],
+                              &s->targets));
+        CAI_CALL(fire(m, CAI_MODEL_POST_FORWARD, head_unit));
+        double value = 0;
+        CAI_CALL(run_objective(m, targets, &value));
+        if (grad_scale) s->train_scale = *grad_scale;
+        s->pending_backward = 1;
+        if (loss) *loss = (float)value;
+        return CAI_OK;
+    }
     if (targets && grad_scale) {
         s->train_scale = *grad_scale;
         CAI_CALL(cai_head_fwd_train(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &s->head, &m->scratch,
@@ -1261,9 +1372,15 @@ static cai_status backward(cai_model_t *m, float grad_scale, int split, const ch
                              (double)grad_scale, (double)s->train_scale);
         const float scale = dloss_scale(m, grad_scale);
         const int head_unit = cai_model_unit_count(m) - 1;
+        const cai_tensor *dlosses = NULL, *dhidden = NULL;
+        if (s->objective) {
+            CAI_CALL(objective_grads(m, grad_scale));
+            dlosses = &m->obj_dlosses;
+            if (m->obj.want_hidden) dhidden = &m->obj_dhidden;
+        }
         CAI_CALL(fire(m, CAI_MODEL_PRE_BACKWARD, head_unit));
         CAI_CALL(cai_head_bwd(&m->cx, &m->dims, &m->lnf_w, &m->head_w, &m->g_lnf_w, &m->g_lnf_b, &m->g_head_w, &s->head,
-                              &m->scratch, &s->resid[nl], &s->targets, scale, &m->d_stream));
+                              &m->scratch, &s->resid[nl], &s->targets, scale, dlosses, dhidden, &m->d_stream));
         s->pending_backward = 0;
         CAI_CALL(fire(m, CAI_MODEL_POST_BACKWARD, head_unit));
     }

@@ -343,7 +343,7 @@ START_TEST(head_and_loss_backward_match_finite_differences) {
         ck_assert_double_eq_tol(losses[0], mx + log(se) - lg[12], 1e-5);
         cai_block_scratch sc = {.dln = dln};
         ck_assert_int_eq(cai_head_bwd(lctx(), &e.d, &e.lnf_w, &e.head_w, &dlnf_w, dlnf_b.data ? &dlnf_b : NULL, &dhead,
-                                      &e.h, &sc, &e.inp, &e.targets, 1.0f, &dstream),
+                                      &e.h, &sc, &e.inp, &e.targets, 1.0f, NULL, NULL, &dstream),
                          CAI_OK);
         /* Padded vocabulary rows of the head get no gradient. */
         const float *dh = dhead.data;

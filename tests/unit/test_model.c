@@ -846,6 +846,139 @@ START_TEST(bf16_working_weights_are_rounded_masters) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ objectives */
+
+/* The mean cross-entropy written as an objective. */
+static cai_status mean_ce_objective(void *ctx, cai_model_objective_io *io) {
+    (void)ctx;
+    const int n = io->batch * io->seq_len;
+    int valid = 0;
+    for (int i = 0; i < n; i++) valid += io->targets[i] != CAI_IGNORE_INDEX;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        if (io->targets[i] == CAI_IGNORE_INDEX) continue;
+        sum += io->token_loss[i];
+        io->dtoken_loss[i] = 1.0f / (float)valid;
+    }
+    io->loss = sum / valid;
+    return CAI_OK;
+}
+
+/* Nonlinear in both inputs: per row softplus(sum_t c_t * loss_t) plus
+ * 0.1 * sum_n (u . h_n)^2 over the hidden states. */
+static cai_status mixed_objective(void *ctx, cai_model_objective_io *io) {
+    (void)ctx;
+    const int B = io->batch, T = io->seq_len;
+    const int64_t C = io->hidden_size;
+    double J = 0;
+    for (int b = 0; b < B; b++) {
+        double z = 0;
+        for (int t = 0; t < T; t++) z += (0.3 + 0.1 * ((b + t) % 3)) * io->token_loss[b * T + t];
+        J += log1p(exp(z));
+        const double sig = 1.0 / (1.0 + exp(-z));
+        for (int t = 0; t < T; t++) io->dtoken_loss[b * T + t] = (float)(sig * (0.3 + 0.1 * ((b + t) % 3)));
+    }
+    for (int n = 0; n < B * T; n++) {
+        double p = 0;
+        for (int64_t c = 0; c < C; c++) p += (double)io->hidden[n * C + c] * (c % 2 ? 0.5 : -0.25);
+        J += 0.1 * p * p;
+        for (int64_t c = 0; c < C; c++) io->dhidden[n * C + c] = (float)(0.2 * p * (c % 2 ? 0.5 : -0.25));
+    }
+    io->loss = J;
+    return CAI_OK;
+}
+
+START_TEST(objective_as_mean_cross_entropy_gives_the_same_gradients) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    for (int k = 0; k < 2; k++) {
+        int32_t tok[12], tgt[12];
+        make_batch(2, 6, cfgs[k].vocab_size, 31, tok, tgt);
+        tgt[2] = CAI_IGNORE_INDEX;
+        float la = 0, lb = 0;
+        float *ga = NULL, *gb = NULL;
+        size_t n = 0;
+        cai_model_t *a = make_model(&cfgs[k], 2, 6), *b = make_model(&cfgs[k], 2, 6);
+        const cai_model_objective obj = {mean_ce_objective, NULL, 0};
+        OK(cai_model_set_objective(b, &obj));
+        OK(cai_model_zero_grad(a));
+        OK(cai_model_zero_grad(b));
+        OK(cai_model_forward_train(a, tok, tgt, 0.5f, &la));
+        OK(cai_model_backward(a, 0.5f));
+        OK(cai_model_forward_train(b, tok, tgt, 0.5f, &lb));
+        OK(cai_model_backward(b, 0.5f));
+        ck_assert_float_eq_tol(la, lb, 1e-6f);
+        cai_tensor ta, tb;
+        cai_model_flat(a, NULL, &ta, NULL);
+        cai_model_flat(b, NULL, &tb, NULL);
+        ga = ta.data;
+        gb = tb.data;
+        n = (size_t)cai_tensor_numel(&ta);
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmax(worst, fabs((double)ga[i] - gb[i]));
+            scale = fmax(scale, fabs((double)ga[i]));
+        }
+        ck_assert_msg(scale > 0 && worst <= 1e-6 * scale, "%s: gradients differ by %g (largest %g)",
+                      cai_model_family_name(cfgs[k].family), worst, scale);
+        /* Unset: the mean cross-entropy path again. */
+        OK(cai_model_set_objective(b, NULL));
+        OK(cai_model_forward(b, tok, tgt, &lb));
+        ck_assert_float_eq_tol(la, lb, 1e-6f);
+        cai_model_free(a);
+        cai_model_free(b);
+    }
+}
+END_TEST
+
+START_TEST(objective_gradients_match_finite_differences) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    for (int k = 0; k < 2; k++) {
+        cai_model_config cfg = cfgs[k];
+        cfg.init_std = 0.3f;
+        cai_model_t *m = make_model(&cfg, 2, 5);
+        int32_t tok[10], tgt[10];
+        make_batch(2, 5, cfg.vocab_size, 7, tok, tgt);
+        tgt[7] = CAI_IGNORE_INDEX;
+        const cai_model_objective obj = {mixed_objective, NULL, 1};
+        OK(cai_model_set_objective(m, &obj));
+        float J = 0;
+        OK(cai_model_zero_grad(m));
+        OK(cai_model_forward(m, tok, tgt, &J));
+        OK(cai_model_backward(m, 1.0f));
+        loss_ctx ctx = {m, tok, tgt};
+        const char *names[] = {"ln_f.weight", "h.1.attn.qkv.weight", "h.0.mlp.proj.weight", "lm_head.weight"};
+        int checked = 0;
+        for (int p = 0; p < 4; p++) {
+            cai_tensor w, g;
+            if (cai_model_param(m, names[p], &w, &g) != CAI_OK) {
+                cai_error_clear();
+                continue;
+            }
+            float *wp = w.data;
+            const float *gp = g.data;
+            const int64_t n = cai_tensor_numel(&w);
+            for (int s = 0; s < 5; s++) {
+                int64_t i = (int64_t)(cai_rng_uniform(9, (uint64_t)p, (uint64_t)s) * (float)n) % n;
+                if (strcmp(names[p], "lm_head.weight") == 0) i = (int64_t)tgt[s] * cfg.d_model + s;
+                const float save = wp[i], eps = 1e-2f;
+                wp[i] = save + eps;
+                const double jp = model_loss(&ctx);
+                wp[i] = save - eps;
+                const double jm = model_loss(&ctx);
+                wp[i] = save;
+                const double fd = (jp - jm) / (2.0 * eps);
+                ck_assert_msg(fabs(fd - gp[i]) <= 5e-4 + 2e-2 * fabs(fd), "%s %s[%lld]: analytic %.7g vs fd %.7g",
+                              cai_model_family_name(cfg.family), names[p], (long long)i, (double)gp[i], fd);
+                checked++;
+            }
+        }
+        ck_assert_int_ge(checked, 10);
+        OK(cai_model_params_updated(m));
+        cai_model_free(m);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -860,6 +993,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, activation_checkpointing_gives_identical_gradients);
     tcase_add_test(tc, split_backward_gives_identical_gradients);
     tcase_add_test(tc, packed_rows_match_unpacked_documents);
+    tcase_add_test(tc, objective_as_mean_cross_entropy_gives_the_same_gradients);
+    tcase_add_test(tc, objective_gradients_match_finite_differences);
     tcase_add_test(tc, packing_rejects_malformed_rows);
     tcase_add_test(tc, pipeline_stages_chain_to_the_single_model);
     tcase_add_test(tc, loss_decreases_when_overfitting_a_tiny_batch);

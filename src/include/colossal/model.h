@@ -543,14 +543,17 @@ cai_status cai_head_fwd_train(const cai_layer_ctx *cx, const cai_layer_dims *d, 
                               const cai_tensor *lnf_b, const cai_tensor *head_w, cai_head_acts *h, cai_block_scratch *s,
                               const cai_tensor *inp, const cai_tensor *targets, float dloss_scale);
 /* Gradients of dloss_scale * sum of per-token losses (dloss_scale = 1/valid
- * tokens for the mean; after cai_head_fwd_train, the scale it was given):
- * d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_* and dhead_w
+ * tokens for the mean; after cai_head_fwd_train, the scale it was given),
+ * or, with dlosses (F32 [B*T] on the device, non-NULL), of sum over tokens
+ * of dlosses[n] * loss[n]; dhidden (act dtype [B,T,C], may be NULL) is
+ * added to the gradient of the final norm's output (a scalar head's on
+ * h->lnf). d_stream [B,T,C] is OVERWRITTEN with d(inp); dlnf_* and dhead_w
  * accumulate. s is the blocks' scratch (s->dln and, with d->sp, the
  * sequence buffers). */
 cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
                         const cai_tensor *head_w, cai_tensor *dlnf_w, cai_tensor *dlnf_b, cai_tensor *dhead_w,
                         cai_head_acts *h, cai_block_scratch *s, const cai_tensor *inp, const cai_tensor *targets,
-                        float dloss_scale, cai_tensor *d_stream);
+                        float dloss_scale, const cai_tensor *dlosses, const cai_tensor *dhidden, cai_tensor *d_stream);
 
 /* --------------------------------------------------------------- weights
  * The registry and one rank's parameter storage apart from any execution
@@ -743,6 +746,39 @@ cai_status cai_model_logits(cai_model_t *m, cai_tensor *logits);
  * parameter gradients ACCUMULATE (microbatches add up; pass 1/n for a mean
  * over n of them). Requires a forward with targets on the last stage. */
 cai_status cai_model_backward(cai_model_t *m, float grad_scale);
+/* ---- objectives other than the mean cross-entropy (alignment,
+ * colossal/rl.h). With an objective set, every forward with targets on the
+ * last stage hands the objective each target's cross-entropy (-log p of
+ * the target token, 0 where ignored) and, when it asks, the final normed
+ * hidden states; the objective returns its value (what forward reports as
+ * the loss) and its gradient with respect to those inputs, and backward
+ * (grad_scale) runs from grad_scale times that gradient. Any target
+ * pattern works, all ignored too (a scalar head reads the hidden states
+ * only). cai_model_forward_train takes the unfused path. The host arrays
+ * are the model's, valid during the call. */
+typedef struct {
+    int batch, seq_len;      /* B, T of the forward */
+    int64_t hidden_size;     /* C */
+    const int32_t *targets;  /* [B*T] as given to forward */
+    const float *token_loss; /* [B*T] */
+    const float *hidden;     /* [B*T*C] F32, or NULL when the objective did not ask */
+    float *dtoken_loss;      /* [B*T] out, zeroed before the call */
+    float *dhidden;          /* [B*T*C] out, zeroed before the call; NULL when not asked */
+    double loss;             /* out */
+} cai_model_objective_io;
+typedef struct {
+    cai_status (*fn)(void *ctx, cai_model_objective_io *io);
+    void *ctx;
+    int want_hidden;
+} cai_model_objective;
+/* obj NULL: the mean cross-entropy again. Allocates the objective's host
+ * and device buffers (B*T*(2 + 2C) host floats; with want_hidden B*T*C
+ * F32 plus B*T*C act-dtype on the device), which the memory plan does not
+ * count. Refused with more than one activation slot (pipeline schedules),
+ * a sequence sharded over ranks (the objectives sum over whole rows) and,
+ * with want_hidden, split-gather sequence parallelism. Not collective. */
+cai_status cai_model_set_objective(cai_model_t *m, const cai_model_objective *obj);
+
 /* The same backward in two passes (split_backward models; zero-bubble
  * pipeline schedules). The input pass does everything cai_model_backward
  * does (d(input) in d_stream, the head's, the embedding's and the norms'
