@@ -41,6 +41,9 @@ void cai_ckpt_meta_free(cai_ckpt_meta *meta) {
     free(meta->fp8_state);
     meta->fp8_state = NULL;
     meta->fp8_state_len = 0;
+    free(meta->app_state);
+    meta->app_state = NULL;
+    meta->app_state_len = 0;
 }
 
 cai_ckpt_layout ck_model_layout(cai_model_t *model) {
@@ -200,6 +203,7 @@ static cai_status write_meta(ck_h5 *h, const cai_ckpt_meta *m, int64_t created, 
     }
     if (m->config_text) CAI_CALL(ck_h5_text_write(h, CK_CONFIG_DATASET, m->config_text));
     if (m->fp8_state) CAI_CALL(ck_h5_f32_write(h, CK_FP8_DATASET, m->fp8_state, m->fp8_state_len));
+    if (m->app_state) CAI_CALL(ck_h5_f32_write(h, CK_APP_DATASET, m->app_state, m->app_state_len));
     return CAI_OK;
 }
 
@@ -425,6 +429,7 @@ cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m) {
     int found_text = 0;
     CAI_CALL(ck_h5_text_read(h, CK_CONFIG_DATASET, &m->config_text, &found_text));
     CAI_CALL(ck_h5_f32_read(h, CK_FP8_DATASET, &m->fp8_state, &m->fp8_state_len));
+    CAI_CALL(ck_h5_f32_read(h, CK_APP_DATASET, &m->app_state, &m->app_state_len));
     return CAI_OK;
 }
 

@@ -94,7 +94,7 @@ static cai_status list_datasets(cai_ckpt_file_t *f) {
                       : CK_H5ERR(CAI_ERR_FORMAT, "checkpoint '%s': cannot list its objects", f->h.path);
     for (int i = 0; st == CAI_OK && i < l.n; i++) {
         if (strcmp(l.names[i], CK_CONFIG_DATASET) == 0 || strcmp(l.names[i], CK_FP8_DATASET) == 0 ||
-            strncmp(l.names[i], "storage/", 8) == 0)
+            strcmp(l.names[i], CK_APP_DATASET) == 0 || strncmp(l.names[i], "storage/", 8) == 0)
             continue;
         hid_t o = H5Oopen(f->h.file, l.names[i], H5P_DEFAULT);
         if (o < 0) {

@@ -280,6 +280,7 @@ cai_status ck_xfer_segs(ck_xfer *x, hid_t storage, cai_dtype fdt, const ck_seg *
 cai_status ck_read_meta(ck_h5 *h, cai_ckpt_meta *m);
 #define CK_CONFIG_DATASET "config.yaml"
 #define CK_FP8_DATASET "fp8_state"
+#define CK_APP_DATASET "app_state"
 
 /* cai_ckpt_open of a file's bytes held in memory, for one process: every
  * check and the whole metadata walk of cai_ckpt_open, without a file on

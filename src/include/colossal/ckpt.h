@@ -349,6 +349,12 @@ typedef struct {
      * the file has none. Stored as the 1-D F32 dataset "fp8_state". */
     float *fp8_state;
     size_t fp8_state_len;
+    /* an app's own small state that rides with the weights (colossal-rlhf's
+     * scalar head and its AdamW moments), the same on every rank, or NULL;
+     * on load malloc'd (cai_ckpt_meta_free), NULL when the file has none.
+     * Stored as the 1-D F32 dataset "app_state". */
+    float *app_state;
+    size_t app_state_len;
     /* in (cai_ckpt_save fills them from the model, optimizer and mesh) */
     cai_model_config model; /* resolved */
     int has_model;
