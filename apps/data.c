@@ -5,6 +5,7 @@
  *   info             validate an indexed dataset and print what it holds
  *   sft-preprocess   chat JSONL -> token and loss-mask datasets, in parallel
  *   sft-example      write the embedded instruction set (train and held out)
+ *   rl-example       its arithmetic as prompts and preference pairs (colossal-rlhf)
  * Options after the subcommand go through the config module, so each
  * subcommand has --help and YAML files like every other app. */
 #include "cai_config.h"
@@ -21,6 +22,7 @@
 #include "colossal/base.h"
 #include "colossal/config.h"
 #include "colossal/data.h"
+#include "colossal/rl.h"
 
 /* ------------------------------------------------------------------ config
  * One struct for every subcommand; each schema lists only its own keys. */
@@ -123,6 +125,15 @@ static const cai_config_field k_sft_example[] = {
     F("out", CAI_CFG_STRING, output, NULL, "directory for train.jsonl and held_out.jsonl", CAI_CFG_NO_RANGE, NULL,
       NULL),
     F("docs", CAI_CFG_INT64, docs, "5000", "conversations in both files together", 0, BIG, NULL, NULL),
+    F("seed", CAI_CFG_INT64, seed, "1234", "generator seed: the same seed gives the same files", 0, BIG, NULL, NULL),
+    F("held_out", CAI_CFG_INT64, held_out, "10", "percent of the conversations held out", 0, 100, NULL, NULL),
+    CAI_APP_COMMON_FIELDS(data_config, common),
+};
+static const cai_config_field k_rl_example[] = {
+    F("out", CAI_CFG_STRING, output, NULL,
+      "directory for prompts_{train,held_out}.jsonl and prefs_{train,held_out}.jsonl", CAI_CFG_NO_RANGE, NULL, NULL),
+    F("docs", CAI_CFG_INT64, docs, "5000",
+      "conversations of the instruction set to draw from (its arithmetic ones are written)", 0, BIG, NULL, NULL),
     F("seed", CAI_CFG_INT64, seed, "1234", "generator seed: the same seed gives the same files", 0, BIG, NULL, NULL),
     F("held_out", CAI_CFG_INT64, held_out, "10", "percent of the conversations held out", 0, 100, NULL, NULL),
     CAI_APP_COMMON_FIELDS(data_config, common),
@@ -445,6 +456,28 @@ static cai_status run_sft_example(const cai_app *app, const data_config *cfg) {
     return CAI_OK;
 }
 
+static cai_status run_rl_example(const cai_app *app, const data_config *cfg) {
+    if (app->rank != 0) return CAI_OK;
+    if (!cfg->output || !*cfg->output) return CAI_ERROR(CAI_ERR_CONFIG, "out: not given (--out DIR)");
+    if (mkdir(cfg->output, 0777) != 0 && errno != EEXIST)
+        return CAI_ERROR(CAI_ERR_IO, "%s: cannot create the directory: %s", cfg->output, strerror(errno));
+    char pt[4200], ph[4200], qt[4200], qh[4200];
+    snprintf(pt, sizeof pt, "%s/prompts_train.jsonl", cfg->output);
+    snprintf(ph, sizeof ph, "%s/prompts_held_out.jsonl", cfg->output);
+    snprintf(qt, sizeof qt, "%s/prefs_train.jsonl", cfg->output);
+    snprintf(qh, sizeof qh, "%s/prefs_held_out.jsonl", cfg->output);
+    const cai_sft_example_config ec = {cfg->docs, (uint64_t)cfg->seed, (int)cfg->held_out};
+    int64_t nt = 0, nh = 0, mt = 0, mh = 0;
+    CAI_CALL(cai_rl_example_prompts_write(&ec, pt, ph, &nt, &nh));
+    CAI_CALL(cai_rl_example_prefs_write(&ec, qt, qh, &mt, &mh));
+    printf(
+        "rl-example: %lld conversations (seed %lld), %lld arithmetic -> prompts %s (%lld), %s (%lld); pairs %s "
+        "(%lld), %s (%lld)\n",
+        (long long)cfg->docs, (long long)cfg->seed, (long long)(nt + nh), pt, (long long)nt, ph, (long long)nh, qt,
+        (long long)mt, qh, (long long)mh);
+    return CAI_OK;
+}
+
 #define SUB(name, summary, fields, run) \
     { name, {"colossal-data " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run }
 static const subcommand k_subcommands[] = {
@@ -459,6 +492,9 @@ static const subcommand k_subcommands[] = {
         k_sft_preprocess, run_sft_preprocess),
     SUB("sft-example", "write the embedded chat instruction set (arithmetic and stories) as train and held-out JSONL",
         k_sft_example, run_sft_example),
+    SUB("rl-example",
+        "write the embedded instruction set's arithmetic as prompts (answers) and preference pairs, train and held out",
+        k_rl_example, run_rl_example),
 };
 #undef SUB
 #define N_SUB (sizeof k_subcommands / sizeof k_subcommands[0])

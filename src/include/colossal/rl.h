@@ -149,6 +149,144 @@ cai_status cai_rl_head_adamw(cai_rl_head_t *h, int64_t step, float lr, float bet
 /* ------------------------------------------------- data and rewards
  * (rl_data.c, rewards.c) */
 
+/* Preference pairs, one JSONL line each, in one of two spellings:
+ *   {"context": [messages], "chosen": [messages], "rejected": [messages]}   (ColossalChat)
+ *   {"prompt": "..." | [messages], "chosen": "..." | [messages], "rejected": ...}  (TRL)
+ * Messages are {"role"|"from", "content"|"value"} as in chat JSONL (roles
+ * system, user/human, assistant/gpt). A string prompt is one user turn, a
+ * string response one assistant turn. The context is valid chat (an
+ * optional system turn first, user and assistant alternating from the
+ * user) and ends with a user turn; chosen and rejected are non-empty runs
+ * of assistant turns. Other keys are ignored. Blank lines are skipped.
+ * Failures are CAI_ERR_FORMAT "FILE:LINE: field 'rejected': ...". */
+typedef struct {
+    cai_chat_message *context, *chosen, *rejected;
+    int n_context, n_chosen, n_rejected;
+} cai_rl_pref;
+cai_status cai_rl_pref_parse_line(const char *file, int64_t line, const char *text, size_t len, cai_rl_pref *out);
+void cai_rl_pref_free(cai_rl_pref *p); /* frees and zeroes; zeroed ok */
+/* Each side is cai_sft_encode(context + side): both start with the same
+ * context tokens (the prompt colossal-infer would build) and their masks
+ * mark the response tokens. */
+cai_status cai_rl_pref_encode(const cai_chat_template_t *t, cai_bpe_t *tok, const cai_rl_pref *p,
+                              cai_sft_tokens *chosen, cai_sft_tokens *rejected);
+/* The overflow policy for a pair: a side of n tokens fits when n - 1 <=
+ * seq_len (cai_sft_fit). CAI_SFT_TRUNCATE cuts the end of a longer side's
+ * response; the pair is dropped when a side keeps no response token.
+ * CAI_SFT_DROP drops the pair when either side is too long. */
+cai_sft_fit_result cai_rl_pref_fit(cai_sft_tokens *chosen, cai_sft_tokens *rejected, int64_t seq_len,
+                                   cai_sft_overflow policy);
+
+/* A file of pairs, tokenized (tok NULL: bytes). The first bad line fails
+ * the load, naming it. Not collective; not thread-safe on one tok. */
+typedef struct cai_rl_pref_set cai_rl_pref_set_t;
+typedef struct {
+    int64_t lines; /* pairs read */
+    int64_t kept, truncated, dropped; /* truncated pairs are among the kept */
+} cai_rl_data_stats;
+cai_status cai_rl_pref_set_load(const char *path, const cai_chat_template_t *t, cai_bpe_t *tok, int64_t seq_len,
+                                cai_sft_overflow overflow, cai_rl_pref_set_t **out);
+int64_t cai_rl_pref_set_size(const cai_rl_pref_set_t *s);
+cai_status cai_rl_pref_set_pair(const cai_rl_pref_set_t *s, int64_t i, const cai_sft_tokens **chosen,
+                                const cai_sft_tokens **rejected);
+void cai_rl_pref_set_stats(const cai_rl_pref_set_t *s, cai_rl_data_stats *out);
+void cai_rl_pref_set_free(cai_rl_pref_set_t *s); /* NULL ok */
+
+/* Prompts for generation (GRPO, PPO), one JSONL line each:
+ *   {"messages": [... ending with a user turn], "answer": "42"}
+ *   {"prompt": "...", "answer": 42}
+ * "answer" is optional (a string or a number, kept as text; null: none).
+ * The messages follow the context rules above. */
+typedef struct {
+    cai_chat_message *messages;
+    int n_messages;
+    char *answer; /* NULL: none */
+} cai_rl_prompt;
+cai_status cai_rl_prompt_parse_line(const char *file, int64_t line, const char *text, size_t len, cai_rl_prompt *out);
+void cai_rl_prompt_free(cai_rl_prompt *p); /* frees and zeroes; zeroed ok */
+/* The prompt exactly as colossal-infer builds a chat request's: the
+ * template's rendering with the generation prompt (appended to text) and
+ * its tokens, special tokens recognised (appended to ids; tok NULL:
+ * bytes). */
+cai_status cai_rl_prompt_encode(const cai_chat_template_t *t, cai_bpe_t *tok, const cai_chat_message *msgs, int n,
+                                cai_byte_buf *text, cai_token_buf *ids);
+
+/* A file of prompts, tokenized; prompts of more than max_prompt_len tokens
+ * (<= 0: no limit) are counted as dropped and left out. */
+typedef struct cai_rl_prompt_set cai_rl_prompt_set_t;
+cai_status cai_rl_prompt_set_load(const char *path, const cai_chat_template_t *t, cai_bpe_t *tok,
+                                  int64_t max_prompt_len, cai_rl_prompt_set_t **out);
+int64_t cai_rl_prompt_set_size(const cai_rl_prompt_set_t *s);
+/* Item i's tokens, rendered text and answer (NULL when the line had none);
+ * the pointers live as long as the set. */
+cai_status cai_rl_prompt_set_get(const cai_rl_prompt_set_t *s, int64_t i, const int32_t **ids, int64_t *n,
+                                 const char **text, const char **answer);
+void cai_rl_prompt_set_stats(const cai_rl_prompt_set_t *s, cai_rl_data_stats *out); /* truncated stays 0 */
+void cai_rl_prompt_set_free(cai_rl_prompt_set_t *s);                                 /* NULL ok */
+
+/* ------------------------------------------------------------ rewards
+ * Verifiable rewards of a response, by name. Builtins:
+ *   exact_match  1 when the response's final answer equals the reference
+ *                answer, else 0. The final answer is the number after the
+ *                last "The answer is" (any case) when there is one, else
+ *                the last number in the text (commas between digits and
+ *                a leading '-' belong to it); numbers compare as numbers
+ *                after commas and a trailing '.' are stripped, other
+ *                answers as trimmed strings. A NULL reference is
+ *                CAI_ERR_INVALID_ARG.
+ *   format       1 when the trimmed response is exactly "The answer is
+ *                <integer>." (the embedded instruction set's form), else 0.
+ * A function writes a reward to *reward; ctx is the one registered. */
+#define CAI_RL_MAX_REWARDS 8
+typedef cai_status (*cai_rl_reward_fn)(void *ctx, const char *prompt, const char *response, const char *answer,
+                                       double *reward);
+/* Adds a reward to the registry (a name taken is refused). The registry is
+ * process-wide: register before parsing specs, from one thread. */
+cai_status cai_rl_reward_register(const char *name, cai_rl_reward_fn fn, void *ctx);
+/* The registry's names, comma separated, for messages (cap bytes). */
+void cai_rl_reward_names(char *buf, size_t cap);
+
+/* A weighted sum of rewards: names[i] with weights[i]. */
+typedef struct {
+    int n;
+    char *names[CAI_RL_MAX_REWARDS];
+    double weights[CAI_RL_MAX_REWARDS];
+    cai_rl_reward_fn fns[CAI_RL_MAX_REWARDS];
+    void *ctxs[CAI_RL_MAX_REWARDS];
+} cai_rl_reward_spec;
+/* "exact_match,format:0.1": comma-separated name[:weight], the weight a
+ * finite number (default 1). Unknown names (the message lists the known
+ * ones), empty or malformed tokens and repeated names are refused
+ * (CAI_ERR_CONFIG). */
+cai_status cai_rl_reward_spec_parse(const char *spec, cai_rl_reward_spec *out);
+int cai_rl_reward_spec_find(const cai_rl_reward_spec *s, const char *name); /* index or -1 */
+/* total = sum of weights[i] * reward i; parts[i] (may be NULL) the
+ * unweighted rewards. */
+cai_status cai_rl_reward_spec_eval(const cai_rl_reward_spec *s, const char *prompt, const char *response,
+                                   const char *answer, double *total, double *parts);
+void cai_rl_reward_spec_free(cai_rl_reward_spec *s); /* zeroed spec ok */
+/* The builtins themselves (ctx unused), and the final answer the
+ * exact_match reward reads from a response (cap bytes; "" when none). */
+cai_status cai_rl_reward_exact_match(void *ctx, const char *prompt, const char *response, const char *answer,
+                                     double *reward);
+cai_status cai_rl_reward_format(void *ctx, const char *prompt, const char *response, const char *answer,
+                                double *reward);
+void cai_rl_extract_answer(const char *response, char *buf, size_t cap);
+
+/* ------------------------------------------------------------ embedded examples
+ * From cai_sft_example_conversation (same config, same split): the
+ * arithmetic conversations only. Prompt lines {"messages": [user turn],
+ * "answer": "N"}; preference lines {"context": [user turn], "chosen":
+ * [assistant "The answer is N."], "rejected": [assistant "The answer is
+ * M."]} with M a wrong number fixed by (seed, i), or (about one pair in
+ * five) a malformed answer instead. Either path may be NULL to skip it;
+ * *n_train / *n_held (may be NULL) count the lines. Written under
+ * temporary names and renamed. Deterministic. */
+cai_status cai_rl_example_prompts_write(const cai_sft_example_config *cfg, const char *train_path,
+                                        const char *held_path, int64_t *n_train, int64_t *n_held);
+cai_status cai_rl_example_prefs_write(const cai_sft_example_config *cfg, const char *train_path,
+                                      const char *held_path, int64_t *n_train, int64_t *n_held);
+
 #ifdef __cplusplus
 }
 #endif
