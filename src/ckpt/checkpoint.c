@@ -1258,17 +1258,17 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 
 #else /* !CAI_HAVE_HDF5 */
 
-cai_status ck_check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want) {
-    (void)m;
-    (void)want;
-    return NO_HDF5(path);
-}
-
 #define NO_HDF5(fn)                                                              \
     CAI_ERROR(CAI_ERR_UNSUPPORTED,                                               \
               "%s: this build has no parallel HDF5, so no checkpoints (install " \
               "libhdf5-openmpi-dev and re-run configure)",                       \
               fn)
+
+cai_status ck_check_model(const char *path, const cai_ckpt_meta *m, const cai_model_config *want) {
+    (void)m;
+    (void)want;
+    return NO_HDF5(path);
+}
 
 cai_status cai_ckpt_save_buffers(cai_mesh_t *mesh, const char *path, const cai_ckpt_layout *layout,
                                  const cai_ckpt_buffer *bufs, int n_bufs, const cai_ckpt_meta *meta,
