@@ -84,14 +84,13 @@ void cai_rl_extract_answer(const char *response, char *buf, size_t cap) {
     const char *p = last_phrase(response, phrase);
     if (p) {
         const char *s = p + sizeof phrase - 1;
-        while (is_space(*s)) s++;
-        if (*s == '$') s++;
+        while (is_space(*s) || *s == ':' || *s == '$' || *s == '*') s++;
         const size_t k = number_at(s);
         if (k > 0) return copy_out(s, k, buf, cap);
-        /* a non-numeric answer: up to the end of its line */
-        size_t n = strcspn(s, "\n");
-        while (n > 0 && is_space(s[n - 1])) n--;
-        if (n > 0 && s[n - 1] == '.') n--;
+        /* a non-numeric answer: up to the end of its sentence or line */
+        size_t n = 0;
+        while (s[n] && s[n] != '\n' && !(s[n] == '.' && (s[n + 1] == '\0' || is_space(s[n + 1])))) n++;
+        while (n > 0 && (is_space(s[n - 1]) || s[n - 1] == '*')) n--;
         return copy_out(s, n, buf, cap);
     }
     size_t n;

@@ -181,7 +181,7 @@ cai_sft_fit_result cai_rl_pref_fit(cai_sft_tokens *chosen, cai_sft_tokens *rejec
  * the load, naming it. Not collective; not thread-safe on one tok. */
 typedef struct cai_rl_pref_set cai_rl_pref_set_t;
 typedef struct {
-    int64_t lines; /* pairs read */
+    int64_t lines;                    /* pairs read */
     int64_t kept, truncated, dropped; /* truncated pairs are among the kept */
 } cai_rl_data_stats;
 cai_status cai_rl_pref_set_load(const char *path, const cai_chat_template_t *t, cai_bpe_t *tok, int64_t seq_len,
@@ -222,7 +222,7 @@ int64_t cai_rl_prompt_set_size(const cai_rl_prompt_set_t *s);
 cai_status cai_rl_prompt_set_get(const cai_rl_prompt_set_t *s, int64_t i, const int32_t **ids, int64_t *n,
                                  const char **text, const char **answer);
 void cai_rl_prompt_set_stats(const cai_rl_prompt_set_t *s, cai_rl_data_stats *out); /* truncated stays 0 */
-void cai_rl_prompt_set_free(cai_rl_prompt_set_t *s);                                 /* NULL ok */
+void cai_rl_prompt_set_free(cai_rl_prompt_set_t *s);                                /* NULL ok */
 
 /* ------------------------------------------------------------ rewards
  * Verifiable rewards of a response, by name. Builtins:
@@ -284,8 +284,8 @@ void cai_rl_extract_answer(const char *response, char *buf, size_t cap);
  * temporary names and renamed. Deterministic. */
 cai_status cai_rl_example_prompts_write(const cai_sft_example_config *cfg, const char *train_path,
                                         const char *held_path, int64_t *n_train, int64_t *n_held);
-cai_status cai_rl_example_prefs_write(const cai_sft_example_config *cfg, const char *train_path,
-                                      const char *held_path, int64_t *n_train, int64_t *n_held);
+cai_status cai_rl_example_prefs_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_path,
+                                      int64_t *n_train, int64_t *n_held);
 
 #ifdef __cplusplus
 }
