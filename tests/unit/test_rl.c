@@ -240,6 +240,28 @@ START_TEST(surrogate_clips_in_the_direction_of_the_advantage) {
 }
 END_TEST
 
+START_TEST(empty_rows_add_nothing) {
+    const float lp[4] = {-1, -2, -3, -4}, adv[2] = {1, -1};
+    const uint8_t none[4] = {0, 0, 0, 0}, half[4] = {1, 1, 0, 0};
+    float d[4] = {7, 7, 7, 7};
+    cai_rl_policy_config c = cai_rl_policy_config_default();
+    cai_rl_stats s;
+    for (int agg = 0; agg < 3; agg++) {
+        c.agg = (cai_rl_agg)agg;
+        c.norm_len = 2;
+        OK(cai_rl_policy_loss(&c, 2, 2, lp, lp, NULL, adv, 0, none, d, &s));
+        NEAR(s.loss, 0, 0);
+        ck_assert_int_eq(s.tokens, 0);
+        for (int i = 0; i < 4; i++) ck_assert_float_eq(d[i], 0.0f);
+        /* the second row is empty: it adds 0, and the sequence mean still
+         * divides by R (TRL's per-row mean with the count clamped to 1) */
+        OK(cai_rl_policy_loss(&c, 2, 2, lp, lp, NULL, adv, 0, half, d, &s));
+        NEAR(s.loss, agg == 0 ? -1.0 : agg == 1 ? -0.5 : -0.5, 1e-12);
+        ck_assert_float_eq(d[2], 0.0f);
+    }
+}
+END_TEST
+
 START_TEST(k3_term_by_hand) {
     const float lp = -1.0f, old = -1.0f, ref = -1.5f, adv = 0;
     const uint8_t m = 1;
@@ -659,6 +681,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, dpo_gradients_match_differences);
     tcase_add_test(tc, surrogate_at_ratio_one_is_minus_advantage_over_n);
     tcase_add_test(tc, surrogate_clips_in_the_direction_of_the_advantage);
+    tcase_add_test(tc, empty_rows_add_nothing);
     tcase_add_test(tc, k3_term_by_hand);
     tcase_add_test(tc, policy_gradients_match_differences);
     tcase_add_test(tc, group_advantages_by_hand);
