@@ -33,3 +33,11 @@ tests_parity_sp_driver_LDADD = src/libcolossal-core.la
 TESTS += tests/parity/sp.sh
 EXTRA_DIST += tests/parity/sp.sh tests/parity/sp_reference.py
 CLEANFILES += tests/parity/sp2.safetensors tests/parity/sp4.safetensors
+
+# The alignment objectives against PyTorch references (docs/rlhf.md).
+check_PROGRAMS += tests/parity/rl_parity
+tests_parity_rl_parity_SOURCES = tests/parity/rl_parity.c
+tests_parity_rl_parity_LDADD = src/libcolossal-core.la
+TESTS += tests/parity/rl.sh
+EXTRA_DIST += tests/parity/rl.sh tests/parity/rl_reference.py
+CLEANFILES += tests/parity/rl.safetensors
