@@ -4,7 +4,8 @@
  * smoothing), SimPO, the GRPO policy loss under each aggregation and a PPO
  * step (token rewards, GAE, the clipped policy loss on per-token
  * advantages, the clipped value loss); inputs, losses and gradients go to
- * one safetensors file.
+ * one safetensors file, for BATCHES batches drawn from different seeds
+ * (names prefixed "b<k>.").
  *
  * Usage: rl_parity OUT.safetensors */
 #include "cai_config.h"
@@ -17,7 +18,7 @@
 #include "colossal/ckpt.h"
 #include "colossal/rl.h"
 
-enum { P = 8, R = 12, T = 24, G = 4, MAX_T = 96, MAX_META = 64 };
+enum { P = 8, R = 12, T = 24, G = 4, BATCHES = 3, MAX_T = 256, MAX_META = 160 };
 
 typedef struct {
     cai_st_tensor t[MAX_T];
@@ -28,6 +29,7 @@ typedef struct {
     int n_meta;
     void *keep[MAX_T];
     int n_keep;
+    char prefix[16]; /* "b<k>." for batch k */
 } out_file;
 
 /* Copies the data, so callers may reuse their buffers. */
@@ -37,7 +39,7 @@ static void put(out_file *o, const char *name, cai_dtype dt, int ndim, const int
     void *p = malloc(n * cai_dtype_size(dt));
     memcpy(p, data, n * cai_dtype_size(dt));
     o->keep[o->n_keep++] = p;
-    snprintf(o->names[o->n], sizeof o->names[o->n], "%s", name);
+    snprintf(o->names[o->n], sizeof o->names[o->n], "%s%s", o->prefix, name);
     cai_st_tensor *t = &o->t[o->n++];
     memset(t, 0, sizeof *t);
     t->name = o->names[o->n - 1];
@@ -59,7 +61,7 @@ static void put2(out_file *o, const char *name, cai_dtype dt, const void *data) 
 static void put_loss(out_file *o, const char *name, double loss) { put1(o, name, CAI_DTYPE_F64, 1, &loss); }
 
 static void meta(out_file *o, const char *key, const char *fmt, ...) {
-    snprintf(o->kv[o->n_meta][0], sizeof o->kv[0][0], "%s", key);
+    snprintf(o->kv[o->n_meta][0], sizeof o->kv[0][0], "%s%s", o->prefix, key);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(o->kv[o->n_meta][1], sizeof o->kv[0][1], fmt, ap);
@@ -68,8 +70,9 @@ static void meta(out_file *o, const char *key, const char *fmt, ...) {
     o->n_meta++;
 }
 
-static float uni(uint64_t stream, uint64_t i) { return cai_rng_uniform(1234, stream, i); }
-static float nrm(uint64_t stream, uint64_t i) { return cai_rng_normal(1234, stream, i); }
+static uint64_t g_seed; /* one per batch */
+static float uni(uint64_t stream, uint64_t i) { return cai_rng_uniform(g_seed, stream, i); }
+static float nrm(uint64_t stream, uint64_t i) { return cai_rng_normal(g_seed, stream, i); }
 
 static cai_status pairs(out_file *o) {
     float rc[P], rr[P], dc[P], dr[P];
@@ -132,7 +135,8 @@ static cai_status policy(out_file *o) {
         const int p = 2 + (int)(5 * uni(10, r)), len = r == 5 ? 0 : 1 + (int)((T - p) * uni(11, r));
         for (int t = 0; t < T; t++) {
             const int64_t i = (int64_t)r * T + t;
-            mask[i] = t >= p && t < p + len;
+            /* odd batches leave a hole inside longer responses (GAE skips it) */
+            mask[i] = t >= p && t < p + len && !((g_seed & 1) && len > 3 && t == p + 2);
             lp[i] = -0.05f - 3 * uni(12, i);
             old[i] = lp[i] + 0.3f * nrm(13, i);
             ref[i] = lp[i] + 0.3f * nrm(14, i);
@@ -218,8 +222,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     static out_file o;
-    cai_status st = pairs(&o);
-    if (st == CAI_OK) st = policy(&o);
+    cai_status st = CAI_OK;
+    for (int b = 0; b < BATCHES && st == CAI_OK; b++) {
+        g_seed = 1234 + (uint64_t)b;
+        snprintf(o.prefix, sizeof o.prefix, "b%d.", b);
+        st = pairs(&o);
+        if (st == CAI_OK) st = policy(&o);
+    }
+    o.prefix[0] = 0;
+    meta(&o, "batches", "%d", BATCHES);
     if (st == CAI_OK) st = cai_safetensors_write(argv[1], o.t, o.n, o.meta, o.n_meta);
     if (st != CAI_OK) cai_error_print(stderr);
     for (int i = 0; i < o.n_keep; i++) free(o.keep[i]);

@@ -10,6 +10,9 @@ token rewards with the score at the last response token, GAE, masked
 whitening, the clipped policy loss and the clipped value loss). Every loss,
 gradient and intermediate is compared within --tol (absolute plus relative).
 
+The file holds several batches (names and metadata keys prefixed "b<k>."),
+and the batches must reach the clipped branches and a group of equal rewards.
+
 Usage: rl_reference.py FILE.safetensors [--tol 1e-5]
 """
 import argparse
@@ -142,16 +145,8 @@ def ppo_value_loss(vpred, values, returns, mask, cliprange_value):
 
 # ------------------------------------------------------------ comparison
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("file")
-    ap.add_argument("--tol", type=float, default=1e-5)
-    args = ap.parse_args()
-    t, meta = read_safetensors(args.file)
-    rows = []
-
-    def check(name, ours, ref):
-        rows.append((name, f64(ours).reshape(-1), ref.detach().to(DT).reshape(-1)))
+def batch(t, meta, check, exercised):
+    """One batch's objectives: t and meta without the batch prefix."""
 
     def m(key):
         return float(meta[key])
@@ -223,6 +218,29 @@ def main():
     check("ppo value loss", t["ppo.value_loss"], vloss)
     check("ppo dvalues", t["ppo.dvalues"], vpred.grad)
     check("ppo value clip fraction", t["ppo.value_clip_fraction"], vclipfrac)
+    exercised["grpo clip"].append(float(t["grpo_token.clip_fraction"][0]))
+    exercised["ppo clip"].append(float(t["ppo.clip_fraction"][0]))
+    exercised["value clip"].append(float(t["ppo.value_clip_fraction"][0]))
+    exercised["dropped groups"].append(float((t["grpo.keep"] == 0).sum()))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--tol", type=float, default=1e-5)
+    args = ap.parse_args()
+    t, meta = read_safetensors(args.file)
+    rows = []
+    exercised = {"grpo clip": [], "ppo clip": [], "value clip": [], "dropped groups": []}
+    for b in range(int(meta["batches"])):
+        pre = f"b{b}."
+
+        def check(name, ours, ref, b=b):
+            rows.append((f"b{b} {name}", f64(ours).reshape(-1), ref.detach().to(DT).reshape(-1)))
+
+        tb = {k[len(pre):]: v for k, v in t.items() if k.startswith(pre)}
+        mb = {k[len(pre):]: v for k, v in meta.items() if k.startswith(pre)}
+        batch(tb, mb, check, exercised)
 
     bad = 0
     worst = 0.0
@@ -239,6 +257,12 @@ def main():
         if excess > 0:
             bad += 1
         print(f"{status} {name:28s} max abs {diff.max().item():.2e}  max rel {rel:.2e}")
+    # the batches must reach the clipped branches and an all-equal group, or
+    # the comparison says nothing about them
+    for what, fr in exercised.items():
+        hit = any(0 < f < 1 for f in fr) if what != "dropped groups" else any(f > 0 for f in fr)
+        print(f"{'ok  ' if hit else 'FAIL'} {what} exercised: {fr}")
+        bad += 0 if hit else 1
     print(f"{len(rows)} quantities, {bad} outside abs+rel {args.tol:g} (worst {worst:.2e})")
     sys.exit(1 if bad else 0)
 
