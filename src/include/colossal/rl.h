@@ -99,7 +99,8 @@ cai_status cai_rl_policy_loss(const cai_rl_policy_config *c, int R, int T, const
 /* ---------------------------------------------------------- advantages, GAE
  * GRPO: rewards of n_groups groups of G samples each ([n_groups*G], group
  * members adjacent); adv = (r - group mean) / (group std + eps) with
- * scale_std (population std, as TRL and DeepSeekMath), r - mean without it.
+ * scale_std (the population std; TRL and verl take torch.std, which divides
+ * by G - 1), r - mean without it.
  * keep[g] (may be NULL) = 0 for groups whose rewards are all equal (their
  * advantages are 0: DAPO drops them from the batch). */
 cai_status cai_rl_group_advantages(int n_groups, int G, const float *rewards, int scale_std, float eps, float *adv,
