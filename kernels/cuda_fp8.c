@@ -85,12 +85,20 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
         -8,           M,    N,    K,    (int64_t)a_fmt,           (int64_t)b_fmt, (int64_t)g.c.dtype, g.c.ld,
         beta != 0.0f, al_a, al_b, al_c, (int64_t)cu->lt_ws_bytes, fast_accum};
     cai_cuda_plan *plan = cai_cuda_plan_find(cu, key);
-    if (!plan) {
+    cublasStatus_t ms = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (plan && plan->valid) {
+        ms = cublasLtMatmul(cu->lt, desc, &alpha, g.b.data, la, g.a.data, lb, &beta, g.c.data, lc, g.c.data, lc,
+                            &plan->algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream);
+    } else {
+        /* The heuristic's ranking can include algorithms the launch then
+         * refuses (NOT_SUPPORTED) for FP8 operands: the first that runs is
+         * kept. A refusal happens before any work, so C is untouched. */
+        enum { TRIES = 8 };
         LT("cublasLtMatmulPreference", cai_cuda_lt_pref(cu, al_a, al_b, al_c, al_c, &pref));
-        cublasLtMatmulHeuristicResult_t res;
+        cublasLtMatmulHeuristicResult_t res[TRIES];
         int nres = 0;
-        memset(&res, 0, sizeof res);
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, 1, &res, &nres);
+        memset(res, 0, sizeof res);
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, desc, la, lb, lc, lc, pref, TRIES, res, &nres);
         if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) {
             st = CAI_ERROR(CAI_ERR_UNSUPPORTED,
                            "%s: cuBLASLt has no FP8 algorithm for [M=%" PRId64 ", N=%" PRId64 ", K=%" PRId64
@@ -99,15 +107,19 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
                            cai_dtype_name(g.c.dtype), (int)hs);
             goto done;
         }
-        plan = cai_cuda_plan_add(cu, key, &res.algo);
+        for (int i = 0; i < nres && ms != CUBLAS_STATUS_SUCCESS; i++) {
+            ms = cublasLtMatmul(cu->lt, desc, &alpha, g.b.data, la, g.a.data, lb, &beta, g.c.data, lc, g.c.data, lc,
+                                &res[i].algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream);
+            if (ms == CUBLAS_STATUS_SUCCESS) plan = cai_cuda_plan_add(cu, key, &res[i].algo);
+        }
     }
-    cublasStatus_t ms = cublasLtMatmul(cu->lt, desc, &alpha, g.b.data, la, g.a.data, lb, &beta, g.c.data, lc, g.c.data,
-                                       lc, &plan->algo, cu->lt_ws, cu->lt_ws_bytes, cu->stream);
     if (ms != CUBLAS_STATUS_SUCCESS) {
-        plan->valid = 0;
+        if (plan) plan->valid = 0;
         st = CAI_ERROR(CAI_ERR_CUDA,
-                       "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ") failed with status %d (%s)", op,
-                       M, N, K, (int)ms, cublasLtGetStatusString(ms));
+                       "%s: cublasLtMatmul (M=%" PRId64 " N=%" PRId64 " K=%" PRId64
+                       ") %s x %s -> %s, beta %g: status %d (%s) for every algorithm the heuristic offered",
+                       op, M, N, K, cai_fp8_format_name(a_fmt), cai_fp8_format_name(b_fmt), cai_dtype_name(g.c.dtype),
+                       (double)beta, (int)ms, cublasLtGetStatusString(ms));
     }
 done:
     if (pref) cublasLtMatmulPreferenceDestroy(pref);

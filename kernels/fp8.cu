@@ -23,11 +23,11 @@ __device__ __forceinline__ unsigned abs_bits(float v) {
 
 /* The delayed recipe with a scale in place casts in one pass that also
  * records the amax (k_cast); otherwise k_amax measures it first and
- * k_scale sets the scale from it. Both kernels decide from meta[0] on the
+ * k_scale sets the scale from it. Both kernels decide from meta[1] on the
  * device, before k_scale may change it; scratch[1] = 1 tells k_cast that
  * the amax is already recorded. */
 __device__ __forceinline__ int fused(const float *meta, int current, int fuse) {
-    return fuse && !current && meta[0] > 0.0f;
+    return fuse && !current && meta[1] > 0.0f;
 }
 
 template <int DT>
@@ -56,10 +56,10 @@ __device__ float scale_from_amax(float amax, float fmax, int margin, float prev)
 __global__ void k_scale(unsigned *scratch, float *meta, float fmax, int margin, int current, int fuse) {
     if (fused(meta, current, fuse)) return;
     float amax = __uint_as_float(scratch[0]);
-    if (current || !(meta[0] > 0.0f)) {
+    if (current || !(meta[1] > 0.0f)) {
         float sc = scale_from_amax(amax, fmax, margin, 0.0f);
-        meta[0] = sc;
-        meta[1] = sc > 0.0f ? 1.0f / sc : 0.0f;
+        meta[1] = sc;
+        meta[0] = sc > 0.0f ? 1.0f / sc : 0.0f;
     }
     if (amax > meta[2] || amax != amax) meta[2] = amax;
     scratch[1] = 1;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(256) k_cast(const void *x, int64_t R, int64_t 
                                               uint8_t *q, uint8_t *qt, const unsigned *scratch) {
     __shared__ uint8_t tile[32][33];
     __shared__ unsigned sh[8];
-    const float s = meta[0] > 0.0f ? meta[0] : 1.0f;
+    const float s = meta[1] > 0.0f ? meta[1] : 1.0f;
     const int record = scratch[1] == 0;
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int64_t tiles_c = (C + 31) / 32, n_tiles = tiles_c * ((R + 31) / 32);

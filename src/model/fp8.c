@@ -114,7 +114,7 @@ cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_conf
     cai_status st = CAI_OK;
     f->on = malloc((size_t)n_layers);
     f->layers = calloc((size_t)n_layers, sizeof *f->layers);
-    f->meta_len = CAI_FP8_META_LEN((size_t)cfg->amax_history);
+    f->meta_len = CAI_FP8_META_STRIDE((size_t)cfg->amax_history);
     f->n_state = (size_t)n_layers * CAI_FP8_SITE_COUNT * CAI_FP8_OPERANDS * f->meta_len;
     f->state_host = calloc(f->n_state, sizeof(float));
     if (!f->on || !f->layers || !f->state_host) {

@@ -46,7 +46,7 @@ static void expect(int ok, const char *fmt, ...) {
 static void *up(const void *host, size_t bytes) {
     void *d = NULL;
     OK(cai_device_alloc(G, bytes ? bytes : 1, "test", &d));
-    if (bytes) OK(cai_device_copy(G, d, host, bytes, CAI_COPY_H2D));
+    if (bytes && host) OK(cai_device_copy(G, d, host, bytes, CAI_COPY_H2D));
     return d;
 }
 static void down(void *host, const void *dev, size_t bytes) { OK(cai_device_copy(G, host, dev, bytes, CAI_COPY_D2H)); }
@@ -80,7 +80,7 @@ static void t_cast(void) {
                     for (int i = 0; i < 10; i++) x[i * 37] = sp[i];
                 }
                 void *dx = upload_as(x, n, dts[di], hx);
-                float meta_init[3] = {mode == 2 ? 7.5f : 0.0f, mode == 2 ? 1 / 7.5f : 0.0f, 0.5f};
+                float meta_init[3] = {mode == 2 ? 1 / 7.5f : 0.0f, mode == 2 ? 7.5f : 0.0f, 0.5f};
                 float hmeta[3], gmeta[3];
                 memcpy(hmeta, meta_init, sizeof hmeta);
                 uint8_t *hq = malloc((size_t)n), *hqt = malloc((size_t)n), *gq = malloc((size_t)n),
@@ -98,11 +98,15 @@ static void t_cast(void) {
                 down(gqt, dqt, (size_t)n);
                 down(gmeta, dm, sizeof gmeta);
                 int64_t bad = 0, first = -1;
+                /* a NaN's sign is not part of the contract: both codes NaN agree */
+                const cai_fp8_format ff = (cai_fp8_format)fmt;
+#define SAME_CODE(x, y) ((x) == (y) || (isnan(cai_fp8_to_f32((x), ff)) && isnan(cai_fp8_to_f32((y), ff))))
                 for (int64_t i = 0; i < n; i++)
-                    if (gq[i] != hq[i] || gqt[i] != hqt[i]) {
+                    if (!SAME_CODE(gq[i], hq[i]) || !SAME_CODE(gqt[i], hqt[i])) {
                         bad++;
                         if (first < 0) first = i;
                     }
+#undef SAME_CODE
                 int meta_same = memcmp(gmeta, hmeta, sizeof gmeta) == 0 ||
                                 (isnan(gmeta[2]) && isnan(hmeta[2]) && gmeta[0] == hmeta[0]);
                 expect(bad == 0 && meta_same,
@@ -164,7 +168,10 @@ static void gemm_case(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp
         printf("  fp8_gemm: %s\n", cai_error_message());
         cai_error_clear();
     }
-    double tol = cdt == CAI_DTYPE_F32 ? 1e-5 : 8e-3;
+    /* Hopper's FP8 tensor cores accumulate in fewer bits than f32 (measured
+     * on an H200: up to 1.2e-4 of max |ref| at K = 2048); the CPU reference
+     * accumulates in f32 */
+    double tol = cdt == CAI_DTYPE_F32 ? 3e-4 : 8e-3;
     expect(e <= tol, "gemm [%lld,%lld,%lld] %s x %s -> %s, beta %g: max error %.3g of max |ref| (tol %.0e)",
            (long long)M, (long long)N, (long long)K, cai_fp8_format_name(fa), cai_fp8_format_name(fb),
            cai_dtype_name(cdt), (double)beta, e, tol);
@@ -181,6 +188,10 @@ static void t_gemm(void) {
     gemm_case(256, 128, 768, E4, E5, CAI_DTYPE_F32, 1);
     gemm_case(256, 128, 768, E4, E4, CAI_DTYPE_BF16, 0);
     gemm_case(512, 768, 3072, E5, E4, CAI_DTYPE_BF16, 1);
+    /* GPT-2 124M's attention input projection at 2048 rows: forward, input gradient, weight gradient */
+    gemm_case(2048, 2304, 768, E4, E4, CAI_DTYPE_BF16, 0);
+    gemm_case(2048, 768, 2304, E5, E4, CAI_DTYPE_BF16, 0);
+    gemm_case(2304, 768, 2048, E5, E4, CAI_DTYPE_F32, 1);
     /* sizes cuBLASLt's FP8 kernels refuse: a clean error, nothing launched */
     uint8_t *q = up(NULL, 32 * 32);
     float m[3] = {1, 1, 0}, *dm = up(m, 12), *dc = up(NULL, 32 * 32 * 4);
@@ -230,8 +241,8 @@ static void t_linear(void) {
     OK(cai_convert_host(dxo, CAI_DTYPE_F32, tmp, CAI_DTYPE_BF16, (size_t)(N * IC)));
     down(dwo, gdw, (size_t)(OC * IC) * 4);
     double ey = rel_max(y, hy, N * OC), ex = rel_max(dxo, hdx, N * IC), ew = rel_max(dwo, hdw, OC * IC);
-    expect(ey < 8e-3 && ex < 8e-3 && ew < 1e-5,
-           "fp8 linear bf16: y %.2g, dx %.2g, dw %.2g of the CPU's (tol 8e-3, 8e-3, 1e-5)", ey, ex, ew);
+    expect(ey < 8e-3 && ex < 8e-3 && ew < 3e-4,
+           "fp8 linear bf16: y %.2g, dx %.2g, dw %.2g of the CPU's (tol 8e-3, 8e-3, 3e-4)", ey, ex, ew);
     OK(cai_fp8_step(fg));
     OK(cai_fp8_step(fh));
     size_t n1, n2;

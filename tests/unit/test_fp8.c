@@ -151,8 +151,8 @@ START_TEST(scaling_recipes) {
             m[CAI_FP8_META_AMAX] = amax[s];
             cai_fp8_meta_update(m, H, CAI_FP8_E4M3, (cai_fp8_amax_algo)algo, 0);
             float want = algo == CAI_FP8_AMAX_MAX ? want_max[s] : want_recent[s];
-            ck_assert_msg(m[0] == want, "algo %d step %d: scale %g, expected %g", algo, s, (double)m[0], (double)want);
-            ck_assert(m[1] == 1.0f / want);
+            ck_assert_msg(m[CAI_FP8_META_SCALE] == want, "algo %d step %d: scale %g, expected %g", algo, s, (double)m[CAI_FP8_META_SCALE], (double)want);
+            ck_assert(m[CAI_FP8_META_SCALE_INV] == 1.0f / want);
             ck_assert(m[CAI_FP8_META_AMAX] == 0.0f && m[CAI_FP8_META_AMAX + 1] == amax[s]);
             if (s >= 1) ck_assert(m[CAI_FP8_META_AMAX + 2] == amax[s - 1]);
         }
@@ -160,7 +160,7 @@ START_TEST(scaling_recipes) {
     /* an empty history keeps the scale it had (0: none yet) */
     memset(m, 0, sizeof m);
     cai_fp8_meta_update(m, H, CAI_FP8_E5M2, CAI_FP8_AMAX_MAX, 0);
-    ck_assert(m[0] == 0.0f && m[1] == 0.0f);
+    ck_assert(m[CAI_FP8_META_SCALE] == 0.0f && m[CAI_FP8_META_SCALE_INV] == 0.0f);
     ck_assert_str_eq(cai_fp8_format_name(CAI_FP8_E5M2), "e5m2");
 }
 END_TEST
@@ -182,26 +182,26 @@ START_TEST(cast_op_current_and_delayed) {
     /* scale 0: the first cast scales from this tensor's amax */
     ASSERT_OK(dev->ops->fp8_cast(dev, &Q, &QT, &X, &M, CAI_FP8_E4M3, 0, 1));
     float amax = cai_fp8_quantize_host(NULL, x, (size_t)(R * C), 1, CAI_FP8_E4M3);
-    ck_assert(meta[0] == 448.0f / amax / 2 && meta[1] == 1.0f / meta[0] && meta[2] == amax);
-    cai_fp8_quantize_host(ref, x, (size_t)(R * C), meta[0], CAI_FP8_E4M3);
+    ck_assert(meta[CAI_FP8_META_SCALE] == 448.0f / amax / 2 && meta[CAI_FP8_META_SCALE_INV] == 1.0f / meta[CAI_FP8_META_SCALE] && meta[2] == amax);
+    cai_fp8_quantize_host(ref, x, (size_t)(R * C), meta[CAI_FP8_META_SCALE], CAI_FP8_E4M3);
     for (int64_t i = 0; i < R; i++)
         for (int64_t j = 0; j < C; j++) ck_assert(q[i * C + j] == ref[i * C + j] && qt[j * R + i] == ref[i * C + j]);
     /* delayed: the given scale, the amax only recorded (running max) */
-    meta[0] = 3.0f;
-    meta[1] = 1.0f / 3;
+    meta[CAI_FP8_META_SCALE] = 3.0f;
+    meta[CAI_FP8_META_SCALE_INV] = 1.0f / 3;
     meta[2] = 100.0f;
     ASSERT_OK(dev->ops->fp8_cast(dev, &Q, NULL, &X, &M, CAI_FP8_E5M2, 0, 0));
-    ck_assert(meta[0] == 3.0f && meta[2] == 100.0f);
+    ck_assert(meta[CAI_FP8_META_SCALE] == 3.0f && meta[2] == 100.0f);
     cai_fp8_quantize_host(ref, x, (size_t)(R * C), 3.0f, CAI_FP8_E5M2);
     ck_assert(memcmp(q, ref, (size_t)(R * C)) == 0);
     meta[2] = 0.0f;
     ASSERT_OK(dev->ops->fp8_cast(dev, NULL, NULL, &X, &M, CAI_FP8_E5M2, 0, 0));
-    ck_assert(meta[2] == amax && meta[0] == 3.0f);
+    ck_assert(meta[2] == amax && meta[CAI_FP8_META_SCALE] == 3.0f);
     /* current: rescaled every call */
     ASSERT_OK(dev->ops->fp8_cast(dev, &Q, NULL, &X, &M, CAI_FP8_E5M2, 1, 0));
-    ck_assert(meta[0] == 57344.0f / amax);
+    ck_assert(meta[CAI_FP8_META_SCALE] == 57344.0f / amax);
     /* saturation: a delayed scale too large for this tensor clips to +-max */
-    meta[0] = 1e6f;
+    meta[CAI_FP8_META_SCALE] = 1e6f;
     ASSERT_OK(dev->ops->fp8_cast(dev, &Q, NULL, &X, &M, CAI_FP8_E4M3, 0, 0));
     for (int64_t i = 0; i < R * C; i++)
         if (fabsf(x[i]) * 1e6f > 464.0f) ck_assert_int_eq(q[i] & 0x7f, 0x7e);
@@ -243,7 +243,7 @@ static void gemm_case(cai_device_t *dev, int64_t M, int64_t N, int64_t K, cai_fp
     void *ws = malloc(ws_bytes);
     ASSERT_OK(dev->ops->fp8_gemm(dev, &Ct, &QA, fa, &MA, &QB, fb, &MB, beta, ws, ws_bytes));
     const double ua = fa == CAI_FP8_E4M3 ? 1.0 / 16 : 1.0 / 8, ub = fb == CAI_FP8_E4M3 ? 1.0 / 16 : 1.0 / 8;
-    const double ea = cai_fp8_to_f32(1, fa) / 2 / ma[0], eb = cai_fp8_to_f32(1, fb) / 2 / mb[0];
+    const double ea = cai_fp8_to_f32(1, fa) / 2 / ma[CAI_FP8_META_SCALE], eb = cai_fp8_to_f32(1, fb) / 2 / mb[CAI_FP8_META_SCALE];
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double exact = 0, bound = 0, mag = 0, deq = 0;
@@ -256,9 +256,9 @@ static void gemm_case(cai_device_t *dev, int64_t M, int64_t N, int64_t K, cai_fp
                 deq += xq * yq;
                 mag += fabs(xq * yq);
             }
-            deq = deq * ma[1] * mb[1] + beta * cd[i * N + j];
+            deq = deq * ma[CAI_FP8_META_SCALE_INV] * mb[CAI_FP8_META_SCALE_INV] + beta * cd[i * N + j];
             exact += beta * cd[i * N + j];
-            double got = c[i * N + j], f32_slack = (double)K * ldexp(1, -23) * mag * ma[1] * mb[1] + 1e-6;
+            double got = c[i * N + j], f32_slack = (double)K * ldexp(1, -23) * mag * ma[CAI_FP8_META_SCALE_INV] * mb[CAI_FP8_META_SCALE_INV] + 1e-6;
             /* the emulation is exactly the product of the decoded codes, up to f32 rounding */
             EXPECT(fabs(got - deq) <= f32_slack, "[%ld,%ld]: %g vs dequantised %g", (long)i, (long)j, got, deq);
             double err = fabs(got - exact), lim = bound + f32_slack;

@@ -91,12 +91,12 @@ START_TEST(linear_matches_f32_within_fp8_error) {
          * rolls the history */
         size_t n;
         const float *st = cai_fp8_state(f, &n);
-        ck_assert_uint_eq(n, (size_t)CAI_FP8_SITE_COUNT * 3 * (2 + 1024));
+        ck_assert_uint_eq(n, (size_t)CAI_FP8_SITE_COUNT * 3 * CAI_FP8_META_STRIDE(1024));
         OK(cai_fp8_step(f));
         st = cai_fp8_state(f, &n);
         float amax_x = 0;
         for (int64_t i = 0; i < N * IC; i++) amax_x = fmaxf(amax_x, fabsf(x[i]));
-        ck_assert(st[0] == 448.0f / amax_x && st[2] == 0.0f && st[3] == amax_x);
+        ck_assert(st[CAI_FP8_META_SCALE] == 448.0f / amax_x && st[2] == 0.0f && st[3] == amax_x);
         /* a site the state has no room for is refused */
         ck_assert_int_eq(cai_fp8_linear_fwd(l, CAI_FP8_SITE_UP, &Y, &X, &W, NULL, NULL), CAI_ERR_INVALID_ARG);
         float *bad = calloc(4, 4);
@@ -248,7 +248,8 @@ START_TEST(training_tracks_f32_loss_curve) {
             size_t n;
             const float *st = cai_fp8_state(cai_model_fp8(fp.m), &n);
             size_t per_layer = n / 4;
-            ck_assert(st[0] == 0.0f && st[per_layer] > 0.0f); /* block 0 stays f32 ("auto"), block 1 is FP8 */
+            ck_assert(st[CAI_FP8_META_SCALE] == 0.0f &&
+                      st[per_layer + CAI_FP8_META_SCALE] > 0.0f); /* block 0 stays f32 ("auto"), block 1 is FP8 */
             run_free(&ref);
             run_free(&fp);
         }

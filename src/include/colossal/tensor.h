@@ -205,13 +205,17 @@ typedef enum {
 } cai_fp8_amax_algo;
 
 /* The scaling state of one tensor ("meta"), F32 [CAI_FP8_META_LEN(H)]:
- * [0] scale, [1] 1/scale, [2 ...] the amax history, newest first; slot 2 is
+ * [0] 1/scale, [1] scale, [2 ...] the amax history, newest first; slot 2 is
  * the running maximum of the step in progress. scale 0 means no scale yet:
  * the next cast scales from the tensor's own amax (the first step of a
- * delayed recipe). */
+ * delayed recipe). 1/scale comes first because cuBLASLt reads it through a
+ * scale pointer that must be 16-byte aligned (a meta that starts at a
+ * multiple of 16 bytes, as CAI_FP8_META_STRIDE keeps them). */
 #define CAI_FP8_META_LEN(h) (2 + (h))
-#define CAI_FP8_META_SCALE 0
-#define CAI_FP8_META_SCALE_INV 1
+/* Floats between consecutive metas in one buffer: a multiple of 4. */
+#define CAI_FP8_META_STRIDE(h) ((CAI_FP8_META_LEN(h) + 3) / 4 * 4)
+#define CAI_FP8_META_SCALE_INV 0
+#define CAI_FP8_META_SCALE 1
 #define CAI_FP8_META_AMAX 2
 
 /* fp8_max / amax / 2^margin; prev when amax is 0, not finite, or the
