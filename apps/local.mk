@@ -23,5 +23,6 @@ include $(srcdir)/apps/data.mk
 include $(srcdir)/apps/pretrain.mk
 include $(srcdir)/apps/sft.mk
 include $(srcdir)/apps/moe.mk
+include $(srcdir)/apps/rlhf.mk
 include $(srcdir)/apps/ckpt.mk
 include $(srcdir)/apps/infer.mk
