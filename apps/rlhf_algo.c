@@ -345,12 +345,12 @@ static cai_status pairs_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_s
     const double n = j->sums.pairs > 0 ? j->sums.pairs : 1;
     if (c->algo == RL_RM)
         cai_run_json(run,
-                     "\"kind\":\"rl\",\"algo\":\"rm\",\"step\":%lld,\"loss\":%.9g,\"accuracy\":%.6f,\"margin\":%.6g",
+                     "\"kind\":\"rl\",\"algo\":\"rm\",\"step\":%lld,\"loss\":%.9g,\"accuracy\":%.9g,\"margin\":%.9g",
                      (long long)step, (double)st->loss, j->sums.acc / n, j->sums.margin / n);
     else
         cai_run_json(run,
-                     "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"accuracy\":%.6f,\"margin\":%.6g,"
-                     "\"chosen_reward\":%.6g,\"rejected_reward\":%.6g",
+                     "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"accuracy\":%.9g,\"margin\":%.9g,"
+                     "\"chosen_reward\":%.9g,\"rejected_reward\":%.9g",
                      c->dpo_loss == CAI_RL_SIMPO ? "simpo" : "dpo", (long long)step, (double)st->loss, j->sums.acc / n,
                      j->sums.margin / n, j->sums.chosen / n, j->sums.rejected / n);
     return CAI_OK;
@@ -671,7 +671,7 @@ cai_status rl_evaluate(rl_job *j, cai_run_t *run, int64_t step, int *ran) {
     int64_t count = 0;
     if (pairs) CAI_CALL(pairs_eval(j, run, &acc, &extra, &count));
     else CAI_CALL(prompts_eval(j, run, &acc, &extra, &count));
-    cai_run_json(run, "\"kind\":\"rl_eval\",\"algo\":\"%s\",\"step\":%lld,\"accuracy\":%.6f,\"%s\":%.6g,\"count\":%lld",
+    cai_run_json(run, "\"kind\":\"rl_eval\",\"algo\":\"%s\",\"step\":%lld,\"accuracy\":%.9g,\"%s\":%.9g,\"count\":%lld",
                  rl_algo_names[c->algo], (long long)step, acc, pairs ? "margin" : "reward_mean", extra,
                  (long long)count);
     if (cai_run_rank(run) == 0) {

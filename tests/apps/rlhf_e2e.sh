@@ -1,0 +1,148 @@
+#!/bin/sh
+# colossal-rlhf end to end on CPU with nothing downloaded (docs/rlhf.md): a
+# tiny pretrained GPT-2 and the embedded arithmetic (colossal-data
+# rl-example) under each algorithm. Data parallelism gives one rank's
+# numbers (rm, dpo, grpo: 2 ranks x 1 microbatch against 1 rank x 2), DPO
+# starts at log 2 (policy = reference), a stopped GRPO run and a stopped
+# reward-model run (its head in the checkpoint) resume to the uninterrupted
+# run's rewards and losses, PPO trains, and bad input is refused naming
+# what is wrong.
+. "$top_srcdir/tests/apps/sft_lib.sh"
+RLHF_BIN="$top_builddir/apps/colossal-rlhf"
+sft_setup
+"$DATA_BIN" rl-example --out "$TMP/rl" --docs 300 --seed 7 --held_out 10 >"$TMP/out" 2>"$TMP/err" ||
+    fail "rl-example failed"
+for f in prompts_train prompts_held_out prefs_train prefs_held_out; do
+    [ -s "$TMP/rl/$f.jsonl" ] || fail "rl-example wrote no $f.jsonl"
+done
+
+run_rl() {
+    n=$1
+    shift
+    echo "+ $MPIEXEC -n $n colossal-rlhf $*"
+    RC=0
+    # shellcheck disable=SC2086
+    $MPIEXEC -n "$n" --oversubscribe "$RLHF_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-rlhf $*"
+}
+# rl KEY FILE: "step value" of KEY in the kind rl records
+rl() { grep '"kind":"rl"' "$2" | sed -n "s/.*\"step\":\([0-9]*\).*\"$1\":\([-+0-9.eE]*\).*/\1 \2/p"; }
+# close KEY A B WHAT [FLOOR]: KEY of two runs' kind rl records within 1e-5
+# relative to the larger of the value and FLOOR (default 1e-3; a margin, a
+# difference of two rewards of order 0.1 that cancel, at the rewards' scale)
+close() {
+    rl "$1" "$2" >"$TMP/a"
+    rl "$1" "$3" >"$TMP/b"
+    [ -s "$TMP/a" ] || fail "no $1 records in $2"
+    paste "$TMP/a" "$TMP/b" | awk -v k="$1" -v w="$4" -v f="${5:-1e-3}" '{d=$2-$4; if (d<0) d=-d; s=($2<0?-$2:$2); r=d/(s>f?s:f);
+        if (r>m) m=r; n++} END{printf "%s: %d steps, max relative difference %s %.2e\n", k, n, w, m; exit !(n>0 && m<=1e-5)}' ||
+        fail "$1 differs ($4) by more than 1e-5"
+}
+# same_rl A B WHAT: the kind rl records of two runs equal but for their timings
+same_rl() {
+    grep '"kind":"rl"' "$1" | sed 's/,"rollout_s".*//' >"$TMP/a"
+    grep '"kind":"rl"' "$2" | sed 's/,"rollout_s".*//' >"$TMP/b"
+    [ -s "$TMP/a" ] || fail "no rl records in $1"
+    cmp -s "$TMP/a" "$TMP/b" || { diff "$TMP/a" "$TMP/b" >&2; fail "$3: the rl records differ"; }
+}
+RL="--model.path $TMP/pt/checkpoints --train.seq_len 64 --log.timestamps false --run.peak_tflops 1 --log.interval 1
+  --optim.warmup_steps 1"
+PREFS="--data.train $TMP/rl/prefs_train.jsonl --data.valid $TMP/rl/prefs_held_out.jsonl"
+PROMPTS="--data.train $TMP/rl/prompts_train.jsonl --data.valid $TMP/rl/prompts_held_out.jsonl --eval.samples 8"
+
+# reward model: 1 rank x 2 microbatches = 2 ranks x 1
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo rm $RL $PREFS --train.steps 6 --train.micro_batch 2 --train.grad_accum 2 --optim.lr 1e-3 \
+    --rm.head_std 0.02 --checkpoint.every 3 --run.dir "$TMP/rm1"
+expect_ok
+expect_grep out '^eval at step 6 \| held-out pairs ranked right [0-9]+/[0-9]+'
+# shellcheck disable=SC2086
+run_rl 2 --rlhf.algo rm $RL $PREFS --train.steps 6 --train.micro_batch 2 --optim.lr 1e-3 --rm.head_std 0.02 \
+    --run.dir "$TMP/rm2"
+expect_ok
+close loss "$TMP/rm1/metrics.jsonl" "$TMP/rm2/metrics.jsonl" "rm, 1 vs 2 ranks"
+close margin "$TMP/rm1/metrics.jsonl" "$TMP/rm2/metrics.jsonl" "rm, 1 vs 2 ranks" 0.1
+# stopped at step 3 and resumed: the head and its moments come back
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo rm $RL $PREFS --train.steps 6 --train.micro_batch 2 --train.grad_accum 2 --optim.lr 1e-3 \
+    --rm.head_std 0.02 --checkpoint.every 3 --train.stop_at 3 --run.dir "$TMP/rm3"
+expect_rc 3
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo rm $RL $PREFS --train.steps 6 --train.micro_batch 2 --train.grad_accum 2 --optim.lr 1e-3 \
+    --rm.head_std 0.02 --checkpoint.every 3 --resume latest --run.dir "$TMP/rm3"
+expect_ok
+same_rl "$TMP/rm1/metrics.jsonl" "$TMP/rm3/metrics.jsonl" "rm resumed at step 3"
+
+# DPO: the policy starts as the reference, so the first loss is log 2
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo dpo $RL $PREFS --train.steps 4 --train.micro_batch 2 --train.grad_accum 2 --optim.lr 1e-4 \
+    --run.dir "$TMP/dpo1"
+expect_ok
+rl loss "$TMP/dpo1/metrics.jsonl" | awk 'NR==1{d=$2-log(2); if (d<0) d=-d; printf "dpo step 1 loss %s (log 2 %.7f)\n", $2, log(2);
+    exit !(d<1e-6)}' || fail "the first DPO loss is not log 2"
+# shellcheck disable=SC2086
+run_rl 2 --rlhf.algo dpo $RL $PREFS --train.steps 4 --train.micro_batch 2 --optim.lr 1e-4 --run.dir "$TMP/dpo2"
+expect_ok
+close loss "$TMP/dpo1/metrics.jsonl" "$TMP/dpo2/metrics.jsonl" "dpo, 1 vs 2 ranks"
+# SimPO needs no reference
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo dpo --dpo.loss simpo --dpo.beta 2 $RL $PREFS --train.steps 2 --train.micro_batch 2 \
+    --run.dir "$TMP/simpo"
+expect_ok
+expect_no_grep out 'reference: a frozen copy'
+
+# GRPO: 8 prompts x 4 samples a step; 1 rank (2 microbatches of 16) = 2
+# ranks (one of 16 each): every rollout is drawn from (seed, step, prompt,
+# sample), so the rewards agree and the losses within rounding
+G="--rlhf.algo grpo $RL $PROMPTS --train.steps 4 --rollout.prompts 8 --rollout.samples 4 --train.micro_batch 16
+  --optim.lr 1e-4 --checkpoint.every 2"
+# shellcheck disable=SC2086
+run_rl 1 $G --run.dir "$TMP/g1"
+expect_ok
+expect_grep out '^eval at step 0 \| held-out exact match [0-9]+/8'
+# shellcheck disable=SC2086
+run_rl 2 $G --run.dir "$TMP/g2"
+expect_ok
+close reward_mean "$TMP/g1/metrics.jsonl" "$TMP/g2/metrics.jsonl" "grpo, 1 vs 2 ranks"
+close loss "$TMP/g1/metrics.jsonl" "$TMP/g2/metrics.jsonl" "grpo, 1 vs 2 ranks"
+# killed after step 2 (its checkpoint) and resumed: the same rollouts,
+# rewards and losses as the uninterrupted run
+# shellcheck disable=SC2086
+run_rl 1 $G --train.stop_at 2 --run.dir "$TMP/g3"
+expect_rc 3
+# shellcheck disable=SC2086
+run_rl 1 $G --resume latest --run.dir "$TMP/g3"
+expect_ok
+same_rl "$TMP/g1/metrics.jsonl" "$TMP/g3/metrics.jsonl" "grpo resumed at step 2"
+
+# PPO with the value head on the policy
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo ppo $RL $PROMPTS --train.steps 3 --rollout.prompts 8 --rollout.samples 2 --train.micro_batch 8 \
+    --optim.lr 1e-4 --rollout.passes 2 --run.dir "$TMP/ppo"
+expect_ok
+[ "$(rl loss "$TMP/ppo/metrics.jsonl" | wc -l)" -eq 3 ] || fail "ppo: expected 3 rl records"
+rl value_clip_fraction "$TMP/ppo/metrics.jsonl" | awk '{if ($2 != $2+0) exit 1}' || fail "ppo: no value statistics"
+
+# Bad input
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo grpo $RL $PROMPTS --zero.stage 1 --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err 'zero.stage=1.*rollouts read the policy'"'"'s weights in place'
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo grpo $RL $PROMPTS --reward.functions exact_match,no_such_reward --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err 'no_such_reward'
+expect_grep err 'exact_match'
+head -n 2 "$TMP/rl/prefs_train.jsonl" >"$TMP/badprefs.jsonl"
+echo '{"context": [{"role": "user", "content": "What is 2 + 2?"}], "chosen": [{"role": "assistant", "content": "4"}]}' \
+    >>"$TMP/badprefs.jsonl"
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo dpo $RL --data.train "$TMP/badprefs.jsonl" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err 'badprefs.jsonl:3: .*rejected'
+echo '{"messages": [{"role": "system", "content": "Be brief."}], "answer": "4"}' >"$TMP/badprompts.jsonl"
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo grpo $RL --data.train "$TMP/badprompts.jsonl" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err 'badprompts.jsonl:1: .*user'
+echo "PASS"
