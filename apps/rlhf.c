@@ -94,8 +94,10 @@ static const cai_config_field k_fields[] = {
     F("rollout.top_p", CAI_CFG_DOUBLE, top_p, "1.0", "grpo, ppo: nucleus sampling, (0, 1]", 1e-6, 1),
     F("rollout.top_k", CAI_CFG_INT, top_k, "0", "grpo, ppo: top-k sampling; 0: off", 0, 1 << 24),
     S("rollout.stop", stop, "\n", "grpo, ppo: a stop string ending a response (empty: none)"),
-    F("rollout.kv_memory", CAI_CFG_BYTES, kv_memory, "256M", "grpo, ppo: the rollout engine's KV-cache pool",
-      CAI_CFG_NO_RANGE),
+    {"rollout.kv_memory", CAI_CFG_BYTES, offsetof(rl_config, kv_memory), "auto",
+     "grpo, ppo: the rollout engine's KV-cache pool; auto: half the GPU memory free after the models are built "
+     "(256 MiB on the host)",
+     CAI_CFG_NO_RANGE, cai_config_bytes_auto, NULL},
     S("reward.functions", rewards, "exact_match,format:0.1",
       "grpo, ppo: verifiable rewards summed with weights, name[:weight] comma-separated (exact_match, format)"),
     F("policy.clip_low", CAI_CFG_DOUBLE, clip_low, "0.2", "grpo, ppo: ratio clip below 1", 0, 1),
@@ -370,6 +372,15 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     if (is_policy(c)) {
         cai_engine_options eo = cai_engine_options_default();
         eo.kv_memory = (size_t)c->kv_memory;
+        if (c->kv_memory == CAI_CFG_BYTES_AUTO) {
+            /* a pool that holds every rollout of a step keeps them all in one batch */
+            size_t free_b = 0, total_b = 0;
+            cai_device_t *dev = cai_run_device(run);
+            eo.kv_memory = (size_t)256 << 20;
+            if (dev->kind != CAI_DEVICE_HOST && cai_device_mem_info(dev, &free_b, &total_b) == CAI_OK)
+                eo.kv_memory = free_b / 2;
+            cai_error_clear();
+        }
         eo.max_batch = c->prompts / dp * c->group;
         eo.eos_id = j->eos;
         eo.seed = (uint64_t)c->seed;
