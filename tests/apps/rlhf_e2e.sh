@@ -84,6 +84,17 @@ rl loss "$TMP/dpo1/metrics.jsonl" | awk 'NR==1{d=$2-log(2); if (d<0) d=-d; print
 run_rl 2 --rlhf.algo dpo $RL $PREFS --train.steps 4 --train.micro_batch 2 --optim.lr 1e-4 --run.dir "$TMP/dpo2"
 expect_ok
 close loss "$TMP/dpo1/metrics.jsonl" "$TMP/dpo2/metrics.jsonl" "dpo, 1 vs 2 ranks"
+# tensor parallel (vocabulary-parallel cross-entropy under the objective) and ZeRO-3
+# shellcheck disable=SC2086
+run_rl 2 --rlhf.algo dpo $RL $PREFS --train.steps 4 --train.micro_batch 2 --train.grad_accum 2 --optim.lr 1e-4 \
+    --mesh.tp 2 --run.dir "$TMP/dpo-tp2"
+expect_ok
+close loss "$TMP/dpo1/metrics.jsonl" "$TMP/dpo-tp2/metrics.jsonl" "dpo, tp 2"
+# shellcheck disable=SC2086
+run_rl 2 --rlhf.algo dpo $RL $PREFS --train.steps 4 --train.micro_batch 2 --optim.lr 1e-4 --zero.stage 3 \
+    --run.dir "$TMP/dpo-z3"
+expect_ok
+close loss "$TMP/dpo1/metrics.jsonl" "$TMP/dpo-z3/metrics.jsonl" "dpo, ZeRO-3 over 2 ranks"
 # SimPO needs no reference
 # shellcheck disable=SC2086
 run_rl 1 --rlhf.algo dpo --dpo.loss simpo --dpo.beta 2 $RL $PREFS --train.steps 2 --train.micro_batch 2 \
