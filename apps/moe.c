@@ -80,7 +80,7 @@ static const cai_config_field k_fields[] = {
     F("train.seq_len", CAI_CFG_INT, pt.seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
     F("train.seed", CAI_CFG_INT64, pt.data_seed, "1234", "sample order seed", 0, BIG),
 
-    TC_OPTIM_FIELDS(moe_app_config, pt.tr, "1e-3"),
+    TC_OPTIM_FIELDS(moe_app_config, pt.tr, "1e-3", "1e-4"),
     TC_ZERO_FIELDS(moe_app_config, pt.tr),
 
     F("eval.interval", CAI_CFG_INT64, pt.eval_interval, "100",

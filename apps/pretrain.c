@@ -106,7 +106,7 @@ static const cai_config_field k_fields[] = {
     F("train.seq_len", CAI_CFG_INT, seq_len, "128", "tokens per sequence (also the model's maximum)", 2, 1 << 20),
     F("train.seed", CAI_CFG_INT64, data_seed, "1234", "sample order seed", 0, BIG),
 
-    TC_OPTIM_FIELDS(pt_config, tr, "1e-3"),
+    TC_OPTIM_FIELDS(pt_config, tr, "1e-3", "1e-4"),
 
     TC_ZERO_FIELDS(pt_config, tr),
 

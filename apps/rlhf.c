@@ -120,7 +120,7 @@ static const cai_config_field k_fields[] = {
     F("ppo.whiten", CAI_CFG_BOOL, whiten, "true", "normalise advantages over the batch's counted tokens",
       CAI_CFG_NO_RANGE),
 
-    TC_OPTIM_FIELDS(rl_config, tr, "1e-5"),
+    TC_OPTIM_FIELDS(rl_config, tr, "1e-5", "1e-6"),
     TC_ZERO_FIELDS(rl_config, tr),
 
     F("eval.interval", CAI_CFG_INT64, eval_interval, "0",

@@ -98,7 +98,7 @@ static const cai_config_field k_fields[] = {
     F("train.seq_len", CAI_CFG_INT, seq_len, "0", "tokens per row; 0: the model's maximum", 0, 1 << 20),
     F("train.seed", CAI_CFG_INT64, data_seed, "1234", "row order seed (each epoch shuffles again)", 0, BIG),
 
-    TC_OPTIM_FIELDS(sft_config, tr, "1e-4"),
+    TC_OPTIM_FIELDS(sft_config, tr, "1e-4", "1e-4"),
     TC_ZERO_FIELDS(sft_config, tr),
     LORA_APP_FIELDS(sft_config, lora),
 

@@ -44,14 +44,15 @@ void tc_fill_choices(void);
     { key, t, offsetof(type, m.field), def, doc, lo, hi, choices, NULL }
 #define TC_BIG 1e15
 
-/* optim.*: list TC_OPTIM_FIELDS(app_struct, member, "1e-3") in the field
- * table, `member` a tc_options. */
-#define TC_OPTIM_FIELDS(type, m, default_lr)                                                                          \
+/* optim.*: list TC_OPTIM_FIELDS(app_struct, member, "1e-3", "1e-4") in the
+ * field table, `member` a tc_options; the defaults of optim.lr and
+ * optim.min_lr (an app's cosine decays, never rises). */
+#define TC_OPTIM_FIELDS(type, m, default_lr, default_min_lr)                                                          \
     TC_FIELD(type, m, "optim.schedule", CAI_CFG_ENUM, schedule, "cosine", "learning rate after the linear warmup",    \
              1.0, 0.0, tc_schedules),                                                                                 \
         TC_FIELD(type, m, "optim.lr", CAI_CFG_DOUBLE, lr, default_lr, "peak learning rate", 0, 10, NULL),             \
-        TC_FIELD(type, m, "optim.min_lr", CAI_CFG_DOUBLE, min_lr, "1e-4", "learning rate at the end of the decay", 0, \
-                 10, NULL),                                                                                           \
+        TC_FIELD(type, m, "optim.min_lr", CAI_CFG_DOUBLE, min_lr, default_min_lr,                                     \
+                 "learning rate at the end of the decay", 0, 10, NULL),                                               \
         TC_FIELD(type, m, "optim.warmup_steps", CAI_CFG_INT64, warmup, "20", "linear warmup steps", 0, TC_BIG, NULL), \
         TC_FIELD(type, m, "optim.decay_steps", CAI_CFG_INT64, decay_steps, "0",                                       \
                  "step at which the decay reaches min_lr; 0: train.steps", 0, TC_BIG, NULL),                          \
