@@ -277,6 +277,7 @@ static cai_status save_hook(void *ctx, cai_run_t *run, cai_ckpt_meta *m, const c
 static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckpt_meta *m, cai_ckpt_stats *st) {
     rl_job *j = ctx;
     CAI_CALL(tc_engine_load(&j->eng, run, path, m, st));
+    cai_engine_weights_changed(j->gen);
     if (m->data_seed != (uint64_t)j->cfg->seed)
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: data and rollouts change from here", path,
                  (unsigned long long)m->data_seed, (long long)j->cfg->seed);

@@ -604,6 +604,7 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         if (j->head) cai_rl_head_zero_grad(j->head);
         CAI_CALL(train_mode(j, RL_MODE_POLICY, c->algo == RL_PPO));
         CAI_CALL(tc_engine_step(&j->eng, run, step, j->tok, j->tgt, j->n_micro, st));
+        cai_engine_weights_changed(j->gen); /* its cached prompt blocks are the old policy's */
         if (j->head) CAI_CALL(head_update(j, run, st));
         else j->optim_steps++;
     }

@@ -393,6 +393,10 @@ void cai_engine_free(cai_engine_t *e) {
     cai_free(e);
 }
 
+void cai_engine_weights_changed(cai_engine_t *e) {
+    if (e) cai_kv_pool_forget(&e->pool);
+}
+
 void cai_engine_set_decoder(cai_engine_t *e, cai_decode_fn decode, void *ctx) {
     e->decode = decode;
     e->decode_ctx = ctx;

@@ -110,6 +110,11 @@ void cai_kv_pool_register(cai_kv_pool *p, int32_t b, uint64_t h, int32_t parent,
     memcpy(p->tokens + (size_t)b * (size_t)p->bs, tokens, (size_t)p->bs * sizeof *tokens);
 }
 
+void cai_kv_pool_forget(cai_kv_pool *p) {
+    for (int64_t i = 0; i < p->table_cap; i++) p->table[i] = -1;
+    for (int64_t b = 0; b < p->n; b++) p->hash[b] = 0;
+}
+
 int32_t cai_kv_pool_lookup(const cai_kv_pool *p, uint64_t h, int32_t parent, const int32_t *tokens) {
     for (int64_t i = slot_of(p, h), k = 0; k < p->table_cap; k++, i = (i + 1) & (p->table_cap - 1)) {
         int32_t b = p->table[i];

@@ -36,5 +36,8 @@ uint64_t cai_kv_block_hash(uint64_t parent_hash, const int32_t *tokens, int64_t 
 void cai_kv_pool_register(cai_kv_pool *p, int32_t b, uint64_t h, int32_t parent, const int32_t *tokens);
 /* The registered block with this hash, tokens and parent, or -1. */
 int32_t cai_kv_pool_lookup(const cai_kv_pool *p, uint64_t h, int32_t parent, const int32_t *tokens);
+/* Empty the prefix index: no block is found by lookup until registered
+ * again (the weights that computed them changed). */
+void cai_kv_pool_forget(cai_kv_pool *p);
 
 #endif

@@ -290,7 +290,10 @@ START_TEST(prompt_scores_match_full_forward) {
 }
 END_TEST
 
-/* The engine reads the model's weights live: an update is what it uses next. */
+/* The engine reads the model's weights live: an update is what it uses
+ * next, once cai_engine_weights_changed has dropped the prompt blocks the
+ * old weights computed (the prompt holds two full blocks of 16, which the
+ * second round would otherwise share). */
 START_TEST(weights_are_shared_live_with_the_model) {
     cai_model_config c = tiny(CAI_MODEL_GPT2);
     cai_model_t *m = NULL;
@@ -298,10 +301,12 @@ START_TEST(weights_are_shared_live_with_the_model) {
     OK(cai_model_create(&m, dev, &c, &mo));
     cai_engine_t *e = NULL;
     OK(cai_engine_create(&e, cai_model_weights(m), NULL, NULL));
-    int32_t prompt[6] = {1, 2, 3, 4, 5, 6}, before[N_NEW], after[N_NEW];
+    enum { P = 34 };
+    int32_t prompt[P], before[N_NEW], after[N_NEW];
+    for (int i = 0; i < P; i++) prompt[i] = 1 + (i * 7) % 50;
     cai_sampling_params sp = greedy();
     for (int round = 0; round < 2; round++) {
-        OK(cai_engine_add(e, round, prompt, 6, &sp, 0));
+        OK(cai_engine_add(e, round, prompt, P, &sp, 0));
         while (cai_engine_pending(e) > 0) OK(cai_engine_step(e));
         cai_engine_output out;
         ck_assert(cai_engine_take(e, &out));
@@ -314,9 +319,13 @@ START_TEST(weights_are_shared_live_with_the_model) {
         float *d = wt.data;
         for (int64_t i = 0; i < cai_tensor_numel(&wt); i++) d[i] = -d[i] * 1.5f;
         OK(cai_model_params_updated(m));
+        cai_engine_weights_changed(e);
     }
+    cai_engine_stats st;
+    cai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.prefix_hit_tokens, 0);
     int32_t ref[N_NEW];
-    reference(m, prompt, 6, N_NEW, ref);
+    reference(m, prompt, P, N_NEW, ref);
     ck_assert(memcmp(after, ref, sizeof ref) == 0);
     ck_assert(memcmp(after, before, sizeof ref) != 0);
     cai_engine_free(e);

@@ -261,6 +261,11 @@ void cai_engine_free(cai_engine_t *e);
 cai_status cai_engine_add(cai_engine_t *e, int64_t tag, const int32_t *prompt, int64_t n_prompt,
                           const cai_sampling_params *sp, int score);
 
+/* The weights changed (an optimizer step, a load): blocks cached for
+ * prefix sharing hold keys and values the old weights computed, so the
+ * prefix index forgets them and later prompts compute theirs again.
+ * Sequences still running keep what they hold. Not collective. */
+void cai_engine_weights_changed(cai_engine_t *e);
 /* Stop strings need text: the engine asks `decode` for the output so far
  * after each token of a request that has stop strings. */
 typedef cai_status (*cai_decode_fn)(void *ctx, const int32_t *ids, size_t n, cai_byte_buf *out);
