@@ -343,14 +343,7 @@ cai_status cai_sft_example_conversation(const cai_sft_example_config *cfg, int64
     return CAI_OK;
 }
 
-/* A JSONL file written under a temporary name, renamed when complete. */
-typedef struct {
-    const char *path;
-    char *tmp;
-    FILE *f;
-} out_file;
-
-static cai_status out_open(out_file *o, const char *path) {
+cai_status cai_out_file_open(cai_out_file *o, const char *path) {
     memset(o, 0, sizeof *o);
     if (!path) return CAI_OK;
     o->path = path;
@@ -362,7 +355,7 @@ static cai_status out_open(out_file *o, const char *path) {
     return CAI_OK;
 }
 
-static cai_status out_close(out_file *o, cai_status st) {
+cai_status cai_out_file_close(cai_out_file *o, cai_status st) {
     if (o->f && fclose(o->f) != 0 && st == CAI_OK)
         st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", o->tmp, strerror(errno));
     if (o->f && st == CAI_OK && rename(o->tmp, o->path) != 0)
@@ -394,10 +387,10 @@ static cai_status write_conversation(FILE *f, const char *path, const cai_chat_c
 cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_out_path,
                                  int64_t *n_train, int64_t *n_held) {
     CAI_CHECK_ARG(cfg && cfg->n >= 0, "cai_sft_example_write: bad arguments");
-    out_file files[2] = {{0}};
+    cai_out_file files[2] = {{0}};
     int64_t counts[2] = {0, 0};
-    cai_status st = out_open(&files[0], train_path);
-    if (st == CAI_OK) st = out_open(&files[1], held_out_path);
+    cai_status st = cai_out_file_open(&files[0], train_path);
+    if (st == CAI_OK) st = cai_out_file_open(&files[1], held_out_path);
     for (int64_t i = 0; i < cfg->n && st == CAI_OK; i++) {
         cai_chat_conversation c;
         int held = 0;
@@ -407,8 +400,8 @@ cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *
         if (files[held].f) st = write_conversation(files[held].f, files[held].tmp, &c);
         cai_chat_conversation_free(&c);
     }
-    st = out_close(&files[0], st);
-    st = out_close(&files[1], st);
+    st = cai_out_file_close(&files[0], st);
+    st = cai_out_file_close(&files[1], st);
     if (n_train) *n_train = counts[0];
     if (n_held) *n_held = counts[1];
     return st;

@@ -584,35 +584,6 @@ static int arithmetic(const cai_chat_conversation *c, const char **question, lon
     return 1;
 }
 
-typedef struct {
-    const char *path;
-    char *tmp;
-    FILE *f;
-} out_file;
-
-static cai_status out_open(out_file *o, const char *path) {
-    memset(o, 0, sizeof *o);
-    if (!path) return CAI_OK;
-    o->path = path;
-    o->tmp = malloc(strlen(path) + 5);
-    if (!o->tmp) return CAI_ERROR(CAI_ERR_NOMEM, "file name");
-    sprintf(o->tmp, "%s.tmp", path);
-    o->f = fopen(o->tmp, "wb");
-    if (!o->f) return CAI_ERROR(CAI_ERR_IO, "%s: cannot create: %s", o->tmp, strerror(errno));
-    return CAI_OK;
-}
-
-static cai_status out_close(out_file *o, cai_status st) {
-    if (o->f && fclose(o->f) != 0 && st == CAI_OK)
-        st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", o->tmp, strerror(errno));
-    if (o->f && st == CAI_OK && rename(o->tmp, o->path) != 0)
-        st = CAI_ERROR(CAI_ERR_IO, "rename %s -> %s failed: %s", o->tmp, o->path, strerror(errno));
-    if (o->f && st != CAI_OK) remove(o->tmp);
-    free(o->tmp);
-    memset(o, 0, sizeof *o);
-    return st;
-}
-
 static cai_status put_json(FILE *f, const char *path, json_t *o) {
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     cai_status st = CAI_OK;
@@ -648,10 +619,10 @@ typedef enum { EX_PROMPTS, EX_PREFS } ex_kind;
 static cai_status example_write(ex_kind kind, const cai_sft_example_config *cfg, const char *train_path,
                                 const char *held_path, int64_t *n_train, int64_t *n_held) {
     CAI_CHECK_ARG(cfg && cfg->n >= 0, "rl example: bad arguments");
-    out_file files[2] = {{0}};
+    cai_out_file files[2] = {{0}};
     int64_t counts[2] = {0, 0};
-    cai_status st = out_open(&files[0], train_path);
-    if (st == CAI_OK) st = out_open(&files[1], held_path);
+    cai_status st = cai_out_file_open(&files[0], train_path);
+    if (st == CAI_OK) st = cai_out_file_open(&files[1], held_path);
     for (int64_t i = 0; i < cfg->n && st == CAI_OK; i++) {
         cai_chat_conversation c;
         int held = 0;
@@ -677,8 +648,8 @@ static cai_status example_write(ex_kind kind, const cai_sft_example_config *cfg,
         }
         cai_chat_conversation_free(&c);
     }
-    st = out_close(&files[0], st);
-    st = out_close(&files[1], st);
+    st = cai_out_file_close(&files[0], st);
+    st = cai_out_file_close(&files[1], st);
     if (n_train) *n_train = counts[0];
     if (n_held) *n_held = counts[1];
     return st;

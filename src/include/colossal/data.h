@@ -441,6 +441,18 @@ cai_status cai_corpus_document(uint64_t seed, int64_t index, char *buf, size_t c
  * and renamed. Not collective. */
 cai_status cai_corpus_write(const char *path, int64_t n_docs, uint64_t seed, cai_preprocess_format format);
 
+/* A file written under PATH.tmp and renamed to PATH when complete, so a
+ * reader never sees half of it: open (path NULL: a no-op file whose f is
+ * NULL), write to f, then close with the status so far (not CAI_OK: the
+ * temporary file is removed). Not collective. */
+typedef struct {
+    const char *path;
+    char *tmp;
+    FILE *f;
+} cai_out_file;
+cai_status cai_out_file_open(cai_out_file *o, const char *path);
+cai_status cai_out_file_close(cai_out_file *o, cai_status st);
+
 /* ======================================================= end of datasets */
 
 /* ======================================================================
@@ -508,8 +520,8 @@ cai_status cai_chat_template_render(const cai_chat_template_t *t, const cai_chat
  * cai_bpe_vocab_size(tok) rows. */
 int cai_chat_template_n_special(const cai_chat_template_t *t);
 const char *cai_chat_template_special(const cai_chat_template_t *t, int i);
-void cai_chat_template_missing_tokens(const cai_chat_template_t *t, const cai_bpe_t *tok, const char **missing,
-                                      int cap, int *n_missing);
+void cai_chat_template_missing_tokens(const cai_chat_template_t *t, const cai_bpe_t *tok, const char **missing, int cap,
+                                      int *n_missing);
 cai_status cai_chat_template_add_tokens(const cai_chat_template_t *t, cai_bpe_t *tok, int *n_new);
 
 /* The builtins by number, for callers with an enum option (colossal-infer). */
@@ -588,8 +600,8 @@ typedef struct {
     int n_inputs;
     const char *output_prefix;
     const cai_chat_template_t *chat_template;
-    cai_bpe_t *tokenizer;          /* NULL: bytes */
-    int64_t seq_len;               /* <= 0: no limit */
+    cai_bpe_t *tokenizer; /* NULL: bytes */
+    int64_t seq_len;      /* <= 0: no limit */
     cai_sft_overflow overflow;
     int strict_keys;
     double progress_interval_s;
