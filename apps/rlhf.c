@@ -414,6 +414,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     CAI_CALL(alloc_f32(&j->old_logp, N, "rlhf old log-probs"));
     CAI_CALL(alloc_f32(&j->ref_logp, N, "rlhf reference log-probs"));
     CAI_CALL(alloc_f32(&j->old_val, N, "rlhf old values"));
+    CAI_CALL(alloc_f32(&j->samp_logp, N, "rlhf sampler log-probs"));
     CAI_CALL(alloc_f32(&j->adv, N, "rlhf advantages"));
     CAI_CALL(alloc_f32(&j->ret, N, "rlhf returns"));
     CAI_CALL(alloc_f32(&j->scores, R, "rlhf rewards"));
@@ -443,9 +444,9 @@ static void job_free(rl_job *j) {
     cai_chat_template_free(j->tmpl);
     cai_bpe_free(j->bpe);
     cai_hf_close(j->h);
-    void *bufs[] = {j->tok,     j->tgt, j->mask, j->last,   j->rec,    j->rec_val, j->old_logp, j->ref_logp,
-                    j->old_val, j->adv, j->ret,  j->scores, j->logp,   j->dlogp,   j->val,      j->dval,
-                    j->hrow,    j->dpi, j->rwd,  j->pi,     j->refsum, j->mb_count};
+    void *bufs[] = {j->tok,       j->tgt,     j->mask, j->last, j->rec,    j->rec_val, j->old_logp, j->ref_logp,
+                    j->samp_logp, j->old_val, j->adv,  j->ret,  j->scores, j->logp,    j->dlogp,    j->val,
+                    j->dval,      j->hrow,    j->dpi,  j->rwd,  j->pi,     j->refsum,  j->mb_count};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 

@@ -88,9 +88,12 @@ typedef struct {
     int32_t *last;        /* [n_micro * B]: rm: the row's last token */
     float *rec, *rec_val; /* RL_MODE_RECORD's output: log-probs, values */
     float *old_logp, *ref_logp, *old_val;
-    float *adv;                              /* grpo: [n_micro * B] per row; ppo: [n_micro * B * T] */
-    float *ret;                              /* ppo: returns */
-    float *scores;                           /* grpo, ppo: [n_micro * B] row rewards */
+    float *samp_logp;            /* grpo, ppo: [n_micro * B * T] the rollout engine's log-prob of each counted target */
+    int pass;                    /* grpo, ppo: the optimisation pass over the step's rollouts (0: the first) */
+    double samp_diff, ratio_dev; /* the step's max |logp - samp_logp| and first-pass max |ratio - 1| */
+    float *adv;                  /* grpo: [n_micro * B] per row; ppo: [n_micro * B * T] */
+    float *ret;                  /* ppo: returns */
+    float *scores;               /* grpo, ppo: [n_micro * B] row rewards */
     float *logp, *dlogp, *val, *dval, *hrow; /* objective scratch */
     double *pi, *refsum;                     /* dpo: per row */
     float *dpi, *rwd;                        /* dpo / rm: per pair */

@@ -199,6 +199,20 @@ static cai_status policy_objective(rl_job *j, cai_model_objective_io *io, int k)
     const float *old = c->passes == 1 && c->algo == RL_GRPO ? j->logp : j->old_logp + k * N;
     const float *ref = c->algo == RL_GRPO && c->kl_coef > 0 ? j->ref_logp + k * N : NULL;
     const float *adv = c->algo == RL_GRPO ? j->adv + (int64_t)k * B : j->adv + k * N;
+    if (j->pass == 0) {
+        /* The training forward must score exactly the tokens the engine
+         * drew, at the positions it drew them (the engine's log-probs are of
+         * the raw logits, before temperature), and the first pass over a
+         * batch must start at ratio 1. */
+        const float *samp = j->samp_logp + k * N;
+        for (int64_t n = 0; n < N; n++) {
+            if (!mask[n]) continue;
+            const double d = fabs((double)j->logp[n] - (double)samp[n]);
+            const double r = fabs(exp((double)j->logp[n] - (double)old[n]) - 1.0);
+            if (d > j->samp_diff) j->samp_diff = d;
+            if (r > j->ratio_dev) j->ratio_dev = r;
+        }
+    }
     const cai_rl_policy_config pc = policy_config(c);
     cai_rl_stats st;
     CAI_CALL(cai_rl_policy_loss(&pc, B, T, j->logp, old, ref, adv, c->algo == RL_PPO, mask, j->dlogp, &st));
@@ -412,6 +426,7 @@ static cai_status pairs_eval(rl_job *j, cai_run_t *run, double *acc, double *mar
 
 typedef struct {
     int32_t *ids; /* prompt then response */
+    float *lp;    /* sampled rollouts: the engine's log-prob of each response token */
     int64_t n_prompt, n;
     double reward, exact;
     int64_t prompt;
@@ -462,6 +477,7 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
         for (int g = 0; g < samples; g++) {
             cai_sampling_params sp = j->sp;
             if (greedy) sp.temperature = 0;
+            else sp.logprobs = 0; /* checked against the training forward's (policy_objective) */
             sp.has_seed = 1;
             sp.seed = mix64(mix64(mix64((uint64_t)c->seed ^ (uint64_t)step) ^ (uint64_t)items[p]) ^ (uint64_t)g);
             CAI_CALL(cai_engine_add(j->gen, (int64_t)p * samples + g, ids, n, &sp, 0));
@@ -490,6 +506,16 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
             memcpy(s->ids + pn, o.tokens, (size_t)o.n_tokens * sizeof *s->ids);
             s->n = pn + o.n_tokens;
             *gen_tokens += o.n_tokens;
+            if (o.logprobs) {
+                float *lp = realloc(s->lp, (size_t)(o.n_tokens > 0 ? o.n_tokens : 1) * sizeof *lp);
+                if (!lp) st = CAI_ERROR(CAI_ERR_NOMEM, "rollout log-probs of %lld tokens", (long long)o.n_tokens);
+                else {
+                    s->lp = lp;
+                    for (int64_t k = 0; k < o.n_tokens; k++) lp[k] = o.logprobs[k].logprob;
+                }
+            }
+        }
+        if (st == CAI_OK) {
             st = response_text(j, o.tokens, o.n_tokens, &text);
         }
         double parts[CAI_RL_MAX_REWARDS];
@@ -546,8 +572,14 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         uint8_t rmask[T + 1];
         for (int64_t t = 0; t < smp[i].n && t <= T; t++) rmask[t] = (uint8_t)(t >= smp[i].n_prompt);
         lm_row(smp[i].ids, rmask, smp[i].n, T, j->tok + off, j->tgt + off, j->mask + off);
+        /* position t predicts ids[t + 1], response token t + 1 - n_prompt */
+        for (int t = 0; t < T; t++)
+            j->samp_logp[off + t] = j->mask[off + t] && smp[i].lp ? smp[i].lp[t + 1 - smp[i].n_prompt] : 0.0f;
     }
-    for (int i = 0; i < rows; i++) free(smp[i].ids);
+    for (int i = 0; i < rows; i++) {
+        free(smp[i].ids);
+        free(smp[i].lp);
+    }
     free(smp);
     CAI_CALL(s);
     /* the global count the objectives' means are over */
@@ -599,7 +631,9 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
             for (int64_t n = 0; n < R * T; n++) j->adv[n] = j->mask[n] ? (float)((j->adv[n] - mean) * inv) : 0.0f;
         }
     }
+    j->samp_diff = j->ratio_dev = 0;
     for (int e = 0; e < c->passes; e++) {
+        j->pass = e;
         memset(&j->sums, 0, sizeof j->sums);
         if (j->head) cai_rl_head_zero_grad(j->head);
         CAI_CALL(train_mode(j, RL_MODE_POLICY, c->algo == RL_PPO));
@@ -610,6 +644,8 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     }
     const double t_upd = cai_time_now() - t1;
     CAI_CALL(reduce_sums(j, run));
+    double dev[2] = {j->samp_diff, j->ratio_dev};
+    CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, dev, dev, 2, CAI_DTYPE_F64, CAI_RED_MAX));
     const double n = g[5] > 0 ? g[5] : 1, mean = g[1] / n, var = g[2] / n - mean * mean, tk = j->sums.tokens;
     const double upd_tokens = (double)c->passes * R * T * dp;
     cai_run_json(
@@ -617,11 +653,12 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.6f,\"reward_std\":%.6f,"
         "\"accuracy\":%.6f,\"response_len\":%.3f,\"kl\":%.6g,\"clip_fraction\":%.6f,\"value_clip_fraction\":%.6f,"
         "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"update_s\":%.4f,"
-        "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f",
+        "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%.3g,"
+        "\"ratio_dev_max\":%.3g",
         rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, sqrt(var > 0 ? var : 0), g[3] / n, g[4] / n,
         tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
         tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_upd,
-        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0);
+        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, dev[0], dev[1]);
     return CAI_OK;
 }
 
@@ -646,6 +683,7 @@ static cai_status prompts_eval(rl_job *j, cai_run_t *run, double *acc, double *r
             s[1] += smp[i].reward;
             s[2] += 1;
             free(smp[i].ids);
+            free(smp[i].lp);
         }
         CAI_CALL(st);
     }

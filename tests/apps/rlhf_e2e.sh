@@ -111,6 +111,14 @@ G="--rlhf.algo grpo $RL $PROMPTS --train.steps 4 --rollout.prompts 8 --rollout.s
 run_rl 1 $G --run.dir "$TMP/g1"
 expect_ok
 expect_grep out '^eval at step 0 \| held-out exact match [0-9]+/8'
+# the training forward scores exactly the tokens the engine drew, at the
+# positions it drew them (its log-probs agree with the engine's), and the
+# single pass over each batch starts at ratio 1
+rl sampler_logp_diff_max "$TMP/g1/metrics.jsonl" | awk '{if (!($2 < 1e-4)) bad=1; n++}
+    END{printf "grpo: %d steps, sampler vs training log-prob max %s\n", n, $2; exit !(n==4 && !bad)}' ||
+    fail "grpo: the training forward's log-probs are not the sampled tokens' (sampler_logp_diff_max >= 1e-4)"
+rl ratio_dev_max "$TMP/g1/metrics.jsonl" | awk '{if ($2 != 0) bad=1; n++} END{exit !(n==4 && !bad)}' ||
+    fail "grpo: the first pass's ratio is not exactly 1"
 # shellcheck disable=SC2086
 run_rl 2 $G --run.dir "$TMP/g2"
 expect_ok
@@ -133,6 +141,11 @@ run_rl 1 --rlhf.algo ppo $RL $PROMPTS --train.steps 3 --rollout.prompts 8 --roll
 expect_ok
 [ "$(rl loss "$TMP/ppo/metrics.jsonl" | wc -l)" -eq 3 ] || fail "ppo: expected 3 rl records"
 rl value_clip_fraction "$TMP/ppo/metrics.jsonl" | awk '{if ($2 != $2+0) exit 1}' || fail "ppo: no value statistics"
+# two passes: the recorded old log-probs are the first pass's own
+rl ratio_dev_max "$TMP/ppo/metrics.jsonl" | awk '{if ($2 != 0) bad=1; n++} END{exit !(n==3 && !bad)}' ||
+    fail "ppo: the first pass over a batch does not start at ratio 1"
+rl sampler_logp_diff_max "$TMP/ppo/metrics.jsonl" | awk '{if (!($2 < 1e-4)) bad=1; n++} END{exit !(n==3 && !bad)}' ||
+    fail "ppo: the training forward's log-probs are not the sampled tokens'"
 
 # Bad input
 # shellcheck disable=SC2086
