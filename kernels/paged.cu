@@ -38,6 +38,8 @@
 /* The sequence of query row i: the last s with q_start[s] <= i (a sequence
  * without queries starts where the next one does, and the next one wins). */
 CUK_INLINE int64_t pg_seq(const int32_t *qs, int64_t S, int64_t i) {
+    /* a decode step: row i is sequence i's one query (two loads, not a search) */
+    if (i < S && qs[i] == i && qs[i + 1] == i + 1) return i;
     int64_t lo = 0, hi = S - 1;
     while (lo < hi) {
         const int64_t mid = (lo + hi + 1) >> 1;
@@ -95,7 +97,7 @@ extern "C" cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, in
 /* The block's place: token i, kv head g, the query heads [h0, h0 + nh) of
  * head chunk hc (blockIdx.x), keys [k0, k1) of split blockIdx.y. */
 struct pg_task {
-    int64_t i, g, h0, s, k0, k1;
+    int64_t i, g, h0, s, k0, k1, nk;
     int nh;
     bool ok;
 };
@@ -112,6 +114,7 @@ template <int GH> CUK_INLINE pg_task pg_task_of(const cuk_paged &p, int64_t chun
     t.nh = (int)(G - (int64_t)hc * GH < GH ? G - (int64_t)hc * GH : GH);
     int64_t nk;
     t.ok = pg_locate(p, t.i, &t.s, &nk, threadIdx.x == 0 && split == 0 && t.g == 0 && hc == 0, err);
+    t.nk = t.ok ? nk : 0;
     t.k0 = split * chunk;
     t.k1 = t.ok ? (t.k0 + chunk < nk ? t.k0 + chunk : nk) : 0;
     return t;
@@ -189,11 +192,12 @@ template <int DMAX, int GH> __host__ __device__ constexpr int pg_merge_floats() 
 
 /* Merge the lane groups of each warp (shuffles), then the warps (through
  * sm, which the caller has finished with), and write the block's heads: o
- * with one split, else the partial (row r = (i * Hq + hq) * splits + split:
+ * when this split is the token's only one (k_paged_reduce leaves such a
+ * token alone: a batch of short contexts skips the merge), else the partial (row r = (i * Hq + hq) * splits + split:
  * acc at ws_acc[r * D], max and sum at ws_ml[2 r]). */
 template <int DMAX, int GH>
-CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, float *sm, float (&m)[GH],
-                          float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml) {
+CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
+                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml) {
     constexpr int LPK = DMAX / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, d0 = (lane % LPK) * 8;
 #pragma unroll
@@ -240,7 +244,7 @@ CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, 
                 A += sm_acc[(w * GH + h) * DMAX + d] * wt;
             }
         const int64_t hq = t.h0 + h;
-        if (splits == 1) {
+        if (splits == 1 || t.nk <= chunk) {
             stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, hq) + d, L > 0.0f ? A / L : 0.0f);
         } else {
             const int64_t r = (t.i * Hq + hq) * splits + blockIdx.y;
@@ -399,7 +403,7 @@ __global__ void __launch_bounds__(PG_NT, 4) k_paged_pipe(cuk_paged p, int64_t sp
     }
     pg_wait<0>();
     __syncthreads(); /* the tiles are done with: the merge reuses their memory */
-    pg_finish<DMAX, GH>(p, t, splits, (float *)smem, m, l, acc, ws_acc, ws_ml);
+    pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml);
 }
 
 /* The general path (any D, unaligned caches): each lane group loads its
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, in
         for (int u = 0; u < U; u++) pg_scores<LPK, GH>(qv, kk[u], valid[u], t.nh, sc[u]);
         pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
     }
-    pg_finish<DMAX, GH>(p, t, splits, sm, m, l, acc, ws_acc, ws_ml);
+    pg_finish<DMAX, GH>(p, t, splits, chunk, sm, m, l, acc, ws_acc, ws_ml);
 }
 
 /* One block per (token, query head): the splits that saw keys, combined
@@ -462,6 +466,7 @@ __global__ void __launch_bounds__(PG_NT)
         return;
     }
     const int64_t ns = (nk + chunk - 1) / chunk < splits ? (nk + chunk - 1) / chunk : splits;
+    if (ns <= 1) return; /* written by its one split */
     const int64_t r0 = (i * Hq + h) * splits;
     float mx = -INFINITY;
     for (int64_t q = tid; q < ns; q += PG_NT) mx = fmaxf(mx, ws_ml[2 * (r0 + q)]);
