@@ -9,11 +9,21 @@
 #
 #   sh examples/rlhf-tiny.sh [DIR] [RANKS]
 #
-# DIR (default runs/rlhf-tiny) receives pretrain/, sft/, data/, rm/, dpo/,
-# grpo/; RANKS ranks each (default 2). Programs come from COLOSSAL_BIN
-# (default: the PATH), the launcher from MPIEXEC (default mpirun). Sizes
-# from the environment: PRETRAIN_STEPS (600), SFT_EPOCHS (4), DOCS (4000),
-# RM_STEPS (300), DPO_STEPS (200), GRPO_STEPS (150).
+# DIR (default runs/rlhf-tiny) receives pretrain/, sft/, data/, data-rm/,
+# rm/, dpo/, grpo/; RANKS ranks each (default 2). Programs come from
+# COLOSSAL_BIN (default: the PATH), the launcher from MPIEXEC (default
+# mpirun). Sizes from the environment: PRETRAIN_STEPS (600), SFT_EPOCHS (4),
+# DOCS (4000), RM_DOCS (40000), RM_STEPS (1500), DPO_STEPS (200),
+# GRPO_STEPS (150).
+#
+# The reward model trains on the pairs of RM_DOCS conversations (the first
+# DOCS of them are data/'s, the generator being deterministic) less every
+# pair whose question is in data/prefs_held_out.jsonl, so its held-out
+# pairs stay unseen; it ranks a pair by the arithmetic, which the tiny
+# model learns only from many pairs. GRPO rewards the exact match alone
+# and drops the groups whose rewards are all equal: with the format reward
+# added, std-scaled advantages turn a group of wrong answers that differ
+# only in format into full-sized updates of wrong numbers.
 set -e
 dir=${1:-runs/rlhf-tiny}
 np=${2:-2}
@@ -28,22 +38,26 @@ common="--log.timestamps false --checkpoint.every 1000000"
         --generate.tokens 0 --eval.interval 0 $common --run.dir "$dir/pretrain"
 "${bin}colossal-data" sft-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10
 "${bin}colossal-data" rl-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10
+"${bin}colossal-data" rl-example --out "$dir/data-rm" --docs "${RM_DOCS:-40000}" --seed 1234 --held_out 10
+sed 's/,"chosen".*//' "$dir/data/prefs_held_out.jsonl" >"$dir/data-rm/held_out_questions"
+grep -v -F -f "$dir/data-rm/held_out_questions" "$dir/data-rm/prefs_train.jsonl" >"$dir/data-rm/prefs_unseen.jsonl"
 [ -f "$dir/sft/checkpoints/latest" ] ||
     $launch -n "$np" "${bin}colossal-sft" --model.path "$dir/pretrain/checkpoints" \
         --data.train "$dir/data/train.jsonl" --train.seq_len 128 --train.micro_batch 8 \
         --train.epochs "${SFT_EPOCHS:-4}" --optim.lr 1e-3 --optim.warmup_steps 10 $common --run.dir "$dir/sft"
 
 rl="--model.path $dir/sft/checkpoints --train.seq_len 128 $common --log.interval 25"
-$launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo rm $rl --data.train "$dir/data/prefs_train.jsonl" \
-    --data.valid "$dir/data/prefs_held_out.jsonl" --train.steps "${RM_STEPS:-300}" --train.micro_batch 8 \
-    --optim.lr 1e-3 --optim.warmup_steps 10 --run.dir "$dir/rm"
+$launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo rm --model.path "$dir/sft/checkpoints" --train.seq_len 64 $common \
+    --log.interval 100 --data.train "$dir/data-rm/prefs_unseen.jsonl" --data.valid "$dir/data/prefs_held_out.jsonl" \
+    --train.steps "${RM_STEPS:-1500}" --train.micro_batch $((32 / np)) --optim.lr 5e-4 --optim.warmup_steps 20 \
+    --eval.interval 250 --run.dir "$dir/rm"
 $launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo dpo $rl --data.train "$dir/data/prefs_train.jsonl" \
     --data.valid "$dir/data/prefs_held_out.jsonl" --train.steps "${DPO_STEPS:-200}" --train.micro_batch 8 \
     --optim.lr 1e-4 --optim.warmup_steps 10 --run.dir "$dir/dpo"
 $launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo grpo $rl --data.train "$dir/data/prompts_train.jsonl" \
     --data.valid "$dir/data/prompts_held_out.jsonl" --train.steps "${GRPO_STEPS:-150}" --rollout.prompts 16 \
-    --rollout.samples 8 --train.micro_batch 16 --optim.lr 2e-5 --optim.warmup_steps 5 --optim.min_lr 2e-5 \
-    --eval.interval 50 --run.dir "$dir/grpo"
+    --rollout.samples 8 --train.micro_batch 16 --optim.lr 5e-5 --optim.warmup_steps 5 --optim.min_lr 5e-5 \
+    --reward.functions exact_match --grpo.filter_groups true --eval.interval 50 --run.dir "$dir/grpo"
 for a in rm dpo grpo; do
     grep '"kind":"rl_eval"' "$dir/$a/metrics.jsonl" | sed "s/^/$a: /"
 done
