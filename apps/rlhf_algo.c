@@ -207,8 +207,8 @@ static cai_status policy_objective(rl_job *j, cai_model_objective_io *io, int k)
         const float *samp = j->samp_logp + k * N;
         for (int64_t n = 0; n < N; n++) {
             if (!mask[n]) continue;
-            const double d = fabs((double)j->logp[n] - (double)samp[n]);
             const double r = fabs(exp((double)j->logp[n] - (double)old[n]) - 1.0);
+            const double d = isnan(samp[n]) ? 0.0 : fabs((double)j->logp[n] - (double)samp[n]);
             if (d > j->samp_diff) j->samp_diff = d;
             if (r > j->ratio_dev) j->ratio_dev = r;
         }
@@ -574,7 +574,9 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         lm_row(smp[i].ids, rmask, smp[i].n, T, j->tok + off, j->tgt + off, j->mask + off);
         /* position t predicts ids[t + 1], response token t + 1 - n_prompt */
         for (int t = 0; t < T; t++)
-            j->samp_logp[off + t] = j->mask[off + t] && smp[i].lp ? smp[i].lp[t + 1 - smp[i].n_prompt] : 0.0f;
+            j->samp_logp[off + t] = !j->mask[off + t] ? 0.0f
+                                    : smp[i].lp       ? smp[i].lp[t + 1 - smp[i].n_prompt]
+                                                      : NAN; /* greedy rollouts carry none */
     }
     for (int i = 0; i < rows; i++) {
         free(smp[i].ids);
