@@ -33,7 +33,8 @@ struct cai_zero {
     cai_device_t *dev;  /* the model's */
     cai_device_t *hdev; /* offload: where the step runs */
     int own_hdev;
-    zc_ctx comm;
+    zc_ctx comm;  /* dp (dp x sp): the dense buckets' group */
+    zc_ctx ecomm; /* edp at ep > 1: the expert buckets' group (ZL_GRP_EDP) */
     zl_layout L;
     cai_dtype act, pdt;
     size_t act_size;
@@ -117,12 +118,13 @@ void cai_zero_get_stats(const cai_zero_t *z, cai_zero_stats *out) {
     *out = z->stats;
     out->n_buckets = z->L.nb;
     out->n_units = z->L.n_units;
-    out->comm_bytes = z->comm.bytes;
+    out->comm_bytes = z->comm.bytes + z->ecomm.bytes;
 }
 
 void cai_zero_reset_stats(cai_zero_t *z) {
     memset(&z->stats, 0, sizeof z->stats);
     z->comm.bytes = 0;
+    z->ecomm.bytes = 0;
 }
 
 const cai_zero_piece *cai_zero_pieces(const cai_zero_t *z, int *count) {
@@ -172,6 +174,9 @@ static cai_status fill0(cai_device_t *dev, void *p, cai_dtype dt, size_t n) {
     return CAI_OK;
 }
 
+/* The ranks bucket k is reduced and sharded over. */
+static zc_ctx *ctx_of(cai_zero_t *z, int k) { return z->L.b[k].grp == ZL_GRP_EDP ? &z->ecomm : &z->comm; }
+
 /* Bucket k's working weights as the model reads them (stage 1/2 full
  * buffer, stage 3 gathered window). */
 static void *weights_of(cai_zero_t *z, int k) {
@@ -191,7 +196,7 @@ static float *grads_of(cai_zero_t *z, int k) {
 static float *master_of(cai_zero_t *z, int k) {
     const zl_bucket *b = &z->L.b[k];
     if (z->L.stage == 0) return z->M + b->lo; /* one shard: soff == lo */
-    if (z->alias && z->L.stage < 3) return (float *)z->W + b->elo + (size_t)z->L.srank * b->chunk;
+    if (z->alias && z->L.stage < 3) return (float *)z->W + b->elo + (size_t)b->srank * b->chunk;
     return z->M + b->soff;
 }
 
@@ -220,8 +225,8 @@ static cai_status bind_unit(cai_zero_t *z, int u, int with_w, int with_g) {
 static void progress(cai_zero_t *z) {
     if (z->dry || !z->comm.host) return;
     for (int k = 0; k < z->L.nb; k++) {
-        zc_progress(&z->comm, &z->rt[k].greq, 1);
-        zc_progress(&z->comm, &z->rt[k].preq, 1);
+        zc_progress(ctx_of(z, k), &z->rt[k].greq, 1);
+        zc_progress(ctx_of(z, k), &z->rt[k].preq, 1);
     }
 }
 
@@ -235,11 +240,11 @@ static cai_status start_gather(cai_zero_t *z, int k) {
     r->pstate = PW_READY;
     if (z->dry) return CAI_OK;
     void *win = zp_ptr(&z->pool, r->pwin);
-    CAI_CALL(cai_device_copy(z->dev, at(win, (size_t)z->L.srank * b->chunk, z->act_size),
-                             at(z->W, b->soff, z->act_size), b->chunk * z->act_size, kind_of(z->dev, z->dev)));
+    CAI_CALL(cai_device_copy(z->dev, at(win, (size_t)b->srank * b->chunk, z->act_size), at(z->W, b->soff, z->act_size),
+                             b->chunk * z->act_size, kind_of(z->dev, z->dev)));
     /* No synchronisation: the mesh's collectives wait for the device's
      * stream (cai_mesh_set_cuda_stream in cai_zero_create). */
-    CAI_CALL(zc_all_gather(&z->comm, win, b->chunk, z->act, k, &r->preq));
+    CAI_CALL(zc_all_gather(ctx_of(z, k), win, b->chunk, z->act, k, &r->preq));
     if (r->preq.kind != ZC_NONE) r->pstate = PW_FLIGHT;
     return CAI_OK;
 }
@@ -251,7 +256,7 @@ static cai_status acquire_weights(cai_zero_t *z, int u) {
         if (r->prefetched) z->stats.prefetch_hits++;
         if (r->pstate == PW_NONE) CAI_CALL(start_gather(z, k));
         if (r->pstate == PW_FLIGHT) {
-            CAI_CALL(zc_wait(&z->comm, &r->preq));
+            CAI_CALL(zc_wait(ctx_of(z, k), &r->preq));
             r->pstate = PW_READY;
         }
         r->prefetched = 0;
@@ -275,7 +280,7 @@ static cai_status release_weights(cai_zero_t *z, int u) {
         int k = z->L.unit_buckets[u][j];
         zbucket_rt *r = &z->rt[k];
         if (--r->pref > 0 || r->prefetched) continue;
-        if (r->pstate == PW_FLIGHT) CAI_CALL(zc_wait(&z->comm, &r->preq));
+        if (r->pstate == PW_FLIGHT) CAI_CALL(zc_wait(ctx_of(z, k), &r->preq));
         zp_put(&z->pool, r->pwin);
         r->pwin = -1;
         r->pstate = PW_NONE;
@@ -298,7 +303,7 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
     zbucket_rt *r = &z->rt[k];
     if (!r->reducing) return CAI_OK;
     r->reducing = 0;
-    if (!z->dry) CAI_CALL(zc_wait(&z->comm, &r->greq));
+    if (!z->dry) CAI_CALL(zc_wait(ctx_of(z, k), &r->greq));
     if (!z->dry && z->RB) {
         /* stage 0: the whole bucket; stage 1: this rank's chunk, which the
          * in-place reduce-scatter left at the copy's start */
@@ -364,7 +369,8 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
             cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, b->len);
             cai_tensor narrow = vec(z->dev, zp_ptr(&z->pool, r->bwin), CAI_DTYPE_BF16, 0, b->len);
             CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
-            CAI_CALL(zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k, &r->greq));
+            CAI_CALL(
+                zc_reduce_scatter_sum(ctx_of(z, k), narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k, &r->greq));
         }
     } else if (!z->dry) {
         /* The backward's kernels that write the bucket are ordered before the
@@ -378,22 +384,22 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
             cai_tensor wide = vec(z->dev, grads_of(z, k), CAI_DTYPE_F32, 0, n);
             cai_tensor narrow = vec(z->dev, z->RB, CAI_DTYPE_BF16, off, n);
             CAI_CALL(z->dev->ops->copy(z->dev, &narrow, &wide));
-            if (z->L.stage == 0) CAI_CALL(zc_allreduce_sum(&z->comm, narrow.data, CAI_DTYPE_BF16, n, k, &r->greq));
+            if (z->L.stage == 0) CAI_CALL(zc_allreduce_sum(ctx_of(z, k), narrow.data, CAI_DTYPE_BF16, n, k, &r->greq));
             else
-                CAI_CALL(
-                    zc_reduce_scatter_sum(&z->comm, narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k, &r->greq));
+                CAI_CALL(zc_reduce_scatter_sum(ctx_of(z, k), narrow.data, narrow.data, CAI_DTYPE_BF16, b->chunk, k,
+                                               &r->greq));
         } else if (z->L.stage == 0) {
-            CAI_CALL(zc_allreduce_sum(&z->comm, z->GS + b->lo, CAI_DTYPE_F32, b->hi - b->lo, k, &r->greq));
+            CAI_CALL(zc_allreduce_sum(ctx_of(z, k), z->GS + b->lo, CAI_DTYPE_F32, b->hi - b->lo, k, &r->greq));
         } else {
             float *src = grads_of(z, k), *dst = reduced_of(z, k);
             if (z->L.stage >= 2 && z->micro > 0) {
                 /* Accumulate over microbatches through the reduction itself:
                  * only the owner adds its running shard into its own chunk. */
-                cai_tensor own = vec(z->dev, src, CAI_DTYPE_F32, (size_t)z->L.srank * b->chunk, b->chunk);
+                cai_tensor own = vec(z->dev, src, CAI_DTYPE_F32, (size_t)b->srank * b->chunk, b->chunk);
                 cai_tensor acc = vec(z->dev, dst, CAI_DTYPE_F32, 0, b->chunk);
                 CAI_CALL(z->dev->ops->axpy(z->dev, &own, 1.0f, &acc));
             }
-            CAI_CALL(zc_reduce_scatter_sum(&z->comm, src, dst, CAI_DTYPE_F32, b->chunk, k, &r->greq));
+            CAI_CALL(zc_reduce_scatter_sum(ctx_of(z, k), src, dst, CAI_DTYPE_F32, b->chunk, k, &r->greq));
         }
     }
     /* Bounded gradient windows: the planner's peak assumes this cap. */
@@ -670,7 +676,7 @@ static cai_status publish(cai_zero_t *z, int rounded) {
     } else if (!shard) {
         for (int k = 0; k < L->nb; k++) {
             const zl_bucket *b = &L->b[k];
-            void *own = at(z->W, b->elo + (size_t)L->srank * b->chunk, z->act_size);
+            void *own = at(z->W, b->elo + (size_t)b->srank * b->chunk, z->act_size);
             void *lp = z->LP ? at(z->LP, b->soff, cai_dtype_size(z->pdt)) : NULL;
             CAI_CALL(round_masters(z, rd, own, z->M + b->soff, lp, b->chunk));
         }
@@ -682,7 +688,7 @@ static cai_status publish(cai_zero_t *z, int rounded) {
             } else {
                 for (int k = 0; k < L->nb; k++) {
                     const zl_bucket *b = &L->b[k];
-                    CAI_CALL(cai_device_copy(z->dev, at(z->W, b->elo + (size_t)L->srank * b->chunk, z->act_size),
+                    CAI_CALL(cai_device_copy(z->dev, at(z->W, b->elo + (size_t)b->srank * b->chunk, z->act_size),
                                              at(z->Wh, b->soff, z->act_size), b->chunk * z->act_size,
                                              kind_of(z->dev, z->hdev)));
                 }
@@ -695,8 +701,9 @@ static cai_status publish(cai_zero_t *z, int rounded) {
     if (z->cfg.offload) CAI_CALL(cai_device_sync(z->dev));
     if (L->stage == 3) return CAI_OK;
     for (int k = 0; k < L->nb; k++)
-        CAI_CALL(zc_all_gather(&z->comm, at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k, &z->rt[k].preq));
-    for (int k = 0; k < L->nb; k++) CAI_CALL(zc_wait(&z->comm, &z->rt[k].preq));
+        CAI_CALL(
+            zc_all_gather(ctx_of(z, k), at(z->W, L->b[k].elo, z->act_size), L->b[k].chunk, z->act, k, &z->rt[k].preq));
+    for (int k = 0; k < L->nb; k++) CAI_CALL(zc_wait(ctx_of(z, k), &z->rt[k].preq));
     return CAI_OK;
 }
 
@@ -868,9 +875,12 @@ static cai_status build_layout(cai_zero_t *z) {
         cnt[u] = cai_model_unit_params(m, u, units[u], np);
     }
     int dp = z->comm.size, r = z->comm.rank;
-    CAI_CALL_GOTO(zl_build(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units, cnt,
-                           z->cfg.stage, dp, r, z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20,
-                           cai_model_seq_parallel(m)),
+    /* ep > 1: experts in buckets of their own over edp (ecomm); ep = 1 keeps one group */
+    const int edp = cai_model_view(m)->ep_size > 1 ? z->ecomm.size : 0;
+    CAI_CALL_GOTO(zl_build_grouped(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units,
+                                   cnt, z->cfg.stage, dp, r, edp, z->ecomm.rank,
+                                   z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20,
+                                   cai_model_seq_parallel(m)),
                   st, done);
     if (z->L.stage == 0 && z->L.n_pad != z->L.n_flat)
         st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)", z->L.n_pad,
@@ -878,6 +888,30 @@ static cai_status build_layout(cai_zero_t *z) {
 done:
     zl_units_free(nu, units, cnt);
     return st;
+}
+
+/* At ep > 1 the dp ranks hold different experts: expert buckets reduce and
+ * shard over edp, which holds the replicas only when sp = 1. Stage 0 with
+ * the engine's own optimizer would count each rank's experts in the norm as
+ * if they were everyone's; the expert-parallel driver runs it instead.
+ * Checked before anything is allocated. */
+static cai_status check_experts(cai_mesh_t *mesh, cai_model_t *m, const cai_zero_config *cfg) {
+    const cai_rank_view *v = cai_model_view(m);
+    if (v->ep_size <= 1) return CAI_OK;
+    if (v->ep_size != cai_mesh_size(mesh, CAI_AXIS_EP) || v->ep_rank != cai_mesh_rank(mesh, CAI_AXIS_EP))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "ZeRO: the model's ep %d/%d is not this rank's place on the mesh (ep rank %d of %d)",
+                         v->ep_rank, v->ep_size, cai_mesh_rank(mesh, CAI_AXIS_EP), cai_mesh_size(mesh, CAI_AXIS_EP));
+    if (cai_mesh_size(mesh, CAI_AXIS_SP) > 1)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "ZeRO at ep=%d shards experts over edp, which holds their replicas at sp=1 only; sp=%d",
+                         v->ep_size, cai_mesh_size(mesh, CAI_AXIS_SP));
+    if (cfg->stage == 0 && !cfg->reduce_only)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "ZeRO stage 0 at ep=%d runs reduce-only under the expert-parallel driver "
+                         "(cai_moe_driver_create)%s; the engine steps experts at zero.stage=1, 2 or 3",
+                         v->ep_size, cfg->offload ? ", without offload" : "");
+    return CAI_OK;
 }
 
 cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, const cai_zero_config *cfg) {
@@ -889,6 +923,7 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
                          "ZeRO stage %d needs a model created with external_params=%d (it was "
                          "created with %d): set the model options with cai_zero_model_options",
                          cfg->stage, cfg->stage >= 1, cai_model_external_params(m));
+    CAI_CALL(check_experts(mesh, m, cfg));
     cai_zero_t *z = NULL;
     CAI_CALL(cai_calloc((void **)&z, 1, sizeof *z, "ZeRO engine"));
     cai_status st = CAI_OK;
@@ -912,6 +947,13 @@ cai_status cai_zero_create(cai_zero_t **out, cai_mesh_t *mesh, cai_model_t *m, c
                        .rank = cai_mesh_rank(mesh, ax),
                        .host = z->dev->kind == CAI_DEVICE_HOST,
                        .timeout_s = cfg->timeout_s};
+    z->ecomm = z->comm;
+    if (cai_model_view(m)->ep_size > 1) {
+        z->ecomm.axis = CAI_AXIS_EDP;
+        z->ecomm.comm = cai_mesh_comm(mesh, CAI_AXIS_EDP);
+        z->ecomm.size = cai_mesh_size(mesh, CAI_AXIS_EDP);
+        z->ecomm.rank = cai_mesh_rank(mesh, CAI_AXIS_EDP);
+    }
     z->pool.dev = z->dev;
     /* Device collectives follow the compute stream through an event (see
      * cai_iallreduce): the engine issues them right after the kernels that
@@ -955,8 +997,8 @@ void cai_zero_free(cai_zero_t *z) {
      * outlive it. (A failure here adds to the trace the caller reports.) */
     if (z->rt)
         for (int k = 0; k < z->L.nb; k++) {
-            if (z->rt[k].greq.kind != ZC_NONE) (void)zc_wait(&z->comm, &z->rt[k].greq);
-            if (z->rt[k].preq.kind != ZC_NONE) (void)zc_wait(&z->comm, &z->rt[k].preq);
+            if (z->rt[k].greq.kind != ZC_NONE) (void)zc_wait(ctx_of(z, k), &z->rt[k].greq);
+            if (z->rt[k].preq.kind != ZC_NONE) (void)zc_wait(ctx_of(z, k), &z->rt[k].preq);
         }
     if (z->model) {
         if (z->hooked) (void)cai_model_remove_hook(z->model, hook, z);
@@ -1104,7 +1146,9 @@ cai_status cai_zero_grad_sumsq(cai_zero_t *z, double *sumsq) {
     double v = 0;
     CAI_CALL(cai_device_copy(dev, &v, z->acc, sizeof v, dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
     /* Each element lives in one shard: the dp sum is the job's (stage 0
-     * holds identical full gradients everywhere, so its local sum is). */
+     * holds identical full gradients everywhere, so its local sum is). At
+     * ep > 1 an expert's shards partition it over edp and the ep ranks hold
+     * different experts, so the sum over dp = edp x ep counts it once too. */
     if (z->L.stage >= 1 && z->comm.size > 1)
         CAI_CALL(cai_allreduce(z->mesh, z->comm.axis, &v, &v, 1, CAI_DTYPE_F64, CAI_RED_SUM));
     /* tp ranks hold disjoint shards (replicated parameters are counted on
@@ -1224,8 +1268,10 @@ cai_status cai_zero_gather_param(cai_zero_t *z, int index, float *out) {
             CAI_CALL(cai_device_copy(d, out + g->poff, master_of(z, g->bucket) + (g->soff - L->b[g->bucket].soff),
                                      g->n * sizeof(float), k));
     }
-    /* Exactly one rank contributes each element (the others add zeros). */
-    if (z->comm.size > 1) CAI_CALL(cai_allreduce(z->mesh, z->comm.axis, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));
+    /* Exactly one rank of the parameter's group contributes each element
+     * (the others add zeros). */
+    const zc_ctx *c = ctx_of(z, L->bucket_of[index]);
+    if (c->size > 1) CAI_CALL(cai_allreduce(z->mesh, c->axis, out, out, n, CAI_DTYPE_F32, CAI_RED_SUM));
     return CAI_OK;
 }
 

@@ -10,11 +10,20 @@
 
 #include "colossal/parallel.h"
 
-#define ZL_MAX_UNIT_BUCKETS 4 /* buckets one unit reads: its own, plus a tied embedding's */
-#define ZERO_MAX_INFLIGHT 1   /* stage 2/3 gradient reductions left in flight while the next unit runs */
+/* buckets one unit reads: its own (at ep > 1 up to three, dense, experts,
+ * shared experts), plus a tied embedding's */
+#define ZL_MAX_UNIT_BUCKETS 6
+#define ZERO_MAX_INFLIGHT 1 /* stage 2/3 gradient reductions left in flight while the next unit runs */
 
-/* A bucket: whole units' parameters, a contiguous range of the model's flat
- * layout, padded so every dp rank owns one chunk of it. */
+/* Shard groups: the ranks a bucket is reduced and sharded over. Dense
+ * parameters are replicated on every dp rank; at ep > 1 an expert is
+ * replicated only on its edp group (the dp ranks with the same ep rank), so
+ * experts form buckets of their own, sharded over edp. */
+enum { ZL_GRP_DP = 0, ZL_GRP_EDP = 1, ZL_NGRP = 2 };
+
+/* A bucket: whole units' parameters (at ep > 1 the dense or the expert
+ * parameters of a run of units), a contiguous range of the model's flat
+ * layout, padded so every rank of its group owns one chunk of it. */
 typedef struct {
     size_t lo, hi;        /* model flat range [lo, hi) */
     size_t elo;           /* start in the engine's padded layout */
@@ -22,6 +31,8 @@ typedef struct {
     size_t chunk;         /* len / nshard */
     size_t soff;          /* this rank's chunk in the shard buffers */
     int unit_lo, unit_hi; /* home units it holds: gradients final after unit_lo's backward */
+    int grp;              /* ZL_GRP_*: the ranks it is reduced and sharded over */
+    int nshard, srank;    /* its group's size and this rank's place in it (1 and 0 at stage 0) */
 } zl_bucket;
 
 /* A run of one parameter inside this rank's shard, with what the optimizer
@@ -59,7 +70,9 @@ typedef struct {
     size_t n_pad;  /* engine layout elements (sum of bucket lengths) */
     size_t shard;  /* this rank's shard elements (sum of chunks) */
     size_t align;
-    int nshard, srank, stage;
+    int nshard, srank, stage; /* the dense group's (ZL_GRP_DP) */
+    int gshard[ZL_NGRP], grank[ZL_NGRP];
+    int grouped; /* experts in buckets of their own (ZL_GRP_EDP) */
     size_t max_param_numel;
     size_t axis_n[CAI_AXIS_COUNT]; /* shard elements whose gradients each axis sums (the axis buckets) */
     size_t axis_max;               /* the largest of them: the engine's packing buffer */
@@ -70,6 +83,12 @@ typedef struct {
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
                     int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
                     int seq_parallel);
+/* The same with experts grouped apart (edp >= 1: the expert-data-parallel
+ * group's size, edp_rank this rank's place in it; stages >= 1 shard expert
+ * buckets over it); edp 0 is zl_build. */
+cai_status zl_build_grouped(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align,
+                            int n_units, int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp,
+                            int edp_rank, size_t bucket_bytes, int seq_parallel);
 void zl_free(zl_layout *L);
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.

@@ -163,10 +163,41 @@ static cai_status assign_homes(zl_layout *L, const cai_registry_t *reg) {
     return CAI_OK;
 }
 
+/* Cut every bucket where the parameters change group (dense and expert
+ * runs of a block), so each bucket is reduced and sharded over one group;
+ * a piece's units are the homes of the parameters it holds. */
+static cai_status split_groups(zl_layout *L, const unsigned char *grp_of) {
+    zl_bucket *nbk = NULL;
+    CAI_CALL(cai_calloc((void **)&nbk, (size_t)(L->nb + L->n_params) + 1, sizeof *nbk, "ZeRO buckets"));
+    int n = 0;
+    for (int k = 0; k < L->nb; k++) {
+        const zl_bucket *b = &L->b[k];
+        zl_bucket *cur = NULL;
+        for (int i = 0; i < L->n_params; i++) {
+            if (L->offsets[i] == SIZE_MAX || L->offsets[i] < b->lo || L->offsets[i] >= b->hi) continue;
+            if (!cur || cur->grp != grp_of[i]) {
+                /* the first piece keeps the bucket's start, a later one starts at its first parameter */
+                const size_t lo = cur ? L->offsets[i] : b->lo;
+                if (cur) cur->hi = lo;
+                cur = &nbk[n++];
+                *cur = (zl_bucket){.lo = lo, .unit_lo = L->home[i], .unit_hi = L->home[i], .grp = grp_of[i]};
+            }
+            if (L->home[i] < cur->unit_lo) cur->unit_lo = L->home[i];
+            if (L->home[i] > cur->unit_hi) cur->unit_hi = L->home[i];
+        }
+        if (cur) cur->hi = b->hi;
+    }
+    cai_free(L->b);
+    L->b = nbk;
+    L->nb = n;
+    return CAI_OK;
+}
+
 /* Group units, last first (backward order), into buckets of at most
  * bucket_bytes of F32 gradients (a unit larger than that is a bucket of its
- * own; stage 3 buckets are single units), then lay them out in flat order. */
-static cai_status make_buckets(zl_layout *L, size_t bucket_bytes) {
+ * own; stage 3 buckets are single units), then lay them out in flat order
+ * (grouped: cut into one group's runs). */
+static cai_status make_buckets(zl_layout *L, size_t bucket_bytes, const unsigned char *grp_of) {
     /* Flat range of each unit's home parameters: from its first parameter's
      * offset to the next held parameter's (or the end). */
     size_t *ulo = NULL, *uhi = NULL;
@@ -217,12 +248,15 @@ static cai_status make_buckets(zl_layout *L, size_t bucket_bytes) {
         L->b[z] = t;
     }
     L->nb = nb;
+    if (L->grouped) CAI_CALL_GOTO(split_groups(L, grp_of), st, done);
     size_t elo = 0, soff = 0;
-    for (int k = 0; k < nb; k++) {
+    for (int k = 0; k < L->nb; k++) {
         zl_bucket *b = &L->b[k];
+        b->nshard = L->gshard[b->grp];
+        b->srank = L->grank[b->grp];
         b->elo = elo;
-        b->len = round_up(b->hi - b->lo, (size_t)L->nshard * L->align);
-        b->chunk = b->len / (size_t)L->nshard;
+        b->len = round_up(b->hi - b->lo, (size_t)b->nshard * L->align);
+        b->chunk = b->len / (size_t)b->nshard;
         b->soff = soff;
         elo += b->len;
         soff += b->chunk;
@@ -240,7 +274,7 @@ done:
 static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, int seq_parallel,
                                int k, int *cap) {
     const zl_bucket *b = &L->b[k];
-    size_t clo = b->lo + (size_t)L->srank * b->chunk, chi = clo + b->chunk; /* flat coordinates */
+    size_t clo = b->lo + (size_t)b->srank * b->chunk, chi = clo + b->chunk; /* flat coordinates */
     for (int i = 0; i < L->n_params; i++) {
         if (L->bucket_of[i] != k) continue;
         size_t plo = L->offsets[i], phi = plo + L->numel[i];
@@ -296,15 +330,31 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
                     int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
                     int seq_parallel) {
+    return zl_build_grouped(L, reg, view, align, n_units, units, unit_np, stage, dp, dp_rank, 0, 0, bucket_bytes,
+                            seq_parallel);
+}
+
+cai_status zl_build_grouped(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align,
+                            int n_units, int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp,
+                            int edp_rank, size_t bucket_bytes, int seq_parallel) {
     memset(L, 0, sizeof *L);
     cai_status st = CAI_OK;
     int np = cai_registry_count(reg);
+    unsigned char *grp_of = NULL;
     L->n_params = np;
     L->n_units = n_units;
     L->align = align ? align : 1;
     L->stage = stage;
     L->nshard = stage >= 1 ? dp : 1;
     L->srank = stage >= 1 ? dp_rank : 0;
+    L->grouped = edp >= 1;
+    L->gshard[ZL_GRP_DP] = L->nshard;
+    L->grank[ZL_GRP_DP] = L->srank;
+    L->gshard[ZL_GRP_EDP] = stage >= 1 && edp >= 1 ? edp : 1;
+    L->grank[ZL_GRP_EDP] = stage >= 1 && edp >= 1 ? edp_rank : 0;
+    CAI_CALL_GOTO(cai_calloc((void **)&grp_of, (size_t)np + 1, sizeof *grp_of, "ZeRO groups"), st, fail);
+    for (int i = 0; i < np; i++)
+        grp_of[i] = L->grouped && cai_registry_param(reg, i)->spec.n_experts > 0 ? ZL_GRP_EDP : ZL_GRP_DP;
     CAI_CALL_GOTO(cai_calloc((void **)&L->offsets, (size_t)np + 1, sizeof *L->offsets, "ZeRO offsets"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&L->numel, (size_t)np + 1, sizeof *L->numel, "ZeRO sizes"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&L->eoff, (size_t)np + 1, sizeof *L->eoff, "ZeRO offsets"), st, fail);
@@ -334,7 +384,7 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
         if (unit_np[u]) memcpy(L->unit_params[u], units[u], (size_t)unit_np[u] * sizeof **units);
     }
     CAI_CALL_GOTO(assign_homes(L, reg), st, fail);
-    CAI_CALL_GOTO(make_buckets(L, bucket_bytes), st, fail);
+    CAI_CALL_GOTO(make_buckets(L, bucket_bytes, grp_of), st, fail);
     for (int k = 0; k < L->nb; k++)
         for (int i = 0; i < np; i++)
             if (L->offsets[i] != SIZE_MAX && L->offsets[i] >= L->b[k].lo && L->offsets[i] < L->b[k].hi) {
@@ -357,8 +407,10 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
     for (int k = 0; k < L->nb; k++) CAI_CALL_GOTO(add_segments(L, reg, view, seq_parallel, k, &cap), st, fail);
     for (int x = 0; x < CAI_AXIS_COUNT; x++)
         if (L->axis_n[x] > L->axis_max) L->axis_max = L->axis_n[x];
+    cai_free(grp_of);
     return CAI_OK;
 fail:
+    cai_free(grp_of);
     zl_free(L);
     return st;
 }

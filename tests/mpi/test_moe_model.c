@@ -10,7 +10,11 @@
  * tensor's largest element; AdamW divides by tiny second moments) of the reference's
  * slice. Rows by world size (4 or 8 ranks); MOE_EQUIV_FULL=1 runs every
  * (ep, tp) that fits the world. A layout refused before allocation: experts
- * not divisible by ep, ep > 1 without experts, ep without its exchange. */
+ * not divisible by ep, ep > 1 without experts, ep without its exchange.
+ * Rows with zero > 0 run the ZeRO engine's driver instead: dense optimizer
+ * state sharded over dp (= edp x ep), experts' over edp; each rank's
+ * AdamW moments hold (dense / dp + experts / edp) elements up to the
+ * buckets' alignment padding. */
 #include "cai_config.h"
 
 #include <math.h>
@@ -19,6 +23,7 @@
 
 #include "colossal/moe.h"
 #include "colossal/optim.h"
+#include "colossal/parallel.h"
 #include "test_mesh_util.h"
 
 enum { STEPS = 8, B = 2, T = 8, VOCAB = 61, MAXL = 4 };
@@ -122,7 +127,43 @@ static cai_model_t *reference(cai_device_t *dev, int shared, int dp, run_log *lg
 
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
 
-static void check_row(int ep, int tp, int shared) {
+/* The moments this rank holds: the dense parameters' share of dp and the
+ * experts' of edp, each bucket padded to a multiple of its group's size
+ * times the alignment (less than one alignment unit per rank and bucket),
+ * with the flat layout's gaps between parameters. */
+static void check_shard(cai_zero_t *z, cai_mesh_t *mesh) {
+    const int stage = cai_zero_get_config(z)->stage;
+    cai_model_t *m = cai_zero_model(z);
+    const cai_registry_t *reg = cai_model_registry(m);
+    const int dp = cai_mesh_size(mesh, CAI_AXIS_DP), edp = cai_mesh_size(mesh, CAI_AXIS_EDP);
+    double dense = 0, expert = 0;
+    int held = 0;
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        cai_param_shard sh;
+        CK_CAI(cai_registry_shard(reg, i, cai_model_view(m), &sh));
+        if (!sh.held) continue;
+        held++;
+        if (cai_registry_param(reg, i)->spec.n_experts > 0) expert += (double)sh.local_numel;
+        else dense += (double)sh.local_numel;
+    }
+    cai_tensor mm, vv;
+    cai_zero_shard_state(z, NULL, &mm, &vv);
+    cai_zero_stats zs;
+    cai_zero_get_stats(z, &zs);
+    const double want = dense / dp + expert / edp, got = (double)cai_tensor_numel(&mm);
+    const double pad = (double)((zs.n_buckets + held) * cai_model_align_elems(m));
+    ck_assert_int_eq(cai_tensor_numel(&vv), cai_tensor_numel(&mm));
+    ck_assert_msg(expert > 0 && got >= want && got < want + pad,
+                  "zero %d rank %d: %.0f moment elements; dense %.0f / dp %d + experts %.0f / edp %d = %.1f (padding < "
+                  "%.0f)",
+                  stage, g_world_rank, got, dense, dp, expert, edp, want, pad);
+    if (g_world_rank == 0)
+        fprintf(stderr,
+                "  zero %d: %.0f moment elements per rank = %.0f / %d + %.0f / %d + %.0f padding (%d buckets)\n", stage,
+                got, dense, dp, expert, edp, got - want, zs.n_buckets);
+}
+
+static void check_row(int ep, int tp, int shared, int zero, int offload) {
     const int dp = g_world_size / tp;
     cai_device_t *dev = NULL;
     CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
@@ -148,16 +189,31 @@ static void check_row(int ep, int tp, int shared) {
     o.moe_exchange = &ex;
     cai_model_t *m = NULL;
     cai_optim_t *opt = NULL;
-    create(dev, &c, &o, &m, &opt);
+    cai_zero_t *z = NULL;
     cai_step_driver d;
-    CK_CAI(cai_moe_driver_create(m, opt, mesh, &d));
+    if (zero) {
+        cai_zero_config zc;
+        cai_zero_config_init(&zc);
+        zc.stage = zero;
+        zc.offload = offload;
+        zc.bucket_bytes = 24 << 10; /* several buckets, each of dense or expert parameters */
+        cai_zero_model_options(&zc, &o);
+        CK_CAI(cai_model_create(&m, dev, &c, &o));
+        CK_CAI(cai_zero_create(&z, mesh, m, &zc));
+        CK_CAI(cai_zero_driver(z, NULL, &d));
+        check_shard(z, mesh);
+    } else {
+        create(dev, &c, &o, &m, &opt);
+        CK_CAI(cai_moe_driver_create(m, opt, mesh, &d));
+    }
+    cai_adamw_config oc = optim_cfg();
     const int r = cai_mesh_rank(mesh, CAI_AXIS_DP);
     int32_t tok[8 * B * T], tgt[8 * B * T];
     double worst[4] = {0};
     for (int s = 0; s < STEPS; s++) {
         batch(s, dp, tok, tgt);
         cai_step_stats st;
-        CK_CAI(cai_train_step(&d, NULL, NULL, tok + r * B * T, tgt + r * B * T, 1, &st));
+        CK_CAI(cai_train_step(&d, &oc, NULL, tok + r * B * T, tgt + r * B * T, 1, &st));
         got.loss[s] = st.loss;
         got.norm[s] = st.grad_norm;
         log_stats(m, mesh, &got, s);
@@ -165,9 +221,9 @@ static void check_row(int ep, int tp, int shared) {
                              rel(got.z[s], ref.z[s])};
         for (int k = 0; k < 4; k++) worst[k] = fmax(worst[k], e[k]);
         ck_assert_msg(e[0] <= 1e-5 && e[1] <= 1e-5 && e[2] <= 1e-5 && e[3] <= 1e-5,
-                      "ep=%d tp=%d dp=%d step %d rank %d: loss %.8g vs %.8g, norm %.8g vs %.8g, aux %.8g vs %.8g, z "
-                      "%.8g vs %.8g",
-                      ep, tp, dp, s, g_world_rank, got.loss[s], ref.loss[s], got.norm[s], ref.norm[s], got.aux[s],
+                      "ep=%d tp=%d dp=%d zero %d step %d rank %d: loss %.8g vs %.8g, norm %.8g vs %.8g, aux %.8g vs "
+                      "%.8g, z %.8g vs %.8g",
+                      ep, tp, dp, zero, s, g_world_rank, got.loss[s], ref.loss[s], got.norm[s], ref.norm[s], got.aux[s],
                       ref.aux[s], got.z[s], ref.z[s]);
         ck_assert_msg(memcmp(got.load[s], ref.load[s], 8 * sizeof(int64_t)) == 0,
                       "ep=%d tp=%d step %d: expert loads differ from one rank's", ep, tp, s);
@@ -181,16 +237,23 @@ static void check_row(int ep, int tp, int shared) {
         CK_CAI(cai_registry_shard(reg, i, cai_model_view(m), &sh));
         if (!sh.held) continue;
         cai_tensor a, b;
-        CK_CAI(cai_model_param(m, pi->name, &a, NULL));
+        float *held = malloc(sh.local_numel * sizeof(float));
+        if (z) { /* the masters, assembled from the shards of the parameter's group */
+            CK_CAI(cai_zero_gather_param(z, i, held));
+        } else {
+            CK_CAI(cai_model_param(m, pi->name, &a, NULL));
+            memcpy(held, a.data, sh.local_numel * sizeof(float));
+        }
         CK_CAI(cai_model_param(rm, pi->name, &b, NULL));
         float *slice = malloc(sh.local_numel * sizeof(float));
         cai_shard_extract(&sh, sizeof(float), b.data, slice);
         double dmax = 0, bmax = 0;
         for (uint64_t k = 0; k < sh.local_numel; k++) {
-            dmax = fmax(dmax, fabs((double)((float *)a.data)[k] - slice[k]));
+            dmax = fmax(dmax, fabs((double)held[k] - slice[k]));
             bmax = fmax(bmax, fabs((double)slice[k]));
         }
         free(slice);
+        free(held);
         wp = fmax(wp, dmax / fmax(bmax, 1e-30));
         ck_assert_msg(dmax <= 1e-4 * fmax(bmax, 1e-30), "ep=%d tp=%d rank %d: %s differs by %.3g (max %.3g)", ep, tp,
                       g_world_rank, pi->name, dmax, bmax);
@@ -199,10 +262,12 @@ static void check_row(int ep, int tp, int shared) {
     MPI_Allreduce(MPI_IN_PLACE, all, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (g_world_rank == 0)
         fprintf(stderr,
-                "moe equivalence ep=%d dp=%d tp=%d%s: worst relative loss %.2e, grad norm %.2e, aux %.2e, z %.2e, "
-                "parameters %.2e over %d steps\n",
-                ep, dp, tp, shared ? " shared expert" : "", all[0], all[1], all[2], all[3], all[4], STEPS);
-    cai_moe_driver_free(&d);
+                "moe equivalence ep=%d dp=%d tp=%d zero %d%s%s: worst relative loss %.2e, grad norm %.2e, aux %.2e, "
+                "z %.2e, parameters %.2e over %d steps\n",
+                ep, dp, tp, zero, offload ? " offload" : "", shared ? " shared expert" : "", all[0], all[1], all[2],
+                all[3], all[4], STEPS);
+    if (!zero) cai_moe_driver_free(&d);
+    cai_zero_free(z);
     cai_optim_free(opt);
     cai_model_free(m);
     cai_model_free(rm);
@@ -220,12 +285,24 @@ START_TEST(equivalence) {
     if (full()) {
         for (int tp = 1; tp <= 2; tp++)
             for (int ep = 1; ep <= 4; ep *= 2)
-                if (g_world_size % tp == 0 && (g_world_size / tp) % ep == 0) check_row(ep, tp, 0);
+                for (int zero = 0; zero <= 2; zero++)
+                    if (g_world_size % tp == 0 && (g_world_size / tp) % ep == 0 && (ep > 1 || zero == 0))
+                        check_row(ep, tp, 0, zero, 0);
+        return;
+    }
+    const char *only = getenv("MOE_EQUIV_ROW"); /* one row only: "ep,tp,shared,zero,offload" */
+    int row[5] = {0};
+    if (only && sscanf(only, "%d,%d,%d,%d,%d", &row[0], &row[1], &row[2], &row[3], &row[4]) >= 4) {
+        check_row(row[0], row[1], row[2], row[3], row[4]);
         return;
     }
     /* the subset `make check` runs on 4 ranks */
-    check_row(4, 1, 0);
-    check_row(2, 2, 1);
+    check_row(4, 1, 0, 0, 0);
+    check_row(2, 2, 1, 0, 0);
+    check_row(2, 1, 0, 1, 0); /* edp = 2 */
+    check_row(2, 2, 1, 1, 0); /* edp = 1, tp = 2, a shared expert */
+    check_row(2, 1, 1, 2, 0);
+    check_row(2, 2, 0, 3, 1);
 }
 END_TEST
 

@@ -73,6 +73,14 @@ cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m);
  *   offload  masters, moments and the AdamW step live on the host (a host
  *            arena and the host backend's vectorised OpenMP AdamW); only
  *            reduced gradient shards go down and updated weights come up.
+ *   experts  at ep > 1 (the model's view) the dp ranks hold different
+ *            experts: expert parameters (spec.n_experts > 0) form buckets
+ *            of their own, reduced and sharded over edp (CAI_AXIS_EDP, the
+ *            dp ranks holding the same experts), the dense ones over dp.
+ *            Their gradients take the same 1/dp weight, so the edp sum is
+ *            the dp mean (an expert's owner already saw every ep rank's
+ *            tokens). Stages 1-3, with or without offload; stage 0 at
+ *            ep > 1 is reduce-only (cai_moe_driver_create steps); sp = 1.
  *
  * Stages >= 1 need the model created with external parameter storage
  * (cai_zero_model_options): the engine owns working weights and gradients
