@@ -6,8 +6,10 @@
  *   mpirun -np N colossal-moe --config examples/moe-tiny.yaml [--key=value ...]
  *
  * The data pipeline is colossal-pretrain's (apps/pretrain_data.c); the
- * step driver at ep > 1 is the expert-parallel one (dense gradients
- * averaged over dp, experts over their edp replicas). Each step adds a
+ * step driver at ep > 1 and zero.stage=0 is the expert-parallel one (dense
+ * gradients averaged over dp, experts over their edp replicas), at stages
+ * >= 1 the ZeRO engine's (dense optimizer state sharded over dp, experts'
+ * over edp). Each step adds a
  * "moe" record to metrics.jsonl: tokens per expert (min, max, coefficient
  * of variation per layer, averaged over layers), dropped assignments, aux
  * and z losses. See docs/moe.md. */
@@ -158,11 +160,11 @@ static cai_status check_config(const moe_app_config *c, int world, cai_layout *L
     *L = (cai_layout){1, p->dp ? p->dp : (world % p->tp ? 0 : world / p->tp), c->ep, 1, p->tp, NULL};
     cai_layout_model lm = {p->n_heads, p->n_kv_heads, p->n_layers, c->n_experts, 0, 0};
     CAI_CALL(cai_layout_validate(world, L, &lm));
-    if (c->ep > 1 && (p->tr.zero_stage > 0 || p->tr.zero_offload))
+    if (c->ep > 1 && p->tr.zero_stage == 0 && p->tr.zero_offload)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "mesh.ep=%d runs at zero.stage=0 without offload (the ZeRO engine shards over dp, whose "
-                         "ranks hold different experts); zero.stage=%d",
-                         c->ep, p->tr.zero_stage);
+                         "zero.offload at mesh.ep=%d needs zero.stage 1, 2 or 3 (stage 0 steps the model's own "
+                         "buffers under the expert-parallel driver)",
+                         c->ep);
     CAI_CALL(tc_check(&p->tr, p->steps));
     cai_run_config rc = run_config(c, L);
     CAI_CALL(cai_run_check(&rc));
@@ -264,8 +266,9 @@ static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckp
     return pt_data_seek(&j->data, &j->cfg->pt, cai_run_mesh(run), m->consumed_samples);
 }
 
-/* Model (experts of this ep rank), optimizer, engine and, at ep > 1, the
- * expert-parallel driver. The engine's creation is collective over dp. */
+/* Model (experts of this ep rank), optimizer, engine and, at ep > 1 with
+ * ZeRO stage 0, the expert-parallel driver (the engine then only holds
+ * buckets it never reduces). The engine's creation is collective over dp. */
 static cai_status build(moe_job *j, cai_run_t *run, int64_t vocab) {
     const moe_app_config *c = j->cfg;
     cai_model_config m = model_config(c, vocab), resolved;
@@ -278,7 +281,7 @@ static cai_status build(moe_job *j, cai_run_t *run, int64_t vocab) {
     CAI_CALL(cai_moe_ep_exchange_init(&j->ex, cai_run_mesh(run)));
     mo.moe_exchange = &j->ex;
     CAI_CALL(tc_engine_create(&j->eng, run, &c->pt.tr, c->pt.steps, &resolved, &mo, NULL, NULL));
-    j->moe_driver = mo.view.ep_size > 1;
+    j->moe_driver = mo.view.ep_size > 1 && j->eng.zc.reduce_only;
     if (j->moe_driver) CAI_CALL(cai_moe_driver_create(j->eng.model, j->eng.optim, cai_run_mesh(run), &j->eng.driver));
     CAI_CALL(tc_engine_ready(&j->eng, run, &c->pt.tr, &resolved, !j->moe_driver));
     const size_t L = (size_t)c->pt.n_layers;

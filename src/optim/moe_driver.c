@@ -64,7 +64,8 @@ cai_status cai_moe_driver_create(cai_model_t *m, cai_optim_t *o, cai_mesh_t *mes
     if (!first || !last || cai_model_external_params(m) || cai_model_seq_parallel(m))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "the expert-parallel driver runs whole models (pp=1) whose buffers it owns (ZeRO stage 0) "
-                         "without split-gather sequence parallelism");
+                         "without split-gather sequence parallelism; ZeRO stages 1-3 at ep > 1 run on the ZeRO "
+                         "engine's driver (cai_zero_driver), which shards experts over edp");
     moe_driver *s = NULL;
     cai_status st = CAI_OK;
     const cai_registry_t *reg = cai_model_registry(m);

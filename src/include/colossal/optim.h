@@ -213,7 +213,9 @@ cai_status cai_pipeline_driver(cai_pipeline_t *p, cai_optim_t *o, cai_step_drive
  * dense gradients averaged over dp and experts' summed over edp and divided
  * by dp (cai_moe_grad_sync_run); the gradient norm counts each expert once
  * (summed over ep). `o` steps the model's own buffers. Free with
- * cai_moe_driver_free. Not collective. */
+ * cai_moe_driver_free. Not collective. ZeRO stages 1-3 at ep > 1 run on
+ * the engine's driver instead (cai_zero_driver: experts' optimizer state
+ * sharded over edp, colossal/parallel.h). */
 cai_status cai_moe_driver_create(cai_model_t *m, cai_optim_t *o, cai_mesh_t *mesh, cai_step_driver *out);
 void cai_moe_driver_free(cai_step_driver *d);
 
