@@ -623,20 +623,31 @@ START_TEST(examples_are_deterministic_split_and_correct) {
     ck_assert(a == b && memcmp(x, y, a) == 0);
     free(x), free(y);
 
-    /* the lines are the arithmetic conversations of each split, in order */
-    int64_t expect[2] = {0, 0}, arith = 0;
+    /* the lines are the arithmetic conversations of each split, in order,
+     * less the training ones that ask a held-out question */
+    int64_t expect[2] = {0, 0}, arith = 0, repeats = 0;
     const char **questions[2] = {calloc((size_t)cfg.n, sizeof(char *)), calloc((size_t)cfg.n, sizeof(char *))};
+    int is_held[400];
     cai_chat_conversation convs[400];
     for (int64_t i = 0; i < cfg.n; i++) {
-        int held;
-        CK_CAI(cai_sft_example_conversation(&cfg, i, &convs[i], &held));
+        CK_CAI(cai_sft_example_conversation(&cfg, i, &convs[i], &is_held[i]));
         const cai_chat_message *last = &convs[i].messages[convs[i].n_messages - 1];
         if (strncmp(last->content, "The answer is ", 14) != 0) continue;
-        questions[held][expect[held]++] = convs[i].messages[convs[i].n_messages - 2].content;
+        if (is_held[i]) questions[1][expect[1]++] = convs[i].messages[convs[i].n_messages - 2].content;
         arith++;
+    }
+    for (int64_t i = 0; i < cfg.n; i++) {
+        const cai_chat_message *last = &convs[i].messages[convs[i].n_messages - 1];
+        if (is_held[i] || strncmp(last->content, "The answer is ", 14) != 0) continue;
+        const char *q = convs[i].messages[convs[i].n_messages - 2].content;
+        int asked = 0;
+        for (int64_t k = 0; k < expect[1] && !asked; k++) asked = strcmp(q, questions[1][k]) == 0;
+        if (asked) repeats++;
+        else questions[0][expect[0]++] = q;
     }
     ck_assert_int_eq(nt, expect[0]);
     ck_assert_int_eq(nh, expect[1]);
+    ck_assert_int_gt(repeats, 0);       /* the split by conversation alone would have trained on these */
     ck_assert_int_gt(nh, 30);           /* about 20% of about 2/3 of 400 */
     ck_assert_int_gt(arith, cfg.n / 2); /* two in three are arithmetic */
 
@@ -663,6 +674,11 @@ START_TEST(examples_are_deterministic_split_and_correct) {
             cai_rl_pref p;
             CK_CAI(cai_rl_pref_parse_line(qpaths[h], i + 1, lines[i], strlen(lines[i]), &p));
             ck_assert_str_eq(p.context[0].content, questions[h][i]);
+            /* no training line, prompt or pair, asks a held-out question */
+            for (int64_t k = 0; h == 0 && k < expect[1]; k++) {
+                ck_assert_str_ne(p.context[0].content, questions[1][k]);
+                ck_assert_ptr_null(strstr(text, questions[1][k]));
+            }
             /* chosen: right in value and form; rejected: wrong in one of them */
             ck_assert(exact(p.chosen[0].content, ans) == 1 && fmt(p.chosen[0].content) == 1);
             const double e = exact(p.rejected[0].content, ans), f = fmt(p.rejected[0].content);
