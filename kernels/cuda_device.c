@@ -146,6 +146,7 @@ static void release(cai_device_t *dev) {
         if (c->scratch) cudaFree(c->scratch);
         if (c->err) cudaFree(c->err);
         if (c->err_host) cudaFreeHost(c->err_host);
+        if (c->paged_cnt) cudaFree(c->paged_cnt);
         if (c->stream) cudaStreamDestroy(c->stream);
         cudaGetLastError();
         cai_free(c);
@@ -180,6 +181,9 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaMemset(c->err, 0, sizeof *c->err));
     CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
     count_alloc(dev, sizeof *c->err_host);
+    CU(w, cudaMalloc((void **)&c->paged_cnt, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
+    count_alloc(dev, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt);
+    CU(w, cudaMemset(c->paged_cnt, 0, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
     CU(w, cuk_attn_setup());
     long long tf32 = 0, tune = 0, pdl = 1;
     CAI_CALL(cai_knob_int("CAI_CUDA_TF32", &tf32));

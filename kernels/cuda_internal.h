@@ -31,6 +31,9 @@ typedef struct {
 
 #define CAI_CUDA_PLANS 64
 
+/* Enough for a decode step of 1024 tokens over 8 kv heads of up to 4 query heads each. */
+#define CAI_CUDA_PAGED_COUNTERS 8192
+
 typedef struct cai_cuda_impl {
     cudaStream_t stream; /* first member on purpose: docs/cuda.md lets other modules read it */
     int ordinal;
@@ -45,6 +48,7 @@ typedef struct cai_cuda_impl {
     size_t scratch_bytes;
     cuk_errrec *err;      /* device memory the kernels write; read back at synchronisation */
     cuk_errrec *err_host; /* pinned mirror of *err */
+    unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls */
     cai_cuda_plan plans[CAI_CUDA_PLANS];
     int next_plan;
 } cai_cuda_impl;

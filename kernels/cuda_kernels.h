@@ -246,9 +246,14 @@ cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int6
 /* D <= CUK_ATTN_MAX_D. splits == 1: one pass per (token, kv head) writes o.
  * splits > 1 (at most CUK_PAGED_MAX_SPLITS): split p takes key positions
  * [p * chunk, (p + 1) * chunk) and leaves its unnormalised partial in ws
- * (N * Hq * splits * (D + 2) floats), which a second kernel combines into o. */
+ * (N * Hq * splits * (D + 2) floats), which the token's last split to
+ * finish combines into o where splits <= CUK_PAGED_FUSE_SPLITS and cnt
+ * holds a counter per (token, kv head, group of 4 query heads) (n_cnt of
+ * them, zero before the call and zero after it), else a second kernel. */
 #define CUK_PAGED_MAX_SPLITS 1024
-cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, cuk_errrec *err);
+#define CUK_PAGED_FUSE_SPLITS 64
+cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
+                                int64_t n_cnt, cuk_errrec *err);
 
 /* fp8_cast (fp8.cu): x (F32/BF16/F16 rows) * meta[0] cast to FP8 codes
  * (E5M2 when e5m2, else E4M3) into q [rows, cols] and/or qt [cols, rows]

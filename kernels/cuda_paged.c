@@ -15,9 +15,9 @@
  * each, when the batch is small enough for the partials to stay modest and
  * too small to fill the GPU: splits = min(max_ctx / PAGED_MIN_CHUNK,
  * PAGED_SPLIT_ROWS / N, PAGED_FILL x SMs / one split's blocks), at least 2,
- * else one pass. Only max_ctx and N are known here (ctx_len is on the
- * device), so a short context leaves its later splits empty; they exit at
- * once. */
+ * else one pass. A token's last split merges the partials, counted in the
+ * device's paged_cnt, where the grid's columns fit there (cuk_paged_attention). Only max_ctx and N are known here
+ * (ctx_len is on the device), so a short context leaves its later splits empty; they exit at once. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -119,6 +119,7 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
                    .scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)D)};
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->err));
+    CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,
+                                       CAI_CUDA_PAGED_COUNTERS, cai_cuda_of(dev)->err));
     return CAI_OK;
 }

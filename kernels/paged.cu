@@ -21,9 +21,12 @@
  * Split-KV (flash-decoding): a decode token alone is one block per kv head,
  * far too few to read a long context at memory speed, so the keys of a
  * token are cut into chunks, one block each (grid.y), whose unnormalised
- * partials (max, sum, accumulators) go to the workspace; k_paged_reduce
- * combines them. The host picks the chunk from max_ctx and N (it cannot
- * see ctx_len): splits past a token's context exit at once.
+ * partials (max, sum, accumulators) go to the workspace. The last of a
+ * token's splits to finish (a counter per block of the grid's x, which
+ * that block sets back to 0) combines them, so a decode step has no merge
+ * kernel; where the counters do not cover the grid, k_paged_reduce does.
+ * The host picks the chunk from max_ctx and N (it cannot see ctx_len):
+ * splits past a token's context exit at once.
  *
  * Prefill rows take the same kernels, one block per (token, kv head): each
  * reads its whole prefix, mostly from L2. Simple and exact, but a long
@@ -35,25 +38,27 @@
 #define PG_LOG2E 1.4426950408889634f
 #define PG_FULL 0xffffffffu
 
-/* The sequence of query row i: the last s with q_start[s] <= i (a sequence
- * without queries starts where the next one does, and the next one wins). */
-CUK_INLINE int64_t pg_seq(const int32_t *qs, int64_t S, int64_t i) {
-    /* a decode step: row i is sequence i's one query (two loads, not a search) */
-    if (i < S && qs[i] == i && qs[i + 1] == i + 1) return i;
-    int64_t lo = 0, hi = S - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) >> 1;
-        if (qs[mid] <= i) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-/* Row i's sequence and the number of keys it sees; false when the indices
- * do not describe such a row (reported when `report`). */
+/* Row i's sequence (the last s with q_start[s] <= i: a sequence without
+ * queries starts where the next one does, and the next one wins) and the
+ * number of keys it sees; false when the indices do not describe such a
+ * row (reported when `report`). */
 CUK_INLINE bool pg_locate(const cuk_paged &p, int64_t i, int64_t *s_out, int64_t *nk, bool report, cuk_errrec *err) {
-    const int64_t s = pg_seq(p.qs, p.S, i);
-    const int64_t q0 = p.qs[s], ql = (int64_t)p.qs[s + 1] - q0, cl = p.cl[s], j = i - q0;
+    const int32_t *qs = p.qs;
+    int64_t s, q0, ql, cl;
+    /* a decode step: row i is sequence i's one query (three loads at once, not a search) */
+    const int32_t a = i < p.S ? qs[i] : -1, b = i < p.S ? qs[i + 1] : -1, c = i < p.S ? p.cl[i] : 0;
+    if (a == i && b == i + 1) {
+        s = i, q0 = a, ql = 1, cl = c;
+    } else {
+        int64_t lo = 0, hi = p.S - 1;
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) >> 1;
+            if (qs[mid] <= i) lo = mid;
+            else hi = mid - 1;
+        }
+        s = lo, q0 = qs[s], ql = (int64_t)qs[s + 1] - q0, cl = p.cl[s];
+    }
+    const int64_t j = i - q0;
     *s_out = s;
     *nk = cl - ql + j + 1;
     if (j >= 0 && j < ql && ql <= cl && cl <= p.limit) return true;
@@ -122,8 +127,9 @@ template <int GH> CUK_INLINE pg_task pg_task_of(const cuk_paged &p, int64_t chun
 
 /* A block with no keys: with one split, the row of a bad sequence (zeros, as
  * reported); with several, a split past the context (nothing to leave). */
-CUK_INLINE void pg_empty(const cuk_paged &p, const pg_task &t, int64_t splits) {
-    if (splits != 1) return;
+CUK_INLINE void pg_empty(const cuk_paged &p, const pg_task &t, int64_t splits, const unsigned *cnt) {
+    /* merged in the kernel, a bad sequence's zeros come from its first split */
+    if (splits != 1 && (!cnt || t.ok || blockIdx.y != 0)) return;
     const int64_t D = p.q.D;
     for (int64_t e = threadIdx.x; e < t.nh * D; e += PG_NT)
         stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + e / D) + e % D, 0.0f);
@@ -192,12 +198,16 @@ template <int DMAX, int GH> __host__ __device__ constexpr int pg_merge_floats() 
 
 /* Merge the lane groups of each warp (shuffles), then the warps (through
  * sm, which the caller has finished with), and write the block's heads: o
- * when this split is the token's only one (k_paged_reduce leaves such a
- * token alone: a batch of short contexts skips the merge), else the partial (row r = (i * Hq + hq) * splits + split:
- * acc at ws_acc[r * D], max and sum at ws_ml[2 r]). */
+ * when this split is the token's only one (the merge leaves such a token
+ * alone: a batch of short contexts skips it), else the partial (row r =
+ * (i * Hq + hq) * splits + split: acc at ws_acc[r * D], max and sum at
+ * ws_ml[2 r]). With counters (cnt), the token's last split to finish merges
+ * the partials of the block's heads. */
 template <int DMAX, int GH>
 CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
-                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml) {
+                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml,
+                          unsigned *cnt) {
+    static_assert(pg_merge_floats<DMAX, GH>() >= GH * (CUK_PAGED_FUSE_SPLITS + 1), "the merge's wt and inv fit in sm");
     constexpr int LPK = DMAX / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, d0 = (lane % LPK) * 8;
 #pragma unroll
@@ -255,6 +265,51 @@ CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, 
             }
         }
     }
+    if (splits == 1 || t.nk <= chunk || !cnt) return;
+    __shared__ int last;
+    const int64_t ns = (t.nk + chunk - 1) / chunk; /* the splits that hold keys, this one among them */
+    __threadfence();                               /* this block's partials before its count */
+    __syncthreads();
+    if (tid == 0) {
+        last = atomicAdd(cnt + blockIdx.x, 1u) + 1 == (unsigned)ns;
+        if (last) cnt[blockIdx.x] = 0u; /* every split has counted: ready for the next call */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* warp h weighs head h's splits (no block barrier per head), then the block combines the rows */
+    constexpr int QL = CUK_PAGED_FUSE_SPLITS / 32;
+    float *wt = sm, *inv = sm + GH * CUK_PAGED_FUSE_SPLITS;
+    if (warp < t.nh) {
+        const int64_t r0 = (t.i * Hq + t.h0 + warp) * splits;
+        float mq[QL], lq[QL], mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < QL; k++) {
+            const int64_t q = lane + 32 * k;
+            mq[k] = q < ns ? __ldcg(ws_ml + 2 * (r0 + q)) : -INFINITY;
+            lq[k] = q < ns ? __ldcg(ws_ml + 2 * (r0 + q) + 1) : 0.0f;
+            mx = fmaxf(mx, mq[k]);
+        }
+        mx = warp_max(mx);
+        float L = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QL; k++) {
+            const float w = mx == -INFINITY || lane + 32 * k >= ns ? 0.0f : exp2f(mq[k] - mx);
+            wt[warp * CUK_PAGED_FUSE_SPLITS + lane + 32 * k] = w;
+            L += lq[k] * w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) inv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int e = tid; e < t.nh * D; e += PG_NT) {
+        const int h = (int)(e / D), d = (int)(e % D);
+        const int64_t r0 = (t.i * Hq + t.h0 + h) * splits;
+        float A = 0.0f;
+        for (int64_t q = 0; q < ns; q++)
+            A = fmaf(__ldcg(ws_acc + (r0 + q) * D + d), wt[h * CUK_PAGED_FUSE_SPLITS + q], A);
+        stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + h) + d, A * inv[h]);
+    }
 }
 
 /* The cache row of key position j of sequence s, kv head g (element
@@ -299,17 +354,19 @@ template <int N> CUK_INLINE void pg_wait() { asm volatile("cp.async.wait_group %
  * bf16 decodes over 2000 keys, GQA 4, on an H200: 1.2 TB/s from the cache
  * with U = 3 at three blocks an SM, 1.4 TB/s like this). */
 template <int DT, int DMAX, int GH>
-__global__ void __launch_bounds__(PG_NT, 4) k_paged_pipe(cuk_paged p, int64_t splits, int64_t chunk, int nhc,
-                                                         int bs_log2, float *ws_acc, float *ws_ml, cuk_errrec *err) {
+__global__ void __launch_bounds__(PG_NT, 4)
+    k_paged_pipe(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
+                 unsigned *cnt, cuk_errrec *err) {
     constexpr int ES = pg_es<DT>(), U = pg_u<DT>(), LPK = DMAX / 8, KPW = 32 / LPK, TK = pg_tk<DT, DMAX>();
     constexpr int ROWB = DMAX * ES, CPR = ROWB / 16, STAGEB = 2 * TK * ROWB; /* bytes of a row, 16-byte chunks */
     __shared__ float4 smem[pg_pipe_bytes<DT, DMAX, GH>() / 16];
     __shared__ int flags[PG_NS][TK];
     char *tiles = (char *)smem;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, dl = lane % LPK;
+    cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
     const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
     if (t.k0 >= t.k1) {
-        pg_empty(p, t, splits);
+        pg_empty(p, t, splits, cnt);
         return;
     }
     const int64_t D = p.q.D;
@@ -403,20 +460,21 @@ __global__ void __launch_bounds__(PG_NT, 4) k_paged_pipe(cuk_paged p, int64_t sp
     }
     pg_wait<0>();
     __syncthreads(); /* the tiles are done with: the merge reuses their memory */
-    pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml);
+    pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml, cnt);
 }
 
 /* The general path (any D, unaligned caches): each lane group loads its
  * keys' row chunks straight into registers, U keys before any is used. */
 template <int DT, int DMAX, int GH, int U>
 __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2,
-                                                 float *ws_acc, float *ws_ml, cuk_errrec *err) {
+                                                 float *ws_acc, float *ws_ml, unsigned *cnt, cuk_errrec *err) {
     constexpr int LPK = DMAX / 8, KPW = 32 / LPK, STEP = PG_NW * KPW * U;
     __shared__ float sm[pg_merge_floats<DMAX, GH>()];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, dl = lane % LPK;
+    cuk_pdl_trigger();
     const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
     if (t.k0 >= t.k1) {
-        pg_empty(p, t, splits);
+        pg_empty(p, t, splits, cnt);
         return;
     }
     const int64_t D = p.q.D;
@@ -448,7 +506,7 @@ __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, in
         for (int u = 0; u < U; u++) pg_scores<LPK, GH>(qv, kk[u], valid[u], t.nh, sc[u]);
         pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
     }
-    pg_finish<DMAX, GH>(p, t, splits, chunk, sm, m, l, acc, ws_acc, ws_ml);
+    pg_finish<DMAX, GH>(p, t, splits, chunk, sm, m, l, acc, ws_acc, ws_ml, cnt);
 }
 
 /* One block per (token, query head): the splits that saw keys, combined
@@ -488,7 +546,7 @@ __global__ void __launch_bounds__(PG_NT)
 
 template <int DT, int DMAX, int GH>
 static cudaError_t pg_launch(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
-                             cuk_errrec *err) {
+                             unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
     /* fewer keys in flight per lane where the group's registers are many */
     constexpr int U = GH >= 4 || DT == CUK_F32 ? 2 : 4;
     const int64_t N = p.q.T, Hq = p.q.H, D = p.q.D, G = Hq / p.Hkv;
@@ -501,36 +559,38 @@ static cudaError_t pg_launch(cudaStream_t s, const cuk_paged &p, int64_t splits,
     }
     float *ws_acc = splits > 1 ? ws : nullptr, *ws_ml = splits > 1 ? ws + N * Hq * splits * D : nullptr;
     const dim3 grid((unsigned)(N * p.Hkv * nhc), (unsigned)splits, 1);
-    if (pipe) k_paged_pipe<DT, DMAX, GH><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, err);
-    else k_paged<DT, DMAX, GH, U><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, err);
-    if (splits > 1) k_paged_reduce<<<(unsigned)(N * Hq), PG_NT, 0, s>>>(p, splits, chunk, ws_acc, ws_ml);
+    /* the merge in the kernel: a counter per grid column and wt in the merge's shared memory */
+    unsigned *c = splits > 1 && splits <= CUK_PAGED_FUSE_SPLITS && cnt && (int64_t)grid.x <= n_cnt ? cnt : nullptr;
+    if (pipe) k_paged_pipe<DT, DMAX, GH><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, c, err);
+    else k_paged<DT, DMAX, GH, U><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, c, err);
+    if (splits > 1 && !c) k_paged_reduce<<<(unsigned)(N * Hq), PG_NT, 0, s>>>(p, splits, chunk, ws_acc, ws_ml);
     return cudaGetLastError();
 }
 
 template <int DT, int DMAX>
-static cudaError_t pg_group(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
-                            cuk_errrec *err) {
+static cudaError_t pg_group(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
+                            int64_t n_cnt, cuk_errrec *err) {
     const int64_t G = p.q.H / p.Hkv;
-    if (G <= 1) return pg_launch<DT, DMAX, 1>(s, p, splits, chunk, ws, err);
-    if (G <= 2) return pg_launch<DT, DMAX, 2>(s, p, splits, chunk, ws, err);
-    return pg_launch<DT, DMAX, 4>(s, p, splits, chunk, ws, err);
+    if (G <= 1) return pg_launch<DT, DMAX, 1>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    if (G <= 2) return pg_launch<DT, DMAX, 2>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    return pg_launch<DT, DMAX, 4>(s, p, splits, chunk, ws, cnt, n_cnt, err);
 }
 
 template <int DT>
-static cudaError_t pg_dim(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
-                          cuk_errrec *err) {
-    if (p.q.D <= 64) return pg_group<DT, 64>(s, p, splits, chunk, ws, err);
-    if (p.q.D <= 128) return pg_group<DT, 128>(s, p, splits, chunk, ws, err);
-    return pg_group<DT, 256>(s, p, splits, chunk, ws, err);
+static cudaError_t pg_dim(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
+                          int64_t n_cnt, cuk_errrec *err) {
+    if (p.q.D <= 64) return pg_group<DT, 64>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    if (p.q.D <= 128) return pg_group<DT, 128>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    return pg_group<DT, 256>(s, p, splits, chunk, ws, cnt, n_cnt, err);
 }
 
 extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws,
-                                           cuk_errrec *err) {
+                                           unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
     if (p.q.T <= 0 || p.q.H <= 0 || p.q.D <= 0) return cudaSuccess;
     if (p.q.D > CUK_ATTN_MAX_D || p.Hkv <= 0 || p.bs <= 0 || splits < 1 || splits > CUK_PAGED_MAX_SPLITS || chunk < 1 ||
         (splits > 1 && !ws))
         return cudaErrorInvalidValue;
-    if (p.cdt == CUK_F32) return pg_dim<CUK_F32>(s, p, splits, chunk, ws, err);
-    if (p.cdt == CUK_BF16) return pg_dim<CUK_BF16>(s, p, splits, chunk, ws, err);
-    return pg_dim<CUK_F16>(s, p, splits, chunk, ws, err);
+    if (p.cdt == CUK_F32) return pg_dim<CUK_F32>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    if (p.cdt == CUK_BF16) return pg_dim<CUK_BF16>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    return pg_dim<CUK_F16>(s, p, splits, chunk, ws, cnt, n_cnt, err);
 }
