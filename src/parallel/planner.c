@@ -39,7 +39,9 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     CAI_CALL_GOTO(zl_units_from_registry(reg, &req->view, &n_units, &units, &np), st, done);
     const cai_zero_config *z = &req->zero;
     size_t align = req->align_elems ? req->align_elems : 16;
-    CAI_CALL_GOTO(zl_build(&L, reg, &req->view, align, n_units, units, np, z->stage, req->dp, 0,
+    /* ep > 1: the experts' buckets shard over edp = dp / ep, as the engine's */
+    const int edp = req->view.ep_size > 1 ? req->dp / req->view.ep_size : 0;
+    CAI_CALL_GOTO(zl_build(&L, reg, &req->view, align, n_units, units, np, z->stage, req->dp, 0, edp, 0,
                            z->bucket_bytes ? z->bucket_bytes : (size_t)25 << 20, req->seq_parallel),
                   st, done);
 

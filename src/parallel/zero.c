@@ -877,10 +877,9 @@ static cai_status build_layout(cai_zero_t *z) {
     int dp = z->comm.size, r = z->comm.rank;
     /* ep > 1: experts in buckets of their own over edp (ecomm); ep = 1 keeps one group */
     const int edp = cai_model_view(m)->ep_size > 1 ? z->ecomm.size : 0;
-    CAI_CALL_GOTO(zl_build_grouped(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units,
-                                   cnt, z->cfg.stage, dp, r, edp, z->ecomm.rank,
-                                   z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20,
-                                   cai_model_seq_parallel(m)),
+    CAI_CALL_GOTO(zl_build(&z->L, cai_model_registry(m), cai_model_view(m), cai_model_align_elems(m), nu, units, cnt,
+                           z->cfg.stage, dp, r, edp, z->ecomm.rank,
+                           z->cfg.bucket_bytes ? z->cfg.bucket_bytes : (size_t)25 << 20, cai_model_seq_parallel(m)),
                   st, done);
     if (z->L.stage == 0 && z->L.n_pad != z->L.n_flat)
         st = CAI_ERROR(CAI_ERR_INTERNAL, "ZeRO stage 0: engine layout (%zu) differs from the model's (%zu)", z->L.n_pad,

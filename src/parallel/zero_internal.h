@@ -79,16 +79,13 @@ typedef struct {
 } zl_layout;
 
 /* units[u] lists the registry indices unit u reads (registration order);
- * seq_parallel: the model's (it decides which gradients tp sums). */
+ * seq_parallel: the model's (it decides which gradients tp sums). edp >= 1
+ * groups the experts apart: edp is the expert-data-parallel group's size
+ * and edp_rank this rank's place in it, and stages >= 1 shard expert
+ * buckets over it; edp 0 keeps one group. */
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
-                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
-                    int seq_parallel);
-/* The same with experts grouped apart (edp >= 1: the expert-data-parallel
- * group's size, edp_rank this rank's place in it; stages >= 1 shard expert
- * buckets over it); edp 0 is zl_build. */
-cai_status zl_build_grouped(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align,
-                            int n_units, int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp,
-                            int edp_rank, size_t bucket_bytes, int seq_parallel);
+                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp, int edp_rank,
+                    size_t bucket_bytes, int seq_parallel);
 void zl_free(zl_layout *L);
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.

@@ -328,15 +328,8 @@ static cai_status add_segments(zl_layout *L, const cai_registry_t *reg, const ca
 }
 
 cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align, int n_units,
-                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, size_t bucket_bytes,
-                    int seq_parallel) {
-    return zl_build_grouped(L, reg, view, align, n_units, units, unit_np, stage, dp, dp_rank, 0, 0, bucket_bytes,
-                            seq_parallel);
-}
-
-cai_status zl_build_grouped(zl_layout *L, const cai_registry_t *reg, const cai_rank_view *view, size_t align,
-                            int n_units, int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp,
-                            int edp_rank, size_t bucket_bytes, int seq_parallel) {
+                    int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp, int edp_rank,
+                    size_t bucket_bytes, int seq_parallel) {
     memset(L, 0, sizeof *L);
     cai_status st = CAI_OK;
     int np = cai_registry_count(reg);

@@ -258,6 +258,18 @@ static void check_row(int ep, int tp, int shared, int zero, int offload) {
         ck_assert_msg(dmax <= 1e-4 * fmax(bmax, 1e-30), "ep=%d tp=%d rank %d: %s differs by %.3g (max %.3g)", ep, tp,
                       g_world_rank, pi->name, dmax, bmax);
     }
+    if (z) { /* the memory planner's bytes are the engine's, experts sharded over edp */
+        cai_mem_plan_request q = {.model = c, .batch = B, .seq_len = T, .view = o.view, .dp = dp, .dev = dev};
+        q.zero = *cai_zero_get_config(z);
+        cai_mem_plan plan, used;
+        CK_CAI(cai_mem_plan_compute(&q, &plan));
+        cai_zero_memory(z, &used);
+        ck_assert_msg(plan.device + plan.host == used.device + used.host && plan.optim == used.optim,
+                      "ep=%d tp=%d zero %d rank %d: planned %zu + %zu bytes (moments %zu), the engine holds %zu + %zu "
+                      "(moments %zu)",
+                      ep, tp, zero, g_world_rank, plan.device, plan.host, plan.optim, used.device, used.host,
+                      used.optim);
+    }
     double all[5] = {worst[0], worst[1], worst[2], worst[3], wp};
     MPI_Allreduce(MPI_IN_PLACE, all, 5, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (g_world_rank == 0)
