@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "colossal/ckpt.h"
 #include "rlhf.h"
@@ -99,7 +100,13 @@ static const cai_config_field k_fields[] = {
      "(256 MiB on the host)",
      CAI_CFG_NO_RANGE, cai_config_bytes_auto, NULL},
     S("reward.functions", rewards, "exact_match,format:0.1",
-      "grpo, ppo: verifiable rewards summed with weights, name[:weight] comma-separated (exact_match, format)"),
+      "grpo, ppo: verifiable rewards summed with weights, name[:weight] comma-separated (exact_match, format); "
+      "empty with reward.model: none"),
+    S("reward.model", reward_model, "",
+      "grpo, ppo: a reward model (an rlhf.algo=rm run's checkpoint: file, or directory with `latest`; the policy's "
+      "architecture and vocabulary) whose score of prompt + response, times reward.model_weight, is added to the "
+      "verifiable rewards; empty: none"),
+    F("reward.model_weight", CAI_CFG_DOUBLE, rm_weight, "1", "grpo, ppo: the reward model's score's weight", -1e6, 1e6),
     F("policy.clip_low", CAI_CFG_DOUBLE, clip_low, "0.2", "grpo, ppo: ratio clip below 1", 0, 1),
     F("policy.clip_high", CAI_CFG_DOUBLE, clip_high, "0.2", "grpo, ppo: ratio clip above 1 (DAPO: 0.28)", 0, 10),
     F("policy.kl_coef", CAI_CFG_DOUBLE, kl_coef, "0.04",
@@ -151,6 +158,10 @@ static cai_status check_config(const rl_config *c, int world, cai_layout *L) {
     if (!*c->train_path)
         return CAI_ERROR(CAI_ERR_CONFIG, "data.train is required (%s JSONL)", is_policy(c) ? "prompt" : "preference");
     if (c->tr.fp8) return CAI_ERROR(CAI_ERR_UNSUPPORTED, "fp8.enabled=true: colossal-rlhf trains in bf16/f32");
+    if (*c->reward_model && !is_policy(c))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "reward.model=%s with rlhf.algo=%s: a reward model scores grpo and ppo rollouts only",
+                         c->reward_model, rl_algo_names[c->algo]);
     if (is_policy(c)) {
         if (c->tr.zero_stage != 0 || c->tr.zero_offload)
             return CAI_ERROR(CAI_ERR_UNSUPPORTED,
@@ -194,6 +205,138 @@ static cai_status open_source(rl_job *j) {
     return CAI_OK;
 }
 
+/* The architecture fields a reward model must share with the policy for
+ * its weights to load into the policy's shapes and its ids to be the
+ * policy's tokens. */
+static cai_status rm_match(const char *rm, const char *policy, const cai_model_config *a, const cai_model_config *b) {
+    const struct {
+        const char *name;
+        int rm, pol;
+    } f[] = {{"family", (int)a->family, (int)b->family},   {"vocab_size", a->vocab_size, b->vocab_size},
+             {"n_layers", a->n_layers, b->n_layers},       {"d_model", a->d_model, b->d_model},
+             {"n_heads", a->n_heads, b->n_heads},          {"n_kv_heads", a->n_kv_heads, b->n_kv_heads},
+             {"ffn_hidden", a->ffn_hidden, b->ffn_hidden}, {"tie_embeddings", a->tie_embeddings, b->tie_embeddings}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].rm != f[i].pol)
+            return CAI_ERROR(CAI_ERR_CONFIG,
+                             "reward.model=%s: its %s is %d, the policy's (model.path=%s) %d: the reward model must "
+                             "be the policy's architecture and vocabulary (an rm run from the same model)",
+                             rm, f[i].name, f[i].rm, policy, f[i].pol);
+    return CAI_OK;
+}
+
+/* The reward model's tokenizer (the one its rm run read: its model.tokenizer,
+ * or its model.path's) must be the policy's token for token, or its scores
+ * would be of other text. A tokenizer no longer where the rm run found it
+ * is left to the vocabulary size check, with a warning. */
+static cai_status rm_tokenizer_match(const rl_job *j, const char *rm, const rl_config *rc) {
+    const int rm_bytes = strcmp(rc->tokenizer, "bytes") == 0;
+    if (rm_bytes || !j->bpe) {
+        if (rm_bytes == !j->bpe) return CAI_OK;
+        return CAI_ERROR(CAI_ERR_CONFIG, "reward.model=%s reads %s tokens, the policy %s", rm,
+                         rm_bytes ? "byte-level" : "BPE", j->bpe ? "BPE ones" : "byte-level ones");
+    }
+    cai_app_model_source src;
+    char dir[4096];
+    cai_bpe_t *tok = NULL;
+    if (cai_app_model_source_open(rc->model_path, &src) != CAI_OK ||
+        cai_app_model_tokenizer_dir(&src, rc->model_path, rc->tokenizer, dir, sizeof dir) != CAI_OK ||
+        cai_bpe_load_dir(dir, &tok) != CAI_OK) {
+        CAI_WARN(
+            "reward.model=%s: the tokenizer of its rm run (model.path=%s) cannot be read (%s); only its "
+            "vocabulary size is checked against the policy's",
+            rm, rc->model_path, cai_error_message());
+        cai_error_clear();
+        return CAI_OK;
+    }
+    const int32_t V = cai_bpe_vocab_size(tok);
+    cai_status st = CAI_OK;
+    if (V != cai_bpe_vocab_size(j->bpe))
+        st = CAI_ERROR(CAI_ERR_CONFIG, "reward.model=%s: its tokenizer %s holds %d tokens, the policy's %s %d", rm, dir,
+                       (int)V, j->tokdir, (int)cai_bpe_vocab_size(j->bpe));
+    for (int32_t id = 0; st == CAI_OK && id < V; id++) {
+        const char *a, *b;
+        size_t na, nb;
+        if (cai_bpe_token_bytes(tok, id, &a, &na) != CAI_OK || cai_bpe_token_bytes(j->bpe, id, &b, &nb) != CAI_OK) {
+            cai_error_clear();
+            continue;
+        }
+        if (na != nb || memcmp(a, b, na) != 0)
+            st = CAI_ERROR(CAI_ERR_CONFIG,
+                           "reward.model=%s: its tokenizer %s spells token %d otherwise than the policy's %s: the "
+                           "reward model must read the policy's tokens",
+                           rm, dir, (int)id, j->tokdir);
+    }
+    cai_bpe_free(tok);
+    return st;
+}
+
+/* The rlhf config a checkpoint was written under (its stored config text). */
+static cai_status stored_config(const char *path, const char *text, rl_config *out) {
+    cai_status st = cai_config_defaults(&k_schema, out);
+    if (st == CAI_OK && text) st = cai_config_load_yaml_string(&k_schema, out, text, path);
+    if (st != CAI_OK) cai_config_free(&k_schema, out);
+    return st;
+}
+
+/* reward.model: read and checked from its metadata alone, before anything
+ * is built; its score head comes from the file's app_state (the rm run's
+ * head, its moments ignored). The key is rewritten to the resolved file,
+ * so config.yaml and every checkpoint name the exact file a resume must
+ * score with. Not collective. */
+static cai_status open_reward_model(rl_job *j, rl_config *c) {
+    const char *given = c->reward_model;
+    if (!*given) return CAI_OK;
+    if (access(given, R_OK) != 0) return CAI_ERROR(CAI_ERR_CONFIG, "reward.model=%s: no such file or directory", given);
+    char cfgjson[4200];
+    snprintf(cfgjson, sizeof cfgjson, "%s/config.json", given);
+    if (access(cfgjson, R_OK) == 0)
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "reward.model=%s is a Hugging Face directory: it takes a colossal-rlhf --rlhf.algo rm "
+                         "checkpoint (its score head rides in the checkpoint)",
+                         given);
+    cai_app_model_source *s = &j->rm_src;
+    memset(s, 0, sizeof *s);
+    CAI_CALL(cai_ckpt_resolve(given, s->ckpt, sizeof s->ckpt));
+    cai_ckpt_file_t *f = NULL;
+    CAI_CALL(cai_ckpt_open(&f, MPI_COMM_SELF, s->ckpt));
+    const cai_ckpt_meta *m = cai_ckpt_file_meta(f);
+    const int64_t C = m->model.d_model;
+    cai_status st = CAI_OK;
+    rl_config rc;
+    memset(&rc, 0, sizeof rc);
+    int parsed = 0;
+    if (!m->has_model) st = CAI_ERROR(CAI_ERR_CONFIG, "reward.model=%s: %s records no model config", given, s->ckpt);
+    else if (strcmp(m->app, "colossal-rlhf") != 0 || !m->config_text || !m->app_state ||
+             m->app_state_len != (size_t)(3 * C + 1))
+        st = CAI_ERROR(CAI_ERR_CONFIG,
+                       "reward.model=%s: %s is not a reward model checkpoint (written by %s, %s score head): train one "
+                       "with colossal-rlhf --rlhf.algo rm",
+                       given, s->ckpt, *m->app ? m->app : "an unnamed app", m->app_state ? "a foreign" : "no");
+    else if ((st = stored_config(s->ckpt, m->config_text, &rc)) == CAI_OK) {
+        parsed = 1;
+        if (rc.algo != RL_RM)
+            st = CAI_ERROR(CAI_ERR_CONFIG,
+                           "reward.model=%s: %s was written by rlhf.algo=%s, not rm: its head is not a score head",
+                           given, s->ckpt, rl_algo_names[rc.algo]);
+    }
+    if (st == CAI_OK) st = rm_match(s->ckpt, c->model_path, &m->model, &j->src.config);
+    if (st == CAI_OK) st = rm_tokenizer_match(j, s->ckpt, &rc);
+    if (st == CAI_OK) {
+        s->config = m->model;
+        st = cai_calloc((void **)&j->rm_w, (size_t)C, sizeof *j->rm_w, "reward model head");
+    }
+    if (st == CAI_OK) memcpy(j->rm_w, m->app_state, (size_t)C * sizeof *j->rm_w);
+    if (parsed) cai_config_free(&k_schema, &rc);
+    cai_ckpt_close(f);
+    CAI_CALL(st);
+    char *resolved = strdup(s->ckpt);
+    if (!resolved) return CAI_ERROR(CAI_ERR_NOMEM, "reward.model path");
+    free(c->reward_model);
+    c->reward_model = resolved;
+    return CAI_OK;
+}
+
 /* Every rank reads the data (small: pairs and prompts, tokenized here). */
 static cai_status data_init(rl_job *j, rl_config *c) {
     CAI_CALL(cai_chat_template_open(c->chat_template, &j->tmpl));
@@ -208,9 +351,13 @@ static cai_status data_init(rl_job *j, rl_config *c) {
                              c->chat_template, j->tokdir, missing[0]);
     }
     if (is_policy(c)) {
-        CAI_CALL(cai_rl_reward_spec_parse(c->rewards, &j->rewards));
-        j->exact_part = cai_rl_reward_spec_find(&j->rewards, "exact_match");
-        const int64_t max_prompt = (int64_t)c->seq_len + 1 - c->max_new;
+        j->exact_part = -1;
+        if (*c->rewards || !*c->reward_model) {
+            CAI_CALL(cai_rl_reward_spec_parse(c->rewards, &j->rewards));
+            j->exact_part = cai_rl_reward_spec_find(&j->rewards, "exact_match");
+        }
+        /* the reward model scores the whole row, prompt and response, as its training scored a pair's side */
+        const int64_t max_prompt = (int64_t)c->seq_len + (*c->reward_model ? 0 : 1) - c->max_new;
         if (max_prompt < 2)
             return CAI_ERROR(CAI_ERR_CONFIG, "train.seq_len=%d leaves no room for a prompt before %d new tokens",
                              c->seq_len, c->max_new);
@@ -282,6 +429,20 @@ static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckp
         CAI_WARN("%s was trained with train.seed=%llu, this run uses %lld: data and rollouts change from here", path,
                  (unsigned long long)m->data_seed, (long long)j->cfg->seed);
     j->optim_steps = m->optim_step;
+    if (is_policy(j->cfg)) {
+        /* the rewards a resumed run gives are the stopped run's only with the same reward model */
+        rl_config was;
+        CAI_CALL(stored_config(path, m->config_text, &was));
+        const int same = strcmp(was.reward_model, j->cfg->reward_model) == 0 && was.rm_weight == j->cfg->rm_weight;
+        cai_status s =
+            same ? CAI_OK
+                 : CAI_ERROR(CAI_ERR_CONFIG,
+                             "%s was trained with reward.model=\"%s\" reward.model_weight=%g, this run gives "
+                             "reward.model=\"%s\" reward.model_weight=%g: its rewards would not continue the run's",
+                             path, was.reward_model, was.rm_weight, j->cfg->reward_model, j->cfg->rm_weight);
+        cai_config_free(&k_schema, &was);
+        CAI_CALL(s);
+    }
     if (!j->head) return CAI_OK;
     const int64_t C = cai_rl_head_width(j->head);
     if (!m->app_state || m->app_state_len != (size_t)(3 * C + 1))
@@ -368,6 +529,19 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         CAI_CALL(cai_model_create(&j->ref, cai_run_device(run), &resolved, &ro));
         CAI_CALL(load_source(j, run, j->ref));
     }
+    if (*c->reward_model) {
+        cai_model_options ro = mo;
+        ro.frozen = 1;
+        ro.external_params = 0;
+        ro.weights = NULL;
+        CAI_CALL(cai_model_create(&j->rm, cai_run_device(run), &resolved, &ro));
+        CAI_CALL(cai_ckpt_load_weights(cai_run_mesh(run), j->rm_src.ckpt, cai_model_weights(j->rm), NULL, NULL));
+        CAI_CALL(cai_model_params_updated(j->rm));
+        CAI_CALL(cai_rl_head_create(&j->rm_head, resolved.d_model, 0.0f, 0));
+        float *w;
+        cai_rl_head_tensors(j->rm_head, &w, NULL, NULL, NULL);
+        memcpy(w, j->rm_w, (size_t)resolved.d_model * sizeof *w);
+    }
     if (c->algo == RL_RM || c->algo == RL_PPO)
         CAI_CALL(cai_rl_head_create(&j->head, resolved.d_model, (float)c->head_std, (uint64_t)c->seed));
     if (is_policy(c)) {
@@ -418,6 +592,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     CAI_CALL(alloc_f32(&j->adv, N, "rlhf advantages"));
     CAI_CALL(alloc_f32(&j->ret, N, "rlhf returns"));
     CAI_CALL(alloc_f32(&j->scores, R, "rlhf rewards"));
+    CAI_CALL(alloc_f32(&j->rm_scores, R, "rlhf reward model scores"));
     CAI_CALL(alloc_f32(&j->logp, BT, "rlhf objective"));
     CAI_CALL(alloc_f32(&j->dlogp, BT, "rlhf objective"));
     CAI_CALL(alloc_f32(&j->val, BT, "rlhf objective"));
@@ -434,6 +609,8 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
 static void job_free(rl_job *j) {
     cai_engine_free(j->gen);
     cai_rl_head_free(j->head);
+    cai_rl_head_free(j->rm_head);
+    cai_model_free(j->rm);
     cai_model_free(j->ref);
     tc_engine_free(&j->eng);
     cai_rl_pref_set_free(j->pref_train);
@@ -444,9 +621,10 @@ static void job_free(rl_job *j) {
     cai_chat_template_free(j->tmpl);
     cai_bpe_free(j->bpe);
     cai_hf_close(j->h);
-    void *bufs[] = {j->tok,       j->tgt,     j->mask, j->last, j->rec,    j->rec_val, j->old_logp, j->ref_logp,
-                    j->samp_logp, j->old_val, j->adv,  j->ret,  j->scores, j->logp,    j->dlogp,    j->val,
-                    j->dval,      j->hrow,    j->dpi,  j->rwd,  j->pi,     j->refsum,  j->mb_count};
+    void *bufs[] = {j->tok,      j->tgt,       j->mask,    j->last,     j->rec, j->rec_val, j->old_logp,
+                    j->ref_logp, j->samp_logp, j->old_val, j->adv,      j->ret, j->scores,  j->logp,
+                    j->dlogp,    j->val,       j->dval,    j->hrow,     j->dpi, j->rwd,     j->pi,
+                    j->refsum,   j->mb_count,  j->rm_w,    j->rm_scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
@@ -467,7 +645,8 @@ static void print_header(rl_job *j, cai_run_t *run, const cai_app *app) {
         if (j->prompt_valid)
             printf("; held out %s: %lld", c->valid_path, (long long)cai_rl_prompt_set_size(j->prompt_valid));
         printf("\nrollouts: %d prompts x %d samples a step, up to %d new tokens, temperature %g, rewards %s\n",
-               c->prompts, c->group, c->max_new, c->temperature, c->rewards);
+               c->prompts, c->group, c->max_new, c->temperature, *c->rewards ? c->rewards : "none");
+        if (j->rm) printf("reward model: %s (score x %g added to the rewards)\n", c->reward_model, c->rm_weight);
         printf("batch: %d rows a step (%d microbatches of %d on each of %d replicas), %d pass%s\n",
                c->prompts * c->group, j->n_micro, j->B, dp, c->passes, c->passes == 1 ? "" : "es");
     } else {
@@ -504,6 +683,7 @@ int main(int argc, char **argv) {
     cai_app_check_all(check_config(&cfg, app.size, &layout), 2);
     rl_job job = {.cfg = &cfg};
     cai_app_check_all(open_source(&job), 2);
+    cai_app_check_all(open_reward_model(&job, &cfg), 2);
     if (cfg.seq_len == 0) cfg.seq_len = job.src.config.max_seq_len;
     cai_app_check_all(data_init(&job, &cfg), 2);
     job.steps = job_steps(&job, &cfg, layout.dp);

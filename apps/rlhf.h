@@ -39,6 +39,8 @@ typedef struct {
     int max_new, top_k;
     double temperature, top_p;
     char *stop, *rewards;
+    char *reward_model; /* an rm run's checkpoint scoring rollouts (resolved to its file); empty: none */
+    double rm_weight;
     int64_t kv_memory;
     double gamma, lambda, vf_coef, value_clip;
     int whiten;
@@ -75,9 +77,14 @@ typedef struct {
     int exact_part; /* the spec's exact_match part (accuracy), -1: none */
 
     tc_engine eng;
-    cai_model_t *ref;    /* frozen reference (dpo; grpo and ppo with a KL term) */
-    cai_rl_head_t *head; /* rm: the reward head; ppo: the value head */
-    cai_engine_t *gen;   /* grpo, ppo: rollouts over the policy's weights */
+    cai_model_t *ref;            /* frozen reference (dpo; grpo and ppo with a KL term) */
+    cai_rl_head_t *head;         /* rm: the reward head; ppo: the value head */
+    cai_engine_t *gen;           /* grpo, ppo: rollouts over the policy's weights */
+    cai_app_model_source rm_src; /* reward.model: the rm checkpoint */
+    float *rm_w;                 /* its score head's weight, read before anything is built */
+    cai_model_t *rm;             /* the frozen reward model (the policy's architecture) */
+    cai_rl_head_t *rm_head;
+    float *rm_scores; /* [n_micro * B]: the reward model's score of each rollout row */
     int64_t steps;
     int64_t optim_steps; /* updates a run makes (grpo/ppo: passes per step) */
 

@@ -519,9 +519,10 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
             st = response_text(j, o.tokens, o.n_tokens, &text);
         }
         double parts[CAI_RL_MAX_REWARDS];
-        if (st == CAI_OK)
+        s->reward = 0;
+        if (st == CAI_OK && j->rewards.n > 0)
             st = cai_rl_reward_spec_eval(&j->rewards, ptext, text.data ? text.data : "", answer, &s->reward, parts);
-        if (st == CAI_OK) s->exact = j->exact_part >= 0 ? parts[j->exact_part] : 0;
+        if (st == CAI_OK) s->exact = j->exact_part >= 0 && j->rewards.n > 0 ? parts[j->exact_part] : 0;
         cai_engine_output_free(&o);
     }
     free(text.data);
@@ -529,6 +530,29 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
 }
 
 /* ------------------------------------------------------------------ grpo and ppo */
+
+/* rm_scores[i] = the reward model's score of rollout i (prompt then
+ * response tokens as drawn, read at the last one), i < rows; the step's
+ * row buffers hold the scored rows afterwards. */
+static cai_status reward_model_scores(rl_job *j, const rl_sample *smp, int rows) {
+    const int T = j->T;
+    const int64_t R = (int64_t)j->n_micro * j->B, N = (int64_t)j->B * T;
+    for (int64_t i = 0; i < R; i++) {
+        const int64_t off = i * T;
+        if (i >= rows) {
+            empty_row(T, j->tok + off, j->tgt + off, j->mask + off, j->last + i);
+            continue;
+        }
+        if (smp[i].n > T || smp[i].n < 1)
+            return CAI_ERROR(CAI_ERR_INTERNAL, "reward.model: rollout %lld holds %lld tokens, train.seq_len=%d",
+                             (long long)i, (long long)smp[i].n, T);
+        score_row(smp[i].ids, smp[i].n, T, j->tok + off, j->tgt + off, j->mask + off, j->last + i);
+    }
+    for (int k = 0; k < j->n_micro; k++)
+        CAI_CALL(cai_rl_head_score_rows(j->rm_head, j->rm, j->B, T, j->tok + k * N, j->last + (int64_t)k * j->B,
+                                        j->rm_scores + (int64_t)k * j->B));
+    return CAI_OK;
+}
 
 static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_stats *st) {
     const rl_config *c = j->cfg;
@@ -546,8 +570,14 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     cai_status s = rollout(j, j->prompt_train, items, P, G, 0, step, smp, &gen_tokens);
     const double t_roll = cai_time_now() - t0;
     uint8_t keep[P > 0 ? P : 1];
-    double rs[6] = {0, 0, 0, 0, 0, 0}; /* reward sum, reward^2 sum, exact sum, response tokens, samples, kept groups */
+    /* reward sum, reward^2 sum, exact sum, response tokens, samples, kept groups, reward model score sum */
+    double rs[7] = {0, 0, 0, 0, 0, 0, 0};
+    if (s == CAI_OK && j->rm) s = reward_model_scores(j, smp, rows);
     for (int i = 0; s == CAI_OK && i < rows; i++) {
+        if (j->rm) {
+            rs[6] += j->rm_scores[i];
+            smp[i].reward += c->rm_weight * (double)j->rm_scores[i];
+        }
         j->scores[i] = (float)smp[i].reward;
         rs[0] += smp[i].reward;
         rs[1] += smp[i].reward * smp[i].reward;
@@ -597,8 +627,8 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         j->mb_count[k] = cnt;
         local += (double)cnt;
     }
-    double g[7] = {local, rs[0], rs[1], rs[2], rs[3], rs[4], rs[5]};
-    CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, g, g, 7, CAI_DTYPE_F64, CAI_RED_SUM));
+    double g[8] = {local, rs[0], rs[1], rs[2], rs[3], rs[4], rs[5], rs[6]};
+    CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, g, g, 8, CAI_DTYPE_F64, CAI_RED_SUM));
     j->global_count = g[0];
     j->count_scale = (double)j->n_micro * dp;
     const double t1 = cai_time_now();
@@ -650,15 +680,17 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, dev, dev, 2, CAI_DTYPE_F64, CAI_RED_MAX));
     const double n = g[5] > 0 ? g[5] : 1, mean = g[1] / n, var = g[2] / n - mean * mean, tk = j->sums.tokens;
     const double upd_tokens = (double)c->passes * R * T * dp;
+    char rm_mean[64] = "";
+    if (j->rm) snprintf(rm_mean, sizeof rm_mean, ",\"rm_score_mean\":%.9g", g[7] / n);
     cai_run_json(
         run,
-        "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.6f,\"reward_std\":%.6f,"
+        "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.9g%s,\"reward_std\":%.6f,"
         "\"accuracy\":%.6f,\"response_len\":%.3f,\"kl\":%.6g,\"clip_fraction\":%.6f,\"value_clip_fraction\":%.6f,"
         "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"update_s\":%.4f,"
         "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%.3g,"
         "\"ratio_dev_max\":%.3g",
-        rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, sqrt(var > 0 ? var : 0), g[3] / n, g[4] / n,
-        tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
+        rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, rm_mean, sqrt(var > 0 ? var : 0), g[3] / n,
+        g[4] / n, tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
         tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_upd,
         t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, dev[0], dev[1]);
     return CAI_OK;

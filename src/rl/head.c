@@ -1,6 +1,7 @@
 /* The scalar (reward / value) head: score = h . w on the host, with its own
  * gradient and AdamW state. */
 #include "cai_config.h"
+#include "colossal/model.h"
 #include "colossal/rl.h"
 
 #include <math.h>
@@ -107,4 +108,45 @@ cai_status cai_rl_head_adamw(cai_rl_head_t *h, int64_t step, float lr, float bet
         h->w[i] = h->w[i] * decay - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
     }
     return CAI_OK;
+}
+
+typedef struct {
+    const cai_rl_head_t *h;
+    const int32_t *last;
+    float *scores;
+} score_ctx;
+
+static cai_status score_objective(void *ctx, cai_model_objective_io *io) {
+    const score_ctx *s = ctx;
+    const int64_t C = io->hidden_size;
+    if (C != s->h->C)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_rl_head_score_rows: the model's hidden size %lld, the head's %lld",
+                         (long long)C, (long long)s->h->C);
+    for (int b = 0; b < io->batch; b++) {
+        s->scores[b] = 0;
+        if (s->last[b] >= 0)
+            CAI_CALL(
+                cai_rl_head_forward(s->h, 1, io->hidden + ((int64_t)b * io->seq_len + s->last[b]) * C, &s->scores[b]));
+    }
+    io->loss = 0;
+    return CAI_OK;
+}
+
+cai_status cai_rl_head_score_rows(const cai_rl_head_t *h, cai_model_t *m, int B, int T, const int32_t *tokens,
+                                  const int32_t *last, float *scores) {
+    CAI_CHECK_ARG(h && m && tokens && last && scores, "cai_rl_head_score_rows: NULL argument");
+    CAI_CHECK_ARG(B > 0 && T > 0, "cai_rl_head_score_rows: B=%d, T=%d must be > 0", B, T);
+    for (int b = 0; b < B; b++)
+        CAI_CHECK_ARG(last[b] < T, "cai_rl_head_score_rows: row %d's last position %d is past T=%d", b, (int)last[b],
+                      T);
+    int32_t *tgt = NULL;
+    /* every target ignored: the objective reads the hidden states only */
+    CAI_CALL(cai_calloc((void **)&tgt, (size_t)B * (size_t)T, sizeof *tgt, "reward model targets"));
+    for (int64_t n = 0; n < (int64_t)B * T; n++) tgt[n] = CAI_IGNORE_INDEX;
+    score_ctx ctx = {h, last, scores};
+    const cai_model_objective obj = {score_objective, &ctx, 1};
+    cai_status st = cai_model_set_objective(m, &obj);
+    if (st == CAI_OK) st = cai_model_forward(m, tokens, tgt, NULL);
+    cai_free(tgt);
+    return st;
 }

@@ -5,8 +5,10 @@
 # numbers (rm, dpo, grpo: 2 ranks x 1 microbatch against 1 rank x 2), DPO
 # starts at log 2 (policy = reference), a stopped GRPO run and a stopped
 # reward-model run (its head in the checkpoint) resume to the uninterrupted
-# run's rewards and losses, PPO trains, and bad input is refused naming
-# what is wrong.
+# run's rewards and losses, PPO trains, PPO scored by the reward model
+# trained here rewards its scores (alone, and weighted beside exact match)
+# and resumes to the same rewards, and bad input is refused naming what is
+# wrong.
 . "$top_srcdir/tests/apps/sft_lib.sh"
 RLHF_BIN="$top_builddir/apps/colossal-rlhf"
 sft_setup
@@ -146,6 +148,78 @@ rl ratio_dev_max "$TMP/ppo/metrics.jsonl" | awk '{if ($2 != 0) bad=1; n++} END{e
     fail "ppo: the first pass over a batch does not start at ratio 1"
 rl sampler_logp_diff_max "$TMP/ppo/metrics.jsonl" | awk '{if (!($2 < 1e-4)) bad=1; n++} END{exit !(n==3 && !bad)}' ||
     fail "ppo: the training forward's log-probs are not the sampled tokens'"
+
+# PPO scored by the reward model rm1 trained (its step-6 weights and score
+# head, frozen). With no verifiable rewards the reward is the RM's score,
+# so each step's reward mean is its RM score mean
+RMP="--rlhf.algo ppo $RL $PROMPTS --rollout.prompts 4 --rollout.samples 2 --train.micro_batch 8 --optim.lr 1e-4
+  --rollout.max_new_tokens 8 --checkpoint.every 1 --train.steps 2 --reward.model $TMP/rm1/checkpoints"
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.functions "" --run.dir "$TMP/ppo-rm"
+expect_ok
+expect_grep out "^reward model: $TMP/rm1/checkpoints/step-0*6.h5 "
+rl reward_mean "$TMP/ppo-rm/metrics.jsonl" >"$TMP/a"
+rl rm_score_mean "$TMP/ppo-rm/metrics.jsonl" >"$TMP/b"
+paste "$TMP/a" "$TMP/b" | awk '{d=$2-$4; if (d<0) d=-d; if (d>1e-6*($4<0?-$4:$4)+1e-9 || $4==0) bad=1; n++}
+    END{printf "ppo with a reward model: %d steps, reward mean = RM score mean\n", n; exit !(n==2 && !bad)}' ||
+    fail "ppo with reward.model alone: reward_mean is not the RM's score mean (or the score is 0)"
+# both: reward = 0.5 x RM score + exact match; step 1's rollouts (same
+# seed, same policy) are the first run's, so are their RM scores
+# shellcheck disable=SC2086
+run_rl 1 $RMP --train.steps 1 --reward.functions exact_match --reward.model_weight 0.5 --run.dir "$TMP/ppo-rm-w"
+expect_ok
+rl rm_score_mean "$TMP/ppo-rm/metrics.jsonl" | sed -n 1p >"$TMP/a"
+rl rm_score_mean "$TMP/ppo-rm-w/metrics.jsonl" >"$TMP/b"
+rl reward_mean "$TMP/ppo-rm-w/metrics.jsonl" >"$TMP/c"
+rl accuracy "$TMP/ppo-rm-w/metrics.jsonl" >"$TMP/d"
+paste "$TMP/a" "$TMP/b" "$TMP/c" "$TMP/d" | awk '{s=$2; if (s<0) s=-s; e=0.5*$4+$8-$6; if (e<0) e=-e; d=$2-$4; if (d<0) d=-d;
+    printf "ppo, reward.model_weight 0.5 + exact_match: RM score %s (alone: %s), reward %s, exact match %s\n", $4, $2, $6, $8;
+    exit !(NR==1 && d<=1e-6*s && e<=1e-6*(s+1))}' || fail "ppo: reward_mean is not 0.5 x rm_score_mean + exact match"
+# stopped after step 1 and resumed: the same rollouts and rewards; a resume
+# naming another reward model is refused
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.functions "" --train.stop_at 1 --run.dir "$TMP/ppo-rm2"
+expect_rc 3
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.functions "" --reward.model "$TMP/rm1/checkpoints/step-00000003.h5" --resume latest \
+    --run.dir "$TMP/ppo-rm2"
+expect_rc 1
+expect_grep err "trained with reward.model=.*rm1/checkpoints/step-0*6.h5.*this run gives reward.model=.*step-0*3.h5"
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.functions "" --resume latest --run.dir "$TMP/ppo-rm2"
+expect_ok
+same_rl "$TMP/ppo-rm/metrics.jsonl" "$TMP/ppo-rm2/metrics.jsonl" "ppo with a reward model resumed at step 1"
+# refused before anything is built: a checkpoint with no score head, a ppo
+# run's (a value head), the key under rm or dpo
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.model "$TMP/pt/checkpoints" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "reward.model=$TMP/pt/checkpoints: .*step-0*60.h5 is not a reward model checkpoint"
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.model "$TMP/ppo-rm/checkpoints" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "reward.model=$TMP/ppo-rm/checkpoints: .* written by rlhf.algo=ppo, not rm"
+# a policy reading other tokens than the reward model (two ids swapped)
+mkdir -p "$TMP/tok2"
+cp "$TMP/pt/tokenizer/merges.txt" "$TMP/tok2/"
+sed -e 's/^"!": 1,$/"!": 2,/' -e 's/^"\\"": 2,$/"\\"": 1,/' "$TMP/pt/tokenizer/vocab.json" >"$TMP/tok2/vocab.json"
+# shellcheck disable=SC2086
+run_rl 1 $RMP --model.tokenizer "$TMP/tok2" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "reward.model=.*step-0*6.h5: its tokenizer .* spells token 1 otherwise than the policy's .*tok2"
+# a policy of another width than the reward model
+# shellcheck disable=SC2086
+run_np 1 $TINY --model.d_model 32 --data.corpus_vocab 320 --train.steps 2 --eval.interval 0 --checkpoint.every 2 \
+    --run.dir "$TMP/pt32"
+expect_ok
+# shellcheck disable=SC2086
+run_rl 1 $RMP --model.path "$TMP/pt32/checkpoints" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "reward.model=.*step-0*6.h5: its d_model is 64, the policy's \(model.path=$TMP/pt32/checkpoints\) 32"
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo dpo $RL $PREFS --reward.model "$TMP/rm1/checkpoints" --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "reward.model=$TMP/rm1/checkpoints with rlhf.algo=dpo"
 
 # Bad input
 # shellcheck disable=SC2086

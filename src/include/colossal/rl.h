@@ -147,6 +147,15 @@ void cai_rl_head_zero_grad(cai_rl_head_t *h);
 cai_status cai_rl_head_adamw(cai_rl_head_t *h, int64_t step, float lr, float beta1, float beta2, float eps,
                              float weight_decay, float grad_scale);
 
+/* A reward model's scores: B rows of T tokens (host) through the model m
+ * (one forward, no backward; m's objective is replaced), each scored by
+ * the head at its position last[b] as the reward model's training read it
+ * (a row's last token); last[b] < 0 marks an empty row, scored 0. m's
+ * batch and sequence length must be B and T. Collective as m's forward. */
+typedef struct cai_model cai_model_t;
+cai_status cai_rl_head_score_rows(const cai_rl_head_t *h, cai_model_t *m, int B, int T, const int32_t *tokens,
+                                  const int32_t *last, float *scores);
+
 /* ------------------------------------------------- data and rewards
  * (rl_data.c, rewards.c) */
 
