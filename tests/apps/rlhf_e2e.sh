@@ -163,6 +163,19 @@ rl rm_score_mean "$TMP/ppo-rm/metrics.jsonl" >"$TMP/b"
 paste "$TMP/a" "$TMP/b" | awk '{d=$2-$4; if (d<0) d=-d; if (d>1e-6*($4<0?-$4:$4)+1e-9 || $4==0) bad=1; n++}
     END{printf "ppo with a reward model: %d steps, reward mean = RM score mean\n", n; exit !(n==2 && !bad)}' ||
     fail "ppo with reward.model alone: reward_mean is not the RM's score mean (or the score is 0)"
+# grpo takes it too; 2 replicas score their halves of the same rollouts
+for n in 1 2; do
+    # shellcheck disable=SC2086
+    run_rl $n --rlhf.algo grpo $RL $PROMPTS --rollout.prompts 4 --rollout.samples 2 --train.micro_batch 8 \
+        --rollout.max_new_tokens 8 --train.steps 2 --reward.model "$TMP/rm1/checkpoints" --reward.functions "" \
+        --run.dir "$TMP/grpo-rm$n"
+    expect_ok
+done
+close rm_score_mean "$TMP/grpo-rm1/metrics.jsonl" "$TMP/grpo-rm2/metrics.jsonl" "grpo with a reward model, 1 vs 2 ranks"
+rl reward_mean "$TMP/grpo-rm1/metrics.jsonl" >"$TMP/a"
+rl rm_score_mean "$TMP/grpo-rm1/metrics.jsonl" >"$TMP/b"
+paste "$TMP/a" "$TMP/b" | awk '{d=$2-$4; if (d<0) d=-d; if (d>1e-6*($4<0?-$4:$4)+1e-9 || $4==0) bad=1; n++}
+    END{exit !(n==2 && !bad)}' || fail "grpo with reward.model alone: reward_mean is not the RM's score mean"
 # both: reward = 0.5 x RM score + exact match; step 1's rollouts (same
 # seed, same policy) are the first run's, so are their RM scores
 # shellcheck disable=SC2086
