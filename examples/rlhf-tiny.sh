@@ -16,15 +16,17 @@
 # DOCS (4000), RM_DOCS (40000), RM_STEPS (1500), DPO_STEPS (200),
 # GRPO_STEPS (150).
 #
-# The reward model trains on the pairs of RM_DOCS conversations (the first
-# DOCS of them are data/'s, the generator being deterministic, and no
-# training pair asks a held-out question of either), so the pairs of
-# data/prefs_held_out.jsonl stay unseen; it ranks a pair by the
-# arithmetic, which the tiny model learns only from many pairs. GRPO
-# rewards the exact match alone and drops the groups whose rewards are all
-# equal: with the format reward added, std-scaled advantages turn a group
-# of wrong answers that differ only in format into full-sized updates of
-# wrong numbers.
+# The reward model trains on the pairs of RM_DOCS conversations, none
+# held out (the first DOCS of them are data/'s, the generator being
+# deterministic), less every pair whose question is in
+# data/prefs_held_out.jsonl, so its held-out pairs stay unseen. A split of
+# RM_DOCS itself would hold out every product and quotient question (their
+# space is small) and leave the model none to learn them from. It ranks a
+# pair by the arithmetic, which the tiny model learns only from many
+# pairs. GRPO rewards the exact match alone and drops the groups whose
+# rewards are all equal: with the format reward added, std-scaled
+# advantages turn a group of wrong answers that differ only in format into
+# full-sized updates of wrong numbers.
 set -e
 dir=${1:-runs/rlhf-tiny}
 np=${2:-2}
@@ -39,7 +41,9 @@ common="--log.timestamps false --checkpoint.every 1000000"
         --generate.tokens 0 --eval.interval 0 $common --run.dir "$dir/pretrain"
 "${bin}colossal-data" sft-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10
 "${bin}colossal-data" rl-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10
-"${bin}colossal-data" rl-example --out "$dir/data-rm" --docs "${RM_DOCS:-40000}" --seed 1234 --held_out 10
+"${bin}colossal-data" rl-example --out "$dir/data-rm" --docs "${RM_DOCS:-40000}" --seed 1234 --held_out 0
+sed 's/,"chosen".*//' "$dir/data/prefs_held_out.jsonl" >"$dir/data-rm/held_out_questions"
+grep -v -F -f "$dir/data-rm/held_out_questions" "$dir/data-rm/prefs_train.jsonl" >"$dir/data-rm/prefs_unseen.jsonl"
 [ -f "$dir/sft/checkpoints/latest" ] ||
     $launch -n "$np" "${bin}colossal-sft" --model.path "$dir/pretrain/checkpoints" \
         --data.train "$dir/data/train.jsonl" --train.seq_len 128 --train.micro_batch 8 \
@@ -47,7 +51,7 @@ common="--log.timestamps false --checkpoint.every 1000000"
 
 rl="--model.path $dir/sft/checkpoints --train.seq_len 128 $common --log.interval 25"
 $launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo rm --model.path "$dir/sft/checkpoints" --train.seq_len 64 $common \
-    --log.interval 100 --data.train "$dir/data-rm/prefs_train.jsonl" --data.valid "$dir/data/prefs_held_out.jsonl" \
+    --log.interval 100 --data.train "$dir/data-rm/prefs_unseen.jsonl" --data.valid "$dir/data/prefs_held_out.jsonl" \
     --train.steps "${RM_STEPS:-1500}" --train.micro_batch $((32 / np)) --optim.lr 5e-4 --optim.warmup_steps 20 \
     --eval.interval 250 --run.dir "$dir/rm"
 $launch -n "$np" "${bin}colossal-rlhf" --rlhf.algo dpo $rl --data.train "$dir/data/prefs_train.jsonl" \
