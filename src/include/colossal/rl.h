@@ -284,8 +284,9 @@ cai_status cai_rl_reward_format(void *ctx, const char *prompt, const char *respo
 void cai_rl_extract_answer(const char *response, char *buf, size_t cap);
 
 /* ------------------------------------------------------------ embedded examples
- * From cai_sft_example_conversation (same config, same split): the
- * arithmetic conversations only. Prompt lines {"messages": [user turn],
+ * From cai_sft_example_conversation (same config, same split, except
+ * that a training line whose question is also a held-out question is left
+ * out): the arithmetic conversations only. Prompt lines {"messages": [user turn],
  * "answer": "N"}; preference lines {"context": [user turn], "chosen":
  * [assistant "The answer is N."], "rejected": [assistant "The answer is
  * M."]} with M a wrong number fixed by (seed, i), or (about one pair in
