@@ -9,15 +9,12 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/rewards.c
 
 if HAVE_CHECK
-check_PROGRAMS += tests/unit/test_rl tests/unit/test_rl_data tests/unit/test_rl_score
+check_PROGRAMS += tests/unit/test_rl tests/unit/test_rl_data
 tests_unit_test_rl_SOURCES = tests/unit/test_rl.c
 tests_unit_test_rl_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_rl_LDADD = $(TEST_LIBS) -lm
 tests_unit_test_rl_data_SOURCES = tests/unit/test_rl_data.c
 tests_unit_test_rl_data_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_rl_data_LDADD = $(TEST_LIBS) -lm
-tests_unit_test_rl_score_SOURCES = tests/unit/test_rl_score.c
-tests_unit_test_rl_score_CFLAGS = $(TEST_CFLAGS)
-tests_unit_test_rl_score_LDADD = $(TEST_LIBS) -lm
-TESTS += tests/unit/test_rl tests/unit/test_rl_data tests/unit/test_rl_score
+TESTS += tests/unit/test_rl tests/unit/test_rl_data
 endif
