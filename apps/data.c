@@ -449,10 +449,13 @@ static cai_status run_sft_example(const cai_app *app, const data_config *cfg) {
     snprintf(train, sizeof train, "%s/train.jsonl", cfg->output);
     snprintf(held, sizeof held, "%s/held_out.jsonl", cfg->output);
     const cai_sft_example_config ec = {cfg->docs, (uint64_t)cfg->seed, (int)cfg->held_out};
-    int64_t nt = 0, nh = 0;
-    CAI_CALL(cai_sft_example_write(&ec, train, held, &nt, &nh));
-    printf("sft-example: %lld conversations (seed %lld) -> %s (%lld), %s (%lld)\n", (long long)cfg->docs,
-           (long long)cfg->seed, train, (long long)nt, held, (long long)nh);
+    int64_t nt = 0, nh = 0, left = 0;
+    CAI_CALL(cai_sft_example_write(&ec, train, held, &nt, &nh, &left));
+    printf(
+        "sft-example: %lld conversations (seed %lld) -> %s (%lld), %s (%lld); %lld training conversation%s left "
+        "out for asking held-out questions\n",
+        (long long)cfg->docs, (long long)cfg->seed, train, (long long)nt, held, (long long)nh, (long long)left,
+        left == 1 ? "" : "s");
     return CAI_OK;
 }
 

@@ -384,11 +384,91 @@ static cai_status write_conversation(FILE *f, const char *path, const cai_chat_c
     return st;
 }
 
+int cai_sft_example_arithmetic(const cai_chat_conversation *c, const char **question, long long *answer) {
+    if (c->n_messages < 2) return 0;
+    const cai_chat_message *u = &c->messages[c->n_messages - 2], *a = &c->messages[c->n_messages - 1];
+    if (strcmp(u->role, "user") != 0 || strcmp(a->role, "assistant") != 0) return 0;
+    long long n;
+    int used = 0;
+    if (sscanf(a->content, "The answer is %lld.%n", &n, &used) != 1 || used == 0 || a->content[used] != '\0') return 0;
+    *question = u->content;
+    *answer = n;
+    return 1;
+}
+
+static int str_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+void cai_sft_question_set_free(cai_sft_question_set *s) {
+    for (int64_t i = 0; i < s->n; i++) free(s->q[i]);
+    free(s->q);
+    s->q = NULL;
+    s->n = 0;
+}
+
+/* Appends a copy of q to s (capacity *cap). */
+static cai_status question_push(cai_sft_question_set *s, int64_t *cap, const char *q, int64_t conversation) {
+    if (s->n == *cap) {
+        const int64_t grown = *cap ? 2 * *cap : 256;
+        char **b = realloc(s->q, (size_t)grown * sizeof *b);
+        if (!b) return CAI_ERROR(CAI_ERR_NOMEM, "instruction set: %lld held-out questions", (long long)grown);
+        s->q = b;
+        *cap = grown;
+    }
+    if (!(s->q[s->n] = strdup(q)))
+        return CAI_ERROR(CAI_ERR_NOMEM, "instruction set: held-out question of conversation %lld",
+                         (long long)conversation);
+    s->n++;
+    return CAI_OK;
+}
+
+cai_status cai_sft_example_held_questions(const cai_sft_example_config *cfg, cai_sft_question_set *out) {
+    CAI_CHECK_ARG(cfg && out && cfg->n >= 0, "cai_sft_example_held_questions: bad arguments");
+    memset(out, 0, sizeof *out);
+    cai_sft_question_set s = {0};
+    int64_t cap = 0;
+    cai_status st = CAI_OK;
+    /* with nothing held out there is nothing to collect */
+    for (int64_t i = 0; i < cfg->n && cfg->held_out_percent > 0 && st == CAI_OK; i++) {
+        cai_chat_conversation c = {0};
+        int held = 0;
+        const char *q;
+        long long answer;
+        st = cai_sft_example_conversation(cfg, i, &c, &held);
+        if (st == CAI_OK && held && cai_sft_example_arithmetic(&c, &q, &answer)) st = question_push(&s, &cap, q, i);
+        cai_chat_conversation_free(&c);
+    }
+    if (st != CAI_OK) {
+        cai_sft_question_set_free(&s);
+        return st;
+    }
+    if (s.n > 0) qsort(s.q, (size_t)s.n, sizeof *s.q, str_cmp);
+    int64_t k = 0;
+    for (int64_t i = 0; i < s.n; i++) {
+        if (k > 0 && strcmp(s.q[i], s.q[k - 1]) == 0) free(s.q[i]);
+        else s.q[k++] = s.q[i];
+    }
+    s.n = k;
+    *out = s;
+    return CAI_OK;
+}
+
+int cai_sft_question_set_has(const cai_sft_question_set *s, const char *question) {
+    return s->n > 0 && bsearch(&question, s->q, (size_t)s->n, sizeof *s->q, str_cmp) != NULL;
+}
+
+int cai_sft_question_set_asked(const cai_sft_question_set *s, const cai_chat_conversation *c) {
+    for (int k = 0; k < c->n_messages; k++)
+        if (strcmp(c->messages[k].role, "user") == 0 && cai_sft_question_set_has(s, c->messages[k].content)) return 1;
+    return 0;
+}
+
 cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_out_path,
-                                 int64_t *n_train, int64_t *n_held) {
+                                 int64_t *n_train, int64_t *n_held, int64_t *n_left_out) {
     CAI_CHECK_ARG(cfg && cfg->n >= 0, "cai_sft_example_write: bad arguments");
+    cai_sft_question_set hq;
+    CAI_CALL(cai_sft_example_held_questions(cfg, &hq));
     cai_out_file files[2] = {{0}};
-    int64_t counts[2] = {0, 0};
+    int64_t counts[2] = {0, 0}, left_out = 0;
     cai_status st = cai_out_file_open(&files[0], train_path);
     if (st == CAI_OK) st = cai_out_file_open(&files[1], held_out_path);
     for (int64_t i = 0; i < cfg->n && st == CAI_OK; i++) {
@@ -396,13 +476,19 @@ cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *
         int held = 0;
         st = cai_sft_example_conversation(cfg, i, &c, &held);
         if (st != CAI_OK) break;
-        counts[held]++;
-        if (files[held].f) st = write_conversation(files[held].f, files[held].tmp, &c);
+        if (!held && cai_sft_question_set_asked(&hq, &c)) {
+            left_out++;
+        } else {
+            counts[held]++;
+            if (files[held].f) st = write_conversation(files[held].f, files[held].tmp, &c);
+        }
         cai_chat_conversation_free(&c);
     }
     st = cai_out_file_close(&files[0], st);
     st = cai_out_file_close(&files[1], st);
+    cai_sft_question_set_free(&hq);
     if (n_train) *n_train = counts[0];
     if (n_held) *n_held = counts[1];
+    if (n_left_out) *n_left_out = left_out;
     return st;
 }

@@ -570,20 +570,6 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-/* Conversation i's question and answer when it is an arithmetic one (its
- * last turn "The answer is N."); *question points into c. */
-static int arithmetic(const cai_chat_conversation *c, const char **question, long long *answer) {
-    if (c->n_messages < 2) return 0;
-    const cai_chat_message *u = &c->messages[c->n_messages - 2], *a = &c->messages[c->n_messages - 1];
-    if (strcmp(u->role, "user") != 0 || strcmp(a->role, "assistant") != 0) return 0;
-    long long n;
-    int used = 0;
-    if (sscanf(a->content, "The answer is %lld.%n", &n, &used) != 1 || used == 0 || a->content[used] != '\0') return 0;
-    *question = u->content;
-    *answer = n;
-    return 1;
-}
-
 static cai_status put_json(FILE *f, const char *path, json_t *o) {
     char *line = o ? json_dumps(o, JSON_COMPACT) : NULL;
     cai_status st = CAI_OK;
@@ -616,68 +602,15 @@ static void rejected_answer(uint64_t seed, int64_t i, long long n, char *buf, si
 
 typedef enum { EX_PROMPTS, EX_PREFS } ex_kind;
 
-static int str_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* The held-out arithmetic questions, sorted. The question space is small
- * (the same sum recurs under another conversation), so a split by
- * conversation alone would train on questions it holds out. */
-typedef struct {
-    char **q;
-    int64_t n;
-} question_set;
-
-static void question_set_free(question_set *s) {
-    for (int64_t i = 0; i < s->n; i++) free(s->q[i]);
-    free(s->q);
-    s->q = NULL;
-    s->n = 0;
-}
-
-static cai_status held_out_questions(const cai_sft_example_config *cfg, question_set *out) {
-    question_set s = {0};
-    int64_t cap = 0;
-    cai_status st = CAI_OK;
-    for (int64_t i = 0; i < cfg->n && st == CAI_OK; i++) {
-        cai_chat_conversation c;
-        int held = 0;
-        st = cai_sft_example_conversation(cfg, i, &c, &held);
-        if (st != CAI_OK) break;
-        const char *q;
-        long long n;
-        if (held && arithmetic(&c, &q, &n)) {
-            if (s.n == cap) {
-                cap = cap ? 2 * cap : 256;
-                char **b = realloc(s.q, (size_t)cap * sizeof *b);
-                if (b) s.q = b;
-                else st = CAI_ERROR(CAI_ERR_NOMEM, "rl example: %lld held-out questions", (long long)cap);
-            }
-            if (st == CAI_OK && !(s.q[s.n] = strdup(q)))
-                st = CAI_ERROR(CAI_ERR_NOMEM, "rl example: held-out question of conversation %lld", (long long)i);
-            if (st == CAI_OK) s.n++;
-        }
-        cai_chat_conversation_free(&c);
-    }
-    if (st != CAI_OK) {
-        question_set_free(&s);
-        return st;
-    }
-    if (s.n > 0) qsort(s.q, (size_t)s.n, sizeof *s.q, str_cmp);
-    *out = s;
-    return CAI_OK;
-}
-
-static int question_held(const question_set *s, const char *q) {
-    return s->n > 0 && bsearch(&q, s->q, (size_t)s->n, sizeof *s->q, str_cmp) != NULL;
-}
-
 /* Held-out lines are those of the held-out conversations, as the SFT split
  * makes them; training lines are the other conversations' less any whose
- * question is a held-out one, so a held-out score is on unseen questions. */
+ * question is a held-out one, as cai_sft_example_write leaves them out, so
+ * a held-out score is on unseen questions. */
 static cai_status example_write(ex_kind kind, const cai_sft_example_config *cfg, const char *train_path,
                                 const char *held_path, int64_t *n_train, int64_t *n_held) {
     CAI_CHECK_ARG(cfg && cfg->n >= 0, "rl example: bad arguments");
-    question_set hq = {0};
-    CAI_CALL(held_out_questions(cfg, &hq));
+    cai_sft_question_set hq;
+    CAI_CALL(cai_sft_example_held_questions(cfg, &hq));
     cai_out_file files[2] = {{0}};
     int64_t counts[2] = {0, 0};
     cai_status st = cai_out_file_open(&files[0], train_path);
@@ -689,7 +622,7 @@ static cai_status example_write(ex_kind kind, const cai_sft_example_config *cfg,
         if (st != CAI_OK) break;
         const char *q;
         long long n;
-        if (arithmetic(&c, &q, &n) && (held || !question_held(&hq, q))) {
+        if (cai_sft_example_arithmetic(&c, &q, &n) && (held || !cai_sft_question_set_has(&hq, q))) {
             counts[held]++;
             char num[32], right[64], wrong[64];
             snprintf(num, sizeof num, "%lld", n);
@@ -709,7 +642,7 @@ static cai_status example_write(ex_kind kind, const cai_sft_example_config *cfg,
     }
     st = cai_out_file_close(&files[0], st);
     st = cai_out_file_close(&files[1], st);
-    question_set_free(&hq);
+    cai_sft_question_set_free(&hq);
     if (n_train) *n_train = counts[0];
     if (n_held) *n_held = counts[1];
     return st;

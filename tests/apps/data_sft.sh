@@ -1,6 +1,7 @@
 #!/bin/sh
 # colossal-data sft-example and sft-preprocess end to end: the embedded
-# instruction set, preprocessing on 1, 2 and 3 ranks byte-identical (tokens
+# instruction set (no training conversation asks a held-out question),
+# preprocessing on 1, 2 and 3 ranks byte-identical (tokens
 # and loss masks), special tokens refused or added, chatml and llama3 equal
 # to their reference Jinja templates (python3-jinja2), truncate/drop counts,
 # and bad input: a malformed line in the last rank's slice names file, line
@@ -9,9 +10,19 @@
 
 run_np 1 sft-example --out "$TMP/ex" --docs 600 --seed 4 --held-out 10
 expect_ok
-expect_grep out "^sft-example: 600 conversations"
+expect_grep out "^sft-example: 600 conversations .*/train.jsonl \([0-9]+\), .*/held_out.jsonl \([0-9]+\); [0-9]+ training conversations? left out for asking held-out questions$"
 [ -s "$TMP/ex/train.jsonl" ] && [ -s "$TMP/ex/held_out.jsonl" ] || fail "sft-example wrote no files"
-[ "$(cat "$TMP/ex/train.jsonl" "$TMP/ex/held_out.jsonl" | wc -l)" -eq 600 ] || fail "not 600 lines in all"
+# every conversation is held out, trained on, or left out for asking a held-out question
+nt=$(sed -n 's/.*train.jsonl (\([0-9]*\)), .*/\1/p' "$TMP/out")
+nh=$(sed -n 's/.*held_out.jsonl (\([0-9]*\)); .*/\1/p' "$TMP/out")
+left=$(sed -n 's/.*; \([0-9]*\) training conversations* left out .*/\1/p' "$TMP/out")
+[ "$(wc -l <"$TMP/ex/train.jsonl")" -eq "$nt" ] && [ "$(wc -l <"$TMP/ex/held_out.jsonl")" -eq "$nh" ] ||
+    fail "the files do not hold the printed $nt and $nh lines"
+[ "$left" -gt 0 ] && [ $((nt + nh + left)) -eq 600 ] || fail "train $nt + held out $nh + left out $left is not 600"
+sed -n 's/.*\("role":"user","content":"[^"]*"}\),{"role":"assistant","content":"The answer is [0-9]*\."}.*/\1/p' \
+    "$TMP/ex/held_out.jsonl" >"$TMP/held_questions"
+[ -s "$TMP/held_questions" ] || fail "no held-out question found"
+grep -q -F -f "$TMP/held_questions" "$TMP/ex/train.jsonl" && fail "a training conversation asks a held-out question"
 grep -q '"The answer is [0-9]*\."' "$TMP/ex/held_out.jsonl" || fail "no arithmetic answer held out"
 grep -q 'Continue this story: ' "$TMP/ex/train.jsonl" || fail "no story request"
 run_np 2 sft-example --out "$TMP/ex2" --docs 600 --seed 4 --held-out 10

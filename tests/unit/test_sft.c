@@ -403,7 +403,7 @@ static cai_chat_template_t *g_tpl;
 static void example_file(const char *name, int64_t n, char *path, size_t cap) {
     path_in(path, cap, name);
     const cai_sft_example_config ec = {n, 5, 0};
-    CK_CAI(cai_sft_example_write(&ec, path, NULL, NULL, NULL));
+    CK_CAI(cai_sft_example_write(&ec, path, NULL, NULL, NULL, NULL));
 }
 
 static void preprocess(const char *input, const char *prefix, int64_t seq_len, cai_sft_overflow ov,
@@ -744,6 +744,13 @@ END_TEST
 
 /* ------------------------------------------------------------------ instruction set */
 
+static int asks_one_of(const cai_chat_conversation *c, char **questions, int64_t n) {
+    for (int k = 0; k < c->n_messages; k++)
+        for (int64_t j = 0; j < n; j++)
+            if (!strcmp(c->messages[k].role, "user") && !strcmp(c->messages[k].content, questions[j])) return 1;
+    return 0;
+}
+
 START_TEST(instruction_set_is_deterministic_and_split) {
     const cai_sft_example_config ec = {400, 3, 20};
     int held = 0, arithmetic = 0, stories = 0;
@@ -778,25 +785,78 @@ START_TEST(instruction_set_is_deterministic_and_split) {
     char train[300], test[300];
     path_in(train, sizeof train, "train.jsonl");
     path_in(test, sizeof test, "held.jsonl");
-    int64_t nt, nh;
-    CK_CAI(cai_sft_example_write(&ec, train, test, &nt, &nh));
-    ck_assert_int_eq(nt + nh, ec.n);
+    int64_t nt, nh, left;
+    CK_CAI(cai_sft_example_write(&ec, train, test, &nt, &nh, &left));
     ck_assert_int_eq(nh, held);
+    ck_assert_int_eq(nt + nh + left, ec.n);
+    /* The held-out file read back: every held-out conversation, in order;
+     * its arithmetic questions (the user turn before "The answer is N.")
+     * kept to check the training file against. */
     const char *paths[2] = {train, test};
-    for (int f = 0; f < 2; f++) {
+    char **held_q = calloc((size_t)ec.n, sizeof *held_q);
+    int64_t n_held_q = 0, asked = 0, i = 0;
+    for (int f = 1; f >= 0; f--) {
+        i = 0;
         size_t len;
         char *all = (char *)slurp(paths[f], &len);
         int64_t lines = 0;
         for (char *p = all; p < all + len; lines++) {
             char *nl = memchr(p, '\n', (size_t)(all + len - p));
-            cai_chat_conversation c;
+            cai_chat_conversation c, want;
+            int h = 0;
             CK_CAI(cai_chat_parse_line(paths[f], lines + 1, p, (size_t)(nl - p), 1, &c));
+            /* the next conversation of this split that the file keeps */
+            for (;; i++) {
+                ck_assert_int_lt(i, ec.n);
+                CK_CAI(cai_sft_example_conversation(&ec, i, &want, &h));
+                if (h != f) {
+                    cai_chat_conversation_free(&want);
+                    continue;
+                }
+                if (f == 1 || !asks_one_of(&want, held_q, n_held_q)) break;
+                asked++;
+                cai_chat_conversation_free(&want);
+            }
+            i++;
+            ck_assert_int_eq(c.n_messages, want.n_messages);
+            for (int k = 0; k < c.n_messages; k++) {
+                ck_assert_str_eq(c.messages[k].role, want.messages[k].role);
+                ck_assert_str_eq(c.messages[k].content, want.messages[k].content);
+                if (f == 1 && k > 0 && !strcmp(c.messages[k - 1].role, "user") &&
+                    !strncmp(c.messages[k].content, "The answer is ", 14))
+                    held_q[n_held_q++] = strdup(c.messages[k - 1].content);
+            }
+            /* no training conversation asks a held-out question in any user turn */
+            ck_assert(f == 1 || !asks_one_of(&c, held_q, n_held_q));
+            cai_chat_conversation_free(&want);
             cai_chat_conversation_free(&c);
             p = nl + 1;
         }
         ck_assert_int_eq(lines, f ? nh : nt);
         free(all);
     }
+    /* the conversations past the last training line that were left out */
+    for (; i < ec.n; i++) {
+        cai_chat_conversation c;
+        int h = 0;
+        CK_CAI(cai_sft_example_conversation(&ec, i, &c, &h));
+        asked += !h && asks_one_of(&c, held_q, n_held_q);
+        cai_chat_conversation_free(&c);
+    }
+    ck_assert_int_eq(asked, left);
+    ck_assert_int_gt(left, 0); /* a split by conversation alone would have trained on these */
+    ck_assert_int_gt(n_held_q, 20);
+    /* the data layer's set is these questions, deduplicated and sorted */
+    cai_sft_question_set hq;
+    CK_CAI(cai_sft_example_held_questions(&ec, &hq));
+    ck_assert_int_gt(hq.n, 0);
+    ck_assert_int_le(hq.n, n_held_q);
+    for (int64_t j = 0; j < n_held_q; j++) ck_assert(cai_sft_question_set_has(&hq, held_q[j]));
+    for (int64_t j = 1; j < hq.n; j++) ck_assert_int_lt(strcmp(hq.q[j - 1], hq.q[j]), 0);
+    ck_assert(!cai_sft_question_set_has(&hq, "What is 1000 + 1000?"));
+    cai_sft_question_set_free(&hq);
+    for (int64_t j = 0; j < n_held_q; j++) free(held_q[j]);
+    free(held_q);
 }
 END_TEST
 

@@ -697,12 +697,39 @@ typedef struct {
 /* Conversation i (user and assistant turns; *held_out says which split). */
 cai_status cai_sft_example_conversation(const cai_sft_example_config *cfg, int64_t i, cai_chat_conversation *out,
                                         int *held_out);
-/* Conversations 0..n-1 as {"messages": [...]} lines: the training ones to
- * train_path, the held-out ones to held_out_path (either may be NULL to
- * skip it). *n_train / *n_held (may be NULL) count them. Written under
+/* The question and answer of an arithmetic conversation: its last user
+ * turn, when the assistant's reply to it is exactly "The answer is N.".
+ * Returns 0 (outputs untouched) for any other conversation; *question
+ * points into c. */
+int cai_sft_example_arithmetic(const cai_chat_conversation *c, const char **question, long long *answer);
+
+/* A sorted set of distinct questions. */
+typedef struct {
+    char **q;
+    int64_t n;
+} cai_sft_question_set;
+
+/* The questions (cai_sft_example_arithmetic) of the held-out arithmetic
+ * conversations among 0..cfg->n-1. The question space is small, so the
+ * same question recurs under another conversation: a split by
+ * conversation alone would train on questions it holds out, and the
+ * writers of training files leave out what asks one of these. Free with
+ * cai_sft_question_set_free (a zeroed set is fine). */
+cai_status cai_sft_example_held_questions(const cai_sft_example_config *cfg, cai_sft_question_set *out);
+int cai_sft_question_set_has(const cai_sft_question_set *s, const char *question);
+/* Whether any user turn of c is in s. */
+int cai_sft_question_set_asked(const cai_sft_question_set *s, const cai_chat_conversation *c);
+void cai_sft_question_set_free(cai_sft_question_set *s);
+
+/* Conversations 0..n-1 as {"messages": [...]} lines: the held-out ones to
+ * held_out_path, the training ones to train_path less every one that asks
+ * a held-out question in any user turn (cai_sft_example_held_questions),
+ * so a held-out score is on questions no training line asks. Either path
+ * may be NULL to skip it. *n_train / *n_held count the lines, *n_left_out
+ * the training conversations left out (each may be NULL). Written under
  * temporary names and renamed. */
 cai_status cai_sft_example_write(const cai_sft_example_config *cfg, const char *train_path, const char *held_out_path,
-                                 int64_t *n_train, int64_t *n_held);
+                                 int64_t *n_train, int64_t *n_held, int64_t *n_left_out);
 
 #ifdef __cplusplus
 }

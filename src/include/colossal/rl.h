@@ -82,7 +82,7 @@ typedef struct {
     double clip_low, clip_high; /* default 0.2, 0.2 (DAPO's clip-higher: 0.2, 0.28) */
     double kl_coef;             /* default 0 (PPO puts the KL in the reward), GRPO 0.04 */
     cai_rl_agg agg;
-    double norm_len; /* CAI_RL_AGG_SUM_NORM's constant length (the max response length) */
+    double norm_len;    /* CAI_RL_AGG_SUM_NORM's constant length (the max response length) */
     double denominator; /* > 0: divide the summed token losses by this instead (the counted
                          * tokens of the whole global batch, so microbatches and replicas
                          * add up to the global token mean); 0: agg as above */
@@ -284,9 +284,10 @@ cai_status cai_rl_reward_format(void *ctx, const char *prompt, const char *respo
 void cai_rl_extract_answer(const char *response, char *buf, size_t cap);
 
 /* ------------------------------------------------------------ embedded examples
- * From cai_sft_example_conversation (same config, same split, except
- * that a training line whose question is also a held-out question is left
- * out): the arithmetic conversations only. Prompt lines {"messages": [user turn],
+ * From cai_sft_example_conversation (same config, same split, and as in
+ * cai_sft_example_write a training line whose question is also a held-out
+ * question, cai_sft_example_held_questions, is left out): the arithmetic
+ * conversations only. Prompt lines {"messages": [user turn],
  * "answer": "N"}; preference lines {"context": [user turn], "chosen":
  * [assistant "The answer is N."], "rejected": [assistant "The answer is
  * M."]} with M a wrong number fixed by (seed, i), or (about one pair in
