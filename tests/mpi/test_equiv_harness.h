@@ -73,10 +73,12 @@ static inline cai_adamw_config eq_adamw(void) {
     o.weight_decay = 0.1f;
     o.grad_clip = 0.5f; /* active at these norms: clipping is part of what must match */
     /* AdamW turns a gradient at rounding level into an lr-sized step whose
-     * sign the rounding picks (m / sqrt(v) ~ +-1); eps 1e-6 keeps such
-     * elements near still, so a parameter comparison after a few steps
-     * measures the layouts, not the last bits of near-zero gradients */
-    o.eps = 1e-6f;
+     * sign the rounding picks (m / sqrt(v) ~ +-1); eps 1e-4 keeps such
+     * elements near still, so a comparison after 8 steps measures the
+     * layouts, not the last bits of near-zero gradients (at 1e-6 the
+     * Llama rows' gradient norms moved by up to 8e-5 by step 8 under tp or
+     * an 8-layer dp reduction while their losses stayed within 3e-7) */
+    o.eps = 1e-4f;
     return o;
 }
 
