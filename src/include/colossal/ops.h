@@ -247,6 +247,27 @@ typedef struct cai_ops {
     cai_status (*swiglu_bwd)(cai_device_t *dev, cai_tensor *dgate, cai_tensor *dup, const cai_tensor *dout,
                              const cai_tensor *gate, const cai_tensor *up);
 
+    /* ---- mixture of experts: token rows <-> rows grouped by expert */
+
+    /* pos (I32 [N * k]) names, for token t's j-th choice (i = t k + j), its
+     * row in the expert-grouped buffer, or -1 when it was dropped. Token
+     * rows x, y, dy are [N, C]; grouped rows xe, ye, dye are [S, C] with
+     * S >= every pos + 1; all of one dtype (F32, BF16 or F16). w and dw are
+     * F32 [N * k]. Sums run over j in order, in f32 from the destination's
+     * value (accum) or 0, rounded once. */
+
+    /* xe[pos[i]] = x[i / k] for every pos[i] >= 0; other rows untouched. */
+    cai_status (*moe_permute)(cai_device_t *dev, cai_tensor *xe, const cai_tensor *x, const cai_tensor *pos);
+    /* y[t] = (accum ? y[t] : 0) + sum_j w[tk + j] ye[pos[tk + j]] over the
+     * kept choices; w NULL weighs every choice 1 (the permutation's
+     * backward). */
+    cai_status (*moe_combine_fwd)(cai_device_t *dev, cai_tensor *y, const cai_tensor *ye, const cai_tensor *pos,
+                                  const cai_tensor *w, int accum);
+    /* dye[pos[i]] = w[i] dy[i / k] and dw[i] = <dy[i / k], ye[pos[i]]> (0
+     * when pos[i] < 0; the dot accumulated in at least f32). */
+    cai_status (*moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy,
+                                  const cai_tensor *ye, const cai_tensor *pos, const cai_tensor *w);
+
     /* ---- rotary position embedding (Hugging Face "rotate_half" pairing) */
 
     /* cos, sin [max_pos, R/2] for rotary dim R: angle(p, i) = p * theta^(-2i/R),
