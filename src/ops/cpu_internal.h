@@ -94,6 +94,13 @@ CPU_OP(rope_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, cons
 CPU_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos,
                  const cai_tensor *sin, const cai_tensor *positions, int64_t pos_offset);
 
+/* mixture of experts: token rows <-> expert-grouped rows (cpu_moe.c) */
+CPU_OP(moe_permute)(cai_device_t *dev, cai_tensor *xe, const cai_tensor *x, const cai_tensor *pos);
+CPU_OP(moe_combine_fwd)(cai_device_t *dev, cai_tensor *y, const cai_tensor *ye, const cai_tensor *pos,
+                        const cai_tensor *w, int accum);
+CPU_OP(moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy, const cai_tensor *ye,
+                        const cai_tensor *pos, const cai_tensor *w);
+
 /* paged KV cache (cpu_paged.c) */
 CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
                        const cai_tensor *v, const cai_tensor *slots);

@@ -12,6 +12,7 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_attention.c \
 	%reldir%/cpu_attn_merge.c \
 	%reldir%/cpu_paged.c \
+	%reldir%/cpu_moe.c \
 	%reldir%/cpu_embed.c \
 	%reldir%/cpu_optim.c \
 	%reldir%/ops_fp8.c \
@@ -20,12 +21,15 @@ src_libcolossal_core_la_SOURCES += \
 colossalinclude_HEADERS += src/include/colossal/ops.h
 
 if HAVE_CHECK
-check_PROGRAMS += tests/unit/test_ops tests/unit/test_ops_attention
+check_PROGRAMS += tests/unit/test_ops tests/unit/test_ops_attention tests/unit/test_ops_moe
 tests_unit_test_ops_SOURCES = tests/unit/test_ops.c tests/unit/test_ops_util.h
 tests_unit_test_ops_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_ops_LDADD = $(TEST_LIBS)
 tests_unit_test_ops_attention_SOURCES = tests/unit/test_ops_attention.c tests/unit/test_ops_util.h
 tests_unit_test_ops_attention_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_ops_attention_LDADD = $(TEST_LIBS)
-TESTS += tests/unit/test_ops tests/unit/test_ops_attention
+tests_unit_test_ops_moe_SOURCES = tests/unit/test_ops_moe.c tests/unit/test_ops_util.h
+tests_unit_test_ops_moe_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_ops_moe_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_ops tests/unit/test_ops_attention tests/unit/test_ops_moe
 endif
