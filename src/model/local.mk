@@ -35,6 +35,12 @@ tests_unit_test_moe_SOURCES = tests/unit/test_moe.c tests/unit/moe_fixture.h
 tests_unit_test_moe_CFLAGS = $(TEST_CFLAGS)
 tests_unit_test_moe_LDADD = $(TEST_LIBS)
 TESTS += tests/unit/test_moe
+# the layer on other devices and dtypes (cuda:0 when visible) against the host in f32
+check_PROGRAMS += tests/unit/test_moe_device
+tests_unit_test_moe_device_SOURCES = tests/unit/test_moe_device.c tests/unit/moe_fixture.h
+tests_unit_test_moe_device_CFLAGS = $(TEST_CFLAGS)
+tests_unit_test_moe_device_LDADD = $(TEST_LIBS)
+TESTS += tests/unit/test_moe_device
 endif
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_lora

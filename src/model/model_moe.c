@@ -52,10 +52,6 @@ cai_status cai_model_moe_check(const cai_model_config *c, const cai_rank_view *v
                          "model: MoE blocks have SwiGLU experts without biases (model.family=llama); family %s has "
                          "none",
                          cai_model_family_name(c->family));
-    if (c->act_dtype != CAI_DTYPE_F32)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "model: the MoE layer computes in f32 on the host (model.act_dtype=%s; use f32)",
-                         cai_dtype_name(c->act_dtype));
     if (seq_parallel && view->tp_size > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "model: MoE blocks under split-gather sequence parallelism are not supported (sp_mode=off)");
@@ -73,6 +69,7 @@ cai_status cai_model_moe_check(const cai_model_config *c, const cai_rank_view *v
 
 void cai_model_moe_free(cai_model_moe *mm) {
     if (!mm) return;
+    for (int k = 0; mm->acts && k < mm->n_sets; k++) cai_moe_acts_free(&mm->acts[k]);
     if (mm->arena.base) cai_device_arena_free(mm->dev, &mm->arena);
     cai_free(mm->is_moe);
     cai_free(mm->moe_index);
@@ -103,8 +100,9 @@ cai_status cai_model_moe_create(cai_model_moe **out, cai_device_t *dev, const ca
     mm->n_sets = n_sets;
     const int E = cfg->moe.n_experts;
     mm->El = E / (view->ep_size > 0 ? view->ep_size : 1);
-    CAI_CALL_GOTO(cai_moe_ctx_init(&mm->cx, dev, &cfg->moe, n_tokens, cfg->d_model, view->ep_size > 1 ? ex : NULL), st,
-                  fail);
+    CAI_CALL_GOTO(cai_moe_ctx_init(&mm->cx, dev, &cfg->moe, n_tokens, cfg->d_model, cfg->act_dtype,
+                                   view->ep_size > 1 ? ex : NULL),
+                  st, fail);
     const size_t nl = (size_t)(n_local > 0 ? n_local : 1);
     CAI_CALL_GOTO(cai_calloc((void **)&mm->is_moe, nl, sizeof *mm->is_moe, "moe layers"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&mm->moe_index, nl, sizeof *mm->moe_index, "moe layers"), st, fail);

@@ -3,13 +3,16 @@
  * expert over its tokens), optional shared experts, the load-balancing and
  * z losses, and the explicit backward of all of it (docs/moe.md).
  *
- * The matmuls and SwiGLU go through the op table; the routing, the
- * permutation and the weighted combination are host loops over small
- * index arrays, so the layer runs on the host backend only (a CUDA
- * version needs permutation kernels and grouped GEMMs). Expert parallelism
- * enters through a cai_moe_exchange: the layer groups its assignments by
- * global expert, which is also by owning ep rank (experts are contiguous
- * blocks per rank), and the exchange moves the blocks. */
+ * Everything that touches activations goes through the op table (matmuls,
+ * SwiGLU, the permutation into expert order and the weighted combination),
+ * so the layer runs on any backend. The routing itself (top-k, capacity,
+ * the losses and their gradient) runs on the host over [N, E] logits: a
+ * few kilobytes a layer cross to the host and back, and the host knows
+ * each expert's row count, which the expert products need as their shapes.
+ * Expert parallelism enters through a cai_moe_exchange: the layer groups
+ * its assignments by global expert, which is also by owning ep rank
+ * (experts are contiguous blocks per rank), and the exchange moves the
+ * blocks. */
 #include "cai_config.h"
 #include "colossal/moe.h"
 #include "colossal/ops.h"
@@ -118,7 +121,7 @@ cai_status cai_moe_config_check(const cai_moe_config *c, int64_t d_model, int ep
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 cai_status cai_moe_ctx_init(cai_moe_ctx *cx, cai_device_t *dev, const cai_moe_config *cfg, int64_t n_tokens,
-                            int64_t d_model, const cai_moe_exchange *ex) {
+                            int64_t d_model, cai_dtype act_dtype, const cai_moe_exchange *ex) {
     CAI_CHECK_ARG(cx && dev && cfg, "cai_moe_ctx_init: NULL argument");
     const int ep = ex ? ex->ep_size : 1, rank = ex ? ex->ep_rank : 0;
     CAI_CHECK_ARG(rank >= 0 && rank < (ep > 0 ? ep : 1), "moe: ep rank %d is outside [0, %d)", rank, ep);
@@ -126,13 +129,18 @@ cai_status cai_moe_ctx_init(cai_moe_ctx *cx, cai_device_t *dev, const cai_moe_co
                   ep);
     CAI_CALL(cai_moe_config_check(cfg, d_model, ep));
     CAI_CHECK_ARG(n_tokens >= 1, "moe: %lld tokens per rank; must be >= 1", (long long)n_tokens);
-    if (dev->kind != CAI_DEVICE_HOST)
+    if (act_dtype != CAI_DTYPE_F32 && act_dtype != CAI_DTYPE_BF16 && act_dtype != CAI_DTYPE_F16)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED, "moe: activations in %s; the layer computes in f32, bf16 or f16",
+                         cai_dtype_name(act_dtype));
+    /* the exchange moves f32 host rows (cai_all_to_allv) */
+    if (ep > 1 && (dev->kind != CAI_DEVICE_HOST || act_dtype != CAI_DTYPE_F32))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "moe: the MoE layer runs on the host backend only (its routing and permutation are host "
-                         "loops); device is %s",
-                         cai_device_kind_name(dev->kind));
+                         "moe: expert parallelism (ep=%d) runs on the host backend in f32; device is %s, activations "
+                         "%s (use ep=1 there)",
+                         ep, cai_device_kind_name(dev->kind), cai_dtype_name(act_dtype));
     memset(cx, 0, sizeof *cx);
     cx->dev = dev;
+    cx->dtype = act_dtype;
     cx->cfg = *cfg;
     cx->N = n_tokens;
     cx->C = d_model;
@@ -176,62 +184,107 @@ static cai_status take(moe_carver *c, cai_tensor *t, cai_dtype dt, int64_t rows,
     return CAI_OK;
 }
 
-static cai_status carve_acts(moe_carver *c, cai_moe_acts *a) {
-    const cai_moe_ctx *cx = c->cx;
+/* On the host device with f32 activations a device tensor and its host
+ * mirror are one buffer, so the host path copies nothing. */
+static int mirrored(const cai_moe_ctx *cx) { return cx->dev->kind == CAI_DEVICE_HOST && cx->dtype == CAI_DTYPE_F32; }
+
+/* Routing state lives in host memory (h: the routing loops read it) and
+ * the activations on the device (d). */
+static cai_status carve_acts(moe_carver *d, moe_carver *h, cai_moe_acts *a) {
+    const cai_moe_ctx *cx = d->cx;
     const int64_t E = cx->cfg.n_experts, k = cx->cfg.top_k, N = cx->N, C = cx->C, F = cx->cfg.ffn;
     const int64_t Fs = (int64_t)cx->cfg.n_shared * F, S = cx->send_max, R = cx->recv_max;
     const int64_t H = cx->ep_size > 1 ? R : S; /* rows of the expert-grouped buffers */
-    const cai_dtype f32 = CAI_DTYPE_F32, i32 = CAI_DTYPE_I32, i64 = CAI_DTYPE_I64;
+    const cai_dtype f32 = CAI_DTYPE_F32, i32 = CAI_DTYPE_I32, i64 = CAI_DTYPE_I64, D = cx->dtype;
     memset(a, 0, sizeof *a);
-    CAI_CALL(take(c, &a->logits, f32, N, E));
-    CAI_CALL(take(c, &a->probs, f32, N, E));
-    CAI_CALL(take(c, &a->lse, f32, N, 0));
-    CAI_CALL(take(c, &a->sel, i32, N, k));
-    CAI_CALL(take(c, &a->wts, f32, N, k));
-    CAI_CALL(take(c, &a->pos, i32, N, k));
-    CAI_CALL(take(c, &a->load, i64, E, 0));
-    CAI_CALL(take(c, &a->send_cnt, i64, E, 0));
-    CAI_CALL(take(c, &a->recv_cnt, i64, E, 0)); /* ep * n_local = E */
-    CAI_CALL(take(c, &a->rank_send, i64, cx->ep_size, 0));
-    CAI_CALL(take(c, &a->rank_recv, i64, cx->ep_size, 0));
-    CAI_CALL(take(c, &a->ecnt, i64, cx->n_local, 0));
-    CAI_CALL(take(c, &a->send_x, f32, S, C));
-    CAI_CALL(take(c, &a->send_y, f32, S, C));
-    CAI_CALL(take(c, &a->recv_x, f32, R, C));
-    CAI_CALL(take(c, &a->recv_y, f32, R, C));
-    CAI_CALL(take(c, &a->src, f32, R, C));
-    CAI_CALL(take(c, &a->gate, f32, H, F));
-    CAI_CALL(take(c, &a->up, f32, H, F));
-    CAI_CALL(take(c, &a->act, f32, H, F));
-    if (Fs) {
-        CAI_CALL(take(c, &a->sgate, f32, N, Fs));
-        CAI_CALL(take(c, &a->sup, f32, N, Fs));
-        CAI_CALL(take(c, &a->sact, f32, N, Fs));
-        CAI_CALL(take(c, &a->sdact, f32, N, Fs));
-        CAI_CALL(take(c, &a->sdgate, f32, N, Fs));
-        CAI_CALL(take(c, &a->sdup, f32, N, Fs));
+    CAI_CALL(take(h, &a->logits, f32, N, E));
+    CAI_CALL(take(h, &a->probs, f32, N, E));
+    CAI_CALL(take(h, &a->lse, f32, N, 0));
+    CAI_CALL(take(h, &a->sel, i32, N, k));
+    CAI_CALL(take(h, &a->wts, f32, N, k));
+    CAI_CALL(take(h, &a->pos, i32, N, k));
+    CAI_CALL(take(h, &a->load, i64, E, 0));
+    CAI_CALL(take(h, &a->send_cnt, i64, E, 0));
+    CAI_CALL(take(h, &a->recv_cnt, i64, E, 0)); /* ep * n_local = E */
+    CAI_CALL(take(h, &a->rank_send, i64, cx->ep_size, 0));
+    CAI_CALL(take(h, &a->rank_recv, i64, cx->ep_size, 0));
+    CAI_CALL(take(h, &a->ecnt, i64, cx->n_local, 0));
+    CAI_CALL(take(h, &a->dlogits, f32, N, E));
+    CAI_CALL(take(h, &a->dw, f32, N, k));
+    if (mirrored(cx)) {
+        a->router_out = a->logits;
+        a->router_out32 = a->logits;
+        a->d_router = a->dlogits;
+        a->d_router32 = a->dlogits;
+        a->pos_d = a->pos;
+        a->wts_d = a->wts;
+        a->dw_d = a->dw;
+    } else {
+        CAI_CALL(take(d, &a->router_out, D, N, E));
+        CAI_CALL(take(d, &a->d_router, D, N, E));
+        if (D == f32) {
+            a->router_out32 = a->router_out;
+            a->d_router32 = a->d_router;
+        } else {
+            CAI_CALL(take(d, &a->router_out32, f32, N, E));
+            CAI_CALL(take(d, &a->d_router32, f32, N, E));
+        }
+        CAI_CALL(take(d, &a->pos_d, i32, N, k));
+        CAI_CALL(take(d, &a->wts_d, f32, N, k));
+        CAI_CALL(take(d, &a->dw_d, f32, N, k));
     }
-    CAI_CALL(take(c, &a->d_send, f32, S, C));
-    CAI_CALL(take(c, &a->d_recv, f32, R, C));
-    CAI_CALL(take(c, &a->dact, f32, H, F));
-    CAI_CALL(take(c, &a->dgate, f32, H, F));
-    CAI_CALL(take(c, &a->dup, f32, H, F));
-    CAI_CALL(take(c, &a->dlogits, f32, N, E));
-    CAI_CALL(take(c, &a->dw, f32, N, k));
+    CAI_CALL(take(d, &a->send_x, D, S, C));
+    CAI_CALL(take(d, &a->send_y, D, S, C));
+    CAI_CALL(take(d, &a->recv_x, D, R, C));
+    CAI_CALL(take(d, &a->recv_y, D, R, C));
+    CAI_CALL(take(d, &a->src, D, R, C));
+    CAI_CALL(take(d, &a->gate, D, H, F));
+    CAI_CALL(take(d, &a->up, D, H, F));
+    CAI_CALL(take(d, &a->act, D, H, F));
+    if (Fs) {
+        CAI_CALL(take(d, &a->sgate, D, N, Fs));
+        CAI_CALL(take(d, &a->sup, D, N, Fs));
+        CAI_CALL(take(d, &a->sact, D, N, Fs));
+        CAI_CALL(take(d, &a->sdact, D, N, Fs));
+        CAI_CALL(take(d, &a->sdgate, D, N, Fs));
+        CAI_CALL(take(d, &a->sdup, D, N, Fs));
+    }
+    CAI_CALL(take(d, &a->d_send, D, S, C));
+    CAI_CALL(take(d, &a->d_recv, D, R, C));
+    CAI_CALL(take(d, &a->dact, D, H, F));
+    CAI_CALL(take(d, &a->dgate, D, H, F));
+    CAI_CALL(take(d, &a->dup, D, H, F));
     return CAI_OK;
 }
 
 size_t cai_moe_acts_bytes(const cai_moe_ctx *cx) {
-    moe_carver c = {cx, NULL, 0};
+    moe_carver d = {cx, NULL, 0}, h = {cx, NULL, 0};
     cai_moe_acts a;
-    if (!cx || carve_acts(&c, &a) != CAI_OK) return 0;
-    return c.bytes;
+    if (!cx || carve_acts(&d, &h, &a) != CAI_OK) return 0;
+    return d.bytes + (cx->dev->kind == CAI_DEVICE_HOST ? h.bytes : 0);
 }
 
 cai_status cai_moe_acts_carve(const cai_moe_ctx *cx, cai_arena_t *arena, cai_moe_acts *a) {
     CAI_CHECK_ARG(cx && arena && a, "cai_moe_acts_carve: NULL argument");
-    moe_carver c = {cx, arena, 0};
-    return carve_acts(&c, a);
+    moe_carver d = {cx, arena, 0}, h = {cx, arena, 0};
+    if (cx->dev->kind == CAI_DEVICE_HOST) return carve_acts(&d, &h, a);
+    moe_carver hs = {cx, NULL, 0}, ds = {cx, NULL, 0};
+    cai_moe_acts sizing;
+    CAI_CALL(carve_acts(&ds, &hs, &sizing));
+    cai_arena_t host;
+    CAI_CALL(cai_arena_init(&host, hs.bytes + 64, "moe routing state"));
+    h.arena = &host;
+    cai_status st = carve_acts(&d, &h, a);
+    if (st != CAI_OK) {
+        cai_arena_free(&host);
+        return st;
+    }
+    a->host = host;
+    return CAI_OK;
+}
+
+void cai_moe_acts_free(cai_moe_acts *a) {
+    if (a && a->host.base) cai_arena_free(&a->host);
 }
 
 /* ------------------------------------------------------------ routing */
@@ -462,12 +515,13 @@ static cai_status from_experts(const cai_moe_ctx *cx, cai_moe_acts *a, const cai
 
 /* ------------------------------------------------------------ checks */
 
-static cai_status check_2d(const char *what, const cai_tensor *t, int64_t rows, int64_t cols) {
+static cai_status check_2d(const char *what, const cai_tensor *t, cai_dtype dt, int64_t rows, int64_t cols) {
     char buf[96];
-    if (!t || !t->data || t->dtype != CAI_DTYPE_F32 || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
+    if (!t || !t->data || t->dtype != dt || t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols ||
         !cai_tensor_is_contiguous(t))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous f32[%lld,%lld]", what,
-                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", (long long)rows, (long long)cols);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous %s[%lld,%lld]", what,
+                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", cai_dtype_name(dt), (long long)rows,
+                         (long long)cols);
     return CAI_OK;
 }
 
@@ -475,23 +529,25 @@ static cai_status check_params(const cai_moe_ctx *cx, const cai_moe_params *p, c
     CAI_CHECK_ARG(p && p->experts, "moe: %s or its experts are NULL", what);
     const int64_t C = cx->C, F = cx->cfg.ffn, Fs = (int64_t)cx->cfg.n_shared * F;
     char name[64];
+    /* the router's dtype is the model's parameter dtype; every weight shares it */
+    const cai_dtype W = p->router.dtype;
     snprintf(name, sizeof name, "%s router", what);
-    CAI_CALL(check_2d(name, &p->router, cx->cfg.n_experts, C));
+    CAI_CALL(check_2d(name, &p->router, W, cx->cfg.n_experts, C));
     for (int i = 0; i < cx->n_local; i++) {
         snprintf(name, sizeof name, "%s expert %d w1", what, cx->expert_begin + i);
-        CAI_CALL(check_2d(name, &p->experts[i].w1, F, C));
+        CAI_CALL(check_2d(name, &p->experts[i].w1, W, F, C));
         snprintf(name, sizeof name, "%s expert %d w3", what, cx->expert_begin + i);
-        CAI_CALL(check_2d(name, &p->experts[i].w3, F, C));
+        CAI_CALL(check_2d(name, &p->experts[i].w3, W, F, C));
         snprintf(name, sizeof name, "%s expert %d w2", what, cx->expert_begin + i);
-        CAI_CALL(check_2d(name, &p->experts[i].w2, C, F));
+        CAI_CALL(check_2d(name, &p->experts[i].w2, W, C, F));
     }
     if (Fs) {
         snprintf(name, sizeof name, "%s shared w1", what);
-        CAI_CALL(check_2d(name, &p->shared.w1, Fs, C));
+        CAI_CALL(check_2d(name, &p->shared.w1, W, Fs, C));
         snprintf(name, sizeof name, "%s shared w3", what);
-        CAI_CALL(check_2d(name, &p->shared.w3, Fs, C));
+        CAI_CALL(check_2d(name, &p->shared.w3, W, Fs, C));
         snprintf(name, sizeof name, "%s shared w2", what);
-        CAI_CALL(check_2d(name, &p->shared.w2, C, Fs));
+        CAI_CALL(check_2d(name, &p->shared.w2, W, C, Fs));
     }
     return CAI_OK;
 }
@@ -499,11 +555,12 @@ static cai_status check_params(const cai_moe_ctx *cx, const cai_moe_params *p, c
 /* x as [N, C] (any leading dims flattening to N rows). */
 static cai_status as_rows(const cai_moe_ctx *cx, const char *what, const cai_tensor *t, cai_tensor *out) {
     char buf[96];
-    if (!t || !t->data || t->dtype != CAI_DTYPE_F32 || !cai_tensor_is_contiguous(t) ||
+    if (!t || !t->data || t->dtype != cx->dtype || !cai_tensor_is_contiguous(t) ||
         cai_tensor_numel(t) != cx->N * cx->C || t->shape[t->ndim - 1] != cx->C)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous f32 with %lld rows of %lld", what,
-                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", (long long)cx->N, (long long)cx->C);
-    *out = cai_tensor_2d(t->device, t->data, CAI_DTYPE_F32, cx->N, cx->C);
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe: %s is %s, expected contiguous %s with %lld rows of %lld", what,
+                         t ? cai_tensor_describe(t, buf, sizeof buf) : "NULL", cai_dtype_name(cx->dtype),
+                         (long long)cx->N, (long long)cx->C);
+    *out = cai_tensor_2d(t->device, t->data, cx->dtype, cx->N, cx->C);
     return CAI_OK;
 }
 
@@ -557,6 +614,12 @@ static cai_status swiglu_mlp_bwd(cai_device_t *dev, const cai_moe_mlp *w, cai_mo
     return ops->linear_bwd(dev, dx, &g->w3, NULL, dup, x, &w->w3, 1);
 }
 
+/* Between a device tensor and its host mirror (nothing when they are one). */
+static cai_status xfer(const cai_moe_ctx *cx, cai_tensor *dst, const cai_tensor *src, cai_copy_kind kind) {
+    if (dst->data == src->data) return CAI_OK;
+    return cai_device_copy(cx->dev, dst->data, src->data, cai_tensor_nbytes(src), kind);
+}
+
 cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_acts *a, const cai_tensor *x,
                        cai_tensor *y) {
     CAI_CHECK_ARG(cx && a, "cai_moe_fwd: NULL argument");
@@ -565,17 +628,18 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     CAI_CALL(as_rows(cx, "input", x, &x2));
     CAI_CALL(as_rows(cx, "output", y, &y2));
     cai_device_t *dev = cx->dev;
+    const cai_ops *ops = dev->ops;
     const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
-    const int64_t N = cx->N, C = cx->C;
-    CAI_CALL(dev->ops->linear_fwd(dev, &a->logits, &x2, &p->router, NULL));
+    const int64_t N = cx->N;
+    CAI_CALL(ops->linear_fwd(dev, &a->router_out, &x2, &p->router, NULL));
+    if (a->router_out32.data != a->router_out.data) CAI_CALL(ops->copy(dev, &a->router_out32, &a->router_out));
+    CAI_CALL(xfer(cx, &a->logits, &a->router_out32, CAI_COPY_D2H));
     CAI_CALL(cai_moe_route_host(&cx->cfg, N, a->logits.data, a->sel.data, a->wts.data, a->probs.data, a->lse.data));
     cai_moe_assign_host(E, k, N, cx->capacity, a->sel.data, a->load.data, a->pos.data, a->send_cnt.data, &a->dropped);
     router_losses(cx, a);
-    const int32_t *pos = a->pos.data;
-    const float *xs = x2.data;
-    float *sx = a->send_x.data;
-    for (int64_t i = 0; i < N * k; i++)
-        if (pos[i] >= 0) memcpy(sx + (int64_t)pos[i] * C, xs + (i / k) * C, (size_t)C * sizeof(float));
+    CAI_CALL(xfer(cx, &a->pos_d, &a->pos, CAI_COPY_H2D));
+    CAI_CALL(xfer(cx, &a->wts_d, &a->wts, CAI_COPY_H2D));
+    CAI_CALL(ops->moe_permute(dev, &a->send_x, &x2, &a->pos_d));
     CAI_CALL(plan_exchange(cx, a));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a);
     CAI_CALL(to_experts(cx, a, &a->send_x, xe));
@@ -588,18 +652,8 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     }
     CAI_CALL(from_experts(cx, a, ye, &a->send_y));
     if (cx->cfg.n_shared) CAI_CALL(swiglu_mlp_fwd(dev, &p->shared, &x2, &a->sgate, &a->sup, &a->sact, &y2));
-    else memset(y2.data, 0, (size_t)(N * C) * sizeof(float));
-    const float *sy = a->send_y.data, *w = a->wts.data;
-    float *out = y2.data;
-    for (int64_t t = 0; t < N; t++)
-        for (int j = 0; j < k; j++) {
-            const int32_t r = pos[t * k + j];
-            if (r < 0) continue;
-            const float wj = w[t * k + j], *src = sy + (int64_t)r * C;
-            float *dst = out + t * C;
-            for (int64_t c = 0; c < C; c++) dst[c] += wj * src[c];
-        }
-    return CAI_OK;
+    /* y_t (+)= sum_j w_tj e_j(x_t), onto the shared experts' output when there are some */
+    return ops->moe_combine_fwd(dev, &y2, &a->send_y, &a->pos_d, &a->wts_d, cx->cfg.n_shared != 0);
 }
 
 /* ------------------------------------------------------------ backward */
@@ -616,26 +670,9 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
     CAI_CHECK_ARG(dx2.data != dy2.data && dx2.data != x2.data, "moe: the input gradient must not overlap dy or x");
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
-    const int k = cx->cfg.top_k;
-    const int64_t N = cx->N, C = cx->C;
-    const int32_t *pos = a->pos.data;
-    const float *w = a->wts.data, *sy = a->send_y.data, *gy = dy2.data;
-    float *ds = a->d_send.data, *dw = a->dw.data;
     /* y_t = sum_j w_tj e_j(x_t): d e_j = w_tj dy_t, d w_tj = <dy_t, e_j>. */
-    for (int64_t i = 0; i < N * k; i++) {
-        const int32_t r = pos[i];
-        const float *d = gy + (i / k) * C;
-        double dot = 0.0;
-        if (r >= 0) {
-            const float *e = sy + (int64_t)r * C;
-            float *o = ds + (int64_t)r * C;
-            for (int64_t c = 0; c < C; c++) {
-                o[c] = w[i] * d[c];
-                dot += (double)d[c] * e[c];
-            }
-        }
-        dw[i] = (float)dot;
-    }
+    CAI_CALL(ops->moe_combine_bwd(dev, &a->d_send, &a->dw_d, &dy2, &a->send_y, &a->pos_d, &a->wts_d));
+    CAI_CALL(xfer(cx, &a->dw, &a->dw_d, CAI_COPY_D2H));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a), *de = expert_d(cx, a);
     CAI_CALL(to_experts(cx, a, &a->d_send, de));
     const int64_t *ec = a->ecnt.data;
@@ -653,17 +690,12 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
                                 &dup, &d, 0));
     }
     CAI_CALL(from_experts(cx, a, de, &a->d_send));
-    float *gx = dx2.data;
-    memset(gx, 0, (size_t)(N * C) * sizeof(float));
-    for (int64_t i = 0; i < N * k; i++) {
-        const int32_t r = pos[i];
-        if (r < 0) continue;
-        const float *src = ds + (int64_t)r * C;
-        float *dst = gx + (i / k) * C;
-        for (int64_t c = 0; c < C; c++) dst[c] += src[c];
-    }
-    for (int64_t t = 0; t < N; t++) router_bwd_token(cx, a, t, loss_scale);
-    CAI_CALL(ops->linear_bwd(dev, &dx2, &g->router, NULL, &a->dlogits, &x2, &p->router, 1));
+    /* dx_t = sum_j (d e_j's input gradient), the permutation's backward */
+    CAI_CALL(ops->moe_combine_fwd(dev, &dx2, &a->d_send, &a->pos_d, NULL, 0));
+    for (int64_t t = 0; t < cx->N; t++) router_bwd_token(cx, a, t, loss_scale);
+    CAI_CALL(xfer(cx, &a->d_router32, &a->dlogits, CAI_COPY_H2D));
+    if (a->d_router.data != a->d_router32.data) CAI_CALL(ops->copy(dev, &a->d_router, &a->d_router32));
+    CAI_CALL(ops->linear_bwd(dev, &dx2, &g->router, NULL, &a->d_router, &x2, &p->router, 1));
     if (cx->cfg.n_shared)
         CAI_CALL(swiglu_mlp_bwd(dev, &p->shared, &g->shared, &x2, &a->sgate, &a->sup, &a->sact, &dy2, &a->sdact,
                                 &a->sdgate, &a->sdup, &dx2, 1));

@@ -153,7 +153,7 @@ START_TEST(experts_not_divisible_by_ep_refused) {
     cfg.n_experts = 6;
     cai_moe_ctx cx;
     cai_error_clear();
-    ck_assert_int_eq(cai_moe_ctx_init(&cx, dev, &cfg, N_TOK, D_MODEL, &ex), CAI_ERR_LAYOUT);
+    ck_assert_int_eq(cai_moe_ctx_init(&cx, dev, &cfg, N_TOK, D_MODEL, CAI_DTYPE_F32, &ex), CAI_ERR_LAYOUT);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "moe.n_experts=6 is not divisible by ep=4"));
     cai_error_clear();
     cai_moe_ep_exchange_free(&ex);

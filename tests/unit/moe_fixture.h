@@ -31,6 +31,7 @@ typedef struct {
 #define MOE_FIX_ALIGN 16
 
 static inline void moe_fix_free(moe_fix *f) {
+    cai_moe_acts_free(&f->acts);
     if (f->arena.base) cai_device_arena_free(f->cx.dev, &f->arena);
     cai_registry_free(f->reg);
     free(f->params);
@@ -54,7 +55,7 @@ static inline cai_status moe_fix_init(moe_fix *f, cai_device_t *dev, const cai_m
         f->view.ep_size = ex->ep_size;
         f->view.ep_rank = ex->ep_rank;
     }
-    CAI_CALL(cai_moe_ctx_init(&f->cx, dev, cfg, N, C, ex));
+    CAI_CALL(cai_moe_ctx_init(&f->cx, dev, cfg, N, C, CAI_DTYPE_F32, ex));
     CAI_CALL(cai_registry_local_layout(f->reg, &f->view, MOE_FIX_ALIGN, NULL, &f->n_flat));
     f->params = calloc(f->n_flat + 1, sizeof(float));
     f->grads = calloc(f->n_flat + 1, sizeof(float));

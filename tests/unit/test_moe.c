@@ -102,8 +102,9 @@ START_TEST(config_errors_name_the_field) {
     cai_moe_ctx cx;
     cai_moe_exchange ex = {NULL, 3, 0, NULL, NULL};
     c = small_cfg();
-    CK_FAILS(cai_moe_ctx_init(&cx, dev, &c, 16, 8, &ex), CAI_ERR_INVALID_ARG, "needs counts and rows functions");
-    CK_FAILS(cai_moe_ctx_init(&cx, dev, &c, 0, 8, NULL), CAI_ERR_INVALID_ARG, "0 tokens per rank");
+    CK_FAILS(cai_moe_ctx_init(&cx, dev, &c, 16, 8, CAI_DTYPE_F32, &ex), CAI_ERR_INVALID_ARG,
+             "needs counts and rows functions");
+    CK_FAILS(cai_moe_ctx_init(&cx, dev, &c, 0, 8, CAI_DTYPE_F32, NULL), CAI_ERR_INVALID_ARG, "0 tokens per rank");
     ck_assert_uint_eq(cai_device_alloc_count(dev, NULL), before);
 }
 END_TEST

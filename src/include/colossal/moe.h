@@ -82,12 +82,18 @@ typedef struct {
     int64_t send_max;           /* rows this rank sends at most: N * top_k */
     int64_t recv_max;           /* rows this rank's experts receive at most */
     const cai_moe_exchange *ex; /* NULL at ep = 1 */
+    cai_dtype dtype;            /* activations (F32, BF16, F16) */
 } cai_moe_ctx;
 
-/* dev: the host device (the routing loops read host memory; other devices
- * are refused with CAI_ERR_UNSUPPORTED). ex NULL means ep = 1. */
+/* dev: any backend. The router's logits travel to the host, which routes
+ * (top-k, capacity, losses) and sends back each assignment's row and
+ * weight; the rows move and combine on the device (ops moe_permute,
+ * moe_combine_*). Activations in act_dtype; the weights' dtype is the
+ * model's. ex NULL means ep = 1; ep > 1 runs on the host in f32 (its
+ * exchange moves host rows), other placements are refused with
+ * CAI_ERR_UNSUPPORTED. */
 cai_status cai_moe_ctx_init(cai_moe_ctx *cx, cai_device_t *dev, const cai_moe_config *cfg, int64_t n_tokens,
-                            int64_t d_model, const cai_moe_exchange *ex);
+                            int64_t d_model, cai_dtype act_dtype, const cai_moe_exchange *ex);
 
 /* SwiGLU MLP weights, [out, in]: w1 gate [F, C], w3 up [F, C], w2 down [C, F]. */
 typedef struct {
@@ -104,8 +110,14 @@ typedef struct {
 } cai_moe_params;
 
 /* What the forward keeps for the backward, plus the backward's scratch.
- * Index and count tensors are I32 / I64 host data. */
+ * logits through dw (routing state) are host data whatever the device;
+ * the rest lives on the device. On the host device with f32 activations a
+ * device tensor (router_out ..., pos_d, wts_d, dw_d) is its host mirror. */
 typedef struct {
+    cai_tensor router_out, router_out32; /* [N,E] the router's product (activation dtype), its f32 copy */
+    cai_tensor d_router, d_router32;     /* [N,E] the router's output gradient, its f32 form from the host */
+    cai_tensor pos_d, wts_d, dw_d;       /* device copies of pos, wts, dw */
+    cai_arena_t host;                    /* the routing state's memory off the host device */
     cai_tensor logits, probs, lse;   /* [N,E] router logits, softmax (sigmoid router: sigmoid); [N] */
     cai_tensor sel, wts, pos;        /* [N,k] I32 expert, F32 weight, I32 row in the send buffer (-1 dropped) */
     cai_tensor load, send_cnt;       /* [E] I64: assignments per expert before / after dropping */
@@ -126,8 +138,12 @@ typedef struct {
     double aux_raw, z_raw;          /* E sum_e (c_e/N) P_e and mean_t lse_t^2 of the last forward */
 } cai_moe_acts;
 
+/* Device bytes of one set (on the host device: all of it). The carve takes
+ * the device part from arena and allocates the routing state in host
+ * memory when the device is not the host; cai_moe_acts_free releases that. */
 size_t cai_moe_acts_bytes(const cai_moe_ctx *cx);
 cai_status cai_moe_acts_carve(const cai_moe_ctx *cx, cai_arena_t *arena, cai_moe_acts *a);
+void cai_moe_acts_free(cai_moe_acts *a);
 
 /* y [N, C] = moe(x) (overwritten; no norm, no residual: the model's
  * sublayer adds those). Collective over ep when ep > 1. */
