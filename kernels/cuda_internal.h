@@ -205,6 +205,14 @@ CUDA_OP(rope_bwd)
 (cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos, const cai_tensor *sin,
  const cai_tensor *positions, int64_t pos_offset);
 
+/* mixture of experts: token rows <-> rows grouped by expert (cuda_moe.c) */
+CUDA_OP(moe_permute)(cai_device_t *dev, cai_tensor *xe, const cai_tensor *x, const cai_tensor *pos);
+CUDA_OP(moe_combine_fwd)
+(cai_device_t *dev, cai_tensor *y, const cai_tensor *ye, const cai_tensor *pos, const cai_tensor *w, int accum);
+CUDA_OP(moe_combine_bwd)
+(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy, const cai_tensor *ye, const cai_tensor *pos,
+ const cai_tensor *w);
+
 /* attention, embeddings, cross-entropy (cuda_attention.c, cuda_embed.c) */
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                                           int64_t Hkv, int64_t D);

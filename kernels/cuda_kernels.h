@@ -54,7 +54,8 @@ enum {
     CUK_ERR_POSITION = 3,
     CUK_ERR_SLOT = 4,  /* kv_cache_write: a = token, b = slot, c = the cache's slots */
     CUK_ERR_BLOCK = 5, /* paged_attention: a = sequence, b = block-table column, c = block id, d = n_blocks */
-    CUK_ERR_SEQ = 6 /* paged_attention: a = sequence, b = its queries, c = ctx_len, d = the longest ctx_len allowed */
+    CUK_ERR_SEQ = 6, /* paged_attention: a = sequence, b = its queries, c = ctx_len, d = the longest ctx_len allowed */
+    CUK_ERR_MOE_POS = 7 /* moe_*: a = assignment, b = pos[a], c = the grouped rows S */
 };
 
 typedef struct {
@@ -262,6 +263,23 @@ cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int
  * bytes of device memory. */
 cudaError_t cuk_fp8_cast(cuk_mat x, float *meta, void *amax_scratch, int e5m2, int current, int margin, uint8_t *q,
                          uint8_t *qt, cudaStream_t s);
+
+/* ---------------------------------------------------------------- moe.cu
+ * Token rows [N, C] <-> expert-grouped rows [S, C] through pos (I32 [N * k],
+ * -1 for a dropped choice; a pos >= S is reported in err and skipped). The
+ * grouped rows named by pos must be distinct (no two choices write one row).
+ * w, dw: F32 [N * k]. Every kernel is deterministic: each output element is
+ * computed by one thread in a fixed order, dw by a fixed block reduction. */
+
+/* xe[pos[i]] = x[i / k] (bitwise copy) for every kept i. */
+cudaError_t cuk_moe_permute(cudaStream_t s, cuk_mat xe, cuk_mat x, const int32_t *pos, int64_t k, cuk_errrec *err);
+/* y[t] = (accum ? y[t] : 0) + sum over kept j, in order, of w[tk + j] ye[pos[tk + j]] (w NULL: 1), in f32,
+ * rounded once. */
+cudaError_t cuk_moe_combine_fwd(cudaStream_t s, cuk_mat y, cuk_mat ye, const int32_t *pos, int64_t k, const float *w,
+                                int accum, cuk_errrec *err);
+/* dye[pos[i]] = w[i] dy[i / k] and dw[i] = <dy[i / k], ye[pos[i]]> in f32 (0 when dropped). */
+cudaError_t cuk_moe_combine_bwd(cudaStream_t s, cuk_mat dye, float *dw, cuk_mat dy, cuk_mat ye, const int32_t *pos,
+                                int64_t k, const float *w, cuk_errrec *err);
 
 #ifdef __cplusplus
 }

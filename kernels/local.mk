@@ -22,7 +22,8 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/embed.cu \
 	%reldir%/gemv.cu \
 	%reldir%/fp8.cu \
-	%reldir%/paged.cu
+	%reldir%/paged.cu \
+	%reldir%/moe.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
 
 if HAVE_CUDA
@@ -37,7 +38,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cuda_embed.c \
 	%reldir%/cuda_paged.c \
 	%reldir%/cuda_fp8.c \
-	%reldir%/cuda_graph.c
+	%reldir%/cuda_graph.c \
+	%reldir%/cuda_moe.c
 
 CAI_CUDA_LOBJS = \
 	%reldir%/elementwise.lo \
@@ -49,7 +51,8 @@ CAI_CUDA_LOBJS = \
 	%reldir%/embed.lo \
 	%reldir%/gemv.lo \
 	%reldir%/fp8.lo \
-	%reldir%/paged.lo
+	%reldir%/paged.lo \
+	%reldir%/moe.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
 src_libcolossal_core_la_LIBADD += $(CAI_CUDA_LOBJS) -lstdc++
 CLEANFILES += $(CAI_CUDA_LOBJS) $(CAI_CUDA_LOBJS:.lo=.o)

@@ -1207,6 +1207,20 @@ static void bf16_emb_long(void) {
 
 /* ------------------------------------------------------------------ paged KV cache */
 
+/* a[0..n) = a shuffled 0..n-1 (Fisher-Yates on a 64-bit LCG seeded with
+ * rng); returns the generator's state for further draws. */
+static uint64_t shuffled_ids(int32_t *a, int64_t n, uint64_t rng) {
+    for (int64_t i = 0; i < n; i++) a[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const int64_t j = (int64_t)((rng >> 33) % (uint64_t)(i + 1));
+        const int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+    return rng;
+}
+
 /* One sequence of a paged batch: ql queries, the last of ctx cached tokens;
  * `stale`: its slots are -1, so kv_cache_write leaves its rows alone and
  * attention reads what the cache already held there. */
@@ -1236,15 +1250,7 @@ static void paged_case(const char *what, cai_dtype act, cai_dtype cdt, int64_t H
     int32_t *qs = malloc(sizeof(int32_t) * (size_t)(S + 1)), *cl = malloc(sizeof(int32_t) * (size_t)S);
     int32_t *sl = malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
     if (!perm || !bt || !qs || !cl || !sl) gt_die("paged test tables");
-    uint64_t rng = 0x9e3779b97f4a7c15ull ^ (uint64_t)(n_blocks * 131 + D);
-    for (int64_t b = 0; b < n_blocks; b++) perm[b] = (int32_t)b;
-    for (int64_t b = n_blocks - 1; b > 0; b--) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        const int64_t j = (int64_t)((rng >> 33) % (uint64_t)(b + 1));
-        const int32_t t = perm[b];
-        perm[b] = perm[j];
-        perm[j] = t;
-    }
+    shuffled_ids(perm, n_blocks, 0x9e3779b97f4a7c15ull ^ (uint64_t)(n_blocks * 131 + D));
     int64_t next = 0, row = 0;
     qs[0] = 0;
     for (int s = 0; s < S; s++) {
@@ -1347,6 +1353,14 @@ static void bf16_paged(void) {
     paged_case("mixed", F16, B, 8, 2, 96, 16, 5000, pg_mixed, PG_N(pg_mixed)); /* f16 activations */
 }
 
+/* `call` fails with status `want` and an error message naming `op`. */
+#define OP_ERR(label, op, call, want)                                                                    \
+    do {                                                                                                 \
+        cai_status st_ = (call);                                                                         \
+        gt_expect(label, st_ == (want) && strstr(cai_error_message(), op) != NULL, cai_error_message()); \
+        cai_error_clear();                                                                               \
+    } while (0)
+
 /* Shapes are refused before anything runs, naming the op; index values are
  * the device's: out of range they are reported at the next synchronisation. */
 static void t_paged_errors(void) {
@@ -1361,32 +1375,25 @@ static void t_paged_errors(void) {
     const size_t ws = G->ops->paged_attention_workspace_bytes(G, 1, 1, 4, D, 64);
     void *gw = NULL;
     GT_OK(cai_device_alloc(G, ws, "paged attention workspace", &gw));
-#define PG_ERR(label, op, call, want)                                                                    \
-    do {                                                                                                 \
-        cai_status st_ = (call);                                                                         \
-        gt_expect(label, st_ == (want) && strstr(cai_error_message(), op) != NULL, cai_error_message()); \
-        cai_error_clear();                                                                               \
-    } while (0)
-    PG_ERR("paged_attention 3 kv heads for 4 query heads -> INVALID_ARG", "paged_attention",
+    OP_ERR("paged_attention 3 kv heads for 4 query heads -> INVALID_ARG", "paged_attention",
            G->ops->paged_attention(G, &o.g, &q.g, &kc3.g, &vc3.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
            CAI_ERR_INVALID_ARG);
-    PG_ERR("paged_attention workspace too small -> INVALID_ARG", "paged_attention",
+    OP_ERR("paged_attention workspace too small -> INVALID_ARG", "paged_attention",
            G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, 16),
            CAI_ERR_INVALID_ARG);
-    PG_ERR("paged_attention block table on the host -> INVALID_ARG", "paged_attention",
+    OP_ERR("paged_attention block table on the host -> INVALID_ARG", "paged_attention",
            G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.h, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
            CAI_ERR_INVALID_ARG);
-    PG_ERR("paged_attention q_start of S entries -> INVALID_ARG", "paged_attention",
+    OP_ERR("paged_attention q_start of S entries -> INVALID_ARG", "paged_attention",
            G->ops->paged_attention(G, &o.g, &q.g, &kc.g, &vc.g, &tbt.g, &tcl.g, &tcl.g, 64, 0.0f, gw, ws),
            CAI_ERR_INVALID_ARG);
     gt_t kcn = gt_narrow(kc, 3, 0, D / 2), vcn = gt_narrow(vc, 3, 0, D / 2);
-    PG_ERR("kv_cache_write cache not contiguous -> INVALID_ARG", "kv_cache_write",
+    OP_ERR("kv_cache_write cache not contiguous -> INVALID_ARG", "kv_cache_write",
            G->ops->kv_cache_write(G, &kcn.g, &vcn.g, &k.g, &v.g, &tsl.g), CAI_ERR_INVALID_ARG);
     gt_t q320 = R4(F, 1, 1, 1, 320, 1.0), o320 = O4(F, 1, 1, 1, 320), kc320 = R4(F, 2, bs, 1, 320, 1.0);
-    PG_ERR("paged_attention head_dim 320 -> UNSUPPORTED", "paged_attention",
+    OP_ERR("paged_attention head_dim 320 -> UNSUPPORTED", "paged_attention",
            G->ops->paged_attention(G, &o320.g, &q320.g, &kc320.g, &kc320.g, &tbt.g, &tqs.g, &tcl.g, 64, 0.0f, gw, ws),
            CAI_ERR_UNSUPPORTED);
-#undef PG_ERR
 
     /* a slot past the cache: nothing written for it, reported at the sync */
     const int32_t bad_sl[] = {(int32_t)(n_blocks * bs + 3)};
@@ -1425,6 +1432,166 @@ static void t_paged_errors(void) {
     gt_expect("paged_attention bad sequence: its rows are zeros", zeros, NULL);
     gt_expect("device error record cleared after the reports", cai_device_sync(G) == CAI_OK, NULL);
     cai_device_dealloc(G, gw);
+}
+
+/* ------------------------------------------------------------------ mixture of experts */
+
+/* pos for N tokens of k choices into S = N k + 5 grouped rows: a shuffled
+ * permutation (no row named twice; the 5 spare rows and the rows of dropped
+ * choices are never named, so they must keep their sentinel values), with
+ * about one choice in five dropped (-1) when `drop`. */
+static gt_t moe_pos(int64_t N, int k, int64_t S, int drop, int32_t *out) {
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)S);
+    if (!perm) gt_die("moe test permutation");
+    uint64_t rng = shuffled_ids(perm, S, 0x2545f4914f6cdd1dull ^ (uint64_t)(N * 977 + k * 31 + drop));
+    for (int64_t i = 0; i < N * k; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        out[i] = drop && (rng >> 33) % 5 == 0 ? -1 : perm[i];
+    }
+    free(perm);
+    return gt_ints(1, SHP(N * k), out);
+}
+
+/* Rows [n, C] as a view of a [n, C + pad] buffer *full (pad 0: contiguous), random or NaN. */
+static gt_t moe_rows(cai_dtype dt, int64_t n, int64_t C, int64_t pad, int random, gt_t *full) {
+    *full = random ? R2(dt, n, C + pad, 1.0) : O2(dt, n, C + pad);
+    return pad ? gt_narrow(*full, 1, 0, C) : *full;
+}
+
+/* The device copy of t equals its earlier download `prev` bit for bit (repeat runs). */
+static void moe_same(const char *name, gt_t t, const float *prev) {
+    float *got = gt_download(t.b);
+    gt_expect(name, memcmp(got, prev, sizeof(float) * (size_t)t.b->n) == 0, NULL);
+    free(got);
+}
+
+/* moe_permute, moe_combine_fwd (w and w NULL, accum 0 and 1) and
+ * moe_combine_bwd against the CPU table. Grouped buffers start random
+ * (sentinels) so that the rows pos does not name, and padding columns, are
+ * checked untouched. The CPU's f32 results are rounded to the dtype before
+ * comparing: permute and dye must match bitwise, y within the FMA
+ * contraction of its sums, dw (a dot of C products, f32 on the GPU) within
+ * 1e-4 of the largest. Repeat runs must give the same bits. */
+static void moe_case(cai_dtype dt, int64_t N, int k, int64_t C, int drop, int64_t pad) {
+    const int64_t S = N * k + 5;
+    int32_t *pv = malloc(sizeof(int32_t) * (size_t)(N * k));
+    if (!pv) gt_die("moe test pos");
+    gt_t pos = moe_pos(N, k, S, drop, pv);
+    char tag[96];
+    snprintf(tag, sizeof tag, "N%" PRId64 " k%d C%" PRId64 "%s ld%" PRId64, N, k, C, drop ? " drops" : "", C + pad);
+    const double tol = dt == CAI_DTYPE_F32 ? 1e-5 : gt_tol(dt);
+
+    gt_t full, xe_full, dye_full;
+    gt_t x = moe_rows(dt, N, C, pad, 1, &full), xe = moe_rows(dt, S, C, pad, 1, &xe_full);
+    BOTH("moe_permute", H->ops->moe_permute(H, &xe.h, &x.h, &pos.h), G->ops->moe_permute(G, &xe.g, &x.g, &pos.g));
+    gt_check(nm("moe_permute %s (xe, spare rows kept)", tag), xe_full, 0.0);
+
+    gt_t ye = moe_rows(dt, S, C, pad, 1, &full), w = R1(CAI_DTYPE_F32, N * k, 1.0);
+    for (int acc = 0; acc <= 1; acc++)
+        for (int wn = 0; wn <= 1; wn++) {
+            gt_t y = moe_rows(dt, N, C, pad, acc, &full);
+            const cai_tensor *wh = wn ? NULL : &w.h, *wg = wn ? NULL : &w.g;
+            BOTH("moe_combine_fwd", H->ops->moe_combine_fwd(H, &y.h, &ye.h, &pos.h, wh, acc),
+                 G->ops->moe_combine_fwd(G, &y.g, &ye.g, &pos.g, wg, acc));
+            gt_round_host(&y);
+            gt_check(nm("moe_combine_fwd %s accum %d%s", tag, acc, wn ? " w NULL" : ""), y, tol);
+            if (acc || wn) continue;
+            float *first = gt_download(y.b);
+            GT_OK(G->ops->moe_combine_fwd(G, &y.g, &ye.g, &pos.g, &w.g, 0));
+            moe_same(nm("moe_combine_fwd %s repeat bitwise", tag), y, first);
+            free(first);
+        }
+
+    gt_t dy = moe_rows(dt, N, C, pad, 1, &full), dye = moe_rows(dt, S, C, pad, 1, &dye_full);
+    gt_t dw = O1(CAI_DTYPE_F32, N * k);
+    BOTH("moe_combine_bwd", H->ops->moe_combine_bwd(H, &dye.h, &dw.h, &dy.h, &ye.h, &pos.h, &w.h),
+         G->ops->moe_combine_bwd(G, &dye.g, &dw.g, &dy.g, &ye.g, &pos.g, &w.g));
+    gt_round_host(&dye_full);
+    gt_check(nm("moe_combine_bwd %s dye (spare rows kept)", tag), dye_full, 0.0);
+    gt_check(nm("moe_combine_bwd %s dw", tag), dw, 1e-4);
+    float *got = gt_download(dw.b);
+    int zero = 1;
+    for (int64_t i = 0; i < N * k; i++)
+        if (pv[i] < 0) zero &= got[i] == 0.0f;
+    gt_expect(nm("moe_combine_bwd %s dw of dropped choices is 0", tag), zero, NULL);
+    GT_OK(G->ops->moe_combine_bwd(G, &dye.g, &dw.g, &dy.g, &ye.g, &pos.g, &w.g));
+    moe_same(nm("moe_combine_bwd %s dw repeat bitwise", tag), dw, got);
+    free(got);
+    free(pv);
+    gt_expect(nm("moe %s: no device error", tag), cai_device_sync(G) == CAI_OK, cai_error_message());
+    cai_error_clear();
+    gt_release_all(); /* the large cases would otherwise pile up */
+}
+
+static void t_moe(cai_dtype dt) {
+    if (!H->ops->moe_permute || !H->ops->moe_combine_fwd || !H->ops->moe_combine_bwd) {
+        gt_expect("the CPU table has moe_permute/combine (the reference)", 0, NULL);
+        return;
+    }
+    static const int64_t Ns[] = {1, 37, 1000};
+    static const int ks[] = {1, 2, 8};
+    /* narrow rows: 64 (16-byte vector paths) and 73 (rows not 16-byte aligned: element-wise paths) */
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            moe_case(dt, Ns[a], ks[b], 64, 1, 0);
+            moe_case(dt, Ns[a], ks[b], 73, 1, 0);
+        }
+    moe_case(dt, 37, 2, 64, 0, 0); /* nothing dropped */
+    moe_case(dt, 37, 8, 768, 1, 0);
+    moe_case(dt, 1000, 2, 768, 1, 0);
+    moe_case(dt, 1, 8, 4096, 1, 0);
+    moe_case(dt, 37, 2, 4096, 0, 0);
+    moe_case(dt, 1000, 8, 4096, 1, 0);
+    /* every row set as a view of a wider buffer (its padding columns checked untouched): aligned
+     * row starts (ld 776; ld 80 with a partial last 8-chunk on the vector paths) and misaligned
+     * ones (ld 76) */
+    moe_case(dt, 37, 2, 768, 1, 8);
+    moe_case(dt, 37, 2, 73, 1, 7);
+    moe_case(dt, 37, 2, 73, 1, 3);
+}
+
+static void f32_moe(void) { t_moe(CAI_DTYPE_F32); }
+static void bf16_moe(void) { t_moe(CAI_DTYPE_BF16); }
+
+/* Shapes and dtypes are refused before anything runs, naming the op; a pos
+ * past the grouped rows is the device's to find: skipped and reported at
+ * the next synchronisation. */
+static void t_moe_errors(void) {
+    const cai_dtype F = CAI_DTYPE_F32;
+    const int32_t pv[] = {0, 3, -1, 1, 2, 4};
+    gt_t pos = gt_ints(1, SHP(6), pv);
+    gt_t x = R2(F, 3, 16, 1.0), xe = R2(F, 6, 16, 1.0), xe_b = R2(CAI_DTYPE_BF16, 6, 16, 1.0);
+    gt_t xe_w = R2(F, 6, 17, 1.0), w = R1(F, 6, 1.0), w5 = R1(F, 5, 1.0), dw = O1(F, 6);
+    const int32_t p5v[] = {0, 1, 2, 3, 4};
+    gt_t pos5 = gt_ints(1, SHP(5), p5v);
+    OP_ERR("moe_permute xe of another dtype -> INVALID_ARG", "moe_permute",
+           G->ops->moe_permute(G, &xe_b.g, &x.g, &pos.g), CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_permute xe of another width -> INVALID_ARG", "moe_permute",
+           G->ops->moe_permute(G, &xe_w.g, &x.g, &pos.g), CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_permute pos of 5 for 3 rows -> INVALID_ARG", "moe_permute",
+           G->ops->moe_permute(G, &xe.g, &x.g, &pos5.g), CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_permute pos of f32 -> INVALID_ARG", "moe_permute", G->ops->moe_permute(G, &xe.g, &x.g, &w.g),
+           CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_permute pos on the host -> INVALID_ARG", "moe_permute", G->ops->moe_permute(G, &xe.g, &x.g, &pos.h),
+           CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_combine_fwd w of 5 for 6 choices -> INVALID_ARG", "moe_combine_fwd",
+           G->ops->moe_combine_fwd(G, &x.g, &xe.g, &pos.g, &w5.g, 0), CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_combine_bwd w NULL -> INVALID_ARG", "moe_combine_bwd",
+           G->ops->moe_combine_bwd(G, &xe.g, &dw.g, &x.g, &xe.g, &pos.g, NULL), CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_combine_bwd dye of another width -> INVALID_ARG", "moe_combine_bwd",
+           G->ops->moe_combine_bwd(G, &xe_w.g, &dw.g, &x.g, &xe.g, &pos.g, &w.g), CAI_ERR_INVALID_ARG);
+    const int32_t bad[] = {0, 3, -1, 1, 9, 4};
+    gt_t tbad = gt_ints(1, SHP(6), bad);
+    cai_status sg = G->ops->moe_permute(G, &xe.g, &x.g, &tbad.g);
+    cai_status ss = cai_device_sync(G);
+    gt_expect("moe_permute pos past the grouped rows: reported at sync", sg == CAI_OK && ss != CAI_OK,
+              cai_error_message());
+    cai_error_clear();
+    /* the kept rows were copied, the bad one skipped: the host does the same by hand */
+    for (int64_t i = 0; i < 6; i++)
+        if (bad[i] >= 0 && bad[i] < 6) memcpy(xe.b->hbuf + bad[i] * 16, x.b->hbuf + (i / 2) * 16, 16 * sizeof(float));
+    gt_check("moe_permute bad pos: other rows copied, nothing else written", xe, 0.0);
+    gt_expect("moe device error record cleared after the report", cai_device_sync(G) == CAI_OK, NULL);
 }
 
 /* ------------------------------------------------------------------ main */
@@ -1595,6 +1762,10 @@ static const test_entry tests[] = {
     {"paged kv errors", t_paged_errors},
     {"paged kv argmax", argmax_all},
     {"paged kv decode linear (few rows)", decode_linear},
+    /* mixture of experts: token rows <-> rows grouped by expert */
+    {"moe f32", f32_moe},
+    {"moe bf16", bf16_moe},
+    {"moe errors", t_moe_errors},
 };
 
 int main(int argc, char **argv) {
