@@ -184,6 +184,14 @@ static cai_status take(moe_carver *c, cai_tensor *t, cai_dtype dt, int64_t rows,
     return CAI_OK;
 }
 
+static cai_status take_raw(moe_carver *c, size_t bytes, void **out) {
+    const size_t nb = (bytes + 63) / 64 * 64;
+    *out = NULL;
+    if (!c->arena) c->bytes += nb;
+    else if (nb) CAI_CALL(cai_arena_alloc(c->arena, nb, 64, out));
+    return CAI_OK;
+}
+
 /* On the host device with f32 activations a device tensor and its host
  * mirror are one buffer, so the host path copies nothing. */
 static int mirrored(const cai_moe_ctx *cx) { return cx->dev->kind == CAI_DEVICE_HOST && cx->dtype == CAI_DTYPE_F32; }
@@ -211,6 +219,7 @@ static cai_status carve_acts(moe_carver *d, moe_carver *h, cai_moe_acts *a) {
     CAI_CALL(take(h, &a->ecnt, i64, cx->n_local, 0));
     CAI_CALL(take(h, &a->dlogits, f32, N, E));
     CAI_CALL(take(h, &a->dw, f32, N, k));
+    CAI_CALL(take_raw(h, (size_t)6 * (size_t)cx->n_local * sizeof(cai_tensor), (void **)&a->wlist));
     if (mirrored(cx)) {
         a->router_out = a->logits;
         a->router_out32 = a->logits;
@@ -577,19 +586,40 @@ static cai_tensor *expert_d(const cai_moe_ctx *cx, cai_moe_acts *a) {
     return cx->ep_size == 1 ? &a->d_send : &a->d_recv;
 }
 
-/* One expert's rows of the hidden buffers. */
+/* The first H rows of the expert-grouped buffers: every local expert's
+ * rows, expert after expert. */
 typedef struct {
-    cai_tensor x, y, gate, up, act;
+    cai_tensor x, y, gate, up, act, d, dact, dgate, dup;
 } expert_rows;
 
-static cai_status expert_slice(cai_moe_acts *a, const cai_tensor *xe, const cai_tensor *ye, int64_t off, int64_t n,
-                               expert_rows *r) {
-    CAI_CALL(rows_of(xe, off, n, &r->x));
-    CAI_CALL(rows_of(ye, off, n, &r->y));
-    CAI_CALL(rows_of(&a->gate, off, n, &r->gate));
-    CAI_CALL(rows_of(&a->up, off, n, &r->up));
-    CAI_CALL(rows_of(&a->act, off, n, &r->act));
-    return CAI_OK;
+static cai_status expert_slice(cai_moe_acts *a, const cai_tensor *xe, const cai_tensor *ye, const cai_tensor *de,
+                               int64_t H, expert_rows *r) {
+    CAI_CALL(rows_of(xe, 0, H, &r->x));
+    CAI_CALL(rows_of(ye, 0, H, &r->y));
+    CAI_CALL(rows_of(&a->gate, 0, H, &r->gate));
+    CAI_CALL(rows_of(&a->up, 0, H, &r->up));
+    CAI_CALL(rows_of(&a->act, 0, H, &r->act));
+    if (!de) return CAI_OK;
+    CAI_CALL(rows_of(de, 0, H, &r->d));
+    CAI_CALL(rows_of(&a->dact, 0, H, &r->dact));
+    CAI_CALL(rows_of(&a->dgate, 0, H, &r->dgate));
+    return rows_of(&a->dup, 0, H, &r->dup);
+}
+
+/* The local experts' w1, w3, w2 (of p) as three arrays of n_local
+ * tensors at list, list + n_local, list + 2 n_local: the grouped
+ * products' weights. Returns the rows all experts hold together. */
+static int64_t expert_lists(const cai_moe_ctx *cx, const cai_moe_acts *a, const cai_moe_params *p, cai_tensor *list) {
+    const int El = cx->n_local;
+    const int64_t *ec = a->ecnt.data;
+    int64_t H = 0;
+    for (int i = 0; i < El; i++) {
+        list[i] = p->experts[i].w1;
+        list[El + i] = p->experts[i].w3;
+        list[2 * El + i] = p->experts[i].w2;
+        H += ec[i];
+    }
+    return H;
 }
 
 static cai_status swiglu_mlp_fwd(cai_device_t *dev, const cai_moe_mlp *w, const cai_tensor *x, cai_tensor *gate,
@@ -643,12 +673,18 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     CAI_CALL(plan_exchange(cx, a));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a);
     CAI_CALL(to_experts(cx, a, &a->send_x, xe));
+    /* every local expert's SwiGLU MLP over its rows: three grouped products */
+    const int El = cx->n_local;
     const int64_t *ec = a->ecnt.data;
-    for (int64_t i = 0, off = 0; i < cx->n_local; off += ec[i], i++) {
-        if (!ec[i]) continue;
+    cai_tensor *wl = a->wlist;
+    const int64_t H = expert_lists(cx, a, p, wl);
+    if (H) {
         expert_rows r;
-        CAI_CALL(expert_slice(a, xe, ye, off, ec[i], &r));
-        CAI_CALL(swiglu_mlp_fwd(dev, &p->experts[i], &r.x, &r.gate, &r.up, &r.act, &r.y));
+        CAI_CALL(expert_slice(a, xe, ye, NULL, H, &r));
+        CAI_CALL(ops->grouped_linear_fwd(dev, &r.gate, &r.x, wl, ec, El));
+        CAI_CALL(ops->grouped_linear_fwd(dev, &r.up, &r.x, wl + El, ec, El));
+        CAI_CALL(ops->swiglu_fwd(dev, &r.act, &r.gate, &r.up));
+        CAI_CALL(ops->grouped_linear_fwd(dev, &r.y, &r.act, wl + 2 * El, ec, El));
     }
     CAI_CALL(from_experts(cx, a, ye, &a->send_y));
     if (cx->cfg.n_shared) CAI_CALL(swiglu_mlp_fwd(dev, &p->shared, &x2, &a->sgate, &a->sup, &a->sact, &y2));
@@ -675,19 +711,19 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
     CAI_CALL(xfer(cx, &a->dw, &a->dw_d, CAI_COPY_D2H));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a), *de = expert_d(cx, a);
     CAI_CALL(to_experts(cx, a, &a->d_send, de));
+    const int El = cx->n_local;
     const int64_t *ec = a->ecnt.data;
-    for (int64_t i = 0, off = 0; i < cx->n_local; off += ec[i], i++) {
-        if (!ec[i]) continue;
+    cai_tensor *wl = a->wlist, *gl = a->wlist + 3 * El;
+    const int64_t H = expert_lists(cx, a, p, wl);
+    expert_lists(cx, a, g, gl);
+    if (H) {
         expert_rows r;
-        cai_tensor d, dact, dgate, dup;
-        CAI_CALL(expert_slice(a, xe, ye, off, ec[i], &r));
-        CAI_CALL(rows_of(de, off, ec[i], &d));
-        CAI_CALL(rows_of(&a->dact, off, ec[i], &dact));
-        CAI_CALL(rows_of(&a->dgate, off, ec[i], &dgate));
-        CAI_CALL(rows_of(&a->dup, off, ec[i], &dup));
-        /* the expert's input gradient replaces its output gradient in place */
-        CAI_CALL(swiglu_mlp_bwd(dev, &p->experts[i], &g->experts[i], &r.x, &r.gate, &r.up, &r.act, &d, &dact, &dgate,
-                                &dup, &d, 0));
+        CAI_CALL(expert_slice(a, xe, ye, de, H, &r));
+        /* the experts' input gradients replace their output gradients in place */
+        CAI_CALL(ops->grouped_linear_bwd(dev, &r.dact, gl + 2 * El, &r.d, &r.act, wl + 2 * El, ec, El, 0));
+        CAI_CALL(ops->swiglu_bwd(dev, &r.dgate, &r.dup, &r.dact, &r.gate, &r.up));
+        CAI_CALL(ops->grouped_linear_bwd(dev, &r.d, gl, &r.dgate, &r.x, wl, ec, El, 0));
+        CAI_CALL(ops->grouped_linear_bwd(dev, &r.d, gl + El, &r.dup, &r.x, wl + El, ec, El, 1));
     }
     CAI_CALL(from_experts(cx, a, de, &a->d_send));
     /* dx_t = sum_j (d e_j's input gradient), the permutation's backward */

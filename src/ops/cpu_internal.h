@@ -96,6 +96,10 @@ CPU_OP(rope_bwd)(cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, co
 
 /* mixture of experts: token rows <-> expert-grouped rows (cpu_moe.c) */
 CPU_OP(moe_permute)(cai_device_t *dev, cai_tensor *xe, const cai_tensor *x, const cai_tensor *pos);
+CPU_OP(grouped_linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight,
+                           const int64_t *rows, int n);
+CPU_OP(grouped_linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
+                           const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n, int accum);
 CPU_OP(moe_combine_fwd)(cai_device_t *dev, cai_tensor *y, const cai_tensor *ye, const cai_tensor *pos,
                         const cai_tensor *w, int accum);
 CPU_OP(moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy, const cai_tensor *ye,

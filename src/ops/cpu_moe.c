@@ -199,3 +199,55 @@ CPU_OP(moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, cons
     }
     return CAI_OK;
 }
+
+/* Block g of a grouped product: its rows of `t` (rows past the blocks are
+ * left alone). */
+static cai_status block_rows(const char *op, const char *arg, const cai_tensor *t, int64_t off, int64_t n,
+                             cai_tensor *out) {
+    if (!t) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %s is NULL", op, arg);
+    if (off + n > t->shape[0])
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the blocks need %lld rows of %s, which has %lld", op,
+                         (long long)(off + n), arg, (long long)t->shape[0]);
+    return cai_tensor_slice0(t, off, n, out);
+}
+
+static cai_status grouped_args(const char *op, const cai_tensor *weight, const int64_t *rows, int n) {
+    if (n < 0 || (n > 0 && (!weight || !rows)))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %d blocks with weight %p, rows %p", op, n, (const void *)weight,
+                         (const void *)rows);
+    for (int g = 0; g < n; g++)
+        if (rows[g] < 0) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: block %d has %lld rows", op, g, (long long)rows[g]);
+    return CAI_OK;
+}
+
+/* The host has no grouped kernel: one linear_fwd per block. */
+cai_status cai_cpu_grouped_linear_fwd(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
+                                      const cai_tensor *weight, const int64_t *rows, int n) {
+    static const char *op = "grouped_linear_fwd";
+    CAI_CALL(grouped_args(op, weight, rows, n));
+    for (int64_t g = 0, off = 0; g < n; off += rows[g], g++) {
+        if (!rows[g]) continue;
+        cai_tensor x, y;
+        CAI_CALL(block_rows(op, "inp", inp, off, rows[g], &x));
+        CAI_CALL(block_rows(op, "out", out, off, rows[g], &y));
+        CAI_CALL(cai_cpu_linear_fwd(dev, &y, &x, &weight[g], NULL));
+    }
+    return CAI_OK;
+}
+
+cai_status cai_cpu_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
+                                      const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n,
+                                      int accum) {
+    static const char *op = "grouped_linear_bwd";
+    CAI_CALL(grouped_args(op, weight, rows, n));
+    if (!dweight && n > 0) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dweight is NULL", op);
+    for (int64_t g = 0, off = 0; g < n; off += rows[g], g++) {
+        if (!rows[g]) continue;
+        cai_tensor dx, dy, x;
+        CAI_CALL(block_rows(op, "dout", dout, off, rows[g], &dy));
+        CAI_CALL(block_rows(op, "inp", inp, off, rows[g], &x));
+        if (dinp) CAI_CALL(block_rows(op, "dinp", dinp, off, rows[g], &dx));
+        CAI_CALL(cai_cpu_linear_bwd(dev, dinp ? &dx : NULL, &dweight[g], NULL, &dy, &x, &weight[g], accum));
+    }
+    return CAI_OK;
+}

@@ -3,7 +3,8 @@
  * for bit (the layer's results may not move when it switches to the ops);
  * BF16 and F16 must equal the same loops run on the decoded inputs, rounded
  * once to nearest even. Rows pos does not name keep a sentinel. Every case
- * runs on a 1-thread and a 3-thread device. */
+ * runs on a 1-thread and a 3-thread device. grouped_linear_fwd/bwd equal a
+ * linear_fwd/bwd per block. */
 #include "cai_config.h"
 #include "colossal/ops.h"
 
@@ -390,6 +391,67 @@ START_TEST(moe_argument_errors_name_op_and_argument) {
 }
 END_TEST
 
+/* Grouped products equal one linear_fwd / linear_bwd per block, bit for
+ * bit, with an empty block among them; rows past the blocks untouched. */
+START_TEST(grouped_linear_equals_a_product_per_block) {
+    cai_device_t *dev = devs[1];
+    const cai_ops *ops = dev->ops;
+    enum { G = 4, IC = 6, OC = 5, ROWS = 12 };
+    const int64_t rows[G] = {3, 0, 5, 2}; /* 10 of ROWS */
+    float *x = falloc(ROWS * IC), *w = falloc(G * OC * IC), *dy = falloc(ROWS * OC);
+    for (int i = 0; i < ROWS * IC; i++) x[i] = (float)cai_rng_normal(3, 1, (uint64_t)i);
+    for (int i = 0; i < G * OC * IC; i++) w[i] = (float)cai_rng_normal(3, 2, (uint64_t)i);
+    for (int i = 0; i < ROWS * OC; i++) dy[i] = (float)cai_rng_normal(3, 3, (uint64_t)i);
+    float *y = falloc(ROWS * OC), *y_ref = falloc(ROWS * OC), *dx = falloc(ROWS * IC), *dx_ref = falloc(ROWS * IC);
+    float *dw = falloc(G * OC * IC), *dw_ref = falloc(G * OC * IC);
+    for (int i = 0; i < ROWS * OC; i++) y[i] = y_ref[i] = 7.0f;
+    for (int i = 0; i < ROWS * IC; i++) dx[i] = dx_ref[i] = 0.5f;
+    for (int i = 0; i < G * OC * IC; i++) dw[i] = dw_ref[i] = 0.25f;
+    cai_tensor W[G], DW[G], DWr[G];
+    for (int g = 0; g < G; g++) {
+        W[g] = cai_tensor_2d(dev, w + g * OC * IC, F32, OC, IC);
+        DW[g] = cai_tensor_2d(dev, dw + g * OC * IC, F32, OC, IC);
+        DWr[g] = cai_tensor_2d(dev, dw_ref + g * OC * IC, F32, OC, IC);
+    }
+    cai_tensor tx = cai_tensor_2d(dev, x, F32, ROWS, IC), ty = cai_tensor_2d(dev, y, F32, ROWS, OC);
+    cai_tensor tdy = cai_tensor_2d(dev, dy, F32, ROWS, OC), tdx = cai_tensor_2d(dev, dx, F32, ROWS, IC);
+    ck_assert_int_eq(ops->grouped_linear_fwd(dev, &ty, &tx, W, rows, G), CAI_OK);
+    ck_assert_int_eq(ops->grouped_linear_bwd(dev, &tdx, DW, &tdy, &tx, W, rows, G, 1), CAI_OK);
+    for (int64_t g = 0, off = 0; g < G; off += rows[g], g++) {
+        if (!rows[g]) continue;
+        cai_tensor bx = cai_tensor_2d(dev, x + off * IC, F32, rows[g], IC);
+        cai_tensor by = cai_tensor_2d(dev, y_ref + off * OC, F32, rows[g], OC);
+        cai_tensor bdy = cai_tensor_2d(dev, dy + off * OC, F32, rows[g], OC);
+        cai_tensor bdx = cai_tensor_2d(dev, dx_ref + off * IC, F32, rows[g], IC);
+        ck_assert_int_eq(ops->linear_fwd(dev, &by, &bx, &W[g], NULL), CAI_OK);
+        ck_assert_int_eq(ops->linear_bwd(dev, &bdx, &DWr[g], NULL, &bdy, &bx, &W[g], 1), CAI_OK);
+    }
+    ck_assert_mem_eq(y, y_ref, sizeof(float) * ROWS * OC);
+    ck_assert_mem_eq(dx, dx_ref, sizeof(float) * ROWS * IC);
+    ck_assert_mem_eq(dw, dw_ref, sizeof(float) * G * OC * IC);
+    for (int i = 10 * OC; i < ROWS * OC; i++) ck_assert(y[i] == 7.0f);
+    for (int i = 10 * IC; i < ROWS * IC; i++) ck_assert(dx[i] == 0.5f);
+    for (int i = OC * IC; i < 2 * OC * IC; i++) ck_assert(dw[i] == 0.25f); /* the empty block's gradient */
+    const int64_t too_many[G] = {3, 0, 5, 5};
+    ck_assert_int_eq(ops->grouped_linear_fwd(dev, &ty, &tx, W, too_many, G), CAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(cai_error_message(), "grouped_linear_fwd: the blocks need 13 rows of inp, which has 12");
+    cai_error_clear();
+    const int64_t negative[G] = {3, -1, 5, 2};
+    ck_assert_int_eq(ops->grouped_linear_bwd(dev, &tdx, DW, &tdy, &tx, W, negative, G, 0), CAI_ERR_INVALID_ARG);
+    ck_assert_str_eq(cai_error_message(), "grouped_linear_bwd: block 1 has -1 rows");
+    cai_error_clear();
+    free(x);
+    free(w);
+    free(dy);
+    free(y);
+    free(y_ref);
+    free(dx);
+    free(dx_ref);
+    free(dw);
+    free(dw_ref);
+}
+END_TEST
+
 static Suite *moe_suite(void) {
     Suite *s = suite_create("ops_moe");
     TCase *tc = tcase_create("cpu");
@@ -399,6 +461,7 @@ static Suite *moe_suite(void) {
     tcase_add_test(tc, moe_combine_bwd_matches_layer_loop);
     tcase_add_test(tc, moe_combine_bf16_within_an_ulp_of_f32);
     tcase_add_test(tc, moe_argument_errors_name_op_and_argument);
+    tcase_add_test(tc, grouped_linear_equals_a_product_per_block);
     suite_add_tcase(s, tc);
     return s;
 }

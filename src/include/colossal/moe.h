@@ -118,6 +118,7 @@ typedef struct {
     cai_tensor d_router, d_router32;     /* [N,E] the router's output gradient, its f32 form from the host */
     cai_tensor pos_d, wts_d, dw_d;       /* device copies of pos, wts, dw */
     cai_arena_t host;                    /* the routing state's memory off the host device */
+    cai_tensor *wlist;                   /* host: 6 n_local weight views, the grouped products' lists */
     cai_tensor logits, probs, lse;   /* [N,E] router logits, softmax (sigmoid router: sigmoid); [N] */
     cai_tensor sel, wts, pos;        /* [N,k] I32 expert, F32 weight, I32 row in the send buffer (-1 dropped) */
     cai_tensor load, send_cnt;       /* [E] I64: assignments per expert before / after dropping */

@@ -267,6 +267,20 @@ typedef struct cai_ops {
      * when pos[i] < 0; the dot accumulated in at least f32). */
     cai_status (*moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy,
                                   const cai_tensor *ye, const cai_tensor *pos, const cai_tensor *w);
+    /* Grouped products (a rank's experts in one call): block g of n is
+     * rows[g] consecutive rows of inp and out (blocks in order from row 0),
+     * with its own weight[g] [OC, IC] (all of one shape and dtype). out =
+     * inp weight[g]^T per block; rows past the last block are untouched.
+     * Every block's result equals linear_fwd's on that block. */
+    cai_status (*grouped_linear_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
+                                     const cai_tensor *weight, const int64_t *rows, int n);
+    /* Per block: dinp (= or += with accum) = dout weight[g] (dinp NULL:
+     * skipped) and dweight[g] += dout^T inp, as linear_bwd on the block;
+     * dinp must not overlap dout or inp. dweight may differ in dtype from
+     * weight (F32 gradients of BF16 weights). */
+    cai_status (*grouped_linear_bwd)(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout,
+                                     const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n,
+                                     int accum);
 
     /* ---- rotary position embedding (Hugging Face "rotate_half" pairing) */
 
