@@ -24,6 +24,10 @@ static int row_threads(int64_t units) {
     return (int)t;
 }
 
+/* ---------------------------------------------------------------- kernels
+ * (one region, which tests/gpu/moe_emu.sh compiles on the host) */
+CUK_EMU_BEGIN(moe);
+
 /* The grouped row of assignment i, or -1 when dropped. A row past the S
  * grouped rows would write outside the buffer: it is skipped and reported
  * (block-uniform, so callers may branch on it around block reductions). */
@@ -36,8 +40,6 @@ CUK_INLINE int64_t moe_row(const int32_t *pos, int64_t i, int64_t S, cuk_errrec 
     }
     return r;
 }
-
-/* ---------------------------------------------------------------- permute */
 
 /* A bitwise row copy in units of U (16, 8, 4 or 2 bytes, the widest that
  * every row start and the row length allow); ld in bytes. */
@@ -54,49 +56,6 @@ __global__ void __launch_bounds__(256)
         for (int64_t c = threadIdx.x; c < units; c += blockDim.x) dst[c] = src[c];
     }
 }
-
-template <typename U>
-static cudaError_t permute_as(cudaStream_t s, cuk_mat xe, cuk_mat x, int64_t es, const int32_t *pos, int64_t n,
-                              int64_t k, cuk_errrec *err) {
-    const int64_t units = x.cols * es / (int64_t)sizeof(U);
-    k_moe_permute<U><<<item_grid(n), row_threads(units), 0, s>>>((char *)xe.p, xe.ld * es, xe.rows, (const char *)x.p,
-                                                                 x.ld * es, units, pos, n, k, err);
-    return launched();
-}
-
-extern "C" cudaError_t cuk_moe_permute(cudaStream_t s, cuk_mat xe, cuk_mat x, const int32_t *pos, int64_t k,
-                                       cuk_errrec *err) {
-    const int64_t n = x.rows * k;
-    if (n <= 0 || x.cols <= 0) return cudaSuccess;
-    const int64_t es = cuk_dt_size(x.dt);
-    const uintptr_t a =
-        (uintptr_t)x.p | (uintptr_t)xe.p | (uintptr_t)(x.cols * es) | (uintptr_t)(x.ld * es) | (uintptr_t)(xe.ld * es);
-    if ((a & 15u) == 0) return permute_as<uint4>(s, xe, x, es, pos, n, k, err);
-    if ((a & 7u) == 0) return permute_as<uint2>(s, xe, x, es, pos, n, k, err);
-    if ((a & 3u) == 0) return permute_as<uint32_t>(s, xe, x, es, pos, n, k, err);
-    return permute_as<uint16_t>(s, xe, x, es, pos, n, k, err);
-}
-
-/* ---------------------------------------------------------------- dtype dispatch */
-
-/* kern<DT, VEC> over the three float dtypes; VEC: 8-element chunks with
- * 16-byte accesses (every row view cuk_vec_ok), else one element a step. */
-#define MOE_LAUNCH(kern, dt, vec, grid, nt, ...)                            \
-    do {                                                                    \
-        if ((dt) == CUK_F32) {                                              \
-            if (vec) kern<CUK_F32, true><<<grid, nt, 0, s>>>(__VA_ARGS__);  \
-            else kern<CUK_F32, false><<<grid, nt, 0, s>>>(__VA_ARGS__);     \
-        } else if ((dt) == CUK_BF16) {                                      \
-            if (vec) kern<CUK_BF16, true><<<grid, nt, 0, s>>>(__VA_ARGS__); \
-            else kern<CUK_BF16, false><<<grid, nt, 0, s>>>(__VA_ARGS__);    \
-        } else {                                                            \
-            if (vec) kern<CUK_F16, true><<<grid, nt, 0, s>>>(__VA_ARGS__);  \
-            else kern<CUK_F16, false><<<grid, nt, 0, s>>>(__VA_ARGS__);     \
-        }                                                                   \
-        return launched();                                                  \
-    } while (0)
-
-/* ---------------------------------------------------------------- combine forward */
 
 /* One block per token row t; each thread owns its columns through all k
  * choices, so the sum runs in j order with one rounding at the store. */
@@ -140,16 +99,6 @@ __global__ void __launch_bounds__(256) k_moe_combine_fwd(cuk_mat y, cuk_mat ye, 
     }
 }
 
-extern "C" cudaError_t cuk_moe_combine_fwd(cudaStream_t s, cuk_mat y, cuk_mat ye, const int32_t *pos, int64_t k,
-                                           const float *w, int accum, cuk_errrec *err) {
-    if (y.rows <= 0 || y.cols <= 0) return cudaSuccess;
-    const bool vec = cuk_vec_ok(y) && cuk_vec_ok(ye);
-    const int nt = row_threads(vec ? cuk_cdiv(y.cols, 8) : y.cols);
-    MOE_LAUNCH(k_moe_combine_fwd, y.dt, vec, item_grid(y.rows), nt, y, ye, pos, k, w, accum, err);
-}
-
-/* ---------------------------------------------------------------- combine backward */
-
 /* One block per assignment i: its threads scale dy's row into dye's and
  * sum their columns' products, then one block reduction gives dw[i]. The
  * block size depends only on C, so the reduction tree is fixed. Each
@@ -192,6 +141,59 @@ __global__ void __launch_bounds__(256)
         dot = block_sum(dot, sh);
         if (threadIdx.x == 0) dw[i] = dot;
     }
+}
+
+CUK_EMU_END(moe);
+
+/* ---------------------------------------------------------------- launchers */
+
+template <typename U>
+static cudaError_t permute_as(cudaStream_t s, cuk_mat xe, cuk_mat x, int64_t es, const int32_t *pos, int64_t n,
+                              int64_t k, cuk_errrec *err) {
+    const int64_t units = x.cols * es / (int64_t)sizeof(U);
+    k_moe_permute<U><<<item_grid(n), row_threads(units), 0, s>>>((char *)xe.p, xe.ld * es, xe.rows, (const char *)x.p,
+                                                                 x.ld * es, units, pos, n, k, err);
+    return launched();
+}
+
+extern "C" cudaError_t cuk_moe_permute(cudaStream_t s, cuk_mat xe, cuk_mat x, const int32_t *pos, int64_t k,
+                                       cuk_errrec *err) {
+    const int64_t n = x.rows * k;
+    if (n <= 0 || x.cols <= 0) return cudaSuccess;
+    const int64_t es = cuk_dt_size(x.dt);
+    const uintptr_t a =
+        (uintptr_t)x.p | (uintptr_t)xe.p | (uintptr_t)(x.cols * es) | (uintptr_t)(x.ld * es) | (uintptr_t)(xe.ld * es);
+    if ((a & 15u) == 0) return permute_as<uint4>(s, xe, x, es, pos, n, k, err);
+    if ((a & 7u) == 0) return permute_as<uint2>(s, xe, x, es, pos, n, k, err);
+    if ((a & 3u) == 0) return permute_as<uint32_t>(s, xe, x, es, pos, n, k, err);
+    return permute_as<uint16_t>(s, xe, x, es, pos, n, k, err);
+}
+
+/* ---------------------------------------------------------------- dtype dispatch */
+
+/* kern<DT, VEC> over the three float dtypes; VEC: 8-element chunks with
+ * 16-byte accesses (every row view cuk_vec_ok), else one element a step. */
+#define MOE_LAUNCH(kern, dt, vec, grid, nt, ...)                            \
+    do {                                                                    \
+        if ((dt) == CUK_F32) {                                              \
+            if (vec) kern<CUK_F32, true><<<grid, nt, 0, s>>>(__VA_ARGS__);  \
+            else kern<CUK_F32, false><<<grid, nt, 0, s>>>(__VA_ARGS__);     \
+        } else if ((dt) == CUK_BF16) {                                      \
+            if (vec) kern<CUK_BF16, true><<<grid, nt, 0, s>>>(__VA_ARGS__); \
+            else kern<CUK_BF16, false><<<grid, nt, 0, s>>>(__VA_ARGS__);    \
+        } else {                                                            \
+            if (vec) kern<CUK_F16, true><<<grid, nt, 0, s>>>(__VA_ARGS__);  \
+            else kern<CUK_F16, false><<<grid, nt, 0, s>>>(__VA_ARGS__);     \
+        }                                                                   \
+        return launched();                                                  \
+    } while (0)
+
+extern "C" cudaError_t cuk_moe_combine_fwd(cudaStream_t s, cuk_mat y, cuk_mat ye, const int32_t *pos, int64_t k,
+                                           const float *w, int accum, cuk_errrec *err) {
+    if (y.rows <= 0 || y.cols <= 0) return cudaSuccess;
+    const bool vec = cuk_vec_ok(y) && cuk_vec_ok(ye);
+    const int nt = row_threads(vec ? cuk_cdiv(y.cols, 8) : y.cols);
+    MOE_LAUNCH(k_moe_combine_fwd, y.dt, vec, item_grid(y.rows), nt, y, ye, pos, k, w, accum, err);
 }
 
 extern "C" cudaError_t cuk_moe_combine_bwd(cudaStream_t s, cuk_mat dye, float *dw, cuk_mat dy, cuk_mat ye,
