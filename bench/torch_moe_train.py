@@ -8,8 +8,9 @@ model.*, moe.experts / top_k / ffn / aux_coef, train.micro_batch,
 train.seq_len -- the file colossal-moe reads), randomly initialised
 (transformers' init, --seed), SDPA attention, output_router_logits with
 router_aux_loss_coef = moe.aux_coef so that its loss is the cross-entropy
-plus the load-balancing loss (transformers has no z-loss; the config must say
-moe.z_coef 0 for the two sides to match), fused AdamW (betas 0.9/0.95, eps
+plus the load-balancing loss (one over every layer's router logits together,
+where colossal adds one per layer: the same work, another weight;
+transformers has no z-loss, so the config says moe.z_coef 0), fused AdamW (betas 0.9/0.95, eps
 1e-8, weight decay 0.1 on matrices: every parameter of two or more
 dimensions) and global-norm clipping at 1.0 -- the step colossal-moe takes.
 
