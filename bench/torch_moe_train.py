@@ -10,9 +10,10 @@ train.seq_len -- the file colossal-moe reads), randomly initialised
 router_aux_loss_coef = moe.aux_coef so that its loss is the cross-entropy
 plus the load-balancing loss (one over every layer's router logits together,
 where colossal adds one per layer: the same work, another weight;
-transformers has no z-loss, so the config says moe.z_coef 0), fused AdamW (betas 0.9/0.95, eps
-1e-8, weight decay 0.1 on matrices: every parameter of two or more
-dimensions) and global-norm clipping at 1.0 -- the step colossal-moe takes.
+transformers has no z-loss, so the config says moe.z_coef 0), fused AdamW
+(betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices: every parameter of
+two or more dimensions) and global-norm clipping at 1.0 -- the step
+colossal-moe takes.
 
 Precision (--precision):
   amp (default): f32 parameters under bf16 autocast, as
