@@ -104,7 +104,9 @@ est() {
     esac
 }
 status_of() {
-    tail -n 1 "$RESULTS" | $PY -c 'import json,sys; r=json.load(sys.stdin); print(r.get("status"), "%.0f tokens/s" % r["tokens_per_s"] if r.get("tokens_per_s") else "")' 2>/dev/null
+    tail -n 1 "$RESULTS" | $PY -c 'import json, sys
+r = json.load(sys.stdin)
+print(r.get("status"), "%.0f tokens/s" % r["tokens_per_s"] if r.get("tokens_per_s") else "")' 2>/dev/null
 }
 
 # skip_why TAG WHY FIELD=VALUE...: a run that cannot happen on this machine.
@@ -216,7 +218,8 @@ def mem(r):
 print("\n## MoE training on one GPU: tokens/s, median step, MFU over the active parameters (6 N_active + 12 L T d "
       "per token, peak 989 TFLOP/s), peak GPU memory in GiB (nvidia-smi incl. the CUDA context; torch: also "
       "max_memory_allocated)\n")
-print("| model | batch | impl | precision | tokens/s | step ms | MFU (active) | peak mem GiB | colossal / this | status |")
+print("| model | batch | impl | precision | tokens/s | step ms | MFU (active) | peak mem GiB | colossal / this "
+      "| status |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 models = []
 for r in rows:
@@ -234,7 +237,8 @@ for m in models:
             mfu = "%.1f%%" % (100 * r["tokens_per_s"] * ref["flops_per_token"] / 989e12)
         ratio = "%.2fx" % (col["tokens_per_s"] / r["tokens_per_s"]) if ok(col) and ok(r) and r is not col else "-"
         print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            m, r.get("batch", "-"), r.get("impl"), PRECISION.get((r is col, r.get("precision")), r.get("precision", "-")),
+            m, r.get("batch", "-"), r.get("impl"),
+            PRECISION.get((r is col, r.get("precision")), r.get("precision", "-")),
             "%.0f" % r["tokens_per_s"] if ok(r) else "-", "%.1f" % (1e3 * r["step_s_median"]) if ok(r) else "-",
             mfu, mem(r), ratio, str(r.get("status", "?"))[:160]))
     if ref and ok(col) and col.get("params") != ref.get("params_total"):
