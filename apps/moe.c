@@ -272,6 +272,7 @@ static cai_status load_hook(void *ctx, cai_run_t *run, const char *path, cai_ckp
 static cai_status build(moe_job *j, cai_run_t *run, int64_t vocab) {
     const moe_app_config *c = j->cfg;
     cai_model_config m = model_config(c, vocab), resolved;
+    tc_apply_precision(&c->pt.tr, cai_run_device(run), &m);
     CAI_CALL(cai_model_config_resolve(&m, &resolved));
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = c->pt.micro_batch;

@@ -130,6 +130,11 @@ cai_status cai_cuda_take_device_error(cai_device_t *dev) {
                          "table's reach; found by the kernel, reported at this synchronisation; its rows were written "
                          "as zeros)",
                          dev->ordinal, a, b, cc, d);
+    case CUK_ERR_MOE_POS:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "moe op on cuda:%d: pos[%lld] = %lld is past the %lld grouped rows (found by the kernel, "
+                         "reported at this synchronisation; that row was skipped)",
+                         dev->ordinal, a, b, cc);
     }
     return CAI_ERROR(CAI_ERR_INTERNAL, "cuda:%d: unknown device error code %d", dev->ordinal, code);
 }
@@ -147,6 +152,8 @@ static void release(cai_device_t *dev) {
         if (c->err) cudaFree(c->err);
         if (c->err_host) cudaFreeHost(c->err_host);
         if (c->paged_cnt) cudaFree(c->paged_cnt);
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->grouped_ptrs) cudaFree(c->grouped_ptrs);
         if (c->stream) cudaStreamDestroy(c->stream);
         cudaGetLastError();
         cai_free(c);

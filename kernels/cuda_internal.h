@@ -12,6 +12,7 @@
 #include "cuda_kernels.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #define CAI_CUDA CAI_DEVICE_CUDA
@@ -49,6 +50,9 @@ typedef struct cai_cuda_impl {
     cuk_errrec *err;      /* device memory the kernels write; read back at synchronisation */
     cuk_errrec *err_host; /* pinned mirror of *err */
     unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls */
+    cublasHandle_t blas;  /* grouped products (cublasGemmGroupedBatchedEx); made at the first one */
+    void **grouped_ptrs;  /* device: the grouped products' A, B, C pointer arrays */
+    size_t grouped_cap;   /* pointers grouped_ptrs holds */
     cai_cuda_plan plans[CAI_CUDA_PLANS];
     int next_plan;
 } cai_cuda_impl;
@@ -212,6 +216,12 @@ CUDA_OP(moe_combine_fwd)
 CUDA_OP(moe_combine_bwd)
 (cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy, const cai_tensor *ye, const cai_tensor *pos,
  const cai_tensor *w);
+/* grouped products, one cuBLAS grouped GEMM each (cuda_grouped.c) */
+CUDA_OP(grouped_linear_fwd)
+(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n);
+CUDA_OP(grouped_linear_bwd)
+(cai_device_t *dev, cai_tensor *dinp, cai_tensor *dweight, const cai_tensor *dout, const cai_tensor *inp,
+ const cai_tensor *weight, const int64_t *rows, int n, int accum);
 
 /* attention, embeddings, cross-entropy (cuda_attention.c, cuda_embed.c) */
 size_t cai_cuda_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,

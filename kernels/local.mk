@@ -39,7 +39,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cuda_paged.c \
 	%reldir%/cuda_fp8.c \
 	%reldir%/cuda_graph.c \
-	%reldir%/cuda_moe.c
+	%reldir%/cuda_moe.c \
+	%reldir%/cuda_grouped.c
 
 CAI_CUDA_LOBJS = \
 	%reldir%/elementwise.lo \

@@ -20,6 +20,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static const char *const k_router_names[CAI_MOE_ROUTER_COUNT] = {"softmax", "topk_softmax", "sigmoid"};
 static const char *const k_routing_names[CAI_MOE_ROUTING_COUNT] = {"dropless", "capacity"};
@@ -644,6 +647,43 @@ static cai_status swiglu_mlp_bwd(cai_device_t *dev, const cai_moe_mlp *w, cai_mo
     return ops->linear_bwd(dev, dx, &g->w3, NULL, dup, x, &w->w3, 1);
 }
 
+/* Host threads for the routing loops: the host device's, else OpenMP's
+ * (a GPU's device has one; the host is otherwise idle while it routes). */
+static int host_threads(const cai_moe_ctx *cx) {
+    int nt = cx->dev->num_threads;
+#ifdef _OPENMP
+    if (cx->dev->kind != CAI_DEVICE_HOST) nt = omp_get_max_threads();
+#endif
+    return nt > 1 ? nt : 1;
+}
+
+/* The routing of N tokens, its rows cut into one chunk per host thread
+ * (each token's result depends on its row alone, so any cut gives the same
+ * bits). When a chunk fails, all rows are routed again on this thread,
+ * which names the first bad token. */
+static cai_status route_rows(const cai_moe_ctx *cx, cai_moe_acts *a) {
+    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
+    const int64_t N = cx->N;
+    int nt = host_threads(cx);
+    if (nt > 64) nt = 64;
+    if (N < 256 * nt) nt = (int)(N / 256) > 1 ? (int)(N / 256) : 1;
+    const float *l = a->logits.data;
+    int32_t *sel = a->sel.data;
+    float *w = a->wts.data, *p = a->probs.data, *lse = a->lse.data;
+    int bad[64] = {0};
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int c = 0; c < nt; c++) {
+        const int64_t b = N * c / nt, e = N * (c + 1) / nt;
+        bad[c] = cai_moe_route_host(&cx->cfg, e - b, l + b * E, sel + b * k, w + b * k, p + b * E, lse + b) != CAI_OK;
+    }
+    for (int c = 0; c < nt; c++)
+        if (bad[c]) {
+            cai_error_clear();
+            return cai_moe_route_host(&cx->cfg, N, l, sel, w, p, lse);
+        }
+    return CAI_OK;
+}
+
 /* Between a device tensor and its host mirror (nothing when they are one). */
 static cai_status xfer(const cai_moe_ctx *cx, cai_tensor *dst, const cai_tensor *src, cai_copy_kind kind) {
     if (dst->data == src->data) return CAI_OK;
@@ -664,7 +704,7 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     CAI_CALL(ops->linear_fwd(dev, &a->router_out, &x2, &p->router, NULL));
     if (a->router_out32.data != a->router_out.data) CAI_CALL(ops->copy(dev, &a->router_out32, &a->router_out));
     CAI_CALL(xfer(cx, &a->logits, &a->router_out32, CAI_COPY_D2H));
-    CAI_CALL(cai_moe_route_host(&cx->cfg, N, a->logits.data, a->sel.data, a->wts.data, a->probs.data, a->lse.data));
+    CAI_CALL(route_rows(cx, a));
     cai_moe_assign_host(E, k, N, cx->capacity, a->sel.data, a->load.data, a->pos.data, a->send_cnt.data, &a->dropped);
     router_losses(cx, a);
     CAI_CALL(xfer(cx, &a->pos_d, &a->pos, CAI_COPY_H2D));
@@ -728,6 +768,8 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
     CAI_CALL(from_experts(cx, a, de, &a->d_send));
     /* dx_t = sum_j (d e_j's input gradient), the permutation's backward */
     CAI_CALL(ops->moe_combine_fwd(dev, &dx2, &a->d_send, &a->pos_d, NULL, 0));
+    const int nt = host_threads(cx);
+#pragma omp parallel for num_threads(nt) schedule(static) if (cx->N >= 1024)
     for (int64_t t = 0; t < cx->N; t++) router_bwd_token(cx, a, t, loss_scale);
     CAI_CALL(xfer(cx, &a->d_router32, &a->dlogits, CAI_COPY_H2D));
     if (a->d_router.data != a->d_router32.data) CAI_CALL(ops->copy(dev, &a->d_router, &a->d_router32));

@@ -24,7 +24,7 @@ endif
 # own source, cut out between CUK_EMU_BEGIN/END markers, compiled by g++ and
 # checked against double-precision references) need neither a GPU nor nvcc:
 # they run in every build. `make check-emu` runs just them (nothing to build).
-GPU_EMU_TESTS = tests/gpu/flash_emu.sh tests/gpu/normxent_emu.sh tests/gpu/embed_emu.sh
+GPU_EMU_TESTS = tests/gpu/flash_emu.sh tests/gpu/normxent_emu.sh tests/gpu/embed_emu.sh tests/gpu/moe_emu.sh
 TESTS += $(GPU_EMU_TESTS)
 check-emu:
 	$(MAKE) $(AM_MAKEFLAGS) check-TESTS TESTS='$(GPU_EMU_TESTS)'

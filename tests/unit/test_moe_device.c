@@ -16,7 +16,9 @@
  *     tokens equal (a near tie between two experts may flip under bf16
  *     rounding, which moves that token's output, not a bug), and the
  *     tensors within the relative L2 error bf16 rounding leaves (3e-2; 8e-2
- *     for parameter gradients, which sum over every token).
+ *     for parameter gradients, which sum over every token); with capacity
+ *     routing a flip also changes which later tokens are dropped: 90% of
+ *     the routing, 1e-1 and 1.5e-1.
  * Cases: dropless top-2 of 8, Mixtral's softmax router; shared experts with
  * capacity routing that drops; top-k-then-softmax with k = 4.
  *
@@ -166,7 +168,10 @@ static int run_case(cai_device_t *host, cai_device_t *gpu, const moe_case *mc, c
     if (dt == CAI_DTYPE_F32)
         ok = same == N && a.dropped == h.acts.dropped && ym <= 2e-5 && xm <= 2e-5 && gm <= 2e-5 && aux_d <= 1e-6 &&
              z_d <= 1e-6;
-    else ok = same >= (int64_t)(0.95 * N) && yl <= 3e-2 && xl <= 3e-2 && gl <= 8e-2 && aux_d <= 5e-2 && z_d <= 2e-2;
+    else if (mc->routing == CAI_MOE_DROPLESS)
+        ok = same >= (int64_t)(0.95 * N) && yl <= 3e-2 && xl <= 3e-2 && gl <= 8e-2 && aux_d <= 5e-2 && z_d <= 2e-2;
+    else /* a flipped choice also moves which later tokens an expert's capacity drops */
+        ok = same >= (int64_t)(0.9 * N) && yl <= 1e-1 && xl <= 1e-1 && gl <= 1.5e-1 && aux_d <= 5e-2 && z_d <= 2e-2;
     printf(
         "%-4s %-30s %s: routing %lld/%lld equal, dropped %lld/%lld, y max %.2e l2 %.2e, dx max %.2e l2 %.2e, grads max "
         "%.2e l2 %.2e, aux |d| %.1e, z rel %.1e: %s\n",
