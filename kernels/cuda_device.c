@@ -135,6 +135,17 @@ cai_status cai_cuda_take_device_error(cai_device_t *dev) {
                          "moe op on cuda:%d: pos[%lld] = %lld is past the %lld grouped rows (found by the kernel, "
                          "reported at this synchronisation; that row was skipped)",
                          dev->ordinal, a, b, cc);
+    case CUK_ERR_MOE_LOGIT:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "moe_route on cuda:%d: the logit of token %lld for expert %lld (of %lld) is not finite "
+                         "(found by the kernel, reported at this synchronisation; the token was routed to experts 0.. "
+                         "with weight 0)",
+                         dev->ordinal, a, b, cc);
+    case CUK_ERR_MOE_SEL:
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "moe_assign on cuda:%d: sel[%lld] = %lld is not one of the %lld experts (found by the kernel, "
+                         "reported at this synchronisation; its pos set to -1)",
+                         dev->ordinal, a, b, cc);
     }
     return CAI_ERROR(CAI_ERR_INTERNAL, "cuda:%d: unknown device error code %d", dev->ordinal, code);
 }

@@ -216,6 +216,18 @@ CUDA_OP(moe_combine_fwd)
 CUDA_OP(moe_combine_bwd)
 (cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy, const cai_tensor *ye, const cai_tensor *pos,
  const cai_tensor *w);
+/* the router (cuda_moe.c, kernels in moe_route.cu) */
+CUDA_OP(moe_route)
+(cai_device_t *dev, cai_tensor *sel, cai_tensor *wts, cai_tensor *probs, cai_tensor *lse, const cai_tensor *logits,
+ cai_route_fn fn, int norm_topk);
+CUDA_OP(moe_assign)
+(cai_device_t *dev, cai_tensor *pos, cai_tensor *load, cai_tensor *kept, const cai_tensor *sel, int64_t capacity);
+CUDA_OP(moe_router_sums)
+(cai_device_t *dev, cai_tensor *sums, const cai_tensor *probs, const cai_tensor *lse, cai_route_fn fn);
+CUDA_OP(moe_router_bwd)
+(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *probs, const cai_tensor *lse,
+ const cai_tensor *sel, const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load, cai_route_fn fn,
+ int norm_topk, double aux_scale, double z_scale);
 /* grouped products, one cuBLAS grouped GEMM each (cuda_grouped.c) */
 CUDA_OP(grouped_linear_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n);

@@ -55,7 +55,9 @@ enum {
     CUK_ERR_SLOT = 4,  /* kv_cache_write: a = token, b = slot, c = the cache's slots */
     CUK_ERR_BLOCK = 5, /* paged_attention: a = sequence, b = block-table column, c = block id, d = n_blocks */
     CUK_ERR_SEQ = 6, /* paged_attention: a = sequence, b = its queries, c = ctx_len, d = the longest ctx_len allowed */
-    CUK_ERR_MOE_POS = 7 /* moe_*: a = assignment, b = pos[a], c = the grouped rows S */
+    CUK_ERR_MOE_POS = 7,   /* moe_*: a = assignment, b = pos[a], c = the grouped rows S */
+    CUK_ERR_MOE_LOGIT = 8, /* moe_route: a = token, b = expert, c = experts (a non-finite logit) */
+    CUK_ERR_MOE_SEL = 9    /* moe_assign: a = choice, b = sel[a], c = experts */
 };
 
 typedef struct {
@@ -280,6 +282,22 @@ cudaError_t cuk_moe_combine_fwd(cudaStream_t s, cuk_mat y, cuk_mat ye, const int
 /* dye[pos[i]] = w[i] dy[i / k] and dw[i] = <dy[i / k], ye[pos[i]]> in f32 (0 when dropped). */
 cudaError_t cuk_moe_combine_bwd(cudaStream_t s, cuk_mat dye, float *dw, cuk_mat dy, cuk_mat ye, const int32_t *pos,
                                 int64_t k, const float *w, cuk_errrec *err);
+
+/* ---------------------------------------------------------------- moe_route.cu
+ * The router (ops.h moe_route, moe_assign, moe_router_sums, moe_router_bwd
+ * give the semantics): logits, probs [N, E], lse [N], sel, wts, dw [N * k],
+ * all F32 but sel (I32); load and kept I64 [E]; sums F64 [E + 1]. fn is a
+ * cai_route_fn. */
+cudaError_t cuk_moe_route(cudaStream_t s, const float *logits, float *probs, float *lse, int32_t *sel, float *wts,
+                          int64_t N, int64_t E, int64_t k, int fn, int norm_topk, cuk_errrec *err);
+cudaError_t cuk_moe_assign(cudaStream_t s, const int32_t *sel, int32_t *pos, int64_t *load, int64_t *kept, int64_t n,
+                           int64_t E, int64_t capacity, cuk_errrec *err);
+cudaError_t cuk_moe_router_sums(cudaStream_t s, double *sums, const float *probs, const float *lse, int64_t N,
+                                int64_t E, int fn);
+cudaError_t cuk_moe_router_bwd(cudaStream_t s, float *dlogits, const float *logits, const float *probs,
+                               const float *lse, const int32_t *sel, const float *wts, const float *dw,
+                               const int64_t *load, int64_t N, int64_t E, int64_t k, int fn, int norm_topk,
+                               double aux_scale, double z_scale);
 
 #ifdef __cplusplus
 }

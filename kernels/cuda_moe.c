@@ -94,3 +94,61 @@ cai_status cai_cuda_moe_combine_bwd(cai_device_t *dev, cai_tensor *dye, cai_tens
                                        k, wp, cai_cuda_of(dev)->err));
     return CAI_OK;
 }
+
+/* ---------------------------------------------------------------- router
+ * Shapes are checked on the host (ops_check.c, shared with the CPU); a
+ * non-finite logit or a sel outside the experts is found by the kernel and
+ * reported at the next synchronisation. */
+
+cai_status cai_cuda_moe_route(cai_device_t *dev, cai_tensor *sel, cai_tensor *wts, cai_tensor *probs, cai_tensor *lse,
+                              const cai_tensor *logits, cai_route_fn fn, int norm_topk) {
+    static const char op[] = "moe_route";
+    cai_route_args r;
+    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, logits, probs, lse, sel, wts, NULL, NULL, NULL, &r));
+    if (!r.logits || !r.lse || !r.sel || !r.wts)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: logits, lse, sel and wts are all required", op);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_moe_route(STREAM(dev), r.logits, r.probs, r.lse, r.sel, r.wts, r.N, r.E, r.k, (int)fn,
+                                 norm_topk != 0, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_moe_assign(cai_device_t *dev, cai_tensor *pos, cai_tensor *load, cai_tensor *kept,
+                               const cai_tensor *sel, int64_t capacity) {
+    static const char op[] = "moe_assign";
+    int64_t n, E, *ld, *kp;
+    int32_t *p;
+    const int32_t *s;
+    CAI_CALL(cai_ops_assign_args(op, CAI_CUDA, pos, load, kept, sel, capacity, &n, &E, &p, &ld, &kp, &s));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_moe_assign(STREAM(dev), s, p, ld, kp, n, E, capacity, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_moe_router_sums(cai_device_t *dev, cai_tensor *sums, const cai_tensor *probs, const cai_tensor *lse,
+                                    cai_route_fn fn) {
+    static const char op[] = "moe_router_sums";
+    cai_route_args r;
+    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, NULL, probs, lse, NULL, NULL, NULL, NULL, NULL, &r));
+    char *out;
+    CAI_CALL(cai_ops_vec(op, "sums", sums, CAI_CUDA, (int)CAI_DTYPE_F64, r.E + 1, &out));
+    if (!r.lse) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: lse is required", op);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_moe_router_sums(STREAM(dev), (double *)(void *)out, r.probs, r.lse, r.N, r.E, (int)fn));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_moe_router_bwd(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits,
+                                   const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
+                                   const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load, cai_route_fn fn,
+                                   int norm_topk, double aux_scale, double z_scale) {
+    static const char op[] = "moe_router_bwd";
+    cai_route_args r;
+    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, logits, probs, lse, sel, wts, dw, load, dlogits, &r));
+    if (!r.logits || !r.lse || !r.sel || !r.wts || !r.dw || !r.load || !r.dlogits)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: every tensor argument is required", op);
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_moe_router_bwd(STREAM(dev), r.dlogits, r.logits, r.probs, r.lse, r.sel, r.wts, r.dw, r.load, r.N,
+                                      r.E, r.k, (int)fn, norm_topk != 0, aux_scale, z_scale));
+    return CAI_OK;
+}

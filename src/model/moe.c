@@ -5,10 +5,10 @@
  *
  * Everything that touches activations goes through the op table (matmuls,
  * SwiGLU, the permutation into expert order and the weighted combination),
- * so the layer runs on any backend. The routing itself (top-k, capacity,
- * the losses and their gradient) runs on the host over [N, E] logits: a
- * few kilobytes a layer cross to the host and back, and the host knows
- * each expert's row count, which the expert products need as their shapes.
+ * so the layer runs on any backend, the routing included (top-k, capacity,
+ * the losses' sums and the logits' gradient: ops moe_route ..
+ * moe_router_bwd). One copy a forward brings each expert's row count to
+ * the host, where the grouped products take their shapes.
  * Expert parallelism enters through a cai_moe_exchange: the layer groups
  * its assignments by global expert, which is also by owning ep rank
  * (experts are contiguous blocks per rank), and the exchange moves the
@@ -20,9 +20,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 static const char *const k_router_names[CAI_MOE_ROUTER_COUNT] = {"softmax", "topk_softmax", "sigmoid"};
 static const char *const k_routing_names[CAI_MOE_ROUTING_COUNT] = {"dropless", "capacity"};
@@ -195,56 +192,51 @@ static cai_status take_raw(moe_carver *c, size_t bytes, void **out) {
     return CAI_OK;
 }
 
-/* On the host device with f32 activations a device tensor and its host
- * mirror are one buffer, so the host path copies nothing. */
-static int mirrored(const cai_moe_ctx *cx) { return cx->dev->kind == CAI_DEVICE_HOST && cx->dtype == CAI_DTYPE_F32; }
-
-/* Routing state lives in host memory (h: the routing loops read it) and
- * the activations on the device (d). */
+/* Routing state lives on the device (d) but for the counts the host reads
+ * (h); on the host device the two are one memory. */
 static cai_status carve_acts(moe_carver *d, moe_carver *h, cai_moe_acts *a) {
     const cai_moe_ctx *cx = d->cx;
     const int64_t E = cx->cfg.n_experts, k = cx->cfg.top_k, N = cx->N, C = cx->C, F = cx->cfg.ffn;
     const int64_t Fs = (int64_t)cx->cfg.n_shared * F, S = cx->send_max, R = cx->recv_max;
     const int64_t H = cx->ep_size > 1 ? R : S; /* rows of the expert-grouped buffers */
     const cai_dtype f32 = CAI_DTYPE_F32, i32 = CAI_DTYPE_I32, i64 = CAI_DTYPE_I64, D = cx->dtype;
+    const int on_host = cx->dev->kind == CAI_DEVICE_HOST;
     memset(a, 0, sizeof *a);
-    CAI_CALL(take(h, &a->logits, f32, N, E));
-    CAI_CALL(take(h, &a->probs, f32, N, E));
-    CAI_CALL(take(h, &a->lse, f32, N, 0));
-    CAI_CALL(take(h, &a->sel, i32, N, k));
-    CAI_CALL(take(h, &a->wts, f32, N, k));
-    CAI_CALL(take(h, &a->pos, i32, N, k));
-    CAI_CALL(take(h, &a->load, i64, E, 0));
-    CAI_CALL(take(h, &a->send_cnt, i64, E, 0));
+    CAI_CALL(take(d, &a->router_out, D, N, E));
+    CAI_CALL(take(d, &a->d_router, D, N, E));
+    if (D == f32) {
+        a->logits = a->router_out;
+        a->dlogits = a->d_router;
+    } else {
+        CAI_CALL(take(d, &a->logits, f32, N, E));
+        CAI_CALL(take(d, &a->dlogits, f32, N, E));
+    }
+    CAI_CALL(take(d, &a->probs, f32, N, E));
+    CAI_CALL(take(d, &a->lse, f32, N, 0));
+    CAI_CALL(take(d, &a->sel, i32, N, k));
+    CAI_CALL(take(d, &a->wts, f32, N, k));
+    CAI_CALL(take(d, &a->pos, i32, N, k));
+    CAI_CALL(take(d, &a->dw, f32, N, k));
+    CAI_CALL(take(d, &a->counts, i64, 2 * E, 0));
+    CAI_CALL(take(d, &a->sums, CAI_DTYPE_F64, E + 1, 0));
+    if (on_host) {
+        a->counts_h = a->counts;
+        a->sums_h = a->sums;
+    } else {
+        CAI_CALL(take(h, &a->counts_h, i64, 2 * E, 0));
+        CAI_CALL(take(h, &a->sums_h, CAI_DTYPE_F64, E + 1, 0));
+    }
+    if (a->counts_h.data) { /* not when only sizing */
+        CAI_CALL(cai_tensor_slice0(&a->counts, 0, E, &a->load_d));
+        CAI_CALL(cai_tensor_slice0(&a->counts, E, E, &a->kept_d));
+        CAI_CALL(cai_tensor_slice0(&a->counts_h, 0, E, &a->load));
+        CAI_CALL(cai_tensor_slice0(&a->counts_h, E, E, &a->send_cnt));
+    }
     CAI_CALL(take(h, &a->recv_cnt, i64, E, 0)); /* ep * n_local = E */
     CAI_CALL(take(h, &a->rank_send, i64, cx->ep_size, 0));
     CAI_CALL(take(h, &a->rank_recv, i64, cx->ep_size, 0));
     CAI_CALL(take(h, &a->ecnt, i64, cx->n_local, 0));
-    CAI_CALL(take(h, &a->dlogits, f32, N, E));
-    CAI_CALL(take(h, &a->dw, f32, N, k));
     CAI_CALL(take_raw(h, (size_t)6 * (size_t)cx->n_local * sizeof(cai_tensor), (void **)&a->wlist));
-    if (mirrored(cx)) {
-        a->router_out = a->logits;
-        a->router_out32 = a->logits;
-        a->d_router = a->dlogits;
-        a->d_router32 = a->dlogits;
-        a->pos_d = a->pos;
-        a->wts_d = a->wts;
-        a->dw_d = a->dw;
-    } else {
-        CAI_CALL(take(d, &a->router_out, D, N, E));
-        CAI_CALL(take(d, &a->d_router, D, N, E));
-        if (D == f32) {
-            a->router_out32 = a->router_out;
-            a->d_router32 = a->d_router;
-        } else {
-            CAI_CALL(take(d, &a->router_out32, f32, N, E));
-            CAI_CALL(take(d, &a->d_router32, f32, N, E));
-        }
-        CAI_CALL(take(d, &a->pos_d, i32, N, k));
-        CAI_CALL(take(d, &a->wts_d, f32, N, k));
-        CAI_CALL(take(d, &a->dw_d, f32, N, k));
-    }
     CAI_CALL(take(d, &a->send_x, D, S, C));
     CAI_CALL(take(d, &a->send_y, D, S, C));
     CAI_CALL(take(d, &a->recv_x, D, R, C));
@@ -301,76 +293,13 @@ void cai_moe_acts_free(cai_moe_acts *a) {
 
 /* ------------------------------------------------------------ routing */
 
-cai_status cai_moe_route_host(const cai_moe_config *cfg, int64_t N, const float *logits, int32_t *sel, float *wts,
-                              float *probs, float *lse) {
-    const int E = cfg->n_experts, k = cfg->top_k;
-    for (int64_t t = 0; t < N; t++) {
-        const float *l = logits + t * E;
-        float *p = probs + t * E, *w = wts + t * k;
-        int32_t *s = sel + t * k;
-        double mx = -INFINITY;
-        for (int e = 0; e < E; e++) {
-            if (!isfinite(l[e]))
-                return CAI_ERROR(CAI_ERR_INVALID_ARG, "moe router: logit of token %lld for expert %d is %g",
-                                 (long long)t, e, (double)l[e]);
-            if (l[e] > mx) mx = l[e];
-        }
-        double se = 0.0;
-        for (int e = 0; e < E; e++) se += exp((double)l[e] - mx);
-        const double lz = mx + log(se);
-        lse[t] = (float)lz;
-        for (int e = 0; e < E; e++)
-            p[e] = cfg->router == CAI_MOE_ROUTER_SIGMOID ? (float)(1.0 / (1.0 + exp(-(double)l[e])))
-                                                         : (float)exp((double)l[e] - lz);
-        /* Every router ranks by the logit (softmax and sigmoid are
-         * monotone); equal logits go to the lower expert. */
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= s[i] == e;
-                if (!taken && (best < 0 || l[e] > l[best])) best = e;
-            }
-            s[j] = best;
-        }
-        double sum = 0.0;
-        for (int j = 0; j < k; j++) {
-            double v =
-                cfg->router == CAI_MOE_ROUTER_TOPK_SOFTMAX ? exp((double)l[s[j]] - (double)l[s[0]]) : (double)p[s[j]];
-            w[j] = (float)v;
-            sum += v;
-        }
-        if (cfg->router == CAI_MOE_ROUTER_TOPK_SOFTMAX || cfg->norm_topk)
-            for (int j = 0; j < k; j++) w[j] = (float)((double)w[j] / sum);
-    }
-    return CAI_OK;
-}
-
-void cai_moe_assign_host(int E, int top_k, int64_t N, int64_t capacity, const int32_t *sel, int64_t *load, int32_t *pos,
-                         int64_t *send_cnt, int64_t *dropped) {
-    const int64_t nk = N * top_k;
-    memset(load, 0, (size_t)E * sizeof *load);
-    for (int64_t i = 0; i < nk; i++) load[sel[i]]++;
-    /* send_cnt holds each expert's first row while load counts again, so
-     * each assignment learns its rank among the expert's earlier tokens. */
-    int64_t start = 0;
-    for (int e = 0; e < E; e++) {
-        send_cnt[e] = start;
-        start += min64(load[e], capacity);
-    }
-    memset(load, 0, (size_t)E * sizeof *load);
-    int64_t drop = 0;
-    for (int64_t i = 0; i < nk; i++) {
-        const int e = sel[i];
-        const int64_t r = load[e]++;
-        if (r < capacity) pos[i] = (int32_t)(send_cnt[e] + r);
-        else {
-            pos[i] = -1;
-            drop++;
-        }
-    }
-    for (int e = 0; e < E; e++) send_cnt[e] = min64(load[e], capacity);
-    *dropped = drop;
+/* The router's scoring function as the ops name it. */
+static cai_route_fn route_fn(const cai_moe_ctx *cx) {
+    _Static_assert((int)CAI_MOE_ROUTER_SOFTMAX == (int)CAI_ROUTE_SOFTMAX &&
+                       (int)CAI_MOE_ROUTER_TOPK_SOFTMAX == (int)CAI_ROUTE_TOPK_SOFTMAX &&
+                       (int)CAI_MOE_ROUTER_SIGMOID == (int)CAI_ROUTE_SIGMOID,
+                   "cai_moe_router and cai_route_fn must agree");
+    return (cai_route_fn)cx->cfg.router;
 }
 
 /* aux_raw = E sum_e (load_e / N) P_e, P_e the mean over tokens of the
@@ -379,72 +308,15 @@ void cai_moe_assign_host(int E, int top_k, int64_t N, int64_t capacity, const in
 static void router_losses(const cai_moe_ctx *cx, cai_moe_acts *a) {
     const int E = cx->cfg.n_experts;
     const int64_t N = cx->N, *load = a->load.data;
-    const float *p = a->probs.data, *lse = a->lse.data;
-    double aux = 0.0, z = 0.0;
-    for (int64_t t = 0; t < N; t++) {
-        double norm = 1.0;
-        if (cx->cfg.router == CAI_MOE_ROUTER_SIGMOID) {
-            norm = 0.0;
-            for (int e = 0; e < E; e++) norm += p[t * E + e];
-        }
-        for (int e = 0; e < E; e++) aux += (double)load[e] * p[t * E + e] / norm;
-        z += (double)lse[t] * lse[t];
-    }
+    const double *s = a->sums_h.data;
+    double aux = 0.0;
+    for (int e = 0; e < E; e++) aux += (double)load[e] * s[e];
     a->aux_raw = aux * E / ((double)N * N);
-    a->z_raw = z / N;
+    a->z_raw = s[E] / N;
 }
 
 double cai_moe_loss(const cai_moe_ctx *cx, const cai_moe_acts *a) {
     return cx->cfg.aux_coef * a->aux_raw + cx->cfg.z_coef * a->z_raw;
-}
-
-/* d(objective)/d(logits) of one token from dw (the gradient of its k
- * combine weights; 0 for dropped assignments, whose weights still entered
- * the renormalisation) and from the two losses. */
-static void router_bwd_token(const cai_moe_ctx *cx, const cai_moe_acts *a, int64_t t, float scale) {
-    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
-    const cai_moe_router kind = cx->cfg.router;
-    const int64_t N = cx->N, *load = a->load.data;
-    const float *l = (const float *)a->logits.data + t * E, *p = (const float *)a->probs.data + t * E;
-    const float *w = (const float *)a->wts.data + t * k, *dw = (const float *)a->dw.data + t * k;
-    const int32_t *s = (const int32_t *)a->sel.data + t * k;
-    const float lz = ((const float *)a->lse.data)[t];
-    float *dl = (float *)a->dlogits.data + t * E;
-    const double ca = (double)scale * cx->cfg.aux_coef * E / ((double)N * N);
-    const double cz = (double)scale * cx->cfg.z_coef * 2.0 * lz / N;
-    double dot = 0.0;
-    for (int j = 0; j < k; j++) dot += (double)dw[j] * w[j];
-    /* dq: the gradient of the router output the aux loss averages (p, or
-     * for sigmoid the per-token normalised scores q = s / sum s). */
-    double psum = 0.0;
-    if (kind == CAI_MOE_ROUTER_SIGMOID)
-        for (int e = 0; e < E; e++) psum += p[e];
-    double aq = 0.0;
-    for (int e = 0; e < E; e++) aq += ca * load[e] * p[e];
-    if (kind == CAI_MOE_ROUTER_SIGMOID) aq /= psum;
-    for (int e = 0; e < E; e++) {
-        /* the aux term, in the router output's coordinates (p or s) */
-        dl[e] = (float)(kind == CAI_MOE_ROUTER_SIGMOID ? (ca * load[e] - aq) / psum : ca * load[e]);
-    }
-    if (kind != CAI_MOE_ROUTER_TOPK_SOFTMAX) {
-        /* combine weights w_j = p_{s_j} (/ sum of the k) */
-        double ssum = 0.0;
-        for (int j = 0; j < k; j++) ssum += p[s[j]];
-        for (int j = 0; j < k; j++) dl[s[j]] += (float)(cx->cfg.norm_topk ? (dw[j] - dot) / ssum : dw[j]);
-    }
-    if (kind == CAI_MOE_ROUTER_SIGMOID) {
-        for (int e = 0; e < E; e++) dl[e] = (float)((double)dl[e] * p[e] * (1.0 - p[e]));
-    } else {
-        double pd = 0.0;
-        for (int e = 0; e < E; e++) pd += (double)p[e] * dl[e];
-        for (int e = 0; e < E; e++) dl[e] = (float)(p[e] * ((double)dl[e] - pd));
-    }
-    if (kind == CAI_MOE_ROUTER_TOPK_SOFTMAX)
-        for (int j = 0; j < k; j++) dl[s[j]] += (float)(w[j] * ((double)dw[j] - dot));
-    for (int e = 0; e < E; e++) {
-        double sm = kind == CAI_MOE_ROUTER_SIGMOID ? exp((double)l[e] - lz) : (double)p[e];
-        dl[e] += (float)(cz * sm);
-    }
 }
 
 /* ------------------------------------------------------------ exchange */
@@ -647,47 +519,10 @@ static cai_status swiglu_mlp_bwd(cai_device_t *dev, const cai_moe_mlp *w, cai_mo
     return ops->linear_bwd(dev, dx, &g->w3, NULL, dup, x, &w->w3, 1);
 }
 
-/* Host threads for the routing loops: the host device's, else OpenMP's
- * (a GPU's device has one; the host is otherwise idle while it routes). */
-static int host_threads(const cai_moe_ctx *cx) {
-    int nt = cx->dev->num_threads;
-#ifdef _OPENMP
-    if (cx->dev->kind != CAI_DEVICE_HOST) nt = omp_get_max_threads();
-#endif
-    return nt > 1 ? nt : 1;
-}
-
-/* The routing of N tokens, its rows cut into one chunk per host thread
- * (each token's result depends on its row alone, so any cut gives the same
- * bits). When a chunk fails, all rows are routed again on this thread,
- * which names the first bad token. */
-static cai_status route_rows(const cai_moe_ctx *cx, cai_moe_acts *a) {
-    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
-    const int64_t N = cx->N;
-    int nt = host_threads(cx);
-    if (nt > 64) nt = 64;
-    if (N < 256 * nt) nt = (int)(N / 256) > 1 ? (int)(N / 256) : 1;
-    const float *l = a->logits.data;
-    int32_t *sel = a->sel.data;
-    float *w = a->wts.data, *p = a->probs.data, *lse = a->lse.data;
-    int bad[64] = {0};
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int c = 0; c < nt; c++) {
-        const int64_t b = N * c / nt, e = N * (c + 1) / nt;
-        bad[c] = cai_moe_route_host(&cx->cfg, e - b, l + b * E, sel + b * k, w + b * k, p + b * E, lse + b) != CAI_OK;
-    }
-    for (int c = 0; c < nt; c++)
-        if (bad[c]) {
-            cai_error_clear();
-            return cai_moe_route_host(&cx->cfg, N, l, sel, w, p, lse);
-        }
-    return CAI_OK;
-}
-
-/* Between a device tensor and its host mirror (nothing when they are one). */
-static cai_status xfer(const cai_moe_ctx *cx, cai_tensor *dst, const cai_tensor *src, cai_copy_kind kind) {
+/* Device to host (nothing when they are one buffer). */
+static cai_status to_host(const cai_moe_ctx *cx, cai_tensor *dst, const cai_tensor *src) {
     if (dst->data == src->data) return CAI_OK;
-    return cai_device_copy(cx->dev, dst->data, src->data, cai_tensor_nbytes(src), kind);
+    return cai_device_copy(cx->dev, dst->data, src->data, cai_tensor_nbytes(src), CAI_COPY_D2H);
 }
 
 cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_acts *a, const cai_tensor *x,
@@ -699,17 +534,20 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     CAI_CALL(as_rows(cx, "output", y, &y2));
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
-    const int E = cx->cfg.n_experts, k = cx->cfg.top_k;
-    const int64_t N = cx->N;
+    const int E = cx->cfg.n_experts;
     CAI_CALL(ops->linear_fwd(dev, &a->router_out, &x2, &p->router, NULL));
-    if (a->router_out32.data != a->router_out.data) CAI_CALL(ops->copy(dev, &a->router_out32, &a->router_out));
-    CAI_CALL(xfer(cx, &a->logits, &a->router_out32, CAI_COPY_D2H));
-    CAI_CALL(route_rows(cx, a));
-    cai_moe_assign_host(E, k, N, cx->capacity, a->sel.data, a->load.data, a->pos.data, a->send_cnt.data, &a->dropped);
+    if (a->logits.data != a->router_out.data) CAI_CALL(ops->copy(dev, &a->logits, &a->router_out));
+    CAI_CALL(ops->moe_route(dev, &a->sel, &a->wts, &a->probs, &a->lse, &a->logits, route_fn(cx), cx->cfg.norm_topk));
+    CAI_CALL(ops->moe_assign(dev, &a->pos, &a->load_d, &a->kept_d, &a->sel, cx->capacity));
+    CAI_CALL(ops->moe_router_sums(dev, &a->sums, &a->probs, &a->lse, route_fn(cx)));
+    /* the grouped products take their row counts on the host */
+    CAI_CALL(to_host(cx, &a->counts_h, &a->counts));
+    CAI_CALL(to_host(cx, &a->sums_h, &a->sums));
+    const int64_t *load = a->load.data, *kept = a->send_cnt.data;
+    a->dropped = 0;
+    for (int e = 0; e < E; e++) a->dropped += load[e] - kept[e];
     router_losses(cx, a);
-    CAI_CALL(xfer(cx, &a->pos_d, &a->pos, CAI_COPY_H2D));
-    CAI_CALL(xfer(cx, &a->wts_d, &a->wts, CAI_COPY_H2D));
-    CAI_CALL(ops->moe_permute(dev, &a->send_x, &x2, &a->pos_d));
+    CAI_CALL(ops->moe_permute(dev, &a->send_x, &x2, &a->pos));
     CAI_CALL(plan_exchange(cx, a));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a);
     CAI_CALL(to_experts(cx, a, &a->send_x, xe));
@@ -729,7 +567,7 @@ cai_status cai_moe_fwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_a
     CAI_CALL(from_experts(cx, a, ye, &a->send_y));
     if (cx->cfg.n_shared) CAI_CALL(swiglu_mlp_fwd(dev, &p->shared, &x2, &a->sgate, &a->sup, &a->sact, &y2));
     /* y_t (+)= sum_j w_tj e_j(x_t), onto the shared experts' output when there are some */
-    return ops->moe_combine_fwd(dev, &y2, &a->send_y, &a->pos_d, &a->wts_d, cx->cfg.n_shared != 0);
+    return ops->moe_combine_fwd(dev, &y2, &a->send_y, &a->pos, &a->wts, cx->cfg.n_shared != 0);
 }
 
 /* ------------------------------------------------------------ backward */
@@ -747,8 +585,7 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
     cai_device_t *dev = cx->dev;
     const cai_ops *ops = dev->ops;
     /* y_t = sum_j w_tj e_j(x_t): d e_j = w_tj dy_t, d w_tj = <dy_t, e_j>. */
-    CAI_CALL(ops->moe_combine_bwd(dev, &a->d_send, &a->dw_d, &dy2, &a->send_y, &a->pos_d, &a->wts_d));
-    CAI_CALL(xfer(cx, &a->dw, &a->dw_d, CAI_COPY_D2H));
+    CAI_CALL(ops->moe_combine_bwd(dev, &a->d_send, &a->dw, &dy2, &a->send_y, &a->pos, &a->wts));
     cai_tensor *xe = expert_x(cx, a), *ye = expert_y(cx, a), *de = expert_d(cx, a);
     CAI_CALL(to_experts(cx, a, &a->d_send, de));
     const int El = cx->n_local;
@@ -767,12 +604,12 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
     }
     CAI_CALL(from_experts(cx, a, de, &a->d_send));
     /* dx_t = sum_j (d e_j's input gradient), the permutation's backward */
-    CAI_CALL(ops->moe_combine_fwd(dev, &dx2, &a->d_send, &a->pos_d, NULL, 0));
-    const int nt = host_threads(cx);
-#pragma omp parallel for num_threads(nt) schedule(static) if (cx->N >= 1024)
-    for (int64_t t = 0; t < cx->N; t++) router_bwd_token(cx, a, t, loss_scale);
-    CAI_CALL(xfer(cx, &a->d_router32, &a->dlogits, CAI_COPY_H2D));
-    if (a->d_router.data != a->d_router32.data) CAI_CALL(ops->copy(dev, &a->d_router, &a->d_router32));
+    CAI_CALL(ops->moe_combine_fwd(dev, &dx2, &a->d_send, &a->pos, NULL, 0));
+    const int64_t N = cx->N, E = cx->cfg.n_experts;
+    const double aux_scale = (double)loss_scale * cx->cfg.aux_coef * E / ((double)N * N);
+    CAI_CALL(ops->moe_router_bwd(dev, &a->dlogits, &a->logits, &a->probs, &a->lse, &a->sel, &a->wts, &a->dw, &a->load_d,
+                                 route_fn(cx), cx->cfg.norm_topk, aux_scale, (double)loss_scale * cx->cfg.z_coef));
+    if (a->d_router.data != a->dlogits.data) CAI_CALL(ops->copy(dev, &a->d_router, &a->dlogits));
     CAI_CALL(ops->linear_bwd(dev, &dx2, &g->router, NULL, &a->d_router, &x2, &p->router, 1));
     if (cx->cfg.n_shared)
         CAI_CALL(swiglu_mlp_bwd(dev, &p->shared, &g->shared, &x2, &a->sgate, &a->sup, &a->sact, &dy2, &a->sdact,

@@ -13,6 +13,8 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_attn_merge.c \
 	%reldir%/cpu_paged.c \
 	%reldir%/cpu_moe.c \
+	%reldir%/cpu_moe_route.c \
+	%reldir%/moe_route_math.h \
 	%reldir%/cpu_embed.c \
 	%reldir%/cpu_optim.c \
 	%reldir%/ops_fp8.c \

@@ -280,3 +280,80 @@ cai_status cai_ops_argmax_rows_args(const char *op, cai_device_kind kind, int wa
     a->ncols = nc < 0 ? 0 : (nc > a->x.cols ? a->x.cols : nc);
     return CAI_OK;
 }
+
+/* ---------------------------------------------------------------- router */
+
+static cai_status route_vec(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int want,
+                            int64_t n, void **out) {
+    char *p = NULL;
+    if (t) CAI_CALL(cai_ops_vec(op, arg, t, kind, want, n, &p));
+    *out = p;
+    return CAI_OK;
+}
+
+cai_status cai_ops_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *logits,
+                              const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
+                              const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load,
+                              const cai_tensor *dlogits, cai_route_args *out) {
+    if (fn != CAI_ROUTE_SOFTMAX && fn != CAI_ROUTE_TOPK_SOFTMAX && fn != CAI_ROUTE_SIGMOID)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: router function %d is not one of softmax (0), topk_softmax (1), "
+                         "sigmoid (2)",
+                         op, fn);
+    cai_route_args r = {0};
+    CAI_CALL(cai_ops_check(op, "probs", probs, kind, (int)CAI_DTYPE_F32));
+    if (probs->ndim != 2 || !cai_tensor_is_contiguous(probs))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: probs is %s, expected a contiguous [tokens, experts] matrix", op,
+                         CAI_OPS_DESCRIBE(probs));
+    r.N = probs->shape[0];
+    r.E = probs->shape[1];
+    if (r.E < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: probs is %s, expected at least one expert", op,
+                         CAI_OPS_DESCRIBE(probs));
+    const int f32 = (int)CAI_DTYPE_F32;
+    r.probs = (float *)probs->data;
+    CAI_CALL(route_vec(op, "logits", logits, kind, f32, r.N * r.E, (void **)&r.logits));
+    CAI_CALL(route_vec(op, "dlogits", dlogits, kind, f32, r.N * r.E, (void **)&r.dlogits));
+    CAI_CALL(route_vec(op, "lse", lse, kind, f32, r.N, (void **)&r.lse));
+    CAI_CALL(route_vec(op, "load", load, kind, (int)CAI_DTYPE_I64, r.E, (void **)&r.load));
+    if (sel) {
+        CAI_CALL(route_vec(op, "sel", sel, kind, (int)CAI_DTYPE_I32, -1, (void **)&r.sel));
+        const int64_t n = cai_tensor_numel(sel);
+        r.k = r.N ? n / r.N : 0;
+        if (r.N ? (n % r.N != 0 || r.k < 1 || r.k > r.E) : n != 0)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "%s: sel is %s, expected N * k elements for the N = %" PRId64
+                             " tokens with 1 <= k <= %" PRId64 " (the experts of probs)",
+                             op, CAI_OPS_DESCRIBE(sel), r.N, r.E);
+    } else if (wts || dw) {
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: sel is NULL but the weights are given", op);
+    }
+    CAI_CALL(route_vec(op, "wts", wts, kind, f32, r.N * r.k, (void **)&r.wts));
+    CAI_CALL(route_vec(op, "dw", dw, kind, f32, r.N * r.k, (void **)&r.dw));
+    *out = r;
+    return CAI_OK;
+}
+
+cai_status cai_ops_assign_args(const char *op, cai_device_kind kind, const cai_tensor *pos, const cai_tensor *load,
+                               const cai_tensor *kept, const cai_tensor *sel, int64_t capacity, int64_t *n, int64_t *E,
+                               int32_t **pos_data, int64_t **load_data, int64_t **kept_data, const int32_t **sel_data) {
+    char *s, *p, *l, *k;
+    CAI_CALL(cai_ops_vec(op, "sel", sel, kind, (int)CAI_DTYPE_I32, -1, &s));
+    *n = cai_tensor_numel(sel);
+    CAI_CALL(cai_ops_vec(op, "pos", pos, kind, (int)CAI_DTYPE_I32, *n, &p));
+    CAI_CALL(cai_ops_vec(op, "load", load, kind, (int)CAI_DTYPE_I64, -1, &l));
+    *E = cai_tensor_numel(load);
+    if (*E < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: load is %s, expected one entry per expert", op,
+                         CAI_OPS_DESCRIBE(load));
+    CAI_CALL(cai_ops_vec(op, "kept", kept, kind, (int)CAI_DTYPE_I64, *E, &k));
+    if (capacity < 1)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: capacity %" PRId64 " per expert; must be >= 1", op, capacity);
+    if (*n > INT32_MAX)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %" PRId64 " choices; pos is I32, at most %d", op, *n, INT32_MAX);
+    *sel_data = (const int32_t *)(void *)s;
+    *pos_data = (int32_t *)(void *)p;
+    *load_data = (int64_t *)(void *)l;
+    *kept_data = (int64_t *)(void *)k;
+    return CAI_OK;
+}

@@ -105,6 +105,27 @@ cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want,
                                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
                                  cai_fp8_gemm_args *g);
 
+/* The router ops' arguments (ops.h moe_route, moe_router_sums,
+ * moe_router_bwd), checked alike by every backend: probs F32 [N, E]
+ * (contiguous) fixes N and E; logits and dlogits are the same shape, lse
+ * F32 [N], sel I32 and wts, dw F32 [N * k] with 1 <= k <= E, load I64 [E].
+ * A NULL argument the op does not take stays NULL. */
+typedef struct {
+    int64_t N, E, k;
+    float *logits, *probs, *lse, *wts, *dw, *dlogits;
+    int32_t *sel;
+    int64_t *load;
+} cai_route_args;
+cai_status cai_ops_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *logits,
+                              const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
+                              const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load,
+                              const cai_tensor *dlogits, cai_route_args *out);
+/* moe_assign's: sel and pos I32 [n] alike, load and kept I64 [E], capacity
+ * >= 1. The values of sel are not read here. */
+cai_status cai_ops_assign_args(const char *op, cai_device_kind kind, const cai_tensor *pos, const cai_tensor *load,
+                               const cai_tensor *kept, const cai_tensor *sel, int64_t capacity, int64_t *n, int64_t *E,
+                               int32_t **pos_data, int64_t **load_data, int64_t **kept_data, const int32_t **sel_data);
+
 #define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
 
 #endif

@@ -1434,6 +1434,161 @@ static void t_paged_errors(void) {
     cai_device_dealloc(G, gw);
 }
 
+/* ------------------------------------------------------------------ the router */
+
+/* n bytes of device memory holding a copy of h (NULL: left as allocated). */
+static void *rt_dev(size_t bytes, const void *h) {
+    void *d;
+    GT_OK(cai_device_alloc(G, bytes, "router test", &d));
+    if (h) GT_OK(cai_device_copy(G, d, h, bytes, CAI_COPY_H2D));
+    return d;
+}
+
+static void rt_get(void *h, const void *d, size_t bytes) { GT_OK(cai_device_copy(G, h, d, bytes, CAI_COPY_D2H)); }
+
+/* An I32 tensor's device values equal its host values (-1 included, which
+ * gt_check would read as a NaN pattern). */
+static void rt_same_ints(const char *name, gt_t t) {
+    const size_t bytes = (size_t)t.b->n * sizeof(int32_t);
+    int32_t *got = malloc(bytes > 0 ? bytes : 1);
+    if (!got) gt_die("int download");
+    rt_get(got, t.b->gbuf, bytes);
+    int64_t first = -1;
+    for (int64_t i = 0; i < t.b->n && first < 0; i++)
+        if (got[i] != ((const int32_t *)t.b->hbuf)[i]) first = i;
+    char note[64];
+    snprintf(note, sizeof note, "first difference at %lld", (long long)first);
+    gt_expect(name, first < 0, first < 0 ? NULL : note);
+    free(got);
+}
+
+/* moe_route, moe_assign, moe_router_sums and moe_router_bwd against the
+ * CPU table on the same logits (every third token's logits tied in pairs,
+ * so the tie rule counts): the choices and pos equal, the counts equal,
+ * the floats within the last bits of exp and the device's contractions
+ * (1e-6 of the largest; the sums 1e-12), repeat runs bitwise. */
+static void router_case(int64_t N, int64_t E, int k, cai_route_fn fn, int norm, int64_t capacity) {
+    const cai_dtype F = CAI_DTYPE_F32;
+    char tag[96];
+    snprintf(tag, sizeof tag, "N %lld E %lld k %d fn %d norm %d cap %lld", (long long)N, (long long)E, k, (int)fn, norm,
+             (long long)capacity);
+    gt_t logits = R2(F, N, E, 2.0);
+    for (int64_t t = 0; t < N; t += 3)
+        for (int64_t e = 1; e < E; e += 2) logits.b->hbuf[t * E + e] = logits.b->hbuf[t * E + e - 1];
+    gt_upload(&logits);
+    gt_t probs = O2(F, N, E), lse = O1(F, N), sel = gt_out(CAI_DTYPE_I32, 1, SHP(N * k)), wts = O1(F, N * k);
+    BOTH("moe_route", H->ops->moe_route(H, &sel.h, &wts.h, &probs.h, &lse.h, &logits.h, fn, norm),
+         G->ops->moe_route(G, &sel.g, &wts.g, &probs.g, &lse.g, &logits.g, fn, norm));
+    rt_same_ints(nm("moe_route %s sel", tag), sel);
+    gt_check(nm("moe_route %s wts", tag), wts, 1e-6);
+    gt_check(nm("moe_route %s probs", tag), probs, 1e-6);
+    gt_check(nm("moe_route %s lse", tag), lse, 1e-6);
+
+    const size_t eb = (size_t)E * sizeof(int64_t);
+    int64_t *hl = calloc((size_t)E, sizeof *hl), *hk = calloc((size_t)E, sizeof *hk), *gl = malloc(eb),
+            *gk = malloc(eb);
+    void *dl = rt_dev(eb, NULL), *dk = rt_dev(eb, NULL);
+    cai_tensor thl = cai_tensor_1d(H, hl, CAI_DTYPE_I64, E), thk = cai_tensor_1d(H, hk, CAI_DTYPE_I64, E);
+    cai_tensor tgl = cai_tensor_1d(G, dl, CAI_DTYPE_I64, E), tgk = cai_tensor_1d(G, dk, CAI_DTYPE_I64, E);
+    gt_t pos = gt_out(CAI_DTYPE_I32, 1, SHP(N * k));
+    BOTH("moe_assign", H->ops->moe_assign(H, &pos.h, &thl, &thk, &sel.h, capacity),
+         G->ops->moe_assign(G, &pos.g, &tgl, &tgk, &sel.g, capacity));
+    rt_same_ints(nm("moe_assign %s pos", tag), pos);
+    rt_get(gl, dl, eb);
+    rt_get(gk, dk, eb);
+    gt_expect(nm("moe_assign %s load and kept", tag), !memcmp(gl, hl, eb) && !memcmp(gk, hk, eb), NULL);
+
+    const size_t sb = (size_t)(E + 1) * sizeof(double);
+    double *hs = malloc(sb), *gs = malloc(sb), *gs2 = malloc(sb);
+    void *ds = rt_dev(sb, NULL);
+    cai_tensor ths = cai_tensor_1d(H, hs, CAI_DTYPE_F64, E + 1), tgs = cai_tensor_1d(G, ds, CAI_DTYPE_F64, E + 1);
+    BOTH("moe_router_sums", H->ops->moe_router_sums(H, &ths, &probs.h, &lse.h, fn),
+         G->ops->moe_router_sums(G, &tgs, &probs.g, &lse.g, fn));
+    rt_get(gs, ds, sb);
+    double big = 0.0, err = 0.0;
+    for (int64_t e = 0; e <= E; e++) {
+        big = fmax(big, fabs(hs[e]));
+        err = fmax(err, fabs(gs[e] - hs[e]));
+    }
+    /* the device's probs differ from the host's in the last bits (checked above) */
+    gt_expect(nm("moe_router_sums %s within 1e-6 of the largest", tag), err <= 1e-6 * fmax(big, 1e-30), NULL);
+    GT_OK(G->ops->moe_router_sums(G, &tgs, &probs.g, &lse.g, fn));
+    rt_get(gs2, ds, sb);
+    gt_expect(nm("moe_router_sums %s repeat bitwise", tag), !memcmp(gs, gs2, sb), NULL);
+
+    /* the backward on the host's own forward state, uploaded, so only the op differs */
+    gt_t dw = R1(F, N * k, 1.0), dlog = O2(F, N, E);
+    GT_OK(cai_device_copy(G, probs.b->gbuf, probs.b->hbuf, (size_t)(N * E) * 4, CAI_COPY_H2D));
+    GT_OK(cai_device_copy(G, lse.b->gbuf, lse.b->hbuf, (size_t)N * 4, CAI_COPY_H2D));
+    GT_OK(cai_device_copy(G, wts.b->gbuf, wts.b->hbuf, (size_t)(N * k) * 4, CAI_COPY_H2D));
+    GT_OK(cai_device_copy(G, dl, hl, eb, CAI_COPY_H2D));
+    const double as = 0.01 * (double)E / ((double)N * N), zs = 1e-3;
+    BOTH("moe_router_bwd",
+         H->ops->moe_router_bwd(H, &dlog.h, &logits.h, &probs.h, &lse.h, &sel.h, &wts.h, &dw.h, &thl, fn, norm, as, zs),
+         G->ops->moe_router_bwd(G, &dlog.g, &logits.g, &probs.g, &lse.g, &sel.g, &wts.g, &dw.g, &tgl, fn, norm, as,
+                                zs));
+    gt_check(nm("moe_router_bwd %s dlogits", tag), dlog, 1e-6);
+    gt_expect(nm("router %s: no device error", tag), cai_device_sync(G) == CAI_OK, cai_error_message());
+    cai_error_clear();
+    cai_device_dealloc(G, dl);
+    cai_device_dealloc(G, dk);
+    cai_device_dealloc(G, ds);
+    free(hl), free(hk), free(gl), free(gk), free(hs), free(gs), free(gs2);
+    gt_release_all();
+}
+
+static void t_router(void) {
+    static const cai_route_fn fns[] = {CAI_ROUTE_SOFTMAX, CAI_ROUTE_TOPK_SOFTMAX, CAI_ROUTE_SIGMOID};
+    for (int f = 0; f < 3; f++)
+        for (int norm = 0; norm < 2; norm++) {
+            router_case(37, 8, 2, fns[f], norm, 37);
+            router_case(1000, 8, 2, fns[f], norm, 250); /* capacity 1.0: some dropped */
+        }
+    router_case(1, 8, 1, CAI_ROUTE_SOFTMAX, 1, 1);
+    router_case(8192, 8, 2, CAI_ROUTE_SOFTMAX, 1, 8192); /* the benchmark's shape */
+    router_case(3000, 64, 8, CAI_ROUTE_SOFTMAX, 1, 3000);
+    router_case(3000, 64, 6, CAI_ROUTE_SIGMOID, 1, 200);
+    router_case(5000, 16, 16, CAI_ROUTE_TOPK_SOFTMAX, 0, 5000); /* k = E */
+
+    /* data errors are the device's: reported at the next synchronisation */
+    const cai_dtype F = CAI_DTYPE_F32;
+    gt_t logits = R2(F, 4, 8, 1.0), probs = O2(F, 4, 8), lse = O1(F, 4), sel = gt_out(CAI_DTYPE_I32, 1, SHP(8)),
+         wts = O1(F, 8), pos = gt_out(CAI_DTYPE_I32, 1, SHP(8));
+    logits.b->hbuf[2 * 8 + 5] = NAN;
+    gt_upload(&logits);
+    cai_status sg = G->ops->moe_route(G, &sel.g, &wts.g, &probs.g, &lse.g, &logits.g, CAI_ROUTE_SOFTMAX, 1);
+    cai_status ss = cai_device_sync(G);
+    gt_expect("moe_route non-finite logit: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "logit of token 2 for expert 5 (of 8) is not finite") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    const int32_t bad[8] = {0, 1, 2, 9, 4, 5, 6, 7};
+    gt_t tbad = gt_ints(1, SHP(8), bad);
+    int64_t *z = NULL;
+    void *dl = rt_dev(16 * sizeof *z, NULL);
+    cai_tensor tl = cai_tensor_1d(G, dl, CAI_DTYPE_I64, 8), tk = cai_tensor_1d(G, (int64_t *)dl + 8, CAI_DTYPE_I64, 8);
+    sg = G->ops->moe_assign(G, &pos.g, &tl, &tk, &tbad.g, 8);
+    ss = cai_device_sync(G);
+    gt_expect("moe_assign sel outside the experts: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "sel[3] = 9 is not one of the 8 experts") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    OP_ERR("moe_assign capacity 0 -> INVALID_ARG", "moe_assign", G->ops->moe_assign(G, &pos.g, &tl, &tk, &tbad.g, 0),
+           CAI_ERR_INVALID_ARG);
+    gt_t sel9 = gt_out(CAI_DTYPE_I32, 1, SHP(9));
+    OP_ERR("moe_route sel of 9 for 4 tokens -> INVALID_ARG", "moe_route",
+           G->ops->moe_route(G, &sel9.g, &wts.g, &probs.g, &lse.g, &logits.g, CAI_ROUTE_SOFTMAX, 1),
+           CAI_ERR_INVALID_ARG);
+    OP_ERR("moe_route logits on the host -> INVALID_ARG", "moe_route",
+           G->ops->moe_route(G, &sel.g, &wts.g, &probs.g, &lse.g, &logits.h, CAI_ROUTE_SOFTMAX, 1),
+           CAI_ERR_INVALID_ARG);
+    gt_expect("device error record cleared after the reports", cai_device_sync(G) == CAI_OK, NULL);
+    cai_device_dealloc(G, dl);
+    gt_release_all();
+}
+
 /* ------------------------------------------------------------------ mixture of experts */
 
 /* pos for N tokens of k choices into S = N k + 5 grouped rows: a shuffled
@@ -1766,6 +1921,7 @@ static const test_entry tests[] = {
     {"moe f32", f32_moe},
     {"moe bf16", bf16_moe},
     {"moe errors", t_moe_errors},
+    {"moe router", t_router},
 };
 
 int main(int argc, char **argv) {

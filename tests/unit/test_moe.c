@@ -113,11 +113,27 @@ END_TEST
 static const float k_logits[3 * 4] = {0.1f, 2.0f, -1.0f, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f, -3.0f, 0.5f, 0.4f, 0.6f};
 static const int k_sel[3 * 2] = {1, 3, 0, 1, 3, 1};
 
+/* The op table's router (ops.h moe_route) on host arrays of N tokens. */
+static cai_status route_op(int64_t N, const float *logits, cai_route_fn fn, int norm, int32_t *sel, float *w, float *p,
+                           float *lse) {
+    cai_tensor tl = cai_tensor_2d(dev, (void *)logits, CAI_DTYPE_F32, N, 4),
+               tp = cai_tensor_2d(dev, p, CAI_DTYPE_F32, N, 4), tz = cai_tensor_1d(dev, lse, CAI_DTYPE_F32, N),
+               ts = cai_tensor_1d(dev, sel, CAI_DTYPE_I32, N * 2), tw = cai_tensor_1d(dev, w, CAI_DTYPE_F32, N * 2);
+    return dev->ops->moe_route(dev, &ts, &tw, &tp, &tz, &tl, fn, norm);
+}
+
+/* ops.h moe_assign on host arrays; *dropped = sum of load - kept. */
+static void assign_op(int E, int64_t n, int64_t capacity, const int32_t *sel, int64_t *load, int32_t *pos,
+                      int64_t *kept, int64_t *dropped) {
+    cai_tensor ts = cai_tensor_1d(dev, (void *)sel, CAI_DTYPE_I32, n), tp = cai_tensor_1d(dev, pos, CAI_DTYPE_I32, n),
+               tl = cai_tensor_1d(dev, load, CAI_DTYPE_I64, E), tk = cai_tensor_1d(dev, kept, CAI_DTYPE_I64, E);
+    CK_OK(dev->ops->moe_assign(dev, &tp, &tl, &tk, &ts, capacity));
+    *dropped = 0;
+    for (int e = 0; e < E; e++) *dropped += load[e] - kept[e];
+}
+
 static void route(cai_moe_router kind, int norm, int32_t *sel, float *w, float *p, float *lse) {
-    cai_moe_config c = small_cfg();
-    c.router = kind;
-    c.norm_topk = norm;
-    CK_OK(cai_moe_route_host(&c, 3, k_logits, sel, w, p, lse));
+    CK_OK(route_op(3, k_logits, (cai_route_fn)kind, norm, sel, w, p, lse));
     for (int i = 0; i < 6; i++) ck_assert_int_eq(sel[i], k_sel[i]); /* largest first; a tie goes to the lower expert */
 }
 
@@ -153,11 +169,33 @@ START_TEST(routing_topk_and_renormalisation) {
         route(CAI_MOE_ROUTER_SIGMOID, 0, sel, w, p, lse);
         ck_assert_double_eq_tol(w[2 * t + 1], sb, 1e-7);
     }
+    /* the losses' sums: column sums of the scores, the sum of lse^2 */
+    double sums[5];
+    route(CAI_MOE_ROUTER_SOFTMAX, 1, sel, w, p, lse);
+    cai_tensor tp = cai_tensor_2d(dev, p, CAI_DTYPE_F32, 3, 4), tz = cai_tensor_1d(dev, lse, CAI_DTYPE_F32, 3),
+               tsum = cai_tensor_1d(dev, sums, CAI_DTYPE_F64, 5);
+    CK_OK(dev->ops->moe_router_sums(dev, &tsum, &tp, &tz, CAI_ROUTE_SOFTMAX));
+    for (int e = 0; e < 4; e++) ck_assert_double_eq_tol(sums[e], (double)p[e] + p[4 + e] + p[8 + e], 1e-12);
+    ck_assert_double_eq_tol(sums[4], (double)lse[0] * lse[0] + (double)lse[1] * lse[1] + (double)lse[2] * lse[2],
+                            1e-12);
+    route(CAI_MOE_ROUTER_SIGMOID, 1, sel, w, p, lse);
+    CK_OK(dev->ops->moe_router_sums(dev, &tsum, &tp, &tz, CAI_ROUTE_SIGMOID));
+    double want0 = 0.0;
+    for (int t = 0; t < 3; t++) want0 += p[t * 4] / ((double)p[t * 4] + p[t * 4 + 1] + p[t * 4 + 2] + p[t * 4 + 3]);
+    ck_assert_double_eq_tol(sums[0], want0, 1e-12);
     /* a non-finite logit is refused naming the token */
-    float bad[4] = {0.0f, NAN, 1.0f, 2.0f};
-    cai_moe_config c = small_cfg();
-    CK_FAILS(cai_moe_route_host(&c, 1, bad, sel, w, p, lse), CAI_ERR_INVALID_ARG,
-             "logit of token 0 for expert 1 is nan");
+    float bad[8] = {0.0f, 1.0f, 1.0f, 2.0f, 0.0f, NAN, 1.0f, 2.0f};
+    CK_FAILS(route_op(2, bad, CAI_ROUTE_SOFTMAX, 1, sel, w, p, lse), CAI_ERR_INVALID_ARG,
+             "moe_route: logit of token 1 for expert 1 is nan");
+    /* shapes: k outside [1, E], an unknown function */
+    cai_tensor tl = cai_tensor_2d(dev, (void *)k_logits, CAI_DTYPE_F32, 3, 4),
+               ts = cai_tensor_1d(dev, sel, CAI_DTYPE_I32, 15), tw = cai_tensor_1d(dev, w, CAI_DTYPE_F32, 15);
+    CK_FAILS(dev->ops->moe_route(dev, &ts, &tw, &tp, &tz, &tl, CAI_ROUTE_SOFTMAX, 1), CAI_ERR_INVALID_ARG,
+             "moe_route: sel is");
+    ts = cai_tensor_1d(dev, sel, CAI_DTYPE_I32, 6);
+    tw = cai_tensor_1d(dev, w, CAI_DTYPE_F32, 6);
+    CK_FAILS(dev->ops->moe_route(dev, &ts, &tw, &tp, &tz, &tl, (cai_route_fn)7, 1), CAI_ERR_INVALID_ARG,
+             "router function 7");
 }
 END_TEST
 
@@ -166,7 +204,7 @@ START_TEST(capacity_drops_later_tokens_first) {
     const int32_t sel1[5] = {0, 0, 1, 0, 0};
     int64_t load[3], cnt[3], dropped;
     int32_t pos[8];
-    cai_moe_assign_host(2, 1, 5, 3, sel1, load, pos, cnt, &dropped);
+    assign_op(2, 5, 3, sel1, load, pos, cnt, &dropped);
     const int32_t want1[5] = {0, 1, 3, 2, -1};
     for (int i = 0; i < 5; i++) ck_assert_int_eq(pos[i], want1[i]);
     ck_assert_int_eq(load[0], 4);
@@ -177,7 +215,7 @@ START_TEST(capacity_drops_later_tokens_first) {
     /* top-2 over three experts, four tokens: capacity ceil(4 * 2 / 3) = 3;
      * token 3's second choice is expert 0's fourth token and is dropped */
     const int32_t sel2[8] = {0, 1, 0, 2, 0, 1, 1, 0};
-    cai_moe_assign_host(3, 2, 4, 3, sel2, load, pos, cnt, &dropped);
+    assign_op(3, 8, 3, sel2, load, pos, cnt, &dropped);
     const int32_t want2[8] = {0, 3, 1, 6, 2, 4, 5, -1};
     for (int i = 0; i < 8; i++) ck_assert_int_eq(pos[i], want2[i]);
     ck_assert_int_eq(load[0], 4);
@@ -188,9 +226,16 @@ START_TEST(capacity_drops_later_tokens_first) {
     ck_assert_int_eq(cnt[2], 1);
     ck_assert_int_eq(dropped, 1);
     /* dropless: capacity N keeps everything */
-    cai_moe_assign_host(3, 2, 4, 4, sel2, load, pos, cnt, &dropped);
+    assign_op(3, 8, 4, sel2, load, pos, cnt, &dropped);
     ck_assert_int_eq(dropped, 0);
     ck_assert_int_eq(cnt[0], 4);
+    /* a choice outside the experts, a capacity of 0 */
+    const int32_t sel3[2] = {0, 3};
+    cai_tensor ts = cai_tensor_1d(dev, (void *)sel3, CAI_DTYPE_I32, 2), tp = cai_tensor_1d(dev, pos, CAI_DTYPE_I32, 2),
+               tl = cai_tensor_1d(dev, load, CAI_DTYPE_I64, 3), tk = cai_tensor_1d(dev, cnt, CAI_DTYPE_I64, 3);
+    CK_FAILS(dev->ops->moe_assign(dev, &tp, &tl, &tk, &ts, 2), CAI_ERR_INVALID_ARG,
+             "moe_assign: sel[1] = 3 is not one of the 3 experts");
+    CK_FAILS(dev->ops->moe_assign(dev, &tp, &tl, &tk, &ts, 0), CAI_ERR_INVALID_ARG, "capacity 0 per expert");
 
     /* Through the layer: the context's capacity, the count, and a token
      * whose assignments are all dropped gets no routed output. */

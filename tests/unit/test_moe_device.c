@@ -156,8 +156,11 @@ static int run_case(cai_device_t *host, cai_device_t *gpu, const moe_case *mc, c
     download(gpu, gdx, ddx, nc, dt);
     download(gpu, gg, dgrads, h.n_flat, CAI_DTYPE_F32);
     int64_t same = 0;
-    const int32_t *hs = h.acts.sel.data, *gs = a.sel.data;
+    const int32_t *hs = h.acts.sel.data;
+    int32_t *gs = malloc((size_t)(N * mc->k) * sizeof *gs);
+    CK_CAI(cai_device_copy(gpu, gs, a.sel.data, (size_t)(N * mc->k) * sizeof *gs, CAI_COPY_D2H));
     for (int64_t t = 0; t < N; t++) same += !memcmp(hs + t * mc->k, gs + t * mc->k, (size_t)mc->k * sizeof *hs);
+    free(gs);
     double ym, yl, xm, xl, gm, gl;
     errs(gy, h.y.data, nc, &ym, &yl);
     errs(gdx, h.dx.data, nc, &xm, &xl);

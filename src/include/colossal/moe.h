@@ -85,10 +85,12 @@ typedef struct {
     cai_dtype dtype;            /* activations (F32, BF16, F16) */
 } cai_moe_ctx;
 
-/* dev: any backend. The router's logits travel to the host, which routes
- * (top-k, capacity, losses) and sends back each assignment's row and
- * weight; the rows move and combine on the device (ops moe_permute,
- * moe_combine_*). Activations in act_dtype; the weights' dtype is the
+/* dev: any backend. The routing runs on the device (ops moe_route,
+ * moe_assign, moe_router_sums, moe_router_bwd); each forward copies the
+ * experts' counts and the losses' sums to the host (the grouped products
+ * take their row counts there), the backward copies nothing. The rows move
+ * and combine on the device (ops moe_permute, moe_combine_*). Activations
+ * in act_dtype; the weights' dtype is the
  * model's. ex NULL means ep = 1; ep > 1 runs on the host in f32 (its
  * exchange moves host rows), other placements are refused with
  * CAI_ERR_UNSUPPORTED. */
@@ -110,19 +112,22 @@ typedef struct {
 } cai_moe_params;
 
 /* What the forward keeps for the backward, plus the backward's scratch.
- * logits through dw (routing state) are host data whatever the device;
- * the rest lives on the device. On the host device with f32 activations a
- * device tensor (router_out ..., pos_d, wts_d, dw_d) is its host mirror. */
+ * Everything lives on the device except the counts (load .. ecnt, the
+ * host copies counts_h and sums_h) and wlist. With f32 activations the
+ * router's product is its logits (router_out and logits one buffer, d_router
+ * and dlogits too); on the host device counts and counts_h are one buffer,
+ * sums and sums_h too. */
 typedef struct {
-    cai_tensor router_out, router_out32; /* [N,E] the router's product (activation dtype), its f32 copy */
-    cai_tensor d_router, d_router32;     /* [N,E] the router's output gradient, its f32 form from the host */
-    cai_tensor pos_d, wts_d, dw_d;       /* device copies of pos, wts, dw */
-    cai_arena_t host;                    /* the routing state's memory off the host device */
-    cai_tensor *wlist;                   /* host: 6 n_local weight views, the grouped products' lists */
-    cai_tensor logits, probs, lse;   /* [N,E] router logits, softmax (sigmoid router: sigmoid); [N] */
+    cai_tensor router_out, d_router; /* [N,E] the router's product and its gradient (activation dtype) */
+    cai_arena_t host;                /* the counts' memory off the host device */
+    cai_tensor *wlist;               /* host: 6 n_local weight views, the grouped products' lists */
+    cai_tensor logits, probs, lse;   /* [N,E] F32 router logits, softmax (sigmoid router: sigmoid); [N] */
     cai_tensor sel, wts, pos;        /* [N,k] I32 expert, F32 weight, I32 row in the send buffer (-1 dropped) */
-    cai_tensor load, send_cnt;       /* [E] I64: assignments per expert before / after dropping */
-    cai_tensor recv_cnt;             /* [ep * n_local] I64: rows from source s for local expert e at s*n_local+e */
+    cai_tensor counts, sums;         /* [2E] I64 moe_assign's load then kept; [E+1] F64 moe_router_sums' */
+    cai_tensor load_d, kept_d;       /* [E] I64 views of counts */
+    cai_tensor counts_h, sums_h;     /* their host copies */
+    cai_tensor load, send_cnt; /* host [E] I64 (views of counts_h): assignments per expert before / after dropping */
+    cai_tensor recv_cnt;       /* [ep * n_local] I64: rows from source s for local expert e at s*n_local+e */
     cai_tensor rank_send, rank_recv; /* [ep] I64: rows to / from each ep rank */
     cai_tensor ecnt;                 /* [n_local] I64: rows of each local expert */
     cai_tensor send_x, send_y;       /* [send_max, C]: inputs grouped by expert; outputs back in that order */
@@ -157,18 +162,6 @@ cai_status cai_moe_bwd(const cai_moe_ctx *cx, const cai_moe_params *p, cai_moe_p
                        const cai_tensor *x, const cai_tensor *dy, cai_tensor *dx, float loss_scale);
 /* What the forward adds to the objective: aux_coef * aux + z_coef * z. */
 double cai_moe_loss(const cai_moe_ctx *cx, const cai_moe_acts *a);
-
-/* Routing on host arrays (what the forward runs; exposed for tests).
- * logits [N,E] -> sel [N,k] (largest logit first; equal logits: lower
- * expert first), wts [N,k], probs [N,E] (softmax, or sigmoid), lse [N]. */
-cai_status cai_moe_route_host(const cai_moe_config *cfg, int64_t N, const float *logits, int32_t *sel, float *wts,
-                              float *probs, float *lse);
-/* Capacity and grouping: load[E] = assignments per expert, pos[N,k] =
- * row of each kept assignment in the expert-grouped send buffer (experts in
- * order, tokens in order inside one) or -1 when expert sel[t,j] already has
- * `capacity` earlier tokens; send_cnt[E] kept rows; *dropped the count of -1s. */
-void cai_moe_assign_host(int E, int top_k, int64_t N, int64_t capacity, const int32_t *sel, int64_t *load, int32_t *pos,
-                         int64_t *send_cnt, int64_t *dropped);
 
 /* Router statistics of one forward (or summed over layers / ranks): the
  * assignments per expert before dropping, the dropped ones and the

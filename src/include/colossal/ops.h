@@ -81,6 +81,14 @@ typedef struct {
     float grad_scale; /* clip coefficient times 1/loss-scale; 1 = none */
 } cai_adamw_params;
 
+/* A mixture-of-experts router's scoring function (moe_route and the ops
+ * that follow it). Every one ranks experts by the logit. */
+typedef enum {
+    CAI_ROUTE_SOFTMAX = 0,  /* probs = softmax over the experts; weights = the chosen probs */
+    CAI_ROUTE_TOPK_SOFTMAX, /* probs = softmax; weights = softmax over the k chosen logits */
+    CAI_ROUTE_SIGMOID       /* probs = sigmoid per expert; weights = the chosen probs */
+} cai_route_fn;
+
 typedef struct cai_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -267,6 +275,40 @@ typedef struct cai_ops {
      * when pos[i] < 0; the dot accumulated in at least f32). */
     cai_status (*moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, const cai_tensor *dy,
                                   const cai_tensor *ye, const cai_tensor *pos, const cai_tensor *w);
+
+    /* The router, per token on F32 data in double arithmetic, rounded once
+     * per stored value (every backend the same formulas, so they agree but
+     * for the last bits of exp and contractions): logits [N, E] -> lse [N] (log-sum-exp), probs
+     * [N, E] (fn's scores), sel (I32 [N * k]: the k largest logits, largest
+     * first, equal logits to the lower expert) and wts (F32 [N * k]: the
+     * chosen probs, divided by their sum when norm_topk; TOPK_SOFTMAX: a
+     * softmax over the k chosen logits). A non-finite logit is an error
+     * naming token and expert (a device backend reports it at the next
+     * synchronisation). */
+    cai_status (*moe_route)(cai_device_t *dev, cai_tensor *sel, cai_tensor *wts, cai_tensor *probs, cai_tensor *lse,
+                            const cai_tensor *logits, cai_route_fn fn, int norm_topk);
+    /* Capacity and grouping of sel (I32 [n]) over E experts: load (I64 [E])
+     * the choices of each expert, kept (I64 [E]) min(load, capacity), pos
+     * (I32 [n]) the row of choice i in the expert-grouped buffer (experts
+     * in order, choices in index order inside one) or -1 when its expert
+     * already has `capacity` earlier choices. */
+    cai_status (*moe_assign)(cai_device_t *dev, cai_tensor *pos, cai_tensor *load, cai_tensor *kept,
+                             const cai_tensor *sel, int64_t capacity);
+    /* sums (F64 [E + 1]): sums[e] = sum over tokens of probs[t, e] (SIGMOID:
+     * divided by the token's sum of probs), sums[E] = sum of lse^2; the
+     * load-balancing and z losses are E / N^2 sum_e load_e sums[e] and
+     * sums[E] / N. Fixed summation order: the same bits every run. */
+    cai_status (*moe_router_sums)(cai_device_t *dev, cai_tensor *sums, const cai_tensor *probs, const cai_tensor *lse,
+                                  cai_route_fn fn);
+    /* dlogits [N, E] (overwritten) = the gradient over the logits of
+     * sum_i dw_i wts_i + aux_scale sum_e load_e sum_t q_te (q as in
+     * moe_router_sums) + (z_scale / N) sum_t lse_t^2, with dw (F32 [N * k])
+     * the combine weights' gradient (0 for dropped choices, whose weights
+     * still entered the renormalisation) and load (I64 [E]) moe_assign's. */
+    cai_status (*moe_router_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits,
+                                 const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
+                                 const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load, cai_route_fn fn,
+                                 int norm_topk, double aux_scale, double z_scale);
     /* Grouped products (a rank's experts in one call): block g of n is
      * rows[g] consecutive rows of inp and out (blocks in order from row 0),
      * with its own weight[g] [OC, IC] (all of one shape and dtype). out =
