@@ -206,10 +206,8 @@ static cai_status tokenizer_open(tokenizer *t, const data_config *cfg) {
         t->eod = CAI_BYTE_EOD;
         return CAI_OK;
     }
-    char vocab[4096], merges[4096];
-    snprintf(vocab, sizeof vocab, "%s/vocab.json", cfg->tokenizer);
-    snprintf(merges, sizeof merges, "%s/merges.txt", cfg->tokenizer);
-    CAI_CALL(cai_bpe_load(vocab, merges, &t->bpe));
+    /* The directory's tokenizer.json says whether digits are split. */
+    CAI_CALL(cai_bpe_load_dir(cfg->tokenizer, &t->bpe));
     cai_status st = cai_bpe_add_special(t->bpe, cfg->eod, &t->eod);
     if (st != CAI_OK) {
         cai_bpe_free(t->bpe);

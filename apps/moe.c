@@ -99,6 +99,9 @@ static const cai_config_field k_fields[] = {
     F("data.corpus_seed", CAI_CFG_INT64, pt.corpus_seed, "1234", "embedded corpus: generator seed", 0, BIG),
     F("data.corpus_vocab", CAI_CFG_INT, pt.corpus_vocab, "1000",
       "embedded corpus: train a BPE tokenizer of this many tokens on it; 0: byte-level", 0, 1 << 24),
+    F("data.corpus_split_digits", CAI_CFG_BOOL, pt.corpus_split_digits, "false",
+      "embedded corpus tokenizer: every digit its own pre-token, never merged (HF Digits(individual_digits))",
+      CAI_CFG_NO_RANGE),
 
     CAI_RUN_FIELDS(moe_app_config, pt.run, "runs/moe"),
     CAI_APP_COMMON_FIELDS(moe_app_config, pt.common),

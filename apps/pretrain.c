@@ -124,6 +124,9 @@ static const cai_config_field k_fields[] = {
     F("data.corpus_seed", CAI_CFG_INT64, corpus_seed, "1234", "embedded corpus: generator seed", 0, BIG),
     F("data.corpus_vocab", CAI_CFG_INT, corpus_vocab, "1000",
       "embedded corpus: train a BPE tokenizer of this many tokens on it; 0: byte-level", 0, 1 << 24),
+    F("data.corpus_split_digits", CAI_CFG_BOOL, corpus_split_digits, "false",
+      "embedded corpus tokenizer: every digit its own pre-token, never merged (HF Digits(individual_digits))",
+      CAI_CFG_NO_RANGE),
 
     S("generate.prompts", prompts,
       "Once upon a time,|Q: What is 7 times 8? A:", "prompts for the greedy samples at the end, separated by |"),

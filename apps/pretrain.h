@@ -39,6 +39,7 @@ typedef struct {
     char *data_path, *split, *tokenizer, *eod;
     int64_t corpus_docs, corpus_seed;
     int corpus_vocab;
+    int corpus_split_digits;
     /* generate */
     char *prompts;
     int gen_tokens;

@@ -63,6 +63,7 @@ static cai_status train_corpus_tokenizer(const pt_config *cfg, const char *out_d
     char *doc = malloc(CAI_CORPUS_MAX_DOC);
     cai_status st = doc ? CAI_OK : CAI_ERROR(CAI_ERR_NOMEM, "corpus document buffer");
     if (st == CAI_OK) CAI_CALL_GOTO(cai_bpe_trainer_init(&opts, &tr), st, done);
+    if (st == CAI_OK) CAI_CALL_GOTO(cai_bpe_trainer_set_split_digits(tr, cfg->corpus_split_digits), st, done);
     for (int64_t i = 0; i < cfg->corpus_docs && st == CAI_OK; i++) {
         size_t len = 0;
         CAI_CALL_GOTO(cai_corpus_document((uint64_t)cfg->corpus_seed, i, doc, CAI_CORPUS_MAX_DOC, &len), st, done);

@@ -213,6 +213,7 @@ cai_status cai_bpe_clone(const cai_bpe_t *src, cai_bpe_t **out) {
     cai_status st = CAI_OK;
     t->add_prefix_space = src->add_prefix_space;
     t->ignore_merges = src->ignore_merges;
+    t->split_digits = src->split_digits;
     for (int32_t id = 0; id < src->n_ids && st == CAI_OK; id++) {
         if (!(src->flags[id] & BPE_TOKEN_PRESENT)) continue;
         size_t len;
@@ -367,9 +368,12 @@ static cai_status encode_word(cai_bpe_t *t, const uint8_t *w, size_t n, cai_toke
 
 static cai_status encode_words(cai_bpe_t *t, const uint8_t *s, size_t n, cai_token_buf *out) {
     for (size_t i = 0; i < n;) {
-        size_t e = cai_bpe_pretoken_end(s, n, i);
-        CAI_CALL(encode_word(t, s + i, e - i, out));
-        i = e;
+        size_t piece = t->split_digits ? cai_bpe_digit_piece_end(s, n, i) : n;
+        while (i < piece) {
+            size_t e = cai_bpe_pretoken_end(s, piece, i);
+            CAI_CALL(encode_word(t, s + i, e - i, out));
+            i = e;
+        }
     }
     return CAI_OK;
 }
@@ -425,6 +429,12 @@ cai_status cai_bpe_encode(cai_bpe_t *t, const char *text, size_t len, cai_token_
     }
     CAI_CALL(encode_segment(t, s + seg, len - seg, out));
     return CAI_OK;
+}
+
+int cai_bpe_split_digits(const cai_bpe_t *t) { return t ? t->split_digits : 0; }
+
+void cai_bpe_set_split_digits(cai_bpe_t *t, int on) {
+    if (t) t->split_digits = on != 0;
 }
 
 /* ------------------------------------------------------------ decoding */

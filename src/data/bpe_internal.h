@@ -33,6 +33,12 @@ size_t cai_bpe_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
  * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  * with each invalid byte taken as one character of class OTHER. */
 size_t cai_bpe_pretoken_end(const uint8_t *s, size_t n, size_t i);
+/* End of the piece that starts at s[i] (i < n) under Hugging Face's
+ * Digits(individual_digits=true): a numeric character (\p{N}, Rust's
+ * char::is_numeric) alone, else the run up to the next numeric character.
+ * The GPT-2 pattern then splits each piece on its own (cai_bpe_pretoken_end
+ * with n = the piece's end), as HF's Sequence[Digits, ByteLevel] does. */
+size_t cai_bpe_digit_piece_end(const uint8_t *s, size_t n, size_t i);
 
 /* GPT-2's reversible byte <-> printable character mapping (bytes_to_unicode). */
 uint32_t cai_bpe_byte_to_char(uint8_t b);
@@ -127,6 +133,7 @@ struct cai_bpe {
 
     int add_prefix_space; /* HF ByteLevel option: prepend ' ' to each segment */
     int ignore_merges;    /* HF BPE option: a word that is a token is kept whole */
+    int split_digits;     /* HF Digits(individual_digits) before ByteLevel */
     bpe_strmap by_bytes;  /* decoded bytes -> id, only when ignore_merges */
 
     /* Encoder state (the reason encode needs a non-const handle). */

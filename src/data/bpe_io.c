@@ -377,15 +377,10 @@ static cai_status require_off(const char *path, const json_t *obj, const char *n
                      name, field);
 }
 
-static cai_status check_byte_level(const char *path, const json_t *root, const char *field, int required,
-                                   int *add_prefix_space) {
-    const json_t *v = json_object_get(root, field);
-    if (json_is_absent(v)) {
-        if (required)
-            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                             "%s: %s is missing; only GPT-2's ByteLevel pre-tokenizer is supported", path, field);
-        return CAI_OK;
-    }
+/* A ByteLevel object `v` at `field` (a path such as "pre_tokenizer" or
+ * "pre_tokenizer.pretokenizers[1]"). */
+static cai_status check_byte_level_obj(const char *path, const json_t *v, const char *field, int *add_prefix_space) {
+    if (!json_is_object(v)) return CAI_ERROR(CAI_ERR_FORMAT, "%s: %s is not an object", path, field);
     const char *type = json_string_value(json_object_get(v, "type"));
     if (!type || strcmp(type, "ByteLevel") != 0)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: %s.type is \"%s\"; only \"ByteLevel\" (GPT-2's scheme) is supported",
@@ -400,6 +395,66 @@ static cai_status check_byte_level(const char *path, const json_t *root, const c
     return CAI_OK;
 }
 
+static cai_status check_byte_level(const char *path, const json_t *root, const char *field, int required,
+                                   int *add_prefix_space) {
+    const json_t *v = json_object_get(root, field);
+    if (json_is_absent(v)) {
+        if (required)
+            return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                             "%s: %s is missing; only GPT-2's ByteLevel pre-tokenizer is supported", path, field);
+        return CAI_OK;
+    }
+    return check_byte_level_obj(path, v, field, add_prefix_space);
+}
+
+/* root.pre_tokenizer: ByteLevel, or Sequence[Digits(individual_digits=true),
+ * ByteLevel] (the digit-splitting form of Llama 3 / DeepSeek / Qwen). */
+static cai_status check_pre_tokenizer(const char *path, const json_t *root, int *add_prefix_space, int *split_digits) {
+    const json_t *v = json_object_get(root, "pre_tokenizer");
+    *split_digits = 0;
+    if (json_is_absent(v) || !json_is_object(v) || !json_is_string(json_object_get(v, "type")) ||
+        strcmp(json_string_value(json_object_get(v, "type")), "Sequence") != 0)
+        return check_byte_level(path, root, "pre_tokenizer", 1, add_prefix_space);
+    const json_t *seq = json_object_get(v, "pretokenizers");
+    if (!json_is_array(seq))
+        return CAI_ERROR(CAI_ERR_FORMAT,
+                         "%s: pre_tokenizer.pretokenizers is not an array (pre_tokenizer is a Sequence)", path);
+    size_t n = json_array_size(seq);
+    if (n != 2)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: pre_tokenizer.pretokenizers has %zu entries; only [Digits(individual_digits=true), "
+                         "ByteLevel] is supported",
+                         path, n);
+    const json_t *d = json_array_get(seq, 0);
+    const char *dtype = json_is_object(d) ? json_string_value(json_object_get(d, "type")) : NULL;
+    if (!json_is_object(d))
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s: pre_tokenizer.pretokenizers[0] is not an object", path);
+    if (!dtype || strcmp(dtype, "Digits") != 0)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: pre_tokenizer.pretokenizers[0].type is \"%s\"; only \"Digits\" is supported before "
+                         "ByteLevel",
+                         path, dtype ? dtype : "(none)");
+    const json_t *ind = json_object_get(d, "individual_digits");
+    if (!json_is_boolean(ind))
+        return CAI_ERROR(CAI_ERR_FORMAT, "%s: pre_tokenizer.pretokenizers[0].individual_digits must be true or false",
+                         path);
+    if (!json_is_true(ind))
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: pre_tokenizer.pretokenizers[0].individual_digits is false (digit runs kept whole); "
+                         "only true is supported",
+                         path);
+    int aps = 0;
+    CAI_CALL(check_byte_level_obj(path, json_array_get(seq, 1), "pre_tokenizer.pretokenizers[1]", &aps));
+    /* HF prepends the space to every piece Digits made, not once per text. */
+    if (aps)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: pre_tokenizer.pretokenizers[1].add_prefix_space is true after Digits; not supported",
+                         path);
+    if (add_prefix_space) *add_prefix_space = 0;
+    *split_digits = 1;
+    return CAI_OK;
+}
+
 static cai_status load_hf_json(const char *path, json_t *root, cai_bpe_t **out) {
     if (!json_is_object(root)) return CAI_ERROR(CAI_ERR_FORMAT, "%s: the top level is not an object", path);
     json_t *model = json_object_get(root, "model");
@@ -410,8 +465,8 @@ static cai_status load_hf_json(const char *path, json_t *root, cai_bpe_t **out) 
     if (!json_is_absent(json_object_get(root, "normalizer")))
         return CAI_ERROR(CAI_ERR_UNSUPPORTED, "%s: normalizer is set; byte-level BPE here takes text unnormalised",
                          path);
-    int add_prefix_space = 0;
-    CAI_CALL(check_byte_level(path, root, "pre_tokenizer", 1, &add_prefix_space));
+    int add_prefix_space = 0, split_digits = 0;
+    CAI_CALL(check_pre_tokenizer(path, root, &add_prefix_space, &split_digits));
     CAI_CALL(check_byte_level(path, root, "decoder", 0, NULL));
     CAI_CALL(require_off(path, model, "model", "dropout"));
     CAI_CALL(require_off(path, model, "model", "byte_fallback"));
@@ -464,6 +519,7 @@ static cai_status load_hf_json(const char *path, json_t *root, cai_bpe_t **out) 
     if (st == CAI_OK) st = build_table(path, &l, (int32_t)(max_added + 1), &t);
     if (st != CAI_OK) goto done;
     t->add_prefix_space = add_prefix_space;
+    t->split_digits = split_digits;
     t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
     json_array_foreach(added, ai, at) {
         int32_t id = (int32_t)json_integer_value(json_object_get(at, "id"));
@@ -546,6 +602,33 @@ cai_status cai_bpe_load_hf(const char *path, cai_bpe_t **out) {
         return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d:%d: %s", path, err.line, err.column, err.text);
     }
     cai_status st = load_hf_json(path, root, out);
+    json_decref(root);
+    CAI_CALL(st);
+    return CAI_OK;
+}
+
+/* Whether tokenizer.json at `path` splits digits. Only a pre_tokenizer that
+ * is a Sequence holding Digits is examined: directories that hold vocab.json
+ * and merges.txt have always been read from those, whatever else their
+ * tokenizer.json says (e.g. Qwen2's Sequence[Split, ByteLevel]). */
+static cai_status hf_split_digits(const char *path, int *split_digits) {
+    *split_digits = 0;
+    json_error_t err;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    if (!root) return CAI_ERROR(CAI_ERR_FORMAT, "%s:%d:%d: %s", path, err.line, err.column, err.text);
+    cai_status st = CAI_OK;
+    const json_t *v = json_is_object(root) ? json_object_get(root, "pre_tokenizer") : NULL;
+    const char *type = json_is_object(v) ? json_string_value(json_object_get(v, "type")) : NULL;
+    int digits = 0;
+    if (type && strcmp(type, "Sequence") == 0) {
+        size_t i;
+        const json_t *p;
+        json_array_foreach(json_object_get(v, "pretokenizers"), i, p) {
+            const char *pt = json_is_object(p) ? json_string_value(json_object_get(p, "type")) : NULL;
+            digits |= pt && strcmp(pt, "Digits") == 0;
+        }
+    }
+    if (digits) st = check_pre_tokenizer(path, root, NULL, split_digits);
     json_decref(root);
     CAI_CALL(st);
     return CAI_OK;
@@ -637,6 +720,12 @@ static json_t *byte_level(int add_prefix_space, int trim_offsets) {
                      trim_offsets, "use_regex", 1);
 }
 
+static json_t *pre_tokenizer(const cai_bpe_t *t) {
+    if (!t->split_digits) return byte_level(t->add_prefix_space, 1);
+    return json_pack("{s:s, s:[{s:s, s:b}, o]}", "type", "Sequence", "pretokenizers", "type", "Digits",
+                     "individual_digits", 1, byte_level(0, 1));
+}
+
 static cai_status render_hf(const cai_bpe_t *t, char **text) {
     json_t *root = json_object(), *added = json_array(), *vocab = json_object(), *merges = json_array();
     json_t *model = json_object();
@@ -652,7 +741,7 @@ static cai_status render_hf(const cai_bpe_t *t, char **text) {
     CAI_CALL_GOTO(set_new(root, "padding", json_null()), st, done);
     CAI_CALL_GOTO(set_new(root, "added_tokens", added), st, done);
     CAI_CALL_GOTO(set_new(root, "normalizer", json_null()), st, done);
-    CAI_CALL_GOTO(set_new(root, "pre_tokenizer", byte_level(t->add_prefix_space, 1)), st, done);
+    CAI_CALL_GOTO(set_new(root, "pre_tokenizer", pre_tokenizer(t)), st, done);
     CAI_CALL_GOTO(set_new(root, "post_processor", byte_level(1, 0)), st, done);
     CAI_CALL_GOTO(set_new(root, "decoder", byte_level(1, 1)), st, done);
     CAI_CALL_GOTO(set_new(root, "model", model), st, done);
@@ -746,5 +835,17 @@ cai_status cai_bpe_load_dir(const char *dir, cai_bpe_t **out) {
         snprintf(hf, sizeof hf, "%s/tokenizer.json", dir) >= (int)sizeof hf)
         return CAI_ERROR(CAI_ERR_CONFIG, "tokenizer directory: path too long (%zu bytes)", strlen(dir));
     if (access(vocab, R_OK) != 0 && access(hf, R_OK) == 0) return cai_bpe_load_hf(hf, out);
-    return cai_bpe_load(vocab, merges, out);
+    CAI_CALL(cai_bpe_load(vocab, merges, out));
+    if (access(hf, R_OK) != 0) return CAI_OK;
+    /* vocab.json + merges.txt cannot record digit splitting; the
+     * tokenizer.json written beside them does. */
+    int split_digits = 0;
+    cai_status st = hf_split_digits(hf, &split_digits);
+    if (st != CAI_OK) {
+        cai_bpe_free(*out);
+        *out = NULL;
+        CAI_CALL(st);
+    }
+    (*out)->split_digits = split_digits;
+    return CAI_OK;
 }

@@ -11,6 +11,8 @@
 struct cai_bpe_trainer {
     size_t vocab_size;
     uint64_t min_frequency;
+    int split_digits;
+    int fed; /* a document was counted: the pre-tokenisation is fixed */
     char **specials;
     size_t *special_len;
     size_t n_special;
@@ -74,18 +76,31 @@ void cai_bpe_trainer_free(cai_bpe_trainer_t *tr) {
 
 static cai_status count_words(cai_bpe_trainer_t *tr, const uint8_t *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        size_t e = cai_bpe_pretoken_end(s, n, i);
-        int64_t idx;
-        int ins;
-        CAI_CALL(bpe_strmap_insert(&tr->words, s + i, e - i, cai_bpe_hash_bytes(s + i, e - i), 1, &idx, &ins));
-        if (!ins) tr->words.vals[idx]++;
-        i = e;
+        size_t piece = tr->split_digits ? cai_bpe_digit_piece_end(s, n, i) : n;
+        while (i < piece) {
+            size_t e = cai_bpe_pretoken_end(s, piece, i);
+            int64_t idx;
+            int ins;
+            CAI_CALL(bpe_strmap_insert(&tr->words, s + i, e - i, cai_bpe_hash_bytes(s + i, e - i), 1, &idx, &ins));
+            if (!ins) tr->words.vals[idx]++;
+            i = e;
+        }
     }
+    return CAI_OK;
+}
+
+cai_status cai_bpe_trainer_set_split_digits(cai_bpe_trainer_t *tr, int on) {
+    CAI_CHECK_ARG(tr, "cai_bpe_trainer_set_split_digits: NULL trainer");
+    CAI_CHECK_ARG(!tr->fed || tr->split_digits == (on != 0),
+                  "cai_bpe_trainer_set_split_digits: words were already counted with digit splitting %s",
+                  tr->split_digits ? "on" : "off");
+    tr->split_digits = on != 0;
     return CAI_OK;
 }
 
 cai_status cai_bpe_trainer_feed(cai_bpe_trainer_t *tr, const char *text, size_t len) {
     CAI_CHECK_ARG(tr && (text || !len), "cai_bpe_trainer_feed: NULL argument");
+    tr->fed = 1;
     const uint8_t *s = (const uint8_t *)text;
     size_t seg = 0;
     for (size_t i = 0; i < len;) {
@@ -409,6 +424,7 @@ cai_status cai_bpe_trainer_finish(cai_bpe_trainer_t *tr, cai_bpe_t **out) {
     CAI_DEBUG("trained byte-level BPE: %zu tokens, %zu merges from %zu distinct words in %.2f s", tokens, t->n_merges,
               s.n_words, cai_time_now() - t0);
     state_free(&s);
+    t->split_digits = tr->split_digits;
     *out = t;
     return CAI_OK;
 fail:

@@ -134,6 +134,14 @@ size_t cai_bpe_pretoken_end(const uint8_t *s, size_t n, size_t i) {
     return last;
 }
 
+size_t cai_bpe_digit_piece_end(const uint8_t *s, size_t n, size_t i) {
+    size_t len;
+    if (char_at(s + i, n - i, &len) == BPE_CLASS_NUMBER) return i + len;
+    for (i += len; i < n; i += len)
+        if (char_at(s + i, n - i, &len) == BPE_CLASS_NUMBER) break;
+    return i;
+}
+
 /* ------------------------------------------------------------ byte mapping */
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,

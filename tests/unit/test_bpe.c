@@ -647,6 +647,277 @@ START_TEST(trained_tokenizer_reaches_size_and_is_lossless) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ digit splitting */
+
+/* Pieces under Sequence[Digits(individual_digits), ByteLevel], as the
+ * encoder cuts them. */
+static void expect_digit_split(const char *text, const char *const *want, size_t n) {
+    const uint8_t *s = (const uint8_t *)text;
+    size_t len = strlen(text), i = 0, k = 0;
+    while (i < len) {
+        size_t piece = cai_bpe_digit_piece_end(s, len, i);
+        while (i < piece) {
+            size_t e = cai_bpe_pretoken_end(s, piece, i);
+            ck_assert_msg(k < n, "\"%s\": extra piece \"%.*s\"", text, (int)(e - i), text + i);
+            ck_assert_msg(e - i == strlen(want[k]) && memcmp(text + i, want[k], e - i) == 0,
+                          "\"%s\": piece %zu is \"%.*s\", want \"%s\"", text, k, (int)(e - i), text + i, want[k]);
+            i = e;
+            k++;
+        }
+    }
+    ck_assert_uint_eq(k, n);
+}
+
+static int is_digit_byte(char c) { return c >= '0' && c <= '9'; }
+
+/* Every token of `text` that holds an ASCII digit is that digit alone. */
+static size_t expect_digits_alone(cai_bpe_t *t, const char *text, size_t len) {
+    cai_token_buf ids = {0};
+    ck_assert_msg(cai_bpe_encode(t, text, len, &ids) == CAI_OK, "%s", cai_error_message());
+    size_t digits = 0;
+    for (size_t i = 0; i < ids.len; i++) {
+        const char *b;
+        size_t n;
+        ck_assert_int_eq(cai_bpe_token_bytes(t, ids.ids[i], &b, &n), CAI_OK);
+        for (size_t j = 0; j < n; j++)
+            if (is_digit_byte(b[j])) {
+                ck_assert_msg(n == 1, "token %d \"%.*s\" joins a digit to other bytes", ids.ids[i], (int)n, b);
+                digits++;
+            }
+    }
+    cai_token_buf_free(&ids);
+    check_roundtrip(t, text, len);
+    return digits;
+}
+
+/* Arithmetic lines between words of make_corpus (numbers among them). */
+static char *make_number_corpus(uint64_t seed, size_t n) {
+    char *words = make_corpus(seed, n, 1);
+    char *s = malloc(n * 64 + strlen(words) + 2);
+    size_t len = (size_t)sprintf(s, "%s\n", words);
+    free(words);
+    for (size_t i = 0; i < n; i++) {
+        unsigned a = rnd(seed, i, 180), b = rnd(seed + 1, i, 180);
+        len += (size_t)sprintf(s + len, "What is %u plus %u? The answer is %u. x%u=%u,%u\n", a, b, a + b, a % 10, b * 7,
+                               1000 + a);
+    }
+    s[len] = 0;
+    return s;
+}
+
+START_TEST(digit_split_pieces_match_hf_digits_then_byte_level) {
+    /* Digits isolates each numeric character first; the GPT-2 pattern then
+     * runs on each piece alone, so a space never leads a digit and the space
+     * run before a digit is not backed off. */
+    expect_digit_split(" 42 apples", (const char *[]){" ", "4", "2", " apples"}, 4);
+    expect_digit_split("a  1", (const char *[]){"a", "  ", "1"}, 3);
+    expect_split("a  1", (const char *[]){"a", " ", " 1"}, 3);
+    expect_digit_split("x2y", (const char *[]){"x", "2", "y"}, 3);
+    expect_digit_split("12.5%", (const char *[]){"1", "2", ".", "5", "%"}, 5);
+    expect_digit_split("it's 3's", (const char *[]){"it", "'s", " ", "3", "'s"}, 5);
+    /* \p{N} beyond ASCII: superscript two and one half (No), Arabic-Indic three (Nd). */
+    expect_digit_split("x\xc2\xb2\xc2\xbd \xd9\xa3", (const char *[]){"x", "\xc2\xb2", "\xc2\xbd", " ", "\xd9\xa3"}, 5);
+    expect_digit_split("no digits here", (const char *[]){"no", " digits", " here"}, 3);
+    expect_digit_split("7", (const char *[]){"7"}, 1);
+}
+END_TEST
+
+START_TEST(digit_split_training_never_merges_digits) {
+    char *corpus = make_number_corpus(31, 3000);
+    cai_bpe_train_opts o = {.vocab_size = 700, .special_tokens = (const char *[]){"<|endoftext|>"}, .n_special = 1};
+    cai_bpe_trainer_t *tr;
+    ck_assert_int_eq(cai_bpe_trainer_init(&o, &tr), CAI_OK);
+    ck_assert_int_eq(cai_bpe_trainer_set_split_digits(tr, 1), CAI_OK);
+    ck_assert_int_eq(cai_bpe_trainer_feed(tr, corpus, strlen(corpus)), CAI_OK);
+    /* The words are counted: the pre-tokenisation can no longer change. */
+    ck_assert_int_eq(cai_bpe_trainer_set_split_digits(tr, 0), CAI_ERR_INVALID_ARG);
+    cai_error_clear();
+    cai_bpe_t *t;
+    ck_assert_msg(cai_bpe_trainer_finish(tr, &t) == CAI_OK, "%s", cai_error_message());
+    cai_bpe_trainer_free(tr);
+    ck_assert_int_eq(cai_bpe_split_digits(t), 1);
+    /* No token of the whole vocabulary holds a digit with anything else. */
+    int32_t v = cai_bpe_vocab_size(t);
+    ck_assert_int_eq(v, 700);
+    for (int32_t id = 0; id < v; id++) {
+        const char *b;
+        size_t n;
+        ck_assert_int_eq(cai_bpe_token_bytes(t, id, &b, &n), CAI_OK);
+        for (size_t j = 0; j < n; j++)
+            ck_assert_msg(!is_digit_byte(b[j]) || n == 1, "token %d \"%.*s\"", id, (int)n, b);
+    }
+    /* 3 + 3 + 3 digits at most: "What is 7 plus 9? The answer is 16." has 4. */
+    const char *q = "What is 127 plus 45? The answer is 172.";
+    ck_assert_uint_eq(expect_digits_alone(t, q, strlen(q)), 8);
+    ck_assert_uint_eq(expect_digits_alone(t, corpus, strlen(corpus)) > 3000 * 8, 1);
+    /* Bytes of every kind, digits dense among them, decode back exactly. */
+    char buf[512];
+    for (uint64_t r = 0; r < 200; r++) {
+        size_t n = rnd(40, r, sizeof buf);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t k = rnd(41 + r, i, 4);
+            buf[i] = k == 0 ? (char)('0' + rnd(42 + r, i, 10)) : k == 1 ? ' ' : (char)rnd(43 + r, i, 256);
+        }
+        expect_digits_alone(t, buf, n);
+    }
+    /* The same merges without the option join digits again. */
+    cai_bpe_set_split_digits(t, 0);
+    ck_assert_int_eq(cai_bpe_split_digits(t), 0);
+    cai_token_buf ids = {0};
+    ck_assert_int_eq(cai_bpe_encode(t, " 4", 2, &ids), CAI_OK);
+    ck_assert_uint_eq(ids.len, 2); /* " " and "4": no merge " 4" was learned */
+    cai_token_buf_free(&ids);
+    cai_bpe_set_split_digits(t, 1);
+
+    /* Without the option, the same corpus learns number tokens. */
+    cai_bpe_t *plain;
+    const char *texts[] = {corpus};
+    ck_assert_int_eq(cai_bpe_train(texts, NULL, 1, &o, &plain), CAI_OK);
+    ck_assert_int_eq(cai_bpe_split_digits(plain), 0);
+    ck_assert_int_eq(cai_bpe_encode(plain, " 172", 4, &ids), CAI_OK);
+    ck_assert_uint_lt(ids.len, 4);
+    cai_token_buf_free(&ids);
+    cai_bpe_free(plain);
+
+    /* Saved and loaded, through each loader, the option stays. */
+    char dir[600], vp[700], mp[700], hp[700];
+    snprintf(dir, sizeof dir, "%s/digits", g_tmp);
+    ck_assert_int_eq(cai_bpe_save(t, dir), CAI_OK);
+    snprintf(vp, sizeof vp, "%s/vocab.json", dir);
+    snprintf(mp, sizeof mp, "%s/merges.txt", dir);
+    snprintf(hp, sizeof hp, "%s/tokenizer.json", dir);
+    char *json = read_text(hp);
+    ck_assert_msg(strstr(json,
+                         "\"pre_tokenizer\": {\n  \"type\": \"Sequence\",\n  \"pretokenizers\": [\n   {\n    "
+                         "\"type\": \"Digits\",\n    \"individual_digits\": true\n   },\n   {\n    \"type\": "
+                         "\"ByteLevel\",\n    \"add_prefix_space\": false,") != NULL,
+                  "%s", json);
+    free(json);
+    cai_bpe_t *h, *d, *c, *bare;
+    ck_assert_msg(cai_bpe_load_hf(hp, &h) == CAI_OK, "%s", cai_error_message());
+    ck_assert_msg(cai_bpe_load_dir(dir, &d) == CAI_OK, "%s", cai_error_message());
+    ck_assert_int_eq(cai_bpe_clone(d, &c), CAI_OK);
+    ck_assert_int_eq(cai_bpe_split_digits(h), 1);
+    ck_assert_int_eq(cai_bpe_split_digits(d), 1);
+    ck_assert_int_eq(cai_bpe_split_digits(c), 1);
+    ck_assert_int_eq(cai_bpe_add_special(d, "<|endoftext|>", NULL), CAI_OK);
+    ck_assert_int_eq(cai_bpe_add_special(c, "<|endoftext|>", NULL), CAI_OK);
+    const char *same[] = {q, corpus, "<|endoftext|>a  1 x\xc2\xb2 2024-12-04"};
+    same_encodings(t, h, same, 3);
+    same_encodings(t, d, same, 3);
+    same_encodings(t, c, same, 3);
+    /* vocab.json + merges.txt alone cannot say it (GPT-2's format). */
+    ck_assert_int_eq(cai_bpe_load(vp, mp, &bare), CAI_OK);
+    ck_assert_int_eq(cai_bpe_split_digits(bare), 0);
+    cai_bpe_free(bare);
+    cai_bpe_free(h);
+    cai_bpe_free(d);
+    cai_bpe_free(c);
+    unlink(vp), unlink(mp), unlink(hp), rmdir(dir);
+    cai_bpe_free(t);
+    free(corpus);
+}
+END_TEST
+
+static const char k_byte_level[] =
+    "{\n  \"type\": \"ByteLevel\",\n  \"add_prefix_space\": false,\n  \"trim_offsets\": "
+    "true,\n  \"use_regex\": true\n }";
+
+static void expect_pre_tokenizer_error(const char *pre, cai_status want, const char *field) {
+    char path[1024], repl[1024];
+    snprintf(repl, sizeof repl, "%s", pre);
+    fixture_variant(k_byte_level, repl, path, sizeof path);
+    cai_bpe_t *t = NULL;
+    cai_status st = cai_bpe_load_hf(path, &t);
+    ck_assert_msg(st == want, "%s: want %s, got %s: %s", pre, cai_status_str(want), cai_status_str(st),
+                  cai_error_message());
+    ck_assert_msg(strstr(cai_error_message(), "variant.json") && strstr(cai_error_message(), field),
+                  "message \"%s\" lacks the file or \"%s\"", cai_error_message(), field);
+    ck_assert_ptr_null(t);
+    cai_error_clear();
+}
+
+START_TEST(digit_split_read_from_hf_and_malformed_refused) {
+    char path[1024];
+    /* Hugging Face's own spelling of the Sequence (as tokenizers writes it). */
+    fixture_variant(k_byte_level,
+                    "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", \"individual_digits\": true}, "
+                    "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": "
+                    "true}]}",
+                    path, sizeof path);
+    cai_bpe_t *t = NULL, *plain = load_tiny();
+    ck_assert_msg(cai_bpe_load_hf(path, &t) == CAI_OK, "%s", cai_error_message());
+    ck_assert_int_eq(cai_bpe_split_digits(t), 1);
+    ck_assert_int_eq(cai_bpe_split_digits(plain), 0);
+    cai_token_buf a = {0}, b = {0};
+    ck_assert_int_eq(cai_bpe_encode(t, "a 12", 4, &a), CAI_OK);
+    cai_bpe_set_split_digits(plain, 1);
+    ck_assert_int_eq(cai_bpe_encode(plain, "a 12", 4, &b), CAI_OK);
+    ck_assert_uint_eq(a.len, b.len);
+    ck_assert(memcmp(a.ids, b.ids, a.len * sizeof *a.ids) == 0);
+    ck_assert_uint_ge(a.len, 4); /* "a", " ", "1", "2" at least */
+    cai_token_buf_free(&a);
+    cai_token_buf_free(&b);
+    cai_bpe_free(t);
+    cai_bpe_free(plain);
+
+    expect_pre_tokenizer_error("{\"type\": \"Sequence\"}", CAI_ERR_FORMAT, "pre_tokenizer.pretokenizers");
+    expect_pre_tokenizer_error("{\"type\": \"Sequence\", \"pretokenizers\": {}}", CAI_ERR_FORMAT,
+                               "pre_tokenizer.pretokenizers");
+    expect_pre_tokenizer_error("{\"type\": \"Sequence\", \"pretokenizers\": [7, {\"type\": \"ByteLevel\"}]}",
+                               CAI_ERR_FORMAT, "pre_tokenizer.pretokenizers[0]");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": \"yes\"}, {\"type\": \"ByteLevel\"}]}",
+        CAI_ERR_FORMAT, "pre_tokenizer.pretokenizers[0].individual_digits");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": false}, {\"type\": \"ByteLevel\"}]}",
+        CAI_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[0].individual_digits");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": true}, {\"type\": \"Whitespace\"}]}",
+        CAI_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1].type");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": true}, [1]]}",
+        CAI_ERR_FORMAT, "pre_tokenizer.pretokenizers[1]");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": true}, {\"type\": \"ByteLevel\", \"add_prefix_space\": true}]}",
+        CAI_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers[1].add_prefix_space");
+    expect_pre_tokenizer_error(
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\", "
+        "\"individual_digits\": true}]}",
+        CAI_ERR_UNSUPPORTED, "pre_tokenizer.pretokenizers has 1 entries");
+
+    /* A directory read from vocab.json + merges.txt refuses a broken Digits
+     * entry in the tokenizer.json beside them, naming that file. */
+    cai_bpe_t *tiny = load_tiny();
+    char dir[600], hp[700], vp[700], mp[700];
+    snprintf(dir, sizeof dir, "%s/bad_digits", g_tmp);
+    ck_assert_int_eq(cai_bpe_save(tiny, dir), CAI_OK);
+    cai_bpe_free(tiny);
+    snprintf(hp, sizeof hp, "%s/tokenizer.json", dir);
+    snprintf(vp, sizeof vp, "%s/vocab.json", dir);
+    snprintf(mp, sizeof mp, "%s/merges.txt", dir);
+    FILE *f = fopen(hp, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(
+        "{\"model\": {\"type\": \"BPE\"}, \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": "
+        "[{\"type\": \"Digits\"}, {\"type\": \"ByteLevel\"}]}}",
+        f);
+    fclose(f);
+    ck_assert_int_eq(cai_bpe_load_dir(dir, &t), CAI_ERR_FORMAT);
+    ck_assert_msg(strstr(cai_error_message(), "bad_digits/tokenizer.json") &&
+                      strstr(cai_error_message(), "pre_tokenizer.pretokenizers[0].individual_digits"),
+                  "%s", cai_error_message());
+    ck_assert_ptr_null(t);
+    cai_error_clear();
+    unlink(vp), unlink(mp), unlink(hp), rmdir(dir);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     const char *src = getenv("top_srcdir");
@@ -673,6 +944,9 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, train_hand_example);
     tcase_add_test(tc, train_matches_naive_recount);
     tcase_add_test(tc, trained_tokenizer_reaches_size_and_is_lossless);
+    tcase_add_test(tc, digit_split_pieces_match_hf_digits_then_byte_level);
+    tcase_add_test(tc, digit_split_training_never_merges_digits);
+    tcase_add_test(tc, digit_split_read_from_hf_and_malformed_refused);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -105,6 +105,17 @@ cai_status cai_bpe_token_id(const cai_bpe_t *tok, const char *spelling, int32_t 
 cai_status cai_bpe_token_bytes(const cai_bpe_t *tok, int32_t id, const char **bytes, size_t *len);
 int cai_bpe_is_special(const cai_bpe_t *tok, int32_t id);
 
+/* Digit splitting, as Llama 3 / DeepSeek / Qwen tokenizers do (Hugging
+ * Face's pre_tokenizer Sequence[Digits(individual_digits=true), ByteLevel]):
+ * before step 2 above the segment is cut so that each numeric character
+ * (Unicode \p{N}) stands alone and each run between them is one piece, and
+ * GPT-2's pattern splits each piece on its own. " 42 apples" pre-tokenises
+ * as " ", "4", "2", " apples", so no token ever joins a digit to anything.
+ * Saved in tokenizer.json (cai_bpe_save) and restored by cai_bpe_load_hf
+ * and cai_bpe_load_dir; vocab.json + merges.txt alone cannot record it. */
+int cai_bpe_split_digits(const cai_bpe_t *tok);
+void cai_bpe_set_split_digits(cai_bpe_t *tok, int on);
+
 /* --- training ----------------------------------------------------------- */
 
 /* Learn a tokenizer from a corpus, like Hugging Face's ByteLevelBPETokenizer
@@ -128,6 +139,9 @@ typedef struct {
  * distinct pre-tokens, not with the corpus), then finish. */
 typedef struct cai_bpe_trainer cai_bpe_trainer_t;
 cai_status cai_bpe_trainer_init(const cai_bpe_train_opts *opts, cai_bpe_trainer_t **out);
+/* Pre-tokenise with digit splitting (cai_bpe_set_split_digits) and give the
+ * trained tokenizer the option. Call before the first feed. */
+cai_status cai_bpe_trainer_set_split_digits(cai_bpe_trainer_t *tr, int on);
 cai_status cai_bpe_trainer_feed(cai_bpe_trainer_t *tr, const char *text, size_t len);
 cai_status cai_bpe_trainer_finish(cai_bpe_trainer_t *tr, cai_bpe_t **out);
 void cai_bpe_trainer_free(cai_bpe_trainer_t *tr);
