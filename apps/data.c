@@ -6,6 +6,8 @@
  *   sft-preprocess   chat JSONL -> token and loss-mask datasets, in parallel
  *   sft-example      write the embedded instruction set (train and held out)
  *   rl-example       its arithmetic as prompts and preference pairs (colossal-rlhf)
+ *   encode           a tokenizer's ids for each string of a JSONL file (for
+ *                    comparing against other implementations)
  * Options after the subcommand go through the config module, so each
  * subcommand has --help and YAML files like every other app. */
 #include "cai_config.h"
@@ -17,12 +19,15 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "app_common.h"
 #include "colossal/base.h"
 #include "colossal/config.h"
 #include "colossal/data.h"
 #include "colossal/rl.h"
+
+#include <jansson.h>
 
 /* ------------------------------------------------------------------ config
  * One struct for every subcommand; each schema lists only its own keys. */
@@ -32,7 +37,7 @@ static const char *const k_formats[] = {"auto", "text", "jsonl", NULL};
 
 typedef struct {
     char *input, *output, *json_key, *tokenizer, *eod, *data, *chat_template;
-    int format, overflow, strict_keys, add_special_tokens;
+    int format, overflow, strict_keys, add_special_tokens, split_digits;
     double progress;
     int64_t vocab_size, min_frequency, docs, seed, seq_len, held_out;
     cai_app_common common;
@@ -74,6 +79,21 @@ static const cai_config_field k_train[] = {
       NULL),
     F("eod", CAI_CFG_STRING, eod, "<|endoftext|>", "the special end-of-document token (id 0)", CAI_CFG_NO_RANGE, NULL,
       NULL),
+    F("split_digits", CAI_CFG_BOOL, split_digits, "false",
+      "every digit its own pre-token, never merged (Hugging Face Digits(individual_digits) before ByteLevel)",
+      CAI_CFG_NO_RANGE, NULL, NULL),
+    CAI_APP_COMMON_FIELDS(data_config, common),
+};
+
+static const cai_config_field k_encode[] = {
+    F("tokenizer", CAI_CFG_STRING, tokenizer, NULL, "tokenizer directory (vocab.json + merges.txt, or tokenizer.json)",
+      CAI_CFG_NO_RANGE, NULL, NULL),
+    F("input", CAI_CFG_STRING, input, NULL, "JSONL: one JSON string, or an object with json_key, per line",
+      CAI_CFG_NO_RANGE, NULL, NULL),
+    F("output", CAI_CFG_STRING, output, NULL, "JSONL: {\"text\": ..., \"ids\": [...]} per input line", CAI_CFG_NO_RANGE,
+      NULL, NULL),
+    F("json_key", CAI_CFG_STRING, json_key, "text", "the key holding the text when a line is an object",
+      CAI_CFG_NO_RANGE, NULL, NULL),
     CAI_APP_COMMON_FIELDS(data_config, common),
 };
 
@@ -300,6 +320,7 @@ static cai_status run_train(const cai_app *app, const data_config *cfg) {
     const double t0 = cai_time_now();
     cai_status st = parse_inputs(cfg, &copy, inputs, &n);
     if (st == CAI_OK) st = cai_bpe_trainer_init(&opts, &ts.tr);
+    if (st == CAI_OK) st = cai_bpe_trainer_set_split_digits(ts.tr, cfg->split_digits);
     if (st == CAI_OK)
         st = cai_preprocess_documents(inputs, n, pick_format(cfg->format, inputs[0]), cfg->json_key, feed_trainer, &ts);
     if (st == CAI_OK) st = cai_bpe_trainer_finish(ts.tr, &tok);
@@ -479,6 +500,74 @@ static cai_status run_rl_example(const cai_app *app, const data_config *cfg) {
     return CAI_OK;
 }
 
+/* Rank 0 encodes each line's text with cai_bpe_encode (special tokens
+ * recognised, as Hugging Face's encode does with added tokens). */
+static cai_status encode_line(const data_config *cfg, cai_bpe_t *bpe, const char *line, long lineno, FILE *out,
+                              cai_token_buf *ids) {
+    json_error_t err;
+    json_t *v = json_loads(line, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err);
+    if (!v) return CAI_ERROR(CAI_ERR_FORMAT, "%s:%ld: %s", cfg->input, lineno, err.text);
+    json_t *text = json_is_object(v) ? json_object_get(v, cfg->json_key) : v;
+    cai_status st = CAI_OK;
+    if (!json_is_string(text))
+        st = CAI_ERROR(CAI_ERR_FORMAT, "%s:%ld: expected a JSON string or an object with a string \"%s\"", cfg->input,
+                       lineno, cfg->json_key);
+    ids->len = 0;
+    if (st == CAI_OK) st = cai_bpe_encode(bpe, json_string_value(text), json_string_length(text), ids);
+    json_t *row = st == CAI_OK ? json_pack("{s:O, s:[]}", "text", text, "ids") : NULL;
+    json_t *list = row ? json_object_get(row, "ids") : NULL;
+    for (size_t i = 0; list && i < ids->len; i++)
+        if (json_array_append_new(list, json_integer(ids->ids[i])) != 0) list = NULL;
+    char *s = list ? json_dumps(row, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+    if (st == CAI_OK && !s) st = CAI_ERROR(CAI_ERR_NOMEM, "%s:%ld: cannot render the ids", cfg->input, lineno);
+    if (st == CAI_OK && fprintf(out, "%s\n", s) < 0)
+        st = CAI_ERROR(CAI_ERR_IO, "%s: write failed: %s", cfg->output, strerror(errno));
+    free(s);
+    json_decref(row);
+    json_decref(v);
+    return st;
+}
+
+static cai_status run_encode(const cai_app *app, const data_config *cfg) {
+    if (app->rank != 0) return CAI_OK;
+    if (!cfg->tokenizer || !*cfg->tokenizer) return CAI_ERROR(CAI_ERR_CONFIG, "tokenizer: not given (--tokenizer DIR)");
+    if (!cfg->input || !*cfg->input) return CAI_ERROR(CAI_ERR_CONFIG, "input: not given (--input FILE)");
+    if (!cfg->output || !*cfg->output) return CAI_ERROR(CAI_ERR_CONFIG, "output: not given (--output FILE)");
+    /* tokenizer.json when there is one: what Hugging Face loads, added tokens included. */
+    char hf[4200];
+    snprintf(hf, sizeof hf, "%s/tokenizer.json", cfg->tokenizer);
+    cai_bpe_t *bpe = NULL;
+    if (access(hf, R_OK) == 0) CAI_CALL(cai_bpe_load_hf(hf, &bpe));
+    else CAI_CALL(cai_bpe_load_dir(cfg->tokenizer, &bpe));
+    FILE *in = fopen(cfg->input, "rb"), *out = in ? fopen(cfg->output, "wb") : NULL;
+    cai_status st = CAI_OK;
+    if (!in) st = CAI_ERROR(CAI_ERR_IO, "cannot open %s: %s", cfg->input, strerror(errno));
+    else if (!out) st = CAI_ERROR(CAI_ERR_IO, "cannot create %s: %s", cfg->output, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long lineno = 0, rows = 0;
+    cai_token_buf ids = {0};
+    while (st == CAI_OK) {
+        ssize_t n = getline(&line, &cap, in);
+        if (n < 0) break;
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
+        if (!n) continue;
+        st = encode_line(cfg, bpe, line, lineno, out, &ids);
+        rows++;
+    }
+    if (out && fclose(out) != 0 && st == CAI_OK)
+        st = CAI_ERROR(CAI_ERR_IO, "%s: close failed: %s", cfg->output, strerror(errno));
+    if (in) fclose(in);
+    if (st == CAI_OK)
+        printf("encode: %ld strings with %s (digits split: %s) -> %s\n", rows, cfg->tokenizer,
+               cai_bpe_split_digits(bpe) ? "yes" : "no", cfg->output);
+    free(line);
+    cai_token_buf_free(&ids);
+    cai_bpe_free(bpe);
+    return st;
+}
+
 #define SUB(name, summary, fields, run) \
     { name, {"colossal-data " name, summary, fields, CAI_CFG_NFIELDS(fields)}, run }
 static const subcommand k_subcommands[] = {
@@ -496,6 +585,7 @@ static const subcommand k_subcommands[] = {
     SUB("rl-example",
         "write the embedded instruction set's arithmetic as prompts (answers) and preference pairs, train and held out",
         k_rl_example, run_rl_example),
+    SUB("encode", "write a tokenizer's ids for each string of a JSONL file (rank 0)", k_encode, run_encode),
 };
 #undef SUB
 #define N_SUB (sizeof k_subcommands / sizeof k_subcommands[0])
