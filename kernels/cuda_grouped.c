@@ -1,10 +1,11 @@
-/* Grouped products on the GPU: all of a rank's experts in one
- * cublasGemmGroupedBatchedEx call per product (docs/moe.md). Each block of
- * consecutive rows is its own GEMM of its own shape; cuBLAS reads the
- * blocks' A, B, C addresses from device arrays, which this file keeps (one
- * buffer that grows to the largest call, so a training step allocates
- * nothing after its first). Row-major tensors are handed to column-major
- * cuBLAS transposed, as cuda_matmul.c does. */
+/* Grouped products on the GPU (docs/moe.md), two ways (CAI_CUDA_GROUPED):
+ * one cuBLASLt product per block, every block planned as if it had the
+ * blocks' mean row count (cuda_matmul.c: one plan whatever the routing), or all blocks in one
+ * cublasGemmGroupedBatchedEx call, each block its own GEMM of its own shape, cuBLAS reading the blocks' A, B, C
+ * addresses from device arrays that this file keeps (one buffer that grows to the largest call, so a training step
+ * allocates nothing after its first). On an H200 cuBLAS's grouped kernel runs 2048-row blocks at about 300 TFLOP/s
+ * where cuBLASLt runs each at 530 and one dense product at 720 (bench/RESULTS.md). Row-major tensors are handed to
+ * column-major cuBLAS transposed, as cuda_matmul.c does. */
 #include "cai_config.h"
 #include "cuda_internal.h"
 
@@ -16,6 +17,33 @@ static cudaDataType_t blas_type(cai_dtype dt) {
 }
 
 static size_t dt_size(cai_dtype dt) { return dt == CAI_DTYPE_F32 ? 4 : 2; }
+
+/* CAI_CUDA_GROUPED: 1 when blocks of `rows` rows in all (n of them) run one
+ * cuBLASLt product each. auto: per block when the blocks average 1024 rows
+ * or more. Measured on an H200 (bench/RESULTS.md): 8 blocks of about 2048
+ * rows run 1.7x faster forward per block; 64 blocks of about 256 rows 8x
+ * faster in one grouped launch (a loop of small products is launch-bound);
+ * between the two the threshold is a guess. */
+static int per_block(int n, int64_t rows) {
+    static int mode = -1; /* 0 auto, 1 per block, 2 grouped; the knob is read once */
+    if (mode < 0) {
+        const char *v = NULL;
+        mode = cai_knob_str("CAI_CUDA_GROUPED", &v) == CAI_OK && v ? (!strcmp(v, "loop")      ? 1
+                                                                      : !strcmp(v, "grouped") ? 2
+                                                                                              : 0)
+                                                                   : 0;
+    }
+    if (mode) return mode == 1;
+    return n > 0 && rows / n >= 1024;
+}
+
+/* rows [off, off + n) of r */
+static cai_rows rows_at(const cai_rows *r, int64_t off, int64_t n) {
+    cai_rows b = *r;
+    b.data += (size_t)(off * r->ld) * dt_size(r->dtype);
+    b.rows = n;
+    return b;
+}
 
 /* One grouped call's per-block arguments (host arrays; only blocks with rows). */
 typedef struct {
@@ -193,6 +221,17 @@ cai_status cai_cuda_grouped_linear_fwd(cai_device_t *dev, cai_tensor *out, const
         return st;
     }
     const size_t ex = dt_size(x.dtype);
+    int64_t total = 0;
+    for (int b = 0; b < n; b++) total += rows[b];
+    if (per_block(n, total)) {
+        for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
+            const cai_rows xb = rows_at(&x, off, rows[b]), yb = rows_at(&y, off, rows[b]);
+            if (rows[b]) st = cai_cuda_block_linear_fwd(dev, op, &xb, &w[b], &yb, total / n);
+        }
+        gcall_free(&g);
+        free(w);
+        return st;
+    }
     for (int64_t b = 0, off = 0; b < n; off += rows[b], b++) {
         if (!rows[b]) continue;
         /* out^T [OC, r] = W [OC, IC] (row-major W read as W^T, transposed) x^T [IC, r] */
@@ -234,6 +273,18 @@ cai_status cai_cuda_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_
             st = CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dweight[%d] is %s, dweight[0] %s", op, b,
                            cai_dtype_name(dw[b].dtype), cai_dtype_name(dw[0].dtype));
     if (st == CAI_OK) st = cai_cuda_enter(dev, op);
+    int64_t total = 0;
+    for (int b = 0; b < n; b++) total += rows[b];
+    if (st == CAI_OK && per_block(n, total)) {
+        for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
+            const cai_rows xb = rows_at(&x, off, rows[b]), dyb = rows_at(&dy, off, rows[b]);
+            const cai_rows dxb = dinp ? rows_at(&dx, off, rows[b]) : xb;
+            if (rows[b])
+                st = cai_cuda_block_linear_bwd(dev, op, dinp ? &dxb : NULL, &dw[b], &dyb, &xb, &w[b], accum, total / n);
+        }
+        free(w);
+        return st;
+    }
     if (st == CAI_OK) st = gcall_init(&gx, n, op);
     if (st == CAI_OK) st = gcall_init(&gw, n, op);
     const size_t ex = dt_size(x.dtype);

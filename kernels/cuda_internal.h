@@ -30,7 +30,7 @@ typedef struct {
     int valid;
 } cai_cuda_plan;
 
-#define CAI_CUDA_PLANS 64
+#define CAI_CUDA_PLANS 128
 
 /* Enough for a decode step of 1024 tokens over 8 kv heads of up to 4 query heads each. */
 #define CAI_CUDA_PAGED_COUNTERS 8192
@@ -228,7 +228,19 @@ CUDA_OP(moe_router_bwd)
 (cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *probs, const cai_tensor *lse,
  const cai_tensor *sel, const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load, cai_route_fn fn,
  int norm_topk, double aux_scale, double z_scale);
-/* grouped products, one cuBLAS grouped GEMM each (cuda_grouped.c) */
+/* One block of a grouped product on validated rows (cuda_matmul.c): as
+ * linear_fwd, and linear_bwd's dx (= or += with accum; NULL: skipped) and
+ * dw +=, with cuBLASLt's plan looked up as if the block had plan_rows rows
+ * (bucketed): a block's row count changes from call to call, and a
+ * heuristic query (and, the first time, loading the kernel it picks) per
+ * new count costs more than the product. A plan cuBLASLt refuses for the
+ * real count is queried again for it. */
+cai_status cai_cuda_block_linear_fwd(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
+                                     const cai_rows *y, int64_t plan_rows);
+cai_status cai_cuda_block_linear_bwd(cai_device_t *dev, const char *op, const cai_rows *dx, const cai_rows *dw,
+                                     const cai_rows *dy, const cai_rows *x, const cai_rows *w, int accum,
+                                     int64_t plan_rows);
+/* grouped products (cuda_grouped.c) */
 CUDA_OP(grouped_linear_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n);
 CUDA_OP(grouped_linear_bwd)

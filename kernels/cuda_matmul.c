@@ -99,7 +99,22 @@ typedef struct {
      * is both (in place). The caller gives it C's dtype (cuBLASLt's C and D
      * types agree for these inputs); row stride and alignment its own. */
     const cmat *Cin;
+    /* Nonzero: the plan is looked up under this row count instead of M (key_m)
+     * or K (key_k), so calls whose count changes every time (an expert's
+     * tokens) share one plan */
+    int64_t key_m, key_k;
 } gemm_req;
+
+/* The plan bucket of a row count: the next of 2^j x {1, 1.25, 1.5, 1.75}
+ * at or above it (exact below 64). */
+static int64_t row_bucket(int64_t r) {
+    if (r < 64) return r;
+    int64_t p = 64;
+    while (p * 2 <= r) p *= 2;
+    for (int q = 4; q <= 8; q++)
+        if (p * q / 4 >= r) return p * q / 4;
+    return p * 2;
+}
 
 static cai_status set_batch(const char *op, cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
     int32_t n = (int32_t)batch;
@@ -292,9 +307,9 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     /* epi tells every epilogue apart (bias or not, GELU forward or backward);
      * the aux dtype is D's, already in the key; a separate C input adds
      * its dtype, row stride, batch stride and alignment (0s when C is D) */
-    int64_t key[CAI_CUDA_PLAN_KEY] = {g->M,
+    int64_t key[CAI_CUDA_PLAN_KEY] = {g->key_m ? g->key_m : g->M,
                                       g->N,
-                                      g->K,
+                                      g->key_k ? g->key_k : g->K,
                                       g->ta,
                                       g->tb,
                                       g->batch,
@@ -320,7 +335,10 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
                                       g->Cin ? sci : 0,
                                       g->Cin ? (int64_t)al_ci : 0};
     cai_cuda_plan *plan = cai_cuda_plan_find(c, key);
+    int fresh = 0;
+again:
     if (!plan) {
+        fresh = 1;
         LT("cublasLtMatmulPreference", cai_cuda_lt_pref(c, al_a, al_b, al_ci, al_c, &pref));
         cublasLtMatmulHeuristicResult_t res[16];
         int nres = 0, best = 0;
@@ -338,6 +356,9 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
                                        C->data, lc, &plan->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
     if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
         plan->valid = 0;
+        plan = NULL;
+        /* a bucket's plan, chosen for another row count, may not take this one */
+        if (!fresh) goto again;
         *no_algo = 1;
     } else if (ms != CUBLAS_STATUS_SUCCESS) {
         st = CAI_ERROR(CAI_ERR_CUDA,
@@ -658,6 +679,53 @@ static cai_status linear_param_grads(cai_device_t *dev, const char *op, const ca
     }
     if (db) CAI_CALL(cai_cuda_colsums(dev, op, NULL, db, dy, NULL, NULL, NULL));
     return CAI_OK;
+}
+
+/* C = op(A) op(B) + beta C (batch 1) with the plan looked up as if M
+ * (bucket_m) or K were plan_rows. */
+static cai_status bucket_gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                              const cmat *A, const cmat *B, float beta, const cmat *C, int bucket_m,
+                              int64_t plan_rows) {
+    if (M == 0 || N == 0 || K == 0) return CAI_OK; /* an empty block: += nothing, no rows out */
+    gemm_req g = {.ta = ta,
+                  .tb = tb,
+                  .M = M,
+                  .N = N,
+                  .K = K,
+                  .batch = 1,
+                  .A = A,
+                  .B = B,
+                  .C = C,
+                  .alpha = 1.0f,
+                  .beta = beta,
+                  .key_m = bucket_m ? row_bucket(plan_rows) : 0,
+                  .key_k = bucket_m ? 0 : row_bucket(plan_rows)};
+    int no_algo = 0;
+    CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
+    if (no_algo)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "%s: cuBLASLt has no algorithm for M=%" PRId64 " N=%" PRId64 " K=%" PRId64
+                         " (%s inputs, %s output)",
+                         op, M, N, K, cai_dtype_name(A->dt), cai_dtype_name(C->dt));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_block_linear_fwd(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
+                                     const cai_rows *y, int64_t plan_rows) {
+    cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
+    return bucket_gemm(dev, op, 0, 1, x->rows, w->rows, w->cols, &A, &B, 0.0f, &C, 1, plan_rows);
+}
+
+cai_status cai_cuda_block_linear_bwd(cai_device_t *dev, const char *op, const cai_rows *dx, const cai_rows *dw,
+                                     const cai_rows *dy, const cai_rows *x, const cai_rows *w, int accum,
+                                     int64_t plan_rows) {
+    cmat DY = cmat_of_rows(dy), W = cmat_of_rows(w), X = cmat_of_rows(x), DW = cmat_of_rows(dw);
+    if (dx) {
+        cmat DX = cmat_of_rows(dx);
+        CAI_CALL(
+            bucket_gemm(dev, op, 0, 0, dy->rows, w->cols, w->rows, &DY, &W, accum ? 1.0f : 0.0f, &DX, 1, plan_rows));
+    }
+    return bucket_gemm(dev, op, 1, 0, dw->rows, dw->cols, dy->rows, &DY, &X, 1.0f, &DW, 0, plan_rows);
 }
 
 /* Validation shared by linear_bwd and linear_bwd_dgelu: weight, dout, the

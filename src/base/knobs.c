@@ -31,6 +31,10 @@ static const cai_knob_info g_knobs[] = {
      "attention kernels: auto = cuDNN's fused attention where built and it takes the case, else the project's; "
      "cudnn = cuDNN only (a case it declines is an error); flash = the project's kernels only (flash attention "
      "on tensor cores where it applies, else the WMMA or CUDA-core kernels)"},
+    {"CAI_CUDA_GROUPED", CAI_KNOB_ENUM, "auto", "auto|loop|grouped", 0, 0,
+     "the experts' grouped products: loop = one cuBLASLt product per expert, every expert planned at the "
+     "experts' mean row count; grouped = all experts in one cublasGemmGroupedBatchedEx launch; auto = loop when the "
+     "experts average 1024 rows or more"},
     {"CAI_CUDNN_DETERMINISTIC", CAI_KNOB_INT, "1", NULL, 0, 1,
      "1: cuDNN's attention backward is bitwise repeatable; 0: its faster non-deterministic backward (atomics)"},
     {"CAI_NCCL_TRACE", CAI_KNOB_INT, "0", NULL, 0, 1,

@@ -28,7 +28,7 @@ static double g_bw = 0, g_mm = 0; /* measured ceilings: bytes/s, flop/s */
         }                                                                   \
     } while (0)
 
-#define NDEV 64
+#define NDEV 256
 static void *g_dev[NDEV];
 static int g_ndev;
 
@@ -237,9 +237,112 @@ static void f_sumsq(void *x) {
     OK(G->ops->sumsq(G, &c->b, &c->a));
 }
 
+/* The experts' products of a Mixtral-shaped layer (bench/configs/mixtral-0.6b.yaml: 8192 tokens,
+ * top-2 of 8 experts, d 1024, ffn 2048) as grouped products over uneven blocks (routing's
+ * counts, 1536..2560 rows) against one linear of the same rows and FLOPs: what grouping costs. */
+typedef struct {
+    cai_tensor x, h, y, dh, dx, w, dw;
+    cai_tensor *ws, *dws;
+    const int64_t *rows;
+    int n;
+} moe_ctx;
+
+static void f_dense_fwd(void *x) {
+    moe_ctx *c = x;
+    OK(G->ops->linear_fwd(G, &c->h, &c->x, &c->w, NULL));
+}
+static void f_grouped_fwd(void *x) {
+    moe_ctx *c = x;
+    OK(G->ops->grouped_linear_fwd(G, &c->h, &c->x, c->ws, c->rows, c->n));
+}
+static void f_dense_bwd(void *x) {
+    moe_ctx *c = x;
+    OK(G->ops->linear_bwd(G, &c->dx, &c->dw, NULL, &c->dh, &c->x, &c->w, 0));
+}
+static void f_grouped_bwd(void *x) {
+    moe_ctx *c = x;
+    OK(G->ops->grouped_linear_bwd(G, &c->dx, c->dws, &c->dh, &c->x, c->ws, c->rows, c->n, 0));
+}
+
+/* block b's rows of t */
+static cai_tensor moe_block(const cai_tensor *t, const int64_t *rows, int b) {
+    int64_t off = 0;
+    for (int i = 0; i < b; i++) off += rows[i];
+    cai_tensor r;
+    OK(cai_tensor_slice0(t, off, rows[b], &r));
+    return r;
+}
+static void f_loop_fwd(void *x) {
+    moe_ctx *c = x;
+    for (int b = 0; b < c->n; b++) {
+        cai_tensor h = moe_block(&c->h, c->rows, b), xi = moe_block(&c->x, c->rows, b);
+        OK(G->ops->linear_fwd(G, &h, &xi, &c->ws[b], NULL));
+    }
+}
+static void f_loop_bwd(void *x) {
+    moe_ctx *c = x;
+    for (int b = 0; b < c->n; b++) {
+        cai_tensor dx = moe_block(&c->dx, c->rows, b), dh = moe_block(&c->dh, c->rows, b),
+                   xi = moe_block(&c->x, c->rows, b);
+        OK(G->ops->linear_bwd(G, &dx, &c->dws[b], NULL, &dh, &xi, &c->ws[b], 0));
+    }
+}
+
+/* One expert shape: grouped against dense and a loop of linears. */
+static void bench_moe_shape(const char *what, const int64_t *rows, int E, int64_t IC, int64_t OC) {
+    const cai_dtype BF = CAI_DTYPE_BF16, F32 = CAI_DTYPE_F32;
+    int64_t R = 0;
+    for (int e = 0; e < E; e++) R += rows[e];
+    moe_ctx c = {.rows = rows, .n = E};
+    cai_tensor *ws = calloc((size_t)E * 2, sizeof *ws);
+    if (!ws) exit(1);
+    c.x = dev_tensor(BF, 2, SHP(R, IC), 1.0f);
+    c.h = dev_tensor(BF, 2, SHP(R, OC), 1.0f);
+    c.dh = dev_tensor(BF, 2, SHP(R, OC), 1.0f);
+    c.dx = dev_tensor(BF, 2, SHP(R, IC), 1.0f);
+    c.w = dev_tensor(BF, 2, SHP(OC, IC), 0.02f);
+    c.dw = dev_tensor(F32, 2, SHP(OC, IC), 0.0f);
+    for (int e = 0; e < E; e++) {
+        ws[e] = dev_tensor(BF, 2, SHP(OC, IC), 0.02f);
+        ws[E + e] = dev_tensor(F32, 2, SHP(OC, IC), 0.0f);
+    }
+    c.ws = ws;
+    c.dws = ws + E;
+    const double fl = 2.0 * R * IC * OC, by = 2.0 * R * (IC + OC);
+    char name[128];
+    snprintf(name, sizeof name, "moe %s dense fwd", what);
+    report(name, time_it(f_dense_fwd, &c), by + 2.0 * IC * OC, fl);
+    snprintf(name, sizeof name, "moe %s grouped fwd (%d)", what, E);
+    report(name, time_it(f_grouped_fwd, &c), by + E * 2.0 * IC * OC, fl);
+    snprintf(name, sizeof name, "moe %s loop of %d linear_fwd", what, E);
+    report(name, time_it(f_loop_fwd, &c), by + E * 2.0 * IC * OC, fl);
+    snprintf(name, sizeof name, "moe %s dense bwd (dx, f32 dW)", what);
+    report(name, time_it(f_dense_bwd, &c), 2 * by + 10.0 * IC * OC, 2 * fl);
+    snprintf(name, sizeof name, "moe %s grouped bwd (%d)", what, E);
+    report(name, time_it(f_grouped_bwd, &c), 2 * by + E * 10.0 * IC * OC, 2 * fl);
+    snprintf(name, sizeof name, "moe %s loop of %d linear_bwd", what, E);
+    report(name, time_it(f_loop_bwd, &c), 2 * by + E * 10.0 * IC * OC, 2 * fl);
+    free_all();
+    free(ws);
+}
+
+/* grouped_linear_* as CAI_CUDA_GROUPED chooses (run the bench under each value to compare) */
+static void bench_moe(void) {
+    static const int64_t rows8[8] = {1536, 2560, 1792, 2304, 2048, 2048, 1600, 2496}; /* 16384 */
+    bench_moe_shape("8x2048 [.,1024]->2048", rows8, 8, 1024, 2048);
+    bench_moe_shape("8x2048 [.,2048]->1024", rows8, 8, 2048, 1024);
+    /* fine-grained experts (DeepSeek-style): 64 of about 256 rows, hidden 512 */
+    int64_t rows64[64];
+    for (int e = 0; e < 64; e++) rows64[e] = 192 + (e * 37) % 129; /* 192..320 */
+    bench_moe_shape("64x256 [.,1024]->512", rows64, 64, 1024, 512);
+    bench_moe_shape("64x256 [.,512]->1024", rows64, 64, 512, 1024);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc > 1) g_reps = atoi(argv[1]) > 0 ? atoi(argv[1]) : g_reps;
+    /* a second argument names one section: moe */
+    const char *only = argc > 2 ? argv[2] : NULL;
     cai_status st = cai_device_init(&G, CAI_DEVICE_CUDA, 0, 0);
     if (st == CAI_ERR_UNSUPPORTED) {
         printf("SKIP: %s\n", cai_error_message());
@@ -267,6 +370,11 @@ int main(int argc, char **argv) {
     free_all();
     printf("ceilings: copy %.2f TB/s (read + write), bf16 matmul 8192^3 %.0f TFLOP/s\n\n", g_bw / 1e12, g_mm / 1e12);
     printf("%-44s %12s  %12s  %15s  %16s  %s\n", "op", "time", "bandwidth", "compute", "", "of roofline");
+    if (!only || !strcmp(only, "moe")) bench_moe();
+    if (only) {
+        cai_device_free(G);
+        return 0;
+    }
 
     /* linear layers */
     struct {
