@@ -165,6 +165,12 @@ static void release(cai_device_t *dev) {
         if (c->paged_cnt) cudaFree(c->paged_cnt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->grouped_ptrs) cudaFree(c->grouped_ptrs);
+        for (int i = 0; i < CAI_CUDA_SIDE; i++) {
+            if (c->side[i]) cudaStreamSynchronize(c->side[i]), cudaStreamDestroy(c->side[i]);
+            if (c->side_ws[i]) cudaFree(c->side_ws[i]);
+        }
+        for (int i = 0; i <= CAI_CUDA_SIDE; i++)
+            if (c->side_ev[i]) cudaEventDestroy(c->side_ev[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         cudaGetLastError();
         cai_free(c);

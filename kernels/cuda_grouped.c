@@ -1,6 +1,8 @@
 /* Grouped products on the GPU (docs/moe.md), two ways (CAI_CUDA_GROUPED):
  * one cuBLASLt product per block, every block planned as if it had the
- * blocks' mean row count (cuda_matmul.c: one plan whatever the routing), or all blocks in one
+ * blocks' mean row count (cuda_matmul.c: one plan whatever the routing),
+ * the blocks spread over the device's stream and three side streams so one
+ * block's tail overlaps the next one's start, or all blocks in one
  * cublasGemmGroupedBatchedEx call, each block its own GEMM of its own shape, cuBLAS reading the blocks' A, B, C
  * addresses from device arrays that this file keeps (one buffer that grows to the largest call, so a training step
  * allocates nothing after its first). On an H200 cuBLAS's grouped kernel runs 2048-row blocks at about 300 TFLOP/s
@@ -36,6 +38,49 @@ static int per_block(int n, int64_t rows) {
     if (mode) return mode == 1;
     return n > 0 && rows / n >= 1024;
 }
+
+/* Side streams, events and workspaces, made at the first fork. */
+static cai_status side_ready(cai_device_t *dev, const char *op) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; e == cudaSuccess && i <= CAI_CUDA_SIDE; i++)
+        if (!c->side_ev[i]) e = cudaEventCreateWithFlags(&c->side_ev[i], cudaEventDisableTiming);
+    for (int i = 0; e == cudaSuccess && i < CAI_CUDA_SIDE; i++) {
+        if (!c->side[i]) e = cudaStreamCreateWithFlags(&c->side[i], cudaStreamNonBlocking);
+        if (e == cudaSuccess && !c->side_ws[i] && c->lt_ws_bytes) e = cudaMalloc(&c->side_ws[i], c->lt_ws_bytes);
+    }
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "%s: side streams on cuda:%d (%zu-byte cuBLASLt workspaces): %s", op, c->ordinal,
+                         c->lt_ws_bytes, cudaGetErrorString(e));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_fork(cai_device_t *dev, const char *op, int n) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    CAI_CALL(side_ready(dev, op));
+    cudaError_t e = cudaEventRecord(c->side_ev[0], c->stream);
+    for (int i = 0; e == cudaSuccess && i < n; i++) e = cudaStreamWaitEvent(c->side[i], c->side_ev[0], 0);
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "%s: forking %d side streams: %s", op, n, cudaGetErrorString(e));
+    return CAI_OK;
+}
+
+cai_status cai_cuda_join(cai_device_t *dev, const char *op, int n) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; e == cudaSuccess && i < n; i++) {
+        e = cudaEventRecord(c->side_ev[i + 1], c->side[i]);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(c->stream, c->side_ev[i + 1], 0);
+    }
+    if (e != cudaSuccess)
+        return CAI_ERROR(CAI_ERR_CUDA, "%s: joining %d side streams: %s", op, n, cudaGetErrorString(e));
+    return CAI_OK;
+}
+
+/* Blocks on the device's stream and the side streams in turn; the side
+ * streams start after everything enqueued before and the device's stream
+ * continues after all of them. */
+static int lanes(int n) { return n < CAI_CUDA_SIDE + 1 ? n : CAI_CUDA_SIDE + 1; }
 
 /* rows [off, off + n) of r */
 static cai_rows rows_at(const cai_rows *r, int64_t off, int64_t n) {
@@ -224,10 +269,14 @@ cai_status cai_cuda_grouped_linear_fwd(cai_device_t *dev, cai_tensor *out, const
     int64_t total = 0;
     for (int b = 0; b < n; b++) total += rows[b];
     if (per_block(n, total)) {
+        const int L = lanes(n);
+        st = cai_cuda_fork(dev, op, L - 1);
         for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
             const cai_rows xb = rows_at(&x, off, rows[b]), yb = rows_at(&y, off, rows[b]);
-            if (rows[b]) st = cai_cuda_block_linear_fwd(dev, op, &xb, &w[b], &yb, total / n);
+            if (rows[b]) st = cai_cuda_block_linear_fwd(dev, op, &xb, &w[b], &yb, total / n, (int)(b % L));
         }
+        const cai_status sj = cai_cuda_join(dev, op, L - 1);
+        if (st == CAI_OK) st = sj;
         gcall_free(&g);
         free(w);
         return st;
@@ -276,12 +325,17 @@ cai_status cai_cuda_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_
     int64_t total = 0;
     for (int b = 0; b < n; b++) total += rows[b];
     if (st == CAI_OK && per_block(n, total)) {
+        const int L = lanes(n);
+        st = cai_cuda_fork(dev, op, L - 1);
         for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
             const cai_rows xb = rows_at(&x, off, rows[b]), dyb = rows_at(&dy, off, rows[b]);
             const cai_rows dxb = dinp ? rows_at(&dx, off, rows[b]) : xb;
             if (rows[b])
-                st = cai_cuda_block_linear_bwd(dev, op, dinp ? &dxb : NULL, &dw[b], &dyb, &xb, &w[b], accum, total / n);
+                st = cai_cuda_block_linear_bwd(dev, op, dinp ? &dxb : NULL, &dw[b], &dyb, &xb, &w[b], accum, total / n,
+                                               (int)(b % L));
         }
+        const cai_status sj = cai_cuda_join(dev, op, L - 1);
+        if (st == CAI_OK) st = sj;
         free(w);
         return st;
     }

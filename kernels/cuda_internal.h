@@ -31,6 +31,7 @@ typedef struct {
 } cai_cuda_plan;
 
 #define CAI_CUDA_PLANS 128
+#define CAI_CUDA_SIDE 3
 
 /* Enough for a decode step of 1024 tokens over 8 kv heads of up to 4 query heads each. */
 #define CAI_CUDA_PAGED_COUNTERS 8192
@@ -55,6 +56,13 @@ typedef struct cai_cuda_impl {
     size_t grouped_cap;   /* pointers grouped_ptrs holds */
     cai_cuda_plan plans[CAI_CUDA_PLANS];
     int next_plan;
+    /* more streams for products that may overlap (a grouped product's
+     * blocks, cuda_grouped.c), each with its cuBLASLt workspace; made at
+     * the first use. side_ev[0]: the fork point on `stream`; side_ev[i]:
+     * side stream i's end */
+    cudaStream_t side[CAI_CUDA_SIDE];
+    cudaEvent_t side_ev[CAI_CUDA_SIDE + 1];
+    void *side_ws[CAI_CUDA_SIDE];
 } cai_cuda_impl;
 
 static inline cai_cuda_impl *cai_cuda_of(const cai_device_t *dev) { return (cai_cuda_impl *)dev->impl; }
@@ -79,6 +87,11 @@ cai_cuda_plan *cai_cuda_plan_add(cai_cuda_impl *c, const int64_t *key, const cub
  * alignments (bytes); *out NULL unless CUBLAS_STATUS_SUCCESS. */
 cublasStatus_t cai_cuda_lt_pref(const cai_cuda_impl *c, uint32_t al_a, uint32_t al_b, uint32_t al_c, uint32_t al_d,
                                 cublasLtMatmulPreference_t *out);
+
+/* Side streams (cuda_grouped.c): fork makes side streams 1..n wait for
+ * the work enqueued so far; join makes the device's stream wait for theirs. */
+cai_status cai_cuda_fork(cai_device_t *dev, const char *op, int n);
+cai_status cai_cuda_join(cai_device_t *dev, const char *op, int n);
 
 /* Make dev's GPU current for this thread (ops may be called from any thread). */
 cai_status cai_cuda_enter(cai_device_t *dev, const char *op);
@@ -228,7 +241,9 @@ CUDA_OP(moe_router_bwd)
 (cai_device_t *dev, cai_tensor *dlogits, const cai_tensor *logits, const cai_tensor *probs, const cai_tensor *lse,
  const cai_tensor *sel, const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load, cai_route_fn fn,
  int norm_topk, double aux_scale, double z_scale);
-/* One block of a grouped product on validated rows (cuda_matmul.c): as
+/* One block of a grouped product on validated rows (cuda_matmul.c), on
+ * stream `lane` (0: the device's stream, i: side stream i, between
+ * cai_cuda_fork and cai_cuda_join): as
  * linear_fwd, and linear_bwd's dx (= or += with accum; NULL: skipped) and
  * dw +=, with cuBLASLt's plan looked up as if the block had plan_rows rows
  * (bucketed): a block's row count changes from call to call, and a
@@ -236,10 +251,10 @@ CUDA_OP(moe_router_bwd)
  * new count costs more than the product. A plan cuBLASLt refuses for the
  * real count is queried again for it. */
 cai_status cai_cuda_block_linear_fwd(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
-                                     const cai_rows *y, int64_t plan_rows);
+                                     const cai_rows *y, int64_t plan_rows, int lane);
 cai_status cai_cuda_block_linear_bwd(cai_device_t *dev, const char *op, const cai_rows *dx, const cai_rows *dw,
                                      const cai_rows *dy, const cai_rows *x, const cai_rows *w, int accum,
-                                     int64_t plan_rows);
+                                     int64_t plan_rows, int lane);
 /* grouped products (cuda_grouped.c) */
 CUDA_OP(grouped_linear_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const int64_t *rows, int n);

@@ -103,6 +103,7 @@ typedef struct {
      * or K (key_k), so calls whose count changes every time (an expert's
      * tokens) share one plan */
     int64_t key_m, key_k;
+    int lane; /* 0: the device's stream; i > 0: side stream i and its workspace (no autotuning there) */
 } gemm_req;
 
 /* The plan bucket of a row count: the next of 2^j x {1, 1.25, 1.5, 1.75}
@@ -349,11 +350,12 @@ again:
             *no_algo = 1;
             goto done;
         }
-        CAI_CALL_GOTO(autotune(dev, op, g, desc, la, lb, lc_in, lc, res, nres, sc, &best), st, done);
+        if (!g->lane) CAI_CALL_GOTO(autotune(dev, op, g, desc, la, lb, lc_in, lc, res, nres, sc, &best), st, done);
         plan = cai_cuda_plan_add(c, key, &res[best].algo);
     }
     cublasStatus_t ms = cublasLtMatmul(c->lt, desc, &g->alpha, B->data, la, A->data, lb, &g->beta, Ci->data, lc_in,
-                                       C->data, lc, &plan->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+                                       C->data, lc, &plan->algo, g->lane ? c->side_ws[g->lane - 1] : c->lt_ws,
+                                       c->lt_ws_bytes, g->lane ? c->side[g->lane - 1] : c->stream);
     if (ms == CUBLAS_STATUS_NOT_SUPPORTED) {
         plan->valid = 0;
         plan = NULL;
@@ -684,8 +686,8 @@ static cai_status linear_param_grads(cai_device_t *dev, const char *op, const ca
 /* C = op(A) op(B) + beta C (batch 1) with the plan looked up as if M
  * (bucket_m) or K were plan_rows. */
 static cai_status bucket_gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                              const cmat *A, const cmat *B, float beta, const cmat *C, int bucket_m,
-                              int64_t plan_rows) {
+                              const cmat *A, const cmat *B, float beta, const cmat *C, int bucket_m, int64_t plan_rows,
+                              int lane) {
     if (M == 0 || N == 0 || K == 0) return CAI_OK; /* an empty block: += nothing, no rows out */
     gemm_req g = {.ta = ta,
                   .tb = tb,
@@ -699,7 +701,8 @@ static cai_status bucket_gemm(cai_device_t *dev, const char *op, int ta, int tb,
                   .alpha = 1.0f,
                   .beta = beta,
                   .key_m = bucket_m ? row_bucket(plan_rows) : 0,
-                  .key_k = bucket_m ? 0 : row_bucket(plan_rows)};
+                  .key_k = bucket_m ? 0 : row_bucket(plan_rows),
+                  .lane = lane};
     int no_algo = 0;
     CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
     if (no_algo)
@@ -711,21 +714,21 @@ static cai_status bucket_gemm(cai_device_t *dev, const char *op, int ta, int tb,
 }
 
 cai_status cai_cuda_block_linear_fwd(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
-                                     const cai_rows *y, int64_t plan_rows) {
+                                     const cai_rows *y, int64_t plan_rows, int lane) {
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
-    return bucket_gemm(dev, op, 0, 1, x->rows, w->rows, w->cols, &A, &B, 0.0f, &C, 1, plan_rows);
+    return bucket_gemm(dev, op, 0, 1, x->rows, w->rows, w->cols, &A, &B, 0.0f, &C, 1, plan_rows, lane);
 }
 
 cai_status cai_cuda_block_linear_bwd(cai_device_t *dev, const char *op, const cai_rows *dx, const cai_rows *dw,
                                      const cai_rows *dy, const cai_rows *x, const cai_rows *w, int accum,
-                                     int64_t plan_rows) {
+                                     int64_t plan_rows, int lane) {
     cmat DY = cmat_of_rows(dy), W = cmat_of_rows(w), X = cmat_of_rows(x), DW = cmat_of_rows(dw);
     if (dx) {
         cmat DX = cmat_of_rows(dx);
-        CAI_CALL(
-            bucket_gemm(dev, op, 0, 0, dy->rows, w->cols, w->rows, &DY, &W, accum ? 1.0f : 0.0f, &DX, 1, plan_rows));
+        CAI_CALL(bucket_gemm(dev, op, 0, 0, dy->rows, w->cols, w->rows, &DY, &W, accum ? 1.0f : 0.0f, &DX, 1, plan_rows,
+                             lane));
     }
-    return bucket_gemm(dev, op, 1, 0, dw->rows, dw->cols, dy->rows, &DY, &X, 1.0f, &DW, 0, plan_rows);
+    return bucket_gemm(dev, op, 1, 0, dw->rows, dw->cols, dy->rows, &DY, &X, 1.0f, &DW, 0, plan_rows, lane);
 }
 
 /* Validation shared by linear_bwd and linear_bwd_dgelu: weight, dout, the
