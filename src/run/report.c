@@ -11,17 +11,21 @@
 
 #include "run_internal.h"
 
-/* N of the 6·N rule: every parameter that takes part in a matmul. The
- * token and position tables are lookups, not matmuls; the LM head is one
- * (V_padded x d) even when tied to the token table. */
-static int64_t matmul_params(const cai_registry_t *reg) {
+/* N of the 6·N rule: every parameter that takes part in a token's
+ * matmuls. The token and position tables are lookups, not matmuls; the LM
+ * head is one (V_padded x d) even when tied to the token table; an expert's
+ * weights count top_k / n_experts of their size, as each token passes
+ * through top_k of the experts (the active parameters). */
+static int64_t matmul_params(const cai_registry_t *reg, int top_k) {
     int64_t n = 0;
     int np = cai_registry_count(reg), head = 0;
     for (int i = 0; i < np; i++) {
         const cai_param_info *p = cai_registry_param(reg, i);
         if (!strcmp(p->name, "lm_head.weight")) head = 1;
         if (!strcmp(p->name, "wte.weight") || !strcmp(p->name, "wpe.weight")) continue;
-        n += (int64_t)p->numel;
+        if (p->spec.expert >= 0 && p->spec.n_experts > 0)
+            n += (int64_t)((double)p->numel * top_k / p->spec.n_experts);
+        else n += (int64_t)p->numel;
     }
     if (!head) { /* a family without a registered head: it reads the token table */
         int w = cai_registry_find(reg, "wte.weight");
@@ -70,7 +74,7 @@ cai_status cai_run_report_init(cai_run_report *r, const char *dir, double peak_t
     r->rank = rank;
     r->dev = dev;
     const cai_model_config *mc = cai_model_config_of(m);
-    r->matmul_params = matmul_params(cai_model_registry(m));
+    r->matmul_params = matmul_params(cai_model_registry(m), mc->moe.n_experts > 0 ? mc->moe.top_k : 0);
     const double attn = 12.0 * mc->n_layers * (double)seq_len * mc->d_model;
     r->flops_per_token = adapters < 0 ? 6.0 * (double)r->matmul_params + attn
                                       : 4.0 * (double)r->matmul_params + 6.0 * (double)adapters + attn;

@@ -245,7 +245,8 @@ cai_status cai_run_start(cai_run_t *run, cai_model_t *model, int seq_len, int64_
  * input gradients, no weight gradients) and 6 per adapter parameter. Before
  * cai_run_start. */
 cai_status cai_run_set_adapters(cai_run_t *run, int64_t trained);
-/* FLOPs per token, matmul parameters N, peak FLOP/s of the whole job. */
+/* FLOPs per token, matmul parameters N (experts' at top_k / n_experts of
+ * their size: the active ones), peak FLOP/s of the whole job. */
 void cai_run_flops(const cai_run_t *run, double *flops_per_token, int64_t *matmul_params, double *peak_flops);
 
 /* The loop from the first step to the last: each step, its metrics record
