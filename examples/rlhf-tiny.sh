@@ -14,7 +14,10 @@
 # COLOSSAL_BIN (default: the PATH), the launcher from MPIEXEC (default
 # mpirun). Sizes from the environment: PRETRAIN_STEPS (600), SFT_EPOCHS (4),
 # DOCS (4000), RM_DOCS (40000), RM_STEPS (1500), DPO_STEPS (200),
-# GRPO_STEPS (150).
+# GRPO_STEPS (150). SPLIT_DIGITS=1 trains the corpus tokenizer with every
+# digit its own token (--data.corpus_split_digits; SFT and RL use the
+# checkpoint's tokenizer, so it carries through). It is off by default:
+# measured worse held out (bench/RESULTS.md, "digits as tokens").
 #
 # The reward model trains on the pairs of RM_DOCS conversations, none
 # held out (the first DOCS of them are data/'s, the generator being
@@ -32,12 +35,13 @@ dir=${1:-runs/rlhf-tiny}
 np=${2:-2}
 bin=${COLOSSAL_BIN:+$COLOSSAL_BIN/}
 launch=${MPIEXEC:-mpirun}
+[ "${SPLIT_DIGITS:-0}" = 0 ] && digits= || digits="--data.corpus_split_digits true"
 mkdir -p "$dir"
 common="--log.timestamps false --checkpoint.every 1000000"
 
 [ -f "$dir/pretrain/checkpoints/latest" ] ||
     $launch -n "$np" "${bin}colossal-pretrain" --model.n_layers 4 --model.d_model 128 --model.n_heads 4 \
-        --train.seq_len 128 --train.micro_batch 8 --train.steps "${PRETRAIN_STEPS:-600}" --data.corpus_vocab 1000 \
+        --train.seq_len 128 --train.micro_batch 8 --train.steps "${PRETRAIN_STEPS:-600}" --data.corpus_vocab 1000 $digits \
         --generate.tokens 0 --eval.interval 0 $common --run.dir "$dir/pretrain"
 "${bin}colossal-data" sft-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10
 "${bin}colossal-data" rl-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held_out 10

@@ -15,15 +15,19 @@
 # come from the environment: PRETRAIN_STEPS (600), SFT_EPOCHS (4), DOCS
 # (4000 conversations, 10% held out), LORA (1; 0 skips the LoRA run),
 # LORA_RANK (16), LORA_LR (5e-3), LORA_TARGETS (c_attn,c_proj,c_fc).
+# SPLIT_DIGITS=1 trains the corpus tokenizer with every digit its own token
+# (--data.corpus_split_digits). It is off by default: measured worse held
+# out (bench/RESULTS.md, "digits as tokens").
 set -e
 dir=${1:-runs/sft-tiny}
 np=${2:-2}
 bin=${COLOSSAL_BIN:+$COLOSSAL_BIN/}
 launch=${MPIEXEC:-mpirun}
+[ "${SPLIT_DIGITS:-0}" = 0 ] && digits= || digits="--data.corpus_split_digits true"
 mkdir -p "$dir"
 
 $launch -n "$np" "${bin}colossal-pretrain" --model.n_layers 4 --model.d_model 128 --model.n_heads 4 \
-    --train.seq_len 128 --train.micro_batch 8 --train.steps "${PRETRAIN_STEPS:-600}" --data.corpus_vocab 1000 \
+    --train.seq_len 128 --train.micro_batch 8 --train.steps "${PRETRAIN_STEPS:-600}" --data.corpus_vocab 1000 $digits \
     --generate.tokens 0 --eval.interval 0 --checkpoint.every 1000000 --log.timestamps false --run.dir "$dir/pretrain"
 "${bin}colossal-data" sft-example --out "$dir/data" --docs "${DOCS:-4000}" --seed 1234 --held-out 10
 $launch -n "$np" "${bin}colossal-sft" --model.path "$dir/pretrain/checkpoints" --data.train "$dir/data/train.jsonl" \
