@@ -215,8 +215,10 @@ static cai_status gcall_run(cai_device_t *dev, const char *op, gcall *g, cai_dty
     return CAI_OK;
 }
 
-/* The blocks' rows fit x (and every other row tensor). */
-static cai_status block_total(const char *op, const int64_t *rows, int n, const cai_rows *x, const char *arg) {
+/* The blocks' rows fit x (and every other row tensor); *out (if given)
+ * gets their sum. */
+static cai_status block_total(const char *op, const int64_t *rows, int n, const cai_rows *x, const char *arg,
+                              int64_t *out) {
     if (n < 0 || (n > 0 && !rows))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: %d blocks, rows %p", op, n, (const void *)rows);
     int64_t total = 0;
@@ -227,6 +229,7 @@ static cai_status block_total(const char *op, const int64_t *rows, int n, const 
     if (total > x->rows)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the blocks need %lld rows of %s, which has %lld", op,
                          (long long)total, arg, (long long)x->rows);
+    if (out) *out = total;
     return CAI_OK;
 }
 
@@ -250,37 +253,34 @@ cai_status cai_cuda_grouped_linear_fwd(cai_device_t *dev, cai_tensor *out, const
     if (n == 0) return CAI_OK;
     CAI_CHECK_ARG(weight, "%s: weight is NULL", op);
     cai_rows x, y;
+    int64_t total;
     CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, -1, &x));
-    CAI_CALL(block_total(op, rows, n, &x, "inp"));
+    CAI_CALL(block_total(op, rows, n, &x, "inp", &total));
     const int64_t IC = x.cols, OC = weight[0].ndim == 2 ? weight[0].shape[0] : -1;
     cai_rows *w = malloc((size_t)n * sizeof *w);
     if (!w) return CAI_ERROR(CAI_ERR_NOMEM, "%s: %d weights", op, n);
-    gcall g;
     cai_status st = block_weights(op, "weight", weight, n, (int)x.dtype, OC, IC, w);
     if (st == CAI_OK) st = cai_ops_rows(op, "out", out, CAI_CUDA, (int)x.dtype, OC, &y);
-    if (st == CAI_OK) st = block_total(op, rows, n, &y, "out");
+    if (st == CAI_OK) st = block_total(op, rows, n, &y, "out", NULL);
     if (st == CAI_OK) st = cai_cuda_enter(dev, op);
+    if (st == CAI_OK && per_block(n, total)) {
+        const int L = lanes(n);
+        const int forked = (st = cai_cuda_fork(dev, op, L - 1)) == CAI_OK;
+        for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
+            const cai_rows xb = rows_at(&x, off, rows[b]), yb = rows_at(&y, off, rows[b]);
+            if (rows[b]) st = cai_cuda_block_linear_fwd(dev, op, &xb, &w[b], &yb, total / n, (int)(b % L));
+        }
+        const cai_status sj = forked ? cai_cuda_join(dev, op, L - 1) : CAI_OK;
+        free(w);
+        return st == CAI_OK ? sj : st;
+    }
+    gcall g;
     if (st == CAI_OK) st = gcall_init(&g, n, op);
     if (st != CAI_OK) {
         free(w);
         return st;
     }
     const size_t ex = dt_size(x.dtype);
-    int64_t total = 0;
-    for (int b = 0; b < n; b++) total += rows[b];
-    if (per_block(n, total)) {
-        const int L = lanes(n);
-        st = cai_cuda_fork(dev, op, L - 1);
-        for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
-            const cai_rows xb = rows_at(&x, off, rows[b]), yb = rows_at(&y, off, rows[b]);
-            if (rows[b]) st = cai_cuda_block_linear_fwd(dev, op, &xb, &w[b], &yb, total / n, (int)(b % L));
-        }
-        const cai_status sj = cai_cuda_join(dev, op, L - 1);
-        if (st == CAI_OK) st = sj;
-        gcall_free(&g);
-        free(w);
-        return st;
-    }
     for (int64_t b = 0, off = 0; b < n; off += rows[b], b++) {
         if (!rows[b]) continue;
         /* out^T [OC, r] = W [OC, IC] (row-major W read as W^T, transposed) x^T [IC, r] */
@@ -300,14 +300,15 @@ cai_status cai_cuda_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_
     if (n == 0) return CAI_OK;
     CAI_CHECK_ARG(weight && dweight, "%s: weight or dweight is NULL", op);
     cai_rows x, dy, dx;
+    int64_t total;
     CAI_CALL(cai_ops_rows(op, "inp", inp, CAI_CUDA, CAI_ANYF, -1, &x));
-    CAI_CALL(block_total(op, rows, n, &x, "inp"));
+    CAI_CALL(block_total(op, rows, n, &x, "inp", &total));
     const int64_t IC = x.cols, OC = weight[0].ndim == 2 ? weight[0].shape[0] : -1;
     CAI_CALL(cai_ops_rows(op, "dout", dout, CAI_CUDA, (int)x.dtype, OC, &dy));
-    CAI_CALL(block_total(op, rows, n, &dy, "dout"));
+    CAI_CALL(block_total(op, rows, n, &dy, "dout", NULL));
     if (dinp) {
         CAI_CALL(cai_ops_rows(op, "dinp", dinp, CAI_CUDA, (int)x.dtype, IC, &dx));
-        CAI_CALL(block_total(op, rows, n, &dx, "dinp"));
+        CAI_CALL(block_total(op, rows, n, &dx, "dinp", NULL));
     }
     cai_rows *w = malloc((size_t)n * 2 * sizeof *w);
     if (!w) return CAI_ERROR(CAI_ERR_NOMEM, "%s: %d weights", op, n);
@@ -322,11 +323,9 @@ cai_status cai_cuda_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_
             st = CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: dweight[%d] is %s, dweight[0] %s", op, b,
                            cai_dtype_name(dw[b].dtype), cai_dtype_name(dw[0].dtype));
     if (st == CAI_OK) st = cai_cuda_enter(dev, op);
-    int64_t total = 0;
-    for (int b = 0; b < n; b++) total += rows[b];
     if (st == CAI_OK && per_block(n, total)) {
         const int L = lanes(n);
-        st = cai_cuda_fork(dev, op, L - 1);
+        const int forked = (st = cai_cuda_fork(dev, op, L - 1)) == CAI_OK;
         for (int64_t b = 0, off = 0; st == CAI_OK && b < n; off += rows[b], b++) {
             const cai_rows xb = rows_at(&x, off, rows[b]), dyb = rows_at(&dy, off, rows[b]);
             const cai_rows dxb = dinp ? rows_at(&dx, off, rows[b]) : xb;
@@ -334,10 +333,9 @@ cai_status cai_cuda_grouped_linear_bwd(cai_device_t *dev, cai_tensor *dinp, cai_
                 st = cai_cuda_block_linear_bwd(dev, op, dinp ? &dxb : NULL, &dw[b], &dyb, &xb, &w[b], accum, total / n,
                                                (int)(b % L));
         }
-        const cai_status sj = cai_cuda_join(dev, op, L - 1);
-        if (st == CAI_OK) st = sj;
+        const cai_status sj = forked ? cai_cuda_join(dev, op, L - 1) : CAI_OK;
         free(w);
-        return st;
+        return st == CAI_OK ? sj : st;
     }
     if (st == CAI_OK) st = gcall_init(&gx, n, op);
     if (st == CAI_OK) st = gcall_init(&gw, n, op);

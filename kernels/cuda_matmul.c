@@ -403,8 +403,10 @@ static cai_status scale_only(cai_device_t *dev, const char *op, const cmat *C, i
 
 /* op(A) op(B) into C over `batch` entries, falling back from one strided
  * batched call to one call per entry when cuBLASLt refuses the batch. */
-static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                       int64_t batch, float alpha, const cmat *A, const cmat *B, float beta, const cmat *C) {
+/* gemm with gemm_req's plan keys and lane (0 0 0: gemm). */
+static cai_status gemm_on(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                          int64_t batch, float alpha, const cmat *A, const cmat *B, float beta, const cmat *C,
+                          int64_t key_m, int64_t key_k, int lane) {
     if (M == 0 || N == 0 || batch == 0) return CAI_OK;
     if (K == 0) {
         cmat cc = *C;
@@ -422,7 +424,10 @@ static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_
                   .B = B,
                   .C = C,
                   .alpha = alpha,
-                  .beta = beta};
+                  .beta = beta,
+                  .key_m = key_m,
+                  .key_k = key_k,
+                  .lane = lane};
     int no_algo = 0;
     CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
     if (!no_algo) return CAI_OK;
@@ -437,9 +442,14 @@ static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_
         b1.data += (size_t)(B->batch > 1 ? i * B->bs : 0) * cai_dtype_size(B->dt);
         c1.data += (size_t)(i * C->bs) * cai_dtype_size(C->dt);
         a1.batch = b1.batch = c1.batch = 1;
-        CAI_CALL(gemm(dev, op, ta, tb, M, N, K, 1, alpha, &a1, &b1, beta, &c1));
+        CAI_CALL(gemm_on(dev, op, ta, tb, M, N, K, 1, alpha, &a1, &b1, beta, &c1, key_m, key_k, lane));
     }
     return CAI_OK;
+}
+
+static cai_status gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                       int64_t batch, float alpha, const cmat *A, const cmat *B, float beta, const cmat *C) {
+    return gemm_on(dev, op, ta, tb, M, N, K, batch, alpha, A, B, beta, C, 0, 0, 0);
 }
 
 cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, int trans_a, const cai_tensor *b,
@@ -688,29 +698,8 @@ static cai_status linear_param_grads(cai_device_t *dev, const char *op, const ca
 static cai_status bucket_gemm(cai_device_t *dev, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
                               const cmat *A, const cmat *B, float beta, const cmat *C, int bucket_m, int64_t plan_rows,
                               int lane) {
-    if (M == 0 || N == 0 || K == 0) return CAI_OK; /* an empty block: += nothing, no rows out */
-    gemm_req g = {.ta = ta,
-                  .tb = tb,
-                  .M = M,
-                  .N = N,
-                  .K = K,
-                  .batch = 1,
-                  .A = A,
-                  .B = B,
-                  .C = C,
-                  .alpha = 1.0f,
-                  .beta = beta,
-                  .key_m = bucket_m ? row_bucket(plan_rows) : 0,
-                  .key_k = bucket_m ? 0 : row_bucket(plan_rows),
-                  .lane = lane};
-    int no_algo = 0;
-    CAI_CALL(lt_gemm(dev, op, &g, &no_algo));
-    if (no_algo)
-        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                         "%s: cuBLASLt has no algorithm for M=%" PRId64 " N=%" PRId64 " K=%" PRId64
-                         " (%s inputs, %s output)",
-                         op, M, N, K, cai_dtype_name(A->dt), cai_dtype_name(C->dt));
-    return CAI_OK;
+    const int64_t key = row_bucket(plan_rows);
+    return gemm_on(dev, op, ta, tb, M, N, K, 1, 1.0f, A, B, beta, C, bucket_m ? key : 0, bucket_m ? 0 : key, lane);
 }
 
 cai_status cai_cuda_block_linear_fwd(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,

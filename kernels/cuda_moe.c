@@ -104,9 +104,7 @@ cai_status cai_cuda_moe_route(cai_device_t *dev, cai_tensor *sel, cai_tensor *wt
                               const cai_tensor *logits, cai_route_fn fn, int norm_topk) {
     static const char op[] = "moe_route";
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, logits, probs, lse, sel, wts, NULL, NULL, NULL, &r));
-    if (!r.logits || !r.lse || !r.sel || !r.wts)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: logits, lse, sel and wts are all required", op);
+    CAI_CALL(cai_ops_moe_route_args(op, CAI_CUDA, (int)fn, sel, wts, probs, lse, logits, &r));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_moe_route(STREAM(dev), r.logits, r.probs, r.lse, r.sel, r.wts, r.N, r.E, r.k, (int)fn,
                                  norm_topk != 0, cai_cuda_of(dev)->err));
@@ -129,12 +127,10 @@ cai_status cai_cuda_moe_router_sums(cai_device_t *dev, cai_tensor *sums, const c
                                     cai_route_fn fn) {
     static const char op[] = "moe_router_sums";
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, NULL, probs, lse, NULL, NULL, NULL, NULL, NULL, &r));
-    char *out;
-    CAI_CALL(cai_ops_vec(op, "sums", sums, CAI_CUDA, (int)CAI_DTYPE_F64, r.E + 1, &out));
-    if (!r.lse) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: lse is required", op);
+    double *o;
+    CAI_CALL(cai_ops_moe_sums_args(op, CAI_CUDA, (int)fn, sums, probs, lse, &r, &o));
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_moe_router_sums(STREAM(dev), (double *)(void *)out, r.probs, r.lse, r.N, r.E, (int)fn));
+    CUK_LAUNCH(op, cuk_moe_router_sums(STREAM(dev), o, r.probs, r.lse, r.N, r.E, (int)fn));
     return CAI_OK;
 }
 
@@ -144,9 +140,7 @@ cai_status cai_cuda_moe_router_bwd(cai_device_t *dev, cai_tensor *dlogits, const
                                    int norm_topk, double aux_scale, double z_scale) {
     static const char op[] = "moe_router_bwd";
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_CUDA, (int)fn, logits, probs, lse, sel, wts, dw, load, dlogits, &r));
-    if (!r.logits || !r.lse || !r.sel || !r.wts || !r.dw || !r.load || !r.dlogits)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: every tensor argument is required", op);
+    CAI_CALL(cai_ops_moe_router_bwd_args(op, CAI_CUDA, (int)fn, dlogits, logits, probs, lse, sel, wts, dw, load, &r));
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_moe_router_bwd(STREAM(dev), r.dlogits, r.logits, r.probs, r.lse, r.sel, r.wts, r.dw, r.load, r.N,
                                       r.E, r.k, (int)fn, norm_topk != 0, aux_scale, z_scale));

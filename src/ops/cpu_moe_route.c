@@ -16,9 +16,7 @@ CPU_OP(moe_route)(cai_device_t *dev, cai_tensor *sel, cai_tensor *wts, cai_tenso
                   const cai_tensor *logits, cai_route_fn fn, int norm_topk) {
     static const char op[] = "moe_route";
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_DEVICE_HOST, (int)fn, logits, probs, lse, sel, wts, NULL, NULL, NULL, &r));
-    if (!r.logits || !r.lse || !r.sel || !r.wts)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: logits, lse, sel and wts are all required", op);
+    CAI_CALL(cai_ops_moe_route_args(op, CAI_DEVICE_HOST, (int)fn, sel, wts, probs, lse, logits, &r));
     const int64_t N = r.N, E = r.E, k = r.k;
     const int nt = cai_cpu_threads(dev, N / 256);
     int bad = 0;
@@ -71,11 +69,8 @@ CPU_OP(moe_router_sums)(cai_device_t *dev, cai_tensor *sums, const cai_tensor *p
     static const char op[] = "moe_router_sums";
     (void)dev;
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_DEVICE_HOST, (int)fn, NULL, probs, lse, NULL, NULL, NULL, NULL, NULL, &r));
-    char *out;
-    CAI_CALL(cai_ops_vec(op, "sums", sums, CAI_DEVICE_HOST, (int)CAI_DTYPE_F64, r.E + 1, &out));
-    if (!r.lse) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: lse is required", op);
-    double *o = (double *)(void *)out;
+    double *o;
+    CAI_CALL(cai_ops_moe_sums_args(op, CAI_DEVICE_HOST, (int)fn, sums, probs, lse, &r, &o));
     const int64_t N = r.N, E = r.E;
     for (int64_t e = 0; e <= E; e++) o[e] = 0.0;
     for (int64_t t = 0; t < N; t++) {
@@ -96,9 +91,8 @@ CPU_OP(moe_router_bwd)(cai_device_t *dev, cai_tensor *dlogits, const cai_tensor 
                        const cai_tensor *load, cai_route_fn fn, int norm_topk, double aux_scale, double z_scale) {
     static const char op[] = "moe_router_bwd";
     cai_route_args r;
-    CAI_CALL(cai_ops_route_args(op, CAI_DEVICE_HOST, (int)fn, logits, probs, lse, sel, wts, dw, load, dlogits, &r));
-    if (!r.logits || !r.lse || !r.sel || !r.wts || !r.dw || !r.load || !r.dlogits)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: every tensor argument is required", op);
+    CAI_CALL(
+        cai_ops_moe_router_bwd_args(op, CAI_DEVICE_HOST, (int)fn, dlogits, logits, probs, lse, sel, wts, dw, load, &r));
     const int64_t N = r.N, E = r.E, k = r.k;
     const int nt = cai_cpu_threads(dev, N / 256);
 #pragma omp parallel for num_threads(nt) schedule(static)

@@ -291,10 +291,12 @@ static cai_status route_vec(const char *op, const char *arg, const cai_tensor *t
     return CAI_OK;
 }
 
-cai_status cai_ops_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *logits,
-                              const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
-                              const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load,
-                              const cai_tensor *dlogits, cai_route_args *out) {
+/* NULL tensors are the ones the op does not take (its caller has checked
+ * that every tensor it takes is given). */
+static cai_status route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *logits,
+                             const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
+                             const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load,
+                             const cai_tensor *dlogits, cai_route_args *out) {
     if (fn != CAI_ROUTE_SOFTMAX && fn != CAI_ROUTE_TOPK_SOFTMAX && fn != CAI_ROUTE_SIGMOID)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "%s: router function %d is not one of softmax (0), topk_softmax (1), "
@@ -332,6 +334,34 @@ cai_status cai_ops_route_args(const char *op, cai_device_kind kind, int fn, cons
     CAI_CALL(route_vec(op, "dw", dw, kind, f32, r.N * r.k, (void **)&r.dw));
     *out = r;
     return CAI_OK;
+}
+
+cai_status cai_ops_moe_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *sel,
+                                  const cai_tensor *wts, const cai_tensor *probs, const cai_tensor *lse,
+                                  const cai_tensor *logits, cai_route_args *out) {
+    if (!logits || !lse || !sel || !wts)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: logits, lse, sel and wts are all required", op);
+    return route_args(op, kind, fn, logits, probs, lse, sel, wts, NULL, NULL, NULL, out);
+}
+
+cai_status cai_ops_moe_sums_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *sums,
+                                 const cai_tensor *probs, const cai_tensor *lse, cai_route_args *out,
+                                 double **sums_data) {
+    if (!lse) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: lse is required", op);
+    CAI_CALL(route_args(op, kind, fn, NULL, probs, lse, NULL, NULL, NULL, NULL, NULL, out));
+    char *p;
+    CAI_CALL(cai_ops_vec(op, "sums", sums, kind, (int)CAI_DTYPE_F64, out->E + 1, &p));
+    *sums_data = (double *)(void *)p;
+    return CAI_OK;
+}
+
+cai_status cai_ops_moe_router_bwd_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *dlogits,
+                                       const cai_tensor *logits, const cai_tensor *probs, const cai_tensor *lse,
+                                       const cai_tensor *sel, const cai_tensor *wts, const cai_tensor *dw,
+                                       const cai_tensor *load, cai_route_args *out) {
+    if (!dlogits || !logits || !lse || !sel || !wts || !dw || !load)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: every tensor argument is required", op);
+    return route_args(op, kind, fn, logits, probs, lse, sel, wts, dw, load, dlogits, out);
 }
 
 cai_status cai_ops_assign_args(const char *op, cai_device_kind kind, const cai_tensor *pos, const cai_tensor *load,

@@ -106,20 +106,28 @@ cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want,
                                  cai_fp8_gemm_args *g);
 
 /* The router ops' arguments (ops.h moe_route, moe_router_sums,
- * moe_router_bwd), checked alike by every backend: probs F32 [N, E]
- * (contiguous) fixes N and E; logits and dlogits are the same shape, lse
- * F32 [N], sel I32 and wts, dw F32 [N * k] with 1 <= k <= E, load I64 [E].
- * A NULL argument the op does not take stays NULL. */
+ * moe_router_bwd), checked alike by every backend, each op's tensors all
+ * required: probs F32 [N, E] (contiguous) fixes N and E; logits and
+ * dlogits are the same shape, lse F32 [N], sel I32 and wts, dw F32 [N * k]
+ * with 1 <= k <= E, load I64 [E]. Pointers of tensors an op does not take
+ * stay NULL. */
 typedef struct {
     int64_t N, E, k;
     float *logits, *probs, *lse, *wts, *dw, *dlogits;
     int32_t *sel;
     int64_t *load;
 } cai_route_args;
-cai_status cai_ops_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *logits,
-                              const cai_tensor *probs, const cai_tensor *lse, const cai_tensor *sel,
-                              const cai_tensor *wts, const cai_tensor *dw, const cai_tensor *load,
-                              const cai_tensor *dlogits, cai_route_args *out);
+cai_status cai_ops_moe_route_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *sel,
+                                  const cai_tensor *wts, const cai_tensor *probs, const cai_tensor *lse,
+                                  const cai_tensor *logits, cai_route_args *out);
+/* moe_router_sums' (sums F64 [E + 1] into *sums_data). */
+cai_status cai_ops_moe_sums_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *sums,
+                                 const cai_tensor *probs, const cai_tensor *lse, cai_route_args *out,
+                                 double **sums_data);
+cai_status cai_ops_moe_router_bwd_args(const char *op, cai_device_kind kind, int fn, const cai_tensor *dlogits,
+                                       const cai_tensor *logits, const cai_tensor *probs, const cai_tensor *lse,
+                                       const cai_tensor *sel, const cai_tensor *wts, const cai_tensor *dw,
+                                       const cai_tensor *load, cai_route_args *out);
 /* moe_assign's: sel and pos I32 [n] alike, load and kept I64 [E], capacity
  * >= 1. The values of sel are not read here. */
 cai_status cai_ops_assign_args(const char *op, cai_device_kind kind, const cai_tensor *pos, const cai_tensor *load,
