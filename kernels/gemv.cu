@@ -5,10 +5,10 @@
  * At a handful of rows the product is a pass over the weights, and what
  * counts is how many bytes of them are in flight. cuBLASLt's kernels for
  * these shapes read the H200's HBM at 1.2 to 2.8 TB/s (bench/RESULTS.md);
- * here a warp owns one output feature, each lane streams 16-byte chunks of
- * its row with eight loads issued before any is used, and the rows of x (a
- * few KB, read by every warp) come from L1/L2. The warp's lanes then sum
- * their partials with shuffles.
+ * here a warp (or, for long rows, KS warps) owns one output feature, each
+ * lane streams 16-byte chunks of its row with eight loads issued before any
+ * is used, and the rows of x (a few KB, read by every warp) come from
+ * L1/L2. The warp's lanes then sum their partials with shuffles.
  *
  * Programmatic dependent launch: a product is launched so that it may start
  * before its predecessor in the stream has finished; it issues its first
@@ -55,41 +55,66 @@ template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, co
     }
 }
 
-template <int DT, int NB>
+/* KS warps share a row where it is long: warp part p of the row takes the
+ * 512-byte stretches p, p + KS, ... (lane l the chunks l + 32 (p + KS j)),
+ * so a lane has at most GV_UNROLL chunks in flight per pass however long
+ * the row, and a grid of a few thousand rows still keeps every SM's loads
+ * in flight. The parts' sums meet in shared memory, added in part order;
+ * with KS = 1 a warp visits a row as it always has. */
+template <int NB, int KS> CUK_INLINE bool gv_combine(float (&acc)[NB], float *sm, int lane, int warp) {
+    if (KS == 1) return lane == 0;
+    if (lane == 0)
+#pragma unroll
+        for (int n = 0; n < NB; n++) sm[warp * NB + n] = acc[n];
+    __syncthreads();
+    if (lane != 0 || warp % KS != 0) return false;
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        float v = sm[warp * NB + n];
+#pragma unroll
+        for (int q = 1; q < KS; q++) v += sm[(warp + q) * NB + n];
+        acc[n] = v;
+    }
+    return true;
+}
+
+template <int DT, int NB, int KS>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N) {
-    const int lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
-    if (o >= w.rows) return;
-    const uint4 *wr = (const uint4 *)((const uint16_t *)w.p + o * w.ld);
-    const int64_t nc = w.cols >> 3;
+    __shared__ float sm[KS > 1 ? GV_WARPS * NB : 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t o = (int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS;
+    if (KS == 1 && o >= w.rows) return; /* with parts, every warp reaches the barrier */
+    const bool live = o < w.rows;
+    const uint4 *wr = (const uint4 *)((const uint16_t *)w.p + (live ? o : 0) * w.ld);
+    const int64_t nc = live ? w.cols >> 3 : 0, step = 32 * KS;
     float acc[NB];
 #pragma unroll
     for (int n = 0; n < NB; n++) acc[n] = 0.0f;
-    int64_t c = lane;
+    int64_t c = lane + 32 * (warp % KS);
     uint4 wu[GV_UNROLL];
-    const bool first = c + 32 * (GV_UNROLL - 1) < nc;
+    const bool first = c + step * (GV_UNROLL - 1) < nc;
     if (first) {
 #pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + 32 * u); /* read once: do not keep in cache */
+        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + step * u); /* read once: do not keep in cache */
     }
     cuk_pdl_wait();
     if (first) {
 #pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + 32 * u);
-        c += 32 * GV_UNROLL;
+        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + step * u);
+        c += step * GV_UNROLL;
     }
-    for (; c + 32 * (GV_UNROLL - 1) < nc; c += 32 * GV_UNROLL) {
+    for (; c + step * (GV_UNROLL - 1) < nc; c += step * GV_UNROLL) {
 #pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + 32 * u);
+        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + step * u);
 #pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + 32 * u);
+        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + step * u);
     }
-    for (; c < nc; c += 32) gv_fma<DT, NB>(acc, __ldcs(wr + c), x, N, c);
+    for (; c < nc; c += step) gv_fma<DT, NB>(acc, __ldcs(wr + c), x, N, c);
     cuk_pdl_trigger();
 #pragma unroll
     for (int n = 0; n < NB; n++) acc[n] = warp_sum(acc[n]);
-    if (lane != 0) return;
+    if (!gv_combine<NB, KS>(acc, sm, lane, warp) || !live) return;
     const float b = bias ? ldf(bias, bias_dt, o) : 0.0f;
     for (int n = 0; n < N; n++) {
         float v = acc[n] + b;
@@ -108,44 +133,46 @@ template <int DT> CUK_INLINE float gv_round(float v) {
     return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
 }
 
-template <int DT, int NB>
+template <int DT, int NB, int KS>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
-    const int lane = threadIdx.x & 31;
-    const int64_t o = (int64_t)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
-    if (o >= wg.rows) return;
-    const uint4 *gr = (const uint4 *)((const uint16_t *)wg.p + o * wg.ld);
-    const uint4 *ur = (const uint4 *)((const uint16_t *)wu.p + o * wu.ld);
-    const int64_t nc = wg.cols >> 3;
+    __shared__ float sm[KS > 1 ? 2 * GV_WARPS * NB : 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t o = (int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS;
+    if (KS == 1 && o >= wg.rows) return;
+    const bool live = o < wg.rows;
+    const uint4 *gr = (const uint4 *)((const uint16_t *)wg.p + (live ? o : 0) * wg.ld);
+    const uint4 *ur = (const uint4 *)((const uint16_t *)wu.p + (live ? o : 0) * wu.ld);
+    const int64_t nc = live ? wg.cols >> 3 : 0, step = 32 * KS;
     float ag[NB], au[NB];
 #pragma unroll
     for (int n = 0; n < NB; n++) ag[n] = au[n] = 0.0f;
-    int64_t c = lane;
+    int64_t c = lane + 32 * (warp % KS);
     uint4 gw[GS_UNROLL], uw[GS_UNROLL];
-    bool pending = c + 32 * (GS_UNROLL - 1) < nc;
+    bool pending = c + step * (GS_UNROLL - 1) < nc;
     if (pending) {
 #pragma unroll
         for (int u = 0; u < GS_UNROLL; u++) {
-            gw[u] = __ldcs(gr + c + 32 * u);
-            uw[u] = __ldcs(ur + c + 32 * u);
+            gw[u] = __ldcs(gr + c + step * u);
+            uw[u] = __ldcs(ur + c + step * u);
         }
     }
     cuk_pdl_wait();
-    for (; c + 32 * (GS_UNROLL - 1) < nc; c += 32 * GS_UNROLL) {
+    for (; c + step * (GS_UNROLL - 1) < nc; c += step * GS_UNROLL) {
         if (!pending) {
 #pragma unroll
             for (int u = 0; u < GS_UNROLL; u++) {
-                gw[u] = __ldcs(gr + c + 32 * u);
-                uw[u] = __ldcs(ur + c + 32 * u);
+                gw[u] = __ldcs(gr + c + step * u);
+                uw[u] = __ldcs(ur + c + step * u);
             }
         }
         pending = false;
 #pragma unroll
         for (int u = 0; u < GS_UNROLL; u++) {
-            gv_fma<DT, NB>(ag, gw[u], x, N, c + 32 * u);
-            gv_fma<DT, NB>(au, uw[u], x, N, c + 32 * u);
+            gv_fma<DT, NB>(ag, gw[u], x, N, c + step * u);
+            gv_fma<DT, NB>(au, uw[u], x, N, c + step * u);
         }
     }
-    for (; c < nc; c += 32) {
+    for (; c < nc; c += step) {
         gv_fma<DT, NB>(ag, __ldcs(gr + c), x, N, c);
         gv_fma<DT, NB>(au, __ldcs(ur + c), x, N, c);
     }
@@ -155,7 +182,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
         ag[n] = warp_sum(ag[n]);
         au[n] = warp_sum(au[n]);
     }
-    if (lane != 0) return;
+    const bool mine = gv_combine<NB, KS>(ag, sm, lane, warp);
+    gv_combine<NB, KS>(au, sm + (KS > 1 ? GV_WARPS * NB : 0), lane, warp);
+    if (!mine || !live) return;
     for (int n = 0; n < N; n++) {
         const float g = gv_round<DT>(ag[n]), u = gv_round<DT>(au[n]);
         cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
@@ -168,14 +197,33 @@ int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
            y.cols == wg.rows;
 }
 
+/* Warps a row (a power of two up to GV_WARPS): enough that a lane has at
+ * most GV_UNROLL chunks of it. The products and the SwiGLU pair choose
+ * alike, so their sums agree bit for bit. */
+static int gv_parts(int64_t K) {
+    int ks = 1;
+    while (ks < GV_WARPS && (K >> 3) > (int64_t)32 * GV_UNROLL * ks) ks *= 2;
+    return ks;
+}
+
+template <int DT, int KS>
+static cudaError_t gemv_swiglu_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
+    const unsigned g = (unsigned)((wg.rows + GV_WARPS / KS - 1) / (GV_WARPS / KS));
+    const int N = (int)x.rows;
+    if (N == 1) return gv_launch(s, pdl, k_gemv_swiglu<DT, 1, KS>, g, y, x, wg, wu, N);
+    if (N == 2) return gv_launch(s, pdl, k_gemv_swiglu<DT, 2, KS>, g, y, x, wg, wu, N);
+    if (N <= 4) return gv_launch(s, pdl, k_gemv_swiglu<DT, 4, KS>, g, y, x, wg, wu, N);
+    return gv_launch(s, pdl, k_gemv_swiglu<DT, CUK_GEMV_MAX_N, KS>, g, y, x, wg, wu, N);
+}
+
 template <int DT>
 static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
-    const unsigned g = (unsigned)((wg.rows + GV_WARPS - 1) / GV_WARPS);
-    const int N = (int)x.rows;
-    if (N == 1) return gv_launch(s, pdl, k_gemv_swiglu<DT, 1>, g, y, x, wg, wu, N);
-    if (N == 2) return gv_launch(s, pdl, k_gemv_swiglu<DT, 2>, g, y, x, wg, wu, N);
-    if (N <= 4) return gv_launch(s, pdl, k_gemv_swiglu<DT, 4>, g, y, x, wg, wu, N);
-    return gv_launch(s, pdl, k_gemv_swiglu<DT, CUK_GEMV_MAX_N>, g, y, x, wg, wu, N);
+    switch (gv_parts(wg.cols)) {
+    case 1: return gemv_swiglu_ks<DT, 1>(s, y, x, wg, wu, pdl);
+    case 2: return gemv_swiglu_ks<DT, 2>(s, y, x, wg, wu, pdl);
+    case 4: return gemv_swiglu_ks<DT, 4>(s, y, x, wg, wu, pdl);
+    default: return gemv_swiglu_ks<DT, 8>(s, y, x, wg, wu, pdl);
+    }
 }
 
 cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
@@ -191,15 +239,26 @@ int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
     return w.cols % 8 == 0 && w.ld % 8 == 0 && x.ld % 8 == 0 && a16(w.p) && a16(x.p);
 }
 
+template <int DT, int KS>
+static cudaError_t gemv_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                           int pdl) {
+    const unsigned g = (unsigned)((w.rows + GV_WARPS / KS - 1) / (GV_WARPS / KS));
+    const int N = (int)x.rows;
+    if (N == 1) return gv_launch(s, pdl, k_gemv<DT, 1, KS>, g, y, x, w, bias, bias_dt, r, N);
+    if (N == 2) return gv_launch(s, pdl, k_gemv<DT, 2, KS>, g, y, x, w, bias, bias_dt, r, N);
+    if (N <= 4) return gv_launch(s, pdl, k_gemv<DT, 4, KS>, g, y, x, w, bias, bias_dt, r, N);
+    return gv_launch(s, pdl, k_gemv<DT, CUK_GEMV_MAX_N, KS>, g, y, x, w, bias, bias_dt, r, N);
+}
+
 template <int DT>
 static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                            int pdl) {
-    const unsigned g = (unsigned)((w.rows + GV_WARPS - 1) / GV_WARPS);
-    const int N = (int)x.rows;
-    if (N == 1) return gv_launch(s, pdl, k_gemv<DT, 1>, g, y, x, w, bias, bias_dt, r, N);
-    if (N == 2) return gv_launch(s, pdl, k_gemv<DT, 2>, g, y, x, w, bias, bias_dt, r, N);
-    if (N <= 4) return gv_launch(s, pdl, k_gemv<DT, 4>, g, y, x, w, bias, bias_dt, r, N);
-    return gv_launch(s, pdl, k_gemv<DT, CUK_GEMV_MAX_N>, g, y, x, w, bias, bias_dt, r, N);
+    switch (gv_parts(w.cols)) {
+    case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, pdl);
+    default: return gemv_ks<DT, 8>(s, y, x, w, bias, bias_dt, r, pdl);
+    }
 }
 
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,

@@ -330,8 +330,9 @@ static void t_decode_linear(cai_dtype dt) {
         const int64_t N = rows[i];
         t_linear_residual_case(dt, dt, N, 2048, 1000, 0);
         t_linear_residual_case(dt, CAI_DTYPE_F32, N, 2048, 1000, 1);
-        const int64_t ics[] = {8192, 2050};
-        for (int k = 0; k < 2; k++) {
+        /* rows of 4096, 8192 and 16384: 2, 4 and 8 warps share one (gemv.cu's KS) */
+        const int64_t ics[] = {4096, 8192, 16384, 2050};
+        for (int k = 0; k < 4; k++) {
             const int64_t IC = ics[k], OC = 520;
             gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.0 / sqrt((double)IC)), b = R1(CAI_DTYPE_F32, OC, 1.0);
             gt_t y = O2(dt, N, OC);
@@ -346,9 +347,9 @@ static void t_decode_linear(cai_dtype dt) {
  * where the rows are few, the three ops past CUK_GEMV_MAX_N rows or where K
  * is no multiple of 8). */
 static void t_decode_swiglu(cai_dtype dt) {
-    const int64_t rows[] = {1, 3, 8, 9}, ics[] = {2048, 2050};
+    const int64_t rows[] = {1, 3, 8, 9}, ics[] = {2048, 8192, 2050};
     for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             const int64_t N = rows[i], IC = ics[k], F = 1000;
             gt_t x = R2(dt, N, IC, 1.0), wg = R2(dt, F, IC, 1.0 / sqrt((double)IC)),
                  wu = R2(dt, F, IC, 1.0 / sqrt((double)IC));
