@@ -50,7 +50,11 @@ expect_ok
 expect_grep out "added <\|im_start\|>, <\|im_end\|> \(2 new ids: vocabulary 400 -> 402\)"
 [ -s "$TMP/s1_tokenizer/vocab.json" ] || fail "the grown tokenizer was not written"
 expect_grep out "seq_len 64: [1-9][0-9]* truncated, [0-9]+ dropped \(--overflow truncate\)"
-for np in 2 3; do
+# Under the sanitizers (CAI_SANITIZE=1) the uneven 3-rank split alone: the
+# 2-rank split reads the same shard code, which the other 2-rank runs reach.
+NPS="2 3"
+[ "${CAI_SANITIZE:-0}" != 1 ] || NPS=3
+for np in $NPS; do
     run_np $np sft-preprocess --input "$TMP/ex/train.jsonl" --output-prefix "$TMP/s$np" --tokenizer "$TMP/tok" \
         --add-special-tokens --seq-len 64
     expect_ok
