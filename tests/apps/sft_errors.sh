@@ -7,6 +7,9 @@
 # ZeRO stages 2/3 or offload with a pipeline, LoRA with tensor or pipeline
 # parallelism); an offload run (stage 0) trains.
 . "$top_srcdir/tests/apps/sft_lib.sh"
+# Under the sanitizers (make check-sanitize: CAI_SANITIZE=1) the source model
+# pretrains 2 steps: the refusals need its shape only; the plain suite trains it 60.
+[ "${CAI_SANITIZE:-0}" != 1 ] || SFT_PT_STEPS=2
 sft_setup
 ok='{"messages":[{"role":"user","content":"What is 1 + 1?"},{"role":"assistant","content":"The answer is 2."}]}'
 printf '%s\n{"messages": [oops\n' "$ok" >"$TMP/bad.jsonl"

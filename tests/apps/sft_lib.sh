@@ -19,9 +19,13 @@ run_sft() {
 
 # sft_setup: $TMP/pt (a 2-layer GPT-2, BPE of 320 tokens, 60 steps, its
 # checkpoint and tokenizer) and $TMP/ex/{train,held_out}.jsonl.
+# SFT_PT_STEPS (default 60) shortens the pretraining for a script that needs
+# only a checkpoint of the right shape, not a trained one.
 sft_setup() {
+    pt_steps=${SFT_PT_STEPS:-60}
     # shellcheck disable=SC2086
-    run_np 1 $TINY --data.corpus_vocab 320 --train.steps 60 --eval.interval 0 --checkpoint.every 60 --run.dir "$TMP/pt"
+    run_np 1 $TINY --data.corpus_vocab 320 --train.steps $pt_steps --eval.interval 0 --checkpoint.every $pt_steps \
+        --run.dir "$TMP/pt"
     expect_ok
     "$DATA_BIN" sft-example --out "$TMP/ex" --docs 300 --seed 7 --held-out 10 >"$TMP/out" 2>"$TMP/err" ||
         fail "sft-example failed"
