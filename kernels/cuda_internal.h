@@ -221,6 +221,17 @@ CUDA_OP(rope_fwd)
 CUDA_OP(rope_bwd)
 (cai_device_t *dev, cai_tensor *dinp, const cai_tensor *dout, const cai_tensor *cos, const cai_tensor *sin,
  const cai_tensor *positions, int64_t pos_offset);
+/* rope_fwd's checked arguments as the kernels take them */
+typedef struct {
+    cuk_bthd x, y;
+    cuk_mat cos, sin;
+    const int32_t *pos;
+    int per_batch;
+    int64_t pos_offset;
+} cai_cuda_rope;
+cai_status cai_cuda_rope_args(const char *op, cai_tensor *out, const char *out_name, const cai_tensor *inp,
+                              const char *inp_name, const cai_tensor *cos, const cai_tensor *sin,
+                              const cai_tensor *positions, int64_t pos_offset, cai_cuda_rope *r);
 
 /* mixture of experts: token rows <-> rows grouped by expert (cuda_moe.c) */
 CUDA_OP(moe_permute)(cai_device_t *dev, cai_tensor *xe, const cai_tensor *x, const cai_tensor *pos);
@@ -300,6 +311,9 @@ CUDA_OP(xent_fwd_bwd)
 CUDA_OP(kv_cache_write)
 (cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
  const cai_tensor *slots);
+CUDA_OP(rope_kv_cache_write)
+(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *v,
+ const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin, const cai_tensor *positions);
 size_t cai_cuda_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
                                                 int64_t D, int64_t max_ctx);
 CUDA_OP(paged_attention)

@@ -246,6 +246,15 @@ typedef struct {
 /* kc/vc[slots[i]] = k/v[i] (kc, vc contiguous [n_slots, H, D] in dtype cdt). */
 cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k, cuk_bthd v,
                                const int32_t *slots, cuk_errrec *err);
+/* cuk_rope (sign 1, a position per token) of qk in place, then
+ * cuk_kv_cache_write of its last Hkv heads and v, in one kernel
+ * (elementwise.cu, beside the RoPE it shares its arithmetic with), with the
+ * same results; false (nothing launched) where the shapes or alignments
+ * leave the vector path (16-bit qk and v, D = 2 * half, half % 8 == 0,
+ * 16-byte rows and tables): the caller runs the two. */
+int cuk_rope_kv_write_fits(cuk_bthd qk, cuk_bthd v, cuk_mat cos, cuk_mat sin, int per_batch);
+cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat cos, cuk_mat sin, const int32_t *pos,
+                              void *kc, void *vc, int cdt, int64_t n_slots, const int32_t *slots, cuk_errrec *err);
 /* D <= CUK_ATTN_MAX_D. splits == 1: one pass per (token, kv head) writes o.
  * splits > 1 (at most CUK_PAGED_MAX_SPLITS): split p takes key positions
  * [p * chunk, (p + 1) * chunk) and leaves its unnormalised partial in ws

@@ -123,3 +123,23 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
                                        CAI_CUDA_PAGED_COUNTERS, cai_cuda_of(dev)->err));
     return CAI_OK;
 }
+
+cai_status cai_cuda_rope_kv_cache_write(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,
+                                        const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos,
+                                        const cai_tensor *sin, const cai_tensor *positions) {
+    static const char op[] = "rope_kv_cache_write";
+    cai_tensor k;
+    cai_kv_write_args a;
+    cai_cuda_rope r;
+    CAI_CALL(cai_ops_rope_kv_keys(op, qk, k_cache, &k));
+    CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_CUDA, CAI_ANYF, k_cache, v_cache, &k, v, slots, &a));
+    CAI_CALL(cai_cuda_rope_args(op, qk, "qk", qk, "qk", cos, sin, positions, 0, &r));
+    if (!r.pos || !cuk_rope_kv_write_fits(r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.per_batch)) {
+        CAI_CALL(cai_cuda_rope_fwd(dev, qk, qk, cos, sin, positions, 0));
+        return cai_cuda_kv_cache_write(dev, k_cache, v_cache, &k, v, slots);
+    }
+    CAI_CALL(cai_cuda_enter(dev, op));
+    CUK_LAUNCH(op, cuk_rope_kv_write(cai_cuda_of(dev)->stream, r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.pos, a.kc.data,
+                                     a.vc.data, (int)a.kc.dtype, a.kc.B * a.kc.T, a.slots, cai_cuda_of(dev)->err));
+    return CAI_OK;
+}

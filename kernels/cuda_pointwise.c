@@ -194,9 +194,10 @@ cai_status cai_cuda_rope_tables(cai_device_t *dev, cai_tensor *cos_t, cai_tensor
 
 /* Positions are checked on the device (reading them here would need a
  * synchronisation): an out-of-range one is reported at the next sync. */
-static cai_status rope_run(const char *op, cai_device_t *dev, cai_tensor *out, const char *out_name,
-                           const cai_tensor *inp, const char *inp_name, const cai_tensor *cos, const cai_tensor *sin,
-                           const cai_tensor *positions, int64_t pos_offset, float sign) {
+cai_status cai_cuda_rope_args(const char *op, cai_tensor *out, const char *out_name, const cai_tensor *inp,
+                              const char *inp_name, const cai_tensor *cos, const cai_tensor *sin,
+                              const cai_tensor *positions, int64_t pos_offset, cai_cuda_rope *r) {
+    memset(r, 0, sizeof *r);
     cai_bthd x, y;
     cai_rows c, s;
     CAI_CALL(cai_ops_bthd(op, inp_name, inp, CAI_CUDA, CAI_ANYF, &x));
@@ -229,9 +230,24 @@ static cai_status rope_run(const char *op, cai_device_t *dev, cai_tensor *out, c
                          " rows (build them for a longer max_pos)",
                          op, pos_offset, pos_offset + x.T, c.rows);
     }
+    r->x = cai_cuda_bthd(&x);
+    r->y = cai_cuda_bthd(&y);
+    r->cos = cai_cuda_mat(&c);
+    r->sin = cai_cuda_mat(&s);
+    r->pos = pos;
+    r->per_batch = per_batch;
+    r->pos_offset = pos_offset;
+    return CAI_OK;
+}
+
+static cai_status rope_run(const char *op, cai_device_t *dev, cai_tensor *out, const char *out_name,
+                           const cai_tensor *inp, const char *inp_name, const cai_tensor *cos, const cai_tensor *sin,
+                           const cai_tensor *positions, int64_t pos_offset, float sign) {
+    cai_cuda_rope r;
+    CAI_CALL(cai_cuda_rope_args(op, out, out_name, inp, inp_name, cos, sin, positions, pos_offset, &r));
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_rope(STREAM(dev), cai_cuda_bthd(&y), cai_cuda_bthd(&x), cai_cuda_mat(&c), cai_cuda_mat(&s), pos,
-                            per_batch, pos_offset, sign, cai_cuda_of(dev)->err));
+    CUK_LAUNCH(op, cuk_rope(STREAM(dev), r.y, r.x, r.cos, r.sin, r.pos, r.per_batch, r.pos_offset, sign,
+                            cai_cuda_of(dev)->err));
     return CAI_OK;
 }
 

@@ -56,6 +56,7 @@ static const cai_ops cuda_ops = {
     .graph_launch = cai_cuda_graph_launch,
     .graph_free = cai_cuda_graph_free,
     .kv_cache_write = cai_cuda_kv_cache_write,
+    .rope_kv_cache_write = cai_cuda_rope_kv_cache_write,
     .paged_attention_workspace_bytes = cai_cuda_paged_attention_workspace_bytes,
     .paged_attention = cai_cuda_paged_attention,
     .attention_workspace_bytes = cai_cuda_attention_workspace_bytes,

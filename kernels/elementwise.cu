@@ -844,6 +844,32 @@ CUK_EMU_BEGIN(rope_fast);
  * moves 2 bytes at a time), and the work index splits with 32-bit
  * divisions (k_rope divides in 64 bits per element). The arithmetic is
  * k_rope's. */
+/* Pairs (j, j + half) for j = i .. i + 7 of the head row at xo, rotated by
+ * position p's angles (zeros where bad) into the row at yo (may be xo). */
+template <int DT>
+CUK_INLINE void cuk_rope8(const void *x, int64_t xo, void *y, int64_t yo, int64_t half, const cuk_mat &cs,
+                          const cuk_mat &sn, int64_t p, int bad, float sign, int64_t i) {
+    float x1[8], x2[8], y1[8], y2[8];
+    cuk_ld8<DT>(x, xo, x1);
+    cuk_ld8<DT>(x, xo + half, x2);
+    if (bad) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) y1[e] = y2[e] = 0.0f;
+    } else {
+        float cv[8], sv[8];
+        cuk_ld8<CUK_F32>(cs.p, p * cs.ld + i, cv);
+        cuk_ld8<CUK_F32>(sn.p, p * sn.ld + i, sv);
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const float s = sign * sv[e];
+            y1[e] = x1[e] * cv[e] - x2[e] * s;
+            y2[e] = x2[e] * cv[e] + x1[e] * s;
+        }
+    }
+    cuk_st8<DT>(y, yo, y1);
+    cuk_st8<DT>(y, yo + half, y2);
+}
+
 template <int DT>
 __global__ void k_rope_vec(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int32_t *pos, int per_batch,
                            int64_t pos_offset, float sign, cuk_errrec *err) {
@@ -858,25 +884,7 @@ __global__ void k_rope_vec(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const
         if (bad && r == 0) cuk_report(err, CUK_ERR_POSITION, bt, p, cs.rows, 0);
         const int64_t i = 8 * (int64_t)c;
         const int64_t xo = b * x.sb + t * x.st + h * x.sh + i, yo = b * y.sb + t * y.st + h * y.sh + i;
-        float x1[8], x2[8], y1[8], y2[8];
-        cuk_ld8<DT>(x.p, xo, x1);
-        cuk_ld8<DT>(x.p, xo + half, x2);
-        if (bad) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) y1[e] = y2[e] = 0.0f;
-        } else {
-            float cv[8], sv[8];
-            cuk_ld8<CUK_F32>(cs.p, p * cs.ld + i, cv);
-            cuk_ld8<CUK_F32>(sn.p, p * sn.ld + i, sv);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float s = sign * sv[e];
-                y1[e] = x1[e] * cv[e] - x2[e] * s;
-                y2[e] = x2[e] * cv[e] + x1[e] * s;
-            }
-        }
-        cuk_st8<DT>(y.p, yo, y1);
-        cuk_st8<DT>(y.p, yo + half, y2);
+        cuk_rope8<DT>(x.p, xo, y.p, yo, half, cs, sn, p, bad, sign, i);
     }
 }
 
@@ -905,6 +913,76 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
     k_rope<<<cuk_rows_grid(x.B * x.T, work, 128), 128, 0, s>>>(y, x, cos, sin, pos, pos_per_batch, pos_offset, sign,
                                                                err);
     return launched();
+}
+
+/* ---------------------------------------------------------------- rotation and cache write */
+
+/* A decode step's RoPE and cache write in one launch: a thread rotates 8
+ * pairs of one head of one token (k_rope_vec's arithmetic), and where the
+ * head is a key, copies the rotated values as stored (read back, so the
+ * cache holds what kv_cache_write would read) into the token's slot; the
+ * threads past the rotations copy the values' chunks. */
+template <int DT>
+__global__ void k_rope_kv_write(cuk_bthd qk, cuk_bthd v, cuk_mat cs, cuk_mat sn, const int32_t *pos, float sign,
+                                void *kc, void *vc, int cdt, int64_t n_slots, const int32_t *slots, cuk_errrec *err) {
+    const uint32_t half = (uint32_t)cs.cols, nc = half >> 3, D = (uint32_t)qk.D, dc = D >> 3;
+    const uint32_t H = (uint32_t)qk.H, Hkv = (uint32_t)v.H, Hq = H - Hkv, nrope = H * nc, per_tok = nrope + Hkv * dc;
+    const uint32_t total = (uint32_t)qk.T * per_tok;
+    for (uint32_t w = blockIdx.x * blockDim.x + threadIdx.x; w < total; w += gridDim.x * blockDim.x) {
+        const uint32_t t = w / per_tok, r = w - t * per_tok;
+        const int64_t slot = slots[t];
+        if (r == 0 && slot >= n_slots) cuk_report(err, CUK_ERR_SLOT, t, slot, n_slots, 0);
+        const bool write = slot >= 0 && slot < n_slots;
+        if (r >= nrope) {
+            if (!write) continue;
+            const uint32_t q = r - nrope, h = q / dc, i = 8 * (q - h * dc);
+            float x[8];
+            cuk_ld8<DT>(v.p, t * v.st + h * v.sh + i, x);
+            const int64_t dst = (slot * Hkv + h) * D + i;
+#pragma unroll
+            for (int e = 0; e < 8; e++) stf(vc, cdt, dst + e, x[e]);
+            continue;
+        }
+        const uint32_t h = r / nc, i = 8 * (r - h * nc);
+        const int64_t p = pos[t];
+        const int bad = p < 0 || p >= cs.rows;
+        if (bad && r == 0) cuk_report(err, CUK_ERR_POSITION, t, p, cs.rows, 0);
+        const int64_t o = t * qk.st + h * qk.sh + i;
+        cuk_rope8<DT>(qk.p, o, qk.p, o, half, cs, sn, p, bad, sign, i);
+        if (h < Hq || !write) continue;
+        float y1[8], y2[8];
+        cuk_ld8<DT>(qk.p, o, y1);
+        cuk_ld8<DT>(qk.p, o + half, y2);
+        const int64_t dst = (slot * Hkv + (h - Hq)) * D + i;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            stf(kc, cdt, dst + e, y1[e]);
+            stf(kc, cdt, dst + half + e, y2[e]);
+        }
+    }
+}
+
+extern "C" int cuk_rope_kv_write_fits(cuk_bthd qk, cuk_bthd v, cuk_mat cos, cuk_mat sin, int per_batch) {
+    const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    const auto view_ok = [&](const cuk_bthd &x) {
+        return (x.dt == CUK_BF16 || x.dt == CUK_F16) && a16(x.p) && x.B == 1 && x.st % 8 == 0 && x.sh % 8 == 0;
+    };
+    const auto table_ok = [&](const cuk_mat &m) { return m.dt == CUK_F32 && a16(m.p) && m.ld % 4 == 0; };
+    return per_batch && view_ok(qk) && view_ok(v) && v.dt == qk.dt && qk.D == 2 * cos.cols && cos.cols % 8 == 0 &&
+           v.D == qk.D && v.H < qk.H && v.T == qk.T && table_ok(cos) && table_ok(sin) &&
+           qk.T * (qk.H * (cos.cols / 8) + v.H * (qk.D / 8)) < ((int64_t)1 << 31);
+}
+
+extern "C" cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat cos, cuk_mat sin,
+                                         const int32_t *pos, void *kc, void *vc, int cdt, int64_t n_slots,
+                                         const int32_t *slots, cuk_errrec *err) {
+    const int64_t work = qk.T * (qk.H * (cos.cols / 8) + v.H * (qk.D / 8));
+    if (work <= 0) return cudaSuccess;
+    const unsigned grid = (unsigned)((work + 127) / 128);
+    if (qk.dt == CUK_BF16)
+        k_rope_kv_write<CUK_BF16><<<grid, 128, 0, s>>>(qk, v, cos, sin, pos, 1.0f, kc, vc, cdt, n_slots, slots, err);
+    else k_rope_kv_write<CUK_F16><<<grid, 128, 0, s>>>(qk, v, cos, sin, pos, 1.0f, kc, vc, cdt, n_slots, slots, err);
+    return cudaGetLastError();
 }
 
 /* ---------------------------------------------------------------- AdamW */

@@ -115,6 +115,9 @@ CPU_OP(moe_combine_bwd)(cai_device_t *dev, cai_tensor *dye, cai_tensor *dw, cons
                         const cai_tensor *pos, const cai_tensor *w);
 
 /* paged KV cache (cpu_paged.c) */
+CPU_OP(rope_kv_cache_write)(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,
+                            const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin,
+                            const cai_tensor *positions);
 CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
                        const cai_tensor *v, const cai_tensor *slots);
 size_t cai_cpu_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,

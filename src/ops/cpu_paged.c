@@ -143,3 +143,16 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
     }
     return CAI_OK;
 }
+
+/* The host has no launches to save: the two ops. */
+CPU_OP(rope_kv_cache_write)(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,
+                            const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin,
+                            const cai_tensor *positions) {
+    static const char op[] = "rope_kv_cache_write";
+    cai_tensor k;
+    cai_kv_write_args a;
+    CAI_CALL(cai_ops_rope_kv_keys(op, qk, k_cache, &k));
+    CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_HOST, CAI_F32, k_cache, v_cache, &k, v, slots, &a));
+    CAI_CALL(cai_cpu_rope_fwd(dev, qk, qk, cos, sin, positions, 0));
+    return cai_cpu_kv_cache_write(dev, k_cache, v_cache, &k, v, slots);
+}

@@ -51,6 +51,7 @@ static const cai_ops cpu_ops = {
     .rope_fwd = cai_cpu_rope_fwd,
     .rope_bwd = cai_cpu_rope_bwd,
     .kv_cache_write = cai_cpu_kv_cache_write,
+    .rope_kv_cache_write = cai_cpu_rope_kv_cache_write,
     .paged_attention_workspace_bytes = cai_cpu_paged_attention_workspace_bytes,
     .paged_attention = cai_cpu_paged_attention,
     .attention_workspace_bytes = cai_cpu_attention_workspace_bytes,

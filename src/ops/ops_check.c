@@ -208,6 +208,13 @@ static cai_status paged_caches(const char *op, const cai_tensor *k_cache, const 
     return CAI_OK;
 }
 
+cai_status cai_ops_rope_kv_keys(const char *op, const cai_tensor *qk, const cai_tensor *k_cache, cai_tensor *k) {
+    if (!qk || !k_cache || qk->ndim != 4 || k_cache->ndim != 4 || qk->shape[2] <= k_cache->shape[2])
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: qk %s must be [1,N,Hq+Hkv,D] with Hq > 0 for caches %s of Hkv heads",
+                         op, CAI_OPS_DESCRIBE(qk), CAI_OPS_DESCRIBE(k_cache));
+    return cai_tensor_narrow(qk, 2, qk->shape[2] - k_cache->shape[2], k_cache->shape[2], k);
+}
+
 cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
                                        const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
                                        const cai_tensor *slots, cai_kv_write_args *a) {

@@ -62,6 +62,8 @@ typedef struct {
     cai_bthd kc, vc, k, v;
     const int32_t *slots;
 } cai_kv_write_args;
+/* rope_kv_cache_write's keys: the last Hkv (the caches') heads of qk, a view. */
+cai_status cai_ops_rope_kv_keys(const char *op, const cai_tensor *qk, const cai_tensor *k_cache, cai_tensor *k);
 cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
                                        const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
                                        const cai_tensor *slots, cai_kv_write_args *a);

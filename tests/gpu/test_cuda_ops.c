@@ -1435,6 +1435,60 @@ static void t_paged_errors(void) {
     cai_device_dealloc(G, gw);
 }
 
+/* rope_kv_cache_write: against the host (rotation, then the cache write),
+ * and bit for bit against rope_fwd then kv_cache_write on this device (one
+ * kernel where it fits: 16-bit activations, D = 2 * half with half % 8 ==
+ * 0; the two ops otherwise). A slot of -1 writes nothing. */
+static void t_rope_kv(cai_dtype act, cai_dtype cdt, int64_t Hq, int64_t Hkv, int64_t D) {
+    const int64_t P = 64, N = 5, nb = 6, bs = 8, W = (Hq + 2 * Hkv) * D;
+    char tag[96];
+    snprintf(tag, sizeof tag, "H%" PRId64 "/%" PRId64 " D%" PRId64 " %s act %s cache", Hq, Hkv, D, dtn(act), dtn(cdt));
+    gt_t cs = O2(CAI_DTYPE_F32, P, D / 2), sn = O2(CAI_DTYPE_F32, P, D / 2);
+    BOTH("rope_tables", H->ops->rope_tables(H, &cs.h, &sn.h, 10000.0), G->ops->rope_tables(G, &cs.g, &sn.g, 10000.0));
+    const int32_t sl[5] = {3, -1, 17, 47, 0}, ps[5] = {0, 7, 63, 12, 31};
+    gt_t tsl = gt_ints(1, SHP(N), sl), tps = gt_ints(1, SHP(N), ps);
+    gt_t qkv = R3(act, 1, N, W, 1.0), kc = R4(cdt, nb, bs, Hkv, D, 1.0), vc = R4(cdt, nb, bs, Hkv, D, 1.0);
+    gt_t qkv2 = O3(act, 1, N, W), kc2 = O4(cdt, nb, bs, Hkv, D), vc2 = O4(cdt, nb, bs, Hkv, D);
+    GT_OK(G->ops->copy(G, &qkv2.g, &qkv.g));
+    GT_OK(G->ops->copy(G, &kc2.g, &kc.g));
+    GT_OK(G->ops->copy(G, &vc2.g, &vc.g));
+    gt_t qk = gt_unflatten(gt_narrow(qkv, 2, 0, (Hq + Hkv) * D), 2, D);
+    gt_t v = gt_unflatten(gt_narrow(qkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
+    BOTH("rope_kv_cache_write", H->ops->rope_kv_cache_write(H, &qk.h, &kc.h, &vc.h, &v.h, &tsl.h, &cs.h, &sn.h, &tps.h),
+         G->ops->rope_kv_cache_write(G, &qk.g, &kc.g, &vc.g, &v.g, &tsl.g, &cs.g, &sn.g, &tps.g));
+    gt_round_host(&kc);
+    gt_round_host(&vc);
+    gt_check(nm("rope_kv_cache_write qkv %s", tag), qkv, gt_tol(act));
+    gt_check(nm("rope_kv_cache_write k_cache %s", tag), kc, gt_tol(act));
+    gt_check(nm("rope_kv_cache_write v_cache %s", tag), vc, 0.0);
+    gt_t qk2 = gt_unflatten(gt_narrow(qkv2, 2, 0, (Hq + Hkv) * D), 2, D);
+    gt_t k2 = gt_unflatten(gt_narrow(qkv2, 2, Hq * D, Hkv * D), 2, D);
+    gt_t v2 = gt_unflatten(gt_narrow(qkv2, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
+    GT_OK(G->ops->rope_fwd(G, &qk2.g, &qk2.g, &cs.g, &sn.g, &tps.g, 0));
+    GT_OK(G->ops->kv_cache_write(G, &kc2.g, &vc2.g, &k2.g, &v2.g, &tsl.g));
+    const gt_t *one[3] = {&qkv, &kc, &vc}, *two[3] = {&qkv2, &kc2, &vc2};
+    const char *what[3] = {"qkv", "k_cache", "v_cache"};
+    for (int i = 0; i < 3; i++) {
+        float *a = gt_download(one[i]->b), *b = gt_download(two[i]->b);
+        gt_expect(nm("rope_kv_cache_write %s %s equals rope_fwd, kv_cache_write bitwise", what[i], tag),
+                  memcmp(a, b, (size_t)one[i]->b->n * sizeof(float)) == 0, "");
+        free(a);
+        free(b);
+    }
+    gt_t bad = gt_unflatten(gt_narrow(qkv, 2, 0, Hkv * D), 2, D); /* no query heads */
+    OP_ERR("rope_kv_cache_write qk without query heads -> INVALID_ARG", "rope_kv_cache_write",
+           G->ops->rope_kv_cache_write(G, &bad.g, &kc.g, &vc.g, &v.g, &tsl.g, &cs.g, &sn.g, &tps.g),
+           CAI_ERR_INVALID_ARG);
+}
+static void rope_kv(void) {
+    const cai_dtype F = CAI_DTYPE_F32, B = CAI_DTYPE_BF16, F16 = CAI_DTYPE_F16;
+    t_rope_kv(B, B, 32, 8, 64);   /* the Llama 1B shape's heads: one kernel */
+    t_rope_kv(F16, F, 4, 4, 128); /* f16, an f32 cache: one kernel */
+    t_rope_kv(B, F16, 6, 2, 48);  /* half 24: one kernel */
+    t_rope_kv(B, B, 4, 2, 40);    /* half 20: the two ops */
+    t_rope_kv(F, B, 8, 2, 64);    /* f32 activations: the two ops */
+}
+
 /* ------------------------------------------------------------------ grouped products */
 
 /* grouped_linear_fwd and grouped_linear_bwd (dinp = and +=, f32 dweight
@@ -1960,6 +2014,7 @@ static const test_entry tests[] = {
     {"paged kv f32 act", f32_paged},
     {"paged kv bf16 act", bf16_paged},
     {"paged kv errors", t_paged_errors},
+    {"paged kv rope + cache write", rope_kv},
     {"paged kv argmax", argmax_all},
     {"paged kv decode linear (few rows)", decode_linear},
     /* mixture of experts: token rows <-> rows grouped by expert */

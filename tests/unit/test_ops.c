@@ -743,6 +743,61 @@ START_TEST(rope_fwd_bwd) {
 }
 END_TEST
 
+/* rope_kv_cache_write on a fused [1,N,(Hq+2Hkv)*D] buffer: bitwise
+ * rope_fwd of the query and key heads, then kv_cache_write of the keys and
+ * values (a slot of -1 writes nothing); qk without query heads is refused. */
+START_TEST(rope_kv_cache_write_equals_the_two_ops) {
+    enum { N = 4, Hq = 4, Hkv = 2, D = 8, W = (Hq + 2 * Hkv) * D, P = 16, NS = 12 };
+    const int32_t pos[N] = {0, 5, 15, 3}, slots[N] = {2, -1, 11, 0};
+    double *da = drandn(N * W, 53, 1.0), *dk = drandn(NS * Hkv * D, 54, 1.0), *dv = drandn(NS * Hkv * D, 55, 1.0);
+    float *a = to_f(da, N * W), *b = falloc(N * W), *fc = falloc(P * D / 2), *fs = falloc(P * D / 2);
+    float *kc[2], *vc[2];
+    for (int i = 0; i < 2; i++) {
+        kc[i] = to_f(dk, NS * Hkv * D);
+        vc[i] = to_f(dv, NS * Hkv * D);
+    }
+    memcpy(b, a, sizeof(float) * N * W);
+    cai_tensor tc = cai_tensor_2d(dev, fc, F32, P, D / 2), ts = cai_tensor_2d(dev, fs, F32, P, D / 2);
+    cai_tensor tp = cai_tensor_1d(dev, (void *)pos, CAI_DTYPE_I32, N),
+               tsl = cai_tensor_1d(dev, (void *)slots, CAI_DTYPE_I32, N);
+    ASSERT_OK(ops->rope_tables(dev, &tc, &ts, 10000.0));
+    cai_tensor qk[2], k[2], v[2], kct[2], vct[2];
+    for (int i = 0; i < 2; i++) {
+        cai_tensor t = cai_tensor_3d(dev, i ? b : a, F32, 1, N, W), x;
+        ASSERT_OK(cai_tensor_narrow(&t, 2, 0, (Hq + Hkv) * D, &x));
+        ASSERT_OK(cai_tensor_unflatten(&x, 2, D, &qk[i]));
+        ASSERT_OK(cai_tensor_narrow(&t, 2, Hq * D, Hkv * D, &x));
+        ASSERT_OK(cai_tensor_unflatten(&x, 2, D, &k[i]));
+        ASSERT_OK(cai_tensor_narrow(&t, 2, (Hq + Hkv) * D, Hkv * D, &x));
+        ASSERT_OK(cai_tensor_unflatten(&x, 2, D, &v[i]));
+        kct[i] = cai_tensor_4d(dev, kc[i], F32, NS / 4, 4, Hkv, D);
+        vct[i] = cai_tensor_4d(dev, vc[i], F32, NS / 4, 4, Hkv, D);
+    }
+    ASSERT_OK(ops->rope_kv_cache_write(dev, &qk[0], &kct[0], &vct[0], &v[0], &tsl, &tc, &ts, &tp));
+    ASSERT_OK(ops->rope_fwd(dev, &qk[1], &qk[1], &tc, &ts, &tp, 0));
+    ASSERT_OK(ops->kv_cache_write(dev, &kct[1], &vct[1], &k[1], &v[1], &tsl));
+    ck_assert_mem_eq(a, b, sizeof(float) * N * W);
+    ck_assert_mem_eq(kc[0], kc[1], sizeof(float) * NS * Hkv * D);
+    ck_assert_mem_eq(vc[0], vc[1], sizeof(float) * NS * Hkv * D);
+    ck_assert_float_ne(a[0], a[W * 2]); /* rotated rows, not untouched ones */
+    cai_tensor only_k;
+    ASSERT_OK(cai_tensor_narrow(&qk[0], 2, Hq, Hkv, &only_k));
+    ck_assert_int_eq(ops->rope_kv_cache_write(dev, &only_k, &kct[0], &vct[0], &v[0], &tsl, &tc, &ts, &tp),
+                     CAI_ERR_INVALID_ARG);
+    free(da);
+    free(dk);
+    free(dv);
+    free(a);
+    free(b);
+    free(fc);
+    free(fs);
+    for (int i = 0; i < 2; i++) {
+        free(kc[i]);
+        free(vc[i]);
+    }
+}
+END_TEST
+
 START_TEST(rope_on_fused_qkv_view_and_errors) {
     enum { B = 1, T = 5, H = 2, D = 4, C = H * D, P = 8 };
     double *qkv = drandn(B * T * 3 * C, 52, 1.0);
@@ -1158,6 +1213,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, linear_residual_fused_op_matches_composition);
     tcase_add_test(tc, swiglu_fwd_bwd_on_fused_views);
     tcase_add_test(tc, rope_fwd_bwd);
+    tcase_add_test(tc, rope_kv_cache_write_equals_the_two_ops);
     tcase_add_test(tc, rope_on_fused_qkv_view_and_errors);
     tcase_add_test(tc, embedding_fwd_bwd_and_vocab_shards);
     tcase_add_test(tc, xent_fwd_bwd_with_padding_and_ignore);

@@ -382,6 +382,14 @@ typedef struct cai_ops {
      * skips its row. */
     cai_status (*kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
                                  const cai_tensor *v, const cai_tensor *slots);
+    /* A decode step's rotation and cache write in one pass: rope_fwd(qk,
+     * qk, cos, sin, positions, 0), then kv_cache_write(k_cache, v_cache, k,
+     * v, slots) where k is the last Hkv heads of qk (qk [1,N,Hq+Hkv,D], the
+     * queries' heads then the keys', rotated in place; Hkv is the
+     * caches'). Results are those of the two ops. */
+    cai_status (*rope_kv_cache_write)(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,
+                                      const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos,
+                                      const cai_tensor *sin, const cai_tensor *positions);
     /* Scratch bytes paged_attention needs for these sizes. */
     size_t (*paged_attention_workspace_bytes)(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
                                               int64_t D, int64_t max_ctx);
