@@ -16,19 +16,28 @@
 # ZeRO 0 and 3 and dp 2 x pp 2 at ZeRO 1 (4 ranks), packed rows under pp 2 and the same runs started from the
 # colossal checkpoint instead of the export (bench/RESULTS.md records it).
 . "$top_srcdir/tests/apps/sft_lib.sh"
+# Under the sanitizers (make check-sanitize: CAI_SANITIZE=1) the source model
+# pretrains 2 steps, the runs train 4 steps (ZeRO 3 stopped and resumed at 2)
+# instead of 8 (at 4), and the pp 2 resume is left out.
+SAN=${CAI_SANITIZE:-0}
+ST=8
+[ "$SAN" != 1 ] || {
+    SFT_PT_STEPS=2
+    ST=4
+}
 sft_setup
 $MPIEXEC -n 1 "$top_builddir/apps/colossal-ckpt" export --input "$TMP/pt/checkpoints" --output "$TMP/pt-hf" \
     --tokenizer "$TMP/pt/tokenizer" >"$TMP/out" 2>"$TMP/err" || fail "export of the pretrained checkpoint failed"
 SFT="--model.path $TMP/pt-hf --data.train $TMP/ex/train.jsonl --data.valid $TMP/ex/held_out.jsonl
-  --train.steps 8 --eval.interval 4 --checkpoint.every 0 $SFT_TINY --train.micro_batch 2"
+  --train.steps $ST --eval.interval $((ST / 2)) --checkpoint.every 0 $SFT_TINY --train.micro_batch 2"
 
 # close_norms REF GOT WHAT: close_losses plus the gradient norms.
 close_norms() {
     close_losses "$1" "$2" "$3"
     field train grad_norm "$1" >"$TMP/a"
     field train grad_norm "$2" >"$TMP/b"
-    paste "$TMP/a" "$TMP/b" | awk -v w="$3" '{d=$2-$4; if (d<0) d=-d; r=d/$2; if (r>m) m=r; n++}
-        END{printf "train grad_norm: %d records, max relative difference %s %.2e\n", n, w, m; exit !(n>=6 && m<=1e-5)}' ||
+    paste "$TMP/a" "$TMP/b" | awk -v w="$3" -v want=$((ST - 2)) '{d=$2-$4; if (d<0) d=-d; r=d/$2; if (r>m) m=r; n++}
+        END{printf "train grad_norm: %d records, max relative difference %s %.2e\n", n, w, m; exit !(n>=want && m<=1e-5)}' ||
         fail "the gradient norms differ ($3) by more than 1e-5"
 }
 
@@ -52,19 +61,23 @@ layout tp2 2 --mesh.tp 2 --train.grad_accum 2
 expect_grep out "^colossal-sft .*: 2 ranks, tp=2 pp=1 dp=1"
 layout pp2 2 --mesh.pp 2 --pp.schedule 1f1b --train.grad_accum 2
 expect_grep out "^pipeline: 1f1b over pp 2"
-# stopped at step 4 and resumed: bitwise the uninterrupted run (ZeRO 3, pp 2)
+# stopped at the middle step and resumed: bitwise the uninterrupted run (ZeRO 3, pp 2)
+RESUMED="zero3|pp2"
+# the plain suite resumes pp 2 too; under the sanitizers ZeRO 3 alone
+[ "$SAN" != 1 ] || RESUMED=zero3
 for l in "zero3 --zero.stage 3" "pp2 --mesh.pp 2 --train.grad_accum 2"; do
     # shellcheck disable=SC2086
     set -- $l
     name=$1
     shift
+    echo "$name" | grep -Eqx "$RESUMED" || continue
     # shellcheck disable=SC2086
-    run_sft 2 $SFT "$@" --checkpoint.every 4 --train.stop_at 4 --run.dir "$TMP/$name-resumed"
+    run_sft 2 $SFT "$@" --checkpoint.every $((ST / 2)) --train.stop_at $((ST / 2)) --run.dir "$TMP/$name-resumed"
     expect_rc 3
     # shellcheck disable=SC2086
-    run_sft 2 $SFT "$@" --checkpoint.every 4 --resume latest --run.dir "$TMP/$name-resumed"
+    run_sft 2 $SFT "$@" --checkpoint.every $((ST / 2)) --resume latest --run.dir "$TMP/$name-resumed"
     expect_ok
-    same_losses "$TMP/$name/metrics.jsonl" "$TMP/$name-resumed/metrics.jsonl" "$name resumed at step 4"
+    same_losses "$TMP/$name/metrics.jsonl" "$TMP/$name-resumed/metrics.jsonl" "$name resumed at step $((ST / 2))"
 done
 
 # Packed rows (one microbatch a step) under tp 2: the 1-rank packed run.
