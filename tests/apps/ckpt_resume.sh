@@ -11,41 +11,52 @@
 #   that step is written and `latest` points to it, exit status 3.
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
 
-CFG="$TINY --train.steps 12 --eval.interval 4 --eval.batches 2 --log.interval 100"
+# Under the sanitizers (make check-sanitize: CAI_SANITIZE=1) the runs train 8
+# steps (stopped at 4) instead of 12 (at 6) and the dp=4 continuation is left
+# out (dp=1 still loads the dp=2 checkpoint on another layout).
+SAN=${CAI_SANITIZE:-0}
+S=12
+[ "$SAN" != 1 ] || S=8
+H=$((S / 2))
+HF=$(printf 'step-%08d.h5' "$H")
+CFG="$TINY --train.steps $S --eval.interval 4 --eval.batches 2 --log.interval 100"
 
 # shellcheck disable=SC2086
 run_np 2 $CFG --run.dir "$TMP/a"
 expect_ok
 
 # shellcheck disable=SC2086
-run_np 2 $CFG --run.dir "$TMP/b" --checkpoint.every 100 --train.stop_at 6
+run_np 2 $CFG --run.dir "$TMP/b" --checkpoint.every 100 --train.stop_at $H
 expect_rc 3
-expect_grep out '^stopped by train.stop_at after step 6 of 12 .*checkpoint written'
-expect_grep out "^checkpoint at step 6: $TMP/b/checkpoints/step-00000006.h5"
-[ "$(cat "$TMP/b/checkpoints/latest")" = "step-00000006.h5" ] || fail "latest does not name step 6"
-cp "$TMP/b/checkpoints/step-00000006.h5" "$TMP/step6.h5"
+expect_grep out "^stopped by train.stop_at after step $H of $S .*checkpoint written"
+expect_grep out "^checkpoint at step $H: $TMP/b/checkpoints/$HF"
+[ "$(cat "$TMP/b/checkpoints/latest")" = "$HF" ] || fail "latest does not name step $H"
+cp "$TMP/b/checkpoints/$HF" "$TMP/step6.h5"
 
 # shellcheck disable=SC2086
 run_np 2 $CFG --run.dir "$TMP/b" --checkpoint.every 100 --resume latest
 expect_ok
-expect_grep err "resumed from $TMP/b/checkpoints/step-00000006.h5: step 6"
-expect_grep out '^done: 6 steps'
+expect_grep err "resumed from $TMP/b/checkpoints/$HF: step $H"
+expect_grep out "^done: $H steps"
 
 # The records of both runs, in one file, against the uninterrupted run.
 same_losses "$TMP/a/metrics.jsonl" "$TMP/b/metrics.jsonl" "the resumed run"
-echo "resume on dp=2: $(wc -l <"$TMP/ref") validation and 12 train losses bitwise equal"
+echo "resume on dp=2: $(wc -l <"$TMP/ref") validation and $S train losses bitwise equal"
 
-# compare RUN: steps 7..12 of RUN's train losses within 1e-5 of run a's.
-compare() { close_losses "$TMP/a/metrics.jsonl" "$TMP/$1/metrics.jsonl" 6 1e-5 "run $1"; }
+# compare RUN: RUN's train losses after the checkpoint's step within 1e-5 of run a's.
+compare() { close_losses "$TMP/a/metrics.jsonl" "$TMP/$1/metrics.jsonl" $H 1e-5 "run $1"; }
 # shellcheck disable=SC2086
 run_np 1 $CFG --run.dir "$TMP/dp1" --train.grad_accum 2 --resume "$TMP/step6.h5"
 expect_ok
 expect_grep err 'saved on 2 ranks \(tp=1 pp=1 dp=2\)'
 compare dp1
-# shellcheck disable=SC2086
-run_np 4 $CFG --run.dir "$TMP/dp4" --train.micro_batch 2 --resume "$TMP/step6.h5"
-expect_ok
-compare dp4
+# the plain suite continues on dp=4 too; under the sanitizers dp=1 alone
+if [ "$SAN" != 1 ]; then
+    # shellcheck disable=SC2086
+    run_np 4 $CFG --run.dir "$TMP/dp4" --train.micro_batch 2 --resume "$TMP/step6.h5"
+    expect_ok
+    compare dp4
+fi
 
 # f16 with dynamic loss scaling (the scale doubles every 2 good steps): the
 # masters, the f16 working weights (an f16 file type) and the loss scaler's
@@ -86,4 +97,6 @@ stopped=$(sed -n 's/^stopped by SIGUSR1 after step \([0-9]*\) .*/\1/p' "$TMP/out
 want=$(printf 'step-%08d.h5' "$stopped")
 [ "$(cat "$TMP/sig/checkpoints/latest")" = "$want" ] || fail "latest is not $want"
 grep -q "\"kind\":\"checkpoint\",\"step\":$stopped," "$M" || fail "no checkpoint record for step $stopped"
-echo "PASS: resumed bitwise; dp=1 and dp=4 continue dp=2; SIGUSR1 checkpointed step $stopped"
+layouts="dp=1 and dp=4 continue"
+[ "$SAN" != 1 ] || layouts="dp=1 continues"
+echo "PASS: resumed bitwise; $layouts dp=2; SIGUSR1 checkpointed step $stopped"
