@@ -134,12 +134,15 @@ cai_status cai_cuda_rope_kv_cache_write(cai_device_t *dev, cai_tensor *qk, cai_t
     CAI_CALL(cai_ops_rope_kv_keys(op, qk, k_cache, &k));
     CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_CUDA, CAI_ANYF, k_cache, v_cache, &k, v, slots, &a));
     CAI_CALL(cai_cuda_rope_args(op, qk, "qk", qk, "qk", cos, sin, positions, 0, &r));
-    if (!r.pos || !cuk_rope_kv_write_fits(r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.per_batch)) {
-        CAI_CALL(cai_cuda_rope_fwd(dev, qk, qk, cos, sin, positions, 0));
-        return cai_cuda_kv_cache_write(dev, k_cache, v_cache, &k, v, slots);
-    }
+    cudaStream_t s = cai_cuda_of(dev)->stream;
     CAI_CALL(cai_cuda_enter(dev, op));
-    CUK_LAUNCH(op, cuk_rope_kv_write(cai_cuda_of(dev)->stream, r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.pos, a.kc.data,
-                                     a.vc.data, (int)a.kc.dtype, a.kc.B * a.kc.T, a.slots, cai_cuda_of(dev)->err));
+    if (!r.pos || !cuk_rope_kv_write_fits(r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.per_batch)) {
+        CUK_LAUNCH(op, cuk_rope(s, r.y, r.x, r.cos, r.sin, r.pos, r.per_batch, 0, 1.0f, cai_cuda_of(dev)->err));
+        CUK_LAUNCH(op, cuk_kv_cache_write(s, a.kc.data, a.vc.data, (int)a.kc.dtype, a.kc.B * a.kc.T,
+                                          cai_cuda_bthd(&a.k), cai_cuda_bthd(&a.v), a.slots, cai_cuda_of(dev)->err));
+        return CAI_OK;
+    }
+    CUK_LAUNCH(op, cuk_rope_kv_write(s, r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.pos, a.kc.data, a.vc.data,
+                                     (int)a.kc.dtype, a.kc.B * a.kc.T, a.slots, cai_cuda_of(dev)->err));
     return CAI_OK;
 }

@@ -837,13 +837,6 @@ __global__ void k_rope(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int
 }
 
 CUK_EMU_BEGIN(rope_fast);
-/* ---- rope fast path: 16-bit views rotated over the whole head (D = 2 half,
- * half a multiple of 8) with 16-byte aligned rows and tables. A thread takes
- * 8 pairs of one head of one token, x[i..i+7] with x[i+half..i+half+7], and
- * their angles (two 32-byte table loads): 16-byte accesses only (k_rope
- * moves 2 bytes at a time), and the work index splits with 32-bit
- * divisions (k_rope divides in 64 bits per element). The arithmetic is
- * k_rope's. */
 /* Pairs (j, j + half) for j = i .. i + 7 of the head row at xo, rotated by
  * position p's angles (zeros where bad) into the row at yo (may be xo). */
 template <int DT>
@@ -870,6 +863,13 @@ CUK_INLINE void cuk_rope8(const void *x, int64_t xo, void *y, int64_t yo, int64_
     cuk_st8<DT>(y, yo + half, y2);
 }
 
+/* ---- rope fast path: 16-bit views rotated over the whole head (D = 2 half,
+ * half a multiple of 8) with 16-byte aligned rows and tables. A thread takes
+ * 8 pairs of one head of one token, x[i..i+7] with x[i+half..i+half+7], and
+ * their angles (two 32-byte table loads): 16-byte accesses only (k_rope
+ * moves 2 bytes at a time), and the work index splits with 32-bit
+ * divisions (k_rope divides in 64 bits per element). The arithmetic is
+ * k_rope's. */
 template <int DT>
 __global__ void k_rope_vec(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int32_t *pos, int per_batch,
                            int64_t pos_offset, float sign, cuk_errrec *err) {
