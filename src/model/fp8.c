@@ -27,8 +27,16 @@ struct cai_fp8 {
     int64_t rows, widths[CAI_FP8_SITE_COUNT][2];
     size_t meta_len, n_state;
     float *state_dev, *state_host;
-    /* cast buffers: forward x / backward dy codes, W / dy^T, W^T, x^T */
-    uint8_t *buf[4];
+    /* cast buffers: forward x / backward dy codes, dy^T, x^T */
+    uint8_t *buf[3];
+    /* Each FP8 linear's weight codes W then W^T ([layer][site]), cast once
+     * per optimizer step: the weights and their scale are fixed between
+     * cai_fp8_step calls, so a second cast would give the same codes and
+     * the same amax. A cast is current while its generation is `gen` and
+     * it was made from the same weight tensor. */
+    uint8_t **wcodes;
+    const void **wsrc;
+    uint64_t *wgen, gen;
     void *ws;
     size_t ws_bytes;
 };
@@ -135,8 +143,20 @@ cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_conf
         st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "fp8: the %s backend has no FP8 ops", dev->ops->backend);
         goto fail;
     }
-    for (int i = 0; i < 4 && st == CAI_OK; i++)
+    for (int i = 0; i < 3 && st == CAI_OK; i++)
         st = cai_device_alloc(dev, codes, "fp8 cast buffer", (void **)&f->buf[i]);
+    const size_t n_lin = (size_t)n_layers * CAI_FP8_SITE_COUNT;
+    f->wcodes = calloc(n_lin, sizeof *f->wcodes);
+    f->wsrc = calloc(n_lin, sizeof *f->wsrc);
+    f->wgen = calloc(n_lin, sizeof *f->wgen);
+    f->gen = 1;
+    if (st == CAI_OK && (!f->wcodes || !f->wsrc || !f->wgen))
+        st = CAI_ERROR(CAI_ERR_NOMEM, "cai_fp8_create: weight-code table of %zu linears", n_lin);
+    for (size_t i = 0; i < n_lin && st == CAI_OK; i++) {
+        const int64_t *wd = widths[i % CAI_FP8_SITE_COUNT];
+        if (f->on[i / CAI_FP8_SITE_COUNT] && wd[0] && wd[1])
+            st = cai_device_alloc(dev, 2 * (size_t)(wd[0] * wd[1]), "fp8 weight codes", (void **)&f->wcodes[i]);
+    }
     if (st == CAI_OK && ws) st = cai_device_alloc(dev, ws, "fp8 gemm workspace", &f->ws);
     if (st == CAI_OK)
         st = cai_device_alloc(dev, f->n_state * sizeof(float), "fp8 scaling state", (void **)&f->state_dev);
@@ -154,7 +174,12 @@ fail:
 
 void cai_fp8_free(cai_fp8_t *f) {
     if (!f) return;
-    for (int i = 0; i < 4; i++) cai_device_dealloc(f->dev, f->buf[i]);
+    for (int i = 0; i < 3; i++) cai_device_dealloc(f->dev, f->buf[i]);
+    for (size_t i = 0; f->wcodes && i < (size_t)f->n_layers * CAI_FP8_SITE_COUNT; i++)
+        cai_device_dealloc(f->dev, f->wcodes[i]);
+    free(f->wcodes);
+    free(f->wsrc);
+    free(f->wgen);
     cai_device_dealloc(f->dev, f->ws);
     cai_device_dealloc(f->dev, f->state_dev);
     free(f->state_host);
@@ -206,6 +231,23 @@ static cai_status cast(const cai_fp8_layer *l, cai_fp8_site site, int operand, u
                                  f->cfg.recipe == CAI_FP8_CURRENT, f->cfg.margin);
 }
 
+/* The weight's codes (*q [OC,IC]) and their transpose (*qt [IC,OC]),
+ * cast now unless this step has cast this tensor already. */
+static cai_status weight_codes(const cai_fp8_layer *l, cai_fp8_site site, const cai_tensor *w2, const uint8_t **q,
+                               const uint8_t **qt) {
+    cai_fp8_t *f = l->f;
+    const size_t i = (size_t)l->layer * CAI_FP8_SITE_COUNT + (size_t)site;
+    uint8_t *c = f->wcodes[i], *ct = c + cai_tensor_numel(w2);
+    if (f->wgen[i] != f->gen || f->wsrc[i] != w2->data) {
+        CAI_CALL(cast(l, site, CAI_FP8_OP_W, c, ct, w2));
+        f->wgen[i] = f->gen;
+        f->wsrc[i] = w2->data;
+    }
+    *q = c;
+    *qt = ct;
+    return CAI_OK;
+}
+
 static cai_status gemm(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *c, const uint8_t *a, int a_op,
                        const uint8_t *b, int b_op, int64_t M, int64_t N, int64_t K, float beta) {
     cai_fp8_t *f = l->f;
@@ -240,10 +282,11 @@ cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
     CAI_CALL(as_2d("out", out, &y));
     const int64_t N = x.shape[0], IC = x.shape[1], OC = w.shape[0];
     CAI_CALL(check_site(l, site, N, IC, OC));
+    const uint8_t *wq, *wqt;
     CAI_CALL(cast(l, site, CAI_FP8_OP_X, f->buf[0], NULL, &x));
-    CAI_CALL(cast(l, site, CAI_FP8_OP_W, f->buf[1], NULL, &w));
+    CAI_CALL(weight_codes(l, site, &w, &wq, &wqt));
     if (residual && residual->data != out->data) CAI_CALL(dev->ops->copy(dev, out, residual));
-    CAI_CALL(gemm(l, site, &y, f->buf[0], CAI_FP8_OP_X, f->buf[1], CAI_FP8_OP_W, N, OC, IC, residual ? 1.0f : 0.0f));
+    CAI_CALL(gemm(l, site, &y, f->buf[0], CAI_FP8_OP_X, wq, CAI_FP8_OP_W, N, OC, IC, residual ? 1.0f : 0.0f));
     if (bias) CAI_CALL(dev->ops->bias_add(dev, &y, bias));
     return CAI_OK;
 }
@@ -262,15 +305,15 @@ cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
     if (dinp || dweight) CAI_CALL(cast(l, site, CAI_FP8_OP_G, f->buf[0], dweight ? f->buf[1] : NULL, &dy));
     if (dinp) {
         CAI_CALL(as_2d("dinp", dinp, &dx));
-        CAI_CALL(cast(l, site, CAI_FP8_OP_W, NULL, f->buf[2], &w));
-        CAI_CALL(
-            gemm(l, site, &dx, f->buf[0], CAI_FP8_OP_G, f->buf[2], CAI_FP8_OP_W, N, IC, OC, accum_dinp ? 1.0f : 0.0f));
+        const uint8_t *wq, *wqt;
+        CAI_CALL(weight_codes(l, site, &w, &wq, &wqt));
+        CAI_CALL(gemm(l, site, &dx, f->buf[0], CAI_FP8_OP_G, wqt, CAI_FP8_OP_W, N, IC, OC, accum_dinp ? 1.0f : 0.0f));
     }
     if (dweight) {
         CAI_CALL(as_2d("inp", inp, &x));
         CAI_CALL(as_2d("dweight", dweight, &dw));
-        CAI_CALL(cast(l, site, CAI_FP8_OP_X, NULL, f->buf[3], &x));
-        CAI_CALL(gemm(l, site, &dw, f->buf[1], CAI_FP8_OP_G, f->buf[3], CAI_FP8_OP_X, OC, IC, N, 1.0f));
+        CAI_CALL(cast(l, site, CAI_FP8_OP_X, NULL, f->buf[2], &x));
+        CAI_CALL(gemm(l, site, &dw, f->buf[1], CAI_FP8_OP_G, f->buf[2], CAI_FP8_OP_X, OC, IC, N, 1.0f));
     }
     if (dbias) CAI_CALL(dev->ops->bias_grad(dev, dbias, dout));
     return CAI_OK;
@@ -291,6 +334,7 @@ cai_status cai_fp8_step(cai_fp8_t *f) {
     CAI_CHECK_ARG(f, "cai_fp8_step: NULL state");
     cai_device_t *dev = f->dev;
     const size_t bytes = f->n_state * sizeof(float);
+    f->gen++; /* the optimizer has changed the weights */
     CAI_CALL(cai_fp8_gather_state(f));
     for (size_t i = 0; i < f->n_state / f->meta_len; i++) {
         int operand = (int)(i % CAI_FP8_OPERANDS);
@@ -314,6 +358,7 @@ cai_status cai_fp8_set_state(cai_fp8_t *f, const float *state, size_t n) {
                          "amax_history %d)); was it saved with another fp8.amax_history or model?",
                          n, f->n_state, f->n_layers, CAI_FP8_SITE_COUNT, f->cfg.amax_history);
     if (state != f->state_host) memcpy(f->state_host, state, n * sizeof(float));
+    f->gen++; /* new scales: the weights' codes are cast again */
     cai_device_t *dev = f->dev;
     CAI_CALL(cai_device_copy(dev, f->state_dev, f->state_host, n * sizeof(float),
                              dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));

@@ -68,8 +68,8 @@ static void *upload_as(const float *x, int64_t n, cai_dtype dt, float *hx) {
     return d;
 }
 
-static void t_cast(void) {
-    const int64_t R = 96, C = 80, n = R * C;
+static void cast_case(int64_t R, int64_t C) {
+    const int64_t n = R * C;
     const cai_dtype dts[2] = {CAI_DTYPE_F32, CAI_DTYPE_BF16};
     for (int di = 0; di < 2; di++)
         for (int fmt = 0; fmt < 2; fmt++)
@@ -109,20 +109,29 @@ static void t_cast(void) {
 #undef SAME_CODE
                 int meta_same = memcmp(gmeta, hmeta, sizeof gmeta) == 0 ||
                                 (isnan(gmeta[2]) && isnan(hmeta[2]) && gmeta[0] == hmeta[0]);
-                expect(bad == 0 && meta_same,
-                       "cast %s -> %s (%s): %lld codes differ (first at %lld: gpu 0x%02x cpu 0x%02x), meta gpu "
-                       "{%g, %g, %g} cpu {%g, %g, %g}",
-                       cai_dtype_name(dts[di]), cai_fp8_format_name((cai_fp8_format)fmt),
-                       mode == 0   ? "current"
-                       : mode == 1 ? "delayed, first cast"
-                                   : "delayed, specials",
-                       (long long)bad, (long long)first, first >= 0 ? gq[first] : 0, first >= 0 ? hq[first] : 0,
-                       (double)gmeta[0], (double)gmeta[1], (double)gmeta[2], (double)hmeta[0], (double)hmeta[1],
-                       (double)hmeta[2]);
+                expect(
+                    bad == 0 && meta_same,
+                    "cast [%lld,%lld] %s -> %s (%s): %lld codes differ (first at %lld: gpu 0x%02x cpu 0x%02x), meta gpu "
+                    "{%g, %g, %g} cpu {%g, %g, %g}",
+                    (long long)R, (long long)C, cai_dtype_name(dts[di]), cai_fp8_format_name((cai_fp8_format)fmt),
+                    mode == 0   ? "current"
+                    : mode == 1 ? "delayed, first cast"
+                                : "delayed, specials",
+                    (long long)bad, (long long)first, first >= 0 ? gq[first] : 0, first >= 0 ? hq[first] : 0,
+                    (double)gmeta[0], (double)gmeta[1], (double)gmeta[2], (double)hmeta[0], (double)hmeta[1],
+                    (double)hmeta[2]);
                 cai_device_dealloc(G, dx), cai_device_dealloc(G, dq), cai_device_dealloc(G, dqt);
                 cai_device_dealloc(G, dm);
                 free(x), free(hx), free(hq), free(hqt), free(gq), free(gqt);
             }
+}
+
+/* Shapes: tiles cut at both edges; rows not a multiple of 8 (qt stored a
+ * code at a time); columns not a multiple of 8 (the one-element kernel);
+ * more tiles than one pass of the grid covers. */
+static void t_cast(void) {
+    const int64_t shapes[][2] = {{96, 80}, {99, 80}, {96, 77}, {4100, 768}};
+    for (int si = 0; si < 4; si++) cast_case(shapes[si][0], shapes[si][1]);
 }
 
 static double rel_max(const float *got, const float *ref, int64_t n) {

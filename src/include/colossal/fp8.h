@@ -98,6 +98,9 @@ cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
                               cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
                               const cai_tensor *weight, int accum_dinp);
 
+/* The weights' codes are cast at their first use after a cai_fp8_step or
+ * cai_fp8_set_state and reused until the next one: weights must change only
+ * at those points (an optimizer step, a resume). */
 /* End of an optimizer step: the amaxes reduced (max) over the mesh's world,
  * then every state advanced by the recipe (cai_fp8_meta_update). Collective
  * over the world of the mesh given at create. */
