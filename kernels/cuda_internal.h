@@ -85,6 +85,10 @@ cai_cuda_plan *cai_cuda_plan_find(cai_cuda_impl *c, const int64_t *key);
 cai_cuda_plan *cai_cuda_plan_add(cai_cuda_impl *c, const int64_t *key, const cublasLtMatmulAlgo_t *algo);
 /* A heuristic preference with the device's workspace and the A, B, C, D
  * alignments (bytes); *out NULL unless CUBLAS_STATUS_SUCCESS. */
+/* desc's epilogue with its bias (pointer, dtype) and GELU aux (pointer,
+ * ld), each when not NULL. */
+cai_status cai_cuda_lt_epilogue(const char *op, cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, const void *bias,
+                                cai_dtype bias_dt, const void *aux, int64_t aux_ld);
 cublasStatus_t cai_cuda_lt_pref(const cai_cuda_impl *c, uint32_t al_a, uint32_t al_b, uint32_t al_c, uint32_t al_d,
                                 cublasLtMatmulPreference_t *out);
 
@@ -193,8 +197,8 @@ CUDA_OP(fp8_cast)
 size_t cai_cuda_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
 CUDA_OP(fp8_gemm)
 (cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
- const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta, void *workspace,
- size_t workspace_bytes);
+ const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta, const cai_fp8_epilogue *ep,
+ void *workspace, size_t workspace_bytes);
 
 /* norms, activations, RoPE (cuda_pointwise.c) */
 CUDA_OP(layernorm_fwd)

@@ -248,6 +248,28 @@ cublasStatus_t cai_cuda_lt_pref(const cai_cuda_impl *c, uint32_t al_a, uint32_t 
 
 /* One cuBLASLt call. *no_algo is set (and CAI_OK returned) when cuBLASLt has
  * no algorithm for this combination, so the caller can fall back. */
+cai_status cai_cuda_lt_epilogue(const char *op, cublasLtMatmulDesc_t desc, cublasLtEpilogue_t epi, const void *bias,
+                                cai_dtype bias_dt, const void *aux, int64_t aux_ld) {
+    cai_status st = CAI_OK;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+        LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias) {
+        int32_t bt = (int32_t)cuda_type(bias_dt);
+        LT("set BIAS_POINTER",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        LT("set BIAS_DATA_TYPE",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+    }
+    if (aux) {
+        LT("set EPILOGUE_AUX_POINTER",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+        LT("set EPILOGUE_AUX_LD",
+           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    }
+done:
+    return st;
+}
+
 static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, int *no_algo) {
     cai_cuda_impl *c = cai_cuda_of(dev);
     const cmat *A = g->A, *B = g->B, *C = g->C, *Ci = g->Cin ? g->Cin : g->C;
@@ -275,22 +297,8 @@ static cai_status lt_gemm(cai_device_t *dev, const char *op, const gemm_req *g, 
     LT("cublasLtMatmulDescCreate", cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F));
     LT("set TRANSA", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT("set TRANSB", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT)
-        LT("set EPILOGUE", cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (g->bias) {
-        int32_t bt = (int32_t)cuda_type(g->bias_dt);
-        LT("set BIAS_POINTER",
-           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
-        LT("set BIAS_DATA_TYPE",
-           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
-    }
-    if (g->gelu) {
-        const int64_t ald = g->aux_ld;
-        LT("set EPILOGUE_AUX_POINTER",
-           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
-        LT("set EPILOGUE_AUX_LD",
-           cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ald, sizeof ald));
-    }
+    CAI_CALL_GOTO(cai_cuda_lt_epilogue(op, desc, epi, g->bias, g->bias_dt, g->gelu ? g->aux : NULL, g->aux_ld), st,
+                  done);
     /* column-major views: Lt's A is our B, Lt's B our A, Lt's C is C^T */
     LT("layout A", cublasLtMatrixLayoutCreate(&la, cuda_type(B->dt), (uint64_t)B->cols, (uint64_t)B->rows, B->ld));
     LT("layout B", cublasLtMatrixLayoutCreate(&lb, cuda_type(A->dt), (uint64_t)A->cols, (uint64_t)A->rows, A->ld));

@@ -249,12 +249,13 @@ static cai_status weight_codes(const cai_fp8_layer *l, cai_fp8_site site, const 
 }
 
 static cai_status gemm(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *c, const uint8_t *a, int a_op,
-                       const uint8_t *b, int b_op, int64_t M, int64_t N, int64_t K, float beta) {
+                       const uint8_t *b, int b_op, int64_t M, int64_t N, int64_t K, float beta,
+                       const cai_fp8_epilogue *ep) {
     cai_fp8_t *f = l->f;
     cai_tensor A = cai_tensor_2d(f->dev, (void *)a, CAI_DTYPE_U8, M, K),
                B = cai_tensor_2d(f->dev, (void *)b, CAI_DTYPE_U8, N, K), am = meta_of(l, site, a_op),
                bm = meta_of(l, site, b_op);
-    return f->dev->ops->fp8_gemm(f->dev, c, &A, fmt_of(f, a_op), &am, &B, fmt_of(f, b_op), &bm, beta, f->ws,
+    return f->dev->ops->fp8_gemm(f->dev, c, &A, fmt_of(f, a_op), &am, &B, fmt_of(f, b_op), &bm, beta, ep, f->ws,
                                  f->ws_bytes);
 }
 
@@ -271,12 +272,12 @@ static cai_status check_site(const cai_fp8_layer *l, cai_fp8_site site, int64_t 
     return CAI_OK;
 }
 
-cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *out, const cai_tensor *inp,
-                              const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual) {
-    CAI_CHECK_ARG(l && out && inp && weight, "cai_fp8_linear_fwd: NULL argument");
+/* out = the FP8 product of inp and weight, then the epilogue: with
+ * `extra` (2-D as out) the residual (act NONE) or the kept GELU input. */
+static cai_status linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *out, const cai_tensor *inp,
+                             const cai_tensor *weight, const cai_tensor *extra, cai_fp8_epilogue ep) {
     cai_fp8_t *f = l->f;
-    cai_device_t *dev = f->dev;
-    cai_tensor x, w, y;
+    cai_tensor x, w, y, e2;
     CAI_CALL(as_2d("inp", inp, &x));
     CAI_CALL(as_2d("weight", weight, &w));
     CAI_CALL(as_2d("out", out, &y));
@@ -285,16 +286,31 @@ cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
     const uint8_t *wq, *wqt;
     CAI_CALL(cast(l, site, CAI_FP8_OP_X, f->buf[0], NULL, &x));
     CAI_CALL(weight_codes(l, site, &w, &wq, &wqt));
-    if (residual && residual->data != out->data) CAI_CALL(dev->ops->copy(dev, out, residual));
-    CAI_CALL(gemm(l, site, &y, f->buf[0], CAI_FP8_OP_X, wq, CAI_FP8_OP_W, N, OC, IC, residual ? 1.0f : 0.0f));
-    if (bias) CAI_CALL(dev->ops->bias_add(dev, &y, bias));
-    return CAI_OK;
+    if (extra) {
+        CAI_CALL(as_2d(ep.act == CAI_FP8_ACT_GELU ? "pre" : "residual", extra, &e2));
+        if (ep.act == CAI_FP8_ACT_GELU) ep.aux = &e2;
+        else ep.c_in = &e2;
+    }
+    return gemm(l, site, &y, f->buf[0], CAI_FP8_OP_X, wq, CAI_FP8_OP_W, N, OC, IC, ep.c_in ? 1.0f : 0.0f, &ep);
 }
 
-cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dinp, cai_tensor *dweight,
-                              cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
-                              const cai_tensor *weight, int accum_dinp) {
-    CAI_CHECK_ARG(l && dout && weight && (!dweight || inp), "cai_fp8_linear_bwd: NULL argument");
+cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *out, const cai_tensor *inp,
+                              const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual) {
+    CAI_CHECK_ARG(l && out && inp && weight, "cai_fp8_linear_fwd: NULL argument");
+    return linear_fwd(l, site, out, inp, weight, residual, (cai_fp8_epilogue){.bias = bias});
+}
+
+cai_status cai_fp8_linear_gelu_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *act, cai_tensor *pre,
+                                   const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias) {
+    CAI_CHECK_ARG(l && act && pre && inp && weight, "cai_fp8_linear_gelu_fwd: NULL argument");
+    return linear_fwd(l, site, act, inp, weight, pre, (cai_fp8_epilogue){.bias = bias, .act = CAI_FP8_ACT_GELU});
+}
+
+/* Both backward passes; with pre, dinp = gelu'(pre) * (dout W) (the
+ * GELU's backward in the input product's epilogue). */
+static cai_status linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dinp, cai_tensor *dweight,
+                             cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp, const cai_tensor *weight,
+                             int accum_dinp, const cai_tensor *pre) {
     cai_fp8_t *f = l->f;
     cai_device_t *dev = f->dev;
     cai_tensor dy, w, x, dx, dw;
@@ -307,16 +323,34 @@ cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
         CAI_CALL(as_2d("dinp", dinp, &dx));
         const uint8_t *wq, *wqt;
         CAI_CALL(weight_codes(l, site, &w, &wq, &wqt));
-        CAI_CALL(gemm(l, site, &dx, f->buf[0], CAI_FP8_OP_G, wqt, CAI_FP8_OP_W, N, IC, OC, accum_dinp ? 1.0f : 0.0f));
+        cai_tensor p2;
+        if (pre) CAI_CALL(as_2d("pre", pre, &p2));
+        const cai_fp8_epilogue ep = {.act = CAI_FP8_ACT_DGELU, .aux = &p2};
+        CAI_CALL(gemm(l, site, &dx, f->buf[0], CAI_FP8_OP_G, wqt, CAI_FP8_OP_W, N, IC, OC, accum_dinp ? 1.0f : 0.0f,
+                      pre ? &ep : NULL));
     }
     if (dweight) {
         CAI_CALL(as_2d("inp", inp, &x));
         CAI_CALL(as_2d("dweight", dweight, &dw));
         CAI_CALL(cast(l, site, CAI_FP8_OP_X, NULL, f->buf[2], &x));
-        CAI_CALL(gemm(l, site, &dw, f->buf[1], CAI_FP8_OP_G, f->buf[2], CAI_FP8_OP_X, OC, IC, N, 1.0f));
+        CAI_CALL(gemm(l, site, &dw, f->buf[1], CAI_FP8_OP_G, f->buf[2], CAI_FP8_OP_X, OC, IC, N, 1.0f, NULL));
     }
     if (dbias) CAI_CALL(dev->ops->bias_grad(dev, dbias, dout));
     return CAI_OK;
+}
+
+cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dinp, cai_tensor *dweight,
+                              cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
+                              const cai_tensor *weight, int accum_dinp) {
+    CAI_CHECK_ARG(l && dout && weight && (!dweight || inp), "cai_fp8_linear_bwd: NULL argument");
+    return linear_bwd(l, site, dinp, dweight, dbias, dout, inp, weight, accum_dinp, NULL);
+}
+
+cai_status cai_fp8_linear_bwd_dgelu(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dpre, cai_tensor *dweight,
+                                    cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
+                                    const cai_tensor *weight, const cai_tensor *pre) {
+    CAI_CHECK_ARG(l && dpre && dout && weight && pre && (!dweight || inp), "cai_fp8_linear_bwd_dgelu: NULL argument");
+    return linear_bwd(l, site, dpre, dweight, dbias, dout, inp, weight, 0, pre);
 }
 
 cai_status cai_fp8_gather_state(cai_fp8_t *f) {

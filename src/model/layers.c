@@ -293,8 +293,11 @@ static cai_status mlp_gelu_fwd(const cai_layer_ctx *cx, const cai_block_params *
      * GELU needs no communication and fuses into the matmul (a->fc keeps
      * the GELU input for backward). An adapter on fc adds before the GELU. */
     cai_device_t *dev = cx->dev;
-    if (!cai_lora_at(p->lora, CAI_LORA_SITE_FC) && !cai_fp8_at(p->fp8, CAI_FP8_SITE_FC))
+    if (!cai_lora_at(p->lora, CAI_LORA_SITE_FC)) {
+        if (cai_fp8_at(p->fp8, CAI_FP8_SITE_FC))
+            return cai_fp8_linear_gelu_fwd(p->fp8, CAI_FP8_SITE_FC, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
         return dev->ops->linear_gelu_fwd(dev, &a->act, &a->fc, x, &p->fc_w, opt_in(&p->fc_b));
+    }
     CAI_CALL(lin_fwd(dev, p, CAI_FP8_SITE_FC, &a->fc, x, &p->fc_w, opt_in(&p->fc_b)));
     CAI_CALL(cai_lora_fwd(p->lora, CAI_LORA_SITE_FC, x, &a->fc));
     return dev->ops->gelu_fwd(dev, &a->act, &a->fc);
@@ -309,13 +312,16 @@ static cai_status mlp_gelu_bwd(const cai_layer_ctx *cx, const cai_block_params *
      * each rank for the rank's own hidden units, so no collective sits
      * between the matmul and the GELU backward and the two fuse into one op
      * writing dfc directly (s->dact is not used). */
-    if (cai_lora_at(p->lora, CAI_LORA_SITE_MLP_PROJ) || cai_fp8_at(p->fp8, CAI_FP8_SITE_MLP_PROJ)) {
-        /* the adapter's input gradient joins before the GELU, FP8 has no
-         * fused GELU: unfused (gelu_bwd may run in place) */
+    if (cai_lora_at(p->lora, CAI_LORA_SITE_MLP_PROJ)) {
+        /* the adapter's input gradient joins before the GELU: unfused
+         * (gelu_bwd may run in place) */
         CAI_CALL(lin_bwd(dev, p, CAI_FP8_SITE_MLP_PROJ, &s->dact, wgrad_now(w, &g->mlp_proj_w),
                          wgrad_now(w, &g->mlp_proj_b), dout, &a->act, &p->mlp_proj_w, 0));
         CAI_CALL(cai_lora_bwd(p->lora, CAI_LORA_SITE_MLP_PROJ, &a->act, dout, &s->dact));
         CAI_CALL(dev->ops->gelu_bwd(dev, dfc, &a->fc, &s->dact));
+    } else if (cai_fp8_at(p->fp8, CAI_FP8_SITE_MLP_PROJ)) {
+        CAI_CALL(cai_fp8_linear_bwd_dgelu(p->fp8, CAI_FP8_SITE_MLP_PROJ, dfc, wgrad_now(w, &g->mlp_proj_w),
+                                          wgrad_now(w, &g->mlp_proj_b), dout, &a->act, &p->mlp_proj_w, &a->fc));
     } else {
         CAI_CALL(dev->ops->linear_bwd_dgelu(dev, dfc, wgrad_now(w, &g->mlp_proj_w), wgrad_now(w, &g->mlp_proj_b), dout,
                                             &a->act, &p->mlp_proj_w, &a->fc));

@@ -61,11 +61,12 @@ static void decode(cai_device_t *dev, float *dst, const uint8_t *src, int64_t n,
 }
 
 CPU_OP(fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
-                 const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta, void *workspace,
-                 size_t workspace_bytes) {
+                 const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
+                 const cai_fp8_epilogue *ep, void *workspace, size_t workspace_bytes) {
     static const char *op = "fp8_gemm";
     cai_fp8_gemm_args g;
     CAI_CALL(cai_ops_fp8_gemm_args(op, CAI_HOST, CAI_F32, c, a, a_fmt, a_meta, b, b_fmt, b_meta, beta, &g));
+    CAI_CALL(cai_ops_fp8_epilogue_args(op, CAI_HOST, c, beta, ep));
     const int64_t M = g.a.rows, N = g.b.rows, K = g.a.cols;
     size_t need = cai_cpu_fp8_gemm_workspace_bytes(dev, M, N, K);
     if (workspace_bytes < need || (need && !workspace))
@@ -78,7 +79,12 @@ CPU_OP(fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_
     decode(dev, B, (const uint8_t *)g.b.data, N * K, b_fmt);
     cai_tensor At = cai_tensor_2d(dev, A, CAI_DTYPE_F32, M, K), Bt = cai_tensor_2d(dev, B, CAI_DTYPE_F32, N, K);
     float alpha = g.a_meta[CAI_FP8_META_SCALE_INV] * g.b_meta[CAI_FP8_META_SCALE_INV];
-    cai_tensor cv = cai_tensor_2d(dev, g.c.data, CAI_DTYPE_F32, M, N);
-    cv.stride[0] = g.c.ld;
-    return cai_cpu_matmul(dev, &cv, &At, 0, &Bt, 1, alpha, beta);
+    cai_tensor dst;
+    CAI_CALL(cai_ops_fp8_epilogue_pre(dev, c, beta, ep, &dst));
+    cai_rows d;
+    CAI_CALL(cai_ops_rows(op, "c", &dst, CAI_HOST, CAI_F32, N, &d));
+    cai_tensor cv = cai_tensor_2d(dev, d.data, CAI_DTYPE_F32, M, N);
+    cv.stride[0] = d.ld;
+    CAI_CALL(cai_cpu_matmul(dev, &cv, &At, 0, &Bt, 1, alpha, beta));
+    return cai_ops_fp8_epilogue_post(dev, c, ep);
 }

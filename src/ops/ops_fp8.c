@@ -66,3 +66,49 @@ cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want,
     g->b_meta = bm;
     return CAI_OK;
 }
+
+cai_status cai_ops_fp8_epilogue_args(const char *op, cai_device_kind kind, const cai_tensor *c, float beta,
+                                     const cai_fp8_epilogue *ep) {
+    if (!ep) return CAI_OK;
+    if ((int)ep->act < 0 || ep->act > CAI_FP8_ACT_DGELU)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: epilogue act is %d, expected NONE, GELU or DGELU", op, (int)ep->act);
+    cai_rows cr, r;
+    CAI_CALL(cai_ops_rows(op, "c", c, kind, -1, -1, &cr));
+    if (ep->c_in && ep->c_in->data != c->data) {
+        CAI_CALL(cai_ops_rows(op, "epilogue c_in", ep->c_in, kind, (int)c->dtype, cr.cols, &r));
+        if (r.rows != cr.rows)
+            return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: epilogue c_in is %s, c %s", op, CAI_OPS_DESCRIBE(ep->c_in),
+                             CAI_OPS_DESCRIBE(c));
+    }
+    if (ep->bias) {
+        char *d;
+        CAI_CALL(cai_ops_vec(op, "epilogue bias", ep->bias, kind, (int)c->dtype, cr.cols, &d));
+    }
+    if (ep->act == CAI_FP8_ACT_NONE) return CAI_OK;
+    if (!ep->aux) return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: a GELU epilogue needs aux (the pre-activation)", op);
+    CAI_CALL(cai_ops_rows(op, "epilogue aux", ep->aux, kind, (int)c->dtype, cr.cols, &r));
+    if (r.rows != cr.rows || ep->aux->data == c->data)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: epilogue aux is %s, expected c's shape %s in a buffer of its own",
+                         op, CAI_OPS_DESCRIBE(ep->aux), CAI_OPS_DESCRIBE(c));
+    if (ep->c_in || beta != 0.0f || (ep->act == CAI_FP8_ACT_DGELU && ep->bias))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: a %s epilogue takes no c_in or beta%s", op,
+                         ep->act == CAI_FP8_ACT_GELU ? "GELU" : "DGELU",
+                         ep->act == CAI_FP8_ACT_GELU ? "" : ", no bias");
+    return CAI_OK;
+}
+
+cai_status cai_ops_fp8_epilogue_pre(cai_device_t *dev, cai_tensor *c, float beta, const cai_fp8_epilogue *ep,
+                                    cai_tensor *dst) {
+    *dst = ep && ep->act == CAI_FP8_ACT_GELU ? *ep->aux : *c;
+    if (ep && ep->c_in && beta != 0.0f && ep->c_in->data != dst->data) CAI_CALL(dev->ops->copy(dev, dst, ep->c_in));
+    return CAI_OK;
+}
+
+cai_status cai_ops_fp8_epilogue_post(cai_device_t *dev, cai_tensor *c, const cai_fp8_epilogue *ep) {
+    if (!ep) return CAI_OK;
+    cai_tensor *t = ep->act == CAI_FP8_ACT_GELU ? ep->aux : c;
+    if (ep->bias) CAI_CALL(dev->ops->bias_add(dev, t, ep->bias));
+    if (ep->act == CAI_FP8_ACT_GELU) return dev->ops->gelu_fwd(dev, c, ep->aux);
+    if (ep->act == CAI_FP8_ACT_DGELU) return dev->ops->gelu_bwd(dev, c, ep->aux, c);
+    return CAI_OK;
+}

@@ -106,6 +106,16 @@ cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want,
                                  const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
                                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
                                  cai_fp8_gemm_args *g);
+/* fp8_gemm's epilogue checked against c (NULL ep passes). */
+cai_status cai_ops_fp8_epilogue_args(const char *op, cai_device_kind kind, const cai_tensor *c, float beta,
+                                     const cai_fp8_epilogue *ep);
+/* The epilogue by separate ops around a product that only writes c (the
+ * host's way, and a backend's where it cannot fuse): _pre copies c_in to
+ * where the product lands (*dst: aux for GELU, else c), _post adds the bias
+ * and applies the activation. */
+cai_status cai_ops_fp8_epilogue_pre(cai_device_t *dev, cai_tensor *c, float beta, const cai_fp8_epilogue *ep,
+                                    cai_tensor *dst);
+cai_status cai_ops_fp8_epilogue_post(cai_device_t *dev, cai_tensor *c, const cai_fp8_epilogue *ep);
 
 /* The router ops' arguments (ops.h moe_route, moe_router_sums,
  * moe_router_bwd), checked alike by every backend, each op's tensors all

@@ -144,9 +144,18 @@ static double rel_max(const float *got, const float *ref, int64_t n) {
     return num / den;
 }
 
-static void gemm_case(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp8_format fb, cai_dtype cdt,
-                      float beta) {
+/* fp8_gemm's epilogues: none; a bias and a separate C (a residual, beta 1);
+ * GELU with a bias, its input kept in aux; GELU's gradient from aux. */
+enum { EP_NONE, EP_BIAS_CIN, EP_GELU, EP_DGELU };
+static const char *const ep_names[] = {"", ", bias + c_in", ", gelu + bias", ", dgelu"};
+
+static void gemm_case_ep(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp8_format fb, cai_dtype cdt,
+                         float beta, int epi) {
     float *a = randn(M * K, 21, 1.5f), *b = randn(N * K, 22, 0.02f), *c0 = randn(M * N, 23, 1.0f);
+    float *bias = randn(N, 24, 0.5f), *hbias = malloc((size_t)N * 4), *hx = malloc((size_t)(M * N) * 4),
+          *hx_out = calloc((size_t)(M * N), 4);
+    void *dbias = upload_as(bias, N, cdt, hbias), *dx = upload_as(c0, M * N, cdt, hx);
+    const int64_t es = (int64_t)cai_dtype_size(cdt);
     float ma[3] = {0}, mb[3] = {0};
     uint8_t *qa = malloc((size_t)(M * K)), *qb = malloc((size_t)(N * K));
     cai_tensor A = cai_tensor_2d(H, a, CAI_DTYPE_F32, M, K), B = cai_tensor_2d(H, b, CAI_DTYPE_F32, N, K),
@@ -159,20 +168,38 @@ static void gemm_case(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp
     void *dc = upload_as(c0, M * N, cdt, hc);
     size_t wsb = H->ops->fp8_gemm_workspace_bytes(H, M, N, K);
     void *ws = malloc(wsb);
-    cai_tensor hC = cai_tensor_2d(H, hc, CAI_DTYPE_F32, M, N);
-    OK(H->ops->fp8_gemm(H, &hC, &QA, fa, &MA, &QB, fb, &MB, beta, ws, wsb));
+    cai_tensor hC = cai_tensor_2d(H, hc, CAI_DTYPE_F32, M, N), hB = cai_tensor_1d(H, hbias, CAI_DTYPE_F32, N),
+               hX = cai_tensor_2d(H, epi == EP_GELU ? hx_out : hx, CAI_DTYPE_F32, M, N);
+    cai_tensor gX = cai_tensor_2d(G, dx, cdt, M, N), gBias = cai_tensor_1d(G, dbias, cdt, N);
+    cai_fp8_epilogue hep = {0}, gep = {0};
+    if (epi == EP_BIAS_CIN) { /* c_in is hx / dx; c starts as garbage */
+        hep = (cai_fp8_epilogue){.c_in = &hX, .bias = &hB};
+        gep = (cai_fp8_epilogue){.c_in = &gX, .bias = &gBias};
+    } else if (epi == EP_GELU) { /* aux receives the pre-activation */
+        hep = (cai_fp8_epilogue){.bias = &hB, .act = CAI_FP8_ACT_GELU, .aux = &hX};
+        gep = (cai_fp8_epilogue){.bias = &gBias, .act = CAI_FP8_ACT_GELU, .aux = &gX};
+    } else if (epi == EP_DGELU) { /* aux holds the pre-activation */
+        hep = (cai_fp8_epilogue){.act = CAI_FP8_ACT_DGELU, .aux = &hX};
+        gep = (cai_fp8_epilogue){.act = CAI_FP8_ACT_DGELU, .aux = &gX};
+    }
+    OK(H->ops->fp8_gemm(H, &hC, &QA, fa, &MA, &QB, fb, &MB, beta, epi ? &hep : NULL, ws, wsb));
     void *dqa = up(qa, (size_t)(M * K)), *dqb = up(qb, (size_t)(N * K)), *dma = up(ma, 12), *dmb = up(mb, 12);
     cai_tensor gA = cai_tensor_2d(G, dqa, CAI_DTYPE_U8, M, K), gB = cai_tensor_2d(G, dqb, CAI_DTYPE_U8, N, K),
                gMA = cai_tensor_1d(G, dma, CAI_DTYPE_F32, 3), gMB = cai_tensor_1d(G, dmb, CAI_DTYPE_F32, 3),
                gC = cai_tensor_2d(G, dc, cdt, M, N);
-    cai_status st = G->ops->fp8_gemm(G, &gC, &gA, fa, &gMA, &gB, fb, &gMB, beta, NULL, 0);
+    cai_status st = G->ops->fp8_gemm(G, &gC, &gA, fa, &gMA, &gB, fb, &gMB, beta, epi ? &gep : NULL, NULL, 0);
     double e = INFINITY;
     if (st == CAI_OK) {
-        void *tmp = malloc((size_t)(M * N) * cai_dtype_size(cdt));
-        down(tmp, dc, (size_t)(M * N) * cai_dtype_size(cdt));
+        void *tmp = malloc((size_t)(M * N) * (size_t)es);
+        down(tmp, dc, (size_t)(M * N * es));
         OK(cai_convert_host(gc, CAI_DTYPE_F32, tmp, cdt, (size_t)(M * N)));
-        free(tmp);
         e = rel_max(gc, hc, M * N);
+        if (epi == EP_GELU) { /* and the kept pre-activation */
+            down(tmp, dx, (size_t)(M * N * es));
+            OK(cai_convert_host(gc, CAI_DTYPE_F32, tmp, cdt, (size_t)(M * N)));
+            e = fmax(e, rel_max(gc, hx_out, M * N));
+        }
+        free(tmp);
     } else {
         printf("  fp8_gemm: %s\n", cai_error_message());
         cai_error_clear();
@@ -181,12 +208,19 @@ static void gemm_case(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp
      * on an H200: up to 1.2e-4 of max |ref| at K = 2048); the CPU reference
      * accumulates in f32 */
     double tol = cdt == CAI_DTYPE_F32 ? 3e-4 : 8e-3;
-    expect(e <= tol, "gemm [%lld,%lld,%lld] %s x %s -> %s, beta %g: max error %.3g of max |ref| (tol %.0e)",
+    expect(e <= tol, "gemm [%lld,%lld,%lld] %s x %s -> %s, beta %g%s: max error %.3g of max |ref| (tol %.0e)",
            (long long)M, (long long)N, (long long)K, cai_fp8_format_name(fa), cai_fp8_format_name(fb),
-           cai_dtype_name(cdt), (double)beta, e, tol);
+           cai_dtype_name(cdt), (double)beta, ep_names[epi], e, tol);
     cai_device_dealloc(G, dc), cai_device_dealloc(G, dqa), cai_device_dealloc(G, dqb);
+    cai_device_dealloc(G, dbias), cai_device_dealloc(G, dx);
+    free(bias), free(hbias), free(hx), free(hx_out);
     cai_device_dealloc(G, dma), cai_device_dealloc(G, dmb);
     free(a), free(b), free(c0), free(qa), free(qb), free(hc), free(gc), free(ws);
+}
+
+static void gemm_case(int64_t M, int64_t N, int64_t K, cai_fp8_format fa, cai_fp8_format fb, cai_dtype cdt,
+                      float beta) {
+    gemm_case_ep(M, N, K, fa, fb, cdt, beta, EP_NONE);
 }
 
 static void t_gemm(void) {
@@ -201,12 +235,20 @@ static void t_gemm(void) {
     gemm_case(2048, 2304, 768, E4, E4, CAI_DTYPE_BF16, 0);
     gemm_case(2048, 768, 2304, E5, E4, CAI_DTYPE_BF16, 0);
     gemm_case(2304, 768, 2048, E5, E4, CAI_DTYPE_F32, 1);
+    /* the epilogues of GPT-2's linears: residual projections, fc + GELU, its backward */
+    for (int cd = 0; cd < 2; cd++) {
+        const cai_dtype dt = cd ? CAI_DTYPE_BF16 : CAI_DTYPE_F32;
+        gemm_case_ep(2048, 768, 768, E4, E4, dt, 1, EP_BIAS_CIN);
+        gemm_case_ep(2048, 3072, 768, E4, E4, dt, 0, EP_GELU);
+        gemm_case_ep(2048, 3072, 768, E5, E4, dt, 0, EP_DGELU);
+        gemm_case_ep(64, 48, 32, E4, E4, dt, 0, EP_GELU);
+    }
     /* sizes cuBLASLt's FP8 kernels refuse: a clean error, nothing launched */
     uint8_t *q = up(NULL, 32 * 32);
     float m[3] = {1, 1, 0}, *dm = up(m, 12), *dc = up(NULL, 32 * 32 * 4);
     cai_tensor A = cai_tensor_2d(G, q, CAI_DTYPE_U8, 17, 32), B = cai_tensor_2d(G, q, CAI_DTYPE_U8, 16, 32),
                Mt = cai_tensor_1d(G, dm, CAI_DTYPE_F32, 3), C = cai_tensor_2d(G, dc, CAI_DTYPE_F32, 17, 16);
-    cai_status st = G->ops->fp8_gemm(G, &C, &A, E4, &Mt, &B, E4, &Mt, 0, NULL, 0);
+    cai_status st = G->ops->fp8_gemm(G, &C, &A, E4, &Mt, &B, E4, &Mt, 0, NULL, NULL, 0);
     expect(st == CAI_ERR_UNSUPPORTED && strstr(cai_error_message(), "multiple of 16"), "M = 17 refused: %s",
            cai_error_message());
     cai_error_clear();
@@ -294,7 +336,7 @@ static void t_speed(void) {
                 OK(cai_device_sync(G));
                 t[v] = now();
             }
-            if (v < 2) OK(G->ops->fp8_gemm(G, &C, &A8, CAI_FP8_E4M3, &Mt, &B8, CAI_FP8_E4M3, &Mt, 0, NULL, 0));
+            if (v < 2) OK(G->ops->fp8_gemm(G, &C, &A8, CAI_FP8_E4M3, &Mt, &B8, CAI_FP8_E4M3, &Mt, 0, NULL, NULL, 0));
             else OK(G->ops->matmul(G, &C, &A16, 0, &B16, 1, 1.0f, 0.0f));
         }
         OK(cai_device_sync(G));

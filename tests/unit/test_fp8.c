@@ -151,7 +151,8 @@ START_TEST(scaling_recipes) {
             m[CAI_FP8_META_AMAX] = amax[s];
             cai_fp8_meta_update(m, H, CAI_FP8_E4M3, (cai_fp8_amax_algo)algo, 0);
             float want = algo == CAI_FP8_AMAX_MAX ? want_max[s] : want_recent[s];
-            ck_assert_msg(m[CAI_FP8_META_SCALE] == want, "algo %d step %d: scale %g, expected %g", algo, s, (double)m[CAI_FP8_META_SCALE], (double)want);
+            ck_assert_msg(m[CAI_FP8_META_SCALE] == want, "algo %d step %d: scale %g, expected %g", algo, s,
+                          (double)m[CAI_FP8_META_SCALE], (double)want);
             ck_assert(m[CAI_FP8_META_SCALE_INV] == 1.0f / want);
             ck_assert(m[CAI_FP8_META_AMAX] == 0.0f && m[CAI_FP8_META_AMAX + 1] == amax[s]);
             if (s >= 1) ck_assert(m[CAI_FP8_META_AMAX + 2] == amax[s - 1]);
@@ -182,7 +183,8 @@ START_TEST(cast_op_current_and_delayed) {
     /* scale 0: the first cast scales from this tensor's amax */
     ASSERT_OK(dev->ops->fp8_cast(dev, &Q, &QT, &X, &M, CAI_FP8_E4M3, 0, 1));
     float amax = cai_fp8_quantize_host(NULL, x, (size_t)(R * C), 1, CAI_FP8_E4M3);
-    ck_assert(meta[CAI_FP8_META_SCALE] == 448.0f / amax / 2 && meta[CAI_FP8_META_SCALE_INV] == 1.0f / meta[CAI_FP8_META_SCALE] && meta[2] == amax);
+    ck_assert(meta[CAI_FP8_META_SCALE] == 448.0f / amax / 2 &&
+              meta[CAI_FP8_META_SCALE_INV] == 1.0f / meta[CAI_FP8_META_SCALE] && meta[2] == amax);
     cai_fp8_quantize_host(ref, x, (size_t)(R * C), meta[CAI_FP8_META_SCALE], CAI_FP8_E4M3);
     for (int64_t i = 0; i < R; i++)
         for (int64_t j = 0; j < C; j++) ck_assert(q[i * C + j] == ref[i * C + j] && qt[j * R + i] == ref[i * C + j]);
@@ -241,9 +243,10 @@ static void gemm_case(cai_device_t *dev, int64_t M, int64_t N, int64_t K, cai_fp
     ASSERT_OK(dev->ops->fp8_cast(dev, &QB, NULL, &B, &MB, fb, 1, 0));
     size_t ws_bytes = dev->ops->fp8_gemm_workspace_bytes(dev, M, N, K);
     void *ws = malloc(ws_bytes);
-    ASSERT_OK(dev->ops->fp8_gemm(dev, &Ct, &QA, fa, &MA, &QB, fb, &MB, beta, ws, ws_bytes));
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &Ct, &QA, fa, &MA, &QB, fb, &MB, beta, NULL, ws, ws_bytes));
     const double ua = fa == CAI_FP8_E4M3 ? 1.0 / 16 : 1.0 / 8, ub = fb == CAI_FP8_E4M3 ? 1.0 / 16 : 1.0 / 8;
-    const double ea = cai_fp8_to_f32(1, fa) / 2 / ma[CAI_FP8_META_SCALE], eb = cai_fp8_to_f32(1, fb) / 2 / mb[CAI_FP8_META_SCALE];
+    const double ea = cai_fp8_to_f32(1, fa) / 2 / ma[CAI_FP8_META_SCALE],
+                 eb = cai_fp8_to_f32(1, fb) / 2 / mb[CAI_FP8_META_SCALE];
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             double exact = 0, bound = 0, mag = 0, deq = 0;
@@ -258,7 +261,9 @@ static void gemm_case(cai_device_t *dev, int64_t M, int64_t N, int64_t K, cai_fp
             }
             deq = deq * ma[CAI_FP8_META_SCALE_INV] * mb[CAI_FP8_META_SCALE_INV] + beta * cd[i * N + j];
             exact += beta * cd[i * N + j];
-            double got = c[i * N + j], f32_slack = (double)K * ldexp(1, -23) * mag * ma[CAI_FP8_META_SCALE_INV] * mb[CAI_FP8_META_SCALE_INV] + 1e-6;
+            double got = c[i * N + j],
+                   f32_slack =
+                       (double)K * ldexp(1, -23) * mag * ma[CAI_FP8_META_SCALE_INV] * mb[CAI_FP8_META_SCALE_INV] + 1e-6;
             /* the emulation is exactly the product of the decoded codes, up to f32 rounding */
             EXPECT(fabs(got - deq) <= f32_slack, "[%ld,%ld]: %g vs dequantised %g", (long)i, (long)j, got, deq);
             double err = fabs(got - exact), lim = bound + f32_slack;
@@ -292,21 +297,83 @@ START_TEST(gemm_within_scale_bound) {
     float c[64], meta[3] = {1, 1, 0}, ws[256];
     cai_tensor A = t2(dev, q, CAI_DTYPE_U8, 4, 16), B = t2(dev, q, CAI_DTYPE_U8, 4, 16),
                C = t2(dev, c, CAI_DTYPE_F32, 4, 4), Mt = cai_tensor_1d(dev, meta, CAI_DTYPE_F32, 3);
-    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E5M2, &Mt, &B, CAI_FP8_E5M2, &Mt, 0, ws, sizeof ws),
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E5M2, &Mt, &B, CAI_FP8_E5M2, &Mt, 0, NULL, ws, sizeof ws),
                      CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "both E5M2"));
-    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E5M2, &Mt, 0, ws, 16),
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E5M2, &Mt, 0, NULL, ws, 16),
                      CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "workspace"));
-    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E4M3, &Mt, 0.5f, ws, sizeof ws),
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E4M3, &Mt, 0.5f, NULL, ws,
+                                        sizeof ws),
                      CAI_ERR_INVALID_ARG);
     cai_tensor Bw = t2(dev, q, CAI_DTYPE_U8, 2, 32);
-    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &Bw, CAI_FP8_E4M3, &Mt, 0, ws, sizeof ws),
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, CAI_FP8_E4M3, &Mt, &Bw, CAI_FP8_E4M3, &Mt, 0, NULL, ws, sizeof ws),
                      CAI_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(cai_error_message(), "fp8_gemm: b"));
     cai_tensor Af = t2(dev, c, CAI_DTYPE_F32, 4, 16);
-    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &Af, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E4M3, &Mt, 0, ws, sizeof ws),
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &Af, CAI_FP8_E4M3, &Mt, &B, CAI_FP8_E4M3, &Mt, 0, NULL, ws, sizeof ws),
                      CAI_ERR_INVALID_ARG);
+    cai_device_free(dev);
+}
+END_TEST
+
+/* The epilogue equals the product followed by the separate ops; misuse is
+ * refused naming the epilogue's part. */
+START_TEST(gemm_epilogues_equal_the_separate_ops) {
+    cai_device_t *dev = test_device(2);
+    ck_assert_ptr_nonnull(dev);
+    enum { M = 8, N = 16, K = 32 };
+    uint8_t qa[M * K], qb[N * K];
+    for (int i = 0; i < M * K; i++) qa[i] = (uint8_t)((i * 37 + 11) % 120);
+    for (int i = 0; i < N * K; i++) qb[i] = (uint8_t)((i * 53 + 5) % 120) | (i % 3 ? 0x80 : 0);
+    float meta[3] = {0.5f, 2.0f, 0}, ws[(M + N) * K], res[M * N], bias[N], pre[M * N];
+    for (int i = 0; i < M * N; i++) res[i] = (float)(i % 7) - 3.0f, pre[i] = 0.25f * (float)(i % 13) - 1.5f;
+    for (int i = 0; i < N; i++) bias[i] = 0.1f * (float)i - 0.8f;
+    float c[M * N], ref[M * N], aux[M * N], ref_aux[M * N];
+    cai_tensor A = t2(dev, qa, CAI_DTYPE_U8, M, K), B = t2(dev, qb, CAI_DTYPE_U8, N, K),
+               Mt = cai_tensor_1d(dev, meta, CAI_DTYPE_F32, 3), C = t2(dev, c, CAI_DTYPE_F32, M, N),
+               Rf = t2(dev, ref, CAI_DTYPE_F32, M, N), R = t2(dev, res, CAI_DTYPE_F32, M, N),
+               Bias = cai_tensor_1d(dev, bias, CAI_DTYPE_F32, N), Aux = t2(dev, aux, CAI_DTYPE_F32, M, N),
+               RAux = t2(dev, ref_aux, CAI_DTYPE_F32, M, N), P = t2(dev, pre, CAI_DTYPE_F32, M, N);
+    const cai_fp8_format E4 = CAI_FP8_E4M3;
+    /* bias + a residual in its own buffer */
+    cai_fp8_epilogue ep = {.c_in = &R, .bias = &Bias};
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 1.0f, &ep, ws, sizeof ws));
+    ASSERT_OK(dev->ops->copy(dev, &Rf, &R));
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &Rf, &A, E4, &Mt, &B, E4, &Mt, 1.0f, NULL, ws, sizeof ws));
+    ASSERT_OK(dev->ops->bias_add(dev, &Rf, &Bias));
+    ck_assert(memcmp(c, ref, sizeof c) == 0);
+    /* GELU: aux keeps the pre-activation */
+    ep = (cai_fp8_epilogue){.bias = &Bias, .act = CAI_FP8_ACT_GELU, .aux = &Aux};
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 0.0f, &ep, ws, sizeof ws));
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &RAux, &A, E4, &Mt, &B, E4, &Mt, 0.0f, NULL, ws, sizeof ws));
+    ASSERT_OK(dev->ops->bias_add(dev, &RAux, &Bias));
+    ASSERT_OK(dev->ops->gelu_fwd(dev, &Rf, &RAux));
+    ck_assert(memcmp(c, ref, sizeof c) == 0 && memcmp(aux, ref_aux, sizeof aux) == 0);
+    /* GELU's gradient from a kept pre-activation */
+    ep = (cai_fp8_epilogue){.act = CAI_FP8_ACT_DGELU, .aux = &P};
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 0.0f, &ep, ws, sizeof ws));
+    ASSERT_OK(dev->ops->fp8_gemm(dev, &Rf, &A, E4, &Mt, &B, E4, &Mt, 0.0f, NULL, ws, sizeof ws));
+    ASSERT_OK(dev->ops->gelu_bwd(dev, &Rf, &P, &Rf));
+    ck_assert(memcmp(c, ref, sizeof c) == 0);
+    /* refused: a DGELU with a bias, a GELU without aux or with beta 1, a c_in of another shape */
+    ep = (cai_fp8_epilogue){.bias = &Bias, .act = CAI_FP8_ACT_DGELU, .aux = &P};
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 0.0f, &ep, ws, sizeof ws),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "no bias"));
+    ep = (cai_fp8_epilogue){.act = CAI_FP8_ACT_GELU};
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 0.0f, &ep, ws, sizeof ws),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "needs aux"));
+    ep = (cai_fp8_epilogue){.act = CAI_FP8_ACT_GELU, .aux = &Aux};
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 1.0f, &ep, ws, sizeof ws),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "no c_in or beta"));
+    cai_tensor Rs = t2(dev, res, CAI_DTYPE_F32, M / 2, N);
+    ep = (cai_fp8_epilogue){.c_in = &Rs};
+    ck_assert_int_eq(dev->ops->fp8_gemm(dev, &C, &A, E4, &Mt, &B, E4, &Mt, 1.0f, &ep, ws, sizeof ws),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "epilogue c_in"));
     cai_device_free(dev);
 }
 END_TEST
@@ -321,6 +388,7 @@ static Suite *fp8_suite(void) {
     tcase_add_test(tc, scaling_recipes);
     tcase_add_test(tc, cast_op_current_and_delayed);
     tcase_add_test(tc, gemm_within_scale_bound);
+    tcase_add_test(tc, gemm_epilogues_equal_the_separate_ops);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -97,6 +97,15 @@ cai_status cai_fp8_linear_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_ten
 cai_status cai_fp8_linear_bwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dinp, cai_tensor *dweight,
                               cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
                               const cai_tensor *weight, int accum_dinp);
+/* As ops->linear_gelu_fwd (pre = inp weight^T + bias, act = gelu(pre)) and
+ * ops->linear_bwd_dgelu's input side (dpre = gelu'(pre) * (dout weight),
+ * dweight and dbias +=), the products in FP8 with the GELU in their
+ * epilogue where the backend fuses it. */
+cai_status cai_fp8_linear_gelu_fwd(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *act, cai_tensor *pre,
+                                   const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias);
+cai_status cai_fp8_linear_bwd_dgelu(const cai_fp8_layer *l, cai_fp8_site site, cai_tensor *dpre, cai_tensor *dweight,
+                                    cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
+                                    const cai_tensor *weight, const cai_tensor *pre);
 
 /* The weights' codes are cast at their first use after a cai_fp8_step or
  * cai_fp8_set_state and reused until the next one: weights must change only

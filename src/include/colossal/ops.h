@@ -89,6 +89,25 @@ typedef enum {
     CAI_ROUTE_SIGMOID       /* probs = sigmoid per expert; weights = the chosen probs */
 } cai_route_fn;
 
+/* What fp8_gemm does with the product p before it lands in c (a backend
+ * fuses it into the product where it can, e.g. cuBLASLt's epilogues):
+ *   t = p + beta * (c_in ? c_in : c) + bias
+ *   CAI_FP8_ACT_NONE:  c = t
+ *   CAI_FP8_ACT_GELU:  aux = t, c = gelu(t)   (gelu_fwd's tanh form; aux is the
+ *                      pre-activation that gelu_bwd needs)
+ *   CAI_FP8_ACT_DGELU: c = gelu'(aux) * t      (gelu_bwd; no bias)
+ * (GELU and DGELU: beta 0 and no c_in)
+ * c_in [M,N] and aux [M,N] in c's dtype, bias [N] in c's dtype; none may
+ * overlap c except c_in == c. Same as the product, copy, bias_add and
+ * gelu_fwd / gelu_bwd in turn, up to rounding (a fused bf16 c is rounded
+ * once). */
+typedef enum { CAI_FP8_ACT_NONE = 0, CAI_FP8_ACT_GELU, CAI_FP8_ACT_DGELU } cai_fp8_act;
+typedef struct {
+    const cai_tensor *c_in, *bias; /* NULL: none */
+    cai_fp8_act act;
+    cai_tensor *aux; /* GELU: written; DGELU: read */
+} cai_fp8_epilogue;
+
 typedef struct cai_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -214,7 +233,8 @@ typedef struct cai_ops {
                            cai_fp8_format fmt, int current, int margin);
     /* Scratch bytes fp8_gemm needs for these sizes. */
     size_t (*fp8_gemm_workspace_bytes)(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
-    /* c [M,N] = (a [M,K] b [N,K]^T) * a_meta[1] * b_meta[1] + beta * c:
+    /* c [M,N] = (a [M,K] b [N,K]^T) * a_meta[1] * b_meta[1] + beta * c,
+     * then the epilogue ep (NULL: none; cai_fp8_epilogue):
      * a and b FP8 codes (U8, contiguous, K-major: the layout Hopper's FP8
      * tensor cores take) in a_fmt and b_fmt, not both E5M2; the product
      * accumulates in f32; beta 0 (c's old contents ignored) or 1. c F32
@@ -222,7 +242,8 @@ typedef struct cai_ops {
      * 16 (CAI_ERR_UNSUPPORTED otherwise). */
     cai_status (*fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt,
                            const cai_tensor *a_meta, const cai_tensor *b, cai_fp8_format b_fmt,
-                           const cai_tensor *b_meta, float beta, void *workspace, size_t workspace_bytes);
+                           const cai_tensor *b_meta, float beta, const cai_fp8_epilogue *ep, void *workspace,
+                           size_t workspace_bytes);
 
     /* ---- normalisation (statistics in f32, saved for backward) */
 
