@@ -152,11 +152,6 @@ cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_conf
     f->gen = 1;
     if (st == CAI_OK && (!f->wcodes || !f->wsrc || !f->wgen))
         st = CAI_ERROR(CAI_ERR_NOMEM, "cai_fp8_create: weight-code table of %zu linears", n_lin);
-    for (size_t i = 0; i < n_lin && st == CAI_OK; i++) {
-        const int64_t *wd = widths[i % CAI_FP8_SITE_COUNT];
-        if (f->on[i / CAI_FP8_SITE_COUNT] && wd[0] && wd[1])
-            st = cai_device_alloc(dev, 2 * (size_t)(wd[0] * wd[1]), "fp8 weight codes", (void **)&f->wcodes[i]);
-    }
     if (st == CAI_OK && ws) st = cai_device_alloc(dev, ws, "fp8 gemm workspace", &f->ws);
     if (st == CAI_OK)
         st = cai_device_alloc(dev, f->n_state * sizeof(float), "fp8 scaling state", (void **)&f->state_dev);
@@ -237,6 +232,11 @@ static cai_status weight_codes(const cai_fp8_layer *l, cai_fp8_site site, const 
                                const uint8_t **qt) {
     cai_fp8_t *f = l->f;
     const size_t i = (size_t)l->layer * CAI_FP8_SITE_COUNT + (size_t)site;
+    /* made at the first use: a pipeline rank holds only its own layers',
+     * an MoE block only its attention's */
+    if (!f->wcodes[i])
+        CAI_CALL(cai_device_alloc(f->dev, 2 * (size_t)(f->widths[site][0] * f->widths[site][1]), "fp8 weight codes",
+                                  (void **)&f->wcodes[i]));
     uint8_t *c = f->wcodes[i], *ct = c + cai_tensor_numel(w2);
     if (f->wgen[i] != f->gen || f->wsrc[i] != w2->data) {
         CAI_CALL(cast(l, site, CAI_FP8_OP_W, c, ct, w2));
