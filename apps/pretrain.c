@@ -385,6 +385,8 @@ static cai_status plan(pt_job *j, cai_run_t *run, int64_t vocab, cai_model_confi
                               .pp_inflight = j->pp.slots,
                               .pp_microbatches = c->pp > 1 ? c->grad_accum : 0,
                               .pp_split = c->pp > 1 && tc_pp_split_backward(&j->pp)};
+    const cai_fp8_config f8 = tc_fp8_config(&c->tr);
+    q.fp8 = &f8;
     if (c->pp > 1) CAI_CALL(cai_pipeline_boundaries_shared(cai_run_mesh(run), cai_run_device(run), &q.pp_shared));
     if (sp_sharded(c)) {
         const cai_sp_attn_shape s = sp_shape(c, resolved);

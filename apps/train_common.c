@@ -66,20 +66,25 @@ void tc_apply_precision(const tc_options *c, const cai_device_t *dev, cai_model_
     m->act_dtype = dev->kind == CAI_DEVICE_HOST ? CAI_DTYPE_F32 : dt;
 }
 
+cai_fp8_config tc_fp8_config(const tc_options *o) {
+    cai_fp8_config f = cai_fp8_config_default();
+    f.enabled = o->fp8 != 0;
+    f.hybrid = o->fp8_format == 1;
+    f.recipe = (cai_fp8_recipe_kind)o->fp8_recipe;
+    f.amax_algo = (cai_fp8_amax_algo)o->fp8_amax_algo;
+    f.amax_history = o->fp8_history;
+    f.margin = o->fp8_margin;
+    snprintf(f.layers, sizeof f.layers, "%s", o->fp8_layers ? o->fp8_layers : "auto");
+    return f;
+}
+
 cai_status tc_engine_create(tc_engine *e, cai_run_t *run, const tc_options *o, int64_t steps,
                             const cai_model_config *resolved, cai_model_options *mo, tc_init_fn init, void *init_ctx) {
     e->zc = tc_zero_config(o);
     cai_zero_model_options(&e->zc, mo);
     CAI_CALL(cai_model_create(&e->model, cai_run_device(run), resolved, mo));
     if (o->fp8) {
-        cai_fp8_config f = cai_fp8_config_default();
-        f.enabled = 1;
-        f.hybrid = o->fp8_format == 1;
-        f.recipe = (cai_fp8_recipe_kind)o->fp8_recipe;
-        f.amax_algo = (cai_fp8_amax_algo)o->fp8_amax_algo;
-        f.amax_history = o->fp8_history;
-        f.margin = o->fp8_margin;
-        snprintf(f.layers, sizeof f.layers, "%s", o->fp8_layers ? o->fp8_layers : "auto");
+        const cai_fp8_config f = tc_fp8_config(o);
         CAI_CALL(cai_model_set_fp8(e->model, &f, cai_run_mesh(run)));
         if (cai_run_rank(run) == 0)
             printf("fp8: blocks '%s' of %d in FP8 (%s, %s recipe, amax %s over %d steps, margin %d)\n", f.layers,

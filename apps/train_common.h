@@ -127,6 +127,8 @@ cai_status tc_check(const tc_options *o, int64_t steps);
 /* precision=f32/bf16/f16 sets the working weights; the CPU backend computes
  * in f32 over them, a GPU in the same dtype. */
 void tc_apply_precision(const tc_options *o, const cai_device_t *dev, cai_model_config *m);
+/* The fp8.* keys as a cai_fp8_config (enabled = fp8.enabled). */
+cai_fp8_config tc_fp8_config(const tc_options *o);
 
 /* What trains the model. */
 typedef struct {

@@ -38,7 +38,7 @@ struct cai_fp8 {
     const void **wsrc;
     uint64_t *wgen, gen;
     void *ws;
-    size_t ws_bytes;
+    size_t ws_bytes, codes_bytes, wcode_bytes; /* wcode_bytes: the weight codes allocated so far */
 };
 
 cai_fp8_config cai_fp8_config_default(void) {
@@ -107,6 +107,41 @@ cai_status cai_fp8_config_check(const cai_fp8_config *c, int n_layers, unsigned 
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+/* The bytes of one cast buffer and of the product workspace for these widths. */
+static void buffer_bytes(const cai_device_t *dev, int64_t rows, const int64_t widths[CAI_FP8_SITE_COUNT][2],
+                         size_t *codes, size_t *ws) {
+    *codes = *ws = 0;
+    for (int s = 0; s < CAI_FP8_SITE_COUNT; s++) {
+        int64_t ic = widths[s][0], oc = widths[s][1];
+        if (!ic || !oc) continue;
+        *codes = max_sz(*codes, max_sz((size_t)(rows * ic), max_sz((size_t)(rows * oc), (size_t)(oc * ic))));
+        *ws = max_sz(*ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, oc, ic));
+        *ws = max_sz(*ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, ic, oc));
+        *ws = max_sz(*ws, dev->ops->fp8_gemm_workspace_bytes(dev, oc, ic, rows));
+    }
+}
+
+cai_status cai_fp8_plan_bytes(const cai_device_t *dev, const cai_fp8_config *cfg, int n_layers, int64_t rows,
+                              const int64_t widths[CAI_FP8_SITE_COUNT][2], const unsigned char *runs, size_t *bytes) {
+    CAI_CHECK_ARG(dev && cfg && widths && runs && bytes && n_layers >= 1 && rows >= 1,
+                  "cai_fp8_plan_bytes: bad argument");
+    *bytes = 0;
+    if (!cfg->enabled) return CAI_OK;
+    unsigned char *on = malloc((size_t)n_layers);
+    if (!on) return CAI_ERROR(CAI_ERR_NOMEM, "cai_fp8_plan_bytes: %d bytes", n_layers);
+    cai_status st = cai_fp8_config_check(cfg, n_layers, on);
+    size_t codes, ws, w = 0;
+    buffer_bytes(dev, rows, widths, &codes, &ws);
+    for (int l = 0; l < n_layers && st == CAI_OK; l++)
+        for (int s = 0; s < CAI_FP8_SITE_COUNT && on[l]; s++)
+            if (runs[l * CAI_FP8_SITE_COUNT + s]) w += 2 * (size_t)(widths[s][0] * widths[s][1]);
+    free(on);
+    const size_t n_state =
+        (size_t)n_layers * CAI_FP8_SITE_COUNT * CAI_FP8_OPERANDS * CAI_FP8_META_STRIDE((size_t)cfg->amax_history);
+    *bytes = 3 * codes + ws + n_state * sizeof(float) + w;
+    return st;
+}
+
 cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_config *cfg, int n_layers, int64_t rows,
                           const int64_t widths[CAI_FP8_SITE_COUNT][2], cai_mesh_t *mesh) {
     CAI_CHECK_ARG(out && dev && cfg && widths && n_layers >= 1 && rows >= 1, "cai_fp8_create: bad argument");
@@ -130,15 +165,8 @@ cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_conf
         goto fail;
     }
     if ((st = cai_fp8_config_check(cfg, n_layers, f->on)) != CAI_OK) goto fail;
-    size_t codes = 0, ws = 0;
-    for (int s = 0; s < CAI_FP8_SITE_COUNT; s++) {
-        int64_t ic = widths[s][0], oc = widths[s][1];
-        if (!ic || !oc) continue;
-        codes = max_sz(codes, max_sz((size_t)(rows * ic), max_sz((size_t)(rows * oc), (size_t)(oc * ic))));
-        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, oc, ic));
-        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, rows, ic, oc));
-        ws = max_sz(ws, dev->ops->fp8_gemm_workspace_bytes(dev, oc, ic, rows));
-    }
+    size_t codes, ws;
+    buffer_bytes(dev, rows, widths, &codes, &ws);
     if (!dev->ops->fp8_cast || !dev->ops->fp8_gemm) {
         st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "fp8: the %s backend has no FP8 ops", dev->ops->backend);
         goto fail;
@@ -157,6 +185,7 @@ cai_status cai_fp8_create(cai_fp8_t **out, cai_device_t *dev, const cai_fp8_conf
         st = cai_device_alloc(dev, f->n_state * sizeof(float), "fp8 scaling state", (void **)&f->state_dev);
     if (st != CAI_OK) goto fail;
     f->ws_bytes = ws;
+    f->codes_bytes = codes;
     st = cai_fp8_set_state(f, f->state_host, f->n_state);
     if (st != CAI_OK) goto fail;
     for (int l = 0; l < n_layers; l++) f->layers[l] = (cai_fp8_layer){f, l};
@@ -234,9 +263,11 @@ static cai_status weight_codes(const cai_fp8_layer *l, cai_fp8_site site, const 
     const size_t i = (size_t)l->layer * CAI_FP8_SITE_COUNT + (size_t)site;
     /* made at the first use: a pipeline rank holds only its own layers',
      * an MoE block only its attention's */
-    if (!f->wcodes[i])
-        CAI_CALL(cai_device_alloc(f->dev, 2 * (size_t)(f->widths[site][0] * f->widths[site][1]), "fp8 weight codes",
-                                  (void **)&f->wcodes[i]));
+    if (!f->wcodes[i]) {
+        const size_t b = 2 * (size_t)(f->widths[site][0] * f->widths[site][1]);
+        CAI_CALL(cai_device_alloc(f->dev, b, "fp8 weight codes", (void **)&f->wcodes[i]));
+        f->wcode_bytes += b;
+    }
     uint8_t *c = f->wcodes[i], *ct = c + cai_tensor_numel(w2);
     if (f->wgen[i] != f->gen || f->wsrc[i] != w2->data) {
         CAI_CALL(cast(l, site, CAI_FP8_OP_W, c, ct, w2));
@@ -362,6 +393,14 @@ cai_status cai_fp8_gather_state(cai_fp8_t *f) {
         CAI_CALL(cai_allreduce(f->mesh, CAI_AXIS_WORLD, f->state_host, f->state_host, f->n_state, CAI_DTYPE_F32,
                                CAI_RED_MAX));
     return CAI_OK;
+}
+
+size_t cai_fp8_device_bytes(const cai_fp8_t *f) {
+    return f ? 3 * f->codes_bytes + f->ws_bytes + f->n_state * sizeof(float) + f->wcode_bytes : 0;
+}
+
+void cai_fp8_weights_changed(cai_fp8_t *f) {
+    if (f) f->gen++;
 }
 
 cai_status cai_fp8_step(cai_fp8_t *f) {

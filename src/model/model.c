@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------ config */
@@ -895,6 +896,7 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
 
 cai_status cai_model_params_updated(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_params_updated: NULL model");
+    cai_fp8_weights_changed(m->fp8);
     if (m->external) return CAI_OK;
     return cai_weights_updated(m->w);
 }
@@ -1467,6 +1469,49 @@ cai_status cai_model_set_lora(cai_model_t *m, struct cai_lora *lora) {
     return CAI_OK;
 }
 
+/* The FP8 linears' [in, out] widths in a block of these (local) dims; 0 for a site the block lacks. */
+static void fp8_widths(const cai_layer_dims *d, int64_t w[CAI_FP8_SITE_COUNT][2]) {
+    const int64_t attn = d->n_heads * d->head_dim, qkv = (d->n_heads + 2 * d->n_kv_heads) * d->head_dim;
+    const int swiglu = d->kinds.mlp == CAI_MLP_SWIGLU;
+    memset(w, 0, sizeof(int64_t) * 2 * CAI_FP8_SITE_COUNT);
+    w[CAI_FP8_SITE_QKV][0] = d->C, w[CAI_FP8_SITE_QKV][1] = qkv;
+    w[CAI_FP8_SITE_ATTN_PROJ][0] = attn, w[CAI_FP8_SITE_ATTN_PROJ][1] = d->C;
+    w[CAI_FP8_SITE_FC][0] = d->C, w[CAI_FP8_SITE_FC][1] = d->ffn;
+    if (swiglu) w[CAI_FP8_SITE_UP][0] = d->C, w[CAI_FP8_SITE_UP][1] = d->ffn;
+    w[CAI_FP8_SITE_MLP_PROJ][0] = d->ffn, w[CAI_FP8_SITE_MLP_PROJ][1] = d->C;
+}
+
+cai_status cai_model_fp8_bytes(const cai_device_t *dev, const cai_registry_t *reg, const cai_model_config *cfg,
+                               const cai_rank_view *view, int batch, int seq_len, int seq_parallel,
+                               const cai_fp8_config *f8, size_t *bytes) {
+    CAI_CHECK_ARG(dev && reg && cfg && view && bytes, "cai_model_fp8_bytes: NULL argument");
+    *bytes = 0;
+    if (!f8 || !f8->enabled) return CAI_OK;
+    cai_model_config c;
+    CAI_CALL(cai_model_config_resolve(cfg, &c));
+    cai_layer_dims d;
+    layer_dims_of(&c, view, batch, seq_len, seq_parallel, &d);
+    int64_t widths[CAI_FP8_SITE_COUNT][2];
+    fp8_widths(&d, widths);
+    /* the linears this rank runs: its pipeline stage's layers, an MoE
+     * block's attention only (its experts stay in bf16) */
+    unsigned char *runs = calloc((size_t)c.n_layers * CAI_FP8_SITE_COUNT, 1);
+    if (!runs) return CAI_ERROR(CAI_ERR_NOMEM, "cai_model_fp8_bytes: %d layers", c.n_layers);
+    cai_status st = CAI_OK;
+    for (int l = 0; l < c.n_layers && st == CAI_OK; l++) {
+        int vs = 0;
+        st = cai_registry_layer_vstage(reg, view, l, &vs);
+        if (st != CAI_OK || cai_rank_view_vstage_rank(view, vs) != view->pp_rank) continue;
+        const int moe = cai_model_moe_layer(&c, l);
+        for (int s = 0; s < CAI_FP8_SITE_COUNT; s++)
+            runs[l * CAI_FP8_SITE_COUNT + s] =
+                widths[s][0] > 0 && !(moe && s != CAI_FP8_SITE_QKV && s != CAI_FP8_SITE_ATTN_PROJ);
+    }
+    if (st == CAI_OK) st = cai_fp8_plan_bytes(dev, f8, c.n_layers, d.B * d.T, widths, runs, bytes);
+    free(runs);
+    return st;
+}
+
 cai_status cai_model_set_fp8(cai_model_t *m, const cai_fp8_config *cfg, cai_mesh_t *mesh) {
     CAI_CHECK_ARG(m, "cai_model_set_fp8: NULL model");
     for (int i = 0; i < m->n_local; i++) m->wp[i].fp8 = NULL;
@@ -1474,13 +1519,8 @@ cai_status cai_model_set_fp8(cai_model_t *m, const cai_fp8_config *cfg, cai_mesh
     m->fp8 = NULL;
     if (!cfg || !cfg->enabled) return CAI_OK;
     const cai_layer_dims *d = &m->dims;
-    const int64_t attn = d->n_heads * d->head_dim, qkv = (d->n_heads + 2 * d->n_kv_heads) * d->head_dim;
-    const int swiglu = d->kinds.mlp == CAI_MLP_SWIGLU;
-    const int64_t widths[CAI_FP8_SITE_COUNT][2] = {
-        [CAI_FP8_SITE_QKV] = {d->C, qkv},         [CAI_FP8_SITE_ATTN_PROJ] = {attn, d->C},
-        [CAI_FP8_SITE_FC] = {d->C, d->ffn},       [CAI_FP8_SITE_UP] = {swiglu ? d->C : 0, swiglu ? d->ffn : 0},
-        [CAI_FP8_SITE_MLP_PROJ] = {d->ffn, d->C},
-    };
+    int64_t widths[CAI_FP8_SITE_COUNT][2];
+    fp8_widths(d, widths);
     CAI_CALL(cai_fp8_create(&m->fp8, m->dev, cfg, m->cfg.n_layers, d->B * d->T, widths, mesh));
     for (int i = 0; i < m->n_local; i++) m->wp[i].fp8 = cai_fp8_layer_of(m->fp8, m->local_layer[i]);
     return CAI_OK;

@@ -138,9 +138,12 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
             out->pipe += 2 * (size_t)((cai_model_config_padded_vocab(&c) + tp - 1) / tp) * (size_t)c.d_model * f4;
         }
     }
+    CAI_CALL_GOTO(cai_model_fp8_bytes(req->dev, reg, &c, &req->view, req->batch, req->seq_len, req->seq_parallel,
+                                      req->fp8, &out->fp8),
+                  st, done);
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
     out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
-                  out->pipe - out->host;
+                  out->pipe + out->fp8 - out->host;
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -169,6 +172,7 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
     fprintf(out, "  activations                  %10.2f MiB  device (%.2f MiB without recompute, %.2f MiB with)\n",
             mib(p->acts), mib(p->acts_full), mib(p->acts_recompute));
     if (p->pipe) fprintf(out, "  pipeline boundary buffers    %10.2f MiB  device\n", mib(p->pipe));
+    if (p->fp8) fprintf(out, "  fp8 casts, weight codes      %10.2f MiB  device\n", mib(p->fp8));
     fprintf(out, "  total                        %10.2f MiB  device + %.2f MiB host\n", mib(p->device), mib(p->host));
 }
 

@@ -16,6 +16,7 @@ FP8="--fp8.enabled true --fp8.amax_history 8"
 run_np 2 $CFG $FP8 --run.dir "$TMP/a"
 expect_ok
 expect_grep out "^fp8: blocks 'auto' of 4 in FP8 \(hybrid, delayed recipe, amax max over 8 steps, margin 0\)"
+expect_grep out "^  fp8 casts, weight codes  "
 
 # shellcheck disable=SC2086
 run_np 2 $CFG $FP8 --run.dir "$TMP/b" --checkpoint.every 100 --train.stop_at 6

@@ -250,6 +250,12 @@ START_TEST(training_tracks_f32_loss_curve) {
             size_t per_layer = n / 4;
             ck_assert(st[CAI_FP8_META_SCALE] == 0.0f &&
                       st[per_layer + CAI_FP8_META_SCALE] > 0.0f); /* block 0 stays f32 ("auto"), block 1 is FP8 */
+            /* the memory plan's FP8 row is what the model holds after a step */
+            const cai_model_config c = small((cai_model_family)fam);
+            size_t planned = 0;
+            OK(cai_model_fp8_bytes(dev, cai_model_registry(fp.m), &c, cai_model_view(fp.m), B, T, 0, &f8, &planned));
+            ck_assert_uint_eq(planned, cai_fp8_device_bytes(cai_model_fp8(fp.m)));
+            ck_assert_uint_gt(planned, 0);
             run_free(&ref);
             run_free(&fp);
         }

@@ -107,9 +107,20 @@ cai_status cai_fp8_linear_bwd_dgelu(const cai_fp8_layer *l, cai_fp8_site site, c
                                     cai_tensor *dbias, const cai_tensor *dout, const cai_tensor *inp,
                                     const cai_tensor *weight, const cai_tensor *pre);
 
-/* The weights' codes are cast at their first use after a cai_fp8_step or
- * cai_fp8_set_state and reused until the next one: weights must change only
- * at those points (an optimizer step, a resume). */
+/* The device bytes cai_fp8_create and the linears' weight codes take on a
+ * rank (the memory planner's FP8 row): runs [n_layers][CAI_FP8_SITE_COUNT]
+ * marks the linears the rank runs through FP8 when their block is
+ * selected. Not collective. */
+cai_status cai_fp8_plan_bytes(const cai_device_t *dev, const cai_fp8_config *cfg, int n_layers, int64_t rows,
+                              const int64_t widths[CAI_FP8_SITE_COUNT][2], const unsigned char *runs, size_t *bytes);
+/* The weights' codes are cast at their first use after a cai_fp8_step,
+ * cai_fp8_set_state or cai_fp8_weights_changed and reused until the next
+ * one (cai_model_params_updated calls cai_fp8_weights_changed: every
+ * change of the weights goes through it). */
+void cai_fp8_weights_changed(cai_fp8_t *f);
+/* The device bytes f holds now (what cai_fp8_plan_bytes plans, once every
+ * linear the rank runs has run). */
+size_t cai_fp8_device_bytes(const cai_fp8_t *f);
 /* End of an optimizer step: the amaxes reduced (max) over the mesh's world,
  * then every state advanced by the recipe (cai_fp8_meta_update). Collective
  * over the world of the mesh given at create. */

@@ -682,6 +682,13 @@ cai_status cai_model_split_backward_bytes(const cai_device_t *dev, const cai_mod
                                           const cai_rank_view *view, int batch, int seq_len, int seq_parallel,
                                           int n_local, int slots, size_t *bytes);
 
+/* The device bytes FP8 training adds on this rank (cai_fp8_plan_bytes for
+ * the linears its layers run in FP8; 0 when f8 is NULL or off). Not
+ * collective. */
+cai_status cai_model_fp8_bytes(const cai_device_t *dev, const cai_registry_t *reg, const cai_model_config *cfg,
+                               const cai_rank_view *view, int batch, int seq_len, int seq_parallel,
+                               const cai_fp8_config *f8, size_t *bytes);
+
 /* The flat buffers (laid out by cai_registry_local_layout with this model's
  * view and align_elems): F32 master weights, F32 gradients, and the
  * param_dtype working copy (data NULL when param_dtype is F32: the layers

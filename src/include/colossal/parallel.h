@@ -253,6 +253,7 @@ typedef struct {
     size_t acts_recompute; /* activations with recompute */
     size_t windows;        /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
     size_t pipe;           /* pipeline executor: stage boundary activations and their gradients */
+    size_t fp8;            /* FP8 training: cast buffers, weight codes, scaling states (cai_model_fp8_bytes) */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
@@ -266,22 +267,23 @@ typedef struct {
     size_t align_elems;     /* 0: 16, as the model */
     int dp;
     cai_zero_config zero;
-    const cai_device_t *dev; /* the backend decides attention workspace sizes */
-    int pp_inflight;         /* activation sets a pipeline rank keeps (its schedule's peak in-flight
-                              * chunk forwards, cai_pp_stats / cai_pp_schedule_peak_inflight); 0 means 1 */
-    int pp_microbatches;     /* view.pp_size > 1: microbatches a step, for the executor's boundary
-                              * buffers (one set per microbatch and chunk); 0: not counted */
-    int pp_shared;           /* 1: the executor's boundaries go through node-shared memory
-                              * (cai_pipeline_boundaries_shared), which holds only the received
-                              * buffers; 0: MPI messages or the device's point-to-point */
-    int pp_split;            /* 1: the model keeps a split backward's output gradients in each
-                              * activation set (cai_model_options.split_backward; zb-h1) */
-    size_t seq_attn_bytes;   /* a sequence sharded over sp: the ring / Ulysses attention workspace
-                              * (cai_sp_attention_init; *_workspace_bytes), counted with the
-                              * activations; seq_len is then the rank's T/sp; 0: none */
-    size_t lora_flat;        /* LoRA (colossal/lora.h): the adapters' flat F32 elements, the only trainable
-                              * ones (the base is frozen: no gradients, no optimizer state; stage 0 only);
-                              * 0: full training */
+    const cai_device_t *dev;   /* the backend decides attention workspace sizes */
+    int pp_inflight;           /* activation sets a pipeline rank keeps (its schedule's peak in-flight
+                                * chunk forwards, cai_pp_stats / cai_pp_schedule_peak_inflight); 0 means 1 */
+    int pp_microbatches;       /* view.pp_size > 1: microbatches a step, for the executor's boundary
+                                * buffers (one set per microbatch and chunk); 0: not counted */
+    int pp_shared;             /* 1: the executor's boundaries go through node-shared memory
+                                * (cai_pipeline_boundaries_shared), which holds only the received
+                                * buffers; 0: MPI messages or the device's point-to-point */
+    int pp_split;              /* 1: the model keeps a split backward's output gradients in each
+                                * activation set (cai_model_options.split_backward; zb-h1) */
+    size_t seq_attn_bytes;     /* a sequence sharded over sp: the ring / Ulysses attention workspace
+                                * (cai_sp_attention_init; *_workspace_bytes), counted with the
+                                * activations; seq_len is then the rank's T/sp; 0: none */
+    size_t lora_flat;          /* LoRA (colossal/lora.h): the adapters' flat F32 elements, the only trainable
+                                * ones (the base is frozen: no gradients, no optimizer state; stage 0 only);
+                                * 0: full training */
+    const cai_fp8_config *fp8; /* FP8 linears (colossal/fp8.h); NULL or not enabled: none */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
