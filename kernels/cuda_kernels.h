@@ -267,11 +267,11 @@ cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat c
 cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
                                 int64_t n_cnt, cuk_errrec *err);
 
-/* fp8_cast (fp8.cu): x (F32/BF16/F16 rows) * meta[0] cast to FP8 codes
- * (E5M2 when e5m2, else E4M3) into q [rows, cols] and/or qt [cols, rows]
- * (either may be NULL), meta[2] = max(meta[2], amax(x)), and meta[0..1]
- * set from amax(x) first when `current` or meta[0] is 0. amax_scratch: 8
- * bytes of device memory. */
+/* fp8_cast (fp8.cu): x (F32/BF16/F16 rows) * meta[1] (the scale) cast to
+ * FP8 codes (E5M2 when e5m2, else E4M3) into q [rows, cols] and/or qt
+ * [cols, rows] (either may be NULL), meta[2] = max(meta[2], amax(x)), and
+ * meta[0..1] (1/scale, scale) set from amax(x) first when `current` or
+ * meta[1] is 0. amax_scratch: 8 bytes of device memory. */
 cudaError_t cuk_fp8_cast(cuk_mat x, float *meta, void *amax_scratch, int e5m2, int current, int margin, uint8_t *q,
                          uint8_t *qt, cudaStream_t s);
 

@@ -225,9 +225,9 @@ typedef struct cai_ops {
     /* q [R,C] and/or qt [C,R] (its transpose) = fp8(x [R,C] * scale), x
      * F32 (BF16/F16 too on CUDA) with contiguous rows, q and qt U8
      * contiguous, either may be NULL (then only the amax is recorded).
-     * scale is meta[0], except with `current` or a meta[0] of 0: then
+     * scale is meta[1], except with `current` or a meta[1] of 0: then
      * scale = cai_fp8_scale_from_amax(amax(x), fmt, margin, 0), written to
-     * meta[0] with 1/scale in meta[1] (an all-zero x leaves them 0 and
+     * meta[1] with 1/scale in meta[0] (an all-zero x leaves them 0 and
      * casts with scale 1). Always meta[2] = max(meta[2], amax(x)). */
     cai_status (*fp8_cast)(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta,
                            cai_fp8_format fmt, int current, int margin);
