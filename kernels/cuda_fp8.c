@@ -74,8 +74,8 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
     const int8_t fast_accum = (int8_t)fast;
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *cu = cai_cuda_of(dev);
-    /* the epilogue as cuBLASLt's: bias, GELU with its input kept, GELU's
-     * gradient; a separate C input (c_in) as Lt's C with c as its D */
+    /* the epilogue as cuBLASLt's: bias, GELU with its input kept (DGELU
+     * returned above); a separate C input (c_in) as Lt's C with c as its D */
     const cai_fp8_act act = ep ? ep->act : CAI_FP8_ACT_NONE;
     const void *bias = ep && ep->bias ? ep->bias->data : NULL;
     cai_rows ci = g.c, ax = {0};
@@ -84,7 +84,6 @@ cai_status cai_cuda_fp8_gemm(cai_device_t *dev, cai_tensor *c, const cai_tensor 
     if (act != CAI_FP8_ACT_NONE) CAI_CALL(cai_ops_rows(op, "epilogue aux", ep->aux, CAI_CUDA, (int)c->dtype, N, &ax));
     cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     if (act == CAI_FP8_ACT_GELU) epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-    else if (act == CAI_FP8_ACT_DGELU) epi = CUBLASLT_EPILOGUE_DGELU;
     const int sep_c = ci.data != g.c.data;
     cai_status st = CAI_OK;
     cublasLtMatmulDesc_t desc = NULL;
