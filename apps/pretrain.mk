@@ -17,4 +17,4 @@ PRETRAIN_APP_TESTS = \
 	tests/apps/pretrain_errors.sh \
 	tests/apps/pretrain_examples.sh
 TESTS += $(PRETRAIN_APP_TESTS)
-EXTRA_DIST += $(PRETRAIN_APP_TESTS) tests/apps/pretrain_lib.sh
+EXTRA_DIST += $(PRETRAIN_APP_TESTS) tests/apps/pretrain_lib.sh tests/apps/launch_lib.sh

@@ -11,14 +11,7 @@ HF_REF="$top_srcdir/tests/parity/hf_reference.py"
 ckpt() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-ckpt $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$CKPT_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    cai_launch "$n" "$CKPT_BIN" "$@"
 }
 
 # The PyTorch checks skip (exit 77) without a python3 that has torch.

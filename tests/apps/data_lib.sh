@@ -2,6 +2,7 @@
 # The test harness exports top_builddir, top_srcdir, MPIEXEC and PYTHON_TORCH.
 : "${top_builddir:?top_builddir must be set (run through make check)}"
 : "${MPIEXEC:=mpiexec}"
+. "$top_srcdir/tests/apps/launch_lib.sh"
 DATA_BIN="$top_builddir/apps/colossal-data"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/colossal-data-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
@@ -19,14 +20,7 @@ fail() {
 run_np() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-data $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$DATA_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
+    cai_launch "$n" "$DATA_BIN" "$@"
 }
 
 expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }

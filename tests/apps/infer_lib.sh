@@ -2,6 +2,7 @@
 # The test harness exports top_builddir, top_srcdir and MPIEXEC.
 : "${top_builddir:?top_builddir must be set (run through make check)}"
 : "${MPIEXEC:=mpiexec}"
+. "$top_srcdir/tests/apps/launch_lib.sh"
 INFER_BIN="$top_builddir/apps/colossal-infer"
 PRETRAIN_BIN="$top_builddir/apps/colossal-pretrain"
 CKPT_BIN="$top_builddir/apps/colossal-ckpt"
@@ -36,17 +37,8 @@ pretrain_tiny() {
 run_infer() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-infer $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    # shellcheck disable=SC2086
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$INFER_BIN" --model.path "$TMP/run/checkpoints" --log.timestamps false \
-        --run.dir "$TMP/infer-run" --infer.progress 0 "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
-    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-infer $*"
+    cai_launch "$n" "$INFER_BIN" --model.path "$TMP/run/checkpoints" --log.timestamps false \
+        --run.dir "$TMP/infer-run" --infer.progress 0 "$@"
 }
 
 expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }

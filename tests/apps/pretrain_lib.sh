@@ -2,6 +2,7 @@
 # The test harness exports top_builddir, top_srcdir and MPIEXEC.
 : "${top_builddir:?top_builddir must be set (run through make check)}"
 : "${MPIEXEC:=mpiexec}"
+. "$top_srcdir/tests/apps/launch_lib.sh"
 PRETRAIN_BIN="$top_builddir/apps/colossal-pretrain"
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/colossal-pretrain-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
@@ -24,16 +25,7 @@ fail() {
 run_np() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-pretrain $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    # shellcheck disable=SC2086
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$PRETRAIN_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
-    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-pretrain $*"
+    cai_launch "$n" "$PRETRAIN_BIN" "$@"
 }
 
 expect_ok() { [ "$RC" -eq 0 ] || fail "expected exit 0, got $RC"; }

@@ -21,16 +21,7 @@ done
 run_rl() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-rlhf $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    # shellcheck disable=SC2086
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$RLHF_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
-    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-rlhf $*"
+    cai_launch "$n" "$RLHF_BIN" "$@"
 }
 # rl KEY FILE: "step value" of KEY in the kind rl records
 rl() { grep '"kind":"rl"' "$2" | sed -n "s/.*\"step\":\([0-9]*\).*\"$1\":\([-+0-9.eE]*\).*/\1 \2/p"; }

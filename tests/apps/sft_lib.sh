@@ -10,16 +10,7 @@ DATA_BIN="$top_builddir/apps/colossal-data"
 run_sft() {
     n=$1
     shift
-    echo "+ $MPIEXEC -n $n colossal-sft $*"
-    RC=0
-    # One rank: none is left for mpiexec to signal when it exits non-zero, so it
-    # need not wait odls_base_sigkill_timeout (Makefile.am) twice.
-    cai_kill_wait=${OMPI_MCA_odls_base_sigkill_timeout:-1}
-    [ "$n" != 1 ] || cai_kill_wait=0
-    # shellcheck disable=SC2086
-    OMPI_MCA_odls_base_sigkill_timeout=$cai_kill_wait \
-        $MPIEXEC -n "$n" --oversubscribe "$SFT_BIN" "$@" >"$TMP/out" 2>"$TMP/err" || RC=$?
-    ! grep -Eq 'Sanitizer|runtime error:' "$TMP/err" || fail "sanitizer report from: colossal-sft $*"
+    cai_launch "$n" "$SFT_BIN" "$@"
 }
 
 # sft_setup: $TMP/pt (a 2-layer GPT-2, BPE of 320 tokens, 60 steps, its
