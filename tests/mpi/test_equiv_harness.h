@@ -148,6 +148,27 @@ done:
     return st;
 }
 
+/* One process's own rounding floor for `row`, whose reference is `ref`: the
+ * largest relative move of each step's loss (floor[0]) and gradient norm
+ * (floor[1]) when the same batch is summed as 1 or 2 microbatches instead.
+ * A layout compared against `ref` cannot be held closer than that. Not
+ * collective. */
+static inline cai_status eq_reference_floor(const eq_row *row, const eq_result *ref, double floor_[2][EQ_MAX_STEPS]) {
+    memset(floor_, 0, 2 * EQ_MAX_STEPS * sizeof floor_[0][0]);
+    for (int micro = 1; micro <= 2; micro++) {
+        eq_row r = *row;
+        r.ref_micro = micro;
+        eq_result other;
+        CAI_CALL(eq_run_reference(&r, &other));
+        for (int s = 0; s < row->steps; s++) {
+            floor_[0][s] = fmax(floor_[0][s], fabs(other.loss[s] - ref->loss[s]) / fabs(ref->loss[s]));
+            floor_[1][s] = fmax(floor_[1][s], fabs(other.norm[s] - ref->norm[s]) / fabs(ref->norm[s]));
+        }
+        eq_result_free(&other);
+    }
+    return CAI_OK;
+}
+
 typedef cai_status (*eq_setup_fn)(void *ctx, cai_zero_t *z);
 
 /* Parameter `index`'s global tensor from the tp shards (each rank passes

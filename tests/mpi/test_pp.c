@@ -7,8 +7,9 @@
  * bubble the textbook one; an evaluation before the first step equal to
  * its loss): every step's loss and gradient norm (clipping active) within
  * 1e-5 relative, or within twice what one rank's own value moves when the
- * batch is summed as 1 or 2 microbatches where that is larger, every parameter each stage holds after the steps within
- * 1e-4 (absolute, as tests/mpi/test_equiv_harness.h compares them), the
+ * batch is summed as 1 or 2 microbatches where that is larger
+ * (eq_reference_floor), every parameter each stage holds after the steps
+ * within 1e-4 (absolute, as tests/mpi/test_equiv_harness.h compares them), the
  * tied copies bit-identical, and no forward recomputed when the model has
  * the activation slots the schedule keeps in flight (one-slot rows
  * recompute and match too).
@@ -301,30 +302,17 @@ static int full_matrix(pp_layout *out) {
 START_TEST(pp_matrix_matches_single_rank) {
     ck_assert(g_world_size == 4 || g_world_size == 8);
     const cai_model_family fams[2] = {CAI_MODEL_GPT2, CAI_MODEL_LLAMA};
-    eq_result ref[2][2];           /* [family][LAYERS, 2 * LAYERS] */
-    double floor_[2][2][2][STEPS]; /* [family][depth][loss, norm][step] */
+    eq_result ref[2][2];                  /* [family][LAYERS, 2 * LAYERS] */
+    double floor_[2][2][2][EQ_MAX_STEPS]; /* [family][depth][loss, norm][step] */
     for (int f = 0; f < 2; f++)
         for (int d = 0; d < 2; d++) {
             eq_row r = make_row(fams[f]);
             r.layers = LAYERS << d;
             CK_CAI(eq_run_reference(&r, &ref[f][d]));
-            /* One rank's own rounding floor: the same batch summed as 1 and
-             * 2 microbatches. The 8-layer Llama's gradient norm moves by up
-             * to 2.3e-5 between them at step 6 (its losses stay bitwise
-             * equal), so a layout is held to 1e-5 or to twice that floor. */
-            memset(floor_[f][d], 0, sizeof floor_[f][d]);
-            for (int micro = 1; micro <= 2; micro++) {
-                eq_row r1 = r;
-                r1.ref_micro = micro;
-                eq_result other;
-                CK_CAI(eq_run_reference(&r1, &other));
-                for (int s = 0; s < r.steps; s++) {
-                    const eq_result *w = &ref[f][d];
-                    floor_[f][d][0][s] = fmax(floor_[f][d][0][s], fabs(other.loss[s] - w->loss[s]) / fabs(w->loss[s]));
-                    floor_[f][d][1][s] = fmax(floor_[f][d][1][s], fabs(other.norm[s] - w->norm[s]) / fabs(w->norm[s]));
-                }
-                eq_result_free(&other);
-            }
+            /* The 8-layer Llama's gradient norm moves by up to 2.3e-5 between
+             * 1 and 8 microbatches at step 6 (its losses stay bitwise equal),
+             * so a layout is held to 1e-5 or to twice the reference's floor. */
+            CK_CAI(eq_reference_floor(&r, &ref[f][d], floor_[f][d]));
         }
     pp_layout full[128];
     const pp_layout *layouts = k_subset;
