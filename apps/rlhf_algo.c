@@ -201,9 +201,9 @@ static cai_status policy_objective(rl_job *j, cai_model_objective_io *io, int k)
     const float *adv = c->algo == RL_GRPO ? j->adv + (int64_t)k * B : j->adv + k * N;
     if (j->pass == 0) {
         /* The training forward must score exactly the tokens the engine
-         * drew, at the positions it drew them (the engine's log-probs are of
-         * the raw logits, before temperature), and the first pass over a
-         * batch must start at ratio 1. */
+         * drew, at the positions it drew them (the engine's log-probs,
+         * taken at temperature 1 only), and the first pass over a batch must
+         * start at ratio 1. */
         const float *samp = j->samp_logp + k * N;
         for (int64_t n = 0; n < N; n++) {
             if (!mask[n]) continue;
@@ -256,11 +256,19 @@ cai_status rl_objective(void *ctx, cai_model_objective_io *io) {
     return CAI_ERROR(CAI_ERR_INTERNAL, "rlhf objective: mode %d", (int)j->mode);
 }
 
+/* grpo and ppo score a response token by the distribution it was drawn
+ * from, the logits over rollout.temperature (as TRL and verl do), the
+ * reference's too; top-k and top-p truncations are not modelled. */
+static float policy_logit_scale(const rl_job *j) {
+    const rl_config *c = j->cfg;
+    return c->algo == RL_GRPO || c->algo == RL_PPO ? (float)(1.0 / c->temperature) : 1.0f;
+}
+
 /* Forwards of every microbatch of the step on `m` (the policy or the
  * reference) in record mode: rec (and rec_val when want_values) hold the
  * result. */
 static cai_status record(rl_job *j, cai_model_t *m, int want_values) {
-    const cai_model_objective obj = {rl_objective, j, want_values};
+    const cai_model_objective obj = {rl_objective, j, want_values, policy_logit_scale(j)};
     CAI_CALL(cai_model_set_objective(m, &obj));
     j->mode = RL_MODE_RECORD;
     j->mb = 0;
@@ -271,7 +279,7 @@ static cai_status record(rl_job *j, cai_model_t *m, int want_values) {
 
 /* Sets the policy's objective for a training pass. */
 static cai_status train_mode(rl_job *j, rl_mode mode, int want_hidden) {
-    const cai_model_objective obj = {rl_objective, j, want_hidden};
+    const cai_model_objective obj = {rl_objective, j, want_hidden, policy_logit_scale(j)};
     CAI_CALL(cai_model_set_objective(j->eng.model, &obj));
     j->mode = mode;
     j->mb = 0;
@@ -477,7 +485,10 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
         for (int g = 0; g < samples; g++) {
             cai_sampling_params sp = j->sp;
             if (greedy) sp.temperature = 0;
-            else sp.logprobs = 0; /* checked against the training forward's (policy_objective) */
+            /* Checked against the training forward's (policy_objective). The
+             * engine's are of the raw logits, the training forward's of the
+             * tempered ones: they agree at temperature 1 only. */
+            else if (sp.temperature == 1.0f) sp.logprobs = 0;
             sp.has_seed = 1;
             sp.seed = mix64(mix64(mix64((uint64_t)c->seed ^ (uint64_t)step) ^ (uint64_t)items[p]) ^ (uint64_t)g);
             CAI_CALL(cai_engine_add(j->gen, (int64_t)p * samples + g, ids, n, &sp, 0));
@@ -680,19 +691,20 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, dev, dev, 2, CAI_DTYPE_F64, CAI_RED_MAX));
     const double n = g[5] > 0 ? g[5] : 1, mean = g[1] / n, var = g[2] / n - mean * mean, tk = j->sums.tokens;
     const double upd_tokens = (double)c->passes * R * T * dp;
-    char rm_mean[64] = "";
+    char rm_mean[64] = "", samp[32] = "null";
     if (j->rm) snprintf(rm_mean, sizeof rm_mean, ",\"rm_score_mean\":%.9g", g[7] / n);
+    if (j->sp.temperature == 1.0f) snprintf(samp, sizeof samp, "%.3g", dev[0]);
     cai_run_json(
         run,
         "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.9g%s,\"reward_std\":%.6f,"
         "\"accuracy\":%.6f,\"response_len\":%.3f,\"kl\":%.6g,\"clip_fraction\":%.6f,\"value_clip_fraction\":%.6f,"
         "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"update_s\":%.4f,"
-        "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%.3g,"
+        "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%s,"
         "\"ratio_dev_max\":%.3g",
         rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, rm_mean, sqrt(var > 0 ? var : 0), g[3] / n,
         g[4] / n, tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
         tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_upd,
-        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, dev[0], dev[1]);
+        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, samp, dev[1]);
     return CAI_OK;
 }
 

@@ -535,6 +535,8 @@ static cai_status tp_xent_combine(const cai_layer_ctx *cx, const cai_layer_dims 
     return CAI_OK;
 }
 
+static int logit_scaled(const cai_head_acts *h) { return h->logit_scale > 0.0f && h->logit_scale != 1.0f; }
+
 /* The head's forward; grad_scale non-NULL: the loss gradient too, in the
  * same pass over the logits (in place). */
 static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const cai_tensor *lnf_w,
@@ -555,6 +557,7 @@ static cai_status head_fwd(const cai_layer_ctx *cx, const cai_layer_dims *d, con
     }
     /* Vocabulary-parallel: each rank makes its own logit columns. */
     CAI_CALL(ops->linear_fwd(dev, &h->logits, &h->lnf, head_w, NULL));
+    if (logit_scaled(h)) CAI_CALL(ops->scale(dev, &h->logits, h->logit_scale));
     if (!targets) return CAI_OK;
     if (tp_on(cx)) {
         CAI_CALL(ops->xent_stats(dev, &h->xs_max, &h->xs_sum, &h->xs_tgt, &h->logits, targets, d->vocab_offset,
@@ -606,6 +609,8 @@ cai_status cai_head_bwd(const cai_layer_ctx *cx, const cai_layer_dims *d, const 
         CAI_CALL(ops->xent_bwd(dev, &h->logits, &h->logits, &h->lse, targets, dlosses, dloss_scale, d->vocab_offset,
                                d->vocab_valid, CAI_IGNORE_INDEX));
     h->logits_hold_grad = 0;
+    /* The gradient is of the scaled logits; the product's is scale times it. */
+    if (logit_scaled(h)) CAI_CALL(ops->scale(dev, &h->logits, h->logit_scale));
     CAI_CALL(ops->linear_bwd(dev, &s->dln, opt_out(dhead_w), NULL, &h->logits, &h->lnf, head_w, 0));
     /* Each rank's input gradient covers its vocabulary columns only. */
     cai_tensor dln;

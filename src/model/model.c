@@ -1179,6 +1179,8 @@ cai_status cai_model_set_objective(cai_model_t *m, const cai_model_objective *ob
         return CAI_OK;
     }
     CAI_CHECK_ARG(obj->fn, "%s: the objective has no function", fn);
+    CAI_CHECK_ARG(isfinite(obj->logit_scale) && obj->logit_scale >= 0.0f,
+                  "%s: logit_scale=%g must be finite and >= 0 (0: 1)", fn, (double)obj->logit_scale);
     if (m->n_slots > 1)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "%s: the model keeps %d microbatches' activations in flight (pipeline schedule); an "
@@ -1293,6 +1295,7 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     }
     CAI_CALL(fire(m, CAI_MODEL_PRE_FORWARD, head_unit));
     s->objective = targets && m->obj_on;
+    s->head.logit_scale = s->objective ? m->obj.logit_scale : 0.0f;
     if (s->objective) {
         CAI_CALL(cai_head_fwd(&m->cx, &m->dims, &m->lnf_w, &m->lnf_b, &m->head_w, &s->head, &m->scratch, &s->resid[nl],
                               &s->targets));

@@ -144,7 +144,7 @@ cai_status cai_rl_head_score_rows(const cai_rl_head_t *h, cai_model_t *m, int B,
     CAI_CALL(cai_calloc((void **)&tgt, (size_t)B * (size_t)T, sizeof *tgt, "reward model targets"));
     for (int64_t n = 0; n < (int64_t)B * T; n++) tgt[n] = CAI_IGNORE_INDEX;
     score_ctx ctx = {h, last, scores};
-    const cai_model_objective obj = {score_objective, &ctx, 1};
+    const cai_model_objective obj = {score_objective, &ctx, 1, 1.0f};
     cai_status st = cai_model_set_objective(m, &obj);
     if (st == CAI_OK) st = cai_model_forward(m, tokens, tgt, NULL);
     cai_free(tgt);

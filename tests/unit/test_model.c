@@ -898,7 +898,7 @@ START_TEST(objective_as_mean_cross_entropy_gives_the_same_gradients) {
         float *ga = NULL, *gb = NULL;
         size_t n = 0;
         cai_model_t *a = make_model(&cfgs[k], 2, 6), *b = make_model(&cfgs[k], 2, 6);
-        const cai_model_objective obj = {mean_ce_objective, NULL, 0};
+        const cai_model_objective obj = {mean_ce_objective, NULL, 0, 1.0f};
         OK(cai_model_set_objective(b, &obj));
         OK(cai_model_zero_grad(a));
         OK(cai_model_zero_grad(b));
@@ -930,16 +930,72 @@ START_TEST(objective_as_mean_cross_entropy_gives_the_same_gradients) {
 }
 END_TEST
 
-START_TEST(objective_gradients_match_finite_differences) {
+/* Copies the token losses it is handed. */
+static cai_status copy_losses_objective(void *ctx, cai_model_objective_io *io) {
+    memcpy(ctx, io->token_loss, (size_t)io->batch * io->seq_len * sizeof(float));
+    io->loss = 0;
+    return CAI_OK;
+}
+
+START_TEST(objective_logit_scale_scores_the_scaled_logits) {
     cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
     for (int k = 0; k < 2; k++) {
         cai_model_config cfg = cfgs[k];
+        cfg.init_std = 0.3f;
+        const int B = 2, T = 5, V = cfg.vocab_size, N = B * T;
+        cai_model_t *m = make_model(&cfg, B, T);
+        int32_t tok[10], tgt[10];
+        make_batch(B, T, V, 11, tok, tgt);
+        OK(cai_model_forward(m, tok, NULL, NULL));
+        cai_tensor lt;
+        OK(cai_model_logits(m, &lt));
+        ck_assert_int_eq(lt.dtype, CAI_DTYPE_F32);
+        const int64_t W = lt.shape[2]; /* the padded vocabulary's row */
+        ck_assert_int_ge(W, V);
+        float *logits = malloc((size_t)(N * W) * sizeof *logits);
+        ck_assert_ptr_nonnull(logits);
+        memcpy(logits, lt.data, (size_t)(N * W) * sizeof *logits);
+        double want[10];
+        const double scale = 1.0 / 0.7;
+        for (int n = 0; n < N; n++) {
+            double mx = -INFINITY, z = 0;
+            for (int v = 0; v < V; v++) mx = fmax(mx, scale * logits[n * W + v]);
+            for (int v = 0; v < V; v++) z += exp(scale * logits[n * W + v] - mx);
+            want[n] = tgt[n] == CAI_IGNORE_INDEX ? 0.0 : mx + log(z) - scale * logits[n * W + tgt[n]];
+        }
+        float got[10];
+        const cai_model_objective obj = {copy_losses_objective, got, 0, (float)scale};
+        OK(cai_model_set_objective(m, &obj));
+        OK(cai_model_forward(m, tok, tgt, NULL));
+        for (int n = 0; n < N; n++)
+            ck_assert_msg(fabs(got[n] - want[n]) <= 1e-5 * fmax(1.0, fabs(want[n])),
+                          "%s token %d: loss %.7g, -log softmax(logits / 0.7) %.7g", cai_model_family_name(cfg.family),
+                          n, (double)got[n], want[n]);
+        /* A forward without targets still gives the raw logits. */
+        OK(cai_model_forward(m, tok, NULL, NULL));
+        OK(cai_model_logits(m, &lt));
+        for (int64_t i = 0; i < N * W; i++) ck_assert_float_eq(((const float *)lt.data)[i], logits[i]);
+        const cai_model_objective bad = {copy_losses_objective, got, 0, -1.0f};
+        ck_assert_int_eq(cai_model_set_objective(m, &bad), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "logit_scale=-1"));
+        cai_error_clear();
+        free(logits);
+        cai_model_free(m);
+    }
+}
+END_TEST
+
+START_TEST(objective_gradients_match_finite_differences) {
+    cai_model_config cfgs[2] = {tiny_gpt2(), tiny_llama()};
+    /* Twice each: raw logits, and logits at temperature 0.7 (an RL policy's). */
+    for (int k = 0; k < 4; k++) {
+        cai_model_config cfg = cfgs[k % 2];
         cfg.init_std = 0.3f;
         cai_model_t *m = make_model(&cfg, 2, 5);
         int32_t tok[10], tgt[10];
         make_batch(2, 5, cfg.vocab_size, 7, tok, tgt);
         tgt[7] = CAI_IGNORE_INDEX;
-        const cai_model_objective obj = {mixed_objective, NULL, 1};
+        const cai_model_objective obj = {mixed_objective, NULL, 1, k < 2 ? 0.0f : (float)(1.0 / 0.7)};
         OK(cai_model_set_objective(m, &obj));
         float J = 0;
         OK(cai_model_zero_grad(m));
@@ -995,6 +1051,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, packed_rows_match_unpacked_documents);
     tcase_add_test(tc, objective_as_mean_cross_entropy_gives_the_same_gradients);
     tcase_add_test(tc, objective_gradients_match_finite_differences);
+    tcase_add_test(tc, objective_logit_scale_scores_the_scaled_logits);
     tcase_add_test(tc, packing_rejects_malformed_rows);
     tcase_add_test(tc, pipeline_stages_chain_to_the_single_model);
     tcase_add_test(tc, loss_decreases_when_overfitting_a_tiny_batch);

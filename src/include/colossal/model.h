@@ -521,6 +521,9 @@ typedef struct {
     float *xs_host;
     int32_t *xs_targets;
     int logits_hold_grad; /* cai_head_fwd_train ran: logits already hold their gradient */
+    /* Multiplies the logits before the cross-entropy and their gradient
+     * after it; 0 or 1: none. A sampling temperature t is 1/t here. */
+    float logit_scale;
 } cai_head_acts;
 
 size_t cai_head_acts_bytes(const cai_device_t *dev, const cai_layer_dims *d);
@@ -777,6 +780,10 @@ typedef struct {
     cai_status (*fn)(void *ctx, cai_model_objective_io *io);
     void *ctx;
     int want_hidden;
+    /* The token losses are of logit_scale * logits (0: 1): an RL
+     * objective scores tokens drawn at temperature t with 1/t, so that its
+     * log-probabilities are of the distribution they were drawn from. */
+    float logit_scale;
 } cai_model_objective;
 /* obj NULL: the mean cross-entropy again. Allocates the objective's host
  * and device buffers (B*T*(2 + 2C) host floats; with want_hidden B*T*C
