@@ -504,13 +504,22 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         j->n_micro = c->grad_accum;
     }
     const cai_rank_view view = cai_run_view(run);
+    /* The rollout engine's KV pool: rollout.kv_memory; auto, 256 MiB on the
+     * host and on a GPU half of what is free once the models exist (it
+     * fits by construction, so the plan leaves it out). */
+    const int on_host = cai_run_device(run)->kind == CAI_DEVICE_HOST;
+    size_t kv = 0;
+    if (is_policy(c)) kv = c->kv_memory != CAI_CFG_BYTES_AUTO ? (size_t)c->kv_memory : on_host ? (size_t)256 << 20 : 0;
+    const int want_ref = c->algo == RL_DPO ? c->dpo_loss == CAI_RL_DPO : is_policy(c) && c->kl_coef > 0;
     cai_mem_plan_request q = {.model = resolved,
                               .batch = j->B,
                               .seq_len = j->T,
                               .view = view,
                               .dp = dp,
                               .zero = tc_zero_config(&c->tr),
-                              .dev = cai_run_device(run)};
+                              .dev = cai_run_device(run),
+                              .frozen_models = want_ref + (*c->reward_model != 0),
+                              .rollout_bytes = kv};
     CAI_CALL(cai_run_plan_memory(run, &q));
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = j->B;
@@ -522,7 +531,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     else CAI_CALL(cai_ckpt_load_zero_weights(cai_run_mesh(run), j->src.ckpt, j->eng.zero));
     CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
     /* the reference: a frozen copy of model.path */
-    if (c->algo == RL_DPO ? c->dpo_loss == CAI_RL_DPO : is_policy(c) && c->kl_coef > 0) {
+    if (want_ref) {
         cai_model_options ro = mo;
         ro.frozen = 1;
         ro.external_params = 0;
@@ -547,14 +556,12 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         CAI_CALL(cai_rl_head_create(&j->head, resolved.d_model, (float)c->head_std, (uint64_t)c->seed));
     if (is_policy(c)) {
         cai_engine_options eo = cai_engine_options_default();
-        eo.kv_memory = (size_t)c->kv_memory;
-        if (c->kv_memory == CAI_CFG_BYTES_AUTO) {
+        eo.kv_memory = kv;
+        if (!kv) {
             /* a pool that holds every rollout of a step keeps them all in one batch */
             size_t free_b = 0, total_b = 0;
-            cai_device_t *dev = cai_run_device(run);
             eo.kv_memory = (size_t)256 << 20;
-            if (dev->kind != CAI_DEVICE_HOST && cai_device_mem_info(dev, &free_b, &total_b) == CAI_OK)
-                eo.kv_memory = free_b / 2;
+            if (cai_device_mem_info(cai_run_device(run), &free_b, &total_b) == CAI_OK) eo.kv_memory = free_b / 2;
             cai_error_clear();
         }
         eo.max_batch = c->prompts / dp * c->group;

@@ -24,6 +24,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     CAI_CALL(cai_zero_config_check(&req->zero));
     CAI_CHECK_ARG(req->dp >= 1 && req->batch >= 1 && req->seq_len >= 1,
                   "memory plan: dp=%d, batch=%d, seq_len=%d must be >= 1", req->dp, req->batch, req->seq_len);
+    CAI_CHECK_ARG(req->frozen_models >= 0, "memory plan: frozen_models=%d must be >= 0", req->frozen_models);
     memset(out, 0, sizeof *out);
     cai_model_config c;
     CAI_CALL(cai_model_config_resolve(&req->model, &c));
@@ -141,9 +142,13 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     CAI_CALL_GOTO(cai_model_fp8_bytes(req->dev, reg, &c, &req->view, req->batch, req->seq_len, req->seq_parallel,
                                       req->fp8, &out->fp8),
                   st, done);
+    /* A frozen model is a whole stage-0 model without gradients: masters,
+     * working copies and the same activation set. */
+    out->frozen = (size_t)req->frozen_models * (n * f4 + (lowp ? n * pds : 0) + (work ? n * act : 0) + out->acts);
+    out->rollout = req->rollout_bytes;
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
     out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
-                  out->pipe + out->fp8 - out->host;
+                  out->pipe + out->fp8 + out->frozen + out->rollout - out->host;
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -173,6 +178,8 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
             mib(p->acts), mib(p->acts_full), mib(p->acts_recompute));
     if (p->pipe) fprintf(out, "  pipeline boundary buffers    %10.2f MiB  device\n", mib(p->pipe));
     if (p->fp8) fprintf(out, "  fp8 casts, weight codes      %10.2f MiB  device\n", mib(p->fp8));
+    if (p->frozen) fprintf(out, "  frozen models                %10.2f MiB  device\n", mib(p->frozen));
+    if (p->rollout) fprintf(out, "  rollout KV pool              %10.2f MiB  device\n", mib(p->rollout));
     fprintf(out, "  total                        %10.2f MiB  device + %.2f MiB host\n", mib(p->device), mib(p->host));
 }
 
@@ -234,6 +241,14 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
         used += k;
         if (k) break;
     }
+    for (size_t kv = req->rollout_bytes / 2; kv >= (size_t)1 << 20; kv /= 2) {
+        r = *req;
+        r.rollout_bytes = kv;
+        snprintf(name, sizeof name, "rollout.kv_memory=%zuMiB", kv >> 20);
+        size_t k = try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
+        used += k;
+        if (k) break;
+    }
     const int host = req->dev->kind == CAI_DEVICE_HOST;
     size_t need = host ? p->device + p->host : p->device;
     size_t lim = device_limit;
@@ -243,10 +258,10 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
     }
     return CAI_ERROR(CAI_ERR_NOMEM,
                      "memory plan: %.1f MiB per rank (%.1f device + %.1f host: parameters %.1f, gradients %.1f, "
-                     "windows %.1f, masters %.1f, optimizer %.1f, staging %.1f, activations %.1f) exceeds the %s "
-                     "limit of %.1f MiB; %s%s",
+                     "windows %.1f, masters %.1f, optimizer %.1f, staging %.1f, activations %.1f, frozen models "
+                     "%.1f, rollout KV pool %.1f) exceeds the %s limit of %.1f MiB; %s%s",
                      mib(need), mib(p->device), mib(p->host), mib(p->params), mib(p->grads), mib(p->windows),
-                     mib(p->master), mib(p->optim), mib(p->staging), mib(p->acts),
+                     mib(p->master), mib(p->optim), mib(p->staging), mib(p->acts), mib(p->frozen), mib(p->rollout),
                      host                  ? "memory"
                      : lim == device_limit ? "device memory"
                                            : "host memory",

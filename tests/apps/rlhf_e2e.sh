@@ -247,6 +247,16 @@ run_rl 1 --rlhf.algo dpo $RL $PREFS --reward.model "$TMP/rm1/checkpoints" --run.
 expect_rc 2
 expect_grep err "reward.model=$TMP/rm1/checkpoints with rlhf.algo=dpo"
 
+# The memory plan counts the reference and the rollout KV pool beside the
+# policy, and a limit they do not fit names the pool size that would
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo grpo $RL $PROMPTS --policy.kl_coef 0.04 --rollout.kv_memory 64MiB --train.mem_limit 40MiB \
+    --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep out '^  frozen models +[0-9.]+ MiB  device'
+expect_grep out '^  rollout KV pool +64.00 MiB  device'
+expect_grep err 'memory plan: .*frozen models [0-9.]+, rollout KV pool 64.0\) exceeds .* rollout.kv_memory=[0-9]+MiB'
+
 # Bad input
 # shellcheck disable=SC2086
 run_rl 1 --rlhf.algo grpo $RL $PROMPTS --zero.stage 1 --run.dir "$TMP/bad"

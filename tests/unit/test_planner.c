@@ -176,6 +176,45 @@ START_TEST(activations_match_the_model) {
 }
 END_TEST
 
+/* An RL run's frozen models (reference, reward model) and the rollout
+ * engine's KV pool: each frozen model as a frozen model of the request's
+ * shape allocates, whatever ZeRO stage the trained one runs. */
+START_TEST(frozen_models_match_the_model) {
+    for (int f = 0; f < 2; f++)
+        for (int ckpt = 0; ckpt <= 1; ckpt++)
+            for (int stage = 0; stage <= 3; stage += 3) {
+                cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
+                c.activation_checkpointing = ckpt;
+                cai_mem_plan_request r = request(c, stage, 0, 2);
+                cai_mem_plan alone, p;
+                OK(cai_mem_plan_compute(&r, &alone));
+                ck_assert_uint_eq(alone.frozen, 0);
+                ck_assert_uint_eq(alone.rollout, 0);
+                r.frozen_models = 2;
+                r.rollout_bytes = (size_t)3 << 20;
+                OK(cai_mem_plan_compute(&r, &p));
+                cai_model_options mo = cai_model_options_default(&c);
+                mo.batch = r.batch;
+                mo.seq_len = r.seq_len;
+                mo.frozen = 1;
+                cai_model_t *m = NULL;
+                OK(cai_model_create(&m, dev, &c, &mo));
+                size_t pb = 0, ab = 0;
+                cai_model_memory(m, &pb, &ab);
+                ck_assert_uint_eq(p.frozen, 2 * (pb + ab));
+                ck_assert_uint_eq(p.rollout, (size_t)3 << 20);
+                ck_assert_uint_eq(p.device, alone.device + p.frozen + p.rollout);
+                cai_model_free(m);
+            }
+    cai_mem_plan_request r = request(small_model(CAI_MODEL_GPT2), 0, 0, 1);
+    r.frozen_models = -1;
+    cai_mem_plan p;
+    ck_assert_int_eq(cai_mem_plan_compute(&r, &p), CAI_ERR_INVALID_ARG);
+    ck_assert(strstr(cai_error_message(), "frozen_models=-1") != NULL);
+    cai_error_clear();
+}
+END_TEST
+
 /* Split-gather sequence parallelism divides the residual stream over tp:
  * per rank, the layers' saved activations shrink by the norms' and
  * residuals' (tp-1)/tp share and the scratch grows by two whole-sequence
@@ -317,6 +356,8 @@ END_TEST
 
 START_TEST(plan_prints_every_line) {
     cai_mem_plan_request r = request(small_model(CAI_MODEL_LLAMA), 3, 1, 4);
+    r.frozen_models = 1;
+    r.rollout_bytes = (size_t)1 << 20;
     cai_mem_plan p;
     OK(cai_mem_plan_compute(&r, &p));
     char *buf = NULL;
@@ -332,6 +373,8 @@ START_TEST(plan_prints_every_line) {
                           "optimizer state",
                           "activations",
                           "without recompute",
+                          "frozen models",
+                          "rollout KV pool",
                           "total"};
     for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
         ck_assert_msg(strstr(buf, want[k]) != NULL, "missing '%s' in:\n%s", want[k], buf);
@@ -351,6 +394,7 @@ int main(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, plan_matches_the_shapes);
     tcase_add_test(tc, activations_match_the_model);
+    tcase_add_test(tc, frozen_models_match_the_model);
     tcase_add_test(tc, units_match_the_model);
     tcase_add_test(tc, sequence_parallel_shrinks_activations);
     tcase_add_test(tc, refusal_names_what_would_fit);

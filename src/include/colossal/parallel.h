@@ -254,6 +254,8 @@ typedef struct {
     size_t windows;        /* of params + grads: peak bytes of stage 2/3 gather / gradient windows */
     size_t pipe;           /* pipeline executor: stage boundary activations and their gradients */
     size_t fp8;            /* FP8 training: cast buffers, weight codes, scaling states (cai_model_fp8_bytes) */
+    size_t frozen;         /* frozen models beside the trained one (cai_mem_plan_request.frozen_models) */
+    size_t rollout;        /* an inference engine's KV pool (cai_mem_plan_request.rollout_bytes) */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
@@ -284,6 +286,10 @@ typedef struct {
                                 * ones (the base is frozen: no gradients, no optimizer state; stage 0 only);
                                 * 0: full training */
     const cai_fp8_config *fp8; /* FP8 linears (colossal/fp8.h); NULL or not enabled: none */
+    int frozen_models;         /* frozen models of the same config, shape and view on this rank beside
+                                * the trained one (an RL reference, a reward model): each its F32
+                                * masters, working copies and activations, as cai_model_memory counts */
+    size_t rollout_bytes;      /* an inference engine's KV pool on the same device (RL rollouts) */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
