@@ -519,7 +519,8 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
                               .zero = tc_zero_config(&c->tr),
                               .dev = cai_run_device(run),
                               .frozen_models = want_ref + (*c->reward_model != 0),
-                              .rollout_bytes = kv};
+                              .rollout_bytes = kv,
+                              .zero_fixed = is_policy(c)};
     CAI_CALL(cai_run_plan_memory(run, &q));
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = j->B;

@@ -210,13 +210,13 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
     size_t used = 1;
     char name[128];
     cai_mem_plan_request r;
-    for (int s = req->zero.stage + 1; s <= 3; s++) {
+    for (int s = req->zero_fixed ? 4 : req->zero.stage + 1; s <= 3; s++) {
         r = *req;
         r.zero.stage = s;
         snprintf(name, sizeof name, "zero.stage=%d", s);
         used += try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
     }
-    if (!req->zero.offload) {
+    if (!req->zero.offload && !req->zero_fixed) {
         r = *req;
         r.zero.offload = 1;
         used +=

@@ -256,6 +256,7 @@ expect_rc 2
 expect_grep out '^  frozen models +[0-9.]+ MiB  device'
 expect_grep out '^  rollout KV pool +64.00 MiB  device'
 expect_grep err 'memory plan: .*frozen models [0-9.]+, rollout KV pool 64.0\) exceeds .* rollout.kv_memory=[0-9]+MiB'
+expect_no_grep err 'zero\.(stage|offload)=' "grpo's refusal offers ZeRO stages or offload, which grpo refuses"
 
 # Bad input
 # shellcheck disable=SC2086

@@ -290,6 +290,8 @@ typedef struct {
                                 * the trained one (an RL reference, a reward model): each its F32
                                 * masters, working copies and activations, as cai_model_memory counts */
     size_t rollout_bytes;      /* an inference engine's KV pool on the same device (RL rollouts) */
+    int zero_fixed;            /* 1: the caller runs only the given ZeRO stage and offload (RL rollouts
+                                * read the weights in place), so a refusal offers neither */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates
