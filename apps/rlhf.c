@@ -505,11 +505,12 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     }
     const cai_rank_view view = cai_run_view(run);
     /* The rollout engine's KV pool: rollout.kv_memory; auto, 256 MiB on the
-     * host and on a GPU half of what is free once the models exist (it
-     * fits by construction, so the plan leaves it out). */
+     * host and on a GPU half of what is free once the models exist (0 here:
+     * it fits by construction, so the plan leaves it out). */
+    const size_t host_kv = (size_t)256 << 20;
     const int on_host = cai_run_device(run)->kind == CAI_DEVICE_HOST;
     size_t kv = 0;
-    if (is_policy(c)) kv = c->kv_memory != CAI_CFG_BYTES_AUTO ? (size_t)c->kv_memory : on_host ? (size_t)256 << 20 : 0;
+    if (is_policy(c)) kv = c->kv_memory != CAI_CFG_BYTES_AUTO ? (size_t)c->kv_memory : on_host ? host_kv : 0;
     const int want_ref = c->algo == RL_DPO ? c->dpo_loss == CAI_RL_DPO : is_policy(c) && c->kl_coef > 0;
     cai_mem_plan_request q = {.model = resolved,
                               .batch = j->B,
@@ -561,7 +562,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         if (!kv) {
             /* a pool that holds every rollout of a step keeps them all in one batch */
             size_t free_b = 0, total_b = 0;
-            eo.kv_memory = (size_t)256 << 20;
+            eo.kv_memory = host_kv;
             if (cai_device_mem_info(cai_run_device(run), &free_b, &total_b) == CAI_OK) eo.kv_memory = free_b / 2;
             cai_error_clear();
         }

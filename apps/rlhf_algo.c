@@ -264,6 +264,11 @@ static float policy_logit_scale(const rl_job *j) {
     return c->algo == RL_GRPO || c->algo == RL_PPO ? (float)(1.0 / c->temperature) : 1.0f;
 }
 
+/* The engine's log-probs are of the raw logits, the training forward's of
+ * the tempered ones: they are compared (sampler_logp_diff_max) only where
+ * the two agree, at temperature 1. */
+static int sampler_checked(const rl_job *j) { return j->sp.temperature == 1.0f; }
+
 /* Forwards of every microbatch of the step on `m` (the policy or the
  * reference) in record mode: rec (and rec_val when want_values) hold the
  * result. */
@@ -485,10 +490,7 @@ static cai_status rollout(rl_job *j, const cai_rl_prompt_set_t *set, const int64
         for (int g = 0; g < samples; g++) {
             cai_sampling_params sp = j->sp;
             if (greedy) sp.temperature = 0;
-            /* Checked against the training forward's (policy_objective). The
-             * engine's are of the raw logits, the training forward's of the
-             * tempered ones: they agree at temperature 1 only. */
-            else if (sp.temperature == 1.0f) sp.logprobs = 0;
+            else if (sampler_checked(j)) sp.logprobs = 0; /* against the training forward's (policy_objective) */
             sp.has_seed = 1;
             sp.seed = mix64(mix64(mix64((uint64_t)c->seed ^ (uint64_t)step) ^ (uint64_t)items[p]) ^ (uint64_t)g);
             CAI_CALL(cai_engine_add(j->gen, (int64_t)p * samples + g, ids, n, &sp, 0));
@@ -693,7 +695,7 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     const double upd_tokens = (double)c->passes * R * T * dp;
     char rm_mean[64] = "", samp[32] = "null";
     if (j->rm) snprintf(rm_mean, sizeof rm_mean, ",\"rm_score_mean\":%.9g", g[7] / n);
-    if (j->sp.temperature == 1.0f) snprintf(samp, sizeof samp, "%.3g", dev[0]);
+    if (sampler_checked(j)) snprintf(samp, sizeof samp, "%.3g", dev[0]);
     cai_run_json(
         run,
         "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.9g%s,\"reward_std\":%.6f,"
