@@ -1,22 +1,28 @@
 #!/bin/sh
 # FP8 training acceptance, issue #26: the same model, data and seed trained
-# twice on one GPU -- bf16 (the config's precision) and FP8 (fp8.enabled:
-# hybrid formats, delayed scaling, the first and last blocks in bf16) --
-# and the two loss curves side by side.
+# on one GPU in bf16 (the config's precision) and in one or more FP8 recipes
+# (by default one: fp8.enabled with its defaults -- hybrid formats, delayed
+# scaling, the first and last blocks in bf16), the loss curves side by side.
 #
 #   bench/gpu_fp8.sh OUTDIR [MODEL [STEPS]]     (from the repository root)
 #
 # MODEL: a config in bench/configs (default gpt2-124m); STEPS default 500,
-# the cosine schedule decaying over them. The verdict: the FP8 run's mean
+# the cosine schedule decaying over them. The verdict, per recipe: its mean
 # train loss over the last 50 steps within FP8_TOL (default 0.02, i.e. 2%)
-# of bf16's; the script exits 1 otherwise. Throughput of each run is in
-# the summary too (median step time after 5 warm-up steps; for the side by
-# side with torch.compile use bench/gpu_train.sh with
+# of bf16's; the script exits 1 when the first recipe fails. Throughput of
+# each run is in the summary too (median step time after 5 warm-up steps;
+# for the side by side with torch.compile use bench/gpu_train.sh with
 # VARIANTS="fp8:--fp8.enabled=true").
 #
-# Output: OUTDIR/summary.md (the verdict and every 25th step of both
-# curves), OUTDIR/fp8_curve.csv (step, bf16 loss, FP8 loss, every step),
-# OUTDIR/results.jsonl, colossal.log, metrics.jsonl. Environment: as
+# FP8_VARIANTS: space-separated NAME=ARGS, ARGS comma-separated options added
+# to --fp8.enabled=true, e.g. "fp8= margin1=--fp8.margin=1
+# e4m3=--fp8.format=e4m3" (default "fp8="). BF16_SEEDS: further seeds
+# (e.g. "2 3") of the bf16 run, each set against the first the same way: the
+# gap two bf16 runs show by seed alone.
+#
+# Output: OUTDIR/summary.md (the verdicts and every 25th step of the
+# curves), OUTDIR/fp8_curve.csv (step, then one loss column per run, every
+# step), OUTDIR/results.jsonl, colossal.log, metrics.jsonl. Environment: as
 # bench/gpu_common.sh; RUN_TIMEOUT defaults to 200 s per run here.
 set -u
 [ $# -ge 1 ] || { sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//' | head -n -1; exit 2; }
@@ -37,19 +43,33 @@ gpu_build || exit 1
 prepare_data || exit 1
 
 COMMON="--log.interval=25 --optim.warmup_steps=20 --optim.decay_steps=$STEPS"
+runs="bf16-$MODEL"
 # shellcheck disable=SC2086
 run_colossal "bf16-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" impl=colossal-bf16 -- $COMMON
+for seed in ${BF16_SEEDS:-}; do
+    # shellcheck disable=SC2086
+    run_colossal "bf16s$seed-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" impl=colossal-bf16-seed$seed -- \
+        $COMMON --train.seed="$seed"
+    runs="$runs bf16s$seed-$MODEL"
+done
+for v in ${FP8_VARIANTS:-fp8=}; do
+    name=${v%%=*}
+    extra=$(echo "${v#*=}" | tr ',' ' ')
+    # shellcheck disable=SC2086
+    run_colossal "$name-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" impl="colossal-$name" -- $COMMON \
+        --fp8.enabled=true $extra
+    runs="$runs $name-$MODEL"
+done
+
 # shellcheck disable=SC2086
-run_colossal "fp8-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" impl=colossal-fp8 -- $COMMON \
-    --fp8.enabled=true
+$PY - "$WORK/runs" "$OUT/fp8_curve.csv" "$TOL" "$RESULTS" $runs <<'PYEOF' | tee -a "$OUT/summary.md"
+import json, os, sys
+runs_dir, csv_path, tol, results = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+names = sys.argv[5:]
 
-$PY - "$WORK/runs/bf16-$MODEL/metrics.jsonl" "$WORK/runs/fp8-$MODEL/metrics.jsonl" "$OUT/fp8_curve.csv" "$TOL" \
-    "$RESULTS" <<'PYEOF' | tee -a "$OUT/summary.md"
-import json, sys
-ref_path, fp8_path, csv_path, tol, results = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
-
-def losses(path):
+def losses(name):
     out = {}
+    path = os.path.join(runs_dir, name, "metrics.jsonl")
     try:
         with open(path) as f:
             for line in f:
@@ -60,35 +80,46 @@ def losses(path):
         print(f"cannot read {path}: {e}")
     return out
 
-ref, fp8 = losses(ref_path), losses(fp8_path)
-steps = sorted(set(ref) & set(fp8))
+curves = {n: losses(n) for n in names}
+steps = sorted(set.intersection(*(set(c) for c in curves.values())))
 speed = {}
 with open(results) as f:
     for line in f:
         r = json.loads(line)
-        speed[r.get("impl")] = r.get("tokens_per_s")
+        speed[r.get("tag")] = r.get("tokens_per_s")
 if not steps:
     print("FAIL: no common train steps (see colossal.log)")
     sys.exit(1)
 with open(csv_path, "w") as f:
-    f.write("step,bf16,fp8\n")
+    f.write("step," + ",".join(names) + "\n")
     for s in steps:
-        f.write(f"{s},{ref[s]},{fp8[s]}\n")
+        f.write(f"{s}," + ",".join(str(curves[n][s]) for n in names) + "\n")
+ref = curves[names[0]]
 tail = steps[-50:]
-mr = sum(ref[s] for s in tail) / len(tail)
-mf = sum(fp8[s] for s in tail) / len(tail)
-gap = abs(mf - mr) / mr
+mean = {n: sum(curves[n][s] for s in tail) / len(tail) for n in names}
 print()
-print("| step | bf16 loss | fp8 loss | fp8 / bf16 |")
-print("|---:|---:|---:|---:|")
+print("| step | " + " | ".join(names) + " |")
+print("|---:|" + "---:|" * len(names))
 for s in steps:
     if s % 25 == 0 or s == steps[-1]:
-        print(f"| {s} | {ref[s]:.4f} | {fp8[s]:.4f} | {fp8[s] / ref[s]:.4f} |")
-sb, sf = speed.get("colossal-bf16"), speed.get("colossal-fp8")
-if sb and sf:
-    print(f"\nthroughput: bf16 {sb:.0f} tokens/s, fp8 {sf:.0f} tokens/s ({sf / sb:.2f}x)")
-verdict = "PASS" if gap <= tol else "FAIL"
-print(f"\n{verdict}: mean train loss over steps {tail[0]}-{tail[-1]}: bf16 {mr:.4f}, fp8 {mf:.4f} "
-      f"({100 * gap:.2f}% apart; tolerance {100 * tol:.1f}%)")
-sys.exit(0 if gap <= tol else 1)
+        print(f"| {s} | " + " | ".join(f"{curves[n][s]:.4f}" for n in names) + " |")
+print()
+print(f"| run | mean loss, steps {tail[0]}-{tail[-1]} | against {names[0]} | tokens/s |")
+print("|---|---:|---:|---:|")
+for n in names:
+    sp = speed.get(n)
+    print(f"| {n} | {mean[n]:.4f} | {100 * (mean[n] - mean[names[0]]) / mean[names[0]]:+.2f}% | "
+          f"{sp:.0f} |" if sp else f"| {n} | {mean[n]:.4f} | "
+          f"{100 * (mean[n] - mean[names[0]]) / mean[names[0]]:+.2f}% | |")
+first = None
+for n in names[1:]:
+    if n.startswith("bf16s"):
+        continue
+    gap = abs(mean[n] - mean[names[0]]) / mean[names[0]]
+    verdict = "PASS" if gap <= tol else "FAIL"
+    print(f"\n{verdict} {n}: mean train loss over steps {tail[0]}-{tail[-1]}: bf16 {mean[names[0]]:.4f}, "
+          f"fp8 {mean[n]:.4f} ({100 * gap:.2f}% apart; tolerance {100 * tol:.1f}%)")
+    if first is None:
+        first = gap <= tol
+sys.exit(0 if first in (None, True) else 1)
 PYEOF
