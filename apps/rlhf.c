@@ -27,6 +27,7 @@
 const char *const rl_algo_names[] = {"rm", "dpo", "grpo", "ppo", NULL};
 static const char *const k_pref_losses[] = {"dpo", "simpo", NULL};
 static const char *const k_aggs[] = {"token_mean", "seq_mean", "sum_norm", NULL};
+static const char *const k_places[] = {"auto", "device", "host", NULL};
 
 /* ------------------------------------------------------------------ config */
 
@@ -100,6 +101,12 @@ static const cai_config_field k_fields[] = {
      "grpo, ppo: the rollout engine's KV-cache pool; auto: half the GPU memory free after the models are built "
      "(256 MiB on the host)",
      CAI_CFG_NO_RANGE, cai_config_bytes_auto, NULL},
+    E("placement.frozen", placement, "auto",
+      "grpo, ppo: where the reference's and reward model's weights wait between scorings; device: always in device "
+      "memory beside the rollout KV pool; host: in host memory while the pool rolls out, and the pool given back "
+      "while they score and the policy trains (the two take turns); auto: device when the memory plan fits "
+      "train.mem_limit, else host",
+      k_places),
     S("reward.functions", rewards, "exact_match,format:0.1",
       "grpo, ppo: verifiable rewards summed with weights, name[:weight] comma-separated (exact_match, format); "
       "empty with reward.model: none"),
@@ -163,6 +170,11 @@ static cai_status check_config(const rl_config *c, int world, cai_layout *L) {
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "reward.model=%s with rlhf.algo=%s: a reward model scores grpo and ppo rollouts only",
                          c->reward_model, rl_algo_names[c->algo]);
+    if (c->placement == RL_PLACE_HOST && !is_policy(c))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "placement.frozen=host with rlhf.algo=%s: frozen models take turns with the rollout pool "
+                         "of grpo and ppo only",
+                         rl_algo_names[c->algo]);
     if (is_policy(c)) {
         if (c->tr.zero_stage != 0 || c->tr.zero_offload)
             return CAI_ERROR(CAI_ERR_UNSUPPORTED,
@@ -521,7 +533,14 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
                               .dev = cai_run_device(run),
                               .frozen_models = want_ref + (*c->reward_model != 0),
                               .rollout_bytes = kv,
-                              .zero_fixed = is_policy(c)};
+                              .zero_fixed = is_policy(c),
+                              .frozen_on_host = c->placement == RL_PLACE_HOST};
+    if (c->placement == RL_PLACE_AUTO && is_policy(c) && q.frozen_models > 0 && !cai_run_plan_fits(run, &q)) {
+        cai_mem_plan_request h = q;
+        h.frozen_on_host = 1;
+        q.frozen_on_host = cai_run_plan_fits(run, &h);
+    }
+    j->frozen_on_host = q.frozen_on_host && q.frozen_models > 0;
     CAI_CALL(cai_run_plan_memory(run, &q));
     cai_model_options mo = cai_model_options_default(&resolved);
     mo.batch = j->B;
@@ -553,6 +572,11 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         float *w;
         cai_rl_head_tensors(j->rm_head, &w, NULL, NULL, NULL);
         memcpy(w, j->rm_w, (size_t)resolved.d_model * sizeof *w);
+    }
+    /* the rollouts come first, and an auto pool sizes itself in what the frozen weights leave */
+    if (j->frozen_on_host) {
+        if (j->ref) CAI_CALL(cai_model_offload(j->ref));
+        if (j->rm) CAI_CALL(cai_model_offload(j->rm));
     }
     if (c->algo == RL_RM || c->algo == RL_PPO)
         CAI_CALL(cai_rl_head_create(&j->head, resolved.d_model, (float)c->head_std, (uint64_t)c->seed));
@@ -659,6 +683,10 @@ static void print_header(rl_job *j, cai_run_t *run, const cai_app *app) {
         if (j->rm) printf("reward model: %s (score x %g added to the rewards)\n", c->reward_model, c->rm_weight);
         printf("batch: %d rows a step (%d microbatches of %d on each of %d replicas), %d pass%s\n",
                c->prompts * c->group, j->n_micro, j->B, dp, c->passes, c->passes == 1 ? "" : "es");
+        if (j->ref || j->rm)
+            printf("placement: %s\n", j->frozen_on_host ? "frozen models' weights in host memory except while they "
+                                                          "score; the rollout KV pool only during rollouts"
+                                                        : "frozen models and the rollout KV pool in device memory");
     } else {
         printf("data: %s: %lld pairs", c->train_path, (long long)cai_rl_pref_set_size(j->pref_train));
         if (j->pref_valid) printf("; held out %s: %lld", c->valid_path, (long long)cai_rl_pref_set_size(j->pref_valid));

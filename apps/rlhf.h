@@ -14,6 +14,7 @@
 #include "train_common.h"
 
 enum { RL_RM = 0, RL_DPO, RL_GRPO, RL_PPO, RL_ALGO_COUNT };
+enum { RL_PLACE_AUTO = 0, RL_PLACE_DEVICE, RL_PLACE_HOST };
 extern const char *const rl_algo_names[];
 
 typedef struct {
@@ -42,6 +43,7 @@ typedef struct {
     char *reward_model; /* an rm run's checkpoint scoring rollouts (resolved to its file); empty: none */
     double rm_weight;
     int64_t kv_memory;
+    int placement; /* RL_PLACE_*: the frozen models' weights and the rollout pool */
     double gamma, lambda, vf_coef, value_clip;
     int whiten;
     tc_options tr;
@@ -84,7 +86,9 @@ typedef struct {
     float *rm_w;                 /* its score head's weight, read before anything is built */
     cai_model_t *rm;             /* the frozen reward model (the policy's architecture) */
     cai_rl_head_t *rm_head;
-    float *rm_scores; /* [n_micro * B]: the reward model's score of each rollout row */
+    float *rm_scores;          /* [n_micro * B]: the reward model's score of each rollout row */
+    int frozen_on_host;        /* ref and rm in host memory except while they score; the pool only in rollouts */
+    double device_used_mib[3]; /* a GPU's memory in use at the end of the step's rollout, scoring and update */
     int64_t steps;
     int64_t optim_steps; /* updates a run makes (grpo/ppo: passes per step) */
 

@@ -567,6 +567,38 @@ static cai_status reward_model_scores(rl_job *j, const rl_sample *smp, int rows)
     return CAI_OK;
 }
 
+typedef enum { RL_PHASE_ROLLOUT = 0, RL_PHASE_SCORE, RL_PHASE_UPDATE } rl_phase;
+
+/* placement.frozen=host: the frozen models' weights and the rollout pool
+ * take turns in device memory, each given back before the other comes
+ * (the plan counts the larger, not both). */
+static cai_status enter_phase(rl_job *j, rl_phase ph) {
+    if (!j->frozen_on_host) return CAI_OK;
+    if (ph != RL_PHASE_SCORE) {
+        if (j->ref) CAI_CALL(cai_model_offload(j->ref));
+        if (j->rm) CAI_CALL(cai_model_offload(j->rm));
+        if (ph == RL_PHASE_ROLLOUT) CAI_CALL(cai_engine_resume(j->gen));
+        return CAI_OK;
+    }
+    CAI_CALL(cai_engine_suspend(j->gen));
+    if (j->ref) CAI_CALL(cai_model_onload(j->ref));
+    if (j->rm) CAI_CALL(cai_model_onload(j->rm));
+    return CAI_OK;
+}
+
+/* A GPU's memory in use (MiB) as a phase ends; the host device's "free"
+ * is the whole machine's, so nothing is noted there. */
+static void note_memory(rl_job *j, cai_run_t *run, rl_phase ph) {
+    cai_device_t *dev = cai_run_device(run);
+    size_t free_b = 0, total_b = 0;
+    if (dev->kind == CAI_DEVICE_HOST) return;
+    if (cai_device_sync(dev) != CAI_OK || cai_device_mem_info(dev, &free_b, &total_b) != CAI_OK) {
+        cai_error_clear();
+        return;
+    }
+    j->device_used_mib[ph] = (double)(total_b - free_b) / 1048576.0;
+}
+
 static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_stats *st) {
     const rl_config *c = j->cfg;
     const int dp = dp_size(run), r = dp_rank(run), G = c->group, P = c->prompts / dp, rows = P * G;
@@ -580,8 +612,11 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     CAI_CALL(cai_calloc((void **)&smp, (size_t)rows, sizeof *smp, "rollouts"));
     const double t0 = cai_time_now();
     int64_t gen_tokens = 0;
-    cai_status s = rollout(j, j->prompt_train, items, P, G, 0, step, smp, &gen_tokens);
+    cai_status s = enter_phase(j, RL_PHASE_ROLLOUT);
+    if (s == CAI_OK) s = rollout(j, j->prompt_train, items, P, G, 0, step, smp, &gen_tokens);
+    note_memory(j, run, RL_PHASE_ROLLOUT);
     const double t_roll = cai_time_now() - t0;
+    if (s == CAI_OK) s = enter_phase(j, RL_PHASE_SCORE);
     uint8_t keep[P > 0 ? P : 1];
     /* reward sum, reward^2 sum, exact sum, response tokens, samples, kept groups, reward model score sum */
     double rs[7] = {0, 0, 0, 0, 0, 0, 0};
@@ -656,6 +691,8 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         CAI_CALL(record(j, j->ref, 0));
         memcpy(j->ref_logp, j->rec, (size_t)R * T * sizeof(float));
     }
+    note_memory(j, run, RL_PHASE_SCORE);
+    CAI_CALL(enter_phase(j, RL_PHASE_UPDATE));
     if (c->algo == RL_PPO) {
         float *tr = j->rec; /* token rewards; rec is free again */
         CAI_CALL(cai_rl_token_rewards((int)R, T, j->scores, j->old_logp, c->kl_coef > 0 ? j->ref_logp : j->old_logp,
@@ -688,13 +725,17 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         else j->optim_steps++;
     }
     const double t_upd = cai_time_now() - t1;
+    note_memory(j, run, RL_PHASE_UPDATE);
     CAI_CALL(reduce_sums(j, run));
     double dev[2] = {j->samp_diff, j->ratio_dev};
     CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, dev, dev, 2, CAI_DTYPE_F64, CAI_RED_MAX));
     const double n = g[5] > 0 ? g[5] : 1, mean = g[1] / n, var = g[2] / n - mean * mean, tk = j->sums.tokens;
     const double upd_tokens = (double)c->passes * R * T * dp;
-    char rm_mean[64] = "", samp[32] = "null";
+    char rm_mean[64] = "", samp[32] = "null", mem[96] = "";
     if (j->rm) snprintf(rm_mean, sizeof rm_mean, ",\"rm_score_mean\":%.9g", g[7] / n);
+    if (cai_run_device(run)->kind != CAI_DEVICE_HOST)
+        snprintf(mem, sizeof mem, ",\"device_used_mib\":[%.1f,%.1f,%.1f]", j->device_used_mib[0], j->device_used_mib[1],
+                 j->device_used_mib[2]);
     if (sampler_checked(j)) snprintf(samp, sizeof samp, "%.3g", dev[0]);
     cai_run_json(
         run,
@@ -702,11 +743,11 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         "\"accuracy\":%.6f,\"response_len\":%.3f,\"kl\":%.6g,\"clip_fraction\":%.6f,\"value_clip_fraction\":%.6f,"
         "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"update_s\":%.4f,"
         "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%s,"
-        "\"ratio_dev_max\":%.3g",
+        "\"ratio_dev_max\":%.3g%s",
         rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, rm_mean, sqrt(var > 0 ? var : 0), g[3] / n,
         g[4] / n, tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
         tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_upd,
-        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, samp, dev[1]);
+        t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, samp, dev[1], mem);
     return CAI_OK;
 }
 
@@ -716,6 +757,7 @@ static cai_status prompts_eval(rl_job *j, cai_run_t *run, double *acc, double *r
     const int dp = dp_size(run), r = dp_rank(run);
     int64_t n = cai_rl_prompt_set_size(j->prompt_valid);
     if (j->cfg->eval_samples > 0 && j->cfg->eval_samples < n) n = j->cfg->eval_samples;
+    CAI_CALL(enter_phase(j, RL_PHASE_ROLLOUT));
     enum { CHUNK = 64 };
     double s[3] = {0, 0, 0};
     int64_t items[CHUNK];

@@ -6,7 +6,10 @@
 # optimizer step). colossal-rlhf's kind rl records time the two phases
 # apart: rollout_tokens_per_s (generated tokens / rollout seconds) and
 # update_tokens_per_s (row tokens through forward+backward / update
-# seconds, the reference and old-policy passes included).
+# seconds, the reference and old-policy passes included), and the GPU
+# memory in use (cudaMemGetInfo) as each phase ends: RLHF_ARGS="--placement.frozen
+# host --rollout.kv_memory 8GiB" against device shows the frozen weights and
+# the KV pool taking turns.
 #
 #   bench/gpu_rlhf.sh OUTDIR BIN_DIR GPT2_VOCAB_DIR PROMPTS.jsonl [STEPS]
 #
@@ -33,13 +36,16 @@ mpirun --allow-run-as-root --bind-to none -n 1 "$bin/colossal-rlhf" --rlhf.algo 
     --optim.lr 1e-6 --optim.min_lr 1e-6 --optim.warmup_steps 1 --log.timestamps false --log.interval 1 --run.dir "$out/run" \
     ${RLHF_ARGS:-} \
     >"$out/colossal.log" 2>&1 || { tail -30 "$out/colossal.log"; exit 1; }
-grep -E '^(colossal-rlhf|model|rollouts|batch)' "$out/colossal.log"
+grep -E '^(colossal-rlhf|model|rollouts|batch|placement|  (frozen|rollout KV|total))' "$out/colossal.log"
 python3 - "$out/run/metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"rl"' in l]
-print("| step | rollout s | generated tokens/s | response len | update s | update tokens/s |")
-print("|---:|---:|---:|---:|---:|---:|")
+print("| step | rollout s | generated tokens/s | response len | update s | update tokens/s "
+      "| GPU MiB in use after rollout / scoring / update |")
+print("|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
-    print("| %d | %.3f | %.0f | %.1f | %.3f | %.0f |" % (r["step"], r["rollout_s"], r["rollout_tokens_per_s"],
-                                                    r["response_len"], r["update_s"], r["update_tokens_per_s"]))
+    mem = " / ".join("%.0f" % m for m in r.get("device_used_mib", []))
+    print("| %d | %.3f | %.0f | %.1f | %.3f | %.0f | %s |" % (r["step"], r["rollout_s"], r["rollout_tokens_per_s"],
+                                                         r["response_len"], r["update_s"], r["update_tokens_per_s"],
+                                                         mem))
 PYEOF

@@ -230,6 +230,40 @@ static cai_status vocab_shards(cai_engine_t *e) {
     return CAI_OK;
 }
 
+/* What the engine holds in device memory apart from the weights: the KV
+ * pool (one allocation, per layer a K and a V tensor), the step buffers
+ * and the decode graphs that capture both. */
+static cai_status alloc_device_state(cai_engine_t *e) {
+    const cai_engine_options *o = &e->opt;
+    const int64_t per = o->n_blocks * o->block_size * e->Hkv * e->D;
+    const size_t bytes = 2 * (size_t)e->L * (size_t)per * cai_dtype_size(e->kvd);
+    CAI_CALL(cai_device_alloc(e->dev, bytes, "KV cache", &e->kv_base));
+    for (int64_t l = 0; l < e->L; l++) {
+        char *k = (char *)e->kv_base + (size_t)(2 * l) * (size_t)per * cai_dtype_size(e->kvd);
+        char *v = k + (size_t)per * cai_dtype_size(e->kvd);
+        e->kc[l] = cai_tensor_4d(e->dev, k, e->kvd, o->n_blocks, o->block_size, e->Hkv, e->D);
+        e->vc[l] = cai_tensor_4d(e->dev, v, e->kvd, o->n_blocks, o->block_size, e->Hkv, e->D);
+    }
+    size_t step_bytes = 0;
+    CAI_CALL(carve(e, NULL, &step_bytes));
+    CAI_CALL(cai_device_arena_init(e->dev, &e->arena, step_bytes, "engine step buffers"));
+    CAI_CALL(carve(e, &e->arena, NULL));
+    if (e->kinds.pos == CAI_POS_ROPE)
+        CAI_CALL(e->dev->ops->rope_tables(e->dev, &e->rope_cos, &e->rope_sin, (double)e->cfg->rope_theta));
+    return CAI_OK;
+}
+
+static void free_device_state(cai_engine_t *e) {
+    for (int k = 0; k < CAI_ENGINE_MAX_GRAPHS; k++) {
+        if (e->graph[k]) e->dev->ops->graph_free(e->dev, e->graph[k]);
+        e->graph[k] = NULL;
+    }
+    if (e->arena.base) cai_device_arena_free(e->dev, &e->arena);
+    memset(&e->arena, 0, sizeof e->arena);
+    cai_device_dealloc(e->dev, e->kv_base);
+    e->kv_base = NULL;
+}
+
 cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *mesh, const cai_engine_options *opt) {
     CAI_CHECK_ARG(out && w, "cai_engine_create: NULL argument");
     *out = NULL;
@@ -291,21 +325,8 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
     CAI_CALL_GOTO(bind_weights(e), st, fail);
     CAI_CALL_GOTO(cai_kv_pool_init(&e->pool, o.n_blocks, o.block_size), st, fail);
 
-    /* The pool: one allocation, per layer a K and a V tensor. */
-    {
-        const int64_t per = o.n_blocks * o.block_size * e->Hkv * e->D;
-        const size_t bytes = 2 * (size_t)e->L * (size_t)per * cai_dtype_size(e->kvd);
-        CAI_CALL_GOTO(cai_device_alloc(e->dev, bytes, "KV cache", &e->kv_base), st, fail);
-        CAI_CALL_GOTO(cai_calloc((void **)&e->kc, (size_t)e->L, sizeof *e->kc, "engine kv views"), st, fail);
-        CAI_CALL_GOTO(cai_calloc((void **)&e->vc, (size_t)e->L, sizeof *e->vc, "engine kv views"), st, fail);
-        for (int64_t l = 0; l < e->L; l++) {
-            char *k = (char *)e->kv_base + (size_t)(2 * l) * (size_t)per * cai_dtype_size(e->kvd);
-            char *v = k + (size_t)per * cai_dtype_size(e->kvd);
-            e->kc[l] = cai_tensor_4d(e->dev, k, e->kvd, o.n_blocks, o.block_size, e->Hkv, e->D);
-            e->vc[l] = cai_tensor_4d(e->dev, v, e->kvd, o.n_blocks, o.block_size, e->Hkv, e->D);
-        }
-    }
-
+    CAI_CALL_GOTO(cai_calloc((void **)&e->kc, (size_t)e->L, sizeof *e->kc, "engine kv views"), st, fail);
+    CAI_CALL_GOTO(cai_calloc((void **)&e->vc, (size_t)e->L, sizeof *e->vc, "engine kv views"), st, fail);
     e->Nmax = o.max_tokens_per_step;
     e->Rmax = (int64_t)o.max_batch + o.max_score_rows;
     /* tokens, positions, slots [N]; q_start [B+1]; ctx_len [B]; rows [R]; block tables [B, max_blocks] */
@@ -313,13 +334,7 @@ cai_status cai_engine_create(cai_engine_t **out, cai_weights_t *w, cai_mesh_t *m
         (size_t)(3 * e->Nmax + 2 * (int64_t)o.max_batch + 1 + e->Rmax + (int64_t)o.max_batch * e->max_blocks);
     e->attn_ws_bytes =
         e->dev->ops->paged_attention_workspace_bytes(e->dev, e->Nmax, o.max_batch, e->Hq, e->D, e->max_ctx);
-    size_t bytes = 0;
-    CAI_CALL_GOTO(carve(e, NULL, &bytes), st, fail);
-    CAI_CALL_GOTO(cai_device_arena_init(e->dev, &e->arena, bytes, "engine step buffers"), st, fail);
-    CAI_CALL_GOTO(carve(e, &e->arena, NULL), st, fail);
-    if (e->kinds.pos == CAI_POS_ROPE)
-        CAI_CALL_GOTO(e->dev->ops->rope_tables(e->dev, &e->rope_cos, &e->rope_sin, (double)e->cfg->rope_theta), st,
-                      fail);
+    CAI_CALL_GOTO(alloc_device_state(e), st, fail);
     CAI_CALL_GOTO(cai_device_alloc_staging(e->dev, e->idx_count * sizeof(int32_t), "engine index staging",
                                            (void **)&e->h_idx),
                   st, fail);
@@ -366,10 +381,7 @@ void cai_engine_free(cai_engine_t *e) {
         for (int64_t i = 0; i < lists[k]->n; i++) seq_free(lists[k]->a[i]);
         free(lists[k]->a);
     }
-    for (int k = 0; k < CAI_ENGINE_MAX_GRAPHS; k++)
-        if (e->graph[k]) e->dev->ops->graph_free(e->dev, e->graph[k]);
-    if (e->arena.base) cai_device_arena_free(e->dev, &e->arena);
-    cai_device_dealloc(e->dev, e->kv_base);
+    free_device_state(e);
     cai_device_dealloc_staging(e->dev, e->h_idx);
     cai_device_dealloc_staging(e->dev, e->h_logits_raw);
     cai_device_dealloc_staging(e->dev, e->h_amax);
@@ -395,6 +407,39 @@ void cai_engine_free(cai_engine_t *e) {
 
 void cai_engine_weights_changed(cai_engine_t *e) {
     if (e) cai_kv_pool_forget(&e->pool);
+}
+
+cai_status cai_engine_suspend(cai_engine_t *e) {
+    CAI_CHECK_ARG(e, "cai_engine_suspend: NULL engine");
+    if (!e->kv_base) return CAI_OK;
+    if (e->running.n > 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "engine: cannot give back its device memory while %lld sequences hold KV blocks; step "
+                         "until cai_engine_pending is 0 first",
+                         (long long)e->running.n);
+    /* a cached prefix's keys and values go with the pool */
+    cai_kv_pool_forget(&e->pool);
+    CAI_CALL(cai_device_sync(e->dev)); /* nothing in flight reads what is freed */
+    free_device_state(e);
+    e->st.suspends++;
+    return CAI_OK;
+}
+
+cai_status cai_engine_resume(cai_engine_t *e) {
+    CAI_CHECK_ARG(e, "cai_engine_resume: NULL engine");
+    if (e->kv_base) return CAI_OK;
+    cai_status st = alloc_device_state(e);
+    if (st != CAI_OK) free_device_state(e);
+    return st;
+}
+
+int cai_engine_suspended(const cai_engine_t *e) { return e && !e->kv_base; }
+
+size_t cai_engine_device_bytes(const cai_engine_t *e) {
+    if (!e || !e->kv_base) return 0;
+    const cai_engine_options *o = &e->opt;
+    return 2 * (size_t)e->L * (size_t)(o->n_blocks * o->block_size * e->Hkv * e->D) * cai_dtype_size(e->kvd) +
+           e->arena.capacity;
 }
 
 void cai_engine_set_decoder(cai_engine_t *e, cai_decode_fn decode, void *ctx) {
@@ -977,6 +1022,10 @@ static cai_status finish(cai_engine_t *e, seq_t *s) {
 
 cai_status cai_engine_step(cai_engine_t *e) {
     CAI_CHECK_ARG(e, "cai_engine_step: NULL engine");
+    if (!e->kv_base)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "engine: suspended (its KV pool was given back); cai_engine_resume "
+                         "before stepping");
     int64_t n = 0;
     CAI_CALL(schedule(e, &n));
     if (n == 0) {

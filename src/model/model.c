@@ -287,6 +287,7 @@ struct cai_model {
     cai_device_t *dev;
     cai_weights_t *w; /* registry and parameter storage: owned, or shared (cai_model_options.weights) */
     int own_weights;
+    int offloaded;       /* cai_model_offload: the weights wait in host memory, every view unbound */
     cai_registry_t *reg; /* w's */
     cai_rank_view view;
     size_t align;
@@ -389,9 +390,9 @@ void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int
 
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes) {
     size_t per = (m->frozen ? 1 : 2) * sizeof(float); /* masters and grads */
-    if (m->lowp) per += cai_dtype_size(m->cfg.param_dtype);
-    if (m->work) per += cai_dtype_size(m->cfg.act_dtype);
-    if (param_bytes) *param_bytes = m->external ? 0 : m->n_flat * per;
+    if (m->cfg.param_dtype != CAI_DTYPE_F32) per += cai_dtype_size(m->cfg.param_dtype);
+    if (m->cfg.act_dtype != m->cfg.param_dtype) per += cai_dtype_size(m->cfg.act_dtype);
+    if (param_bytes) *param_bytes = m->external || m->offloaded ? 0 : m->n_flat * per;
     if (act_bytes) *act_bytes = m->act_bytes;
 }
 
@@ -881,6 +882,11 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
     CAI_CHECK_ARG(m && name, "cai_model_param: NULL argument");
     int idx = 0;
     CAI_CALL(cai_registry_lookup(m->reg, name, &idx));
+    if (m->offloaded)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': the model's weights wait in host memory "
+                         "(cai_model_onload first)",
+                         name);
     if (m->external)
         return CAI_ERROR(CAI_ERR_UNSUPPORTED,
                          "parameter '%s': this model's parameters live in external storage "
@@ -896,6 +902,9 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
 
 cai_status cai_model_params_updated(cai_model_t *m) {
     CAI_CHECK_ARG(m, "cai_model_params_updated: NULL model");
+    if (m->offloaded)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_params_updated: the model's weights wait in host memory (cai_model_onload first)");
     cai_fp8_weights_changed(m->fp8);
     if (m->external) return CAI_OK;
     return cai_weights_updated(m->w);
@@ -1011,6 +1020,37 @@ cai_status cai_model_bind_param(cai_model_t *m, int index, void *compute, float 
         }
     return CAI_OK;
 }
+
+/* Every view of the compute weights at the storage's current address (NULL
+ * while offloaded); a frozen model has no gradients to re-bind. */
+static void rebind_compute(cai_model_t *m) {
+    const cai_weights_t *w = m->w;
+    m->master = w->master;
+    m->lowp = w->lowp;
+    m->work = w->work;
+    m->compute = w->compute;
+    const size_t es = cai_dtype_size(m->cfg.act_dtype);
+    for (int i = 0; i < m->n_refs; i++)
+        m->refs[i].w->data = m->compute ? (char *)m->compute + m->offsets[m->refs[i].index] * es : NULL;
+}
+
+/* Offload (to_host) or onload a frozen model with weights of its own. */
+static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
+    CAI_CHECK_ARG(m, "%s: NULL model", what);
+    if (!m->frozen || !m->own_weights || m->external)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: only a frozen model with weights of its own can wait in host memory (this one %s)", what,
+                         !m->frozen ? "is trained" : "shares or binds its weights");
+    CAI_CALL(to_host ? cai_weights_offload(m->w) : cai_weights_onload(m->w));
+    m->offloaded = to_host;
+    rebind_compute(m);
+    return CAI_OK;
+}
+
+cai_status cai_model_offload(cai_model_t *m) { return move_weights(m, 1, "cai_model_offload"); }
+cai_status cai_model_onload(cai_model_t *m) { return move_weights(m, 0, "cai_model_onload"); }
+
+int cai_model_offloaded(const cai_model_t *m) { return m && m->offloaded; }
 
 /* Fire the hook, then (external storage) check the unit can run. */
 static cai_status fire(cai_model_t *m, cai_model_event ev, int unit) {
@@ -1265,6 +1305,9 @@ static cai_status forward(cai_model_t *m, const int32_t *tokens, const int32_t *
     const struct chunk *c = &m->chunk[m->cur_chunk];
     act_slot *s = m->s;
     const int nl = c->end - c->begin;
+    if (m->offloaded)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_forward: the model's weights wait in host memory (cai_model_onload first)");
     if (s->pending_weight)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "cai_model_forward: activation slot %d still holds chunk %d's activations for its weight "

@@ -23,6 +23,8 @@ struct cai_weights {
     void *lowp;    /* param_dtype working copy (NULL when F32) */
     void *work;    /* act_dtype compute copy when act_dtype differs from the working dtype */
     void *compute; /* what the layers read: master, lowp or work */
+    void *host;    /* cai_weights_offload: the three in pinned host memory (kept for the next offload) */
+    int offloaded; /* the device holds none of them */
 };
 
 /* A block's parameters by name suffix ("h.<l>.<suffix>") and field. */

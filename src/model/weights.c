@@ -76,6 +76,7 @@ fail:
 
 void cai_weights_free(cai_weights_t *w) {
     if (!w) return;
+    cai_device_dealloc_staging(w->dev, w->host);
     cai_device_dealloc(w->dev, w->master);
     cai_device_dealloc(w->dev, w->lowp);
     cai_device_dealloc(w->dev, w->work);
@@ -91,6 +92,77 @@ const cai_rank_view *cai_weights_view(const cai_weights_t *w) { return &w->view;
 cai_device_t *cai_weights_device(const cai_weights_t *w) { return w->dev; }
 size_t cai_weights_align_elems(const cai_weights_t *w) { return w->align; }
 int cai_weights_have_storage(const cai_weights_t *w) { return w->master != NULL; }
+int cai_weights_offloaded(const cai_weights_t *w) { return w && w->offloaded; }
+
+/* The storage's buffers in order: masters, working copy, compute copy
+ * (0 bytes: the dtype needs none). */
+static void storage_parts(const cai_weights_t *w, size_t bytes[3]) {
+    const cai_dtype pd = w->cfg.param_dtype, ad = w->cfg.act_dtype;
+    bytes[0] = w->n_flat * sizeof(float);
+    bytes[1] = pd != CAI_DTYPE_F32 ? w->n_flat * cai_dtype_size(pd) : 0;
+    bytes[2] = ad != pd ? w->n_flat * cai_dtype_size(ad) : 0;
+}
+
+size_t cai_weights_device_bytes(const cai_weights_t *w) {
+    if (!w || !w->master) return 0;
+    size_t b[3];
+    storage_parts(w, b);
+    return b[0] + b[1] + b[2];
+}
+
+cai_status cai_weights_offload(cai_weights_t *w) {
+    CAI_CHECK_ARG(w, "cai_weights_offload: NULL weights");
+    if (w->offloaded) return CAI_OK;
+    if (!w->master) return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_weights_offload: the weights object has no storage");
+    cai_device_t *dev = w->dev;
+    size_t b[3];
+    storage_parts(w, b);
+    if (!w->host) CAI_CALL(cai_device_alloc_staging(dev, b[0] + b[1] + b[2], "offloaded model weights", &w->host));
+    void *part[3] = {w->master, w->lowp, w->work};
+    const cai_copy_kind kind = dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H;
+    size_t at = 0;
+    for (int k = 0; k < 3; k++) {
+        if (b[k]) CAI_CALL(cai_device_copy(dev, (char *)w->host + at, part[k], b[k], kind));
+        at += b[k];
+    }
+    CAI_CALL(cai_device_sync(dev)); /* the copies have landed and nothing in flight reads the storage */
+    cai_device_dealloc(dev, w->master);
+    cai_device_dealloc(dev, w->lowp);
+    cai_device_dealloc(dev, w->work);
+    w->master = NULL;
+    w->lowp = w->work = w->compute = NULL;
+    w->offloaded = 1;
+    return CAI_OK;
+}
+
+cai_status cai_weights_onload(cai_weights_t *w) {
+    CAI_CHECK_ARG(w, "cai_weights_onload: NULL weights");
+    if (!w->offloaded) return CAI_OK;
+    cai_device_t *dev = w->dev;
+    size_t b[3];
+    storage_parts(w, b);
+    void **part[3] = {(void **)&w->master, &w->lowp, &w->work};
+    static const char *what[3] = {"model master weights", "model working weights", "model compute weights"};
+    const cai_copy_kind kind = dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D;
+    cai_status st = CAI_OK;
+    size_t at = 0;
+    for (int k = 0; k < 3 && st == CAI_OK; k++) {
+        if (b[k]) st = cai_device_alloc(dev, b[k], what[k], part[k]);
+        /* ordered before any op that reads them; the host copy stays unchanged until the next offload */
+        if (st == CAI_OK && b[k]) st = cai_device_copy(dev, *part[k], (char *)w->host + at, b[k], kind);
+        at += b[k];
+    }
+    if (st != CAI_OK) {
+        for (int k = 0; k < 3; k++) {
+            cai_device_dealloc(dev, *part[k]);
+            *part[k] = NULL;
+        }
+        return st;
+    }
+    w->compute = w->work ? w->work : w->lowp ? w->lowp : (void *)w->master;
+    w->offloaded = 0;
+    return CAI_OK;
+}
 
 int64_t cai_weights_held(const cai_weights_t *w, int index) {
     if (index < 0 || index >= w->n_params || w->offsets[index] == SIZE_MAX) return -1;

@@ -144,11 +144,19 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
                   st, done);
     /* A frozen model is a whole stage-0 model without gradients: masters,
      * working copies and the same activation set. */
-    out->frozen = (size_t)req->frozen_models * (n * f4 + (lowp ? n * pds : 0) + (work ? n * act : 0) + out->acts);
+    out->frozen_weights = (size_t)req->frozen_models * (n * f4 + (lowp ? n * pds : 0) + (work ? n * act : 0));
+    out->frozen = out->frozen_weights + (size_t)req->frozen_models * out->acts;
     out->rollout = req->rollout_bytes;
+    out->frozen_on_host = req->frozen_on_host && req->frozen_models > 0;
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
     out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
                   out->pipe + out->fp8 + out->frozen + out->rollout - out->host;
+    if (out->frozen_on_host) {
+        /* rollouts: the pool, not the frozen weights; scoring: the weights, not the pool */
+        const size_t turn = out->frozen_weights > out->rollout ? out->frozen_weights : out->rollout;
+        out->device -= out->frozen_weights + out->rollout - turn;
+        out->host += out->frozen_weights;
+    }
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -178,8 +186,14 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
             mib(p->acts), mib(p->acts_full), mib(p->acts_recompute));
     if (p->pipe) fprintf(out, "  pipeline boundary buffers    %10.2f MiB  device\n", mib(p->pipe));
     if (p->fp8) fprintf(out, "  fp8 casts, weight codes      %10.2f MiB  device\n", mib(p->fp8));
-    if (p->frozen) fprintf(out, "  frozen models                %10.2f MiB  device\n", mib(p->frozen));
-    if (p->rollout) fprintf(out, "  rollout KV pool              %10.2f MiB  device\n", mib(p->rollout));
+    if (p->frozen && p->frozen_on_host) {
+        fprintf(out, "  frozen models' weights       %10.2f MiB  host; device while they score\n",
+                mib(p->frozen_weights));
+        fprintf(out, "  frozen models' activations   %10.2f MiB  device\n", mib(p->frozen - p->frozen_weights));
+    } else if (p->frozen) fprintf(out, "  frozen models                %10.2f MiB  device\n", mib(p->frozen));
+    if (p->rollout)
+        fprintf(out, "  rollout KV pool              %10.2f MiB  device%s\n", mib(p->rollout),
+                p->frozen_on_host ? " during rollouts, in turn with the frozen weights" : "");
     fprintf(out, "  total                        %10.2f MiB  device + %.2f MiB host\n", mib(p->device), mib(p->host));
 }
 
@@ -240,6 +254,12 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
         size_t k = try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
         used += k;
         if (k) break;
+    }
+    if (req->frozen_models > 0 && !req->frozen_on_host) {
+        r = *req;
+        r.frozen_on_host = 1;
+        used += try_variant(&r, device_limit, host_limit, "placement.frozen=host", sug + used, sizeof sug - used,
+                            used == 1);
     }
     for (size_t kv = req->rollout_bytes / 2; kv >= (size_t)1 << 20; kv /= 2) {
         r = *req;

@@ -132,6 +132,18 @@ cai_status cai_run_plan_memory(cai_run_t *r, const cai_mem_plan_request *req) {
     return CAI_OK;
 }
 
+int cai_run_plan_fits(cai_run_t *r, const cai_mem_plan_request *req) {
+    cai_mem_plan p;
+    if (!r || !req || cai_mem_plan_compute(req, &p) != CAI_OK) {
+        cai_error_clear();
+        return 0;
+    }
+    const size_t limit = cai_run_mem_limit(r->cfg.opt->mem_limit, r->dev, r->local_size);
+    if (cai_mem_plan_check(req, &p, limit, 0) == CAI_OK) return 1;
+    cai_error_clear();
+    return 0;
+}
+
 /* ---------------------------------------------------------------- checkpoints */
 
 /* The state after `step`: the run's part of the metadata, the app's hook

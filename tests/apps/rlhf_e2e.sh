@@ -6,8 +6,9 @@
 # starts at log 2 (policy = reference), a stopped GRPO run and a stopped
 # reward-model run (its head in the checkpoint) resume to the uninterrupted
 # run's rewards and losses, PPO trains, PPO scored by the reward model
-# trained here rewards its scores (alone, and weighted beside exact match)
-# and resumes to the same rewards, and bad input is refused naming what is
+# trained here rewards its scores (alone, and weighted beside exact match),
+# gives the same run with its frozen models waiting in host memory, and
+# resumes to the same rewards, and bad input is refused naming what is
 # wrong.
 . "$top_srcdir/tests/apps/sft_lib.sh"
 RLHF_BIN="$top_builddir/apps/colossal-rlhf"
@@ -168,6 +169,20 @@ RMP="--rlhf.algo ppo $RL $PROMPTS --rollout.prompts 4 --rollout.samples 2 --trai
 run_rl 1 $RMP --reward.functions "" --run.dir "$TMP/ppo-rm"
 expect_ok
 expect_grep out "^reward model: $TMP/rm1/checkpoints/step-0*6.h5 "
+# placement.frozen=host: the reference's and the reward model's weights
+# wait in host memory while the engine rolls out, and the engine's pool is
+# given back while they score and the policy trains; the same run to the
+# bit (every rl record, the evaluations included)
+# shellcheck disable=SC2086
+run_rl 1 $RMP --reward.functions "" --placement.frozen host --run.dir "$TMP/ppo-rm-host"
+expect_ok
+expect_grep out "^placement: frozen models' weights in host memory except while they score"
+expect_grep out "^  frozen models' weights +[0-9.]+ MiB  host; device while they score"
+expect_grep out '^  rollout KV pool +[0-9.]+ MiB  device during rollouts, in turn with the frozen weights'
+same_rl "$TMP/ppo-rm/metrics.jsonl" "$TMP/ppo-rm-host/metrics.jsonl" "ppo with its frozen models on the host"
+grep '"kind":"rl_eval"' "$TMP/ppo-rm/metrics.jsonl" >"$TMP/a"
+grep '"kind":"rl_eval"' "$TMP/ppo-rm-host/metrics.jsonl" >"$TMP/b"
+[ -s "$TMP/a" ] && cmp -s "$TMP/a" "$TMP/b" || fail "ppo with its frozen models on the host: the evaluations differ"
 rl reward_mean "$TMP/ppo-rm/metrics.jsonl" >"$TMP/a"
 rl rm_score_mean "$TMP/ppo-rm/metrics.jsonl" >"$TMP/b"
 paste "$TMP/a" "$TMP/b" | awk '{d=$2-$4; if (d<0) d=-d; if (d>1e-6*($4<0?-$4:$4)+1e-9 || $4==0) bad=1; n++}
@@ -246,6 +261,10 @@ expect_grep err "reward.model=.*step-0*6.h5: its d_model is 64, the policy's \(m
 run_rl 1 --rlhf.algo dpo $RL $PREFS --reward.model "$TMP/rm1/checkpoints" --run.dir "$TMP/bad"
 expect_rc 2
 expect_grep err "reward.model=$TMP/rm1/checkpoints with rlhf.algo=dpo"
+# shellcheck disable=SC2086
+run_rl 1 --rlhf.algo dpo $RL $PREFS --placement.frozen host --run.dir "$TMP/bad"
+expect_rc 2
+expect_grep err "placement.frozen=host with rlhf.algo=dpo"
 
 # The memory plan counts the reference and the rollout KV pool beside the
 # policy, and a limit they do not fit names the pool size that would

@@ -3,7 +3,8 @@
  * batch size, block size, step budget (chunked prefill), pool size
  * (preemption and recompute), prefix sharing (copy on write) and KV dtype;
  * seeded sampling independent of the batch; prompt log-probabilities;
- * weights shared live with the model; finish reasons; bad requests. */
+ * weights shared live with the model; suspend and resume; finish reasons;
+ * bad requests. */
 #include "cai_config.h"
 #include "colossal/infer.h"
 #include "colossal/model.h"
@@ -156,16 +157,22 @@ static cai_sampling_params greedy(void) {
     return p;
 }
 
-static void check_greedy_family(cai_model_family f) {
+/* A tiny model of family f, the prompts and their full-forward greedy continuations. */
+static cai_model_t *model_and_references(cai_model_family f, int32_t prompts[N_PROMPTS][MAX_PROMPT], int *lens,
+                                         int32_t ref[N_PROMPTS][N_NEW]) {
     cai_model_config c = tiny(f);
     cai_model_t *m = NULL;
     cai_model_options mo = cai_model_options_default(&c);
     OK(cai_model_create(&m, dev, &c, &mo));
-    int32_t prompts[N_PROMPTS][MAX_PROMPT];
-    int lens[N_PROMPTS];
     make_prompts(c.vocab_size, prompts, lens);
-    int32_t ref[N_PROMPTS][N_NEW];
     for (int i = 0; i < N_PROMPTS; i++) reference(m, prompts[i], lens[i], N_NEW, ref[i]);
+    return m;
+}
+
+static void check_greedy_family(cai_model_family f) {
+    int32_t prompts[N_PROMPTS][MAX_PROMPT], ref[N_PROMPTS][N_NEW];
+    int lens[N_PROMPTS];
+    cai_model_t *m = model_and_references(f, prompts, lens, ref);
     /* the continuations differ: a test that any constant output would pass proves nothing */
     ck_assert(memcmp(ref[0], ref[1], sizeof ref[0]) != 0 || memcmp(ref[1], ref[5], sizeof ref[0]) != 0);
 
@@ -285,6 +292,72 @@ START_TEST(prompt_scores_match_full_forward) {
         }
     }
     ck_assert_int_eq(got, 1);
+    cai_engine_free(e);
+    cai_model_free(m);
+}
+END_TEST
+
+/* Suspended between uses, the engine holds no device memory beside the
+ * weights; resumed, it allocates the same bytes again at new addresses and
+ * its greedy continuations still equal the full forward's, graphs and
+ * cached prefixes rebuilt. It refuses to suspend with sequences running
+ * and to step while suspended. */
+START_TEST(suspend_gives_memory_back_and_resume_continues) {
+    int32_t prompts[N_PROMPTS][MAX_PROMPT], ref[N_PROMPTS][N_NEW];
+    int lens[N_PROMPTS];
+    cai_model_t *m = model_and_references(CAI_MODEL_LLAMA, prompts, lens, ref);
+    cai_engine_t *e = NULL;
+    cai_engine_options o = cai_engine_options_default();
+    o.kv_memory = (size_t)1 << 20;
+    OK(cai_engine_create(&e, cai_model_weights(m), NULL, &o));
+    const size_t held = cai_engine_device_bytes(e);
+    ck_assert_uint_gt(held, (size_t)1 << 19);
+    cai_sampling_params sp = greedy();
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N_PROMPTS; i++) OK(cai_engine_add(e, i, prompts[i], lens[i], &sp, 0));
+        OK(cai_engine_step(e));
+        ck_assert_int_eq(cai_engine_suspend(e), CAI_ERR_INVALID_ARG); /* sequences hold blocks */
+        cai_error_clear();
+        ck_assert(!cai_engine_suspended(e));
+        int got = 0;
+        while (cai_engine_pending(e) > 0) {
+            OK(cai_engine_step(e));
+            cai_engine_output out;
+            while (cai_engine_take(e, &out)) {
+                ck_assert_int_eq(out.n_tokens, N_NEW);
+                for (int j = 0; j < N_NEW; j++)
+                    ck_assert_msg(out.tokens[j] == ref[out.tag][j], "round %d request %lld token %d: %d, not %d", round,
+                                  (long long)out.tag, j, out.tokens[j], ref[out.tag][j]);
+                got++;
+                cai_engine_output_free(&out);
+            }
+        }
+        ck_assert_int_eq(got, N_PROMPTS);
+        OK(cai_engine_suspend(e));
+        OK(cai_engine_suspend(e)); /* already suspended: nothing to do */
+        ck_assert(cai_engine_suspended(e));
+        ck_assert_uint_eq(cai_engine_device_bytes(e), 0);
+        OK(cai_engine_add(e, 0, prompts[0], lens[0], &sp, 0)); /* queued while suspended */
+        ck_assert_int_eq(cai_engine_step(e), CAI_ERR_INVALID_ARG);
+        cai_error_clear();
+        uint64_t bytes0 = 0, bytes1 = 0;
+        const uint64_t n0 = cai_device_alloc_count(dev, &bytes0);
+        OK(cai_engine_resume(e));
+        const uint64_t n1 = cai_device_alloc_count(dev, &bytes1);
+        ck_assert_uint_eq(n1 - n0, 2); /* the pool and the step buffers, nothing else */
+        ck_assert_uint_eq(bytes1 - bytes0, held);
+        ck_assert_uint_eq(cai_engine_device_bytes(e), held);
+        while (cai_engine_pending(e) > 0) OK(cai_engine_step(e));
+        cai_engine_output out;
+        ck_assert(cai_engine_take(e, &out));
+        ck_assert_int_eq(out.tag, 0);
+        ck_assert(memcmp(out.tokens, ref[0], sizeof ref[0]) == 0);
+        cai_engine_output_free(&out);
+    }
+    cai_engine_stats st;
+    cai_engine_get_stats(e, &st);
+    ck_assert_int_eq(st.suspends, 3);
+    ck_assert_int_eq(st.blocks_free, st.blocks_total);
     cai_engine_free(e);
     cai_model_free(m);
 }
@@ -426,6 +499,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, seeded_sampling_is_independent_of_the_batch);
     tcase_add_test(tc, prompt_scores_match_full_forward);
     tcase_add_test(tc, weights_are_shared_live_with_the_model);
+    tcase_add_test(tc, suspend_gives_memory_back_and_resume_continues);
     tcase_add_test(tc, finish_reasons_and_stops);
     tcase_add_test(tc, low_precision_kv_cache);
     suite_add_tcase(s, tc);

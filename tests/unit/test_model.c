@@ -846,6 +846,67 @@ START_TEST(bf16_working_weights_are_rounded_masters) {
 }
 END_TEST
 
+/* A frozen model lends its device memory out: offloaded, its weights are
+ * gone from the device (the plan's bytes 0, a forward refused); onloaded,
+ * they come back at new addresses, every view re-bound, and the forward
+ * gives the same loss and logits bit for bit. A trained model refuses. */
+START_TEST(frozen_model_offload_and_onload_are_bit_exact) {
+    for (int fam = 0; fam < 2; fam++) {
+        cai_model_config c = fam ? tiny_llama() : tiny_gpt2();
+        c.param_dtype = CAI_DTYPE_BF16; /* masters, working and compute copies: all three move */
+        const int B = 2, T = c.max_seq_len;
+        cai_model_options o = cai_model_options_default(&c);
+        o.batch = B;
+        o.seq_len = T;
+        o.frozen = 1;
+        cai_model_t *m = NULL;
+        OK(cai_model_create(&m, dev, &c, &o));
+        int32_t tok[2 * 9], tgt[2 * 9];
+        make_batch(B, T, c.vocab_size, 5, tok, tgt);
+        float l0 = 0, l1 = 0;
+        OK(cai_model_forward(m, tok, tgt, &l0));
+        cai_tensor lg;
+        OK(cai_model_logits(m, &lg));
+        const size_t nlg = (size_t)cai_tensor_numel(&lg);
+        float *ref = malloc(nlg * sizeof *ref);
+        memcpy(ref, lg.data, nlg * sizeof *ref);
+        size_t held = 0, acts = 0, none = 1;
+        cai_model_memory(m, &held, &acts);
+        ck_assert_uint_gt(held, 0);
+        ck_assert_uint_eq(held, cai_weights_device_bytes(cai_model_weights(m)));
+        for (int round = 0; round < 2; round++) {
+            OK(cai_model_offload(m));
+            OK(cai_model_offload(m)); /* already offloaded: nothing to do */
+            ck_assert(cai_model_offloaded(m));
+            cai_model_memory(m, &none, NULL);
+            ck_assert_uint_eq(none, 0);
+            ck_assert_int_eq(cai_model_forward(m, tok, tgt, &l1), CAI_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_onload"));
+            cai_error_clear();
+            uint64_t b0 = 0, b1 = 0;
+            const uint64_t n0 = cai_device_alloc_count(dev, &b0);
+            OK(cai_model_onload(m));
+            const uint64_t n1 = cai_device_alloc_count(dev, &b1);
+            ck_assert_uint_eq(n1 - n0, 3);
+            ck_assert_uint_eq(b1 - b0, held);
+            OK(cai_model_forward(m, tok, tgt, &l1));
+            ck_assert_msg(memcmp(&l0, &l1, sizeof l0) == 0, "round %d: loss %.9g, not %.9g", round, (double)l1,
+                          (double)l0);
+            OK(cai_model_logits(m, &lg));
+            ck_assert(memcmp(lg.data, ref, nlg * sizeof *ref) == 0);
+        }
+        free(ref);
+        cai_model_free(m);
+        /* a trained model's weights belong to its optimizer too */
+        cai_model_t *t = make_model(&c, B, T);
+        ck_assert_int_eq(cai_model_offload(t), CAI_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(cai_error_message(), "frozen"));
+        cai_error_clear();
+        cai_model_free(t);
+    }
+}
+END_TEST
+
 /* ------------------------------------------------------------ objectives */
 
 /* The mean cross-entropy written as an objective. */
@@ -1057,6 +1118,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, loss_decreases_when_overfitting_a_tiny_batch);
     tcase_add_test(tc, bf16_mixed_precision_tracks_f32);
     tcase_add_test(tc, bf16_working_weights_are_rounded_masters);
+    tcase_add_test(tc, frozen_model_offload_and_onload_are_bit_exact);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -176,6 +176,18 @@ START_TEST(activations_match_the_model) {
 }
 END_TEST
 
+/* What a frozen model of the request's shape holds: weights, activations. */
+static void frozen_model_bytes(const cai_model_config *c, const cai_mem_plan_request *r, size_t *pb, size_t *ab) {
+    cai_model_options mo = cai_model_options_default(c);
+    mo.batch = r->batch;
+    mo.seq_len = r->seq_len;
+    mo.frozen = 1;
+    cai_model_t *m = NULL;
+    OK(cai_model_create(&m, dev, c, &mo));
+    cai_model_memory(m, pb, ab);
+    cai_model_free(m);
+}
+
 /* An RL run's frozen models (reference, reward model) and the rollout
  * engine's KV pool: each frozen model as a frozen model of the request's
  * shape allocates, whatever ZeRO stage the trained one runs. */
@@ -193,18 +205,11 @@ START_TEST(frozen_models_match_the_model) {
                 r.frozen_models = 2;
                 r.rollout_bytes = (size_t)3 << 20;
                 OK(cai_mem_plan_compute(&r, &p));
-                cai_model_options mo = cai_model_options_default(&c);
-                mo.batch = r.batch;
-                mo.seq_len = r.seq_len;
-                mo.frozen = 1;
-                cai_model_t *m = NULL;
-                OK(cai_model_create(&m, dev, &c, &mo));
                 size_t pb = 0, ab = 0;
-                cai_model_memory(m, &pb, &ab);
+                frozen_model_bytes(&c, &r, &pb, &ab);
                 ck_assert_uint_eq(p.frozen, 2 * (pb + ab));
                 ck_assert_uint_eq(p.rollout, (size_t)3 << 20);
                 ck_assert_uint_eq(p.device, alone.device + p.frozen + p.rollout);
-                cai_model_free(m);
             }
     cai_mem_plan_request r = request(small_model(CAI_MODEL_GPT2), 0, 0, 1);
     r.frozen_models = -1;
@@ -212,6 +217,71 @@ START_TEST(frozen_models_match_the_model) {
     ck_assert_int_eq(cai_mem_plan_compute(&r, &p), CAI_ERR_INVALID_ARG);
     ck_assert(strstr(cai_error_message(), "frozen_models=-1") != NULL);
     cai_error_clear();
+}
+END_TEST
+
+/* Frozen models on the host: their weights and the rollout KV pool take
+ * turns in device memory (the larger of the two counts, not both) and the
+ * weights' copy is host memory. On a GPU a limit between the two plans is
+ * met by offering placement.frozen=host; on the host device, where both
+ * sides are the same RAM, the placement saves nothing and is not offered. */
+START_TEST(frozen_on_host_takes_turns_with_the_pool) {
+    for (int f = 0; f < 2; f++) {
+        cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
+        cai_device_t gpu = *dev;
+        gpu.kind = CAI_DEVICE_CUDA;
+        cai_mem_plan_request r = request(c, 0, 0, 1);
+        r.dev = &gpu;
+        r.frozen_models = 2;
+        size_t pb = 0, ab = 0;
+        frozen_model_bytes(&c, &r, &pb, &ab);
+        /* a pool smaller, then larger than the two models' weights */
+        const size_t pools[2] = {pb / 2, 5 * pb};
+        for (int k = 0; k < 2; k++) {
+            r.rollout_bytes = pools[k];
+            r.frozen_on_host = 0;
+            cai_mem_plan dev_p, host_p;
+            OK(cai_mem_plan_compute(&r, &dev_p));
+            r.frozen_on_host = 1;
+            OK(cai_mem_plan_compute(&r, &host_p));
+            ck_assert_uint_eq(host_p.frozen_weights, 2 * pb);
+            ck_assert_uint_eq(host_p.frozen, 2 * (pb + ab));
+            ck_assert_int_eq(host_p.frozen_on_host, 1);
+            const size_t turn = 2 * pb > pools[k] ? 2 * pb : pools[k];
+            ck_assert_uint_eq(host_p.device, dev_p.device - 2 * pb - pools[k] + turn);
+            ck_assert_uint_eq(host_p.host, dev_p.host + 2 * pb);
+            /* a limit only the turns meet: offered */
+            r.frozen_on_host = 0;
+            ck_assert_int_eq(cai_mem_plan_check(&r, &dev_p, host_p.device, 0), CAI_ERR_NOMEM);
+            ck_assert_msg(strstr(cai_error_message(), "placement.frozen=host") != NULL, "%s", cai_error_message());
+            cai_error_clear();
+            r.frozen_on_host = 1;
+            OK(cai_mem_plan_check(&r, &host_p, host_p.device, 0));
+            /* printed as the two rows and the pool's turn */
+            char *text = NULL;
+            size_t len = 0;
+            FILE *out = open_memstream(&text, &len);
+            cai_mem_plan_print(&host_p, out);
+            fclose(out);
+            ck_assert_msg(strstr(text, "frozen models' weights") && strstr(text, "in turn with the frozen weights"),
+                          "%s", text);
+            free(text);
+        }
+        /* no frozen model: nothing takes turns */
+        r.frozen_models = 0;
+        cai_mem_plan none;
+        OK(cai_mem_plan_compute(&r, &none));
+        ck_assert_int_eq(none.frozen_on_host, 0);
+        /* the host device: not offered */
+        cai_mem_plan_request h = request(c, 0, 0, 1);
+        h.frozen_models = 2;
+        h.rollout_bytes = 5 * pb;
+        cai_mem_plan hp;
+        OK(cai_mem_plan_compute(&h, &hp));
+        ck_assert_int_eq(cai_mem_plan_check(&h, &hp, hp.device + hp.host - 1, 0), CAI_ERR_NOMEM);
+        ck_assert_msg(strstr(cai_error_message(), "placement.frozen") == NULL, "%s", cai_error_message());
+        cai_error_clear();
+    }
 }
 END_TEST
 
@@ -402,6 +472,7 @@ int main(void) {
     tcase_add_test(tc, plan_matches_the_shapes);
     tcase_add_test(tc, activations_match_the_model);
     tcase_add_test(tc, frozen_models_match_the_model);
+    tcase_add_test(tc, frozen_on_host_takes_turns_with_the_pool);
     tcase_add_test(tc, units_match_the_model);
     tcase_add_test(tc, sequence_parallel_shrinks_activations);
     tcase_add_test(tc, refusal_names_what_would_fit);

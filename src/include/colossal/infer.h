@@ -23,9 +23,9 @@ extern "C" {
  * Sampling (src/infer/sample.c). Pure host code over one F32 logits row.
  * ====================================================================== */
 
-#define CAI_SAMPLE_MAX_STOP 8       /* stop strings per request */
-#define CAI_SAMPLE_MAX_STOP_IDS 16  /* stop token ids per request */
-#define CAI_SAMPLE_MAX_LOGPROBS 20  /* top alternatives reported per token */
+#define CAI_SAMPLE_MAX_STOP 8      /* stop strings per request */
+#define CAI_SAMPLE_MAX_STOP_IDS 16 /* stop token ids per request */
+#define CAI_SAMPLE_MAX_LOGPROBS 20 /* top alternatives reported per token */
 
 typedef struct {
     int max_new_tokens;       /* >= 1 */
@@ -43,8 +43,8 @@ typedef struct {
     int n_stop_ids;
     char *stop[CAI_SAMPLE_MAX_STOP]; /* stop strings (owned, malloc'd); the text ends before the match */
     int n_stop;
-    int ignore_eos;  /* 1: the end-of-text token does not finish the request */
-    int logprobs;    /* -1: none; 0: the chosen token's log-probability; n: plus the top n (<= 20) */
+    int ignore_eos; /* 1: the end-of-text token does not finish the request */
+    int logprobs;   /* -1: none; 0: the chosen token's log-probability; n: plus the top n (<= 20) */
 } cai_sampling_params;
 
 /* max_new_tokens 16, greedy, every filter and penalty off, no stops, no
@@ -266,6 +266,19 @@ cai_status cai_engine_add(cai_engine_t *e, int64_t tag, const int32_t *prompt, i
  * prefix index forgets them and later prompts compute theirs again.
  * Sequences still running keep what they hold. Not collective. */
 void cai_engine_weights_changed(cai_engine_t *e);
+/* Between uses (an RL job's scoring and training phases) the engine can
+ * give back the device memory it holds beside the weights: the KV pool, the
+ * step buffers and the decode graphs. Suspend needs no sequence running
+ * (step until cai_engine_pending is 0); queued requests and finished
+ * outputs stay. Resume allocates them again (the same sizes; graphs are
+ * captured again at their first replay). Stepping a suspended engine fails.
+ * Both are no-ops in the state they lead to. Not collective. */
+cai_status cai_engine_suspend(cai_engine_t *e);
+cai_status cai_engine_resume(cai_engine_t *e);
+int cai_engine_suspended(const cai_engine_t *e);
+/* Bytes of device memory the engine holds beside the weights (the KV pool
+ * and the step buffers); 0 while suspended. */
+size_t cai_engine_device_bytes(const cai_engine_t *e);
 /* Stop strings need text: the engine asks `decode` for the output so far
  * after each token of a request that has stop strings. */
 typedef cai_status (*cai_decode_fn)(void *ctx, const int32_t *ids, size_t n, cai_byte_buf *out);
@@ -299,7 +312,8 @@ void cai_engine_output_free(cai_engine_output *o);
 
 typedef struct {
     int64_t steps, prefill_tokens, decode_tokens, generated, prefix_hit_tokens, preemptions, cow_copies;
-    int64_t graphs; /* decode graphs captured */
+    int64_t graphs;   /* decode graphs captured */
+    int64_t suspends; /* cai_engine_suspend calls that gave device memory back */
     int64_t blocks_total, blocks_free;
     /* Seconds the host waited for the device at the ends of steps, from
      * the last launch to the results' arrival (the rest of a step's time

@@ -580,7 +580,21 @@ const cai_registry_t *cai_weights_registry(const cai_weights_t *w);
 const cai_rank_view *cai_weights_view(const cai_weights_t *w);
 cai_device_t *cai_weights_device(const cai_weights_t *w);
 size_t cai_weights_align_elems(const cai_weights_t *w);
-int cai_weights_have_storage(const cai_weights_t *w);
+int cai_weights_have_storage(const cai_weights_t *w); /* 0 also while offloaded */
+/* Device bytes of the storage (masters, working and compute copies); 0
+ * without storage or while offloaded. */
+size_t cai_weights_device_bytes(const cai_weights_t *w);
+/* Weights not needed for a while (an RL job's frozen reference and reward
+ * model during rollouts and updates) can wait in pinned host memory:
+ * offload copies the storage there (allocated at the first offload and kept
+ * for the next) and frees the device's; onload allocates it again and
+ * copies it back, bit for bit. Views taken before onload (param views, an
+ * engine over these weights) point at the old storage: a model re-binds
+ * its own (cai_model_offload / cai_model_onload). Both are no-ops in the
+ * state they lead to. Not collective. */
+cai_status cai_weights_offload(cai_weights_t *w);
+cai_status cai_weights_onload(cai_weights_t *w);
+int cai_weights_offloaded(const cai_weights_t *w);
 /* Local elements of parameter `index` held here, -1 when not held. */
 int64_t cai_weights_held(const cai_weights_t *w, int index);
 const cai_param_shard *cai_weights_shard(const cai_weights_t *w, int index);
@@ -667,8 +681,17 @@ cai_status cai_model_chunk(const cai_model_t *m, int chunk, int *layer_begin, in
  * other slots meanwhile. The parameter gradients and d_stream are shared. */
 cai_status cai_model_select(cai_model_t *m, int chunk, int slot);
 int cai_model_slot_count(const cai_model_t *m);
-/* Bytes of parameters+grads+working copies and of activations (for logs). */
+/* Bytes of parameters+grads+working copies (0 while offloaded) and of
+ * activations (for logs and the memory plan's checks). */
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
+/* A frozen model with weights of its own (an RL reference or reward
+ * model) lends its device memory out between uses: offload moves the
+ * weights to host memory (cai_weights_offload) and unbinds every view, so a
+ * forward fails until onload brings them back and re-binds the views. The
+ * activation buffers stay. Not collective. */
+cai_status cai_model_offload(cai_model_t *m);
+cai_status cai_model_onload(cai_model_t *m);
+int cai_model_offloaded(const cai_model_t *m);
 /* The activation arena cai_model_create allocates for a rank whose
  * largest chunk has n_local layers (last: with the head) and `slots`
  * activation sets (cai_model_options.act_slots; 0 means 1) at (batch,

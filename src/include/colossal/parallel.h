@@ -255,7 +255,9 @@ typedef struct {
     size_t pipe;           /* pipeline executor: stage boundary activations and their gradients */
     size_t fp8;            /* FP8 training: cast buffers, weight codes, scaling states (cai_model_fp8_bytes) */
     size_t frozen;         /* frozen models beside the trained one (cai_mem_plan_request.frozen_models) */
+    size_t frozen_weights; /* of frozen: their weights (the rest is their activations) */
     size_t rollout;        /* an inference engine's KV pool (cai_mem_plan_request.rollout_bytes) */
+    int frozen_on_host;    /* frozen_weights and rollout take turns in device memory (the request's) */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
@@ -292,6 +294,10 @@ typedef struct {
     size_t rollout_bytes;      /* an inference engine's KV pool on the same device (RL rollouts) */
     int zero_fixed;            /* 1: the caller runs only the given ZeRO stage and offload (RL rollouts
                                 * read the weights in place), so a refusal offers neither */
+    int frozen_on_host;        /* 1: the frozen models' weights wait in host memory except while they
+                                * score (cai_model_offload) and the KV pool exists only during rollouts
+                                * (cai_engine_suspend): device memory holds the larger of the two, not
+                                * both, and host memory the weights' copy */
 } cai_mem_plan_request;
 
 /* Pure arithmetic over the registry and the layer buffer sizes (allocates

@@ -228,6 +228,10 @@ const char *cai_run_ckpt_dir(const cai_run_t *run);
 /* Print the memory plan (rank 0) and refuse it, saying what would fit, when
  * it exceeds train.mem_limit. Not collective; decided alike on every rank. */
 cai_status cai_run_plan_memory(cai_run_t *run, const cai_mem_plan_request *req);
+/* 1 when the plan of `req` fits train.mem_limit (no limit: always), 0 when
+ * it does not or cannot be computed; prints nothing, leaves no error. For
+ * an app choosing between placements before cai_run_plan_memory. */
+int cai_run_plan_fits(cai_run_t *run, const cai_mem_plan_request *req);
 
 /* checkpoint.resume: "" starts at step 1; latest / auto (latest if there
  * is one) / a file or directory go through hooks->load, then the tokens,
