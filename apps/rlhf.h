@@ -89,6 +89,7 @@ typedef struct {
     float *rm_scores;          /* [n_micro * B]: the reward model's score of each rollout row */
     int frozen_on_host;        /* ref and rm in host memory except while they score; the pool only in rollouts */
     double device_used_mib[3]; /* a GPU's memory in use at the end of the step's rollout, scoring and update */
+    double swap_s;             /* the step's seconds moving frozen weights and the pool (placement.frozen=host) */
     int64_t steps;
     int64_t optim_steps; /* updates a run makes (grpo/ppo: passes per step) */
 

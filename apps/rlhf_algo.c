@@ -572,8 +572,7 @@ typedef enum { RL_PHASE_ROLLOUT = 0, RL_PHASE_SCORE, RL_PHASE_UPDATE } rl_phase;
 /* placement.frozen=host: the frozen models' weights and the rollout pool
  * take turns in device memory, each given back before the other comes
  * (the plan counts the larger, not both). */
-static cai_status enter_phase(rl_job *j, rl_phase ph) {
-    if (!j->frozen_on_host) return CAI_OK;
+static cai_status swap_to(rl_job *j, rl_phase ph) {
     if (ph != RL_PHASE_SCORE) {
         if (j->ref) CAI_CALL(cai_model_offload(j->ref));
         if (j->rm) CAI_CALL(cai_model_offload(j->rm));
@@ -584,6 +583,15 @@ static cai_status enter_phase(rl_job *j, rl_phase ph) {
     if (j->ref) CAI_CALL(cai_model_onload(j->ref));
     if (j->rm) CAI_CALL(cai_model_onload(j->rm));
     return CAI_OK;
+}
+
+/* The swaps' seconds add up in j->swap_s (the step's placement_s). */
+static cai_status enter_phase(rl_job *j, rl_phase ph) {
+    if (!j->frozen_on_host) return CAI_OK;
+    const double t0 = cai_time_now();
+    const cai_status st = swap_to(j, ph);
+    j->swap_s += cai_time_now() - t0;
+    return st;
 }
 
 /* A GPU's memory in use (MiB) as a phase ends; the host device's "free"
@@ -612,6 +620,7 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     CAI_CALL(cai_calloc((void **)&smp, (size_t)rows, sizeof *smp, "rollouts"));
     const double t0 = cai_time_now();
     int64_t gen_tokens = 0;
+    j->swap_s = 0;
     cai_status s = enter_phase(j, RL_PHASE_ROLLOUT);
     if (s == CAI_OK) s = rollout(j, j->prompt_train, items, P, G, 0, step, smp, &gen_tokens);
     note_memory(j, run, RL_PHASE_ROLLOUT);
@@ -734,8 +743,8 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     char rm_mean[64] = "", samp[32] = "null", mem[96] = "";
     if (j->rm) snprintf(rm_mean, sizeof rm_mean, ",\"rm_score_mean\":%.9g", g[7] / n);
     if (cai_run_device(run)->kind != CAI_DEVICE_HOST)
-        snprintf(mem, sizeof mem, ",\"device_used_mib\":[%.1f,%.1f,%.1f]", j->device_used_mib[0], j->device_used_mib[1],
-                 j->device_used_mib[2]);
+        snprintf(mem, sizeof mem, ",\"device_used_mib\":[%.1f,%.1f,%.1f],\"placement_s\":%.4f", j->device_used_mib[0],
+                 j->device_used_mib[1], j->device_used_mib[2], j->swap_s);
     if (sampler_checked(j)) snprintf(samp, sizeof samp, "%.3g", dev[0]);
     cai_run_json(
         run,

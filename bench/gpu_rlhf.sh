@@ -9,7 +9,7 @@
 # seconds, the reference and old-policy passes included), and the GPU
 # memory in use (cudaMemGetInfo) as each phase ends: RLHF_ARGS="--placement.frozen
 # host --rollout.kv_memory 8GiB" against device shows the frozen weights and
-# the KV pool taking turns.
+# the KV pool taking turns, and placement_s what the turns cost a step.
 #
 #   bench/gpu_rlhf.sh OUTDIR BIN_DIR GPT2_VOCAB_DIR PROMPTS.jsonl [STEPS]
 #
@@ -41,11 +41,11 @@ python3 - "$out/run/metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"rl"' in l]
 print("| step | rollout s | generated tokens/s | response len | update s | update tokens/s "
-      "| GPU MiB in use after rollout / scoring / update |")
-print("|---:|---:|---:|---:|---:|---:|---|")
+      "| GPU MiB in use after rollout / scoring / update | placement s |")
+print("|---:|---:|---:|---:|---:|---:|---|---:|")
 for r in rows:
     mem = " / ".join("%.0f" % m for m in r.get("device_used_mib", []))
-    print("| %d | %.3f | %.0f | %.1f | %.3f | %.0f | %s |" % (r["step"], r["rollout_s"], r["rollout_tokens_per_s"],
-                                                         r["response_len"], r["update_s"], r["update_tokens_per_s"],
-                                                         mem))
+    print("| %d | %.3f | %.0f | %.1f | %.3f | %.0f | %s | %.4f |" % (
+        r["step"], r["rollout_s"], r["rollout_tokens_per_s"], r["response_len"], r["update_s"],
+        r["update_tokens_per_s"], mem, r.get("placement_s", 0)))
 PYEOF
