@@ -233,11 +233,16 @@ static cai_status vocab_shards(cai_engine_t *e) {
 /* What the engine holds in device memory apart from the weights: the KV
  * pool (one allocation, per layer a K and a V tensor), the step buffers
  * and the decode graphs that capture both. */
+/* Elements of one layer's K (or V) pool, and bytes of the whole pool. */
+static int64_t pool_per_layer(const cai_engine_t *e) { return e->opt.n_blocks * e->opt.block_size * e->Hkv * e->D; }
+static size_t pool_bytes(const cai_engine_t *e) {
+    return 2 * (size_t)e->L * (size_t)pool_per_layer(e) * cai_dtype_size(e->kvd);
+}
+
 static cai_status alloc_device_state(cai_engine_t *e) {
     const cai_engine_options *o = &e->opt;
-    const int64_t per = o->n_blocks * o->block_size * e->Hkv * e->D;
-    const size_t bytes = 2 * (size_t)e->L * (size_t)per * cai_dtype_size(e->kvd);
-    CAI_CALL(cai_device_alloc(e->dev, bytes, "KV cache", &e->kv_base));
+    const int64_t per = pool_per_layer(e);
+    CAI_CALL(cai_device_alloc(e->dev, pool_bytes(e), "KV cache", &e->kv_base));
     for (int64_t l = 0; l < e->L; l++) {
         char *k = (char *)e->kv_base + (size_t)(2 * l) * (size_t)per * cai_dtype_size(e->kvd);
         char *v = k + (size_t)per * cai_dtype_size(e->kvd);
@@ -436,10 +441,7 @@ cai_status cai_engine_resume(cai_engine_t *e) {
 int cai_engine_suspended(const cai_engine_t *e) { return e && !e->kv_base; }
 
 size_t cai_engine_device_bytes(const cai_engine_t *e) {
-    if (!e || !e->kv_base) return 0;
-    const cai_engine_options *o = &e->opt;
-    return 2 * (size_t)e->L * (size_t)(o->n_blocks * o->block_size * e->Hkv * e->D) * cai_dtype_size(e->kvd) +
-           e->arena.capacity;
+    return e && e->kv_base ? pool_bytes(e) + e->arena.capacity : 0;
 }
 
 void cai_engine_set_decoder(cai_engine_t *e, cai_decode_fn decode, void *ctx) {

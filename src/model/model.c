@@ -389,10 +389,9 @@ void cai_model_stage(const cai_model_t *m, int *layer_begin, int *layer_end, int
 }
 
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes) {
-    size_t per = (m->frozen ? 1 : 2) * sizeof(float); /* masters and grads */
-    if (m->cfg.param_dtype != CAI_DTYPE_F32) per += cai_dtype_size(m->cfg.param_dtype);
-    if (m->cfg.act_dtype != m->cfg.param_dtype) per += cai_dtype_size(m->cfg.act_dtype);
-    if (param_bytes) *param_bytes = m->external || m->offloaded ? 0 : m->n_flat * per;
+    /* the storage (0 while offloaded) and the gradients */
+    if (param_bytes)
+        *param_bytes = m->external ? 0 : cai_weights_device_bytes(m->w) + (m->frozen ? 0 : m->n_flat * sizeof(float));
     if (act_bytes) *act_bytes = m->act_bytes;
 }
 
