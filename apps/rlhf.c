@@ -559,6 +559,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         ro.weights = NULL;
         CAI_CALL(cai_model_create(&j->ref, cai_run_device(run), &resolved, &ro));
         CAI_CALL(load_source(j, run, j->ref));
+        CAI_CALL(cai_model_keep_compute(j->ref));
     }
     if (*c->reward_model) {
         cai_model_options ro = mo;
@@ -568,6 +569,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         CAI_CALL(cai_model_create(&j->rm, cai_run_device(run), &resolved, &ro));
         CAI_CALL(cai_ckpt_load_weights(cai_run_mesh(run), j->rm_src.ckpt, cai_model_weights(j->rm), NULL, NULL));
         CAI_CALL(cai_model_params_updated(j->rm));
+        CAI_CALL(cai_model_keep_compute(j->rm));
         CAI_CALL(cai_rl_head_create(&j->rm_head, resolved.d_model, 0.0f, 0));
         float *w;
         cai_rl_head_tensors(j->rm_head, &w, NULL, NULL, NULL);

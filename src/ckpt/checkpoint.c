@@ -1308,8 +1308,7 @@ cai_status cai_ckpt_load(cai_mesh_t *mesh, const char *path, cai_model_t *model,
 cai_status cai_ckpt_load_weights(cai_mesh_t *mesh, const char *path, cai_weights_t *w, cai_ckpt_meta *meta,
                                  cai_ckpt_stats *stats) {
     CAI_CHECK_ARG(mesh && path && w, "cai_ckpt_load_weights: NULL argument");
-    if (!cai_weights_have_storage(w))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_ckpt_load_weights: the weights have no storage");
+    CAI_CALL(cai_weights_check_writable(w, "cai_ckpt_load_weights"));
     cai_tensor master;
     cai_weights_flat(w, &master, NULL);
     cai_device_t *dev = cai_weights_device(w);

@@ -480,10 +480,7 @@ static cai_status check_model_config(const cai_hf_t *h, const cai_model_config *
 
 cai_status cai_hf_import_weights(cai_hf_t *h, cai_weights_t *w) {
     CAI_CHECK_ARG(h && w, "cai_hf_import_weights: NULL argument");
-    if (!cai_weights_have_storage(w))
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "HF import: the weights have no storage (external parameters: import "
-                         "through their owner)");
+    CAI_CALL(cai_weights_check_writable(w, "HF import"));
     CAI_CALL(check_model_config(h, cai_weights_config(w)));
     const cai_registry_t *reg = cai_weights_registry(w);
     cai_device_t *dev = cai_weights_device(w);

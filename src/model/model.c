@@ -740,7 +740,7 @@ static cai_status check_shared_weights(const cai_model_t *m, const cai_weights_t
     if (m->external)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "model: shared weights and external parameter storage exclude each other");
-    if (!w->master) return CAI_ERROR(CAI_ERR_INVALID_ARG, "model: the shared weights object has no storage");
+    CAI_CALL(cai_weights_check_writable(w, "model: the shared weights"));
     if (a->family != b->family || a->vocab_size != b->vocab_size || a->vocab_multiple != b->vocab_multiple ||
         a->n_layers != b->n_layers || a->d_model != b->d_model || a->n_heads != b->n_heads ||
         a->n_kv_heads != b->n_kv_heads || a->ffn_hidden != b->ffn_hidden || a->max_seq_len != b->max_seq_len ||
@@ -869,8 +869,8 @@ void cai_model_flat(cai_model_t *m, cai_tensor *params, cai_tensor *grads, cai_t
         if (params_lowp) memset(params_lowp, 0, sizeof *params_lowp);
         return;
     }
-    if (params) *params = flat_view(m->dev, m->master, CAI_DTYPE_F32, 0, m->n_flat);
-    if (grads) *grads = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->n_flat);
+    if (params) *params = flat_view(m->dev, m->master, CAI_DTYPE_F32, 0, m->master ? m->n_flat : 0);
+    if (grads) *grads = flat_view(m->dev, m->grads, CAI_DTYPE_F32, 0, m->grads ? m->n_flat : 0);
     if (params_lowp) {
         if (m->lowp) *params_lowp = flat_view(m->dev, m->lowp, m->cfg.param_dtype, 0, m->n_flat);
         else memset(params_lowp, 0, sizeof *params_lowp);
@@ -894,6 +894,11 @@ cai_status cai_model_param(cai_model_t *m, const char *name, cai_tensor *master,
     if (m->offsets[idx] == SIZE_MAX)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' is not held by this rank (pipeline rank %d of %d)", name,
                          m->view.pp_rank, m->view.pp_size);
+    if (master && cai_weights_compute_only(m->w))
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': this frozen model keeps only the copy its layers read "
+                         "(cai_model_keep_compute); its F32 master is gone",
+                         name);
     if (master) CAI_CALL(param_view(m, idx, m->master, CAI_DTYPE_F32, master));
     if (grad) CAI_CALL(param_view(m, idx, m->grads, CAI_DTYPE_F32, grad));
     return CAI_OK;
@@ -1042,6 +1047,18 @@ static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
                          !m->frozen ? "is trained" : "shares or binds its weights");
     CAI_CALL(to_host ? cai_weights_offload(m->w) : cai_weights_onload(m->w));
     m->offloaded = to_host;
+    rebind_compute(m);
+    return CAI_OK;
+}
+
+cai_status cai_model_keep_compute(cai_model_t *m) {
+    CAI_CHECK_ARG(m, "cai_model_keep_compute: NULL model");
+    if (!m->frozen || !m->own_weights || m->external)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_model_keep_compute: only a frozen model with weights of its own can drop its masters "
+                         "(this one %s)",
+                         !m->frozen ? "is trained" : "shares or binds its weights");
+    CAI_CALL(cai_weights_keep_compute(m->w));
     rebind_compute(m);
     return CAI_OK;
 }

@@ -19,12 +19,13 @@ struct cai_weights {
     size_t *offsets; /* per registry index; SIZE_MAX when not held */
     cai_param_shard *shards;
     size_t n_flat;
-    float *master; /* F32; NULL without storage */
-    void *lowp;    /* param_dtype working copy (NULL when F32) */
-    void *work;    /* act_dtype compute copy when act_dtype differs from the working dtype */
-    void *compute; /* what the layers read: master, lowp or work */
-    void *host;    /* cai_weights_offload: the three in pinned host memory (kept for the next offload) */
-    int offloaded; /* the device holds none of them */
+    float *master;    /* F32; NULL without storage */
+    void *lowp;       /* param_dtype working copy (NULL when F32) */
+    void *work;       /* act_dtype compute copy when act_dtype differs from the working dtype */
+    void *compute;    /* what the layers read: master, lowp or work */
+    void *host;       /* cai_weights_offload: the three in pinned host memory (kept for the next offload) */
+    int offloaded;    /* the device holds none of them */
+    int compute_only; /* cai_weights_keep_compute: the masters and working copy are gone */
 };
 
 /* A block's parameters by name suffix ("h.<l>.<suffix>") and field. */

@@ -91,20 +91,56 @@ const cai_registry_t *cai_weights_registry(const cai_weights_t *w) { return w->r
 const cai_rank_view *cai_weights_view(const cai_weights_t *w) { return &w->view; }
 cai_device_t *cai_weights_device(const cai_weights_t *w) { return w->dev; }
 size_t cai_weights_align_elems(const cai_weights_t *w) { return w->align; }
-int cai_weights_have_storage(const cai_weights_t *w) { return w->master != NULL; }
+int cai_weights_have_storage(const cai_weights_t *w) { return w->compute != NULL; }
+int cai_weights_compute_only(const cai_weights_t *w) { return w && w->compute_only; }
+
+cai_status cai_weights_check_writable(const cai_weights_t *w, const char *what) {
+    CAI_CHECK_ARG(w, "%s: NULL weights", what);
+    if (w->offloaded)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the weights wait in host memory (onload them first)", what);
+    if (w->compute_only)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: the weights keep only the copy the layers read (cai_weights_keep_compute); "
+                         "their F32 masters are gone, so nothing can be written into them",
+                         what);
+    if (!w->master)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: the weights have no storage (external parameters: write through their owner)", what);
+    return CAI_OK;
+}
 int cai_weights_offloaded(const cai_weights_t *w) { return w && w->offloaded; }
 
 /* The storage's buffers in order: masters, working copy, compute copy
- * (0 bytes: the dtype needs none). */
+ * (0 bytes: the dtype needs none, or compute_only keeps only the last
+ * that exists). */
 static void storage_parts(const cai_weights_t *w, size_t bytes[3]) {
     const cai_dtype pd = w->cfg.param_dtype, ad = w->cfg.act_dtype;
     bytes[0] = w->n_flat * sizeof(float);
     bytes[1] = pd != CAI_DTYPE_F32 ? w->n_flat * cai_dtype_size(pd) : 0;
     bytes[2] = ad != pd ? w->n_flat * cai_dtype_size(ad) : 0;
+    if (w->compute_only) {
+        if (bytes[1] || bytes[2]) bytes[0] = 0;
+        if (bytes[2]) bytes[1] = 0;
+    }
+}
+
+cai_status cai_weights_keep_compute(cai_weights_t *w) {
+    if (w && w->compute_only) return CAI_OK;
+    CAI_CALL(cai_weights_check_writable(w, "cai_weights_keep_compute"));
+    if (w->compute == (void *)w->master) return CAI_OK; /* F32 layers read the masters */
+    CAI_CALL(cai_device_sync(w->dev));                  /* nothing in flight still converts from them */
+    if (w->compute != w->lowp) {
+        cai_device_dealloc(w->dev, w->lowp);
+        w->lowp = NULL;
+    }
+    cai_device_dealloc(w->dev, w->master);
+    w->master = NULL;
+    w->compute_only = 1;
+    return CAI_OK;
 }
 
 size_t cai_weights_device_bytes(const cai_weights_t *w) {
-    if (!w || !w->master) return 0;
+    if (!w || !w->compute) return 0;
     size_t b[3];
     storage_parts(w, b);
     return b[0] + b[1] + b[2];
@@ -113,7 +149,7 @@ size_t cai_weights_device_bytes(const cai_weights_t *w) {
 cai_status cai_weights_offload(cai_weights_t *w) {
     CAI_CHECK_ARG(w, "cai_weights_offload: NULL weights");
     if (w->offloaded) return CAI_OK;
-    if (!w->master) return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_weights_offload: the weights object has no storage");
+    if (!w->compute) return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_weights_offload: the weights object has no storage");
     cai_device_t *dev = w->dev;
     size_t b[3];
     storage_parts(w, b);
@@ -191,6 +227,11 @@ cai_status cai_weights_param_view(const cai_weights_t *w, int index, int compute
     if (w->offsets[index] == SIZE_MAX)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "parameter '%s' is not held by this rank (pipeline rank %d of %d)",
                          info->name, w->view.pp_rank, w->view.pp_size);
+    if (!compute && w->compute_only)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "parameter '%s': the weights keep only the copy the layers read (cai_weights_keep_compute); "
+                         "its F32 master is gone",
+                         info->name);
     const cai_param_shard *sh = &w->shards[index];
     int64_t shape[CAI_PARAM_MAX_DIMS];
     for (int d = 0; d < sh->ndim; d++) shape[d] = (int64_t)sh->local_shape[d];
@@ -231,6 +272,7 @@ cai_status cai_weights_block(const cai_weights_t *w, int layer, cai_block_params
 
 cai_status cai_weights_updated(cai_weights_t *w) {
     CAI_CHECK_ARG(w, "cai_weights_updated: NULL weights");
+    if (w->compute_only || w->offloaded) return cai_weights_check_writable(w, "cai_weights_updated");
     if (!w->master) return CAI_OK;
     cai_device_t *dev = w->dev;
     for (int i = 0; i < w->n_params; i++) {

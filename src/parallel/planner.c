@@ -142,9 +142,10 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     CAI_CALL_GOTO(cai_model_fp8_bytes(req->dev, reg, &c, &req->view, req->batch, req->seq_len, req->seq_parallel,
                                       req->fp8, &out->fp8),
                   st, done);
-    /* A frozen model is a whole stage-0 model without gradients: masters,
-     * working copies and the same activation set. */
-    out->frozen_weights = (size_t)req->frozen_models * (n * f4 + (lowp ? n * pds : 0) + (work ? n * act : 0));
+    /* A frozen model is a stage-0 model without gradients that keeps only
+     * the copy its layers read (cai_model_keep_compute), with the same
+     * activation set. */
+    out->frozen_weights = (size_t)req->frozen_models * n * act;
     out->frozen = out->frozen_weights + (size_t)req->frozen_models * out->acts;
     out->rollout = req->rollout_bytes;
     out->frozen_on_host = req->frozen_on_host && req->frozen_models > 0;

@@ -846,6 +846,56 @@ START_TEST(bf16_working_weights_are_rounded_masters) {
 }
 END_TEST
 
+/* A frozen model at batch 2 and its whole context, with one forward's
+ * loss and logits kept to compare later forwards with, bit for bit. */
+typedef struct {
+    cai_model_t *m;
+    int32_t tok[2 * 9], tgt[2 * 9];
+    float loss, *logits;
+    size_t n_logits;
+} frozen_ref;
+
+static void frozen_ref_make(frozen_ref *f, const cai_model_config *c, uint64_t seed) {
+    cai_model_options o = cai_model_options_default(c);
+    o.batch = 2;
+    o.seq_len = c->max_seq_len;
+    o.frozen = 1;
+    f->m = NULL;
+    OK(cai_model_create(&f->m, dev, c, &o));
+    make_batch(2, c->max_seq_len, c->vocab_size, seed, f->tok, f->tgt);
+    OK(cai_model_forward(f->m, f->tok, f->tgt, &f->loss));
+    cai_tensor lg;
+    OK(cai_model_logits(f->m, &lg));
+    f->n_logits = (size_t)cai_tensor_numel(&lg);
+    f->logits = malloc(f->n_logits * sizeof *f->logits);
+    memcpy(f->logits, lg.data, f->n_logits * sizeof *f->logits);
+}
+
+static void frozen_ref_check(frozen_ref *f, int round) {
+    float l = 0;
+    OK(cai_model_forward(f->m, f->tok, f->tgt, &l));
+    ck_assert_msg(memcmp(&l, &f->loss, sizeof l) == 0, "round %d: loss %.9g, not %.9g", round, (double)l,
+                  (double)f->loss);
+    cai_tensor lg;
+    OK(cai_model_logits(f->m, &lg));
+    ck_assert(memcmp(lg.data, f->logits, f->n_logits * sizeof *f->logits) == 0);
+}
+
+static void frozen_ref_free(frozen_ref *f) {
+    free(f->logits);
+    cai_model_free(f->m);
+}
+
+/* Onload m: `count` allocations of `bytes` in all. */
+static void onload_allocates(cai_model_t *m, uint64_t count, size_t bytes) {
+    uint64_t b0 = 0, b1 = 0;
+    const uint64_t n0 = cai_device_alloc_count(dev, &b0);
+    OK(cai_model_onload(m));
+    const uint64_t n1 = cai_device_alloc_count(dev, &b1);
+    ck_assert_uint_eq(n1 - n0, count);
+    ck_assert_uint_eq(b1 - b0, bytes);
+}
+
 /* A frozen model lends its device memory out: offloaded, its weights are
  * gone from the device (the plan's bytes 0, a forward refused); onloaded,
  * they come back at new addresses, every view re-bound, and the forward
@@ -854,22 +904,10 @@ START_TEST(frozen_model_offload_and_onload_are_bit_exact) {
     for (int fam = 0; fam < 2; fam++) {
         cai_model_config c = fam ? tiny_llama() : tiny_gpt2();
         c.param_dtype = CAI_DTYPE_BF16; /* masters, working and compute copies: all three move */
-        const int B = 2, T = c.max_seq_len;
-        cai_model_options o = cai_model_options_default(&c);
-        o.batch = B;
-        o.seq_len = T;
-        o.frozen = 1;
-        cai_model_t *m = NULL;
-        OK(cai_model_create(&m, dev, &c, &o));
-        int32_t tok[2 * 9], tgt[2 * 9];
-        make_batch(B, T, c.vocab_size, 5, tok, tgt);
-        float l0 = 0, l1 = 0;
-        OK(cai_model_forward(m, tok, tgt, &l0));
-        cai_tensor lg;
-        OK(cai_model_logits(m, &lg));
-        const size_t nlg = (size_t)cai_tensor_numel(&lg);
-        float *ref = malloc(nlg * sizeof *ref);
-        memcpy(ref, lg.data, nlg * sizeof *ref);
+        frozen_ref f;
+        frozen_ref_make(&f, &c, 5);
+        cai_model_t *m = f.m;
+        float l1 = 0;
         size_t held = 0, acts = 0, none = 1;
         cai_model_memory(m, &held, &acts);
         ck_assert_uint_gt(held, 0);
@@ -880,30 +918,98 @@ START_TEST(frozen_model_offload_and_onload_are_bit_exact) {
             ck_assert(cai_model_offloaded(m));
             cai_model_memory(m, &none, NULL);
             ck_assert_uint_eq(none, 0);
-            ck_assert_int_eq(cai_model_forward(m, tok, tgt, &l1), CAI_ERR_INVALID_ARG);
+            ck_assert_int_eq(cai_model_forward(m, f.tok, f.tgt, &l1), CAI_ERR_INVALID_ARG);
             ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_onload"));
             cai_error_clear();
-            uint64_t b0 = 0, b1 = 0;
-            const uint64_t n0 = cai_device_alloc_count(dev, &b0);
-            OK(cai_model_onload(m));
-            const uint64_t n1 = cai_device_alloc_count(dev, &b1);
-            ck_assert_uint_eq(n1 - n0, 3);
-            ck_assert_uint_eq(b1 - b0, held);
-            OK(cai_model_forward(m, tok, tgt, &l1));
-            ck_assert_msg(memcmp(&l0, &l1, sizeof l0) == 0, "round %d: loss %.9g, not %.9g", round, (double)l1,
-                          (double)l0);
-            OK(cai_model_logits(m, &lg));
-            ck_assert(memcmp(lg.data, ref, nlg * sizeof *ref) == 0);
+            onload_allocates(m, 3, held);
+            frozen_ref_check(&f, round);
         }
-        free(ref);
-        cai_model_free(m);
+        frozen_ref_free(&f);
         /* a trained model's weights belong to its optimizer too */
-        cai_model_t *t = make_model(&c, B, T);
+        cai_model_t *t = make_model(&c, 2, c.max_seq_len);
         ck_assert_int_eq(cai_model_offload(t), CAI_ERR_INVALID_ARG);
         ck_assert_ptr_nonnull(strstr(cai_error_message(), "frozen"));
         cai_error_clear();
         cai_model_free(t);
     }
+}
+END_TEST
+
+/* A loaded frozen model keeps only the copy its layers read: the same bits
+ * out of every forward, before and after an offload round trip, with the
+ * masters' and working copy's bytes given back; what would write or read
+ * the masters refuses, naming the call. */
+START_TEST(frozen_model_keeps_only_its_compute_copy) {
+    /* bf16 working weights: the f32 compute copy stays; f32: nothing goes */
+    const cai_dtype dts[2][2] = {{CAI_DTYPE_BF16, CAI_DTYPE_F32}, {CAI_DTYPE_F32, CAI_DTYPE_F32}};
+    for (int fam = 0; fam < 2; fam++)
+        for (int d = 0; d < 2; d++) {
+            cai_model_config c = fam ? tiny_llama() : tiny_gpt2();
+            c.param_dtype = dts[d][0];
+            c.act_dtype = dts[d][1];
+            frozen_ref f;
+            frozen_ref_make(&f, &c, 7);
+            cai_model_t *m = f.m;
+            size_t all = 0, kept = 0;
+            cai_model_memory(m, &all, NULL);
+            cai_tensor flat;
+            cai_model_flat(m, &flat, NULL, NULL);
+            const size_t n = (size_t)cai_tensor_numel(&flat);
+            OK(cai_model_keep_compute(m));
+            OK(cai_model_keep_compute(m)); /* twice: the same state */
+            cai_model_memory(m, &kept, NULL);
+            ck_assert_uint_eq(kept, n * cai_dtype_size(c.act_dtype));
+            ck_assert_uint_eq(all, n * (4 + (c.param_dtype != CAI_DTYPE_F32 ? cai_dtype_size(c.param_dtype) : 0) +
+                                        (c.act_dtype != c.param_dtype ? cai_dtype_size(c.act_dtype) : 0)));
+            for (int round = 0; round < 2; round++) {
+                frozen_ref_check(&f, round);
+                OK(cai_model_offload(m));
+                onload_allocates(m, 1, kept);
+            }
+            cai_tensor w;
+            const int gone = c.param_dtype != CAI_DTYPE_F32 || c.act_dtype != CAI_DTYPE_F32;
+            ck_assert_int_eq(cai_weights_compute_only(cai_model_weights(m)), gone);
+            if (gone) {
+                ck_assert_int_eq(cai_model_param(m, "wte.weight", &w, NULL), CAI_ERR_INVALID_ARG);
+                ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_keep_compute"));
+                cai_error_clear();
+                ck_assert_int_eq(cai_model_params_updated(m), CAI_ERR_INVALID_ARG);
+                ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_weights_keep_compute"));
+                cai_error_clear();
+                cai_model_flat(m, &flat, NULL, NULL);
+                ck_assert_int_eq(cai_tensor_numel(&flat), 0);
+            } else {
+                OK(cai_model_param(m, "wte.weight", &w, NULL)); /* F32 layers read the masters: kept */
+                OK(cai_model_params_updated(m));
+            }
+            frozen_ref_free(&f);
+            cai_model_t *t = make_model(&c, 2, c.max_seq_len);
+            ck_assert_int_eq(cai_model_keep_compute(t), CAI_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(cai_error_message(), "is trained"));
+            cai_error_clear();
+            cai_model_free(t);
+        }
+    /* layers that read the bf16 working copy keep it, bit for bit (this
+     * backend computes in f32, so the weights alone) */
+    cai_model_config c = tiny_llama();
+    c.param_dtype = c.act_dtype = CAI_DTYPE_BF16;
+    cai_rank_view v = cai_rank_view_single();
+    cai_weights_t *w = NULL;
+    OK(cai_weights_create(&w, dev, &c, &v, 0, 1));
+    cai_tensor wt;
+    OK(cai_weights_find(w, "h.0.attn.qkv.weight", 1, &wt));
+    const size_t nb = (size_t)cai_tensor_numel(&wt) * 2, all = cai_weights_device_bytes(w);
+    void *before = malloc(nb);
+    memcpy(before, wt.data, nb);
+    OK(cai_weights_keep_compute(w));
+    ck_assert_uint_eq(cai_weights_device_bytes(w) * 3, all); /* 2 of 6 bytes a parameter */
+    OK(cai_weights_find(w, "h.0.attn.qkv.weight", 1, &wt));
+    ck_assert(memcmp(before, wt.data, nb) == 0);
+    ck_assert_int_eq(cai_weights_find(w, "h.0.attn.qkv.weight", 0, &wt), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_weights_keep_compute"));
+    cai_error_clear();
+    free(before);
+    cai_weights_free(w);
 }
 END_TEST
 
@@ -1119,6 +1225,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, bf16_mixed_precision_tracks_f32);
     tcase_add_test(tc, bf16_working_weights_are_rounded_masters);
     tcase_add_test(tc, frozen_model_offload_and_onload_are_bit_exact);
+    tcase_add_test(tc, frozen_model_keeps_only_its_compute_copy);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -580,10 +580,23 @@ const cai_registry_t *cai_weights_registry(const cai_weights_t *w);
 const cai_rank_view *cai_weights_view(const cai_weights_t *w);
 cai_device_t *cai_weights_device(const cai_weights_t *w);
 size_t cai_weights_align_elems(const cai_weights_t *w);
-int cai_weights_have_storage(const cai_weights_t *w); /* 0 also while offloaded */
+int cai_weights_have_storage(const cai_weights_t *w); /* a copy the layers read; 0 also while offloaded */
 /* Device bytes of the storage (masters, working and compute copies); 0
  * without storage or while offloaded. */
 size_t cai_weights_device_bytes(const cai_weights_t *w);
+/* Weights that will not change again (a frozen model's, once loaded) need
+ * only the copy the layers read: this frees the F32 masters and the working
+ * copy where the compute copy is a buffer of its own (bf16 weights: 6
+ * bytes a parameter become 2). Afterwards the weights are read, offloaded
+ * and onloaded as before, but never written: loaders, updates and master
+ * views refuse, naming this call. A no-op where the layers read the F32
+ * masters. Not collective. */
+cai_status cai_weights_keep_compute(cai_weights_t *w);
+int cai_weights_compute_only(const cai_weights_t *w);
+/* CAI_OK when the F32 masters are on the device to be written (what a
+ * loader needs); otherwise an error that names `what` and the reason: no
+ * storage, offloaded, or compute only. */
+cai_status cai_weights_check_writable(const cai_weights_t *w, const char *what);
 /* Weights not needed for a while (an RL job's frozen reference and reward
  * model during rollouts and updates) can wait in pinned host memory:
  * offload copies the storage there (allocated at the first offload and kept
@@ -692,6 +705,11 @@ void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_byt
 cai_status cai_model_offload(cai_model_t *m);
 cai_status cai_model_onload(cai_model_t *m);
 int cai_model_offloaded(const cai_model_t *m);
+/* Once a frozen model with weights of its own is loaded, keep only the
+ * copy its layers read (cai_weights_keep_compute): forwards give the same
+ * bits, and master views and params_updated refuse from then on. Not
+ * collective. */
+cai_status cai_model_keep_compute(cai_model_t *m);
 /* The activation arena cai_model_create allocates for a rank whose
  * largest chunk has n_local layers (last: with the head) and `slots`
  * activation sets (cai_model_options.act_slots; 0 means 1) at (batch,
