@@ -392,7 +392,7 @@ void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_byt
     /* the storage (0 while offloaded) and the gradients */
     if (param_bytes)
         *param_bytes = m->external ? 0 : cai_weights_device_bytes(m->w) + (m->frozen ? 0 : m->n_flat * sizeof(float));
-    if (act_bytes) *act_bytes = m->act_bytes;
+    if (act_bytes) *act_bytes = m->offloaded ? 0 : m->act_bytes;
 }
 
 cai_model_options cai_model_options_default(const cai_model_config *cfg) {
@@ -1038,6 +1038,21 @@ static void rebind_compute(cai_model_t *m) {
         m->refs[i].w->data = m->compute ? (char *)m->compute + m->offsets[m->refs[i].index] * es : NULL;
 }
 
+/* The activation arena holds nothing between forwards of a frozen model:
+ * offloaded, it is given back; onloaded, allocated again and every view
+ * carved anew (the RoPE tables recomputed into the scratch). */
+static void release_acts(cai_model_t *m) {
+    for (int k = 0; k < m->n_slots; k++) cai_head_acts_release(&m->slots[k].head);
+    cai_device_arena_free(m->dev, &m->arena);
+}
+
+static cai_status restore_acts(cai_model_t *m) {
+    CAI_CALL(cai_device_arena_init(m->dev, &m->arena, m->act_bytes, "model activations"));
+    cai_status st = carve_all(m, &m->arena, NULL);
+    if (st != CAI_OK) release_acts(m);
+    return st;
+}
+
 /* Offload (to_host) or onload a frozen model with weights of its own. */
 static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
     CAI_CHECK_ARG(m, "%s: NULL model", what);
@@ -1045,7 +1060,18 @@ static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "%s: only a frozen model with weights of its own can wait in host memory (this one %s)", what,
                          !m->frozen ? "is trained" : "shares or binds its weights");
-    CAI_CALL(to_host ? cai_weights_offload(m->w) : cai_weights_onload(m->w));
+    if (m->offloaded == to_host) return CAI_OK;
+    if (to_host) {
+        CAI_CALL(cai_weights_offload(m->w)); /* synchronises: no forward still reads the arena */
+        release_acts(m);
+    } else {
+        CAI_CALL(restore_acts(m));
+        cai_status st = cai_weights_onload(m->w);
+        if (st != CAI_OK) {
+            release_acts(m);
+            return st;
+        }
+    }
     m->offloaded = to_host;
     rebind_compute(m);
     return CAI_OK;

@@ -153,9 +153,10 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
                   out->pipe + out->fp8 + out->frozen + out->rollout - out->host;
     if (out->frozen_on_host) {
-        /* rollouts: the pool, not the frozen weights; scoring: the weights, not the pool */
-        const size_t turn = out->frozen_weights > out->rollout ? out->frozen_weights : out->rollout;
-        out->device -= out->frozen_weights + out->rollout - turn;
+        /* rollouts: the pool, not the frozen models (weights and activation
+         * arenas); scoring: the frozen models, not the pool */
+        const size_t turn = out->frozen > out->rollout ? out->frozen : out->rollout;
+        out->device -= out->frozen + out->rollout - turn;
         out->host += out->frozen_weights;
     }
 done:
@@ -190,7 +191,8 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
     if (p->frozen && p->frozen_on_host) {
         fprintf(out, "  frozen models' weights       %10.2f MiB  host; device while they score\n",
                 mib(p->frozen_weights));
-        fprintf(out, "  frozen models' activations   %10.2f MiB  device\n", mib(p->frozen - p->frozen_weights));
+        fprintf(out, "  frozen models' activations   %10.2f MiB  device while they score\n",
+                mib(p->frozen - p->frozen_weights));
     } else if (p->frozen) fprintf(out, "  frozen models                %10.2f MiB  device\n", mib(p->frozen));
     if (p->rollout)
         fprintf(out, "  rollout KV pool              %10.2f MiB  device%s\n", mib(p->rollout),

@@ -896,10 +896,11 @@ static void onload_allocates(cai_model_t *m, uint64_t count, size_t bytes) {
     ck_assert_uint_eq(b1 - b0, bytes);
 }
 
-/* A frozen model lends its device memory out: offloaded, its weights are
- * gone from the device (the plan's bytes 0, a forward refused); onloaded,
- * they come back at new addresses, every view re-bound, and the forward
- * gives the same loss and logits bit for bit. A trained model refuses. */
+/* A frozen model lends its device memory out: offloaded, its weights and
+ * activation arena are gone from the device (the plan's bytes 0, a forward
+ * refused); onloaded, they come back at new addresses, every view re-bound
+ * or carved anew, and the forward gives the same loss and logits bit for
+ * bit. A trained model refuses. */
 START_TEST(frozen_model_offload_and_onload_are_bit_exact) {
     for (int fam = 0; fam < 2; fam++) {
         cai_model_config c = fam ? tiny_llama() : tiny_gpt2();
@@ -916,12 +917,14 @@ START_TEST(frozen_model_offload_and_onload_are_bit_exact) {
             OK(cai_model_offload(m));
             OK(cai_model_offload(m)); /* already offloaded: nothing to do */
             ck_assert(cai_model_offloaded(m));
-            cai_model_memory(m, &none, NULL);
+            size_t no_acts = 1;
+            cai_model_memory(m, &none, &no_acts);
             ck_assert_uint_eq(none, 0);
+            ck_assert_uint_eq(no_acts, 0); /* the activation arena went too */
             ck_assert_int_eq(cai_model_forward(m, f.tok, f.tgt, &l1), CAI_ERR_INVALID_ARG);
             ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_onload"));
             cai_error_clear();
-            onload_allocates(m, 3, held);
+            onload_allocates(m, 4, held + acts); /* masters, working and compute copies, the arena */
             frozen_ref_check(&f, round);
         }
         frozen_ref_free(&f);
@@ -950,8 +953,8 @@ START_TEST(frozen_model_keeps_only_its_compute_copy) {
             frozen_ref f;
             frozen_ref_make(&f, &c, 7);
             cai_model_t *m = f.m;
-            size_t all = 0, kept = 0;
-            cai_model_memory(m, &all, NULL);
+            size_t all = 0, kept = 0, acts = 0;
+            cai_model_memory(m, &all, &acts);
             cai_tensor flat;
             cai_model_flat(m, &flat, NULL, NULL);
             const size_t n = (size_t)cai_tensor_numel(&flat);
@@ -964,7 +967,7 @@ START_TEST(frozen_model_keeps_only_its_compute_copy) {
             for (int round = 0; round < 2; round++) {
                 frozen_ref_check(&f, round);
                 OK(cai_model_offload(m));
-                onload_allocates(m, 1, kept);
+                onload_allocates(m, 2, kept + acts); /* the compute copy, the arena */
             }
             cai_tensor w;
             const int gone = c.param_dtype != CAI_DTYPE_F32 || c.act_dtype != CAI_DTYPE_F32;

@@ -224,11 +224,12 @@ START_TEST(frozen_models_match_the_model) {
 }
 END_TEST
 
-/* Frozen models on the host: their weights and the rollout KV pool take
- * turns in device memory (the larger of the two counts, not both) and the
- * weights' copy is host memory. On a GPU a limit between the two plans is
- * met by offering placement.frozen=host; on the host device, where both
- * sides are the same RAM, the placement saves nothing and is not offered. */
+/* Frozen models on the host: they (weights and activation arenas) and the
+ * rollout KV pool take turns in device memory (the larger of the two
+ * counts, not both) and the weights' copy is host memory. On a GPU a limit
+ * between the two plans is met by offering placement.frozen=host; on the
+ * host device, where both sides are the same RAM, only what the turns save
+ * counts. */
 START_TEST(frozen_on_host_takes_turns_with_the_pool) {
     for (int f = 0; f < 2; f++) {
         cai_model_config c = small_model(f ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2);
@@ -239,8 +240,8 @@ START_TEST(frozen_on_host_takes_turns_with_the_pool) {
         r.frozen_models = 2;
         size_t pb = 0, ab = 0;
         frozen_model_bytes(&c, &r, &pb, &ab);
-        /* a pool smaller, then larger than the two models' weights */
-        const size_t pools[2] = {pb / 2, 5 * pb};
+        /* a pool smaller, then larger than the two models (weights and activations) */
+        const size_t pools[2] = {pb / 2, 5 * (pb + ab)};
         for (int k = 0; k < 2; k++) {
             r.rollout_bytes = pools[k];
             r.frozen_on_host = 0;
@@ -251,8 +252,8 @@ START_TEST(frozen_on_host_takes_turns_with_the_pool) {
             ck_assert_uint_eq(host_p.frozen_weights, 2 * pb);
             ck_assert_uint_eq(host_p.frozen, 2 * (pb + ab));
             ck_assert_int_eq(host_p.frozen_on_host, 1);
-            const size_t turn = 2 * pb > pools[k] ? 2 * pb : pools[k];
-            ck_assert_uint_eq(host_p.device, dev_p.device - 2 * pb - pools[k] + turn);
+            const size_t frozen = 2 * (pb + ab), turn = frozen > pools[k] ? frozen : pools[k];
+            ck_assert_uint_eq(host_p.device, dev_p.device - frozen - pools[k] + turn);
             ck_assert_uint_eq(host_p.host, dev_p.host + 2 * pb);
             /* a limit only the turns meet: offered */
             r.frozen_on_host = 0;
@@ -276,15 +277,25 @@ START_TEST(frozen_on_host_takes_turns_with_the_pool) {
         cai_mem_plan none;
         OK(cai_mem_plan_compute(&r, &none));
         ck_assert_int_eq(none.frozen_on_host, 0);
-        /* the host device: not offered */
-        cai_mem_plan_request h = request(c, 0, 0, 1);
-        h.frozen_models = 2;
-        h.rollout_bytes = 5 * pb;
-        cai_mem_plan hp;
-        OK(cai_mem_plan_compute(&h, &hp));
-        ck_assert_int_eq(cai_mem_plan_check(&h, &hp, hp.device + hp.host - 1, 0), CAI_ERR_NOMEM);
-        ck_assert_msg(strstr(cai_error_message(), "placement.frozen") == NULL, "%s", cai_error_message());
-        cai_error_clear();
+        /* the host device, one RAM for both sides: a pool smaller than the
+         * weights saves nothing by taking turns (not offered); a larger
+         * one saves the activation arenas (offered, with that total) */
+        for (int k = 0; k < 2; k++) {
+            cai_mem_plan_request h = request(c, 0, 0, 1);
+            h.frozen_models = 2;
+            h.rollout_bytes = pools[k];
+            cai_mem_plan hp, hh;
+            OK(cai_mem_plan_compute(&h, &hp));
+            h.frozen_on_host = 1;
+            OK(cai_mem_plan_compute(&h, &hh));
+            h.frozen_on_host = 0;
+            const size_t total = hp.device + hp.host, turns = hh.device + hh.host;
+            ck_assert_int_eq(cai_mem_plan_check(&h, &hp, (k ? turns : total - 1), 0), CAI_ERR_NOMEM);
+            ck_assert_msg((strstr(cai_error_message(), "placement.frozen=host") != NULL) == k, "%s",
+                          cai_error_message());
+            cai_error_clear();
+            if (k) ck_assert_uint_eq(turns, total - 2 * ab);
+        }
     }
 }
 END_TEST

@@ -694,14 +694,16 @@ cai_status cai_model_chunk(const cai_model_t *m, int chunk, int *layer_begin, in
  * other slots meanwhile. The parameter gradients and d_stream are shared. */
 cai_status cai_model_select(cai_model_t *m, int chunk, int slot);
 int cai_model_slot_count(const cai_model_t *m);
-/* Bytes of parameters+grads+working copies (0 while offloaded) and of
- * activations (for logs and the memory plan's checks). */
+/* Bytes of parameters+grads+working copies and of activations (for logs
+ * and the memory plan's checks); both 0 while offloaded. */
 void cai_model_memory(const cai_model_t *m, size_t *param_bytes, size_t *act_bytes);
 /* A frozen model with weights of its own (an RL reference or reward
  * model) lends its device memory out between uses: offload moves the
  * weights to host memory (cai_weights_offload) and unbinds every view, so a
  * forward fails until onload brings them back and re-binds the views. The
- * activation buffers stay. Not collective. */
+ * activation arena, which holds nothing between forwards, is given back
+ * with them and allocated again (new addresses: views of it taken before
+ * onload are stale). Not collective. */
 cai_status cai_model_offload(cai_model_t *m);
 cai_status cai_model_onload(cai_model_t *m);
 int cai_model_offloaded(const cai_model_t *m);

@@ -257,7 +257,7 @@ typedef struct {
     size_t frozen;         /* frozen models beside the trained one (cai_mem_plan_request.frozen_models) */
     size_t frozen_weights; /* of frozen: their weights (the rest is their activations) */
     size_t rollout;        /* an inference engine's KV pool (cai_mem_plan_request.rollout_bytes) */
-    int frozen_on_host;    /* frozen_weights and rollout take turns in device memory (the request's) */
+    int frozen_on_host;    /* frozen and rollout take turns in device memory; frozen_weights wait in host memory */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
