@@ -618,14 +618,17 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         CAI_CALL(take_item((uint64_t)c->seed, n_set, (step - 1) * c->prompts + (int64_t)r * P + p, &items[p]));
     rl_sample *smp = NULL;
     CAI_CALL(cai_calloc((void **)&smp, (size_t)rows, sizeof *smp, "rollouts"));
-    const double t0 = cai_time_now();
+    /* rollout_s, score_s and update_s leave out the swaps between the
+     * phases (placement_s) */
     int64_t gen_tokens = 0;
     j->swap_s = 0;
     cai_status s = enter_phase(j, RL_PHASE_ROLLOUT);
+    const double t0 = cai_time_now();
     if (s == CAI_OK) s = rollout(j, j->prompt_train, items, P, G, 0, step, smp, &gen_tokens);
     note_memory(j, run, RL_PHASE_ROLLOUT);
     const double t_roll = cai_time_now() - t0;
     if (s == CAI_OK) s = enter_phase(j, RL_PHASE_SCORE);
+    const double t_s0 = cai_time_now();
     uint8_t keep[P > 0 ? P : 1];
     /* reward sum, reward^2 sum, exact sum, response tokens, samples, kept groups, reward model score sum */
     double rs[7] = {0, 0, 0, 0, 0, 0, 0};
@@ -688,7 +691,6 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
     CAI_CALL(cai_allreduce(cai_run_mesh(run), CAI_AXIS_DP, g, g, 8, CAI_DTYPE_F64, CAI_RED_SUM));
     j->global_count = g[0];
     j->count_scale = (double)j->n_micro * dp;
-    const double t1 = cai_time_now();
     /* the old policy (several passes, or ppo's values) and the reference */
     const int need_old = c->passes > 1 || c->algo == RL_PPO;
     if (need_old) {
@@ -701,7 +703,9 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         memcpy(j->ref_logp, j->rec, (size_t)R * T * sizeof(float));
     }
     note_memory(j, run, RL_PHASE_SCORE);
+    const double t_score = cai_time_now() - t_s0;
     CAI_CALL(enter_phase(j, RL_PHASE_UPDATE));
+    const double t1 = cai_time_now();
     if (c->algo == RL_PPO) {
         float *tr = j->rec; /* token rewards; rec is free again */
         CAI_CALL(cai_rl_token_rewards((int)R, T, j->scores, j->old_logp, c->kl_coef > 0 ? j->ref_logp : j->old_logp,
@@ -750,12 +754,12 @@ static cai_status policy_step(rl_job *j, cai_run_t *run, int64_t step, cai_step_
         run,
         "\"kind\":\"rl\",\"algo\":\"%s\",\"step\":%lld,\"loss\":%.9g,\"reward_mean\":%.9g%s,\"reward_std\":%.6f,"
         "\"accuracy\":%.6f,\"response_len\":%.3f,\"kl\":%.6g,\"clip_fraction\":%.6f,\"value_clip_fraction\":%.6f,"
-        "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"update_s\":%.4f,"
+        "\"neg_logp\":%.6f,\"groups_kept\":%.0f,\"groups\":%d,\"rollout_s\":%.4f,\"score_s\":%.4f,\"update_s\":%.4f,"
         "\"rollout_tokens_per_s\":%.1f,\"update_tokens_per_s\":%.1f,\"sampler_logp_diff_max\":%s,"
         "\"ratio_dev_max\":%.3g%s",
         rl_algo_names[c->algo], (long long)step, (double)st->loss, mean, rm_mean, sqrt(var > 0 ? var : 0), g[3] / n,
         g[4] / n, tk > 0 ? j->sums.kl / tk : 0, tk > 0 ? j->sums.clip / tk : 0, tk > 0 ? j->sums.vclip / tk : 0,
-        tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_upd,
+        tk > 0 ? j->sums.nlogp / tk : 0, g[6], c->prompts, t_roll, t_score, t_upd,
         t_roll > 0 ? (double)gen_tokens * dp / t_roll : 0, t_upd > 0 ? upd_tokens / t_upd : 0, samp, dev[1], mem);
     return CAI_OK;
 }

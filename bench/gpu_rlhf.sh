@@ -40,12 +40,12 @@ grep -E '^(colossal-rlhf|model|rollouts|batch|placement|  (frozen|rollout KV|tot
 python3 - "$out/run/metrics.jsonl" <<'PYEOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"kind":"rl"' in l]
-print("| step | rollout s | generated tokens/s | response len | update s | update tokens/s "
+print("| step | rollout s | generated tokens/s | response len | score s | update s | update tokens/s "
       "| GPU MiB in use after rollout / scoring / update | placement s |")
-print("|---:|---:|---:|---:|---:|---:|---|---:|")
+print("|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for r in rows:
     mem = " / ".join("%.0f" % m for m in r.get("device_used_mib", []))
-    print("| %d | %.3f | %.0f | %.1f | %.3f | %.0f | %s | %.4f |" % (
-        r["step"], r["rollout_s"], r["rollout_tokens_per_s"], r["response_len"], r["update_s"],
+    print("| %d | %.3f | %.0f | %.1f | %.3f | %.3f | %.0f | %s | %.4f |" % (
+        r["step"], r["rollout_s"], r["rollout_tokens_per_s"], r["response_len"], r["score_s"], r["update_s"],
         r["update_tokens_per_s"], mem, r.get("placement_s", 0)))
 PYEOF
