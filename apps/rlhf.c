@@ -176,12 +176,12 @@ static cai_status check_config(const rl_config *c, int world, cai_layout *L) {
                          "of grpo and ppo only",
                          rl_algo_names[c->algo]);
     if (is_policy(c)) {
-        if (c->tr.zero_stage != 0 || c->tr.zero_offload)
+        if (c->tr.zero_stage > RL_POLICY_MAX_ZERO)
             return CAI_ERROR(CAI_ERR_UNSUPPORTED,
-                             "rlhf.algo=%s with zero.stage=%d zero.offload=%s: rollouts read the policy's weights "
-                             "in place, which ZeRO stages >= 1 and offload keep sharded or on the host; use "
-                             "zero.stage=0 (rm and dpo take every stage)",
-                             rl_algo_names[c->algo], c->tr.zero_stage, c->tr.zero_offload ? "true" : "false");
+                             "rlhf.algo=%s with zero.stage=%d: rollouts read the policy's whole working weights in "
+                             "place, which zero.stage=3 keeps sharded; use zero.stage <= %d (with zero.offload if "
+                             "memory is short; rm and dpo take every stage)",
+                             rl_algo_names[c->algo], c->tr.zero_stage, RL_POLICY_MAX_ZERO);
         if (c->prompts % L->dp != 0)
             return CAI_ERROR(CAI_ERR_CONFIG,
                              "rollout.prompts=%d is not a multiple of mesh.dp=%d (each replica "
@@ -533,7 +533,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
                               .dev = cai_run_device(run),
                               .frozen_models = want_ref + (*c->reward_model != 0),
                               .rollout_bytes = kv,
-                              .zero_fixed = is_policy(c),
+                              .zero_max_stage = is_policy(c) ? RL_POLICY_MAX_ZERO : 0,
                               .frozen_on_host = c->placement == RL_PLACE_HOST};
     if (c->placement == RL_PLACE_AUTO && is_policy(c) && q.frozen_models > 0 && !cai_run_plan_fits(run, &q)) {
         cai_mem_plan_request h = q;
@@ -595,7 +595,9 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         eo.max_batch = c->prompts / dp * c->group;
         eo.eos_id = j->eos;
         eo.seed = (uint64_t)c->seed;
-        CAI_CALL(cai_engine_create(&j->gen, cai_model_weights(j->eng.model),
+        /* stage 0: the model's own working weights; 1-2: the ZeRO engine's (stage 3 is refused) */
+        if (c->tr.zero_stage > 0) CAI_CALL(cai_zero_working_weights(j->eng.zero, &j->gen_w));
+        CAI_CALL(cai_engine_create(&j->gen, j->gen_w ? j->gen_w : cai_model_weights(j->eng.model),
                                    cai_mesh_size(cai_run_mesh(run), CAI_AXIS_TP) > 1 ? cai_run_mesh(run) : NULL, &eo));
         if (j->bpe) cai_engine_set_decoder(j->gen, decode_text, j->bpe);
         j->sp = cai_sampling_default();
@@ -644,6 +646,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
 
 static void job_free(rl_job *j) {
     cai_engine_free(j->gen);
+    cai_weights_free(j->gen_w);
     cai_rl_head_free(j->head);
     cai_rl_head_free(j->rm_head);
     cai_model_free(j->rm);

@@ -15,6 +15,8 @@
 
 enum { RL_RM = 0, RL_DPO, RL_GRPO, RL_PPO, RL_ALGO_COUNT };
 enum { RL_PLACE_AUTO = 0, RL_PLACE_DEVICE, RL_PLACE_HOST };
+/* grpo and ppo: rollouts read whole working weights, which stage 3 shards */
+enum { RL_POLICY_MAX_ZERO = 2 };
 extern const char *const rl_algo_names[];
 
 typedef struct {
@@ -82,6 +84,7 @@ typedef struct {
     cai_model_t *ref;            /* frozen reference (dpo; grpo and ppo with a KL term) */
     cai_rl_head_t *head;         /* rm: the reward head; ppo: the value head */
     cai_engine_t *gen;           /* grpo, ppo: rollouts over the policy's weights */
+    cai_weights_t *gen_w;        /* zero.stage 1-2: the ZeRO engine's working weights the rollouts read */
     cai_app_model_source rm_src; /* reward.model: the rm checkpoint */
     float *rm_w;                 /* its score head's weight, read before anything is built */
     cai_model_t *rm;             /* the frozen reward model (the policy's architecture) */

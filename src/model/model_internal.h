@@ -26,6 +26,7 @@ struct cai_weights {
     void *host;       /* cai_weights_offload: the three in pinned host memory (kept for the next offload) */
     int offloaded;    /* the device holds none of them */
     int compute_only; /* cai_weights_keep_compute: the masters and working copy are gone */
+    int bound;        /* cai_weights_bind_compute: compute is another owner's (never freed here) */
 };
 
 /* A block's parameters by name suffix ("h.<l>.<suffix>") and field. */

@@ -98,6 +98,11 @@ cai_status cai_weights_check_writable(const cai_weights_t *w, const char *what) 
     CAI_CHECK_ARG(w, "%s: NULL weights", what);
     if (w->offloaded)
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: the weights wait in host memory (onload them first)", what);
+    if (w->bound)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "%s: the weights are views of storage another owns (a ZeRO engine's working weights, "
+                         "cai_weights_bind_compute); write through their owner",
+                         what);
     if (w->compute_only)
         return CAI_ERROR(CAI_ERR_INVALID_ARG,
                          "%s: the weights keep only the copy the layers read (cai_weights_keep_compute); "
@@ -139,8 +144,31 @@ cai_status cai_weights_keep_compute(cai_weights_t *w) {
     return CAI_OK;
 }
 
+cai_status cai_weights_bind_compute(cai_weights_t *w, void *compute, const size_t *offsets) {
+    CAI_CHECK_ARG(w && compute && offsets, "cai_weights_bind_compute: NULL argument");
+    if (w->master || w->compute || w->offloaded)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_weights_bind_compute: the weights object has storage of its own");
+    for (int i = 0; i < w->n_params; i++)
+        if ((w->offsets[i] == SIZE_MAX) != (offsets[i] == SIZE_MAX))
+            return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                             "cai_weights_bind_compute: parameter '%s' is %s here but %s in the storage bound",
+                             cai_registry_param(w->reg, i)->name, w->offsets[i] == SIZE_MAX ? "not held" : "held",
+                             offsets[i] == SIZE_MAX ? "absent" : "present");
+    for (int i = 0; i < w->n_params; i++) w->offsets[i] = offsets[i];
+    /* An owner that updates only a tie's primary (ZeRO) leaves the copy
+     * stale: every tie copy held here reads its primary. */
+    for (int i = 0; i < w->n_params; i++) {
+        const int p = w->offsets[i] == SIZE_MAX ? -1 : cai_weights_local_tie_primary(w, i);
+        if (p >= 0) w->offsets[i] = w->offsets[p];
+    }
+    w->compute = compute;
+    w->bound = 1;
+    w->compute_only = 1;
+    return CAI_OK;
+}
+
 size_t cai_weights_device_bytes(const cai_weights_t *w) {
-    if (!w || !w->compute) return 0;
+    if (!w || !w->compute || w->bound) return 0;
     size_t b[3];
     storage_parts(w, b);
     return b[0] + b[1] + b[2];
@@ -150,6 +178,10 @@ cai_status cai_weights_offload(cai_weights_t *w) {
     CAI_CHECK_ARG(w, "cai_weights_offload: NULL weights");
     if (w->offloaded) return CAI_OK;
     if (!w->compute) return CAI_ERROR(CAI_ERR_INVALID_ARG, "cai_weights_offload: the weights object has no storage");
+    if (w->bound)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_weights_offload: the weights are views of storage another owns "
+                         "(cai_weights_bind_compute)");
     cai_device_t *dev = w->dev;
     size_t b[3];
     storage_parts(w, b);

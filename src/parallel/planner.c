@@ -227,18 +227,19 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
     size_t used = 1;
     char name[128];
     cai_mem_plan_request r;
-    for (int s = req->zero_fixed ? 4 : req->zero.stage + 1; s <= 3; s++) {
+    const int max_stage = req->zero_max_stage > 0 ? req->zero_max_stage : 3;
+    for (int s = req->zero.stage + 1; s <= max_stage; s++) {
         r = *req;
         r.zero.stage = s;
         snprintf(name, sizeof name, "zero.stage=%d", s);
         used += try_variant(&r, device_limit, host_limit, name, sug + used, sizeof sug - used, used == 1);
     }
-    if (!req->zero.offload && !req->zero_fixed) {
+    if (!req->zero.offload) {
         r = *req;
         r.zero.offload = 1;
         used +=
             try_variant(&r, device_limit, host_limit, "zero.offload=true", sug + used, sizeof sug - used, used == 1);
-        if (req->zero.stage < 3) {
+        if (req->zero.stage < 3 && max_stage == 3) {
             r.zero.stage = 3;
             used += try_variant(&r, device_limit, host_limit, "zero.stage=3 with zero.offload=true", sug + used,
                                 sizeof sug - used, used == 1);

@@ -106,6 +106,30 @@ void cai_zero_model_options(const cai_zero_config *c, cai_model_options *mo) { m
 
 const cai_zero_config *cai_zero_get_config(const cai_zero_t *z) { return &z->cfg; }
 cai_model_t *cai_zero_model(const cai_zero_t *z) { return z->model; }
+
+cai_status cai_zero_working_weights(cai_zero_t *z, cai_weights_t **out) {
+    CAI_CHECK_ARG(z && out, "cai_zero_working_weights: NULL argument");
+    *out = NULL;
+    if (z->L.stage == 0)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG,
+                         "cai_zero_working_weights: at zero.stage=0 the working weights are the model's own "
+                         "(cai_model_weights)");
+    if (z->L.stage == 3)
+        return CAI_ERROR(CAI_ERR_UNSUPPORTED,
+                         "cai_zero_working_weights: zero.stage=3 keeps a shard of the working weights on each rank, "
+                         "not the whole; use zero.stage <= 2");
+    const cai_weights_t *mw = cai_model_weights(z->model);
+    cai_weights_t *w = NULL;
+    CAI_CALL(
+        cai_weights_create(&w, z->dev, cai_weights_config(mw), cai_weights_view(mw), cai_weights_align_elems(mw), 0));
+    cai_status st = cai_weights_bind_compute(w, z->W, z->L.eoff);
+    if (st != CAI_OK) {
+        cai_weights_free(w);
+        return st;
+    }
+    *out = w;
+    return CAI_OK;
+}
 int64_t cai_zero_step_count(const cai_zero_t *z) { return z->step; }
 void cai_zero_set_step_count(cai_zero_t *z, int64_t step) { z->step = step < 0 ? 0 : step; }
 

@@ -1,15 +1,16 @@
 #!/bin/sh
 # colossal-rlhf end to end on CPU with nothing downloaded (docs/rlhf.md): a
-# tiny pretrained GPT-2 and the embedded arithmetic (colossal-data
-# rl-example) under each algorithm. Data parallelism gives one rank's
-# numbers (rm, dpo, grpo: 2 ranks x 1 microbatch against 1 rank x 2), DPO
-# starts at log 2 (policy = reference), a stopped GRPO run and a stopped
-# reward-model run (its head in the checkpoint) resume to the uninterrupted
-# run's rewards and losses, PPO trains, PPO scored by the reward model
-# trained here rewards its scores (alone, and weighted beside exact match),
-# gives the same run with its frozen models waiting in host memory, and
-# resumes to the same rewards, and bad input is refused naming what is
-# wrong.
+# tiny pretrained GPT-2 and the embedded arithmetic (colossal-data rl-example)
+# under each algorithm. Data parallelism gives one rank's numbers (rm, dpo,
+# grpo: 2 ranks x 1 microbatch against 1 rank x 2), DPO starts at log 2
+# (policy = reference), a stopped GRPO run and a stopped reward-model run (its
+# head in the checkpoint) resume to the uninterrupted run's rewards and
+# losses, GRPO at ZeRO-1, at ZeRO-2 with offload and at ZeRO-2 under tp 2
+# gives the stage-0 run's (the rollouts read the ZeRO engine's working
+# weights), PPO trains, PPO scored by the reward model trained here rewards
+# its scores (alone, and weighted beside exact match), gives the same run with
+# its frozen models waiting in host memory, and resumes to the same rewards,
+# and bad input is refused naming what is wrong.
 . "$top_srcdir/tests/apps/sft_lib.sh"
 RLHF_BIN="$top_builddir/apps/colossal-rlhf"
 sft_setup
@@ -125,9 +126,14 @@ expect_grep out '^eval at step 0 \| held-out exact match [0-9]+/8'
 # the training forward scores exactly the tokens the engine drew, at the
 # positions it drew them (its log-probs agree with the engine's), and the
 # single pass over each batch starts at ratio 1
-rl sampler_logp_diff_max "$TMP/g1/metrics.jsonl" | awk '{if (!($2 < 1e-4)) bad=1; n++}
-    END{printf "grpo: %d steps, sampler vs training log-prob max %s\n", n, $2; exit !(n=='"$GS"' && !bad)}' ||
-    fail "grpo: the training forward's log-probs are not the sampled tokens' (sampler_logp_diff_max >= 1e-4)"
+# sampler_agrees RUN WHAT: every step's training forward scores the tokens
+# the engine drew with the engine's log-probs (within 1e-4)
+sampler_agrees() {
+    rl sampler_logp_diff_max "$TMP/$1/metrics.jsonl" | awk -v w="$2" '{if (!($2 < 1e-4)) bad=1; n++}
+        END{printf "%s: %d steps, sampler vs training log-prob max %s\n", w, n, $2; exit !(n=='"$GS"' && !bad)}' ||
+        fail "$2: the training forward's log-probs are not the sampled tokens' (sampler_logp_diff_max >= 1e-4)"
+}
+sampler_agrees g1 grpo
 rl ratio_dev_max "$TMP/g1/metrics.jsonl" | awk -v want="$GS" '{if ($2 != 0) bad=1; n++} END{exit !(n==want && !bad)}' ||
     fail "grpo: the first pass's ratio is not exactly 1"
 # shellcheck disable=SC2086
@@ -135,6 +141,30 @@ run_rl 2 $G --run.dir "$TMP/g2"
 expect_ok
 close reward_mean "$TMP/g1/metrics.jsonl" "$TMP/g2/metrics.jsonl" "grpo, 1 vs 2 ranks"
 close loss "$TMP/g1/metrics.jsonl" "$TMP/g2/metrics.jsonl" "grpo, 1 vs 2 ranks"
+if [ "$SAN" != 1 ]; then
+    # ZeRO-1, and ZeRO-2 with its optimizer on the host: the rollouts read
+    # the ZeRO engine's whole working weights in place, refreshed every
+    # step, and give the stage-0 run's rewards and losses
+    for z in 1 2; do
+        off=false
+        [ "$z" = 2 ] && off=true
+        # shellcheck disable=SC2086
+        run_rl 2 $G --zero.stage $z --zero.offload $off --run.dir "$TMP/gz$z"
+        expect_ok
+        sampler_agrees "gz$z" "grpo, zero.stage=$z" # the rollouts read this step's weights
+        close reward_mean "$TMP/g2/metrics.jsonl" "$TMP/gz$z/metrics.jsonl" "grpo, zero.stage=$z offload=$off"
+        close loss "$TMP/g2/metrics.jsonl" "$TMP/gz$z/metrics.jsonl" "grpo, zero.stage=$z offload=$off"
+    done
+    # and under tp 2, where each rank's working weights are its shards
+    for z in 0 2; do
+        # shellcheck disable=SC2086
+        run_rl 2 $G --mesh.tp 2 --zero.stage $z --run.dir "$TMP/gt$z"
+        expect_ok
+    done
+    sampler_agrees gt2 "grpo, tp 2, zero.stage=2"
+    close reward_mean "$TMP/gt0/metrics.jsonl" "$TMP/gt2/metrics.jsonl" "grpo, tp 2, zero.stage=2"
+    close loss "$TMP/gt0/metrics.jsonl" "$TMP/gt2/metrics.jsonl" "grpo, tp 2, zero.stage=2"
+fi
 # killed after the middle step (its checkpoint) and resumed: the same
 # rollouts, rewards and losses as the uninterrupted run
 # shellcheck disable=SC2086
@@ -275,13 +305,13 @@ expect_rc 2
 expect_grep out '^  frozen models +[0-9.]+ MiB  device'
 expect_grep out '^  rollout KV pool +64.00 MiB  device'
 expect_grep err 'memory plan: .*frozen models [0-9.]+, rollout KV pool 64.0\) exceeds .* rollout.kv_memory=[0-9]+MiB'
-expect_no_grep err 'zero\.(stage|offload)=' "grpo's refusal offers ZeRO stages or offload, which grpo refuses"
+expect_no_grep err 'zero\.stage=3' "grpo's refusal offers zero.stage=3, which grpo refuses"
 
 # Bad input
 # shellcheck disable=SC2086
-run_rl 1 --rlhf.algo grpo $RL $PROMPTS --zero.stage 1 --run.dir "$TMP/bad"
+run_rl 1 --rlhf.algo grpo $RL $PROMPTS --zero.stage 3 --run.dir "$TMP/bad"
 expect_rc 2
-expect_grep err 'zero.stage=1.*rollouts read the policy'"'"'s weights in place'
+expect_grep err 'zero.stage=3.*rollouts read the policy'"'"'s whole working weights in place'
 # shellcheck disable=SC2086
 run_rl 1 --rlhf.algo grpo $RL $PROMPTS --reward.functions exact_match,no_such_reward --run.dir "$TMP/bad"
 expect_rc 2

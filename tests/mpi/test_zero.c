@@ -277,6 +277,75 @@ START_TEST(stage3_holds_a_fraction_of_the_weights) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ working weights */
+
+/* Every held parameter's compute view of two weights objects, bit for bit. */
+static void same_compute_views(const cai_weights_t *a, const cai_weights_t *b, const char *what) {
+    const cai_registry_t *reg = cai_weights_registry(a);
+    for (int i = 0; i < cai_registry_count(reg); i++) {
+        if (cai_weights_held(a, i) < 0) continue;
+        cai_tensor x, y;
+        CK_CAI(cai_weights_param_view(a, i, 1, &x));
+        CK_CAI(cai_weights_param_view(b, i, 1, &y));
+        const size_t n = (size_t)cai_tensor_numel(&x) * cai_dtype_size(x.dtype);
+        ck_assert_msg(n == (size_t)cai_tensor_numel(&y) * cai_dtype_size(y.dtype) && memcmp(x.data, y.data, n) == 0,
+                      "%s: '%s' differs", what, cai_registry_param(reg, i)->name);
+    }
+}
+
+/* Stages 1 and 2 (with and without offload) lend their whole working
+ * weights to a weights object without a copy: after every step it reads
+ * what a stage-0 run's model reads, a tied head included (ZeRO refreshes
+ * only the embedding). It is read-only and owns no device memory; stage 0
+ * and 3 are refused, naming why. */
+START_TEST(working_weights_follow_every_step) {
+    t_begin();
+    for (int fam = 0; fam < 2; fam++)
+        for (int k = 0; k < 3; k++) {
+            const int stage = k == 0 ? 1 : 2, offload = k == 2;
+            eq_row r0 = base_row(fam ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2, 0), rz = r0;
+            rz.stage = stage;
+            rz.offload = offload;
+            rig a, z;
+            rig_up(&a, &r0, 1);
+            rig_up(&z, &rz, 1);
+            cai_weights_t *w = NULL;
+            CK_CAI(cai_zero_working_weights(z.z, &w));
+            ck_assert_uint_eq(cai_weights_device_bytes(w), 0);
+            char what[96];
+            for (int step = 0; step < 3; step++) {
+                snprintf(what, sizeof what, "family %d stage %d offload %d step %d", fam, stage, offload, step);
+                same_compute_views(cai_model_weights(a.m), w, what);
+                cai_step_stats ss;
+                rig_step(&a, &r0, step, NULL, &ss);
+                rig_step(&z, &rz, step, NULL, &ss);
+            }
+            same_compute_views(cai_model_weights(a.m), w, what);
+            ck_assert_int_eq(cai_weights_updated(w), CAI_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(cai_error_message(), "write through their owner"));
+            cai_error_clear();
+            ck_assert_int_eq(cai_weights_offload(w), CAI_ERR_INVALID_ARG);
+            cai_error_clear();
+            cai_weights_free(w);
+            /* stage 0's are the model's own */
+            ck_assert_int_eq(cai_zero_working_weights(a.z, &w), CAI_ERR_INVALID_ARG);
+            ck_assert_ptr_nonnull(strstr(cai_error_message(), "cai_model_weights"));
+            cai_error_clear();
+            rig_down(&z);
+            rig_down(&a);
+        }
+    eq_row r3 = base_row(CAI_MODEL_GPT2, 3);
+    rig g;
+    rig_up(&g, &r3, 1);
+    cai_weights_t *w = NULL;
+    ck_assert_int_eq(cai_zero_working_weights(g.z, &w), CAI_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "zero.stage=3"));
+    cai_error_clear();
+    rig_down(&g);
+    t_end("working_weights_follow_every_step");
+}
+END_TEST
+
 /* ------------------------------------------------------------ loss scaling */
 
 START_TEST(loss_scaler_state_machine) {
@@ -766,6 +835,7 @@ int main(int argc, char **argv) {
     const TTest *tests[] = {shards_cover_every_element_once,
                             buckets_reduce_during_backward_on_the_last_microbatch,
                             stage3_holds_a_fraction_of_the_weights,
+                            working_weights_follow_every_step,
                             loss_scaler_state_machine,
                             f16_overflow_skips_the_step_on_every_rank,
                             f16_tracks_f32,

@@ -420,12 +420,16 @@ START_TEST(refusal_names_what_would_fit) {
     ck_assert_int_eq(cai_mem_plan_check(&big, &p, p.device / 2, 0), CAI_ERR_NOMEM);
     ck_assert_msg(strstr(cai_error_message(), "train.micro_batch=") != NULL, "%s", cai_error_message());
     cai_error_clear();
-    /* A caller bound to its ZeRO stage and offload is offered neither. */
-    cai_mem_plan_request fixed = r;
-    fixed.zero_fixed = 1;
-    OK(cai_mem_plan_compute(&fixed, &p));
-    ck_assert_int_eq(cai_mem_plan_check(&fixed, &p, total / 2, 0), CAI_ERR_NOMEM);
-    ck_assert_msg(strstr(cai_error_message(), "zero.") == NULL, "%s", cai_error_message());
+    /* A caller that runs stages up to 2 is offered none above (but the
+     * stages up to it and offload, where they fit). */
+    cai_mem_plan_request capped = r;
+    capped.zero_max_stage = 2;
+    OK(cai_mem_plan_compute(&capped, &p));
+    ck_assert_int_eq(cai_mem_plan_check(&capped, &p, total / 2, 0), CAI_ERR_NOMEM);
+    ck_assert_msg(strstr(cai_error_message(), "zero.stage=3") == NULL, "%s", cai_error_message());
+    cai_error_clear();
+    ck_assert_int_eq(cai_mem_plan_check(&capped, &p, p.device - p.optim / 2, 0), CAI_ERR_NOMEM);
+    ck_assert_msg(strstr(cai_error_message(), "zero.stage=1") != NULL, "%s", cai_error_message());
     cai_error_clear();
     /* Nothing fits. */
     ck_assert_int_eq(cai_mem_plan_check(&r, &p, 1024, 0), CAI_ERR_NOMEM);

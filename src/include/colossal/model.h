@@ -593,6 +593,14 @@ size_t cai_weights_device_bytes(const cai_weights_t *w);
  * masters. Not collective. */
 cai_status cai_weights_keep_compute(cai_weights_t *w);
 int cai_weights_compute_only(const cai_weights_t *w);
+/* Weights made without storage (cai_weights_create, storage 0) can read
+ * another owner's compute copy in place, e.g. a ZeRO engine's whole
+ * working weights (cai_zero_working_weights): `compute` in the act dtype,
+ * offsets[i] parameter i's element offset in it (SIZE_MAX exactly where
+ * this view holds none). A tie copy reads its primary, since an owner may
+ * update only the primary. Such weights are read-only and never offloaded
+ * or freed here; device bytes 0. Not collective. */
+cai_status cai_weights_bind_compute(cai_weights_t *w, void *compute, const size_t *offsets);
 /* CAI_OK when the F32 masters are on the device to be written (what a
  * loader needs); otherwise an error that names `what` and the reason: no
  * storage, offloaded, or compute only. */

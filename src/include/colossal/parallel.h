@@ -134,6 +134,14 @@ void cai_zero_free(cai_zero_t *z);
 
 const cai_zero_config *cai_zero_get_config(const cai_zero_t *z);
 cai_model_t *cai_zero_model(const cai_zero_t *z);
+/* Stages 1 and 2 keep every working weight whole on each rank, in the act
+ * dtype and the engine's layout: a new weights object that reads them in
+ * place (cai_weights_bind_compute; the caller frees it), so an inference
+ * engine samples from the model being trained (RL rollouts) and sees each
+ * step's refresh without a copy. Stage 0's working weights are the model's
+ * own (cai_model_weights); stage 3 keeps only a shard: both refused,
+ * naming the alternative. Not collective. */
+cai_status cai_zero_working_weights(cai_zero_t *z, cai_weights_t **out);
 
 /* Forward and backward of n_micro microbatches (tokens, targets: host
  * [n_micro, B, T]), each weighted grad_scale / (n_micro * dp) so that the
@@ -292,8 +300,9 @@ typedef struct {
                                 * the trained one (an RL reference, a reward model): each its F32
                                 * masters, working copies and activations, as cai_model_memory counts */
     size_t rollout_bytes;      /* an inference engine's KV pool on the same device (RL rollouts) */
-    int zero_fixed;            /* 1: the caller runs only the given ZeRO stage and offload (RL rollouts
-                                * read the weights in place), so a refusal offers neither */
+    int zero_max_stage;        /* > 0: the highest ZeRO stage the caller runs (colossal-rlhf's rollouts
+                                * read whole working weights: 2), so a refusal offers none above it;
+                                * 0: every stage */
     int frozen_on_host;        /* 1: the frozen models' weights wait in host memory except while they
                                 * score (cai_model_offload) and the KV pool exists only during rollouts
                                 * (cai_engine_suspend): device memory holds the larger of the two, not
