@@ -8,7 +8,7 @@
 
 const char *tc_schedules[CAI_LR_KIND_COUNT + 1];
 const char *const tc_precisions[] = {"auto", "f32", "bf16", "f16", NULL}; /* TC_PRECISION_* */
-const char *const tc_reduce_dtypes[] = {"f32", "bf16", NULL};
+const char *const tc_reduce_dtypes[] = {"f32", "bf16", "fp8", NULL};
 
 void tc_fill_choices(void) {
     for (int i = 0; i < CAI_LR_KIND_COUNT; i++) tc_schedules[i] = cai_lr_kind_name((cai_lr_kind)i);
@@ -34,6 +34,7 @@ cai_zero_config tc_zero_config(const tc_options *c) {
     z.bucket_bytes = (size_t)(c->zero_bucket_mb * 1048576.0);
     z.overlap = c->zero_overlap;
     z.reduce_dtype = c->zero_reduce_dtype == 1 ? CAI_DTYPE_BF16 : CAI_DTYPE_F32;
+    z.reduce_fp8 = c->zero_reduce_dtype == 2;
     z.reduce_only = z.stage == 0 && !z.offload;
     return z;
 }
@@ -185,8 +186,11 @@ void tc_engine_print_zero(const tc_engine *e, const tc_options *c, int dp) {
     cai_zero_get_stats(e->zero, &zs);
     printf("zero: stage %d%s over dp %d, %d gradient bucket%s of <= %g MiB%s; weights %s, compute %s%s\n",
            c->zero_stage, c->zero_offload ? " + CPU offload" : "", dp, zs.n_buckets, zs.n_buckets == 1 ? "" : "s",
-           c->zero_bucket_mb, c->zero_reduce_dtype == 1 ? " reduced in bf16" : "", cai_dtype_name(mc->param_dtype),
-           cai_dtype_name(mc->act_dtype), e->scaled ? ", dynamic loss scaling" : "");
+           c->zero_bucket_mb,
+           c->zero_reduce_dtype == 1   ? " reduced in bf16"
+           : c->zero_reduce_dtype == 2 ? " reduced as FP8 (E5M2)"
+                                       : "",
+           cai_dtype_name(mc->param_dtype), cai_dtype_name(mc->act_dtype), e->scaled ? ", dynamic loss scaling" : "");
 }
 
 /* ------------------------------------------------------------------ pipelines */

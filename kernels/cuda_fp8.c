@@ -26,6 +26,18 @@ cai_status cai_cuda_fp8_cast(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, c
     return CAI_OK;
 }
 
+cai_status cai_cuda_fp8_dequant_sum(cai_device_t *dev, cai_tensor *y, const cai_tensor *q, const cai_tensor *metas,
+                                    int64_t stride, cai_fp8_format fmt, float beta) {
+    static const char *op = "fp8_dequant_sum";
+    int64_t S = 0, n = 0;
+    CAI_CALL(cai_ops_fp8_dequant_args(op, CAI_CUDA, y, q, metas, stride, fmt, beta, &S, &n));
+    CAI_CALL(cai_cuda_enter(dev, op));
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    CUK_LAUNCH(op, cuk_fp8_dequant_sum((float *)y->data, (const uint8_t *)q->data, (const float *)metas->data, S, n,
+                                       stride, fmt == CAI_FP8_E5M2, beta != 0.0f, c->stream));
+    return CAI_OK;
+}
+
 size_t cai_cuda_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K) {
     (void)dev, (void)M, (void)N, (void)K;
     return 0; /* cuBLASLt's workspace is the device's */

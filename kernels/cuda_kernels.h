@@ -274,6 +274,11 @@ cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int
  * meta[1] is 0. amax_scratch: 8 bytes of device memory. */
 cudaError_t cuk_fp8_cast(cuk_mat x, float *meta, void *amax_scratch, int e5m2, int current, int margin, uint8_t *q,
                          uint8_t *qt, cudaStream_t s);
+/* fp8_dequant_sum (fp8.cu): y [n] = (accumulate ? y : 0) + the sum over s in
+ * order of decode(q [s, n]) * metas[s * stride] (NaN where metas[s * stride
+ * + 2] is not finite), each product and sum rounded apart. */
+cudaError_t cuk_fp8_dequant_sum(float *y, const uint8_t *q, const float *metas, int64_t S, int64_t n, int64_t stride,
+                                int e5m2, int accumulate, cudaStream_t s);
 
 /* ---------------------------------------------------------------- moe.cu
  * Token rows [N, C] <-> expert-grouped rows [S, C] through pos (I32 [N * k],

@@ -31,6 +31,7 @@ static const cai_ops cuda_ops = {
     .fp8_cast = cai_cuda_fp8_cast,
     .fp8_gemm_workspace_bytes = cai_cuda_fp8_gemm_workspace_bytes,
     .fp8_gemm = cai_cuda_fp8_gemm,
+    .fp8_dequant_sum = cai_cuda_fp8_dequant_sum,
     .layernorm_fwd = cai_cuda_layernorm_fwd,
     .layernorm_bwd = cai_cuda_layernorm_bwd,
     .rmsnorm_fwd = cai_cuda_rmsnorm_fwd,

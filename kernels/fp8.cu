@@ -219,7 +219,32 @@ cudaError_t launch(cuk_mat x, float *meta, unsigned *scratch, int e5m2, int curr
     return cudaGetLastError();
 }
 
+/* y = beta y + sum_s decode(q[s]) * inv_s, in order of s, each product and
+ * sum rounded on its own (no FMA), as the host computes it. */
+__global__ void k_dequant_sum(float *y, const uint8_t *q, const float *metas, int64_t S, int64_t n, int64_t stride,
+                              int e5m2, int accumulate) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float acc = accumulate ? y[i] : 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            const float *m = metas + s * stride;
+            const float inv = isfinite(m[2]) ? m[0] : __int_as_float(0x7fc00000);
+            const __half_raw h =
+                __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q[s * n + i], e5m2 ? __NV_E5M2 : __NV_E4M3);
+            acc = __fadd_rn(acc, __fmul_rn(__half2float(__half(h)), inv));
+        }
+        y[i] = acc;
+    }
+}
+
 } // namespace
+
+extern "C" cudaError_t cuk_fp8_dequant_sum(float *y, const uint8_t *q, const float *metas, int64_t S, int64_t n,
+                                           int64_t stride, int e5m2, int accumulate, cudaStream_t s) {
+    if (n == 0) return cudaSuccess;
+    const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    k_dequant_sum<<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride, e5m2, accumulate);
+    return cudaGetLastError();
+}
 
 extern "C" cudaError_t cuk_fp8_cast(cuk_mat x, float *meta, void *amax_scratch, int e5m2, int current, int margin,
                                     uint8_t *q, uint8_t *qt, cudaStream_t s) {

@@ -41,6 +41,7 @@ typedef enum {
     CAI_OP_NCCL_INIT, /* the ncclUniqueId broadcast that creates an axis' NCCL communicator */
     CAI_OP_IREDUCE_SCATTER,
     CAI_OP_IALLGATHER,
+    CAI_OP_IALLTOALL,
     CAI_OP_KIND_COUNT
 } cai_op_kind;
 
@@ -53,6 +54,7 @@ static inline cai_op_kind cai_op_base(cai_op_kind k) {
     case CAI_OP_IALLREDUCE: return CAI_OP_ALLREDUCE;
     case CAI_OP_IREDUCE_SCATTER: return CAI_OP_REDUCE_SCATTER;
     case CAI_OP_IALLGATHER: return CAI_OP_ALLGATHER;
+    case CAI_OP_IALLTOALL: return CAI_OP_ALLTOALL;
     default: return k;
     }
 }

@@ -735,6 +735,14 @@ cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf,
     return CAI_OK;
 }
 
+cai_status cai_iall_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                           cai_dtype dtype, cai_request_t **req) {
+    cai_coll c = {
+        .kind = CAI_OP_IALLTOALL, .axis = axis, .send = sendbuf, .recv = recvbuf, .count = count, .dtype = dtype};
+    CAI_CALL(istart(mesh, &c, req));
+    return CAI_OK;
+}
+
 cai_status cai_isend(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer, int tag,
                      cai_request_t **req) {
     cai_coll c = {

@@ -28,6 +28,7 @@ static const char *const k_kind_names[CAI_OP_KIND_COUNT] = {
     [CAI_OP_NCCL_INIT] = "nccl-init",
     [CAI_OP_IREDUCE_SCATTER] = "ireduce_scatter",
     [CAI_OP_IALLGATHER] = "iall_gather",
+    [CAI_OP_IALLTOALL] = "iall_to_all",
 };
 
 const char *cai_op_kind_name(cai_op_kind kind) {

@@ -60,6 +60,28 @@ static void decode(cai_device_t *dev, float *dst, const uint8_t *src, int64_t n,
     for (int64_t i = 0; i < n; i++) dst[i] = lut[src[i]];
 }
 
+CPU_OP(fp8_dequant_sum)(cai_device_t *dev, cai_tensor *y, const cai_tensor *q, const cai_tensor *metas, int64_t stride,
+                        cai_fp8_format fmt, float beta) {
+    int64_t S = 0, n = 0;
+    CAI_CALL(cai_ops_fp8_dequant_args("fp8_dequant_sum", CAI_HOST, y, q, metas, stride, fmt, beta, &S, &n));
+    float lut[256];
+    for (int i = 0; i < 256; i++) lut[i] = cai_fp8_to_f32((uint8_t)i, fmt);
+    const float *m = metas->data;
+    float *yd = y->data;
+    const uint8_t *qd = q->data;
+#pragma omp parallel for num_threads(cai_cpu_threads(dev, n / 4096 + 1))
+    for (int64_t i = 0; i < n; i++) {
+        float acc = beta != 0.0f ? yd[i] : 0.0f;
+        for (int64_t s = 0; s < S; s++) {
+            const float *ms = m + s * stride;
+            const float inv = isfinite(ms[CAI_FP8_META_AMAX]) ? ms[CAI_FP8_META_SCALE_INV] : NAN;
+            acc += lut[qd[s * n + i]] * inv;
+        }
+        yd[i] = acc;
+    }
+    return CAI_OK;
+}
+
 CPU_OP(fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
                  const cai_fp8_epilogue *ep, void *workspace, size_t workspace_bytes) {

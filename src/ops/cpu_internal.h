@@ -67,6 +67,8 @@ CPU_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 CPU_OP(fp8_cast)(cai_device_t *dev, cai_tensor *q, cai_tensor *qt, const cai_tensor *x, cai_tensor *meta,
                  cai_fp8_format fmt, int current, int margin);
 size_t cai_cpu_fp8_gemm_workspace_bytes(const cai_device_t *dev, int64_t M, int64_t N, int64_t K);
+CPU_OP(fp8_dequant_sum)(cai_device_t *dev, cai_tensor *y, const cai_tensor *q, const cai_tensor *metas, int64_t stride,
+                        cai_fp8_format fmt, float beta);
 CPU_OP(fp8_gemm)(cai_device_t *dev, cai_tensor *c, const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
                  const cai_fp8_epilogue *ep, void *workspace, size_t workspace_bytes);

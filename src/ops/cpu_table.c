@@ -30,6 +30,7 @@ static const cai_ops cpu_ops = {
     .fp8_cast = cai_cpu_fp8_cast,
     .fp8_gemm_workspace_bytes = cai_cpu_fp8_gemm_workspace_bytes,
     .fp8_gemm = cai_cpu_fp8_gemm,
+    .fp8_dequant_sum = cai_cpu_fp8_dequant_sum,
     .layernorm_fwd = cai_cpu_layernorm_fwd,
     .layernorm_bwd = cai_cpu_layernorm_bwd,
     .rmsnorm_fwd = cai_cpu_rmsnorm_fwd,

@@ -42,6 +42,25 @@ cai_status cai_ops_fp8_cast_args(const char *op, cai_device_kind kind, int want,
     return meta_ok(op, "meta", meta, kind, meta_data);
 }
 
+cai_status cai_ops_fp8_dequant_args(const char *op, cai_device_kind kind, const cai_tensor *y, const cai_tensor *q,
+                                    const cai_tensor *metas, int64_t stride, cai_fp8_format fmt, float beta, int64_t *S,
+                                    int64_t *n) {
+    CAI_CALL(fmt_ok(op, "fmt", fmt));
+    if (beta != 0.0f && beta != 1.0f)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: beta is %g, expected 0 or 1", op, (double)beta);
+    if (stride < CAI_FP8_META_LEN(1) || stride % 4)
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: stride %" PRId64 " is not a multiple of 4 of at least %d", op,
+                         stride, CAI_FP8_META_LEN(1));
+    cai_rows qr;
+    CAI_CALL(codes(op, "q", q, kind, -1, -1, &qr));
+    char *d;
+    CAI_CALL(cai_ops_vec(op, "y", y, kind, CAI_DTYPE_F32, qr.cols, &d));
+    CAI_CALL(cai_ops_vec(op, "metas", metas, kind, CAI_DTYPE_F32, qr.rows * stride, &d));
+    *S = qr.rows;
+    *n = qr.cols;
+    return CAI_OK;
+}
+
 cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want, const cai_tensor *c,
                                  const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
                                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,

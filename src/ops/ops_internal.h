@@ -106,6 +106,11 @@ cai_status cai_ops_fp8_gemm_args(const char *op, cai_device_kind kind, int want,
                                  const cai_tensor *a, cai_fp8_format a_fmt, const cai_tensor *a_meta,
                                  const cai_tensor *b, cai_fp8_format b_fmt, const cai_tensor *b_meta, float beta,
                                  cai_fp8_gemm_args *g);
+/* fp8_dequant_sum's arguments: y F32 [n], q U8 [S, n], metas F32 with S
+ * metas of `stride` floats, fmt valid, beta 0 or 1. */
+cai_status cai_ops_fp8_dequant_args(const char *op, cai_device_kind kind, const cai_tensor *y, const cai_tensor *q,
+                                    const cai_tensor *metas, int64_t stride, cai_fp8_format fmt, float beta, int64_t *S,
+                                    int64_t *n);
 /* fp8_gemm's epilogue checked against c (NULL ep passes). */
 cai_status cai_ops_fp8_epilogue_args(const char *op, cai_device_kind kind, const cai_tensor *c, float beta,
                                      const cai_fp8_epilogue *ep);

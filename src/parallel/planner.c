@@ -72,7 +72,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     out->grads += L.axis_max * f4; /* the axis buckets' packing buffer */
     /* the bf16 reduction copy; stages 2/3 take bf16 windows, in the window peak */
     if (z->reduce_dtype == CAI_DTYPE_BF16 && L.stage < 2) out->grads += L.n_pad * sizeof(uint16_t);
-    CAI_CALL_GOTO(zero_window_peak(&L, act, z->prefetch, z->overlap, z->reduce_dtype, &out->windows), st, done);
+    CAI_CALL_GOTO(zero_window_peak(&L, act, z, &out->windows), st, done);
     if (req->lora_flat) {
         if (z->stage != 0 || z->offload) {
             st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "memory plan: LoRA runs ZeRO stage 0 without offload");

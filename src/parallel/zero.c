@@ -19,10 +19,12 @@ typedef struct {
     int prefetched; /* gathered for a unit that has not taken it yet: keep */
     zc_req preq;
     int gwin;       /* stage 2/3: pool block of this microbatch's gradients, -1 none */
-    int bwin;       /* stage 2/3, reduce_dtype bf16: pool block of their bf16 copy, -1 none */
+    int bwin;       /* stage 2/3, reduce_dtype bf16: pool block of their bf16 copy (reduce_fp8: the codes
+                     * and metas sent and received), -1 none */
     int accumulate; /* stage 2/3, bf16: add the reduced chunk to the shard (not the first microbatch) */
     int reducing;
     zc_req greq;
+    zc_req sreq; /* reduce_fp8: the chunks' metas, beside the codes in greq */
 } zbucket_rt;
 
 struct cai_zero {
@@ -94,6 +96,12 @@ cai_status cai_zero_config_check(const cai_zero_config *c) {
     if (c->reduce_dtype != CAI_DTYPE_F32 && c->reduce_dtype != CAI_DTYPE_BF16)
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=%s: gradients reduce in f32 or bf16",
                          cai_dtype_name(c->reduce_dtype));
+    if (c->reduce_fp8 && (c->stage < 2 || c->reduce_dtype != CAI_DTYPE_F32))
+        return CAI_ERROR(CAI_ERR_CONFIG,
+                         "zero.reduce_dtype=fp8 with zero.stage=%d: FP8 gradient communication reduce-scatters each "
+                         "microbatch's window, which stages 2 and 3 do; use zero.stage=2 or 3 (or reduce_dtype "
+                         "bf16 at stages 0 and 1)",
+                         c->stage);
     if (c->reduce_only && (c->stage != 0 || c->offload))
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "a reduce-only engine (the caller's optimizer steps the model's buffers) "
@@ -250,6 +258,7 @@ static void progress(cai_zero_t *z) {
     if (z->dry || !z->comm.host) return;
     for (int k = 0; k < z->L.nb; k++) {
         zc_progress(ctx_of(z, k), &z->rt[k].greq, 1);
+        zc_progress(ctx_of(z, k), &z->rt[k].sreq, 1);
         zc_progress(ctx_of(z, k), &z->rt[k].preq, 1);
     }
 }
@@ -323,12 +332,37 @@ static size_t bf16_copy_span(const cai_zero_t *z, int k, size_t *n) {
     return z->L.stage == 0 ? b->lo : b->elo;
 }
 
+/* reduce_fp8: bucket k's exchange block holds the codes sent and received
+ * (len bytes each) and then one meta of FP8_COMM_STRIDE floats per chunk
+ * sent and received. */
+enum { FP8_COMM_STRIDE = CAI_FP8_META_STRIDE(1) };
+static size_t fp8_block_bytes(const zl_bucket *b) {
+    return 2 * b->len + 2 * (size_t)b->nshard * FP8_COMM_STRIDE * sizeof(float);
+}
+static uint8_t *fp8_codes(cai_zero_t *z, int k, int recv) {
+    return (uint8_t *)zp_ptr(&z->pool, z->rt[k].bwin) + (recv ? z->L.b[k].len : 0);
+}
+static float *fp8_metas(cai_zero_t *z, int k, int recv) {
+    const zl_bucket *b = &z->L.b[k];
+    return (float *)(fp8_codes(z, k, 0) + 2 * b->len) + (recv ? (size_t)b->nshard * FP8_COMM_STRIDE : 0);
+}
+
 static cai_status wait_reduction(cai_zero_t *z, int k) {
     zbucket_rt *r = &z->rt[k];
     if (!r->reducing) return CAI_OK;
     r->reducing = 0;
     if (!z->dry) CAI_CALL(zc_wait(ctx_of(z, k), &r->greq));
-    if (!z->dry && z->RB) {
+    if (!z->dry && z->cfg.reduce_fp8) {
+        /* the chunks every rank sent this one, decoded and summed into the
+         * shard in rank order (added to it after the first microbatch) */
+        const zl_bucket *b = &z->L.b[k];
+        CAI_CALL(zc_wait(ctx_of(z, k), &r->sreq));
+        cai_tensor q = cai_tensor_2d(z->dev, fp8_codes(z, k, 1), CAI_DTYPE_U8, b->nshard, (int64_t)b->chunk);
+        cai_tensor metas = vec(z->dev, fp8_metas(z, k, 1), CAI_DTYPE_F32, 0, (size_t)b->nshard * FP8_COMM_STRIDE);
+        cai_tensor acc = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, b->chunk);
+        CAI_CALL(z->dev->ops->fp8_dequant_sum(z->dev, &acc, &q, &metas, FP8_COMM_STRIDE, CAI_FP8_E5M2,
+                                              r->accumulate ? 1.0f : 0.0f));
+    } else if (!z->dry && z->RB) {
         /* stage 0: the whole bucket; stage 1: this rank's chunk, which the
          * in-place reduce-scatter left at the copy's start */
         size_t n = 0;
@@ -338,7 +372,7 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
         cai_tensor wide = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, n);
         CAI_CALL(z->dev->ops->copy(z->dev, &wide, &narrow));
     }
-    if (!z->dry && r->bwin >= 0) {
+    if (!z->dry && r->bwin >= 0 && !z->cfg.reduce_fp8) {
         /* stage 2/3 in bf16: this rank's chunk, at the copy's start, widened
          * into the shard; from the second microbatch on through the f32
          * window (free now) and added, so the sum over microbatches stays f32 */
@@ -383,7 +417,29 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         z->fifo[(z->fifo_head + z->fifo_n) % (z->L.nb + 1)] = k;
         z->fifo_n++;
     }
-    if (z->L.stage >= 2 && z->cfg.reduce_dtype == CAI_DTYPE_BF16) {
+    if (z->L.stage >= 2 && z->cfg.reduce_fp8) {
+        /* each destination chunk of the window cast to E5M2 with a scale
+         * from its own amax, codes and metas exchanged all-to-all (from the
+         * pool, so the planner's replay counts the block); wait_reduction
+         * decodes and sums what arrived */
+        CAI_CALL(zp_get(&z->pool, fp8_block_bytes(b), &r->bwin));
+        r->accumulate = z->micro > 0;
+        if (!z->dry) {
+            float *sm = fp8_metas(z, k, 0);
+            CAI_CALL(fill0(z->dev, sm, CAI_DTYPE_F32, (size_t)b->nshard * FP8_COMM_STRIDE));
+            for (int d = 0; d < b->nshard; d++) {
+                cai_tensor x =
+                    cai_tensor_2d(z->dev, grads_of(z, k) + (size_t)d * b->chunk, CAI_DTYPE_F32, 1, (int64_t)b->chunk);
+                cai_tensor q = cai_tensor_2d(z->dev, fp8_codes(z, k, 0) + (size_t)d * b->chunk, CAI_DTYPE_U8, 1,
+                                             (int64_t)b->chunk);
+                cai_tensor meta = vec(z->dev, sm, CAI_DTYPE_F32, (size_t)d * FP8_COMM_STRIDE, FP8_COMM_STRIDE);
+                CAI_CALL(z->dev->ops->fp8_cast(z->dev, &q, NULL, &x, &meta, CAI_FP8_E5M2, 1, 0));
+            }
+            CAI_CALL(zc_all_to_all(ctx_of(z, k), fp8_codes(z, k, 0), fp8_codes(z, k, 1), CAI_DTYPE_U8, b->chunk, k,
+                                   &r->greq));
+            CAI_CALL(zc_all_to_all(ctx_of(z, k), sm, fp8_metas(z, k, 1), CAI_DTYPE_F32, FP8_COMM_STRIDE, k, &r->sreq));
+        }
+    } else if (z->L.stage >= 2 && z->cfg.reduce_dtype == CAI_DTYPE_BF16) {
         /* the window rounded into a bf16 window of its own (from the pool, so
          * the planner's replay counts it), reduce-scattered in place;
          * wait_reduction widens this rank's chunk into the shard */
@@ -592,8 +648,7 @@ static cai_status rt_alloc(cai_zero_t *z) {
     return CAI_OK;
 }
 
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, cai_dtype reduce_dtype,
-                            size_t *peak) {
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, const cai_zero_config *cfg, size_t *peak) {
     *peak = 0;
     if (L->stage < 2) return CAI_OK;
     cai_zero_t z;
@@ -601,9 +656,7 @@ cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, i
     z.dry = 1;
     z.L = *L; /* borrowed: never freed here */
     z.act_size = act_size;
-    z.cfg.overlap = overlap;
-    z.cfg.prefetch = prefetch;
-    z.cfg.reduce_dtype = reduce_dtype;
+    z.cfg = *cfg;
     z.in_step = 1;
     z.n_micro = 1;
     cai_status st = CAI_OK;
@@ -1021,6 +1074,7 @@ void cai_zero_free(cai_zero_t *z) {
     if (z->rt)
         for (int k = 0; k < z->L.nb; k++) {
             if (z->rt[k].greq.kind != ZC_NONE) (void)zc_wait(ctx_of(z, k), &z->rt[k].greq);
+            if (z->rt[k].sreq.kind != ZC_NONE) (void)zc_wait(ctx_of(z, k), &z->rt[k].sreq);
             if (z->rt[k].preq.kind != ZC_NONE) (void)zc_wait(ctx_of(z, k), &z->rt[k].preq);
         }
     if (z->model) {

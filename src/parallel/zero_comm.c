@@ -58,6 +58,18 @@ cai_status zc_reduce_scatter_sum(zc_ctx *c, const void *send, void *recv, cai_dt
     return CAI_OK;
 }
 
+cai_status zc_all_to_all(zc_ctx *c, const void *send, void *recv, cai_dtype dt, size_t count, int bucket, zc_req *r) {
+    req_init(r, "all-to-all", bucket);
+    if (count == 0) return CAI_OK;
+    const size_t es = cai_dtype_size(dt);
+    if (c->size == 1) return cai_device_copy(c->dev, recv, send, count * es, c->host ? CAI_COPY_H2H : CAI_COPY_D2D);
+    c->bytes += (double)count * (size_t)c->size * es;
+    CAI_CALL(check_count(c, count, r->what, bucket));
+    CAI_CALL(cai_iall_to_all(c->mesh, c->axis, send, recv, count, dt, &r->creq));
+    r->kind = ZC_CAI;
+    return CAI_OK;
+}
+
 cai_status zc_all_gather(zc_ctx *c, void *buf, size_t chunk, cai_dtype dtype, int bucket, zc_req *r) {
     req_init(r, "all-gather", bucket);
     if (c->size == 1 || chunk == 0) return CAI_OK;

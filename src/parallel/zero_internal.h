@@ -142,6 +142,8 @@ typedef struct {
     double bytes;     /* sent, algorithm bytes */
 } zc_ctx;
 
+/* Block i of send (count elements of dt) to rank i, into recv (not in place). */
+cai_status zc_all_to_all(zc_ctx *c, const void *send, void *recv, cai_dtype dt, size_t count, int bucket, zc_req *r);
 /* Sum `count` elements (F32 or BF16) of buf over dp, in place. */
 cai_status zc_allreduce_sum(zc_ctx *c, void *buf, cai_dtype dt, size_t count, int bucket, zc_req *r);
 /* send holds size * chunk elements of dt; rank r's reduced block lands in recv (chunk). */
@@ -172,9 +174,8 @@ cai_status zero_host_adamw(cai_device_t *hd, const zl_seg *seg, int nseg, float 
 /* Peak bytes the engine's window pool reaches over one microbatch's forward
  * and backward (stage 2: gradient windows; stage 3: weight and gradient
  * windows), for working weights of `act_size` bytes, with the engine's
- * prefetch and overlap settings (without overlap every gradient window
- * lives until the end of backward). */
-cai_status zero_window_peak(const zl_layout *L, size_t act_size, int prefetch, int overlap, cai_dtype reduce_dtype,
-                            size_t *peak);
+ * config (prefetch, overlap, the reduction's dtype; without overlap every
+ * gradient window lives until the end of backward). */
+cai_status zero_window_peak(const zl_layout *L, size_t act_size, const cai_zero_config *cfg, size_t *peak);
 
 #endif

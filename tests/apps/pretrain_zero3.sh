@@ -2,8 +2,8 @@
 # ZeRO through colossal-pretrain's config: the tiny model trained with
 # zero.stage=3 + zero.offload on 4 ranks (and stage 2 on 2 ranks with
 # gradient accumulation, stage 1 with zero.overlap=false) reproduces the 1-rank run's train and validation
-# loss at every step within 1e-5 relative; f16 with dynamic loss scaling
-# tracks it; the memory plan is printed before training, and a
+# loss at every step within 1e-5 relative; gradients reduced in bf16 or as
+# FP8 and f16 with dynamic loss scaling track it; the memory plan is printed before training, and a
 # train.mem_limit below it is refused naming what would fit; greedy samples
 # work under ZeRO-3. (Checkpoints of sharded state: ckpt_reshard_zero.sh.)
 . "$top_srcdir/tests/apps/pretrain_lib.sh"
@@ -42,6 +42,17 @@ expect_grep out 'zero: stage 2 over dp 2, [2-9] gradient buckets of <= 0.05 MiB 
 # shellcheck disable=SC2086
 run_np 4 $TINY $STEPS --zero.stage 3 --zero.reduce_dtype bf16 --run.dir "$TMP/h"
 expect_ok
+# and as FP8 (E5M2 codes, a scale per chunk) at stage 2 over 4 microbatches,
+# close to f32 too; stage 1 refuses it, naming the stages that take it
+# shellcheck disable=SC2086
+run_np 2 $TINY $STEPS --zero.stage 2 --zero.reduce_dtype fp8 --zero.bucket_mb 0.05 --train.micro_batch 2 \
+    --train.grad_accum 4 --run.dir "$TMP/i"
+expect_ok
+expect_grep out 'zero: stage 2 over dp 2, [2-9] gradient buckets of <= 0.05 MiB reduced as FP8 \(E5M2\)'
+# shellcheck disable=SC2086
+run_np 2 $TINY $STEPS --zero.stage 1 --zero.reduce_dtype fp8 --run.dir "$TMP/j"
+expect_rc 2
+expect_grep err 'zero.reduce_dtype=fp8 with zero.stage=1: .*use zero.stage=2 or 3'
 # Every bucket reduced after the backward instead of during it: the same numbers.
 # shellcheck disable=SC2086
 run_np 2 $TINY $STEPS --zero.stage 1 --zero.bucket_mb 0.05 --zero.overlap false --train.grad_accum 2 \
@@ -62,6 +73,7 @@ compare() {
         fail "run $3 does not reproduce the 1-rank $2"
 }
 for run in f g h; do compare train loss $run 10 1e-3; done
+compare train loss i 10 1e-2
 for run in b c e; do
     compare train loss $run 10 1e-5
     compare train grad_norm $run 10 1e-5

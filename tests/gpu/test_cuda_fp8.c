@@ -307,6 +307,43 @@ static void t_linear(void) {
     free(dwo), free(tmp);
 }
 
+/* fp8_dequant_sum: the GPU's sums bitwise the host's, NaN where a sender
+ * overflowed */
+static void t_dequant(void) {
+    const int64_t S = 4, n = 100003, stride = 4;
+    uint8_t *q = malloc((size_t)(S * n));
+    float *metas = calloc((size_t)(S * stride), sizeof(float)), *y = malloc((size_t)n * 4), *yg = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < S * n; i++) q[i] = (uint8_t)(cai_rng_uniform(77, 1, (uint64_t)i) * 256.0f);
+    for (int64_t s = 0; s < S; s++) {
+        metas[s * stride] = 1.0f / (3.0f + (float)s);
+        metas[s * stride + 2] = 1.0f;
+    }
+    float *y0 = randn(n, 9, 1.0f);
+    for (int f = 0; f < 2; f++)
+        for (int beta = 0; beta <= 1; beta++)
+            for (int bad = 0; bad <= 1; bad++) {
+                const cai_fp8_format fmt = f ? CAI_FP8_E5M2 : CAI_FP8_E4M3;
+                metas[2 * stride + 2] = bad ? INFINITY : 1.0f;
+                memcpy(y, y0, (size_t)n * 4);
+                cai_tensor Y = cai_tensor_1d(H, y, CAI_DTYPE_F32, n), Q = cai_tensor_2d(H, q, CAI_DTYPE_U8, S, n),
+                           M = cai_tensor_1d(H, metas, CAI_DTYPE_F32, S * stride);
+                OK(H->ops->fp8_dequant_sum(H, &Y, &Q, &M, stride, fmt, (float)beta));
+                void *dy = up(y0, (size_t)n * 4), *dq = up(q, (size_t)(S * n)),
+                     *dm = up(metas, (size_t)(S * stride) * 4);
+                cai_tensor YG = cai_tensor_1d(G, dy, CAI_DTYPE_F32, n), QG = cai_tensor_2d(G, dq, CAI_DTYPE_U8, S, n),
+                           MG = cai_tensor_1d(G, dm, CAI_DTYPE_F32, S * stride);
+                OK(G->ops->fp8_dequant_sum(G, &YG, &QG, &MG, stride, fmt, (float)beta));
+                down(yg, dy, (size_t)n * 4);
+                int64_t diff = 0;
+                for (int64_t i = 0; i < n; i++) diff += memcmp(&y[i], &yg[i], 4) != 0 && !(isnan(y[i]) && isnan(yg[i]));
+                expect(diff == 0, "dequant_sum %s beta %d%s: %lld of %lld elements differ from the host's",
+                       cai_fp8_format_name(fmt), beta, bad ? " (a sender overflowed)" : "", (long long)diff,
+                       (long long)n);
+                cai_device_dealloc(G, dy), cai_device_dealloc(G, dq), cai_device_dealloc(G, dm);
+            }
+    free(q), free(metas), free(y), free(yg), free(y0);
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -365,7 +402,7 @@ int main(int argc, char **argv) {
     struct {
         const char *name;
         void (*fn)(void);
-    } tests[] = {{"cast", t_cast}, {"gemm", t_gemm}, {"linear", t_linear}, {"speed", t_speed}};
+    } tests[] = {{"cast", t_cast}, {"gemm", t_gemm}, {"linear", t_linear}, {"dequant", t_dequant}, {"speed", t_speed}};
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         if (only && !strstr(tests[i].name, only)) continue;
         printf("[fp8 %s]\n", tests[i].name);

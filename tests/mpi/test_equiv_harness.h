@@ -34,6 +34,7 @@ typedef struct {
     int reduce_only;  /* stage 0: the engine reduces, a cai_optim_t over the model steps */
     int seq_parallel; /* tp > 1: split-gather sequence parallelism */
     int ref_micro;    /* microbatches the reference cuts the global batch into; 0 means 1 */
+    int reduce_fp8;   /* stages 2/3: gradients cross the wire as FP8 (cai_zero_config.reduce_fp8) */
 } eq_row;
 
 typedef struct {
@@ -246,6 +247,7 @@ static inline cai_status eq_run_layout(MPI_Comm comm, const eq_row *row, eq_setu
     zc.bucket_bytes = row->bucket_bytes;
     zc.timeout_s = 60;
     zc.reduce_only = row->reduce_only;
+    zc.reduce_fp8 = row->reduce_fp8;
     cai_model_config c = eq_model_config(row);
     cai_model_options mo = cai_model_options_default(&c);
     mo.batch = B;

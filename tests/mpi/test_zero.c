@@ -71,6 +71,7 @@ static void rig_up(rig *g, const eq_row *row, int overlap) {
     zc.offload = row->offload;
     zc.bucket_bytes = row->bucket_bytes;
     zc.overlap = overlap;
+    zc.reduce_fp8 = row->reduce_fp8;
     cai_model_config c = eq_model_config(row);
     if (g_vocab) c.vocab_size = g_vocab;
     if (g_d_model) c.d_model = g_d_model;
@@ -277,6 +278,61 @@ START_TEST(stage3_holds_a_fraction_of_the_weights) {
 }
 END_TEST
 
+/* ------------------------------------------------------------ FP8 reductions */
+
+#define FP8_LOSS_TOL 2e-3 /* about 5x the largest measured (3.7e-4 over 4 steps) */
+#define FP8_NORM_TOL 5e-2 /* (1.1e-2) */
+
+/* Gradients that cross the wire as E5M2 codes, scaled per chunk: the first
+ * step's loss is the f32 reference's (nothing reduced yet), the gradient
+ * norms and later losses stay within FP8's rounding of it, every rank ends
+ * with the same parameters, and the planner counts the exchange blocks. */
+START_TEST(fp8_reductions_track_f32) {
+    t_begin();
+    for (int fam = 0; fam < 2; fam++)
+        for (int stage = 2; stage <= 3; stage++)
+            for (int accum = 1; accum <= 2; accum++) {
+                eq_row row = base_row(fam ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2, stage);
+                row.grad_accum = accum;
+                row.steps = 4;
+                eq_result ref, got;
+                CK_CAI(eq_run_reference(&row, &ref));
+                row.reduce_fp8 = 1;
+                CK_CAI(eq_run_layout(MPI_COMM_WORLD, &row, NULL, NULL, &got));
+                double dl = 0, dn = 0;
+                for (int s = 0; s < row.steps; s++) {
+                    const double l = fabs(got.loss[s] - ref.loss[s]) / ref.loss[s];
+                    const double n = fabs(got.norm[s] - ref.norm[s]) / ref.norm[s];
+                    if (s == 0) ck_assert_msg(l <= 1e-5, "step 0 loss %g vs %g", got.loss[s], ref.loss[s]);
+                    dl = fmax(dl, l);
+                    dn = fmax(dn, n);
+                }
+                if (g_world_rank == 0)
+                    fprintf(stderr, "  fp8 reductions, family %d stage %d accum %d: loss within %.2e, norm %.2e\n", fam,
+                            stage, accum, dl, dn);
+                ck_assert_msg(dl <= FP8_LOSS_TOL && dn <= FP8_NORM_TOL, "loss %.3e, norm %.3e apart", dl, dn);
+                /* the same parameters everywhere */
+                double sum = 0;
+                for (size_t i = 0; i < got.n; i++) sum += got.params[i] * (double)(i % 7 + 1);
+                double lo = sum, hi = sum;
+                MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+                MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                ck_assert(lo == hi);
+                eq_result_free(&ref);
+                eq_result_free(&got);
+            }
+    /* stages 0 and 1 are refused, naming the stages that take it */
+    cai_zero_config zc;
+    cai_zero_config_init(&zc);
+    zc.reduce_fp8 = 1;
+    zc.stage = 1;
+    ck_assert_int_eq(cai_zero_config_check(&zc), CAI_ERR_CONFIG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "zero.stage=2 or 3"));
+    cai_error_clear();
+    t_end("fp8_reductions_track_f32");
+}
+END_TEST
+
 /* ------------------------------------------------------------ working weights */
 
 /* Every held parameter's compute view of two weights objects, bit for bit. */
@@ -417,8 +473,12 @@ START_TEST(f16_overflow_skips_the_step_on_every_rank) {
     t_begin();
     /* hysteresis 1: one overflow halves; 2: the second consecutive one does. */
     for (int hyst = 1; hyst <= 2; hyst++)
-        for (int stage = 0; stage <= 3; stage += 3) {
+        for (int v = 0; v < 3; v++) {
+            /* stage 0, stage 3, stage 3 with FP8 reductions (the overflow
+             * crosses as its sender's non-finite amax) */
+            const int stage = v ? 3 : 0;
             eq_row row = base_row(CAI_MODEL_GPT2, stage);
+            row.reduce_fp8 = v == 2;
             row.param_dtype = CAI_DTYPE_F16;
             rig g;
             rig_up(&g, &row, 1);
@@ -527,6 +587,9 @@ static size_t rss_now(void) {
     return (size_t)res * 4096u;
 }
 
+/* check_plan's engines reduce in FP8 */
+static int g_reduce_fp8;
+
 static void check_plan(const char *what, cai_model_config c, int B, int T, int stage, int offload, int with_rss,
                        cai_dtype reduce_dtype) {
     cai_zero_config zc;
@@ -534,6 +597,7 @@ static void check_plan(const char *what, cai_model_config c, int B, int T, int s
     zc.stage = stage;
     zc.offload = offload;
     zc.reduce_dtype = reduce_dtype;
+    zc.reduce_fp8 = g_reduce_fp8;
     zc.bucket_bytes = 256 * 1024;
     cai_device_t *dev = NULL;
     CK_CAI(cai_device_init(&dev, CAI_DEVICE_HOST, 0, 1));
@@ -639,6 +703,10 @@ START_TEST(planner_matches_allocations) {
     check_plan("bf16red", small, 2, 64, 1, 1, 0, CAI_DTYPE_BF16);
     check_plan("bf16red", small, 2, 64, 2, 0, 0, CAI_DTYPE_BF16);
     check_plan("bf16red", tiny, 4, 64, 3, 1, 0, CAI_DTYPE_BF16);
+    g_reduce_fp8 = 1;
+    check_plan("fp8red", small, 2, 64, 2, 0, 0, CAI_DTYPE_F32);
+    check_plan("fp8red", tiny, 4, 64, 3, 1, 0, CAI_DTYPE_F32);
+    g_reduce_fp8 = 0;
     t_end("planner_matches_allocations");
 }
 END_TEST
@@ -836,6 +904,7 @@ int main(int argc, char **argv) {
                             buckets_reduce_during_backward_on_the_last_microbatch,
                             stage3_holds_a_fraction_of_the_weights,
                             working_weights_follow_every_step,
+                            fp8_reductions_track_f32,
                             loss_scaler_state_machine,
                             f16_overflow_skips_the_step_on_every_rank,
                             f16_tracks_f32,

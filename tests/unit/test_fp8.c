@@ -282,6 +282,59 @@ static void gemm_case(cai_device_t *dev, int64_t M, int64_t N, int64_t K, cai_fp
     free(cd);
 }
 
+/* The receiving side of an FP8 reduction: each sender's codes decoded,
+ * times its 1/scale, summed over the senders in order (products and sums
+ * rounded apart) onto y or 0; a sender whose cast saw a non-finite amax
+ * makes the sum NaN; bad arguments are refused naming them. */
+START_TEST(dequant_sum_decodes_and_adds_in_order) {
+    cai_device_t *dev = test_device(2);
+    ck_assert_ptr_nonnull(dev);
+    enum { S = 3, N = 101, STRIDE = 4 };
+    uint8_t q[S * N];
+    float metas[S * STRIDE] = {0}, y[N], y0[N];
+    for (int s = 0; s < S; s++) {
+        metas[s * STRIDE + CAI_FP8_META_SCALE_INV] = 0.125f * (float)(s + 1);
+        metas[s * STRIDE + CAI_FP8_META_AMAX] = 1.0f;
+        for (int i = 0; i < N; i++) q[s * N + i] = (uint8_t)((i * 7 + s * 31) % 251); /* no NaN code below 0x7c */
+    }
+    for (int i = 0; i < N; i++) y0[i] = 0.5f * (float)i - 3.0f;
+    for (int f = 0; f < 2; f++)
+        for (int beta = 0; beta <= 1; beta++) {
+            memcpy(y, y0, sizeof y);
+            cai_tensor Y = cai_tensor_1d(dev, y, CAI_DTYPE_F32, N), Q = t2(dev, q, CAI_DTYPE_U8, S, N),
+                       M = cai_tensor_1d(dev, metas, CAI_DTYPE_F32, S * STRIDE);
+            ASSERT_OK(dev->ops->fp8_dequant_sum(dev, &Y, &Q, &M, STRIDE, FMTS[f], (float)beta));
+            for (int i = 0; i < N; i++) {
+                float want = beta ? y0[i] : 0.0f;
+                for (int s = 0; s < S; s++) {
+                    const float p = cai_fp8_to_f32(q[s * N + i], FMTS[f]) * metas[s * STRIDE];
+                    want = want + p;
+                }
+                ck_assert_msg(memcmp(&want, &y[i], sizeof want) == 0 || (isnan(want) && isnan(y[i])),
+                              "fmt %d beta %d element %d: %g, not %g", f, beta, i, (double)y[i], (double)want);
+            }
+        }
+    /* an overflow on one sender: NaN everywhere */
+    metas[1 * STRIDE + CAI_FP8_META_AMAX] = INFINITY;
+    cai_tensor Y = cai_tensor_1d(dev, y, CAI_DTYPE_F32, N), Q = t2(dev, q, CAI_DTYPE_U8, S, N),
+               M = cai_tensor_1d(dev, metas, CAI_DTYPE_F32, S * STRIDE);
+    ASSERT_OK(dev->ops->fp8_dequant_sum(dev, &Y, &Q, &M, STRIDE, CAI_FP8_E5M2, 0.0f));
+    for (int i = 0; i < N; i++) ck_assert(isnan(y[i]));
+    /* refused: a stride that is no multiple of 4, beta 2, too few metas */
+    ck_assert_int_eq(dev->ops->fp8_dequant_sum(dev, &Y, &Q, &M, 3, CAI_FP8_E5M2, 0.0f), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "stride 3"));
+    cai_error_clear();
+    ck_assert_int_eq(dev->ops->fp8_dequant_sum(dev, &Y, &Q, &M, STRIDE, CAI_FP8_E5M2, 2.0f), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "beta"));
+    cai_error_clear();
+    cai_tensor M2 = cai_tensor_1d(dev, metas, CAI_DTYPE_F32, S * STRIDE - 4);
+    ck_assert_int_eq(dev->ops->fp8_dequant_sum(dev, &Y, &Q, &M2, STRIDE, CAI_FP8_E5M2, 0.0f), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "metas"));
+    cai_error_clear();
+    cai_device_free(dev);
+}
+END_TEST
+
 START_TEST(gemm_within_scale_bound) {
     cai_device_t *dev = test_device(2);
     ck_assert_ptr_nonnull(dev);
@@ -387,6 +440,7 @@ static Suite *fp8_suite(void) {
     tcase_add_test(tc, matches_nearest_value_reference);
     tcase_add_test(tc, scaling_recipes);
     tcase_add_test(tc, cast_op_current_and_delayed);
+    tcase_add_test(tc, dequant_sum_decodes_and_adds_in_order);
     tcase_add_test(tc, gemm_within_scale_bound);
     tcase_add_test(tc, gemm_epilogues_equal_the_separate_ops);
     suite_add_tcase(s, tc);

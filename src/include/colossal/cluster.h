@@ -207,7 +207,7 @@ char *cai_shared_mem_ptr(const cai_shared_mem_t *s, int axis_rank);
 void cai_shared_mem_sync(cai_shared_mem_t *s);
 void cai_shared_mem_free(cai_shared_mem_t *s);
 
-/* Non-blocking all-reduce, reduce-scatter and all-gather, for gradient
+/* Non-blocking all-reduce, reduce-scatter, all-gather and all-to-all, for gradient
  * buckets and weight gathers that overlap compute. Arguments, dtypes, ops,
  * in-place conventions, count limits and results are those of the blocking
  * forms (bit for bit: the same transport does the same arithmetic). Collective
@@ -226,11 +226,13 @@ cai_status cai_ireduce_scatter(cai_mesh_t *mesh, cai_axis axis, const void *send
                                cai_dtype dtype, cai_reduce_op op, cai_request_t **req);
 cai_status cai_iall_gather(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t send_count,
                            cai_dtype dtype, cai_request_t **req);
+cai_status cai_iall_to_all(cai_mesh_t *mesh, cai_axis axis, const void *sendbuf, void *recvbuf, size_t count,
+                           cai_dtype dtype, cai_request_t **req);
 /* Non-blocking point to point along an axis (`peer` an axis rank), for a
  * pipeline's activations and gradients: matched by (peer, tag) as MPI
  * matches them, so several may be in flight in any order. Not collective. */
-cai_status cai_isend(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer,
-                     int tag, cai_request_t **req);
+cai_status cai_isend(cai_mesh_t *mesh, cai_axis axis, const void *buf, size_t count, cai_dtype dtype, int peer, int tag,
+                     cai_request_t **req);
 cai_status cai_irecv(cai_mesh_t *mesh, cai_axis axis, void *buf, size_t count, cai_dtype dtype, int peer, int tag,
                      cai_request_t **req);
 /* Completes a request and frees it whatever it returns. The watchdog applies

@@ -244,6 +244,16 @@ typedef struct cai_ops {
                            const cai_tensor *a_meta, const cai_tensor *b, cai_fp8_format b_fmt,
                            const cai_tensor *b_meta, float beta, const cai_fp8_epilogue *ep, void *workspace,
                            size_t workspace_bytes);
+    /* The receiving side of a reduction that crossed the wire as FP8
+     * (zero.reduce_dtype=fp8): y [n] F32 = beta * y + the sum over s = 0,
+     * 1, ..., S-1, in that order, of decode(q[s]) * 1/scale_s, q [S,n] U8
+     * codes in fmt (contiguous), metas [S * stride] F32 the senders' metas
+     * (stride a multiple of 4, >= CAI_FP8_META_LEN(1)): 1/scale_s is
+     * metas[s * stride], or NaN when the amax the sender's cast saw
+     * (metas[s * stride + 2]) was not finite, so an overflow survives the
+     * exchange. beta 0 or 1. */
+    cai_status (*fp8_dequant_sum)(cai_device_t *dev, cai_tensor *y, const cai_tensor *q, const cai_tensor *metas,
+                                  int64_t stride, cai_fp8_format fmt, float beta);
 
     /* ---- normalisation (statistics in f32, saved for backward) */
 

@@ -105,6 +105,11 @@ typedef struct {
                              * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0/1 round each
                              * bucket's accumulated gradient once, stages 2/3 each microbatch's window,
                              * then widen into f32 and, over microbatches, add in f32) */
+    int reduce_fp8;         /* 1 (stages 2 and 3, reduce_dtype F32): each microbatch's gradient window
+                             * crosses the wire as E5M2 codes, every destination chunk scaled from its
+                             * own amax; the owner decodes the chunks all ranks sent and sums them in f32
+                             * in rank order (a quarter of f32's bytes; an overflow anywhere reaches the
+                             * sum as NaN) */
 } cai_zero_config;
 
 /* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
