@@ -59,6 +59,7 @@ cai_status lora_app_engine(lora_app *a, const lora_app_options *o, tc_engine *e,
     mo->frozen = 1;
     CAI_CALL(cai_model_create(&e->model, cai_run_device(run), resolved, mo));
     if (init) CAI_CALL(init(init_ctx, run, e->model));
+    CAI_CALL(cai_model_keep_compute(e->model)); /* the base never changes: no masters, no second copy */
     CAI_CALL(cai_model_set_lora(e->model, a->l));
     if (*o->init) CAI_CALL(cai_lora_import_peft(o->init, a->l));
     e->oc = tc_optim_config(tr, steps);

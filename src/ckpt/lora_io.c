@@ -332,12 +332,35 @@ typedef struct {
     const cai_lora_t *l;
 } merged_src;
 
+/* The base's F32 masters, or the copy its layers read when it keeps only
+ * that (cai_model_keep_compute): the weights the adapters were trained on. */
 static cai_status merged_source(void *ctx, const cai_param_info *p, float *dst) {
     merged_src *s = ctx;
-    cai_tensor master;
-    CAI_CALL(cai_model_param(s->m, p->name, &master, NULL));
-    CAI_CALL(cai_device_copy(cai_model_device(s->m), dst, master.data, (size_t)p->numel * sizeof *dst,
-                             cai_model_device(s->m)->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H));
+    cai_device_t *dev = cai_model_device(s->m);
+    const cai_weights_t *w = cai_model_weights(s->m);
+    const cai_copy_kind kind = dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_D2H;
+    if (!cai_weights_compute_only(w)) {
+        cai_tensor master;
+        CAI_CALL(cai_model_param(s->m, p->name, &master, NULL));
+        CAI_CALL(cai_device_copy(dev, dst, master.data, (size_t)p->numel * sizeof *dst, kind));
+        return cai_lora_merge(s->l, p->name, dst);
+    }
+    cai_tensor t;
+    CAI_CALL(cai_weights_find(w, p->name, 1, &t));
+    const size_t es = cai_dtype_size(t.dtype);
+    if (t.dtype == CAI_DTYPE_F32) {
+        CAI_CALL(cai_device_copy(dev, dst, t.data, (size_t)p->numel * es, kind));
+    } else {
+        /* the narrower copy lands in dst's second half, then widens in place from the front */
+        void *narrow = (char *)dst + (size_t)p->numel * (sizeof *dst - es);
+        CAI_CALL(cai_device_copy(dev, narrow, t.data, (size_t)p->numel * es, kind));
+        CAI_CALL(cai_device_sync(dev));
+        for (uint64_t i = 0; i < p->numel; i++) { /* element i is read before dst[i] covers it */
+            float v;
+            CAI_CALL(cai_convert_host(&v, CAI_DTYPE_F32, (char *)narrow + i * es, t.dtype, 1));
+            dst[i] = v;
+        }
+    }
     return cai_lora_merge(s->l, p->name, dst);
 }
 

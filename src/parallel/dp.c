@@ -43,19 +43,19 @@ static uint64_t hash_words(uint64_t h, const unsigned char *p, size_t bytes) {
     return h;
 }
 
-/* Hash of `count` floats at `src` on `dev`, read through `stage`. */
-static cai_status hash_params(cai_device_t *dev, const float *src, size_t count, float *stage, size_t stage_count,
+/* Hash of `bytes` bytes at `src` on `dev`, read through `stage`. */
+static cai_status hash_params(cai_device_t *dev, const void *src, size_t bytes, void *stage, size_t stage_bytes,
                               uint64_t *out) {
-    uint64_t h = 0xCBF29CE484222325ull ^ (uint64_t)count;
-    for (size_t done = 0; done < count;) {
-        size_t n = count - done < stage_count ? count - done : stage_count;
-        const float *host = src + done;
+    uint64_t h = 0xCBF29CE484222325ull ^ (uint64_t)bytes;
+    for (size_t done = 0; done < bytes;) {
+        size_t n = bytes - done < stage_bytes ? bytes - done : stage_bytes;
+        const unsigned char *host = (const unsigned char *)src + done;
         if (dev->kind != CAI_DEVICE_HOST) {
-            CAI_CALL(cai_device_copy(dev, stage, src + done, n * sizeof(float), CAI_COPY_D2H));
+            CAI_CALL(cai_device_copy(dev, stage, host, n, CAI_COPY_D2H));
             CAI_CALL(cai_device_sync(dev));
             host = stage;
         }
-        h = hash_words(h, (const unsigned char *)host, n * sizeof(float));
+        h = hash_words(h, host, n);
         done += n;
     }
     *out = h;
@@ -73,8 +73,8 @@ cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m) {
     int np = cai_registry_count(reg);
     size_t *offsets = NULL, total = 0;
     int64_t *lo = NULL, *hi = NULL;
-    float *stage = NULL;
-    const size_t stage_count = (size_t)1 << 20;
+    void *stage = NULL;
+    const size_t stage_bytes = (size_t)4 << 20;
     cai_status st = CAI_OK;
     CAI_CALL_GOTO(cai_calloc((void **)&offsets, (size_t)np + 1, sizeof *offsets, "replica check offsets"), st, done);
     CAI_CALL_GOTO(cai_calloc((void **)&lo, (size_t)np + 1, sizeof *lo, "replica check hashes"), st, done);
@@ -82,20 +82,17 @@ cai_status cai_dp_check_replicas(cai_mesh_t *mesh, cai_model_t *m) {
     CAI_CALL_GOTO(cai_registry_local_layout(reg, cai_model_view(m), cai_model_align_elems(m), offsets, &total), st,
                   done);
     if (dev->kind != CAI_DEVICE_HOST)
-        CAI_CALL_GOTO(cai_device_alloc_staging(dev, stage_count * sizeof(float), "replica check staging",
-                                               (void **)&stage),
-                      st, done);
+        CAI_CALL_GOTO(cai_device_alloc_staging(dev, stage_bytes, "replica check staging", (void **)&stage), st, done);
     CAI_CALL_GOTO(cai_device_sync(dev), st, done);
-    cai_tensor params, grads, lowp;
-    cai_model_flat(m, &params, &grads, &lowp);
+    /* the F32 masters, or what a frozen model kept (cai_model_keep_compute) */
+    const cai_weights_t *w = cai_model_weights(m);
+    const int compute = cai_weights_compute_only(w);
     for (int i = 0; i < np; i++) {
         if (offsets[i] == SIZE_MAX) continue; /* not on this stage: 0 on every replica of it */
-        cai_param_shard shard;
-        CAI_CALL_GOTO(cai_registry_shard(reg, i, cai_model_view(m), &shard), st, done);
+        cai_tensor t;
+        CAI_CALL_GOTO(cai_weights_param_view(w, i, compute, &t), st, done);
         uint64_t h = 0;
-        CAI_CALL_GOTO(hash_params(dev, (const float *)params.data + offsets[i], (size_t)shard.local_numel, stage,
-                                  stage_count, &h),
-                      st, done);
+        CAI_CALL_GOTO(hash_params(dev, t.data, cai_tensor_nbytes(&t), stage, stage_bytes, &h), st, done);
         memcpy(&lo[i], &h, sizeof h);
         hi[i] = lo[i];
     }

@@ -78,13 +78,14 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
             st = CAI_ERROR(CAI_ERR_UNSUPPORTED, "memory plan: LoRA runs ZeRO stage 0 without offload");
             goto done;
         }
-        /* the frozen base keeps its weights only; the adapters are reduced in place */
+        /* the frozen base keeps only the copy its layers read
+         * (cai_model_keep_compute); the adapters are reduced in place */
         const size_t a = req->lora_flat;
+        out->params = n * act + (c.act_dtype != CAI_DTYPE_F32 ? a * act : 0); /* + the adapters' compute copy */
         out->grads = a * f4;
-        out->master = n * f4 + a * f4;
+        out->master = a * f4;
         out->optim = 2 * a * f4;
         out->staging = 0;
-        if (c.act_dtype != CAI_DTYPE_F32) out->params += a * act; /* the adapters' copy the matmuls read */
     }
     int first = 0, last = 0;
     int nl = n_units;

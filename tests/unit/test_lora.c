@@ -303,12 +303,17 @@ static double max_abs(const float *a, int64_t n) {
     return m;
 }
 
+/* Also over a bf16 base that keeps only its compute copy (what a LoRA run
+ * holds): the export merges the weights the layers read. */
 START_TEST(the_merged_export_gives_the_adapter_models_logits) {
-    for (int f = 1; f >= 0; f--) {
-        cai_model_config c = tiny((cai_model_family)f);
+    for (int v = 3; v >= 0; v--) {
+        const int f = v % 2;
+        cai_model_config c = tiny((cai_model_family)f), c32 = c;
+        if (v >= 2) c.param_dtype = CAI_DTYPE_BF16;
         int32_t tok[B * T], tgt[B * T];
         batch(&c, tok, tgt);
         cai_model_t *m = make(&c, 1, 0, 0);
+        OK(cai_model_keep_compute(m));
         cai_lora_t *l = make_lora(&c, f == CAI_MODEL_GPT2 ? "c_attn,c_proj,c_fc" : "all-linear", 0.1f);
         OK(cai_model_set_lora(m, l));
         char dir[] = "/tmp/test_lora_mergedXXXXXX";
@@ -317,7 +322,7 @@ START_TEST(the_merged_export_gives_the_adapter_models_logits) {
         OK(cai_lora_export_merged(dir, m, l, &eo, NULL));
         cai_hf_t *h = NULL;
         OK(cai_hf_open(&h, dir));
-        cai_model_t *merged = make(&c, 0, 0, 0);
+        cai_model_t *merged = make(&c32, 0, 0, 0);
         OK(cai_hf_import_model(h, merged));
         cai_hf_close(h);
         cai_tensor la, lb;
@@ -350,12 +355,50 @@ START_TEST(the_merged_export_gives_the_adapter_models_logits) {
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         ck_assert_int_eq(system(cmd), 0);
     }
+    /* a base whose layers read bf16 (widened from its compute copy on
+     * export) merges to the same bytes as one whose layers read the same
+     * values in f32 (this backend runs neither forward in bf16) */
+    char d16[] = "/tmp/test_lora_m16XXXXXX", d32[] = "/tmp/test_lora_m32XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(d16));
+    ck_assert_ptr_nonnull(mkdtemp(d32));
+    char *bytes[2];
+    size_t len[2];
+    for (int k = 0; k < 2; k++) {
+        cai_model_config c = tiny(CAI_MODEL_LLAMA);
+        c.param_dtype = CAI_DTYPE_BF16;
+        c.act_dtype = k ? CAI_DTYPE_F32 : CAI_DTYPE_BF16;
+        cai_model_t *m = make(&c, 1, 0, 0);
+        OK(cai_model_keep_compute(m));
+        cai_lora_t *l = make_lora(&c, "all-linear", 0.0f);
+        OK(cai_model_set_lora(m, l));
+        cai_hf_export_options eo = cai_hf_export_options_default();
+        OK(cai_lora_export_merged(k ? d32 : d16, m, l, &eo, NULL));
+        char path[512];
+        snprintf(path, sizeof path, "%s/model.safetensors", k ? d32 : d16);
+        FILE *fp = fopen(path, "rb");
+        ck_assert_ptr_nonnull(fp);
+        fseek(fp, 0, SEEK_END);
+        len[k] = (size_t)ftell(fp);
+        rewind(fp);
+        bytes[k] = malloc(len[k]);
+        ck_assert_uint_eq(fread(bytes[k], 1, len[k], fp), len[k]);
+        fclose(fp);
+        cai_model_free(m);
+        cai_lora_free(l);
+    }
+    ck_assert(len[0] == len[1] && memcmp(bytes[0], bytes[1], len[0]) == 0);
+    free(bytes[0]);
+    free(bytes[1]);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s", d16, d32);
+    ck_assert_int_eq(system(cmd), 0);
 }
 END_TEST
 
 START_TEST(the_memory_plan_counts_adapters_only_as_trainable) {
-    for (int f = 0; f < 2; f++) {
-        cai_model_config c = tiny((cai_model_family)f);
+    for (int f = 0; f < 4; f++) {
+        cai_model_config c = tiny((cai_model_family)(f % 2));
+        if (f >= 2) c.param_dtype = CAI_DTYPE_BF16; /* masters and the bf16 copy go; the f32 compute copy stays */
         cai_lora_t *l = make_lora(&c, "all-linear", 0.0f);
         cai_adamw_config ac = cai_adamw_config_default();
         cai_optim_t *o = NULL;
@@ -376,11 +419,14 @@ START_TEST(the_memory_plan_counts_adapters_only_as_trainable) {
         OK(cai_mem_plan_compute(&q, &p));
         ck_assert_uint_eq(p.optim, cai_tensor_nbytes(&mo) + cai_tensor_nbytes(&vo));
         /* gradients: the adapters' buffer only (plus the plan's bucket packing, zero at dp 1) */
+        /* the base as a LoRA run holds it: only the copy its layers read */
         cai_model_t *m = make(&c, 1, 0, 0);
+        OK(cai_model_keep_compute(m));
         size_t pbytes, act;
         cai_model_memory(m, &pbytes, &act);
         ck_assert_uint_eq(p.grads, cai_tensor_nbytes(&g));
-        ck_assert_uint_eq(p.master, pbytes + cai_tensor_nbytes(&g));
+        ck_assert_uint_eq(p.master, cai_tensor_nbytes(&g));
+        ck_assert_uint_eq(p.params, pbytes);
         q.lora_flat = 0;
         OK(cai_mem_plan_compute(&q, &full));
         ck_assert_uint_lt(p.optim, full.optim);
