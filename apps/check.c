@@ -56,7 +56,7 @@ typedef struct {
     int plan, family, d_model, ffn_hidden;
     int64_t plan_memory;
     int global_batch, micro_batch, seq_len, ranks_per_node, cores, threads, plan_iters, plan_layers, top, pp_zero,
-        max_virtual;
+        plan_fp8, max_virtual;
     double bandwidth, latency;
     char *pp_styles;
     cai_app_common common;
@@ -129,6 +129,10 @@ static const cai_config_field k_fields[] = {
       BIG),
     F("plan.pp_schedules", CAI_CFG_STRING, pp_styles, "gpipe,1f1b,interleaved,zb-h1,zb-v", NULL,
       "--plan: schedules colossal-pretrain runs under pp (the others are listed as not run)", CAI_CFG_NO_RANGE),
+    F("plan.fp8", CAI_CFG_BOOL, plan_fp8, "false", NULL,
+      "--plan: count FP8 linears (fp8.layers auto: all blocks but the first and last) in every layout's bytes; "
+      "the predicted times stay those of the layers measured without FP8",
+      CAI_CFG_NO_RANGE),
     F("plan.pp_zero", CAI_CFG_INT, pp_zero, "1", NULL, "--plan: highest ZeRO stage colossal-pretrain runs under pp", 0,
       3),
     F("plan.max_virtual", CAI_CFG_INT, max_virtual, "4", NULL, "--plan: interleaved chunks per rank tried (2..this)", 2,
@@ -772,6 +776,9 @@ static cai_status run_plan(const cai_app *app, const check_config *c) {
     q.mem_limit = (size_t)c->plan_memory;
     q.max_virtual = c->max_virtual;
     q.run_pp_zero = c->pp_zero;
+    cai_fp8_config f8 = cai_fp8_config_default();
+    f8.enabled = 1;
+    if (c->plan_fp8) q.fp8 = &f8;
     long online = sysconf(_SC_NPROCESSORS_ONLN);
     q.cores = c->cores ? c->cores : online > 0 ? (int)online : 1;
     q.ranks_per_node =

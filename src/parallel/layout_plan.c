@@ -430,6 +430,7 @@ static cai_status evaluate(const cai_plan_request *q, const model_facts *mf, cai
     cai_zero_config_init(&r.zero);
     r.zero.stage = e->zero;
     r.dev = q->dev;
+    r.fp8 = q->fp8;
     r.pp_microbatches = e->pp > 1 ? e->microbatches : 0;
     r.pp_split = e->pp > 1 && (e->style == CAI_PP_ZB_H1 || e->style == CAI_PP_ZB_V);
     /* the executor's choice (cai_pipeline_boundaries_shared) for a job on one node */
@@ -774,6 +775,7 @@ void cai_plan_print(const cai_plan_request *q, const cai_plan_entry *e, int n, i
             c->n_kv_heads ? c->n_kv_heads : c->n_heads, c->vocab_size, q->np, q->global_batch, q->seq_len,
             q->mem_limit ? "" : "none");
     if (q->mem_limit) fprintf(out, "%.1f MiB per rank", q->mem_limit / 1048576.0);
+    if (q->fp8 && q->fp8->enabled) fprintf(out, "; FP8 linears in blocks '%s'", q->fp8->layers);
     fprintf(out, "\n");
     fprintf(out,
             "costs: block forward %.4f s, backward %.4f s (split: weight pass %.4f s); embedding+head forward %.4f "

@@ -5,7 +5,8 @@
 # batch, the winner fits the memory limit and every row's verdict agrees
 # with its bytes, a lower limit changes the winner, a limit nothing fits is
 # refused naming the smallest layout's bytes, the pipelines the trainer does
-# not run are marked and never win, and bad input fails with a message.
+# not run are marked and never win, FP8 linears add their bytes to every
+# layout, and bad input fails with a message.
 . "$top_srcdir/tests/apps/check_lib.sh"
 
 MODEL="--model.n_layers 4 --model.d_model 64 --model.n_heads 4 --model.vocab_size 256 --plan.seq_len 32
@@ -55,6 +56,19 @@ check_rows 0
 free=$(winner_mib)
 n_free=$(rows | grep -c ' fits ')
 echo "  no limit: winner $free MiB, $n_free layouts fit and run"
+
+# FP8 linears (blocks 1-2 of 4): every layout holds their casts and weight
+# codes besides, so the same rows sum to more bytes
+sum_mib() { rows | awk '{ s += $1 } END { printf "%.4f", s }'; }
+plain=$(sum_mib)
+# shellcheck disable=SC2086
+run_np 1 --plan --np 8 $MODEL --plan.pp_schedules gpipe,1f1b --plan.pp_zero 0 --plan.fp8 true
+expect_ok
+expect_grep out "^layout plan: gpt2, .*; FP8 linears in blocks 'auto'"
+check_rows 0
+with=$(sum_mib)
+awk -v a="$plain" -v b="$with" 'BEGIN { exit !(b > a) }' || fail "FP8 linears added no bytes ($with MiB against $plain)"
+echo "  FP8 linears: the rows sum to $with MiB against $plain"
 
 # A limit just under that winner's bytes: it is refused, another wins.
 limit=$(awk -v w="$free" 'BEGIN { printf "%.0f", w * 1048576 - 65536 }')

@@ -372,7 +372,9 @@ typedef struct {
     unsigned run_styles;    /* bit (1 << style) for every schedule the trainer runs under pp */
     int run_pp_zero;        /* highest ZeRO stage the trainer runs under pp */
     cai_plan_costs costs;
-    const cai_device_t *dev; /* the backend decides attention workspace sizes */
+    const cai_device_t *dev;   /* the backend decides attention workspace sizes */
+    const cai_fp8_config *fp8; /* FP8 linears: their casts and weight codes count in every layout's bytes
+                                * (the costs stay as measured); NULL or not enabled: none */
 } cai_plan_request;
 
 typedef enum {
