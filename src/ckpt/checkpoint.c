@@ -927,6 +927,7 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
                   "cai_ckpt_save_buffers: meta->has_model must be set (the model config is part of "
                   "every checkpoint)");
     double t0 = cai_time_now();
+    int agreed = 0;
     engine e;
     cai_status st = engine_init(&e, mesh, layout, bufs, n_bufs);
     e.pieces = pieces;
@@ -939,7 +940,7 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     uint64_t meta_bytes = ck_h5_meta_estimate(st == CAI_OK ? (size_t)(e.nb * (e.np + 1)) : 0), bytes = meta_bytes;
     for (int b = 0; st == CAI_OK && b < e.nb; b++) bytes += e.slen[b] * cai_dtype_size(e.fdt[b]);
     if (st == CAI_OK && e.rank == 0) st = ck_space_check(tmp, bytes);
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
 
     int64_t created = (int64_t)time(NULL);
     int mrc = MPI_Bcast(&created, 1, MPI_INT64_T, 0, e.comm);
@@ -950,9 +951,9 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
         snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "%s%s", b ? "," : "", bufs[b].group);
 
     st = ck_h5_create(&e.h, e.comm, tmp);
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     st = e.rank == 0 ? ck_h5_reserve(&e.h, 0, meta_bytes, "its metadata") : CAI_OK;
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     {
         cai_ckpt_meta m = *meta;
         if (m.world_size == 0) {
@@ -964,32 +965,37 @@ cai_status cai_ckpt_save_pieces(cai_mesh_t *mesh, const char *path, const cai_ck
     CAI_CALL_GOTO(create_datasets(&e), st, fail);
     for (int b = 0; st == CAI_OK && e.rank == 0 && b < e.nb; b++)
         st = ck_h5_reserve_dataset(&e.h, e.storage[b], e.slen[b] * cai_dtype_size(e.fdt[b]), e.group[b]);
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     cai_status local = CAI_OK;
     for (int b = 0; b < n_bufs; b++) local = move_group(&e, b, -1, local, tmp);
-    CAI_CALL_GOTO(ck_agree(e.comm, local), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, local), st, fail_agreed);
     CAI_CALL_GOTO(sum_checksums(&e), st, fail);
     for (int k = 0; k < n_bufs * e.np; k++)
         if (e.ds[k] >= 0) CAI_CALL_GOTO(ck_h5_attr_u64(&e.h, e.ds[k], "xsum64", e.xs[k]), st, fail);
     stats_fill(&e, stats, t0);
     engine_free(&e); /* closes the datasets before the file */
     st = ck_h5_flush(&e.h);
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     st = ck_h5_close(&e.h);
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     /* Complete and closed on every rank: now it may take its name. */
     if (e.rank == 0) {
         if (rename(tmp, path) != 0)
             st = CAI_ERROR(CAI_ERR_IO, "cannot rename checkpoint '%s' to '%s': %s", tmp, path, strerror(errno));
         else st = sync_dir_of(path);
     }
-    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail);
+    CAI_CALL_GOTO(ck_agree(e.comm, st), st, fail_agreed);
     if (stats) stats->seconds = cai_time_now() - t0;
     return CAI_OK;
+fail_agreed:
+    agreed = 1;
 fail:
     engine_free(&e);
     ck_h5_close(&e.h);
     if (e.rank == 0 && *tmp) unlink(tmp);
+    /* A failure every rank saw: none returns (and perhaps ends the job)
+     * before rank 0 has removed the temporary file. */
+    if (agreed) MPI_Barrier(e.comm);
     return st;
 }
 
