@@ -351,15 +351,13 @@ static cai_status merged_source(void *ctx, const cai_param_info *p, float *dst) 
     if (t.dtype == CAI_DTYPE_F32) {
         CAI_CALL(cai_device_copy(dev, dst, t.data, (size_t)p->numel * es, kind));
     } else {
-        /* the narrower copy lands in dst's second half, then widens in place from the front */
-        void *narrow = (char *)dst + (size_t)p->numel * (sizeof *dst - es);
-        CAI_CALL(cai_device_copy(dev, narrow, t.data, (size_t)p->numel * es, kind));
-        CAI_CALL(cai_device_sync(dev));
-        for (uint64_t i = 0; i < p->numel; i++) { /* element i is read before dst[i] covers it */
-            float v;
-            CAI_CALL(cai_convert_host(&v, CAI_DTYPE_F32, (char *)narrow + i * es, t.dtype, 1));
-            dst[i] = v;
-        }
+        void *narrow = NULL;
+        CAI_CALL(cai_malloc(&narrow, (size_t)p->numel * es, "merged export staging"));
+        cai_status st = cai_device_copy(dev, narrow, t.data, (size_t)p->numel * es, kind);
+        if (st == CAI_OK) st = cai_device_sync(dev);
+        if (st == CAI_OK) st = cai_convert_host(dst, CAI_DTYPE_F32, narrow, t.dtype, (size_t)p->numel);
+        cai_free(narrow);
+        CAI_CALL(st);
     }
     return cai_lora_merge(s->l, p->name, dst);
 }

@@ -1053,13 +1053,18 @@ static cai_status restore_acts(cai_model_t *m) {
     return st;
 }
 
-/* Offload (to_host) or onload a frozen model with weights of its own. */
-static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
+/* What only a frozen model with weights of its own may do (`does`). */
+static cai_status own_frozen(const cai_model_t *m, const char *what, const char *does) {
     CAI_CHECK_ARG(m, "%s: NULL model", what);
     if (!m->frozen || !m->own_weights || m->external)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: only a frozen model with weights of its own can wait in host memory (this one %s)", what,
-                         !m->frozen ? "is trained" : "shares or binds its weights");
+        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: only a frozen model with weights of its own can %s (this one %s)",
+                         what, does, !m->frozen ? "is trained" : "shares or binds its weights");
+    return CAI_OK;
+}
+
+/* Offload (to_host) or onload a frozen model with weights of its own. */
+static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
+    CAI_CALL(own_frozen(m, what, "wait in host memory"));
     if (m->offloaded == to_host) return CAI_OK;
     if (to_host) {
         CAI_CALL(cai_weights_offload(m->w)); /* synchronises: no forward still reads the arena */
@@ -1078,12 +1083,7 @@ static cai_status move_weights(cai_model_t *m, int to_host, const char *what) {
 }
 
 cai_status cai_model_keep_compute(cai_model_t *m) {
-    CAI_CHECK_ARG(m, "cai_model_keep_compute: NULL model");
-    if (!m->frozen || !m->own_weights || m->external)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "cai_model_keep_compute: only a frozen model with weights of its own can drop its masters "
-                         "(this one %s)",
-                         !m->frozen ? "is trained" : "shares or binds its weights");
+    CAI_CALL(own_frozen(m, "cai_model_keep_compute", "drop its masters"));
     CAI_CALL(cai_weights_keep_compute(m->w));
     rebind_compute(m);
     return CAI_OK;
