@@ -65,56 +65,56 @@ void tc_fill_choices(void);
                  "maximum global gradient norm; 0: no clipping", 0, 1e9, NULL)
 
 /* zero.*, precision and loss_scale.* */
-#define TC_ZERO_FIELDS(type, m)                                                                                                                              \
-    TC_FIELD(type, m, "zero.stage", CAI_CFG_INT, zero_stage, "0",                                                                                            \
-             "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3,                                           \
-             NULL),                                                                                                                                          \
-        TC_FIELD(type, m, "zero.offload", CAI_CFG_BOOL, zero_offload, "false",                                                                               \
-                 "keep f32 master weights and AdamW moments in host memory and step there", 1.0, 0.0, NULL),                                                 \
-        TC_FIELD(type, m, "zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",                                                                            \
-                 "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6,                                       \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(                                                                                                                                            \
-            type, m, "zero.reduce_dtype", CAI_CFG_ENUM, zero_reduce_dtype, "f32",                                                                            \
-            "dtype gradient reductions move in: f32, bf16 (half the bytes), or fp8 (a quarter: E5M2 codes scaled per chunk, summed in f32; stages 2 and 3)", \
-            1.0, 0.0, tc_reduce_dtypes),                                                                                                                     \
-        TC_FIELD(type, m, "zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",                                                                                \
-                 "reduce each bucket during the backward; false: all of them after it (for comparison)", 1.0, 0.0,                                           \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(type, m, "zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",                                                                          \
-                 "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets "                                           \
-                 "all); 0: no limit",                                                                                                                        \
-                 0, 64, NULL),                                                                                                                               \
-        TC_FIELD(type, m, "precision", CAI_CFG_ENUM, precision, "auto",                                                                                      \
-                 "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32",                                          \
-                 1.0, 0.0, tc_precisions),                                                                                                                   \
-        TC_FIELD(type, m, "loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30,                                        \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(type, m, "loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000",                                                                      \
-                 "f16: good steps before the scale doubles", 1, 1 << 30, NULL),                                                                              \
-        TC_FIELD(type, m, "loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2",                                                                          \
-                 "f16: overflows tolerated before the scale halves", 1, 1 << 20, NULL),                                                                      \
-        TC_FIELD(type, m, "loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30,                                            \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(type, m, "loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30,                                            \
-                 1e30, NULL),                                                                                                                                \
-        TC_FIELD(type, m, "fp8.enabled", CAI_CFG_BOOL, fp8, "false",                                                                                         \
-                 "FP8 matrix products in the linear layers of the blocks fp8.layers selects (docs/fp8.md)", 1.0, 0.0,                                        \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(type, m, "fp8.format", CAI_CFG_ENUM, fp8_format, "hybrid",                                                                                  \
-                 "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere", 1.0, 0.0,                                                    \
-                 cai_fp8_format_names),                                                                                                                      \
-        TC_FIELD(type, m, "fp8.recipe", CAI_CFG_ENUM, fp8_recipe, "delayed",                                                                                 \
-                 "delayed: scales from the amax history of earlier steps; current: from each tensor's own amax", 1.0,                                        \
-                 0.0, cai_fp8_recipe_names),                                                                                                                 \
-        TC_FIELD(type, m, "fp8.amax_algo", CAI_CFG_ENUM, fp8_amax_algo, "max",                                                                               \
-                 "delayed recipe: the amax a scale comes from, the history's max or its most recent", 1.0, 0.0,                                              \
-                 cai_fp8_amax_algo_names),                                                                                                                   \
-        TC_FIELD(type, m, "fp8.amax_history", CAI_CFG_INT, fp8_history, "1024", "steps of amax history per tensor", 1,                                       \
-                 65536, NULL),                                                                                                                               \
-        TC_FIELD(type, m, "fp8.margin", CAI_CFG_INT, fp8_margin, "0", "scale = fp8_max / amax / 2^margin", 0, 64,                                            \
-                 NULL),                                                                                                                                      \
-        TC_FIELD(type, m, "fp8.layers", CAI_CFG_STRING, fp8_layers, "auto",                                                                                  \
+#define TC_ZERO_FIELDS(type, m)                                                                                                              \
+    TC_FIELD(type, m, "zero.stage", CAI_CFG_INT, zero_stage, "0",                                                                            \
+             "ZeRO stage over mesh.dp: 0 replicated, 1 optimizer state sharded, 2 + gradients, 3 + weights", 0, 3,                           \
+             NULL),                                                                                                                          \
+        TC_FIELD(type, m, "zero.offload", CAI_CFG_BOOL, zero_offload, "false",                                                               \
+                 "keep f32 master weights and AdamW moments in host memory and step there", 1.0, 0.0, NULL),                                 \
+        TC_FIELD(type, m, "zero.bucket_mb", CAI_CFG_DOUBLE, zero_bucket_mb, "25",                                                            \
+                 "gradient bucket (MiB of f32 gradients) reduced as soon as its layers' backward finishes", 1e-3, 1e6,                       \
+                 NULL),                                                                                                                      \
+        TC_FIELD(                                                                                                                            \
+            type, m, "zero.reduce_dtype", CAI_CFG_ENUM, zero_reduce_dtype, "f32",                                                            \
+            "dtype gradient reductions move in: f32, bf16 (half the bytes), or fp8 (a quarter: E5M2 codes scaled per chunk, summed in f32)", \
+            1.0, 0.0, tc_reduce_dtypes),                                                                                                     \
+        TC_FIELD(type, m, "zero.overlap", CAI_CFG_BOOL, zero_overlap, "true",                                                                \
+                 "reduce each bucket during the backward; false: all of them after it (for comparison)", 1.0, 0.0,                           \
+                 NULL),                                                                                                                      \
+        TC_FIELD(type, m, "zero.overlap_ctas", CAI_CFG_INT, zero_overlap_ctas, "4",                                                          \
+                 "GPU: thread blocks NCCL may use for reductions that overlap the backward (the last bucket gets "                           \
+                 "all); 0: no limit",                                                                                                        \
+                 0, 64, NULL),                                                                                                               \
+        TC_FIELD(type, m, "precision", CAI_CFG_ENUM, precision, "auto",                                                                      \
+                 "auto (model.param_dtype / act_dtype), f32, bf16 or f16 (dynamic loss scaling); masters stay f32",                          \
+                 1.0, 0.0, tc_precisions),                                                                                                   \
+        TC_FIELD(type, m, "loss_scale.initial", CAI_CFG_DOUBLE, ls_init, "65536", "f16: initial loss scale", 1, 1e30,                        \
+                 NULL),                                                                                                                      \
+        TC_FIELD(type, m, "loss_scale.growth_interval", CAI_CFG_INT, ls_window, "1000",                                                      \
+                 "f16: good steps before the scale doubles", 1, 1 << 30, NULL),                                                              \
+        TC_FIELD(type, m, "loss_scale.hysteresis", CAI_CFG_INT, ls_hysteresis, "2",                                                          \
+                 "f16: overflows tolerated before the scale halves", 1, 1 << 20, NULL),                                                      \
+        TC_FIELD(type, m, "loss_scale.min", CAI_CFG_DOUBLE, ls_min, "1", "f16: smallest loss scale", 1e-30, 1e30,                            \
+                 NULL),                                                                                                                      \
+        TC_FIELD(type, m, "loss_scale.max", CAI_CFG_DOUBLE, ls_max, "16777216", "f16: largest loss scale", 1e-30,                            \
+                 1e30, NULL),                                                                                                                \
+        TC_FIELD(type, m, "fp8.enabled", CAI_CFG_BOOL, fp8, "false",                                                                         \
+                 "FP8 matrix products in the linear layers of the blocks fp8.layers selects (docs/fp8.md)", 1.0, 0.0,                        \
+                 NULL),                                                                                                                      \
+        TC_FIELD(type, m, "fp8.format", CAI_CFG_ENUM, fp8_format, "hybrid",                                                                  \
+                 "hybrid: E4M3 activations and weights, E5M2 gradients; e4m3: E4M3 everywhere", 1.0, 0.0,                                    \
+                 cai_fp8_format_names),                                                                                                      \
+        TC_FIELD(type, m, "fp8.recipe", CAI_CFG_ENUM, fp8_recipe, "delayed",                                                                 \
+                 "delayed: scales from the amax history of earlier steps; current: from each tensor's own amax", 1.0,                        \
+                 0.0, cai_fp8_recipe_names),                                                                                                 \
+        TC_FIELD(type, m, "fp8.amax_algo", CAI_CFG_ENUM, fp8_amax_algo, "max",                                                               \
+                 "delayed recipe: the amax a scale comes from, the history's max or its most recent", 1.0, 0.0,                              \
+                 cai_fp8_amax_algo_names),                                                                                                   \
+        TC_FIELD(type, m, "fp8.amax_history", CAI_CFG_INT, fp8_history, "1024", "steps of amax history per tensor", 1,                       \
+                 65536, NULL),                                                                                                               \
+        TC_FIELD(type, m, "fp8.margin", CAI_CFG_INT, fp8_margin, "0", "scale = fp8_max / amax / 2^margin", 0, 64,                            \
+                 NULL),                                                                                                                      \
+        TC_FIELD(type, m, "fp8.layers", CAI_CFG_STRING, fp8_layers, "auto",                                                                  \
                  "blocks in FP8: auto (all but the first and last), all, none, or a list like 1-4,7", 1.0, 0.0, NULL)
 
 /* AdamW with its schedule decaying over `steps` unless optim.decay_steps. */

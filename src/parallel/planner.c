@@ -72,6 +72,8 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     out->grads += L.axis_max * f4; /* the axis buckets' packing buffer */
     /* the bf16 reduction copy; stages 2/3 take bf16 windows, in the window peak */
     if (z->reduce_dtype == CAI_DTYPE_BF16 && L.stage < 2) out->grads += L.n_pad * sizeof(uint16_t);
+    /* stages 0/1 keep the fp8 exchange blocks; stages 2/3 take them from the pool */
+    if (z->reduce_fp8) out->grads += zl_fp8_fixed_bytes(&L);
     CAI_CALL_GOTO(zero_window_peak(&L, act, z, &out->windows), st, done);
     if (req->lora_flat) {
         if (z->stage != 0 || z->offload) {

@@ -52,6 +52,8 @@ struct cai_zero {
     void *LP;           /* working-dtype rounding scratch [shard] when it is neither F32 nor act */
     double *acc;        /* device sumsq accumulator */
     uint16_t *RB;       /* zero.reduce_dtype bf16: the bf16 copy reductions move, engine layout [n_pad] */
+    uint8_t *FB;        /* reduce_fp8, stages 0/1: every bucket's exchange block, at fboff[k] */
+    size_t *fboff;
     float *AX;          /* the axis buckets' packing buffer [axis_max] */
     cai_arena_t harena; /* offload: M, Mm, Mv, GSh, Wh, LP in one staging (pinned on a GPU) block */
     size_t mem_params, mem_grads, mem_master, mem_optim, mem_staging, mem_host, mem_rb;
@@ -96,12 +98,9 @@ cai_status cai_zero_config_check(const cai_zero_config *c) {
     if (c->reduce_dtype != CAI_DTYPE_F32 && c->reduce_dtype != CAI_DTYPE_BF16)
         return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype=%s: gradients reduce in f32 or bf16",
                          cai_dtype_name(c->reduce_dtype));
-    if (c->reduce_fp8 && (c->stage < 2 || c->reduce_dtype != CAI_DTYPE_F32))
-        return CAI_ERROR(CAI_ERR_CONFIG,
-                         "zero.reduce_dtype=fp8 with zero.stage=%d: FP8 gradient communication reduce-scatters each "
-                         "microbatch's window, which stages 2 and 3 do; use zero.stage=2 or 3 (or reduce_dtype "
-                         "bf16 at stages 0 and 1)",
-                         c->stage);
+    if (c->reduce_fp8 && c->reduce_dtype != CAI_DTYPE_F32)
+        return CAI_ERROR(CAI_ERR_CONFIG, "zero.reduce_dtype: fp8 and %s at once; choose one",
+                         cai_dtype_name(c->reduce_dtype));
     if (c->reduce_only && (c->stage != 0 || c->offload))
         return CAI_ERROR(CAI_ERR_CONFIG,
                          "a reduce-only engine (the caller's optimizer steps the model's buffers) "
@@ -332,19 +331,73 @@ static size_t bf16_copy_span(const cai_zero_t *z, int k, size_t *n) {
     return z->L.stage == 0 ? b->lo : b->elo;
 }
 
-/* reduce_fp8: bucket k's exchange block holds the codes sent and received
- * (len bytes each) and then one meta of FP8_COMM_STRIDE floats per chunk
- * sent and received. */
-enum { FP8_COMM_STRIDE = CAI_FP8_META_STRIDE(1) };
-static size_t fp8_block_bytes(const zl_bucket *b) {
-    return 2 * b->len + 2 * (size_t)b->nshard * FP8_COMM_STRIDE * sizeof(float);
+/* reduce_fp8: bucket k's exchange block (zl_fp8_block_bytes): codes sent
+ * and received, metas sent and received, and at stage 0 the all-gather's
+ * codes and metas and this rank's f32 sum. */
+static uint8_t *fp8_block(cai_zero_t *z, int k) {
+    return z->L.stage >= 2 ? (uint8_t *)zp_ptr(&z->pool, z->rt[k].bwin) : z->FB + z->fboff[k];
 }
-static uint8_t *fp8_codes(cai_zero_t *z, int k, int recv) {
-    return (uint8_t *)zp_ptr(&z->pool, z->rt[k].bwin) + (recv ? z->L.b[k].len : 0);
+static uint8_t *fp8_codes(cai_zero_t *z, int k, int part) { /* 0 sent, 1 received, 2 gathered */
+    const size_t rc = (size_t)zl_fp8_rows(&z->L, k) * zl_fp8_chunk(&z->L, k);
+    const size_t metas = (size_t)zl_fp8_rows(&z->L, k) * ZL_FP8_STRIDE * sizeof(float);
+    return fp8_block(z, k) + (part == 2 ? 2 * rc + 2 * metas : (size_t)part * rc);
 }
-static float *fp8_metas(cai_zero_t *z, int k, int recv) {
-    const zl_bucket *b = &z->L.b[k];
-    return (float *)(fp8_codes(z, k, 0) + 2 * b->len) + (recv ? (size_t)b->nshard * FP8_COMM_STRIDE : 0);
+static float *fp8_metas(cai_zero_t *z, int k, int part) {
+    const size_t rows = (size_t)zl_fp8_rows(&z->L, k), rc = rows * zl_fp8_chunk(&z->L, k);
+    if (part == 2) return (float *)(fp8_codes(z, k, 2) + rc);
+    return (float *)(fp8_block(z, k) + 2 * rc) + (part ? rows * ZL_FP8_STRIDE : 0);
+}
+static float *fp8_sum(cai_zero_t *z, int k) {
+    return fp8_metas(z, k, 2) + (size_t)zl_fp8_rows(&z->L, k) * ZL_FP8_STRIDE;
+}
+
+/* E5M2 codes of n f32 gradients at src, scaled from their own amax into
+ * meta, which the caller zeroed (an empty piece's then decodes to zeros). */
+static cai_status fp8_encode(cai_zero_t *z, uint8_t *dst, float *meta, const float *src, size_t n) {
+    if (!n) return CAI_OK;
+    cai_tensor m = vec(z->dev, meta, CAI_DTYPE_F32, 0, ZL_FP8_STRIDE);
+    cai_tensor x = cai_tensor_2d(z->dev, (void *)src, CAI_DTYPE_F32, 1, (int64_t)n);
+    cai_tensor q = cai_tensor_2d(z->dev, dst, CAI_DTYPE_U8, 1, (int64_t)n);
+    CAI_CALL(z->dev->ops->fp8_cast(z->dev, &q, NULL, &x, &m, CAI_FP8_E5M2, 1, 0));
+    return CAI_OK;
+}
+
+/* dst[c] = beta dst + the sum over rows of the decoded codes [rows, c], in
+ * row order. */
+static cai_status fp8_decode(cai_zero_t *z, float *dst, const uint8_t *codes, const float *metas, int rows, size_t c,
+                             float beta) {
+    if (!c) return CAI_OK;
+    cai_tensor q = cai_tensor_2d(z->dev, (void *)codes, CAI_DTYPE_U8, rows, (int64_t)c);
+    cai_tensor m = vec(z->dev, (void *)metas, CAI_DTYPE_F32, 0, (size_t)rows * ZL_FP8_STRIDE);
+    cai_tensor y = vec(z->dev, dst, CAI_DTYPE_F32, 0, c);
+    CAI_CALL(z->dev->ops->fp8_dequant_sum(z->dev, &y, &q, &m, ZL_FP8_STRIDE, CAI_FP8_E5M2, beta));
+    return CAI_OK;
+}
+
+/* Stage 0's second half of an FP8 all-reduce: this rank's summed piece
+ * encoded again and all-gathered, and every piece decoded into the
+ * gradients, this rank's own included, so every replica holds the same
+ * bits. */
+static cai_status fp8_gather(cai_zero_t *z, int k) {
+    zc_ctx *c = ctx_of(z, k);
+    const size_t ch = zl_fp8_chunk(&z->L, k);
+    const int rows = zl_fp8_rows(&z->L, k);
+    uint8_t *codes = fp8_codes(z, k, 2);
+    float *metas = fp8_metas(z, k, 2);
+    CAI_CALL(fill0(z->dev, metas + (size_t)c->rank * ZL_FP8_STRIDE, CAI_DTYPE_F32, ZL_FP8_STRIDE));
+    CAI_CALL(fp8_encode(z, codes + (size_t)c->rank * ch, metas + (size_t)c->rank * ZL_FP8_STRIDE, fp8_sum(z, k),
+                        zl_fp8_piece(&z->L, k, c->rank)));
+    zc_req a, b;
+    CAI_CALL(zc_all_gather(c, codes, ch, CAI_DTYPE_U8, k, &a));
+    cai_status st = zc_all_gather(c, metas, ZL_FP8_STRIDE, CAI_DTYPE_F32, k, &b);
+    cai_status wa = zc_wait(c, &a);
+    CAI_CALL(st);
+    CAI_CALL(wa);
+    CAI_CALL(zc_wait(c, &b));
+    for (int d = 0; d < rows; d++)
+        CAI_CALL(fp8_decode(z, grads_of(z, k) + (size_t)d * ch, codes + (size_t)d * ch,
+                            metas + (size_t)d * ZL_FP8_STRIDE, 1, zl_fp8_piece(&z->L, k, d), 0.0f));
+    return CAI_OK;
 }
 
 static cai_status wait_reduction(cai_zero_t *z, int k) {
@@ -353,15 +406,14 @@ static cai_status wait_reduction(cai_zero_t *z, int k) {
     r->reducing = 0;
     if (!z->dry) CAI_CALL(zc_wait(ctx_of(z, k), &r->greq));
     if (!z->dry && z->cfg.reduce_fp8) {
-        /* the chunks every rank sent this one, decoded and summed into the
-         * shard in rank order (added to it after the first microbatch) */
-        const zl_bucket *b = &z->L.b[k];
+        /* the pieces every rank sent this one, decoded and summed in rank
+         * order: into the shard (added to it after the first microbatch),
+         * at stage 0 into the sum that is gathered back */
         CAI_CALL(zc_wait(ctx_of(z, k), &r->sreq));
-        cai_tensor q = cai_tensor_2d(z->dev, fp8_codes(z, k, 1), CAI_DTYPE_U8, b->nshard, (int64_t)b->chunk);
-        cai_tensor metas = vec(z->dev, fp8_metas(z, k, 1), CAI_DTYPE_F32, 0, (size_t)b->nshard * FP8_COMM_STRIDE);
-        cai_tensor acc = vec(z->dev, reduced_of(z, k), CAI_DTYPE_F32, 0, b->chunk);
-        CAI_CALL(z->dev->ops->fp8_dequant_sum(z->dev, &acc, &q, &metas, FP8_COMM_STRIDE, CAI_FP8_E5M2,
-                                              r->accumulate ? 1.0f : 0.0f));
+        float *dst = z->L.stage == 0 ? fp8_sum(z, k) : reduced_of(z, k);
+        CAI_CALL(fp8_decode(z, dst, fp8_codes(z, k, 1), fp8_metas(z, k, 1), zl_fp8_rows(&z->L, k),
+                            zl_fp8_chunk(&z->L, k), r->accumulate ? 1.0f : 0.0f));
+        if (z->L.stage == 0) CAI_CALL(fp8_gather(z, k));
     } else if (!z->dry && z->RB) {
         /* stage 0: the whole bucket; stage 1: this rank's chunk, which the
          * in-place reduce-scatter left at the copy's start */
@@ -417,27 +469,23 @@ static cai_status start_reduction(cai_zero_t *z, int k) {
         z->fifo[(z->fifo_head + z->fifo_n) % (z->L.nb + 1)] = k;
         z->fifo_n++;
     }
-    if (z->L.stage >= 2 && z->cfg.reduce_fp8) {
-        /* each destination chunk of the window cast to E5M2 with a scale
-         * from its own amax, codes and metas exchanged all-to-all (from the
+    if (z->cfg.reduce_fp8) {
+        /* each destination piece cast to E5M2 with a scale from its own
+         * amax, codes and metas exchanged all-to-all (stages 2/3 from the
          * pool, so the planner's replay counts the block); wait_reduction
          * decodes and sums what arrived */
-        CAI_CALL(zp_get(&z->pool, fp8_block_bytes(b), &r->bwin));
-        r->accumulate = z->micro > 0;
+        if (z->L.stage >= 2) CAI_CALL(zp_get(&z->pool, zl_fp8_block_bytes(&z->L, k), &r->bwin));
+        r->accumulate = z->L.stage >= 2 && z->micro > 0;
         if (!z->dry) {
+            const size_t ch = zl_fp8_chunk(&z->L, k);
             float *sm = fp8_metas(z, k, 0);
-            CAI_CALL(fill0(z->dev, sm, CAI_DTYPE_F32, (size_t)b->nshard * FP8_COMM_STRIDE));
-            for (int d = 0; d < b->nshard; d++) {
-                cai_tensor x =
-                    cai_tensor_2d(z->dev, grads_of(z, k) + (size_t)d * b->chunk, CAI_DTYPE_F32, 1, (int64_t)b->chunk);
-                cai_tensor q = cai_tensor_2d(z->dev, fp8_codes(z, k, 0) + (size_t)d * b->chunk, CAI_DTYPE_U8, 1,
-                                             (int64_t)b->chunk);
-                cai_tensor meta = vec(z->dev, sm, CAI_DTYPE_F32, (size_t)d * FP8_COMM_STRIDE, FP8_COMM_STRIDE);
-                CAI_CALL(z->dev->ops->fp8_cast(z->dev, &q, NULL, &x, &meta, CAI_FP8_E5M2, 1, 0));
-            }
-            CAI_CALL(zc_all_to_all(ctx_of(z, k), fp8_codes(z, k, 0), fp8_codes(z, k, 1), CAI_DTYPE_U8, b->chunk, k,
-                                   &r->greq));
-            CAI_CALL(zc_all_to_all(ctx_of(z, k), sm, fp8_metas(z, k, 1), CAI_DTYPE_F32, FP8_COMM_STRIDE, k, &r->sreq));
+            CAI_CALL(fill0(z->dev, sm, CAI_DTYPE_F32, (size_t)zl_fp8_rows(&z->L, k) * ZL_FP8_STRIDE));
+            for (int d = 0; d < zl_fp8_rows(&z->L, k); d++)
+                CAI_CALL(fp8_encode(z, fp8_codes(z, k, 0) + (size_t)d * ch, sm + (size_t)d * ZL_FP8_STRIDE,
+                                    grads_of(z, k) + (size_t)d * ch, zl_fp8_piece(&z->L, k, d)));
+            CAI_CALL(
+                zc_all_to_all(ctx_of(z, k), fp8_codes(z, k, 0), fp8_codes(z, k, 1), CAI_DTYPE_U8, ch, k, &r->greq));
+            CAI_CALL(zc_all_to_all(ctx_of(z, k), sm, fp8_metas(z, k, 1), CAI_DTYPE_F32, ZL_FP8_STRIDE, k, &r->sreq));
         }
     } else if (z->L.stage >= 2 && z->cfg.reduce_dtype == CAI_DTYPE_BF16) {
         /* the window rounded into a bf16 window of its own (from the pool, so
@@ -880,6 +928,15 @@ static cai_status alloc_storage(cai_zero_t *z) {
     /* stages 2/3 round each window into a bf16 window instead (the pool) */
     if (z->cfg.reduce_dtype == CAI_DTYPE_BF16 && L->stage < 2)
         CAI_CALL(dev_alloc(z, L->n_pad * sizeof(uint16_t), "ZeRO bf16 reduction copy", &z->mem_rb, (void **)&z->RB));
+    if (z->cfg.reduce_fp8 && L->stage < 2) {
+        /* zeroed once: the padding codes of short pieces are never written */
+        const size_t n = zl_fp8_fixed_bytes(L);
+        CAI_CALL(cai_calloc((void **)&z->fboff, (size_t)L->nb + 1, sizeof *z->fboff, "ZeRO fp8 exchange offsets"));
+        CAI_CALL(dev_alloc(z, n, "ZeRO fp8 exchange blocks", &z->mem_rb, (void **)&z->FB));
+        CAI_CALL(fill0(z->dev, z->FB, CAI_DTYPE_F32, n / sizeof(float)));
+        for (int k = 1; k < L->nb; k++)
+            z->fboff[k] = z->fboff[k - 1] + (zl_fp8_block_bytes(L, k - 1) + 255) / 256 * 256;
+    }
     if (offload) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;
         if (L->stage >= 1) need += S * es;
@@ -1096,8 +1153,10 @@ void cai_zero_free(cai_zero_t *z) {
         }
         cai_device_dealloc(z->dev, z->acc);
         cai_device_dealloc(z->dev, z->RB);
+        cai_device_dealloc(z->dev, z->FB);
         cai_device_dealloc(z->dev, z->AX);
     }
+    cai_free(z->fboff);
     if (z->harena.base) cai_device_dealloc_staging(z->dev, z->harena.base);
     if (z->own_hdev) cai_device_free(z->hdev);
     zl_free(&z->L);

@@ -33,6 +33,7 @@ typedef struct {
     int unit_lo, unit_hi; /* home units it holds: gradients final after unit_lo's backward */
     int grp;              /* ZL_GRP_*: the ranks it is reduced and sharded over */
     int nshard, srank;    /* its group's size and this rank's place in it (1 and 0 at stage 0) */
+    int ngroup;           /* its group's size at every stage (stage 0 reduces over it without sharding) */
 } zl_bucket;
 
 /* A run of one parameter inside this rank's shard, with what the optimizer
@@ -72,7 +73,8 @@ typedef struct {
     size_t align;
     int nshard, srank, stage; /* the dense group's (ZL_GRP_DP) */
     int gshard[ZL_NGRP], grank[ZL_NGRP];
-    int grouped; /* experts in buckets of their own (ZL_GRP_EDP) */
+    int gsize[ZL_NGRP]; /* the groups' sizes, also at stage 0 */
+    int grouped;        /* experts in buckets of their own (ZL_GRP_EDP) */
     size_t max_param_numel;
     size_t axis_n[CAI_AXIS_COUNT]; /* shard elements whose gradients each axis sums (the axis buckets) */
     size_t axis_max;               /* the largest of them: the engine's packing buffer */
@@ -87,6 +89,23 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
                     int *const *units, const int *unit_np, int stage, int dp, int dp_rank, int edp, int edp_rank,
                     size_t bucket_bytes, int seq_parallel);
 void zl_free(zl_layout *L);
+
+/* zero.reduce_dtype=fp8: bucket k crosses as zl_fp8_rows pieces of
+ * zl_fp8_chunk codes, one piece per rank of its group, each with a scaling
+ * meta of ZL_FP8_STRIDE floats. Stages >= 1 send the shard chunks; stage 0
+ * (nothing sharded) cuts the bucket's model range into ngroup pieces of a
+ * multiple of 16 codes, the last ones short or empty (zl_fp8_piece). The
+ * exchange block holds the codes sent and received, then the metas sent
+ * and received; stage 0 adds the all-gather of the summed pieces (codes,
+ * metas) and the f32 sum of this rank's piece. Stages 0/1 keep one block a
+ * bucket for the job (zl_fp8_fixed_bytes), stages 2/3 take them from the
+ * window pool. */
+#define ZL_FP8_STRIDE CAI_FP8_META_STRIDE(1)
+size_t zl_fp8_chunk(const zl_layout *L, int k);
+int zl_fp8_rows(const zl_layout *L, int k);
+size_t zl_fp8_piece(const zl_layout *L, int k, int d); /* elements of piece d */
+size_t zl_fp8_block_bytes(const zl_layout *L, int k);
+size_t zl_fp8_fixed_bytes(const zl_layout *L);
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.
  * *units_out / *np_out are allocated (free with zl_units_free). */

@@ -12,6 +12,35 @@
 
 static size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
+size_t zl_fp8_chunk(const zl_layout *L, int k) {
+    const zl_bucket *b = &L->b[k];
+    if (L->stage >= 1) return b->chunk;
+    return round_up((b->hi - b->lo + (size_t)b->ngroup - 1) / (size_t)b->ngroup, 16);
+}
+
+int zl_fp8_rows(const zl_layout *L, int k) { return L->stage >= 1 ? L->b[k].nshard : L->b[k].ngroup; }
+
+size_t zl_fp8_piece(const zl_layout *L, int k, int d) {
+    if (L->stage >= 1) return L->b[k].chunk;
+    const size_t n = L->b[k].hi - L->b[k].lo, c = zl_fp8_chunk(L, k), at = (size_t)d * c;
+    return at >= n ? 0 : (n - at < c ? n - at : c);
+}
+
+size_t zl_fp8_block_bytes(const zl_layout *L, int k) {
+    const size_t rows = (size_t)zl_fp8_rows(L, k), c = zl_fp8_chunk(L, k);
+    const size_t metas = rows * ZL_FP8_STRIDE * sizeof(float);
+    size_t n = 2 * rows * c + 2 * metas;
+    if (L->stage == 0) n += rows * c + metas + c * sizeof(float);
+    return n;
+}
+
+size_t zl_fp8_fixed_bytes(const zl_layout *L) {
+    size_t n = 0;
+    if (L->stage < 2)
+        for (int k = 0; k < L->nb; k++) n += round_up(zl_fp8_block_bytes(L, k), 256);
+    return n;
+}
+
 void zl_units_free(int n_units, int **units, int *np) {
     if (units)
         for (int u = 0; u < n_units; u++) cai_free(units[u]);
@@ -254,6 +283,7 @@ static cai_status make_buckets(zl_layout *L, size_t bucket_bytes, const unsigned
         zl_bucket *b = &L->b[k];
         b->nshard = L->gshard[b->grp];
         b->srank = L->grank[b->grp];
+        b->ngroup = L->gsize[b->grp];
         b->elo = elo;
         b->len = round_up(b->hi - b->lo, (size_t)b->nshard * L->align);
         b->chunk = b->len / (size_t)b->nshard;
@@ -345,6 +375,8 @@ cai_status zl_build(zl_layout *L, const cai_registry_t *reg, const cai_rank_view
     L->grank[ZL_GRP_DP] = L->srank;
     L->gshard[ZL_GRP_EDP] = stage >= 1 && edp >= 1 ? edp : 1;
     L->grank[ZL_GRP_EDP] = stage >= 1 && edp >= 1 ? edp_rank : 0;
+    L->gsize[ZL_GRP_DP] = dp;
+    L->gsize[ZL_GRP_EDP] = edp >= 1 ? edp : 1;
     CAI_CALL_GOTO(cai_calloc((void **)&grp_of, (size_t)np + 1, sizeof *grp_of, "ZeRO groups"), st, fail);
     for (int i = 0; i < np; i++)
         grp_of[i] = L->grouped && cai_registry_param(reg, i)->spec.n_experts > 0 ? ZL_GRP_EDP : ZL_GRP_DP;

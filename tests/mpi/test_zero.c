@@ -290,7 +290,7 @@ END_TEST
 START_TEST(fp8_reductions_track_f32) {
     t_begin();
     for (int fam = 0; fam < 2; fam++)
-        for (int stage = 2; stage <= 3; stage++)
+        for (int stage = 0; stage <= 3; stage++)
             for (int accum = 1; accum <= 2; accum++) {
                 eq_row row = base_row(fam ? CAI_MODEL_LLAMA : CAI_MODEL_GPT2, stage);
                 row.grad_accum = accum;
@@ -321,13 +321,13 @@ START_TEST(fp8_reductions_track_f32) {
                 eq_result_free(&ref);
                 eq_result_free(&got);
             }
-    /* stages 0 and 1 are refused, naming the stages that take it */
+    /* one wire format at a time */
     cai_zero_config zc;
     cai_zero_config_init(&zc);
     zc.reduce_fp8 = 1;
-    zc.stage = 1;
+    zc.reduce_dtype = CAI_DTYPE_BF16;
     ck_assert_int_eq(cai_zero_config_check(&zc), CAI_ERR_CONFIG);
-    ck_assert_ptr_nonnull(strstr(cai_error_message(), "zero.stage=2 or 3"));
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "fp8 and bf16 at once"));
     cai_error_clear();
     t_end("fp8_reductions_track_f32");
 }
@@ -473,12 +473,13 @@ START_TEST(f16_overflow_skips_the_step_on_every_rank) {
     t_begin();
     /* hysteresis 1: one overflow halves; 2: the second consecutive one does. */
     for (int hyst = 1; hyst <= 2; hyst++)
-        for (int v = 0; v < 3; v++) {
-            /* stage 0, stage 3, stage 3 with FP8 reductions (the overflow
-             * crosses as its sender's non-finite amax) */
-            const int stage = v ? 3 : 0;
+        for (int v = 0; v < 4; v++) {
+            /* stage 0, stage 3, stage 3 and stage 0 with FP8 reductions (the
+             * overflow crosses as its sender's non-finite amax; at stage 0
+             * once more as the summed piece's, in the all-gather) */
+            const int stage = v == 1 || v == 2 ? 3 : 0;
             eq_row row = base_row(CAI_MODEL_GPT2, stage);
-            row.reduce_fp8 = v == 2;
+            row.reduce_fp8 = v >= 2;
             row.param_dtype = CAI_DTYPE_F16;
             rig g;
             rig_up(&g, &row, 1);
@@ -704,6 +705,8 @@ START_TEST(planner_matches_allocations) {
     check_plan("bf16red", small, 2, 64, 2, 0, 0, CAI_DTYPE_BF16);
     check_plan("bf16red", tiny, 4, 64, 3, 1, 0, CAI_DTYPE_BF16);
     g_reduce_fp8 = 1;
+    check_plan("fp8red", tiny, 4, 64, 0, 0, 0, CAI_DTYPE_F32);
+    check_plan("fp8red", small, 2, 64, 1, 1, 0, CAI_DTYPE_F32);
     check_plan("fp8red", small, 2, 64, 2, 0, 0, CAI_DTYPE_F32);
     check_plan("fp8red", tiny, 4, 64, 3, 1, 0, CAI_DTYPE_F32);
     g_reduce_fp8 = 0;

@@ -105,11 +105,12 @@ typedef struct {
                              * the zero value) or CAI_DTYPE_BF16 (half the bytes; stages 0/1 round each
                              * bucket's accumulated gradient once, stages 2/3 each microbatch's window,
                              * then widen into f32 and, over microbatches, add in f32) */
-    int reduce_fp8;         /* 1 (stages 2 and 3, reduce_dtype F32): each microbatch's gradient window
-                             * crosses the wire as E5M2 codes, every destination chunk scaled from its
-                             * own amax; the owner decodes the chunks all ranks sent and sums them in f32
-                             * in rank order (a quarter of f32's bytes; an overflow anywhere reaches the
-                             * sum as NaN) */
+    int reduce_fp8;         /* 1 (reduce_dtype F32): the gradient reductions cross the wire as E5M2
+                             * codes, every destination chunk scaled from its own amax; the owner decodes
+                             * the chunks all ranks sent and sums them in f32 in rank order (a quarter of
+                             * f32's bytes; an overflow anywhere reaches the sum as NaN). Stage 0 then
+                             * encodes each rank's sum again and all-gathers it, every rank decoding
+                             * every piece, so replicas stay bitwise equal */
 } cai_zero_config;
 
 /* Stage 0, no offload, 25 MiB buckets, overlap and prefetch on. Pure. */
