@@ -934,8 +934,7 @@ static cai_status alloc_storage(cai_zero_t *z) {
         CAI_CALL(cai_calloc((void **)&z->fboff, (size_t)L->nb + 1, sizeof *z->fboff, "ZeRO fp8 exchange offsets"));
         CAI_CALL(dev_alloc(z, n, "ZeRO fp8 exchange blocks", &z->mem_rb, (void **)&z->FB));
         CAI_CALL(fill0(z->dev, z->FB, CAI_DTYPE_F32, n / sizeof(float)));
-        for (int k = 1; k < L->nb; k++)
-            z->fboff[k] = z->fboff[k - 1] + (zl_fp8_block_bytes(L, k - 1) + 255) / 256 * 256;
+        for (int k = 0; k < L->nb; k++) z->fboff[k] = zl_fp8_fixed_offset(L, k);
     }
     if (offload) {
         size_t need = 3 * S * sizeof(float) + S * sizeof(float) + 64 * 8;

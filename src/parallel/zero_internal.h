@@ -106,6 +106,7 @@ int zl_fp8_rows(const zl_layout *L, int k);
 size_t zl_fp8_piece(const zl_layout *L, int k, int d); /* elements of piece d */
 size_t zl_fp8_block_bytes(const zl_layout *L, int k);
 size_t zl_fp8_fixed_bytes(const zl_layout *L);
+size_t zl_fp8_fixed_offset(const zl_layout *L, int k); /* bucket k's block in them */
 /* The units a model with this view would report (cai_model_unit_params),
  * derived from the registry alone, for planning before a model exists.
  * *units_out / *np_out are allocated (free with zl_units_free). */

@@ -34,12 +34,13 @@ size_t zl_fp8_block_bytes(const zl_layout *L, int k) {
     return n;
 }
 
-size_t zl_fp8_fixed_bytes(const zl_layout *L) {
+size_t zl_fp8_fixed_offset(const zl_layout *L, int k) {
     size_t n = 0;
-    if (L->stage < 2)
-        for (int k = 0; k < L->nb; k++) n += round_up(zl_fp8_block_bytes(L, k), 256);
+    for (int j = 0; j < k; j++) n += round_up(zl_fp8_block_bytes(L, j), 256);
     return n;
 }
+
+size_t zl_fp8_fixed_bytes(const zl_layout *L) { return L->stage < 2 ? zl_fp8_fixed_offset(L, L->nb) : 0; }
 
 void zl_units_free(int n_units, int **units, int *np) {
     if (units)
