@@ -17,8 +17,10 @@
 # FP8_VARIANTS: space-separated NAME=ARGS, ARGS comma-separated options added
 # to --fp8.enabled=true, e.g. "fp8= margin1=--fp8.margin=1
 # e4m3=--fp8.format=e4m3" (default "fp8="). BF16_SEEDS: further seeds
-# (e.g. "2 3") of the bf16 run, each set against the first the same way: the
-# gap two bf16 runs show by seed alone.
+# (e.g. "2 3") of the bf16 run; FP8_SEEDS: further seeds of every FP8
+# recipe. With several seeds the verdict compares a recipe's mean over its
+# seeds with bf16's mean over its seeds, and the summary gives the spread
+# the bf16 runs show by seed alone.
 #
 # Output: OUTDIR/summary.md (the verdicts and every 25th step of the
 # curves), OUTDIR/fp8_curve.csv (step, then one loss column per run, every
@@ -59,6 +61,12 @@ for v in ${FP8_VARIANTS:-fp8=}; do
     run_colossal "$name-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" impl="colossal-$name" -- $COMMON \
         --fp8.enabled=true $extra
     runs="$runs $name-$MODEL"
+    for seed in ${FP8_SEEDS:-}; do
+        # shellcheck disable=SC2086
+        run_colossal "$name-s$seed-$MODEL" 1 "$cfg" "$STEPS" 5 bench=fp8 model_name="$MODEL" \
+            impl="colossal-$name-seed$seed" -- $COMMON --fp8.enabled=true $extra --train.seed="$seed"
+        runs="$runs $name-s$seed-$MODEL"
+    done
 done
 
 # shellcheck disable=SC2086
@@ -111,14 +119,30 @@ for n in names:
     print(f"| {n} | {mean[n]:.4f} | {100 * (mean[n] - mean[names[0]]) / mean[names[0]]:+.2f}% | "
           f"{sp:.0f} |" if sp else f"| {n} | {mean[n]:.4f} | "
           f"{100 * (mean[n] - mean[names[0]]) / mean[names[0]]:+.2f}% | |")
+# runs by recipe: "bf16s2-m" and "fp8-s2-m" are seeds of "bf16-m" and "fp8-m"
+def recipe(n):
+    base = n.split("-")[0]
+    return "bf16" if base.startswith("bf16") else base
+groups = {}
+for n in names:
+    groups.setdefault(recipe(n), []).append(n)
+def gmean(g):
+    return sum(mean[n] for n in groups[g]) / len(groups[g])
+b = gmean("bf16")
+if len(groups["bf16"]) > 1:
+    vals = [mean[n] for n in groups["bf16"]]
+    print(f"\nbf16 over {len(vals)} seeds: mean {b:.4f}, runs {min(vals):.4f}-{max(vals):.4f} "
+          f"({100 * (max(vals) - min(vals)) / b:.2f}% apart by seed alone)")
 first = None
-for n in names[1:]:
-    if n.startswith("bf16s"):
+for g in groups:
+    if g == "bf16":
         continue
-    gap = abs(mean[n] - mean[names[0]]) / mean[names[0]]
+    m = gmean(g)
+    gap = abs(m - b) / b
     verdict = "PASS" if gap <= tol else "FAIL"
-    print(f"\n{verdict} {n}: mean train loss over steps {tail[0]}-{tail[-1]}: bf16 {mean[names[0]]:.4f}, "
-          f"fp8 {mean[n]:.4f} ({100 * gap:.2f}% apart; tolerance {100 * tol:.1f}%)")
+    print(f"\n{verdict} {g}: mean train loss over steps {tail[0]}-{tail[-1]}: bf16 {b:.4f} "
+          f"({len(groups['bf16'])} seeds), fp8 {m:.4f} ({len(groups[g])} seeds; {100 * gap:.2f}% apart; "
+          f"tolerance {100 * tol:.1f}%)")
     if first is None:
         first = gap <= tol
 sys.exit(0 if first in (None, True) else 1)

@@ -335,7 +335,17 @@ static void t_dequant(void) {
                 OK(G->ops->fp8_dequant_sum(G, &YG, &QG, &MG, stride, fmt, (float)beta));
                 down(yg, dy, (size_t)n * 4);
                 int64_t diff = 0;
-                for (int64_t i = 0; i < n; i++) diff += memcmp(&y[i], &yg[i], 4) != 0 && !(isnan(y[i]) && isnan(yg[i]));
+                for (int64_t i = 0; i < n; i++) {
+                    const int d = memcmp(&y[i], &yg[i], 4) != 0 && !(isnan(y[i]) && isnan(yg[i]));
+                    if (d && diff < 3) { /* what a mismatch is made of: its codes and both sums' bits */
+                        uint32_t hb, gb;
+                        memcpy(&hb, &y[i], 4), memcpy(&gb, &yg[i], 4);
+                        printf("  element %lld: codes %02x %02x %02x %02x, y0 %a: host %a (%08x), GPU %a (%08x)\n",
+                               (long long)i, q[i], q[n + i], q[2 * n + i], q[3 * n + i], (double)y0[i], (double)y[i],
+                               hb, (double)yg[i], gb);
+                    }
+                    diff += d;
+                }
                 expect(diff == 0, "dequant_sum %s beta %d%s: %lld of %lld elements differ from the host's",
                        cai_fp8_format_name(fmt), beta, bad ? " (a sender overflowed)" : "", (long long)diff,
                        (long long)n);
