@@ -220,19 +220,38 @@ cudaError_t launch(cuk_mat x, float *meta, unsigned *scratch, int e5m2, int curr
 }
 
 /* y = beta y + sum_s decode(q[s]) * inv_s, in order of s, each product and
- * sum rounded on its own (no FMA), as the host computes it. */
-__global__ void k_dequant_sum(float *y, const uint8_t *q, const float *metas, int64_t S, int64_t n, int64_t stride,
-                              int e5m2, int accumulate) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        float acc = accumulate ? y[i] : 0.0f;
-        for (int64_t s = 0; s < S; s++) {
-            const float *m = metas + s * stride;
-            const float inv = isfinite(m[2]) ? m[0] : __int_as_float(0x7fc00000);
-            const __half_raw h =
-                __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q[s * n + i], e5m2 ? __NV_E5M2 : __NV_E4M3);
-            acc = __fadd_rn(acc, __fmul_rn(__half2float(__half(h)), inv));
+ * sum rounded on its own (no FMA), as the host computes it. A block reads
+ * the senders' factors (NaN where a sender overflowed) into shared memory
+ * DQ_CHUNK at a time, and the format and beta are template arguments, so
+ * the inner loop is the decode, one multiply and one add (a form that read
+ * meta[s] per element with both choices made at run time summed E5M2
+ * without beta wrongly on sm_90 under nvcc 13.0; bench/RESULTS.md). */
+#define DQ_CHUNK 1024
+template <bool E5M2, bool ACC>
+__global__ void __launch_bounds__(256)
+    k_dequant_sum(float *y, const uint8_t *q, const float *metas, int64_t S, int64_t n, int64_t stride) {
+    __shared__ float inv[DQ_CHUNK];
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    /* the same trip count in every thread of a block: the barriers below */
+    for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < n; base += step) {
+        const int64_t i = base + threadIdx.x;
+        float acc = ACC && i < n ? y[i] : 0.0f;
+        for (int64_t s0 = 0; s0 < S; s0 += DQ_CHUNK) {
+            const int ns = S - s0 < DQ_CHUNK ? (int)(S - s0) : DQ_CHUNK;
+            __syncthreads(); /* the previous chunk's factors are no longer read */
+            for (int k = threadIdx.x; k < ns; k += blockDim.x) {
+                const float *m = metas + (s0 + k) * stride;
+                inv[k] = isfinite(m[2]) ? m[0] : __int_as_float(0x7fc00000);
+            }
+            __syncthreads();
+            if (i < n)
+                for (int k = 0; k < ns; k++) {
+                    const __half_raw h =
+                        __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)q[(s0 + k) * n + i], E5M2 ? __NV_E5M2 : __NV_E4M3);
+                    acc = __fadd_rn(acc, __fmul_rn(__half2float(__half(h)), inv[k]));
+                }
         }
-        y[i] = acc;
+        if (i < n) y[i] = acc;
     }
 }
 
@@ -242,7 +261,10 @@ extern "C" cudaError_t cuk_fp8_dequant_sum(float *y, const uint8_t *q, const flo
                                            int64_t stride, int e5m2, int accumulate, cudaStream_t s) {
     if (n == 0) return cudaSuccess;
     const int blocks = (int)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-    k_dequant_sum<<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride, e5m2, accumulate);
+    if (e5m2 && accumulate) k_dequant_sum<true, true><<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride);
+    else if (e5m2) k_dequant_sum<true, false><<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride);
+    else if (accumulate) k_dequant_sum<false, true><<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride);
+    else k_dequant_sum<false, false><<<blocks, 256, 0, s>>>(y, q, metas, S, n, stride);
     return cudaGetLastError();
 }
 
