@@ -35,9 +35,10 @@ typedef struct {
     cai_tensor h, g;
 } gt_t;
 
-#define GT_MAXLIVE 1024
-static gt_buf *g_live[GT_MAXLIVE];
-static int g_nlive;
+/* every buffer made since the last gt_release_all (the table grows as a group
+ * of checks needs) */
+static gt_buf **g_live;
+static int g_nlive, g_cap;
 
 static void gt_die(const char *what) {
     fprintf(stderr, "FATAL: %s: %s\n", what, cai_error_message());
@@ -54,7 +55,11 @@ static size_t gt_es(cai_dtype dt) { return cai_dtype_size(dt); }
 
 static gt_t gt_make(cai_dtype dt, int ndim, const int64_t *shape) {
     gt_buf *b = calloc(1, sizeof *b);
-    if (!b || g_nlive >= GT_MAXLIVE) gt_die("test allocation");
+    if (b && g_nlive == g_cap) {
+        gt_buf **grown = realloc(g_live, (size_t)(g_cap ? 2 * g_cap : 1024) * sizeof *g_live);
+        if (grown) g_live = grown, g_cap = g_cap ? 2 * g_cap : 1024;
+    }
+    if (!b || g_nlive == g_cap) gt_die("test allocation");
     g_live[g_nlive++] = b;
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= shape[i];
