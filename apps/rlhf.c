@@ -547,11 +547,12 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     mo.seq_len = j->T;
     mo.view = view;
     mo.mesh = cai_run_mesh(run);
-    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->optim_steps, &resolved, &mo, NULL, NULL));
-    if (j->src.hf) CAI_CALL(cai_hf_import_zero(j->h, j->eng.zero));
-    else CAI_CALL(cai_ckpt_load_zero_weights(cai_run_mesh(run), j->src.ckpt, j->eng.zero));
-    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
-    /* the reference: a frozen copy of model.path */
+    /* The frozen models first: loading one holds its F32 masters beside the
+     * copy it keeps (6 bytes a bf16 parameter, then 2), a peak the memory
+     * plan does not count, so it comes while the device holds at most the
+     * other frozen model's kept copy, not the policy's training state. With
+     * host placement each leaves the device as soon as it is loaded. The
+     * reference is a frozen copy of model.path. */
     if (want_ref) {
         cai_model_options ro = mo;
         ro.frozen = 1;
@@ -560,6 +561,7 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         CAI_CALL(cai_model_create(&j->ref, cai_run_device(run), &resolved, &ro));
         CAI_CALL(load_source(j, run, j->ref));
         CAI_CALL(cai_model_keep_compute(j->ref));
+        if (j->frozen_on_host) CAI_CALL(cai_model_offload(j->ref));
     }
     if (*c->reward_model) {
         cai_model_options ro = mo;
@@ -570,16 +572,17 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
         CAI_CALL(cai_ckpt_load_weights(cai_run_mesh(run), j->rm_src.ckpt, cai_model_weights(j->rm), NULL, NULL));
         CAI_CALL(cai_model_params_updated(j->rm));
         CAI_CALL(cai_model_keep_compute(j->rm));
+        if (j->frozen_on_host) CAI_CALL(cai_model_offload(j->rm));
         CAI_CALL(cai_rl_head_create(&j->rm_head, resolved.d_model, 0.0f, 0));
         float *w;
         cai_rl_head_tensors(j->rm_head, &w, NULL, NULL, NULL);
         memcpy(w, j->rm_w, (size_t)resolved.d_model * sizeof *w);
     }
-    /* the rollouts come first, and an auto pool sizes itself in what the frozen weights leave */
-    if (j->frozen_on_host) {
-        if (j->ref) CAI_CALL(cai_model_offload(j->ref));
-        if (j->rm) CAI_CALL(cai_model_offload(j->rm));
-    }
+    /* the policy; the rollouts come first, and an auto pool sizes itself in what the models leave */
+    CAI_CALL(tc_engine_create(&j->eng, run, &c->tr, j->optim_steps, &resolved, &mo, NULL, NULL));
+    if (j->src.hf) CAI_CALL(cai_hf_import_zero(j->h, j->eng.zero));
+    else CAI_CALL(cai_ckpt_load_zero_weights(cai_run_mesh(run), j->src.ckpt, j->eng.zero));
+    CAI_CALL(tc_engine_ready(&j->eng, run, &c->tr, &resolved, 1));
     if (c->algo == RL_RM || c->algo == RL_PPO)
         CAI_CALL(cai_rl_head_create(&j->head, resolved.d_model, (float)c->head_std, (uint64_t)c->seed));
     if (is_policy(c)) {
