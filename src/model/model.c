@@ -1044,11 +1044,13 @@ static void rebind_compute(cai_model_t *m) {
 static void release_acts(cai_model_t *m) {
     for (int k = 0; k < m->n_slots; k++) cai_head_acts_release(&m->slots[k].head);
     cai_device_arena_free(m->dev, &m->arena);
+    cai_model_moe_release_acts(m->moe);
 }
 
 static cai_status restore_acts(cai_model_t *m) {
     CAI_CALL(cai_device_arena_init(m->dev, &m->arena, m->act_bytes, "model activations"));
     cai_status st = carve_all(m, &m->arena, NULL);
+    if (st == CAI_OK) st = cai_model_moe_restore_acts(m->moe);
     if (st != CAI_OK) release_acts(m);
     return st;
 }

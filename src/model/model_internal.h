@@ -49,6 +49,12 @@ cai_status cai_model_moe_create(cai_model_moe **out, cai_device_t *dev, const ca
                                 const cai_rank_view *view, const struct cai_moe_exchange *ex, int64_t n_tokens,
                                 int n_local, const int *local_layer, int n_sets);
 void cai_model_moe_free(cai_model_moe *mm);
+/* The MoE blocks' activation sets hold nothing between a frozen model's
+ * forwards: freed while its weights wait in host memory (cai_model_offload)
+ * and carved anew before they come back. Both no-ops in the state they
+ * lead to. */
+void cai_model_moe_release_acts(cai_model_moe *mm);
+cai_status cai_model_moe_restore_acts(cai_model_moe *mm);
 int cai_model_moe_is_layer(const cai_model_moe *mm, int local_layer);
 size_t cai_model_moe_bytes(const cai_model_moe *mm);
 int cai_model_moe_local_layers(const cai_model_moe *mm);

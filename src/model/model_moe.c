@@ -122,14 +122,32 @@ cai_status cai_model_moe_create(cai_model_moe **out, cai_device_t *dev, const ca
     CAI_CALL_GOTO(cai_calloc((void **)&mm->z, nm, sizeof *mm->z, "moe stats"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&mm->forwards, nm, sizeof *mm->forwards, "moe stats"), st, fail);
     CAI_CALL_GOTO(cai_calloc((void **)&mm->acts, (size_t)n_sets, sizeof *mm->acts, "moe activations"), st, fail);
-    const size_t per = cai_moe_acts_bytes(&mm->cx);
-    CAI_CALL_GOTO(cai_device_arena_init(dev, &mm->arena, per * (size_t)n_sets + 64, "moe activations"), st, fail);
-    for (int k = 0; k < n_sets; k++) CAI_CALL_GOTO(cai_moe_acts_carve(&mm->cx, &mm->arena, &mm->acts[k]), st, fail);
+    CAI_CALL_GOTO(cai_model_moe_restore_acts(mm), st, fail);
     *out = mm;
     return CAI_OK;
 fail:
     cai_model_moe_free(mm);
     return st;
+}
+
+void cai_model_moe_release_acts(cai_model_moe *mm) {
+    if (!mm || !mm->arena.base) return;
+    for (int k = 0; k < mm->n_sets; k++) cai_moe_acts_free(&mm->acts[k]);
+    cai_device_arena_free(mm->dev, &mm->arena);
+}
+
+cai_status cai_model_moe_restore_acts(cai_model_moe *mm) {
+    if (!mm || mm->arena.base) return CAI_OK;
+    const size_t per = cai_moe_acts_bytes(&mm->cx);
+    CAI_CALL(cai_device_arena_init(mm->dev, &mm->arena, per * (size_t)mm->n_sets + 64, "moe activations"));
+    for (int k = 0; k < mm->n_sets; k++) {
+        cai_status st = cai_moe_acts_carve(&mm->cx, &mm->arena, &mm->acts[k]);
+        if (st != CAI_OK) {
+            cai_model_moe_release_acts(mm);
+            return st;
+        }
+    }
+    return CAI_OK;
 }
 
 int cai_model_moe_is_layer(const cai_model_moe *mm, int li) {
