@@ -152,6 +152,15 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
     out->frozen = out->frozen_weights + (size_t)req->frozen_models * out->acts;
     out->rollout = req->rollout_bytes;
     out->frozen_on_host = req->frozen_on_host && req->frozen_models > 0;
+    if (req->frozen_models > 0) {
+        /* Loaded before the trained model exists (colossal-rlhf), the last
+         * frozen model holds its whole storage, F32 masters included, and
+         * its activations, beside the kept copies and activations of those
+         * before it unless they went to host memory. */
+        const size_t whole = n * (f4 + (lowp ? pds : 0) + (work ? act : 0));
+        const size_t kept = n * act + out->acts;
+        out->frozen_load = whole + out->acts + (out->frozen_on_host ? 0 : (size_t)(req->frozen_models - 1) * kept);
+    }
     out->host = z->offload ? out->master + out->optim + out->staging : 0;
     out->device = out->params + out->grads + out->master + out->optim + out->staging + out->windows + out->acts +
                   out->pipe + out->fp8 + out->frozen + out->rollout - out->host;
@@ -162,6 +171,7 @@ cai_status cai_mem_plan_compute(const cai_mem_plan_request *req, cai_mem_plan *o
         out->device -= out->frozen + out->rollout - turn;
         out->host += out->frozen_weights;
     }
+    if (out->frozen_load > out->device) out->device = out->frozen_load;
 done:
     zl_free(&L);
     zl_units_free(n_units, units, np);
@@ -197,6 +207,9 @@ void cai_mem_plan_print(const cai_mem_plan *p, FILE *out) {
         fprintf(out, "  frozen models' activations   %10.2f MiB  device while they score\n",
                 mib(p->frozen - p->frozen_weights));
     } else if (p->frozen) fprintf(out, "  frozen models                %10.2f MiB  device\n", mib(p->frozen));
+    if (p->frozen_load)
+        fprintf(out, "  frozen models while loading  %10.2f MiB  device, before the trained model exists%s\n",
+                mib(p->frozen_load), p->frozen_load == p->device ? " (the peak: the total)" : "");
     if (p->rollout)
         fprintf(out, "  rollout KV pool              %10.2f MiB  device%s\n", mib(p->rollout),
                 p->frozen_on_host ? " during rollouts, in turn with the frozen weights" : "");
@@ -283,12 +296,16 @@ cai_status cai_mem_plan_check(const cai_mem_plan_request *req, const cai_mem_pla
         need = p->host;
         lim = host_limit;
     }
+    char load[96] = "";
+    if (p->frozen_load && p->frozen_load == p->device)
+        snprintf(load, sizeof load, "; the device peak is the frozen models' load, %.1f", mib(p->frozen_load));
     return CAI_ERROR(CAI_ERR_NOMEM,
                      "memory plan: %.1f MiB per rank (%.1f device + %.1f host: parameters %.1f, gradients %.1f, "
                      "windows %.1f, masters %.1f, optimizer %.1f, staging %.1f, activations %.1f, frozen models "
-                     "%.1f, rollout KV pool %.1f) exceeds the %s limit of %.1f MiB; %s%s",
+                     "%.1f, rollout KV pool %.1f%s) exceeds the %s limit of %.1f MiB; %s%s",
                      mib(need), mib(p->device), mib(p->host), mib(p->params), mib(p->grads), mib(p->windows),
                      mib(p->master), mib(p->optim), mib(p->staging), mib(p->acts), mib(p->frozen), mib(p->rollout),
+                     load,
                      host                  ? "memory"
                      : lim == device_limit ? "device memory"
                                            : "host memory",

@@ -177,22 +177,30 @@ START_TEST(activations_match_the_model) {
 END_TEST
 
 /* What a frozen model of the request's shape holds once loaded (the copy
- * its layers read: cai_model_keep_compute) and its activations. */
-static void frozen_model_bytes(const cai_model_config *c, const cai_mem_plan_request *r, size_t *pb, size_t *ab) {
+ * its layers read: cai_model_keep_compute) and its activations; with
+ * `loading`, what it holds while it loads (its whole storage) instead. */
+static void frozen_model_bytes_at(const cai_model_config *c, const cai_mem_plan_request *r, int loading, size_t *pb,
+                                  size_t *ab) {
     cai_model_options mo = cai_model_options_default(c);
     mo.batch = r->batch;
     mo.seq_len = r->seq_len;
     mo.frozen = 1;
     cai_model_t *m = NULL;
     OK(cai_model_create(&m, dev, c, &mo));
-    OK(cai_model_keep_compute(m));
+    if (!loading) OK(cai_model_keep_compute(m));
     cai_model_memory(m, pb, ab);
     cai_model_free(m);
+}
+static void frozen_model_bytes(const cai_model_config *c, const cai_mem_plan_request *r, size_t *pb, size_t *ab) {
+    frozen_model_bytes_at(c, r, 0, pb, ab);
 }
 
 /* An RL run's frozen models (reference, reward model) and the rollout
  * engine's KV pool: each frozen model as a frozen model of the request's
- * shape allocates, whatever ZeRO stage the trained one runs. */
+ * shape allocates, whatever ZeRO stage the trained one runs; while they
+ * load (before the trained model), the last one's whole storage beside the
+ * kept copies before it, which is the plan's peak where the trained model
+ * is sharded thin. */
 START_TEST(frozen_models_match_the_model) {
     for (int f = 0; f < 4; f++)
         for (int ckpt = 0; ckpt <= 1; ckpt++)
@@ -214,7 +222,42 @@ START_TEST(frozen_models_match_the_model) {
                               p.frozen, p.frozen_weights, pb, ab);
                 ck_assert_uint_eq(p.rollout, (size_t)3 << 20);
                 ck_assert_uint_eq(p.device, alone.device + p.frozen + p.rollout);
+                /* loading: the second model's whole storage beside the first's kept copy */
+                size_t lb = 0, la = 0;
+                frozen_model_bytes_at(&c, &r, 1, &lb, &la);
+                ck_assert_uint_eq(la, ab);
+                ck_assert_uint_eq(p.frozen_load, lb + la + pb + ab);
+                r.frozen_on_host = 1; /* each goes to host memory once loaded */
+                OK(cai_mem_plan_compute(&r, &p));
+                ck_assert_uint_eq(p.frozen_load, lb + la);
             }
+    /* a trained model sharded over many ranks holds less than a frozen one
+     * while it loads: the load is the plan's peak */
+    {
+        cai_model_config c = small_model(CAI_MODEL_LLAMA);
+        c.param_dtype = c.act_dtype = CAI_DTYPE_BF16;
+        cai_mem_plan_request r = request(c, 3, 0, 64);
+        r.batch = 1, r.seq_len = 8; /* activations small beside the weights */
+        r.frozen_models = 2;
+        cai_device_t gpu = *dev; /* a device apart from host memory, for the check below */
+        gpu.kind = CAI_DEVICE_CUDA;
+        r.dev = &gpu;
+        cai_mem_plan p;
+        OK(cai_mem_plan_compute(&r, &p));
+        size_t lb = 0, la = 0, pb = 0, ab = 0;
+        frozen_model_bytes_at(&c, &r, 1, &lb, &la);
+        frozen_model_bytes(&c, &r, &pb, &ab);
+        ck_assert_uint_eq(p.frozen_load, lb + la + pb + ab);
+        ck_assert_uint_eq(p.device, p.frozen_load);
+        const size_t steady =
+            p.params + p.grads + p.master + p.optim + p.staging + p.windows + p.acts + p.pipe + p.fp8 + p.frozen;
+        ck_assert_uint_gt(p.frozen_load, steady);
+        /* a limit the steady state meets but the load does not: refused, naming the load */
+        ck_assert_int_eq(cai_mem_plan_check(&r, &p, (steady + p.frozen_load) / 2, 0), CAI_ERR_NOMEM);
+        ck_assert_msg(strstr(cai_error_message(), "the device peak is the frozen models' load") != NULL, "%s",
+                      cai_error_message());
+        cai_error_clear();
+    }
     cai_mem_plan_request r = request(small_model(CAI_MODEL_GPT2), 0, 0, 1);
     r.frozen_models = -1;
     cai_mem_plan p;

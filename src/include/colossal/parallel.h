@@ -272,6 +272,9 @@ typedef struct {
     size_t frozen_weights; /* of frozen: their weights (the rest is their activations) */
     size_t rollout;        /* an inference engine's KV pool (cai_mem_plan_request.rollout_bytes) */
     int frozen_on_host;    /* frozen and rollout take turns in device memory; frozen_weights wait in host memory */
+    size_t frozen_load;    /* device peak while the frozen models load, before the trained model exists: the
+                            * last one's whole storage (F32 masters too) and activations beside the kept
+                            * copies of those before it; device is at least this */
     size_t device, host;   /* totals */
     size_t n_flat;         /* local flat elements (padded for sharding) */
     int stage, offload, dp;
