@@ -9,6 +9,10 @@
  *
  *   infer_bench FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128]
  *               [--new 256] [--device cuda|host] [--dtype bf16|f32] [--block 16] [--graphs 0|1]
+ *               [--hbm 4.8]
+ *
+ * --hbm: the memory bandwidth in TB/s the roofline divides by (default the
+ * H200's 4.8, as issue #20 defines it; an H100 SXM's is 3.35).
  */
 #include "cai_config.h"
 
@@ -89,7 +93,7 @@ int main(int argc, char **argv) {
     if (argc < 8) {
         fprintf(stderr,
                 "usage: %s FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16] [--prompt P] [--new N] "
-                "[--device cuda|host] [--dtype bf16|f32] [--block B] [--graphs 0|1]\n",
+                "[--device cuda|host] [--dtype bf16|f32] [--block B] [--graphs 0|1] [--hbm TB/s]\n",
                 argv[0]);
         return 2;
     }
@@ -102,6 +106,7 @@ int main(int argc, char **argv) {
     c.vocab_size = atoi(argv[7]);
     const char *batches = "1,16,64,256", *device = "cuda";
     int prompt = 128, n_new = 256, block = 16, graphs = 1;
+    double hbm = 4.8e12;
     cai_dtype dt = CAI_DTYPE_BF16;
     for (int i = 8; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--batches")) batches = argv[i + 1];
@@ -110,6 +115,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else if (!strcmp(argv[i], "--block")) block = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--graphs")) graphs = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--hbm")) hbm = 1e12 * atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--dtype")) dt = strcmp(argv[i + 1], "f32") == 0 ? CAI_DTYPE_F32 : CAI_DTYPE_BF16;
     }
     c.max_seq_len = prompt + n_new;
@@ -134,7 +140,11 @@ int main(int argc, char **argv) {
     /* Bytes a decode step reads at least: every weight once (the tied head
      * once), except an untied input embedding, of which it reads a row per
      * sequence. */
-    const double weight_bytes = ((double)n_params + (double)n_read) * (double)cai_dtype_size(dt), hbm = 4.8e12;
+    const double weight_bytes = ((double)n_params + (double)n_read) * (double)cai_dtype_size(dt);
+    if (!(hbm > 0)) {
+        fprintf(stderr, "infer_bench: --hbm must be a bandwidth in TB/s above 0\n");
+        return 2;
+    }
     char list[256];
     snprintf(list, sizeof list, "%s", batches);
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && st == CAI_OK; b = strtok_r(NULL, ",", &save)) {
@@ -154,9 +164,9 @@ int main(int argc, char **argv) {
         printf(
             "{\"impl\":\"colossal\",\"family\":\"%s\",\"params\":%llu,\"batch\":%d,\"prompt\":%d,\"new\":%d,"
             "\"decode_tokens_per_s\":%.1f,\"decode_step_ms\":%.4f,\"roofline_step_ms\":%.4f,\"roofline_frac\":%.4f,"
-            "\"decode_host_ms\":%.4f,\"graphs\":%d,\"tokens_hash\":\"%016llx\"}\n",
+            "\"decode_host_ms\":%.4f,\"graphs\":%d,\"hbm_tbps\":%.2f,\"tokens_hash\":\"%016llx\"}\n",
             argv[1], (unsigned long long)n_params, B, prompt, n_new, tps, msN, roof_ms, msN > 0 ? roof_ms / msN : 0.0,
-            msN - waitN, graphs, (unsigned long long)hash);
+            msN - waitN, graphs, hbm / 1e12, (unsigned long long)hash);
         fflush(stdout);
     }
     if (st != CAI_OK) cai_error_print(stderr);

@@ -10,8 +10,11 @@
 # BIN_DIR holds infer_bench (default build-gpu/bench). Prints one JSON line
 # per run (OUTDIR/results.jsonl) and a table: tokens/s of each, their ratio,
 # and colossal's step time against the HBM roofline (the weight bytes a step
-# reads / 4.8 TB/s; an untied input embedding only a row per sequence), with
-# the part of the step the host spent outside waiting for the device. INFER_BATCHES, INFER_MODELS (gpt2,llama) and INFER_HF=0 narrow it.
+# reads / the HBM bandwidth; an untied input embedding only a row per
+# sequence), with the part of the step the host spent outside waiting for
+# the device. INFER_BATCHES, INFER_MODELS (gpt2,llama) and INFER_HF=0 narrow
+# it. INFER_HBM_TBPS: the roofline's bandwidth, default the H200's 4.8 TB/s
+# (issue #20's definition), 3.35 on a GPU nvidia-smi names an H100.
 set -u
 out=${1:?usage: bench/infer_decode.sh OUTDIR [BIN_DIR]}
 bin=${2:-build-gpu/bench}
@@ -20,6 +23,13 @@ batches=${INFER_BATCHES:-1,16,64,256}
 models=${INFER_MODELS:-gpt2,llama}
 res=$out/results.jsonl
 : >"$res"
+hbm=${INFER_HBM_TBPS:-}
+if [ -z "$hbm" ]; then
+    case $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) in
+    *H100*) hbm=3.35 ;;
+    *) hbm=4.8 ;;
+    esac
+fi
 shape() {
     case $1 in
     gpt2) echo "gpt2 12 768 12 12 3072 50257" ;;
@@ -29,7 +39,7 @@ shape() {
 for m in $(echo "$models" | tr ',' ' '); do
     s=$(shape "$m")
     # shellcheck disable=SC2086
-    timeout 300 "$bin/infer_bench" $s --batches "$batches" >>"$res" 2>"$out/colossal-$m.err" ||
+    timeout 300 "$bin/infer_bench" $s --batches "$batches" --hbm "$hbm" >>"$res" 2>"$out/colossal-$m.err" ||
         { echo "infer_bench $m failed:"; tail -5 "$out/colossal-$m.err"; }
     if [ "${INFER_HF:-1}" = 1 ]; then
         # shellcheck disable=SC2086
@@ -43,6 +53,9 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 by = {}
 for r in rows:
     by.setdefault((r["family"], r["batch"]), {})[r["impl"]] = r
+hbm = next((r["hbm_tbps"] for r in rows if "hbm_tbps" in r), None)
+if hbm:
+    print(f"roofline at {hbm} TB/s")
 print(f"{'model':<6} {'batch':>5} {'colossal tok/s':>15} {'transformers':>13} {'ratio':>7} {'step ms':>8} {'host ms':>8} {'roofline ms':>11} {'of roofline':>11}")
 for (fam, b), d in sorted(by.items()):
     c, h = d.get("colossal"), d.get("transformers-static")
