@@ -548,10 +548,10 @@ static cai_status build(rl_job *j, rl_config *c, cai_run_t *run) {
     mo.view = view;
     mo.mesh = cai_run_mesh(run);
     /* The frozen models first: loading one holds its F32 masters beside the
-     * copy it keeps (6 bytes a bf16 parameter, then 2), a peak the memory
-     * plan does not count, so it comes while the device holds at most the
-     * other frozen model's kept copy, not the policy's training state. With
-     * host placement each leaves the device as soon as it is loaded. The
+     * copy it keeps (6 bytes a bf16 parameter, then 2), so that peak comes
+     * while the device holds at most the other frozen model's kept copy,
+     * not the policy's training state (the plan's frozen_load). With host
+     * placement each leaves the device as soon as it is loaded. The
      * reference is a frozen copy of model.path. */
     if (want_ref) {
         cai_model_options ro = mo;

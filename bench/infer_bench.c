@@ -118,6 +118,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hbm")) hbm = 1e12 * atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--dtype")) dt = strcmp(argv[i + 1], "f32") == 0 ? CAI_DTYPE_F32 : CAI_DTYPE_BF16;
     }
+    if (!(hbm > 0)) {
+        fprintf(stderr, "infer_bench: --hbm must be a bandwidth in TB/s above 0\n");
+        return 2;
+    }
     c.max_seq_len = prompt + n_new;
     c.tie_embeddings = c.family == CAI_MODEL_GPT2;
     cai_device_t *dev = NULL;
@@ -141,10 +145,6 @@ int main(int argc, char **argv) {
      * once), except an untied input embedding, of which it reads a row per
      * sequence. */
     const double weight_bytes = ((double)n_params + (double)n_read) * (double)cai_dtype_size(dt);
-    if (!(hbm > 0)) {
-        fprintf(stderr, "infer_bench: --hbm must be a bandwidth in TB/s above 0\n");
-        return 2;
-    }
     char list[256];
     snprintf(list, sizeof list, "%s", batches);
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && st == CAI_OK; b = strtok_r(NULL, ",", &save)) {
