@@ -42,10 +42,7 @@ static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int
     if (e && e->code == 0) *e = cuk_errrec{code, 0, a, b, c, d};
 }
 
-struct Warp {
-    emu::Barrier bar{32};
-    float slot[32];
-};
+using emu::Warp;
 struct Block {
     emu::Barrier bar;
     std::unique_ptr<Warp[]> w;
@@ -57,13 +54,7 @@ struct Block {
 Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }
 static inline float __shfl_xor_sync(unsigned, float v, int m) {
-    Warp &w = g_blk->w[threadIdx.x >> 5];
-    const int l = threadIdx.x & 31;
-    w.slot[l] = v;
-    w.bar.arrive_and_wait();
-    const float r = w.slot[l ^ m];
-    w.bar.arrive_and_wait();
-    return r;
+    return emu::shfl_xor(g_blk->w[threadIdx.x >> 5], threadIdx.x & 31, v, m);
 }
 static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);

@@ -1967,6 +1967,167 @@ static void matmuls_on_a_device_with(const char *env, const char *value) {
  * add into the real output. */
 static void tuned_matmuls(void) { matmuls_on_a_device_with("CAI_CUBLASLT_AUTOTUNE", "8"); }
 
+/* ------------------------------------------------------------------ decode stack */
+
+cai_status cai_ops_decode_stack_composed(cai_device_t *dev, const cai_decode_stack *st); /* src/ops/ops_decode.c */
+
+/* One decode token through L Llama layers: decode_stack_fwd (one fused
+ * launch where cai_cuda_decode_stack_fused says so) against the same ops
+ * called one by one on the GPU, bit for bit (the residual stream and every
+ * layer's caches), and against the host within tolerance. The caches hold
+ * ctx - 1 random tokens in shuffled blocks; the step writes the last. */
+static void ds_case(cai_dtype dt, int64_t L, int64_t C, int64_t Hq, int64_t Hkv, int64_t D, int64_t F, int64_t bs,
+                    int64_t ctx, int64_t max_ctx, int want_fused) {
+    const int64_t QKV = (Hq + 2 * Hkv) * D, nb = (ctx + bs - 1) / bs, n_blocks = nb + 3, max_blocks = nb + 1;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks), *bt = malloc(sizeof(int32_t) * (size_t)max_blocks);
+    if (!perm || !bt) gt_die("decode stack tables");
+    shuffled_ids(perm, n_blocks, 0x2545f4914f6cdd1dull ^ (uint64_t)(ctx * 977 + C));
+    for (int64_t b = 0; b < max_blocks; b++) bt[b] = b < nb ? perm[b] : -1;
+    const int32_t pos = (int32_t)(ctx - 1), slot = (int32_t)(bt[pos / bs] * bs + pos % bs);
+    gt_t tbt = gt_ints(2, SHP(1, max_blocks), bt), tqs = gt_ints(1, SHP(2), ((const int32_t[]){0, 1}));
+    gt_t tcl = gt_ints(1, SHP(1), ((const int32_t[]){(int32_t)ctx}));
+    gt_t tsl = gt_ints(1, SHP(1), &slot), tpos = gt_ints(1, SHP(1), &pos);
+    gt_t cs = O2(CAI_DTYPE_F32, max_ctx, D / 2), sn = O2(CAI_DTYPE_F32, max_ctx, D / 2);
+    BOTH("rope_tables", H->ops->rope_tables(H, &cs.h, &sn.h, 10000.0), G->ops->rope_tables(G, &cs.g, &sn.g, 10000.0));
+    gt_t *w = malloc(sizeof(gt_t) * (size_t)(9 * L));
+    cai_decode_layer *lh = malloc(sizeof *lh * (size_t)L), *lg = malloc(sizeof *lg * (size_t)L);
+    if (!w || !lh || !lg) gt_die("decode stack layers");
+    for (int64_t l = 0; l < L; l++) {
+        gt_t *y = w + 9 * l;
+        y[0] = R1(dt, C, 1.0);
+        y[1] = R2(dt, QKV, C, 1.0 / sqrt((double)C));
+        y[2] = R2(dt, C, Hq * D, 1.0 / sqrt((double)(Hq * D)));
+        y[3] = R1(dt, C, 1.0);
+        y[4] = R2(dt, F, C, 1.0 / sqrt((double)C));
+        y[5] = R2(dt, F, C, 1.0 / sqrt((double)C));
+        y[6] = R2(dt, C, F, 1.0 / sqrt((double)F));
+        y[7] = R4(dt, n_blocks, bs, Hkv, D, 1.0);
+        y[8] = R4(dt, n_blocks, bs, Hkv, D, 1.0);
+        lh[l] = (cai_decode_layer){&y[0].h, &y[1].h, &y[2].h, &y[3].h, &y[4].h, &y[5].h, &y[6].h, &y[7].h, &y[8].h};
+        lg[l] = (cai_decode_layer){&y[0].g, &y[1].g, &y[2].g, &y[3].g, &y[4].g, &y[5].g, &y[6].g, &y[7].g, &y[8].g};
+    }
+    gt_t x = R2(dt, 1, C, 1.0), ln = O2(dt, 1, C), rstd = O1(CAI_DTYPE_F32, 1), qkv = O3(dt, 1, 1, QKV);
+    gt_t att = O3(dt, 1, 1, Hq * D), gate = O2(dt, 1, F), up = O2(dt, 1, F), act = O2(dt, 1, F);
+    gt_t q = gt_unflatten(gt_narrow(qkv, 2, 0, Hq * D), 2, D),
+         qk = gt_unflatten(gt_narrow(qkv, 2, 0, (Hq + Hkv) * D), 2, D);
+    gt_t v = gt_unflatten(gt_narrow(qkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D), ah = gt_unflatten(att, 2, D);
+    cai_tensor qkv2h = qkv.h, qkv2g = qkv.g, att2h = att.h, att2g = att.g;
+    GT_OK(cai_tensor_reshape(&qkv.h, 2, SHP(1, QKV), &qkv2h));
+    GT_OK(cai_tensor_reshape(&qkv.g, 2, SHP(1, QKV), &qkv2g));
+    GT_OK(cai_tensor_reshape(&att.h, 2, SHP(1, Hq * D), &att2h));
+    GT_OK(cai_tensor_reshape(&att.g, 2, SHP(1, Hq * D), &att2g));
+    const size_t hws = H->ops->paged_attention_workspace_bytes(H, 1, 1, Hq, D, max_ctx);
+    const size_t gws = G->ops->paged_attention_workspace_bytes(G, 1, 1, Hq, D, max_ctx);
+    void *hw = malloc(hws > 0 ? hws : 1), *gw = NULL;
+    if (!hw) gt_die("decode stack host workspace");
+    GT_OK(cai_device_alloc(G, gws, "decode stack workspace", &gw));
+    cai_decode_stack sh = {.n_layers = L,
+                           .layers = lh,
+                           .eps = 1e-5f,
+                           .x = &x.h,
+                           .ln = &ln.h,
+                           .rstd = &rstd.h,
+                           .qkv = &qkv2h,
+                           .att = &att2h,
+                           .gate = &gate.h,
+                           .up = &up.h,
+                           .act = &act.h,
+                           .q = &q.h,
+                           .qk = &qk.h,
+                           .v = &v.h,
+                           .att_heads = &ah.h,
+                           .cos = &cs.h,
+                           .sin = &sn.h,
+                           .positions = &tpos.h,
+                           .slots = &tsl.h,
+                           .block_tables = &tbt.h,
+                           .q_start = &tqs.h,
+                           .ctx_len = &tcl.h,
+                           .max_ctx = max_ctx,
+                           .workspace = hw,
+                           .workspace_bytes = hws};
+    cai_decode_stack sg = {.n_layers = L,
+                           .layers = lg,
+                           .eps = 1e-5f,
+                           .x = &x.g,
+                           .ln = &ln.g,
+                           .rstd = &rstd.g,
+                           .qkv = &qkv2g,
+                           .att = &att2g,
+                           .gate = &gate.g,
+                           .up = &up.g,
+                           .act = &act.g,
+                           .q = &q.g,
+                           .qk = &qk.g,
+                           .v = &v.g,
+                           .att_heads = &ah.g,
+                           .cos = &cs.g,
+                           .sin = &sn.g,
+                           .positions = &tpos.g,
+                           .slots = &tsl.g,
+                           .block_tables = &tbt.g,
+                           .q_start = &tqs.g,
+                           .ctx_len = &tcl.g,
+                           .max_ctx = max_ctx,
+                           .workspace = gw,
+                           .workspace_bytes = gws};
+    char tag[128];
+    snprintf(tag, sizeof tag,
+             "L%" PRId64 " C%" PRId64 " H%" PRId64 "/%" PRId64 " D%" PRId64 " F%" PRId64 " ctx%" PRId64 "/%" PRId64
+             " %s",
+             L, C, Hq, Hkv, D, F, ctx, max_ctx, dtn(dt));
+    gt_expect(nm("decode_stack fused %s", tag), cai_cuda_decode_stack_fused(G, &sg) == want_fused,
+              want_fused ? "the one-launch kernel takes this case" : "this case goes through the ops");
+
+    /* the ops one by one on the GPU, kept; then the start state back and the op itself */
+    GT_OK(cai_ops_decode_stack_composed(G, &sg));
+    GT_OK(cai_device_sync(G));
+    float *ref[1 + 2 * 64];
+    const int64_t nref = 1 + 2 * (L < 64 ? L : 64);
+    ref[0] = gt_download(x.b);
+    for (int64_t j = 1; j < nref; j++) ref[j] = gt_download(w[9 * ((j - 1) / 2) + 7 + (j - 1) % 2].b);
+    gt_upload(&x);
+    for (int64_t l = 0; l < L; l++) {
+        gt_upload(&w[9 * l + 7]);
+        gt_upload(&w[9 * l + 8]);
+    }
+    GT_OK(G->ops->decode_stack_fwd(G, &sg));
+    GT_OK(cai_device_sync(G));
+    for (int64_t j = 0; j < nref; j++) {
+        const gt_buf *b = j == 0 ? x.b : w[9 * ((j - 1) / 2) + 7 + (j - 1) % 2].b;
+        float *got = gt_download(b);
+        const int same = memcmp(got, ref[j], sizeof(float) * (size_t)b->n) == 0;
+        gt_expect(j == 0 ? nm("decode_stack x == ops one by one %s", tag)
+                         : nm("decode_stack layer %" PRId64 " %s cache == ops %s", (j - 1) / 2, (j - 1) % 2 ? "v" : "k",
+                              tag),
+                  same, NULL);
+        free(got);
+        free(ref[j]);
+    }
+    BOTH("decode_stack_fwd (host)", H->ops->decode_stack_fwd(H, &sh), CAI_OK);
+    gt_round_host(&x);
+    gt_check(nm("decode_stack x vs host %s", tag), x, dt == CAI_DTYPE_BF16 ? 3e-2 : 6e-3);
+    gt_round_host(&w[9 * (L - 1) + 7]);
+    gt_check(nm("decode_stack last k cache vs host %s", tag), w[9 * (L - 1) + 7], dt == CAI_DTYPE_BF16 ? 3e-2 : 6e-3);
+    free(hw);
+    cai_device_dealloc(G, gw);
+    free(w);
+    free(lh);
+    free(lg);
+    free(perm);
+    free(bt);
+}
+
+static void decode_stack(void) {
+    const cai_dtype B = CAI_DTYPE_BF16, F16 = CAI_DTYPE_F16;
+    ds_case(B, 3, 512, 8, 2, 64, 1024, 16, 100, 256, 1);      /* four splits merged in the kernel */
+    ds_case(B, 2, 512, 8, 8, 128, 768, 16, 40, 64, 1);        /* one split, GQA group 1, D 128 */
+    ds_case(F16, 2, 2304, 16, 2, 64, 2048, 32, 300, 1024, 1); /* a norm wider than 2048, group 8 */
+    ds_case(B, 2, 256, 4, 1, 64, 8192, 16, 3000, 4096, 1);    /* rows split over 4 warps, 64 splits */
+    ds_case(B, 1, 256, 4, 2, 64, 512, 256, 1, 16, 1);         /* the first token, a block of 256 */
+    ds_case(B, 1, 256, 4, 2, 64, 512, 16, 5000, 8192, 0);     /* past the kernel's 64 splits: the ops */
+}
+
 static const test_entry tests[] = {
     {"fill/copy", t_fill_copy},
     {"copy_sr", t_copy_sr},
@@ -2013,6 +2174,7 @@ static const test_entry tests[] = {
     /* the paged KV cache of inference */
     {"paged kv f32 act", f32_paged},
     {"paged kv bf16 act", bf16_paged},
+    {"decode stack", decode_stack},
     {"paged kv errors", t_paged_errors},
     {"paged kv rope + cache write", rope_kv},
     {"paged kv argmax", argmax_all},
