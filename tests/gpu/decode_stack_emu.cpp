@@ -153,9 +153,12 @@ static void paged_grid(const cuk_paged &p, const Case &c, int nhc, int bs_log2, 
 template <int DT, int K> static void norm_k(cuk_mat y, float *rstd, cuk_mat x, const void *w, float eps) {
     launch(dim3(1), 32 * NW, [&] { k_norm_fwd_reg<DT, K, true>(y, nullptr, rstd, x, w, DT, nullptr, 0, eps); });
 }
+/* cuk_norm_fwd_fast's choice for one row: k_norm_fwd_reg up to 8 chunks a lane, else k_norm_fwd */
 template <int DT> static void norm(cuk_mat y, float *rstd, cuk_mat x, const void *w, float eps) {
     const int64_t k = ((x.cols + 7) / 8 + 31) / 32;
-    if (k <= 1) norm_k<DT, 1>(y, rstd, x, w, eps);
+    if (k > 8)
+        launch(dim3(1), 32 * ROWS_PER_BLOCK, [&] { k_norm_fwd(y, nullptr, rstd, x, w, DT, nullptr, 0, eps, 1); });
+    else if (k <= 1) norm_k<DT, 1>(y, rstd, x, w, eps);
     else if (k <= 2) norm_k<DT, 2>(y, rstd, x, w, eps);
     else if (k <= 3) norm_k<DT, 3>(y, rstd, x, w, eps);
     else if (k <= 4) norm_k<DT, 4>(y, rstd, x, w, eps);
@@ -337,6 +340,7 @@ int main(int argc, char **argv) {
         {1, 512, 4, 1, 128, 8192, 32, 70, 128, 2, 64, 3}, /* D 128, rows of 8192 over 4 warp parts */
         {1, 128, 4, 4, 32, 256, 8, 1, 16, 1, 16, 2},      /* the first token, group 1, D 32 < DMAX */
         {3, 384, 16, 2, 64, 768, 16, 200, 512, 8, 64, 4}, /* group 8 (two head chunks), 8 splits */
+        {1, 2304, 4, 2, 64, 512, 16, 20, 64, 1, 64, 3},   /* a norm wider than 2048: k_norm_fwd's order */
     };
     int fails = 0, n = 0;
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {

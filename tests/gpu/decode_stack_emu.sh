@@ -16,6 +16,7 @@ sys.path.insert(0, sys.argv[1] + "/tests/gpu")
 from emu_extract import common_parts, region, source, write
 top, out = sys.argv[1], sys.argv[2]
 parts = common_parts(top) + [
+    region(source(top, "kernels/norm.cu"), "norm_fwd_rows"),
     region(source(top, "kernels/norm.cu"), "norm_fwd"),
     region(source(top, "kernels/gemv.cu"), "gemv"),
     region(source(top, "kernels/elementwise.cu"), "rope_fast"),
