@@ -245,6 +245,7 @@ static size_t pool_bytes(const cai_engine_t *e) {
  * ops one by one (compute). */
 static cai_status bind_stack(cai_engine_t *e) {
     const cai_block_kinds *k = &e->kinds;
+    if (e->dlayers) return CAI_OK; /* a resume: the layers point at the same tensors */
     if (k->norm != CAI_NORM_RMSNORM || k->pos != CAI_POS_ROPE || k->mlp != CAI_MLP_SWIGLU || e->tp > 1) return CAI_OK;
     for (int64_t l = 0; l < e->L; l++) {
         const cai_block_params *p = &e->blk[l];
