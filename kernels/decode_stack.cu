@@ -5,16 +5,17 @@
  * launch, ramp-up and tail that no bandwidth recovers (bench/RESULTS.md).
  * Here a grid of resident blocks walks every layer's phases, separated by
  * grid-wide barriers instead of kernel boundaries:
- *   1. RMSNorm (warp 0 of every block, into shared memory) and the QKV product;
- *   2. RoPE and the KV-cache write;
- *   3. paged attention (paged.cuh's blocks, the grid walking their places);
- *   4. the output projection plus the residual;
- *   5. RMSNorm and the gate, up and SwiGLU products;
- *   6. the down projection plus the residual.
+ *   1. RMSNorm (warp 0 of every block, into shared memory) and the QKV
+ *      product, whose epilogue applies RoPE and writes the KV cache (a warp
+ *      takes the two rows a rotation pairs);
+ *   2. paged attention (paged.cuh's blocks, the grid walking their places);
+ *   3. the output projection plus the residual;
+ *   4. RMSNorm and the gate, up and SwiGLU products;
+ *   5. the down projection plus the residual.
  * Before a barrier each warp issues the loads of its first weight rows of
  * the next product (weights are never written during the step), and the
- * output projection's rows are prefetched into L2 while RoPE and attention
- * run, so the weight stream does not stop at the barriers.
+ * output projection's rows are prefetched into L2 before attention, so the
+ * weight stream does not stop at the barriers.
  *
  * Every result is computed in the order the separate kernels use: a warp
  * takes a product's row as k_gemv does (KS parts of 8-chunk batches, the
@@ -60,13 +61,16 @@ CUK_INLINE void ds_sync(unsigned *bar) {
 
 /* ---------------------------------------------------------------- products */
 
-/* A warp's walk over its rows of one product: rows o = gw, gw + nw, ...; a
- * row is KS parts (gemv.cu's gv_parts) of JB batches of 8 chunks, chunk u
- * of batch (p, j) being lane + 32 p + 32 KS (8 j + u) (k_gemv's order);
- * with w1 (the SwiGLU pair) a row is the gate row's batches, then up's. */
+/* A warp's walk over its tasks of one product: tasks o = gw, gw + nw, ...;
+ * a row is KS parts (gemv.cu's gv_parts) of JB batches of 8 chunks, chunk u
+ * of batch (p, j) being lane + 32 p + 32 KS (8 j + u) (k_gemv's order). A
+ * task is row o, or two rows whose sums its epilogue takes together: with
+ * w1 (the SwiGLU pair) the gate row's batches, then up's; with half > 0
+ * (RoPE's pairs) rows (o / half) D + o % half and that plus half of w0. */
 struct ds_mv {
     const uint4 *w0, *w1;
     int rows, nc, ks, jb, nb;
+    int half, D;   /* RoPE's pairs: half of a head, the head dim; 0 otherwise */
     int gw, nw, T; /* this warp, the grid's warps, this warp's batches */
 };
 
@@ -85,9 +89,18 @@ CUK_INLINE ds_mv ds_mv_of(const void *w0, const void *w1, int64_t rows, int64_t 
     m.ks = ds_parts(K);
     m.jb = (m.nc + 256 * m.ks - 1) / (256 * m.ks);
     m.nb = m.ks * m.jb * (w1 ? 2 : 1);
+    m.half = m.D = 0;
     m.gw = gw;
     m.nw = nw;
     m.T = gw < m.rows ? (m.rows - gw + nw - 1) / nw * m.nb : 0;
+    return m;
+}
+
+/* Rotation pairs (j, j + half) of `heads` heads of D = 2 half rows each in w. */
+CUK_INLINE ds_mv ds_mv_pairs(const void *w, int64_t heads, int64_t half, int64_t K, int gw, int nw) {
+    ds_mv m = ds_mv_of(w, w, heads * half, K, gw, nw);
+    m.half = (int)half;
+    m.D = (int)(2 * half);
     return m;
 }
 
@@ -113,7 +126,8 @@ CUK_INLINE ds_pos ds_at(const ds_mv &m, int t, int lane) {
 CUK_INLINE void ds_load(const ds_mv &m, int t, int lane, uint4 (&w)[8]) {
     if (t >= m.T) return;
     const ds_pos q = ds_at(m, t, lane);
-    const uint4 *row = (q.m ? m.w1 : m.w0) + (int64_t)q.o * m.nc;
+    const int64_t r = m.half ? (int64_t)(q.o / m.half) * m.D + q.o % m.half + q.m * m.half : q.o;
+    const uint4 *row = (q.m && !m.half ? m.w1 : m.w0) + r * m.nc;
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         const int c = q.c0 + q.stride * u;
@@ -221,54 +235,39 @@ CUK_INLINE void ds_stage(uint16_t *xs, const void *v, int64_t n) {
     for (int64_t c = threadIdx.x; c < n / 8; c += DS_NT) ((uint4 *)xs)[c] = __ldcg((const uint4 *)v + c);
 }
 
-/* Work item w of k_rope_kv_write for the step's one token: 8 pairs of a
- * query or key head rotated in place (a key's also written to its cache
- * slot), or 8 values of a value head copied to theirs; the same arithmetic. */
-template <int DT> CUK_INLINE void ds_rope_kv(const cuk_dstack &a, const cuk_dlayer &ly, uint32_t w) {
-    const uint32_t half = (uint32_t)a.cos.cols, nc = half >> 3, D = (uint32_t)a.qk.D, dc = D >> 3;
-    const uint32_t H = (uint32_t)a.qk.H, Hkv = (uint32_t)a.v.H, Hq = H - Hkv, nrope = H * nc;
-    const int64_t slot = a.slots[0];
-    if (w == 0 && slot >= a.n_slots) cuk_report(a.err, CUK_ERR_SLOT, 0, slot, a.n_slots, 0);
-    const bool write = slot >= 0 && slot < a.n_slots;
-    if (w >= nrope) {
-        if (!write) return;
-        const uint32_t q = w - nrope, h = q / dc, i = 8 * (q - h * dc);
-        float x[8];
-        cuk_ld8<DT>(a.v.p, h * a.v.sh + i, x);
-        cuk_st8<DT>(ly.vc, (slot * Hkv + h) * D + i, x);
-        return;
+/* RoPE and the cache write for the step's one token in the QKV product's
+ * epilogue, as k_rope_kv_write computes them from the product's stored
+ * (rounded) values: a pair o = (head h, j) of rotated rows with sums s1, s2,
+ * or value row o (value head h = o / D). The cache holds the values as
+ * stored, as kv_cache_write reads them back. */
+template <int DT> CUK_INLINE void ds_rope_pair(const cuk_dstack &a, const cuk_dlayer &ly, int o, float s1, float s2) {
+    const int64_t half = a.cos.cols, D = a.qk.D, Hkv = a.v.H, Hq = a.qk.H - Hkv, h = o / half, j = o % half;
+    const int64_t slot = a.slots[0], p = a.pos[0];
+    const bool bad = p < 0 || p >= a.cos.rows;
+    if (o == 0 && slot >= a.n_slots) cuk_report(a.err, CUK_ERR_SLOT, 0, slot, a.n_slots, 0);
+    if (o == 0 && bad) cuk_report(a.err, CUK_ERR_POSITION, 0, p, a.cos.rows, 0);
+    const float x1 = cuk_round16<DT>(s1 + 0.0f), x2 = cuk_round16<DT>(s2 + 0.0f); /* k_gemv's zero bias */
+    float y1 = 0.0f, y2 = 0.0f;
+    if (!bad) {
+        const float c = ((const float *)a.cos.p)[p * a.cos.ld + j],
+                    s = 1.0f * ((const float *)a.sin.p)[p * a.sin.ld + j];
+        y1 = x1 * c - x2 * s;
+        y2 = x2 * c + x1 * s;
     }
-    const uint32_t h = w / nc, i = 8 * (w - h * nc);
-    const int64_t p = a.pos[0];
-    const int bad = p < 0 || p >= a.cos.rows;
-    if (bad && w == 0) cuk_report(a.err, CUK_ERR_POSITION, 0, p, a.cos.rows, 0);
-    const int64_t o = h * a.qk.sh + i;
-    float x1[8], x2[8], y1[8], y2[8];
-    cuk_ld8<DT>(a.qk.p, o, x1);
-    cuk_ld8<DT>(a.qk.p, o + half, x2);
-    if (bad) {
-#pragma unroll
-        for (int e = 0; e < 8; e++) y1[e] = y2[e] = 0.0f;
-    } else {
-        float cv[8], sv[8];
-        cuk_ld8<CUK_F32>(a.cos.p, p * a.cos.ld + i, cv);
-        cuk_ld8<CUK_F32>(a.sin.p, p * a.sin.ld + i, sv);
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const float s = 1.0f * sv[e];
-            y1[e] = x1[e] * cv[e] - x2[e] * s;
-            y2[e] = x2[e] * cv[e] + x1[e] * s;
-        }
-    }
-    cuk_st8<DT>(a.qk.p, o, y1);
-    cuk_st8<DT>(a.qk.p, o + half, y2);
-    if (h < Hq || !write) return;
-    /* the cache holds the values as stored (rounded to DT), as kv_cache_write reads them back */
-    cuk_ld8<DT>(a.qk.p, o, y1);
-    cuk_ld8<DT>(a.qk.p, o + half, y2);
-    const int64_t dst = (slot * Hkv + (h - Hq)) * D + i;
-    cuk_st8<DT>(ly.kc, dst, y1);
-    cuk_st8<DT>(ly.kc, dst + half, y2);
+    const int64_t r = h * a.qk.sh + j;
+    cuk_st1<DT>(a.qk.p, r, y1);
+    cuk_st1<DT>(a.qk.p, r + half, y2);
+    if (h < Hq || slot < 0 || slot >= a.n_slots) return;
+    const int64_t dst = (slot * Hkv + (h - Hq)) * D + j;
+    cuk_st1<DT>(ly.kc, dst, y1);
+    cuk_st1<DT>(ly.kc, dst + half, y2);
+}
+
+template <int DT> CUK_INLINE void ds_value_row(const cuk_dstack &a, const cuk_dlayer &ly, int o, float s) {
+    const int64_t D = a.qk.D, Hkv = a.v.H, slot = a.slots[0];
+    const float v = s + 0.0f;
+    cuk_st1<DT>(a.v.p, (o / D) * a.v.sh + o % D, v);
+    if (slot >= 0 && slot < a.n_slots) cuk_st1<DT>(ly.vc, (slot * Hkv + o / D) * D + o % D, v);
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -297,35 +296,35 @@ __global__ void __launch_bounds__(DS_NT, 4) k_decode_stack(const __grid_constant
     __shared__ __align__(16) ds_smem<DT, DMAX, GH> sm;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nw = (int)gridDim.x * DS_NW, gw = (int)blockIdx.x * DS_NW + warp;
-    const int64_t C = a.C, F = a.F, Hq = a.qk.H - a.v.H, D = a.qk.D, Hkv = a.v.H, QKV = (Hq + 2 * Hkv) * D;
-    const uint32_t n_rope = (uint32_t)(a.qk.H * (a.cos.cols / 8) + Hkv * (D / 8));
+    const int64_t C = a.C, F = a.F, Hq = a.qk.H - a.v.H, D = a.qk.D, Hkv = a.v.H;
     uint4 A[8];
-    ds_mv mv = ds_mv_of(a.layer[0].qkv, nullptr, QKV, C, gw, nw);
+    const int64_t half = D / 2, Hr = a.qk.H; /* rotated heads: the queries' and the keys' */
+    ds_mv mv = ds_mv_pairs(a.layer[0].qkv, Hr, half, C, gw, nw);
     ds_load(mv, 0, lane, A);
     for (int l = 0; l < a.L; l++) {
         const cuk_dlayer &ly = a.layer[l];
-        /* 1. norm, QKV */
+        /* 1. norm, QKV with RoPE and the cache write: the rotated heads' row pairs, then the values' rows */
         if (warp == 0) ds_norm<DT>(a.x, C, ly.ln1, a.wdt, a.eps, sm.xs, lane);
         __syncthreads();
-        ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float r, float) {
-            cuk_st1<DT>(a.qkv, o, r + 0.0f); /* k_gemv adds its (zero) bias */
-        });
-        ds_sync(a.bar);
-        /* 2. RoPE, cache write; the output projection's rows start towards L2 */
+        ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float s1, float s2) { ds_rope_pair<DT>(a, ly, o, s1, s2); });
+        /* value row 0 goes to the first warp with one pair fewer */
+        mv = ds_mv_of((const uint16_t *)ly.qkv + Hr * D * C, nullptr, Hkv * D, C,
+                      (gw + nw - (int)(Hr * half % nw)) % nw, nw);
+        ds_load(mv, 0, lane, A);
+        ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float s, float) { ds_value_row<DT>(a, ly, o, s); });
+        /* the output projection's rows start towards L2 */
         for (int64_t o = gw; o < C; o += nw) {
             const char *row = (const char *)ly.proj + o * Hq * D * 2;
             for (int64_t b = 128 * lane; b < Hq * D * 2; b += 128 * 32)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(row + b));
         }
-        for (uint32_t w = blockIdx.x * DS_NT + threadIdx.x; w < n_rope; w += gridDim.x * DS_NT)
-            ds_rope_kv<DT>(a, ly, w);
         ds_sync(a.bar);
-        /* 3. attention */
+        /* 2. attention */
         ds_attention<DT, DMAX, GH>(a, ly, sm.pg);
         mv = ds_mv_of(ly.proj, nullptr, C, Hq * D, gw, nw);
         ds_load(mv, 0, lane, A);
         ds_sync(a.bar);
-        /* 4. output projection + residual */
+        /* 3. output projection + residual */
         ds_stage(sm.xs, a.att, Hq * D);
         __syncthreads();
         ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float r, float) {
@@ -336,7 +335,7 @@ __global__ void __launch_bounds__(DS_NT, 4) k_decode_stack(const __grid_constant
         mv = ds_mv_of(ly.gate, ly.up, F, C, gw, nw);
         ds_load(mv, 0, lane, A);
         ds_sync(a.bar);
-        /* 5. norm, gate, up, SwiGLU */
+        /* 4. norm, gate, up, SwiGLU */
         if (warp == 0) ds_norm<DT>(a.x, C, ly.ln2, a.wdt, a.eps, sm.xs, lane);
         __syncthreads();
         ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float rg, float ru) {
@@ -346,7 +345,7 @@ __global__ void __launch_bounds__(DS_NT, 4) k_decode_stack(const __grid_constant
         mv = ds_mv_of(ly.down, nullptr, C, F, gw, nw);
         ds_load(mv, 0, lane, A);
         ds_sync(a.bar);
-        /* 6. down projection + residual */
+        /* 5. down projection + residual */
         ds_stage(sm.xs, a.act, F);
         __syncthreads();
         ds_run<DT>(mv, sm.xs, lane, A, [&](int o, float r, float) {
@@ -355,7 +354,7 @@ __global__ void __launch_bounds__(DS_NT, 4) k_decode_stack(const __grid_constant
             cuk_st1<DT>(a.x, o, v);
         });
         if (l + 1 < a.L) {
-            mv = ds_mv_of(a.layer[l + 1].qkv, nullptr, QKV, C, gw, nw);
+            mv = ds_mv_pairs(a.layer[l + 1].qkv, Hr, half, C, gw, nw);
             ds_load(mv, 0, lane, A);
         }
         ds_sync(a.bar);
