@@ -1,6 +1,7 @@
-/* The paged KV cache: the cache write and attention over it for a ragged
- * batch (prefill chunks and decode steps together), f32 arithmetic on the
- * CUDA cores with any float dtype for the cache and the activations.
+/* Attention over the paged KV cache for a ragged batch (prefill chunks and
+ * decode steps together), f32 arithmetic on the CUDA cores with any float
+ * dtype for the cache and the activations: the per-block code, which
+ * paged.cu's kernels and decode_stack.cu run.
  *
  * Attention: a block of 4 warps owns one query token, one kv head and up to
  * GH <= 4 of that head's query heads (larger GQA groups take several
