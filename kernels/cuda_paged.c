@@ -262,11 +262,19 @@ static int ds_prepare(cai_device_t *dev, const cai_decode_stack *st, int64_t l0,
     return cuk_decode_stack_fits(a);
 }
 
+/* Whether every group of st's layers fits the fused kernel; a then holds
+ * the first group's arguments (the groups are checked last to first). */
+static int ds_prepare_all(cai_device_t *dev, const cai_decode_stack *st, cuk_dstack *a) {
+    if (!dev || dev->kind != CAI_CUDA || cai_cuda_of(dev)->dstack_off || !a || !st || st->n_layers < 1) return 0;
+    for (int64_t l0 = (st->n_layers - 1) / CUK_DSTACK_MAX_LAYERS * CUK_DSTACK_MAX_LAYERS; l0 >= 0;
+         l0 -= CUK_DSTACK_MAX_LAYERS)
+        if (!ds_prepare(dev, st, l0, a)) return 0;
+    return 1;
+}
+
 int cai_cuda_decode_stack_fused(cai_device_t *dev, const cai_decode_stack *st) {
-    if (!dev || dev->kind != CAI_CUDA || cai_cuda_of(dev)->dstack_off) return 0;
     cuk_dstack *a = malloc(sizeof *a);
-    int fused = a && st && st->n_layers > 0;
-    for (int64_t l0 = 0; fused && l0 < st->n_layers; l0 += CUK_DSTACK_MAX_LAYERS) fused = ds_prepare(dev, st, l0, a);
+    const int fused = ds_prepare_all(dev, st, a);
     free(a);
     return fused;
 }
@@ -277,13 +285,16 @@ int cai_cuda_decode_stack_fused(cai_device_t *dev, const cai_decode_stack *st) {
  * grid that does not start writes nothing. */
 cai_status cai_cuda_decode_stack_fwd(cai_device_t *dev, const cai_decode_stack *st) {
     static const char op[] = "decode_stack_fwd";
-    if (!cai_cuda_decode_stack_fused(dev, st)) return cai_ops_decode_stack_composed(dev, st);
     cuk_dstack *a = malloc(sizeof *a); /* about 10 KB, the kernel's parameter */
     if (!a) return CAI_ERROR(CAI_ERR_NOMEM, "%s: %zu bytes of host memory", op, sizeof *a);
+    if (!ds_prepare_all(dev, st, a)) {
+        free(a);
+        return cai_ops_decode_stack_composed(dev, st);
+    }
     cai_cuda_impl *c = cai_cuda_of(dev);
     cai_status rc = cai_cuda_enter(dev, op);
     for (int64_t l0 = 0; rc == CAI_OK && l0 < st->n_layers; l0 += CUK_DSTACK_MAX_LAYERS) {
-        (void)ds_prepare(dev, st, l0, a);
+        if (l0 > 0) (void)ds_prepare(dev, st, l0, a); /* group 0 is already in a */
         const cudaError_t e = cuk_decode_stack(c->stream, a);
         if (e == cudaSuccess) continue;
         enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;

@@ -59,14 +59,7 @@ __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, in
     const int d0 = dl * 8;
     const int nd = D - d0 >= 8 ? 8 : D - d0 > 0 ? (int)(D - d0) : 0;
     float qv[GH][8], acc[GH][8], m[GH], l[GH];
-    pg_load_q<GH>(p, t, d0, nd, qv);
-#pragma unroll
-    for (int h = 0; h < GH; h++) {
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[h][e] = 0.0f;
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-    }
+    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
     const int32_t *bt = p.bt + t.s * p.max_blocks;
     for (int64_t jb = t.k0; jb < t.k1; jb += STEP) {
         float kk[U][8], vv[U][8];

@@ -131,6 +131,20 @@ template <int GH> CUK_INLINE void pg_load_q(const cuk_paged &p, const pg_task &t
     }
 }
 
+/* A lane's query dims and an empty online softmax (no key seen). */
+template <int GH>
+CUK_INLINE void pg_start(const cuk_paged &p, const pg_task &t, int d0, int nd, float (&qv)[GH][8], float (&m)[GH],
+                         float (&l)[GH], float (&acc)[GH][8]) {
+    pg_load_q<GH>(p, t, d0, nd, qv);
+#pragma unroll
+    for (int h = 0; h < GH; h++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[h][e] = 0.0f;
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+}
+
 /* Score of one key per lane group for each head: the group's partial dots
  * summed over its LPK lanes (nh is the block's, so the shuffles stay
  * warp-uniform). */
@@ -364,14 +378,7 @@ CUK_INLINE void pg_pipe_block(const cuk_paged &p, const void *kc, const void *vc
     const int64_t D = p.q.D;
     const int d0 = dl * 8, nd = D - d0 >= 8 ? 8 : 0; /* D % 8 == 0 here */
     float qv[GH][8], acc[GH][8], m[GH], l[GH];
-    pg_load_q<GH>(p, t, d0, nd, qv);
-#pragma unroll
-    for (int h = 0; h < GH; h++) {
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[h][e] = 0.0f;
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-    }
+    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
     const int32_t *bt = p.bt + t.s * p.max_blocks;
     const int dchunks = (int)(D * ES / 16);
     const int ntiles = (int)((t.k1 - t.k0 + TK - 1) / TK);

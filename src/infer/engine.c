@@ -728,6 +728,13 @@ static cai_status heads_view(const cai_tensor *t2, int64_t n, int64_t c0, int64_
     return CAI_OK;
 }
 
+/* The first n of the norms' per-row rstd scratch, 1-D as rmsnorm_fwd takes it. */
+static cai_tensor rstd_rows(const cai_engine_t *e, int64_t n) {
+    cai_tensor r = rows_of(&e->rstd, n);
+    r.ndim = 1;
+    return r;
+}
+
 static cai_status tp_sum(cai_engine_t *e, cai_tensor *t) {
     if (e->tp <= 1) return CAI_OK;
     return cai_allreduce(e->cx.mesh, CAI_AXIS_TP, t->data, t->data, (size_t)cai_tensor_numel(t), t->dtype, CAI_RED_SUM);
@@ -738,8 +745,7 @@ static cai_status norm(cai_engine_t *e, cai_tensor *out, const cai_tensor *inp, 
     cai_device_t *dev = e->dev;
     if (e->kinds.norm == CAI_NORM_LAYERNORM)
         return dev->ops->layernorm_fwd(dev, out, NULL, NULL, inp, w, b && b->data ? b : NULL, e->cfg->norm_eps);
-    cai_tensor r = rows_of(&e->rstd, n);
-    r.ndim = 1;
+    cai_tensor r = rstd_rows(e, n);
     return dev->ops->rmsnorm_fwd(dev, out, &r, inp, w, e->cfg->norm_eps);
 }
 
@@ -805,8 +811,7 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     CAI_CALL(heads_view(&e->qkv, N, (e->Hq + e->Hkv) * e->D, e->Hkv, e->D, &v4));
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
     if (e->dlayers) {
-        cai_tensor r = rows_of(&e->rstd, N);
-        r.ndim = 1;
+        cai_tensor r = rstd_rows(e, N);
         const cai_decode_stack st = {.n_layers = e->L,
                                      .layers = e->dlayers,
                                      .eps = e->cfg->norm_eps,
