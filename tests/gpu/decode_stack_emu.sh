@@ -5,16 +5,8 @@
 # reference. No GPU needed; needs g++ (C++20) and python3.
 #   tests/gpu/decode_stack_emu.sh [case-number]
 set -eu
-command -v g++ >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs g++ and python3"; exit 77; }
-top=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-python3 - "$top" "$dir" <<'PY'
-import sys
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, sys.argv[1] + "/tests/gpu")
-from emu_extract import common_parts, region, source, write
-top, out = sys.argv[1], sys.argv[2]
+. "$(dirname "$0")/emu_common.sh"
+emu_build decode_stack -I"$top/kernels" <<'PY'
 parts = common_parts(top) + [
     region(source(top, "kernels/norm.cu"), "norm_fwd_rows"),
     region(source(top, "kernels/norm.cu"), "norm_fwd"),
@@ -48,5 +40,4 @@ write(out, parts, subs)
 with open(out + "/cuda_runtime.h", "w") as f:
     f.write("typedef int cudaError_t;\ntypedef struct CUstream_st *cudaStream_t;\n")
 PY
-g++ -std=c++20 -O1 -pthread -I"$dir" -I"$top/kernels" -o "$dir/decode_stack_emu" "$top/tests/gpu/decode_stack_emu.cpp"
 "$dir/decode_stack_emu" "$@"

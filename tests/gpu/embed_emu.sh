@@ -4,16 +4,8 @@
 # choice; tests/gpu/embed_emu.cpp). No GPU needed; needs g++ (C++20) and python3.
 #   tests/gpu/embed_emu.sh
 set -eu
-command -v g++ >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs g++ and python3"; exit 77; }
-top=$(cd "$(dirname "$0")/../.." && pwd)
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-python3 - "$top" "$dir" <<'PY'
-import sys
-sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, sys.argv[1] + "/tests/gpu")
-from emu_extract import common_parts, region, source, write
-top, out = sys.argv[1], sys.argv[2]
+. "$(dirname "$0")/emu_common.sh"
+emu_build embed <<'PY'
 embed = source(top, "kernels/embed.cu")
 parts = common_parts(top) + [region(embed, "embed_dwte"), region(embed, "embed_tile_len")]
 subs = [
@@ -22,5 +14,4 @@ subs = [
 ]
 write(out, parts, subs)
 PY
-g++ -std=c++20 -O1 -pthread -I"$dir" -o "$dir/embed_emu" "$top/tests/gpu/embed_emu.cpp"
 "$dir/embed_emu" "$@"

@@ -35,7 +35,7 @@ check-emu:
 EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run.sh tests/gpu/sp-run.sh tests/gpu/model_parity.py \
 	tests/gpu/run-all.sh tests/gpu/snapshot.sh tests/gpu/hf-prepare.sh tests/gpu/hf_transformers.py \
 	tests/gpu/flash_emu.sh tests/gpu/flash_emu.cpp tests/gpu/normxent_emu.sh tests/gpu/normxent_emu.cpp \
-	tests/gpu/embed_emu.sh tests/gpu/embed_emu.cpp tests/gpu/emu_cuda.h tests/gpu/emu_extract.py \
+	tests/gpu/embed_emu.sh tests/gpu/embed_emu.cpp tests/gpu/emu_cuda.h tests/gpu/emu_extract.py tests/gpu/emu_common.sh \
 	tests/gpu/decode_stack_emu.sh tests/gpu/decode_stack_emu.cpp tests/gpu/moe_emu.sh tests/gpu/moe_emu.cpp \
 	tests/gpu/infer-run.sh tests/gpu/infer-prepare.sh tests/gpu/peft-prepare.sh tests/gpu/peft_check.py \
 	tests/gpu/sft-tokens-prepare.sh tests/gpu/mixtral-prepare.sh tests/gpu/mixtral_check.py
