@@ -32,8 +32,4 @@ typedef enum {
 } cai_cuda_attn_path;
 void cai_cuda_attn_force(cai_cuda_attn_path path);
 
-/* Whether decode_stack_fwd runs st as its one fused launch on dev (CUDA
- * builds only; the GPU tests check that their cases reach the kernel). */
-int cai_cuda_decode_stack_fused(cai_device_t *dev, const cai_decode_stack *st);
-
 #endif

@@ -345,11 +345,6 @@ template <int DT> CUK_INLINE void cuk_st8_tail(void *p, int64_t i, int n, const 
         if (k < n) cuk_st1<DT>(p, i + k, v[k]);
 }
 
-/* v rounded to the 16-bit dtype DT and widened back (what a store and a load give). */
-template <int DT> CUK_INLINE float cuk_round16(float v) {
-    return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
-}
-
 CUK_EMU_END(cuk_vec);
 
 static inline int cuk_dt_size(int dt) { return dt == CUK_F32 || dt == CUK_I32 ? 4 : dt == CUK_F64 ? 8 : 2; }

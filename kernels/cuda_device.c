@@ -205,10 +205,9 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaMemset(c->err, 0, sizeof *c->err));
     CU(w, cudaHostAlloc((void **)&c->err_host, sizeof *c->err_host, cudaHostAllocPortable));
     count_alloc(dev, sizeof *c->err_host);
-    /* paged attention's counters, then the decode stack's grid barrier (2 words) */
-    CU(w, cudaMalloc((void **)&c->paged_cnt, (CAI_CUDA_PAGED_COUNTERS + 2) * sizeof *c->paged_cnt));
-    count_alloc(dev, (CAI_CUDA_PAGED_COUNTERS + 2) * sizeof *c->paged_cnt);
-    CU(w, cudaMemset(c->paged_cnt, 0, (CAI_CUDA_PAGED_COUNTERS + 2) * sizeof *c->paged_cnt));
+    CU(w, cudaMalloc((void **)&c->paged_cnt, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
+    count_alloc(dev, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt);
+    CU(w, cudaMemset(c->paged_cnt, 0, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
     CU(w, cuk_attn_setup());
     long long tf32 = 0, tune = 0, pdl = 1;
     CAI_CALL(cai_knob_int("CAI_CUDA_TF32", &tf32));

@@ -42,7 +42,6 @@ typedef struct cai_cuda_impl {
     int allow_tf32;  /* CAI_CUDA_TF32=1: f32 matmuls on tensor cores (10-bit mantissa) */
     int lt_autotune; /* CAI_CUBLASLT_AUTOTUNE: candidates timed per new gemm shape (0: heuristic's first) */
     int pdl;         /* CAI_CUDA_PDL on an sm_90+ device: programmatic dependent launches (gemv.cu) */
-    int dstack_off;  /* the decode stack's cooperative launch was refused here once: ops one by one since */
     int num_sms;
     cublasLtHandle_t lt;
     void *lt_ws;
@@ -51,8 +50,7 @@ typedef struct cai_cuda_impl {
     size_t scratch_bytes;
     cuk_errrec *err;      /* device memory the kernels write; read back at synchronisation */
     cuk_errrec *err_host; /* pinned mirror of *err */
-    unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls,
-                           * then the 2 words of the decode stack's grid barrier */
+    unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls */
     cublasHandle_t blas;  /* grouped products (cublasGemmGroupedBatchedEx); made at the first one */
     void **grouped_ptrs;  /* device: the grouped products' A, B, C pointer arrays */
     size_t grouped_cap;   /* pointers grouped_ptrs holds */
@@ -325,7 +323,6 @@ CUDA_OP(rope_kv_cache_write)
  const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin, const cai_tensor *positions);
 size_t cai_cuda_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
                                                 int64_t D, int64_t max_ctx);
-CUDA_OP(decode_stack_fwd)(cai_device_t *dev, const cai_decode_stack *st);
 CUDA_OP(paged_attention)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache, const cai_tensor *v_cache,
  const cai_tensor *block_tables, const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,

@@ -267,39 +267,6 @@ cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat c
 cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
                                 int64_t n_cnt, cuk_errrec *err);
 
-/* ---------------------------------------------------------------- decode_stack.cu
- * One decode token through L Llama decoder layers (RMSNorm, fused QKV with
- * RoPE, paged GQA attention, SwiGLU, no biases) in one cooperative launch:
- * bitwise the separate kernels' results (rmsnorm, gemv, rope_kv_write,
- * paged attention with the given plan, gemv_swiglu, gemv with residual). */
-#define CUK_DSTACK_MAX_LAYERS 128
-typedef struct {
-    const void *ln1, *ln2;                     /* RMSNorm weights [C], dtype wdt */
-    const void *qkv, *proj, *gate, *up, *down; /* contiguous [out, in], dtype dt */
-    void *kc, *vc;                             /* the layer's caches, contiguous, dtype dt */
-} cuk_dlayer;
-typedef struct {
-    int L, dt, wdt;
-    int64_t C, F;
-    float eps;
-    void *x;               /* [C] the residual stream, read and written */
-    void *qkv, *att, *act; /* scratch: [(Hq + 2 Hkv) D], [Hq D], [F] */
-    cuk_bthd qk, v;        /* views of qkv: [1,1,Hq+Hkv,D] (queries and keys), [1,1,Hkv,D] */
-    cuk_mat cos, sin;      /* RoPE tables [positions, D / 2], f32 */
-    const int32_t *pos, *slots;
-    int64_t n_slots;
-    cuk_paged attn; /* q, o, the block tables and lengths; kc, vc are each layer's */
-    int64_t splits, chunk, n_cnt;
-    int nhc, bs_log2;
-    float *ws;     /* attention's partials (splits > 1) */
-    unsigned *cnt; /* attention's merge counters (n_cnt) */
-    unsigned *bar; /* 2 words, zero before the first launch; the kernel leaves them reusable */
-    cuk_errrec *err;
-    cuk_dlayer layer[CUK_DSTACK_MAX_LAYERS];
-} cuk_dstack;
-int cuk_decode_stack_fits(const cuk_dstack *a);
-cudaError_t cuk_decode_stack(cudaStream_t s, const cuk_dstack *a);
-
 /* fp8_cast (fp8.cu): x (F32/BF16/F16 rows) * meta[1] (the scale) cast to
  * FP8 codes (E5M2 when e5m2, else E4M3) into q [rows, cols] and/or qt
  * [cols, rows] (either may be NULL), meta[2] = max(meta[2], amax(x)), and

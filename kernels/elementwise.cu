@@ -922,7 +922,6 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
  * head is a key, copies the rotated values as stored (read back, so the
  * cache holds what kv_cache_write would read) into the token's slot; the
  * threads past the rotations copy the values' chunks. */
-CUK_EMU_BEGIN(rope_kv);
 template <int DT>
 __global__ void k_rope_kv_write(cuk_bthd qk, cuk_bthd v, cuk_mat cs, cuk_mat sn, const int32_t *pos, float sign,
                                 void *kc, void *vc, int cdt, int64_t n_slots, const int32_t *slots, cuk_errrec *err) {
@@ -962,8 +961,6 @@ __global__ void k_rope_kv_write(cuk_bthd qk, cuk_bthd v, cuk_mat cs, cuk_mat sn,
         }
     }
 }
-
-CUK_EMU_END(rope_kv);
 
 extern "C" int cuk_rope_kv_write_fits(cuk_bthd qk, cuk_bthd v, cuk_mat cos, cuk_mat sin, int per_batch) {
     const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };

@@ -19,10 +19,26 @@
  * the per-lane order of the sums. */
 #include "cuda_common.cuh"
 
-CUK_EMU_BEGIN(gemv);
-
 #define GV_WARPS 8
 #define GV_UNROLL 8
+
+/* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
+ * attribute when pdl. */
+template <class... P, class... A>
+static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(GV_WARPS * 32);
+    cfg.stream = s;
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kern, args...);
+}
 
 /* acc[n] += dot(w chunk, x[n] chunk c) */
 template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
@@ -113,6 +129,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * order, so the two sums are k_gemv's bit for bit; one launch instead of
  * three (two products and the SwiGLU). */
 #define GS_UNROLL (GV_UNROLL / 2)
+template <int DT> CUK_INLINE float gv_round(float v) {
+    return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
+}
 
 template <int DT, int NB, int KS>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
@@ -167,29 +186,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
     gv_combine<NB, KS>(au, sm + (KS > 1 ? GV_WARPS * NB : 0), lane, warp);
     if (!mine || !live) return;
     for (int n = 0; n < N; n++) {
-        const float g = cuk_round16<DT>(ag[n]), u = cuk_round16<DT>(au[n]);
+        const float g = gv_round<DT>(ag[n]), u = gv_round<DT>(au[n]);
         cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
     }
-}
-
-CUK_EMU_END(gemv);
-
-/* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
- * attribute when pdl. */
-template <class... P, class... A>
-static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(GV_WARPS * 32);
-    cfg.stream = s;
-    if (pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, kern, args...);
 }
 
 int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {

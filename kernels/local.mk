@@ -22,9 +22,7 @@ CAI_CUDA_KERNEL_FILES = \
 	%reldir%/embed.cu \
 	%reldir%/gemv.cu \
 	%reldir%/fp8.cu \
-	%reldir%/paged.cuh \
 	%reldir%/paged.cu \
-	%reldir%/decode_stack.cu \
 	%reldir%/moe.cu \
 	%reldir%/moe_route.cu
 EXTRA_DIST += $(CAI_CUDA_KERNEL_FILES) %reldir%/README.md
@@ -56,7 +54,6 @@ CAI_CUDA_LOBJS = \
 	%reldir%/gemv.lo \
 	%reldir%/fp8.lo \
 	%reldir%/paged.lo \
-	%reldir%/decode_stack.lo \
 	%reldir%/moe.lo \
 	%reldir%/moe_route.lo
 # The kernels' host side (CUB's headers) needs the C++ runtime.
@@ -80,8 +77,6 @@ kernels/%.lo: kernels/%.cu kernels/cuda_common.cuh kernels/cuda_kernels.h
 	  echo "pic_object='.libs/$(*F).o'"; \
 	  echo "non_pic_object='$(*F).o'"; } > $@
 
-# attention's per-block code, shared with the decode stack
-%reldir%/paged.lo %reldir%/decode_stack.lo: $(srcdir)/kernels/paged.cuh
 # the router's kernels run the CPU backend's per-token code
 %reldir%/moe_route.lo: $(srcdir)/src/ops/moe_route_math.h
 endif

@@ -19,8 +19,6 @@
  * kernels on the CPU against a double reference. */
 #include "cuda_common.cuh"
 
-CUK_EMU_BEGIN(norm_fwd_rows);
-
 #define ROWS_PER_BLOCK 8
 
 __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK)
@@ -54,8 +52,6 @@ __global__ void __launch_bounds__(32 * ROWS_PER_BLOCK)
         if (rstd) rstd[r] = rs;
     }
 }
-
-CUK_EMU_END(norm_fwd_rows);
 
 extern "C" cudaError_t cuk_norm_fwd(cudaStream_t s, cuk_mat y, float *mean, float *rstd, cuk_mat x, const void *w,
                                     int wdt, const void *b, int bdt, float eps, int rms) {

@@ -1,7 +1,76 @@
-/* The paged KV cache's kernels and launchers: the cache write, attention
- * over the cache (paged.cuh: the design and the per-block code, which the
- * decode-stack kernel shares) and the split-KV merge. */
-#include "paged.cuh"
+/* The paged KV cache: the cache write and attention over it for a ragged
+ * batch (prefill chunks and decode steps together), f32 arithmetic on the
+ * CUDA cores with any float dtype for the cache and the activations.
+ *
+ * Attention: a block of 4 warps owns one query token, one kv head and up to
+ * GH <= 4 of that head's query heads (larger GQA groups take several
+ * blocks, which read the same rows from L2; 8 heads in one block need too
+ * many registers to keep enough blocks resident), so each K/V row read
+ * from the cache serves the group. Within a warp, LPK = DMAX / 8 lanes
+ * share a key row, 8 dims each, and each lane group keeps its own online
+ * softmax (max, sum, accumulators) over the keys it visits, U keys per
+ * rescale. The groups merge through shuffles, the warps through shared
+ * memory. Scores are kept in base 2 (q pre-scaled by scale * log2 e).
+ *
+ * Two ways to fetch the rows: where they are whole aligned 16-byte chunks
+ * (D % 8 == 0, aligned caches: every real model), k_paged_pipe streams
+ * tiles of keys into shared memory with cp.async, three tiles in flight, so
+ * decode reads the cache at a good fraction of the memory bandwidth rather
+ * than waiting on each load; k_paged, for the rest, loads into registers.
+ *
+ * Split-KV (flash-decoding): a decode token alone is one block per kv head,
+ * far too few to read a long context at memory speed, so the keys of a
+ * token are cut into chunks, one block each (grid.y), whose unnormalised
+ * partials (max, sum, accumulators) go to the workspace. The last of a
+ * token's splits to finish (a counter per block of the grid's x, which
+ * that block sets back to 0) combines them, so a decode step has no merge
+ * kernel; where the counters do not cover the grid, k_paged_reduce does.
+ * The host picks the chunk from max_ctx and N (it cannot see ctx_len):
+ * splits past a token's context exit at once.
+ *
+ * Prefill rows take the same kernels, one block per (token, kv head): each
+ * reads its whole prefix, mostly from L2. Simple and exact, but a long
+ * prompt costs far more than a tiled (flash) prefill would. */
+#include "cuda_common.cuh"
+
+#define PG_NW 4
+#define PG_NT (PG_NW * 32)
+#define PG_LOG2E 1.4426950408889634f
+#define PG_FULL 0xffffffffu
+
+/* Row i's sequence (the last s with q_start[s] <= i: a sequence without
+ * queries starts where the next one does, and the next one wins) and the
+ * number of keys it sees; false when the indices do not describe such a
+ * row (reported when `report`). */
+CUK_INLINE bool pg_locate(const cuk_paged &p, int64_t i, int64_t *s_out, int64_t *nk, bool report, cuk_errrec *err) {
+    const int32_t *qs = p.qs;
+    int64_t s, q0, ql, cl;
+    /* a decode step: row i is sequence i's one query (three loads at once, not a search) */
+    const int32_t a = i < p.S ? qs[i] : -1, b = i < p.S ? qs[i + 1] : -1, c = i < p.S ? p.cl[i] : 0;
+    if (a == i && b == i + 1) {
+        s = i, q0 = a, ql = 1, cl = c;
+    } else {
+        int64_t lo = 0, hi = p.S - 1;
+        while (lo < hi) {
+            const int64_t mid = (lo + hi + 1) >> 1;
+            if (qs[mid] <= i) lo = mid;
+            else hi = mid - 1;
+        }
+        s = lo, q0 = qs[s], ql = (int64_t)qs[s + 1] - q0, cl = p.cl[s];
+    }
+    const int64_t j = i - q0;
+    *s_out = s;
+    *nk = cl - ql + j + 1;
+    if (j >= 0 && j < ql && ql <= cl && cl <= p.limit) return true;
+    if (report) cuk_report(err, CUK_ERR_SEQ, s, ql, cl, p.limit);
+    return false;
+}
+
+/* Elements [off, off + n) of a cache row chunk (n <= 8; the rest 0). */
+template <int DT> CUK_INLINE void pg_ld(const void *base, int64_t off, int n, float *v) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = e < n ? cuk_ld1<DT>(base, off + e) : 0.0f;
+}
 
 /* ---------------------------------------------------------------- cache write */
 
@@ -28,18 +97,378 @@ extern "C" cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, in
     return cudaGetLastError();
 }
 
-CUK_EMU_BEGIN(paged_pipe);
+/* ---------------------------------------------------------------- attention */
+
+/* The block's place: token i, kv head g, the query heads [h0, h0 + nh) of
+ * head chunk hc (blockIdx.x), keys [k0, k1) of split blockIdx.y. */
+struct pg_task {
+    int64_t i, g, h0, s, k0, k1, nk;
+    int nh;
+    bool ok;
+};
+
+template <int GH> CUK_INLINE pg_task pg_task_of(const cuk_paged &p, int64_t chunk, int nhc, cuk_errrec *err) {
+    pg_task t;
+    int64_t x = blockIdx.x;
+    const int hc = (int)(x % nhc);
+    x /= nhc;
+    t.g = x % p.Hkv;
+    t.i = x / p.Hkv;
+    const int64_t G = p.q.H / p.Hkv, split = blockIdx.y;
+    t.h0 = t.g * G + (int64_t)hc * GH;
+    t.nh = (int)(G - (int64_t)hc * GH < GH ? G - (int64_t)hc * GH : GH);
+    int64_t nk;
+    t.ok = pg_locate(p, t.i, &t.s, &nk, threadIdx.x == 0 && split == 0 && t.g == 0 && hc == 0, err);
+    t.nk = t.ok ? nk : 0;
+    t.k0 = split * chunk;
+    t.k1 = t.ok ? (t.k0 + chunk < nk ? t.k0 + chunk : nk) : 0;
+    return t;
+}
+
+/* A block with no keys: with one split, the row of a bad sequence (zeros, as
+ * reported); with several, a split past the context (nothing to leave). */
+CUK_INLINE void pg_empty(const cuk_paged &p, const pg_task &t, int64_t splits, const unsigned *cnt) {
+    /* merged in the kernel, a bad sequence's zeros come from its first split */
+    if (splits != 1 && (!cnt || t.ok || blockIdx.y != 0)) return;
+    const int64_t D = p.q.D;
+    for (int64_t e = threadIdx.x; e < t.nh * D; e += PG_NT)
+        stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + e / D) + e % D, 0.0f);
+}
+
+/* This lane's 8 dims of the block's query heads, pre-scaled into base 2. */
+template <int GH> CUK_INLINE void pg_load_q(const cuk_paged &p, const pg_task &t, int d0, int nd, float (&qv)[GH][8]) {
+    const float qscale = p.scale * PG_LOG2E;
+#pragma unroll
+    for (int h = 0; h < GH; h++) {
+        const int64_t qo = h < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + h) + d0 : 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) qv[h][e] = h < t.nh && e < nd ? ldf(p.q.p, p.q.dt, qo + e) * qscale : 0.0f;
+    }
+}
+
+/* A lane's query dims and an empty online softmax (no key seen). */
+template <int GH>
+CUK_INLINE void pg_start(const cuk_paged &p, const pg_task &t, int d0, int nd, float (&qv)[GH][8], float (&m)[GH],
+                         float (&l)[GH], float (&acc)[GH][8]) {
+    pg_load_q<GH>(p, t, d0, nd, qv);
+#pragma unroll
+    for (int h = 0; h < GH; h++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[h][e] = 0.0f;
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+    }
+}
+
+/* Score of one key per lane group for each head: the group's partial dots
+ * summed over its LPK lanes (nh is the block's, so the shuffles stay
+ * warp-uniform). */
+template <int LPK, int GH>
+CUK_INLINE void pg_scores(const float (&qv)[GH][8], const float (&k)[8], bool valid, int nh, float (&sc)[GH]) {
+#pragma unroll
+    for (int h = 0; h < GH; h++) {
+        if (h >= nh) break;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) d = fmaf(qv[h][e], k[e], d);
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(PG_FULL, d, o);
+        sc[h] = valid ? d : -INFINITY;
+    }
+}
+
+/* The online softmax step of a lane group over U keys at once (one rescale of the accumulators per U keys). */
+template <int GH, int U>
+CUK_INLINE void pg_update(const float (&sc)[U][GH], const float (&vv)[U][8], int nh, float (&m)[GH], float (&l)[GH],
+                          float (&acc)[GH][8]) {
+#pragma unroll
+    for (int h = 0; h < GH; h++) {
+        if (h >= nh) break;
+        float mx = m[h];
+#pragma unroll
+        for (int u = 0; u < U; u++) mx = fmaxf(mx, sc[u][h]);
+        if (mx == -INFINITY) continue; /* no key of this group yet */
+        const float corr = exp2f(m[h] - mx);
+        float pu[U], ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            pu[u] = exp2f(sc[u][h] - mx);
+            ps += pu[u];
+        }
+        l[h] = l[h] * corr + ps;
+        m[h] = mx;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float a = acc[h][e] * corr;
+#pragma unroll
+            for (int u = 0; u < U; u++) a = fmaf(pu[u], vv[u][e], a);
+            acc[h][e] = a;
+        }
+    }
+}
+
+/* Shared memory of the merge: per warp and head the accumulators, max and sum. */
+template <int DMAX, int GH> __host__ __device__ constexpr int pg_merge_floats() { return PG_NW * GH * (DMAX + 2); }
+
+/* Merge the lane groups of each warp (shuffles), then the warps (through
+ * sm, which the caller has finished with), and write the block's heads: o
+ * when this split is the token's only one (the merge leaves such a token
+ * alone: a batch of short contexts skips it), else the partial (row r =
+ * (i * Hq + hq) * splits + split: acc at ws_acc[r * D], max and sum at
+ * ws_ml[2 r]). With counters (cnt), the token's last split to finish merges
+ * the partials of the block's heads. */
+template <int DMAX, int GH>
+CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
+                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml,
+                          unsigned *cnt) {
+    static_assert(pg_merge_floats<DMAX, GH>() >= GH * (CUK_PAGED_FUSE_SPLITS + 1), "the merge's wt and inv fit in sm");
+    constexpr int LPK = DMAX / 8;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, d0 = (lane % LPK) * 8;
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+        for (int h = 0; h < GH; h++) {
+            const float mo = __shfl_xor_sync(PG_FULL, m[h], o), lo = __shfl_xor_sync(PG_FULL, l[h], o);
+            float ao[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) ao[e] = __shfl_xor_sync(PG_FULL, acc[h][e], o);
+            const float mx = fmaxf(m[h], mo);
+            if (mx != -INFINITY) {
+                const float wa = exp2f(m[h] - mx), wb = exp2f(mo - mx);
+                l[h] = l[h] * wa + lo * wb;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[h][e] = acc[h][e] * wa + ao[e] * wb;
+                m[h] = mx;
+            }
+        }
+    float *sm_acc = sm, *sm_m = sm + PG_NW * GH * DMAX, *sm_l = sm_m + PG_NW * GH;
+    if (kg == 0) {
+#pragma unroll
+        for (int h = 0; h < GH; h++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) sm_acc[(warp * GH + h) * DMAX + d0 + e] = acc[h][e];
+            if (d0 == 0) {
+                sm_m[warp * GH + h] = m[h];
+                sm_l[warp * GH + h] = l[h];
+            }
+        }
+    }
+    __syncthreads();
+    const int64_t D = p.q.D, Hq = p.q.H;
+    for (int e = tid; e < t.nh * D; e += PG_NT) {
+        const int h = (int)(e / D), d = (int)(e % D);
+        float mx = -INFINITY, L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int w = 0; w < PG_NW; w++) mx = fmaxf(mx, sm_m[w * GH + h]);
+        if (mx != -INFINITY)
+#pragma unroll
+            for (int w = 0; w < PG_NW; w++) {
+                const float wt = exp2f(sm_m[w * GH + h] - mx);
+                L += sm_l[w * GH + h] * wt;
+                A += sm_acc[(w * GH + h) * DMAX + d] * wt;
+            }
+        const int64_t hq = t.h0 + h;
+        if (splits == 1 || t.nk <= chunk) {
+            stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, hq) + d, L > 0.0f ? A / L : 0.0f);
+        } else {
+            const int64_t r = (t.i * Hq + hq) * splits + blockIdx.y;
+            ws_acc[r * D + d] = A;
+            if (d == 0) {
+                ws_ml[2 * r] = mx;
+                ws_ml[2 * r + 1] = L;
+            }
+        }
+    }
+    if (splits == 1 || t.nk <= chunk || !cnt) return;
+    __shared__ int last;
+    const int64_t ns = (t.nk + chunk - 1) / chunk; /* the splits that hold keys, this one among them */
+    __threadfence();                               /* this block's partials before its count */
+    __syncthreads();
+    if (tid == 0) {
+        last = atomicAdd(cnt + blockIdx.x, 1u) + 1 == (unsigned)ns;
+        if (last) cnt[blockIdx.x] = 0u; /* every split has counted: ready for the next call */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* warp h weighs head h's splits (no block barrier per head), then the block combines the rows */
+    constexpr int QL = CUK_PAGED_FUSE_SPLITS / 32;
+    float *wt = sm, *inv = sm + GH * CUK_PAGED_FUSE_SPLITS;
+    if (warp < t.nh) {
+        const int64_t r0 = (t.i * Hq + t.h0 + warp) * splits;
+        float mq[QL], lq[QL], mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < QL; k++) {
+            const int64_t q = lane + 32 * k;
+            mq[k] = q < ns ? __ldcg(ws_ml + 2 * (r0 + q)) : -INFINITY;
+            lq[k] = q < ns ? __ldcg(ws_ml + 2 * (r0 + q) + 1) : 0.0f;
+            mx = fmaxf(mx, mq[k]);
+        }
+        mx = warp_max(mx);
+        float L = 0.0f;
+#pragma unroll
+        for (int k = 0; k < QL; k++) {
+            const float w = mx == -INFINITY || lane + 32 * k >= ns ? 0.0f : exp2f(mq[k] - mx);
+            wt[warp * CUK_PAGED_FUSE_SPLITS + lane + 32 * k] = w;
+            L += lq[k] * w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) inv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int e = tid; e < t.nh * D; e += PG_NT) {
+        const int h = (int)(e / D), d = (int)(e % D);
+        const int64_t r0 = (t.i * Hq + t.h0 + h) * splits;
+        float A = 0.0f;
+        for (int64_t q = 0; q < ns; q++)
+            A = fmaf(__ldcg(ws_acc + (r0 + q) * D + d), wt[h * CUK_PAGED_FUSE_SPLITS + q], A);
+        stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + h) + d, A * inv[h]);
+    }
+}
+
+/* The cache row of key position j of sequence s, kv head g (element
+ * offset), or -1 for a block id outside the pool (reported when `report`). */
+CUK_INLINE int64_t pg_row_of(const cuk_paged &p, const int32_t *bt, int64_t s, int64_t g, int64_t j, int bs_log2,
+                             bool report, cuk_errrec *err) {
+    const int bs = (int)p.bs, jj = (int)j, bi = bs_log2 >= 0 ? jj >> bs_log2 : jj / bs;
+    const int32_t blk = bt[bi];
+    if (blk < 0 || blk >= p.n_blocks) {
+        if (report) cuk_report(err, CUK_ERR_BLOCK, s, bi, blk, p.n_blocks);
+        return -1;
+    }
+    return (((int64_t)blk * bs + (jj - bi * bs)) * p.Hkv + g) * p.q.D;
+}
+
+/* The fast path, for cache rows that are whole 16-byte chunks (D % 8 == 0,
+ * 16-byte aligned caches): tiles of TK keys' K and V rows stream into
+ * shared memory with cp.async, NS tiles in flight, so the loads of later
+ * tiles overlap the arithmetic on this one and no registers wait on them.
+ * Lane group kg of warp w takes rows kg + KPW (w + NW u), u < U, of each
+ * tile. A key that is past the block's range or in a bad block is zeros
+ * in the tile and flagged, so it is left out. */
+template <int DT> __host__ __device__ constexpr int pg_es() { return DT == CUK_F32 ? 4 : 2; }
+template <int DT> __host__ __device__ constexpr int pg_u() { return DT == CUK_F32 ? 1 : 2; }
+template <int DT, int DMAX> __host__ __device__ constexpr int pg_tk() { return PG_NW * (32 / (DMAX / 8)) * pg_u<DT>(); }
+#define PG_NS 3
+template <int DT, int DMAX, int GH> __host__ __device__ constexpr int pg_pipe_bytes() {
+    return PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>() > pg_merge_floats<DMAX, GH>() * 4
+               ? PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>()
+               : pg_merge_floats<DMAX, GH>() * 4;
+}
+
+CUK_INLINE void pg_cp16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+}
+CUK_INLINE void pg_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> CUK_INLINE void pg_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Four blocks an SM (at most 128 registers a thread, U = 2): the score
+ * and softmax steps are latency-bound, so residency beats a longer U (64
+ * bf16 decodes over 2000 keys, GQA 4, on an H200: 1.2 TB/s from the cache
+ * with U = 3 at three blocks an SM, 1.4 TB/s like this). */
 template <int DT, int DMAX, int GH>
 __global__ void __launch_bounds__(PG_NT, 4)
     k_paged_pipe(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
                  unsigned *cnt, cuk_errrec *err) {
-    __shared__ pg_pipe_smem<DT, DMAX, GH> sm;
+    constexpr int ES = pg_es<DT>(), U = pg_u<DT>(), LPK = DMAX / 8, KPW = 32 / LPK, TK = pg_tk<DT, DMAX>();
+    constexpr int ROWB = DMAX * ES, CPR = ROWB / 16, STAGEB = 2 * TK * ROWB; /* bytes of a row, 16-byte chunks */
+    __shared__ float4 smem[pg_pipe_bytes<DT, DMAX, GH>() / 16];
+    __shared__ int flags[PG_NS][TK];
+    char *tiles = (char *)smem;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, dl = lane % LPK;
     cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
-    pg_pipe_block<DT, DMAX, GH>(p, p.kc, p.vc, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, cnt, err, blockIdx.x,
-                                blockIdx.y, sm);
-}
+    const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
+    if (t.k0 >= t.k1) {
+        pg_empty(p, t, splits, cnt);
+        return;
+    }
+    const int64_t D = p.q.D;
+    const int d0 = dl * 8, nd = D - d0 >= 8 ? 8 : 0; /* D % 8 == 0 here */
+    float qv[GH][8], acc[GH][8], m[GH], l[GH];
+    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
+    const int32_t *bt = p.bt + t.s * p.max_blocks;
+    const int dchunks = (int)(D * ES / 16);
+    const int ntiles = (int)((t.k1 - t.k0 + TK - 1) / TK);
 
-CUK_EMU_END(paged_pipe);
+    /* Tile n goes to stage n % NS: K rows at [0, TK * ROWB), V rows after
+     * them. This thread copies the chunks tid + NT k of each tile, whose
+     * block ids it reads a tile ahead (fetch), so that the copies of a tile
+     * (issue) never wait for the block table. */
+    constexpr int LPT = (TK * CPR + PG_NT - 1) / PG_NT;
+    const int bs = (int)p.bs;
+    int32_t nb[LPT];
+    auto fetch = [&](int n) {
+#pragma unroll
+        for (int k = 0; k < LPT; k++) {
+            const int c = tid + PG_NT * k;
+            const int j = (int)(t.k0 + n * TK) + c / CPR;
+            nb[k] = c < TK * CPR && j < t.k1 ? bt[bs_log2 >= 0 ? j >> bs_log2 : j / bs] : -1;
+        }
+    };
+    auto issue = [&](int n) {
+        char *st = tiles + (n % PG_NS) * STAGEB;
+        int *fl = flags[n % PG_NS];
+#pragma unroll
+        for (int k = 0; k < LPT; k++) {
+            const int c = tid + PG_NT * k, r = c / CPR, cc = c % CPR;
+            if (c >= TK * CPR || cc >= dchunks) continue; /* dims past D are never read */
+            const int j = (int)(t.k0 + n * TK) + r;       /* 32-bit: no 64-bit division per copy */
+            const int32_t blk = nb[k];
+            bool good = j < t.k1;
+            if (good && (blk < 0 || blk >= p.n_blocks)) {
+                if (cc == 0) cuk_report(err, CUK_ERR_BLOCK, t.s, j / bs, blk, p.n_blocks);
+                good = false;
+            }
+            char *dk = st + r * ROWB + cc * 16, *dv = dk + TK * ROWB;
+            if (good) {
+                const int jo = bs_log2 >= 0 ? j & (bs - 1) : j % bs;
+                const int64_t row = (((int64_t)blk * bs + jo) * p.Hkv + t.g) * D;
+                pg_cp16(dk, (const char *)p.kc + row * ES + cc * 16);
+                pg_cp16(dv, (const char *)p.vc + row * ES + cc * 16);
+            } else {
+                *(uint4 *)dk = make_uint4(0u, 0u, 0u, 0u);
+                *(uint4 *)dv = make_uint4(0u, 0u, 0u, 0u);
+            }
+            if (cc == 0) fl[r] = good;
+        }
+    };
+#pragma unroll
+    for (int n = 0; n < PG_NS - 1; n++) {
+        fetch(n);
+        if (n < ntiles) issue(n);
+        pg_commit();
+    }
+    fetch(PG_NS - 1);
+    for (int n = 0; n < ntiles; n++) {
+        __syncthreads(); /* every warp is done with the stage the next copies refill */
+        if (n + PG_NS - 1 < ntiles) issue(n + PG_NS - 1);
+        fetch(n + PG_NS);
+        pg_commit();
+        pg_wait<PG_NS - 1>();
+        __syncthreads(); /* tile n, its zeros and flags, visible to all */
+        const char *st = tiles + (n % PG_NS) * STAGEB;
+        const int *fl = flags[n % PG_NS];
+        float sc[U][GH], vv[U][8];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int r = kg + KPW * (warp + PG_NW * u);
+            float kk[8];
+            if (nd) {
+                cuk_ld8<DT>(st + r * ROWB, d0, kk);
+                cuk_ld8<DT>(st + TK * ROWB + r * ROWB, d0, vv[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) kk[e] = vv[u][e] = 0.0f;
+            }
+            pg_scores<LPK, GH>(qv, kk, fl[r] != 0, t.nh, sc[u]);
+        }
+        pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
+    }
+    pg_wait<0>();
+    __syncthreads(); /* the tiles are done with: the merge reuses their memory */
+    pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml, cnt);
+}
 
 /* The general path (any D, unaligned caches): each lane group loads its
  * keys' row chunks straight into registers, U keys before any is used. */
@@ -50,7 +479,7 @@ __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, in
     __shared__ float sm[pg_merge_floats<DMAX, GH>()];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, dl = lane % LPK;
     cuk_pdl_trigger();
-    const pg_task t = pg_task_of<GH>(p, chunk, nhc, blockIdx.x, blockIdx.y, err);
+    const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
     if (t.k0 >= t.k1) {
         pg_empty(p, t, splits, cnt);
         return;

@@ -69,8 +69,7 @@ struct cai_engine {
 
     cai_kv_pool pool;
     void *kv_base;
-    cai_tensor *kc, *vc;       /* per layer [n_blocks, bs, Hkv, D] */
-    cai_decode_layer *dlayers; /* the layers as decode_stack_fwd takes them; NULL: a family it does not cover */
+    cai_tensor *kc, *vc; /* per layer [n_blocks, bs, Hkv, D] */
 
     /* step buffers */
     cai_arena_t arena;
@@ -240,33 +239,6 @@ static size_t pool_bytes(const cai_engine_t *e) {
     return 2 * (size_t)e->L * (size_t)pool_per_layer(e) * cai_dtype_size(e->kvd);
 }
 
-/* The Llama family without tensor parallelism runs its layers as one
- * decode_stack_fwd (one launch a decode step on a GPU); others take the
- * ops one by one (compute). */
-static cai_status bind_stack(cai_engine_t *e) {
-    const cai_block_kinds *k = &e->kinds;
-    if (e->dlayers) return CAI_OK; /* a resume: the layers point at the same tensors */
-    if (k->norm != CAI_NORM_RMSNORM || k->pos != CAI_POS_ROPE || k->mlp != CAI_MLP_SWIGLU || e->tp > 1) return CAI_OK;
-    for (int64_t l = 0; l < e->L; l++) {
-        const cai_block_params *p = &e->blk[l];
-        if (p->qkv_b.data || p->proj_b.data || p->mlp_proj_b.data) return CAI_OK;
-    }
-    CAI_CALL(cai_calloc((void **)&e->dlayers, (size_t)e->L, sizeof *e->dlayers, "engine decode layers"));
-    for (int64_t l = 0; l < e->L; l++) {
-        const cai_block_params *p = &e->blk[l];
-        e->dlayers[l] = (cai_decode_layer){.ln1_w = &p->ln1_w,
-                                           .qkv_w = &p->qkv_w,
-                                           .proj_w = &p->proj_w,
-                                           .ln2_w = &p->ln2_w,
-                                           .gate_w = &p->fc_w,
-                                           .up_w = &p->up_w,
-                                           .down_w = &p->mlp_proj_w,
-                                           .k_cache = &e->kc[l],
-                                           .v_cache = &e->vc[l]};
-    }
-    return CAI_OK;
-}
-
 static cai_status alloc_device_state(cai_engine_t *e) {
     const cai_engine_options *o = &e->opt;
     const int64_t per = pool_per_layer(e);
@@ -283,7 +255,7 @@ static cai_status alloc_device_state(cai_engine_t *e) {
     CAI_CALL(carve(e, &e->arena, NULL));
     if (e->kinds.pos == CAI_POS_ROPE)
         CAI_CALL(e->dev->ops->rope_tables(e->dev, &e->rope_cos, &e->rope_sin, (double)e->cfg->rope_theta));
-    return bind_stack(e);
+    return CAI_OK;
 }
 
 static void free_device_state(cai_engine_t *e) {
@@ -423,7 +395,6 @@ void cai_engine_free(cai_engine_t *e) {
     cai_free(e->h_gather);
     cai_free(e->kc);
     cai_free(e->vc);
-    cai_free(e->dlayers);
     cai_free(e->blk);
     cai_free(e->tp_voff);
     cai_free(e->tp_vcount);
@@ -728,13 +699,6 @@ static cai_status heads_view(const cai_tensor *t2, int64_t n, int64_t c0, int64_
     return CAI_OK;
 }
 
-/* The first n of the norms' per-row rstd scratch, 1-D as rmsnorm_fwd takes it. */
-static cai_tensor rstd_rows(const cai_engine_t *e, int64_t n) {
-    cai_tensor r = rows_of(&e->rstd, n);
-    r.ndim = 1;
-    return r;
-}
-
 static cai_status tp_sum(cai_engine_t *e, cai_tensor *t) {
     if (e->tp <= 1) return CAI_OK;
     return cai_allreduce(e->cx.mesh, CAI_AXIS_TP, t->data, t->data, (size_t)cai_tensor_numel(t), t->dtype, CAI_RED_SUM);
@@ -745,7 +709,8 @@ static cai_status norm(cai_engine_t *e, cai_tensor *out, const cai_tensor *inp, 
     cai_device_t *dev = e->dev;
     if (e->kinds.norm == CAI_NORM_LAYERNORM)
         return dev->ops->layernorm_fwd(dev, out, NULL, NULL, inp, w, b && b->data ? b : NULL, e->cfg->norm_eps);
-    cai_tensor r = rstd_rows(e, n);
+    cai_tensor r = rows_of(&e->rstd, n);
+    r.ndim = 1;
     return dev->ops->rmsnorm_fwd(dev, out, &r, inp, w, e->cfg->norm_eps);
 }
 
@@ -810,36 +775,7 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
     CAI_CALL(heads_view(&e->qkv, N, e->Hq * e->D, e->Hkv, e->D, &k4));
     CAI_CALL(heads_view(&e->qkv, N, (e->Hq + e->Hkv) * e->D, e->Hkv, e->D, &v4));
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
-    if (e->dlayers) {
-        cai_tensor r = rstd_rows(e, N);
-        const cai_decode_stack st = {.n_layers = e->L,
-                                     .layers = e->dlayers,
-                                     .eps = e->cfg->norm_eps,
-                                     .x = &x,
-                                     .ln = &ln,
-                                     .rstd = &r,
-                                     .qkv = &qkv,
-                                     .att = &att,
-                                     .gate = &fc,
-                                     .up = &up,
-                                     .act = &act,
-                                     .q = &q4,
-                                     .qk = &qk4,
-                                     .v = &v4,
-                                     .att_heads = &att4,
-                                     .cos = &e->rope_cos,
-                                     .sin = &e->rope_sin,
-                                     .positions = &d_pos,
-                                     .slots = &d_slots,
-                                     .block_tables = &d_bt,
-                                     .q_start = &d_qs,
-                                     .ctx_len = &d_cl,
-                                     .max_ctx = e->max_ctx,
-                                     .workspace = e->attn_ws,
-                                     .workspace_bytes = e->attn_ws_bytes};
-        CAI_CALL(ops->decode_stack_fwd(dev, &st));
-    }
-    for (int64_t l = 0; !e->dlayers && l < e->L; l++) {
+    for (int64_t l = 0; l < e->L; l++) {
         const cai_block_params *p = &e->blk[l];
         CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
         CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));

@@ -18,7 +18,6 @@ src_libcolossal_core_la_SOURCES += \
 	%reldir%/cpu_embed.c \
 	%reldir%/cpu_optim.c \
 	%reldir%/ops_fp8.c \
-	%reldir%/ops_decode.c \
 	%reldir%/cpu_fp8.c \
 	%reldir%/cpu_table.c
 colossalinclude_HEADERS += src/include/colossal/ops.h

@@ -153,7 +153,4 @@ cai_status cai_ops_assign_args(const char *op, cai_device_kind kind, const cai_t
 
 #define CAI_OPS_DESCRIBE(t) cai_tensor_describe((t), (char[160]){0}, 160)
 
-/* decode_stack_fwd through the ops it is defined by (ops_decode.c). */
-cai_status cai_ops_decode_stack_composed(cai_device_t *dev, const cai_decode_stack *st);
-
 #endif

@@ -72,7 +72,7 @@ namespace emu {
 struct Fiber {
     ucontext_t ctx;
     std::unique_ptr<char[]> stack;
-    unsigned tid, bid; /* bid: the fiber's block in a grid run */
+    unsigned tid;
     bool done;
 };
 struct Run {
@@ -81,19 +81,8 @@ struct Run {
     const std::function<void()> *body;
     unsigned cur;
     unsigned long progress; /* barrier arrivals and finished fibers */
-    bool grid;              /* run_grid: every block's fibers at once */
 };
 inline Run *g_run;
-/* run_grid calls this with the block of the fiber it switches to, so the
- * emulation can point its per-block state (shared memory, barriers) there. */
-inline void (*g_on_block)(unsigned bid) = nullptr;
-
-inline void enter(const Fiber &f) {
-    threadIdx = dim3(f.tid, 0, 0);
-    if (!g_run->grid) return;
-    blockIdx = dim3(f.bid, 0, 0);
-    if (g_on_block) g_on_block(f.bid);
-}
 /* Kernels keep fragments and tiles in registers (local arrays): room for
  * the largest with the emulated instructions' own arrays on top. */
 constexpr size_t kStack = 256 * 1024;
@@ -114,25 +103,20 @@ inline void yield() {
     while (r.f[to].done && to != from);
     if (to == from) return;
     r.cur = to;
-    enter(r.f[to]);
+    threadIdx = dim3(r.f[to].tid, 0, 0);
     swapcontext(&r.f[from].ctx, &r.f[to].ctx);
 }
 
-/* Runs body once per thread of nblocks blocks of nthreads, to completion:
- * with grid, all blocks' fibers together (blockIdx set per fiber, for
- * kernels that wait on each other across blocks), else one block (blockIdx,
- * blockDim, gridDim and the block's shared state set by the caller). */
-inline void run_fibers(unsigned nblocks, unsigned nthreads, bool grid, const std::function<void()> &body) {
+/* Runs body once per thread of a block of nthreads (blockIdx, blockDim,
+ * gridDim and the block's shared state set by the caller), to completion. */
+inline void run_block(unsigned nthreads, const std::function<void()> &body) {
     Run r;
-    const unsigned n = nblocks * nthreads;
-    r.f.resize(n);
+    r.f.resize(nthreads);
     r.body = &body;
     r.progress = 0;
-    r.grid = grid;
-    for (unsigned t = 0; t < n; t++) {
+    for (unsigned t = 0; t < nthreads; t++) {
         Fiber &fb = r.f[t];
-        fb.tid = t % nthreads;
-        fb.bid = t / nthreads;
+        fb.tid = t;
         fb.done = false;
         fb.stack.reset(new char[kStack]);
         getcontext(&fb.ctx);
@@ -143,23 +127,16 @@ inline void run_fibers(unsigned nblocks, unsigned nthreads, bool grid, const std
     }
     Run *outer = g_run;
     g_run = &r;
-    for (unsigned live = n; live > 0;) {
+    for (unsigned live = nthreads; live > 0;) {
         unsigned t = 0;
         while (r.f[t].done) t++;
         r.cur = t;
-        enter(r.f[t]);
+        threadIdx = dim3(t, 0, 0);
         swapcontext(&r.main, &r.f[t].ctx);
         live = 0;
         for (const Fiber &fb : r.f) live += !fb.done;
     }
     g_run = outer;
-}
-
-inline void run_block(unsigned nthreads, const std::function<void()> &body) { run_fibers(1, nthreads, false, body); }
-
-/* A grid of nblocks blocks of nthreads whose fibers all run together. */
-inline void run_grid(unsigned nblocks, unsigned nthreads, const std::function<void()> &body) {
-    run_fibers(nblocks, nthreads, true, body);
 }
 
 /* A barrier of n fibers of the running block. Waiting fibers yield until

@@ -108,30 +108,6 @@ typedef struct {
     cai_tensor *aux; /* GELU: written; DGELU: read */
 } cai_fp8_epilogue;
 
-/* A stack of pre-norm Llama decoder layers run for the query tokens of a
- * ragged batch (decode_stack_fwd). Per layer: the weights (contiguous
- * [out, in], no biases) and that layer's paged caches. */
-typedef struct {
-    const cai_tensor *ln1_w, *qkv_w, *proj_w, *ln2_w, *gate_w, *up_w, *down_w;
-    cai_tensor *k_cache, *v_cache;
-} cai_decode_layer;
-
-typedef struct {
-    int64_t n_layers;
-    const cai_decode_layer *layers;
-    float eps;                          /* RMSNorm's */
-    cai_tensor *x;                      /* [N,C] the residual stream, updated in place */
-    cai_tensor *ln, *rstd;              /* scratch: [N,C], [N] */
-    cai_tensor *qkv, *att;              /* scratch: [N,(Hq+2Hkv)D] (queries, keys, values), [N,Hq D] */
-    cai_tensor *gate, *up, *act;        /* scratch: [N,F] */
-    cai_tensor *q, *qk, *v, *att_heads; /* [1,N,H,D] views of qkv (queries; queries and keys; values) and att */
-    const cai_tensor *cos, *sin, *positions, *slots;    /* as rope_kv_cache_write */
-    const cai_tensor *block_tables, *q_start, *ctx_len; /* as paged_attention */
-    int64_t max_ctx;
-    void *workspace; /* paged_attention's */
-    size_t workspace_bytes;
-} cai_decode_stack;
-
 typedef struct cai_ops {
     const char *backend; /* "cpu", "cuda" */
 
@@ -463,18 +439,6 @@ typedef struct cai_ops {
                                   const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
                                   const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
                                   size_t workspace_bytes);
-
-    /* The layers of st in turn, each exactly rmsnorm_fwd(ln, rstd, x,
-     * ln1_w); linear_fwd(qkv, ln, qkv_w); rope_kv_cache_write(qk, k_cache,
-     * v_cache, v, slots, cos, sin, positions); paged_attention(att_heads, q,
-     * k_cache, v_cache, block_tables, q_start, ctx_len, max_ctx, 0, ...);
-     * linear_residual_fwd(x, att, proj_w, x); rmsnorm_fwd(ln, rstd, x,
-     * ln2_w); linear_swiglu_fwd(act, gate, up, ln, gate_w, up_w);
-     * linear_residual_fwd(x, act, down_w, x). Results are those ops' bit
-     * for bit; a backend may run a decode step's layers in fewer launches
-     * (CUDA: one, for a single token). Scratch contents afterwards are
-     * unspecified. */
-    cai_status (*decode_stack_fwd)(cai_device_t *dev, const cai_decode_stack *st);
 
     /* ---- embeddings (vocab-parallel ready) */
 
