@@ -22,17 +22,9 @@
  * are the mma rows) and a dQ kernel (a block owns 64 query rows and loops
  * over key tiles).
  *
- * Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16" with
- * .bf16/.f16 inputs), g = lane >> 2, t = lane & 3:
- *   A (16x16, row):  a0 = (row g,   k 2t..2t+1)   a1 = (row g+8, k 2t..2t+1)
- *                    a2 = (row g,   k 2t+8..+9)   a3 = (row g+8, k 2t+8..+9)
- *   B (16x8,  col):  b0 = (k 2t..2t+1, col g)     b1 = (k 2t+8..+9, col g)
- *   C (16x8,  f32):  c0,c1 = (row g, cols 2t, 2t+1)  c2,c3 = (row g+8, same cols)
- * the lower-index element in the low 16 bits of each b32. ldmatrix.x4:
- * lanes 8m..8m+7 give the row addresses of 8x8 matrix m; register m of
- * lane l receives matrix m's (row l/4, cols 2(l%4), +1), or with .trans
- * its (rows 2(l%4), +1, col l/4). */
+ * Fragment layouts and the mma/ldmatrix helpers: mma.cuh. */
 #include "cuda_common.cuh"
+#include "mma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -41,137 +33,7 @@
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
 
-typedef uint16_t e16; /* a bf16 or f16 element in shared memory */
-
-/* ---------------------------------------------------------------- PTX wrappers */
-
-CUK_INLINE uint32_t fl_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-CUK_INLINE void fl_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(fl_smem(dst)), "l"(src));
-}
-CUK_INLINE void fl_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> CUK_INLINE void fl_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-CUK_INLINE void fl_ldsm(uint32_t (&r)[4], const e16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fl_smem(p)));
-}
-CUK_INLINE void fl_ldsm_t(uint32_t (&r)[4], const e16 *p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(fl_smem(p)));
-}
-
-/* c (16x8 f32) += a (16x16) b (16x8) */
-template <bool F16> CUK_INLINE void fl_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    if (F16)
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* 2^x on the MUFU unit with denormal results flushed to zero: exp2f()
- * wraps the same instruction in a range fix-up for results below 2^-126
- * (three more instructions per score), which a probability that small
- * does not need. */
-CUK_INLINE float fl_ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Two f32 as one b32 of the input type, `lo` in the low half (RNE). */
-template <bool F16> CUK_INLINE uint32_t fl_pack(float lo, float hi) {
-    if (F16) {
-        __half2 h = __floats2half2_rn(lo, hi);
-        return *(uint32_t *)&h;
-    }
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
 CUK_EMU_BEGIN(flash);
-/* A operand (16 rows x 16 k) from row-major shared memory [row][k] at
- * base (row 0, k 0), row stride LD: lanes 0-7 address rows 0-7 / k 0 (a0),
- * 8-15 rows 8-15 / k 0 (a1), 16-23 rows 0-7 / k 8 (a2), 24-31 rows 8-15 /
- * k 8 (a3). */
-template <int LD> CUK_INLINE void fl_lda(uint32_t (&a)[4], const e16 *base, int lane) {
-    fl_ldsm(a, base + (lane & 15) * LD + (lane >> 4) * 8);
-}
-
-/* B operands of two n-tiles (16 n x 16 k) from shared memory stored
- * [n][k] (K rows for S = Q K^T): matrix 0 = n 0-7 / k 0-7 (b0 of n-tile
- * 0), 1 = n 0-7 / k 8-15 (b1 of n-tile 0), 2 = n 8-15 / k 0-7 (b0 of
- * n-tile 1), 3 = n 8-15 / k 8-15 (b1 of n-tile 1). */
-template <int LD> CUK_INLINE void fl_ldb_nk(uint32_t (&b)[4], const e16 *base, int lane) {
-    fl_ldsm(b, base + ((lane & 7) + ((lane >> 4) << 3)) * LD + ((lane >> 3) & 1) * 8);
-}
-
-/* B operands of two n-tiles (16 k x 16 n) from shared memory stored
- * [k][n] (V rows for O += P V), transposed by ldmatrix: matrix 0 = k 0-7 /
- * n 0-7 (b0 of n-tile 0), 1 = k 8-15 / n 0-7 (b1 of n-tile 0), 2 = k 0-7
- * / n 8-15 (b0 of n-tile 1), 3 = k 8-15 / n 8-15 (b1 of n-tile 1). */
-template <int LD> CUK_INLINE void fl_ldb_kn(uint32_t (&b)[4], const e16 *base, int lane) {
-    fl_ldsm_t(b, base + ((lane & 7) + (((lane >> 3) & 1) << 3)) * LD + (lane >> 4) * 8);
-}
-
-/* A operand for k-chunk kk from f32 accumulators of n-tiles 2kk and 2kk+1
- * (C layout: c0,c1 row g cols 2t..; c2,c3 row g+8), rounded to the input
- * type: that is exactly the A layout (a0 row g k 2t.., a1 row g+8, a2/a3
- * the same rows at k + 8, i.e. the second n-tile). */
-template <bool F16> CUK_INLINE void fl_acc_to_a(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-    a[0] = fl_pack<F16>(c0[0], c0[1]);
-    a[1] = fl_pack<F16>(c0[2], c0[3]);
-    a[2] = fl_pack<F16>(c1[0], c1[1]);
-    a[3] = fl_pack<F16>(c1[2], c1[3]);
-}
-
-/* acc[NT][4] (rows 16, cols 8 NT) += A(16 x K16 from shared [row][k]) *
- * B^T where B is stored [n][k] (NT/2 pairs of n-tiles). */
-template <bool F16, int LD, int NT, int KC>
-CUK_INLINE void fl_gemm_nk(float (&acc)[NT][4], const e16 *A, const e16 *B, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < KC; kk++) {
-        uint32_t a[4];
-        fl_lda<LD>(a, A + kk * 16, lane);
-#pragma unroll
-        for (int np = 0; np < NT / 2; np++) {
-            uint32_t b[4];
-            fl_ldb_nk<LD>(b, B + np * 16 * LD + kk * 16, lane);
-            fl_mma<F16>(acc[2 * np], a, b[0], b[1]);
-            fl_mma<F16>(acc[2 * np + 1], a, b[2], b[3]);
-        }
-    }
-}
-
-/* acc[ND][4] (16 rows x 8 ND cols) += P B where P (16 x 16 KC) is given as
- * f32 accumulators p[2 KC][4] and B is stored [k][n] (row stride LD). */
-template <bool F16, int LD, int ND, int KC>
-CUK_INLINE void fl_gemm_pk(float (&acc)[ND][4], const float (&p)[2 * KC][4], const e16 *B, int lane) {
-#pragma unroll
-    for (int kk = 0; kk < KC; kk++) {
-        uint32_t a[4];
-        fl_acc_to_a<F16>(a, p[2 * kk], p[2 * kk + 1]);
-#pragma unroll
-        for (int dp = 0; dp < ND / 2; dp++) {
-            uint32_t b[4];
-            fl_ldb_kn<LD>(b, B + kk * 16 * LD + dp * 16, lane);
-            fl_mma<F16>(acc[2 * dp], a, b[0], b[1]);
-            fl_mma<F16>(acc[2 * dp + 1], a, b[2], b[3]);
-        }
-    }
-}
-
 /* Rows [r0, r0 + ROWS) of head h into s[ROWS][D + 8] with cp.async; rows
  * outside [0, rlim) are zero (plain stores; visible after the barrier). */
 template <int ROWS, int D>
@@ -182,7 +44,7 @@ CUK_INLINE void fl_load(e16 *s, const cuk_bthd &t, int64_t b, int64_t h, int64_t
         const int rr = c / CPR, cc = c % CPR;
         const int64_t row = r0 + rr;
         e16 *dst = s + rr * LD + cc * 8;
-        if (row >= 0 && row < rlim) fl_cp16(dst, (const e16 *)t.p + cuk_roff(t, b, row, h) + cc * 8);
+        if (row >= 0 && row < rlim) mma_cp16(dst, (const e16 *)t.p + cuk_roff(t, b, row, h) + cc * 8);
         else *(uint4 *)dst = make_uint4(0u, 0u, 0u, 0u);
     }
 }
@@ -253,10 +115,10 @@ CUK_INLINE void fl_next_kv(e16 *Ks, e16 *Vs, const cuk_bthd &k, const cuk_bthd &
     if (more) {
         fl_load<BN, D>(Ks + (buf ^ 1) * BN * (D + 8), k, b, hk, jn, jlim);
         fl_load<BN, D>(Vs + (buf ^ 1) * BN * (D + 8), v, b, hk, jn, jlim);
-        fl_commit();
-        fl_wait<1>();
+        mma_commit();
+        mma_wait<1>();
     } else {
-        fl_wait<0>();
+        mma_wait<0>();
     }
     __syncthreads();
 }
@@ -316,12 +178,12 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
         fl_load<BN, D>(Ks, k, b, hk, jlo, jhi + 1);
         fl_load<BN, D>(Vs, v, b, hk, jlo, jhi + 1);
     }
-    fl_commit();
-    fl_wait<0>();
+    mma_commit();
+    mma_wait<0>();
     __syncthreads();
     uint32_t qf[KD][4]; /* A fragments of this warp's 16 query rows, k-chunk kk = dims 16kk.. */
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) fl_lda<LD>(qf[kk], Qs + warp * 16 * LD + kk * 16, lane);
+    for (int kk = 0; kk < KD; kk++) mma_lda<LD>(qf[kk], Qs + warp * 16 * LD + kk * 16, lane);
 
     float oacc[ND][4]; /* C layout: O rows g / g+8 of the warp, dims 8n + 2t, +1 */
     fl_zero(oacc);
@@ -341,9 +203,9 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
 #pragma unroll
             for (int np = 0; np < NN / 2; np++) {
                 uint32_t bb[4];
-                fl_ldb_nk<LD>(bb, Kb + np * 16 * LD + kk * 16, lane);
-                fl_mma<F16>(s[2 * np], qf[kk], bb[0], bb[1]);
-                fl_mma<F16>(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+                mma_ldb_nk<LD>(bb, Kb + np * 16 * LD + kk * 16, lane);
+                mma_16816<F16>(s[2 * np], qf[kk], bb[0], bb[1]);
+                mma_16816<F16>(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         }
         const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
@@ -368,12 +230,12 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mnew = fmaxf(mrow[r], mx * sl2);      /* running max in the log2 domain */
             const float mu = mnew == -INFINITY ? 0.0f : mnew; /* a row with no key yet: p = 0, no NaN */
-            const float corr = fl_ex2(mrow[r] - mu);
+            const float corr = mma_ex2(mrow[r] - mu);
             mrow[r] = mnew;
             float ls = 0.0f;
 #pragma unroll
             for (int n = 0; n < NN; n++) {
-                const float p0 = fl_ex2(fmaf(s[n][2 * r], sl2, -mu)), p1 = fl_ex2(fmaf(s[n][2 * r + 1], sl2, -mu));
+                const float p0 = mma_ex2(fmaf(s[n][2 * r], sl2, -mu)), p1 = mma_ex2(fmaf(s[n][2 * r + 1], sl2, -mu));
                 s[n][2 * r] = p0;
                 s[n][2 * r + 1] = p1;
                 ls += p0 + p1;
@@ -385,8 +247,8 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
                 oacc[n][2 * r + 1] *= corr;
             }
         }
-        fl_gemm_pk<F16, LD, ND, BN / 16>(oacc, s, Vb, lane); /* O += P V, P rounded to the input type */
-        __syncthreads();                                     /* before the next prefetch overwrites buf */
+        mma_gemm_pk<F16, LD, ND, BN / 16>(oacc, s, Vb, lane); /* O += P V, P rounded to the input type */
+        __syncthreads();                                      /* before the next prefetch overwrites buf */
     }
 
 #pragma unroll
@@ -481,7 +343,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
         fl_load<QC, D>(Gs, g, b, hk * group, ilo, ihi + 1);
         if (tid < QC) stats(0, Ls[tid], Ds[tid]);
     }
-    fl_commit();
+    mma_commit();
 
     float kacc[ND][4], vacc[ND][4]; /* C layout: dK/dV rows (keys) g / g+8 of the warp, dims 8n + 2t, +1 */
     fl_zero(kacc);
@@ -497,11 +359,11 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
             const int64_t h1 = hk * group + (it + 1) / nq, i1 = ilo + ((it + 1) % nq) * QC;
             fl_load<QC, D>(Qs + (buf ^ 1) * QC * LD, q, b, h1, i1, ihi + 1);
             fl_load<QC, D>(Gs + (buf ^ 1) * QC * LD, g, b, h1, i1, ihi + 1);
-            fl_commit();
+            mma_commit();
             if (tid < QC) stats(it + 1, nl, nd);
-            fl_wait<1>();
+            mma_wait<1>();
         } else {
-            fl_wait<0>();
+            mma_wait<0>();
         }
         __syncthreads();
         const e16 *Qb = Qs + buf * QC * LD, *Gb = Gs + buf * QC * LD;
@@ -510,8 +372,8 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
         float s[NQ][4], dp[NQ][4]; /* C layout: rows = keys g / g+8, cols = queries i0 + 8n + 2t, +1 */
         fl_zero(s);
         fl_zero(dp);
-        fl_gemm_nk<F16, LD, NQ, KD>(s, Kw, Qb, lane);  /* S^T = K Q^T */
-        fl_gemm_nk<F16, LD, NQ, KD>(dp, Vw, Gb, lane); /* dP^T = V dO^T */
+        mma_gemm_nk<F16, LD, NQ, KD>(s, Kw, Qb, lane);  /* S^T = K Q^T */
+        mma_gemm_nk<F16, LD, NQ, KD>(dp, Vw, Gb, lane); /* dP^T = V dO^T */
         const bool full = fl_full(a, i0, ihi + 1, QC, j0, Tk, BN);
         const fl_span sp[2] = {fl_queries_of(a, kj[0], Tk, ihi, i0, QC), fl_queries_of(a, kj[1], Tk, ihi, i0, QC)};
 #pragma unroll
@@ -519,20 +381,20 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = 8 * n + 2 * tq + (e & 1); /* query i0 + c */
-                float p = fl_ex2(fmaf(s[n][e], sl2, -Lb[c]));
+                float p = mma_ex2(fmaf(s[n][e], sl2, -Lb[c]));
                 if (!full && (c < sp[e >> 1].lo || c > sp[e >> 1].hi)) p = 0.0f;
                 s[n][e] = p;
                 dp[n][e] = p * (dp[n][e] - Db[c]); /* dS^T without the scale (applied to dK at the end) */
             }
-        fl_gemm_pk<F16, LD, ND, QC / 16>(vacc, s, Gb, lane);  /* dV += P^T dO */
-        fl_gemm_pk<F16, LD, ND, QC / 16>(kacc, dp, Qb, lane); /* dK += dS^T Q */
-        if (it + 1 < total && tid < QC) {                     /* buffer buf^1 was last read in it - 1 */
+        mma_gemm_pk<F16, LD, ND, QC / 16>(vacc, s, Gb, lane);  /* dV += P^T dO */
+        mma_gemm_pk<F16, LD, ND, QC / 16>(kacc, dp, Qb, lane); /* dK += dS^T Q */
+        if (it + 1 < total && tid < QC) {                      /* buffer buf^1 was last read in it - 1 */
             Ls[(buf ^ 1) * QC + tid] = nl;
             Ds[(buf ^ 1) * QC + tid] = nd;
         }
         __syncthreads();
     }
-    fl_wait<0>();
+    mma_wait<0>();
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t j = kj[r];
@@ -561,7 +423,7 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
         fl_load<BN, D>(Ks, k, b, hk, jlo, jhi + 1);
         fl_load<BN, D>(Vs, v, b, hk, jlo, jhi + 1);
     }
-    fl_commit();
+    mma_commit();
     const int64_t ri[2] = {i0 + warp * 16 + gq, i0 + warp * 16 + gq + 8};
     float l2[2], dd[2]; /* rows g, g+8: lse in the log2 domain (+inf: P = 0), D */
 #pragma unroll
@@ -587,8 +449,8 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
         float s[NN][4], dp[NN][4]; /* C layout: rows = queries g / g+8, cols = keys j0 + 8n + 2t, +1 */
         fl_zero(s);
         fl_zero(dp);
-        fl_gemm_nk<F16, LD, NN, KD>(s, Qw, Kb, lane);  /* S = Q K^T */
-        fl_gemm_nk<F16, LD, NN, KD>(dp, Gw, Vb, lane); /* dP = dO V^T */
+        mma_gemm_nk<F16, LD, NN, KD>(s, Qw, Kb, lane);  /* S = Q K^T */
+        mma_gemm_nk<F16, LD, NN, KD>(dp, Gw, Vb, lane); /* dP = dO V^T */
         const bool full = fl_full(a, i0, Tq, BM, j0, jhi + 1, BN);
         const fl_span sp[2] = {fl_keys_of(a, ri[0], jhi, j0, BN), fl_keys_of(a, ri[1], jhi, j0, BN)};
 #pragma unroll
@@ -596,14 +458,14 @@ __global__ void __launch_bounds__(FL_NTH, MINB)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, c = 8 * n + 2 * tq + (e & 1); /* key j0 + c */
-                float p = fl_ex2(fmaf(s[n][e], sl2, -l2[r]));
+                float p = mma_ex2(fmaf(s[n][e], sl2, -l2[r]));
                 if (!full && (c < sp[r].lo || c > sp[r].hi)) p = 0.0f;
                 dp[n][e] = p * (dp[n][e] - dd[r]); /* dS without the scale */
             }
-        fl_gemm_pk<F16, LD, ND, BN / 16>(qacc, dp, Kb, lane); /* dQ += dS K */
+        mma_gemm_pk<F16, LD, ND, BN / 16>(qacc, dp, Kb, lane); /* dQ += dS K */
         __syncthreads();
     }
-    fl_wait<0>();
+    mma_wait<0>();
 #pragma unroll
     for (int r = 0; r < 2; r++)
         if (ri[r] < Tq) fl_store_row<ND>(dq, cuk_roff(dq, b, ri[r], h), qacc, r, a.scale, tq);
@@ -636,20 +498,14 @@ template <int D, bool F16> static cudaError_t fl_setup_one(void) {
                            k_fl_bwd_q<D, F16, fl_minb<D>::q>, fl_q_smem<D>());
 }
 
-static cudaError_t fl_setup(void) {
-    enum { MAXDEV = 256 };
-    static volatile int ready[MAXDEV];
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    if (dev >= 0 && dev < MAXDEV && ready[dev]) return cudaSuccess;
-    e = fl_setup_one<64, false>();
+static cudaError_t fl_setup_all(void) {
+    cudaError_t e = fl_setup_one<64, false>();
     if (e == cudaSuccess) e = fl_setup_one<128, false>();
     if (e == cudaSuccess) e = fl_setup_one<64, true>();
     if (e == cudaSuccess) e = fl_setup_one<128, true>();
-    if (e == cudaSuccess && dev >= 0 && dev < MAXDEV) ready[dev] = 1; /* idempotent: a race only repeats it */
     return e;
 }
+static cudaError_t fl_setup(void) { return cuk_once_per_device<fl_setup_all>(); }
 
 static int fl_view_ok(const cuk_bthd *t, int dt) {
     return t->dt == dt && ((uintptr_t)t->p & 15) == 0 && t->sb % 8 == 0 && t->st % 8 == 0 && t->sh % 8 == 0;

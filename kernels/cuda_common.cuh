@@ -241,6 +241,21 @@ static cudaError_t cuk_smem_limits(A *ka, size_t sa, B *kb, size_t sb, C *kc, si
     return e;
 }
 
+/* Setup() once per device (the current one): function attributes such as
+ * a kernel's shared-memory limit are set per device. Idempotent: a race
+ * only repeats it. */
+template <cudaError_t (*Setup)(void)> static cudaError_t cuk_once_per_device(void) {
+    enum { MAXDEV = 256 };
+    static volatile int ready[MAXDEV];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < MAXDEV && ready[dev]) return cudaSuccess;
+    e = Setup();
+    if (e == cudaSuccess && dev >= 0 && dev < MAXDEV) ready[dev] = 1;
+    return e;
+}
+
 /* ---------------------------------------------------------------- grids */
 
 /* Rows on grid.y (grid-stride beyond 65535), columns on grid.x. */

@@ -241,7 +241,17 @@ typedef struct {
     const int32_t *bt, *qs, *cl;  /* block_tables [S, max_blocks], q_start [S+1], ctx_len [S] */
     int64_t S, max_blocks, limit; /* limit = min(max_ctx, max_blocks * bs): the longest valid ctx_len */
     float scale;                  /* never 0 here: the host resolves the default */
+    int tc;                       /* the tensor-core kernel takes the call (the host sets it where cuk_paged_tc_ok) */
 } cuk_paged;
+
+/* Whether the tensor-core kernel can run this call: q and the caches both
+ * bf16 or both f16, D 64 or 128, 16-byte aligned caches, q's rows at even
+ * element offsets of a 4-byte aligned base. Its block covers up to
+ * CUK_PAGED_TC_HEADS query heads of a kv head, the CUDA-core kernels' up
+ * to CUK_PAGED_HEADS: a grid split has N * Hkv * ceil(G / that) blocks. */
+#define CUK_PAGED_HEADS 4
+#define CUK_PAGED_TC_HEADS 16
+int cuk_paged_tc_ok(const cuk_paged *p);
 
 /* kc/vc[slots[i]] = k/v[i] (kc, vc contiguous [n_slots, H, D] in dtype cdt). */
 cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k, cuk_bthd v,
@@ -260,7 +270,7 @@ cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat c
  * [p * chunk, (p + 1) * chunk) and leaves its unnormalised partial in ws
  * (N * Hq * splits * (D + 2) floats), which the token's last split to
  * finish combines into o where splits <= CUK_PAGED_FUSE_SPLITS and cnt
- * holds a counter per (token, kv head, group of 4 query heads) (n_cnt of
+ * holds a counter per block of a split (n_cnt of
  * them, zero before the call and zero after it), else a second kernel. */
 #define CUK_PAGED_MAX_SPLITS 1024
 #define CUK_PAGED_FUSE_SPLITS 64

@@ -97,10 +97,6 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
     if (N > 0 && (!workspace || workspace_bytes < need))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
     if (N == 0 || Hq == 0 || D == 0) return CAI_OK;
-    int64_t chunk = 1;
-    /* one block per (token, kv head, group of up to 4 of its query heads) and split */
-    const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), 4);
-    const int64_t splits = plan_splits(N, max_ctx, N * kc.H * groups, cai_cuda_of(dev)->num_sms, &chunk);
     const int64_t reach = max_blocks * bs;
     cuk_paged p = {.q = cai_cuda_bthd(&qq),
                    .o = cai_cuda_bthd(&oo),
@@ -117,6 +113,11 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
                    .max_blocks = max_blocks,
                    .limit = max_ctx < reach ? max_ctx : reach,
                    .scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)D)};
+    p.tc = cuk_paged_tc_ok(&p);
+    /* one block per (token, kv head, group of its query heads) and split */
+    const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), p.tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS);
+    int64_t chunk = 1;
+    const int64_t splits = plan_splits(N, max_ctx, N * kc.H * groups, cai_cuda_of(dev)->num_sms, &chunk);
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,

@@ -13,6 +13,7 @@ src_libcolossal_core_la_SOURCES += \
 CAI_CUDA_KERNEL_FILES = \
 	%reldir%/cuda_kernels.h \
 	%reldir%/cuda_common.cuh \
+	%reldir%/mma.cuh \
 	%reldir%/elementwise.cu \
 	%reldir%/norm.cu \
 	%reldir%/attention.cu \
@@ -68,7 +69,7 @@ CAI_NVCC_FLAGS = $(NVCCFLAGS) $(CUDA_PORTABLE_GENCODE) -Xcompiler -Wall
 
 # nvcc cannot drive libtool itself: compile once with -fPIC (in NVCCFLAGS)
 # and describe the object to libtool, PIC and non-PIC alike.
-kernels/%.lo: kernels/%.cu kernels/cuda_common.cuh kernels/cuda_kernels.h
+kernels/%.lo: kernels/%.cu kernels/cuda_common.cuh kernels/mma.cuh kernels/cuda_kernels.h
 	@$(MKDIR_P) $(@D)/.libs
 	$(AM_V_GEN)$(NVCC) $(CAI_NVCC_FLAGS) -c $< -o $(@D)/.libs/$(*F).o && \
 	cp $(@D)/.libs/$(*F).o $(@D)/$(*F).o && \

@@ -1,19 +1,23 @@
 /* The paged KV cache: the cache write and attention over it for a ragged
- * batch (prefill chunks and decode steps together), f32 arithmetic on the
- * CUDA cores with any float dtype for the cache and the activations.
+ * batch (prefill chunks and decode steps together), with any float dtype
+ * for the cache and the activations; softmax statistics and accumulators
+ * in f32.
  *
- * Attention: a block of 4 warps owns one query token, one kv head and up to
- * GH <= 4 of that head's query heads (larger GQA groups take several
- * blocks, which read the same rows from L2; 8 heads in one block need too
- * many registers to keep enough blocks resident), so each K/V row read
- * from the cache serves the group. Within a warp, LPK = DMAX / 8 lanes
- * share a key row, 8 dims each, and each lane group keeps its own online
- * softmax (max, sum, accumulators) over the keys it visits, U keys per
- * rescale. The groups merge through shuffles, the warps through shared
- * memory. Scores are kept in base 2 (q pre-scaled by scale * log2 e).
+ * Attention, two kernels of one contract. Where q and the caches are both
+ * bf16 or both f16 and D is 64 or 128, k_paged_tc (below) computes on the
+ * tensor cores. Otherwise, on the CUDA cores: a block of 4 warps owns one
+ * query token, one kv head and up to GH <= 4 of that head's query heads
+ * (larger GQA groups take several blocks, which read the same rows from
+ * L2; 8 heads in one block need too many registers to keep enough blocks
+ * resident), so each K/V row read from the cache serves the group. Within
+ * a warp, LPK = DMAX / 8 lanes share a key row, 8 dims each, and each lane
+ * group keeps its own online softmax (max, sum, accumulators) over the
+ * keys it visits, U keys per rescale. The groups merge through shuffles,
+ * the warps through shared memory. Scores are kept in base 2 (q pre-scaled
+ * by scale * log2 e).
  *
- * Two ways to fetch the rows: where they are whole aligned 16-byte chunks
- * (D % 8 == 0, aligned caches: every real model), k_paged_pipe streams
+ * The CUDA-core kernels fetch rows two ways: where they are whole aligned 16-byte chunks
+ * (D % 8 == 0, aligned caches), k_paged_pipe streams
  * tiles of keys into shared memory with cp.async, three tiles in flight, so
  * decode reads the cache at a good fraction of the memory bandwidth rather
  * than waiting on each load; k_paged, for the rest, loads into registers.
@@ -32,7 +36,9 @@
  * reads its whole prefix, mostly from L2. Simple and exact, but a long
  * prompt costs far more than a tiled (flash) prefill would. */
 #include "cuda_common.cuh"
+#include "mma.cuh"
 
+CUK_EMU_BEGIN(paged);
 #define PG_NW 4
 #define PG_NT (PG_NW * 32)
 #define PG_LOG2E 1.4426950408889634f
@@ -70,31 +76,6 @@ CUK_INLINE bool pg_locate(const cuk_paged &p, int64_t i, int64_t *s_out, int64_t
 template <int DT> CUK_INLINE void pg_ld(const void *base, int64_t off, int n, float *v) {
 #pragma unroll
     for (int e = 0; e < 8; e++) v[e] = e < n ? cuk_ld1<DT>(base, off + e) : 0.0f;
-}
-
-/* ---------------------------------------------------------------- cache write */
-
-__global__ void k_kv_cache_write(void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k, cuk_bthd v,
-                                 const int32_t *slots, cuk_errrec *err) {
-    const int64_t H = k.H, D = k.D;
-    CUK_FOR_RC(k.T * H, D) {
-        const int64_t i = r / H, h = r % H, slot = slots[i];
-        if (slot < 0) continue;
-        if (slot >= n_slots) {
-            if (h == 0 && c == 0) cuk_report(err, CUK_ERR_SLOT, i, slot, n_slots, 0);
-            continue;
-        }
-        const int64_t dst = (slot * H + h) * D + c;
-        stf(kc, cdt, dst, ldf(k.p, k.dt, cuk_roff(k, 0, i, h) + c));
-        stf(vc, cdt, dst, ldf(v.p, v.dt, cuk_roff(v, 0, i, h) + c));
-    }
-}
-
-extern "C" cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k,
-                                          cuk_bthd v, const int32_t *slots, cuk_errrec *err) {
-    if (k.T <= 0 || k.H <= 0 || k.D <= 0) return cudaSuccess;
-    k_kv_cache_write<<<cuk_rows_grid(k.T * k.H, k.D, 128), 128, 0, s>>>(kc, vc, cdt, n_slots, k, v, slots, err);
-    return cudaGetLastError();
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -210,49 +191,20 @@ CUK_INLINE void pg_update(const float (&sc)[U][GH], const float (&vv)[U][8], int
 /* Shared memory of the merge: per warp and head the accumulators, max and sum. */
 template <int DMAX, int GH> __host__ __device__ constexpr int pg_merge_floats() { return PG_NW * GH * (DMAX + 2); }
 
-/* Merge the lane groups of each warp (shuffles), then the warps (through
- * sm, which the caller has finished with), and write the block's heads: o
- * when this split is the token's only one (the merge leaves such a token
- * alone: a batch of short contexts skips it), else the partial (row r =
- * (i * Hq + hq) * splits + split: acc at ws_acc[r * D], max and sum at
- * ws_ml[2 r]). With counters (cnt), the token's last split to finish merges
- * the partials of the block's heads. */
+/* The block's warps' states (sm: per warp and head the accumulators at
+ * [(w GH + h) DMAX], the maxima at PG_NW GH DMAX + w GH + h, the sums
+ * after them) combined: written to o when this split is the token's only
+ * one (the merge leaves such a token alone: a batch of short contexts
+ * skips it), else as the partial (row r = (i * Hq + hq) * splits + split:
+ * acc at ws_acc[r * D], max and sum at ws_ml[2 r]). With counters (cnt),
+ * the token's last split to finish merges the partials of the block's
+ * heads. */
 template <int DMAX, int GH>
-CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
-                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml,
-                          unsigned *cnt) {
+CUK_INLINE void pg_combine(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
+                           float *ws_acc, float *ws_ml, unsigned *cnt) {
     static_assert(pg_merge_floats<DMAX, GH>() >= GH * (CUK_PAGED_FUSE_SPLITS + 1), "the merge's wt and inv fit in sm");
-    constexpr int LPK = DMAX / 8;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, d0 = (lane % LPK) * 8;
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1)
-#pragma unroll
-        for (int h = 0; h < GH; h++) {
-            const float mo = __shfl_xor_sync(PG_FULL, m[h], o), lo = __shfl_xor_sync(PG_FULL, l[h], o);
-            float ao[8];
-#pragma unroll
-            for (int e = 0; e < 8; e++) ao[e] = __shfl_xor_sync(PG_FULL, acc[h][e], o);
-            const float mx = fmaxf(m[h], mo);
-            if (mx != -INFINITY) {
-                const float wa = exp2f(m[h] - mx), wb = exp2f(mo - mx);
-                l[h] = l[h] * wa + lo * wb;
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[h][e] = acc[h][e] * wa + ao[e] * wb;
-                m[h] = mx;
-            }
-        }
-    float *sm_acc = sm, *sm_m = sm + PG_NW * GH * DMAX, *sm_l = sm_m + PG_NW * GH;
-    if (kg == 0) {
-#pragma unroll
-        for (int h = 0; h < GH; h++) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) sm_acc[(warp * GH + h) * DMAX + d0 + e] = acc[h][e];
-            if (d0 == 0) {
-                sm_m[warp * GH + h] = m[h];
-                sm_l[warp * GH + h] = l[h];
-            }
-        }
-    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float *sm_acc = sm, *sm_m = sm + PG_NW * GH * DMAX, *sm_l = sm_m + PG_NW * GH;
     __syncthreads();
     const int64_t D = p.q.D, Hq = p.q.H;
     for (int e = tid; e < t.nh * D; e += PG_NT) {
@@ -291,11 +243,12 @@ CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* warp h weighs head h's splits (no block barrier per head), then the block combines the rows */
+    /* warp w weighs the splits of heads w, w + PG_NW, ... (no block barrier per head), then the block combines
+     * the rows */
     constexpr int QL = CUK_PAGED_FUSE_SPLITS / 32;
     float *wt = sm, *inv = sm + GH * CUK_PAGED_FUSE_SPLITS;
-    if (warp < t.nh) {
-        const int64_t r0 = (t.i * Hq + t.h0 + warp) * splits;
+    for (int h = warp; h < t.nh; h += PG_NW) {
+        const int64_t r0 = (t.i * Hq + t.h0 + h) * splits;
         float mq[QL], lq[QL], mx = -INFINITY;
 #pragma unroll
         for (int k = 0; k < QL; k++) {
@@ -309,11 +262,11 @@ CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, 
 #pragma unroll
         for (int k = 0; k < QL; k++) {
             const float w = mx == -INFINITY || lane + 32 * k >= ns ? 0.0f : exp2f(mq[k] - mx);
-            wt[warp * CUK_PAGED_FUSE_SPLITS + lane + 32 * k] = w;
+            wt[h * CUK_PAGED_FUSE_SPLITS + lane + 32 * k] = w;
             L += lq[k] * w;
         }
         L = warp_sum(L);
-        if (lane == 0) inv[warp] = L > 0.0f ? 1.0f / L : 0.0f;
+        if (lane == 0) inv[h] = L > 0.0f ? 1.0f / L : 0.0f;
     }
     __syncthreads();
     for (int e = tid; e < t.nh * D; e += PG_NT) {
@@ -324,6 +277,46 @@ CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, 
             A = fmaf(__ldcg(ws_acc + (r0 + q) * D + d), wt[h * CUK_PAGED_FUSE_SPLITS + q], A);
         stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + h) + d, A * inv[h]);
     }
+}
+
+/* Merge the lane groups of each warp (shuffles), then the warps (through
+ * sm, which the caller has finished with: pg_combine). */
+template <int DMAX, int GH>
+CUK_INLINE void pg_finish(const cuk_paged &p, const pg_task &t, int64_t splits, int64_t chunk, float *sm,
+                          float (&m)[GH], float (&l)[GH], float (&acc)[GH][8], float *ws_acc, float *ws_ml,
+                          unsigned *cnt) {
+    constexpr int LPK = DMAX / 8;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, d0 = (lane % LPK) * 8;
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+        for (int h = 0; h < GH; h++) {
+            const float mo = __shfl_xor_sync(PG_FULL, m[h], o), lo = __shfl_xor_sync(PG_FULL, l[h], o);
+            float ao[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) ao[e] = __shfl_xor_sync(PG_FULL, acc[h][e], o);
+            const float mx = fmaxf(m[h], mo);
+            if (mx != -INFINITY) {
+                const float wa = exp2f(m[h] - mx), wb = exp2f(mo - mx);
+                l[h] = l[h] * wa + lo * wb;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[h][e] = acc[h][e] * wa + ao[e] * wb;
+                m[h] = mx;
+            }
+        }
+    float *sm_acc = sm, *sm_m = sm + PG_NW * GH * DMAX, *sm_l = sm_m + PG_NW * GH;
+    if (kg == 0) {
+#pragma unroll
+        for (int h = 0; h < GH; h++) {
+#pragma unroll
+            for (int e = 0; e < 8; e++) sm_acc[(warp * GH + h) * DMAX + d0 + e] = acc[h][e];
+            if (d0 == 0) {
+                sm_m[warp * GH + h] = m[h];
+                sm_l[warp * GH + h] = l[h];
+            }
+        }
+    }
+    pg_combine<DMAX, GH>(p, t, splits, chunk, sm, ws_acc, ws_ml, cnt);
 }
 
 /* The cache row of key position j of sequence s, kv head g (element
@@ -339,64 +332,23 @@ CUK_INLINE int64_t pg_row_of(const cuk_paged &p, const int32_t *bt, int64_t s, i
     return (((int64_t)blk * bs + (jj - bi * bs)) * p.Hkv + g) * p.q.D;
 }
 
-/* The fast path, for cache rows that are whole 16-byte chunks (D % 8 == 0,
- * 16-byte aligned caches): tiles of TK keys' K and V rows stream into
- * shared memory with cp.async, NS tiles in flight, so the loads of later
- * tiles overlap the arithmetic on this one and no registers wait on them.
- * Lane group kg of warp w takes rows kg + KPW (w + NW u), u < U, of each
- * tile. A key that is past the block's range or in a bad block is zeros
- * in the tile and flagged, so it is left out. */
-template <int DT> __host__ __device__ constexpr int pg_es() { return DT == CUK_F32 ? 4 : 2; }
-template <int DT> __host__ __device__ constexpr int pg_u() { return DT == CUK_F32 ? 1 : 2; }
-template <int DT, int DMAX> __host__ __device__ constexpr int pg_tk() { return PG_NW * (32 / (DMAX / 8)) * pg_u<DT>(); }
-#define PG_NS 3
-template <int DT, int DMAX, int GH> __host__ __device__ constexpr int pg_pipe_bytes() {
-    return PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>() > pg_merge_floats<DMAX, GH>() * 4
-               ? PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>()
-               : pg_merge_floats<DMAX, GH>() * 4;
-}
-
-CUK_INLINE void pg_cp16(void *dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-}
-CUK_INLINE void pg_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> CUK_INLINE void pg_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-/* Four blocks an SM (at most 128 registers a thread, U = 2): the score
- * and softmax steps are latency-bound, so residency beats a longer U (64
- * bf16 decodes over 2000 keys, GQA 4, on an H200: 1.2 TB/s from the cache
- * with U = 3 at three blocks an SM, 1.4 TB/s like this). */
-template <int DT, int DMAX, int GH>
-__global__ void __launch_bounds__(PG_NT, 4)
-    k_paged_pipe(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
-                 unsigned *cnt, cuk_errrec *err) {
-    constexpr int ES = pg_es<DT>(), U = pg_u<DT>(), LPK = DMAX / 8, KPW = 32 / LPK, TK = pg_tk<DT, DMAX>();
-    constexpr int ROWB = DMAX * ES, CPR = ROWB / 16, STAGEB = 2 * TK * ROWB; /* bytes of a row, 16-byte chunks */
-    __shared__ float4 smem[pg_pipe_bytes<DT, DMAX, GH>() / 16];
-    __shared__ int flags[PG_NS][TK];
-    char *tiles = (char *)smem;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, kg = lane / LPK, dl = lane % LPK;
-    cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
-    const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
-    if (t.k0 >= t.k1) {
-        pg_empty(p, t, splits, cnt);
-        return;
-    }
+/* The key loop of the tiled kernels: tiles of TK keys' K and V rows stream
+ * into shared memory with cp.async, NS tiles in flight, and body(st, fl)
+ * runs on each in order (st: the stage's K rows at ROWB-byte strides, its
+ * V rows TK * ROWB bytes after them; fl: a flag per row, 0 for a key past
+ * the block's range or in a bad block, whose row is zeros). Tile n goes to
+ * stage n % NS. This thread copies the 16-byte chunks tid + NT k of each
+ * tile (the first dchunks of a row: dims past D are never read), whose
+ * block ids it reads a tile ahead, so that a tile's copies never wait for
+ * the block table. On return the stages are free for other use. */
+template <int ES, int TK, int ROWB, int NS, class Body>
+CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, char *tiles, int *flags, cuk_errrec *err,
+                          Body body) {
+    constexpr int CPR = ROWB / 16 < 1 ? 1 : ROWB / 16, LPT = (TK * CPR + PG_NT - 1) / PG_NT, STAGEB = 2 * TK * ROWB;
+    const int tid = threadIdx.x, bs = (int)p.bs, dchunks = (int)(p.q.D * ES / 16);
     const int64_t D = p.q.D;
-    const int d0 = dl * 8, nd = D - d0 >= 8 ? 8 : 0; /* D % 8 == 0 here */
-    float qv[GH][8], acc[GH][8], m[GH], l[GH];
-    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
     const int32_t *bt = p.bt + t.s * p.max_blocks;
-    const int dchunks = (int)(D * ES / 16);
     const int ntiles = (int)((t.k1 - t.k0 + TK - 1) / TK);
-
-    /* Tile n goes to stage n % NS: K rows at [0, TK * ROWB), V rows after
-     * them. This thread copies the chunks tid + NT k of each tile, whose
-     * block ids it reads a tile ahead (fetch), so that the copies of a tile
-     * (issue) never wait for the block table. */
-    constexpr int LPT = (TK * CPR + PG_NT - 1) / PG_NT;
-    const int bs = (int)p.bs;
     int32_t nb[LPT];
     auto fetch = [&](int n) {
 #pragma unroll
@@ -407,13 +359,13 @@ __global__ void __launch_bounds__(PG_NT, 4)
         }
     };
     auto issue = [&](int n) {
-        char *st = tiles + (n % PG_NS) * STAGEB;
-        int *fl = flags[n % PG_NS];
+        char *st = tiles + (n % NS) * STAGEB;
+        int *fl = flags + (n % NS) * TK;
 #pragma unroll
         for (int k = 0; k < LPT; k++) {
             const int c = tid + PG_NT * k, r = c / CPR, cc = c % CPR;
-            if (c >= TK * CPR || cc >= dchunks) continue; /* dims past D are never read */
-            const int j = (int)(t.k0 + n * TK) + r;       /* 32-bit: no 64-bit division per copy */
+            if (c >= TK * CPR || cc >= dchunks) continue;
+            const int j = (int)(t.k0 + n * TK) + r; /* 32-bit: no 64-bit division per copy */
             const int32_t blk = nb[k];
             bool good = j < t.k1;
             if (good && (blk < 0 || blk >= p.n_blocks)) {
@@ -424,8 +376,8 @@ __global__ void __launch_bounds__(PG_NT, 4)
             if (good) {
                 const int jo = bs_log2 >= 0 ? j & (bs - 1) : j % bs;
                 const int64_t row = (((int64_t)blk * bs + jo) * p.Hkv + t.g) * D;
-                pg_cp16(dk, (const char *)p.kc + row * ES + cc * 16);
-                pg_cp16(dv, (const char *)p.vc + row * ES + cc * 16);
+                mma_cp16(dk, (const char *)p.kc + row * ES + cc * 16);
+                mma_cp16(dv, (const char *)p.vc + row * ES + cc * 16);
             } else {
                 *(uint4 *)dk = make_uint4(0u, 0u, 0u, 0u);
                 *(uint4 *)dv = make_uint4(0u, 0u, 0u, 0u);
@@ -434,21 +386,64 @@ __global__ void __launch_bounds__(PG_NT, 4)
         }
     };
 #pragma unroll
-    for (int n = 0; n < PG_NS - 1; n++) {
+    for (int n = 0; n < NS - 1; n++) {
         fetch(n);
         if (n < ntiles) issue(n);
-        pg_commit();
+        mma_commit();
     }
-    fetch(PG_NS - 1);
+    fetch(NS - 1);
     for (int n = 0; n < ntiles; n++) {
         __syncthreads(); /* every warp is done with the stage the next copies refill */
-        if (n + PG_NS - 1 < ntiles) issue(n + PG_NS - 1);
-        fetch(n + PG_NS);
-        pg_commit();
-        pg_wait<PG_NS - 1>();
+        if (n + NS - 1 < ntiles) issue(n + NS - 1);
+        fetch(n + NS);
+        mma_commit();
+        mma_wait<NS - 1>();
         __syncthreads(); /* tile n, its zeros and flags, visible to all */
-        const char *st = tiles + (n % PG_NS) * STAGEB;
-        const int *fl = flags[n % PG_NS];
+        body((const char *)(tiles + (n % NS) * STAGEB), (const int *)(flags + (n % NS) * TK));
+    }
+    mma_wait<0>();
+    __syncthreads();
+}
+
+/* The fast path, for cache rows that are whole 16-byte chunks (D % 8 == 0,
+ * 16-byte aligned caches): pg_stream's tiles, so the loads of later tiles
+ * overlap the arithmetic on this one and no registers wait on them. Lane
+ * group kg of warp w takes rows kg + KPW (w + NW u), u < U, of each tile. */
+template <int DT> __host__ __device__ constexpr int pg_es() { return DT == CUK_F32 ? 4 : 2; }
+template <int DT> __host__ __device__ constexpr int pg_u() { return DT == CUK_F32 ? 1 : 2; }
+template <int DT, int DMAX> __host__ __device__ constexpr int pg_tk() { return PG_NW * (32 / (DMAX / 8)) * pg_u<DT>(); }
+#define PG_NS 3
+template <int DT, int DMAX, int GH> __host__ __device__ constexpr int pg_pipe_bytes() {
+    return PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>() > pg_merge_floats<DMAX, GH>() * 4
+               ? PG_NS * 2 * pg_tk<DT, DMAX>() * DMAX * pg_es<DT>()
+               : pg_merge_floats<DMAX, GH>() * 4;
+}
+
+/* Four blocks an SM (at most 128 registers a thread, U = 2): the score
+ * and softmax steps are latency-bound, so residency beats a longer U (64
+ * bf16 decodes over 2000 keys, GQA 4, on an H200: 1.2 TB/s from the cache
+ * with U = 3 at three blocks an SM, 1.4 TB/s like this). */
+template <int DT, int DMAX, int GH>
+__global__ void __launch_bounds__(PG_NT, 4)
+    k_paged_pipe(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
+                 unsigned *cnt, cuk_errrec *err) {
+    constexpr int ES = pg_es<DT>(), U = pg_u<DT>(), LPK = DMAX / 8, KPW = 32 / LPK, TK = pg_tk<DT, DMAX>();
+    constexpr int ROWB = DMAX * ES; /* bytes of a row in the tiles */
+    __shared__ float4 smem[pg_pipe_bytes<DT, DMAX, GH>() / 16];
+    __shared__ int flags[PG_NS][TK];
+    char *tiles = (char *)smem;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kg = lane / LPK, dl = lane % LPK;
+    cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
+    const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
+    if (t.k0 >= t.k1) {
+        pg_empty(p, t, splits, cnt);
+        return;
+    }
+    const int64_t D = p.q.D;
+    const int d0 = dl * 8, nd = D - d0 >= 8 ? 8 : 0; /* D % 8 == 0 here */
+    float qv[GH][8], acc[GH][8], m[GH], l[GH];
+    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
+    pg_stream<ES, TK, ROWB, PG_NS>(p, t, bs_log2, tiles, &flags[0][0], err, [&](const char *st, const int *fl) {
         float sc[U][GH], vv[U][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -464,9 +459,8 @@ __global__ void __launch_bounds__(PG_NT, 4)
             pg_scores<LPK, GH>(qv, kk, fl[r] != 0, t.nh, sc[u]);
         }
         pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
-    }
-    pg_wait<0>();
-    __syncthreads(); /* the tiles are done with: the merge reuses their memory */
+    });
+    /* the tiles are done with: the merge reuses their memory */
     pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml, cnt);
 }
 
@@ -509,6 +503,135 @@ __global__ void __launch_bounds__(PG_NT) k_paged(cuk_paged p, int64_t splits, in
     pg_finish<DMAX, GH>(p, t, splits, chunk, sm, m, l, acc, ws_acc, ws_ml, cnt);
 }
 
+/* The tensor-core path (16-bit q and caches, D 64 or 128): a block owns one
+ * query token, one kv head and up to 16 of its query heads, which are the
+ * rows of the m16n8k16 products (rows past the group are zeros): S = Q K^T
+ * and O += P V as in attention_flash.cu, so a key costs the block two mma
+ * per 16 dims instead of a lane group's dot products and shuffles per
+ * head. Tiles of PGT_TK keys stream into padded shared memory (row stride
+ * D + 8: the 8 row addresses of an ldmatrix hit distinct banks) with
+ * cp.async, PGT_NS tiles in flight; warp w takes keys [16 w, 16 w + 16) of
+ * each tile and keeps its own online softmax (rows g and g + 8 per lane,
+ * the max agreed within a quad) in the accumulator layout. Scores are
+ * scaled by scale * log2 e in f32 after the product (q enters the mma as
+ * it is); P is rounded to q's type for P V, as flash attention does. The
+ * warps meet in pg_combine, whose splits and merge are the CUDA-core
+ * kernels'. */
+#define PGT_TK 64
+#define PGT_NS 2
+template <int D> __host__ __device__ constexpr int pgt_tile_bytes() { return PGT_NS * 2 * PGT_TK * (D + 8) * 2; }
+template <int D> __host__ __device__ constexpr int pgt_smem() {
+    return pgt_tile_bytes<D>() + PGT_NS * PGT_TK * 4 > pg_merge_floats<D, CUK_PAGED_TC_HEADS>() * 4
+               ? pgt_tile_bytes<D>() + PGT_NS * PGT_TK * 4
+               : pg_merge_floats<D, CUK_PAGED_TC_HEADS>() * 4;
+}
+
+template <int D, bool F16>
+__global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
+    k_paged_tc(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
+               unsigned *cnt, cuk_errrec *err) {
+    constexpr int GH = CUK_PAGED_TC_HEADS, LD = D + 8, TK = PGT_TK, KC = D / 16, ND = D / 8;
+    static_assert(TK == 16 * PG_NW, "a warp's 16 keys a tile");
+    extern __shared__ __align__(16) unsigned char pgt_sm[];
+    e16 *tiles = (e16 *)pgt_sm;
+    int *flags = (int *)(pgt_sm + pgt_tile_bytes<D>());
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    cuk_pdl_trigger(); /* the output projection starts its weight reads now (gemv.cu) */
+    const pg_task t = pg_task_of<GH>(p, chunk, nhc, err);
+    if (t.k0 >= t.k1) {
+        pg_empty(p, t, splits, cnt);
+        return;
+    }
+    /* Q as the A operand: rows g and g + 8 of the block's heads, dims 2 tq (+ 8) of each 16 */
+    uint32_t qa[KC][4];
+    {
+        const e16 *q = (const e16 *)p.q.p;
+        const int64_t r0 = g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1;
+        const int64_t r1 = g + 8 < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g + 8) : -1;
+#pragma unroll
+        for (int kk = 0; kk < KC; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = e & 1 ? r1 : r0;
+                qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
+            }
+    }
+    const float sl2 = p.scale * PG_LOG2E;
+    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, [&](const char *st, const int *fl) {
+        const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
+        fl += 16 * warp;
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KC; kk++) {
+            uint32_t b[4];
+            mma_ldb_nk<LD>(b, ks + kk * 16, lane);
+            mma_16816<F16>(s[0], qa[kk], b[0], b[1]);
+            mma_16816<F16>(s[1], qa[kk], b[2], b[3]);
+        }
+        /* s[nt][e]: head row g + 8 (e >> 1), key 8 nt + 2 tq + (e & 1) of the warp's 16 */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = fl[8 * nt + 2 * tq + (e & 1)] ? s[nt][e] * sl2 : -INFINITY;
+                s[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r]); /* -inf while the row has seen no key */
+            corr[r] = mn == -INFINITY ? 1.0f : mma_ex2(m[r] - mn);
+            m[r] = mn;
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const float pr = m[r] == -INFINITY ? 0.0f : mma_ex2(s[nt][e] - m[r]);
+                s[nt][e] = pr;
+                l[r] += pr;
+            }
+#pragma unroll
+        for (int n2 = 0; n2 < ND; n2++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[n2][e] *= corr[e >> 1];
+        mma_gemm_pk<F16, LD, ND, 1>(acc, s, vs, lane);
+    });
+    /* the tiles are done with: the merge reuses their memory */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(PG_FULL, l[r], 1);
+        l[r] += __shfl_xor_sync(PG_FULL, l[r], 2);
+    }
+    float *sm = (float *)pgt_sm, *sm_m = sm + PG_NW * GH * D, *sm_l = sm_m + PG_NW * GH;
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sm[(warp * GH + g + 8 * (e >> 1)) * D + 8 * n + 2 * tq + (e & 1)] = acc[n][e];
+    if (tq == 0)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            sm_m[warp * GH + g + 8 * r] = m[r];
+            sm_l[warp * GH + g + 8 * r] = l[r];
+        }
+    pg_combine<D, GH>(p, t, splits, chunk, sm, ws_acc, ws_ml, cnt);
+}
+
 /* One block per (token, query head): the splits that saw keys, combined
  * with weights exp2(max_p - max), one per split in shared memory. */
 __global__ void __launch_bounds__(PG_NT)
@@ -544,27 +667,105 @@ __global__ void __launch_bounds__(PG_NT)
     }
 }
 
+CUK_EMU_END(paged);
+
+/* ---------------------------------------------------------------- cache write */
+
+__global__ void k_kv_cache_write(void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k, cuk_bthd v,
+                                 const int32_t *slots, cuk_errrec *err) {
+    const int64_t H = k.H, D = k.D;
+    CUK_FOR_RC(k.T * H, D) {
+        const int64_t i = r / H, h = r % H, slot = slots[i];
+        if (slot < 0) continue;
+        if (slot >= n_slots) {
+            if (h == 0 && c == 0) cuk_report(err, CUK_ERR_SLOT, i, slot, n_slots, 0);
+            continue;
+        }
+        const int64_t dst = (slot * H + h) * D + c;
+        stf(kc, cdt, dst, ldf(k.p, k.dt, cuk_roff(k, 0, i, h) + c));
+        stf(vc, cdt, dst, ldf(v.p, v.dt, cuk_roff(v, 0, i, h) + c));
+    }
+}
+
+extern "C" cudaError_t cuk_kv_cache_write(cudaStream_t s, void *kc, void *vc, int cdt, int64_t n_slots, cuk_bthd k,
+                                          cuk_bthd v, const int32_t *slots, cuk_errrec *err) {
+    if (k.T <= 0 || k.H <= 0 || k.D <= 0) return cudaSuccess;
+    k_kv_cache_write<<<cuk_rows_grid(k.T * k.H, k.D, 128), 128, 0, s>>>(kc, vc, cdt, n_slots, k, v, slots, err);
+    return cudaGetLastError();
+}
+
+/* A shift instead of a division per key where the block size is a power of two (else -1). */
+static int pg_bs_log2(int64_t bs) {
+    if ((bs & (bs - 1)) != 0) return -1;
+    int b = 0;
+    while ((1ll << b) < bs) b++;
+    return b;
+}
+
+/* The grid (a column per token, kv head and chunk of heads, a row per split), the workspace's partials and the
+ * counters of the in-kernel merge (NULL where they do not cover the grid's columns: k_paged_reduce merges). */
+struct pg_grid {
+    dim3 grid;
+    int nhc;
+    float *ws_acc, *ws_ml;
+    unsigned *cnt;
+};
+static pg_grid pg_grid_of(const cuk_paged &p, int heads, int64_t splits, float *ws, unsigned *cnt, int64_t n_cnt) {
+    const int64_t N = p.q.T, Hq = p.q.H, D = p.q.D, G = Hq / p.Hkv;
+    pg_grid r;
+    r.nhc = (int)((G + heads - 1) / heads);
+    r.grid = dim3((unsigned)(N * p.Hkv * r.nhc), (unsigned)splits, 1);
+    r.ws_acc = splits > 1 ? ws : nullptr;
+    r.ws_ml = splits > 1 ? ws + N * Hq * splits * D : nullptr;
+    r.cnt = splits > 1 && splits <= CUK_PAGED_FUSE_SPLITS && cnt && (int64_t)r.grid.x <= n_cnt ? cnt : nullptr;
+    return r;
+}
+
+static cudaError_t pg_reduce(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, const pg_grid &g) {
+    if (splits > 1 && !g.cnt)
+        k_paged_reduce<<<(unsigned)(p.q.T * p.q.H), PG_NT, 0, s>>>(p, splits, chunk, g.ws_acc, g.ws_ml);
+    return cudaGetLastError();
+}
+
 template <int DT, int DMAX, int GH>
 static cudaError_t pg_launch(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
                              unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
     /* fewer keys in flight per lane where the group's registers are many */
     constexpr int U = GH >= 4 || DT == CUK_F32 ? 2 : 4;
-    const int64_t N = p.q.T, Hq = p.q.H, D = p.q.D, G = Hq / p.Hkv;
-    const int nhc = (int)((G + GH - 1) / GH);
-    const bool pipe = D % 8 == 0 && cuk_ptr16(p.kc) && cuk_ptr16(p.vc);
-    int bs_log2 = -1; /* a shift instead of a division per key */
-    if ((p.bs & (p.bs - 1)) == 0) {
-        bs_log2 = 0;
-        while ((1ll << bs_log2) < p.bs) bs_log2++;
-    }
-    float *ws_acc = splits > 1 ? ws : nullptr, *ws_ml = splits > 1 ? ws + N * Hq * splits * D : nullptr;
-    const dim3 grid((unsigned)(N * p.Hkv * nhc), (unsigned)splits, 1);
-    /* the merge in the kernel: a counter per grid column and wt in the merge's shared memory */
-    unsigned *c = splits > 1 && splits <= CUK_PAGED_FUSE_SPLITS && cnt && (int64_t)grid.x <= n_cnt ? cnt : nullptr;
-    if (pipe) k_paged_pipe<DT, DMAX, GH><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, c, err);
-    else k_paged<DT, DMAX, GH, U><<<grid, PG_NT, 0, s>>>(p, splits, chunk, nhc, bs_log2, ws_acc, ws_ml, c, err);
-    if (splits > 1 && !c) k_paged_reduce<<<(unsigned)(N * Hq), PG_NT, 0, s>>>(p, splits, chunk, ws_acc, ws_ml);
-    return cudaGetLastError();
+    const bool pipe = p.q.D % 8 == 0 && cuk_ptr16(p.kc) && cuk_ptr16(p.vc);
+    const int bs_log2 = pg_bs_log2(p.bs);
+    const pg_grid g = pg_grid_of(p, CUK_PAGED_HEADS, splits, ws, cnt, n_cnt);
+    if (pipe)
+        k_paged_pipe<DT, DMAX, GH>
+            <<<g.grid, PG_NT, 0, s>>>(p, splits, chunk, g.nhc, bs_log2, g.ws_acc, g.ws_ml, g.cnt, err);
+    else
+        k_paged<DT, DMAX, GH, U>
+            <<<g.grid, PG_NT, 0, s>>>(p, splits, chunk, g.nhc, bs_log2, g.ws_acc, g.ws_ml, g.cnt, err);
+    return pg_reduce(s, p, splits, chunk, g);
+}
+
+extern "C" int cuk_paged_tc_ok(const cuk_paged *p) {
+    const int dt = p->cdt;
+    if ((dt != CUK_BF16 && dt != CUK_F16) || p->q.dt != dt || (p->q.D != 64 && p->q.D != 128)) return 0;
+    return cuk_ptr16(p->kc) && cuk_ptr16(p->vc) && ((uintptr_t)p->q.p & 3) == 0 && p->q.sb % 2 == 0 &&
+           p->q.st % 2 == 0 && p->q.sh % 2 == 0;
+}
+
+/* D 128 needs more than the default 48 KB of dynamic shared memory. */
+static cudaError_t pgt_setup_all(void) {
+    const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    cudaError_t e = cudaFuncSetAttribute(k_paged_tc<128, false>, at, pgt_smem<128>());
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_paged_tc<128, true>, at, pgt_smem<128>());
+    return e;
+}
+
+template <int D, bool F16>
+static cudaError_t pgt_launch(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
+                              unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
+    const pg_grid g = pg_grid_of(p, CUK_PAGED_TC_HEADS, splits, ws, cnt, n_cnt);
+    k_paged_tc<D, F16>
+        <<<g.grid, PG_NT, pgt_smem<D>(), s>>>(p, splits, chunk, g.nhc, pg_bs_log2(p.bs), g.ws_acc, g.ws_ml, g.cnt, err);
+    return pg_reduce(s, p, splits, chunk, g);
 }
 
 template <int DT, int DMAX>
@@ -590,6 +791,17 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t 
     if (p.q.D > CUK_ATTN_MAX_D || p.Hkv <= 0 || p.bs <= 0 || splits < 1 || splits > CUK_PAGED_MAX_SPLITS || chunk < 1 ||
         (splits > 1 && !ws))
         return cudaErrorInvalidValue;
+    if (p.tc) {
+        if (!cuk_paged_tc_ok(&p)) return cudaErrorInvalidValue;
+        const cudaError_t e = p.q.D == 128 ? cuk_once_per_device<pgt_setup_all>() : cudaSuccess;
+        if (e != cudaSuccess) return e;
+        const bool f16 = p.cdt == CUK_F16;
+        if (p.q.D == 64)
+            return f16 ? pgt_launch<64, true>(s, p, splits, chunk, ws, cnt, n_cnt, err)
+                       : pgt_launch<64, false>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+        return f16 ? pgt_launch<128, true>(s, p, splits, chunk, ws, cnt, n_cnt, err)
+                   : pgt_launch<128, false>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    }
     if (p.cdt == CUK_F32) return pg_dim<CUK_F32>(s, p, splits, chunk, ws, cnt, n_cnt, err);
     if (p.cdt == CUK_BF16) return pg_dim<CUK_BF16>(s, p, splits, chunk, ws, cnt, n_cnt, err);
     return pg_dim<CUK_F16>(s, p, splits, chunk, ws, cnt, n_cnt, err);

@@ -1352,6 +1352,11 @@ static void bf16_paged(void) {
     paged_case("large", B, B, 8, 2, 128, 16, 5000, pg_large, PG_N(pg_large));
     paged_case("large", B, F16, 4, 4, 64, 256, 5000, pg_large, PG_N(pg_large));
     paged_case("mixed", F16, B, 8, 2, 96, 16, 5000, pg_mixed, PG_N(pg_mixed)); /* f16 activations */
+    /* the tensor-core kernel (16-bit q and cache of one type, head_dim 64 or 128): Llama 1B's heads, a group of
+     * 32 (two blocks of 16 heads) with a block size that is no power of two, f16 with a group of 16 */
+    paged_case("decode", B, B, 32, 8, 64, 16, 8192, pg_decode, PG_N(pg_decode));
+    paged_case("mixed", B, B, 32, 1, 64, 24, 5000, pg_mixed, PG_N(pg_mixed));
+    paged_case("large", F16, F16, 16, 1, 128, 16, 5000, pg_large, PG_N(pg_large));
 }
 
 /* `call` fails with status `want` and an error message naming `op`. */
