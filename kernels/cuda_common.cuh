@@ -256,6 +256,26 @@ template <cudaError_t (*Setup)(void)> static cudaError_t cuk_once_per_device(voi
     return e;
 }
 
+/* kern<<<grid, block, smem, s>>>(args...), with the programmatic-launch
+ * attribute (cuk_pdl_wait) when pdl. */
+template <class... P, class... A>
+static cudaError_t cuk_launch(cudaStream_t s, int pdl, void (*kern)(P...), dim3 grid, unsigned block, size_t smem,
+                              A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(block);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    if (pdl) {
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
 /* ---------------------------------------------------------------- grids */
 
 /* Rows on grid.y (grid-stride beyond 65535), columns on grid.x. */

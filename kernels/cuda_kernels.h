@@ -271,11 +271,13 @@ cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat c
  * (N * Hq * splits * (D + 2) floats), which the token's last split to
  * finish combines into o where splits <= CUK_PAGED_FUSE_SPLITS and cnt
  * holds a counter per block of a split (n_cnt of
- * them, zero before the call and zero after it), else a second kernel. */
+ * them, zero before the call and zero after it), else a second kernel.
+ * pdl: launched as a programmatic dependent of the kernel before it (the
+ * cache write), which it waits for before reading q or the caches. */
 #define CUK_PAGED_MAX_SPLITS 1024
 #define CUK_PAGED_FUSE_SPLITS 64
 cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
-                                int64_t n_cnt, cuk_errrec *err);
+                                int64_t n_cnt, int pdl, cuk_errrec *err);
 
 /* fp8_cast (fp8.cu): x (F32/BF16/F16 rows) * meta[1] (the scale) cast to
  * FP8 codes (E5M2 when e5m2, else E4M3) into q [rows, cols] and/or qt

@@ -117,11 +117,14 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
     /* one block per (token, kv head, group of its query heads) and split */
     const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), p.tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS);
     int64_t chunk = 1;
-    const int64_t splits = plan_splits(N, max_ctx, N * kc.H * groups, cai_cuda_of(dev)->num_sms, &chunk);
+    const int64_t sms = cai_cuda_of(dev)->num_sms, splits = plan_splits(N, max_ctx, N * kc.H * groups, sms, &chunk);
+    /* Started early (programmatic launch), a grid of one wave finds its sequences and first blocks while the cache
+     * write runs; larger grids (batches 64 and 256) measured slower that way (bench/RESULTS.md). */
+    const int pdl = cai_cuda_of(dev)->pdl && N * kc.H * groups * splits <= PAGED_FILL * sms;
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,
-                                       CAI_CUDA_PAGED_COUNTERS, cai_cuda_of(dev)->err));
+                                       CAI_CUDA_PAGED_COUNTERS, pdl, cai_cuda_of(dev)->err));
     return CAI_OK;
 }
 

@@ -26,18 +26,7 @@
  * attribute when pdl. */
 template <class... P, class... A>
 static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(GV_WARPS * 32);
-    cfg.stream = s;
-    if (pdl) {
-        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[0].val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, kern, args...);
+    return cuk_launch(s, pdl, kern, dim3(grid), GV_WARPS * 32, 0, args...);
 }
 
 /* acc[n] += dot(w chunk, x[n] chunk c) */

@@ -111,6 +111,7 @@ template <int GH> CUK_INLINE pg_task pg_task_of(const cuk_paged &p, int64_t chun
 CUK_INLINE void pg_empty(const cuk_paged &p, const pg_task &t, int64_t splits, const unsigned *cnt) {
     /* merged in the kernel, a bad sequence's zeros come from its first split */
     if (splits != 1 && (!cnt || t.ok || blockIdx.y != 0)) return;
+    cuk_pdl_wait();
     const int64_t D = p.q.D;
     for (int64_t e = threadIdx.x; e < t.nh * D; e += PG_NT)
         stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i, t.h0 + e / D) + e % D, 0.0f);
@@ -340,10 +341,12 @@ CUK_INLINE int64_t pg_row_of(const cuk_paged &p, const int32_t *bt, int64_t s, i
  * stage n % NS. This thread copies the 16-byte chunks tid + NT k of each
  * tile (the first dchunks of a row: dims past D are never read), whose
  * block ids it reads a tile ahead, so that a tile's copies never wait for
- * the block table. On return the stages are free for other use. */
-template <int ES, int TK, int ROWB, int NS, class Body>
+ * the block table. start() runs once, after the first tile's block ids are
+ * read and the predecessor is waited for (cuk_pdl_wait), before any copy.
+ * On return the stages are free for other use. */
+template <int ES, int TK, int ROWB, int NS, class Start, class Body>
 CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, char *tiles, int *flags, cuk_errrec *err,
-                          Body body) {
+                          Start start, Body body) {
     constexpr int CPR = ROWB / 16 < 1 ? 1 : ROWB / 16, LPT = (TK * CPR + PG_NT - 1) / PG_NT, STAGEB = 2 * TK * ROWB;
     const int tid = threadIdx.x, bs = (int)p.bs, dchunks = (int)(p.q.D * ES / 16);
     const int64_t D = p.q.D;
@@ -385,9 +388,14 @@ CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, cha
             if (cc == 0) fl[r] = good;
         }
     };
+    fetch(0);
+    /* launched as a programmatic dependent of the cache write: q and the caches are its to write, the indices the
+     * host's */
+    cuk_pdl_wait();
+    start();
 #pragma unroll
     for (int n = 0; n < NS - 1; n++) {
-        fetch(n);
+        if (n > 0) fetch(n);
         if (n < ntiles) issue(n);
         mma_commit();
     }
@@ -442,8 +450,8 @@ __global__ void __launch_bounds__(PG_NT, 4)
     const int64_t D = p.q.D;
     const int d0 = dl * 8, nd = D - d0 >= 8 ? 8 : 0; /* D % 8 == 0 here */
     float qv[GH][8], acc[GH][8], m[GH], l[GH];
-    pg_start<GH>(p, t, d0, nd, qv, m, l, acc);
-    pg_stream<ES, TK, ROWB, PG_NS>(p, t, bs_log2, tiles, &flags[0][0], err, [&](const char *st, const int *fl) {
+    auto start = [&] { pg_start<GH>(p, t, d0, nd, qv, m, l, acc); };
+    auto tile = [&](const char *st, const int *fl) {
         float sc[U][GH], vv[U][8];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -459,7 +467,8 @@ __global__ void __launch_bounds__(PG_NT, 4)
             pg_scores<LPK, GH>(qv, kk, fl[r] != 0, t.nh, sc[u]);
         }
         pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
-    });
+    };
+    pg_stream<ES, TK, ROWB, PG_NS>(p, t, bs_log2, tiles, &flags[0][0], err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
     pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml, cnt);
 }
@@ -542,9 +551,15 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
         pg_empty(p, t, splits, cnt);
         return;
     }
+    const float sl2 = p.scale * PG_LOG2E;
+    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
     /* Q as the A operand: rows g and g + 8 of the block's heads, dims 2 tq (+ 8) of each 16 */
     uint32_t qa[KC][4];
-    {
+    auto start = [&] {
         const e16 *q = (const e16 *)p.q.p;
         const int64_t r0 = g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1;
         const int64_t r1 = g + 8 < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g + 8) : -1;
@@ -555,14 +570,8 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
                 const int64_t r = e & 1 ? r1 : r0;
                 qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
             }
-    }
-    const float sl2 = p.scale * PG_LOG2E;
-    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
-    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, [&](const char *st, const int *fl) {
+    };
+    auto tile = [&](const char *st, const int *fl) {
         const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
         fl += 16 * warp;
         float s[2][4];
@@ -611,7 +620,8 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[n2][e] *= corr[e >> 1];
         mma_gemm_pk<F16, LD, ND, 1>(acc, s, vs, lane);
-    });
+    };
+    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -729,19 +739,17 @@ static cudaError_t pg_reduce(cudaStream_t s, const cuk_paged &p, int64_t splits,
 
 template <int DT, int DMAX, int GH>
 static cudaError_t pg_launch(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
-                             unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
+                             unsigned *cnt, int64_t n_cnt, int pdl, cuk_errrec *err) {
     /* fewer keys in flight per lane where the group's registers are many */
     constexpr int U = GH >= 4 || DT == CUK_F32 ? 2 : 4;
     const bool pipe = p.q.D % 8 == 0 && cuk_ptr16(p.kc) && cuk_ptr16(p.vc);
     const int bs_log2 = pg_bs_log2(p.bs);
     const pg_grid g = pg_grid_of(p, CUK_PAGED_HEADS, splits, ws, cnt, n_cnt);
-    if (pipe)
-        k_paged_pipe<DT, DMAX, GH>
-            <<<g.grid, PG_NT, 0, s>>>(p, splits, chunk, g.nhc, bs_log2, g.ws_acc, g.ws_ml, g.cnt, err);
-    else
-        k_paged<DT, DMAX, GH, U>
-            <<<g.grid, PG_NT, 0, s>>>(p, splits, chunk, g.nhc, bs_log2, g.ws_acc, g.ws_ml, g.cnt, err);
-    return pg_reduce(s, p, splits, chunk, g);
+    const cudaError_t e = pipe ? cuk_launch(s, pdl, k_paged_pipe<DT, DMAX, GH>, g.grid, PG_NT, 0, p, splits, chunk,
+                                            g.nhc, bs_log2, g.ws_acc, g.ws_ml, g.cnt, err)
+                               : cuk_launch(s, pdl, k_paged<DT, DMAX, GH, U>, g.grid, PG_NT, 0, p, splits, chunk, g.nhc,
+                                            bs_log2, g.ws_acc, g.ws_ml, g.cnt, err);
+    return e != cudaSuccess ? e : pg_reduce(s, p, splits, chunk, g);
 }
 
 extern "C" int cuk_paged_tc_ok(const cuk_paged *p) {
@@ -761,32 +769,32 @@ static cudaError_t pgt_setup_all(void) {
 
 template <int D, bool F16>
 static cudaError_t pgt_launch(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws,
-                              unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
+                              unsigned *cnt, int64_t n_cnt, int pdl, cuk_errrec *err) {
     const pg_grid g = pg_grid_of(p, CUK_PAGED_TC_HEADS, splits, ws, cnt, n_cnt);
-    k_paged_tc<D, F16>
-        <<<g.grid, PG_NT, pgt_smem<D>(), s>>>(p, splits, chunk, g.nhc, pg_bs_log2(p.bs), g.ws_acc, g.ws_ml, g.cnt, err);
-    return pg_reduce(s, p, splits, chunk, g);
+    const cudaError_t e = cuk_launch(s, pdl, k_paged_tc<D, F16>, g.grid, PG_NT, pgt_smem<D>(), p, splits, chunk, g.nhc,
+                                     pg_bs_log2(p.bs), g.ws_acc, g.ws_ml, g.cnt, err);
+    return e != cudaSuccess ? e : pg_reduce(s, p, splits, chunk, g);
 }
 
 template <int DT, int DMAX>
 static cudaError_t pg_group(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
-                            int64_t n_cnt, cuk_errrec *err) {
+                            int64_t n_cnt, int pdl, cuk_errrec *err) {
     const int64_t G = p.q.H / p.Hkv;
-    if (G <= 1) return pg_launch<DT, DMAX, 1>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    if (G <= 2) return pg_launch<DT, DMAX, 2>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    return pg_launch<DT, DMAX, 4>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    if (G <= 1) return pg_launch<DT, DMAX, 1>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    if (G <= 2) return pg_launch<DT, DMAX, 2>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    return pg_launch<DT, DMAX, 4>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
 }
 
 template <int DT>
 static cudaError_t pg_dim(cudaStream_t s, const cuk_paged &p, int64_t splits, int64_t chunk, float *ws, unsigned *cnt,
-                          int64_t n_cnt, cuk_errrec *err) {
-    if (p.q.D <= 64) return pg_group<DT, 64>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    if (p.q.D <= 128) return pg_group<DT, 128>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    return pg_group<DT, 256>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+                          int64_t n_cnt, int pdl, cuk_errrec *err) {
+    if (p.q.D <= 64) return pg_group<DT, 64>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    if (p.q.D <= 128) return pg_group<DT, 128>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    return pg_group<DT, 256>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
 }
 
 extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t splits, int64_t chunk, float *ws,
-                                           unsigned *cnt, int64_t n_cnt, cuk_errrec *err) {
+                                           unsigned *cnt, int64_t n_cnt, int pdl, cuk_errrec *err) {
     if (p.q.T <= 0 || p.q.H <= 0 || p.q.D <= 0) return cudaSuccess;
     if (p.q.D > CUK_ATTN_MAX_D || p.Hkv <= 0 || p.bs <= 0 || splits < 1 || splits > CUK_PAGED_MAX_SPLITS || chunk < 1 ||
         (splits > 1 && !ws))
@@ -797,12 +805,12 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t 
         if (e != cudaSuccess) return e;
         const bool f16 = p.cdt == CUK_F16;
         if (p.q.D == 64)
-            return f16 ? pgt_launch<64, true>(s, p, splits, chunk, ws, cnt, n_cnt, err)
-                       : pgt_launch<64, false>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-        return f16 ? pgt_launch<128, true>(s, p, splits, chunk, ws, cnt, n_cnt, err)
-                   : pgt_launch<128, false>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+            return f16 ? pgt_launch<64, true>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err)
+                       : pgt_launch<64, false>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+        return f16 ? pgt_launch<128, true>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err)
+                   : pgt_launch<128, false>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
     }
-    if (p.cdt == CUK_F32) return pg_dim<CUK_F32>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    if (p.cdt == CUK_BF16) return pg_dim<CUK_BF16>(s, p, splits, chunk, ws, cnt, n_cnt, err);
-    return pg_dim<CUK_F16>(s, p, splits, chunk, ws, cnt, n_cnt, err);
+    if (p.cdt == CUK_F32) return pg_dim<CUK_F32>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    if (p.cdt == CUK_BF16) return pg_dim<CUK_BF16>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
+    return pg_dim<CUK_F16>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);
 }
