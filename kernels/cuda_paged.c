@@ -29,8 +29,11 @@
 /* (token, split) partials at most: bounds the workspace (each holds Hq * (D + 2) floats) and turns split-KV off
  * for batches large enough to fill the GPU without it. */
 #define PAGED_SPLIT_ROWS 2048
-/* Blocks per SM a decode grid aims for before it stops splitting. */
-#define PAGED_FILL 4
+/* Blocks per SM a decode grid aims for before it stops splitting (2 measured 2% faster than 4 at batch 16 and 5.5%
+ * at batch 64 on an H100, Llama 1B shape: bench/RESULTS.md). */
+#define PAGED_FILL 2
+/* Blocks an SM holds at once (the kernels' launch bounds): a grid of at most that many per SM is one wave. */
+#define PAGED_WAVE 4
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -120,7 +123,7 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
     const int64_t sms = cai_cuda_of(dev)->num_sms, splits = plan_splits(N, max_ctx, N * kc.H * groups, sms, &chunk);
     /* Started early (programmatic launch), a grid of one wave finds its sequences and first blocks while the cache
      * write runs; larger grids (batches 64 and 256) measured slower that way (bench/RESULTS.md). */
-    const int pdl = cai_cuda_of(dev)->pdl && N * kc.H * groups * splits <= PAGED_FILL * sms;
+    const int pdl = cai_cuda_of(dev)->pdl && N * kc.H * groups * splits <= PAGED_WAVE * sms;
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,

@@ -925,7 +925,8 @@ extern "C" cudaError_t cuk_rope(cudaStream_t s, cuk_bthd y, cuk_bthd x, cuk_mat 
 template <int DT>
 __global__ void k_rope_kv_write(cuk_bthd qk, cuk_bthd v, cuk_mat cs, cuk_mat sn, const int32_t *pos, float sign,
                                 void *kc, void *vc, int cdt, int64_t n_slots, const int32_t *slots, cuk_errrec *err) {
-    cuk_pdl_trigger(); /* paged attention starts now: it reads the block tables, then waits for q and the caches */
+    cuk_pdl_trigger(); /* a small step's paged attention starts now: block tables first, then it waits for q and the
+                          caches */
     const uint32_t half = (uint32_t)cs.cols, nc = half >> 3, D = (uint32_t)qk.D, dc = D >> 3;
     const uint32_t H = (uint32_t)qk.H, Hkv = (uint32_t)v.H, Hq = H - Hkv, nrope = H * nc, per_tok = nrope + Hkv * dc;
     const uint32_t total = (uint32_t)qk.T * per_tok;
