@@ -270,8 +270,8 @@ cudaError_t cuk_rope_kv_write(cudaStream_t s, cuk_bthd qk, cuk_bthd v, cuk_mat c
  * [p * chunk, (p + 1) * chunk) and leaves its unnormalised partial in ws
  * (N * Hq * splits * (D + 2) floats), which the token's last split to
  * finish combines into o where splits <= CUK_PAGED_FUSE_SPLITS and cnt
- * holds a counter per block of a split (n_cnt of
- * them, zero before the call and zero after it), else a second kernel.
+ * holds a counter per block of a split (n_cnt of them, zero before the
+ * call and zero after it), else a second kernel.
  * pdl: launched as a programmatic dependent of the kernel before it (the
  * cache write), which it waits for before reading q or the caches. */
 #define CUK_PAGED_MAX_SPLITS 1024

@@ -32,7 +32,8 @@
 /* Blocks per SM a decode grid aims for before it stops splitting (2 measured 2% faster than 4 at batch 16 and 5.5%
  * at batch 64 on an H100, Llama 1B shape: bench/RESULTS.md). */
 #define PAGED_FILL 2
-/* Blocks an SM holds at once (the kernels' launch bounds): a grid of at most that many per SM is one wave. */
+/* Blocks an SM holds at once (the launch bounds of the head_dim-64 kernels; the tensor-core one at head_dim 128
+ * holds 3): a grid of at most that many per SM is about one wave. */
 #define PAGED_WAVE 4
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
