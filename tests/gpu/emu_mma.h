@@ -11,15 +11,9 @@
 #include "emu_cuda.h"
 
 typedef uint16_t e16;
-static inline float bf2f(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
+static inline float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 static inline uint16_t f2bf(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
+    const uint32_t x = __float_as_uint(f);
     if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x40;
     uint32_t r = x >> 16, d = x & 0xffff;
     if (d > 0x8000 || (d == 0x8000 && (r & 1))) r++;
