@@ -19,15 +19,9 @@
  * the per-lane order of the sums. */
 #include "cuda_common.cuh"
 
+CUK_EMU_BEGIN(gemv);
 #define GV_WARPS 8
 #define GV_UNROLL 8
-
-/* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
- * attribute when pdl. */
-template <class... P, class... A>
-static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
-    return cuk_launch(s, pdl, kern, dim3(grid), GV_WARPS * 32, 0, args...);
-}
 
 /* acc[n] += dot(w chunk, x[n] chunk c) */
 template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
@@ -178,6 +172,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
         const float g = gv_round<DT>(ag[n]), u = gv_round<DT>(au[n]);
         cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
     }
+}
+
+CUK_EMU_END(gemv);
+
+/* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
+ * attribute when pdl. */
+template <class... P, class... A>
+static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsigned grid, A... args) {
+    return cuk_launch(s, pdl, kern, dim3(grid), GV_WARPS * 32, 0, args...);
 }
 
 int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {

@@ -1,5 +1,6 @@
 /* The warp machinery of the tensor-core emulations (flash_emu.cpp,
- * paged_emu.cpp): a block of 4 warps, __syncthreads, shfl.xor, and the
+ * paged_emu.cpp; gemv_emu.cpp uses the block and the shuffles): a block of
+ * 4 warps (up to 8: Block(threads)), __syncthreads, shfl.xor, and the
  * wrappers of kernels/mma.cuh (cp.async as a synchronous copy, so a
  * missing wait is NOT caught; ldmatrix with and without .trans;
  * mma.m16n8k16 on bf16) implemented from the PTX ISA's fragment layouts,
@@ -26,8 +27,9 @@ struct Warp {
     uint64_t slot[32][12];
 };
 struct Block {
-    emu::Barrier bar{128};
-    Warp w[4];
+    emu::Barrier bar;
+    Warp w[8];
+    explicit Block(int threads = 128) : bar(threads) {}
 };
 Block *g_blk;
 static inline void __syncthreads() { g_blk->bar.arrive_and_wait(); }

@@ -25,7 +25,7 @@ endif
 # checked against double-precision references) need neither a GPU nor nvcc:
 # they run in every build. `make check-emu` runs just them (nothing to build).
 GPU_EMU_TESTS = tests/gpu/flash_emu.sh tests/gpu/normxent_emu.sh tests/gpu/embed_emu.sh tests/gpu/moe_emu.sh \
-	tests/gpu/paged_emu.sh
+	tests/gpu/paged_emu.sh tests/gpu/gemv_emu.sh
 TESTS += $(GPU_EMU_TESTS)
 check-emu:
 	$(MAKE) $(AM_MAKEFLAGS) check-TESTS TESTS='$(GPU_EMU_TESTS)'
@@ -36,5 +36,6 @@ EXTRA_DIST += tests/gpu/torch_ref.py tests/gpu/device-run.sh tests/gpu/model-run
 	tests/gpu/flash_emu.sh tests/gpu/flash_emu.cpp tests/gpu/normxent_emu.sh tests/gpu/normxent_emu.cpp \
 	tests/gpu/embed_emu.sh tests/gpu/embed_emu.cpp tests/gpu/emu_cuda.h tests/gpu/emu_extract.py tests/gpu/emu_common.sh \
 	tests/gpu/moe_emu.sh tests/gpu/moe_emu.cpp tests/gpu/paged_emu.sh tests/gpu/paged_emu.cpp tests/gpu/emu_mma.h \
+	tests/gpu/gemv_emu.sh tests/gpu/gemv_emu.cpp \
 	tests/gpu/infer-run.sh tests/gpu/infer-prepare.sh tests/gpu/peft-prepare.sh tests/gpu/peft_check.py \
 	tests/gpu/sft-tokens-prepare.sh tests/gpu/mixtral-prepare.sh tests/gpu/mixtral_check.py
