@@ -29,13 +29,10 @@
 #include <vector>
 
 #include "emu_cuda.h"
+/* the kernels' own C interface (the dtype and error codes, the views),
+ * over the stub cuda_runtime.h that emu_common.sh writes */
+#include "cuda_kernels.h"
 #define NT 256
-enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
-typedef struct {
-    void *p;
-    int64_t rows, cols, ld;
-    int dt;
-} cuk_mat;
 
 struct Block {
     emu::Barrier bar;

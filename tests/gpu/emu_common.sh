@@ -3,11 +3,15 @@
 # defines emu_build NAME [G++ FLAGS]: the Python on its standard input
 # writes the kernels' header into $dir with emu_extract's helpers (common_parts,
 # region, source, write; top and out are set), then g++ builds
-# tests/gpu/NAME_emu.cpp into $dir/NAME_emu.
+# tests/gpu/NAME_emu.cpp into $dir/NAME_emu, with kernels/ on the include
+# path (the emulations include cuda_kernels.h for the kernels' own types).
 command -v g++ >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 || { echo "SKIP: needs g++ and python3"; exit 77; }
 top=$(cd "$(dirname "$0")/../.." && pwd)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
+# kernels/cuda_kernels.h, which the emulations include for the kernels'
+# types, needs only these two names from the CUDA runtime
+printf 'typedef int cudaError_t;\ntypedef struct CUstream_st *cudaStream_t;\n' >"$dir/cuda_runtime.h"
 emu_build() {
     name=$1
     shift
@@ -21,5 +25,5 @@ top, out = sys.argv[1], sys.argv[2]
 HEAD
         cat
     } | python3 - "$top" "$dir"
-    g++ -std=c++20 -O1 -pthread -I"$dir" "$@" -o "$dir/${name}_emu" "$top/tests/gpu/${name}_emu.cpp"
+    g++ -std=c++20 -O1 -pthread -I"$dir" -I"$top/kernels" "$@" -o "$dir/${name}_emu" "$top/tests/gpu/${name}_emu.cpp"
 }

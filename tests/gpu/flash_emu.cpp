@@ -22,21 +22,12 @@
 #include <functional>
 #include <memory>
 #include "emu_mma.h"
+/* the kernels' own C interface (the dtype and error codes, the views),
+ * over the stub cuda_runtime.h that emu_common.sh writes */
+#include "cuda_kernels.h"
 #define FL_NTH 128
 #define FL_LOG2E 1.4426950408889634f
 #define FL_LN2 0.6931471805599453f
-enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2 };
-typedef struct {
-    void *p;
-    int64_t B, T, H, D, sb, st, sh;
-    int dt;
-} cuk_bthd;
-typedef struct {
-    float scale;
-    int causal;
-    int64_t off, window;
-    int tc;
-} cuk_attn;
 static inline uint16_t cuk_f32_to_bf16(float f) { return f2bf(f); }
 struct float2 {
     float x, y;

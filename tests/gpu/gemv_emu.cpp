@@ -26,7 +26,7 @@
 
 #include "emu_cuda.h"
 /* the kernels' C interface (cuk_mat, the dtype codes), over the stub
- * cuda_runtime.h that gemv_emu.sh writes */
+ * cuda_runtime.h that emu_common.sh writes */
 #include "cuda_kernels.h"
 #include "emu_mma.h"
 

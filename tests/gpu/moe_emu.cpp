@@ -26,18 +26,9 @@
 #include <vector>
 
 #include "emu_cuda.h"
-enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
-enum { CUK_ERR_NONE = 0, CUK_ERR_MOE_POS = 7 };
-typedef struct {
-    void *p;
-    int64_t rows, cols, ld;
-    int dt;
-} cuk_mat;
-typedef struct {
-    int code;
-    int pad_;
-    int64_t a, b, c, d;
-} cuk_errrec;
+/* the kernels' own C interface (the dtype and error codes, the views),
+ * over the stub cuda_runtime.h that emu_common.sh writes */
+#include "cuda_kernels.h"
 static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
     if (e && e->code == 0) *e = cuk_errrec{code, 0, a, b, c, d};
 }

@@ -23,23 +23,9 @@
 #include <vector>
 
 #include "emu_cuda.h"
-enum { CUK_F32 = 0, CUK_BF16 = 1, CUK_F16 = 2, CUK_F64 = 3, CUK_I32 = 4 };
-enum { CUK_ERR_NONE = 0, CUK_ERR_TOKEN = 1, CUK_ERR_TARGET = 2, CUK_ERR_POSITION = 3 };
-typedef struct {
-    void *p;
-    int64_t rows, cols, ld;
-    int dt;
-} cuk_mat;
-typedef struct {
-    void *p;
-    int64_t B, T, H, D, sb, st, sh;
-    int dt;
-} cuk_bthd;
-typedef struct {
-    int code;
-    int pad_;
-    int64_t a, b, c, d;
-} cuk_errrec;
+/* the kernels' own C interface (the dtype and error codes, the views),
+ * over the stub cuda_runtime.h that emu_common.sh writes */
+#include "cuda_kernels.h"
 static inline uint32_t __umulhi(uint32_t a, uint32_t b) { return (uint32_t)(((uint64_t)a * b) >> 32); }
 static std::mutex g_err_mu;
 static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {

@@ -30,7 +30,7 @@
 
 #include "emu_cuda.h"
 /* the kernels' own C interface (cuk_paged, the dtype and error codes),
- * over the stub cuda_runtime.h that paged_emu.sh writes */
+ * over the stub cuda_runtime.h that emu_common.sh writes */
 #include "cuda_kernels.h"
 static inline void cuk_report(cuk_errrec *e, int code, int64_t a, int64_t b, int64_t c, int64_t d) {
     if (e && e->code == 0) *e = cuk_errrec{code, 0, a, b, c, d};

@@ -5,10 +5,7 @@
 #   tests/gpu/paged_emu.sh [case-number]
 set -eu
 . "$(dirname "$0")/emu_common.sh"
-# kernels/cuda_kernels.h, which the emulation includes for the kernels'
-# types, needs only these two names from the CUDA runtime
-printf 'typedef int cudaError_t;\ntypedef struct CUstream_st *cudaStream_t;\n' >"$dir/cuda_runtime.h"
-emu_build paged -I"$top/kernels" <<'PY'
+emu_build paged <<'PY'
 # the number formats and vector loads of cuda_common.cuh, the fragment
 # helpers of mma.cuh, then paged.cu's attention kernels; the tensor-core
 # kernel's dynamic shared memory becomes the emulated block's buffer
