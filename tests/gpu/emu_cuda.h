@@ -2,13 +2,17 @@
  * the CUDA keywords as no-ops, the thread/block coordinates, and the block
  * runner. A block's CUDA threads are fibers (ucontext) on one host thread,
  * switched only where a thread waits at a barrier (__syncthreads, a
- * warp-collective instruction), in thread order. One host thread keeps the
- * emulation's speed independent of how many cores the machine has free
- * (a std::thread per CUDA thread spent its time in the scheduler and slowed
- * down by an order of magnitude on a loaded machine), and the fixed order
- * makes a run reproducible: a thread reading shared memory that a
- * higher-numbered thread writes without a barrier in between reads the
- * NaN poison every time. */
+ * warp-collective instruction), in a fixed order: the lanes of a warp take
+ * turns until every one of them waits at a block-wide barrier, then the
+ * next warp runs. One host thread keeps the emulation's speed independent
+ * of how many cores the machine has free (a std::thread per CUDA thread
+ * spent its time in the scheduler and slowed down by an order of magnitude
+ * on a loaded machine), and the fixed order makes a run reproducible and
+ * its races visible every time: a thread reading shared memory that a
+ * later warp writes without a barrier in between reads the NaN poison, and
+ * a warp that refills shared memory the later warps still read, with no
+ * barrier in between, overwrites it before they read (the barrier before
+ * a pipeline stage's refill in kernels/paged.cu, left out, fails a case). */
 #ifndef CAI_TESTS_GPU_EMU_CUDA_H
 #define CAI_TESTS_GPU_EMU_CUDA_H
 
@@ -74,7 +78,12 @@ struct Fiber {
     std::unique_ptr<char[]> stack;
     unsigned tid;
     bool done;
+    /* waiting at a block-wide barrier while *bar_gen == gen (its
+     * generation counter has not moved on); bar_gen NULL: not waiting */
+    const unsigned *bar_gen;
+    unsigned gen;
 };
+inline bool at_block(const Fiber &f) { return f.bar_gen && *f.bar_gen == f.gen; }
 struct Run {
     std::vector<Fiber> f;
     ucontext_t main;
@@ -93,14 +102,28 @@ inline void entry() {
     g_run->f[g_run->cur].done = true; /* uc_link returns to the runner */
 }
 
-/* Switches to the next fiber in thread order that has not finished (back
- * to the caller when it is the only one left). */
+/* Switches to another fiber (back to the caller when it is the only one
+ * left that has not finished): a lane of the caller's warp that is not
+ * waiting at a block-wide barrier, else the next fiber in thread order.
+ * A warp so runs ahead to its next block-wide barrier before the next warp
+ * starts, as a GPU may run it: a warp that rewrites shared memory the
+ * others still read from, with no barrier in between, overwrites it
+ * before they read. */
 inline void yield() {
     Run &r = *g_run;
-    const unsigned n = (unsigned)r.f.size(), from = r.cur;
+    const unsigned n = (unsigned)r.f.size(), from = r.cur, w0 = from & ~31u;
     unsigned to = from;
-    do to = (to + 1) % n;
-    while (r.f[to].done && to != from);
+    for (unsigned k = 1; k < 32; k++) {
+        const unsigned t = w0 + (from - w0 + k) % 32;
+        if (t < n && !r.f[t].done && !at_block(r.f[t])) {
+            to = t;
+            break;
+        }
+    }
+    if (to == from) {
+        do to = (to + 1) % n;
+        while (r.f[to].done && to != from);
+    }
     if (to == from) return;
     r.cur = to;
     threadIdx = dim3(r.f[to].tid, 0, 0);
@@ -118,6 +141,7 @@ inline void run_block(unsigned nthreads, const std::function<void()> &body) {
         Fiber &fb = r.f[t];
         fb.tid = t;
         fb.done = false;
+        fb.bar_gen = nullptr;
         fb.stack.reset(new char[kStack]);
         getcontext(&fb.ctx);
         fb.ctx.uc_stack.ss_sp = fb.stack.get();
@@ -146,7 +170,8 @@ inline void run_block(unsigned nthreads, const std::function<void()> &body) {
 struct Barrier {
     int n, count = 0;
     unsigned gen = 0;
-    explicit Barrier(int n_) : n(n_) {}
+    bool warp; /* a warp's (its lanes stay preferred while they wait) */
+    explicit Barrier(int n_, bool warp_ = false) : n(n_), warp(warp_) {}
     void arrive_and_wait() {
         g_run->progress++;
         if (++count == n) {
@@ -155,6 +180,9 @@ struct Barrier {
             return;
         }
         const unsigned g = gen;
+        Fiber &me = g_run->f[g_run->cur];
+        me.bar_gen = warp ? nullptr : &gen;
+        me.gen = g;
         while (gen == g) {
             const unsigned long before = g_run->progress;
             yield();
@@ -169,7 +197,7 @@ struct Barrier {
 /* A warp's lanes exchanging one float each (__shfl_xor_sync): lane l gets
  * what lane l ^ m put, between two barriers of the warp. */
 struct Warp {
-    Barrier bar{32};
+    Barrier bar{32, true};
     float slot[32];
 };
 inline float shfl_xor(Warp &w, unsigned lane, float v, int m) {

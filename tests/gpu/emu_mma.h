@@ -23,7 +23,7 @@ static inline uint16_t f2bf(float f) {
 
 // ---- block / warp machinery
 struct Warp {
-    emu::Barrier bar{32};
+    emu::Barrier bar{32, true};
     uint64_t slot[32][12];
 };
 struct Block {
