@@ -214,7 +214,7 @@ cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat l
  * where cuk_gemv_fits: 1 <= N <= CUK_GEMV_MAX_N, x, W, y (and r) of one
  * 16-bit dtype, K and the row strides of x and W multiples of 8, x and W
  * 16-byte aligned. */
-#define CUK_GEMV_MAX_N 8
+#define CUK_GEMV_MAX_N 4
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                      int pdl);

@@ -5,10 +5,11 @@
  * At a handful of rows the product is a pass over the weights, and what
  * counts is how many bytes of them are in flight. cuBLASLt's kernels for
  * these shapes read the H200's HBM at 1.2 to 2.8 TB/s (bench/RESULTS.md);
- * here a warp (or, for long rows, KS warps) owns one output feature, each
- * lane streams 16-byte chunks of its row with eight loads issued before any
- * is used, and the rows of x (a few KB, read by every warp) come from
- * L1/L2. The warp's lanes then sum their partials with shuffles.
+ * here a warp (or, for long rows, KS warps) owns FP output features (one
+ * at one or two rows of x, four at three or four), each lane streams 16-byte chunks of their rows
+ * with eight loads issued before any is used, and the rows of x (a few KB,
+ * read by every warp) come from L1/L2, each chunk widened once for the FP
+ * features. The warp's lanes then sum their partials with shuffles.
  *
  * Programmatic dependent launch: a product is launched so that it may start
  * before its predecessor in the stream has finished; it issues its first
@@ -23,10 +24,13 @@ CUK_EMU_BEGIN(gemv);
 #define GV_WARPS 8
 #define GV_UNROLL 8
 
-/* acc[n] += dot(w chunk, x[n] chunk c) */
-template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, const cuk_mat &x, int N, int64_t c) {
-    float wf[8];
-    cuk_unpack8<DT>(wu, wf);
+/* acc[r][n] += dot(w chunk of row r, x[n] chunk c) for the R rows a warp
+ * walks together: x's chunk is loaded and widened once for all of them. */
+template <int DT, int NB, int R>
+CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat &x, int N, int64_t c) {
+    float wf[R][8];
+#pragma unroll
+    for (int r = 0; r < R; r++) cuk_unpack8<DT>(wu[r], wf[r]);
 #pragma unroll
     for (int n = 0; n < NB; n++) {
         if (n >= N) break;
@@ -34,143 +38,145 @@ template <int DT, int NB> CUK_INLINE void gv_fma(float *acc, const uint4 &wu, co
         float xf[8];
         cuk_unpack8<DT>(xu, xf);
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[n] = fmaf(wf[e], xf[e], acc[n]);
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[r][n] = fmaf(wf[r][e], xf[e], acc[r][n]);
     }
 }
 
-/* KS warps share a row where it is long: warp part p of the row takes the
- * 512-byte stretches p, p + KS, ... (lane l the chunks l + 32 (p + KS j)),
- * so a lane has at most GV_UNROLL chunks in flight per pass however long
- * the row, and a grid of a few thousand rows still keeps every SM's loads
- * in flight. The parts' sums meet in shared memory, added in part order;
- * with KS = 1 a warp visits a row as it always has. */
-template <int NB, int KS> CUK_INLINE bool gv_combine(float (&acc)[NB], float *sm, int lane, int warp) {
-    if (KS == 1) return lane == 0;
+/* A warp's walk over R weight rows of nc chunks each. KS warps share the
+ * rows where they are long: warp part p takes the 512-byte stretches p,
+ * p + KS, ... (lane l the chunks l + 32 (p + KS j)), so a lane has at most
+ * GV_UNROLL chunks in flight per pass (GV_UNROLL / R of each row) however
+ * long the rows, and a grid of a few thousand rows still keeps every SM's
+ * loads in flight. A lane adds its chunks of a row in order whatever R,
+ * so the sums do not depend on how many rows a warp walks. The first
+ * pass's loads are issued before the wait for the previous kernel; the
+ * successor may start once all loads are issued. Returns the warp's sums
+ * (in every lane). */
+template <int DT, int NB, int KS, int R>
+CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64_t nc, const cuk_mat &x, int N,
+                        int lane, int warp) {
+    constexpr int U = GV_UNROLL / R > 0 ? GV_UNROLL / R : 1;
+    const int64_t step = 32 * KS;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int n = 0; n < NB; n++) acc[r][n] = 0.0f;
+    int64_t c = lane + 32 * (warp % KS);
+    uint4 wu[U][R];
+    bool pending = c + step * (U - 1) < nc;
+    if (pending) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) wu[u][r] = __ldcs(row[r] + c + step * u); /* read once: not kept in cache */
+    }
+    cuk_pdl_wait();
+    for (; c + step * (U - 1) < nc; c += step * U) {
+        if (!pending) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) wu[u][r] = __ldcs(row[r] + c + step * u);
+        }
+        pending = false;
+#pragma unroll
+        for (int u = 0; u < U; u++) gv_fma<DT, NB, R>(acc, wu[u], x, N, c + step * u);
+    }
+    for (; c < nc; c += step) {
+        uint4 t[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) t[r] = __ldcs(row[r] + c);
+        gv_fma<DT, NB, R>(acc, t, x, N, c);
+    }
+    cuk_pdl_trigger();
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int n = 0; n < NB; n++) acc[r][n] = warp_sum(acc[r][n]);
+}
+
+/* The KS parts' sums meet in shared memory, added in part order, into
+ * every lane of the rows' first warp (the one that returns true). */
+template <int CNT, int KS> CUK_INLINE bool gv_combine(float *acc, float *sm, int lane, int warp) {
+    if (KS == 1) return true;
     if (lane == 0)
 #pragma unroll
-        for (int n = 0; n < NB; n++) sm[warp * NB + n] = acc[n];
+        for (int i = 0; i < CNT; i++) sm[warp * CNT + i] = acc[i];
     __syncthreads();
-    if (lane != 0 || warp % KS != 0) return false;
+    if (warp % KS != 0) return false;
 #pragma unroll
-    for (int n = 0; n < NB; n++) {
-        float v = sm[warp * NB + n];
+    for (int i = 0; i < CNT; i++) {
+        float v = sm[warp * CNT + i];
 #pragma unroll
-        for (int q = 1; q < KS; q++) v += sm[(warp + q) * NB + n];
-        acc[n] = v;
+        for (int q = 1; q < KS; q++) v += sm[(warp + q) * CNT + i];
+        acc[i] = v;
     }
     return true;
 }
 
-template <int DT, int NB, int KS>
+/* acc[i] for a lane-dependent i, without a local-memory array. */
+template <int CNT> CUK_INLINE float gv_pick(const float *acc, int i) {
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < CNT; j++)
+        if (j == i) v = acc[j];
+    return v;
+}
+
+/* FP consecutive output features a warp (with KS parts, a group of KS
+ * warps): at several rows of x, widening x's chunks is as much work as the
+ * products, and walking FP weight rows at once shares it. The lanes store
+ * the FP x N outputs, one each. */
+template <int DT, int NB, int KS, int FP>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N) {
-    __shared__ float sm[KS > 1 ? GV_WARPS * NB : 1];
+    __shared__ float sm[KS > 1 ? GV_WARPS * FP * NB : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t o = (int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS;
-    if (KS == 1 && o >= w.rows) return; /* with parts, every warp reaches the barrier */
-    const bool live = o < w.rows;
-    const uint4 *wr = (const uint4 *)((const uint16_t *)w.p + (live ? o : 0) * w.ld);
-    const int64_t nc = live ? w.cols >> 3 : 0, step = 32 * KS;
-    float acc[NB];
+    const int64_t o0 = ((int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS) * FP;
+    if (KS == 1 && o0 >= w.rows) return; /* with parts, every warp reaches the barrier */
+    const uint4 *row[FP];
 #pragma unroll
-    for (int n = 0; n < NB; n++) acc[n] = 0.0f;
-    int64_t c = lane + 32 * (warp % KS);
-    uint4 wu[GV_UNROLL];
-    const bool first = c + step * (GV_UNROLL - 1) < nc;
-    if (first) {
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + step * u); /* read once: do not keep in cache */
-    }
-    cuk_pdl_wait();
-    if (first) {
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + step * u);
-        c += step * GV_UNROLL;
-    }
-    for (; c + step * (GV_UNROLL - 1) < nc; c += step * GV_UNROLL) {
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) wu[u] = __ldcs(wr + c + step * u);
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) gv_fma<DT, NB>(acc, wu[u], x, N, c + step * u);
-    }
-    for (; c < nc; c += step) gv_fma<DT, NB>(acc, __ldcs(wr + c), x, N, c);
-    cuk_pdl_trigger();
-#pragma unroll
-    for (int n = 0; n < NB; n++) acc[n] = warp_sum(acc[n]);
-    if (!gv_combine<NB, KS>(acc, sm, lane, warp) || !live) return;
-    const float b = bias ? ldf(bias, bias_dt, o) : 0.0f;
-    for (int n = 0; n < N; n++) {
-        float v = acc[n] + b;
+    for (int f = 0; f < FP; f++)
+        row[f] = (const uint4 *)((const uint16_t *)w.p + (o0 + f < w.rows ? o0 + f : 0) * w.ld);
+    float acc[FP][NB];
+    gv_walk<DT, NB, KS, FP>(acc, row, o0 < w.rows ? w.cols >> 3 : 0, x, N, lane, warp);
+    if (!gv_combine<FP * NB, KS>(&acc[0][0], sm, lane, warp)) return;
+    for (int i = lane; i < FP * NB; i += 32) {
+        const int f = i / NB, n = i % NB;
+        const int64_t o = o0 + f;
+        const float s = gv_pick<FP * NB>(&acc[0][0], i);
+        if (n >= N || o >= w.rows) continue;
+        float v = s + (bias ? ldf(bias, bias_dt, o) : 0.0f);
         if (r.p) v += cuk_ld1<DT>(r.p, n * r.ld + o);
         cuk_st1<DT>(y.p, n * y.ld + o, v);
     }
 }
 
-/* A Llama MLP's gate and up rows of output feature o in one warp: half
- * the unroll per matrix keeps the loads in flight per warp (and the
- * registers) as k_gemv's, and each lane visits its chunks in k_gemv's
- * order, so the two sums are k_gemv's bit for bit; one launch instead of
- * three (two products and the SwiGLU). */
-#define GS_UNROLL (GV_UNROLL / 2)
+/* A Llama MLP's gate and up rows of output feature o in one warp (with KS
+ * parts, a group of KS warps): each lane visits its chunks in k_gemv's
+ * order, so the two sums are k_gemv's bit for bit whatever k_gemv's FP;
+ * one launch instead of three (two products and the SwiGLU). */
 template <int DT> CUK_INLINE float gv_round(float v) {
     return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
 }
 
 template <int DT, int NB, int KS>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
-    __shared__ float sm[KS > 1 ? 2 * GV_WARPS * NB : 1];
+    __shared__ float sm[KS > 1 ? GV_WARPS * 2 * NB : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o = (int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS;
     if (KS == 1 && o >= wg.rows) return;
-    const bool live = o < wg.rows;
-    const uint4 *gr = (const uint4 *)((const uint16_t *)wg.p + (live ? o : 0) * wg.ld);
-    const uint4 *ur = (const uint4 *)((const uint16_t *)wu.p + (live ? o : 0) * wu.ld);
-    const int64_t nc = live ? wg.cols >> 3 : 0, step = 32 * KS;
-    float ag[NB], au[NB];
-#pragma unroll
-    for (int n = 0; n < NB; n++) ag[n] = au[n] = 0.0f;
-    int64_t c = lane + 32 * (warp % KS);
-    uint4 gw[GS_UNROLL], uw[GS_UNROLL];
-    bool pending = c + step * (GS_UNROLL - 1) < nc;
-    if (pending) {
-#pragma unroll
-        for (int u = 0; u < GS_UNROLL; u++) {
-            gw[u] = __ldcs(gr + c + step * u);
-            uw[u] = __ldcs(ur + c + step * u);
-        }
-    }
-    cuk_pdl_wait();
-    for (; c + step * (GS_UNROLL - 1) < nc; c += step * GS_UNROLL) {
-        if (!pending) {
-#pragma unroll
-            for (int u = 0; u < GS_UNROLL; u++) {
-                gw[u] = __ldcs(gr + c + step * u);
-                uw[u] = __ldcs(ur + c + step * u);
-            }
-        }
-        pending = false;
-#pragma unroll
-        for (int u = 0; u < GS_UNROLL; u++) {
-            gv_fma<DT, NB>(ag, gw[u], x, N, c + step * u);
-            gv_fma<DT, NB>(au, uw[u], x, N, c + step * u);
-        }
-    }
-    for (; c < nc; c += step) {
-        gv_fma<DT, NB>(ag, __ldcs(gr + c), x, N, c);
-        gv_fma<DT, NB>(au, __ldcs(ur + c), x, N, c);
-    }
-    cuk_pdl_trigger();
-#pragma unroll
-    for (int n = 0; n < NB; n++) {
-        ag[n] = warp_sum(ag[n]);
-        au[n] = warp_sum(au[n]);
-    }
-    const bool mine = gv_combine<NB, KS>(ag, sm, lane, warp);
-    gv_combine<NB, KS>(au, sm + (KS > 1 ? GV_WARPS * NB : 0), lane, warp);
-    if (!mine || !live) return;
-    for (int n = 0; n < N; n++) {
-        const float g = gv_round<DT>(ag[n]), u = gv_round<DT>(au[n]);
-        cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
+    const int64_t oc = o < wg.rows ? o : 0;
+    const uint4 *const row[2] = {(const uint4 *)((const uint16_t *)wg.p + oc * wg.ld),
+                                 (const uint4 *)((const uint16_t *)wu.p + oc * wu.ld)};
+    float acc[2][NB];
+    gv_walk<DT, NB, KS, 2>(acc, row, o < wg.rows ? wg.cols >> 3 : 0, x, N, lane, warp);
+    if (!gv_combine<2 * NB, KS>(&acc[0][0], sm, lane, warp) || o >= wg.rows) return;
+    for (int n = lane; n < NB; n += 32) {
+        const float g = gv_round<DT>(gv_pick<NB>(acc[0], n)), u = gv_round<DT>(gv_pick<NB>(acc[1], n));
+        if (n < N) cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
     }
 }
 
@@ -189,28 +195,44 @@ int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
            y.cols == wg.rows;
 }
 
+/* Output features a warp walks at once, by the rows of x: one at one or
+ * two rows, four at three and four, where widening x's chunks once per
+ * feature made the products slower than cuBLASLt's (bench/RESULTS.md).
+ * The pair walks one gate and one up row whatever the rows. */
+static int gv_feats(int N) { return N <= 2 ? 1 : 4; }
+
 /* Warps a row (a power of two up to GV_WARPS): enough that a lane has at
- * most GV_UNROLL chunks of it. The products and the SwiGLU pair choose
- * alike, so their sums agree bit for bit. */
-static int gv_parts(int64_t K) {
+ * most GV_UNROLL chunks of it, and where FP features a warp leave fewer
+ * blocks than SMs, more, until there are not. The products and the SwiGLU
+ * pair choose alike (by the products' FP), so their sums agree bit for
+ * bit. */
+static int gv_parts(int64_t K, int64_t M, int fp) {
     int ks = 1;
     while (ks < GV_WARPS && (K >> 3) > (int64_t)32 * GV_UNROLL * ks) ks *= 2;
+    while (fp > 1 && ks < GV_WARPS && (M + GV_WARPS / ks * fp - 1) / (GV_WARPS / ks * fp) < cuk_sm_count()) ks *= 2;
     return ks;
 }
 
+static unsigned gv_grid(int64_t M, int ks, int fp) {
+    const int64_t per = (int64_t)(GV_WARPS / ks) * fp;
+    return (unsigned)((M + per - 1) / per);
+}
+
+/* kern<NB> for the bucket of N rows (NB the smallest of 1, 2, 4 that holds N) */
+#define GV_BY_N(N, CALL) ((N) == 1 ? CALL(1) : (N) == 2 ? CALL(2) : CALL(CUK_GEMV_MAX_N))
+
 template <int DT, int KS>
 static cudaError_t gemv_swiglu_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
-    const unsigned g = (unsigned)((wg.rows + GV_WARPS / KS - 1) / (GV_WARPS / KS));
+    const unsigned g = gv_grid(wg.rows, KS, 1);
     const int N = (int)x.rows;
-    if (N == 1) return gv_launch(s, pdl, k_gemv_swiglu<DT, 1, KS>, g, y, x, wg, wu, N);
-    if (N == 2) return gv_launch(s, pdl, k_gemv_swiglu<DT, 2, KS>, g, y, x, wg, wu, N);
-    if (N <= 4) return gv_launch(s, pdl, k_gemv_swiglu<DT, 4, KS>, g, y, x, wg, wu, N);
-    return gv_launch(s, pdl, k_gemv_swiglu<DT, CUK_GEMV_MAX_N, KS>, g, y, x, wg, wu, N);
+#define GV_CALL(NB) gv_launch(s, pdl, k_gemv_swiglu<DT, NB, KS>, g, y, x, wg, wu, N)
+    return GV_BY_N(N, GV_CALL);
+#undef GV_CALL
 }
 
 template <int DT>
 static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
-    switch (gv_parts(wg.cols)) {
+    switch (gv_parts(wg.cols, wg.rows, gv_feats((int)x.rows))) {
     case 1: return gemv_swiglu_ks<DT, 1>(s, y, x, wg, wu, pdl);
     case 2: return gemv_swiglu_ks<DT, 2>(s, y, x, wg, wu, pdl);
     case 4: return gemv_swiglu_ks<DT, 4>(s, y, x, wg, wu, pdl);
@@ -231,21 +253,27 @@ int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
     return w.cols % 8 == 0 && w.ld % 8 == 0 && x.ld % 8 == 0 && a16(w.p) && a16(x.p);
 }
 
+template <int DT, int KS, int FP>
+static cudaError_t gemv_fp(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                           int pdl) {
+    const unsigned g = gv_grid(w.rows, KS, FP);
+    const int N = (int)x.rows;
+#define GV_CALL(NB) gv_launch(s, pdl, k_gemv<DT, NB, KS, FP>, g, y, x, w, bias, bias_dt, r, N)
+    return GV_BY_N(N, GV_CALL);
+#undef GV_CALL
+}
+
 template <int DT, int KS>
 static cudaError_t gemv_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                            int pdl) {
-    const unsigned g = (unsigned)((w.rows + GV_WARPS / KS - 1) / (GV_WARPS / KS));
-    const int N = (int)x.rows;
-    if (N == 1) return gv_launch(s, pdl, k_gemv<DT, 1, KS>, g, y, x, w, bias, bias_dt, r, N);
-    if (N == 2) return gv_launch(s, pdl, k_gemv<DT, 2, KS>, g, y, x, w, bias, bias_dt, r, N);
-    if (N <= 4) return gv_launch(s, pdl, k_gemv<DT, 4, KS>, g, y, x, w, bias, bias_dt, r, N);
-    return gv_launch(s, pdl, k_gemv<DT, CUK_GEMV_MAX_N, KS>, g, y, x, w, bias, bias_dt, r, N);
+    return gv_feats((int)x.rows) == 1 ? gemv_fp<DT, KS, 1>(s, y, x, w, bias, bias_dt, r, pdl)
+                                      : gemv_fp<DT, KS, 4>(s, y, x, w, bias, bias_dt, r, pdl);
 }
 
 template <int DT>
 static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                            int pdl) {
-    switch (gv_parts(w.cols)) {
+    switch (gv_parts(w.cols, w.rows, gv_feats((int)x.rows))) {
     case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, pdl);
     case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, pdl);
     case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, pdl);

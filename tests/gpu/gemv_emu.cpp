@@ -1,5 +1,5 @@
 /* CPU emulation of the decode-step products of kernels/gemv.cu (k_gemv
- * and the SwiGLU pair k_gemv_swiglu: up to 8 rows on the CUDA cores), to
+ * and the SwiGLU pair k_gemv_swiglu: up to 4 rows on the CUDA cores), to
  * check the lanes' chunk walk, the warps that share a long row (KS), the
  * tails of K and the epilogues on a machine without a GPU (not a
  * substitute for tests/gpu/test_cuda_ops on a GPU). tests/gpu/gemv_emu.sh
@@ -14,6 +14,7 @@
  * written; each SwiGLU pair bit for bit the two products and the SwiGLU
  * of their rounded outputs, as the kernel's comment promises.
  *   tests/gpu/gemv_emu.sh */
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -120,21 +121,35 @@ template <class K> static void launch(unsigned grid, K kern) {
         emu::run_block(256, kern);
     }
 }
-static unsigned grid_of(int64_t M, int KS) { return (unsigned)((M + GV_WARPS / KS - 1) / (GV_WARPS / KS)); }
+static unsigned grid_of(int64_t M, int KS, int FP) {
+    const int64_t per = (int64_t)(GV_WARPS / KS) * FP;
+    return (unsigned)((M + per - 1) / per);
+}
 
 /* Each output against the double reference (the product, its bias and
- * residual); the padding columns past M untouched (NaN) unless in place. */
-template <int DT, int NB, int KS> static void gemv_case(const Prob &p) {
+ * residual); the padding columns past M untouched (NaN) unless in place;
+ * with FP features a warp, bit for bit what one feature a warp gives. */
+template <int DT, int NB, int KS, int FP> static void gemv_case(const Prob &p) {
     char what[160];
-    snprintf(what, sizeof what, "k_gemv %s N %ld M %ld K %ld KS %d bias %d residual %d", DT == CUK_F16 ? "f16" : "bf16",
-             (long)p.N, (long)p.M, (long)p.K, KS, p.bias, p.residual);
+    snprintf(what, sizeof what, "k_gemv %s N %ld M %ld K %ld KS %d FP %d bias %d residual %d",
+             DT == CUK_F16 ? "f16" : "bf16", (long)p.N, (long)p.M, (long)p.K, KS, FP, p.bias, p.residual);
     Data d(p);
     const std::vector<uint16_t> r0 = p.residual == 2 ? d.y : d.r;
     const cuk_mat y = d.my(), x = d.mx(), w = d.mw(0), r = d.mr();
     const void *b = d.bias();
     const int bdt = d.bias_dt(), N = (int)p.N;
-    launch(grid_of(p.M, KS), [&] { k_gemv<DT, NB, KS>(y, x, w, b, bdt, r, N); });
     int bad = 0;
+    if (FP > 1) {
+        launch(grid_of(p.M, KS, 1), [&] { k_gemv<DT, NB, KS, 1>(y, x, w, b, bdt, r, N); });
+        const std::vector<uint16_t> one = d.y;
+        if (p.residual == 2) std::copy(r0.begin(), r0.end(), d.y.begin()); /* the views keep pointing at d.y */
+        else std::fill(d.y.begin(), d.y.end(), (uint16_t)0x7fff);
+        launch(grid_of(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
+        for (size_t i = 0; i < one.size(); i++)
+            if (one[i] != d.y[i] && bad++ < 3) printf("  element %zu differs from one feature a warp\n", i);
+    } else {
+        launch(grid_of(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
+    }
     for (int64_t n = 0; n < p.N; n++)
         for (int64_t o = 0; o < d.yld; o++) {
             const uint16_t got = d.y[(size_t)(n * d.yld + o)];
@@ -153,20 +168,20 @@ template <int DT, int NB, int KS> static void gemv_case(const Prob &p) {
     report(what, bad);
 }
 
-/* The pair against the two products and the SwiGLU, bit for bit, and the
- * double reference. */
-template <int DT, int NB, int KS> static void swiglu_case(int64_t N, int64_t M, int64_t K) {
+/* The pair against the two products (FG features a warp, the same KS)
+ * and the SwiGLU, bit for bit, and the double reference. */
+template <int DT, int NB, int KS, int FG> static void swiglu_case(int64_t N, int64_t M, int64_t K) {
     char what[160];
-    snprintf(what, sizeof what, "k_gemv_swiglu %s N %ld M %ld K %ld KS %d", DT == CUK_F16 ? "f16" : "bf16", (long)N,
-             (long)M, (long)K, KS);
+    snprintf(what, sizeof what, "k_gemv_swiglu %s N %ld M %ld K %ld KS %d (products FP %d)",
+             DT == CUK_F16 ? "f16" : "bf16", (long)N, (long)M, (long)K, KS, FG);
     Data d(Prob{DT, N, M, K, 0, 0});
     const cuk_mat y = d.my(), x = d.mx(), wg = d.mw(0), wu = d.mw(1);
     const int n_ = (int)N;
-    launch(grid_of(M, KS), [&] { k_gemv_swiglu<DT, NB, KS>(y, x, wg, wu, n_); });
+    launch(grid_of(M, KS, 1), [&] { k_gemv_swiglu<DT, NB, KS>(y, x, wg, wu, n_); });
     const std::vector<uint16_t> pair = d.y;
-    launch(grid_of(M, KS), [&] { k_gemv<DT, NB, KS>(y, x, wg, nullptr, CUK_F32, cuk_mat{}, n_); });
+    launch(grid_of(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wg, nullptr, CUK_F32, cuk_mat{}, n_); });
     const std::vector<uint16_t> g = d.y;
-    launch(grid_of(M, KS), [&] { k_gemv<DT, NB, KS>(y, x, wu, nullptr, CUK_F32, cuk_mat{}, n_); });
+    launch(grid_of(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wu, nullptr, CUK_F32, cuk_mat{}, n_); });
     int bad = 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < M; o++) {
@@ -185,20 +200,28 @@ template <int DT, int NB, int KS> static void swiglu_case(int64_t N, int64_t M, 
 }
 
 int main() {
-    /* one row, a few (NB 4 with N 3: rows past N unused), the most (8);
-     * a row of 25 chunks (a lane's tail), rows that 2, 4 and 8 warps share
-     * (8192 and 16384 elements: two passes a warp part), bias in f32 and
-     * in the data's dtype, residual apart and in place; features past the
-     * last block's warps (M 21) */
-    gemv_case<CUK_BF16, 1, 1>({CUK_BF16, 1, 21, 200, 1, 0});
-    gemv_case<CUK_BF16, 4, 2>({CUK_BF16, 3, 21, 4104, 2, 2});
-    gemv_case<CUK_BF16, 8, 4>({CUK_BF16, 8, 12, 8192, 0, 1});
-    gemv_case<CUK_BF16, 2, 8>({CUK_BF16, 2, 5, 16392, 1, 1});
-    gemv_case<CUK_F16, 8, 1>({CUK_F16, 8, 21, 264, 0, 1});
-    gemv_case<CUK_F16, 4, 2>({CUK_F16, 4, 13, 4104, 2, 2});
-    swiglu_case<CUK_BF16, 8, 1>(6, 21, 1032);
-    swiglu_case<CUK_BF16, 1, 4>(1, 12, 8200);
-    swiglu_case<CUK_F16, 4, 2>(4, 21, 4104);
+    /* one row, two, three (NB 4: a row past N unused), four; a row of 25
+     * chunks (a lane's tail), rows that 2, 4 and 8 warps share (8192 and
+     * 16384 elements: two passes a warp part), bias in f32 and in the
+     * data's dtype, residual apart and in place; features past the last
+     * block's warps (M 21), and with four features a warp past M within
+     * the last warp's four (M 21, 45 and 13) */
+    gemv_case<CUK_BF16, 1, 1, 1>({CUK_BF16, 1, 21, 200, 1, 0});
+    gemv_case<CUK_BF16, 4, 2, 1>({CUK_BF16, 3, 21, 4104, 2, 2});
+    gemv_case<CUK_BF16, 4, 4, 1>({CUK_BF16, 4, 12, 8192, 0, 1});
+    gemv_case<CUK_BF16, 2, 8, 1>({CUK_BF16, 2, 5, 16392, 1, 1});
+    gemv_case<CUK_F16, 4, 1, 1>({CUK_F16, 4, 21, 264, 0, 1});
+    gemv_case<CUK_F16, 2, 2, 1>({CUK_F16, 2, 13, 4104, 2, 2});
+    gemv_case<CUK_BF16, 4, 1, 4>({CUK_BF16, 4, 21, 200, 1, 2});
+    gemv_case<CUK_BF16, 4, 2, 4>({CUK_BF16, 3, 45, 264, 2, 1});
+    gemv_case<CUK_F16, 4, 4, 4>({CUK_F16, 4, 13, 8192, 0, 2});
+    gemv_case<CUK_BF16, 4, 8, 4>({CUK_BF16, 3, 21, 16392, 0, 0});
+    swiglu_case<CUK_BF16, 4, 1, 1>(4, 21, 1032);
+    swiglu_case<CUK_BF16, 1, 4, 1>(1, 12, 8200);
+    swiglu_case<CUK_F16, 2, 2, 1>(2, 21, 4104);
+    swiglu_case<CUK_BF16, 4, 2, 4>(3, 21, 1032);
+    swiglu_case<CUK_BF16, 4, 4, 4>(4, 13, 8200);
+    swiglu_case<CUK_F16, 4, 8, 4>(3, 45, 16392);
     printf("%d of %d cases pass\n", g_cases - g_fail, g_cases);
     return g_fail ? 1 : 0;
 }

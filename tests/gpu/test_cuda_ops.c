@@ -325,8 +325,8 @@ static void t_linear_residual(cai_dtype dt) {
  * K is no multiple of 8), with and without bias and residual, in place. */
 static void t_decode_linear(cai_dtype dt) {
     const double tol = gt_tol(dt);
-    const int64_t rows[] = {1, 3, 8, 9};
-    for (int i = 0; i < 4; i++) {
+    const int64_t rows[] = {1, 2, 3, 4, 5, 9};
+    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
         const int64_t N = rows[i];
         t_linear_residual_case(dt, dt, N, 2048, 1000, 0);
         t_linear_residual_case(dt, CAI_DTYPE_F32, N, 2048, 1000, 1);
@@ -347,8 +347,8 @@ static void t_decode_linear(cai_dtype dt) {
  * where the rows are few, the three ops past CUK_GEMV_MAX_N rows or where K
  * is no multiple of 8). */
 static void t_decode_swiglu(cai_dtype dt) {
-    const int64_t rows[] = {1, 3, 8, 9}, ics[] = {2048, 8192, 2050};
-    for (int i = 0; i < 4; i++)
+    const int64_t rows[] = {1, 2, 3, 4, 5, 9}, ics[] = {2048, 8192, 2050};
+    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++)
         for (int k = 0; k < 3; k++) {
             const int64_t N = rows[i], IC = ics[k], F = 1000;
             gt_t x = R2(dt, N, IC, 1.0), wg = R2(dt, F, IC, 1.0 / sqrt((double)IC)),
