@@ -52,8 +52,8 @@ CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat 
  * loads in flight. A lane adds its chunks of a row in order whatever R,
  * so the sums do not depend on how many rows a warp walks. The first
  * pass's loads are issued before the wait for the previous kernel; the
- * successor may start once all loads are issued. Returns the warp's sums
- * (in every lane). */
+ * successor may start once all loads are issued. Leaves the warp's sums
+ * in acc, in every lane. */
 template <int DT, int NB, int KS, int R>
 CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64_t nc, const cuk_mat &x, int N,
                         int lane, int warp) {
