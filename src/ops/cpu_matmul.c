@@ -65,14 +65,12 @@ static void scale_matrix(float *c, int64_t rows, int64_t cols, int64_t ld, float
  * at one to four rows takes longer than the products (bench/RESULTS.md);
  * sgemv reads B once. With B^T (a linear layer's x W^T) the rows take turns
  * on a panel of B at a time, so the passes after the first find it in
- * cache. beta 0 overwrites C whatever it held, as sgemm does. */
+ * cache. With beta 0, sgemv (as sgemm) does not read C. */
 #define GEMV_MAX_ROWS 4
 #define GEMV_PANEL_BYTES 65536
 static void gemv_rows(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     const blasint inc = ta ? (blasint)(lda > 0 ? lda : 1) : 1, lb = (blasint)(ldb > 0 ? ldb : 1);
-    if (beta == 0.0f)
-        for (int64_t m = 0; m < M; m++) memset(C + m * ldc, 0, (size_t)N * sizeof *C);
     if (!tb) { /* M is 1: y = B^T x */
         cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, alpha, B, lb, A, inc, beta, C, 1);
         return;

@@ -24,20 +24,24 @@ static const cai_ops *ops;
 
 /* ---------------------------------------------------------------- matmul */
 
-static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb) {
+/* c = alpha op(a) op(b) + beta c against the double reference; with beta 0
+ * c starts as NaN, which the op must not read. */
+static void matmul_case_ab(int64_t M, int64_t K, int64_t N, int ta, int tb, float alpha, float beta) {
     double *a = drandn(M * K, 1, 1.0), *b = drandn(K * N, 2, 1.0), *c0 = drandn(M * N, 3, 1.0);
     float *fa = to_f(a, M * K), *fb = to_f(b, K * N), *fc = to_f(c0, M * N);
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < M * N; i++) fc[i] = NAN;
     cai_tensor ta_ = ta ? cai_tensor_2d(dev, fa, F32, K, M) : cai_tensor_2d(dev, fa, F32, M, K);
     cai_tensor tb_ = tb ? cai_tensor_2d(dev, fb, F32, N, K) : cai_tensor_2d(dev, fb, F32, K, N);
     cai_tensor tc = cai_tensor_2d(dev, fc, F32, M, N);
-    ASSERT_OK(ops->matmul(dev, &tc, &ta_, ta, &tb_, tb, 0.7f, 0.3f));
+    ASSERT_OK(ops->matmul(dev, &tc, &ta_, ta, &tb_, tb, alpha, beta));
     double *ref = dalloc(M * N);
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double s = 0;
             for (int64_t k = 0; k < K; k++)
                 s += (ta ? a[k * M + m] : a[m * K + k]) * (tb ? b[n * K + k] : b[k * N + n]);
-            ref[m * N + n] = 0.7 * s + 0.3 * c0[m * N + n];
+            ref[m * N + n] = alpha * s + (beta == 0.0f ? 0.0 : beta * c0[m * N + n]);
         }
     ASSERT_REL(fc, ref, M * N, 1e-5);
     free(a);
@@ -49,8 +53,15 @@ static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb) {
     free(ref);
 }
 
+static void matmul_case(int64_t M, int64_t K, int64_t N, int ta, int tb) {
+    matmul_case_ab(M, K, N, ta, tb, 0.7f, 0.3f);
+}
+
 START_TEST(matmul_all_transposes) {
-    int64_t shapes[][3] = {{7, 13, 5}, {1, 1, 1}, {33, 17, 9}, {2, 64, 3}};
+    /* one to four rows run through sgemv, in panels of 64 KB of b's rows
+     * when it is transposed (K 64: 256 a panel, N 300 and 700 cut) */
+    int64_t shapes[][3] = {{7, 13, 5},   {1, 1, 1},    {33, 17, 9}, {2, 64, 3},   {1, 64, 300},
+                           {3, 64, 300}, {4, 40, 700}, {5, 9, 20},  {2, 300, 700}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) matmul_case(shapes[s][0], shapes[s][1], shapes[s][2], ta, tb);
@@ -62,10 +73,10 @@ START_TEST(matmul_panels_match_reference_and_repeat_exactly) {
      * when M >= N, by columns otherwise. OpenBLAS computes the last rows or
      * columns of a call with its tail kernels, so different splits (thread
      * counts) may differ in the last bits; the same split repeats exactly. */
-    int64_t shapes[][3] = {{100, 70, 50}, {40, 60, 130}};
+    int64_t shapes[][3] = {{100, 70, 50}, {40, 60, 130}, {3, 200, 500}};
     cai_device_t *d1 = test_device(1), *d3 = test_device(3);
     ck_assert(d1 && d3);
-    for (size_t s = 0; s < 2; s++)
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
                 int64_t M = shapes[s][0], K = shapes[s][1], N = shapes[s][2];
@@ -94,6 +105,14 @@ START_TEST(matmul_panels_match_reference_and_repeat_exactly) {
             }
     cai_device_free(d1);
     cai_device_free(d3);
+}
+END_TEST
+
+/* beta 0 on the few-row path: c's old contents (NaN) are not read */
+START_TEST(matmul_few_rows_beta_zero) {
+    for (int64_t M = 1; M <= 4; M++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) matmul_case_ab(M, 70, 300, ta, tb, 1.0f, 0.0f);
 }
 END_TEST
 
@@ -1203,6 +1222,7 @@ static Suite *ops_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, matmul_all_transposes);
     tcase_add_test(tc, matmul_panels_match_reference_and_repeat_exactly);
+    tcase_add_test(tc, matmul_few_rows_beta_zero);
     tcase_add_test(tc, matmul_batched_strided_and_beta_zero);
     tcase_add_test(tc, linear_fwd_bwd_match_reference);
     tcase_add_test(tc, bias_ops_match_reference);
