@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Decode throughput of Hugging Face transformers' generate() with a static
-KV cache on random weights, timed as bench/infer_bench.c times colossal:
+KV cache (or its default dynamic one, --cache dynamic; on the CPU with
+--device cpu, in f32 with --dtype f32) on random weights, timed as
+bench/infer_bench.c times colossal:
 B prompts of P random tokens, greedy, N new tokens (min_new_tokens = N so
 none stops early), run with N and with 1 new token; the decode rate is
 B * (N - 1) / (t_N - t_1). One JSON line per batch size.
 
   hf_generate_bench.py FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128] [--new 256]
+                       [--device cuda|cpu] [--dtype bf16|f32] [--cache static|dynamic]
 """
 import argparse
 import json
@@ -16,7 +19,6 @@ import transformers
 
 
 def model_for(a):
-    common = dict(vocab_size=a.vocab, torch_dtype=torch.bfloat16)
     if a.family == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=a.vocab, n_positions=a.prompt + a.new, n_embd=a.d, n_layer=a.layers,
                                       n_head=a.heads, n_inner=a.ffn, activation_function="gelu_new")
@@ -27,17 +29,21 @@ def model_for(a):
                                        num_key_value_heads=a.kv, max_position_embeddings=a.prompt + a.new,
                                        tie_word_embeddings=False)
         m = transformers.LlamaForCausalLM(cfg)
-    del common
-    return m.to(torch.bfloat16).cuda().eval()
+    return m.to(torch.bfloat16 if a.dtype == "bf16" else torch.float32).to(a.device).eval()
 
 
-def timed(m, ids, n):
-    torch.cuda.synchronize()
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(m, ids, n, cache):
+    sync(ids.device.type)
     t = time.perf_counter()
     with torch.inference_mode():
         m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                   cache_implementation="static", pad_token_id=0)
-    torch.cuda.synchronize()
+                   cache_implementation=cache, pad_token_id=0)
+    sync(ids.device.type)
     return time.perf_counter() - t
 
 
@@ -50,22 +56,26 @@ def main():
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
     a = ap.parse_args()
     torch.manual_seed(0)
     m = model_for(a)
     n_params = sum(p.numel() for p in m.parameters())
     for b in (int(x) for x in a.batches.split(",")):
-        ids = torch.randint(0, a.vocab, (b, a.prompt), device="cuda")
+        ids = torch.randint(0, a.vocab, (b, a.prompt), device=a.device)
         # warm-up with the timed calls' own shapes: the static cache is sized
         # prompt + new tokens, and generate() compiles the forward for each
         # cache size, so a shorter warm-up leaves both compilations inside
         # the timed calls
-        timed(m, ids, 1)
-        timed(m, ids, a.new)
-        t1 = timed(m, ids, 1)
-        tn = timed(m, ids, a.new)
-        print(json.dumps({"impl": "transformers-static", "family": a.family, "params": n_params, "batch": b,
-                          "prompt": a.prompt, "new": a.new,
+        timed(m, ids, 1, a.cache)
+        timed(m, ids, a.new, a.cache)
+        t1 = timed(m, ids, 1, a.cache)
+        tn = timed(m, ids, a.new, a.cache)
+        print(json.dumps({"impl": "transformers-" + a.cache, "family": a.family, "params": n_params, "batch": b,
+                          "prompt": a.prompt, "new": a.new, "device": a.device, "dtype": a.dtype,
+                          "threads": torch.get_num_threads() if a.device == "cpu" else None,
                           "decode_tokens_per_s": round(b * (a.new - 1) / (tn - t1), 1),
                           "decode_step_ms": round(1e3 * (tn - t1) / (a.new - 1), 4),
                           "transformers": transformers.__version__}), flush=True)

@@ -6,10 +6,11 @@
  *
  * Threads: OpenBLAS is kept single-threaded (cai_device_init) and large
  * products are split into row or column panels across the device's OpenMP
- * threads, one sgemm each (sgemv for a decode step's few rows). One thread
- * pool serves every op, so BLAS threads never spin against OpenMP threads. OpenBLAS computes the last rows/columns
- * of a call with tail kernels whose rounding differs, so results can change
- * in the last bits with the thread count (never from run to run). */
+ * threads, one sgemm each (sgemv for a product of one row). One thread
+ * pool serves every op, so BLAS threads never spin against OpenMP threads.
+ * OpenBLAS computes the last rows/columns of a call with tail kernels whose
+ * rounding differs, so results can change in the last bits with the thread
+ * count (never from run to run). */
 #include "cai_config.h"
 #include "cpu_internal.h"
 
@@ -61,28 +62,15 @@ static void scale_matrix(float *c, int64_t rows, int64_t cols, int64_t ld, float
         for (int64_t j = 0; j < cols; j++) c[i * ld + j] = beta == 0.0f ? 0.0f : beta * c[i * ld + j];
 }
 
-/* A decode step's few rows: sgemm packs all of op(B) on every call, which
- * at one to four rows takes longer than the products (bench/RESULTS.md);
- * sgemv reads B once. With B^T (a linear layer's x W^T) the rows take turns
- * on a panel of B at a time, so the passes after the first find it in
- * cache. With beta 0, sgemv (as sgemm) does not read C. */
-#define GEMV_MAX_ROWS 4
-#define GEMV_PANEL_BYTES 65536
-static void gemv_rows(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+/* One row (a decode step of one sequence): sgemm packs all of op(B) on
+ * every call, which at one row takes 2.5-3.6x the product itself; sgemv
+ * reads it once (bench/RESULTS.md). With beta 0, sgemv (as sgemm) does not
+ * read C. */
+static void gemv_row(int ta, int tb, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C) {
     const blasint inc = ta ? (blasint)(lda > 0 ? lda : 1) : 1, lb = (blasint)(ldb > 0 ? ldb : 1);
-    if (!tb) { /* M is 1: y = B^T x */
-        cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, alpha, B, lb, A, inc, beta, C, 1);
-        return;
-    }
-    int64_t panel = M == 1 ? N : GEMV_PANEL_BYTES / ((int64_t)sizeof(float) * K);
-    if (panel < 16) panel = 16;
-    for (int64_t o = 0; o < N; o += panel) {
-        const int64_t len = N - o < panel ? N - o : panel;
-        for (int64_t m = 0; m < M; m++)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)len, (blasint)K, alpha, B + o * ldb, lb,
-                        ta ? A + m : A + m * lda, inc, beta, C + m * ldc + o, 1);
-    }
+    if (tb) cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)N, (blasint)K, alpha, B, lb, A, inc, beta, C, 1);
+    else cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, alpha, B, lb, A, inc, beta, C, 1);
 }
 
 static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
@@ -92,8 +80,8 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
         scale_matrix(C, M, N, ldc, beta);
         return;
     }
-    if (M == 1 || (M <= GEMV_MAX_ROWS && tb)) {
-        gemv_rows(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (M == 1) {
+        gemv_row(ta, tb, N, K, alpha, A, lda, B, ldb, beta, C);
         return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
