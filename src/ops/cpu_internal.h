@@ -17,11 +17,16 @@
 #define CAI_I32 ((int)CAI_DTYPE_I32)
 #define CAI_ANYF (-1)
 
-/* Threads for this call: the device's, but never more than there is work. */
+/* Threads for a loop of `work` items: all the device's, or one for a
+ * single item. libgomp parks and relaunches its pool threads whenever a
+ * parallel region asks for another team size, which costs far more than
+ * the idle threads of a loop shorter than the team: with teams sized by
+ * work, a CPU decode step of two sequences (teams of two between the
+ * products' full teams) took 9x one of a single sequence at 4 threads on 2
+ * cores, and 2x with this rule (bench/RESULTS.md). */
 static inline int cai_cpu_threads(const cai_device_t *dev, int64_t work) {
-    int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
-    if (work < nt) nt = work < 1 ? 1 : (int)work;
-    return nt;
+    const int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
+    return work > 1 ? nt : 1;
 }
 
 static inline float *cai_row_f32(const cai_rows *r, int64_t i) { return (float *)r->data + i * r->ld; }

@@ -90,7 +90,8 @@ static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, c
 }
 
 /* gemm split over the device's threads: panels of the larger of M and N, in
- * multiples of 16 rows/columns (kernel-friendly). */
+ * multiples of 16 rows/columns (kernel-friendly); the team is all the
+ * threads however few the panels (cai_cpu_threads says why). */
 static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     int nt = dev->num_threads;
@@ -103,7 +104,7 @@ static void pgemm(const cai_device_t *dev, int ta, int tb, int64_t M, int64_t N,
     int64_t parts = (total + 15) / 16;
     if (parts > nt) parts = nt;
     int64_t chunk = ((total + parts - 1) / parts + 15) / 16 * 16;
-#pragma omp parallel for num_threads((int)parts) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int64_t p = 0; p < parts; p++) {
         int64_t s = p * chunk, len = total - s < chunk ? total - s : chunk;
         if (len <= 0) continue;
