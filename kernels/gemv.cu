@@ -6,10 +6,11 @@
  * counts is how many bytes of them are in flight. cuBLASLt's kernels for
  * these shapes read the H200's HBM at 1.2 to 2.8 TB/s (bench/RESULTS.md);
  * here a warp (or, for long rows, KS warps) owns FP output features (one
- * at one or two rows of x, four at three or four), each lane streams 16-byte chunks of their rows
- * with eight loads issued before any is used, and the rows of x (a few KB,
- * read by every warp) come from L1/L2, each chunk widened once for the FP
- * features. The warp's lanes then sum their partials with shuffles.
+ * at one or two rows of x, four at three or four), each lane streams
+ * 16-byte chunks of their rows with eight loads issued before any is used,
+ * and the rows of x (a few KB, read by every warp) come from L1/L2, each
+ * chunk widened once for the FP features. The warp's lanes then sum their
+ * partials with shuffles.
  *
  * Programmatic dependent launch: a product is launched so that it may start
  * before its predecessor in the stream has finished; it issues its first
