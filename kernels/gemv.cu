@@ -181,6 +181,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
     }
 }
 
+/* Blocks for M output features, FP a warp, KS warps a row. */
+static unsigned gv_grid(int64_t M, int ks, int fp) {
+    const int64_t per = (int64_t)(GV_WARPS / ks) * fp;
+    return (unsigned)((M + per - 1) / per);
+}
+
 CUK_EMU_END(gemv);
 
 /* kern<<<grid, GV_WARPS * 32>>>(args...), with the programmatic-launch
@@ -210,13 +216,8 @@ static int gv_feats(int N) { return N <= 2 ? 1 : 4; }
 static int gv_parts(int64_t K, int64_t M, int fp) {
     int ks = 1;
     while (ks < GV_WARPS && (K >> 3) > (int64_t)32 * GV_UNROLL * ks) ks *= 2;
-    while (fp > 1 && ks < GV_WARPS && (M + GV_WARPS / ks * fp - 1) / (GV_WARPS / ks * fp) < cuk_sm_count()) ks *= 2;
+    while (fp > 1 && ks < GV_WARPS && gv_grid(M, ks, fp) < (unsigned)cuk_sm_count()) ks *= 2;
     return ks;
-}
-
-static unsigned gv_grid(int64_t M, int ks, int fp) {
-    const int64_t per = (int64_t)(GV_WARPS / ks) * fp;
-    return (unsigned)((M + per - 1) / per);
 }
 
 /* kern<NB> for the bucket of N rows (NB the smallest of 1, 2, 4 that holds N) */

@@ -121,10 +121,6 @@ template <class K> static void launch(unsigned grid, K kern) {
         emu::run_block(256, kern);
     }
 }
-static unsigned grid_of(int64_t M, int KS, int FP) {
-    const int64_t per = (int64_t)(GV_WARPS / KS) * FP;
-    return (unsigned)((M + per - 1) / per);
-}
 
 /* Each output against the double reference (the product, its bias and
  * residual); the padding columns past M untouched (NaN) unless in place;
@@ -140,15 +136,15 @@ template <int DT, int NB, int KS, int FP> static void gemv_case(const Prob &p) {
     const int bdt = d.bias_dt(), N = (int)p.N;
     int bad = 0;
     if (FP > 1) {
-        launch(grid_of(p.M, KS, 1), [&] { k_gemv<DT, NB, KS, 1>(y, x, w, b, bdt, r, N); });
+        launch(gv_grid(p.M, KS, 1), [&] { k_gemv<DT, NB, KS, 1>(y, x, w, b, bdt, r, N); });
         const std::vector<uint16_t> one = d.y;
         if (p.residual == 2) std::copy(r0.begin(), r0.end(), d.y.begin()); /* the views keep pointing at d.y */
         else std::fill(d.y.begin(), d.y.end(), (uint16_t)0x7fff);
-        launch(grid_of(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
+        launch(gv_grid(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
         for (size_t i = 0; i < one.size(); i++)
             if (one[i] != d.y[i] && bad++ < 3) printf("  element %zu differs from one feature a warp\n", i);
     } else {
-        launch(grid_of(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
+        launch(gv_grid(p.M, KS, FP), [&] { k_gemv<DT, NB, KS, FP>(y, x, w, b, bdt, r, N); });
     }
     for (int64_t n = 0; n < p.N; n++)
         for (int64_t o = 0; o < d.yld; o++) {
@@ -177,11 +173,11 @@ template <int DT, int NB, int KS, int FG> static void swiglu_case(int64_t N, int
     Data d(Prob{DT, N, M, K, 0, 0});
     const cuk_mat y = d.my(), x = d.mx(), wg = d.mw(0), wu = d.mw(1);
     const int n_ = (int)N;
-    launch(grid_of(M, KS, 1), [&] { k_gemv_swiglu<DT, NB, KS>(y, x, wg, wu, n_); });
+    launch(gv_grid(M, KS, 1), [&] { k_gemv_swiglu<DT, NB, KS>(y, x, wg, wu, n_); });
     const std::vector<uint16_t> pair = d.y;
-    launch(grid_of(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wg, nullptr, CUK_F32, cuk_mat{}, n_); });
+    launch(gv_grid(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wg, nullptr, CUK_F32, cuk_mat{}, n_); });
     const std::vector<uint16_t> g = d.y;
-    launch(grid_of(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wu, nullptr, CUK_F32, cuk_mat{}, n_); });
+    launch(gv_grid(M, KS, FG), [&] { k_gemv<DT, NB, KS, FG>(y, x, wu, nullptr, CUK_F32, cuk_mat{}, n_); });
     int bad = 0;
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < M; o++) {
