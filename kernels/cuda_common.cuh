@@ -315,6 +315,11 @@ template <int DT> CUK_INLINE void cuk_st1(void *p, int64_t i, float v) {
     else ((uint16_t *)p)[i] = cuk_f32_to_f16_mode(v, 0, 0);
 }
 
+/* v as stored in a 16-bit tensor of dtype DT and read back */
+template <int DT> CUK_INLINE float cuk_round(float v) {
+    return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
+}
+
 /* Eight 16-bit values (bf16 or f16, DT) held in 16 bytes, widened. */
 template <int DT> CUK_INLINE void cuk_unpack8(const uint4 &u, float *v) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};

@@ -163,6 +163,8 @@ static void release(cai_device_t *dev) {
         if (c->err) cudaFree(c->err);
         if (c->err_host) cudaFreeHost(c->err_host);
         if (c->paged_cnt) cudaFree(c->paged_cnt);
+        if (c->dgemm_ws) cudaFree(c->dgemm_ws);
+        if (c->dgemm_cnt) cudaFree(c->dgemm_cnt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->grouped_ptrs) cudaFree(c->grouped_ptrs);
         for (int i = 0; i < CAI_CUDA_SIDE; i++) {
@@ -208,6 +210,13 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaMalloc((void **)&c->paged_cnt, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
     count_alloc(dev, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt);
     CU(w, cudaMemset(c->paged_cnt, 0, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
+    if (cuk_dgemm_ready()) {
+        CU(w, cudaMalloc(&c->dgemm_ws, CAI_CUDA_DGEMM_WS));
+        count_alloc(dev, CAI_CUDA_DGEMM_WS);
+        CU(w, cudaMalloc((void **)&c->dgemm_cnt, CUK_DGEMM_COUNTERS * sizeof *c->dgemm_cnt));
+        count_alloc(dev, CUK_DGEMM_COUNTERS * sizeof *c->dgemm_cnt);
+        CU(w, cudaMemset(c->dgemm_cnt, 0, CUK_DGEMM_COUNTERS * sizeof *c->dgemm_cnt));
+    }
     CU(w, cuk_attn_setup());
     long long tf32 = 0, tune = 0, pdl = 1;
     CAI_CALL(cai_knob_int("CAI_CUDA_TF32", &tf32));

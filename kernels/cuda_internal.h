@@ -33,6 +33,10 @@ typedef struct {
 #define CAI_CUDA_PLANS 128
 #define CAI_CUDA_SIDE 3
 
+/* The split-K partials of dgemm.cu's products: 8 rows by 128 f32 sums
+ * for up to 1024 blocks (the pair's splits on a GPU of 512 SMs). */
+#define CAI_CUDA_DGEMM_WS ((size_t)4 << 20)
+
 /* Enough for a decode step of 1024 tokens over 8 kv heads of up to 4 query heads each. */
 #define CAI_CUDA_PAGED_COUNTERS 8192
 
@@ -51,6 +55,8 @@ typedef struct cai_cuda_impl {
     cuk_errrec *err;      /* device memory the kernels write; read back at synchronisation */
     cuk_errrec *err_host; /* pinned mirror of *err */
     unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls */
+    void *dgemm_ws;       /* CAI_CUDA_DGEMM_WS bytes where cuk_dgemm_ready, else NULL */
+    unsigned *dgemm_cnt;  /* CUK_DGEMM_COUNTERS counters, zero between calls */
     cublasHandle_t blas;  /* grouped products (cublasGemmGroupedBatchedEx); made at the first one */
     void **grouped_ptrs;  /* device: the grouped products' A, B, C pointer arrays */
     size_t grouped_cap;   /* pointers grouped_ptrs holds */

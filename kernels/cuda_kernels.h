@@ -227,6 +227,25 @@ cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cu
 /* pdl (both): launched as programmatic dependents of the stream's previous
  * kernel (sm_90+; the caller decides, CAI_CUDA_PDL). */
 
+/* ---------------------------------------------------------------- dgemm.cu
+ * cuk_gemv's products and SwiGLU pair for CUK_GEMV_MAX_N < N <=
+ * CUK_DGEMM_MAX_N rows on Hopper's tensor cores (sm_90a: cuk_dgemm_ready
+ * is 0 elsewhere), taken where the fits functions say (cuk_gemv's
+ * conditions, the rows, K of at least 2048 and weights of at least 4M
+ * elements, the workspace). Where few 128-row tiles split K,
+ * the partial sums go through ws (ws_bytes) and the per-tile counters cnt
+ * (CUK_DGEMM_COUNTERS of them, zero between calls). The pair's two sums are
+ * cuk_dgemm's bit for bit; pdl as cuk_gemv's. */
+#define CUK_DGEMM_MAX_N 8
+#define CUK_DGEMM_COUNTERS 1024
+int cuk_dgemm_ready(void);
+int cuk_dgemm_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r, size_t ws_bytes);
+cudaError_t cuk_dgemm(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
+                      void *ws, unsigned *cnt, int pdl);
+int cuk_dgemm_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, size_t ws_bytes);
+cudaError_t cuk_dgemm_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, void *ws, unsigned *cnt,
+                             int pdl);
+
 /* ---------------------------------------------------------------- paged.cu
  * The paged KV cache (colossal/ops.h). Index tensors are trusted: the host
  * checks their shapes only (reading their values would synchronise), and

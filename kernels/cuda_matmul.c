@@ -496,17 +496,34 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
     return CAI_OK;
 }
 
+/* y = x w^T (+ bias) (+ r) on a decode step's few rows: gemv.cu's
+ * CUDA-core kernels up to CUK_GEMV_MAX_N rows, dgemm.cu's tensor-core ones
+ * up to CUK_DGEMM_MAX_N (sm_90a); *done 0 where neither takes the shape. */
+static cai_status few_rows_linear(cai_device_t *dev, const char *op, cuk_mat y, cuk_mat x, cuk_mat w, const void *bd,
+                                  cai_dtype bias_dt, cuk_mat r, int *done) {
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    *done = 1;
+    if (cuk_gemv_fits(y, x, w, r)) {
+        CUK_LAUNCH(op, cuk_gemv(c->stream, y, x, w, bd, (int)bias_dt, r, c->pdl));
+        return CAI_OK;
+    }
+    if (c->dgemm_ws && cuk_dgemm_fits(y, x, w, r, CAI_CUDA_DGEMM_WS)) {
+        CUK_LAUNCH(op, cuk_dgemm(c->stream, y, x, w, bd, (int)bias_dt, r, c->dgemm_ws, c->dgemm_cnt, c->pdl));
+        return CAI_OK;
+    }
+    *done = 0;
+    return CAI_OK;
+}
+
 /* y = x w^T (+ bias) on validated rows, after cai_cuda_enter: the bias as a
  * cuBLASLt epilogue when there is one for this combination, else a plain
  * gemm and the bias kernel. */
 static cai_status linear_rows(cai_device_t *dev, const char *op, const cai_rows *x, const cai_rows *w,
                               const cai_rows *y, const void *bd, cai_dtype bias_dt) {
     const cuk_mat none = {0};
-    if (cuk_gemv_fits(cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), none)) {
-        CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), bd,
-                                (int)bias_dt, none, cai_cuda_of(dev)->pdl));
-        return CAI_OK;
-    }
+    int done;
+    CAI_CALL(few_rows_linear(dev, op, cai_cuda_mat(y), cai_cuda_mat(x), cai_cuda_mat(w), bd, bias_dt, none, &done));
+    if (done) return CAI_OK;
     cmat A = cmat_of_rows(x), B = cmat_of_rows(w), C = cmat_of_rows(y);
     if (bd && x->rows > 0 && w->rows > 0 && w->cols > 0) {
         gemm_req g = {.ta = 0,
@@ -604,8 +621,9 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     return CAI_OK;
 }
 
-/* A decode step's few rows: one pass over both weights (gemv.cu); else the
- * two products into gate and up, then the SwiGLU kernel. */
+/* A decode step's few rows: one pass over both weights (gemv.cu, or
+ * dgemm.cu past CUK_GEMV_MAX_N rows); else the two products into gate and
+ * up, then the SwiGLU kernel. */
 cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
                                       const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up) {
     static const char *op = "linear_swiglu_fwd";
@@ -615,10 +633,14 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
     CAI_CALL(linear_fwd_args(op, "up", up, inp, w_up, NULL, &x, &wu, &u, &bd));
     CAI_CALL(cai_cuda_rows_like(op, "act", act, "gate", &g, &a));
     CAI_CALL(cai_cuda_enter(dev, op));
-    if (a.dtype == x.dtype &&
-        cuk_gemv_swiglu_fits(cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg), cai_cuda_mat(&wu))) {
-        CUK_LAUNCH(op, cuk_gemv_swiglu(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&x), cai_cuda_mat(&wg),
-                                       cai_cuda_mat(&wu), cai_cuda_of(dev)->pdl));
+    cai_cuda_impl *c = cai_cuda_of(dev);
+    const cuk_mat A = cai_cuda_mat(&a), X = cai_cuda_mat(&x), WG = cai_cuda_mat(&wg), WU = cai_cuda_mat(&wu);
+    if (a.dtype == x.dtype && cuk_gemv_swiglu_fits(A, X, WG, WU)) {
+        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, c->pdl));
+        return CAI_OK;
+    }
+    if (a.dtype == x.dtype && c->dgemm_ws && cuk_dgemm_swiglu_fits(A, X, WG, WU, CAI_CUDA_DGEMM_WS)) {
+        CUK_LAUNCH(op, cuk_dgemm_swiglu(c->stream, A, X, WG, WU, c->dgemm_ws, c->dgemm_cnt, c->pdl));
         return CAI_OK;
     }
     CAI_CALL(linear_rows(dev, op, &x, &wg, &g, NULL, CAI_DTYPE_F32));
@@ -653,11 +675,10 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     CAI_CALL(cai_cuda_enter(dev, op));
     if (y.rows == 0 || y.cols == 0) return CAI_OK;
     const cai_dtype bias_dt = bias ? bias->dtype : CAI_DTYPE_F32;
-    if (cuk_gemv_fits(cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), cai_cuda_mat(&r))) {
-        CUK_LAUNCH(op, cuk_gemv(cai_cuda_of(dev)->stream, cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), bd,
-                                (int)bias_dt, cai_cuda_mat(&r), cai_cuda_of(dev)->pdl));
-        return CAI_OK;
-    }
+    int done;
+    CAI_CALL(few_rows_linear(dev, op, cai_cuda_mat(&y), cai_cuda_mat(&x), cai_cuda_mat(&w), bd, bias_dt,
+                             cai_cuda_mat(&r), &done));
+    if (done) return CAI_OK;
     if (r.dtype == y.dtype && w.cols > 0) {
         gemm_req g = {.ta = 0,
                       .tb = 1,

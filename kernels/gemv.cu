@@ -159,10 +159,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * parts, a group of KS warps): each lane visits its chunks in k_gemv's
  * order, so the two sums are k_gemv's bit for bit whatever k_gemv's FP;
  * one launch instead of three (two products and the SwiGLU). */
-template <int DT> CUK_INLINE float gv_round(float v) {
-    return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
-}
-
 template <int DT, int NB, int KS>
 __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
     __shared__ float sm[KS > 1 ? GV_WARPS * 2 * NB : 1];
@@ -176,7 +172,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_ma
     gv_walk<DT, NB, KS, 2>(acc, row, o < wg.rows ? wg.cols >> 3 : 0, x, N, lane, warp);
     if (!gv_combine<2 * NB, KS>(&acc[0][0], sm, lane, warp) || o >= wg.rows) return;
     for (int n = lane; n < NB; n += 32) {
-        const float g = gv_round<DT>(gv_pick<NB>(acc[0], n)), u = gv_round<DT>(gv_pick<NB>(acc[1], n));
+        const float g = cuk_round<DT>(gv_pick<NB>(acc[0], n)), u = cuk_round<DT>(gv_pick<NB>(acc[1], n));
         if (n < N) cuk_st1<DT>(y.p, n * y.ld + o, g / (1.0f + expf(-g)) * u); /* swiglu_fwd's expression */
     }
 }

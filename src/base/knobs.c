@@ -18,7 +18,7 @@ static const cai_knob_info g_knobs[] = {
      "1: cuBLASLt's FP8 products accumulate without periodic promotion to f32 (faster, less accurate over long "
      "K); 0: f32 accumulation throughout"},
     {"CAI_CUDA_PDL", CAI_KNOB_INT, "1", NULL, 0, 1,
-     "1: a decode step's matrix-vector products start reading their weights before the previous kernel ends "
+     "1: a decode step's products of few rows start reading their weights before the previous kernel ends "
      "(programmatic dependent launch, sm_90 and later); 0: ordinary launches"},
     {"CAI_CUBLASLT_AUTOTUNE", CAI_KNOB_INT, "0", NULL, 0, 16,
      "cuBLASLt algorithms timed per new matmul shape: 0 the heuristic's first, untimed; 1 its 8 best; "

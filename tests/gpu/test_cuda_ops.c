@@ -321,19 +321,22 @@ static void t_linear_residual(cai_dtype dt) {
     t_linear_residual_case(dt, dt, 37, 24, 40, 0);
     t_linear_residual_case(dt, dt, 37, 24, 40, 1);
 }
-/* A decode step's few rows (gemv.cu where the shape fits it, cuBLASLt where
- * K is no multiple of 8), with and without bias and residual, in place. */
+/* A decode step's few rows (gemv.cu up to 4 rows, dgemm.cu up to 8 on an
+ * sm_90 GPU, where the shape fits them; cuBLASLt past that or where K is
+ * no multiple of 8), with and without bias and residual, in place. */
 static void t_decode_linear(cai_dtype dt) {
     const double tol = gt_tol(dt);
-    const int64_t rows[] = {1, 2, 3, 4, 5, 9};
+    const int64_t rows[] = {1, 2, 3, 4, 5, 8, 9};
     for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
         const int64_t N = rows[i];
-        t_linear_residual_case(dt, dt, N, 2048, 1000, 0);
-        t_linear_residual_case(dt, CAI_DTYPE_F32, N, 2048, 1000, 1);
-        /* rows of 4096, 8192 and 16384: 2, 4 and 8 warps share one (gemv.cu's KS) */
-        const int64_t ics[] = {4096, 8192, 16384, 2050};
-        for (int k = 0; k < 4; k++) {
-            const int64_t IC = ics[k], OC = 520;
+        t_linear_residual_case(dt, dt, N, 2048, 2048, 0);
+        t_linear_residual_case(dt, CAI_DTYPE_F32, N, 2048, 2048, 1);
+        /* rows of 4096, 8192 and 16384: 2, 4 and 8 warps share one (gemv.cu's
+         * KS); dgemm.cu's shapes (K >= 2048, 4M weights): 2056, K past the
+         * last 64-deep slice and split over blocks, 2048 by 12000 not split */
+        const int64_t ics[] = {4096, 8192, 16384, 2050, 2056, 2048}, ocs[] = {520, 520, 520, 520, 2048, 12000};
+        for (int k = 0; k < 6; k++) {
+            const int64_t IC = ics[k], OC = ocs[k];
             gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.0 / sqrt((double)IC)), b = R1(CAI_DTYPE_F32, OC, 1.0);
             gt_t y = O2(dt, N, OC);
             BOTH("linear_fwd", H->ops->linear_fwd(H, &y.h, &x.h, &w.h, &b.h),
@@ -344,13 +347,14 @@ static void t_decode_linear(cai_dtype dt) {
 }
 /* A Llama MLP's gate, up and SwiGLU in one op: against the host, and bit
  * for bit against the three ops on this device (one pass over both weights
- * where the rows are few, the three ops past CUK_GEMV_MAX_N rows or where K
- * is no multiple of 8). */
+ * where the rows are few, the three ops past CUK_DGEMM_MAX_N rows or where
+ * K is no multiple of 8). dgemm.cu takes 8192 by 1000 (K split over
+ * blocks) and 2048 by 12000 (not split). */
 static void t_decode_swiglu(cai_dtype dt) {
-    const int64_t rows[] = {1, 2, 3, 4, 5, 9}, ics[] = {2048, 8192, 2050};
+    const int64_t rows[] = {1, 2, 3, 4, 5, 8, 9}, ics[] = {2048, 8192, 2050, 2048};
     for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++)
-        for (int k = 0; k < 3; k++) {
-            const int64_t N = rows[i], IC = ics[k], F = 1000;
+        for (int k = 0; k < 4; k++) {
+            const int64_t N = rows[i], IC = ics[k], F = k == 3 ? 12000 : 1000;
             gt_t x = R2(dt, N, IC, 1.0), wg = R2(dt, F, IC, 1.0 / sqrt((double)IC)),
                  wu = R2(dt, F, IC, 1.0 / sqrt((double)IC));
             gt_t y = O2(dt, N, F), g = O2(dt, N, F), u = O2(dt, N, F), y3 = O2(dt, N, F);
