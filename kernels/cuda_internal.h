@@ -34,7 +34,8 @@ typedef struct {
 #define CAI_CUDA_SIDE 3
 
 /* The split-K partials of dgemm.cu's products: 8 rows by 128 f32 sums
- * for up to 1024 blocks (the pair's splits on a GPU of 512 SMs). */
+ * for up to 1024 blocks. A split product has about one block an SM (the
+ * SwiGLU pair two); cuk_dgemm_fits declines what would not fit. */
 #define CAI_CUDA_DGEMM_WS ((size_t)4 << 20)
 
 /* Enough for a decode step of 1024 tokens over 8 kv heads of up to 4 query heads each. */
