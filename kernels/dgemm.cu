@@ -9,9 +9,10 @@
  * into a ring of DG_STAGES buffers guarded by mbarriers, and two consumer
  * warpgroups multiply their 64 weight rows by x's rows (padded to 16) with
  * wgmma: the weights as A, x's rows as B, both K-major, f32 sums, straight
- * from shared memory. Up to 4 rows gemv.cu's CUDA-core kernels are faster;
- * from 9 rows, and for small or shallow weights at any rows, cuBLASLt's
- * products are (bench/RESULTS.md): the split products' fixed cost here
+ * from shared memory. Up to 4 rows gemv.cu's CUDA-core kernels take the
+ * products (this kernel was not timed there); from 9 rows, and for small
+ * or shallow weights at any rows, cuBLASLt's products are faster
+ * (bench/RESULTS.md): the split products' fixed cost here
  * (partials, counter, the last block's sums) does not shrink with the
  * rows, and at 64 rows every block reading x whole made the LM head
  * L2-bound.
@@ -45,7 +46,7 @@
 #define DG_SMEM (DG_STAGES * DG_STAGE_BYTES + 2 * DG_STAGES * 8 + 1024) /* + alignment slack */
 #define DG_TILE_LD (DG_BM + 4) /* the f32 output tile's row stride: conflict-free stores from the fragments */
 /* Taken for weights of at least DG_MIN_K columns and DG_MIN_WEIGHTS
- * elements: a Llama 1B shape's products (K 2048 and 8192, 4-268M
+ * elements: a Llama 1B shape's products (K 2048 and 8192, 4-263M
  * weights) gained 5-6% a decode step at 5-8 rows on an H100, GPT-2 124M's
  * (K 768 and 3072, 0.6-39M) lost 6-8% (bench/RESULTS.md): a block's stretch
  * of a shallow K is too few slices for the split's fixed cost. */
