@@ -397,6 +397,19 @@ static inline bool cuk_vec_ok(const cuk_mat &m) {
 
 static inline bool cuk_ptr16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* What the few-row products (gemv.cu, dgemm.cu) need besides their row
+ * count: x, W, y (and r) of one 16-bit dtype, K and the row strides of x
+ * and W multiples of 8, x and W 16-byte aligned. */
+static inline bool cuk_few_rows_layout(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
+    if (w.rows < 1 || w.cols < 8 || (w.dt != CUK_BF16 && w.dt != CUK_F16)) return false;
+    if (x.dt != w.dt || y.dt != w.dt || (r.p && r.dt != w.dt)) return false;
+    return w.cols % 8 == 0 && w.ld % 8 == 0 && x.ld % 8 == 0 && cuk_ptr16(w.p) && cuk_ptr16(x.p);
+}
+/* A SwiGLU pair's weights laid out alike, y one column a feature. */
+static inline bool cuk_pair_layout(cuk_mat y, cuk_mat wg, cuk_mat wu) {
+    return wu.rows == wg.rows && wu.cols == wg.cols && y.cols == wg.rows;
+}
+
 /* Number of SMs of the current device (cached per ordinal): grids of the
  * fast paths are a few waves of resident blocks, walked grid-stride. */
 static inline int cuk_sm_count(void) {

@@ -33,7 +33,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "cuda_common.cuh"
+#include "mma.cuh"
 
 #define DG_BK 64 /* K elements a slice: one 128-byte swizzled row */
 #define DG_BM 128
@@ -70,17 +70,15 @@ typedef struct {
 #define DG_DEVICE 1
 #endif
 
-CUK_INLINE uint32_t dg_s32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
 #ifdef DG_DEVICE
 CUK_INLINE void dg_bar_init(uint64_t *b, int n) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(dg_s32(b)), "r"(n));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(mma_smem(b)), "r"(n));
 }
 CUK_INLINE void dg_bar_expect(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(dg_s32(b)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mma_smem(b)), "r"(bytes) : "memory");
 }
 CUK_INLINE void dg_bar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(dg_s32(b)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(mma_smem(b)) : "memory");
 }
 CUK_INLINE void dg_bar_wait(uint64_t *b, int parity) {
     uint32_t done = 0;
@@ -88,14 +86,14 @@ CUK_INLINE void dg_bar_wait(uint64_t *b, int parity) {
         asm volatile(
             "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
             : "=r"(done)
-            : "r"(dg_s32(b)), "r"(parity)
+            : "r"(mma_smem(b)), "r"(parity)
             : "memory");
 }
 CUK_INLINE void dg_tma(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
-        "[%2];" ::"r"(dg_s32(dst)),
-        "l"((uint64_t)map), "r"(dg_s32(bar)), "r"(c0), "r"(c1)
+        "[%2];" ::"r"(mma_smem(dst)),
+        "l"((uint64_t)map), "r"(mma_smem(bar)), "r"(c0), "r"(c1)
         : "memory");
 }
 /* the two consumer warpgroups only (named barrier 1) */
@@ -103,7 +101,7 @@ CUK_INLINE void dg_sync_consumers() { asm volatile("bar.sync 1, 256;" ::: "memor
 /* a K-major operand in shared memory, 128-byte swizzle: rows of 128
  * bytes, groups of 8 rows 1024 bytes apart */
 CUK_INLINE uint64_t dg_desc(const void *p) {
-    const uint64_t a = dg_s32(p);
+    const uint64_t a = mma_smem(p);
     return ((a & 0x3FFFF) >> 4) | ((uint64_t)(16 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
 }
 
@@ -170,7 +168,7 @@ __global__ void __launch_bounds__(DG_THREADS, 2)
             const __grid_constant__ CUtensorMap tx, dg_args a) {
 #ifdef DG_DEVICE
     extern __shared__ uint8_t dg_raw[];
-    uint8_t *base = dg_raw + ((1024 - (dg_s32(dg_raw) & 1023)) & 1023);
+    uint8_t *base = dg_raw + ((1024 - (mma_smem(dg_raw) & 1023)) & 1023);
     uint64_t *full = (uint64_t *)(base + DG_STAGES * DG_STAGE_BYTES), *empty = full + DG_STAGES;
     __shared__ int last;
     const int tile = blockIdx.x / a.S, split = blockIdx.x % a.S;
@@ -357,19 +355,15 @@ static bool dg_ws_fits(int64_t R, int64_t M, int64_t K, int pair, size_t ws_byte
 }
 
 int cuk_dgemm_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r, size_t ws_bytes) {
-    const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
-    if (x.rows <= CUK_GEMV_MAX_N || x.rows > CUK_DGEMM_MAX_N || w.rows < 1 || w.cols < 8) return 0;
-    if (w.dt != CUK_BF16 && w.dt != CUK_F16) return 0;
-    if (x.dt != w.dt || y.dt != w.dt || (r.p && r.dt != w.dt)) return 0;
-    if (w.cols % 8 || w.ld % 8 || x.ld % 8 || !a16(w.p) || !a16(x.p) || w.rows >= ((int64_t)1 << 30)) return 0;
-    if (w.cols < DG_MIN_K || w.rows * w.cols < DG_MIN_WEIGHTS) return 0;
+    if (x.rows <= CUK_GEMV_MAX_N || x.rows > CUK_DGEMM_MAX_N || !cuk_few_rows_layout(y, x, w, r)) return 0;
+    if (w.cols < DG_MIN_K || w.rows * w.cols < DG_MIN_WEIGHTS || w.rows >= ((int64_t)1 << 30)) return 0;
     return dg_ws_fits(x.rows, w.rows, w.cols, 0, ws_bytes) && cuk_dgemm_ready();
 }
 
 int cuk_dgemm_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, size_t ws_bytes) {
     const cuk_mat none = {0};
-    return cuk_dgemm_fits(y, x, wg, none, ws_bytes) && cuk_dgemm_fits(y, x, wu, none, ws_bytes) && wu.rows == wg.rows &&
-           wu.cols == wg.cols && y.cols == wg.rows && dg_ws_fits(x.rows, wg.rows, wg.cols, 1, ws_bytes);
+    return cuk_dgemm_fits(y, x, wg, none, ws_bytes) && cuk_dgemm_fits(y, x, wu, none, ws_bytes) &&
+           cuk_pair_layout(y, wg, wu) && dg_ws_fits(x.rows, wg.rows, wg.cols, 1, ws_bytes);
 }
 
 static cudaError_t dg_run(cudaStream_t s, const cuk_mat &y, const cuk_mat &x, const cuk_mat &w0, const cuk_mat &w1,

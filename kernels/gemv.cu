@@ -194,8 +194,7 @@ static cudaError_t gv_launch(cudaStream_t s, int pdl, void (*kern)(P...), unsign
 
 int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu) {
     const cuk_mat none = {0};
-    return cuk_gemv_fits(y, x, wg, none) && cuk_gemv_fits(y, x, wu, none) && wu.rows == wg.rows && wu.cols == wg.cols &&
-           y.cols == wg.rows;
+    return cuk_gemv_fits(y, x, wg, none) && cuk_gemv_fits(y, x, wu, none) && cuk_pair_layout(y, wg, wu);
 }
 
 /* Output features a warp walks at once, by the rows of x: one at one or
@@ -244,11 +243,7 @@ cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cu
 }
 
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
-    const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
-    if (x.rows < 1 || x.rows > CUK_GEMV_MAX_N || w.rows < 1 || w.cols < 8) return 0;
-    if (w.dt != CUK_BF16 && w.dt != CUK_F16) return 0;
-    if (x.dt != w.dt || y.dt != w.dt || (r.p && r.dt != w.dt)) return 0;
-    return w.cols % 8 == 0 && w.ld % 8 == 0 && x.ld % 8 == 0 && a16(w.p) && a16(x.p);
+    return x.rows >= 1 && x.rows <= CUK_GEMV_MAX_N && cuk_few_rows_layout(y, x, w, r);
 }
 
 template <int DT, int KS, int FP>
