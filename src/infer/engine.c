@@ -737,8 +737,9 @@ typedef struct {
 /* The step's device work for N query tokens of S sequences and R logits
  * rows, from the index buffer already on the device to the logits: only
  * ops over fixed buffers, so a decode step can be captured as a graph and
- * replayed. */
-static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
+ * replayed. `all_rows`: row i is token i for every i < R == N (a decode
+ * step), so the last layer's output is read in place, not gathered. */
+static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int all_rows) {
     cai_device_t *dev = e->dev;
     const cai_ops *ops = dev->ops;
     int32_t *di = (int32_t *)e->idx.data;
@@ -779,14 +780,20 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
         const cai_block_params *p = &e->blk[l];
         CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
         CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
-        if (e->kinds.pos == CAI_POS_ROPE) {
-            CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
-                                              &e->rope_sin, &d_pos));
+        if (e->kinds.pos == CAI_POS_ROPE && N == S) { /* a decode step */
+            CAI_CALL(ops->rope_paged_attention(dev, &att4, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
+                                               &e->rope_sin, &d_pos, &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f, e->attn_ws,
+                                               e->attn_ws_bytes));
         } else {
-            CAI_CALL(ops->kv_cache_write(dev, &e->kc[l], &e->vc[l], &k4, &v4, &d_slots));
+            if (e->kinds.pos == CAI_POS_ROPE) {
+                CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
+                                                  &e->rope_sin, &d_pos));
+            } else {
+                CAI_CALL(ops->kv_cache_write(dev, &e->kc[l], &e->vc[l], &k4, &v4, &d_slots));
+            }
+            CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
+                                          e->attn_ws, e->attn_ws_bytes));
         }
-        CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
-                                      e->attn_ws, e->attn_ws_bytes));
         CAI_CALL(row_parallel(e, &x, &att, &p->proj_w, &p->proj_b, N));
         CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
         if (e->kinds.mlp == CAI_MLP_GELU) {
@@ -797,11 +804,13 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R) {
         CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
     }
     if (R == 0) return CAI_OK;
-    /* The rows that need logits, gathered by an embedding lookup into x. */
-    cai_tensor table = cai_tensor_2d(dev, e->x.data, e->act, N, e->C);
-    cai_tensor rows = cai_tensor_3d(dev, e->rows.data, e->act, 1, R, e->C);
-    CAI_CALL(ops->embedding_fwd(dev, &rows, &d_rows, &table, NULL, 0, N, 0));
-    cai_tensor rows2 = rows_of(&e->rows, R), rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
+    cai_tensor rows2 = rows_of(all_rows ? &e->x : &e->rows, R);
+    if (!all_rows) { /* the rows that need logits, gathered by an embedding lookup into e->rows */
+        cai_tensor table = cai_tensor_2d(dev, e->x.data, e->act, N, e->C);
+        cai_tensor rows = cai_tensor_3d(dev, e->rows.data, e->act, 1, R, e->C);
+        CAI_CALL(ops->embedding_fwd(dev, &rows, &d_rows, &table, NULL, 0, N, 0));
+    }
+    cai_tensor rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
     CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
     CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
     cai_tensor am_i = cai_tensor_1d(dev, e->amax.data, CAI_DTYPE_I32, R);
@@ -822,13 +831,13 @@ static cai_status run_graph(cai_engine_t *e, int64_t bucket) {
     cai_device_t *dev = e->dev;
     int k = 0;
     while ((1ll << k) < bucket) k++;
-    if (k >= CAI_ENGINE_MAX_GRAPHS) return compute(e, bucket, bucket, bucket);
+    if (k >= CAI_ENGINE_MAX_GRAPHS) return compute(e, bucket, bucket, bucket, 1);
     if (e->graph[k]) return dev->ops->graph_launch(dev, e->graph[k]);
     /* First step of this bucket: run it (which also settles the backend's
      * per-shape choices, e.g. cuBLASLt's algorithms), then record it. */
-    CAI_CALL(compute(e, bucket, bucket, bucket));
+    CAI_CALL(compute(e, bucket, bucket, bucket, 1));
     CAI_CALL(dev->ops->graph_begin(dev));
-    cai_status st = compute(e, bucket, bucket, bucket);
+    cai_status st = compute(e, bucket, bucket, bucket, 1);
     void *g = NULL;
     cai_status st2 = dev->ops->graph_end(dev, st == CAI_OK ? &g : NULL);
     CAI_CALL(st);
@@ -904,7 +913,11 @@ static cai_status forward(cai_engine_t *e, const step_io *io) {
     CAI_CALL(cai_device_copy(dev, e->idx.data, e->h_idx, e->idx_count * sizeof(int32_t),
                              dev->kind == CAI_DEVICE_HOST ? CAI_COPY_H2H : CAI_COPY_H2D));
     if (io->graph_bucket) CAI_CALL(run_graph(e, io->graph_bucket));
-    else CAI_CALL(compute(e, io->N, io->n_seq, R));
+    else {
+        int all_rows = R == io->N;
+        for (int64_t i = 0; all_rows && i < R; i++) all_rows = io->rows[i] == i;
+        CAI_CALL(compute(e, io->N, io->n_seq, R, all_rows));
+    }
     if (R == 0) return CAI_OK;
     /* From here the host waits: the copies back are blocking where the device has them. */
     const double t_wait = cai_time_now();
