@@ -320,16 +320,6 @@ template <int DT> CUK_INLINE float cuk_round(float v) {
     return DT == CUK_BF16 ? cuk_bf16_to_f32(cuk_f32_to_bf16(v)) : cuk_f16_to_f32(cuk_f32_to_f16_mode(v, 0, 0));
 }
 
-/* RoPE's rotation of the pair (x1, x2) = (x[j], x[j + half]) by cos c and
- * sin s, with each product and the sum rounded on its own (no fused
- * multiply-add), so every kernel that rotates (k_rope, k_rope_vec,
- * k_rope_kv_write, k_paged_tc with its rotation folded in) gets the same
- * bits, and the host's float arithmetic too. */
-CUK_INLINE void cuk_rot(float x1, float x2, float c, float s, float &y1, float &y2) {
-    y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
-}
-
 /* Eight 16-bit values (bf16 or f16, DT) held in 16 bytes, widened. */
 template <int DT> CUK_INLINE void cuk_unpack8(const uint4 &u, float *v) {
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};

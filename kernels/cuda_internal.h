@@ -334,10 +334,5 @@ CUDA_OP(paged_attention)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache, const cai_tensor *v_cache,
  const cai_tensor *block_tables, const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
  void *workspace, size_t workspace_bytes);
-CUDA_OP(rope_paged_attention)
-(cai_device_t *dev, cai_tensor *out, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *v,
- const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin, const cai_tensor *positions,
- const cai_tensor *block_tables, const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
- void *workspace, size_t workspace_bytes);
 
 #endif

@@ -261,17 +261,6 @@ typedef struct {
     int64_t S, max_blocks, limit; /* limit = min(max_ctx, max_blocks * bs): the longest valid ctx_len */
     float scale;                  /* never 0 here: the host resolves the default */
     int tc;                       /* the tensor-core kernel takes the call (the host sets it where cuk_paged_tc_ok) */
-    /* RoPE and the cache write folded into the tensor-core kernel (rcos
-     * NULL: none): for a decode step only (row i is sequence i's one
-     * query), q read unrotated, k and v [1,N,Hkv,D] the step's own keys and
-     * values (16-bit, 16-byte aligned rows), rotated by positions pos with
-     * cos/sin tables [rrows, D/2] (f32, 16-byte aligned, rld % 4 == 0) and
-     * written to slots (negative: none) of the n_slots: the cache and o are
-     * cuk_rope_kv_write's then attention's, and q and k stay unrotated. */
-    const float *rcos, *rsin;
-    int64_t rld, rrows, n_slots;
-    const int32_t *pos, *slots;
-    cuk_bthd k, v;
 } cuk_paged;
 
 /* Whether the tensor-core kernel can run this call: q and the caches both

@@ -82,18 +82,11 @@ cai_status cai_cuda_kv_cache_write(cai_device_t *dev, cai_tensor *k_cache, cai_t
     return CAI_OK;
 }
 
-/* rope_paged_attention's rotation and cache write, checked, for the tensor-core kernel to fold in. */
-typedef struct {
-    const cai_cuda_rope *r;
-    const cai_kv_write_args *kw;
-} paged_fold;
-
-/* paged_attention's launch; with `fold`, only where the tensor-core kernel takes the call and every sequence has one
- * query, with the rotation and cache write folded in (*folded 1), else nothing launched (*folded 0). */
-static cai_status paged_launch(cai_device_t *dev, const char *op, cai_tensor *out, const cai_tensor *q,
-                               const cai_tensor *k_cache, const cai_tensor *v_cache, const cai_tensor *block_tables,
-                               const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
-                               void *workspace, size_t workspace_bytes, const paged_fold *fold, int *folded) {
+cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
+                                    const cai_tensor *v_cache, const cai_tensor *block_tables,
+                                    const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
+                                    void *workspace, size_t workspace_bytes) {
+    static const char op[] = "paged_attention";
     /* q_start[0] = 0, q_start[S] = N and the other index values are the device's to trust: shapes only here */
     cai_paged_args a;
     CAI_CALL(cai_ops_paged_attention_args(op, CAI_CUDA, CAI_ANYF, out, q, k_cache, v_cache, block_tables, q_start,
@@ -107,6 +100,7 @@ static cai_status paged_launch(cai_device_t *dev, const char *op, cai_tensor *ou
     const size_t need = cai_cuda_paged_attention_workspace_bytes(dev, N, S, Hq, D, max_ctx);
     if (N > 0 && (!workspace || workspace_bytes < need))
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
+    if (N == 0 || Hq == 0 || D == 0) return CAI_OK;
     const int64_t reach = max_blocks * bs;
     cuk_paged p = {.q = cai_cuda_bthd(&qq),
                    .o = cai_cuda_bthd(&oo),
@@ -124,67 +118,18 @@ static cai_status paged_launch(cai_device_t *dev, const char *op, cai_tensor *ou
                    .limit = max_ctx < reach ? max_ctx : reach,
                    .scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)D)};
     p.tc = cuk_paged_tc_ok(&p);
-    if (fold) {
-        *folded = p.tc && N == S && N > 0;
-        if (!*folded) return CAI_OK;
-        const cai_cuda_rope *r = fold->r;
-        p.rcos = (const float *)r->cos.p;
-        p.rsin = (const float *)r->sin.p;
-        p.rld = r->cos.ld;
-        p.rrows = r->cos.rows;
-        p.pos = r->pos;
-        p.slots = fold->kw->slots;
-        p.n_slots = kc.B * kc.T;
-        p.k = cai_cuda_bthd(&fold->kw->k);
-        p.v = cai_cuda_bthd(&fold->kw->v);
-    }
-    if (N == 0 || Hq == 0 || D == 0) return CAI_OK;
     /* one block per (token, kv head, group of its query heads) and split */
     const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), p.tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS);
     int64_t chunk = 1;
     const int64_t sms = cai_cuda_of(dev)->num_sms, splits = plan_splits(N, max_ctx, N * kc.H * groups, sms, &chunk);
-    /* Started early (programmatic launch), a grid of one wave finds its sequences and first blocks while the kernel
-     * before it runs; larger grids (batches 64 and 256) measured slower that way (bench/RESULTS.md). */
+    /* Started early (programmatic launch), a grid of one wave finds its sequences and first blocks while the cache
+     * write runs; larger grids (batches 64 and 256) measured slower that way (bench/RESULTS.md). */
     const int pdl = cai_cuda_of(dev)->pdl && N * kc.H * groups * splits <= PAGED_WAVE * sms;
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,
                                        CAI_CUDA_PAGED_COUNTERS, pdl, cai_cuda_of(dev)->err));
     return CAI_OK;
-}
-
-cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
-                                    const cai_tensor *v_cache, const cai_tensor *block_tables,
-                                    const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
-                                    void *workspace, size_t workspace_bytes) {
-    return paged_launch(dev, "paged_attention", out, q, k_cache, v_cache, block_tables, q_start, ctx_len, max_ctx,
-                        scale, workspace, workspace_bytes, NULL, NULL);
-}
-
-/* One launch a layer fewer for a decode step: the rotation and cache write inside the tensor-core kernel; where
- * that kernel does not take the call, or the step has a prefill chunk, the two ops. */
-cai_status cai_cuda_rope_paged_attention(cai_device_t *dev, cai_tensor *out, cai_tensor *qk, cai_tensor *k_cache,
-                                         cai_tensor *v_cache, const cai_tensor *v, const cai_tensor *slots,
-                                         const cai_tensor *cos, const cai_tensor *sin, const cai_tensor *positions,
-                                         const cai_tensor *block_tables, const cai_tensor *q_start,
-                                         const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
-                                         size_t workspace_bytes) {
-    static const char op[] = "rope_paged_attention";
-    cai_tensor q, k;
-    cai_kv_write_args a;
-    cai_cuda_rope r;
-    CAI_CALL(cai_ops_rope_queries(op, qk, out, k_cache, &q));
-    CAI_CALL(cai_ops_rope_kv_keys(op, qk, k_cache, &k));
-    CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_CUDA, CAI_ANYF, k_cache, v_cache, &k, v, slots, &a));
-    CAI_CALL(cai_cuda_rope_args(op, qk, "qk", qk, "qk", cos, sin, positions, 0, &r));
-    int folded = 0;
-    if (r.pos && cuk_rope_kv_write_fits(r.x, cai_cuda_bthd(&a.v), r.cos, r.sin, r.per_batch))
-        CAI_CALL(paged_launch(dev, op, out, &q, k_cache, v_cache, block_tables, q_start, ctx_len, max_ctx, scale,
-                              workspace, workspace_bytes, &(paged_fold){&r, &a}, &folded));
-    if (folded) return CAI_OK;
-    CAI_CALL(cai_cuda_rope_kv_cache_write(dev, qk, k_cache, v_cache, v, slots, cos, sin, positions));
-    return cai_cuda_paged_attention(dev, out, &q, k_cache, v_cache, block_tables, q_start, ctx_len, max_ctx, scale,
-                                    workspace, workspace_bytes);
 }
 
 cai_status cai_cuda_rope_kv_cache_write(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,

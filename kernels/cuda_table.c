@@ -60,7 +60,6 @@ static const cai_ops cuda_ops = {
     .rope_kv_cache_write = cai_cuda_rope_kv_cache_write,
     .paged_attention_workspace_bytes = cai_cuda_paged_attention_workspace_bytes,
     .paged_attention = cai_cuda_paged_attention,
-    .rope_paged_attention = cai_cuda_rope_paged_attention,
     .attention_workspace_bytes = cai_cuda_attention_workspace_bytes,
     .attention_fwd = cai_cuda_attention_fwd,
     .attention_bwd = cai_cuda_attention_bwd,

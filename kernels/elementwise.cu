@@ -827,7 +827,8 @@ __global__ void k_rope(cuk_bthd y, cuk_bthd x, cuk_mat cs, cuk_mat sn, const int
             float y1 = 0.0f, y2 = 0.0f;
             if (!bad) {
                 float c = ((const float *)cs.p)[p * cs.ld + i], s = sign * ((const float *)sn.p)[p * sn.ld + i];
-                cuk_rot(x1, x2, c, s, y1, y2);
+                y1 = x1 * c - x2 * s;
+                y2 = x2 * c + x1 * s;
             }
             stf(y.p, y.dt, yo + i, y1);
             stf(y.p, y.dt, yo + i + half, y2);
@@ -853,7 +854,9 @@ CUK_INLINE void cuk_rope8(const void *x, int64_t xo, void *y, int64_t yo, int64_
         cuk_ld8<CUK_F32>(sn.p, p * sn.ld + i, sv);
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-            cuk_rot(x1[e], x2[e], cv[e], sign * sv[e], y1[e], y2[e]);
+            const float s = sign * sv[e];
+            y1[e] = x1[e] * cv[e] - x2[e] * s;
+            y2[e] = x2[e] * cv[e] + x1[e] * s;
         }
     }
     cuk_st8<DT>(y, yo, y1);

@@ -341,14 +341,12 @@ CUK_INLINE int64_t pg_row_of(const cuk_paged &p, const int32_t *bt, int64_t s, i
  * stage n % NS. This thread copies the 16-byte chunks tid + NT k of each
  * tile (the first dchunks of a row: dims past D are never read), whose
  * block ids it reads a tile ahead, so that a tile's copies never wait for
- * the block table. start() runs once, after the predecessor is waited for
- * (cuk_pdl_wait) and the first NS - 1 tiles' copies are issued; arrive(n,
- * stage) runs once tile n's copies are all visible, before body (a block-
- * uniform hook: it may write the stage and meet at a barrier). On return
- * the stages are free for other use. */
-template <int ES, int TK, int ROWB, int NS, class Start, class Arrive, class Body>
+ * the block table. start() runs once, after the first tile's block ids are
+ * read and the predecessor is waited for (cuk_pdl_wait), before any copy.
+ * On return the stages are free for other use. */
+template <int ES, int TK, int ROWB, int NS, class Start, class Body>
 CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, char *tiles, int *flags, cuk_errrec *err,
-                          Start start, Arrive arrive, Body body) {
+                          Start start, Body body) {
     constexpr int CPR = ROWB / 16 < 1 ? 1 : ROWB / 16, LPT = (TK * CPR + PG_NT - 1) / PG_NT, STAGEB = 2 * TK * ROWB;
     const int tid = threadIdx.x, bs = (int)p.bs, dchunks = (int)(p.q.D * ES / 16);
     const int64_t D = p.q.D;
@@ -394,13 +392,13 @@ CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, cha
     /* launched as a programmatic dependent of the cache write: q and the caches are its to write, the indices the
      * host's */
     cuk_pdl_wait();
+    start();
 #pragma unroll
     for (int n = 0; n < NS - 1; n++) {
         if (n > 0) fetch(n);
         if (n < ntiles) issue(n);
         mma_commit();
     }
-    start();
     fetch(NS - 1);
     for (int n = 0; n < ntiles; n++) {
         __syncthreads(); /* every warp is done with the stage the next copies refill */
@@ -409,7 +407,6 @@ CUK_INLINE void pg_stream(const cuk_paged &p, const pg_task &t, int bs_log2, cha
         mma_commit();
         mma_wait<NS - 1>();
         __syncthreads(); /* tile n, its zeros and flags, visible to all */
-        arrive(n, tiles + (n % NS) * STAGEB);
         body((const char *)(tiles + (n % NS) * STAGEB), (const int *)(flags + (n % NS) * TK));
     }
     mma_wait<0>();
@@ -471,8 +468,7 @@ __global__ void __launch_bounds__(PG_NT, 4)
         }
         pg_update<GH, U>(sc, vv, t.nh, m, l, acc);
     };
-    pg_stream<ES, TK, ROWB, PG_NS>(
-        p, t, bs_log2, tiles, &flags[0][0], err, start, [](int, char *) {}, tile);
+    pg_stream<ES, TK, ROWB, PG_NS>(p, t, bs_log2, tiles, &flags[0][0], err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
     pg_finish<DMAX, GH>(p, t, splits, chunk, (float *)smem, m, l, acc, ws_acc, ws_ml, cnt);
 }
@@ -539,115 +535,6 @@ template <int D> __host__ __device__ constexpr int pgt_smem() {
                : pg_merge_floats<D, CUK_PAGED_TC_HEADS>() * 4;
 }
 
-/* RoPE and the cache write folded in (p.rcos set; decode rows, launched
- * only where row i is sequence i's one query), off the path to the first
- * tiles: the row's position and slot are host indices, read before the
- * wait; after the first tiles' copies are issued, start() stores the
- * position's cos and sin (PGT_ROT) and the writing threads' chunks of the
- * row's new key and value (as read) in shared memory. When tile 0 has
- * arrived, every lane rotates its q fragments' pairs (dims j and j + D/2
- * sit in fragments kk and kk + KC/2 of the same lane) and rounds them to
- * q's type, as k_rope_kv_write leaves q in memory. The block whose keys
- * end at the row's own position (the last split) then puts the rotated key
- * and the value into that row of the tile that holds it, over what the
- * copy brought from the cache, and stores them to the row's slot:
- * k_rope_kv_write's values. Several head chunks of a group store the same
- * bits. */
-template <int D> struct pgt_rot {
-    float c[D / 2], s[D / 2]; /* the position's angles; zeros for a bad position */
-    uint4 k[D / 8], v[D / 8]; /* the new key (unrotated) and value, 8 elements a chunk */
-    int64_t slot;             /* where the block stores them; -1: it does not */
-};
-
-template <bool F16> CUK_INLINE uint32_t pgt_narrow(float f) {
-    return F16 ? cuk_f32_to_f16_mode(f, 0, 0) : cuk_f32_to_bf16(f);
-}
-
-template <bool F16> CUK_INLINE void pgt_unpack(uint4 u, float *v) { cuk_unpack8<F16 ? CUK_F16 : CUK_BF16>(u, v); }
-
-template <bool F16> CUK_INLINE uint4 pgt_pack(const float *v) {
-    uint32_t w[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) w[k] = pgt_narrow<F16>(v[2 * k]) | pgt_narrow<F16>(v[2 * k + 1]) << 16;
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-/* start()'s part: errors reported (by one block of the row), the angles
- * (zeros where the position is bad), the slot, and the writing threads'
- * chunks (key: the first D/16 threads, two chunks each; value: the next
- * D/8). `writes`: the block's keys end at the row's own position. */
-template <int D>
-CUK_INLINE void pgt_rot_load(const cuk_paged &p, const pg_task &t, int64_t pos, bool writes, pgt_rot<D> &r,
-                             cuk_errrec *err) {
-    const int tid = threadIdx.x;
-    const bool bad = pos < 0 || pos >= p.rrows, first = blockIdx.y == 0 && t.h0 == t.g * (p.q.H / p.Hkv);
-    const int64_t slot = writes ? p.slots[t.i] : -1;
-    if (tid == 0) {
-        if (bad && first) cuk_report(err, CUK_ERR_POSITION, t.i, pos, p.rrows, 0);
-        if (slot >= p.n_slots && writes && t.h0 == t.g * (p.q.H / p.Hkv))
-            cuk_report(err, CUK_ERR_SLOT, t.i, slot, p.n_slots, 0);
-        r.slot = slot < p.n_slots ? slot : -1;
-    }
-    if (tid < D / 2) {
-        r.c[tid] = bad ? 0.0f : p.rcos[pos * p.rld + tid];
-        r.s[tid] = bad ? 0.0f : p.rsin[pos * p.rld + tid];
-    }
-    if (slot < 0 || slot >= p.n_slots) return;
-    const int64_t ko = cuk_roff(p.k, 0, t.i, t.g), vo = cuk_roff(p.v, 0, t.i, t.g);
-    if (tid < D / 16) {
-        r.k[tid] = *(const uint4 *)((const e16 *)p.k.p + ko + 8 * tid);
-        r.k[tid + D / 16] = *(const uint4 *)((const e16 *)p.k.p + ko + D / 2 + 8 * tid);
-    } else if (tid < D / 16 + D / 8) {
-        r.v[tid - D / 16] = *(const uint4 *)((const e16 *)p.v.p + vo + 8 * (tid - D / 16));
-    }
-}
-
-/* The lane's q pairs rotated (tile 0's arrival; the angles are visible). */
-template <int D, bool F16> CUK_INLINE void pgt_rot_q(uint32_t (&qa)[D / 16][4], const pgt_rot<D> &r, int tq) {
-    constexpr int KC = D / 16;
-    auto wide = [](uint32_t h) { return F16 ? cuk_f16_to_f32((uint16_t)h) : cuk_bf16_to_f32((uint16_t)h); };
-#pragma unroll
-    for (int kk = 0; kk < KC / 2; kk++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int j = kk * 16 + (e >> 1) * 8 + 2 * tq;
-            const uint32_t a = qa[kk][e], b = qa[kk + KC / 2][e];
-            float y1[2], y2[2];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                cuk_rot(wide(h ? a >> 16 : a & 0xffffu), wide(h ? b >> 16 : b & 0xffffu), r.c[j + h], r.s[j + h], y1[h],
-                        y2[h]);
-            qa[kk][e] = pgt_narrow<F16>(y1[0]) | pgt_narrow<F16>(y1[1]) << 16;
-            qa[kk + KC / 2][e] = pgt_narrow<F16>(y2[0]) | pgt_narrow<F16>(y2[1]) << 16;
-        }
-}
-
-/* The writing threads' chunks of the new row into tile row `row` (K rows
- * at LD-element strides, V rows TK rows after) and into cache slot `slot`. */
-template <int D, bool F16, int LD, int TK>
-CUK_INLINE void pgt_rot_put(const cuk_paged &p, const pg_task &t, const pgt_rot<D> &r, e16 *tile, int row,
-                            int64_t slot) {
-    const int tid = threadIdx.x;
-    const int64_t dst = (slot * p.Hkv + t.g) * D;
-    if (tid < D / 16) {
-        const int i = 8 * tid;
-        float x1[8], x2[8], y1[8], y2[8];
-        pgt_unpack<F16>(r.k[tid], x1);
-        pgt_unpack<F16>(r.k[tid + D / 16], x2);
-#pragma unroll
-        for (int e = 0; e < 8; e++) cuk_rot(x1[e], x2[e], r.c[i + e], r.s[i + e], y1[e], y2[e]);
-        const uint4 a = pgt_pack<F16>(y1), b = pgt_pack<F16>(y2);
-        *(uint4 *)(tile + row * LD + i) = a;
-        *(uint4 *)(tile + row * LD + i + D / 2) = b;
-        *(uint4 *)((e16 *)p.kc + dst + i) = a;
-        *(uint4 *)((e16 *)p.kc + dst + i + D / 2) = b;
-    } else if (tid < D / 16 + D / 8) {
-        const int i = 8 * (tid - D / 16);
-        *(uint4 *)(tile + (TK + row) * LD + i) = r.v[tid - D / 16];
-        *(uint4 *)((e16 *)p.vc + dst + i) = r.v[tid - D / 16];
-    }
-}
-
 template <int D, bool F16>
 __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
     k_paged_tc(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
@@ -664,10 +551,6 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
         pg_empty(p, t, splits, cnt);
         return;
     }
-    /* RoPE folded in: the row's position (a host index, read before the wait) */
-    __shared__ pgt_rot<D> rot;
-    const bool fold = p.rcos != nullptr;
-    const int64_t pos = fold ? p.pos[t.i] : 0;
     const float sl2 = p.scale * PG_LOG2E;
     float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -687,16 +570,6 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
                 const int64_t r = e & 1 ? r1 : r0;
                 qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
             }
-        if (fold) pgt_rot_load<D>(p, t, pos, t.k1 == t.nk, rot, err);
-    };
-    /* tile n has arrived (all its copies visible): RoPE's part, before the tile is used */
-    auto arrive = [&](int n, char *st) {
-        if (!fold) return;
-        if (n == 0) pgt_rot_q<D, F16>(qa, rot, tq);
-        const int row = (int)(t.nk - 1 - t.k0) - n * TK;
-        if (rot.slot < 0 || row < 0 || row >= TK) return;
-        pgt_rot_put<D, F16, LD, TK>(p, t, rot, (e16 *)st, row, rot.slot);
-        __syncthreads(); /* the new row in the tile before any warp reads it */
     };
     auto tile = [&](const char *st, const int *fl) {
         const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
@@ -748,7 +621,7 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
             for (int e = 0; e < 4; e++) acc[n2][e] *= corr[e >> 1];
         mma_gemm_pk<F16, LD, ND, 1>(acc, s, vs, lane);
     };
-    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, arrive, tile);
+    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
 #pragma unroll
     for (int r = 0; r < 2; r++) {

@@ -780,20 +780,14 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
         const cai_block_params *p = &e->blk[l];
         CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
         CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
-        if (e->kinds.pos == CAI_POS_ROPE && N == S) { /* a decode step */
-            CAI_CALL(ops->rope_paged_attention(dev, &att4, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
-                                               &e->rope_sin, &d_pos, &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f, e->attn_ws,
-                                               e->attn_ws_bytes));
+        if (e->kinds.pos == CAI_POS_ROPE) {
+            CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
+                                              &e->rope_sin, &d_pos));
         } else {
-            if (e->kinds.pos == CAI_POS_ROPE) {
-                CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
-                                                  &e->rope_sin, &d_pos));
-            } else {
-                CAI_CALL(ops->kv_cache_write(dev, &e->kc[l], &e->vc[l], &k4, &v4, &d_slots));
-            }
-            CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
-                                          e->attn_ws, e->attn_ws_bytes));
+            CAI_CALL(ops->kv_cache_write(dev, &e->kc[l], &e->vc[l], &k4, &v4, &d_slots));
         }
+        CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
+                                      e->attn_ws, e->attn_ws_bytes));
         CAI_CALL(row_parallel(e, &x, &att, &p->proj_w, &p->proj_b, N));
         CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
         if (e->kinds.mlp == CAI_MLP_GELU) {

@@ -133,11 +133,6 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
                         const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
                         const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
                         size_t workspace_bytes);
-CPU_OP(rope_paged_attention)(cai_device_t *dev, cai_tensor *out, cai_tensor *qk, cai_tensor *k_cache,
-                             cai_tensor *v_cache, const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos,
-                             const cai_tensor *sin, const cai_tensor *positions, const cai_tensor *block_tables,
-                             const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
-                             void *workspace, size_t workspace_bytes);
 
 /* attention (cpu_attention.c) */
 size_t cai_cpu_attention_workspace_bytes(const cai_device_t *dev, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,

@@ -144,7 +144,7 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
     return CAI_OK;
 }
 
-/* The host has no launches to save: the ops one after another. */
+/* The host has no launches to save: the two ops. */
 CPU_OP(rope_kv_cache_write)(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cache, cai_tensor *v_cache,
                             const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos, const cai_tensor *sin,
                             const cai_tensor *positions) {
@@ -155,16 +155,4 @@ CPU_OP(rope_kv_cache_write)(cai_device_t *dev, cai_tensor *qk, cai_tensor *k_cac
     CAI_CALL(cai_ops_kv_cache_write_args(op, CAI_HOST, CAI_F32, k_cache, v_cache, &k, v, slots, &a));
     CAI_CALL(cai_cpu_rope_fwd(dev, qk, qk, cos, sin, positions, 0));
     return cai_cpu_kv_cache_write(dev, k_cache, v_cache, &k, v, slots);
-}
-
-CPU_OP(rope_paged_attention)(cai_device_t *dev, cai_tensor *out, cai_tensor *qk, cai_tensor *k_cache,
-                             cai_tensor *v_cache, const cai_tensor *v, const cai_tensor *slots, const cai_tensor *cos,
-                             const cai_tensor *sin, const cai_tensor *positions, const cai_tensor *block_tables,
-                             const cai_tensor *q_start, const cai_tensor *ctx_len, int64_t max_ctx, float scale,
-                             void *workspace, size_t workspace_bytes) {
-    cai_tensor q;
-    CAI_CALL(cai_ops_rope_queries("rope_paged_attention", qk, out, k_cache, &q));
-    CAI_CALL(cai_cpu_rope_kv_cache_write(dev, qk, k_cache, v_cache, v, slots, cos, sin, positions));
-    return cai_cpu_paged_attention(dev, out, &q, k_cache, v_cache, block_tables, q_start, ctx_len, max_ctx, scale,
-                                   workspace, workspace_bytes);
 }

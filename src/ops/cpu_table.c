@@ -55,7 +55,6 @@ static const cai_ops cpu_ops = {
     .rope_kv_cache_write = cai_cpu_rope_kv_cache_write,
     .paged_attention_workspace_bytes = cai_cpu_paged_attention_workspace_bytes,
     .paged_attention = cai_cpu_paged_attention,
-    .rope_paged_attention = cai_cpu_rope_paged_attention,
     .attention_workspace_bytes = cai_cpu_attention_workspace_bytes,
     .attention_fwd = cai_cpu_attention_fwd,
     .attention_bwd = cai_cpu_attention_bwd,

@@ -215,18 +215,6 @@ cai_status cai_ops_rope_kv_keys(const char *op, const cai_tensor *qk, const cai_
     return cai_tensor_narrow(qk, 2, qk->shape[2] - k_cache->shape[2], k_cache->shape[2], k);
 }
 
-cai_status cai_ops_rope_queries(const char *op, const cai_tensor *qk, const cai_tensor *out, const cai_tensor *k_cache,
-                                cai_tensor *q) {
-    cai_tensor k;
-    CAI_CALL(cai_ops_rope_kv_keys(op, qk, k_cache, &k));
-    if (!out || out->ndim != 4 || out->shape[2] != qk->shape[2] - k_cache->shape[2])
-        return CAI_ERROR(CAI_ERR_INVALID_ARG,
-                         "%s: out %s must have the %lld query heads of qk %s less the caches' %lld", op,
-                         CAI_OPS_DESCRIBE(out), (long long)(qk->shape[2] - k_cache->shape[2]), CAI_OPS_DESCRIBE(qk),
-                         (long long)k_cache->shape[2]);
-    return cai_tensor_narrow(qk, 2, 0, out->shape[2], q);
-}
-
 cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
                                        const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
                                        const cai_tensor *slots, cai_kv_write_args *a) {

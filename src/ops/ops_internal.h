@@ -64,9 +64,6 @@ typedef struct {
 } cai_kv_write_args;
 /* rope_kv_cache_write's keys: the last Hkv (the caches') heads of qk, a view. */
 cai_status cai_ops_rope_kv_keys(const char *op, const cai_tensor *qk, const cai_tensor *k_cache, cai_tensor *k);
-/* rope_paged_attention's queries: the first Hq heads of qk, Hq = out's heads = qk's less the caches'. */
-cai_status cai_ops_rope_queries(const char *op, const cai_tensor *qk, const cai_tensor *out, const cai_tensor *k_cache,
-                                cai_tensor *q);
 cai_status cai_ops_kv_cache_write_args(const char *op, cai_device_kind kind, int want, const cai_tensor *k_cache,
                                        const cai_tensor *v_cache, const cai_tensor *k, const cai_tensor *v,
                                        const cai_tensor *slots, cai_kv_write_args *a);

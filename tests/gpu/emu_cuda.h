@@ -66,10 +66,6 @@ static inline uint32_t __float_as_uint(float f) {
     memcpy(&u, &f, 4);
     return u;
 }
-/* The rounded-alone float operations: the host's float arithmetic (no contraction in ISO C++). */
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
 
 /* Programmatic dependent launch has no meaning for one emulated grid. */
 static inline void cuk_pdl_trigger() {}

@@ -15,12 +15,7 @@
  * V. Pass: every output row within 1e-2 of the largest reference value for
  * the tensor-core kernel (P is rounded to bf16 before P V), 1e-5 for the
  * CUDA-core kernel (f32 throughout); the merge counters back at 0; a bad
- * block id reported and its keys left out. Decode cases with RoPE folded
- * in (tensor-core kernel only): q and k read unrotated, the caches'
- * slot rows (poisoned before) hold k rotated and v bit for bit as the
- * host's float rotation rounded to bf16 leaves them, every other cache
- * row and qkv untouched, a slot of -1 writes nothing, and the reference
- * attends with the rotated q and the expected caches.
+ * block id reported and its keys left out.
  *   tests/gpu/paged_emu.sh [case] */
 #include <algorithm>
 #include <cmath>
@@ -103,8 +98,6 @@ struct Case {
     int64_t chunk; /* keys a split; 0: one split */
     bool counters; /* the in-kernel merge (else k_paged_reduce) */
     int bad_seq;   /* >= 0: this sequence's second table column names a block outside the pool */
-    bool rope;     /* RoPE and the cache write folded in (decode rows only) */
-    int pad_seq;   /* >= 0 (with rope): this sequence's slot is -1 */
 };
 
 static int run_case(const Case &c, bool tc) {
@@ -131,42 +124,6 @@ static int run_case(const Case &c, bool tc) {
     for (auto &x : qb) x = f2bf(nd(rng));
     for (auto &x : kb) x = f2bf(nd(rng));
     for (auto &x : vb) x = f2bf(nd(rng));
-    /* RoPE folded in: the expected rotated q and caches, the slots poisoned */
-    const int half = D / 2, maxpos = max_ctx + 3;
-    std::vector<float> cs((size_t)maxpos * half), sn(cs.size());
-    for (int pp = 0; pp < maxpos; pp++)
-        for (int j = 0; j < half; j++) {
-            const double a = pp * std::pow(10000.0, -2.0 * j / D);
-            cs[(size_t)pp * half + j] = (float)std::cos(a);
-            sn[(size_t)pp * half + j] = (float)std::sin(a);
-        }
-    std::vector<int32_t> pos(N), slots(N);
-    const std::vector<uint16_t> qb0 = qb;
-    std::vector<uint16_t> qr = qb, kx = kb, vx = vb;
-    if (c.rope) {
-        auto rot = [&](const uint16_t *x, uint16_t *y, int pp) {
-            for (int j = 0; j < half; j++) {
-                const float x1 = bf2f(x[j]), x2 = bf2f(x[j + half]);
-                const float cv = cs[(size_t)pp * half + j], sv = sn[(size_t)pp * half + j];
-                const float y1 = x1 * cv - x2 * sv, y2 = x2 * cv + x1 * sv;
-                y[j] = f2bf(y1);
-                y[j + half] = f2bf(y2);
-            }
-        };
-        for (int s = 0; s < S; s++) {
-            const int i = qs[s], pp = c.ctx[s] - 1;
-            pos[i] = pp;
-            slots[i] = s == c.pad_seq ? -1 : bt[(size_t)s * max_blocks + pp / bs] * bs + pp % bs;
-            for (int h = 0; h < Hq; h++) rot(&qb[(size_t)i * qrow + h * D], &qr[(size_t)i * qrow + h * D], pp);
-            if (slots[i] < 0) continue;
-            for (int g = 0; g < Hkv; g++) {
-                const size_t row = ((size_t)slots[i] * Hkv + g) * D;
-                rot(&qb[(size_t)i * qrow + (Hq + g) * D], &kx[row], pp);
-                std::memcpy(&vx[row], &qb[(size_t)i * qrow + (Hq + Hkv + g) * D], (size_t)D * 2);
-                for (int e = 0; e < D; e++) kb[row + e] = vb[row + e] = 0xffff; /* NaN */
-            }
-        }
-    }
     std::vector<float> o((size_t)N * Hq * D, NAN);
     const float scale = 1.0f / std::sqrt((float)D);
     cuk_paged p{};
@@ -186,17 +143,6 @@ static int run_case(const Case &c, bool tc) {
     p.limit = (int64_t)max_blocks * bs;
     p.scale = scale;
     p.tc = tc;
-    if (c.rope) {
-        p.rcos = cs.data();
-        p.rsin = sn.data();
-        p.rld = half;
-        p.rrows = maxpos;
-        p.pos = pos.data();
-        p.slots = slots.data();
-        p.n_slots = (int64_t)n_blocks * bs;
-        p.k = cuk_bthd{qb.data() + (size_t)Hq * D, 1, N, Hkv, D, N * qrow, qrow, D, CUK_BF16};
-        p.v = cuk_bthd{qb.data() + (size_t)(Hq + Hkv) * D, 1, N, Hkv, D, N * qrow, qrow, D, CUK_BF16};
-    }
     const int64_t chunk = c.chunk > 0 ? c.chunk : max_ctx, splits = (max_ctx + chunk - 1) / chunk;
     const int heads = tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS, nhc = (G + heads - 1) / heads;
     const dim3 grid((unsigned)(N * Hkv * nhc), (unsigned)splits, 1);
@@ -210,10 +156,10 @@ static int run_case(const Case &c, bool tc) {
         for (bl = 0; (1 << bl) < bs; bl++) {
         }
     cuk_errrec err{};
-    printf("%s: S %d N %d Hq/Hkv %d/%d D %d bs %d ctx max %d, %lld split(s) of %lld%s%s%s\n", tc ? "tc  " : "pipe", S,
-           N, Hq, Hkv, D, bs, max_ctx, (long long)splits, (long long)chunk,
+    printf("%s: S %d N %d Hq/Hkv %d/%d D %d bs %d ctx max %d, %lld split(s) of %lld%s%s\n", tc ? "tc  " : "pipe", S, N,
+           Hq, Hkv, D, bs, max_ctx, (long long)splits, (long long)chunk,
            splits > 1 ? (c.counters ? ", merged in the kernel" : ", k_paged_reduce") : "",
-           c.bad_seq >= 0 ? ", a bad block" : "", c.rope ? ", RoPE folded in" : "");
+           c.bad_seq >= 0 ? ", a bad block" : "");
     if (tc) {
         if (D == 64)
             launch(grid, pgt_smem<64>(),
@@ -247,7 +193,7 @@ static int run_case(const Case &c, bool tc) {
                     if (blk < 0 || blk >= n_blocks) continue;
                     const size_t row = (((size_t)blk * bs + k % bs) * Hkv + h / G) * D;
                     double d = 0;
-                    for (int e = 0; e < D; e++) d += (double)bf2f(qr[(size_t)i * qrow + h * D + e]) * bf2f(kx[row + e]);
+                    for (int e = 0; e < D; e++) d += (double)bf2f(qb[(size_t)i * qrow + h * D + e]) * bf2f(kb[row + e]);
                     sc[k] = d * scale;
                     m = std::max(m, sc[k]);
                 }
@@ -259,7 +205,7 @@ static int run_case(const Case &c, bool tc) {
                     const size_t row = (((size_t)blk * bs + k % bs) * Hkv + h / G) * D;
                     const double w = std::exp(sc[k] - m);
                     L += w;
-                    for (int e = 0; e < D; e++) acc[e] += w * bf2f(vx[row + e]);
+                    for (int e = 0; e < D; e++) acc[e] += w * bf2f(vb[row + e]);
                 }
                 for (int e = 0; e < D; e++) {
                     ref[((size_t)i * Hq + h) * D + e] = L > 0 ? acc[e] / L : 0.0;
@@ -286,10 +232,6 @@ static int run_case(const Case &c, bool tc) {
             fails++;
             break;
         }
-    if (c.rope && (kb != kx || vb != vx || qb != qb0)) {
-        printf("  FAIL: the caches are not the rotated keys and the values at the slots, or qkv changed\n");
-        fails++;
-    }
     const int want = c.bad_seq >= 0 ? CUK_ERR_BLOCK : CUK_ERR_NONE;
     if (err.code != want || (want && (err.a != c.bad_seq || err.b != 1 || err.c != n_blocks + 5))) {
         printf("  FAIL: error record %d (%lld, %lld, %lld), want %d\n", err.code, (long long)err.a, (long long)err.b,
@@ -315,16 +257,12 @@ int main(int argc, char **argv) {
         {{1, 1}, {90, 150}, 4, 4, 64, 16, 64, true, 1},
         /* a prefill of 70 rows (every row's own prefix) at head_dim 128, GQA 2 */
         {{70}, {70}, 4, 2, 128, 16, 0, true, -1},
-        /* RoPE folded in: decode, Llama 1B heads, the new key in every split position */
-        {{1, 1, 1, 1, 1}, {1, 17, 64, 130, 300}, 32, 8, 64, 16, 64, true, -1, true, -1},
-        /* head_dim 128, a group of 32 (two head chunks write the same key), one split, a padded row */
-        {{1, 1, 1}, {200, 77, 5}, 32, 1, 128, 16, 0, true, -1, true, 2},
     };
     int fails = 0, n = 0;
     for (const Case &c : cases) {
         if (which < 0 || which == n) {
             fails += run_case(c, true);
-            if (!c.rope) fails += run_case(c, false);
+            fails += run_case(c, false);
         }
         n++;
     }

@@ -1234,73 +1234,42 @@ typedef struct {
     int stale;
 } pg_seq;
 
-/* A ragged batch's index tensors: blocks handed out in a shuffled order
- * (spare blocks never referenced, a spare table column of -1 the kernels
- * must not follow), each query's slot and position. */
-typedef struct {
-    int64_t N, n_blocks, max_blocks;
-    int32_t *qs, *pos; /* host copies: q_start [S+1], positions [N] */
-    gt_t bt, qs_t, cl, slots, positions;
-} pg_batch;
-
-static pg_batch pg_batch_of(const pg_seq *seq, int S, int64_t bs, int64_t D) {
-    pg_batch b = {.max_blocks = 1};
-    int64_t used = 0;
-    for (int s = 0; s < S; s++) {
-        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
-        b.N += seq[s].ql;
-        used += nb;
-        if (nb + 1 > b.max_blocks) b.max_blocks = nb + 1;
-    }
-    b.n_blocks = used + 3;
-    int32_t *perm = malloc(sizeof(int32_t) * (size_t)b.n_blocks),
-            *bt = malloc(sizeof(int32_t) * (size_t)(S * b.max_blocks));
-    int32_t *cl = malloc(sizeof(int32_t) * (size_t)S), *sl = malloc(sizeof(int32_t) * (size_t)(b.N > 0 ? b.N : 1));
-    b.qs = malloc(sizeof(int32_t) * (size_t)(S + 1));
-    b.pos = malloc(sizeof(int32_t) * (size_t)(b.N > 0 ? b.N : 1));
-    if (!perm || !bt || !b.qs || !cl || !sl || !b.pos) gt_die("paged test tables");
-    shuffled_ids(perm, b.n_blocks, 0x9e3779b97f4a7c15ull ^ (uint64_t)(b.n_blocks * 131 + D));
-    int64_t next = 0, row = 0;
-    b.qs[0] = 0;
-    for (int s = 0; s < S; s++) {
-        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
-        for (int64_t k = 0; k < b.max_blocks; k++) bt[s * b.max_blocks + k] = k < nb ? perm[next++] : -1;
-        for (int64_t j = 0; j < seq[s].ql; j++, row++) {
-            const int64_t pos = seq[s].ctx - seq[s].ql + j;
-            b.pos[row] = (int32_t)pos;
-            sl[row] = seq[s].stale ? -1 : (int32_t)(bt[s * b.max_blocks + pos / bs] * bs + pos % bs);
-        }
-        b.qs[s + 1] = (int32_t)row;
-        cl[s] = (int32_t)seq[s].ctx;
-    }
-    b.bt = gt_ints(2, SHP(S, b.max_blocks), bt);
-    b.qs_t = gt_ints(1, SHP(S + 1), b.qs);
-    b.cl = gt_ints(1, SHP(S), cl);
-    b.slots = gt_ints(1, SHP(b.N), sl);
-    b.positions = gt_ints(1, SHP(b.N), b.pos);
-    free(perm);
-    free(bt);
-    free(cl);
-    free(sl);
-    return b;
-}
-
-static void pg_batch_free(pg_batch *b) {
-    free(b->qs);
-    free(b->pos);
-}
-
 /* A ragged batch through kv_cache_write then paged_attention on both
  * backends: q, k, v are views into one fused QKV buffer, out a view with
- * padding columns, caches start random (the history). The caches must
+ * padding columns, caches start random (the history) with blocks handed out
+ * in a shuffled order and spare blocks never referenced. The caches must
  * match bit for bit (both round to nearest even); out within tolerance,
  * checked per sequence so every context length gets its own line. */
 static void paged_case(const char *what, cai_dtype act, cai_dtype cdt, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
                        int64_t max_ctx, const pg_seq *seq, int S) {
-    pg_batch pb = pg_batch_of(seq, S, bs, D);
-    const int64_t N = pb.N, n_blocks = pb.n_blocks;
-    const int32_t *qs = pb.qs;
-    gt_t tbt = pb.bt, tqs = pb.qs_t, tcl = pb.cl, tsl = pb.slots;
+    int64_t N = 0, used = 0, max_blocks = 1;
+    for (int s = 0; s < S; s++) {
+        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
+        N += seq[s].ql;
+        used += nb;
+        if (nb + 1 > max_blocks) max_blocks = nb + 1; /* a spare column of -1 the kernels must not follow */
+    }
+    const int64_t n_blocks = used + 3;
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks),
+            *bt = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    int32_t *qs = malloc(sizeof(int32_t) * (size_t)(S + 1)), *cl = malloc(sizeof(int32_t) * (size_t)S);
+    int32_t *sl = malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
+    if (!perm || !bt || !qs || !cl || !sl) gt_die("paged test tables");
+    shuffled_ids(perm, n_blocks, 0x9e3779b97f4a7c15ull ^ (uint64_t)(n_blocks * 131 + D));
+    int64_t next = 0, row = 0;
+    qs[0] = 0;
+    for (int s = 0; s < S; s++) {
+        const int64_t nb = (seq[s].ctx + bs - 1) / bs;
+        for (int64_t b = 0; b < max_blocks; b++) bt[s * max_blocks + b] = b < nb ? perm[next++] : -1;
+        for (int64_t j = 0; j < seq[s].ql; j++, row++) {
+            const int64_t pos = seq[s].ctx - seq[s].ql + j;
+            sl[row] = seq[s].stale ? -1 : (int32_t)(bt[s * max_blocks + pos / bs] * bs + pos % bs);
+        }
+        qs[s + 1] = (int32_t)row;
+        cl[s] = (int32_t)seq[s].ctx;
+    }
+    gt_t tbt = gt_ints(2, SHP(S, max_blocks), bt), tqs = gt_ints(1, SHP(S + 1), qs), tcl = gt_ints(1, SHP(S), cl);
+    gt_t tsl = gt_ints(1, SHP(N), sl);
     gt_t qkv = R3(act, 1, N, (Hq + 2 * Hkv) * D, 1.0);
     gt_t q = gt_unflatten(gt_narrow(qkv, 2, 0, Hq * D), 2, D);
     gt_t k = gt_unflatten(gt_narrow(qkv, 2, Hq * D, Hkv * D), 2, D);
@@ -1341,7 +1310,11 @@ static void paged_case(const char *what, cai_dtype act, cai_dtype cdt, int64_t H
     printf("  (N %" PRId64 ", max_ctx %" PRId64 ", gpu workspace %zu bytes)\n", N, max_ctx, gws);
     free(hw);
     cai_device_dealloc(G, gw);
-    pg_batch_free(&pb);
+    free(perm);
+    free(bt);
+    free(qs);
+    free(cl);
+    free(sl);
 }
 
 /* decode steps: one query over 1, 17, 600 and 5000 cached tokens */
@@ -1516,87 +1489,6 @@ static void t_rope_kv(cai_dtype act, cai_dtype cdt, int64_t Hq, int64_t Hkv, int
            G->ops->rope_kv_cache_write(G, &bad.g, &kc.g, &vc.g, &v.g, &tsl.g, &cs.g, &sn.g, &tps.g),
            CAI_ERR_INVALID_ARG);
 }
-/* rope_paged_attention on a decode step (or a mixed one): against the
- * host, and bit for bit (out and both caches) against rope_kv_cache_write
- * then paged_attention on this device. Where the tensor-core kernel takes
- * a decode step (16-bit q and caches of one dtype, D 64 or 128, half % 8
- * == 0) the rotation happens as the kernel reads q and writes the new key,
- * so qkv is left unrotated: the test reads that as the folded path having
- * run (`folds`), and a rotated qkv elsewhere as the two ops. */
-static void t_rope_paged(const char *what, cai_dtype act, cai_dtype cdt, int64_t Hq, int64_t Hkv, int64_t D, int64_t bs,
-                         const pg_seq *seq, int S, int folds) {
-    int64_t max_ctx = 1;
-    for (int s = 0; s < S; s++)
-        if (seq[s].ctx > max_ctx) max_ctx = seq[s].ctx;
-    pg_batch pb = pg_batch_of(seq, S, bs, D);
-    const int64_t N = pb.N, W = (Hq + 2 * Hkv) * D;
-    char tag[128];
-    snprintf(tag, sizeof tag, "%s H%" PRId64 "/%" PRId64 " D%" PRId64 " bs%" PRId64 " %s act %s cache", what, Hq, Hkv,
-             D, bs, dtn(act), dtn(cdt));
-    gt_t cs = O2(CAI_DTYPE_F32, max_ctx, D / 2), sn = O2(CAI_DTYPE_F32, max_ctx, D / 2);
-    BOTH("rope_tables", H->ops->rope_tables(H, &cs.h, &sn.h, 10000.0), G->ops->rope_tables(G, &cs.g, &sn.g, 10000.0));
-    gt_t qkv = R3(act, 1, N, W, 1.0), kc = R4(cdt, pb.n_blocks, bs, Hkv, D, 1.0),
-         vc = R4(cdt, pb.n_blocks, bs, Hkv, D, 1.0);
-    gt_t qkv2 = O3(act, 1, N, W), kc2 = O4(cdt, pb.n_blocks, bs, Hkv, D), vc2 = O4(cdt, pb.n_blocks, bs, Hkv, D);
-    gt_t qkv0 = O3(act, 1, N, W);
-    GT_OK(G->ops->copy(G, &qkv2.g, &qkv.g));
-    GT_OK(G->ops->copy(G, &qkv0.g, &qkv.g));
-    GT_OK(G->ops->copy(G, &kc2.g, &kc.g));
-    GT_OK(G->ops->copy(G, &vc2.g, &vc.g));
-    gt_t qk = gt_unflatten(gt_narrow(qkv, 2, 0, (Hq + Hkv) * D), 2, D);
-    gt_t v = gt_unflatten(gt_narrow(qkv, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
-    gt_t o = O4(act, 1, N, Hq, D), o2 = O4(act, 1, N, Hq, D);
-    const size_t hws = H->ops->paged_attention_workspace_bytes(H, N, S, Hq, D, max_ctx);
-    const size_t gws = G->ops->paged_attention_workspace_bytes(G, N, S, Hq, D, max_ctx);
-    void *hw = malloc(hws), *gw = NULL;
-    if (!hw) gt_die("paged host workspace");
-    GT_OK(cai_device_alloc(G, gws, "paged attention workspace", &gw));
-    BOTH("rope_paged_attention",
-         H->ops->rope_paged_attention(H, &o.h, &qk.h, &kc.h, &vc.h, &v.h, &pb.slots.h, &cs.h, &sn.h, &pb.positions.h,
-                                      &pb.bt.h, &pb.qs_t.h, &pb.cl.h, max_ctx, 0.0f, hw, hws),
-         G->ops->rope_paged_attention(G, &o.g, &qk.g, &kc.g, &vc.g, &v.g, &pb.slots.g, &cs.g, &sn.g, &pb.positions.g,
-                                      &pb.bt.g, &pb.qs_t.g, &pb.cl.g, max_ctx, 0.0f, gw, gws));
-    gt_round_host(&kc);
-    gt_round_host(&vc);
-    gt_check(nm("rope_paged_attention k_cache %s", tag), kc, gt_tol(act));
-    gt_check(nm("rope_paged_attention v_cache %s", tag), vc, 0.0);
-    gt_check(nm("rope_paged_attention out %s", tag), o, act == CAI_DTYPE_F32 ? 2e-5 : gt_tol(act));
-    /* the same step as the two ops on this device */
-    gt_t qk2 = gt_unflatten(gt_narrow(qkv2, 2, 0, (Hq + Hkv) * D), 2, D);
-    gt_t q2 = gt_unflatten(gt_narrow(qkv2, 2, 0, Hq * D), 2, D);
-    gt_t v2 = gt_unflatten(gt_narrow(qkv2, 2, (Hq + Hkv) * D, Hkv * D), 2, D);
-    GT_OK(G->ops->rope_kv_cache_write(G, &qk2.g, &kc2.g, &vc2.g, &v2.g, &pb.slots.g, &cs.g, &sn.g, &pb.positions.g));
-    GT_OK(G->ops->paged_attention(G, &o2.g, &q2.g, &kc2.g, &vc2.g, &pb.bt.g, &pb.qs_t.g, &pb.cl.g, max_ctx, 0.0f, gw,
-                                  gws));
-    const gt_t *one[3] = {&o, &kc, &vc}, *two[3] = {&o2, &kc2, &vc2};
-    const char *part[3] = {"out", "k_cache", "v_cache"};
-    for (int i = 0; i < 3; i++) {
-        float *a = gt_download(one[i]->b), *b = gt_download(two[i]->b);
-        gt_expect(nm("rope_paged_attention %s %s equals rope_kv_cache_write, paged_attention bitwise", part[i], tag),
-                  memcmp(a, b, (size_t)one[i]->b->n * sizeof(float)) == 0, "");
-        free(a);
-        free(b);
-    }
-    float *a = gt_download(qkv.b), *b = gt_download(qkv0.b);
-    const int same = memcmp(a, b, (size_t)qkv.b->n * sizeof(float)) == 0;
-    gt_expect(nm("rope_paged_attention %s: %s", tag,
-                 folds ? "folded (qkv left unrotated)" : "the two ops (qkv rotated)"),
-              same == folds, "");
-    free(a);
-    free(b);
-    gt_t bad = O4(act, 1, N, Hq + 1, D);
-    OP_ERR("rope_paged_attention out with a head more than qk's queries -> INVALID_ARG", "rope_paged_attention",
-           G->ops->rope_paged_attention(G, &bad.g, &qk.g, &kc.g, &vc.g, &v.g, &pb.slots.g, &cs.g, &sn.g,
-                                        &pb.positions.g, &pb.bt.g, &pb.qs_t.g, &pb.cl.g, max_ctx, 0.0f, gw, gws),
-           CAI_ERR_INVALID_ARG);
-    free(hw);
-    cai_device_dealloc(G, gw);
-    pg_batch_free(&pb);
-}
-
-/* decode steps with a stale row (slot -1: its key already cached) */
-static const pg_seq pg_decode_rope[] = {{1, 1, 0}, {1, 17, 0}, {1, 130, 0}, {1, 600, 0}, {1, 40, 1}, {1, 5000, 0}};
-
 static void rope_kv(void) {
     const cai_dtype F = CAI_DTYPE_F32, B = CAI_DTYPE_BF16, F16 = CAI_DTYPE_F16;
     t_rope_kv(B, B, 32, 8, 64);   /* the Llama 1B shape's heads: one kernel */
@@ -1604,14 +1496,6 @@ static void rope_kv(void) {
     t_rope_kv(B, F16, 6, 2, 48);  /* half 24: one kernel */
     t_rope_kv(B, B, 4, 2, 40);    /* half 20: the two ops */
     t_rope_kv(F, B, 8, 2, 64);    /* f32 activations: the two ops */
-    const pg_seq *d = pg_decode_rope;
-    const int nd = PG_N(pg_decode_rope);
-    t_rope_paged("decode", B, B, 32, 8, 64, 16, d, nd, 1);       /* the Llama 1B shape's heads */
-    t_rope_paged("decode", F16, F16, 16, 1, 128, 256, d, nd, 1); /* a group of 16, head_dim 128 */
-    t_rope_paged("decode", B, B, 32, 1, 64, 16, d, nd, 1);       /* a group of 32: two head chunks write the key */
-    t_rope_paged("decode", B, F, 8, 2, 64, 16, d, nd, 0);        /* an f32 cache: CUDA cores, the two ops */
-    t_rope_paged("decode", B, B, 4, 2, 40, 16, d, nd, 0);        /* half 20: the two ops */
-    t_rope_paged("mixed", B, B, 32, 8, 64, 16, pg_mixed, PG_N(pg_mixed), 0); /* prefill rows: the two ops */
 }
 
 /* ------------------------------------------------------------------ grouped products */

@@ -439,19 +439,6 @@ typedef struct cai_ops {
                                   const cai_tensor *v_cache, const cai_tensor *block_tables, const cai_tensor *q_start,
                                   const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
                                   size_t workspace_bytes);
-    /* A decode step's attention with its rotation and cache write:
-     * rope_kv_cache_write(qk, k_cache, v_cache, v, slots, cos, sin,
-     * positions), then paged_attention(out, q, ...) with q the first Hq
-     * (out's) heads of qk. out and the caches are the two ops'; qk is left
-     * rotated or as it was (a backend may rotate q and the keys as it reads
-     * them, the launch a decode step saves on a GPU). For steps where each
-     * sequence has one query (N == S); others take the two ops. */
-    cai_status (*rope_paged_attention)(cai_device_t *dev, cai_tensor *out, cai_tensor *qk, cai_tensor *k_cache,
-                                       cai_tensor *v_cache, const cai_tensor *v, const cai_tensor *slots,
-                                       const cai_tensor *cos, const cai_tensor *sin, const cai_tensor *positions,
-                                       const cai_tensor *block_tables, const cai_tensor *q_start,
-                                       const cai_tensor *ctx_len, int64_t max_ctx, float scale, void *workspace,
-                                       size_t workspace_bytes);
 
     /* ---- embeddings (vocab-parallel ready) */
 
