@@ -1,4 +1,5 @@
-/* CPU backend: matrix products through OpenBLAS sgemm. Weights are [out,in]
+/* CPU backend: matrix products through OpenBLAS sgemm (and, for the
+ * forward product of a few rows, a loop of our own: gemm_few). Weights are [out,in]
  * row-major, so forward is x W^T, the input gradient dy W and the weight
  * gradient dy^T x: sgemm calls with transposes, no copies. The fused
  * linear + GELU and linear + residual ops are compositions here (see
@@ -6,7 +7,8 @@
  *
  * Threads: OpenBLAS is kept single-threaded (cai_device_init) and large
  * products are split into row or column panels across the device's OpenMP
- * threads, one sgemm each (sgemv for a product of one row). One thread
+ * threads, one sgemm each (sgemv for a product of one row, gemm_few for
+ * a forward product of a few). One thread
  * pool serves every op, so BLAS threads never spin against OpenMP threads.
  * OpenBLAS computes the last rows/columns of a call with tail kernels whose
  * rounding differs, so results can change in the last bits with the thread
@@ -73,11 +75,132 @@ static void gemv_row(int ta, int tb, int64_t N, int64_t K, float alpha, const fl
     else cblas_sgemv(CblasRowMajor, CblasTrans, (blasint)K, (blasint)N, alpha, B, lb, A, inc, beta, C, 1);
 }
 
+/* A few rows of the forward product C = alpha A B^T + beta C (a small
+ * decode batch: B the [N,K] weights): sgemm packs B on every call, as at
+ * one row, and sgemv per row would read it M times. Here each row of B is
+ * read once for all the rows of A (FEW_ROWS at a time: their partial sums
+ * fill the vector registers), in 8 partial sums a row (two 4-wide vectors,
+ * the baseline x86-64 width) added in a fixed order, so a row's result does
+ * not depend on the others or on the thread count. */
+#define FEW_ROWS 4
+typedef float cai_v4 __attribute__((vector_size(16)));
+
+/* The row's 8 partial sums (lane k mod 8) added in a fixed order, then the
+ * columns past the last multiple of 8, into C. */
+static inline void few_rows_store(const float *p, const float *a, const float *b, int64_t K8, int64_t K, float alpha,
+                                  float beta, float *c) {
+    float s = ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7]));
+    for (int64_t k = K8; k < K; k++) s += a[k] * b[k];
+    *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+}
+
+/* Rows 0 .. MR of A (and C) for column n. MR is a constant where it is
+ * called and the sums are named variables, not an array, so they stay in
+ * registers. Two widths with the same 8 partial sums a row (lane k mod 8:
+ * low and high halves at 4 wide), so both give the same bits. */
+#define FEW_ROW(i, acc, VT, off)                           \
+    if (MR > (i)) {                                        \
+        VT av_;                                            \
+        memcpy(&av_, A + (i)*lda + k + (off), sizeof av_); \
+        acc += av_ * bv;                                   \
+    }
+
+typedef float cai_v4 __attribute__((vector_size(16)));
+static inline __attribute__((always_inline)) void few_rows_v4(int MR, int64_t n, int64_t K, float alpha, const float *A,
+                                                              int64_t lda, const float *b, float beta, float *C,
+                                                              int64_t ldc) {
+    const int64_t K8 = K / 8 * 8;
+    cai_v4 l0 = {0}, l1 = {0}, l2 = {0}, l3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+    for (int64_t k = 0; k < K8; k += 8) {
+        cai_v4 bv;
+        memcpy(&bv, b + k, sizeof bv);
+        FEW_ROW(0, l0, cai_v4, 0)
+        FEW_ROW(1, l1, cai_v4, 0) FEW_ROW(2, l2, cai_v4, 0) FEW_ROW(3, l3, cai_v4, 0) memcpy(&bv, b + k + 4, sizeof bv);
+        FEW_ROW(0, h0, cai_v4, 4) FEW_ROW(1, h1, cai_v4, 4) FEW_ROW(2, h2, cai_v4, 4) FEW_ROW(3, h3, cai_v4, 4)
+    }
+    const cai_v4 lo[FEW_ROWS] = {l0, l1, l2, l3}, hi[FEW_ROWS] = {h0, h1, h2, h3};
+    for (int i = 0; i < MR; i++) {
+        float p[8];
+        memcpy(p, &lo[i], 16);
+        memcpy(p + 4, &hi[i], 16);
+        few_rows_store(p, A + i * lda, b, K8, K, alpha, beta, C + i * ldc + n);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FEW_AVX2 1
+typedef float cai_v8 __attribute__((vector_size(32)));
+static inline __attribute__((always_inline, target("avx2"))) void few_rows_v8(int MR, int64_t n, int64_t K, float alpha,
+                                                                              const float *A, int64_t lda,
+                                                                              const float *b, float beta, float *C,
+                                                                              int64_t ldc) {
+    const int64_t K8 = K / 8 * 8;
+    cai_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (int64_t k = 0; k < K8; k += 8) {
+        cai_v8 bv;
+        memcpy(&bv, b + k, sizeof bv);
+        FEW_ROW(0, a0, cai_v8, 0) FEW_ROW(1, a1, cai_v8, 0) FEW_ROW(2, a2, cai_v8, 0) FEW_ROW(3, a3, cai_v8, 0)
+    }
+    float p[FEW_ROWS][8];
+    memcpy(p[0], &a0, 32);
+    memcpy(p[1], &a1, 32);
+    memcpy(p[2], &a2, 32);
+    memcpy(p[3], &a3, 32);
+    for (int i = 0; i < MR; i++) few_rows_store(p[i], A + i * lda, b, K8, K, alpha, beta, C + i * ldc + n);
+}
+#endif
+#undef FEW_ROW
+
+#define FEW_SWEEP(NAME, COL, ATTR)                                                                                   \
+    static ATTR void NAME(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B, \
+                          int64_t ldb, float beta, float *C, int64_t ldc) {                                          \
+        for (int64_t n = 0; n < N; n++)                                                                              \
+            for (int64_t m0 = 0; m0 < M; m0 += FEW_ROWS) {                                                           \
+                const float *a = A + m0 * lda, *b = B + n * ldb;                                                     \
+                float *c = C + m0 * ldc;                                                                             \
+                switch (M - m0 < FEW_ROWS ? M - m0 : FEW_ROWS) {                                                     \
+                case 1: COL(1, n, K, alpha, a, lda, b, beta, c, ldc); break;                                         \
+                case 2: COL(2, n, K, alpha, a, lda, b, beta, c, ldc); break;                                         \
+                case 3: COL(3, n, K, alpha, a, lda, b, beta, c, ldc); break;                                         \
+                default: COL(4, n, K, alpha, a, lda, b, beta, c, ldc); break;                                        \
+                }                                                                                                    \
+            }                                                                                                        \
+    }
+FEW_SWEEP(gemm_few_v4, few_rows_v4, )
+#ifdef FEW_AVX2
+FEW_SWEEP(gemm_few_v8, few_rows_v8, __attribute__((target("avx2"))))
+#endif
+
+/* The most rows gemm_few takes: on a 2-core Xeon it beat OpenBLAS's sgemm
+ * at 2 to 8 rows with AVX2 and at 2 to 4 without, and sgemv at one row
+ * stays ahead of it (bench/RESULTS.md). */
+static int few_max(void) {
+#ifdef FEW_AVX2
+    if (__builtin_cpu_supports("avx2")) return 8;
+#endif
+    return 4;
+}
+
+static void gemm_few(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc) {
+#ifdef FEW_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        gemm_few_v8(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
+    gemm_few_v4(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
         scale_matrix(C, M, N, ldc, beta);
+        return;
+    }
+    if (!ta && tb && M >= 2 && M <= few_max()) {
+        gemm_few(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     if (M == 1) {

@@ -116,6 +116,37 @@ START_TEST(matmul_few_rows_beta_zero) {
 }
 END_TEST
 
+/* The forward product of 2 to 4 rows (a small decode batch, x W^T) reads
+ * each weight row once for all of them: a row's result is the same bits
+ * whichever rows share the call and however many threads split it. */
+START_TEST(matmul_few_rows_row_independent) {
+    enum { M = 4, K = 771, N = 300 };
+    double *a = drandn(M * K, 8, 1.0), *b = drandn(N * K, 9, 1.0);
+    float *fa = to_f(a, M * K), *fb = to_f(b, N * K), *full = falloc(M * N), *part = falloc(M * N);
+    cai_device_t *d3 = test_device(3);
+    ck_assert_ptr_nonnull(d3);
+    cai_tensor A = cai_tensor_2d(dev, fa, F32, M, K), B = cai_tensor_2d(dev, fb, F32, N, K);
+    cai_tensor C = cai_tensor_2d(dev, full, F32, M, N);
+    ASSERT_OK(ops->matmul(dev, &C, &A, 0, &B, 1, 1.0f, 0.0f));
+    for (int64_t m0 = 0; m0 + 2 <= M; m0 += 2) { /* rows two at a time, on three threads */
+        cai_tensor A2 = cai_tensor_2d(d3, fa + m0 * K, F32, 2, K), B3 = cai_tensor_2d(d3, fb, F32, N, K);
+        cai_tensor C2 = cai_tensor_2d(d3, part + m0 * N, F32, 2, N);
+        ASSERT_OK(d3->ops->matmul(d3, &C2, &A2, 0, &B3, 1, 1.0f, 0.0f));
+    }
+    ck_assert_mem_eq(full, part, sizeof(float) * M * N);
+    cai_tensor A3 = cai_tensor_2d(dev, fa + K, F32, 3, K), C3 = cai_tensor_2d(dev, part, F32, 3, N);
+    ASSERT_OK(ops->matmul(dev, &C3, &A3, 0, &B, 1, 1.0f, 0.0f));
+    ck_assert_mem_eq(full + N, part, sizeof(float) * 3 * N);
+    cai_device_free(d3);
+    free(a);
+    free(b);
+    free(fa);
+    free(fb);
+    free(full);
+    free(part);
+}
+END_TEST
+
 START_TEST(matmul_batched_strided_and_beta_zero) {
     enum { BT = 3, M = 7, K = 5, N = 4, PAD = 3 };
     /* a: [BT,M,K] as a view into rows of width K + PAD */
@@ -1223,6 +1254,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, matmul_all_transposes);
     tcase_add_test(tc, matmul_panels_match_reference_and_repeat_exactly);
     tcase_add_test(tc, matmul_few_rows_beta_zero);
+    tcase_add_test(tc, matmul_few_rows_row_independent);
     tcase_add_test(tc, matmul_batched_strided_and_beta_zero);
     tcase_add_test(tc, linear_fwd_bwd_match_reference);
     tcase_add_test(tc, bias_ops_match_reference);
