@@ -79,11 +79,10 @@ static void gemv_row(int ta, int tb, int64_t N, int64_t K, float alpha, const fl
  * decode batch: B the [N,K] weights): sgemm packs B on every call, as at
  * one row, and sgemv per row would read it M times. Here each row of B is
  * read once for all the rows of A (FEW_ROWS at a time: their partial sums
- * fill the vector registers), in 8 partial sums a row (two 4-wide vectors,
- * the baseline x86-64 width) added in a fixed order, so a row's result does
- * not depend on the others or on the thread count. */
+ * fill the vector registers), in 8 partial sums a row added in a fixed
+ * order, so a row's result does not depend on the others or on the thread
+ * count. */
 #define FEW_ROWS 4
-typedef float cai_v4 __attribute__((vector_size(16)));
 
 /* The row's 8 partial sums (lane k mod 8) added in a fixed order, then the
  * columns past the last multiple of 8, into C. */
@@ -96,14 +95,17 @@ static inline void few_rows_store(const float *p, const float *a, const float *b
 
 /* Rows 0 .. MR of A (and C) for column n. MR is a constant where it is
  * called and the sums are named variables, not an array, so they stay in
- * registers. Two widths with the same 8 partial sums a row (lane k mod 8:
- * low and high halves at 4 wide), so both give the same bits. */
-#define FEW_ROW(i, acc, VT, off)                           \
-    if (MR > (i)) {                                        \
-        VT av_;                                            \
-        memcpy(&av_, A + (i)*lda + k + (off), sizeof av_); \
-        acc += av_ * bv;                                   \
-    }
+ * registers. Two widths, 4 (SSE, any x86-64; NEON) and 8 (AVX2), with the
+ * same 8 partial sums a row (lane k mod 8: low and high halves at 4 wide),
+ * so both give the same bits. */
+#define FEW_ROW(i, acc, VT, off)                               \
+    do {                                                       \
+        if (MR > (i)) {                                        \
+            VT av_;                                            \
+            memcpy(&av_, A + (i)*lda + k + (off), sizeof av_); \
+            acc += av_ * bv;                                   \
+        }                                                      \
+    } while (0)
 
 typedef float cai_v4 __attribute__((vector_size(16)));
 static inline __attribute__((always_inline)) void few_rows_v4(int MR, int64_t n, int64_t K, float alpha, const float *A,
@@ -114,9 +116,15 @@ static inline __attribute__((always_inline)) void few_rows_v4(int MR, int64_t n,
     for (int64_t k = 0; k < K8; k += 8) {
         cai_v4 bv;
         memcpy(&bv, b + k, sizeof bv);
-        FEW_ROW(0, l0, cai_v4, 0)
-        FEW_ROW(1, l1, cai_v4, 0) FEW_ROW(2, l2, cai_v4, 0) FEW_ROW(3, l3, cai_v4, 0) memcpy(&bv, b + k + 4, sizeof bv);
-        FEW_ROW(0, h0, cai_v4, 4) FEW_ROW(1, h1, cai_v4, 4) FEW_ROW(2, h2, cai_v4, 4) FEW_ROW(3, h3, cai_v4, 4)
+        FEW_ROW(0, l0, cai_v4, 0);
+        FEW_ROW(1, l1, cai_v4, 0);
+        FEW_ROW(2, l2, cai_v4, 0);
+        FEW_ROW(3, l3, cai_v4, 0);
+        memcpy(&bv, b + k + 4, sizeof bv);
+        FEW_ROW(0, h0, cai_v4, 4);
+        FEW_ROW(1, h1, cai_v4, 4);
+        FEW_ROW(2, h2, cai_v4, 4);
+        FEW_ROW(3, h3, cai_v4, 4);
     }
     const cai_v4 lo[FEW_ROWS] = {l0, l1, l2, l3}, hi[FEW_ROWS] = {h0, h1, h2, h3};
     for (int i = 0; i < MR; i++) {
@@ -139,7 +147,10 @@ static inline __attribute__((always_inline, target("avx2"))) void few_rows_v8(in
     for (int64_t k = 0; k < K8; k += 8) {
         cai_v8 bv;
         memcpy(&bv, b + k, sizeof bv);
-        FEW_ROW(0, a0, cai_v8, 0) FEW_ROW(1, a1, cai_v8, 0) FEW_ROW(2, a2, cai_v8, 0) FEW_ROW(3, a3, cai_v8, 0)
+        FEW_ROW(0, a0, cai_v8, 0);
+        FEW_ROW(1, a1, cai_v8, 0);
+        FEW_ROW(2, a2, cai_v8, 0);
+        FEW_ROW(3, a3, cai_v8, 0);
     }
     float p[FEW_ROWS][8];
     memcpy(p[0], &a0, 32);
