@@ -106,6 +106,16 @@ static inline void few_rows_store(const float *p, const float *a, const float *b
             acc += av_ * bv;                                   \
         }                                                      \
     } while (0)
+/* One k step of VT-wide lanes at k + off: b's lanes against rows 0..3's, into s0..s3. */
+#define FEW_STEP(VT, off, s0, s1, s2, s3)      \
+    do {                                       \
+        VT bv;                                 \
+        memcpy(&bv, b + k + (off), sizeof bv); \
+        FEW_ROW(0, s0, VT, off);               \
+        FEW_ROW(1, s1, VT, off);               \
+        FEW_ROW(2, s2, VT, off);               \
+        FEW_ROW(3, s3, VT, off);               \
+    } while (0)
 
 typedef float cai_v4 __attribute__((vector_size(16)));
 static inline __attribute__((always_inline)) void few_rows_v4(int MR, int64_t n, int64_t K, float alpha, const float *A,
@@ -114,17 +124,8 @@ static inline __attribute__((always_inline)) void few_rows_v4(int MR, int64_t n,
     const int64_t K8 = K / 8 * 8;
     cai_v4 l0 = {0}, l1 = {0}, l2 = {0}, l3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
     for (int64_t k = 0; k < K8; k += 8) {
-        cai_v4 bv;
-        memcpy(&bv, b + k, sizeof bv);
-        FEW_ROW(0, l0, cai_v4, 0);
-        FEW_ROW(1, l1, cai_v4, 0);
-        FEW_ROW(2, l2, cai_v4, 0);
-        FEW_ROW(3, l3, cai_v4, 0);
-        memcpy(&bv, b + k + 4, sizeof bv);
-        FEW_ROW(0, h0, cai_v4, 4);
-        FEW_ROW(1, h1, cai_v4, 4);
-        FEW_ROW(2, h2, cai_v4, 4);
-        FEW_ROW(3, h3, cai_v4, 4);
+        FEW_STEP(cai_v4, 0, l0, l1, l2, l3);
+        FEW_STEP(cai_v4, 4, h0, h1, h2, h3);
     }
     const cai_v4 lo[FEW_ROWS] = {l0, l1, l2, l3}, hi[FEW_ROWS] = {h0, h1, h2, h3};
     for (int i = 0; i < MR; i++) {
@@ -144,14 +145,7 @@ static inline __attribute__((always_inline, target("avx2"))) void few_rows_v8(in
                                                                               int64_t ldc) {
     const int64_t K8 = K / 8 * 8;
     cai_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (int64_t k = 0; k < K8; k += 8) {
-        cai_v8 bv;
-        memcpy(&bv, b + k, sizeof bv);
-        FEW_ROW(0, a0, cai_v8, 0);
-        FEW_ROW(1, a1, cai_v8, 0);
-        FEW_ROW(2, a2, cai_v8, 0);
-        FEW_ROW(3, a3, cai_v8, 0);
-    }
+    for (int64_t k = 0; k < K8; k += 8) FEW_STEP(cai_v8, 0, a0, a1, a2, a3);
     float p[FEW_ROWS][8];
     memcpy(p[0], &a0, 32);
     memcpy(p[1], &a1, 32);
@@ -160,6 +154,7 @@ static inline __attribute__((always_inline, target("avx2"))) void few_rows_v8(in
     for (int i = 0; i < MR; i++) few_rows_store(p[i], A + i * lda, b, K8, K, alpha, beta, C + i * ldc + n);
 }
 #endif
+#undef FEW_STEP
 #undef FEW_ROW
 
 #define FEW_SWEEP(NAME, COL, ATTR)                                                                                   \
