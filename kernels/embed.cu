@@ -510,20 +510,11 @@ CUK_INLINE void am_warp(float &bv, int64_t &bj) {
     }
 }
 
-/* The block's best (value, column) of columns [lo, hi) of row xo, on thread 0. */
-CUK_INLINE void am_block(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, float *bv_out, int64_t *bj_out) {
+/* The block's best of its threads' (bv, bj), on thread 0. */
+CUK_INLINE void am_finish(float bv, int64_t bj, float *bv_out, int64_t *bj_out) {
     __shared__ float shv[AM_NT / 32];
     __shared__ int64_t shj[AM_NT / 32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    float bv = -INFINITY;
-    int64_t bj = -1;
-    for (int64_t j = lo + threadIdx.x; j < hi; j += AM_NT) {
-        const float v = ldf(x.p, x.dt, xo + j);
-        if (am_better(v, j, bv, bj)) {
-            bv = v;
-            bj = j;
-        }
-    }
     am_warp(bv, bj);
     if (lane == 0) {
         shv[w] = bv;
@@ -542,15 +533,66 @@ CUK_INLINE void am_block(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, f
     __syncthreads();
 }
 
-/* Block (s, n) reduces slice s of row n: to the row's result when the row
- * has one slice, else to its partial in pv/pj [rows, S]. */
-__global__ void __launch_bounds__(AM_NT)
-    k_argmax_rows(int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols, int S, float *pv, int64_t *pj) {
-    const int64_t span = (ncols + S - 1) / S, lo = blockIdx.x * span, hi = lo + span < ncols ? lo + span : ncols;
+/* The block's best (value, column) of columns [lo, hi) of row xo, on thread 0. */
+CUK_INLINE void am_block(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, float *bv_out, int64_t *bj_out) {
+    float bv = -INFINITY;
+    int64_t bj = -1;
+    for (int64_t j = lo + threadIdx.x; j < hi; j += AM_NT) {
+        const float v = ldf(x.p, x.dt, xo + j);
+        if (am_better(v, j, bv, bj)) {
+            bv = v;
+            bj = j;
+        }
+    }
+    am_finish(bv, bj, bv_out, bj_out);
+}
+
+/* am_block's scan over a row whose 8-column chunks start 16-byte aligned
+ * (lo a multiple of 8): a thread's chunks are a 16-byte load each (two for
+ * f32), AM_U of them issued before any is compared, where one 2-byte load
+ * at a time left a batch-64 step's 16 MB of logits at a quarter of the
+ * bandwidth. am_better is a total order, so the result is the scalar
+ * scan's. */
+#define AM_U 4
+template <int DT>
+CUK_INLINE void am_block8(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, float *bv_out, int64_t *bj_out) {
+    float bv = -INFINITY;
+    int64_t bj = -1;
+    for (int64_t c = lo + 8 * (int64_t)threadIdx.x; c < hi; c += AM_U * 8 * AM_NT) {
+        float v[AM_U][8];
+        int n[AM_U];
+#pragma unroll
+        for (int u = 0; u < AM_U; u++) {
+            const int64_t cu = c + (int64_t)u * 8 * AM_NT, left = hi - cu;
+            n[u] = left <= 0 ? 0 : left < 8 ? (int)left : 8;
+            if (n[u] > 0) cuk_ld8_tail<DT>(x.p, xo + cu, n[u], v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < AM_U; u++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int64_t j = c + (int64_t)u * 8 * AM_NT + e;
+                if (e < n[u] && am_better(v[u][e], j, bv, bj)) {
+                    bv = v[u][e];
+                    bj = j;
+                }
+            }
+    }
+    am_finish(bv, bj, bv_out, bj_out);
+}
+
+/* Block (s, n) reduces slice s of row n (span columns, a multiple of 8 on
+ * the vector path, DT >= 0): to the row's result when the row has one
+ * slice, else to its partial in pv/pj [rows, S]. */
+template <int DT>
+__global__ void __launch_bounds__(AM_NT) k_argmax_rows(int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols,
+                                                       int64_t span, int S, float *pv, int64_t *pj) {
+    const int64_t lo = blockIdx.x * span, hi = lo + span < ncols ? lo + span : ncols;
     for (int64_t n = blockIdx.y; n < x.rows; n += gridDim.y) {
         float bv;
         int64_t bj;
-        am_block(x, n * x.ld, lo, hi, &bv, &bj);
+        if constexpr (DT < 0) am_block(x, n * x.ld, lo, hi, &bv, &bj);
+        else am_block8<DT>(x, n * x.ld, lo, hi, &bv, &bj);
         if (threadIdx.x != 0) continue;
         if (S == 1) {
             idx[n] = bj < 0 ? -1 : (int32_t)(off + bj);
@@ -590,19 +632,27 @@ size_t cuk_argmax_ws_bytes(int64_t rows, int64_t ncols) {
 
 /* A decode step has few rows and a wide vocabulary: rows are cut into
  * slices (blocks of their own) until the grid covers the GPU twice, each
- * slice at least AM_NT * 4 columns; one row per block from 2 x SMs rows on. */
+ * slice at least AM_NT * 8 columns (a chunk a thread); one row per block
+ * from 2 x SMs rows on. */
 cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat x, int64_t off, int64_t ncols, void *ws,
                             size_t ws_bytes) {
     if (x.rows <= 0) return cudaSuccess;
     const int64_t sms = (int64_t)cuk_sm_count();
-    int64_t S = (2 * sms + x.rows - 1) / x.rows, by_cols = (ncols + 4 * AM_NT - 1) / (4 * AM_NT);
+    int64_t S = (2 * sms + x.rows - 1) / x.rows, by_cols = (ncols + 8 * AM_NT - 1) / (8 * AM_NT);
     if (S > by_cols) S = by_cols;
     if (S > CUK_ARGMAX_MAX_SLICES) S = CUK_ARGMAX_MAX_SLICES;
     if (S < 1 || !ws || ws_bytes < cuk_argmax_ws_bytes(x.rows, ncols)) S = 1;
-    const int64_t gy = x.rows < 65535 ? x.rows : 65535;
+    const int64_t span = ((ncols + S - 1) / S + 7) / 8 * 8;
+    const unsigned gy = (unsigned)(x.rows < 65535 ? x.rows : 65535);
     int64_t *pj = (int64_t *)(((uintptr_t)ws + 7) & ~(uintptr_t)7);
     float *pv = (float *)(pj + x.rows * S);
-    k_argmax_rows<<<dim3((unsigned)S, (unsigned)gy), AM_NT, 0, s>>>(idx, maxv, x, off, ncols, (int)S, pv, pj);
+    const dim3 grid((unsigned)S, gy);
+    if (!cuk_vec_ok(x)) k_argmax_rows<-1><<<grid, AM_NT, 0, s>>>(idx, maxv, x, off, ncols, span, (int)S, pv, pj);
+    else if (x.dt == CUK_F32)
+        k_argmax_rows<CUK_F32><<<grid, AM_NT, 0, s>>>(idx, maxv, x, off, ncols, span, (int)S, pv, pj);
+    else if (x.dt == CUK_BF16)
+        k_argmax_rows<CUK_BF16><<<grid, AM_NT, 0, s>>>(idx, maxv, x, off, ncols, span, (int)S, pv, pj);
+    else k_argmax_rows<CUK_F16><<<grid, AM_NT, 0, s>>>(idx, maxv, x, off, ncols, span, (int)S, pv, pj);
     if (S > 1) k_argmax_merge<<<(unsigned)((x.rows + 3) / 4), 128, 0, s>>>(idx, maxv, x.rows, off, (int)S, pv, pj);
     return cudaGetLastError();
 }

@@ -17,8 +17,12 @@
  * weight loads (which nothing in the step writes) and only then waits for
  * the predecessor (cuk_pdl_wait) before it reads x, so the weight
  * stream's latency overlaps the previous kernel's tail. Each product lets
- * its own successor start once its loads are all issued. Neither changes
- * the per-lane order of the sums. */
+ * its successor launch as soon as its own blocks have started, so a
+ * product that follows a product (the down projection after the SwiGLU
+ * pair) has its first weight loads in flight while this one's last blocks
+ * stream theirs (1.8% off a Llama 1B decode step at batch 1 against a
+ * trigger after the last loads, bench/RESULTS.md). Neither changes the
+ * per-lane order of the sums. */
 #include "cuda_common.cuh"
 
 CUK_EMU_BEGIN(gemv);
@@ -51,15 +55,16 @@ CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat 
  * GV_UNROLL chunks in flight per pass (GV_UNROLL / R of each row) however
  * long the rows, and a grid of a few thousand rows still keeps every SM's
  * loads in flight. A lane adds its chunks of a row in order whatever R,
- * so the sums do not depend on how many rows a warp walks. The first
- * pass's loads are issued before the wait for the previous kernel; the
- * successor may start once all loads are issued. Leaves the warp's sums
- * in acc, in every lane. */
+ * so the sums do not depend on how many rows a warp walks. The successor
+ * may launch from the start; the first pass's loads are issued before the
+ * wait for the previous kernel. Leaves the warp's sums in acc, in every
+ * lane. */
 template <int DT, int NB, int KS, int R>
 CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64_t nc, const cuk_mat &x, int N,
                         int lane, int warp) {
     constexpr int U = GV_UNROLL / R > 0 ? GV_UNROLL / R : 1;
     const int64_t step = 32 * KS;
+    cuk_pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -91,7 +96,6 @@ CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64
         for (int r = 0; r < R; r++) t[r] = __ldcs(row[r] + c);
         gv_fma<DT, NB, R>(acc, t, x, N, c);
     }
-    cuk_pdl_trigger();
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll

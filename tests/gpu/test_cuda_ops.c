@@ -670,10 +670,15 @@ static void check_ids(const char *what, gt_t t) {
 
 /* argmax_rows against the host: a vocabulary shard with padding, ties (bf16
  * and f16 make many: the lower id wins on both), and rows of a real
- * vocabulary's width, more rows than the grid (its row loop). */
+ * vocabulary's width, more rows than the grid (its row loop); rows of 300
+ * take the scalar scan (16-bit rows not 16-byte aligned), the others the
+ * 16-byte one, the fourth with slices and a last chunk of 5 columns. */
 static void t_argmax(cai_dtype dt) {
-    const int64_t cases[][4] = {{37, 300, 100, 390}, {5, 128256, 0, 128256}, {600, 32000, 0, 31990}};
-    for (int c = 0; c < 3; c++) {
+    const int64_t cases[][4] = {{37, 300, 100, 390},
+                                {5, 128256, 0, 128256},
+                                {600, 32000, 0, 31990},
+                                {2, 20480, 7, 20484}};
+    for (int c = 0; c < 4; c++) {
         const int64_t N = cases[c][0], V = cases[c][1];
         gt_t x = R2(dt, N, V, c == 0 ? 0.05 : 3.0);
         int32_t *zero = calloc((size_t)N, sizeof *zero);
