@@ -228,7 +228,7 @@ cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cu
  * kernel (sm_90+; the caller decides, CAI_CUDA_PDL). */
 
 /* ---------------------------------------------------------------- dgemm.cu
- * cuk_gemv's products and SwiGLU pair for CUK_GEMV_MAX_N < N <=
+ * cuk_gemv's products and SwiGLU pair for CUK_DGEMM_MIN_N <= N <=
  * CUK_DGEMM_MAX_N rows on Hopper's tensor cores (sm_90a: cuk_dgemm_ready
  * is 0 elsewhere), taken where the fits functions say (cuk_gemv's
  * conditions, the rows, K of at least 2048 and weights of at least 4M
@@ -236,6 +236,7 @@ cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cu
  * the partial sums go through ws (ws_bytes) and the per-tile counters cnt
  * (CUK_DGEMM_COUNTERS of them, zero between calls). The pair's two sums are
  * cuk_dgemm's bit for bit; pdl as cuk_gemv's. */
+#define CUK_DGEMM_MIN_N 4
 #define CUK_DGEMM_MAX_N 8
 #define CUK_DGEMM_COUNTERS 1024
 int cuk_dgemm_ready(void);

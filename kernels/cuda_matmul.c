@@ -496,19 +496,20 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
     return CAI_OK;
 }
 
-/* y = x w^T (+ bias) (+ r) on a decode step's few rows: gemv.cu's
- * CUDA-core kernels up to CUK_GEMV_MAX_N rows, dgemm.cu's tensor-core ones
- * up to CUK_DGEMM_MAX_N (sm_90a); *done 0 where neither takes the shape. */
+/* y = x w^T (+ bias) (+ r) on a decode step's few rows: dgemm.cu's
+ * tensor-core kernels from CUK_DGEMM_MIN_N to CUK_DGEMM_MAX_N rows where
+ * they take the shape (sm_90a, deep weights), else gemv.cu's CUDA-core ones
+ * up to CUK_GEMV_MAX_N rows; *done 0 where neither takes the shape. */
 static cai_status few_rows_linear(cai_device_t *dev, const char *op, cuk_mat y, cuk_mat x, cuk_mat w, const void *bd,
                                   cai_dtype bias_dt, cuk_mat r, int *done) {
     cai_cuda_impl *c = cai_cuda_of(dev);
     *done = 1;
-    if (cuk_gemv_fits(y, x, w, r)) {
-        CUK_LAUNCH(op, cuk_gemv(c->stream, y, x, w, bd, (int)bias_dt, r, c->pdl));
-        return CAI_OK;
-    }
     if (c->dgemm_ws && cuk_dgemm_fits(y, x, w, r, CAI_CUDA_DGEMM_WS)) {
         CUK_LAUNCH(op, cuk_dgemm(c->stream, y, x, w, bd, (int)bias_dt, r, c->dgemm_ws, c->dgemm_cnt, c->pdl));
+        return CAI_OK;
+    }
+    if (cuk_gemv_fits(y, x, w, r)) {
+        CUK_LAUNCH(op, cuk_gemv(c->stream, y, x, w, bd, (int)bias_dt, r, c->pdl));
         return CAI_OK;
     }
     *done = 0;
@@ -621,9 +622,9 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     return CAI_OK;
 }
 
-/* A decode step's few rows: one pass over both weights (gemv.cu, or
- * dgemm.cu past CUK_GEMV_MAX_N rows); else the two products into gate and
- * up, then the SwiGLU kernel. */
+/* A decode step's few rows: one pass over both weights (dgemm.cu or
+ * gemv.cu, chosen as few_rows_linear chooses); else the two products into
+ * gate and up, then the SwiGLU kernel. */
 cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
                                       const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up) {
     static const char *op = "linear_swiglu_fwd";
@@ -635,12 +636,16 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *c = cai_cuda_of(dev);
     const cuk_mat A = cai_cuda_mat(&a), X = cai_cuda_mat(&x), WG = cai_cuda_mat(&wg), WU = cai_cuda_mat(&wu);
-    if (a.dtype == x.dtype && cuk_gemv_swiglu_fits(A, X, WG, WU)) {
-        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, c->pdl));
+    /* where dgemm.cu takes the two products but not the pair (its workspace), the three ops: the pair's sums
+     * are then the products' all the same */
+    const cuk_mat none = {0};
+    const int dg = c->dgemm_ws && cuk_dgemm_fits(A, X, WG, none, CAI_CUDA_DGEMM_WS);
+    if (a.dtype == x.dtype && dg && cuk_dgemm_swiglu_fits(A, X, WG, WU, CAI_CUDA_DGEMM_WS)) {
+        CUK_LAUNCH(op, cuk_dgemm_swiglu(c->stream, A, X, WG, WU, c->dgemm_ws, c->dgemm_cnt, c->pdl));
         return CAI_OK;
     }
-    if (a.dtype == x.dtype && c->dgemm_ws && cuk_dgemm_swiglu_fits(A, X, WG, WU, CAI_CUDA_DGEMM_WS)) {
-        CUK_LAUNCH(op, cuk_dgemm_swiglu(c->stream, A, X, WG, WU, c->dgemm_ws, c->dgemm_cnt, c->pdl));
+    if (a.dtype == x.dtype && !dg && cuk_gemv_swiglu_fits(A, X, WG, WU)) {
+        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, c->pdl));
         return CAI_OK;
     }
     CAI_CALL(linear_rows(dev, op, &x, &wg, &g, NULL, CAI_DTYPE_F32));

@@ -1,4 +1,4 @@
-/* Linear layers of 5 to 8 rows (a decode step's batch) on Hopper's tensor
+/* Linear layers of 4 to 8 rows (a decode step's batch) on Hopper's tensor
  * cores: y[n] = W x[n] (+ bias) (+ residual), and a Llama MLP's gate, up
  * and SwiGLU in one pass over both weights.
  *
@@ -9,9 +9,10 @@
  * into a ring of DG_STAGES buffers guarded by mbarriers, and two consumer
  * warpgroups multiply their 64 weight rows by x's rows (padded to 16) with
  * wgmma: the weights as A, x's rows as B, both K-major, f32 sums, straight
- * from shared memory. Up to 4 rows gemv.cu's CUDA-core kernels take the
- * products (this kernel was not timed there); from 9 rows, and for small
- * or shallow weights at any rows, cuBLASLt's products are faster
+ * from shared memory. Up to 3 rows gemv.cu's CUDA-core kernels are faster
+ * (at 2 and 3 rows by 1-5% a Llama 1B decode step on an H100; at 4 rows
+ * this kernel is 5% faster); from 9 rows, and for small or shallow weights
+ * at any rows, cuBLASLt's products are faster
  * (bench/RESULTS.md): the split products' fixed cost here
  * (partials, counter, the last block's sums) does not shrink with the
  * rows, and at 64 rows every block reading x whole made the LM head
@@ -47,7 +48,7 @@
 #define DG_TILE_LD (DG_BM + 4) /* the f32 output tile's row stride: conflict-free stores from the fragments */
 /* Taken for weights of at least DG_MIN_K columns and DG_MIN_WEIGHTS
  * elements: a Llama 1B shape's products (K 2048 and 8192, 4-263M
- * weights) gained 5-6% a decode step at 5-8 rows on an H100, GPT-2 124M's
+ * weights) gained 5-6% a decode step at 4-8 rows on an H100, GPT-2 124M's
  * (K 768 and 3072, 0.6-39M) lost 6-8% (bench/RESULTS.md): a block's stretch
  * of a shallow K is too few slices for the split's fixed cost. */
 #define DG_MIN_K 2048
@@ -355,7 +356,7 @@ static bool dg_ws_fits(int64_t R, int64_t M, int64_t K, int pair, size_t ws_byte
 }
 
 int cuk_dgemm_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r, size_t ws_bytes) {
-    if (x.rows <= CUK_GEMV_MAX_N || x.rows > CUK_DGEMM_MAX_N || !cuk_few_rows_layout(y, x, w, r)) return 0;
+    if (x.rows < CUK_DGEMM_MIN_N || x.rows > CUK_DGEMM_MAX_N || !cuk_few_rows_layout(y, x, w, r)) return 0;
     if (w.cols < DG_MIN_K || w.rows * w.cols < DG_MIN_WEIGHTS || w.rows >= ((int64_t)1 << 30)) return 0;
     return dg_ws_fits(x.rows, w.rows, w.cols, 0, ws_bytes) && cuk_dgemm_ready();
 }

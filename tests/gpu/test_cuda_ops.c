@@ -321,9 +321,10 @@ static void t_linear_residual(cai_dtype dt) {
     t_linear_residual_case(dt, dt, 37, 24, 40, 0);
     t_linear_residual_case(dt, dt, 37, 24, 40, 1);
 }
-/* A decode step's few rows (gemv.cu up to 4 rows, dgemm.cu up to 8 on an
- * sm_90 GPU, where the shape fits them; cuBLASLt past that or where K is
- * no multiple of 8), with and without bias and residual, in place. */
+/* A decode step's few rows (dgemm.cu from 4 to 8 rows on an sm_90 GPU
+ * where the shape fits it, gemv.cu up to 4 rows where dgemm.cu does not;
+ * cuBLASLt past that or where K is no multiple of 8), with and without
+ * bias and residual, in place. */
 static void t_decode_linear(cai_dtype dt) {
     const double tol = gt_tol(dt);
     const int64_t rows[] = {1, 2, 3, 4, 5, 8, 9};
