@@ -549,10 +549,10 @@ CUK_INLINE void am_block(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, f
 
 /* am_block's scan over a row whose 8-column chunks start 16-byte aligned
  * (lo a multiple of 8): a thread's chunks are a 16-byte load each (two for
- * f32), AM_U of them issued before any is compared, where one 2-byte load
- * at a time left a batch-64 step's 16 MB of logits at a quarter of the
- * bandwidth. am_better is a total order, so the result is the scalar
- * scan's. */
+ * f32), AM_U of them issued before any is compared; one 2-byte load at a
+ * time made a Llama 1B decode step at batch 256 (64 MB of logits) 2%
+ * slower on an H100 (bench/RESULTS.md). am_better is a total order, so the
+ * result is the scalar scan's. */
 #define AM_U 4
 template <int DT>
 CUK_INLINE void am_block8(const cuk_mat &x, int64_t xo, int64_t lo, int64_t hi, float *bv_out, int64_t *bj_out) {
