@@ -116,9 +116,10 @@ START_TEST(matmul_few_rows_beta_zero) {
 }
 END_TEST
 
-/* The forward product of 2 to 4 rows (a small decode batch, x W^T) reads
- * each weight row once for all of them: a row's result is the same bits
- * whichever rows share the call and however many threads split it. */
+/* The forward product of a few rows (a small decode batch, x W^T: gemm_few
+ * up to 8 rows) reads each weight row once for all of them: a row's result
+ * is the same bits whichever rows share the call and however many threads
+ * split it. */
 START_TEST(matmul_few_rows_row_independent) {
     enum { M = 4, K = 771, N = 300 };
     double *a = drandn(M * K, 8, 1.0), *b = drandn(N * K, 9, 1.0);
