@@ -165,7 +165,6 @@ static void release(cai_device_t *dev) {
         if (c->paged_cnt) cudaFree(c->paged_cnt);
         if (c->dgemm_ws) cudaFree(c->dgemm_ws);
         if (c->dgemm_cnt) cudaFree(c->dgemm_cnt);
-        if (c->norm_cnt) cudaFree(c->norm_cnt);
         if (c->blas) cublasDestroy(c->blas);
         if (c->grouped_ptrs) cudaFree(c->grouped_ptrs);
         for (int i = 0; i < CAI_CUDA_SIDE; i++) {
@@ -211,9 +210,6 @@ static cai_status setup(cai_device_t *dev, int ordinal) {
     CU(w, cudaMalloc((void **)&c->paged_cnt, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
     count_alloc(dev, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt);
     CU(w, cudaMemset(c->paged_cnt, 0, CAI_CUDA_PAGED_COUNTERS * sizeof *c->paged_cnt));
-    CU(w, cudaMalloc((void **)&c->norm_cnt, sizeof *c->norm_cnt));
-    count_alloc(dev, sizeof *c->norm_cnt);
-    CU(w, cudaMemset(c->norm_cnt, 0, sizeof *c->norm_cnt));
     if (cuk_dgemm_ready()) {
         CU(w, cudaMalloc(&c->dgemm_ws, CAI_CUDA_DGEMM_WS));
         count_alloc(dev, CAI_CUDA_DGEMM_WS);

@@ -58,7 +58,6 @@ typedef struct cai_cuda_impl {
     unsigned *paged_cnt;  /* CAI_CUDA_PAGED_COUNTERS counters of paged attention's merge, zero between calls */
     void *dgemm_ws;       /* CAI_CUDA_DGEMM_WS bytes where cuk_dgemm_ready, else NULL */
     unsigned *dgemm_cnt;  /* CUK_DGEMM_COUNTERS counters, zero between calls */
-    unsigned *norm_cnt;   /* linear_residual_norm_fwd's counter (gemv.cu), zero between calls */
     cublasHandle_t blas;  /* grouped products (cublasGemmGroupedBatchedEx); made at the first one */
     void **grouped_ptrs;  /* device: the grouped products' A, B, C pointer arrays */
     size_t grouped_cap;   /* pointers grouped_ptrs holds */
@@ -195,10 +194,6 @@ CUDA_OP(linear_bwd_dgelu)
 CUDA_OP(linear_residual_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias,
  const cai_tensor *residual);
-CUDA_OP(linear_residual_norm_fwd)
-(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp, const cai_tensor *weight,
- const cai_tensor *bias, const cai_tensor *residual, const cai_tensor *norm_w, const cai_tensor *norm_b, float eps,
- int rms);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 

@@ -218,21 +218,6 @@ cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat l
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                      int pdl);
-/* cuk_gemv, then ln[n] = norm(y[n]) in the product's last block: RMSNorm
- * by w (rms), else LayerNorm by w and b (b NULL: none); w and b of any
- * float dtype (wdt, bdt). Bitwise cuk_norm_fwd_fast on the finished y;
- * taken where cuk_gemv_norm_fits (rows of at most 2048 columns in whole
- * 16-byte chunks, ln like y). cnt: a counter, zero between calls. */
-typedef struct {
-    cuk_mat ln;
-    const void *w, *b;
-    int wdt, bdt, rms;
-    float eps;
-    unsigned *cnt;
-} cuk_normtail;
-int cuk_gemv_norm_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r, const cuk_normtail *nt);
-cudaError_t cuk_gemv_norm(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                          cuk_normtail nt, int pdl);
 /* y[n] = swiglu(Wg x[n], Wu x[n]) in one pass over both weights, each
  * product rounded to y's dtype before the SwiGLU (bitwise cuk_gemv twice
  * and cuk_swiglu_fwd). Where cuk_gemv_fits(y, x, wg) and wu is laid out

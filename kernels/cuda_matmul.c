@@ -714,42 +714,6 @@ cai_status cai_cuda_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, cons
     return CAI_OK;
 }
 
-/* A few rows through gemv.cu with the norm in the product's last block,
- * where gemv.cu takes the product (not dgemm.cu) and the norm's rows are
- * those norm.cu's fast path takes, so the result is the two ops' bit for
- * bit; else the two ops. */
-cai_status cai_cuda_linear_residual_norm_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                             const cai_tensor *weight, const cai_tensor *bias,
-                                             const cai_tensor *residual, const cai_tensor *norm_w,
-                                             const cai_tensor *norm_b, float eps, int rms) {
-    static const char *op = "linear_residual_norm_fwd";
-    cai_rows x, w, y, r, l;
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
-    CAI_CALL(cai_cuda_rows_like(op, "residual", residual, "out", &y, &r));
-    CAI_CALL(cai_ops_norm_after_args(op, ln, &y, norm_w, norm_b, rms, CAI_CUDA, CAI_ANYF, CAI_ANYF, &l));
-    cai_cuda_impl *c = cai_cuda_of(dev);
-    const cuk_mat Y = cai_cuda_mat(&y), X = cai_cuda_mat(&x), W = cai_cuda_mat(&w), R = cai_cuda_mat(&r);
-    const cuk_normtail nt = {.ln = cai_cuda_mat(&l),
-                             .w = norm_w->data,
-                             .b = norm_b ? norm_b->data : NULL,
-                             .wdt = (int)norm_w->dtype,
-                             .bdt = norm_b ? (int)norm_b->dtype : 0,
-                             .rms = rms != 0,
-                             .eps = eps,
-                             .cnt = c->norm_cnt};
-    const int same_view = r.data != y.data || y.rows <= 1 || (r.ld == y.ld && r.dtype == y.dtype);
-    if (same_view && !(c->dgemm_ws && cuk_dgemm_fits(Y, X, W, R, CAI_CUDA_DGEMM_WS)) &&
-        cuk_gemv_norm_fits(Y, X, W, R, &nt)) {
-        CAI_CALL(cai_cuda_enter(dev, op));
-        CUK_LAUNCH(op, cuk_gemv_norm(c->stream, Y, X, W, bd, (int)(bias ? bias->dtype : CAI_DTYPE_F32), R, nt, c->pdl));
-        return CAI_OK;
-    }
-    CAI_CALL(cai_cuda_linear_residual_fwd(dev, out, inp, weight, bias, residual));
-    if (rms) return cai_cuda_rmsnorm_fwd(dev, ln, NULL, out, norm_w, eps);
-    return cai_cuda_layernorm_fwd(dev, ln, NULL, NULL, out, norm_w, norm_b, eps);
-}
-
 /* The parameter half of a linear backward, on validated rows after
  * cai_cuda_enter: dw += dy^T x (dw NULL: skip), db += column sums of dy
  * (db NULL: skip). */

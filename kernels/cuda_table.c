@@ -26,7 +26,6 @@ static const cai_ops cuda_ops = {
     .linear_swiglu_fwd = cai_cuda_linear_swiglu_fwd,
     .linear_bwd_dgelu = cai_cuda_linear_bwd_dgelu,
     .linear_residual_fwd = cai_cuda_linear_residual_fwd,
-    .linear_residual_norm_fwd = cai_cuda_linear_residual_norm_fwd,
     .bias_add = cai_cuda_bias_add,
     .bias_grad = cai_cuda_bias_grad,
     .fp8_cast = cai_cuda_fp8_cast,

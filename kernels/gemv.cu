@@ -22,12 +22,7 @@
  * pair) has its first weight loads in flight while this one's last blocks
  * stream theirs (1.8% off a Llama 1B decode step at batch 1 against a
  * trigger after the last loads, bench/RESULTS.md). Neither changes the
- * per-lane order of the sums.
- *
- * A residual product may end with the norm of its result (cuk_gemv_norm,
- * the op linear_residual_norm_fwd): the block that finishes last
- * normalises the finished rows, so the next block's norm costs no kernel
- * of its own. */
+ * per-lane order of the sums. */
 #include "cuda_common.cuh"
 
 CUK_EMU_BEGIN(gemv);
@@ -135,90 +130,33 @@ template <int CNT> CUK_INLINE float gv_pick(const float *acc, int i) {
     return v;
 }
 
-/* The norm after the product: the block that finishes last normalises
- * the N finished rows of y into nt.ln, a warp a row, with norm.cu's
- * k_norm_fwd_reg arithmetic (a lane's chunks 8 (lane + 32 k) in order,
- * the warp's butterfly, the same expressions), so ln is rmsnorm_fwd's or
- * layernorm_fwd's bit for bit. The rows are read from L2: this block's L1
- * may hold lines of the residual read before other blocks wrote them. */
-template <int DT> CUK_INLINE void gv_norm_chunk(const cuk_mat &y, int n, int c0, float (&v)[8]) {
-    cuk_unpack8<DT>(__ldcg((const uint4 *)((const uint16_t *)y.p + n * y.ld + c0)), v);
-}
-
-template <int DT> CUK_INLINE void gv_norm_tail(const cuk_mat &y, int N, const cuk_normtail &nt, int lane, int warp) {
-    __shared__ unsigned last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(nt.cnt, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int C = (int)y.cols;
-    for (int n = warp; n < N; n += GV_WARPS) {
-        float v[8], m = 0.0f, var = 0.0f;
-        if (!nt.rms) {
-            float sum = 0.0f;
-            for (int c0 = 8 * lane; c0 < C; c0 += 256) {
-                gv_norm_chunk<DT>(y, n, c0, v);
-#pragma unroll
-                for (int e = 0; e < 8; e++) sum += v[e];
-            }
-            m = warp_sum(sum) / (float)C;
-        }
-        for (int c0 = 8 * lane; c0 < C; c0 += 256) {
-            gv_norm_chunk<DT>(y, n, c0, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float d = v[e] - m;
-                var += d * d;
-            }
-        }
-        var = warp_sum(var);
-        const float rs = 1.0f / sqrtf(var / (float)C + nt.eps);
-        for (int c0 = 8 * lane; c0 < C; c0 += 256) {
-            float o[8];
-            gv_norm_chunk<DT>(y, n, c0, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float wv = ldf(nt.w, nt.wdt, c0 + e);
-                if (nt.rms) o[e] = wv * (v[e] * rs);
-                else o[e] = (v[e] - m) * rs * wv + (nt.b ? ldf(nt.b, nt.bdt, c0 + e) : 0.0f);
-            }
-            cuk_st8_tail<DT>(nt.ln.p, n * nt.ln.ld + c0, C - c0, o);
-        }
-    }
-    if (threadIdx.x == 0) *nt.cnt = 0; /* zero for the next call */
-}
-
 /* FP consecutive output features a warp (with KS parts, a group of KS
  * warps): at several rows of x, widening x's chunks is as much work as the
  * products, and walking FP weight rows at once shares it. The lanes store
  * the FP x N outputs, one each. */
 template <int DT, int NB, int KS, int FP>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N, cuk_normtail nt) {
+    k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N) {
     __shared__ float sm[KS > 1 ? GV_WARPS * FP * NB : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o0 = ((int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS) * FP;
-    if (KS == 1 && o0 >= w.rows && !nt.ln.p) return; /* with parts or a norm, every warp reaches the barriers */
+    if (KS == 1 && o0 >= w.rows) return; /* with parts, every warp reaches the barrier */
     const uint4 *row[FP];
 #pragma unroll
     for (int f = 0; f < FP; f++)
         row[f] = (const uint4 *)((const uint16_t *)w.p + (o0 + f < w.rows ? o0 + f : 0) * w.ld);
     float acc[FP][NB];
     gv_walk<DT, NB, KS, FP>(acc, row, o0 < w.rows ? w.cols >> 3 : 0, x, N, lane, warp);
-    if (gv_combine<FP * NB, KS>(&acc[0][0], sm, lane, warp)) {
-        for (int i = lane; i < FP * NB; i += 32) {
-            const int f = i / NB, n = i % NB;
-            const int64_t o = o0 + f;
-            const float s = gv_pick<FP * NB>(&acc[0][0], i);
-            if (n >= N || o >= w.rows) continue;
-            float v = s + (bias ? ldf(bias, bias_dt, o) : 0.0f);
-            if (r.p) v += cuk_ld1<DT>(r.p, n * r.ld + o);
-            cuk_st1<DT>(y.p, n * y.ld + o, v);
-        }
+    if (!gv_combine<FP * NB, KS>(&acc[0][0], sm, lane, warp)) return;
+    for (int i = lane; i < FP * NB; i += 32) {
+        const int f = i / NB, n = i % NB;
+        const int64_t o = o0 + f;
+        const float s = gv_pick<FP * NB>(&acc[0][0], i);
+        if (n >= N || o >= w.rows) continue;
+        float v = s + (bias ? ldf(bias, bias_dt, o) : 0.0f);
+        if (r.p) v += cuk_ld1<DT>(r.p, n * r.ld + o);
+        cuk_st1<DT>(y.p, n * y.ld + o, v);
     }
-    if (nt.ln.p) gv_norm_tail<DT>(y, N, nt, lane, warp);
 }
 
 /* A Llama MLP's gate and up rows of output feature o in one warp (with KS
@@ -314,56 +252,34 @@ int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
 
 template <int DT, int KS, int FP>
 static cudaError_t gemv_fp(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_normtail &nt, int pdl) {
+                           int pdl) {
     const unsigned g = gv_grid(w.rows, KS, FP);
     const int N = (int)x.rows;
-#define GV_CALL(NB) gv_launch(s, pdl, k_gemv<DT, NB, KS, FP>, g, y, x, w, bias, bias_dt, r, N, nt)
+#define GV_CALL(NB) gv_launch(s, pdl, k_gemv<DT, NB, KS, FP>, g, y, x, w, bias, bias_dt, r, N)
     return GV_BY_N(N, GV_CALL);
 #undef GV_CALL
 }
 
 template <int DT, int KS>
 static cudaError_t gemv_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_normtail &nt, int pdl) {
-    return gv_feats((int)x.rows) == 1 ? gemv_fp<DT, KS, 1>(s, y, x, w, bias, bias_dt, r, nt, pdl)
-                                      : gemv_fp<DT, KS, 4>(s, y, x, w, bias, bias_dt, r, nt, pdl);
+                           int pdl) {
+    return gv_feats((int)x.rows) == 1 ? gemv_fp<DT, KS, 1>(s, y, x, w, bias, bias_dt, r, pdl)
+                                      : gemv_fp<DT, KS, 4>(s, y, x, w, bias, bias_dt, r, pdl);
 }
 
 template <int DT>
 static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_normtail &nt, int pdl) {
+                           int pdl) {
     switch (gv_parts(w.cols, w.rows, gv_feats((int)x.rows))) {
-    case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, nt, pdl);
-    case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, nt, pdl);
-    case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, nt, pdl);
-    default: return gemv_ks<DT, 8>(s, y, x, w, bias, bias_dt, r, nt, pdl);
+    case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, pdl);
+    default: return gemv_ks<DT, 8>(s, y, x, w, bias, bias_dt, r, pdl);
     }
-}
-
-static cudaError_t gemv_any(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                            const cuk_normtail &nt, int pdl) {
-    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r, nt, pdl)
-                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r, nt, pdl);
 }
 
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
                      int pdl) {
-    const cuk_normtail none = {};
-    return gemv_any(s, y, x, w, bias, bias_dt, r, none, pdl);
-}
-
-static bool gv_float_dt(int dt) { return dt == CUK_F32 || dt == CUK_BF16 || dt == CUK_F16; }
-
-/* The conditions under which norm.cu's rows take k_norm_fwd_reg (whose
- * arithmetic the tail repeats): rows of at most 2048 columns, whole
- * 8-column chunks, 16-byte aligned, ln in y's dtype. */
-int cuk_gemv_norm_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r, const cuk_normtail *nt) {
-    return cuk_gemv_fits(y, x, w, r) && nt->ln.p && nt->cnt && nt->ln.dt == y.dt && nt->ln.rows == y.rows &&
-           nt->ln.cols == y.cols && y.cols <= 2048 && y.cols % 8 == 0 && cuk_vec_ok(y) && cuk_vec_ok(nt->ln) &&
-           gv_float_dt(nt->wdt) && (nt->rms ? !nt->b : !nt->b || gv_float_dt(nt->bdt));
-}
-
-cudaError_t cuk_gemv_norm(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                          cuk_normtail nt, int pdl) {
-    return gemv_any(s, y, x, w, bias, bias_dt, r, nt, pdl);
+    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r, pdl)
+                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r, pdl);
 }

@@ -727,20 +727,6 @@ static cai_status row_parallel(cai_engine_t *e, cai_tensor *x, const cai_tensor 
     return dev->ops->add(dev, x, x, &t);
 }
 
-/* row_parallel, then the norm of x into ln: one op where tp = 1, so a
- * backend can normalise in the product's last block. */
-static cai_status row_parallel_norm(cai_engine_t *e, cai_tensor *x, const cai_tensor *a, const cai_tensor *w,
-                                    const cai_tensor *b, int64_t n, cai_tensor *ln, const cai_tensor *nw,
-                                    const cai_tensor *nb) {
-    if (e->tp > 1) {
-        CAI_CALL(row_parallel(e, x, a, w, b, n));
-        return norm(e, ln, x, nw, nb, n);
-    }
-    const int rms = e->kinds.norm != CAI_NORM_LAYERNORM;
-    return e->dev->ops->linear_residual_norm_fwd(e->dev, x, ln, a, w, b && b->data ? b : NULL, x, nw,
-                                                 !rms && nb && nb->data ? nb : NULL, e->cfg->norm_eps, rms);
-}
-
 typedef struct {
     int64_t n_seq, N, R;
     int64_t n_host;       /* rows whose full logits the host reads (e->host_row) */
@@ -790,13 +776,9 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
     CAI_CALL(heads_view(&e->qkv, N, e->Hq * e->D, e->Hkv, e->D, &k4));
     CAI_CALL(heads_view(&e->qkv, N, (e->Hq + e->Hkv) * e->D, e->Hkv, e->D, &v4));
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
-    /* Each output projection ends with the next norm: ln2, the next
-     * layer's ln1, after the last layer the final norm where the rows are
-     * read in place. */
-    cai_tensor rln = rows_of(&e->rows_ln, R);
-    CAI_CALL(norm(e, &ln, &x, &e->blk[0].ln1_w, &e->blk[0].ln1_b, N));
     for (int64_t l = 0; l < e->L; l++) {
         const cai_block_params *p = &e->blk[l];
+        CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
         CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
         if (e->kinds.pos == CAI_POS_ROPE) {
             CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
@@ -806,28 +788,24 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
         }
         CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
                                       e->attn_ws, e->attn_ws_bytes));
-        CAI_CALL(row_parallel_norm(e, &x, &att, &p->proj_w, &p->proj_b, N, &ln, &p->ln2_w, &p->ln2_b));
+        CAI_CALL(row_parallel(e, &x, &att, &p->proj_w, &p->proj_b, N));
+        CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
         if (e->kinds.mlp == CAI_MLP_GELU) {
             CAI_CALL(ops->linear_gelu_fwd(dev, &act, &fc, &ln, &p->fc_w, p->fc_b.data ? &p->fc_b : NULL));
         } else {
             CAI_CALL(ops->linear_swiglu_fwd(dev, &act, &fc, &up, &ln, &p->fc_w, &p->up_w));
         }
-        if (l + 1 < e->L)
-            CAI_CALL(row_parallel_norm(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N, &ln, &e->blk[l + 1].ln1_w,
-                                       &e->blk[l + 1].ln1_b));
-        else if (all_rows && R > 0)
-            CAI_CALL(row_parallel_norm(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N, &rln, &e->lnf_w, &e->lnf_b));
-        else CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
+        CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
     }
     if (R == 0) return CAI_OK;
+    cai_tensor rows2 = rows_of(all_rows ? &e->x : &e->rows, R);
     if (!all_rows) { /* the rows that need logits, gathered by an embedding lookup into e->rows */
         cai_tensor table = cai_tensor_2d(dev, e->x.data, e->act, N, e->C);
         cai_tensor rows = cai_tensor_3d(dev, e->rows.data, e->act, 1, R, e->C);
         CAI_CALL(ops->embedding_fwd(dev, &rows, &d_rows, &table, NULL, 0, N, 0));
-        cai_tensor rows2 = rows_of(&e->rows, R);
-        CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
     }
-    cai_tensor lg = rows_of(&e->logits, R);
+    cai_tensor rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
+    CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
     CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
     cai_tensor am_i = cai_tensor_1d(dev, e->amax.data, CAI_DTYPE_I32, R);
     cai_tensor am_v = cai_tensor_1d(dev, (int32_t *)e->amax.data + R, CAI_DTYPE_F32, R);

@@ -426,22 +426,6 @@ cai_status cai_cpu_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const
     return st;
 }
 
-/* The two ops in turn: the norm's arguments are checked first, so a bad
- * one leaves out untouched. */
-cai_status cai_cpu_linear_residual_norm_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                            const cai_tensor *weight, const cai_tensor *bias,
-                                            const cai_tensor *residual, const cai_tensor *norm_w,
-                                            const cai_tensor *norm_b, float eps, int rms) {
-    static const char *op = "linear_residual_norm_fwd";
-    cai_rows x, w, y, l;
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
-    CAI_CALL(cai_ops_norm_after_args(op, ln, &y, norm_w, norm_b, rms, CAI_HOST, CAI_F32, CAI_F32, &l));
-    CAI_CALL(cai_cpu_linear_residual_fwd(dev, out, inp, weight, bias, residual));
-    if (rms) return cai_cpu_rmsnorm_fwd(dev, ln, NULL, out, norm_w, eps);
-    return cai_cpu_layernorm_fwd(dev, ln, NULL, NULL, out, norm_w, norm_b, eps);
-}
-
 cai_status cai_cpu_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {
     static const char *op = "bias_add";
     cai_rows r;

@@ -25,7 +25,6 @@ static const cai_ops cpu_ops = {
     .linear_swiglu_fwd = cai_cpu_linear_swiglu_fwd,
     .linear_bwd_dgelu = cai_cpu_linear_bwd_dgelu,
     .linear_residual_fwd = cai_cpu_linear_residual_fwd,
-    .linear_residual_norm_fwd = cai_cpu_linear_residual_norm_fwd,
     .bias_add = cai_cpu_bias_add,
     .bias_grad = cai_cpu_bias_grad,
     .fp8_cast = cai_cpu_fp8_cast,

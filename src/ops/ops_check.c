@@ -160,23 +160,6 @@ cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_te
     return CAI_OK;
 }
 
-cai_status cai_ops_norm_after_args(const char *op, const cai_tensor *ln, const cai_rows *y, const cai_tensor *norm_w,
-                                   const cai_tensor *norm_b, int rms, cai_device_kind kind, int want, int want_w,
-                                   cai_rows *l) {
-    char *p;
-    CAI_CALL(cai_ops_rows(op, "ln", ln, kind, want, y->cols, l));
-    CAI_CALL(cai_ops_same_rows(op, "ln", l, "out", y));
-    CAI_CALL(cai_ops_vec(op, "norm_w", norm_w, kind, want_w, y->cols, &p));
-    if (norm_b && rms)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: norm_b (%s) given for an RMSNorm, which has no bias", op,
-                         CAI_OPS_DESCRIBE(norm_b));
-    if (norm_b) CAI_CALL(cai_ops_vec(op, "norm_b", norm_b, kind, want_w, y->cols, &p));
-    if (l->rows > 0 && l->data == y->data)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: ln (%s) starts at out's address; it must not overlap out", op,
-                         CAI_OPS_DESCRIBE(ln));
-    return CAI_OK;
-}
-
 cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int64_t *B,
                           int64_t *T, const int32_t **data) {
     char *p;

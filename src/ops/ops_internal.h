@@ -44,12 +44,6 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
 cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
                                const cai_tensor *weight, const cai_tensor *bias, cai_device_kind kind, int want,
                                cai_rows *x, cai_rows *w, cai_rows *y, char **bias_data);
-/* linear_residual_norm_fwd's norm arguments, checked before the product
- * runs: ln [N,OC] like out (rows `y`) in dtype `want`, norm_w [OC] (and
- * norm_b [OC], none with rms) in a float dtype of `want_w`. */
-cai_status cai_ops_norm_after_args(const char *op, const cai_tensor *ln, const cai_rows *y, const cai_tensor *norm_w,
-                                   const cai_tensor *norm_b, int rms, cai_device_kind kind, int want, int want_w,
-                                   cai_rows *l);
 /* attention_merge's arguments: out and blk_out [B,T,H,D] alike (dtype
  * `want`), lse and blk_lse F32 [B,H,T] views with a contiguous last
  * dimension; the lse strides on B and H into ls and bs. */

@@ -373,61 +373,6 @@ static void t_decode_swiglu(cai_dtype dt) {
             free(b);
         }
 }
-/* An output projection and the next norm in one op (gemv.cu's last block
- * normalises up to 4 rows where it takes the product; dgemm.cu, cuBLASLt
- * and rows past 2048 columns run the two ops): against the host, and bit
- * for bit against linear_residual_fwd then rmsnorm_fwd / layernorm_fwd on
- * this device, in place as the engine calls it. Llama's (K 2048 and 8192,
- * where 1 and 4 warps share a row) and GPT-2's shapes, an odd K. */
-static void t_decode_residual_norm(cai_dtype dt) {
-    const int64_t rows[] = {1, 2, 3, 4, 5, 8}, ics[] = {2048, 8192, 768, 3072, 776, 2048},
-                  ocs[] = {2048, 2048, 768, 768, 1000, 2056};
-    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++)
-        for (int k = 0; k < 6; k++)
-            for (int kind = 0; kind < 3; kind++) { /* RMSNorm; LayerNorm with bias and product bias; without */
-                const int64_t N = rows[i], IC = ics[k], OC = ocs[k];
-                const int rms = kind == 0;
-                const cai_dtype pdt = k == 2 ? CAI_DTYPE_F32 : dt; /* norm parameters */
-                gt_t x = R2(dt, N, IC, 1.0), w = R2(dt, OC, IC, 1.0 / sqrt((double)IC)), res = R2(dt, N, OC, 1.0);
-                gt_t b = R1(dt, OC, 0.5), nw = R1(pdt, OC, 1.0), nb = R1(pdt, OC, 0.5);
-                gt_t out = O2(dt, N, OC), ln = O2(dt, N, OC), out2 = O2(dt, N, OC), ln2 = O2(dt, N, OC);
-                GT_OK(H->ops->copy(H, &out.h, &res.h));
-                GT_OK(G->ops->copy(G, &out.g, &res.g));
-                GT_OK(G->ops->copy(G, &out2.g, &res.g));
-                const int wb = kind == 1;
-                BOTH("linear_residual_norm_fwd",
-                     H->ops->linear_residual_norm_fwd(H, &out.h, &ln.h, &x.h, &w.h, wb ? &b.h : NULL, &out.h, &nw.h,
-                                                      wb ? &nb.h : NULL, 1e-5f, rms),
-                     G->ops->linear_residual_norm_fwd(G, &out.g, &ln.g, &x.g, &w.g, wb ? &b.g : NULL, &out.g, &nw.g,
-                                                      wb ? &nb.g : NULL, 1e-5f, rms));
-                const char *kn = rms ? "rms" : wb ? "layernorm +bias" : "layernorm";
-                gt_check(nm("linear_residual_norm_fwd out %s %" PRId64 "x%" PRId64 "->%" PRId64 " %s", dtn(dt), N, IC,
-                            OC, kn),
-                         out, gt_tol(dt));
-                gt_check(nm("linear_residual_norm_fwd ln %s %" PRId64 "x%" PRId64 "->%" PRId64 " %s", dtn(dt), N, IC,
-                            OC, kn),
-                         ln, 4 * gt_tol(dt));
-                GT_OK(G->ops->linear_residual_fwd(G, &out2.g, &x.g, &w.g, wb ? &b.g : NULL, &out2.g));
-                if (rms) GT_OK(G->ops->rmsnorm_fwd(G, &ln2.g, NULL, &out2.g, &nw.g, 1e-5f));
-                else GT_OK(G->ops->layernorm_fwd(G, &ln2.g, NULL, NULL, &out2.g, &nw.g, wb ? &nb.g : NULL, 1e-5f));
-                float *o1 = gt_download(out.b), *o2 = gt_download(out2.b), *l1 = gt_download(ln.b),
-                      *l2 = gt_download(ln2.b);
-                const size_t bytes = (size_t)(N * OC) * sizeof(float);
-                gt_expect(nm("linear_residual_norm_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64
-                             " %s equals the two ops bitwise",
-                             dtn(dt), N, IC, OC, kn),
-                          memcmp(o1, o2, bytes) == 0 && memcmp(l1, l2, bytes) == 0, "");
-                free(o1);
-                free(o2);
-                free(l1);
-                free(l2);
-            }
-}
-static void decode_residual_norm(void) {
-    if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
-    t_decode_residual_norm(CAI_DTYPE_BF16);
-    t_decode_residual_norm(CAI_DTYPE_F16);
-}
 static void decode_linear(void) {
     if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
     t_decode_linear(CAI_DTYPE_BF16);
@@ -2087,7 +2032,6 @@ static const test_entry tests[] = {
     {"paged kv rope + cache write", rope_kv},
     {"paged kv argmax", argmax_all},
     {"paged kv decode linear (few rows)", decode_linear},
-    {"paged kv decode residual + norm", decode_residual_norm},
     /* mixture of experts: token rows <-> rows grouped by expert */
     {"moe f32", f32_moe},
     {"moe bf16", bf16_moe},

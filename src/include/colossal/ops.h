@@ -211,17 +211,6 @@ typedef struct cai_ops {
      * product, bias and residual, instead of twice). */
     cai_status (*linear_residual_fwd)(cai_device_t *dev, cai_tensor *out, const cai_tensor *inp,
                                       const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual);
-    /* linear_residual_fwd and the norm of its result (a decode step's output
-     * projections and the next block's norm), one op so a backend can
-     * normalise the finished rows in the product's last block instead of
-     * a kernel of their own: out as linear_residual_fwd, then ln [N,OC] =
-     * rmsnorm_fwd(out; norm_w, eps) when rms, else layernorm_fwd(out;
-     * norm_w, norm_b, eps) (norm_b may be NULL; with rms it must be).
-     * Equals the two ops bit for bit; no statistics are saved. ln must not
-     * overlap out, inp or residual. */
-    cai_status (*linear_residual_norm_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                           const cai_tensor *weight, const cai_tensor *bias, const cai_tensor *residual,
-                                           const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms);
     /* x [N,C] += bias [C] (in place). */
     cai_status (*bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
     /* dbias [C] += sum over rows of dout [N,C]. */
