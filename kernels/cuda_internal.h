@@ -194,13 +194,6 @@ CUDA_OP(linear_bwd_dgelu)
 CUDA_OP(linear_residual_fwd)
 (cai_device_t *dev, cai_tensor *out, const cai_tensor *inp, const cai_tensor *weight, const cai_tensor *bias,
  const cai_tensor *residual);
-CUDA_OP(norm_linear_fwd)
-(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp, const cai_tensor *norm_w,
- const cai_tensor *norm_b, float eps, int rms, const cai_tensor *weight, const cai_tensor *bias);
-CUDA_OP(norm_linear_swiglu_fwd)
-(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up, cai_tensor *ln, const cai_tensor *inp,
- const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms, const cai_tensor *w_gate,
- const cai_tensor *w_up);
 CUDA_OP(bias_add)(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias);
 CUDA_OP(bias_grad)(cai_device_t *dev, cai_tensor *dbias, const cai_tensor *dout);
 

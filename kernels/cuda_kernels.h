@@ -216,25 +216,14 @@ cudaError_t cuk_argmax_rows(cudaStream_t s, int32_t *idx, float *maxv, cuk_mat l
  * 16-byte aligned. */
 #define CUK_GEMV_MAX_N 4
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r);
-/* A norm applied to the rows of x as the products read them (xn non-NULL
- * where cuk_gemv_xnorm_fits): RMSNorm by w (rms), else LayerNorm by w and
- * b (b NULL: none), each normalised value rounded to x's dtype as
- * cuk_norm_fwd_fast stores it, so the product is the norm then the
- * product, bit for bit. */
-typedef struct {
-    const void *w, *b;
-    int wdt, bdt, rms;
-    float eps;
-} cuk_xnorm;
-int cuk_gemv_xnorm_fits(cuk_mat x, const cuk_xnorm *xn);
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                     const cuk_xnorm *xn, int pdl);
+                     int pdl);
 /* y[n] = swiglu(Wg x[n], Wu x[n]) in one pass over both weights, each
  * product rounded to y's dtype before the SwiGLU (bitwise cuk_gemv twice
  * and cuk_swiglu_fwd). Where cuk_gemv_fits(y, x, wg) and wu is laid out
  * as wg (cuk_gemv_swiglu_fits). */
 int cuk_gemv_swiglu_fits(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu);
-cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, const cuk_xnorm *xn, int pdl);
+cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl);
 /* pdl (both): launched as programmatic dependents of the stream's previous
  * kernel (sm_90+; the caller decides, CAI_CUDA_PDL). */
 

@@ -509,7 +509,7 @@ static cai_status few_rows_linear(cai_device_t *dev, const char *op, cuk_mat y, 
         return CAI_OK;
     }
     if (cuk_gemv_fits(y, x, w, r)) {
-        CUK_LAUNCH(op, cuk_gemv(c->stream, y, x, w, bd, (int)bias_dt, r, NULL, c->pdl));
+        CUK_LAUNCH(op, cuk_gemv(c->stream, y, x, w, bd, (int)bias_dt, r, c->pdl));
         return CAI_OK;
     }
     *done = 0;
@@ -622,16 +622,6 @@ cai_status cai_cuda_linear_gelu_fwd(cai_device_t *dev, cai_tensor *act, cai_tens
     return CAI_OK;
 }
 
-/* linear_swiglu_fwd's arguments under the calling op's name. */
-static cai_status swiglu_args(const char *op, const cai_tensor *act, const cai_tensor *gate, const cai_tensor *up,
-                              const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up, cai_rows *x,
-                              cai_rows *wg, cai_rows *wu, cai_rows *g, cai_rows *u, cai_rows *a) {
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "gate", gate, inp, w_gate, NULL, x, wg, g, &bd));
-    CAI_CALL(linear_fwd_args(op, "up", up, inp, w_up, NULL, x, wu, u, &bd));
-    return cai_cuda_rows_like(op, "act", act, "gate", g, a);
-}
-
 /* A decode step's few rows: one pass over both weights (dgemm.cu or
  * gemv.cu, chosen as few_rows_linear chooses); else the two products into
  * gate and up, then the SwiGLU kernel. */
@@ -639,7 +629,10 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
                                       const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up) {
     static const char *op = "linear_swiglu_fwd";
     cai_rows x, wg, wu, g, u, a;
-    CAI_CALL(swiglu_args(op, act, gate, up, inp, w_gate, w_up, &x, &wg, &wu, &g, &u, &a));
+    char *bd;
+    CAI_CALL(linear_fwd_args(op, "gate", gate, inp, w_gate, NULL, &x, &wg, &g, &bd));
+    CAI_CALL(linear_fwd_args(op, "up", up, inp, w_up, NULL, &x, &wu, &u, &bd));
+    CAI_CALL(cai_cuda_rows_like(op, "act", act, "gate", &g, &a));
     CAI_CALL(cai_cuda_enter(dev, op));
     cai_cuda_impl *c = cai_cuda_of(dev);
     const cuk_mat A = cai_cuda_mat(&a), X = cai_cuda_mat(&x), WG = cai_cuda_mat(&wg), WU = cai_cuda_mat(&wu);
@@ -652,77 +645,13 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
         return CAI_OK;
     }
     if (a.dtype == x.dtype && !dg && cuk_gemv_swiglu_fits(A, X, WG, WU)) {
-        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, NULL, c->pdl));
+        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, c->pdl));
         return CAI_OK;
     }
     CAI_CALL(linear_rows(dev, op, &x, &wg, &g, NULL, CAI_DTYPE_F32));
     CAI_CALL(linear_rows(dev, op, &x, &wu, &u, NULL, CAI_DTYPE_F32));
     CUK_LAUNCH(op, cuk_swiglu_fwd(cai_cuda_of(dev)->stream, cai_cuda_mat(&a), cai_cuda_mat(&g), cai_cuda_mat(&u)));
     return CAI_OK;
-}
-
-/* The norm as gemv.cu's products read x (cuk_xnorm), or the norm op into ln. */
-static cai_status norm_into(cai_device_t *dev, cai_tensor *ln, const cai_tensor *inp, const cai_tensor *norm_w,
-                            const cai_tensor *norm_b, float eps, int rms) {
-    if (rms) return cai_cuda_rmsnorm_fwd(dev, ln, NULL, inp, norm_w, eps);
-    return cai_cuda_layernorm_fwd(dev, ln, NULL, NULL, inp, norm_w, norm_b, eps);
-}
-
-static cuk_xnorm xnorm_of(const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms) {
-    const cuk_xnorm xn = {.w = norm_w->data,
-                          .b = norm_b ? norm_b->data : NULL,
-                          .wdt = (int)norm_w->dtype,
-                          .bdt = norm_b ? (int)norm_b->dtype : 0,
-                          .rms = rms != 0,
-                          .eps = eps};
-    return xn;
-}
-
-/* gemv.cu normalising x as it reads it where it takes the product (a few
- * rows, not dgemm.cu's); else the norm op into ln, then linear_fwd. */
-cai_status cai_cuda_norm_linear_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                    const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms,
-                                    const cai_tensor *weight, const cai_tensor *bias) {
-    static const char *op = "norm_linear_fwd";
-    cai_rows x, w, y;
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
-    CAI_CALL(cai_ops_norm_args(op, ln, &x, norm_w, norm_b, rms, CAI_CUDA, CAI_ANYF));
-    cai_cuda_impl *c = cai_cuda_of(dev);
-    const cuk_mat Y = cai_cuda_mat(&y), X = cai_cuda_mat(&x), W = cai_cuda_mat(&w), none = {0};
-    const cuk_xnorm xn = xnorm_of(norm_w, norm_b, eps, rms);
-    if (!(c->dgemm_ws && cuk_dgemm_fits(Y, X, W, none, CAI_CUDA_DGEMM_WS)) && cuk_gemv_fits(Y, X, W, none) &&
-        cuk_gemv_xnorm_fits(X, &xn)) {
-        CAI_CALL(cai_cuda_enter(dev, op));
-        CUK_LAUNCH(op, cuk_gemv(c->stream, Y, X, W, bd, (int)(bias ? bias->dtype : CAI_DTYPE_F32), none, &xn, c->pdl));
-        return CAI_OK;
-    }
-    CAI_CALL(norm_into(dev, ln, inp, norm_w, norm_b, eps, rms));
-    return cai_cuda_linear_fwd(dev, out, ln, weight, bias);
-}
-
-/* The pair through gemv.cu normalising x where linear_swiglu_fwd would
- * take gemv.cu; else the norm op into ln, then linear_swiglu_fwd. */
-cai_status cai_cuda_norm_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
-                                           cai_tensor *ln, const cai_tensor *inp, const cai_tensor *norm_w,
-                                           const cai_tensor *norm_b, float eps, int rms, const cai_tensor *w_gate,
-                                           const cai_tensor *w_up) {
-    static const char *op = "norm_linear_swiglu_fwd";
-    cai_rows x, wg, wu, g, u, a;
-    CAI_CALL(swiglu_args(op, act, gate, up, inp, w_gate, w_up, &x, &wg, &wu, &g, &u, &a));
-    CAI_CALL(cai_ops_norm_args(op, ln, &x, norm_w, norm_b, rms, CAI_CUDA, CAI_ANYF));
-    cai_cuda_impl *c = cai_cuda_of(dev);
-    const cuk_mat A = cai_cuda_mat(&a), X = cai_cuda_mat(&x), WG = cai_cuda_mat(&wg), WU = cai_cuda_mat(&wu);
-    const cuk_mat none = {0};
-    const cuk_xnorm xn = xnorm_of(norm_w, norm_b, eps, rms);
-    if (a.dtype == x.dtype && !(c->dgemm_ws && cuk_dgemm_fits(A, X, WG, none, CAI_CUDA_DGEMM_WS)) &&
-        cuk_gemv_swiglu_fits(A, X, WG, WU) && cuk_gemv_xnorm_fits(X, &xn)) {
-        CAI_CALL(cai_cuda_enter(dev, op));
-        CUK_LAUNCH(op, cuk_gemv_swiglu(c->stream, A, X, WG, WU, &xn, c->pdl));
-        return CAI_OK;
-    }
-    CAI_CALL(norm_into(dev, ln, inp, norm_w, norm_b, eps, rms));
-    return cai_cuda_linear_swiglu_fwd(dev, act, gate, up, ln, w_gate, w_up);
 }
 
 /* out = x w^T + bias + residual in one cuBLASLt call: D = out, C = the

@@ -22,100 +22,26 @@
  * pair) has its first weight loads in flight while this one's last blocks
  * stream theirs (1.8% off a Llama 1B decode step at batch 1 against a
  * trigger after the last loads, bench/RESULTS.md). Neither changes the
- * per-lane order of the sums.
- *
- * A product may normalise x as it reads it (norm_linear_fwd and
- * norm_linear_swiglu_fwd: the block's norm before its QKV or MLP product,
- * the final norm before the head): after the wait each warp computes the
- * rows' statistics itself, with norm.cu's k_norm_fwd_reg arithmetic, and
- * each chunk of x is normalised and rounded to x's dtype as the norm
- * kernel would store it, so the product is the two ops' bit for bit and
- * the norm costs no kernel of its own. */
+ * per-lane order of the sums. */
 #include "cuda_common.cuh"
 
 CUK_EMU_BEGIN(gemv);
 #define GV_WARPS 8
 #define GV_UNROLL 8
 
-/* The norm applied to x as it is read: its parameters' chunks and each
- * row's statistics (mean, 0 for RMSNorm; 1 / rms or 1 / std). */
-template <int NB> struct gv_xn {
-    const uint4 *w, *b;
-    int rms;
-    float mu[NB], rs[NB];
-};
-
-/* Each row's statistics as k_norm_fwd_reg (norm.cu) forms them: a lane's
- * chunks 8 (lane + 32 k) in order, the mean first for LayerNorm, the warp's
- * butterfly, 1 / sqrtf(var / K + eps). Rows of at most 2048 columns in
- * whole chunks (cuk_gemv_xnorm_fits): a lane loads all of a row's chunks
- * before it adds. */
-template <int DT, int NB>
-CUK_INLINE void gv_stats(gv_xn<NB> &xn, const cuk_mat &x, int N, const cuk_xnorm &p, int lane) {
-    const int K = (int)x.cols;
-#pragma unroll
-    for (int n = 0; n < NB; n++) {
-        if (n >= N) break;
-        uint4 raw[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            if (8 * (lane + 32 * k) < K)
-                raw[k] = __ldg((const uint4 *)((const uint16_t *)x.p + n * x.ld) + lane + 32 * k);
-        float m = 0.0f, var = 0.0f, v[8];
-        if (!p.rms) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                if (8 * (lane + 32 * k) >= K) break;
-                cuk_unpack8<DT>(raw[k], v);
-#pragma unroll
-                for (int e = 0; e < 8; e++) sum += v[e];
-            }
-            m = warp_sum(sum) / (float)K;
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            if (8 * (lane + 32 * k) >= K) break;
-            cuk_unpack8<DT>(raw[k], v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const float d = v[e] - m;
-                var += d * d;
-            }
-        }
-        var = warp_sum(var);
-        xn.mu[n] = m;
-        xn.rs[n] = 1.0f / sqrtf(var / (float)K + p.eps);
-    }
-}
-
 /* acc[r][n] += dot(w chunk of row r, x[n] chunk c) for the R rows a warp
- * walks together: x's chunk is loaded and widened once for all of them
- * (with XN normalised first, as the norm kernel computes and stores it). */
-template <int DT, int NB, int R, bool XN>
-CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat &x, int N, int64_t c,
-                       const gv_xn<NB> &xn) {
-    float wf[R][8], nw[8], nb[8];
+ * walks together: x's chunk is loaded and widened once for all of them. */
+template <int DT, int NB, int R>
+CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat &x, int N, int64_t c) {
+    float wf[R][8];
 #pragma unroll
     for (int r = 0; r < R; r++) cuk_unpack8<DT>(wu[r], wf[r]);
-    if (XN) {
-        cuk_unpack8<DT>(__ldg(xn.w + c), nw);
-        if (xn.b) cuk_unpack8<DT>(__ldg(xn.b + c), nb);
-        else
-#pragma unroll
-            for (int e = 0; e < 8; e++) nb[e] = 0.0f;
-    }
 #pragma unroll
     for (int n = 0; n < NB; n++) {
         if (n >= N) break;
         const uint4 xu = __ldg((const uint4 *)((const uint16_t *)x.p + n * x.ld) + c);
         float xf[8];
         cuk_unpack8<DT>(xu, xf);
-        if (XN)
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                xf[e] = cuk_round<DT>(xn.rms ? nw[e] * (xf[e] * xn.rs[n])
-                                             : __fmaf_rn((xf[e] - xn.mu[n]) * xn.rs[n], nw[e], nb[e]));
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
@@ -133,9 +59,9 @@ CUK_INLINE void gv_fma(float (&acc)[R][NB], const uint4 (&wu)[R], const cuk_mat 
  * may launch from the start; the first pass's loads are issued before the
  * wait for the previous kernel. Leaves the warp's sums in acc, in every
  * lane. */
-template <int DT, int NB, int KS, int R, bool XN>
+template <int DT, int NB, int KS, int R>
 CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64_t nc, const cuk_mat &x, int N,
-                        const cuk_xnorm &xp, int lane, int warp) {
+                        int lane, int warp) {
     constexpr int U = GV_UNROLL / R > 0 ? GV_UNROLL / R : 1;
     const int64_t step = 32 * KS;
     cuk_pdl_trigger();
@@ -153,13 +79,6 @@ CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64
             for (int r = 0; r < R; r++) wu[u][r] = __ldcs(row[r] + c + step * u); /* read once: not kept in cache */
     }
     cuk_pdl_wait();
-    gv_xn<NB> xn;
-    if (XN) {
-        xn.w = (const uint4 *)xp.w;
-        xn.b = (const uint4 *)xp.b;
-        xn.rms = xp.rms;
-        gv_stats<DT, NB>(xn, x, N, xp, lane);
-    }
     for (; c + step * (U - 1) < nc; c += step * U) {
         if (!pending) {
 #pragma unroll
@@ -169,13 +88,13 @@ CUK_INLINE void gv_walk(float (&acc)[R][NB], const uint4 *const (&row)[R], int64
         }
         pending = false;
 #pragma unroll
-        for (int u = 0; u < U; u++) gv_fma<DT, NB, R, XN>(acc, wu[u], x, N, c + step * u, xn);
+        for (int u = 0; u < U; u++) gv_fma<DT, NB, R>(acc, wu[u], x, N, c + step * u);
     }
     for (; c < nc; c += step) {
         uint4 t[R];
 #pragma unroll
         for (int r = 0; r < R; r++) t[r] = __ldcs(row[r] + c);
-        gv_fma<DT, NB, R, XN>(acc, t, x, N, c, xn);
+        gv_fma<DT, NB, R>(acc, t, x, N, c);
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -215,9 +134,9 @@ template <int CNT> CUK_INLINE float gv_pick(const float *acc, int i) {
  * warps): at several rows of x, widening x's chunks is as much work as the
  * products, and walking FP weight rows at once shares it. The lanes store
  * the FP x N outputs, one each. */
-template <int DT, int NB, int KS, int FP, bool XN>
+template <int DT, int NB, int KS, int FP>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N, cuk_xnorm xp) {
+    k_gemv(cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r, int N) {
     __shared__ float sm[KS > 1 ? GV_WARPS * FP * NB : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o0 = ((int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS) * FP;
@@ -227,7 +146,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     for (int f = 0; f < FP; f++)
         row[f] = (const uint4 *)((const uint16_t *)w.p + (o0 + f < w.rows ? o0 + f : 0) * w.ld);
     float acc[FP][NB];
-    gv_walk<DT, NB, KS, FP, XN>(acc, row, o0 < w.rows ? w.cols >> 3 : 0, x, N, xp, lane, warp);
+    gv_walk<DT, NB, KS, FP>(acc, row, o0 < w.rows ? w.cols >> 3 : 0, x, N, lane, warp);
     if (!gv_combine<FP * NB, KS>(&acc[0][0], sm, lane, warp)) return;
     for (int i = lane; i < FP * NB; i += 32) {
         const int f = i / NB, n = i % NB;
@@ -244,9 +163,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * parts, a group of KS warps): each lane visits its chunks in k_gemv's
  * order, so the two sums are k_gemv's bit for bit whatever k_gemv's FP;
  * one launch instead of three (two products and the SwiGLU). */
-template <int DT, int NB, int KS, bool XN>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N, cuk_xnorm xp) {
+template <int DT, int NB, int KS>
+__global__ void __launch_bounds__(GV_WARPS * 32) k_gemv_swiglu(cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int N) {
     __shared__ float sm[KS > 1 ? GV_WARPS * 2 * NB : 1];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t o = (int64_t)blockIdx.x * (GV_WARPS / KS) + warp / KS;
@@ -255,7 +173,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     const uint4 *const row[2] = {(const uint4 *)((const uint16_t *)wg.p + oc * wg.ld),
                                  (const uint4 *)((const uint16_t *)wu.p + oc * wu.ld)};
     float acc[2][NB];
-    gv_walk<DT, NB, KS, 2, XN>(acc, row, o < wg.rows ? wg.cols >> 3 : 0, x, N, xp, lane, warp);
+    gv_walk<DT, NB, KS, 2>(acc, row, o < wg.rows ? wg.cols >> 3 : 0, x, N, lane, warp);
     if (!gv_combine<2 * NB, KS>(&acc[0][0], sm, lane, warp) || o >= wg.rows) return;
     for (int n = lane; n < NB; n += 32) {
         const float g = cuk_round<DT>(gv_pick<NB>(acc[0], n)), u = cuk_round<DT>(gv_pick<NB>(acc[1], n));
@@ -305,33 +223,27 @@ static int gv_parts(int64_t K, int64_t M, int fp) {
 #define GV_BY_N(N, CALL) ((N) == 1 ? CALL(1) : (N) == 2 ? CALL(2) : CALL(CUK_GEMV_MAX_N))
 
 template <int DT, int KS>
-static cudaError_t gemv_swiglu_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, const cuk_xnorm *xn,
-                                  int pdl) {
+static cudaError_t gemv_swiglu_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
     const unsigned g = gv_grid(wg.rows, KS, 1);
     const int N = (int)x.rows;
-    const cuk_xnorm xp = xn ? *xn : cuk_xnorm{};
-#define GV_CALL(NB)                                                                  \
-    (xn ? gv_launch(s, pdl, k_gemv_swiglu<DT, NB, KS, true>, g, y, x, wg, wu, N, xp) \
-        : gv_launch(s, pdl, k_gemv_swiglu<DT, NB, KS, false>, g, y, x, wg, wu, N, xp))
+#define GV_CALL(NB) gv_launch(s, pdl, k_gemv_swiglu<DT, NB, KS>, g, y, x, wg, wu, N)
     return GV_BY_N(N, GV_CALL);
 #undef GV_CALL
 }
 
 template <int DT>
-static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, const cuk_xnorm *xn,
-                                  int pdl) {
+static cudaError_t gemv_swiglu_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
     switch (gv_parts(wg.cols, wg.rows, gv_feats((int)x.rows))) {
-    case 1: return gemv_swiglu_ks<DT, 1>(s, y, x, wg, wu, xn, pdl);
-    case 2: return gemv_swiglu_ks<DT, 2>(s, y, x, wg, wu, xn, pdl);
-    case 4: return gemv_swiglu_ks<DT, 4>(s, y, x, wg, wu, xn, pdl);
-    default: return gemv_swiglu_ks<DT, 8>(s, y, x, wg, wu, xn, pdl);
+    case 1: return gemv_swiglu_ks<DT, 1>(s, y, x, wg, wu, pdl);
+    case 2: return gemv_swiglu_ks<DT, 2>(s, y, x, wg, wu, pdl);
+    case 4: return gemv_swiglu_ks<DT, 4>(s, y, x, wg, wu, pdl);
+    default: return gemv_swiglu_ks<DT, 8>(s, y, x, wg, wu, pdl);
     }
 }
 
-cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, const cuk_xnorm *xn,
-                            int pdl) {
-    return wg.dt == CUK_BF16 ? gemv_swiglu_dt<CUK_BF16>(s, y, x, wg, wu, xn, pdl)
-                             : gemv_swiglu_dt<CUK_F16>(s, y, x, wg, wu, xn, pdl);
+cudaError_t cuk_gemv_swiglu(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat wg, cuk_mat wu, int pdl) {
+    return wg.dt == CUK_BF16 ? gemv_swiglu_dt<CUK_BF16>(s, y, x, wg, wu, pdl)
+                             : gemv_swiglu_dt<CUK_F16>(s, y, x, wg, wu, pdl);
 }
 
 int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
@@ -340,46 +252,34 @@ int cuk_gemv_fits(cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
 
 template <int DT, int KS, int FP>
 static cudaError_t gemv_fp(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_xnorm *xn, int pdl) {
+                           int pdl) {
     const unsigned g = gv_grid(w.rows, KS, FP);
     const int N = (int)x.rows;
-    const cuk_xnorm xp = xn ? *xn : cuk_xnorm{};
-#define GV_CALL(NB)                                                                            \
-    (xn ? gv_launch(s, pdl, k_gemv<DT, NB, KS, FP, true>, g, y, x, w, bias, bias_dt, r, N, xp) \
-        : gv_launch(s, pdl, k_gemv<DT, NB, KS, FP, false>, g, y, x, w, bias, bias_dt, r, N, xp))
+#define GV_CALL(NB) gv_launch(s, pdl, k_gemv<DT, NB, KS, FP>, g, y, x, w, bias, bias_dt, r, N)
     return GV_BY_N(N, GV_CALL);
 #undef GV_CALL
 }
 
 template <int DT, int KS>
 static cudaError_t gemv_ks(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_xnorm *xn, int pdl) {
-    return gv_feats((int)x.rows) == 1 ? gemv_fp<DT, KS, 1>(s, y, x, w, bias, bias_dt, r, xn, pdl)
-                                      : gemv_fp<DT, KS, 4>(s, y, x, w, bias, bias_dt, r, xn, pdl);
+                           int pdl) {
+    return gv_feats((int)x.rows) == 1 ? gemv_fp<DT, KS, 1>(s, y, x, w, bias, bias_dt, r, pdl)
+                                      : gemv_fp<DT, KS, 4>(s, y, x, w, bias, bias_dt, r, pdl);
 }
 
 template <int DT>
 static cudaError_t gemv_dt(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                           const cuk_xnorm *xn, int pdl) {
+                           int pdl) {
     switch (gv_parts(w.cols, w.rows, gv_feats((int)x.rows))) {
-    case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, xn, pdl);
-    case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, xn, pdl);
-    case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, xn, pdl);
-    default: return gemv_ks<DT, 8>(s, y, x, w, bias, bias_dt, r, xn, pdl);
+    case 1: return gemv_ks<DT, 1>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 2: return gemv_ks<DT, 2>(s, y, x, w, bias, bias_dt, r, pdl);
+    case 4: return gemv_ks<DT, 4>(s, y, x, w, bias, bias_dt, r, pdl);
+    default: return gemv_ks<DT, 8>(s, y, x, w, bias, bias_dt, r, pdl);
     }
 }
 
 cudaError_t cuk_gemv(cudaStream_t s, cuk_mat y, cuk_mat x, cuk_mat w, const void *bias, int bias_dt, cuk_mat r,
-                     const cuk_xnorm *xn, int pdl) {
-    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r, xn, pdl)
-                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r, xn, pdl);
-}
-
-/* The rows norm.cu's k_norm_fwd_reg takes (at most 2048 columns, 16-byte
- * aligned), in whole chunks, with the norm's parameters in x's dtype and
- * 16-byte aligned, so a chunk of them is one load. */
-int cuk_gemv_xnorm_fits(cuk_mat x, const cuk_xnorm *xn) {
-    const auto a16 = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
-    return xn->w && xn->wdt == x.dt && a16(xn->w) && (!xn->b || (!xn->rms && xn->bdt == x.dt && a16(xn->b))) &&
-           x.cols <= 2048 && x.cols % 8 == 0 && cuk_vec_ok(x);
+                     int pdl) {
+    return w.dt == CUK_BF16 ? gemv_dt<CUK_BF16>(s, y, x, w, bias, bias_dt, r, pdl)
+                            : gemv_dt<CUK_F16>(s, y, x, w, bias, bias_dt, r, pdl);
 }

@@ -261,8 +261,7 @@ __global__ void __launch_bounds__(32 * NW, FWD_MINB(DT, K))
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 if (RMS) o[e] = wv[e] * (v[k][e] * rs);
-                /* bv 0 without bias, as the general kernel; one rounding, as gemv.cu's normalised x */
-                else o[e] = __fmaf_rn((v[k][e] - m) * rs, wv[e], bv[e]);
+                else o[e] = (v[k][e] - m) * rs * wv[e] + bv[e]; /* bv 0 without bias, as the general kernel */
             }
             cuk_st8_tail<DT>(y.p, r * y.ld + c0, C - c0, o);
         }

@@ -714,15 +714,6 @@ static cai_status norm(cai_engine_t *e, cai_tensor *out, const cai_tensor *inp, 
     return dev->ops->rmsnorm_fwd(dev, out, &r, inp, w, e->cfg->norm_eps);
 }
 
-/* out = norm(inp) W^T (+ b): one op, so a backend can normalise the rows
- * as the product reads them (ln is the op's scratch). */
-static cai_status norm_linear(cai_engine_t *e, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                              const cai_tensor *nw, const cai_tensor *nb, const cai_tensor *w, const cai_tensor *b) {
-    const int rms = e->kinds.norm != CAI_NORM_LAYERNORM;
-    return e->dev->ops->norm_linear_fwd(e->dev, out, ln, inp, nw, !rms && nb && nb->data ? nb : NULL, e->cfg->norm_eps,
-                                        rms, w, b && b->data ? b : NULL);
-}
-
 /* x += a W^T (+ b), W row-parallel: the partial products summed over tp. */
 static cai_status row_parallel(cai_engine_t *e, cai_tensor *x, const cai_tensor *a, const cai_tensor *w,
                                const cai_tensor *b, int64_t n) {
@@ -787,7 +778,8 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
     CAI_CALL(heads_view(&e->att, N, 0, e->Hq, e->D, &att4));
     for (int64_t l = 0; l < e->L; l++) {
         const cai_block_params *p = &e->blk[l];
-        CAI_CALL(norm_linear(e, &qkv, &ln, &x, &p->ln1_w, &p->ln1_b, &p->qkv_w, &p->qkv_b));
+        CAI_CALL(norm(e, &ln, &x, &p->ln1_w, &p->ln1_b, N));
+        CAI_CALL(ops->linear_fwd(dev, &qkv, &ln, &p->qkv_w, p->qkv_b.data ? &p->qkv_b : NULL));
         if (e->kinds.pos == CAI_POS_ROPE) {
             CAI_CALL(ops->rope_kv_cache_write(dev, &qk4, &e->kc[l], &e->vc[l], &v4, &d_slots, &e->rope_cos,
                                               &e->rope_sin, &d_pos));
@@ -797,14 +789,11 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
         CAI_CALL(ops->paged_attention(dev, &att4, &q4, &e->kc[l], &e->vc[l], &d_bt, &d_qs, &d_cl, e->max_ctx, 0.0f,
                                       e->attn_ws, e->attn_ws_bytes));
         CAI_CALL(row_parallel(e, &x, &att, &p->proj_w, &p->proj_b, N));
+        CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
         if (e->kinds.mlp == CAI_MLP_GELU) {
-            CAI_CALL(norm(e, &ln, &x, &p->ln2_w, &p->ln2_b, N));
             CAI_CALL(ops->linear_gelu_fwd(dev, &act, &fc, &ln, &p->fc_w, p->fc_b.data ? &p->fc_b : NULL));
         } else {
-            const int rms = e->kinds.norm != CAI_NORM_LAYERNORM;
-            CAI_CALL(ops->norm_linear_swiglu_fwd(dev, &act, &fc, &up, &ln, &x, &p->ln2_w,
-                                                 !rms && p->ln2_b.data ? &p->ln2_b : NULL, e->cfg->norm_eps, rms,
-                                                 &p->fc_w, &p->up_w));
+            CAI_CALL(ops->linear_swiglu_fwd(dev, &act, &fc, &up, &ln, &p->fc_w, &p->up_w));
         }
         CAI_CALL(row_parallel(e, &x, &act, &p->mlp_proj_w, &p->mlp_proj_b, N));
     }
@@ -816,7 +805,8 @@ static cai_status compute(cai_engine_t *e, int64_t N, int64_t S, int64_t R, int 
         CAI_CALL(ops->embedding_fwd(dev, &rows, &d_rows, &table, NULL, 0, N, 0));
     }
     cai_tensor rln = rows_of(&e->rows_ln, R), lg = rows_of(&e->logits, R);
-    CAI_CALL(norm_linear(e, &lg, &rln, &rows2, &e->lnf_w, &e->lnf_b, &e->head_w, NULL));
+    CAI_CALL(norm(e, &rln, &rows2, &e->lnf_w, &e->lnf_b, R));
+    CAI_CALL(ops->linear_fwd(dev, &lg, &rln, &e->head_w, NULL));
     cai_tensor am_i = cai_tensor_1d(dev, e->amax.data, CAI_DTYPE_I32, R);
     cai_tensor am_v = cai_tensor_1d(dev, (int32_t *)e->amax.data + R, CAI_DTYPE_F32, R);
     return ops->argmax_rows(dev, &am_i, &am_v, &lg, e->Voff, e->cfg->vocab_size);

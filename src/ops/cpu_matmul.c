@@ -426,35 +426,6 @@ cai_status cai_cpu_linear_residual_fwd(cai_device_t *dev, cai_tensor *out, const
     return st;
 }
 
-/* The norm into ln, then the product: the norm's arguments and the
- * product's shape are checked before either runs (ln is scratch). */
-cai_status cai_cpu_norm_linear_fwd(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                   const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms,
-                                   const cai_tensor *weight, const cai_tensor *bias) {
-    static const char *op = "norm_linear_fwd";
-    cai_rows x, w, y;
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "out", out, inp, weight, bias, &x, &w, &y, &bd));
-    CAI_CALL(cai_ops_norm_args(op, ln, &x, norm_w, norm_b, rms, CAI_HOST, CAI_F32));
-    CAI_CALL(rms ? cai_cpu_rmsnorm_fwd(dev, ln, NULL, inp, norm_w, eps)
-                 : cai_cpu_layernorm_fwd(dev, ln, NULL, NULL, inp, norm_w, norm_b, eps));
-    return cai_cpu_linear_fwd(dev, out, ln, weight, bias);
-}
-
-cai_status cai_cpu_norm_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
-                                          cai_tensor *ln, const cai_tensor *inp, const cai_tensor *norm_w,
-                                          const cai_tensor *norm_b, float eps, int rms, const cai_tensor *w_gate,
-                                          const cai_tensor *w_up) {
-    static const char *op = "norm_linear_swiglu_fwd";
-    cai_rows x, w, y;
-    char *bd;
-    CAI_CALL(linear_fwd_args(op, "gate", gate, inp, w_gate, NULL, &x, &w, &y, &bd));
-    CAI_CALL(cai_ops_norm_args(op, ln, &x, norm_w, norm_b, rms, CAI_HOST, CAI_F32));
-    CAI_CALL(rms ? cai_cpu_rmsnorm_fwd(dev, ln, NULL, inp, norm_w, eps)
-                 : cai_cpu_layernorm_fwd(dev, ln, NULL, NULL, inp, norm_w, norm_b, eps));
-    return cai_cpu_linear_swiglu_fwd(dev, act, gate, up, ln, w_gate, w_up);
-}
-
 cai_status cai_cpu_bias_add(cai_device_t *dev, cai_tensor *x, const cai_tensor *bias) {
     static const char *op = "bias_add";
     cai_rows r;

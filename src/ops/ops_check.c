@@ -160,26 +160,6 @@ cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_te
     return CAI_OK;
 }
 
-cai_status cai_ops_norm_args(const char *op, const cai_tensor *ln, const cai_rows *x, const cai_tensor *norm_w,
-                             const cai_tensor *norm_b, int rms, cai_device_kind kind, int want) {
-    cai_rows l;
-    char *p;
-    CAI_CALL(cai_ops_rows(op, "ln", ln, kind, want, x->cols, &l));
-    CAI_CALL(cai_ops_same_rows(op, "ln", &l, "inp", x));
-    if (l.dtype != x->dtype)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: ln is %s but inp is %s; the norm's rows take inp's dtype", op,
-                         CAI_OPS_DESCRIBE(ln), cai_dtype_name(x->dtype));
-    if (l.rows > 0 && l.data == x->data)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: ln (%s) starts at inp's address; it must not overlap inp", op,
-                         CAI_OPS_DESCRIBE(ln));
-    CAI_CALL(cai_ops_vec(op, "norm_w", norm_w, kind, want, x->cols, &p));
-    if (norm_b && rms)
-        return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: norm_b (%s) given for an RMSNorm, which has no bias", op,
-                         CAI_OPS_DESCRIBE(norm_b));
-    if (norm_b) CAI_CALL(cai_ops_vec(op, "norm_b", norm_b, kind, want, x->cols, &p));
-    return CAI_OK;
-}
-
 cai_status cai_ops_tokens(const char *op, const char *arg, const cai_tensor *t, cai_device_kind kind, int64_t *B,
                           int64_t *T, const int32_t **data) {
     char *p;

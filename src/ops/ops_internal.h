@@ -44,12 +44,6 @@ cai_status cai_ops_bthd(const char *op, const char *arg, const cai_tensor *t, ca
 cai_status cai_ops_linear_args(const char *op, const char *out_arg, const cai_tensor *out, const cai_tensor *inp,
                                const cai_tensor *weight, const cai_tensor *bias, cai_device_kind kind, int want,
                                cai_rows *x, cai_rows *w, cai_rows *y, char **bias_data);
-/* The norm arguments of norm_linear_fwd and norm_linear_swiglu_fwd,
- * checked before anything runs: ln [N,C] like inp (rows `x`, its dtype),
- * not inp itself; norm_w [C] and norm_b [C] (none with rms) in a dtype of
- * `want`. */
-cai_status cai_ops_norm_args(const char *op, const cai_tensor *ln, const cai_rows *x, const cai_tensor *norm_w,
-                             const cai_tensor *norm_b, int rms, cai_device_kind kind, int want);
 /* attention_merge's arguments: out and blk_out [B,T,H,D] alike (dtype
  * `want`), lse and blk_lse F32 [B,H,T] views with a contiguous last
  * dimension; the lse strides on B and H into ls and bs. */

@@ -16,7 +16,6 @@
 #ifndef CAI_TESTS_GPU_EMU_CUDA_H
 #define CAI_TESTS_GPU_EMU_CUDA_H
 
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -69,7 +68,6 @@ static inline uint32_t __float_as_uint(float f) {
 }
 
 /* Programmatic dependent launch has no meaning for one emulated grid. */
-static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline void cuk_pdl_trigger() {}
 static inline void cuk_pdl_wait() {}
 

@@ -373,68 +373,6 @@ static void t_decode_swiglu(cai_dtype dt) {
             free(b);
         }
 }
-/* A norm and the product after it in one op (gemv.cu normalising x as it
- * reads it, up to 4 rows where dgemm.cu does not take the product; the
- * two ops past that, past 2048 columns or where K is no multiple of 8):
- * against the host, and bit for bit against the norm op into ln then
- * linear_fwd / linear_swiglu_fwd on this device. Llama's QKV and head-like
- * products and its MLP pair, GPT-2's QKV (LayerNorm, bias), a K whose
- * chunks end mid-warp (776), rows past 2048. */
-static void t_decode_norm_linear(cai_dtype dt) {
-    const int64_t rows[] = {1, 2, 3, 4, 5, 8}, ics[] = {2048, 2048, 768, 776, 2056},
-                  ocs[] = {3072, 5000, 2304, 1000, 520};
-    for (int i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++)
-        for (int k = 0; k < 5; k++)
-            for (int kind = 0; kind < 3; kind++) { /* RMSNorm; LayerNorm with its bias and the product's; without */
-                const int64_t N = rows[i], C = ics[k], OC = ocs[k];
-                const int rms = kind == 0, wb = kind == 1;
-                const char *kn = rms ? "rms" : wb ? "layernorm +bias" : "layernorm";
-                gt_t x = R2(dt, N, C, 1.0), w = R2(dt, OC, C, 1.0 / sqrt((double)C)),
-                     w2 = R2(dt, OC, C, 1.0 / sqrt((double)C));
-                gt_t b = R1(dt, OC, 0.5), nw = R1(dt, C, 1.0), nb = R1(dt, C, 0.5);
-                gt_t ln = O2(dt, N, C), y = O2(dt, N, OC), y2 = O2(dt, N, OC), g = O2(dt, N, OC), u = O2(dt, N, OC);
-                BOTH("norm_linear_fwd",
-                     H->ops->norm_linear_fwd(H, &y.h, &ln.h, &x.h, &nw.h, wb ? &nb.h : NULL, 1e-5f, rms, &w.h,
-                                             wb ? &b.h : NULL),
-                     G->ops->norm_linear_fwd(G, &y.g, &ln.g, &x.g, &nw.g, wb ? &nb.g : NULL, 1e-5f, rms, &w.g,
-                                             wb ? &b.g : NULL));
-                gt_check(nm("norm_linear_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64 " %s", dtn(dt), N, C, OC, kn), y,
-                         2 * gt_tol(dt));
-                if (rms) GT_OK(G->ops->rmsnorm_fwd(G, &ln.g, NULL, &x.g, &nw.g, 1e-5f));
-                else GT_OK(G->ops->layernorm_fwd(G, &ln.g, NULL, NULL, &x.g, &nw.g, wb ? &nb.g : NULL, 1e-5f));
-                GT_OK(G->ops->linear_fwd(G, &y2.g, &ln.g, &w.g, wb ? &b.g : NULL));
-                float *a1 = gt_download(y.b), *a2 = gt_download(y2.b);
-                gt_expect(nm("norm_linear_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64 " %s equals norm, linear bitwise",
-                             dtn(dt), N, C, OC, kn),
-                          memcmp(a1, a2, (size_t)(N * OC) * sizeof(float)) == 0, "");
-                free(a1);
-                free(a2);
-                if (!rms && !wb) continue;
-                BOTH("norm_linear_swiglu_fwd",
-                     H->ops->norm_linear_swiglu_fwd(H, &y.h, &g.h, &u.h, &ln.h, &x.h, &nw.h, wb ? &nb.h : NULL, 1e-5f,
-                                                    rms, &w.h, &w2.h),
-                     G->ops->norm_linear_swiglu_fwd(G, &y.g, &g.g, &u.g, &ln.g, &x.g, &nw.g, wb ? &nb.g : NULL, 1e-5f,
-                                                    rms, &w.g, &w2.g));
-                gt_check(nm("norm_linear_swiglu_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64 " %s", dtn(dt), N, C, OC, kn),
-                         y, 2 * gt_tol(dt));
-                if (rms) GT_OK(G->ops->rmsnorm_fwd(G, &ln.g, NULL, &x.g, &nw.g, 1e-5f));
-                else GT_OK(G->ops->layernorm_fwd(G, &ln.g, NULL, NULL, &x.g, &nw.g, wb ? &nb.g : NULL, 1e-5f));
-                GT_OK(G->ops->linear_swiglu_fwd(G, &y2.g, &g.g, &u.g, &ln.g, &w.g, &w2.g));
-                a1 = gt_download(y.b);
-                a2 = gt_download(y2.b);
-                gt_expect(nm("norm_linear_swiglu_fwd %s %" PRId64 "x%" PRId64 "->%" PRId64
-                             " %s equals norm, linear_swiglu bitwise",
-                             dtn(dt), N, C, OC, kn),
-                          memcmp(a1, a2, (size_t)(N * OC) * sizeof(float)) == 0, "");
-                free(a1);
-                free(a2);
-            }
-}
-static void decode_norm_linear(void) {
-    if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
-    t_decode_norm_linear(CAI_DTYPE_BF16);
-    t_decode_norm_linear(CAI_DTYPE_F16);
-}
 static void decode_linear(void) {
     if (G->kind == CAI_DEVICE_HOST) return; /* 16-bit only: the host backend computes in f32 */
     t_decode_linear(CAI_DTYPE_BF16);
@@ -2094,7 +2032,6 @@ static const test_entry tests[] = {
     {"paged kv rope + cache write", rope_kv},
     {"paged kv argmax", argmax_all},
     {"paged kv decode linear (few rows)", decode_linear},
-    {"paged kv decode norm + linear", decode_norm_linear},
     /* mixture of experts: token rows <-> rows grouped by expert */
     {"moe f32", f32_moe},
     {"moe bf16", bf16_moe},

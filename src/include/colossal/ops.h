@@ -192,25 +192,6 @@ typedef struct cai_ops {
      * bias; nothing overlaps. */
     cai_status (*linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
                                     const cai_tensor *inp, const cai_tensor *w_gate, const cai_tensor *w_up);
-    /* A norm, then a linear layer (inference: a block's norm and its QKV
-     * product, the final norm and the head), one op so a backend can
-     * normalise the rows as the product reads them: out [N,OC] = norm(inp)
-     * @ weight^T + bias, the norm RMSNorm by norm_w (rms; norm_b NULL) or
-     * LayerNorm by norm_w and norm_b (may be NULL), its rows rounded to
-     * inp's dtype as rmsnorm_fwd / layernorm_fwd store them: out equals the
-     * norm into ln then linear_fwd, bit for bit. ln [N,C] (inp's dtype,
-     * not overlapping it) is scratch for a backend that runs the two ops;
-     * its contents afterwards are unspecified. No statistics are saved. */
-    cai_status (*norm_linear_fwd)(cai_device_t *dev, cai_tensor *out, cai_tensor *ln, const cai_tensor *inp,
-                                  const cai_tensor *norm_w, const cai_tensor *norm_b, float eps, int rms,
-                                  const cai_tensor *weight, const cai_tensor *bias);
-    /* The same norm before linear_swiglu_fwd (a Llama block's norm and its
-     * MLP's gate and up products): act equals the norm into ln then
-     * linear_swiglu_fwd bit for bit; ln, gate and up are scratch. */
-    cai_status (*norm_linear_swiglu_fwd)(cai_device_t *dev, cai_tensor *act, cai_tensor *gate, cai_tensor *up,
-                                         cai_tensor *ln, const cai_tensor *inp, const cai_tensor *norm_w,
-                                         const cai_tensor *norm_b, float eps, int rms, const cai_tensor *w_gate,
-                                         const cai_tensor *w_up);
     /* Backward of a linear layer whose input was act = gelu(pre), through the
      * GELU: dpre [N,IC] = gelu'(pre) * (dout @ weight) (overwritten);
      * dweight [OC,IC] += dout^T @ inp (inp = act); dbias [OC] += sum over rows
