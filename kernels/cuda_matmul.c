@@ -496,6 +496,12 @@ cai_status cai_cuda_matmul(cai_device_t *dev, cai_tensor *c, const cai_tensor *a
     return CAI_OK;
 }
 
+/* Whether dgemm.cu takes this product (the rule few_rows_linear and the
+ * SwiGLU pair share, so the pair's sums stay the products'). */
+static int dgemm_takes(const cai_cuda_impl *c, cuk_mat y, cuk_mat x, cuk_mat w, cuk_mat r) {
+    return c->dgemm_ws && cuk_dgemm_fits(y, x, w, r, CAI_CUDA_DGEMM_WS);
+}
+
 /* y = x w^T (+ bias) (+ r) on a decode step's few rows: dgemm.cu's
  * tensor-core kernels from CUK_DGEMM_MIN_N to CUK_DGEMM_MAX_N rows where
  * they take the shape (sm_90a, deep weights), else gemv.cu's CUDA-core ones
@@ -504,7 +510,7 @@ static cai_status few_rows_linear(cai_device_t *dev, const char *op, cuk_mat y, 
                                   cai_dtype bias_dt, cuk_mat r, int *done) {
     cai_cuda_impl *c = cai_cuda_of(dev);
     *done = 1;
-    if (c->dgemm_ws && cuk_dgemm_fits(y, x, w, r, CAI_CUDA_DGEMM_WS)) {
+    if (dgemm_takes(c, y, x, w, r)) {
         CUK_LAUNCH(op, cuk_dgemm(c->stream, y, x, w, bd, (int)bias_dt, r, c->dgemm_ws, c->dgemm_cnt, c->pdl));
         return CAI_OK;
     }
@@ -639,7 +645,7 @@ cai_status cai_cuda_linear_swiglu_fwd(cai_device_t *dev, cai_tensor *act, cai_te
     /* where dgemm.cu takes the two products but not the pair (its workspace), the three ops: the pair's sums
      * are then the products' all the same */
     const cuk_mat none = {0};
-    const int dg = c->dgemm_ws && cuk_dgemm_fits(A, X, WG, none, CAI_CUDA_DGEMM_WS);
+    const int dg = dgemm_takes(c, A, X, WG, none);
     if (a.dtype == x.dtype && dg && cuk_dgemm_swiglu_fits(A, X, WG, WU, CAI_CUDA_DGEMM_WS)) {
         CUK_LAUNCH(op, cuk_dgemm_swiglu(c->stream, A, X, WG, WU, c->dgemm_ws, c->dgemm_cnt, c->pdl));
         return CAI_OK;

@@ -9,8 +9,8 @@
 export OMPI_MCA_pml=${OMPI_MCA_pml:-ob1}
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp}
 # ...on the loopback interface only: left to choose, the TCP transport also
-# dials the host's own external address, where a connect that did not
-# complete at once ended in a segfault inside Open MPI (tests/slurm, once).
+# dials the host's own external address, and a connect there that does not
+# complete at once can crash Open MPI at startup.
 export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-lo}
 
 # Containers often forbid the cross-memory attach vader uses for large
