@@ -5,10 +5,13 @@ KV cache (or its default dynamic one, --cache dynamic; on the CPU with
 bench/infer_bench.c times colossal:
 B prompts of P random tokens, greedy, N new tokens (min_new_tokens = N so
 none stops early), run with N and with 1 new token; the decode rate is
-B * (N - 1) / (t_N - t_1). One JSON line per batch size.
+B * (N - 1) / (t_N - t_1). One JSON line per batch size. With --prefill, the
+prompt's forward alone instead (logits of the last position only, as
+generate() asks for on its first step), timed twice after a warm-up, the
+faster kept: prefill_tokens_per_s = B * P / t.
 
   hf_generate_bench.py FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128] [--new 256]
-                       [--device cuda|cpu] [--dtype bf16|f32] [--cache static|dynamic]
+                       [--device cuda|cpu] [--dtype bf16|f32] [--cache static|dynamic] [--prefill]
 """
 import argparse
 import json
@@ -47,6 +50,15 @@ def timed(m, ids, n, cache):
     return time.perf_counter() - t
 
 
+def prefill_time(m, ids):
+    sync(ids.device.type)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        m(input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1, use_cache=False)
+    sync(ids.device.type)
+    return time.perf_counter() - t
+
+
 def main():
     ap = argparse.ArgumentParser()
     for k in ("family",):
@@ -59,12 +71,22 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--cache", default="static", choices=["static", "dynamic"])
+    ap.add_argument("--prefill", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
     m = model_for(a)
     n_params = sum(p.numel() for p in m.parameters())
     for b in (int(x) for x in a.batches.split(",")):
         ids = torch.randint(0, a.vocab, (b, a.prompt), device=a.device)
+        if a.prefill:
+            prefill_time(m, ids)
+            t = min(prefill_time(m, ids), prefill_time(m, ids))
+            print(json.dumps({"impl": "transformers-forward", "family": a.family, "params": n_params, "batch": b,
+                              "prompt": a.prompt, "device": a.device, "dtype": a.dtype,
+                              "attn": m.config._attn_implementation,
+                              "prefill_tokens_per_s": round(b * a.prompt / t, 1),
+                              "transformers": transformers.__version__}), flush=True)
+            continue
         # warm-up with the timed calls' own shapes: the static cache is sized
         # prompt + new tokens, and generate() compiles the forward for each
         # cache size, so a shorter warm-up leaves both compilations inside

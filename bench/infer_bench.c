@@ -6,6 +6,9 @@
  * JSON line per batch size on stdout, with a hash of the generated ids in
  * request order ("tokens_hash"), so that runs of one build under different
  * launch settings (--graphs, CAI_CUDA_PDL) can be compared token for token.
+ * "prefill_tokens_per_s": prompt tokens over the time of the steps that
+ * prefilled them (the faster of the two timed runs; each such step also
+ * samples its finished prompts' first tokens).
  *
  *   infer_bench FAMILY LAYERS D HEADS KV_HEADS FFN VOCAB [--batches 1,16,64,256] [--prompt 128]
  *               [--new 256] [--device cuda|host] [--dtype bf16|f32] [--block 16] [--graphs 0|1]
@@ -24,7 +27,7 @@
 #include "colossal/model.h"
 
 static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int block, int graphs, double *step_ms,
-                       double *wait_ms, uint64_t *hash, cai_status *st) {
+                       double *wait_ms, double *prefill_tps, uint64_t *hash, cai_status *st) {
     cai_engine_options o = cai_engine_options_default();
     o.block_size = block;
     o.max_batch = batch;
@@ -55,8 +58,8 @@ static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int b
     cai_device_t *dev = cai_weights_device(w);
     if (*st == CAI_OK) *st = cai_device_sync(dev);
     const double t0 = cai_time_now();
-    double t_decode = 0, t_wait = 0;
-    int64_t decode_steps = 0;
+    double t_decode = 0, t_wait = 0, t_prefill = 0;
+    int64_t decode_steps = 0, prefilled = 0;
     uint64_t *h = calloc((size_t)batch, sizeof *h);
     if (!h) *st = CAI_ERROR(CAI_ERR_NOMEM, "infer_bench: %d hashes", batch);
     while (*st == CAI_OK && cai_engine_pending(e) > 0) {
@@ -66,7 +69,10 @@ static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int b
         *st = cai_engine_step(e);
         cai_engine_stats s1;
         cai_engine_get_stats(e, &s1);
-        if (s1.prefill_tokens == s0.prefill_tokens) {
+        if (s1.prefill_tokens != s0.prefill_tokens) {
+            t_prefill += cai_time_now() - a;
+            prefilled += s1.prefill_tokens - s0.prefill_tokens;
+        } else {
             t_decode += cai_time_now() - a;
             t_wait += s1.device_wait_s - s0.device_wait_s;
             decode_steps++;
@@ -85,6 +91,7 @@ static double run_once(cai_weights_t *w, int batch, int prompt, int n_new, int b
     const double t = cai_time_now() - t0;
     *step_ms = decode_steps ? 1e3 * t_decode / (double)decode_steps : 0;
     *wait_ms = decode_steps ? 1e3 * t_wait / (double)decode_steps : 0;
+    *prefill_tps = t_prefill > 0 ? (double)prefilled / t_prefill : 0;
     cai_engine_free(e);
     return t;
 }
@@ -149,24 +156,25 @@ int main(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", batches);
     for (char *save = NULL, *b = strtok_r(list, ",", &save); b && st == CAI_OK; b = strtok_r(NULL, ",", &save)) {
         const int B = atoi(b);
-        double ms1 = 0, msN = 0, wait1 = 0, waitN = 0;
+        double ms1 = 0, msN = 0, wait1 = 0, waitN = 0, pre1 = 0, preN = 0;
         uint64_t hash = 0;
         /* untimed: the first engine of a size pays one-time costs (library
          * initialisation, cuBLASLt's plans) that would land in t1 */
-        run_once(w, B, prompt, 2, block, graphs, &ms1, &wait1, &hash, &st);
+        run_once(w, B, prompt, 2, block, graphs, &ms1, &wait1, &pre1, &hash, &st);
         if (st != CAI_OK) break;
-        const double t1 = run_once(w, B, prompt, 1, block, graphs, &ms1, &wait1, &hash, &st);
+        const double t1 = run_once(w, B, prompt, 1, block, graphs, &ms1, &wait1, &pre1, &hash, &st);
         if (st != CAI_OK) break;
-        const double tN = run_once(w, B, prompt, n_new, block, graphs, &msN, &waitN, &hash, &st);
+        const double tN = run_once(w, B, prompt, n_new, block, graphs, &msN, &waitN, &preN, &hash, &st);
         if (st != CAI_OK) break;
         const double tps = (double)B * (double)(n_new - 1) / (tN - t1);
         const double roof_ms = 1e3 * weight_bytes / hbm;
         printf(
             "{\"impl\":\"colossal\",\"family\":\"%s\",\"params\":%llu,\"batch\":%d,\"prompt\":%d,\"new\":%d,"
             "\"decode_tokens_per_s\":%.1f,\"decode_step_ms\":%.4f,\"roofline_step_ms\":%.4f,\"roofline_frac\":%.4f,"
-            "\"decode_host_ms\":%.4f,\"graphs\":%d,\"hbm_tbps\":%.2f,\"tokens_hash\":\"%016llx\"}\n",
+            "\"decode_host_ms\":%.4f,\"prefill_tokens_per_s\":%.1f,\"graphs\":%d,\"hbm_tbps\":%.2f,"
+            "\"tokens_hash\":\"%016llx\"}\n",
             argv[1], (unsigned long long)n_params, B, prompt, n_new, tps, msN, roof_ms, msN > 0 ? roof_ms / msN : 0.0,
-            msN - waitN, graphs, hbm / 1e12, (unsigned long long)hash);
+            msN - waitN, pre1 > preN ? pre1 : preN, graphs, hbm / 1e12, (unsigned long long)hash);
         fflush(stdout);
     }
     if (st != CAI_OK) cai_error_print(stderr);

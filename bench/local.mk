@@ -13,8 +13,9 @@ noinst_PROGRAMS += bench/offload_bench
 bench_offload_bench_SOURCES = bench/offload_bench.c
 bench_offload_bench_LDADD = src/libcolossal-core.la
 
-# bench/infer_bench: decode tokens/s of the inference engine on random
-# weights (bench/infer_decode.sh runs it beside transformers' generate).
+# bench/infer_bench: decode and prefill tokens/s of the inference engine on
+# random weights (bench/infer_decode.sh runs it beside transformers'
+# generate, bench/infer_prefill.sh beside transformers' forward).
 noinst_PROGRAMS += bench/infer_bench
 bench_infer_bench_SOURCES = bench/infer_bench.c
 bench_infer_bench_LDADD = src/libcolossal-core.la

@@ -262,6 +262,7 @@ typedef struct {
     int64_t S, max_blocks, limit; /* limit = min(max_ctx, max_blocks * bs): the longest valid ctx_len */
     float scale;                  /* never 0 here: the host resolves the default */
     int tc;                       /* the tensor-core kernel takes the call (the host sets it where cuk_paged_tc_ok) */
+    int prefill; /* with tc and G <= CUK_PAGED_PREFILL_ROWS: query tiles of a sequence's tokens, no splits */
 } cuk_paged;
 
 /* Whether the tensor-core kernel can run this call: q and the caches both
@@ -271,6 +272,8 @@ typedef struct {
  * to CUK_PAGED_HEADS: a grid split has N * Hkv * ceil(G / that) blocks. */
 #define CUK_PAGED_HEADS 4
 #define CUK_PAGED_TC_HEADS 16
+/* Rows of a prefill block: PREFILL_ROWS / G (rounded down) query tokens of one sequence, each with its G heads. */
+#define CUK_PAGED_PREFILL_ROWS 64
 int cuk_paged_tc_ok(const cuk_paged *p);
 
 /* kc/vc[slots[i]] = k/v[i] (kc, vc contiguous [n_slots, H, D] in dtype cdt). */

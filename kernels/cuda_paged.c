@@ -118,13 +118,17 @@ cai_status cai_cuda_paged_attention(cai_device_t *dev, cai_tensor *out, const ca
                    .limit = max_ctx < reach ? max_ctx : reach,
                    .scale = scale != 0.0f ? scale : 1.0f / sqrtf((float)D)};
     p.tc = cuk_paged_tc_ok(&p);
+    /* more query rows than sequences: a prefill chunk is in the batch, and query tiles read each key once a tile
+     * instead of once a token (decode rows in the same call take a tile each, unsplit) */
+    p.prefill = p.tc && N > S && Hq / kc.H <= CUK_PAGED_PREFILL_ROWS;
     /* one block per (token, kv head, group of its query heads) and split */
     const int64_t groups = cdiv(Hq / (kc.H > 0 ? kc.H : 1), p.tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS);
     int64_t chunk = 1;
-    const int64_t sms = cai_cuda_of(dev)->num_sms, splits = plan_splits(N, max_ctx, N * kc.H * groups, sms, &chunk);
+    const int64_t sms = cai_cuda_of(dev)->num_sms,
+                  splits = p.prefill ? 1 : plan_splits(N, max_ctx, N * kc.H * groups, sms, &chunk);
     /* Started early (programmatic launch), a grid of one wave finds its sequences and first blocks while the cache
      * write runs; larger grids (batches 64 and 256) measured slower that way (bench/RESULTS.md). */
-    const int pdl = cai_cuda_of(dev)->pdl && N * kc.H * groups * splits <= PAGED_WAVE * sms;
+    const int pdl = cai_cuda_of(dev)->pdl && !p.prefill && N * kc.H * groups * splits <= PAGED_WAVE * sms;
     float *ws = (float *)(((uintptr_t)workspace + 255) & ~(uintptr_t)255);
     CAI_CALL(cai_cuda_enter(dev, op));
     CUK_LAUNCH(op, cuk_paged_attention(cai_cuda_of(dev)->stream, p, splits, chunk, ws, cai_cuda_of(dev)->paged_cnt,

@@ -32,9 +32,12 @@
  * The host picks the chunk from max_ctx and N (it cannot see ctx_len):
  * splits past a token's context exit at once.
  *
- * Prefill rows take the same kernels, one block per (token, kv head): each
- * reads its whole prefix, mostly from L2. Simple and exact, but a long
- * prompt costs far more than a tiled (flash) prefill would. */
+ * A call with prefill rows (more query rows than sequences) on the tensor
+ * cores takes k_paged_prefill: tiles of a sequence's query tokens, each
+ * K/V tile read once for a tile's rows. Elsewhere (the CUDA-core kernels)
+ * prefill rows take a block per (token, kv head) that reads its whole
+ * prefix, mostly from L2: exact, but a long prompt's keys are read once a
+ * token. */
 #include "cuda_common.cuh"
 #include "mma.cuh"
 
@@ -535,6 +538,62 @@ template <int D> __host__ __device__ constexpr int pgt_smem() {
                : pg_merge_floats<D, CUK_PAGED_TC_HEADS>() * 4;
 }
 
+/* A warp's scores for NP pairs of 8-key n-tiles: s = Q K^T, Q as the A
+ * fragments qa (KC chunks of 16 dims), the keys' rows at ks (stride LD). */
+template <bool F16, int LD, int KC, int NP>
+CUK_INLINE void pgt_scores(float (&s)[2 * NP][4], const uint32_t (&qa)[KC][4], const e16 *ks, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < 2 * NP; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KC; kk++)
+#pragma unroll
+        for (int np = 0; np < NP; np++) {
+            uint32_t b[4];
+            mma_ldb_nk<LD>(b, ks + np * 16 * LD + kk * 16, lane);
+            mma_16816<F16>(s[2 * np], qa[kk], b[0], b[1]);
+            mma_16816<F16>(s[2 * np + 1], qa[kk], b[2], b[3]);
+        }
+}
+
+/* One tile's step of a warp's online softmax and O += P V: s holds the
+ * scores in base 2 (rows g and g + 8 of the lane, -inf where masked); the
+ * rows' max is agreed within the quad, m, l and acc are rescaled, and P,
+ * rounded to the input type, multiplies the tile's V rows at vs. */
+template <bool F16, int LD, int ND, int NT>
+CUK_INLINE void pgt_softmax_pv(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&acc)[ND][4], const e16 *vs,
+                               int lane) {
+    float mx[2] = {-INFINITY, -INFINITY}, corr[2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]); /* -inf while the row has seen no key */
+        corr[r] = mn == -INFINITY ? 1.0f : mma_ex2(m[r] - mn);
+        m[r] = mn;
+        l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float pr = m[r] == -INFINITY ? 0.0f : mma_ex2(s[nt][e] - m[r]);
+            s[nt][e] = pr;
+            l[r] += pr;
+        }
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] *= corr[e >> 1];
+    mma_gemm_pk<F16, LD, ND, NT / 2>(acc, s, vs, lane);
+}
+
 template <int D, bool F16>
 __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
     k_paged_tc(cuk_paged p, int64_t splits, int64_t chunk, int nhc, int bs_log2, float *ws_acc, float *ws_ml,
@@ -575,51 +634,13 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
         const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
         fl += 16 * warp;
         float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KC; kk++) {
-            uint32_t b[4];
-            mma_ldb_nk<LD>(b, ks + kk * 16, lane);
-            mma_16816<F16>(s[0], qa[kk], b[0], b[1]);
-            mma_16816<F16>(s[1], qa[kk], b[2], b[3]);
-        }
+        pgt_scores<F16, LD, KC, 1>(s, qa, ks, lane);
         /* s[nt][e]: head row g + 8 (e >> 1), key 8 nt + 2 tq + (e & 1) of the warp's 16 */
-        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = fl[8 * nt + 2 * tq + (e & 1)] ? s[nt][e] * sl2 : -INFINITY;
-                s[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float corr[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(PG_FULL, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]); /* -inf while the row has seen no key */
-            corr[r] = mn == -INFINITY ? 1.0f : mma_ex2(m[r] - mn);
-            m[r] = mn;
-            l[r] *= corr[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const float pr = m[r] == -INFINITY ? 0.0f : mma_ex2(s[nt][e] - m[r]);
-                s[nt][e] = pr;
-                l[r] += pr;
-            }
-#pragma unroll
-        for (int n2 = 0; n2 < ND; n2++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[n2][e] *= corr[e >> 1];
-        mma_gemm_pk<F16, LD, ND, 1>(acc, s, vs, lane);
+            for (int e = 0; e < 4; e++) s[nt][e] = fl[8 * nt + 2 * tq + (e & 1)] ? s[nt][e] * sl2 : -INFINITY;
+        pgt_softmax_pv<F16, LD, ND>(s, m, l, acc, vs, lane);
     };
     pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
@@ -640,6 +661,151 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
             sm_l[warp * GH + g + 8 * r] = l[r];
         }
     pg_combine<D, GH>(p, t, splits, chunk, sm, ws_acc, ws_ml, cnt);
+}
+
+/* Prefill on the tensor cores (k_paged_prefill): tiles of query rows. A
+ * block owns one kv head and PGP_ROWS (query token, query head) rows of
+ * one sequence: TQ = PGP_ROWS / G consecutive query tokens with all G heads
+ * of the group, token-major, as the rows of mma.m16n8k16. Each K/V tile
+ * read from the cache then serves TQ tokens; one block a token would read
+ * the prefix TQ times over, and a prompt's keys grow with its length, so
+ * a long prompt's attention was quadratic in bytes as well as in work.
+ * Warp w takes rows [16 w, 16 w + 16) and every key of each tile, masked
+ * per row by its causal limit, with the online softmax and the fragment
+ * helpers of k_paged_tc; a warp skips the tiles past its last row's keys.
+ * No splits: a prefill's grid has tiles enough. */
+#define PGP_ROWS CUK_PAGED_PREFILL_ROWS
+
+/* This block's sequence and first query token: tile blockIdx.x of the
+ * batch, counting ceil(ql / TQ) tiles a sequence in order. q_start lives
+ * on the device, so the block scans it (a pass over PG_NT sequences at a
+ * time). False past the last tile. */
+CUK_INLINE bool pgp_tile(const cuk_paged &p, int TQ, int64_t *s_out, int64_t *j0_out) {
+    __shared__ int sc[2][PG_NT];
+    __shared__ int64_t hit[2];
+    const int tid = threadIdx.x;
+    const int64_t b = blockIdx.x;
+    int64_t base = 0; /* tiles of the sequences before this pass */
+    if (tid == 0) hit[0] = -1;
+    for (int64_t s0 = 0; s0 < p.S; s0 += PG_NT) {
+        const int64_t s = s0 + tid;
+        const int ql = s < p.S ? p.qs[s + 1] - p.qs[s] : 0, n = ql > 0 ? (ql + TQ - 1) / TQ : 0;
+        /* inclusive scan of n over the pass (Hillis-Steele, double-buffered) */
+        int cur = 0;
+        sc[0][tid] = n;
+        __syncthreads();
+        for (int o = 1; o < PG_NT; o <<= 1) {
+            sc[cur ^ 1][tid] = sc[cur][tid] + (tid >= o ? sc[cur][tid - o] : 0);
+            cur ^= 1;
+            __syncthreads();
+        }
+        const int64_t incl = base + sc[cur][tid], excl = incl - n;
+        if (n > 0 && b >= excl && b < incl) hit[0] = s, hit[1] = (b - excl) * TQ;
+        base += sc[cur][PG_NT - 1];
+        __syncthreads(); /* hit[] and the pass's total seen by all before sc is reused */
+        if (hit[0] >= 0 || b < base) break;
+    }
+    __syncthreads();
+    *s_out = hit[0];
+    *j0_out = hit[1];
+    return hit[0] >= 0;
+}
+
+template <int D> __host__ __device__ constexpr int pgp_smem() { return pgt_tile_bytes<D>() + PGT_NS * PGT_TK * 4; }
+
+template <int D, bool F16>
+__global__ void __launch_bounds__(PG_NT, 2) k_paged_prefill(cuk_paged p, int bs_log2, cuk_errrec *err) {
+    constexpr int LD = D + 8, TK = PGT_TK, KC = D / 16, ND = D / 8;
+    static_assert(TK == 64, "a tile is 8 n-tiles of keys");
+    extern __shared__ __align__(16) unsigned char pgt_sm[];
+    e16 *tiles = (e16 *)pgt_sm;
+    int *flags = (int *)(pgt_sm + pgt_tile_bytes<D>());
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
+    cuk_pdl_trigger();
+    const int64_t G = p.q.H / p.Hkv;
+    const int TQ = (int)(PGP_ROWS / G);
+    pg_task t;
+    if (!pgp_tile(p, TQ, &t.s, &t.i)) return;
+    const int64_t q0 = p.qs[t.s], ql = (int64_t)p.qs[t.s + 1] - q0, cl = p.cl[t.s], j0 = t.i;
+    const int64_t tok_end = j0 + TQ < ql ? j0 + TQ : ql; /* the tile's tokens: [j0, tok_end) */
+    t.g = blockIdx.y;
+    t.h0 = t.g * G;
+    t.nh = (int)G;
+    t.i = q0 + j0;
+    if (!(ql <= cl && cl <= p.limit)) { /* zero rows, as the decode kernels leave a bad sequence */
+        if (j0 == 0 && t.g == 0 && threadIdx.x == 0) cuk_report(err, CUK_ERR_SEQ, t.s, ql, cl, p.limit);
+        for (int64_t e = threadIdx.x; e < (tok_end - j0) * G * D; e += PG_NT)
+            stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i + e / (G * D), t.h0 + e / D % G) + e % D, 0.0f);
+        return;
+    }
+    t.ok = true;
+    t.k0 = 0;
+    t.k1 = t.nk = cl - ql + tok_end; /* the last token's keys */
+    /* this lane's rows g and g + 8 of the warp's 16: token r / G, head r % G; lim: the keys the row sees */
+    int64_t qo[2], lim[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = 16 * warp + g + 8 * r, tok = row / (int)G;
+        const bool valid = tok < TQ && j0 + tok < ql;
+        qo[r] = valid ? cuk_roff(p.q, 0, t.i + tok, t.h0 + row % G) : -1;
+        lim[r] = valid ? cl - ql + j0 + tok + 1 : 0;
+    }
+    /* the warp's last row's keys (rows grow with their token) */
+    int last_tok = (16 * warp + 15) / (int)G;
+    if (last_tok > TQ - 1) last_tok = TQ - 1;
+    if (j0 + last_tok > ql - 1) last_tok = (int)(ql - 1 - j0);
+    const int64_t wl = 16 * warp < TQ * G && j0 + (16 * warp) / G < ql ? cl - ql + j0 + last_tok + 1 : 0;
+    const float sl2 = p.scale * PG_LOG2E;
+    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    uint32_t qa[KC][4];
+    auto start = [&] {
+        const e16 *q = (const e16 *)p.q.p;
+#pragma unroll
+        for (int kk = 0; kk < KC; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t r = qo[e & 1];
+                qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
+            }
+    };
+    int64_t kb = 0; /* the tile's first key */
+    auto tile = [&](const char *st, const int *fl) {
+        const int64_t k0 = kb;
+        kb += TK;
+        if (k0 >= wl) return; /* none of the warp's rows sees this tile's keys */
+        const e16 *ks = (const e16 *)st, *vs = ks + TK * LD;
+        float s[8][4];
+        pgt_scores<F16, LD, KC, 4>(s, qa, ks, lane);
+        /* s[nt][e]: row g + 8 (e >> 1), key 8 nt + 2 tq + (e & 1) of the tile */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kt = 8 * nt + 2 * tq + (e & 1);
+                s[nt][e] = fl[kt] && k0 + kt < lim[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
+            }
+        pgt_softmax_pv<F16, LD, ND>(s, m, l, acc, vs, lane);
+    };
+    pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(PG_FULL, l[r], 1);
+        l[r] += __shfl_xor_sync(PG_FULL, l[r], 2);
+        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (qo[e >> 1] >= 0) {
+                const int row = 16 * warp + g + 8 * (e >> 1), tok = row / (int)G;
+                stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i + tok, t.h0 + row % G) + 8 * n + 2 * tq + (e & 1),
+                    acc[n][e] * l[e >> 1]);
+            }
 }
 
 /* One block per (token, query head): the splits that saw keys, combined
@@ -764,7 +930,17 @@ static cudaError_t pgt_setup_all(void) {
     const cudaFuncAttribute at = cudaFuncAttributeMaxDynamicSharedMemorySize;
     cudaError_t e = cudaFuncSetAttribute(k_paged_tc<128, false>, at, pgt_smem<128>());
     if (e == cudaSuccess) e = cudaFuncSetAttribute(k_paged_tc<128, true>, at, pgt_smem<128>());
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_paged_prefill<128, false>, at, pgp_smem<128>());
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(k_paged_prefill<128, true>, at, pgp_smem<128>());
     return e;
+}
+
+/* Query tiles: at most ceil((N + S (TQ - 1)) / TQ) of them, a grid row per kv head. */
+template <int D, bool F16> static cudaError_t pgp_launch(cudaStream_t s, const cuk_paged &p, cuk_errrec *err) {
+    const int64_t TQ = PGP_ROWS / (p.q.H / p.Hkv), tiles = (p.q.T + p.S * (TQ - 1) + TQ - 1) / TQ;
+    k_paged_prefill<D, F16>
+        <<<dim3((unsigned)tiles, (unsigned)p.Hkv, 1), PG_NT, pgp_smem<D>(), s>>>(p, pg_bs_log2(p.bs), err);
+    return cudaGetLastError();
 }
 
 template <int D, bool F16>
@@ -804,6 +980,11 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t 
         const cudaError_t e = p.q.D == 128 ? cuk_once_per_device<pgt_setup_all>() : cudaSuccess;
         if (e != cudaSuccess) return e;
         const bool f16 = p.cdt == CUK_F16;
+        if (p.prefill) {
+            if (p.q.H / p.Hkv > PGP_ROWS) return cudaErrorInvalidValue;
+            if (p.q.D == 64) return f16 ? pgp_launch<64, true>(s, p, err) : pgp_launch<64, false>(s, p, err);
+            return f16 ? pgp_launch<128, true>(s, p, err) : pgp_launch<128, false>(s, p, err);
+        }
         if (p.q.D == 64)
             return f16 ? pgt_launch<64, true>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err)
                        : pgt_launch<64, false>(s, p, splits, chunk, ws, cnt, n_cnt, pdl, err);

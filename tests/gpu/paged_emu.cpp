@@ -100,7 +100,8 @@ struct Case {
     int bad_seq;   /* >= 0: this sequence's second table column names a block outside the pool */
 };
 
-static int run_case(const Case &c, bool tc) {
+static int run_case(const Case &c, int mode) {
+    const bool tc = mode != 1, pf = mode == 2;
     const int S = (int)c.ql.size(), Hq = c.Hq, Hkv = c.Hkv, D = c.D, G = Hq / Hkv, bs = c.bs;
     int N = 0, max_ctx = 0;
     for (int s = 0; s < S; s++) N += c.ql[s], max_ctx = std::max(max_ctx, c.ctx[s]);
@@ -143,7 +144,8 @@ static int run_case(const Case &c, bool tc) {
     p.limit = (int64_t)max_blocks * bs;
     p.scale = scale;
     p.tc = tc;
-    const int64_t chunk = c.chunk > 0 ? c.chunk : max_ctx, splits = (max_ctx + chunk - 1) / chunk;
+    p.prefill = pf;
+    const int64_t chunk = pf || c.chunk <= 0 ? max_ctx : c.chunk, splits = (max_ctx + chunk - 1) / chunk;
     const int heads = tc ? CUK_PAGED_TC_HEADS : CUK_PAGED_HEADS, nhc = (G + heads - 1) / heads;
     const dim3 grid((unsigned)(N * Hkv * nhc), (unsigned)splits, 1);
     std::vector<float> ws(splits > 1 ? (size_t)N * Hq * splits * (D + 2) : 1, NAN);
@@ -156,11 +158,19 @@ static int run_case(const Case &c, bool tc) {
         for (bl = 0; (1 << bl) < bs; bl++) {
         }
     cuk_errrec err{};
-    printf("%s: S %d N %d Hq/Hkv %d/%d D %d bs %d ctx max %d, %lld split(s) of %lld%s%s\n", tc ? "tc  " : "pipe", S, N,
-           Hq, Hkv, D, bs, max_ctx, (long long)splits, (long long)chunk,
+    printf("%s: S %d N %d Hq/Hkv %d/%d D %d bs %d ctx max %d, %lld split(s) of %lld%s%s\n",
+           pf   ? "pref"
+           : tc ? "tc  "
+                : "pipe",
+           S, N, Hq, Hkv, D, bs, max_ctx, (long long)splits, (long long)chunk,
            splits > 1 ? (c.counters ? ", merged in the kernel" : ", k_paged_reduce") : "",
            c.bad_seq >= 0 ? ", a bad block" : "");
-    if (tc) {
+    if (pf) {
+        const int TQ = CUK_PAGED_PREFILL_ROWS / G;
+        const dim3 pg((unsigned)((N + S * (TQ - 1) + TQ - 1) / TQ), (unsigned)Hkv, 1);
+        if (D == 64) launch(pg, pgp_smem<64>(), [&] { k_paged_prefill<64, false>(p, bl, &err); });
+        else launch(pg, pgp_smem<128>(), [&] { k_paged_prefill<128, false>(p, bl, &err); });
+    } else if (tc) {
         if (D == 64)
             launch(grid, pgt_smem<64>(),
                    [&] { k_paged_tc<64, false>(p, splits, chunk, nhc, bl, ws_acc, ws_ml, cn, &err); });
@@ -168,7 +178,7 @@ static int run_case(const Case &c, bool tc) {
             launch(grid, pgt_smem<128>(),
                    [&] { k_paged_tc<128, false>(p, splits, chunk, nhc, bl, ws_acc, ws_ml, cn, &err); });
     } else {
-        if (D == 64 && G >= 4)
+        if (D == 64 && G >= 2)
             launch(grid, 0, [&] { k_paged_pipe<CUK_BF16, 64, 4>(p, splits, chunk, nhc, bl, ws_acc, ws_ml, cn, &err); });
         else if (D == 64)
             launch(grid, 0, [&] { k_paged_pipe<CUK_BF16, 64, 1>(p, splits, chunk, nhc, bl, ws_acc, ws_ml, cn, &err); });
@@ -176,7 +186,7 @@ static int run_case(const Case &c, bool tc) {
             launch(grid, 0,
                    [&] { k_paged_pipe<CUK_BF16, 128, 4>(p, splits, chunk, nhc, bl, ws_acc, ws_ml, cn, &err); });
     }
-    if (splits > 1 && !cn)
+    if (!pf && splits > 1 && !cn)
         launch(dim3((unsigned)(N * Hq), 1, 1), 0, [&] { k_paged_reduce(p, splits, chunk, ws_acc, ws_ml); });
 
     /* the reference, without the keys of a bad block */
@@ -257,12 +267,27 @@ int main(int argc, char **argv) {
         {{1, 1}, {90, 150}, 4, 4, 64, 16, 64, true, 1},
         /* a prefill of 70 rows (every row's own prefix) at head_dim 128, GQA 2 */
         {{70}, {70}, 4, 2, 128, 16, 0, true, -1},
+        /* chunked prefill after a cached prefix, Llama 1B heads (GQA 4: 16 tokens a tile), beside decode rows */
+        {{1, 37, 1, 20}, {50, 200, 9, 20}, 32, 8, 128, 16, 0, true, -1},
+        /* GPT-2 heads (a group of 1: 64 tokens a tile), a prompt over three tiles, block size 12 */
+        {{150, 2}, {150, 90}, 4, 4, 64, 12, 0, true, -1},
+        /* a group of 3 (21 tokens a tile, a row left over) and a bad block id in a prefilling sequence */
+        {{30, 5}, {30, 70}, 6, 2, 64, 16, 0, true, 1},
     };
+    /* a group of 32 (two tokens a tile); 140 sequences, so the tile search takes two passes, the prefill last */
+    Case many{std::vector<int>(139, 1), std::vector<int>(139, 3), 32, 1, 64, 16, 0, true, -1};
+    many.ql.push_back(5);
+    many.ctx.push_back(12);
+    std::vector<Case> all(std::begin(cases), std::end(cases));
+    all.push_back(many);
     int fails = 0, n = 0;
-    for (const Case &c : cases) {
+    for (const Case &c : all) {
         if (which < 0 || which == n) {
-            fails += run_case(c, true);
-            fails += run_case(c, false);
+            fails += run_case(c, 0);
+            fails += run_case(c, 1);
+            int N = 0;
+            for (int q : c.ql) N += q;
+            if (N > (int)c.ql.size()) fails += run_case(c, 2);
         }
         n++;
     }

@@ -1446,6 +1446,24 @@ static void t_paged_errors(void) {
     for (int64_t e = 0; e < o.b->n; e++) zeros &= got[e] == 0.0f;
     free(got);
     gt_expect("paged_attention bad sequence: its rows are zeros", zeros, NULL);
+    /* the same in a prefill of three rows on the tensor cores (bf16, query tiles) */
+    const cai_dtype B = CAI_DTYPE_BF16;
+    const int32_t qs3[] = {0, 3};
+    gt_t tq3 = gt_ints(1, SHP(2), qs3);
+    gt_t q3 = R4(B, 1, 3, 4, D, 1.0), o3 = R4(B, 1, 3, 4, D, 1.0);
+    gt_t kcb = R4(B, n_blocks, bs, 2, D, 1.0), vcb = R4(B, n_blocks, bs, 2, D, 1.0);
+    sg = G->ops->paged_attention(G, &o3.g, &q3.g, &kcb.g, &vcb.g, &tbt.g, &tq3.g, &tlc.g, 24, 0.0f, gw, ws);
+    ss = cai_device_sync(G);
+    gt_expect("paged_attention prefill, ctx_len past max_ctx: reported at sync",
+              sg == CAI_OK && ss == CAI_ERR_INVALID_ARG &&
+                  strstr(cai_error_message(), "sequence 0 has 3 queries and ctx_len 30") != NULL,
+              cai_error_message());
+    cai_error_clear();
+    got = gt_download(o3.b);
+    zeros = 1;
+    for (int64_t e = 0; e < o3.b->n; e++) zeros &= got[e] == 0.0f;
+    free(got);
+    gt_expect("paged_attention prefill bad sequence: its rows are zeros", zeros, NULL);
     gt_expect("device error record cleared after the reports", cai_device_sync(G) == CAI_OK, NULL);
     cai_device_dealloc(G, gw);
 }
