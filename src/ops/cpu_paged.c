@@ -1,8 +1,14 @@
 /* CPU backend: the paged KV cache's write and attention. One task per
  * (query token, kv head): the group's query heads share each key and value
- * row read from the cache, which may be F32, BF16 or F16 (converted as it
- * is read). Scores are kept whole per task (max_ctx floats per query head
- * of the group), so the softmax is the exact two-pass one. */
+ * row read from the cache, which may be F32, BF16 or F16 (a 16-bit row is
+ * converted once into the task's buffer). Scores are kept whole per task
+ * (max_ctx floats per query head of the group), so the softmax is the
+ * exact two-pass one. A score is a dot product in eight interleaved partial
+ * sums (dot8) and P V adds rows in blocks of eight (axpy8): the compiler
+ * keeps both in vector registers, where one running sum a score and a
+ * scalar loop over P V kept a prefill's attention at about 80% of its
+ * time (bench/RESULTS.md). A score's bits depend only on its query and key
+ * rows, not on the batch. */
 #include "cai_config.h"
 #include "cpu_internal.h"
 
@@ -20,6 +26,31 @@ static inline float load(const void *base, cai_dtype dt, int64_t i) {
     if (dt == CAI_DTYPE_F32) return ((const float *)base)[i];
     if (dt == CAI_DTYPE_BF16) return cai_bf16_to_f32(((const cai_bf16 *)base)[i]);
     return cai_f16_to_f32(((const cai_f16 *)base)[i]);
+}
+
+/* sum a[d] b[d] over d < D: lane u of eight partial sums takes d = u mod 8, and the lanes meet pairwise */
+static inline float dot8(const float *restrict a, const float *restrict b, int64_t D) {
+    float p[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int u = 0; u < 8; u++) p[u] += a[d + u] * b[d + u];
+    for (int u = 0; d < D; d++, u++) p[u] += a[d] * b[d];
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+/* y[d] += w x[d] for d < D, in blocks of eight that the compiler keeps in vector registers */
+static inline void axpy8(float *restrict y, float w, const float *restrict x, int64_t D) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        for (int u = 0; u < 8; u++) y[d + u] += w * x[d + u];
+    for (; d < D; d++) y[d] += w * x[d];
+}
+
+/* Cache row elements [off, off + D) as f32: the cache itself where it is f32, else converted into buf. */
+static inline const float *row_f32(const void *base, cai_dtype dt, int64_t off, int64_t D, float *buf) {
+    if (dt == CAI_DTYPE_F32) return (const float *)base + off;
+    for (int64_t d = 0; d < D; d++) buf[d] = load(base, dt, off + d);
+    return buf;
 }
 
 CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
@@ -57,8 +88,8 @@ size_t cai_cpu_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t 
     (void)n_tokens;
     (void)n_seqs;
     const int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
-    /* per thread: one score row per query head of a group (at most Hq) and D accumulators each */
-    return (size_t)nt * (size_t)Hq * ((size_t)max_ctx + (size_t)D) * sizeof(float) + 64;
+    /* per thread: one score row per query head of a group (at most Hq) and D accumulators each, and a K and a V row */
+    return (size_t)nt * ((size_t)Hq * ((size_t)max_ctx + (size_t)D) + 2 * (size_t)D) * sizeof(float) + 64;
 }
 
 CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
@@ -102,19 +133,13 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
         int64_t s = 0;
         while (qs[s + 1] <= i) s++; /* S is small; the rows of a sequence are adjacent tasks */
         const int64_t pos = cl[s] - (qs[s + 1] - qs[s]) + (i - qs[s]), nk = pos + 1;
-        float *ws = (float *)workspace + (size_t)CAI_THREAD_ID() * (size_t)Hq * (size_t)(max_ctx + D);
-        float *acc = ws + group * max_ctx;
-        for (int64_t hh = 0; hh < group; hh++)
-            for (int64_t j = 0; j < nk; j++) ws[hh * max_ctx + j] = 0.0f;
+        float *ws = (float *)workspace + (size_t)CAI_THREAD_ID() * ((size_t)Hq * (size_t)(max_ctx + D) + 2 * (size_t)D);
+        float *acc = ws + group * max_ctx, *kbuf = acc + group * D, *vbuf = kbuf + D;
+        const float *q0 = (const float *)qq.data + i * qq.st + g * group * qq.sh;
         for (int64_t j = 0; j < nk; j++) {
             const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
-            const int64_t kb = (slot * Hkv + g) * D;
-            for (int64_t hh = 0; hh < group; hh++) {
-                const float *qr = (const float *)qq.data + i * qq.st + (g * group + hh) * qq.sh;
-                float dot = 0.0f;
-                for (int64_t d = 0; d < D; d++) dot += qr[d] * load(kc.data, dt, kb + d);
-                ws[hh * max_ctx + j] = dot * sc;
-            }
+            const float *kr = row_f32(kc.data, dt, (slot * Hkv + g) * D, D, kbuf);
+            for (int64_t hh = 0; hh < group; hh++) ws[hh * max_ctx + j] = dot8(q0 + hh * qq.sh, kr, D) * sc;
         }
         for (int64_t hh = 0; hh < group; hh++) {
             float *sr = ws + hh * max_ctx, mx = -INFINITY, sum = 0.0f;
@@ -126,15 +151,11 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
             const float inv = 1.0f / sum;
             for (int64_t j = 0; j < nk; j++) sr[j] *= inv;
         }
-        for (int64_t hh = 0; hh < group; hh++)
-            for (int64_t d = 0; d < D; d++) acc[hh * D + d] = 0.0f;
+        for (int64_t e = 0; e < group * D; e++) acc[e] = 0.0f;
         for (int64_t j = 0; j < nk; j++) {
             const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
-            const int64_t vb = (slot * Hkv + g) * D;
-            for (int64_t d = 0; d < D; d++) {
-                const float x = load(vc.data, dt, vb + d);
-                for (int64_t hh = 0; hh < group; hh++) acc[hh * D + d] += ws[hh * max_ctx + j] * x;
-            }
+            const float *vr = row_f32(vc.data, dt, (slot * Hkv + g) * D, D, vbuf);
+            for (int64_t hh = 0; hh < group; hh++) axpy8(acc + hh * D, ws[hh * max_ctx + j], vr, D);
         }
         for (int64_t hh = 0; hh < group; hh++) {
             float *o = (float *)oo.data + i * oo.st + (g * group + hh) * oo.sh;
