@@ -1,6 +1,6 @@
-/* Decode throughput of the inference engine on random weights: B requests
- * of P random prompt tokens each generate N tokens (greedy, end of text
- * ignored). Each batch size runs twice, with N and with 1 new token, and
+/* Decode and prefill throughput of the inference engine on random
+ * weights: B requests of P random prompt tokens each generate N tokens
+ * (greedy, end of text ignored). Each batch size runs twice, with N and with 1 new token, and
  * the decode rate is B * (N - 1) / (t_N - t_1): the prefill cancels, as in
  * bench/hf_generate_bench.py, which times transformers the same way. One
  * JSON line per batch size on stdout, with a hash of the generated ids in

@@ -667,9 +667,9 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
  * block owns one kv head and PGP_ROWS (query token, query head) rows of
  * one sequence: TQ = PGP_ROWS / G consecutive query tokens with all G heads
  * of the group, token-major, as the rows of mma.m16n8k16. Each K/V tile
- * read from the cache then serves TQ tokens; one block a token would read
- * the prefix TQ times over, and a prompt's keys grow with its length, so
- * a long prompt's attention was quadratic in bytes as well as in work.
+ * read from the cache then serves TQ tokens, where a block a token reads
+ * the prefix TQ times over: a prompt's bytes read grow with the square of
+ * its length, as its work does, but TQ times fewer.
  * Warp w takes rows [16 w, 16 w + 16) and every key of each tile, masked
  * per row by its causal limit, with the online softmax and the fragment
  * helpers of k_paged_tc; a warp skips the tiles past its last row's keys.

@@ -1,6 +1,7 @@
 /* CPU emulation of the paged-attention kernels of kernels/paged.cu (the
  * tensor-core k_paged_tc, the CUDA-core k_paged_pipe it stands beside, the
- * in-kernel split merge and k_paged_reduce), to check the fragment
+ * in-kernel split merge and k_paged_reduce, and the prefill's query tiles,
+ * k_paged_prefill, with its tile search), to check the fragment
  * indexing, the per-warp online softmax, the masks, the head chunks and
  * the split bookkeeping on a machine without a GPU (not a substitute for
  * tests/gpu/test_cuda_ops on a GPU). tests/gpu/paged_emu.sh extracts the
