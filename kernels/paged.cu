@@ -538,6 +538,27 @@ template <int D> __host__ __device__ constexpr int pgt_smem() {
                : pg_merge_floats<D, CUK_PAGED_TC_HEADS>() * 4;
 }
 
+/* Q as the A operand of a warp's rows g and g + 8 (the lane's rows at
+ * element offsets r0 and r1 of q; -1: a row of zeros), dims 2 tq (+ 8) of
+ * each 16, and its accumulators and softmax state cleared. */
+template <int KC, int ND>
+CUK_INLINE void pgt_begin(uint32_t (&qa)[KC][4], float (&acc)[ND][4], float (&m)[2], float (&l)[2], const e16 *q,
+                          int64_t r0, int64_t r1, int tq) {
+#pragma unroll
+    for (int kk = 0; kk < KC; kk++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t r = e & 1 ? r1 : r0;
+            qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
+        }
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+}
+
 /* A warp's scores for NP pairs of 8-key n-tiles: s = Q K^T, Q as the A
  * fragments qa (KC chunks of 16 dims), the keys' rows at ks (stride LD). */
 template <bool F16, int LD, int KC, int NP>
@@ -611,24 +632,11 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
         return;
     }
     const float sl2 = p.scale * PG_LOG2E;
-    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
-    /* Q as the A operand: rows g and g + 8 of the block's heads, dims 2 tq (+ 8) of each 16 */
-    uint32_t qa[KC][4];
+    float acc[ND][4], m[2], l[2];
+    uint32_t qa[KC][4]; /* rows g and g + 8 of the block's heads */
     auto start = [&] {
-        const e16 *q = (const e16 *)p.q.p;
-        const int64_t r0 = g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1;
-        const int64_t r1 = g + 8 < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g + 8) : -1;
-#pragma unroll
-        for (int kk = 0; kk < KC; kk++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t r = e & 1 ? r1 : r0;
-                qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
-            }
+        pgt_begin(qa, acc, m, l, (const e16 *)p.q.p, g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1,
+                  g + 8 < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g + 8) : -1, tq);
     };
     auto tile = [&](const char *st, const int *fl) {
         const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
@@ -756,22 +764,9 @@ __global__ void __launch_bounds__(PG_NT, 2) k_paged_prefill(cuk_paged p, int bs_
     if (j0 + last_tok > ql - 1) last_tok = (int)(ql - 1 - j0);
     const int64_t wl = 16 * warp < TQ * G && j0 + (16 * warp) / G < ql ? cl - ql + j0 + last_tok + 1 : 0;
     const float sl2 = p.scale * PG_LOG2E;
-    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int n = 0; n < ND; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+    float acc[ND][4], m[2], l[2];
     uint32_t qa[KC][4];
-    auto start = [&] {
-        const e16 *q = (const e16 *)p.q.p;
-#pragma unroll
-        for (int kk = 0; kk < KC; kk++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t r = qo[e & 1];
-                qa[kk][e] = r >= 0 ? *(const uint32_t *)(q + r + kk * 16 + (e >> 1) * 8 + 2 * tq) : 0u;
-            }
-    };
+    auto start = [&] { pgt_begin(qa, acc, m, l, (const e16 *)p.q.p, qo[0], qo[1], tq); };
     int64_t kb = 0; /* the tile's first key */
     auto tile = [&](const char *st, const int *fl) {
         const int64_t k0 = kb;
