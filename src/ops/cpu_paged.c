@@ -3,9 +3,8 @@
  * row read from the cache, which may be F32, BF16 or F16 (a 16-bit row is
  * converted once into the task's buffer). Scores are kept whole per task
  * (max_ctx floats per query head of the group), so the softmax is the
- * exact two-pass one. A score is a dot product in eight interleaved partial
- * sums (dot8) and P V adds rows in blocks of eight (axpy8): the compiler
- * keeps both in vector registers, where one running sum a score and a
+ * exact two-pass one. Scores (cai_cpu_dot) and P V (axpy8, rows in blocks
+ * of eight) run in vector registers, where a running sum a score and a
  * scalar loop over P V kept a prefill's attention at about 80% of its
  * time (bench/RESULTS.md). A score's bits depend only on its query and key
  * rows, not on the batch. */
@@ -26,16 +25,6 @@ static inline float load(const void *base, cai_dtype dt, int64_t i) {
     if (dt == CAI_DTYPE_F32) return ((const float *)base)[i];
     if (dt == CAI_DTYPE_BF16) return cai_bf16_to_f32(((const cai_bf16 *)base)[i]);
     return cai_f16_to_f32(((const cai_f16 *)base)[i]);
-}
-
-/* sum a[d] b[d] over d < D: lane u of eight partial sums takes d = u mod 8, and the lanes meet pairwise */
-static inline float dot8(const float *restrict a, const float *restrict b, int64_t D) {
-    float p[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int u = 0; u < 8; u++) p[u] += a[d + u] * b[d + u];
-    for (int u = 0; d < D; d++, u++) p[u] += a[d] * b[d];
-    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
 /* y[d] += w x[d] for d < D, in blocks of eight that the compiler keeps in vector registers */
@@ -139,7 +128,7 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
         for (int64_t j = 0; j < nk; j++) {
             const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
             const float *kr = row_f32(kc.data, dt, (slot * Hkv + g) * D, D, kbuf);
-            for (int64_t hh = 0; hh < group; hh++) ws[hh * max_ctx + j] = dot8(q0 + hh * qq.sh, kr, D) * sc;
+            for (int64_t hh = 0; hh < group; hh++) ws[hh * max_ctx + j] = cai_cpu_dot(q0 + hh * qq.sh, kr, D) * sc;
         }
         for (int64_t hh = 0; hh < group; hh++) {
             float *sr = ws + hh * max_ctx, mx = -INFINITY, sum = 0.0f;
