@@ -190,6 +190,14 @@ void cai_k_gelu_fwd(float *y, const float *x, int64_t n);
 void cai_k_gelu_bwd(float *dx, const float *x, const float *dy, int64_t n);
 void cai_k_swiglu_fwd(float *y, const float *g, const float *u, int64_t n);
 void cai_k_swiglu_bwd(float *dg, float *du, const float *g, const float *u, const float *dy, int64_t n);
+/* Scores of up to 4 query rows against 16 keys: s[r * lds + u] = sum over d of q[r][d] kt[d * 16 + u]
+ * (the keys transposed, 16 a row), one fma chain a score in d order, so a score's bits depend on its
+ * query and key rows alone, not on the rows beside it. */
+void cai_k_scores16(float *s, int64_t lds, const float *const *q, int rows, const float *kt, int64_t D);
+/* kt[d * 16 + u] = row u's element d as f32 (0 where rows[u] is null): 16 cache rows transposed. */
+void cai_k_keys_t16(float *kt, const void *const *rows, cai_dtype dt, int64_t D);
+/* o[d] += sum over u < n of p[u] v[u * D + d], an fma a term in u order. */
+void cai_k_pv(float *o, const float *p, int n, const float *v, int64_t D);
 /* max(x); sum(exp(x - shift)); y = mul * exp(x - shift) returning sum(exp(x - shift)). */
 float cai_k_max(const float *x, int64_t n);
 float cai_k_expsum(const float *x, float shift, int64_t n);

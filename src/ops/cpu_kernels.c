@@ -83,6 +83,63 @@ CAI_KERNEL void cai_k_swiglu_bwd(float *dg, float *du, const float *g, const flo
     }
 }
 
+/* R rows (a constant where inlined) in R x 16 accumulators: a key element loaded once serves every row */
+static inline void scores16_rows(float *s, int64_t lds, const float *const *q, int R, const float *kt, int64_t D) {
+    float a[4][16];
+    memset(a, 0, sizeof a);
+    for (int64_t d = 0; d < D; d++) {
+        const float *k = kt + d * 16;
+        for (int r = 0; r < R; r++) {
+            const float x = q[r][d];
+#pragma omp simd
+            for (int u = 0; u < 16; u++) a[r][u] = fmaf(x, k[u], a[r][u]);
+        }
+    }
+    for (int r = 0; r < R; r++) memcpy(s + r * lds, a[r], sizeof a[r]);
+}
+
+CAI_KERNEL void cai_k_scores16(float *s, int64_t lds, const float *const *q, int rows, const float *kt, int64_t D) {
+    switch (rows) {
+    case 1: scores16_rows(s, lds, q, 1, kt, D); break;
+    case 2: scores16_rows(s, lds, q, 2, kt, D); break;
+    case 3: scores16_rows(s, lds, q, 3, kt, D); break;
+    default: scores16_rows(s, lds, q, 4, kt, D); break;
+    }
+}
+
+CAI_KERNEL void cai_k_keys_t16(float *kt, const void *const *rows, cai_dtype dt, int64_t D) {
+    /* d outer: each store is 16 contiguous floats; the 16 loads hit rows already in L1 */
+    const void *r[16];
+    static const float zero[1];
+    for (int u = 0; u < 16; u++) r[u] = rows[u];
+    if (dt == CAI_DTYPE_F32)
+        for (int64_t d = 0; d < D; d++)
+            for (int u = 0; u < 16; u++) kt[d * 16 + u] = r[u] ? ((const float *)r[u])[d] : zero[0];
+    else if (dt == CAI_DTYPE_BF16)
+        for (int64_t d = 0; d < D; d++)
+            for (int u = 0; u < 16; u++) kt[d * 16 + u] = r[u] ? cai_bf16_to_f32(((const cai_bf16 *)r[u])[d]) : 0.0f;
+    else
+        for (int64_t d = 0; d < D; d++)
+            for (int u = 0; u < 16; u++) kt[d * 16 + u] = r[u] ? cai_f16_to_f32(((const cai_f16 *)r[u])[d]) : 0.0f;
+}
+
+CAI_KERNEL void cai_k_pv(float *o, const float *p, int n, const float *v, int64_t D) {
+    /* 32 of o in registers across the n rows of v */
+    int64_t d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) {
+        float a[32];
+        memcpy(a, o + d0, sizeof a);
+        for (int u = 0; u < n; u++) {
+            const float w = p[u], *vr = v + u * D + d0;
+#pragma omp simd
+            for (int e = 0; e < 32; e++) a[e] = fmaf(w, vr[e], a[e]);
+        }
+        memcpy(o + d0, a, sizeof a);
+    }
+    for (; d0 < D; d0++)
+        for (int u = 0; u < n; u++) o[d0] = fmaf(p[u], v[u * D + d0], o[d0]);
+}
+
 CAI_KERNEL float cai_k_max(const float *x, int64_t n) {
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)

@@ -1,13 +1,16 @@
-/* CPU backend: the paged KV cache's write and attention. One task per
- * (query token, kv head): the group's query heads share each key and value
- * row read from the cache, which may be F32, BF16 or F16 (a 16-bit row is
- * converted once into the task's buffer). Scores are kept whole per task
- * (max_ctx floats per query head of the group), so the softmax is the
- * exact two-pass one. Scores (cai_cpu_dot) and P V (axpy8, rows in blocks
- * of eight) run in vector registers, where a running sum a score and a
- * scalar loop over P V kept a prefill's attention at about 80% of its
- * time (bench/RESULTS.md). A score's bits depend only on its query and key
- * rows, not on the batch. */
+/* CPU backend: the paged KV cache's write and attention. A task is a tile
+ * of one sequence's query tokens (PG_ROWS rows of (token, head), or one
+ * token where a group alone has more heads) against one kv head: each key
+ * and value row read from the cache, which may be F32, BF16 or F16, is
+ * converted once and serves every row of the tile, where a task a token
+ * read a prompt's prefix once per token. Keys go in blocks of PG_KB,
+ * transposed, through cai_k_scores16 (four rows a pass) and values through
+ * cai_k_pv, the vectorised clones of cpu_kernels.c. Scores are kept whole
+ * per row (max_ctx floats), so the softmax is the exact two-pass one. A
+ * score and an output element are each one fma chain in a fixed order over
+ * their own query row and the keys, so their bits do not depend on the
+ * batch, the tile or the rows beside them. The last tiles, which see the
+ * most keys, go first. */
 #include "cai_config.h"
 #include "cpu_internal.h"
 
@@ -21,25 +24,41 @@ static inline void store(void *base, cai_dtype dt, int64_t i, float x) {
     else ((cai_f16 *)base)[i] = cai_f32_to_f16(x);
 }
 
-static inline float load(const void *base, cai_dtype dt, int64_t i) {
-    if (dt == CAI_DTYPE_F32) return ((const float *)base)[i];
-    if (dt == CAI_DTYPE_BF16) return cai_bf16_to_f32(((const cai_bf16 *)base)[i]);
-    return cai_f16_to_f32(((const cai_f16 *)base)[i]);
-}
+enum { PG_ROWS = 16, PG_KB = 16 };
 
-/* y[d] += w x[d] for d < D, in blocks of eight that the compiler keeps in vector registers */
-static inline void axpy8(float *restrict y, float w, const float *restrict x, int64_t D) {
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8)
-        for (int u = 0; u < 8; u++) y[d + u] += w * x[d + u];
-    for (; d < D; d++) y[d] += w * x[d];
+static int64_t tile_tokens(int64_t group) { return group >= PG_ROWS ? 1 : PG_ROWS / group; }
+static int64_t row_cap(int64_t Hq) { return Hq > PG_ROWS ? Hq : PG_ROWS; }
+static int64_t score_stride(int64_t max_ctx) { return (max_ctx + PG_KB - 1) / PG_KB * PG_KB; }
+/* a thread's floats: a score row, D accumulators and a sum a row, PG_KB keys transposed and PG_KB V rows */
+static size_t thread_floats(int64_t Hq, int64_t D, int64_t max_ctx) {
+    return (size_t)row_cap(Hq) * (size_t)(score_stride(max_ctx) + D + 1) + 2 * (size_t)PG_KB * (size_t)D;
 }
+/* the tile list: (sequence, first token) a tile, at most one a token */
+static size_t list_bytes(int64_t n_tokens) { return ((size_t)n_tokens * 2 * sizeof(int32_t) + 63) / 64 * 64; }
 
-/* Cache row elements [off, off + D) as f32: the cache itself where it is f32, else converted into buf. */
-static inline const float *row_f32(const void *base, cai_dtype dt, int64_t off, int64_t D, float *buf) {
-    if (dt == CAI_DTYPE_F32) return (const float *)base + off;
-    for (int64_t d = 0; d < D; d++) buf[d] = load(base, dt, off + d);
-    return buf;
+/* PG_KB cache rows from key kb on (zeros past nk), as f32: keys transposed into kt[d][u] (kt non-null), values
+ * straight into vb[u][d] (else) */
+static void gather(float *kt, float *vb, const void *kc, const void *vc, cai_dtype dt, const int32_t *bt, int64_t bs,
+                   int64_t Hkv, int64_t g, int64_t D, int64_t kb, int64_t nk) {
+    const size_t es = dt == CAI_DTYPE_F32 ? 4 : 2;
+    const void *rows[PG_KB];
+    for (int64_t u = 0; u < PG_KB; u++) {
+        const int64_t j = kb + u, off = j < nk ? (((int64_t)bt[j / bs] * bs + j % bs) * Hkv + g) * D : -1;
+        rows[u] = off < 0 ? NULL : (const char *)(kt ? kc : vc) + (size_t)off * es;
+    }
+    if (kt) {
+        cai_k_keys_t16(kt, rows, dt, D);
+        return;
+    }
+    for (int64_t u = 0; u < PG_KB; u++) {
+        float *v = vb + u * D;
+        if (!rows[u]) memset(v, 0, (size_t)D * sizeof(float));
+        else if (dt == CAI_DTYPE_F32) memcpy(v, rows[u], (size_t)D * sizeof(float));
+        else if (dt == CAI_DTYPE_BF16)
+            for (int64_t d = 0; d < D; d++) v[d] = cai_bf16_to_f32(((const cai_bf16 *)rows[u])[d]);
+        else
+            for (int64_t d = 0; d < D; d++) v[d] = cai_f16_to_f32(((const cai_f16 *)rows[u])[d]);
+    }
 }
 
 CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cache, const cai_tensor *k,
@@ -74,11 +93,9 @@ CPU_OP(kv_cache_write)(cai_device_t *dev, cai_tensor *k_cache, cai_tensor *v_cac
 
 size_t cai_cpu_paged_attention_workspace_bytes(const cai_device_t *dev, int64_t n_tokens, int64_t n_seqs, int64_t Hq,
                                                int64_t D, int64_t max_ctx) {
-    (void)n_tokens;
     (void)n_seqs;
     const int nt = dev && dev->num_threads > 0 ? dev->num_threads : 1;
-    /* per thread: one score row per query head of a group (at most Hq) and D accumulators each, and a K and a V row */
-    return (size_t)nt * ((size_t)Hq * ((size_t)max_ctx + (size_t)D) + 2 * (size_t)D) * sizeof(float) + 64;
+    return list_bytes(n_tokens) + (size_t)nt * thread_floats(Hq, D, max_ctx) * sizeof(float) + 64;
 }
 
 CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q, const cai_tensor *k_cache,
@@ -115,40 +132,56 @@ CPU_OP(paged_attention)(cai_device_t *dev, cai_tensor *out, const cai_tensor *q,
         return CAI_ERROR(CAI_ERR_INVALID_ARG, "%s: workspace of %zu bytes, need %zu", op, workspace_bytes, need);
     const float sc = scale != 0.0f ? scale : 1.0f / sqrtf((float)D);
     const cai_dtype dt = kc.dtype;
-    const int nt = cai_cpu_threads(dev, N * Hkv);
+    const int64_t TQ = tile_tokens(group), lds = score_stride(max_ctx), cap = row_cap(Hq);
+    int32_t *tl = (int32_t *)workspace;
+    int64_t n_tiles = 0;
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t j0 = 0; j0 < qs[s + 1] - qs[s]; j0 += TQ, n_tiles++) {
+            tl[2 * n_tiles] = (int32_t)s;
+            tl[2 * n_tiles + 1] = (int32_t)j0;
+        }
+    float *const wsb = (float *)((char *)workspace + list_bytes(N));
+    const size_t tf = thread_floats(Hq, D, max_ctx);
+    const int nt = cai_cpu_threads(dev, n_tiles * Hkv);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int64_t task = 0; task < N * Hkv; task++) {
-        const int64_t i = task / Hkv, g = task % Hkv;
-        int64_t s = 0;
-        while (qs[s + 1] <= i) s++; /* S is small; the rows of a sequence are adjacent tasks */
-        const int64_t pos = cl[s] - (qs[s + 1] - qs[s]) + (i - qs[s]), nk = pos + 1;
-        float *ws = (float *)workspace + (size_t)CAI_THREAD_ID() * ((size_t)Hq * (size_t)(max_ctx + D) + 2 * (size_t)D);
-        float *acc = ws + group * max_ctx, *kbuf = acc + group * D, *vbuf = kbuf + D;
-        const float *q0 = (const float *)qq.data + i * qq.st + g * group * qq.sh;
-        for (int64_t j = 0; j < nk; j++) {
-            const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
-            const float *kr = row_f32(kc.data, dt, (slot * Hkv + g) * D, D, kbuf);
-            for (int64_t hh = 0; hh < group; hh++) ws[hh * max_ctx + j] = cai_cpu_dot(q0 + hh * qq.sh, kr, D) * sc;
-        }
-        for (int64_t hh = 0; hh < group; hh++) {
-            float *sr = ws + hh * max_ctx, mx = -INFINITY, sum = 0.0f;
-            for (int64_t j = 0; j < nk; j++) mx = sr[j] > mx ? sr[j] : mx;
-            for (int64_t j = 0; j < nk; j++) {
-                sr[j] = expf(sr[j] - mx);
-                sum += sr[j];
+    for (int64_t task = 0; task < n_tiles * Hkv; task++) {
+        const int64_t tile = n_tiles - 1 - task / Hkv, g = task % Hkv;
+        const int64_t s = tl[2 * tile], j0 = tl[2 * tile + 1], ql = qs[s + 1] - qs[s];
+        const int64_t ntok = ql - j0 < TQ ? ql - j0 : TQ, rows = ntok * group;
+        /* token t of the tile (row r = t group + head) sees keys [0, first + t) */
+        const int64_t first = cl[s] - ql + j0 + 1, nk = first + ntok - 1;
+        const int32_t *bts = bt + s * max_blocks;
+        float *scores = wsb + (size_t)CAI_THREAD_ID() * tf, *acc = scores + cap * lds, *sums = acc + cap * D,
+              *kt = sums + cap, *vb = kt + PG_KB * D;
+        const float *q0 = (const float *)qq.data + (qs[s] + j0) * qq.st + g * group * qq.sh;
+        for (int64_t kb = 0; kb < nk; kb += PG_KB) {
+            gather(kt, NULL, kc.data, vc.data, dt, bts, bs, Hkv, g, D, kb, nk);
+            for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+                const float *qr[4];
+                const int n = rows - r0 < 4 ? (int)(rows - r0) : 4;
+                for (int r = 0; r < n; r++) qr[r] = q0 + (r0 + r) / group * qq.st + (r0 + r) % group * qq.sh;
+                cai_k_scores16(scores + r0 * lds + kb, lds, qr, n, kt, D);
             }
-            const float inv = 1.0f / sum;
-            for (int64_t j = 0; j < nk; j++) sr[j] *= inv;
         }
-        for (int64_t e = 0; e < group * D; e++) acc[e] = 0.0f;
-        for (int64_t j = 0; j < nk; j++) {
-            const int64_t slot = (int64_t)bt[s * max_blocks + j / bs] * bs + j % bs;
-            const float *vr = row_f32(vc.data, dt, (slot * Hkv + g) * D, D, vbuf);
-            for (int64_t hh = 0; hh < group; hh++) axpy8(acc + hh * D, ws[hh * max_ctx + j], vr, D);
+        for (int64_t r = 0; r < rows; r++) {
+            float *sr = scores + r * lds;
+            const int64_t n = first + r / group;
+            for (int64_t j = 0; j < n; j++) sr[j] *= sc;
+            const float mx = cai_k_max(sr, n);
+            sums[r] = cai_k_exp_store(sr, sr, mx, 1.0f, n);
         }
-        for (int64_t hh = 0; hh < group; hh++) {
-            float *o = (float *)oo.data + i * oo.st + (g * group + hh) * oo.sh;
-            memcpy(o, acc + hh * D, (size_t)D * sizeof(float));
+        memset(acc, 0, (size_t)(rows * D) * sizeof(float));
+        for (int64_t kb = 0; kb < nk; kb += PG_KB) {
+            gather(NULL, vb, kc.data, vc.data, dt, bts, bs, Hkv, g, D, kb, nk);
+            for (int64_t r = 0; r < rows; r++) {
+                const int64_t n = first + r / group - kb; /* the row's keys in this block */
+                if (n > 0) cai_k_pv(acc + r * D, scores + r * lds + kb, n < PG_KB ? (int)n : PG_KB, vb, D);
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            float *o = (float *)oo.data + (qs[s] + j0 + r / group) * oo.st + (g * group + r % group) * oo.sh;
+            const float inv = 1.0f / sums[r];
+            for (int64_t d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
         }
     }
     return CAI_OK;

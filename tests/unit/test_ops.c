@@ -794,6 +794,137 @@ START_TEST(rope_fwd_bwd) {
 }
 END_TEST
 
+/* paged_attention of one group of sequences into out (rows [q0, q0 + N) of the full q); returns the status */
+static cai_status paged_run(float *out, const float *q, int64_t q0, int64_t N, int64_t Hq, int64_t D, cai_tensor *kc,
+                            cai_tensor *vc, const int32_t *bt, int64_t S, int64_t max_blocks, const int32_t *qs,
+                            const int32_t *cl, int64_t max_ctx, size_t ws_bytes) {
+    cai_tensor tq = cai_tensor_4d(dev, (void *)(q + q0 * Hq * D), F32, 1, N, Hq, D),
+               to = cai_tensor_4d(dev, out, F32, 1, N, Hq, D),
+               tb = cai_tensor_2d(dev, (void *)bt, CAI_DTYPE_I32, S, max_blocks),
+               ts = cai_tensor_1d(dev, (void *)qs, CAI_DTYPE_I32, S + 1),
+               tc = cai_tensor_1d(dev, (void *)cl, CAI_DTYPE_I32, S);
+    const size_t need = ops->paged_attention_workspace_bytes(dev, N, S, Hq, D, max_ctx);
+    void *ws = malloc(need);
+    ck_assert_ptr_nonnull(ws);
+    const cai_status st =
+        ops->paged_attention(dev, &to, &tq, kc, vc, &tb, &ts, &tc, max_ctx, 0.0f, ws, ws_bytes ? ws_bytes : need);
+    free(ws);
+    return st;
+}
+
+/* Paged attention on the host against double precision over the values
+ * the op reads: a decode row beside a prompt, a long decode and a chunk
+ * over a cached prefix; groups of 1, 3, 16 and 20 heads (a query tile of
+ * 16, 5, 1 and 1 tokens); head_dim 20 and 64; f32, bf16 and f16 caches;
+ * blocks of 4 and 16 in shuffled order. Every sequence's rows are bit for
+ * bit those of the sequence alone, and the prompt's those of the same
+ * tokens prefilled in two chunks (other query tiles). */
+static void paged_case(int64_t Hq, int64_t Hkv, int64_t D, int64_t bs, cai_dtype cdt) {
+    enum { S = 4, N = 62, MAXC = 130 };
+    const int32_t ql[S] = {1, 37, 1, 23}, cl[S] = {9, 37, MAXC, 60}, qs[S + 1] = {0, 1, 38, 39, N};
+    const int64_t G = Hq / Hkv, max_blocks = (MAXC + bs - 1) / bs;
+    int64_t n_blocks = 3;
+    for (int s = 0; s < S; s++) n_blocks += (cl[s] + bs - 1) / bs;
+    int32_t *bt = calloc((size_t)(S * max_blocks), sizeof(int32_t)), *perm = calloc((size_t)n_blocks, sizeof(int32_t));
+    ck_assert_ptr_nonnull(bt);
+    ck_assert_ptr_nonnull(perm);
+    for (int64_t i = 0; i < n_blocks; i++) perm[i] = (int32_t)i;
+    for (int64_t i = n_blocks - 1; i > 0; i--) { /* a fixed shuffle: blocks out of order */
+        const int64_t j = (int64_t)(cai_rng_uniform(7, 70, (uint64_t)i) * (double)(i + 1)) % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int s = 0, u = 0; s < S; s++)
+        for (int64_t b = 0; b < max_blocks; b++) bt[s * max_blocks + b] = b < (cl[s] + bs - 1) / bs ? perm[u++] : -1;
+    const int64_t nc = n_blocks * bs * Hkv * D, es = cdt == F32 ? 4 : 2;
+    double *dq = drandn(N * Hq * D, 71, 1.0), *dk = drandn(nc, 72, 1.0), *dv = drandn(nc, 73, 1.0);
+    float *q = to_f(dq, N * Hq * D), *out = falloc(N * Hq * D), *part = falloc(N * Hq * D);
+    unsigned char *kcb = malloc((size_t)(nc * es)), *vcb = malloc((size_t)(nc * es));
+    ck_assert_ptr_nonnull(kcb);
+    ck_assert_ptr_nonnull(vcb);
+    for (int64_t i = 0; i < nc; i++) { /* the cache in its type; the reference from the values it holds */
+        double *x[2] = {dk, dv};
+        unsigned char *c[2] = {kcb, vcb};
+        for (int w = 0; w < 2; w++) {
+            const float f = (float)x[w][i];
+            if (cdt == F32) ((float *)c[w])[i] = f, x[w][i] = f;
+            else if (cdt == CAI_DTYPE_BF16)
+                ((cai_bf16 *)c[w])[i] = cai_f32_to_bf16(f), x[w][i] = cai_bf16_to_f32(((cai_bf16 *)c[w])[i]);
+            else ((cai_f16 *)c[w])[i] = cai_f32_to_f16(f), x[w][i] = cai_f16_to_f32(((cai_f16 *)c[w])[i]);
+        }
+    }
+    cai_tensor kc = cai_tensor_4d(dev, kcb, cdt, n_blocks, bs, Hkv, D),
+               vc = cai_tensor_4d(dev, vcb, cdt, n_blocks, bs, Hkv, D);
+    ASSERT_OK(paged_run(out, q, 0, N, Hq, D, &kc, &vc, bt, S, max_blocks, qs, cl, MAXC, 0));
+    double *ref = dalloc(N * Hq * D), *sc = dalloc(MAXC);
+    for (int s = 0; s < S; s++)
+        for (int64_t i = qs[s]; i < qs[s + 1]; i++)
+            for (int64_t h = 0; h < Hq; h++) {
+                const int64_t nk = cl[s] - ql[s] + (i - qs[s]) + 1;
+                double mx = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j < nk; j++) {
+                    const int64_t row = (((int64_t)bt[s * max_blocks + j / bs] * bs + j % bs) * Hkv + h / G) * D;
+                    double d = 0.0;
+                    for (int64_t e = 0; e < D; e++) d += dq[(i * Hq + h) * D + e] * dk[row + e];
+                    sc[j] = d / sqrt((double)D);
+                    mx = fmax(mx, sc[j]);
+                }
+                for (int64_t j = 0; j < nk; j++) sum += (sc[j] = exp(sc[j] - mx));
+                for (int64_t e = 0; e < D; e++) {
+                    double o = 0.0;
+                    for (int64_t j = 0; j < nk; j++)
+                        o += sc[j] * dv[(((int64_t)bt[s * max_blocks + j / bs] * bs + j % bs) * Hkv + h / G) * D + e];
+                    ref[(i * Hq + h) * D + e] = o / sum;
+                }
+            }
+    ASSERT_REL(out, ref, N * Hq * D, 1e-5);
+    for (int s = 0; s < S; s++) { /* alone */
+        const int32_t qs1[2] = {0, ql[s]};
+        ASSERT_OK(paged_run(part, q, qs[s], ql[s], Hq, D, &kc, &vc, bt + s * max_blocks, 1, max_blocks, qs1, cl + s,
+                            MAXC, 0));
+        ck_assert_mem_eq(part, out + qs[s] * Hq * D, (size_t)(ql[s] * Hq * D) * sizeof(float));
+    }
+    /* the prompt in chunks of 20 and 17 tokens, its cache already written */
+    const int32_t qa[2] = {0, 20}, ca = 20, qb[2] = {0, 17}, cb = 37;
+    ASSERT_OK(paged_run(part, q, 1, 20, Hq, D, &kc, &vc, bt + max_blocks, 1, max_blocks, qa, &ca, MAXC, 0));
+    ASSERT_OK(
+        paged_run(part + 20 * Hq * D, q, 21, 17, Hq, D, &kc, &vc, bt + max_blocks, 1, max_blocks, qb, &cb, MAXC, 0));
+    ck_assert_mem_eq(part, out + Hq * D, (size_t)(37 * Hq * D) * sizeof(float));
+    /* refused by name: a block outside the pool, a context shorter than its queries, a short workspace */
+    bt[3 * max_blocks + 2] = (int32_t)n_blocks;
+    ck_assert_int_eq(paged_run(out, q, 0, N, Hq, D, &kc, &vc, bt, S, max_blocks, qs, cl, MAXC, 0), CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "paged_attention: block_tables[3, 2]"));
+    bt[3 * max_blocks + 2] = perm[0];
+    const int32_t short_cl[S] = {9, 36, MAXC, 60};
+    ck_assert_int_eq(paged_run(out, q, 0, N, Hq, D, &kc, &vc, bt, S, max_blocks, qs, short_cl, MAXC, 0),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "sequence 1 has 37 queries and ctx_len 36"));
+    ck_assert_int_eq(paged_run(out, q, 0, N, Hq, D, &kc, &vc, bt, S, max_blocks, qs, cl, MAXC, 64),
+                     CAI_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(cai_error_message(), "paged_attention: workspace of 64 bytes"));
+    free(bt);
+    free(perm);
+    free(dq);
+    free(dk);
+    free(dv);
+    free(q);
+    free(out);
+    free(part);
+    free(kcb);
+    free(vcb);
+    free(ref);
+    free(sc);
+}
+
+START_TEST(paged_attention_matches_reference_and_is_batch_independent) {
+    paged_case(12, 12, 64, 16, CAI_DTYPE_BF16);
+    paged_case(12, 4, 20, 4, F32);
+    paged_case(32, 2, 64, 16, CAI_DTYPE_F16);
+    paged_case(40, 2, 20, 16, F32);
+}
+END_TEST
+
 /* rope_kv_cache_write on a fused [1,N,(Hq+2Hkv)*D] buffer: bitwise
  * rope_fwd of the query and key heads, then kv_cache_write of the keys and
  * values (a slot of -1 writes nothing); qk without query heads is refused. */
@@ -1266,6 +1397,7 @@ static Suite *ops_suite(void) {
     tcase_add_test(tc, linear_residual_fused_op_matches_composition);
     tcase_add_test(tc, swiglu_fwd_bwd_on_fused_views);
     tcase_add_test(tc, rope_fwd_bwd);
+    tcase_add_test(tc, paged_attention_matches_reference_and_is_batch_independent);
     tcase_add_test(tc, rope_kv_cache_write_equals_the_two_ops);
     tcase_add_test(tc, rope_on_fused_qkv_view_and_errors);
     tcase_add_test(tc, embedding_fwd_bwd_and_vocab_shards);
