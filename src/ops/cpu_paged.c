@@ -25,6 +25,7 @@ static inline void store(void *base, cai_dtype dt, int64_t i, float x) {
 }
 
 enum { PG_ROWS = 16, PG_KB = 16 };
+_Static_assert(PG_KB == 16, "cai_k_keys_t16 and cai_k_scores16 take 16 keys");
 
 static int64_t tile_tokens(int64_t group) { return group >= PG_ROWS ? 1 : PG_ROWS / group; }
 static int64_t row_cap(int64_t Hq) { return Hq > PG_ROWS ? Hq : PG_ROWS; }
