@@ -137,6 +137,13 @@ static inline const float *rowp(const cai_bthd *t, int64_t b, int64_t s, int64_t
     return (const float *)t->data + b * t->sb + s * t->st + h * t->sh;
 }
 
+static inline float dot(const float *x, const float *y, int64_t n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t d = 0; d < n; d++) s += x[d] * y[d];
+    return s;
+}
+
 static void gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N,
@@ -261,7 +268,7 @@ cai_status cai_cpu_attention_bwd(cai_device_t *dev, cai_tensor *dq, cai_tensor *
                 /* dP = dO V^T; dS = P (dP - rowsum(dO o O)) scale */
                 gemm(0, 1, m, nk, D, 1.0f, rowp(&gdo, b, i0, h), gdo.st, rowp(&a.v, b, klo, hk), a.v.st, 0.0f, ds, ld);
                 for (int64_t r = 0; r < m; r++) {
-                    float Di = cai_cpu_dot(rowp(&gdo, b, i0 + r, h), rowp(&a.o, b, i0 + r, h), D);
+                    float Di = dot(rowp(&gdo, b, i0 + r, h), rowp(&a.o, b, i0 + r, h), D);
                     float *pr = p + r * ld, *dr = ds + r * ld;
 #pragma omp simd
                     for (int64_t j = 0; j < nk; j++) dr[j] = pr[j] * (dr[j] - Di) * a.scale;

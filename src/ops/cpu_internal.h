@@ -31,15 +31,6 @@ static inline int cai_cpu_threads(const cai_device_t *dev, int64_t work) {
 
 static inline float *cai_row_f32(const cai_rows *r, int64_t i) { return (float *)r->data + i * r->ld; }
 
-/* sum x[d] y[d] over d < n, vectorised (the lanes' order is the compiler's, fixed for a build, so a result depends
- * only on x and y) */
-static inline float cai_cpu_dot(const float *x, const float *y, int64_t n) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t d = 0; d < n; d++) s += x[d] * y[d];
-    return s;
-}
-
 #define CPU_OP(name) cai_status cai_cpu_##name
 
 /* memory, elementwise (cpu_basic.c) */
