@@ -1,6 +1,6 @@
 /* What the CPU emulations of the CUDA kernels (tests/gpu/*_emu.cpp) share:
  * the CUDA keywords as no-ops, the thread/block coordinates, and the block
- * runner. A block's CUDA threads are fibers (ucontext) on one host thread,
+ * runner. A block's CUDA threads are fibers on one host thread,
  * switched only where a thread waits at a barrier (__syncthreads, a
  * warp-collective instruction), in a fixed order: the lanes of a warp take
  * turns until every one of them waits at a block-wide barrier, then the
@@ -73,9 +73,34 @@ static inline void cuk_pdl_wait() {}
 
 /* ---- the block runner */
 namespace emu {
+/* A fiber switch: on x86-64 the callee-saved registers and the FP control
+ * words pushed on the old stack and popped from the new one (no system
+ * call; swapcontext's signal-mask syscall on every switch, 32 a warp
+ * collective, took half the emulations' time); elsewhere ucontext. */
+#if defined(__x86_64__)
+extern "C" void emu_switch(void **save_sp, void *to_sp);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch,.-emu_switch\n");
+struct Context {
+    void *sp;
+};
+#else
+struct Context {
+    ucontext_t uc;
+};
+#endif
 struct Fiber {
-    ucontext_t ctx;
-    std::unique_ptr<char[]> stack;
+    Context ctx;
+    char *stack;
     unsigned tid;
     bool done;
     /* waiting at a block-wide barrier while *bar_gen == gen (its
@@ -86,7 +111,7 @@ struct Fiber {
 inline bool at_block(const Fiber &f) { return f.bar_gen && *f.bar_gen == f.gen; }
 struct Run {
     std::vector<Fiber> f;
-    ucontext_t main;
+    Context main;
     const std::function<void()> *body;
     unsigned cur;
     unsigned long progress; /* barrier arrivals and finished fibers */
@@ -95,11 +120,49 @@ inline Run *g_run;
 /* Kernels keep fragments and tiles in registers (local arrays): room for
  * the largest with the emulated instructions' own arrays on top. */
 constexpr size_t kStack = 256 * 1024;
+/* Stacks outlive a block: a grid's blocks reuse them, where fresh ones
+ * cost an mmap and their page faults each. */
+inline std::vector<std::unique_ptr<char[]>> g_stacks;
+
+inline void switch_to(Context &save, Context &to) {
+#if defined(__x86_64__)
+    emu_switch(&save.sp, to.sp);
+#else
+    swapcontext(&save.uc, &to.uc);
+#endif
+}
 
 inline void entry() {
     (*g_run->body)();
     g_run->progress++;
-    g_run->f[g_run->cur].done = true; /* uc_link returns to the runner */
+    g_run->f[g_run->cur].done = true;
+#if defined(__x86_64__)
+    Context gone;
+    switch_to(gone, g_run->main); /* never resumed */
+#endif                            /* else uc_link returns to the runner */
+}
+
+/* A fiber that starts in entry() on its stack at the first switch to it. */
+inline void start(Fiber &fb, Run &r) {
+#if defined(__x86_64__)
+    /* what emu_switch pops: the control words, r15..rbp, then entry as the
+     * return address, with the stack 16-aligned at entry's call boundary */
+    uintptr_t top = ((uintptr_t)fb.stack + kStack) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 16);
+    sp[0] = (void *)&entry;
+    for (int i = 1; i <= 6; i++) sp[-i] = nullptr;
+    uint32_t cw[2];
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(cw[0]), "=m"(cw[1]));
+    memcpy(&sp[-7], cw, sizeof cw);
+    fb.ctx.sp = &sp[-7];
+#else
+    getcontext(&fb.ctx.uc);
+    fb.ctx.uc.uc_stack.ss_sp = fb.stack;
+    fb.ctx.uc.uc_stack.ss_size = kStack;
+    fb.ctx.uc.uc_link = &r.main.uc;
+    makecontext(&fb.ctx.uc, entry, 0);
+#endif
+    (void)r;
 }
 
 /* Switches to another fiber (back to the caller when it is the only one
@@ -127,7 +190,7 @@ inline void yield() {
     if (to == from) return;
     r.cur = to;
     threadIdx = dim3(r.f[to].tid, 0, 0);
-    swapcontext(&r.f[from].ctx, &r.f[to].ctx);
+    switch_to(r.f[from].ctx, r.f[to].ctx);
 }
 
 /* Runs body once per thread of a block of nthreads (blockIdx, blockDim,
@@ -137,30 +200,30 @@ inline void run_block(unsigned nthreads, const std::function<void()> &body) {
     r.f.resize(nthreads);
     r.body = &body;
     r.progress = 0;
+    if (g_run) { /* the stacks are the running block's */
+        fprintf(stderr, "emu: run_block inside a running block\n");
+        abort();
+    }
+    while (g_stacks.size() < nthreads) g_stacks.emplace_back(new char[kStack]);
     for (unsigned t = 0; t < nthreads; t++) {
         Fiber &fb = r.f[t];
         fb.tid = t;
         fb.done = false;
         fb.bar_gen = nullptr;
-        fb.stack.reset(new char[kStack]);
-        getcontext(&fb.ctx);
-        fb.ctx.uc_stack.ss_sp = fb.stack.get();
-        fb.ctx.uc_stack.ss_size = kStack;
-        fb.ctx.uc_link = &r.main;
-        makecontext(&fb.ctx, entry, 0);
+        fb.stack = g_stacks[t].get();
+        start(fb, r);
     }
-    Run *outer = g_run;
     g_run = &r;
     for (unsigned live = nthreads; live > 0;) {
         unsigned t = 0;
         while (r.f[t].done) t++;
         r.cur = t;
         threadIdx = dim3(t, 0, 0);
-        swapcontext(&r.main, &r.f[t].ctx);
+        switch_to(r.main, r.f[t].ctx);
         live = 0;
         for (const Fiber &fb : r.f) live += !fb.done;
     }
-    g_run = outer;
+    g_run = nullptr;
 }
 
 /* A barrier of n fibers of the running block. Waiting fibers yield until
