@@ -1,5 +1,6 @@
 # Unit tests (Check, one process) and MPI tests (Check under mpiexec).
-EXTRA_DIST += tests/run-mpi-test.in tests/mpi/test_wd_util.h
+EXTRA_DIST += tests/run-mpi-test.in tests/suite-lock tests/mpi/test_wd_util.h
+CLEANFILES += tests/suite.lock
 
 if HAVE_CHECK
 check_PROGRAMS += tests/unit/test_base

@@ -9,7 +9,7 @@ FUZZ_MARKERS = tests/fuzz/safetensors.fuzz tests/fuzz/hf_config.fuzz tests/fuzz/
 	tests/fuzz/config_yaml.fuzz tests/fuzz/config_args.fuzz tests/fuzz/bpe_files.fuzz tests/fuzz/bpe_hf.fuzz \
 	tests/fuzz/bpe_encode.fuzz tests/fuzz/job_lines.fuzz tests/fuzz/chat_lines.fuzz
 TEST_EXTENSIONS += .fuzz
-FUZZ_LOG_COMPILER = $(SHELL) $(top_srcdir)/tests/fuzz/run.sh
+FUZZ_LOG_COMPILER = $(SUITE_SHARED) $(SHELL) $(top_srcdir)/tests/fuzz/run.sh
 TESTS += $(FUZZ_MARKERS)
 EXTRA_DIST += tests/fuzz
 CLEANFILES += $(FUZZ_MARKERS)
