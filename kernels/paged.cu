@@ -559,32 +559,37 @@ CUK_INLINE void pgt_begin(uint32_t (&qa)[KC][4], float (&acc)[ND][4], float (&m)
     l[0] = l[1] = 0.0f;
 }
 
-/* A warp's scores for NP pairs of 8-key n-tiles: s = Q K^T, Q as the A
- * fragments qa (KC chunks of 16 dims), the keys' rows at ks (stride LD). */
-template <bool F16, int LD, int KC, int NP>
-CUK_INLINE void pgt_scores(float (&s)[2 * NP][4], const uint32_t (&qa)[KC][4], const e16 *ks, int lane) {
+/* A warp's scores for NP pairs of 8-key n-tiles over MT m-tiles of 16
+ * rows: s = Q K^T, Q as the A fragments qa (KC chunks of 16 dims), the
+ * keys' rows at ks (stride LD). A key fragment loaded once serves every
+ * m-tile. */
+template <bool F16, int LD, int KC, int NP, int MT>
+CUK_INLINE void pgt_scores(float (&s)[MT][2 * NP][4], const uint32_t (&qa)[MT][KC][4], const e16 *ks, int lane) {
 #pragma unroll
-    for (int nt = 0; nt < 2 * NP; nt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) s[nt][e] = 0.0f;
+        for (int nt = 0; nt < 2 * NP; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][nt][e] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KC; kk++)
 #pragma unroll
         for (int np = 0; np < NP; np++) {
             uint32_t b[4];
             mma_ldb_nk<LD>(b, ks + np * 16 * LD + kk * 16, lane);
-            mma_16816<F16>(s[2 * np], qa[kk], b[0], b[1]);
-            mma_16816<F16>(s[2 * np + 1], qa[kk], b[2], b[3]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816<F16>(s[mt][2 * np], qa[mt][kk], b[0], b[1]);
+                mma_16816<F16>(s[mt][2 * np + 1], qa[mt][kk], b[2], b[3]);
+            }
         }
 }
 
-/* One tile's step of a warp's online softmax and O += P V: s holds the
- * scores in base 2 (rows g and g + 8 of the lane, -inf where masked); the
- * rows' max is agreed within the quad, m, l and acc are rescaled, and P,
- * rounded to the input type, multiplies the tile's V rows at vs. */
-template <bool F16, int LD, int ND, int NT>
-CUK_INLINE void pgt_softmax_pv(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&acc)[ND][4], const e16 *vs,
-                               int lane) {
+/* One tile's step of an m-tile's online softmax: s holds the scores in
+ * base 2 (rows g and g + 8 of the lane, -inf where masked); the rows' max
+ * is agreed within the quad, m, l and acc are rescaled, and s becomes P. */
+template <int ND, int NT>
+CUK_INLINE void pgt_softmax(float (&s)[NT][4], float (&m)[2], float (&l)[2], float (&acc)[ND][4]) {
     float mx[2] = {-INFINITY, -INFINITY}, corr[2];
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -612,7 +617,29 @@ CUK_INLINE void pgt_softmax_pv(float (&s)[NT][4], float (&m)[2], float (&l)[2], 
     for (int n = 0; n < ND; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) acc[n][e] *= corr[e >> 1];
-    mma_gemm_pk<F16, LD, ND, NT / 2>(acc, s, vs, lane);
+}
+
+/* O += P V over MT m-tiles: P as f32 n-tiles rounded to the input type,
+ * the tile's V rows at vs (stride LD); a V fragment loaded once serves
+ * every m-tile. */
+template <bool F16, int LD, int ND, int NT, int MT>
+CUK_INLINE void pgt_pv(float (&acc)[MT][ND][4], const float (&pr)[MT][NT][4], const e16 *vs, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) mma_acc_to_a<F16>(a[mt], pr[mt][2 * kk], pr[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dp = 0; dp < ND / 2; dp++) {
+            uint32_t b[4];
+            mma_ldb_kn<LD>(b, vs + kk * 16 * LD + dp * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                mma_16816<F16>(acc[mt][2 * dp], a[mt], b[0], b[1]);
+                mma_16816<F16>(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+            }
+        }
+    }
 }
 
 template <int D, bool F16>
@@ -632,23 +659,24 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
         return;
     }
     const float sl2 = p.scale * PG_LOG2E;
-    float acc[ND][4], m[2], l[2];
-    uint32_t qa[KC][4]; /* rows g and g + 8 of the block's heads */
+    float acc[1][ND][4], m[2], l[2];
+    uint32_t qa[1][KC][4]; /* rows g and g + 8 of the block's heads */
     auto start = [&] {
-        pgt_begin(qa, acc, m, l, (const e16 *)p.q.p, g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1,
+        pgt_begin(qa[0], acc[0], m, l, (const e16 *)p.q.p, g < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g) : -1,
                   g + 8 < t.nh ? cuk_roff(p.q, 0, t.i, t.h0 + g + 8) : -1, tq);
     };
     auto tile = [&](const char *st, const int *fl) {
         const e16 *ks = (const e16 *)st + 16 * warp * LD, *vs = ks + TK * LD;
         fl += 16 * warp;
-        float s[2][4];
-        pgt_scores<F16, LD, KC, 1>(s, qa, ks, lane);
+        float s[1][2][4];
+        pgt_scores<F16, LD, KC, 1, 1>(s, qa, ks, lane);
         /* s[nt][e]: head row g + 8 (e >> 1), key 8 nt + 2 tq + (e & 1) of the warp's 16 */
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = fl[8 * nt + 2 * tq + (e & 1)] ? s[nt][e] * sl2 : -INFINITY;
-        pgt_softmax_pv<F16, LD, ND>(s, m, l, acc, vs, lane);
+            for (int e = 0; e < 4; e++) s[0][nt][e] = fl[8 * nt + 2 * tq + (e & 1)] ? s[0][nt][e] * sl2 : -INFINITY;
+        pgt_softmax<ND, 2>(s[0], m, l, acc[0]);
+        pgt_pv<F16, LD, ND, 2, 1>(acc, s, vs, lane);
     };
     pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
     /* the tiles are done with: the merge reuses their memory */
@@ -661,7 +689,7 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
 #pragma unroll
     for (int n = 0; n < ND; n++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) sm[(warp * GH + g + 8 * (e >> 1)) * D + 8 * n + 2 * tq + (e & 1)] = acc[n][e];
+        for (int e = 0; e < 4; e++) sm[(warp * GH + g + 8 * (e >> 1)) * D + 8 * n + 2 * tq + (e & 1)] = acc[0][n][e];
     if (tq == 0)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -672,27 +700,35 @@ __global__ void __launch_bounds__(PG_NT, D <= 64 ? 4 : 3)
 }
 
 /* Prefill on the tensor cores (k_paged_prefill): tiles of query rows. A
- * block owns one kv head and PGP_ROWS (query token, query head) rows of
- * one sequence: TQ = PGP_ROWS / G consecutive query tokens with all G heads
- * of the group, token-major, as the rows of mma.m16n8k16. Each K/V tile
- * read from the cache then serves TQ tokens, where a block a token reads
- * the prefix TQ times over: a prompt's bytes read grow with the square of
- * its length, as its work does, but TQ times fewer.
- * Warp w takes rows [16 w, 16 w + 16) and every key of each tile, masked
- * per row by its causal limit, with the online softmax and the fragment
- * helpers of k_paged_tc; a warp skips the tiles past its last row's keys.
- * No splits: a prefill's grid has tiles enough. */
-#define PGP_ROWS CUK_PAGED_PREFILL_ROWS
+ * block owns one kv head and pgp_rows (query token, query head) rows of
+ * one sequence: TQ = pgp_rows / G consecutive query tokens with all G
+ * heads of the group, token-major, as the rows of mma.m16n8k16. Each K/V
+ * tile read from the cache then serves TQ tokens, where a block a token
+ * reads the prefix TQ times over: a prompt's bytes read grow with the
+ * square of its length, as its work does, but TQ times fewer.
+ * Warp w takes MT m-tiles of 16 rows, [16 (w + PG_NW mt), + 16): a key or
+ * V fragment read from shared memory serves all of them, and every warp
+ * has rows near the diagonal. At head_dim 128 the accumulators of two
+ * m-tiles would not fit the registers: one. Each warp takes every key of
+ * each tile, with the online softmax and the fragment helpers of
+ * k_paged_tc; it masks only a tile that reaches past its first row's
+ * keys or holds a bad block, and skips the tiles past its last row's.
+ * Tiles run last first, so the longest start first. No splits: a
+ * prefill's grid has tiles enough. */
+template <int D> __host__ __device__ constexpr int pgp_mt() { return D <= 64 ? 2 : 1; }
+template <int D> __host__ __device__ constexpr int pgp_rows() { return 16 * PG_NW * pgp_mt<D>(); }
+static_assert(pgp_rows<128>() >= CUK_PAGED_PREFILL_ROWS && pgp_rows<64>() >= CUK_PAGED_PREFILL_ROWS,
+              "a block takes every head of a group the host sends here");
 
-/* This block's sequence and first query token: tile blockIdx.x of the
- * batch, counting ceil(ql / TQ) tiles a sequence in order. q_start lives
- * on the device, so the block scans it (a pass over PG_NT sequences at a
- * time). False past the last tile. */
+/* This block's sequence and first query token: tile b of the batch,
+ * counting ceil(ql / TQ) tiles a sequence in order, b = the grid's last
+ * block first. q_start lives on the device, so the block scans it (a pass
+ * over PG_NT sequences at a time). False past the last tile. */
 CUK_INLINE bool pgp_tile(const cuk_paged &p, int TQ, int64_t *s_out, int64_t *j0_out) {
     __shared__ int sc[2][PG_NT];
     __shared__ int64_t hit[2];
     const int tid = threadIdx.x;
-    const int64_t b = blockIdx.x;
+    const int64_t b = (int64_t)gridDim.x - 1 - blockIdx.x;
     int64_t base = 0; /* tiles of the sequences before this pass */
     if (tid == 0) hit[0] = -1;
     for (int64_t s0 = 0; s0 < p.S; s0 += PG_NT) {
@@ -723,84 +759,113 @@ template <int D> __host__ __device__ constexpr int pgp_smem() { return pgt_tile_
 
 template <int D, bool F16>
 __global__ void __launch_bounds__(PG_NT, 2) k_paged_prefill(cuk_paged p, int bs_log2, cuk_errrec *err) {
-    constexpr int LD = D + 8, TK = PGT_TK, KC = D / 16, ND = D / 8;
-    static_assert(TK == 64, "a tile is 8 n-tiles of keys");
+    constexpr int LD = D + 8, TK = PGT_TK, KC = D / 16, ND = D / 8, MT = pgp_mt<D>();
+    static_assert(TK == 64, "a tile is 8 n-tiles of keys, two per lane");
     extern __shared__ __align__(16) unsigned char pgt_sm[];
     e16 *tiles = (e16 *)pgt_sm;
     int *flags = (int *)(pgt_sm + pgt_tile_bytes<D>());
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, tq = lane & 3;
     cuk_pdl_trigger();
-    const int64_t G = p.q.H / p.Hkv;
-    const int TQ = (int)(PGP_ROWS / G);
+    const int G = (int)(p.q.H / p.Hkv);
+    const int TQ = pgp_rows<D>() / G;
     pg_task t;
     if (!pgp_tile(p, TQ, &t.s, &t.i)) return;
-    const int64_t q0 = p.qs[t.s], ql = (int64_t)p.qs[t.s + 1] - q0, cl = p.cl[t.s], j0 = t.i;
-    const int64_t tok_end = j0 + TQ < ql ? j0 + TQ : ql; /* the tile's tokens: [j0, tok_end) */
+    const int64_t q0 = p.qs[t.s];
+    const int ql = p.qs[t.s + 1] - p.qs[t.s], cl = p.cl[t.s], j0 = (int)t.i;
+    const int tok_end = j0 + TQ < ql ? j0 + TQ : ql; /* the tile's tokens: [j0, tok_end) */
     t.g = blockIdx.y;
     t.h0 = t.g * G;
-    t.nh = (int)G;
+    t.nh = G;
     t.i = q0 + j0;
     if (!(ql <= cl && cl <= p.limit)) { /* zero rows, as the decode kernels leave a bad sequence */
         if (j0 == 0 && t.g == 0 && threadIdx.x == 0) cuk_report(err, CUK_ERR_SEQ, t.s, ql, cl, p.limit);
-        for (int64_t e = threadIdx.x; e < (tok_end - j0) * G * D; e += PG_NT)
+        for (int64_t e = threadIdx.x; e < (int64_t)(tok_end - j0) * G * D; e += PG_NT)
             stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i + e / (G * D), t.h0 + e / D % G) + e % D, 0.0f);
         return;
     }
     t.ok = true;
     t.k0 = 0;
     t.k1 = t.nk = cl - ql + tok_end; /* the last token's keys */
-    /* this lane's rows g and g + 8 of the warp's 16: token r / G, head r % G; lim: the keys the row sees */
-    int64_t qo[2], lim[2];
+    /* a row's token; ok: a row of this tile; sees: the keys its token sees */
+    auto tok_of = [&](int row) { return row / G; };
+    auto ok = [&](int row) { return tok_of(row) < TQ && j0 + tok_of(row) < ql; };
+    auto sees = [&](int row) { return cl - ql + j0 + tok_of(row) + 1; };
+    /* this lane's rows g and g + 8 of each m-tile */
+    int64_t qo[MT][2];
+    int lim[MT][2];
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int row = 16 * warp + g + 8 * r, tok = row / (int)G;
-        const bool valid = tok < TQ && j0 + tok < ql;
-        qo[r] = valid ? cuk_roff(p.q, 0, t.i + tok, t.h0 + row % G) : -1;
-        lim[r] = valid ? cl - ql + j0 + tok + 1 : 0;
-    }
-    /* the warp's last row's keys (rows grow with their token) */
-    int last_tok = (16 * warp + 15) / (int)G;
-    if (last_tok > TQ - 1) last_tok = TQ - 1;
-    if (j0 + last_tok > ql - 1) last_tok = (int)(ql - 1 - j0);
-    const int64_t wl = 16 * warp < TQ * G && j0 + (16 * warp) / G < ql ? cl - ql + j0 + last_tok + 1 : 0;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int row = 16 * (warp + PG_NW * mt) + g + 8 * r;
+            qo[mt][r] = ok(row) ? cuk_roff(p.q, 0, t.i + tok_of(row), t.h0 + row % G) : -1;
+            lim[mt][r] = ok(row) ? sees(row) : 0;
+        }
+    /* the warp's rows grow with their token: wl, the keys its last valid row sees; wmin, those every row sees */
+    const int r_first = 16 * warp, r_last = 16 * (warp + PG_NW * (MT - 1)) + 15;
+    int last = r_last < TQ * G ? r_last : TQ * G - 1;
+    if (j0 + tok_of(last) >= ql) last = (ql - 1 - j0) * G;
+    const int wl = ok(r_first) ? sees(last) : 0, wmin = ok(r_last) ? sees(r_first) : 0;
     const float sl2 = p.scale * PG_LOG2E;
-    float acc[ND][4], m[2], l[2];
-    uint32_t qa[KC][4];
-    auto start = [&] { pgt_begin(qa, acc, m, l, (const e16 *)p.q.p, qo[0], qo[1], tq); };
-    int64_t kb = 0; /* the tile's first key */
+    float acc[MT][ND][4], m[MT][2], l[MT][2];
+    uint32_t qa[MT][KC][4];
+    auto start = [&] {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            pgt_begin(qa[mt], acc[mt], m[mt], l[mt], (const e16 *)p.q.p, qo[mt][0], qo[mt][1], tq);
+    };
+    int kb = 0; /* the tile's first key */
     auto tile = [&](const char *st, const int *fl) {
-        const int64_t k0 = kb;
+        const int k0 = kb;
         kb += TK;
         if (k0 >= wl) return; /* none of the warp's rows sees this tile's keys */
         const e16 *ks = (const e16 *)st, *vs = ks + TK * LD;
-        float s[8][4];
-        pgt_scores<F16, LD, KC, 4>(s, qa, ks, lane);
-        /* s[nt][e]: row g + 8 (e >> 1), key 8 nt + 2 tq + (e & 1) of the tile */
+        float s[MT][8][4];
+        pgt_scores<F16, LD, KC, 4, MT>(s, qa, ks, lane);
+        /* s[mt][nt][e]: row g + 8 (e >> 1) of m-tile mt, key 8 nt + 2 tq + (e & 1) of the tile */
+        if (__all_sync(PG_FULL, fl[lane] && fl[lane + 32]) && k0 + TK <= wmin) {
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int kt = 8 * nt + 2 * tq + (e & 1);
-                s[nt][e] = fl[kt] && k0 + kt < lim[e >> 1] ? s[nt][e] * sl2 : -INFINITY;
-            }
-        pgt_softmax_pv<F16, LD, ND>(s, m, l, acc, vs, lane);
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[mt][nt][e] *= sl2;
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int kt = 8 * nt + 2 * tq + (e & 1);
+                        s[mt][nt][e] = fl[kt] && k0 + kt < lim[mt][e >> 1] ? s[mt][nt][e] * sl2 : -INFINITY;
+                    }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) pgt_softmax<ND, 8>(s[mt], m[mt], l[mt], acc[mt]);
+        pgt_pv<F16, LD, ND, 8, MT>(acc, s, vs, lane);
     };
     pg_stream<2, TK, 2 * LD, PGT_NS>(p, t, bs_log2, (char *)tiles, flags, err, start, tile);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(PG_FULL, l[r], 1);
-        l[r] += __shfl_xor_sync(PG_FULL, l[r], 2);
-        l[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    }
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int n = 0; n < ND; n++)
+        for (int r = 0; r < 2; r++) {
+            float lr = l[mt][r];
+            lr += __shfl_xor_sync(PG_FULL, lr, 1);
+            lr += __shfl_xor_sync(PG_FULL, lr, 2);
+            l[mt][r] = lr > 0.0f ? 1.0f / lr : 0.0f;
+        }
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (qo[e >> 1] >= 0) {
-                const int row = 16 * warp + g + 8 * (e >> 1), tok = row / (int)G;
-                stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i + tok, t.h0 + row % G) + 8 * n + 2 * tq + (e & 1),
-                    acc[n][e] * l[e >> 1]);
-            }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (qo[mt][e >> 1] >= 0) {
+                    const int row = 16 * (warp + PG_NW * mt) + g + 8 * (e >> 1);
+                    stf(p.o.p, p.o.dt, cuk_roff(p.o, 0, t.i + tok_of(row), t.h0 + row % G) + 8 * n + 2 * tq + (e & 1),
+                        acc[mt][n][e] * l[mt][e >> 1]);
+                }
 }
 
 /* One block per (token, query head): the splits that saw keys, combined
@@ -932,7 +997,7 @@ static cudaError_t pgt_setup_all(void) {
 
 /* Query tiles: at most ceil((N + S (TQ - 1)) / TQ) of them, a grid row per kv head. */
 template <int D, bool F16> static cudaError_t pgp_launch(cudaStream_t s, const cuk_paged &p, cuk_errrec *err) {
-    const int64_t TQ = PGP_ROWS / (p.q.H / p.Hkv), tiles = (p.q.T + p.S * (TQ - 1) + TQ - 1) / TQ;
+    const int64_t TQ = pgp_rows<D>() / (p.q.H / p.Hkv), tiles = (p.q.T + p.S * (TQ - 1) + TQ - 1) / TQ;
     k_paged_prefill<D, F16>
         <<<dim3((unsigned)tiles, (unsigned)p.Hkv, 1), PG_NT, pgp_smem<D>(), s>>>(p, pg_bs_log2(p.bs), err);
     return cudaGetLastError();
@@ -976,7 +1041,7 @@ extern "C" cudaError_t cuk_paged_attention(cudaStream_t s, cuk_paged p, int64_t 
         if (e != cudaSuccess) return e;
         const bool f16 = p.cdt == CUK_F16;
         if (p.prefill) {
-            if (p.q.H / p.Hkv > PGP_ROWS) return cudaErrorInvalidValue;
+            if (p.q.H / p.Hkv > CUK_PAGED_PREFILL_ROWS) return cudaErrorInvalidValue;
             if (p.q.D == 64) return f16 ? pgp_launch<64, true>(s, p, err) : pgp_launch<64, false>(s, p, err);
             return f16 ? pgp_launch<128, true>(s, p, err) : pgp_launch<128, false>(s, p, err);
         }

@@ -45,6 +45,15 @@ static inline float __shfl_xor_sync(unsigned, float v, int m) {
     w.bar.arrive_and_wait();
     return r;
 }
+static inline int __all_sync(unsigned, int pred) {
+    Warp &w = warp_();
+    w.slot[lane_()][0] = pred != 0;
+    w.bar.arrive_and_wait();
+    int all = 1;
+    for (int i = 0; i < 32; i++) all &= (int)w.slot[i][0];
+    w.bar.arrive_and_wait();
+    return all;
+}
 static inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(~0u, v, o);
     return v;

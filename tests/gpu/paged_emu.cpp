@@ -167,7 +167,7 @@ static int run_case(const Case &c, int mode) {
            splits > 1 ? (c.counters ? ", merged in the kernel" : ", k_paged_reduce") : "",
            c.bad_seq >= 0 ? ", a bad block" : "");
     if (pf) {
-        const int TQ = CUK_PAGED_PREFILL_ROWS / G;
+        const int TQ = (D == 64 ? pgp_rows<64>() : pgp_rows<128>()) / G;
         const dim3 pg((unsigned)((N + S * (TQ - 1) + TQ - 1) / TQ), (unsigned)Hkv, 1);
         if (D == 64) launch(pg, pgp_smem<64>(), [&] { k_paged_prefill<64, false>(p, bl, &err); });
         else launch(pg, pgp_smem<128>(), [&] { k_paged_prefill<128, false>(p, bl, &err); });
@@ -270,12 +270,15 @@ int main(int argc, char **argv) {
         {{70}, {70}, 4, 2, 128, 16, 0, true, -1},
         /* chunked prefill after a cached prefix, Llama 1B heads (GQA 4: 16 tokens a tile), beside decode rows */
         {{1, 37, 1, 20}, {50, 200, 9, 20}, 32, 8, 128, 16, 0, true, -1},
-        /* GPT-2 heads (a group of 1: 64 tokens a tile), a prompt over three tiles, block size 12 */
+        /* GPT-2 heads (a group of 1: 128 tokens a tile at head_dim 64), a prompt over two tiles, block size 12 */
         {{150, 2}, {150, 90}, 4, 4, 64, 12, 0, true, -1},
-        /* a group of 3 (21 tokens a tile, a row left over) and a bad block id in a prefilling sequence */
-        {{30, 5}, {30, 70}, 6, 2, 64, 16, 0, true, 1},
+        /* a chunk of 20 over a cached prefix of 180, GQA 4: its first tiles are open to every row, and a bad block
+           id in the first */
+        {{20, 1}, {200, 90}, 8, 2, 64, 16, 0, true, 0},
+        /* a group of 3 (42 tokens a tile, two rows left over) and a bad block id in a prefilling sequence */
+        {{50, 5}, {50, 70}, 6, 2, 64, 16, 0, true, 1},
     };
-    /* a group of 32 (two tokens a tile); 140 sequences, so the tile search takes two passes, the prefill last */
+    /* a group of 32 (four tokens a tile); 140 sequences, so the tile search takes two passes, the prefill last */
     Case many{std::vector<int>(139, 1), std::vector<int>(139, 3), 32, 1, 64, 16, 0, true, -1};
     many.ql.push_back(5);
     many.ctx.push_back(12);
