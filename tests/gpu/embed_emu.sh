@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of the embedding backward's dwte fast path
 # (kernels/embed.cu: k_embed_tiles, k_embed_finish and the tile-length
 # choice; tests/gpu/embed_emu.cpp). No GPU needed; needs g++ (C++20) and python3.

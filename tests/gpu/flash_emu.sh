@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of kernels/attention_flash.cu (tests/gpu/flash_emu.cpp)
 # against a double-precision reference. No GPU needed; needs g++ (C++20) and python3.
 #   tests/gpu/flash_emu.sh [case-number]

@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of kernels/gemv.cu's decode-step products
 # (tests/gpu/gemv_emu.cpp) against a double-precision reference. No GPU
 # needed; needs g++ (C++20) and python3.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of the mixture-of-experts kernels (kernels/moe.cu:
 # k_moe_permute, k_moe_combine_fwd, k_moe_combine_bwd; tests/gpu/moe_emu.cpp)
 # against host references. No GPU needed; needs g++ (C++20) and python3.

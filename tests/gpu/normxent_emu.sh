@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of the LayerNorm/RMSNorm, cross-entropy and RoPE
 # fast-path kernels (kernels/norm.cu, embed.cu, elementwise.cu; tests/gpu/normxent_emu.cpp)
 # against double-precision references. No GPU needed; needs g++ (C++20) and python3.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # Runs the CPU emulation of kernels/paged.cu's attention kernels
 # (tests/gpu/paged_emu.cpp) against a double-precision reference. No GPU
 # needed; needs g++ (C++20) and python3.

@@ -1,3 +1,4 @@
 #!/bin/sh
+# suite-lock: shared
 # Llama (GQA) parity with PyTorch (docs/parity.md).
 exec "${SHELL:-/bin/sh}" "${top_srcdir:?export top_srcdir and top_builddir (make check does)}/tests/parity/run-parity.sh" llama

@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # LoRA against an independent PyTorch reference (docs/sft.md "LoRA"):
 # lora_parity writes tiny GPT-2 and Llama models with adapters on every
 # linear, their logits, loss and adapter gradients; lora_reference.py

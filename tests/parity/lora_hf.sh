@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # The merged LoRA export read the Hugging Face way: test_lora_logits makes a
 # tiny GPT-2 and Llama with adapters, exports the merged model and writes
 # the adapter model's logits; hf_reference.py (an independent forward by

@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # The MoE sublayer against a PyTorch reference (docs/moe.md): colossal's
 # moe_driver writes six routings' inputs, weights, outputs, losses and
 # gradients; moe_reference.py recomputes them in float64. Exit 77 (SKIP)

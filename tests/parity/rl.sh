@@ -1,4 +1,5 @@
 #!/bin/sh
+# suite-lock: shared
 # The alignment objectives against independent PyTorch references
 # (docs/rlhf.md): rl_parity writes random inputs with the losses and
 # gradients of RM, DPO, SimPO, GRPO and PPO; rl_reference.py recomputes them
